@@ -1,0 +1,47 @@
+#include "common/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "common/util.h"
+
+void rf_log_info(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+void rf_log_warn(const char *fmt, ...) {
+    va_list ap;
+    fputs("warning: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+void rf_log_status(rf_status s) {
+    const char *m = rf_error_message();
+    fprintf(stderr, "error: %s\n", m[0] ? m : rf_strerror(s));
+}
+
+void rf_progress(const char *what, long done, long total, double t0, const char *unit) {
+    double el = rf_time_now() - t0;
+    double rate = el > 0 ? (double)done / el : 0.0;
+    double eta = rate > 0 && total > done ? (double)(total - done) / rate : 0.0;
+    int tty = isatty(2);
+    if (!tty && total > 0) {
+        long step = total / 10 > 0 ? total / 10 : 1;
+        if (done % step != 0 && done != total) return;
+    }
+    int width = 30, fill = total > 0 ? (int)((double)width * (double)done / (double)total) : 0;
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = '\0';
+    fprintf(stderr, "%s%s [%s] %ld/%ld %.1f %s/s ETA %.0fs%s", tty ? "\r" : "", what, bar, done,
+            total, rate, unit, eta, tty && done < total ? "" : "\n");
+    fflush(stderr);
+}

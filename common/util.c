@@ -1,0 +1,119 @@
+#define _POSIX_C_SOURCE 200809L
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+rf_status rf_read_file(const char *path, char **out, size_t *len) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return rf_error(RF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return rf_error(RF_ERR_IO, "%s: cannot seek", path);
+    }
+    long n = ftell(f);
+    rewind(f);
+    if (n < 0) {
+        fclose(f);
+        return rf_error(RF_ERR_IO, "%s: cannot size", path);
+    }
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) {
+        fclose(f);
+        return rf_error(RF_ERR_NOMEM, "%s: out of memory reading %ld bytes", path, n);
+    }
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    if (got != (size_t)n) {
+        free(buf);
+        return rf_error(RF_ERR_IO, "%s: short read", path);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    if (len) *len = (size_t)n;
+    return RF_OK;
+}
+
+rf_status rf_write_file_atomic(const char *path, const void *data, size_t len) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return rf_error(RF_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            close(fd);
+            unlink(tmp);
+            return rf_error(RF_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        unlink(tmp);
+        return rf_error(RF_ERR_IO, "%s: fsync/close failed: %s", tmp, strerror(errno));
+    }
+    if (rename(tmp, path) != 0) {
+        unlink(tmp);
+        return rf_error(RF_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
+    }
+    return RF_OK;
+}
+
+void rf_path_join(char *out, size_t cap, const char *dir, const char *name) {
+    size_t n = strlen(dir);
+    if (n > 0 && dir[n - 1] == '/')
+        snprintf(out, cap, "%s%s", dir, name);
+    else
+        snprintf(out, cap, "%s/%s", dir, name);
+}
+
+int rf_file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+rf_status rf_mkdirs(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return rf_error(RF_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return rf_error(RF_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+    return RF_OK;
+}
+
+double rf_time_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void *rf_calloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) rf_error(RF_ERR_NOMEM, "out of memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+
+char *rf_strdup(const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}

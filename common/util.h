@@ -1,0 +1,35 @@
+/* Small helpers shared by every module: whole-file reads, atomic writes, paths, clocks. */
+#ifndef RF_UTIL_H
+#define RF_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+/* Reads the whole file at `path` into a new NUL-terminated buffer; the caller frees *out.
+ * Errors: RF_ERR_IO naming the path. */
+rf_status rf_read_file(const char *path, char **out, size_t *len);
+
+/* Writes `len` bytes to `path` atomically: a temporary file beside it, fsync, rename. */
+rf_status rf_write_file_atomic(const char *path, const void *data, size_t len);
+
+/* Joins a directory and a file name into `out` (size `cap`). */
+void rf_path_join(char *out, size_t cap, const char *dir, const char *name);
+
+/* 1 when `path` exists as a regular file. */
+int rf_file_exists(const char *path);
+
+/* Creates a directory and its parents (mkdir -p). */
+rf_status rf_mkdirs(const char *path);
+
+/* Monotonic time in seconds. */
+double rf_time_now(void);
+
+/* Calloc that records RF_ERR_NOMEM on failure; returns NULL then. */
+void *rf_calloc(size_t n, size_t size);
+
+/* Duplicates a string (NULL for NULL). */
+char *rf_strdup(const char *s);
+
+#endif

@@ -1,0 +1,50 @@
+/* Per-element math shared by the CPU and CUDA back ends, written once. Every function here is
+ * `static inline` and marked RF_HD so nvcc compiles it for host and device. */
+#ifndef RF_KERNEL_MATH_H
+#define RF_KERNEL_MATH_H
+
+#include <math.h>
+
+#ifdef __CUDACC__
+#define RF_HD __host__ __device__
+#else
+#define RF_HD
+#endif
+
+RF_HD static inline float rf_sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* silu(g) * u */
+RF_HD static inline float rf_swiglu(float g, float u) { return g * rf_sigmoidf(g) * u; }
+
+/* Gradients of silu(g) * u with respect to g and u. */
+RF_HD static inline void rf_swiglu_grad(float g, float u, float dout, float *dg, float *du) {
+    float s = rf_sigmoidf(g);
+    *du = dout * g * s;
+    *dg = dout * u * s * (1.0f + g * (1.0f - s));
+}
+
+/* One AdamW step for a single element; returns the new parameter value. */
+RF_HD static inline float rf_adamw_elem(float p, float g, float *m, float *v, float lr,
+                                        float beta1, float beta2, float eps, float wd,
+                                        float bc1, float bc2) {
+    *m = beta1 * *m + (1.0f - beta1) * g;
+    *v = beta2 * *v + (1.0f - beta2) * g * g;
+    float mhat = *m / bc1, vhat = *v / bc2;
+    return p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+}
+
+/* Rotates the pair (x0, x1) by angle with sign (+1 forward, -1 backward). */
+RF_HD static inline void rf_rope_pair(float *x0, float *x1, float angle, int sign) {
+    float c = cosf(angle), s = sign * sinf(angle);
+    float a = *x0, b = *x1;
+    *x0 = a * c - b * s;
+    *x1 = b * c + a * s;
+}
+
+/* d entropy / d z_k = -p_k (log p_k + H); d logp_target / d z_k = onehot_k - p_k. */
+RF_HD static inline float rf_logprob_dlogit(float p, float logp, float H, int is_target,
+                                            float dlogp, float dent) {
+    return dlogp * ((float)is_target - p) - dent * p * (logp + H);
+}
+
+#endif

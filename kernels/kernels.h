@@ -1,0 +1,131 @@
+/* The kernel interface: every tensor operation the model uses, with one signature shared by
+ * the CPU reference back end (kernels/cpu/, OpenBLAS + OpenMP) and the CUDA back end
+ * (kernels/cuda/, cuBLAS + hand-written kernels).
+ *
+ * A back end is an rf_kernels table of function pointers (the ggml {iface} idea). Model code
+ * calls ops only through the table, so the same forward/backward runs on either back end, and
+ * tests run every op on every back end present and compare with the CPU one.
+ *
+ * Conventions for all ops:
+ *  - fp32 everywhere; all pointers are in the back end's memory (host for CPU, device for
+ *    CUDA). Shapes in comments are row-major, last dimension contiguous.
+ *  - Linear weights use the Hugging Face layout (out_features, in_features): y = x W^T + b.
+ *  - Packed variable-length batches: `cu_seqlens` (n_seq + 1) holds token offsets; sequence s
+ *    owns rows cu_seqlens[s] .. cu_seqlens[s+1]-1. No padding anywhere.
+ *  - Backward ops ACCUMULATE (+=) into parameter gradients (dw, dbias, dweight). Activation
+ *    gradients are OVERWRITTEN unless the comment says "accumulates".
+ *  - Index arrays (tokens, targets, positions, offsets) are int32 in the back end's memory.
+ *  - The CUDA back end runs every op on its own stream (set by rf_cuda_kernels_init); ops are
+ *    asynchronous there and ordered on that stream. The CPU back end is synchronous and uses
+ *    OpenMP inside ops; calls themselves are not thread-safe. */
+#ifndef RF_KERNELS_H
+#define RF_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct rf_kernels rf_kernels;
+
+struct rf_kernels {
+    const char *name; /* "cpu" or "cuda" */
+
+    /* ---- memory ---- */
+    void *(*alloc)(size_t bytes);          /* zero-filled; NULL on failure (message recorded) */
+    void (*free)(void *p);                 /* accepts NULL */
+    void (*to_device)(void *dst, const void *host_src, size_t bytes);
+    void (*to_host)(void *host_dst, const void *src, size_t bytes); /* synchronises */
+    void (*copy)(void *dst, const void *src, size_t bytes);         /* device to device */
+    void (*zero)(void *p, size_t bytes);
+    void (*sync)(void);
+
+    /* ---- elementwise ---- */
+    /* a[i] += b[i] */
+    void (*add_inplace)(float *a, const float *b, size_t n);
+    /* x[i] *= s */
+    void (*scale)(float *x, float s, size_t n);
+    /* Returns sum x[i]^2 in double (synchronises on CUDA). */
+    double (*sum_squares)(const float *x, size_t n);
+
+    /* ---- matmul: out (T, OC) = inp (T, C) @ w (OC, C)^T + bias (OC; NULL = none) ---- */
+    void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,
+                           int T, int C, int OC);
+    /* dinp (T, C) = dout @ w (overwritten; NULL = skip); dw (OC, C) += dout^T @ inp;
+     * dbias (OC) += column sums of dout (NULL = skip). */
+    void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, int T, int C, int OC);
+
+    /* ---- embedding: out (T, C) = wte[tokens[t]] ---- */
+    void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, int T, int C);
+    /* dwte (V, C) += scatter of dout (T, C) by tokens. */
+    void (*embedding_backward)(float *dwte, const float *dout, const int32_t *tokens, int T,
+                               int C);
+
+    /* ---- RMSNorm over rows: out = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps) ---- */
+    /* out, inp (N, C); w (C); rstd (N) saved for backward (NULL = don't save). */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *w, int N,
+                            int C, float eps);
+    /* dinp (N, C) ACCUMULATES; dw (C) += ; uses rstd from forward. */
+    void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp,
+                             const float *w, const float *rstd, int N, int C);
+
+    /* ---- RoPE, Hugging Face "rotate_half" pairing (i, i + D/2), in place ---- */
+    /* x (T, H, D); pos (T); inv_freq (D/2), computed on the host from rope_theta and
+     * rope_scaling (see model/config.c). Backward is the same op with sign = -1. */
+    void (*rope)(float *x, const int32_t *pos, const float *inv_freq, int T, int H, int D,
+                 int sign);
+
+    /* ---- causal attention with GQA over packed variable-length sequences ---- */
+    /* For sequence s, queries are q rows q_off[s]..q_off[s+1]-1 and keys/values are rows
+     * k_start[s]..k_start[s]+k_len[s]-1 of k and v. Causality is bottom-right aligned: local
+     * query i sees keys 0..i + (k_len - q_len) (so a KV cache holding past tokens works, and
+     * training passes k_start = q_off, k_len = q_len). Query head h reads KV head
+     * h / (H / KVH). Scale 1/sqrt(D).
+     * out (Tq, H, D); lse (Tq, H) log-sum-exp of scaled scores, saved for backward (NULL = no);
+     * q (Tq, H, D); k, v (rows, KVH, D). */
+    void (*attention_forward)(float *out, float *lse, const float *q, const float *k,
+                              const float *v, const int32_t *q_off, const int32_t *k_start,
+                              const int32_t *k_len, int n_seq, int H, int KVH, int D);
+    /* Training layout only (k_start = q_off, k_len = q_len, cu_seqlens = q_off).
+     * dq (T, H, D), dk, dv (T, KVH, D) overwritten. Recomputes probabilities from lse. */
+    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, const int32_t *cu_seqlens, int n_seq, int T,
+                               int H, int KVH, int D);
+
+    /* ---- SwiGLU: out = silu(gate) * up, all (N) ---- */
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
+    /* dgate, dup overwritten. */
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
+
+    /* ---- fused LM head + per-token log-prob and entropy ---- */
+    /* logits z = (h (T, C) @ w (V, C)^T) * inv_temp, computed `chunk` rows at a time so the
+     * (T, V) matrix never exists at once. logp (T) = log softmax(z)[targets[t]];
+     * entropy (T) = -sum p log p (NULL = skip). */
+    void (*logprob_forward)(float *logp, float *entropy, const float *h, const float *w,
+                            const int32_t *targets, int T, int C, int V, float inv_temp);
+    /* Given upstream dlogp (T) and dentropy (T; NULL = zero): dh (T, C) overwritten,
+     * dw (V, C) +=. Recomputes the logits chunk by chunk. */
+    void (*logprob_backward)(float *dh, float *dw, const float *dlogp, const float *dentropy,
+                             const float *h, const float *w, const int32_t *targets, int T,
+                             int C, int V, float inv_temp);
+
+    /* ---- AdamW (decoupled weight decay, bias-corrected; Loshchilov & Hutter 2019) ---- */
+    /* param, grad, m, v (n); `step` is the 1-based step count after this update. */
+    void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step);
+};
+
+/* The CPU back end (always present). Static storage; never freed. */
+const rf_kernels *rf_cpu_kernels(void);
+
+/* The CUDA back end on `device`: NULL when rlflow was built without CUDA or no GPU is
+ * present (message recorded saying which). */
+const rf_kernels *rf_cuda_kernels(int device);
+
+/* Rows of the vocabulary processed at once by logprob_forward/backward. */
+#define RF_LOGPROB_CHUNK 64
+
+#endif
