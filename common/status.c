@@ -23,13 +23,13 @@ rf_status rf_error(rf_status code, const char *fmt, ...) {
 }
 
 rf_status rf_error_wrap(rf_status code, const char *fmt, ...) {
-    char prefix[1024], old[sizeof rf__msg];
+    char prefix[512], old[sizeof rf__msg];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, rf__msg, sizeof old);
-    snprintf(rf__msg, sizeof rf__msg, "%s: %s", prefix, old);
+    snprintf(rf__msg, sizeof rf__msg, "%s: %.1500s", prefix, old);
     return code;
 }
 

@@ -1,0 +1,159 @@
+/* The CPU reference back end: elementwise ops, normalisation, RoPE, embedding, optimizer,
+ * memory, and the rf_kernels table that gathers every CPU op. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "kernels/cpu/cpu_internal.h"
+#include "kernels/kernel_math.h"
+
+#define RF_OMP_MIN 4096 /* below this many elements a parallel region costs more than it saves */
+
+static void *cpu_alloc(size_t bytes) {
+    void *p = NULL;
+    size_t n = (bytes + 63) / 64 * 64;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0) {
+        rf_error(RF_ERR_NOMEM, "cpu: out of memory allocating %zu bytes", bytes);
+        return NULL;
+    }
+    memset(p, 0, n);
+    return p;
+}
+static void cpu_free(void *p) { free(p); }
+static void cpu_memcpy(void *dst, const void *src, size_t bytes) {
+    if (bytes) memcpy(dst, src, bytes);
+}
+static void cpu_zero(void *p, size_t bytes) {
+    if (bytes) memset(p, 0, bytes);
+}
+static void cpu_sync(void) {}
+
+static void cpu_add_inplace(float *a, const float *b, size_t n) {
+#pragma omp parallel for if (n > RF_OMP_MIN)
+    for (size_t i = 0; i < n; i++) a[i] += b[i];
+}
+
+static void cpu_scale(float *x, float s, size_t n) {
+#pragma omp parallel for if (n > RF_OMP_MIN)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static double cpu_sum_squares(const float *x, size_t n) {
+    double s = 0.0;
+#pragma omp parallel for reduction(+ : s) if (n > RF_OMP_MIN)
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    return s;
+}
+
+static void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T,
+                                  int C) {
+#pragma omp parallel for if ((size_t)T * C > RF_OMP_MIN)
+    for (int t = 0; t < T; t++)
+        memcpy(out + (size_t)t * C, wte + (size_t)tokens[t] * C, sizeof(float) * (size_t)C);
+}
+
+static void cpu_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T,
+                                   int C) {
+    /* Serial over tokens: repeated tokens add into the same row. */
+    for (int t = 0; t < T; t++) {
+        float *row = dwte + (size_t)tokens[t] * C;
+        const float *d = dout + (size_t)t * C;
+        for (int c = 0; c < C; c++) row[c] += d[c];
+    }
+}
+
+static void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
+                                int C, float eps) {
+#pragma omp parallel for if ((size_t)N * C > RF_OMP_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *y = out + (size_t)n * C;
+        float ss = 0.0f;
+        for (int c = 0; c < C; c++) ss += x[c] * x[c];
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        for (int c = 0; c < C; c++) y[c] = x[c] * r * w[c];
+        if (rstd) rstd[n] = r;
+    }
+}
+
+static void cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                                 const float *w, const float *rstd, int N, int C) {
+#pragma omp parallel for if ((size_t)N * C > RF_OMP_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        float *dx = dinp + (size_t)n * C;
+        float r = rstd[n], dot = 0.0f;
+        for (int c = 0; c < C; c++) dot += dy[c] * w[c] * x[c];
+        float k = dot * r * r * r / (float)C;
+        for (int c = 0; c < C; c++) dx[c] += r * w[c] * dy[c] - k * x[c];
+    }
+#pragma omp parallel for if ((size_t)N * C > RF_OMP_MIN)
+    for (int c = 0; c < C; c++) {
+        float s = 0.0f;
+        for (int n = 0; n < N; n++) s += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
+        dw[c] += s;
+    }
+}
+
+static void cpu_rope(float *x, const int32_t *pos, const float *inv_freq, int T, int H, int D,
+                     int sign) {
+    int half = D / 2;
+#pragma omp parallel for collapse(2) if ((size_t)T * H * D > RF_OMP_MIN)
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            float *xh = x + ((size_t)t * H + h) * D;
+            for (int i = 0; i < half; i++)
+                rf_rope_pair(xh + i, xh + i + half, (float)pos[t] * inv_freq[i], sign);
+        }
+}
+
+static void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+#pragma omp parallel for if (n > RF_OMP_MIN)
+    for (size_t i = 0; i < n; i++) out[i] = rf_swiglu(gate[i], up[i]);
+}
+
+static void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                const float *up, size_t n) {
+#pragma omp parallel for if (n > RF_OMP_MIN)
+    for (size_t i = 0; i < n; i++) rf_swiglu_grad(gate[i], up[i], dout[i], dgate + i, dup + i);
+}
+
+static void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, int step) {
+    float bc1 = (float)(1.0 - pow(beta1, step)), bc2 = (float)(1.0 - pow(beta2, step));
+#pragma omp parallel for if (n > RF_OMP_MIN)
+    for (size_t i = 0; i < n; i++)
+        param[i] = rf_adamw_elem(param[i], grad[i], m + i, v + i, lr, beta1, beta2, eps,
+                                 weight_decay, bc1, bc2);
+}
+
+static const rf_kernels cpu_table = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .to_device = cpu_memcpy,
+    .to_host = cpu_memcpy,
+    .copy = cpu_memcpy,
+    .zero = cpu_zero,
+    .sync = cpu_sync,
+    .add_inplace = cpu_add_inplace,
+    .scale = cpu_scale,
+    .sum_squares = cpu_sum_squares,
+    .matmul_forward = rf_cpu_matmul_forward,
+    .matmul_backward = rf_cpu_matmul_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope = cpu_rope,
+    .attention_forward = rf_cpu_attention_forward,
+    .attention_backward = rf_cpu_attention_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .logprob_forward = rf_cpu_logprob_forward,
+    .logprob_backward = rf_cpu_logprob_backward,
+    .adamw = cpu_adamw,
+};
+
+const rf_kernels *rf_cpu_kernels(void) { return &cpu_table; }

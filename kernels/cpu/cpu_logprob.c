@@ -1,0 +1,80 @@
+/* Fused LM head + per-token log-prob and entropy of given tokens on the CPU.
+ *
+ * The logits of RF_LOGPROB_CHUNK tokens at a time are produced by one sgemm into a scratch
+ * buffer of (chunk, V) floats, reduced to log-prob and entropy, and dropped: memory stays
+ * O(chunk * V) whatever the batch, which is what makes 150k-token vocabularies affordable. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "kernels/cpu/cpu_internal.h"
+#include "kernels/kernel_math.h"
+
+/* Logits of rows [t0, t0+n) into z (n, V), scaled by inv_temp; returns per-row lse and
+ * entropy into lse_out/ent_out (n). */
+static void chunk_logits(float *z, float *lse_out, float *ent_out, const float *h,
+                         const float *w, int t0, int n, int C, int V, float inv_temp) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, C, inv_temp, h + (size_t)t0 * C,
+                C, w, C, 0.0f, z, V);
+#pragma omp parallel for if (n * (size_t)V > 65536)
+    for (int r = 0; r < n; r++) {
+        const float *zr = z + (size_t)r * V;
+        float m = -INFINITY;
+        for (int j = 0; j < V; j++) m = zr[j] > m ? zr[j] : m;
+        double sum = 0.0, wsum = 0.0;
+        for (int j = 0; j < V; j++) {
+            double e = exp((double)(zr[j] - m));
+            sum += e;
+            wsum += e * (double)(zr[j] - m);
+        }
+        lse_out[r] = m + (float)log(sum);
+        /* H = lse - sum p z = log(sum) - sum e (z - m) / sum */
+        ent_out[r] = (float)(log(sum) - wsum / sum);
+    }
+}
+
+void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
+                            const int32_t *targets, int T, int C, int V, float inv_temp) {
+    int chunk = RF_LOGPROB_CHUNK;
+    float *z = malloc(sizeof(float) * (size_t)chunk * V);
+    float lse[RF_LOGPROB_CHUNK], ent[RF_LOGPROB_CHUNK];
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        int n = T - t0 < chunk ? T - t0 : chunk;
+        chunk_logits(z, lse, ent, h, w, t0, n, C, V, inv_temp);
+        for (int r = 0; r < n; r++) {
+            logp[t0 + r] = z[(size_t)r * V + targets[t0 + r]] - lse[r];
+            if (entropy) entropy[t0 + r] = ent[r];
+        }
+    }
+    free(z);
+}
+
+void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const float *dentropy,
+                             const float *h, const float *w, const int32_t *targets, int T,
+                             int C, int V, float inv_temp) {
+    int chunk = RF_LOGPROB_CHUNK;
+    float *z = malloc(sizeof(float) * (size_t)chunk * V);
+    float lse[RF_LOGPROB_CHUNK], ent[RF_LOGPROB_CHUNK];
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        int n = T - t0 < chunk ? T - t0 : chunk;
+        chunk_logits(z, lse, ent, h, w, t0, n, C, V, inv_temp);
+        /* z becomes dL/d(raw logits) = inv_temp * dL/dz */
+#pragma omp parallel for if (n * (size_t)V > 65536)
+        for (int r = 0; r < n; r++) {
+            float *zr = z + (size_t)r * V;
+            float dl = dlogp ? dlogp[t0 + r] : 0.0f, de = dentropy ? dentropy[t0 + r] : 0.0f;
+            int tgt = targets[t0 + r];
+            for (int j = 0; j < V; j++) {
+                float lp = zr[j] - lse[r];
+                zr[j] = inv_temp * rf_logprob_dlogit(expf(lp), lp, ent[r], j == tgt, dl, de);
+            }
+        }
+        /* dh (n, C) = dz (n, V) @ w (V, C); dw (V, C) += dz^T (V, n) @ h (n, C) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, V, 1.0f, z, V, w, C, 0.0f,
+                    dh + (size_t)t0 * C, C);
+        if (dw)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, n, 1.0f, z, V,
+                        h + (size_t)t0 * C, C, 1.0f, dw, C);
+    }
+    free(z);
+}

@@ -1,0 +1,247 @@
+/* Model construction: the parameter table (Hugging Face names and shapes), flat buffers and the
+ * typed views into them, random initialisation, activation buffers. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+/* Appends a view; returns its offset. */
+static size_t add_view(rf_model *m, const char *name, int64_t d0, int64_t d1, int no_decay) {
+    rf_param_view *v = &m->views[m->n_views++];
+    snprintf(v->name, sizeof v->name, "%s", name);
+    v->ndim = d1 > 0 ? 2 : 1;
+    v->shape[0] = d0;
+    v->shape[1] = d1 > 0 ? d1 : 0;
+    v->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    v->offset = m->n_params;
+    v->no_decay = no_decay;
+    m->n_params += v->numel;
+    return v->offset;
+}
+
+/* Offsets of one layer's tensors, kept while the table is built and turned into pointers once
+ * the flat buffer exists. SIZE_MAX marks an absent tensor. */
+typedef struct { size_t off[16]; } layer_offsets;
+enum { O_LN1, O_WQ, O_BQ, O_WK, O_BK, O_WV, O_BV, O_WO, O_BO, O_QN, O_KN, O_LN2, O_WG, O_WU, O_WD };
+
+static void add_layer(rf_model *m, int l, layer_offsets *lo) {
+    const rf_model_config *c = &m->cfg;
+    int64_t C = c->hidden_size, F = c->intermediate_size, QD = (int64_t)c->num_attention_heads * c->head_dim,
+            KD = (int64_t)c->num_key_value_heads * c->head_dim;
+    char n[RF_MAX_NAME];
+    for (int i = 0; i < 16; i++) lo->off[i] = SIZE_MAX;
+#define V(slot, suffix, d0, d1, nd)                                          \
+    do {                                                                     \
+        snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);              \
+        lo->off[slot] = add_view(m, n, d0, d1, nd);                          \
+    } while (0)
+    V(O_LN1, "input_layernorm.weight", C, 0, 1);
+    V(O_WQ, "self_attn.q_proj.weight", QD, C, 0);
+    if (c->qkv_bias) V(O_BQ, "self_attn.q_proj.bias", QD, 0, 1);
+    V(O_WK, "self_attn.k_proj.weight", KD, C, 0);
+    if (c->qkv_bias) V(O_BK, "self_attn.k_proj.bias", KD, 0, 1);
+    V(O_WV, "self_attn.v_proj.weight", KD, C, 0);
+    if (c->qkv_bias) V(O_BV, "self_attn.v_proj.bias", KD, 0, 1);
+    V(O_WO, "self_attn.o_proj.weight", C, QD, 0);
+    if (c->o_bias) V(O_BO, "self_attn.o_proj.bias", C, 0, 1);
+    if (c->qk_norm) {
+        V(O_QN, "self_attn.q_norm.weight", c->head_dim, 0, 1);
+        V(O_KN, "self_attn.k_norm.weight", c->head_dim, 0, 1);
+    }
+    V(O_LN2, "post_attention_layernorm.weight", C, 0, 1);
+    V(O_WG, "mlp.gate_proj.weight", F, C, 0);
+    V(O_WU, "mlp.up_proj.weight", F, C, 0);
+    V(O_WD, "mlp.down_proj.weight", C, F, 0);
+#undef V
+}
+
+static float *at(rf_model *m, size_t off) { return off == SIZE_MAX ? NULL : m->params + off; }
+
+static void bind_layer(rf_model *m, rf_layer_weights *w, const layer_offsets *lo) {
+    w->ln1 = at(m, lo->off[O_LN1]);
+    w->wq = at(m, lo->off[O_WQ]);
+    w->bq = at(m, lo->off[O_BQ]);
+    w->wk = at(m, lo->off[O_WK]);
+    w->bk = at(m, lo->off[O_BK]);
+    w->wv = at(m, lo->off[O_WV]);
+    w->bv = at(m, lo->off[O_BV]);
+    w->wo = at(m, lo->off[O_WO]);
+    w->bo = at(m, lo->off[O_BO]);
+    w->q_norm = at(m, lo->off[O_QN]);
+    w->k_norm = at(m, lo->off[O_KN]);
+    w->ln2 = at(m, lo->off[O_LN2]);
+    w->wgate = at(m, lo->off[O_WG]);
+    w->wup = at(m, lo->off[O_WU]);
+    w->wdown = at(m, lo->off[O_WD]);
+}
+
+rf_status rf_model_init(rf_model **out, const rf_model_config *cfg, const rf_kernels *k) {
+    *out = NULL;
+    rf_model *m = rf_calloc(1, sizeof *m);
+    if (!m) return RF_ERR_NOMEM;
+    m->cfg = *cfg;
+    m->k = k;
+    int L = cfg->num_hidden_layers;
+    m->views = rf_calloc((size_t)L * 16 + 8, sizeof *m->views);
+    m->layers = rf_calloc((size_t)L, sizeof *m->layers);
+    m->acts = rf_calloc((size_t)L, sizeof *m->acts);
+    layer_offsets *lo = rf_calloc((size_t)L, sizeof *lo);
+    if (!m->views || !m->layers || !m->acts || !lo) {
+        free(lo);
+        rf_model_free(m);
+        return RF_ERR_NOMEM;
+    }
+    int64_t C = cfg->hidden_size, V = cfg->vocab_size;
+    size_t o_wte = add_view(m, "model.embed_tokens.weight", V, C, 0);
+    for (int l = 0; l < L; l++) add_layer(m, l, &lo[l]);
+    size_t o_norm = add_view(m, "model.norm.weight", C, 0, 1), o_head = SIZE_MAX, o_score = SIZE_MAX;
+    if (cfg->value_head)
+        o_score = add_view(m, "score.weight", 1, C, 0);
+    else if (!cfg->tie_word_embeddings)
+        o_head = add_view(m, "lm_head.weight", V, C, 0);
+    m->params = k->alloc(m->n_params * sizeof(float));
+    m->inv_freq = k->alloc(sizeof(float) * (size_t)(cfg->head_dim / 2));
+    if (!m->params || !m->inv_freq) {
+        free(lo);
+        rf_model_free(m);
+        return RF_ERR_NOMEM;
+    }
+    for (int l = 0; l < L; l++) bind_layer(m, &m->layers[l], &lo[l]);
+    free(lo);
+    m->wte = at(m, o_wte);
+    m->norm = at(m, o_norm);
+    m->score = at(m, o_score);
+    m->lm_head = cfg->value_head ? NULL : cfg->tie_word_embeddings ? m->wte : at(m, o_head);
+    float *inv = malloc(sizeof(float) * (size_t)(cfg->head_dim / 2));
+    rf_config_inv_freq(cfg, inv);
+    k->to_device(m->inv_freq, inv, sizeof(float) * (size_t)(cfg->head_dim / 2));
+    free(inv);
+    *out = m;
+    return RF_OK;
+}
+
+void rf_model_free(rf_model *m) {
+    if (!m) return;
+    const rf_kernels *k = m->k;
+    if (k) {
+        k->free(m->params);
+        k->free(m->grads);
+        k->free(m->opt_m);
+        k->free(m->opt_v);
+        k->free(m->inv_freq);
+        k->free(m->act_mem);
+        k->free(m->ibuf);
+        k->free(m->gmem);
+        k->free(m->dev_out);
+    }
+    free(m->views);
+    free(m->layers);
+    free(m->acts);
+    free(m);
+}
+
+void rf_model_init_random(rf_model *m, uint64_t seed, float std) {
+    rf_rng rng;
+    rf_rng_seed(&rng, seed);
+    float *host = malloc(m->n_params * sizeof(float));
+    RF_ASSERT(host);
+    for (int i = 0; i < m->n_views; i++) {
+        const rf_param_view *v = &m->views[i];
+        float *p = host + v->offset;
+        int is_norm = strstr(v->name, "norm") != NULL, is_bias = strstr(v->name, ".bias") != NULL;
+        for (size_t j = 0; j < v->numel; j++)
+            p[j] = is_norm ? 1.0f : is_bias ? 0.0f : std * rf_rng_normal(&rng);
+    }
+    m->k->to_device(m->params, host, m->n_params * sizeof(float));
+    free(host);
+}
+
+rf_status rf_model_enable_training(rf_model *m) {
+    size_t bytes = m->n_params * sizeof(float);
+    if (!m->grads) m->grads = m->k->alloc(bytes);
+    if (!m->opt_m) m->opt_m = m->k->alloc(bytes);
+    if (!m->opt_v) m->opt_v = m->k->alloc(bytes);
+    if (!m->grads || !m->opt_m || !m->opt_v)
+        return rf_error(RF_ERR_NOMEM, "out of memory for gradients and optimizer state (%zu MB)",
+                        3 * bytes >> 20);
+    return RF_OK;
+}
+
+void rf_model_zero_grad(rf_model *m) {
+    if (m->grads) m->k->zero(m->grads, m->n_params * sizeof(float));
+}
+
+const rf_param_view *rf_model_find(const rf_model *m, const char *name) {
+    for (int i = 0; i < m->n_views; i++)
+        if (strcmp(m->views[i].name, name) == 0) return &m->views[i];
+    return NULL;
+}
+
+double rf_model_train_flops_per_token(const rf_model_config *c, int seq_len) {
+    double C = c->hidden_size, F = c->intermediate_size, QD = (double)c->num_attention_heads * c->head_dim,
+           KD = (double)c->num_key_value_heads * c->head_dim, L = c->num_hidden_layers;
+    double per_layer = C * QD * 2 + C * KD * 2 + 3 * C * F; /* weights touched by matmuls */
+    double n = L * per_layer + (double)c->vocab_size * C;   /* + LM head */
+    double attn = L * 2.0 * 2.0 * QD * seq_len / 2.0;       /* QK^T and PV, causal half */
+    return 6.0 * n + 3.0 * attn;
+}
+
+/* Activation buffers for T tokens: one allocation, carved into per-layer views. */
+static size_t acts_floats(const rf_model_config *c, int T) {
+    size_t C = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
+           KVH = c->num_key_value_heads, D = c->head_dim, QD = H * D, KD = KVH * D;
+    size_t per_layer = 2 * C + 1 + QD + KD + H + KVH + QD + 2 * KD + QD + H + C + C + 1 + 3 * F;
+    size_t wide = C > F ? C : F;
+    wide = wide > QD ? wide : QD;
+    return (size_t)T * (per_layer * c->num_hidden_layers + 2 * C + 1 + 2 * wide);
+}
+
+rf_status rf__model_reserve(rf_model *m, int T) {
+    if (T <= m->act_cap) return RF_OK;
+    const rf_model_config *c = &m->cfg;
+    m->k->free(m->act_mem);
+    m->act_mem = m->k->alloc(acts_floats(c, T) * sizeof(float));
+    if (!m->act_mem) {
+        m->act_cap = 0;
+        return rf_error(RF_ERR_NOMEM, "out of memory for activations of %d tokens", T);
+    }
+    size_t C = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
+           KVH = c->num_key_value_heads, D = c->head_dim, QD = H * D, KD = KVH * D, t = (size_t)T;
+    float *p = m->act_mem;
+#define TAKE(n) (p += (n), p - (n))
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        rf_layer_acts *a = &m->acts[l];
+        a->x = TAKE(t * C);
+        a->ln1 = TAKE(t * C);
+        a->rstd1 = TAKE(t);
+        a->q_raw = TAKE(t * QD);
+        a->k_raw = TAKE(t * KD);
+        a->q_rstd = TAKE(t * H);
+        a->k_rstd = TAKE(t * KVH);
+        a->q = TAKE(t * QD);
+        a->k = TAKE(t * KD);
+        a->v = TAKE(t * KD);
+        a->att = TAKE(t * QD);
+        a->lse = TAKE(t * H);
+        a->x_mid = TAKE(t * C);
+        a->ln2 = TAKE(t * C);
+        a->rstd2 = TAKE(t);
+        a->gate = TAKE(t * F);
+        a->up = TAKE(t * F);
+        a->act = TAKE(t * F);
+    }
+    size_t wide = C > F ? C : F;
+    wide = wide > QD ? wide : QD;
+    m->x_final = TAKE(t * C);
+    m->h = TAKE(t * C);
+    m->rstd_f = TAKE(t);
+    m->scratch = TAKE(t * wide);
+    m->scratch2 = TAKE(t * wide);
+#undef TAKE
+    m->act_cap = T;
+    return RF_OK;
+}

@@ -1,0 +1,175 @@
+/* The decoder model: a Llama / Qwen2 / Qwen3 / Mistral-shaped causal LM with explicit forward
+ * and backward passes over packed variable-length batches, written out by hand (llm.c style).
+ *
+ * Parameters, gradients and AdamW state each live in one flat buffer on the model's back end;
+ * every tensor is a named view (Hugging Face names) into them, so loading, saving, gradient
+ * clipping and the optimizer all walk one table. Optionally a scalar value head (score.weight)
+ * replaces the LM head: that is the critic and the reward model.
+ *
+ * Threads: a model is used by one thread at a time. Back end: every pointer below lives in the
+ * memory of `m->k` (host for CPU, device for CUDA). */
+#ifndef RF_MODEL_H
+#define RF_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/rng.h"
+#include "kernels/kernels.h"
+#include "model/config.h"
+
+#define RF_MAX_NAME 96
+
+typedef struct rf_param_view {
+    char name[RF_MAX_NAME]; /* Hugging Face tensor name */
+    size_t offset;          /* in floats, into params / grads / opt_m / opt_v */
+    int ndim;
+    int64_t shape[2];
+    size_t numel;
+    int no_decay;           /* norms and biases: no weight decay */
+} rf_param_view;
+
+typedef struct rf_layer_weights {
+    float *ln1;              /* (C) input_layernorm */
+    float *wq, *bq;          /* (H*D, C), (H*D) */
+    float *wk, *bk;          /* (KVH*D, C), (KVH*D) */
+    float *wv, *bv;          /* (KVH*D, C), (KVH*D) */
+    float *wo, *bo;          /* (C, H*D), (C) */
+    float *q_norm, *k_norm;  /* (D) Qwen3 only */
+    float *ln2;              /* (C) post_attention_layernorm */
+    float *wgate, *wup;      /* (F, C) */
+    float *wdown;            /* (C, F) */
+} rf_layer_weights;
+
+/* Saved activations of one layer for a packed batch of T tokens. */
+typedef struct rf_layer_acts {
+    float *x;          /* (T, C) residual stream entering the layer */
+    float *ln1;        /* (T, C) */
+    float *rstd1;      /* (T) */
+    float *q_raw;      /* (T, H, D) before q_norm (Qwen3 only) */
+    float *k_raw;      /* (T, KVH, D) before k_norm (Qwen3 only) */
+    float *q_rstd;     /* (T, H) */
+    float *k_rstd;     /* (T, KVH) */
+    float *q;          /* (T, H, D) after norm and RoPE */
+    float *k, *v;      /* (T, KVH, D) */
+    float *att;        /* (T, H, D) attention output before o_proj */
+    float *lse;        /* (T, H) */
+    float *x_mid;      /* (T, C) residual after attention */
+    float *ln2;        /* (T, C) */
+    float *rstd2;      /* (T) */
+    float *gate, *up;  /* (T, F) */
+    float *act;        /* (T, F) silu(gate) * up */
+} rf_layer_acts;
+
+/* A packed batch, host memory. Sequence s owns tokens cu_seqlens[s] .. cu_seqlens[s+1]-1. */
+typedef struct rf_batch {
+    int n_seq;
+    int T;
+    const int32_t *tokens;     /* (T) */
+    const int32_t *pos;        /* (T) position ids; NULL = 0.. within each sequence */
+    const int32_t *cu_seqlens; /* (n_seq + 1) */
+} rf_batch;
+
+/* KV cache for generation: per layer, `n_slots` sequences of up to `max_len` positions. */
+typedef struct rf_kv_cache {
+    int n_slots, max_len, n_layers, KVH, D;
+    float *k, *v;   /* (L, n_slots, max_len, KVH, D) on the back end */
+    int *len;       /* (n_slots) host: positions filled per slot */
+} rf_kv_cache;
+
+typedef struct rf_model {
+    rf_model_config cfg;
+    const rf_kernels *k;
+    rf_param_view *views;
+    int n_views;
+    size_t n_params;          /* floats */
+    float *params;            /* (n_params) */
+    float *grads;             /* (n_params) NULL until rf_model_enable_training */
+    float *opt_m, *opt_v;     /* (n_params) AdamW state */
+    int opt_step;
+    float *wte;               /* (V, C) */
+    float *norm;              /* (C) */
+    float *lm_head;           /* (V, C); == wte when tied; NULL with a value head */
+    float *score;             /* (1, C) value head; NULL without */
+    rf_layer_weights *layers; /* (L) */
+    float *inv_freq;          /* (D/2) back end */
+
+    /* activations for the last forward pass */
+    int act_cap;              /* tokens the buffers below hold */
+    float *act_mem;
+    rf_layer_acts *acts;      /* (L) */
+    float *x_final;           /* (T, C) residual after the last layer */
+    float *h;                 /* (T, C) after the final norm */
+    float *rstd_f;            /* (T) */
+    float *scratch;           /* (T, max(C, F, H*D)) gradient scratch */
+    float *scratch2;          /* (T, max(C, F, H*D)) */
+    float *gmem;              /* backward gradient buffers, gmem_cap tokens */
+    int gmem_cap;
+    float *dev_out;           /* logits / values staging, dev_out_cap floats */
+    size_t dev_out_cap;
+    int32_t *ibuf;            /* index arrays on the back end */
+    int ibuf_cap;
+    int T, n_seq;             /* shape of the last forward */
+    int32_t *d_tokens, *d_pos, *d_cu, *d_kstart, *d_klen, *d_targets;
+    float logprob_inv_temp;
+} rf_model;
+
+/* Allocates a model for `cfg` on back end `k` with parameters zeroed. Caller frees with
+ * rf_model_free. */
+rf_status rf_model_init(rf_model **out, const rf_model_config *cfg, const rf_kernels *k);
+void rf_model_free(rf_model *m);
+
+/* Random init like transformers' _init_weights: normal(0, std) for matrices, ones for norms,
+ * zeros for biases. */
+void rf_model_init_random(rf_model *m, uint64_t seed, float std);
+
+/* Loads a Hugging Face model directory (config.json + safetensors) onto back end `k`.
+ * Errors name the file and tensor. `value_head` = 1 asks for a critic: score.weight is loaded
+ * when present, else initialised to zero (a fresh critic from a policy checkpoint). */
+rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, int value_head);
+
+/* Writes config.json and model.safetensors (or shards above max_shard_bytes) into `dir`. */
+rf_status rf_model_save(const rf_model *m, const char *dir, int bf16, size_t max_shard_bytes);
+
+/* Allocates gradients and optimizer state (zeroed). */
+rf_status rf_model_enable_training(rf_model *m);
+void rf_model_zero_grad(rf_model *m);
+
+/* Forward over a packed batch, keeping what backward needs. Afterwards m->h holds the final
+ * hidden states (T, C). Errors: bad token ids, sequences over the model's length limit. */
+rf_status rf_model_forward(rf_model *m, const rf_batch *b);
+
+/* Per-token log-prob of targets (T) and entropy (T; NULL = skip) at temperature 1/inv_temp,
+ * from the last forward; host outputs. Keeps targets for rf_model_backward. */
+rf_status rf_model_logprobs(rf_model *m, const int32_t *targets, float inv_temp, float *logp,
+                            float *entropy);
+
+/* Value head outputs (T) from the last forward (host). */
+rf_status rf_model_values(rf_model *m, float *values);
+
+/* Full logits (n_rows, V) on the host for selected rows of the last forward. */
+rf_status rf_model_logits(rf_model *m, const int *rows, int n_rows, float *logits);
+
+/* Backward from host upstream gradients: dlogp (T), dentropy (T) (either may be NULL; needs a
+ * prior rf_model_logprobs) and dvalues (T) for a value head. Accumulates into m->grads. */
+rf_status rf_model_backward(rf_model *m, const float *dlogp, const float *dentropy,
+                            const float *dvalues);
+
+/* KV cache with n_slots sequences of max_len positions each. */
+rf_status rf_kv_cache_init(rf_kv_cache *c, const rf_model *m, int n_slots, int max_len);
+void rf_kv_cache_free(rf_kv_cache *c, const rf_model *m);
+
+/* Runs new tokens of several cache slots through the model, appending their keys/values to the
+ * cache, and writes the logits of each slot's last new token to logits (n, V) on the host.
+ * slots (n), counts (n) new tokens per slot; tokens packed in slot order. */
+rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const int *counts,
+                          int n, const int32_t *tokens, float *logits);
+
+/* Number of parameters (floats) and the view named `name` (NULL if absent). */
+const rf_param_view *rf_model_find(const rf_model *m, const char *name);
+
+/* Forward+backward FLOPs per token for a sequence of length `seq_len` (matmuls and attention,
+ * the convention of the PaLM paper's MFU: 6N + 12 L H D seq_len / 2 causal). */
+double rf_model_train_flops_per_token(const rf_model_config *cfg, int seq_len);
+
+#endif

@@ -1,0 +1,231 @@
+/* Whole-model checks on tiny configurations of every supported shape:
+ *  - gradients of a loss on log-probs, entropy and values against central finite differences;
+ *  - a packed batch gives the same log-probs as each sequence run alone;
+ *  - KV-cache prefill + decode gives the same logits as a full forward;
+ *  - config.json parsing refuses what we do not implement, naming the field. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "model/model.h"
+#include "test_util.h"
+
+static rf_model_config tiny_config(rf_arch arch, int tied, int value_head) {
+    rf_model_config c;
+    RF_ASSERT(rf_config_preset(&c, "tiny", 97) == RF_OK);
+    c.hidden_size = 16, c.intermediate_size = 24, c.num_hidden_layers = 2;
+    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 6;
+    c.arch = arch;
+    c.qkv_bias = arch == RF_ARCH_QWEN2;
+    c.o_bias = arch == RF_ARCH_LLAMA; /* exercise attention_bias on o_proj too */
+    if (arch == RF_ARCH_LLAMA) c.qkv_bias = 1;
+    c.qk_norm = arch == RF_ARCH_QWEN3;
+    c.tie_word_embeddings = tied;
+    c.value_head = value_head;
+    c.rope_theta = 500.0f; /* small theta so that positions rotate visibly */
+    return c;
+}
+
+/* A fixed packed batch of three sequences (lengths 5, 1, 7). */
+static const int32_t tok[13] = {3, 17, 42, 5, 90, 11, 7, 7, 23, 64, 1, 0, 96};
+static const int32_t tgt[13] = {17, 42, 5, 90, 2, 12, 7, 23, 64, 1, 0, 96, 50};
+static const int32_t cu[4] = {0, 5, 6, 13};
+
+/* Scalar loss in double: sum a_t logp_t + b_t H_t (+ c_t v_t for a value head). */
+static double loss(rf_model *m, const double *a, const double *b) {
+    rf_batch bt = {3, 13, tok, NULL, cu};
+    float lp[13], ent[13];
+    RF_ASSERT(rf_model_forward(m, &bt) == RF_OK);
+    if (m->score) {
+        RF_ASSERT(rf_model_values(m, lp) == RF_OK);
+        double s = 0;
+        for (int t = 0; t < 13; t++) s += a[t] * lp[t];
+        return s;
+    }
+    RF_ASSERT(rf_model_logprobs(m, tgt, 1.0f / 0.9f, lp, ent) == RF_OK);
+    double s = 0;
+    for (int t = 0; t < 13; t++) s += a[t] * lp[t] + b[t] * ent[t];
+    return s;
+}
+
+/* Finite differences in fp32 forward passes with the loss summed in double: h = 1e-2 keeps
+ * rounding noise (~1e-7 relative per logit, amplified by 1/h) well under the tolerance of 2% +
+ * 1e-3, while the O(h^2) truncation error of the central difference stays below 1e-4. */
+static void grad_check(rf_arch arch, int tied, int value_head) {
+    rf_model_config c = tiny_config(arch, tied, value_head);
+    rf_model *m;
+    CHECK_OK(rf_model_init(&m, &c, rf_cpu_kernels()));
+    rf_model_init_random(m, 7, 0.3f);
+    CHECK_OK(rf_model_enable_training(m));
+    double a[13], b[13];
+    float fa[13], fb[13];
+    rf_rng r;
+    rf_rng_seed(&r, 3);
+    for (int t = 0; t < 13; t++) {
+        a[t] = fa[t] = rf_rng_normal(&r);
+        b[t] = fb[t] = 0.5f * rf_rng_normal(&r);
+    }
+    loss(m, a, b);
+    rf_model_zero_grad(m);
+    if (value_head)
+        CHECK_OK(rf_model_backward(m, NULL, NULL, fa));
+    else
+        CHECK_OK(rf_model_backward(m, fa, fb, NULL));
+    int bad = 0, checked = 0;
+    for (int v = 0; v < m->n_views; v++) {
+        const rf_param_view *pv = &m->views[v];
+        for (int trial = 0; trial < 3; trial++) {
+            size_t i = pv->offset + (size_t)(rf_rng_u64(&r) % pv->numel);
+            float keep = m->params[i], h = 1e-2f;
+            m->params[i] = keep + h;
+            double lp = loss(m, a, b);
+            m->params[i] = keep - h;
+            double lm = loss(m, a, b);
+            m->params[i] = keep;
+            double fd = (lp - lm) / (2.0 * h), an = m->grads[i];
+            checked++;
+            if (fabs(fd - an) > 1e-3 + 2e-2 * fabs(fd)) {
+                bad++;
+                fprintf(stderr, "arch %d tied %d vh %d: %s[%zu]: analytic %.6g, numeric %.6g\n", arch,
+                        tied, value_head, pv->name, i - pv->offset, an, fd);
+            }
+        }
+    }
+    CHECK(bad == 0);
+    CHECK(checked >= 3 * 10);
+    rf_model_free(m);
+}
+
+/* Each sequence run alone must give the same log-probs as inside the packed batch. */
+static void packing_check(rf_arch arch) {
+    rf_model_config c = tiny_config(arch, 0, 0);
+    rf_model *m;
+    CHECK_OK(rf_model_init(&m, &c, rf_cpu_kernels()));
+    rf_model_init_random(m, 11, 0.3f);
+    rf_batch all = {3, 13, tok, NULL, cu};
+    float lp_all[13], lp_one[13];
+    CHECK_OK(rf_model_forward(m, &all));
+    CHECK_OK(rf_model_logprobs(m, tgt, 1.0f, lp_all, NULL));
+    for (int s = 0; s < 3; s++) {
+        int n = cu[s + 1] - cu[s];
+        int32_t one_cu[2] = {0, n};
+        rf_batch b = {1, n, tok + cu[s], NULL, one_cu};
+        CHECK_OK(rf_model_forward(m, &b));
+        CHECK_OK(rf_model_logprobs(m, tgt + cu[s], 1.0f, lp_one + cu[s], NULL));
+    }
+    /* Same math in a different summation order only inside sgemm blocking: 1e-5. */
+    for (int t = 0; t < 13; t++) CHECK_CLOSE(lp_one[t], lp_all[t], 1e-5, 1e-5);
+    rf_model_free(m);
+}
+
+/* Prefill two sequences (lengths 5 and 7) at once, then decode 3 tokens one at a time for
+ * both; each step's logits must equal the full forward's logits at that position. */
+static void kv_cache_check(rf_arch arch) {
+    rf_model_config c = tiny_config(arch, 1, 0);
+    rf_model *m;
+    CHECK_OK(rf_model_init(&m, &c, rf_cpu_kernels()));
+    rf_model_init_random(m, 5, 0.3f);
+    int V = c.vocab_size;
+    const int32_t seqA[8] = {3, 17, 42, 5, 90, 8, 9, 10}, seqB[10] = {7, 7, 23, 64, 1, 0, 96, 4, 5, 6};
+    float *full = malloc(sizeof(float) * 18 * V), *dec = malloc(sizeof(float) * 2 * V);
+    int32_t toks[18];
+    memcpy(toks, seqA, sizeof seqA);
+    memcpy(toks + 8, seqB, sizeof seqB);
+    int32_t cu2[3] = {0, 8, 18};
+    rf_batch b = {2, 18, toks, NULL, cu2};
+    CHECK_OK(rf_model_forward(m, &b));
+    int rows[18];
+    for (int i = 0; i < 18; i++) rows[i] = i;
+    CHECK_OK(rf_model_logits(m, rows, 18, full));
+    rf_kv_cache kv;
+    CHECK_OK(rf_kv_cache_init(&kv, m, 3, 16));
+    int slots[2] = {2, 0}, counts[2] = {5, 7};
+    int32_t pre[12];
+    memcpy(pre, seqA, 5 * sizeof(int32_t));
+    memcpy(pre + 5, seqB, 7 * sizeof(int32_t));
+    CHECK_OK(rf_model_decode(m, &kv, slots, counts, 2, pre, dec));
+    double maxdiff = 0;
+    for (int j = 0; j < V; j++) {
+        maxdiff = fmax(maxdiff, fabs(dec[j] - full[4 * V + j]));
+        maxdiff = fmax(maxdiff, fabs(dec[V + j] - full[(8 + 6) * V + j]));
+    }
+    for (int step = 0; step < 3; step++) {
+        int ones[2] = {1, 1};
+        int32_t nt[2] = {seqA[5 + step], seqB[7 + step]};
+        CHECK_OK(rf_model_decode(m, &kv, slots, ones, 2, nt, dec));
+        for (int j = 0; j < V; j++) {
+            maxdiff = fmax(maxdiff, fabs(dec[j] - full[(5 + step) * V + j]));
+            maxdiff = fmax(maxdiff, fabs(dec[V + j] - full[(8 + 7 + step) * V + j]));
+        }
+    }
+    /* fp32, differing only in accumulation order: 1e-4 absolute on logits of magnitude ~1. */
+    CHECK(maxdiff < 1e-4);
+    if (maxdiff >= 1e-4) fprintf(stderr, "kv cache max |diff| %g\n", maxdiff);
+    CHECK(kv.len[2] == 8 && kv.len[0] == 10);
+    int one = 1;
+    int32_t t0 = 0;
+    int big[1] = {20};
+    CHECK_ERR(rf_model_decode(m, &kv, slots, big, 1, toks, dec), RF_ERR_RANGE, "more than the cache");
+    int32_t badtok = 97;
+    CHECK_ERR(rf_model_decode(m, &kv, slots, &one, 1, &badtok, dec), RF_ERR_RANGE, "outside the vocabulary");
+    (void)t0;
+    rf_kv_cache_free(&kv, m);
+    free(full);
+    free(dec);
+    rf_model_free(m);
+}
+
+static void config_errors(void) {
+    rf_model_config c;
+    const char *base = "{\"model_type\":\"qwen2\",\"hidden_size\":64,\"intermediate_size\":128,"
+                       "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                       "\"vocab_size\":100";
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s}", base);
+    CHECK_OK(rf_config_parse(&c, buf, "cfg.json"));
+    CHECK(c.qkv_bias == 1 && c.o_bias == 0 && c.head_dim == 16 && c.tie_word_embeddings == 0);
+    snprintf(buf, sizeof buf, "%s,\"use_sliding_window\":true,\"sliding_window\":64}", base);
+    CHECK_ERR(rf_config_parse(&c, buf, "cfg.json"), RF_ERR_UNSUPPORTED, "use_sliding_window");
+    snprintf(buf, sizeof buf, "%s,\"num_experts\":8}", base);
+    CHECK_ERR(rf_config_parse(&c, buf, "cfg.json"), RF_ERR_UNSUPPORTED, "num_experts");
+    snprintf(buf, sizeof buf, "%s,\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}}", base);
+    CHECK_ERR(rf_config_parse(&c, buf, "cfg.json"), RF_ERR_UNSUPPORTED, "rope_scaling.rope_type");
+    snprintf(buf, sizeof buf, "%s,\"hidden_act\":\"gelu\"}", base);
+    CHECK_ERR(rf_config_parse(&c, buf, "cfg.json"), RF_ERR_UNSUPPORTED, "hidden_act");
+    CHECK_ERR(rf_config_parse(&c, "{\"model_type\":\"gpt2\"}", "cfg.json"), RF_ERR_UNSUPPORTED,
+              "model_type \"gpt2\"");
+    CHECK_ERR(rf_config_parse(&c, "{\"model_type\":\"llama\"}", "cfg.json"), RF_ERR_FORMAT,
+              "cfg.json: missing required field \"hidden_size\"");
+    CHECK_ERR(rf_config_parse(&c, "{oops", "cfg.json"), RF_ERR_FORMAT, "cfg.json: not a valid JSON");
+    CHECK_ERR(rf_config_parse(&c, "{\"model_type\":\"qwen2\",\"hidden_size\":64,\"intermediate_size\":128,"
+                                  "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":3,"
+                                  "\"vocab_size\":100}", "cfg.json"), RF_ERR_FORMAT, "multiple of");
+    /* Mistral's sliding window larger than the context changes nothing and is accepted. */
+    CHECK_OK(rf_config_parse(&c, "{\"model_type\":\"mistral\",\"hidden_size\":64,\"intermediate_size\":128,"
+                                 "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100,"
+                                 "\"max_position_embeddings\":512,\"sliding_window\":4096}", "m.json"));
+    CHECK(c.sliding_window == 0 && c.qkv_bias == 0);
+    /* Llama 3.1 rope scaling: low frequencies are divided by the factor, high ones kept. */
+    CHECK_OK(rf_config_parse(&c, "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":128,"
+                                 "\"num_hidden_layers\":1,\"num_attention_heads\":1,\"vocab_size\":10,"
+                                 "\"rope_theta\":500000,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,"
+                                 "\"low_freq_factor\":1,\"high_freq_factor\":4,"
+                                 "\"original_max_position_embeddings\":8192}}", "l3.json"));
+    float inv[32];
+    rf_config_inv_freq(&c, inv);
+    CHECK_CLOSE(inv[0], 1.0, 0, 1e-6);
+    CHECK_CLOSE(inv[31], powf(500000.0f, -62.0f / 64.0f) / 8.0f, 0, 1e-5);
+}
+
+int main(void) {
+    config_errors();
+    grad_check(RF_ARCH_QWEN2, 1, 0);
+    grad_check(RF_ARCH_QWEN3, 0, 0);
+    grad_check(RF_ARCH_LLAMA, 0, 0);
+    grad_check(RF_ARCH_QWEN2, 0, 1);
+    packing_check(RF_ARCH_QWEN3);
+    packing_check(RF_ARCH_QWEN2);
+    kv_cache_check(RF_ARCH_QWEN2);
+    kv_cache_check(RF_ARCH_QWEN3);
+    return rf_test_finish("test_model");
+}
