@@ -1,2 +1,31 @@
+/* The rlflow command: dispatches to subcommands. */
 #include <stdio.h>
-int main(void) { puts("rlflow"); return 0; }
+#include <string.h>
+
+#include "cli/cli.h"
+
+static void usage(void) {
+    fputs("usage: rlflow <command> [options]\n"
+          "commands:\n"
+          "  init-model  write a randomly initialised model directory in Hugging Face layout\n"
+          "  inspect     show a model directory's config, parameters, tensors and tokenizer\n"
+          "  generate    sample text from a model (KV cache, batched)\n"
+          "  score       per-token log-probs and entropy of a response, as JSON\n"
+          "run `rlflow <command> --help` for a command's options\n",
+          stderr);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage();
+        return argc < 2 ? 2 : 0;
+    }
+    static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
+        {"init-model", rf_cmd_init_model}, {"inspect", rf_cmd_inspect},
+        {"generate", rf_cmd_generate},     {"score", rf_cmd_score}};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (strcmp(argv[1], cmds[i].name) == 0) return cmds[i].fn(argc - 2, argv + 2);
+    fprintf(stderr, "error: unknown command \"%s\"\n", argv[1]);
+    usage();
+    return 2;
+}

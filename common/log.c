@@ -33,6 +33,7 @@ void rf_progress(const char *what, long done, long total, double t0, const char 
     double rate = el > 0 ? (double)done / el : 0.0;
     double eta = rate > 0 && total > done ? (double)(total - done) / rate : 0.0;
     int tty = isatty(2);
+    if (el < 1.0) return; /* short phases need no progress line */
     if (!tty && total > 0) {
         long step = total / 10 > 0 ? total / 10 : 1;
         if (done % step != 0 && done != total) return;

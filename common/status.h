@@ -10,6 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define RF_STATUS_LIST(X)                                   \
     X(RF_OK, "ok")                                          \
     X(RF_ERR_ARG, "invalid argument")                       \
@@ -62,5 +66,9 @@ void rf_error_clear(void);
             abort();                                                            \
         }                                                                       \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -15,7 +15,7 @@
  *  - Backward ops ACCUMULATE (+=) into parameter gradients (dw, dbias, dweight). Activation
  *    gradients are OVERWRITTEN unless the comment says "accumulates".
  *  - Index arrays (tokens, targets, positions, offsets) are int32 in the back end's memory.
- *  - The CUDA back end runs every op on its own stream (set by rf_cuda_kernels_init); ops are
+ *  - The CUDA back end runs every op on its own stream (created by rf_cuda_kernels); ops are
  *    asynchronous there and ordered on that stream. The CPU back end is synchronous and uses
  *    OpenMP inside ops; calls themselves are not thread-safe. */
 #ifndef RF_KERNELS_H
@@ -25,6 +25,10 @@
 #include <stdint.h>
 
 #include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct rf_kernels rf_kernels;
 
@@ -125,7 +129,12 @@ const rf_kernels *rf_cpu_kernels(void);
  * present (message recorded saying which). */
 const rf_kernels *rf_cuda_kernels(int device);
 
-/* Rows of the vocabulary processed at once by logprob_forward/backward. */
-#define RF_LOGPROB_CHUNK 64
+/* Most token rows whose logits logprob_forward/backward hold at once (a back end may use
+ * fewer for large vocabularies). */
+#define RF_LOGPROB_CHUNK 256
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

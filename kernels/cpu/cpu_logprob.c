@@ -21,11 +21,19 @@ static void chunk_logits(float *z, float *lse_out, float *ent_out, const float *
         const float *zr = z + (size_t)r * V;
         float m = -INFINITY;
         for (int j = 0; j < V; j++) m = zr[j] > m ? zr[j] : m;
+        /* float exponentials (vectorised), double accumulators (V up to ~150k terms) */
         double sum = 0.0, wsum = 0.0;
-        for (int j = 0; j < V; j++) {
-            double e = exp((double)(zr[j] - m));
-            sum += e;
-            wsum += e * (double)(zr[j] - m);
+        for (int j0 = 0; j0 < V; j0 += 1024) {
+            float fs = 0.0f, fw = 0.0f;
+            int j1 = j0 + 1024 < V ? j0 + 1024 : V;
+#pragma omp simd reduction(+ : fs, fw)
+            for (int j = j0; j < j1; j++) {
+                float e = expf(zr[j] - m);
+                fs += e;
+                fw += e * (zr[j] - m);
+            }
+            sum += fs;
+            wsum += fw;
         }
         lse_out[r] = m + (float)log(sum);
         /* H = lse - sum p z = log(sum) - sum e (z - m) / sum */
@@ -33,10 +41,30 @@ static void chunk_logits(float *z, float *lse_out, float *ent_out, const float *
     }
 }
 
+/* Rows per chunk: up to RF_LOGPROB_CHUNK, fewer for large vocabularies so that the scratch
+ * stays near 32 MB (about 55 rows for a 150k vocabulary). */
+static int chunk_rows(int V) {
+    int r = (8 << 20) / (V > 0 ? V : 1);
+    return r < 16 ? 16 : r > RF_LOGPROB_CHUNK ? RF_LOGPROB_CHUNK : r;
+}
+
+/* Scratch reused across calls (the back end is not re-entrant, see kernels.h): allocating a
+ * fresh multi-megabyte buffer per call costs page faults on every step. */
+static float *scratch(size_t n) {
+    static float *buf;
+    static size_t cap;
+    if (n > cap) {
+        free(buf);
+        buf = malloc(n * sizeof(float));
+        cap = buf ? n : 0;
+    }
+    return buf;
+}
+
 void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
                             const int32_t *targets, int T, int C, int V, float inv_temp) {
-    int chunk = RF_LOGPROB_CHUNK;
-    float *z = malloc(sizeof(float) * (size_t)chunk * V);
+    int chunk = chunk_rows(V);
+    float *z = scratch((size_t)chunk * V);
     float lse[RF_LOGPROB_CHUNK], ent[RF_LOGPROB_CHUNK];
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
@@ -46,14 +74,13 @@ void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const f
             if (entropy) entropy[t0 + r] = ent[r];
         }
     }
-    free(z);
 }
 
 void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const float *dentropy,
                              const float *h, const float *w, const int32_t *targets, int T,
                              int C, int V, float inv_temp) {
-    int chunk = RF_LOGPROB_CHUNK;
-    float *z = malloc(sizeof(float) * (size_t)chunk * V);
+    int chunk = chunk_rows(V);
+    float *z = scratch((size_t)chunk * V);
     float lse[RF_LOGPROB_CHUNK], ent[RF_LOGPROB_CHUNK];
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
@@ -64,6 +91,7 @@ void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const flo
             float *zr = z + (size_t)r * V;
             float dl = dlogp ? dlogp[t0 + r] : 0.0f, de = dentropy ? dentropy[t0 + r] : 0.0f;
             int tgt = targets[t0 + r];
+#pragma omp simd
             for (int j = 0; j < V; j++) {
                 float lp = zr[j] - lse[r];
                 zr[j] = inv_temp * rf_logprob_dlogit(expf(lp), lp, ent[r], j == tgt, dl, de);
@@ -76,5 +104,4 @@ void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const flo
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, n, 1.0f, z, V,
                         h + (size_t)t0 * C, C, 1.0f, dw, C);
     }
-    free(z);
 }

@@ -1,11 +1,22 @@
 /* Matrix products on the CPU through OpenBLAS sgemm (row-major, HF Linear weight layout). */
 #include <cblas.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
 
 void rf_cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int T,
                            int C, int OC) {
     if (T == 0) return;
+    if (T <= 4) {
+        /* Decoding: sgemm would pack all of w for a handful of rows; sgemv streams it once. */
+        for (int t = 0; t < T; t++) {
+            float *o = out + (size_t)t * OC;
+            if (bias) memcpy(o, bias, sizeof(float) * (size_t)OC);
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, w, C, inp + (size_t)t * C, 1,
+                        bias ? 1.0f : 0.0f, o, 1);
+        }
+        return;
+    }
     if (bias) {
 #pragma omp parallel for if (T > 64)
         for (int t = 0; t < T; t++)

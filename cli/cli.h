@@ -1,0 +1,26 @@
+/* Shared pieces of the rlflow command: subcommand entry points and model opening. */
+#ifndef RF_CLI_H
+#define RF_CLI_H
+
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+int rf_cmd_init_model(int argc, char **argv);
+int rf_cmd_inspect(int argc, char **argv);
+int rf_cmd_generate(int argc, char **argv);
+int rf_cmd_score(int argc, char **argv);
+
+/* "cpu" or "cuda" (device 0) -> back end; errors say why CUDA is unavailable. */
+rf_status rf_cli_backend(const char *device, const rf_kernels **out);
+
+/* Loads model and tokenizer from a Hugging Face directory. */
+rf_status rf_cli_open(const char *dir, const char *device, rf_model **m, rf_tokenizer **tok);
+
+/* EOS ids: generation_config.json, then config.json, then the tokenizer's. Returns count. */
+int rf_cli_eos_ids(const char *dir, const rf_model *m, const rf_tokenizer *tok, int32_t *ids, int cap);
+
+/* Prints a failed status and returns exit code 1. */
+int rf_cli_fail(rf_status s);
+
+#endif

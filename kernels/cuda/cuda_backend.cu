@@ -1,0 +1,192 @@
+/* The CUDA back end: module state (device, stream, cuBLAS handle, sticky error flag), memory
+ * ops, and the rf_kernels table that gathers every CUDA op (the ops themselves live in the
+ * other files of kernels/cuda/, one group per file, mirroring kernels/cpu/). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+rf__cuda_state rf__cuda;
+
+int rf__cuda_fail(const char *what, const char *detail, const char *file, int line) {
+    if (!rf__cuda.failed) {
+        rf__cuda.failed = 1;
+        rf_error(RF_ERR_CUDA, "cuda: %s:%d: %s: %s", file, line, what, detail);
+        fprintf(stderr, "rlflow: cuda: %s:%d: %s: %s (CUDA back end disabled from here on)\n",
+                file, line, what, detail);
+    }
+    return 0;
+}
+
+/* ---- memory ---- */
+
+/* Zero-filled like the CPU alloc; the fill is ordered on the stream, so any op issued after
+ * this returns sees zeros. A zero-byte request still returns a distinct pointer. */
+void *rf_cuda_alloc(size_t bytes) {
+    RF_CUDA_GUARD(NULL);
+    void *p = NULL;
+    size_t n = bytes ? bytes : 1;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess) {
+        /* Out of memory is bad input, not a broken device: report it without the sticky flag. */
+        (void)cudaGetLastError(); /* clear the non-sticky error so later launch checks pass */
+        rf_error(RF_ERR_NOMEM, "cuda: out of device memory allocating %zu bytes (%s)", bytes,
+                 cudaGetErrorString(e));
+        return NULL;
+    }
+    if (!RF_CUDA_CHECK(cudaMemsetAsync(p, 0, n, rf__cuda.stream))) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* cudaFree waits for the device, so work still queued that reads p finishes first. */
+void rf_cuda_free(void *p) {
+    if (p) RF_CUDA_CHECK(cudaFree(p));
+}
+
+/* Synchronises after the copy so that, as on the CPU, host_src may be reused or freed on
+ * return even when it is pinned memory (uploads are weights and small index arrays). */
+void rf_cuda_to_device(void *dst, const void *host_src, size_t bytes) {
+    RF_CUDA_GUARD();
+    if (!bytes) return;
+    if (RF_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice,
+                                      rf__cuda.stream)))
+        RF_CUDA_CHECK(cudaStreamSynchronize(rf__cuda.stream));
+}
+
+void rf_cuda_to_host(void *host_dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    if (!rf__cuda.failed &&
+        RF_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost,
+                                      rf__cuda.stream)) &&
+        RF_CUDA_CHECK(cudaStreamSynchronize(rf__cuda.stream)))
+        return;
+    memset(host_dst, 0xff, bytes); /* never hand back stale bytes as if they were a result */
+}
+
+void rf_cuda_copy(void *dst, const void *src, size_t bytes) {
+    RF_CUDA_GUARD();
+    if (bytes)
+        RF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                      rf__cuda.stream));
+}
+
+void rf_cuda_zero(void *p, size_t bytes) {
+    RF_CUDA_GUARD();
+    if (bytes) RF_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, rf__cuda.stream));
+}
+
+void rf_cuda_sync(void) {
+    RF_CUDA_GUARD();
+    RF_CUDA_CHECK(cudaStreamSynchronize(rf__cuda.stream));
+}
+
+/* ---- the table ---- */
+
+static const rf_kernels cuda_table = {
+    /* .name = */ "cuda",
+    /* .alloc = */ rf_cuda_alloc,
+    /* .free = */ rf_cuda_free,
+    /* .to_device = */ rf_cuda_to_device,
+    /* .to_host = */ rf_cuda_to_host,
+    /* .copy = */ rf_cuda_copy,
+    /* .zero = */ rf_cuda_zero,
+    /* .sync = */ rf_cuda_sync,
+    /* .add_inplace = */ rf_cuda_add_inplace,
+    /* .scale = */ rf_cuda_scale,
+    /* .sum_squares = */ rf_cuda_sum_squares,
+    /* .matmul_forward = */ rf_cuda_matmul_forward,
+    /* .matmul_backward = */ rf_cuda_matmul_backward,
+    /* .embedding_forward = */ rf_cuda_embedding_forward,
+    /* .embedding_backward = */ rf_cuda_embedding_backward,
+    /* .rmsnorm_forward = */ rf_cuda_rmsnorm_forward,
+    /* .rmsnorm_backward = */ rf_cuda_rmsnorm_backward,
+    /* .rope = */ rf_cuda_rope,
+    /* .attention_forward = */ rf_cuda_attention_forward,
+    /* .attention_backward = */ rf_cuda_attention_backward,
+    /* .swiglu_forward = */ rf_cuda_swiglu_forward,
+    /* .swiglu_backward = */ rf_cuda_swiglu_backward,
+    /* .logprob_forward = */ rf_cuda_logprob_forward,
+    /* .logprob_backward = */ rf_cuda_logprob_backward,
+    /* .adamw = */ rf_cuda_adamw,
+};
+/* C++ has no designated initialisers before C++20, hence the positional table above; this
+ * catches a field added to rf_kernels without a matching entry here. */
+static_assert(sizeof(rf_kernels) == 25 * sizeof(void *), "rf_kernels changed: update cuda_table");
+
+/* Creates the stream, the cuBLAS handle bound to it, and the reduction scratch. On failure
+ * everything created so far is released and the state stays uninitialised. */
+static int cuda_init(int device) {
+    cudaStream_t stream = NULL;
+    cublasHandle_t blas = NULL;
+    double *partials = NULL;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaMalloc(&partials, sizeof(double) * (RF_CUDA_REDUCE_BLOCKS + 1));
+    if (e != cudaSuccess) {
+        rf_error(RF_ERR_CUDA, "cuda: initialising device %d: %s", device, cudaGetErrorString(e));
+        goto fail;
+    }
+    cublasStatus_t b;
+    b = cublasCreate(&blas);
+    if (b == CUBLAS_STATUS_SUCCESS) b = cublasSetStream(blas, stream);
+    /* Plain fp32 sgemm (no TF32): the back end must agree with the CPU one to fp32 rounding. */
+    if (b == CUBLAS_STATUS_SUCCESS) b = cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH);
+    if (b != CUBLAS_STATUS_SUCCESS) {
+        rf_error(RF_ERR_CUDA, "cuda: creating the cuBLAS handle on device %d: %s", device,
+                 cublasGetStatusString(b));
+        goto fail;
+    }
+    rf__cuda.device = device;
+    rf__cuda.stream = stream;
+    rf__cuda.blas = blas;
+    rf__cuda.partials = partials;
+    rf__cuda.failed = 0;
+    rf__cuda.initialised = 1;
+    return 1;
+fail:
+    if (blas) cublasDestroy(blas);
+    if (partials) cudaFree(partials);
+    if (stream) cudaStreamDestroy(stream);
+    (void)cudaGetLastError();
+    return 0;
+}
+
+/* The CUDA back end on `device`. The first successful call picks the device and creates the
+ * back end's one stream and cuBLAS handle, which live until the process exits; later calls
+ * with the same device return the same table, and a different device is refused (one device
+ * per process: multi-GPU runs use one process per GPU). Not thread-safe: call it from one
+ * thread before using the table. Errors: RF_ERR_NODEVICE when no GPU is visible or `device`
+ * is out of range, RF_ERR_CUDA when the runtime or cuBLAS fails to start, RF_ERR_UNSUPPORTED
+ * for a second device; NULL then. */
+extern "C" const rf_kernels *rf_cuda_kernels(int device) {
+    if (rf__cuda.initialised) {
+        if (device == rf__cuda.device) return &cuda_table;
+        rf_error(RF_ERR_UNSUPPORTED,
+                 "cuda: the back end already runs on device %d; one device per process "
+                 "(asked for device %d)", rf__cuda.device, device);
+        return NULL;
+    }
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        rf_error(RF_ERR_NODEVICE, "cuda: no usable GPU (cudaGetDeviceCount: %s)",
+                 cudaGetErrorString(e));
+        return NULL;
+    }
+    if (count == 0) {
+        rf_error(RF_ERR_NODEVICE, "cuda: no GPU visible (cudaGetDeviceCount returned 0)");
+        return NULL;
+    }
+    if (device < 0 || device >= count) {
+        rf_error(RF_ERR_NODEVICE, "cuda: device %d out of range (%d GPU%s visible)", device,
+                 count, count == 1 ? "" : "s");
+        return NULL;
+    }
+    return cuda_init(device) ? &cuda_table : NULL;
+}

@@ -1,0 +1,168 @@
+/* Declarations shared by the files of the CUDA back end: the back end's module state (one
+ * device, one stream, one cuBLAS handle, a sticky error flag), the error-checking macros that
+ * wrap every CUDA and cuBLAS call, small launch and reduction helpers, and the rf_cuda_* ops
+ * that cuda_backend.cu gathers into the rf_kernels table.
+ *
+ * Each rf_cuda_<op> has exactly the signature of the CPU op of the same name
+ * (kernels/cpu/, kernels/kernels.h) and runs asynchronously on rf__cuda.stream: the table
+ * carries no stream argument, so the stream is the back end's one stream, held here.
+ *
+ * Error policy (ops return void): the first failing CUDA/cuBLAS call records its message with
+ * rf_error(RF_ERR_CUDA, ...), prints it to stderr and sets rf__cuda.failed. From then on every
+ * op returns at once without touching memory (alloc returns NULL, sum_squares returns NaN,
+ * to_host fills the host buffer with 0xff bytes, which reads as NaN floats / -1 ints), so a
+ * failure cannot be mistaken for a result. A CUDA fault inside a kernel is asynchronous: it
+ * surfaces at the next checked call (a later launch, to_host, sync, sum_squares). */
+#ifndef RF_CUDA_COMMON_CUH
+#define RF_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+/* ---- module state (defined in cuda_backend.cu) ---- */
+struct rf__cuda_state {
+    int initialised;
+    int device;
+    cudaStream_t stream;  /* every op is ordered on this one stream */
+    cublasHandle_t blas;  /* bound to `stream` */
+    int failed;           /* sticky: set by the first failed call, never cleared */
+    double *partials;     /* (RF_CUDA_REDUCE_BLOCKS + 1) device scratch for sum_squares */
+};
+extern rf__cuda_state rf__cuda;
+
+/* Records a failed call (file:line, the call's text, the CUDA message) once; returns 0. */
+int rf__cuda_fail(const char *what, const char *detail, const char *file, int line);
+
+static inline int rf__cuda_check(cudaError_t e, const char *what, const char *file, int line) {
+    return e == cudaSuccess ? 1 : rf__cuda_fail(what, cudaGetErrorString(e), file, line);
+}
+static inline int rf__cublas_check(cublasStatus_t e, const char *what, const char *file,
+                                   int line) {
+    return e == CUBLAS_STATUS_SUCCESS ? 1 : rf__cuda_fail(what, cublasGetStatusString(e), file,
+                                                          line);
+}
+
+/* Each evaluates to 1 on success, 0 after recording the failure. */
+#define RF_CUDA_CHECK(call) rf__cuda_check((call), #call, __FILE__, __LINE__)
+#define RF_CUBLAS_CHECK(call) rf__cublas_check((call), #call, __FILE__, __LINE__)
+/* After every <<<...>>>: catches bad launch configurations and earlier asynchronous faults. */
+#define RF_CUDA_LAUNCH_CHECK() RF_CUDA_CHECK(cudaGetLastError())
+/* First statement of every op: after a failure, ops do nothing (see the policy above). */
+#define RF_CUDA_GUARD(...)                  \
+    do {                                    \
+        if (rf__cuda.failed) return __VA_ARGS__; \
+    } while (0)
+
+/* ---- launch helpers ---- */
+#define RF_CUDA_THREADS 256      /* threads per block for elementwise and row kernels */
+#define RF_CUDA_MAX_GRID 65535u  /* grid-stride loops cover the rest; keeps grids modest */
+#define RF_CUDA_REDUCE_BLOCKS 512 /* partial sums of sum_squares (fixed for determinism) */
+
+/* Blocks for n elements at RF_CUDA_THREADS each, capped (kernels loop grid-stride). n > 0. */
+static inline unsigned rf__cuda_blocks(size_t n) {
+    size_t b = (n + RF_CUDA_THREADS - 1) / RF_CUDA_THREADS;
+    return b > RF_CUDA_MAX_GRID ? RF_CUDA_MAX_GRID : (unsigned)b;
+}
+
+/* Sum over a warp; every lane gets the total (butterfly order is fixed: deterministic). */
+template <typename T>
+static __device__ inline T rf__warp_sum(T x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+static __device__ inline float rf__warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+/* Sum over a block whose size is a multiple of 32 (at most 1024); every thread gets the
+ * total. `shared` holds 32 T. Ends with a barrier, so `shared` may be reused right after. */
+template <typename T>
+static __device__ inline T rf__block_sum(T x, T *shared) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    x = rf__warp_sum(x);
+    if (lane == 0) shared[warp] = x;
+    __syncthreads();
+    T total = lane < nwarps ? shared[lane] : (T)0;
+    total = rf__warp_sum(total);
+    __syncthreads();
+    return total;
+}
+static __device__ inline float rf__block_max(float x, float *shared) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    x = rf__warp_max(x);
+    if (lane == 0) shared[warp] = x;
+    __syncthreads();
+    float m = lane < nwarps ? shared[lane] : -INFINITY;
+    m = rf__warp_max(m);
+    __syncthreads();
+    return m;
+}
+
+/* ---- ops (one group per file, as in kernels/cpu/) ---- */
+/* cuda_backend.cu: memory */
+void *rf_cuda_alloc(size_t bytes);
+void rf_cuda_free(void *p);
+void rf_cuda_to_device(void *dst, const void *host_src, size_t bytes);
+void rf_cuda_to_host(void *host_dst, const void *src, size_t bytes);
+void rf_cuda_copy(void *dst, const void *src, size_t bytes);
+void rf_cuda_zero(void *p, size_t bytes);
+void rf_cuda_sync(void);
+
+/* cuda_elementwise.cu */
+void rf_cuda_add_inplace(float *a, const float *b, size_t n);
+void rf_cuda_scale(float *x, float s, size_t n);
+double rf_cuda_sum_squares(const float *x, size_t n);
+void rf_cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T, int C);
+void rf_cuda_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T,
+                                int C);
+void rf_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
+                             int C, float eps);
+void rf_cuda_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                              const float *w, const float *rstd, int N, int C);
+void rf_cuda_rope(float *x, const int32_t *pos, const float *inv_freq, int T, int H, int D,
+                  int sign);
+void rf_cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void rf_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                             const float *up, size_t n);
+void rf_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                   float beta1, float beta2, float eps, float weight_decay, int step);
+
+/* cuda_matmul.cu */
+void rf_cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                            int T, int C, int OC);
+void rf_cuda_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                             const float *inp, const float *w, int T, int C, int OC);
+/* Row-major sgemm helpers shared with cuda_logprob.cu (mapping worked out in cuda_matmul.cu);
+ * each returns 1, or 0 after recording a cuBLAS failure.
+ *   xwt: out (T, OC) = alpha x (T, C) @ w (OC, C)^T + beta out
+ *   xw:  out (T, C)  = alpha x (T, OC) @ w (OC, C)  + beta out
+ *   xtw: out (OC, C) = alpha x (T, OC)^T @ y (T, C) + beta out */
+int rf__cuda_gemm_xwt(float *out, const float *x, const float *w, int T, int C, int OC,
+                      float alpha, float beta);
+int rf__cuda_gemm_xw(float *out, const float *x, const float *w, int T, int C, int OC,
+                     float alpha, float beta);
+int rf__cuda_gemm_xtw(float *out, const float *x, const float *y, int T, int C, int OC,
+                      float alpha, float beta);
+
+/* cuda_attention.cu */
+void rf_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,
+                               const float *v, const int32_t *q_off, const int32_t *k_start,
+                               const int32_t *k_len, int n_seq, int H, int KVH, int D);
+void rf_cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                                const float *q, const float *k, const float *v,
+                                const float *out, const float *lse, const int32_t *cu_seqlens,
+                                int n_seq, int T, int H, int KVH, int D);
+
+/* cuda_logprob.cu */
+void rf_cuda_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
+                             const int32_t *targets, int T, int C, int V, float inv_temp);
+void rf_cuda_logprob_backward(float *dh, float *dw, const float *dlogp, const float *dentropy,
+                              const float *h, const float *w, const int32_t *targets, int T,
+                              int C, int V, float inv_temp);
+
+#endif

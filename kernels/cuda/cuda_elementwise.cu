@@ -1,0 +1,252 @@
+/* Elementwise ops, reductions, normalisation, RoPE, embedding and AdamW on the GPU: the CUDA
+ * twins of the ops in kernels/cpu/cpu_kernels.c, same names, same arguments, same
+ * accumulate/overwrite rules. Per-element math comes from kernels/kernel_math.h, so the two
+ * back ends share one formula for each op. */
+#include <math.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/kernel_math.h"
+
+/* Grid-stride loop over n elements. */
+#define RF_FOR_EACH(i, n)                                                            \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);          \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* ---- add, scale, sum of squares ---- */
+
+static __global__ void add_inplace_kernel(float *a, const float *b, size_t n) {
+    RF_FOR_EACH(i, n) a[i] += b[i];
+}
+
+void rf_cuda_add_inplace(float *a, const float *b, size_t n) {
+    RF_CUDA_GUARD();
+    if (n == 0) return;
+    add_inplace_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(a, b, n);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+static __global__ void scale_kernel(float *x, float s, size_t n) {
+    RF_FOR_EACH(i, n) x[i] *= s;
+}
+
+void rf_cuda_scale(float *x, float s, size_t n) {
+    RF_CUDA_GUARD();
+    if (n == 0) return;
+    scale_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(x, s, n);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+/* Pass 1: each of RF_CUDA_REDUCE_BLOCKS blocks writes one partial sum (in double, as on the
+ * CPU). Pass 2: one block adds the partials into partials[RF_CUDA_REDUCE_BLOCKS]. A fixed
+ * grid and fixed reduction order make the result deterministic (no atomics). */
+static __global__ void sum_squares_partial_kernel(double *partials, const float *x, size_t n) {
+    __shared__ double shared[32];
+    double s = 0.0;
+    RF_FOR_EACH(i, n) s += (double)x[i] * (double)x[i];
+    s = rf__block_sum(s, shared);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+static __global__ void sum_squares_final_kernel(double *partials, int n_partials) {
+    __shared__ double shared[32];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n_partials; i += blockDim.x) s += partials[i];
+    s = rf__block_sum(s, shared);
+    if (threadIdx.x == 0) partials[n_partials] = s;
+}
+
+double rf_cuda_sum_squares(const float *x, size_t n) {
+    RF_CUDA_GUARD(NAN);
+    if (n == 0) return 0.0;
+    double result = NAN;
+    sum_squares_partial_kernel<<<RF_CUDA_REDUCE_BLOCKS, RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
+        rf__cuda.partials, x, n);
+    if (!RF_CUDA_LAUNCH_CHECK()) return NAN;
+    sum_squares_final_kernel<<<1, RF_CUDA_THREADS, 0, rf__cuda.stream>>>(rf__cuda.partials,
+                                                                         RF_CUDA_REDUCE_BLOCKS);
+    if (!RF_CUDA_LAUNCH_CHECK()) return NAN;
+    if (!RF_CUDA_CHECK(cudaMemcpyAsync(&result, rf__cuda.partials + RF_CUDA_REDUCE_BLOCKS,
+                                       sizeof(double), cudaMemcpyDeviceToHost, rf__cuda.stream)))
+        return NAN;
+    if (!RF_CUDA_CHECK(cudaStreamSynchronize(rf__cuda.stream))) return NAN;
+    return result;
+}
+
+/* ---- embedding ---- */
+
+static __global__ void embedding_forward_kernel(float *out, const int32_t *tokens,
+                                                const float *wte, int T, int C) {
+    RF_FOR_EACH(i, (size_t)T * C) {
+        size_t t = i / C, c = i % C;
+        out[i] = wte[(size_t)tokens[t] * C + c];
+    }
+}
+
+void rf_cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T,
+                               int C) {
+    RF_CUDA_GUARD();
+    size_t n = (size_t)T * C;
+    if (n == 0) return;
+    embedding_forward_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
+        out, tokens, wte, T, C);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+/* Repeated tokens add into the same row, hence atomicAdd. The order of those additions is
+ * not fixed, so rows of repeated tokens may differ from the CPU (serial) sum in the last
+ * bits from run to run. */
+static __global__ void embedding_backward_kernel(float *dwte, const float *dout,
+                                                 const int32_t *tokens, int T, int C) {
+    RF_FOR_EACH(i, (size_t)T * C) {
+        size_t t = i / C, c = i % C;
+        atomicAdd(dwte + (size_t)tokens[t] * C + c, dout[i]);
+    }
+}
+
+void rf_cuda_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T,
+                                int C) {
+    RF_CUDA_GUARD();
+    size_t n = (size_t)T * C;
+    if (n == 0) return;
+    embedding_backward_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
+        dwte, dout, tokens, T, C);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+/* ---- RMSNorm ---- */
+
+/* One block per row. */
+static __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp,
+                                              const float *w, int C, float eps) {
+    __shared__ float shared[32];
+    int n = blockIdx.x;
+    const float *x = inp + (size_t)n * C;
+    float *y = out + (size_t)n * C;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+    ss = rf__block_sum(ss, shared);
+    float r = 1.0f / sqrtf(ss / (float)C + eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = x[c] * r * w[c];
+    if (rstd && threadIdx.x == 0) rstd[n] = r;
+}
+
+void rf_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
+                             int C, float eps) {
+    RF_CUDA_GUARD();
+    if (N <= 0 || C <= 0) return;
+    rmsnorm_forward_kernel<<<N, RF_CUDA_THREADS, 0, rf__cuda.stream>>>(out, rstd, inp, w, C,
+                                                                       eps);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+/* dinp: one block per row, accumulating (+=) as on the CPU. */
+static __global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout,
+                                                    const float *inp, const float *w,
+                                                    const float *rstd, int C) {
+    __shared__ float shared[32];
+    int n = blockIdx.x;
+    const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+    float *dx = dinp + (size_t)n * C;
+    float r = rstd[n], dot = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dot += dy[c] * w[c] * x[c];
+    dot = rf__block_sum(dot, shared);
+    float k = dot * r * r * r / (float)C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dx[c] += r * w[c] * dy[c] - k * x[c];
+}
+
+/* dw: one thread per column summing over rows in row order, exactly the CPU loop (no
+ * atomics, deterministic; neighbouring threads read neighbouring columns). */
+static __global__ void rmsnorm_backward_dw_kernel(float *dw, const float *dout,
+                                                  const float *inp, const float *rstd, int N,
+                                                  int C) {
+    RF_FOR_EACH(c, (size_t)C) {
+        float s = 0.0f;
+        for (int n = 0; n < N; n++) s += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
+        dw[c] += s;
+    }
+}
+
+void rf_cuda_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                              const float *w, const float *rstd, int N, int C) {
+    RF_CUDA_GUARD();
+    if (N <= 0 || C <= 0) return;
+    rmsnorm_backward_dinp_kernel<<<N, RF_CUDA_THREADS, 0, rf__cuda.stream>>>(dinp, dout, inp, w,
+                                                                             rstd, C);
+    if (!RF_CUDA_LAUNCH_CHECK()) return;
+    rmsnorm_backward_dw_kernel<<<rf__cuda_blocks((size_t)C), RF_CUDA_THREADS, 0,
+                                 rf__cuda.stream>>>(dw, dout, inp, rstd, N, C);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+/* ---- RoPE: one thread per rotated pair (t, h, i) ---- */
+
+static __global__ void rope_kernel(float *x, const int32_t *pos, const float *inv_freq, int T,
+                                   int H, int D, int sign) {
+    int half = D / 2;
+    RF_FOR_EACH(idx, (size_t)T * H * half) {
+        size_t i = idx % half, th = idx / half, t = th / H;
+        float *xh = x + th * D;
+        rf_rope_pair(xh + i, xh + i + half, (float)pos[t] * inv_freq[i], sign);
+    }
+}
+
+void rf_cuda_rope(float *x, const int32_t *pos, const float *inv_freq, int T, int H, int D,
+                  int sign) {
+    RF_CUDA_GUARD();
+    size_t n = (size_t)T * H * (D / 2);
+    if (n == 0) return;
+    rope_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(x, pos, inv_freq,
+                                                                             T, H, D, sign);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+/* ---- SwiGLU ---- */
+
+static __global__ void swiglu_forward_kernel(float *out, const float *gate, const float *up,
+                                             size_t n) {
+    RF_FOR_EACH(i, n) out[i] = rf_swiglu(gate[i], up[i]);
+}
+
+void rf_cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+    RF_CUDA_GUARD();
+    if (n == 0) return;
+    swiglu_forward_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
+        out, gate, up, n);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+static __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout,
+                                              const float *gate, const float *up, size_t n) {
+    RF_FOR_EACH(i, n) rf_swiglu_grad(gate[i], up[i], dout[i], dgate + i, dup + i);
+}
+
+void rf_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                             const float *up, size_t n) {
+    RF_CUDA_GUARD();
+    if (n == 0) return;
+    swiglu_backward_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
+        dgate, dup, dout, gate, up, n);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+/* ---- AdamW ---- */
+
+static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v,
+                                    size_t n, float lr, float beta1, float beta2, float eps,
+                                    float wd, float bc1, float bc2) {
+    RF_FOR_EACH(i, n)
+        param[i] = rf_adamw_elem(param[i], grad[i], m + i, v + i, lr, beta1, beta2, eps, wd, bc1,
+                                 bc2);
+}
+
+void rf_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                   float beta1, float beta2, float eps, float weight_decay, int step) {
+    RF_CUDA_GUARD();
+    if (n == 0) return;
+    /* Bias corrections on the host in double, exactly as the CPU back end computes them. */
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
+    adamw_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
+        param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+    RF_CUDA_LAUNCH_CHECK();
+}

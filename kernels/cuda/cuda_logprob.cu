@@ -1,0 +1,113 @@
+/* Fused LM head + per-token log-prob and entropy of given tokens on the GPU: the CUDA twin of
+ * kernels/cpu/cpu_logprob.c.
+ *
+ * As on the CPU, the logits of a chunk of tokens are produced by one sgemm into a scratch
+ * buffer of (chunk, V) floats, reduced row by row (one block per row; float exponentials
+ * summed in double, like the CPU), and dropped, so memory stays O(chunk * V). The GPU always
+ * takes the full RF_LOGPROB_CHUNK rows (256 x 150k floats = 150 MB at most): larger sgemms
+ * run closer to peak, and device memory is not the constraint the CPU's smaller chunks answer.
+ * The scratch comes from cudaMallocAsync on the back end's stream, so it costs no
+ * synchronisation and the driver's pool reuses it from call to call. */
+#include <math.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/kernel_math.h"
+
+#define RF_LOGPROB_THREADS 512 /* threads per row block: V is large (32k..150k) */
+
+/* Log-sum-exp and entropy of logits row zr (V), for the whole block; the CPU chunk_logits
+ * reduction: H = lse - sum p z = log(sum) - sum e (z - m) / sum, with e = exp(z - m). */
+static __device__ void row_stats(const float *zr, int V, float *lse, float *ent) {
+    __shared__ float fshared[32];
+    __shared__ double dshared[32];
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, zr[j]);
+    m = rf__block_max(m, fshared);
+    /* float exponentials, double accumulators (V up to ~150k terms), as on the CPU */
+    double sum = 0.0, wsum = 0.0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float e = expf(zr[j] - m);
+        sum += (double)e;
+        wsum += (double)(e * (zr[j] - m));
+    }
+    sum = rf__block_sum(sum, dshared);
+    wsum = rf__block_sum(wsum, dshared);
+    *lse = m + (float)log(sum);
+    *ent = (float)(log(sum) - wsum / sum);
+}
+
+/* One block per row r of the chunk: logp[r] = z[r, target] - lse, entropy[r] = H. */
+static __global__ void logprob_forward_kernel(float *logp, float *entropy, const float *z,
+                                              const int32_t *targets, int V) {
+    int r = blockIdx.x;
+    const float *zr = z + (size_t)r * V;
+    float lse, ent;
+    row_stats(zr, V, &lse, &ent);
+    if (threadIdx.x == 0) {
+        logp[r] = zr[targets[r]] - lse;
+        if (entropy) entropy[r] = ent;
+    }
+}
+
+/* One block per row: z becomes dL/d(raw logits) = inv_temp * dL/dz. row_stats ends with a
+ * barrier, so every read of the row is done before any thread overwrites it. */
+static __global__ void logprob_backward_kernel(float *z, const float *dlogp,
+                                               const float *dentropy, const int32_t *targets,
+                                               int V, float inv_temp) {
+    int r = blockIdx.x;
+    float *zr = z + (size_t)r * V;
+    float lse, ent;
+    row_stats(zr, V, &lse, &ent);
+    float dl = dlogp ? dlogp[r] : 0.0f, de = dentropy ? dentropy[r] : 0.0f;
+    int tgt = targets[r];
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float lp = zr[j] - lse;
+        zr[j] = inv_temp * rf_logprob_dlogit(expf(lp), lp, ent, j == tgt, dl, de);
+    }
+}
+
+/* Scratch of RF_LOGPROB_CHUNK * V floats on the stream; NULL after recording a failure. */
+static float *chunk_scratch(int V) {
+    float *z = NULL;
+    size_t bytes = sizeof(float) * (size_t)RF_LOGPROB_CHUNK * V;
+    return RF_CUDA_CHECK(cudaMallocAsync((void **)&z, bytes, rf__cuda.stream)) ? z : NULL;
+}
+
+void rf_cuda_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
+                             const int32_t *targets, int T, int C, int V, float inv_temp) {
+    RF_CUDA_GUARD();
+    if (T <= 0) return;
+    float *z = chunk_scratch(V);
+    if (!z) return;
+    for (int t0 = 0; t0 < T; t0 += RF_LOGPROB_CHUNK) {
+        int n = T - t0 < RF_LOGPROB_CHUNK ? T - t0 : RF_LOGPROB_CHUNK;
+        /* z (n, V) = inv_temp * h[t0:t0+n] (n, C) @ w (V, C)^T */
+        if (!rf__cuda_gemm_xwt(z, h + (size_t)t0 * C, w, n, C, V, inv_temp, 0.0f)) break;
+        logprob_forward_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
+            logp + t0, entropy ? entropy + t0 : NULL, z, targets + t0, V);
+        if (!RF_CUDA_LAUNCH_CHECK()) break;
+    }
+    RF_CUDA_CHECK(cudaFreeAsync(z, rf__cuda.stream));
+}
+
+void rf_cuda_logprob_backward(float *dh, float *dw, const float *dlogp, const float *dentropy,
+                              const float *h, const float *w, const int32_t *targets, int T,
+                              int C, int V, float inv_temp) {
+    RF_CUDA_GUARD();
+    if (T <= 0) return;
+    float *z = chunk_scratch(V);
+    if (!z) return;
+    for (int t0 = 0; t0 < T; t0 += RF_LOGPROB_CHUNK) {
+        int n = T - t0 < RF_LOGPROB_CHUNK ? T - t0 : RF_LOGPROB_CHUNK;
+        const float *hc = h + (size_t)t0 * C;
+        if (!rf__cuda_gemm_xwt(z, hc, w, n, C, V, inv_temp, 0.0f)) break;
+        logprob_backward_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
+            z, dlogp ? dlogp + t0 : NULL, dentropy ? dentropy + t0 : NULL, targets + t0, V,
+            inv_temp);
+        if (!RF_CUDA_LAUNCH_CHECK()) break;
+        /* dh (n, C) = dz (n, V) @ w (V, C); dw (V, C) += dz^T (V, n) @ h (n, C) */
+        if (!rf__cuda_gemm_xw(dh + (size_t)t0 * C, z, w, n, C, V, 1.0f, 0.0f)) break;
+        if (dw && !rf__cuda_gemm_xtw(dw, z, hc, n, C, V, 1.0f, 1.0f)) break;
+    }
+    RF_CUDA_CHECK(cudaFreeAsync(z, rf__cuda.stream));
+}

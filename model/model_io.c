@@ -1,0 +1,101 @@
+/* Loading and saving models in Hugging Face layout: config.json + safetensors (single file or
+ * sharded with model.safetensors.index.json). Tensors are read by their HF names through the
+ * parameter table, converted to fp32 and copied to the model's back end. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+/* Reads every parameter view from st into the host staging buffer. */
+static rf_status read_params(const rf_model *m, const rf_safetensors *st, float *host,
+                             const char *dir) {
+    for (int i = 0; i < m->n_views; i++) {
+        const rf_param_view *v = &m->views[i];
+        if (strcmp(v->name, "score.weight") == 0 && !rf_st_find(st, v->name)) {
+            rf_log_info("%s: no score.weight; the value head starts at zero", dir);
+            continue;
+        }
+        RF_TRY(rf_st_read_f32(st, v->name, host + v->offset, v->shape, v->ndim));
+    }
+    return RF_OK;
+}
+
+/* Tensors in the checkpoint that the model does not use would be silently dropped: refuse,
+ * except lm_head.weight next to tied embeddings (transformers ignores it too) and an LM head
+ * when a value head was asked for (a critic initialised from a policy). */
+static rf_status check_unused(const rf_model *m, const rf_safetensors *st, const char *dir) {
+    for (int i = 0; i < rf_st_count(st); i++) {
+        const rf_st_tensor *t = rf_st_at(st, i);
+        if (rf_model_find(m, t->name)) continue;
+        if (strcmp(t->name, "lm_head.weight") == 0 && (m->cfg.tie_word_embeddings || m->score))
+            continue;
+        if (strstr(t->name, "rotary_emb.inv_freq")) continue; /* buffer saved by old checkpoints */
+        return rf_error(RF_ERR_UNSUPPORTED, "%s: tensor \"%s\" (in %s) is not part of a %s model "
+                        "with this config; refusing to ignore it", dir, t->name, t->file,
+                        m->cfg.model_type);
+    }
+    return RF_OK;
+}
+
+rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, int value_head) {
+    *out = NULL;
+    char path[4096];
+    rf_model_config cfg;
+    rf_path_join(path, sizeof path, dir, "config.json");
+    RF_TRY(rf_config_load(&cfg, path));
+    if (value_head) cfg.value_head = 1;
+    rf_safetensors *st = NULL;
+    RF_TRY(rf_st_open_dir(&st, dir));
+    rf_model *m = NULL;
+    float *host = NULL;
+    rf_status s = rf_model_init(&m, &cfg, k);
+    if (s == RF_OK) {
+        host = calloc(m->n_params, sizeof(float));
+        s = host ? RF_OK : rf_error(RF_ERR_NOMEM, "%s: out of memory for %zu parameters", dir, m->n_params);
+    }
+    if (s == RF_OK) s = check_unused(m, st, dir);
+    if (s == RF_OK) s = read_params(m, st, host, dir);
+    if (s == RF_OK) k->to_device(m->params, host, m->n_params * sizeof(float));
+    free(host);
+    rf_st_close(st);
+    if (s != RF_OK) {
+        rf_model_free(m);
+        return s;
+    }
+    *out = m;
+    return RF_OK;
+}
+
+rf_status rf_model_save(const rf_model *m, const char *dir, int bf16, size_t max_shard_bytes) {
+    RF_TRY(rf_mkdirs(dir));
+    char path[4096];
+    char *json = rf_config_to_json(&m->cfg);
+    if (!json) return rf_error(RF_ERR_NOMEM, "out of memory serialising config");
+    rf_path_join(path, sizeof path, dir, "config.json");
+    rf_status s = rf_write_file_atomic(path, json, strlen(json));
+    free(json);
+    RF_TRY(s);
+    float *host = malloc(m->n_params * sizeof(float));
+    rf_st_entry *e = calloc((size_t)m->n_views, sizeof *e);
+    if (!host || !e) {
+        free(host), free(e);
+        return rf_error(RF_ERR_NOMEM, "out of memory saving %s", dir);
+    }
+    m->k->to_host(host, m->params, m->n_params * sizeof(float));
+    for (int i = 0; i < m->n_views; i++) {
+        const rf_param_view *v = &m->views[i];
+        e[i].name = v->name;
+        e[i].data = host + v->offset;
+        e[i].ndim = v->ndim;
+        e[i].shape[0] = v->shape[0];
+        e[i].shape[1] = v->shape[1];
+    }
+    s = rf_st_write_dir(dir, e, m->n_views, bf16 ? RF_DTYPE_BF16 : RF_DTYPE_F32, max_shard_bytes);
+    free(host);
+    free(e);
+    return s;
+}

@@ -1,0 +1,288 @@
+/* Proves that rf_tokenizer matches Hugging Face `tokenizers` token for token on small
+ * tokenizer.json files of both BPE families (byte-level: GPT-2, Qwen2, Llama-3;
+ * SentencePiece-style: Llama-2, Mistral), that decode reproduces HF's text (and the exact
+ * input bytes for byte-level BPE), that loader errors name the file and field, and that the
+ * built-in chat templates render the exact HF strings. Goldens come from
+ * tests/tools/make_tokenizer_golden.py; this test needs no Python. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+#include "tests/test_util.h"
+
+static char g_dir[3072];
+
+static const char *data_path(const char *name) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/%s", g_dir, name);
+    return buf;
+}
+
+/* "." is empty; otherwise hex pairs. Returns a malloc'd buffer. */
+static char *unhex(const char *h, size_t hn, size_t *n) {
+    char *out = malloc(hn / 2 + 1);
+    *n = 0;
+    if (!(hn == 1 && h[0] == '.'))
+        for (size_t i = 0; i + 1 < hn; i += 2) {
+            unsigned v;
+            sscanf(h + i, "%2x", &v);
+            out[(*n)++] = (char)v;
+        }
+    out[*n] = '\0';
+    return out;
+}
+
+static int parse_ids(const char *s, size_t sn, int32_t *ids, int cap) {
+    int n = 0;
+    if (sn == 1 && s[0] == '.') return 0;
+    char *tmp = strndup(s, sn), *save = NULL;
+    for (char *tok = strtok_r(tmp, " ", &save); tok && n < cap; tok = strtok_r(NULL, " ", &save))
+        ids[n++] = (int32_t)atoi(tok);
+    free(tmp);
+    return n;
+}
+
+static int ids_equal(const int32_t *a, int na, const int32_t *b, int nb) {
+    return na == nb && (na == 0 || memcmp(a, b, (size_t)na * sizeof *a) == 0);
+}
+
+static void print_ids(const char *what, const int32_t *ids, int n) {
+    fprintf(stderr, "  %s:", what);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, "\n");
+}
+
+/* One golden line: text, ids, ids with specials, decode, decode skipping specials. */
+typedef struct {
+    char *text, *dec, *dec_skip;
+    size_t text_n, dec_n, dec_skip_n;
+    int32_t ids[4096], ids_sp[4096];
+    int n_ids, n_ids_sp;
+} golden_case;
+
+static int parse_golden(char *line, golden_case *c) {
+    char *f[5];
+    size_t fl[5];
+    for (int i = 0; i < 5; i++) {
+        char *tab = strchr(line, i < 4 ? '\t' : '\n');
+        if (!tab) return 0;
+        f[i] = line;
+        fl[i] = (size_t)(tab - line);
+        line = tab + 1;
+    }
+    c->text = unhex(f[0], fl[0], &c->text_n);
+    c->n_ids = parse_ids(f[1], fl[1], c->ids, 4096);
+    c->n_ids_sp = parse_ids(f[2], fl[2], c->ids_sp, 4096);
+    c->dec = unhex(f[3], fl[3], &c->dec_n);
+    c->dec_skip = unhex(f[4], fl[4], &c->dec_skip_n);
+    return 1;
+}
+
+static void check_decode(const rf_tokenizer *t, const golden_case *c, int skip, const char *want,
+                         size_t want_n, const char *name, int line) {
+    char *text = NULL;
+    size_t n = 0;
+    CHECK_OK(rf_tokenizer_decode(t, c->ids_sp, c->n_ids_sp, skip, &text, &n));
+    int ok = text && n == want_n && memcmp(text, want, n) == 0;
+    CHECK(ok);
+    if (!ok) fprintf(stderr, "  %s line %d: decode(skip=%d) differs from HF\n", name, line, skip);
+    free(text);
+}
+
+/* Byte-level BPE without a normalizer must give back the input bytes exactly. */
+static void check_round_trip(const rf_tokenizer *t, const golden_case *c) {
+    char *text = NULL;
+    size_t n = 0;
+    CHECK_OK(rf_tokenizer_decode(t, c->ids, c->n_ids, 0, &text, &n));
+    CHECK(text && n == c->text_n && memcmp(text, c->text, n) == 0);
+    free(text);
+}
+
+static void check_case(const rf_tokenizer *t, golden_case *c, const char *name, int line,
+                       int exact_round_trip) {
+    int32_t *ids = NULL;
+    int n = 0;
+    for (int sp = 0; sp <= 1; sp++) {
+        const int32_t *want = sp ? c->ids_sp : c->ids;
+        int want_n = sp ? c->n_ids_sp : c->n_ids;
+        CHECK_OK(rf_tokenizer_encode(t, c->text, c->text_n, sp, &ids, &n));
+        int ok = ids_equal(ids, n, want, want_n);
+        CHECK(ok);
+        if (!ok) {
+            fprintf(stderr, "  %s line %d (add_special=%d): \"%s\"\n", name, line, sp, c->text);
+            print_ids("got ", ids, n);
+            print_ids("want", want, want_n);
+        }
+        free(ids);
+    }
+    check_decode(t, c, 0, c->dec, c->dec_n, name, line);
+    check_decode(t, c, 1, c->dec_skip, c->dec_skip_n, name, line);
+    if (exact_round_trip) check_round_trip(t, c);
+}
+
+/* Every golden line of <name>.golden.txt against <name>.json. */
+static void test_golden(const char *name, const char *family, int exact_round_trip) {
+    char file[256];
+    snprintf(file, sizeof file, "%s.json", name);
+    rf_tokenizer *t = NULL;
+    CHECK_OK(rf_tokenizer_load(&t, data_path(file)));
+    if (!t) return;
+    CHECK(strcmp(rf_tokenizer_family(t), family) == 0);
+    snprintf(file, sizeof file, "%s.golden.txt", name);
+    char *text = NULL;
+    CHECK_OK(rf_read_file(data_path(file), &text, NULL));
+    int line = 0;
+    golden_case *c = malloc(sizeof *c);
+    for (char *p = text; p && *p; line++) {
+        char *nl = strchr(p, '\n');
+        if (parse_golden(p, c)) {
+            check_case(t, c, name, line + 1, exact_round_trip);
+            free(c->text);
+            free(c->dec);
+            free(c->dec_skip);
+        }
+        p = nl ? nl + 1 : NULL;
+    }
+    CHECK(line >= 30);
+    free(c);
+    free(text);
+    rf_tokenizer_free(t);
+}
+
+/* Vocabulary lookups, special-token flags and decode errors on the Qwen2-style file. */
+static void test_lookups(void) {
+    rf_tokenizer *t = NULL;
+    CHECK_OK(rf_tokenizer_load(&t, data_path("qwen2.json")));
+    if (!t) return;
+    int32_t im_start = rf_tokenizer_token_to_id(t, "<|im_start|>");
+    CHECK(im_start >= 0);
+    CHECK(rf_tokenizer_id_to_token(t, im_start) &&
+          strcmp(rf_tokenizer_id_to_token(t, im_start), "<|im_start|>") == 0);
+    CHECK(rf_tokenizer_token_to_id(t, "no-such-token") == -1);
+    CHECK(rf_tokenizer_id_to_token(t, -1) == NULL);
+    CHECK(rf_tokenizer_id_to_token(t, rf_tokenizer_vocab_size(t)) == NULL);
+    CHECK(rf_tokenizer_vocab_size(t) == 701);
+    CHECK(rf_tokenizer_eos_id(t) == rf_tokenizer_token_to_id(t, "<|endoftext|>"));
+    CHECK(rf_tokenizer_bos_id(t) == -1);
+    /* "Ġ" is byte-level BPE's image of the space byte */
+    CHECK(rf_tokenizer_token_to_id(t, "\xC4\xA0") >= 0);
+
+    int32_t bad[2] = {0, rf_tokenizer_vocab_size(t)};
+    char *text = NULL;
+    size_t n;
+    CHECK_ERR(rf_tokenizer_decode(t, bad, 2, 0, &text, &n), RF_ERR_RANGE, "position 1");
+    CHECK(text == NULL);
+
+    int32_t *ids = NULL;
+    int n_ids;
+    CHECK_ERR(rf_tokenizer_encode(t, "ab\xC3(", 4, 0, &ids, &n_ids), RF_ERR_ARG, "byte 2");
+    CHECK(ids == NULL);
+    CHECK_OK(rf_tokenizer_encode(t, "", 0, 1, &ids, &n_ids));
+    CHECK(ids != NULL && n_ids == 0);
+    free(ids);
+    rf_tokenizer_free(t);
+    rf_tokenizer_free(NULL);
+}
+
+static void test_load_errors(void) {
+    rf_tokenizer *t = (rf_tokenizer *)1;
+    CHECK_ERR(rf_tokenizer_load(&t, data_path("missing.json")), RF_ERR_IO, "missing.json");
+    CHECK(t == NULL);
+    CHECK_ERR(rf_tokenizer_load(&t, data_path("malformed.json")), RF_ERR_FORMAT, "malformed.json");
+    CHECK_ERR(rf_tokenizer_load(&t, data_path("unigram.json")), RF_ERR_UNSUPPORTED, "model.type");
+    CHECK(strstr(rf_error_message(), "unigram.json") && strstr(rf_error_message(), "Unigram"));
+    CHECK_ERR(rf_tokenizer_load_dir(&t, data_path("no_such_dir")), RF_ERR_IO, "tokenizer.json");
+}
+
+/* tokenizer_config.json: bos/eos names and explicit add_bos_token/add_eos_token. */
+static void test_config_dir(void) {
+    rf_tokenizer *t = NULL;
+    int32_t *ids = NULL;
+    int n = 0;
+    CHECK_OK(rf_tokenizer_load_dir(&t, data_path("llama2_dir")));
+    if (t) {
+        CHECK(rf_tokenizer_bos_id(t) == 1 && rf_tokenizer_eos_id(t) == 2);
+        CHECK(rf_tokenizer_has_chat_template(t));
+        CHECK_OK(rf_tokenizer_encode(t, "hi", 2, 1, &ids, &n));
+        CHECK(n >= 3 && ids[0] == 1 && ids[n - 1] == 2); /* add_eos_token: true */
+        free(ids);
+        rf_tokenizer_free(t);
+    }
+    t = NULL;
+    CHECK_OK(rf_tokenizer_load_dir(&t, data_path("qwen2_dir")));
+    if (t) {
+        CHECK(rf_tokenizer_eos_id(t) == rf_tokenizer_token_to_id(t, "<|im_end|>"));
+        CHECK(rf_tokenizer_bos_id(t) == -1);
+        CHECK(!rf_tokenizer_has_chat_template(t));
+        rf_tokenizer_free(t);
+    }
+}
+
+/* Expected strings are what transformers' apply_chat_template renders with plain ChatML and
+ * with Meta-Llama-3-8B-Instruct's template (note its `| trim` of content). */
+static void test_chat_templates(void) {
+    const rf_chat_message msgs[] = {
+        {"system", "Be brief."}, {"user", "  Hi there!\n"}, {"assistant", "Hello."}};
+    char *out = NULL;
+    CHECK_OK(rf_chat_apply("chatml", msgs, 3, 1, &out));
+    CHECK(out && strcmp(out, "<|im_start|>system\nBe brief.<|im_end|>\n"
+                             "<|im_start|>user\n  Hi there!\n<|im_end|>\n"
+                             "<|im_start|>assistant\nHello.<|im_end|>\n"
+                             "<|im_start|>assistant\n") == 0);
+    free(out);
+    CHECK_OK(rf_chat_apply("chatml", msgs + 1, 1, 0, &out));
+    CHECK(out && strcmp(out, "<|im_start|>user\n  Hi there!\n<|im_end|>\n") == 0);
+    free(out);
+    CHECK_OK(rf_chat_apply("llama3", msgs, 3, 1, &out));
+    CHECK(out && strcmp(out, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                             "Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+                             "Hi there!<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
+                             "\n\nHello.<|eot_id|><|start_header_id|>assistant"
+                             "<|end_header_id|>\n\n") == 0);
+    free(out);
+    CHECK_OK(rf_chat_apply("llama3", msgs, 0, 0, &out));
+    CHECK(out && strcmp(out, "<|begin_of_text|>") == 0);
+    free(out);
+    out = (char *)1;
+    CHECK_ERR(rf_chat_apply("vicuna", msgs, 3, 1, &out), RF_ERR_ARG, "chatml, llama3");
+    CHECK(out == NULL);
+}
+
+/* The rendered llama3 prompt encodes to its special tokens (no double BOS with add_special=0). */
+static void test_chat_encode(void) {
+    rf_tokenizer *t = NULL;
+    CHECK_OK(rf_tokenizer_load(&t, data_path("llama3.json")));
+    if (!t) return;
+    const rf_chat_message m[] = {{"user", "hi"}};
+    char *out = NULL;
+    int32_t *ids = NULL;
+    int n = 0;
+    CHECK_OK(rf_chat_apply("llama3", m, 1, 1, &out));
+    CHECK_OK(rf_tokenizer_encode(t, out, strlen(out), 0, &ids, &n));
+    CHECK(n > 4 && ids[0] == rf_tokenizer_bos_id(t) &&
+          ids[1] == rf_tokenizer_token_to_id(t, "<|start_header_id|>"));
+    free(ids);
+    free(out);
+    rf_tokenizer_free(t);
+}
+
+int main(void) {
+    const char *src = getenv("RF_SOURCE_DIR");
+    snprintf(g_dir, sizeof g_dir, "%s/tests/data/tokenizer", src && *src ? src : ".");
+    test_golden("gpt2", "byte_level", 1);
+    test_golden("qwen2", "byte_level", 0); /* NFC may change the text */
+    test_golden("llama3", "byte_level", 1);
+    test_golden("llama2", "sentencepiece", 0);
+    test_golden("mistral", "sentencepiece", 0);
+    test_lookups();
+    test_load_errors();
+    test_config_dir();
+    test_chat_templates();
+    test_chat_encode();
+    return rf_test_finish("test_tokenizer");
+}
