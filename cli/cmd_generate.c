@@ -106,7 +106,9 @@ static int run_generate(const gen_args *a, char **texts, int n) {
     int *lens = calloc((size_t)n, sizeof *lens);
     rf_gen_output *out = calloc((size_t)n, sizeof *out);
     for (int i = 0; s == RF_OK && i < n; i++)
-        s = rf_tokenizer_encode(tok, texts[i], strlen(texts[i]), 1, &ids[i], &lens[i]);
+        /* A rendered chat template already holds its special tokens (Llama 3's BOS):
+         * encode it without adding them again, as transformers' apply_chat_template does. */
+        s = rf_tokenizer_encode(tok, texts[i], strlen(texts[i]), a->tmpl == NULL, &ids[i], &lens[i]);
     rf_gen_params p = {{a->greedy, a->temperature, a->top_k, a->top_p}, a->max_new, (uint64_t)a->seed,
                        eos, rf_cli_eos_ids(a->model, m, tok, eos, 8), {0}, a->stop.n};
     for (int i = 0; i < a->stop.n; i++) p.stop[i] = a->stop.v[i];
@@ -197,11 +199,11 @@ static void print_score(const rf_tokenizer *tok, const int32_t *ids, int n_promp
 }
 
 /* Tokenizes prompt and response separately (as RL rollouts do) and concatenates. */
-static rf_status score_tokens(const rf_tokenizer *tok, const char *prompt, const char *resp,
-                              int32_t **ids, int *n_prompt, int *n) {
+static rf_status score_tokens(const rf_tokenizer *tok, const char *prompt, int add_special,
+                              const char *resp, int32_t **ids, int *n_prompt, int *n) {
     int32_t *a = NULL, *b = NULL;
     int na = 0, nb = 0;
-    RF_TRY(rf_tokenizer_encode(tok, prompt, strlen(prompt), 1, &a, &na));
+    RF_TRY(rf_tokenizer_encode(tok, prompt, strlen(prompt), add_special, &a, &na));
     rf_status s = rf_tokenizer_encode(tok, resp, strlen(resp), 0, &b, &nb);
     if (s == RF_OK && (na == 0 || nb == 0))
         s = rf_error(RF_ERR_ARG, "score: prompt and response must each be at least one token");
@@ -247,7 +249,7 @@ int rf_cmd_score(int argc, char **argv) {
     cJSON *pv = cJSON_CreateString(prompt);
     s = render_prompt(pv, tmpl, "--prompt", &ptext);
     cJSON_Delete(pv);
-    if (s == RF_OK) s = score_tokens(tok, ptext, resp, &ids, &n_prompt, &n);
+    if (s == RF_OK) s = score_tokens(tok, ptext, tmpl == NULL, resp, &ids, &n_prompt, &n);
     float *lp = calloc((size_t)n + 1, sizeof(float)), *ent = calloc((size_t)n + 1, sizeof(float));
     if (s == RF_OK) {
         int32_t cu[2] = {0, n - 1};

@@ -89,21 +89,21 @@ static rf_status refuse_unsupported(const cJSON *root, const char *origin) {
     return RF_OK;
 }
 
-static rf_status parse_rope_scaling(rf_model_config *c, const cJSON *root, const char *origin) {
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
-    c->rope_scaling_type = 0;
-    if (!rs || cJSON_IsNull(rs)) return RF_OK;
-    if (!cJSON_IsObject(rs))
-        return rf_error(RF_ERR_FORMAT, "%s: \"rope_scaling\" must be an object or null", origin);
+/* RoPE parameters come in two spellings: transformers < 5 writes "rope_theta" and
+ * "rope_scaling" ({"rope_type"|"type": ..., "factor": ...}); transformers >= 5 writes one
+ * "rope_parameters" object holding rope_theta, rope_type and the scaling fields. */
+static rf_status parse_rope_object(rf_model_config *c, const cJSON *rs, const char *field,
+                                   const char *origin) {
     const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!ty) ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
     if (!cJSON_IsString(ty))
-        return rf_error(RF_ERR_FORMAT, "%s: \"rope_scaling.rope_type\" missing", origin);
+        return rf_error(RF_ERR_FORMAT, "%s: \"%s.rope_type\" missing (a per-layer-type "
+                        "rope_parameters map is not supported)", origin, field);
     const char *t = ty->valuestring;
     if (strcmp(t, "default") == 0) return RF_OK;
     RF_TRY(get_float(rs, "factor", 1.0f, &c->rope_factor, origin));
     if (c->rope_factor <= 0)
-        return rf_error(RF_ERR_FORMAT, "%s: \"rope_scaling.factor\" must be positive", origin);
+        return rf_error(RF_ERR_FORMAT, "%s: \"%s.factor\" must be positive", origin, field);
     if (strcmp(t, "linear") == 0) {
         c->rope_scaling_type = 1;
         return RF_OK;
@@ -115,12 +115,47 @@ static rf_status parse_rope_scaling(rf_model_config *c, const cJSON *root, const
         RF_TRY(get_int(rs, "original_max_position_embeddings", 8192, &c->rope_original_max_pos,
                        origin));
         if (c->rope_high_freq_factor <= c->rope_low_freq_factor)
-            return rf_error(RF_ERR_FORMAT, "%s: rope_scaling.high_freq_factor must exceed "
-                            "low_freq_factor", origin);
+            return rf_error(RF_ERR_FORMAT, "%s: %s.high_freq_factor must exceed "
+                            "low_freq_factor", origin, field);
         return RF_OK;
     }
-    return rf_error(RF_ERR_UNSUPPORTED, "%s: \"rope_scaling.rope_type\" \"%s\" is not supported "
-                    "(supported: default, linear, llama3)", origin, t);
+    return rf_error(RF_ERR_UNSUPPORTED, "%s: \"%s.rope_type\" \"%s\" is not supported "
+                    "(supported: default, linear, llama3)", origin, field, t);
+}
+
+static rf_status parse_rope(rf_model_config *c, const cJSON *root, const char *origin) {
+    c->rope_scaling_type = 0;
+    RF_TRY(get_float(root, "rope_theta", 10000.0f, &c->rope_theta, origin));
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(root, "rope_parameters");
+    if (rp && !cJSON_IsNull(rp)) {
+        if (!cJSON_IsObject(rp))
+            return rf_error(RF_ERR_FORMAT, "%s: \"rope_parameters\" must be an object", origin);
+        RF_TRY(get_float(rp, "rope_theta", c->rope_theta, &c->rope_theta, origin));
+        return parse_rope_object(c, rp, "rope_parameters", origin);
+    }
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs)) return RF_OK;
+    if (!cJSON_IsObject(rs))
+        return rf_error(RF_ERR_FORMAT, "%s: \"rope_scaling\" must be an object or null", origin);
+    return parse_rope_object(c, rs, "rope_scaling", origin);
+}
+
+/* transformers >= 5 lists each layer's attention kind; only full attention is implemented. */
+static rf_status check_layer_types(const rf_model_config *c, const cJSON *root, const char *origin) {
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(root, "layer_types"), *it;
+    if (!lt || cJSON_IsNull(lt)) return RF_OK;
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->num_hidden_layers)
+        return rf_error(RF_ERR_FORMAT, "%s: \"layer_types\" must list num_hidden_layers (%d) "
+                        "entries", origin, c->num_hidden_layers);
+    int i = 0;
+    cJSON_ArrayForEach(it, lt) {
+        if (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention") != 0)
+            return rf_error(RF_ERR_UNSUPPORTED, "%s: \"layer_types\"[%d] is \"%s\": only "
+                            "full_attention is supported (sliding-window attention is not)",
+                            origin, i, cJSON_IsString(it) ? it->valuestring : "?");
+        i++;
+    }
+    return RF_OK;
 }
 
 static rf_status parse_sliding_window(rf_model_config *c, const cJSON *root, const char *origin) {
@@ -214,13 +249,13 @@ rf_status rf_config_parse(rf_model_config *c, const char *json, const char *orig
         (s = refuse_unsupported(root, origin)) ||
         (s = parse_shapes(c, root, origin)) ||
         (s = get_float(root, "rms_norm_eps", 1e-6f, &c->rms_norm_eps, origin)) ||
-        (s = get_float(root, "rope_theta", 10000.0f, &c->rope_theta, origin)) ||
         (s = get_int(root, "max_position_embeddings", 2048, &c->max_position_embeddings, origin)) ||
         (s = get_bool(root, "tie_word_embeddings", 0,
                       &c->tie_word_embeddings, origin)) ||
         (s = get_bool(root, "attention_bias", 0, &attention_bias, origin)) ||
         (s = get_int(root, "bos_token_id", -1, &c->bos_token_id, origin)) ||
-        (s = parse_rope_scaling(c, root, origin)) ||
+        (s = parse_rope(c, root, origin)) ||
+        (s = check_layer_types(c, root, origin)) ||
         (s = parse_sliding_window(c, root, origin)) ||
         (s = parse_eos(c, root, origin)) ||
         (s = parse_value_head(c, root, origin))) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Throwaway-style differential fuzz: random Unicode strings through HF `tokenizers` and
-through rlflow's C tokenizer (a small driver program given as argv[1], which reads hex lines
-and prints "ids<TAB>decode_hex<TAB>decode_skip_hex" per line), over the test tokenizers and
+through rlflow's C tokenizer (tests/tools/tokenizer_fuzz_driver.c, built as its header says,
+given as argv[1]), over the test tokenizers and
 a few variants that switch on less common options. Prints the mismatch count; exit 1 if any.
 
     python3 tests/tools/fuzz_tokenizer_vs_hf.py /path/to/driver [n_strings] [seed]
