@@ -30,6 +30,25 @@ static double sgemm_peak(int M, int N, int K, int reps) {
     return best;
 }
 
+/* memcpy bandwidth over 256 MB (read + write counted), GB/s: the roofline of batch-1 decoding,
+ * which streams every weight once per token. */
+static double memcpy_bw(void) {
+    size_t n = 256u << 20;
+    char *a = malloc(n), *b = malloc(n);
+    memset(a, 1, n), memset(b, 2, n);
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double t = rf_time_now();
+        memcpy(b, a, n);
+        double g = 2.0 * n / (rf_time_now() - t) / 1e9;
+        best = g > best ? g : best;
+    }
+    free(a), free(b);
+    return best;
+}
+
+static double g_peak, g_bw;
+
 static rf_model *bench_model(void) {
     rf_model_config c;
     RF_ASSERT(rf_config_preset(&c, "25m", 16384) == RF_OK);
@@ -81,8 +100,9 @@ static void bench_prefill(rf_model *m) {
     double t0 = rf_time_now();
     RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK);
     double el = rf_time_now() - t0;
-    printf("{\"bench\":\"prefill\",\"sequences\":%d,\"prompt_len\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f}\n",
-           B, L, el, B * L / el);
+    double gf = 2.0 * m->n_params * B * L / el / 1e9;
+    printf("{\"bench\":\"prefill\",\"sequences\":%d,\"prompt_len\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f,"
+           "\"gflops\":%.2f,\"fraction_of_sgemm_peak\":%.3f}\n", B, L, el, B * L / el, gf, gf / g_peak);
     rf_kv_cache_free(&kv, m);
     free(tok), free(logits);
 }
@@ -103,8 +123,12 @@ static void bench_decode(rf_model *m, int B, int steps) {
         RF_ASSERT(rf_model_decode(m, &kv, slots, ones, B, tok, logits) == RF_OK);
     }
     double el = rf_time_now() - t0;
-    printf("{\"bench\":\"decode\",\"batch\":%d,\"steps\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f}\n",
-           B, steps, el, (double)B * steps / el);
+    /* each step reads every weight once: achieved bandwidth against memcpy's */
+    double bw = (double)m->n_params * 4 * steps / el / 1e9, gf = 2.0 * m->n_params * B * steps / el / 1e9;
+    printf("{\"bench\":\"decode\",\"batch\":%d,\"steps\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f,"
+           "\"weight_gb_per_s\":%.2f,\"memcpy_gb_per_s\":%.2f,\"fraction_of_memcpy_bw\":%.3f,"
+           "\"gflops\":%.2f,\"fraction_of_sgemm_peak\":%.3f}\n",
+           B, steps, el, (double)B * steps / el, bw, g_bw, bw / g_bw, gf, gf / g_peak);
     rf_kv_cache_free(&kv, m);
     free(tok), free(slots), free(counts), free(ones), free(logits);
 }
@@ -113,8 +137,10 @@ int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     rf_model *m = bench_model();
     /* Baseline: the MLP up-projection shape of the benchmark model, (T=2048, F=1408, C=512). */
-    double peak = sgemm_peak(2048, 1408, 512, quick ? 3 : 10);
+    double peak = g_peak = sgemm_peak(2048, 1408, 512, quick ? 3 : 10);
+    g_bw = memcpy_bw();
     printf("{\"bench\":\"sgemm_peak\",\"m\":2048,\"n\":1408,\"k\":512,\"gflops\":%.2f}\n", peak);
+    printf("{\"bench\":\"memcpy\",\"bytes\":%u,\"gb_per_s\":%.2f}\n", 256u << 20, g_bw);
     bench_train(m, peak, quick ? 1 : 3);
     bench_prefill(m);
     bench_decode(m, 1, quick ? 16 : 64);
