@@ -1,0 +1,62 @@
+/* RL losses on per-token host arrays, with their gradients with respect to the per-token
+ * log-prob, entropy and value, as ../shared/ALGORITHMS.md defines them: the clipped surrogate
+ * (asymmetric clip, optional dual clip), the decoupled off-policy weight, KL to the reference
+ * as a loss (k1/k2/k3), the entropy bonus, the clipped value loss, and the loss aggregation
+ * modes. The model's backward takes the gradients these return. */
+#ifndef RF_LOSSES_H
+#define RF_LOSSES_H
+
+#include "common/status.h"
+
+typedef enum rf_loss_agg {
+    RF_AGG_TOKEN_MEAN,              /* sum over tokens / tokens in the mini-batch */
+    RF_AGG_SEQ_MEAN_TOKEN_SUM,      /* mean over sequences of each sequence's token sum */
+    RF_AGG_SEQ_MEAN_TOKEN_MEAN,     /* mean over sequences of each sequence's token mean */
+    RF_AGG_SEQ_MEAN_TOKEN_SUM_NORM, /* token sum / (sequences * max response length): Dr. GRPO */
+} rf_loss_agg;
+
+rf_status rf_loss_agg_parse(const char *name, rf_loss_agg *out);
+
+typedef enum rf_kl_est { RF_KL_K1, RF_KL_K2, RF_KL_K3 } rf_kl_est;
+rf_status rf_kl_est_parse(const char *name, rf_kl_est *out);
+
+/* KL estimate between policy and reference from log-probs, and its derivative in logp. */
+float rf_kl_value(rf_kl_est e, float logp, float ref_logp, float *dlogp);
+
+/* Weight of each token in the aggregated loss, computed from the totals of the whole
+ * mini-batch so that gradient accumulation over micro-batches equals one big batch.
+ * n_tokens (n_seqs) per sequence; writes w for every token of every sequence, in order. */
+void rf_loss_weights(rf_loss_agg agg, const int *n_tokens, int n_seqs, int max_len, float *w);
+
+typedef struct rf_pg_opts {
+    float clip_low, clip_high; /* epsilon_low, epsilon_high */
+    float dual_clip;           /* c > 1 enables dual clip for negative advantages; 0 = off */
+    int decoupled;             /* weight by min(exp(prox - behav), is_cap) */
+    float is_cap;
+    float kl_coef;             /* beta for KL as a loss (0 = off) */
+    rf_kl_est kl_est;
+    float entropy_coef;        /* alpha */
+} rf_pg_opts;
+
+/* Statistics summed over tokens (divide by `tokens` for means). */
+typedef struct rf_pg_stats {
+    double loss, pg_loss, kl, entropy, clipped, ratio, is_weight, is_truncated, approx_kl;
+    double is_weight_max;
+    long tokens;
+} rf_pg_stats;
+
+/* Policy-gradient loss over n tokens: logp (current), prox (proximal: the policy at the start
+ * of this update), behav (behaviour, from generation; used when decoupled), ref (NULL unless
+ * KL is a loss), entropy (current; NULL = no bonus), adv, w (aggregation weights). Outputs the
+ * gradients dlogp and dentropy (NULL allowed when entropy is NULL) and accumulates stats. */
+void rf_pg_loss(const rf_pg_opts *o, int n, const float *logp, const float *prox,
+                const float *behav, const float *ref, const float *entropy, const float *adv,
+                const float *w, float *dlogp, float *dentropy, rf_pg_stats *st);
+
+/* Clipped value loss 0.5 * max((V - R)^2, (clip(V, Vold - c, Vold + c) - R)^2) weighted by w;
+ * writes dvalues and returns the weighted loss; *clipfrac_sum counts tokens where the clipped
+ * term was chosen. */
+double rf_value_loss(int n, const float *v, const float *v_old, const float *ret, float clip,
+                     const float *w, float *dv, double *clipfrac_sum);
+
+#endif

@@ -1,0 +1,193 @@
+/* Advantage estimators, loss aggregation, KL estimators, the clipped surrogate (with dual clip
+ * and the decoupled off-policy weight), the value loss and the LR schedule against values
+ * computed by hand from ../shared/ALGORITHMS.md; gradients of the losses against central
+ * finite differences. Tolerances: float32 arithmetic on O(1) values, 1e-5. */
+#include <stdlib.h>
+
+#include "actor/losses.h"
+#include "controller/advantages.h"
+#include "trainer/optim.h"
+#include "test_util.h"
+
+#define TOL 1e-5
+
+static void group_estimators(void) {
+    float adv[4][1], ret[4][1];
+    rf_adv_seq s[4];
+    float r[4] = {1, 0, 1, 0};
+    for (int i = 0; i < 4; i++) s[i] = (rf_adv_seq){1, 7, r[i], NULL, NULL, adv[i], ret[i]};
+    rf_adv_opts o = {RF_ADV_GRPO, 1, 1, 0, 0, 1e-6f};
+    CHECK_OK(rf_advantages(&o, s, 4));
+    /* mean 0.5, unbiased std sqrt(1/3) */
+    CHECK_CLOSE(adv[0][0], 0.5 / (sqrt(1.0 / 3.0) + 1e-6), TOL, TOL);
+    CHECK_CLOSE(adv[1][0], -0.5 / (sqrt(1.0 / 3.0) + 1e-6), TOL, TOL);
+    o.kind = RF_ADV_DR_GRPO;
+    CHECK_OK(rf_advantages(&o, s, 4));
+    CHECK_CLOSE(adv[0][0], 0.5, TOL, 0);
+    CHECK_CLOSE(adv[3][0], -0.5, TOL, 0);
+    o.kind = RF_ADV_RLOO;
+    CHECK_OK(rf_advantages(&o, s, 4));
+    CHECK_CLOSE(adv[0][0], 1.0 - 1.0 / 3.0, TOL, 0);
+    CHECK_CLOSE(adv[1][0], -2.0 / 3.0, TOL, 0);
+    CHECK_ERR(rf_advantages(&o, s, 1), RF_ERR_ARG, "rloo needs at least 2");
+    /* two groups are independent */
+    s[2].group = s[3].group = 8;
+    o.kind = RF_ADV_DR_GRPO;
+    CHECK_OK(rf_advantages(&o, s, 4));
+    CHECK_CLOSE(adv[0][0], 0.5, TOL, 0);
+    CHECK_CLOSE(adv[2][0], 0.5, TOL, 0);
+}
+
+static void gae_and_reinforce(void) {
+    float v[3] = {0.5f, 0.2f, 0.1f}, kl[3] = {0.1f, 0.2f, 0.3f}, adv[3], ret[3];
+    rf_adv_seq s = {3, 0, 1.0f, NULL, v, adv, ret};
+    rf_adv_opts o = {RF_ADV_GAE, 1, 1, 0, 0, 1e-6f};
+    CHECK_OK(rf_advantages(&o, &s, 1));
+    CHECK_CLOSE(adv[0], 0.5, TOL, 0);
+    CHECK_CLOSE(adv[1], 0.8, TOL, 0);
+    CHECK_CLOSE(adv[2], 0.9, TOL, 0);
+    for (int t = 0; t < 3; t++) CHECK_CLOSE(ret[t], 1.0, TOL, 0);
+    o.gamma = 0.9f, o.lam = 0.8f;
+    CHECK_OK(rf_advantages(&o, &s, 1));
+    CHECK_CLOSE(adv[2], 0.9, TOL, 0);
+    CHECK_CLOSE(adv[1], -0.11 + 0.72 * 0.9, TOL, 0);
+    CHECK_CLOSE(adv[0], -0.32 + 0.72 * (-0.11 + 0.72 * 0.9), TOL, 0);
+    /* k1 penalty in the reward, beta 0.5: r = (-0.05, -0.1, 0.85); REINFORCE++ with gamma 1
+     * returns (0.7, 0.75, 0.85), whitened over the batch */
+    s.kl = kl;
+    rf_adv_opts rp = {RF_ADV_REINFORCE_PP, 1, 1, 0.5f, 0, 1e-6f};
+    CHECK_OK(rf_advantages(&rp, &s, 1));
+    CHECK_CLOSE(ret[0], 0.7, TOL, 0);
+    CHECK_CLOSE(ret[2], 0.85, TOL, 0);
+    double mean = (0.7 + 0.75 + 0.85) / 3, sd = sqrt((pow(0.7 - mean, 2) + pow(0.75 - mean, 2) + pow(0.85 - mean, 2)) / 2);
+    CHECK_CLOSE(adv[0], (0.7 - mean) / sd, 1e-4, 1e-4);
+    CHECK_CLOSE(adv[2], (0.85 - mean) / sd, 1e-4, 1e-4);
+    /* GAE with whitening: zero mean, unit (unbiased) variance */
+    s.kl = NULL;
+    o.whiten = 1;
+    CHECK_OK(rf_advantages(&o, &s, 1));
+    CHECK_CLOSE(adv[0] + adv[1] + adv[2], 0.0, 1e-5, 0);
+    CHECK_CLOSE((adv[0] * adv[0] + adv[1] * adv[1] + adv[2] * adv[2]) / 2, 1.0, 1e-4, 0);
+}
+
+static void aggregation_and_kl(void) {
+    int nt[2] = {2, 3};
+    float w[5];
+    rf_loss_weights(RF_AGG_TOKEN_MEAN, nt, 2, 4, w);
+    CHECK_CLOSE(w[0], 0.2, TOL, 0);
+    rf_loss_weights(RF_AGG_SEQ_MEAN_TOKEN_SUM, nt, 2, 4, w);
+    CHECK_CLOSE(w[4], 0.5, TOL, 0);
+    rf_loss_weights(RF_AGG_SEQ_MEAN_TOKEN_MEAN, nt, 2, 4, w);
+    CHECK_CLOSE(w[0], 0.25, TOL, 0);
+    CHECK_CLOSE(w[4], 1.0 / 6.0, TOL, 0);
+    rf_loss_weights(RF_AGG_SEQ_MEAN_TOKEN_SUM_NORM, nt, 2, 4, w);
+    CHECK_CLOSE(w[3], 0.125, TOL, 0);
+    float d;
+    CHECK_CLOSE(rf_kl_value(RF_KL_K1, -1.0f, -1.5f, &d), 0.5, TOL, 0);
+    CHECK_CLOSE(d, 1.0, TOL, 0);
+    CHECK_CLOSE(rf_kl_value(RF_KL_K2, -1.0f, -1.5f, &d), 0.125, TOL, 0);
+    CHECK_CLOSE(d, 0.5, TOL, 0);
+    CHECK_CLOSE(rf_kl_value(RF_KL_K3, -1.0f, -1.5f, &d), exp(-0.5) + 0.5 - 1.0, TOL, 0);
+    CHECK_CLOSE(d, 1.0 - exp(-0.5), TOL, 0);
+    rf_loss_agg a;
+    CHECK_ERR(rf_loss_agg_parse("mean", &a), RF_ERR_ARG, "loss_agg \"mean\" unknown");
+}
+
+static float pg1(const rf_pg_opts *o, float logp, float prox, float behav, float adv, float *g,
+                 rf_pg_stats *st) {
+    float w = 1.0f;
+    rf_pg_stats local = {0};
+    rf_pg_loss(o, 1, &logp, &prox, &behav, NULL, NULL, &adv, &w, g, NULL, st ? st : &local);
+    return (float)(st ? st->loss : local.loss);
+}
+
+static void surrogate(void) {
+    rf_pg_opts o = {0.2f, 0.2f, 0, 0, 5, 0, RF_KL_K3, 0};
+    float g;
+    CHECK_CLOSE(pg1(&o, -1, -1, -1, 2.0f, &g, NULL), -2.0, TOL, 0); /* ratio 1: -A */
+    CHECK_CLOSE(g, -2.0, TOL, 0);
+    float l15 = logf(1.5f);
+    rf_pg_stats st = {0};
+    CHECK_CLOSE(pg1(&o, l15, 0, 0, 1.0f, &g, &st), -1.2, TOL, 0); /* clipped high */
+    CHECK_CLOSE(g, 0.0, TOL, 0);
+    CHECK(st.clipped == 1);
+    CHECK_CLOSE(pg1(&o, l15, 0, 0, -1.0f, &g, NULL), 1.5, TOL, 0); /* A < 0: unclipped side */
+    CHECK_CLOSE(g, 1.5, TOL, 0);
+    o.clip_high = 0.28f; /* DAPO clip-higher */
+    CHECK_CLOSE(pg1(&o, l15, 0, 0, 1.0f, &g, NULL), -1.28, TOL, 0);
+    o.dual_clip = 3.0f;
+    CHECK_CLOSE(pg1(&o, logf(4.0f), 0, 0, -1.0f, &g, NULL), 3.0, TOL, 0);
+    CHECK_CLOSE(g, 0.0, TOL, 0);
+    /* decoupled: weight exp(prox - behav) = 2, truncated at is_cap */
+    o.dual_clip = 0, o.decoupled = 1;
+    CHECK_CLOSE(pg1(&o, -1, -1, -1 - logf(2.0f), 1.0f, &g, NULL), -2.0, TOL, 0);
+    o.is_cap = 1.5f;
+    rf_pg_stats st2 = {0};
+    CHECK_CLOSE(pg1(&o, -1, -1, -1 - logf(2.0f), 1.0f, &g, &st2), -1.5, TOL, 0);
+    CHECK(st2.is_truncated == 1);
+}
+
+/* With behaviour = proximal the decoupled objective is plain PPO, token for token. */
+static void decoupled_reduces_to_ppo(void) {
+    float logp[6] = {-1, -2, -0.5f, -3, -1.2f, -0.1f}, prox[6] = {-1.1f, -1.5f, -0.5f, -2, -1.5f, -0.3f};
+    float adv[6] = {1, -1, 0.5f, 2, -0.3f, 1}, w[6] = {0.2f, 0.2f, 0.2f, 0.2f, 0.2f, 0.2f}, g1[6], g2[6];
+    rf_pg_opts a = {0.2f, 0.28f, 3, 0, 5, 0, RF_KL_K3, 0}, b = a;
+    b.decoupled = 1;
+    rf_pg_stats s1 = {0}, s2 = {0};
+    rf_pg_loss(&a, 6, logp, prox, NULL, NULL, NULL, adv, w, g1, NULL, &s1);
+    rf_pg_loss(&b, 6, logp, prox, prox, NULL, NULL, adv, w, g2, NULL, &s2);
+    CHECK(s1.loss == s2.loss);
+    for (int t = 0; t < 6; t++) CHECK(g1[t] == g2[t]);
+}
+
+/* d loss / d logp of the full objective (surrogate + k3 KL) by central differences. */
+static void pg_gradient_fd(void) {
+    rf_pg_opts o = {0.2f, 0.28f, 3, 1, 5, 0.1f, RF_KL_K3, 0.01f};
+    float prox = -1.0f, behav = -1.3f, ref = -0.7f, ent = 1.3f, w = 0.5f;
+    float logps[5] = {-1.5f, -1.1f, -0.95f, -0.9f, -0.3f}, advs[2] = {0.7f, -0.7f};
+    for (int a = 0; a < 2; a++)
+        for (int i = 0; i < 5; i++) {
+            float lp = logps[i], g, gd, h = 1e-3f;
+            rf_pg_stats s = {0}, sp = {0}, sm = {0};
+            rf_pg_loss(&o, 1, &lp, &prox, &behav, &ref, &ent, &advs[a], &w, &g, &gd, &s);
+            float lpp = lp + h, lpm = lp - h, dummy, dd;
+            rf_pg_loss(&o, 1, &lpp, &prox, &behav, &ref, &ent, &advs[a], &w, &dummy, &dd, &sp);
+            rf_pg_loss(&o, 1, &lpm, &prox, &behav, &ref, &ent, &advs[a], &w, &dummy, &dd, &sm);
+            /* away from the clip kinks the central difference is accurate to O(h^2) */
+            CHECK_CLOSE(g, (sp.loss - sm.loss) / (2 * h), 2e-3, 1e-2);
+            CHECK_CLOSE(gd, -0.01 * 0.5, TOL, 0);
+        }
+}
+
+static void value_loss(void) {
+    float v = 1.0f, vo = 0.5f, r = 2.0f, w = 1.0f, dv;
+    double cf = 0;
+    CHECK_CLOSE(rf_value_loss(1, &v, &vo, &r, 0.2f, &w, &dv, &cf), 0.5 * 1.3 * 1.3, TOL, 0);
+    CHECK_CLOSE(dv, 0.0, TOL, 0);
+    CHECK(cf == 1);
+    v = 0.6f;
+    CHECK_CLOSE(rf_value_loss(1, &v, &vo, &r, 0.2f, &w, &dv, &cf), 0.5 * 1.4 * 1.4, TOL, 0);
+    CHECK_CLOSE(dv, -1.4, TOL, 0);
+}
+
+static void schedule(void) {
+    rf_optim_opts o = {.lr = 1e-3f, .min_lr_ratio = 0.1f, .warmup_steps = 10, .total_steps = 110, .cosine = 1};
+    CHECK_CLOSE(rf_lr_at(&o, 0), 1e-4, 1e-9, 0);
+    CHECK_CLOSE(rf_lr_at(&o, 9), 1e-3, 1e-9, 0);
+    CHECK_CLOSE(rf_lr_at(&o, 60), 1e-4 + 0.5 * 9e-4, 1e-8, 0); /* halfway: cos(pi/2) = 0 */
+    CHECK_CLOSE(rf_lr_at(&o, 110), 1e-4, 1e-9, 0);
+    o.cosine = 0;
+    CHECK_CLOSE(rf_lr_at(&o, 100), 1e-3, 1e-9, 0);
+}
+
+int main(void) {
+    group_estimators();
+    gae_and_reinforce();
+    aggregation_and_kl();
+    surrogate();
+    decoupled_reduces_to_ppo();
+    pg_gradient_fd();
+    value_loss();
+    schedule();
+    return rf_test_finish("test_algorithms");
+}

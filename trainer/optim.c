@@ -1,0 +1,33 @@
+#include "trainer/optim.h"
+
+#include <math.h>
+
+float rf_lr_at(const rf_optim_opts *o, int step) {
+    if (o->warmup_steps > 0 && step < o->warmup_steps)
+        return o->lr * (float)(step + 1) / (float)o->warmup_steps;
+    if (!o->cosine || o->total_steps <= o->warmup_steps) return o->lr;
+    double p = (double)(step - o->warmup_steps) / (double)(o->total_steps - o->warmup_steps);
+    p = p > 1.0 ? 1.0 : p;
+    double min_lr = o->lr * o->min_lr_ratio;
+    return (float)(min_lr + 0.5 * (o->lr - min_lr) * (1.0 + cos(M_PI * p)));
+}
+
+rf_status rf_optim_step(rf_model *m, const rf_optim_opts *o, double *grad_norm, float *lr_used) {
+    const rf_kernels *k = m->k;
+    double norm = sqrt(k->sum_squares(m->grads, m->n_params));
+    *grad_norm = norm;
+    if (!isfinite(norm))
+        return rf_error(RF_ERR_RANGE, "gradient norm is %g: skipping the update", norm);
+    if (o->grad_clip > 0 && norm > o->grad_clip)
+        k->scale(m->grads, (float)(o->grad_clip / (norm + 1e-6)), m->n_params);
+    float lr = rf_lr_at(o, m->opt_step);
+    int step = ++m->opt_step;
+    for (int i = 0; i < m->n_views; i++) {
+        const rf_param_view *v = &m->views[i];
+        k->adamw(m->params + v->offset, m->grads + v->offset, m->opt_m + v->offset,
+                 m->opt_v + v->offset, v->numel, lr, o->beta1, o->beta2, o->eps,
+                 v->no_decay ? 0.0f : o->weight_decay, step);
+    }
+    if (lr_used) *lr_used = lr;
+    return RF_OK;
+}

@@ -1,0 +1,25 @@
+/* The optimizer step: learning-rate schedule (linear warmup, then constant or cosine decay),
+ * global gradient-norm clipping, AdamW over every parameter view (no weight decay on norms and
+ * biases), on the model's back end. */
+#ifndef RF_OPTIM_H
+#define RF_OPTIM_H
+
+#include "model/model.h"
+
+typedef struct rf_optim_opts {
+    float lr, min_lr_ratio;
+    int warmup_steps, total_steps;
+    int cosine;              /* 0 constant after warmup, 1 cosine to lr * min_lr_ratio */
+    float beta1, beta2, eps, weight_decay;
+    float grad_clip;         /* max global norm; <= 0 disables clipping */
+} rf_optim_opts;
+
+/* Learning rate at optimizer step `step` (0-based). */
+float rf_lr_at(const rf_optim_opts *o, int step);
+
+/* Scales m->grads so the global L2 norm is at most grad_clip and applies one AdamW step at the
+ * scheduled rate (m->opt_step counts steps). Returns the norm before clipping in *grad_norm.
+ * A non-finite norm skips the update and returns RF_ERR_RANGE (gradients are left as they are). */
+rf_status rf_optim_step(rf_model *m, const rf_optim_opts *o, double *grad_norm, float *lr_used);
+
+#endif
