@@ -1,0 +1,69 @@
+/* The actor, reference and critic roles: per-token log-probs and values of responses, and
+ * their training updates (policy loss, value loss) in mini-batches of micro-batches packed by
+ * token budget. Inputs and outputs are plain host structures (a train batch in, statistics out)
+ * so that the message API can carry them unchanged. */
+#ifndef RF_ACTOR_H
+#define RF_ACTOR_H
+
+#include "actor/losses.h"
+#include "model/model.h"
+#include "trainer/optim.h"
+
+/* One response and everything the update needs, host memory. Arrays of n_resp floats. */
+typedef struct rf_train_sample {
+    int32_t *tokens;   /* (n_prompt + n_resp) prompt then response */
+    int n_prompt, n_resp;
+    int group;         /* samples of one prompt share a group id */
+    float reward, accuracy;
+    float *behav_logp; /* log-probs recorded at generation */
+    float *prox_logp;  /* log-probs of the policy at the start of the update */
+    float *ref_logp;   /* reference policy (KL) */
+    float *values;     /* critic values at the start of the update */
+    float *adv, *returns;
+    float *entropy;    /* entropy of the policy at generation-time weights (logging) */
+    int *versions;     /* policy version of each response token */
+} rf_train_sample;
+
+/* Allocates the per-token arrays of s (tokens must be set); frees them. */
+rf_status rf_train_sample_alloc(rf_train_sample *s);
+void rf_train_sample_free(rf_train_sample *s);
+
+/* Fills out[i] (n_resp floats per sample, array of pointers) with the log-probs (and entropy
+ * when ent is non-NULL) of each response token under model m, micro-batched by max_tokens. */
+rf_status rf_actor_logprobs(rf_model *m, rf_train_sample *s, int n, int max_tokens,
+                            float inv_temp, float **out, float **ent);
+
+/* Critic values of each response token (value at the position that predicts it). */
+rf_status rf_critic_values(rf_model *critic, rf_train_sample *s, int n, int max_tokens, float **out);
+
+typedef struct rf_update_opts {
+    rf_pg_opts pg;
+    rf_loss_agg agg;
+    int max_resp_len;      /* for seq-mean-token-sum-norm */
+    int epochs, mini_batches, micro_tokens;
+    float inv_temp;
+    float value_clip;
+    uint64_t shuffle_seed; /* order of samples across epochs: reproducible */
+} rf_update_opts;
+
+typedef struct rf_update_stats {
+    rf_pg_stats pg;
+    double value_loss, value_clipfrac, grad_norm, lr;
+    int optimizer_steps;
+    long tokens;
+} rf_update_stats;
+
+/* PPO-style policy update of actor m over samples (advantages, prox/behav/ref log-probs set). */
+rf_status rf_actor_update(rf_model *m, const rf_optim_opts *oo, const rf_update_opts *uo,
+                          rf_train_sample *s, int n, rf_update_stats *st);
+
+/* Value update of critic c (values and returns set). */
+rf_status rf_critic_update(rf_model *c, const rf_optim_opts *oo, const rf_update_opts *uo,
+                           rf_train_sample *s, int n, rf_update_stats *st);
+
+/* Supervised update: maximise the log-likelihood of the response tokens (token-mean over the
+ * mini-batch), one optimizer step over all samples given. */
+rf_status rf_sft_update(rf_model *m, const rf_optim_opts *oo, int micro_tokens,
+                        rf_train_sample *s, int n, double *loss, double *grad_norm);
+
+#endif
