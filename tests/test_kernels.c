@@ -1,0 +1,1006 @@
+/* Independent tests of every op in the rf_kernels table, written from the specification in
+ * kernels/kernels.h (not from any back end's code):
+ *  - the forward of each op against the double-precision references in tests/kernel_ref.h;
+ *  - the backward of each op against central finite differences, in double, of the scalar
+ *    loss L = sum(dout_rand * forward(x)) built on those references;
+ *  - the gradient contract: parameter gradients (dw, dbias, dwte, rmsnorm's dinp) accumulate
+ *    (+=), activation gradients are overwritten (buffers are pre-filled to tell them apart);
+ *  - edge cases: T = 1, sequences of length 1, n_seq = 1, a KV-cache layout (k_len > q_len,
+ *    k_start into a bigger buffer), T and V that are not multiples of RF_LOGPROB_CHUNK.
+ *
+ * Every check goes through a `const rf_kernels *` and touches back-end memory only through
+ * alloc/to_device/to_host/free, so the suite runs unchanged on any back end:
+ * tests/test_kernels_cuda.c includes this file (with RF_TEST_KERNELS_NO_MAIN) and runs it on
+ * CUDA as well as comparing CUDA with CPU.
+ *
+ * Tolerances (u = 2^-24 ~ 6e-8 is the fp32 unit roundoff). An element passes when
+ *     |got - ref| <= tol * (|ref| + rms(ref))
+ * The rms term judges outputs that are small through cancellation on the scale of their
+ * array, because fp32 error follows the magnitude of the terms summed, not of the result.
+ *  - TOL_ELEM 4e-6 for elementwise ops: a handful of roundings and one libm call (expf is
+ *    within 1-2 ulp), i.e. under ~10 u = 6e-7, with a 6x margin.
+ *  - TOL_ROPE 1e-5: as TOL_ELEM, plus the rotation angle pos * inv_freq, which transformers
+ *    rounds to fp32 (and so does the reference); a back end that keeps it in higher precision
+ *    differs by at most half an ulp of the angle, 3.8e-6 at the largest position used (99).
+ *  - tol_red(K) = 1e-5 sqrt(K) for ops that reduce over K terms: fp32 sums carry ~u sqrt(K)
+ *    (random walk) to u K (worst case) relative error; 1e-5 sqrt(K) ~ 170 u sqrt(K) covers
+ *    the worst case up to K ~ 30000 and every K used here.
+ *  - TOL_GRAD 2e-4 for gradients against finite differences: with h = 1e-4 on O(1) inputs
+ *    the central difference has truncation error h^2 |L'''| / 6 ~ 1e-9 and cancellation error
+ *    ~1e-16 |L| / h ~ 1e-11, so it is exact to ~1e-8; the fp32 backward carries ~u sqrt(K),
+ *    below 2e-6 for K <= 300 reductions plus the saved fp32 statistics (rstd, lse) it reuses.
+ *    A missing or wrong term in a gradient is O(1) relative, far above 2e-4.
+ * Copies (embedding forward, memory ops) and single IEEE operations (add_inplace, scale)
+ * are checked bit for bit. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "kernels/kernels.h"
+#include "kernel_ref.h"
+#include "test_util.h"
+
+#define TOL_ELEM 4e-6
+#define TOL_ROPE 1e-5
+#define TOL_GRAD 2e-4
+#define FD_H 1e-4
+#define FD_MAX_SAMPLES 200 /* elements probed per tensor by finite differences */
+
+static double tol_red(int K) { return 1e-5 * sqrt((double)K); }
+
+static rf_rng g_rng;            /* seeded per suite: every run sees the same inputs */
+static const char *g_be = "?";  /* back-end name, for messages */
+
+/* ------------------------------------------------------------------ host helpers */
+
+#define FB(n) (sizeof(float) * (size_t)(n))
+#define IB(n) (sizeof(int32_t) * (size_t)(n))
+
+static void *xmalloc(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (!p) {
+        fprintf(stderr, "test_kernels: out of host memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static float *fnew(size_t n) { return xmalloc(FB(n)); }
+
+static float *fnormal(size_t n, float scale) {
+    float *x = fnew(n);
+    for (size_t i = 0; i < n; i++) x[i] = scale * rf_rng_normal(&g_rng);
+    return x;
+}
+
+static float *fconst(size_t n, float value) {
+    float *x = fnew(n);
+    for (size_t i = 0; i < n; i++) x[i] = value;
+    return x;
+}
+
+static float *fcopy(const float *x, size_t n) {
+    float *y = fnew(n);
+    memcpy(y, x, FB(n));
+    return y;
+}
+
+/* Exact widening of an fp32 tensor: the reference sees the very values the back end sees. */
+static double *dcopy(const float *x, size_t n) {
+    double *y = xmalloc(sizeof(double) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) y[i] = x[i];
+    return y;
+}
+
+static double wsum(const double *a, const double *b, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* One CHECK per array: every |got - ref| <= tol (|ref| + rms(ref)); prints the worst. */
+static void check_arr(const char *what, const float *got, const double *ref, size_t n,
+                      double tol) {
+    double rms = 0.0;
+    for (size_t i = 0; i < n; i++) rms += ref[i] * ref[i];
+    rms = n ? sqrt(rms / n) : 0.0;
+    size_t bad = 0, worst = 0;
+    double worst_r = -1.0;
+    for (size_t i = 0; i < n; i++) {
+        double r = fabs(got[i] - ref[i]) / (fabs(ref[i]) + rms + 1e-300);
+        if (!(r <= tol)) bad++; /* NaN counts as bad */
+        if (!(r <= worst_r)) worst_r = r, worst = i;
+    }
+    if (bad)
+        fprintf(stderr, "[%s] %s: %zu of %zu elements off; worst [%zu] got %.9g want %.9g "
+                "(scaled error %.3g > tol %.3g)\n", g_be, what, bad, n, worst,
+                n ? got[worst] : 0.0, n ? ref[worst] : 0.0, worst_r, tol);
+    CHECK(bad == 0);
+}
+
+/* check_arr against an fp32 expectation. */
+static void check_arr_f(const char *what, const float *got, const float *want, size_t n,
+                        double tol) {
+    double *w = dcopy(want, n);
+    check_arr(what, got, w, n, tol);
+    free(w);
+}
+
+/* Bit-for-bit equality (copies and single IEEE operations). */
+static void check_exact(const char *what, const float *got, const float *want, size_t n) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0 && bad++ == 0) first = i;
+    if (bad)
+        fprintf(stderr, "[%s] %s: %zu of %zu elements differ; first [%zu] got %.9g want %.9g\n",
+                g_be, what, bad, n, first, got[first], want[first]);
+    CHECK(bad == 0);
+}
+
+/* ------------------------------------------------------------------ finite differences */
+
+typedef double (*loss_fn)(const void *ctx);
+
+/* Checks got[i] == prefill[i] + dL/dx[i] (prefill NULL = 0, i.e. overwritten) for all
+ * elements of x, or FD_MAX_SAMPLES distinct random ones of a bigger tensor, where dL/dx[i]
+ * is the central difference (L(x + h e_i) - L(x - h e_i)) / 2h in double. x must be the
+ * tensor that `ctx` reads; it is perturbed in place and restored. */
+static void check_fd(const char *what, loss_fn L, const void *ctx, double *x, size_t n,
+                     const float *got, const float *prefill) {
+    size_t m = n < FD_MAX_SAMPLES ? n : FD_MAX_SAMPLES;
+    size_t *perm = xmalloc(sizeof(size_t) * n);
+    for (size_t i = 0; i < n; i++) perm[i] = i;
+    for (size_t i = 0; i < m && m < n; i++) { /* partial Fisher-Yates: m distinct indices */
+        size_t j = i + (size_t)(rf_rng_u64(&g_rng) % (n - i)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    double *want = xmalloc(sizeof(double) * m);
+    float *have = fnew(m);
+    for (size_t j = 0; j < m; j++) {
+        size_t i = perm[j];
+        double x0 = x[i];
+        x[i] = x0 + FD_H;
+        double lp = L(ctx);
+        x[i] = x0 - FD_H;
+        double lm = L(ctx);
+        x[i] = x0;
+        want[j] = (lp - lm) / (2.0 * FD_H) + (prefill ? prefill[i] : 0.0);
+        have[j] = got[i];
+    }
+    check_arr(what, have, want, m, TOL_GRAD);
+    free(perm);
+    free(want);
+    free(have);
+}
+
+/* ------------------------------------------------------------------ back-end wrappers */
+/* Each wrapper takes host arrays, copies them to the back end, runs one op and copies the
+ * outputs back (NULL host pointer = NULL op argument). Output buffers are uploaded too, so
+ * that pre-filled contents reach the op and accumulation can be checked. */
+
+static void *put(const rf_kernels *K, const void *host, size_t bytes) {
+    if (!host) return NULL;
+    void *d = K->alloc(bytes ? bytes : 1);
+    if (!d) {
+        fprintf(stderr, "[%s] alloc(%zu) failed: %s\n", K->name, bytes, rf_error_message());
+        exit(1);
+    }
+    K->to_device(d, host, bytes);
+    return d;
+}
+
+/* Copies back to `host` (unless NULL) and frees the device buffer. */
+static void get(const rf_kernels *K, void *host, void *dev, size_t bytes) {
+    if (host && dev) K->to_host(host, dev, bytes);
+    K->free(dev);
+}
+
+static void run_matmul_forward(const rf_kernels *K, float *out, const float *inp,
+                               const float *w, const float *bias, int T, int C, int OC) {
+    float *d_out = put(K, out, FB(T * OC)), *d_inp = put(K, inp, FB(T * C));
+    float *d_w = put(K, w, FB(OC * C)), *d_b = put(K, bias, FB(OC));
+    K->matmul_forward(d_out, d_inp, d_w, d_b, T, C, OC);
+    get(K, out, d_out, FB(T * OC)), get(K, NULL, d_inp, 0), get(K, NULL, d_w, 0);
+    get(K, NULL, d_b, 0);
+}
+
+static void run_matmul_backward(const rf_kernels *K, float *dinp, float *dw, float *dbias,
+                                const float *dout, const float *inp, const float *w, int T,
+                                int C, int OC) {
+    float *d_dinp = put(K, dinp, FB(T * C)), *d_dw = put(K, dw, FB(OC * C));
+    float *d_db = put(K, dbias, FB(OC)), *d_dout = put(K, dout, FB(T * OC));
+    float *d_inp = put(K, inp, FB(T * C)), *d_w = put(K, w, FB(OC * C));
+    K->matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, T, C, OC);
+    get(K, dinp, d_dinp, FB(T * C)), get(K, dw, d_dw, FB(OC * C)), get(K, dbias, d_db, FB(OC));
+    get(K, NULL, d_dout, 0), get(K, NULL, d_inp, 0), get(K, NULL, d_w, 0);
+}
+
+static void run_embedding_forward(const rf_kernels *K, float *out, const int32_t *tokens,
+                                  const float *wte, int V, int T, int C) {
+    float *d_out = put(K, out, FB(T * C)), *d_wte = put(K, wte, FB(V * C));
+    int32_t *d_tok = put(K, tokens, IB(T));
+    K->embedding_forward(d_out, d_tok, d_wte, T, C);
+    get(K, out, d_out, FB(T * C)), get(K, NULL, d_wte, 0), get(K, NULL, d_tok, 0);
+}
+
+static void run_embedding_backward(const rf_kernels *K, float *dwte, const float *dout,
+                                   const int32_t *tokens, int V, int T, int C) {
+    float *d_dwte = put(K, dwte, FB(V * C)), *d_dout = put(K, dout, FB(T * C));
+    int32_t *d_tok = put(K, tokens, IB(T));
+    K->embedding_backward(d_dwte, d_dout, d_tok, T, C);
+    get(K, dwte, d_dwte, FB(V * C)), get(K, NULL, d_dout, 0), get(K, NULL, d_tok, 0);
+}
+
+static void run_rmsnorm_forward(const rf_kernels *K, float *out, float *rstd, const float *inp,
+                                const float *w, int N, int C, float eps) {
+    float *d_out = put(K, out, FB(N * C)), *d_rstd = put(K, rstd, FB(N));
+    float *d_inp = put(K, inp, FB(N * C)), *d_w = put(K, w, FB(C));
+    K->rmsnorm_forward(d_out, d_rstd, d_inp, d_w, N, C, eps);
+    get(K, out, d_out, FB(N * C)), get(K, rstd, d_rstd, FB(N));
+    get(K, NULL, d_inp, 0), get(K, NULL, d_w, 0);
+}
+
+static void run_rmsnorm_backward(const rf_kernels *K, float *dinp, float *dw, const float *dout,
+                                 const float *inp, const float *w, const float *rstd, int N,
+                                 int C) {
+    float *d_dinp = put(K, dinp, FB(N * C)), *d_dw = put(K, dw, FB(C));
+    float *d_dout = put(K, dout, FB(N * C)), *d_inp = put(K, inp, FB(N * C));
+    float *d_w = put(K, w, FB(C)), *d_rstd = put(K, rstd, FB(N));
+    K->rmsnorm_backward(d_dinp, d_dw, d_dout, d_inp, d_w, d_rstd, N, C);
+    get(K, dinp, d_dinp, FB(N * C)), get(K, dw, d_dw, FB(C));
+    get(K, NULL, d_dout, 0), get(K, NULL, d_inp, 0), get(K, NULL, d_w, 0);
+    get(K, NULL, d_rstd, 0);
+}
+
+static void run_rope(const rf_kernels *K, float *x, const int32_t *pos, const float *inv_freq,
+                     int T, int H, int D, int sign) {
+    float *d_x = put(K, x, FB(T * H * D)), *d_f = put(K, inv_freq, FB(D / 2));
+    int32_t *d_pos = put(K, pos, IB(T));
+    K->rope(d_x, d_pos, d_f, T, H, D, sign);
+    get(K, x, d_x, FB(T * H * D)), get(K, NULL, d_f, 0), get(K, NULL, d_pos, 0);
+}
+
+/* q has q_off[n_seq] rows; k and v have `rows` rows. */
+static void run_attention_forward(const rf_kernels *K, float *out, float *lse, const float *q,
+                                  const float *k, const float *v, const int32_t *q_off,
+                                  const int32_t *k_start, const int32_t *k_len, int n_seq,
+                                  int rows, int H, int KVH, int D) {
+    int Tq = q_off[n_seq];
+    float *d_out = put(K, out, FB(Tq * H * D)), *d_lse = put(K, lse, FB(Tq * H));
+    float *d_q = put(K, q, FB(Tq * H * D)), *d_k = put(K, k, FB(rows * KVH * D));
+    float *d_v = put(K, v, FB(rows * KVH * D));
+    int32_t *d_qo = put(K, q_off, IB(n_seq + 1)), *d_ks = put(K, k_start, IB(n_seq));
+    int32_t *d_kl = put(K, k_len, IB(n_seq));
+    K->attention_forward(d_out, d_lse, d_q, d_k, d_v, d_qo, d_ks, d_kl, n_seq, H, KVH, D);
+    get(K, out, d_out, FB(Tq * H * D)), get(K, lse, d_lse, FB(Tq * H));
+    get(K, NULL, d_q, 0), get(K, NULL, d_k, 0), get(K, NULL, d_v, 0);
+    get(K, NULL, d_qo, 0), get(K, NULL, d_ks, 0), get(K, NULL, d_kl, 0);
+}
+
+static void run_attention_backward(const rf_kernels *K, float *dq, float *dk, float *dv,
+                                   const float *dout, const float *q, const float *k,
+                                   const float *v, const float *out, const float *lse,
+                                   const int32_t *cu, int n_seq, int T, int H, int KVH, int D) {
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
+    float *d_dq = put(K, dq, FB(nq)), *d_dk = put(K, dk, FB(nk)), *d_dv = put(K, dv, FB(nk));
+    float *d_dout = put(K, dout, FB(nq)), *d_q = put(K, q, FB(nq)), *d_k = put(K, k, FB(nk));
+    float *d_v = put(K, v, FB(nk)), *d_out = put(K, out, FB(nq));
+    float *d_lse = put(K, lse, FB((size_t)T * H));
+    int32_t *d_cu = put(K, cu, IB(n_seq + 1));
+    K->attention_backward(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, d_cu, n_seq,
+                          T, H, KVH, D);
+    get(K, dq, d_dq, FB(nq)), get(K, dk, d_dk, FB(nk)), get(K, dv, d_dv, FB(nk));
+    get(K, NULL, d_dout, 0), get(K, NULL, d_q, 0), get(K, NULL, d_k, 0);
+    get(K, NULL, d_v, 0), get(K, NULL, d_out, 0), get(K, NULL, d_lse, 0);
+    get(K, NULL, d_cu, 0);
+}
+
+static void run_swiglu_forward(const rf_kernels *K, float *out, const float *gate,
+                               const float *up, size_t n) {
+    float *d_out = put(K, out, FB(n)), *d_g = put(K, gate, FB(n)), *d_u = put(K, up, FB(n));
+    K->swiglu_forward(d_out, d_g, d_u, n);
+    get(K, out, d_out, FB(n)), get(K, NULL, d_g, 0), get(K, NULL, d_u, 0);
+}
+
+static void run_swiglu_backward(const rf_kernels *K, float *dgate, float *dup,
+                                const float *dout, const float *gate, const float *up,
+                                size_t n) {
+    float *d_dg = put(K, dgate, FB(n)), *d_du = put(K, dup, FB(n));
+    float *d_dout = put(K, dout, FB(n)), *d_g = put(K, gate, FB(n)), *d_u = put(K, up, FB(n));
+    K->swiglu_backward(d_dg, d_du, d_dout, d_g, d_u, n);
+    get(K, dgate, d_dg, FB(n)), get(K, dup, d_du, FB(n));
+    get(K, NULL, d_dout, 0), get(K, NULL, d_g, 0), get(K, NULL, d_u, 0);
+}
+
+static void run_logprob_forward(const rf_kernels *K, float *logp, float *entropy,
+                                const float *h, const float *w, const int32_t *targets, int T,
+                                int C, int V, float inv_temp) {
+    float *d_lp = put(K, logp, FB(T)), *d_ent = put(K, entropy, FB(T));
+    float *d_h = put(K, h, FB(T * C)), *d_w = put(K, w, FB(V * C));
+    int32_t *d_tg = put(K, targets, IB(T));
+    K->logprob_forward(d_lp, d_ent, d_h, d_w, d_tg, T, C, V, inv_temp);
+    get(K, logp, d_lp, FB(T)), get(K, entropy, d_ent, FB(T));
+    get(K, NULL, d_h, 0), get(K, NULL, d_w, 0), get(K, NULL, d_tg, 0);
+}
+
+static void run_logprob_backward(const rf_kernels *K, float *dh, float *dw, const float *dlogp,
+                                 const float *dentropy, const float *h, const float *w,
+                                 const int32_t *targets, int T, int C, int V, float inv_temp) {
+    float *d_dh = put(K, dh, FB(T * C)), *d_dw = put(K, dw, FB(V * C));
+    float *d_dlp = put(K, dlogp, FB(T)), *d_dent = put(K, dentropy, FB(T));
+    float *d_h = put(K, h, FB(T * C)), *d_w = put(K, w, FB(V * C));
+    int32_t *d_tg = put(K, targets, IB(T));
+    K->logprob_backward(d_dh, d_dw, d_dlp, d_dent, d_h, d_w, d_tg, T, C, V, inv_temp);
+    get(K, dh, d_dh, FB(T * C)), get(K, dw, d_dw, FB(V * C));
+    get(K, NULL, d_dlp, 0), get(K, NULL, d_dent, 0), get(K, NULL, d_h, 0);
+    get(K, NULL, d_w, 0), get(K, NULL, d_tg, 0);
+}
+
+static void run_adamw(const rf_kernels *K, float *param, const float *grad, float *m, float *v,
+                      size_t n, float lr, float b1, float b2, float eps, float wd, int step) {
+    float *d_p = put(K, param, FB(n)), *d_g = put(K, grad, FB(n));
+    float *d_m = put(K, m, FB(n)), *d_v = put(K, v, FB(n));
+    K->adamw(d_p, d_g, d_m, d_v, n, lr, b1, b2, eps, wd, step);
+    get(K, param, d_p, FB(n)), get(K, NULL, d_g, 0), get(K, m, d_m, FB(n));
+    get(K, v, d_v, FB(n));
+}
+
+static void run_add_inplace(const rf_kernels *K, float *a, const float *b, size_t n) {
+    float *d_a = put(K, a, FB(n)), *d_b = put(K, b, FB(n));
+    K->add_inplace(d_a, d_b, n);
+    get(K, a, d_a, FB(n)), get(K, NULL, d_b, 0);
+}
+
+static void run_scale(const rf_kernels *K, float *x, float s, size_t n) {
+    float *d_x = put(K, x, FB(n));
+    K->scale(d_x, s, n);
+    get(K, x, d_x, FB(n));
+}
+
+static double run_sum_squares(const rf_kernels *K, const float *x, size_t n) {
+    float *d_x = put(K, x, FB(n));
+    double s = K->sum_squares(d_x, n);
+    get(K, NULL, d_x, 0);
+    return s;
+}
+
+/* ------------------------------------------------------------------ table and memory */
+
+/* Every slot is filled: model code calls them unconditionally. */
+static void test_table(const rf_kernels *K) {
+    CHECK(K->name != NULL);
+    CHECK(K->alloc && K->free && K->to_device && K->to_host && K->copy && K->zero && K->sync);
+    CHECK(K->add_inplace && K->scale && K->sum_squares);
+    CHECK(K->matmul_forward && K->matmul_backward);
+    CHECK(K->embedding_forward && K->embedding_backward);
+    CHECK(K->rmsnorm_forward && K->rmsnorm_backward && K->rope);
+    CHECK(K->attention_forward && K->attention_backward);
+    CHECK(K->swiglu_forward && K->swiglu_backward);
+    CHECK(K->logprob_forward && K->logprob_backward && K->adamw);
+}
+
+/* alloc is zero-filled; to_device/to_host round-trip; copy is device to device and leaves
+ * its source alone; zero clears exactly the range asked for; free(NULL) is allowed. */
+static void test_memory(const rf_kernels *K) {
+    enum { N = 4099 }; /* odd, so that nothing happens to be a multiple of a vector width */
+    unsigned char *src = xmalloc(N), *h = xmalloc(N);
+    for (int i = 0; i < N; i++) src[i] = (unsigned char)(i * 7 + 1);
+    unsigned char *a = K->alloc(N), *b = K->alloc(N);
+    CHECK(a != NULL && b != NULL);
+    if (!a || !b) return;
+    memset(h, 0xAB, N);
+    K->to_host(h, a, N);
+    int nonzero = 0;
+    for (int i = 0; i < N; i++) nonzero += h[i] != 0;
+    CHECK(nonzero == 0); /* alloc zero-fills */
+
+    K->to_device(a, src, N);
+    K->copy(b, a, N);
+    K->zero(b + 100, 1000);
+    K->sync();
+    K->to_host(h, a, N);
+    CHECK(memcmp(h, src, N) == 0); /* round trip, and copy left its source alone */
+    K->to_host(h, b, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += h[i] != (i >= 100 && i < 1100 ? 0 : src[i]);
+    CHECK(bad == 0); /* copy copied; zero cleared [100, 1100) and nothing else */
+
+    K->free(a);
+    K->free(b);
+    K->free(NULL);
+    free(src);
+    free(h);
+}
+
+/* ------------------------------------------------------------------ elementwise */
+
+/* add_inplace and scale are one IEEE operation per element, so they must match the host's
+ * fp32 a + b and x * s bit for bit. sum_squares returns a double: tol_red(n). */
+static void test_elementwise(const rf_kernels *K) {
+    size_t n = 1037;
+    float *a = fnormal(n, 1.0f), *b = fnormal(n, 1.0f), *want = fnew(n), *x = fcopy(a, n);
+    for (size_t i = 0; i < n; i++) want[i] = a[i] + b[i];
+    run_add_inplace(K, x, b, n);
+    check_exact("add_inplace", x, want, n);
+
+    memcpy(x, a, FB(n));
+    for (size_t i = 0; i < n; i++) want[i] = a[i] * -0.37f;
+    run_scale(K, x, -0.37f, n);
+    check_exact("scale", x, want, n);
+
+    size_t ns[] = {1, 7, n};
+    for (int c = 0; c < 3; c++) {
+        double ref = 0.0;
+        for (size_t i = 0; i < ns[c]; i++) ref += (double)a[i] * a[i];
+        CHECK_CLOSE(run_sum_squares(K, a, ns[c]), ref, 0.0, tol_red((int)ns[c]));
+    }
+    CHECK(run_sum_squares(K, a, 0) == 0.0);
+    free(a), free(b), free(want), free(x);
+}
+
+/* ------------------------------------------------------------------ matmul */
+
+typedef struct {
+    const double *inp, *w, *bias, *dout;
+    int T, C, OC;
+} mm_ctx;
+
+static double mm_loss(const void *p) {
+    const mm_ctx *c = p;
+    size_t n = (size_t)c->T * c->OC;
+    double *out = xmalloc(sizeof(double) * n);
+    ref_matmul(out, c->inp, c->w, c->bias, c->T, c->C, c->OC);
+    double L = wsum(c->dout, out, n);
+    free(out);
+    return L;
+}
+
+static void test_matmul_case(const rf_kernels *K, int T, int C, int OC, int with_bias) {
+    char what[160];
+    size_t ni = (size_t)T * C, nw = (size_t)OC * C, no = (size_t)T * OC;
+    float *inp = fnormal(ni, 1.0f), *w = fnormal(nw, 1.0f);
+    float *bias = with_bias ? fnormal(OC, 1.0f) : NULL, *out = fconst(no, NAN);
+    double *inp_d = dcopy(inp, ni), *w_d = dcopy(w, nw), *out_d = xmalloc(sizeof(double) * no);
+    double *bias_d = bias ? dcopy(bias, OC) : xmalloc(sizeof(double) * OC); /* zeros */
+
+    run_matmul_forward(K, out, inp, w, bias, T, C, OC);
+    ref_matmul(out_d, inp_d, w_d, bias_d, T, C, OC);
+    snprintf(what, sizeof what, "matmul_forward T=%d C=%d OC=%d bias=%d", T, C, OC, with_bias);
+    check_arr(what, out, out_d, no, tol_red(C));
+
+    /* dinp pre-filled with junk (overwritten); dw, dbias pre-filled (accumulate). */
+    float *dout = fnormal(no, 1.0f), *dinp = fconst(ni, 1e3f);
+    float *dw0 = fnormal(nw, 1.0f), *db0 = fnormal(OC, 1.0f);
+    float *dw = fcopy(dw0, nw), *db = fcopy(db0, OC);
+    double *dout_d = dcopy(dout, no);
+    run_matmul_backward(K, dinp, dw, db, dout, inp, w, T, C, OC);
+    mm_ctx ctx = {inp_d, w_d, bias_d, dout_d, T, C, OC};
+    snprintf(what, sizeof what, "matmul_backward dinp (overwrite) T=%d C=%d OC=%d", T, C, OC);
+    check_fd(what, mm_loss, &ctx, inp_d, ni, dinp, NULL);
+    snprintf(what, sizeof what, "matmul_backward dw (+=) T=%d C=%d OC=%d", T, C, OC);
+    check_fd(what, mm_loss, &ctx, w_d, nw, dw, dw0);
+    snprintf(what, sizeof what, "matmul_backward dbias (+=) T=%d C=%d OC=%d", T, C, OC);
+    check_fd(what, mm_loss, &ctx, bias_d, OC, db, db0);
+
+    /* dinp = dbias = NULL: skipped, and dw is still accumulated. */
+    memcpy(dw, dw0, FB(nw));
+    run_matmul_backward(K, NULL, dw, NULL, dout, inp, w, T, C, OC);
+    snprintf(what, sizeof what, "matmul_backward dw with dinp=dbias=NULL T=%d", T);
+    check_fd(what, mm_loss, &ctx, w_d, nw, dw, dw0);
+
+    free(inp), free(w), free(bias), free(out), free(inp_d), free(w_d), free(out_d);
+    free(bias_d), free(dout), free(dinp), free(dw0), free(db0), free(dw), free(db);
+    free(dout_d);
+}
+
+static void test_matmul(const rf_kernels *K) {
+    test_matmul_case(K, 5, 24, 7, 1);
+    test_matmul_case(K, 9, 33, 17, 0);
+    test_matmul_case(K, 1, 16, 3, 1); /* T = 1 */
+}
+
+/* ------------------------------------------------------------------ embedding */
+
+typedef struct {
+    const double *wte, *dout;
+    const int32_t *tokens;
+    int T, C;
+} emb_ctx;
+
+static double emb_loss(const void *p) {
+    const emb_ctx *c = p;
+    size_t n = (size_t)c->T * c->C;
+    double *out = xmalloc(sizeof(double) * n);
+    ref_embedding(out, c->tokens, c->wte, c->T, c->C);
+    double L = wsum(c->dout, out, n);
+    free(out);
+    return L;
+}
+
+static void test_embedding_case(const rf_kernels *K, const int32_t *tokens, int T, int V, int C) {
+    char what[128];
+    size_t nv = (size_t)V * C, no = (size_t)T * C;
+    float *wte = fnormal(nv, 1.0f), *out = fconst(no, NAN), *want = fnew(no);
+    run_embedding_forward(K, out, tokens, wte, V, T, C);
+    for (int t = 0; t < T; t++) memcpy(want + (size_t)t * C, wte + (size_t)tokens[t] * C, FB(C));
+    snprintf(what, sizeof what, "embedding_forward T=%d", T);
+    check_exact(what, out, want, no);
+
+    float *dout = fnormal(no, 1.0f), *dwte0 = fnormal(nv, 1.0f), *dwte = fcopy(dwte0, nv);
+    double *wte_d = dcopy(wte, nv), *dout_d = dcopy(dout, no);
+    run_embedding_backward(K, dwte, dout, tokens, V, T, C);
+    emb_ctx ctx = {wte_d, dout_d, tokens, T, C};
+    snprintf(what, sizeof what, "embedding_backward dwte (+=, repeated tokens) T=%d", T);
+    check_fd(what, emb_loss, &ctx, wte_d, nv, dwte, dwte0);
+    free(wte), free(out), free(want), free(dout), free(dwte0), free(dwte), free(wte_d);
+    free(dout_d);
+}
+
+static void test_embedding(const rf_kernels *K) {
+    /* token 3 three times, 0 and 10 twice: the scatter must add, not store */
+    static const int32_t tokens[9] = {3, 0, 3, 10, 5, 3, 0, 7, 10};
+    test_embedding_case(K, tokens, 9, 11, 6);
+    test_embedding_case(K, tokens + 3, 1, 11, 6); /* T = 1, last vocabulary row */
+}
+
+/* ------------------------------------------------------------------ rmsnorm */
+
+typedef struct {
+    const double *inp, *w, *dout;
+    int N, C;
+    double eps;
+} rms_ctx;
+
+static double rms_loss(const void *p) {
+    const rms_ctx *c = p;
+    size_t n = (size_t)c->N * c->C;
+    double *out = xmalloc(sizeof(double) * n);
+    ref_rmsnorm(out, NULL, c->inp, c->w, c->N, c->C, c->eps);
+    double L = wsum(c->dout, out, n);
+    free(out);
+    return L;
+}
+
+static void test_rmsnorm_case(const rf_kernels *K, int N, int C) {
+    char what[128];
+    const float eps = 1e-5f;
+    size_t n = (size_t)N * C;
+    float *inp = fnormal(n, 1.5f), *w = fnormal(C, 0.3f), *out = fconst(n, NAN);
+    float *rstd = fconst(N, NAN);
+    for (int c = 0; c < C; c++) w[c] += 1.0f;
+    double *inp_d = dcopy(inp, n), *w_d = dcopy(w, C), *out_d = xmalloc(sizeof(double) * n);
+    double *rstd_d = xmalloc(sizeof(double) * N);
+    run_rmsnorm_forward(K, out, rstd, inp, w, N, C, eps);
+    ref_rmsnorm(out_d, rstd_d, inp_d, w_d, N, C, (double)eps);
+    snprintf(what, sizeof what, "rmsnorm_forward out N=%d C=%d", N, C);
+    check_arr(what, out, out_d, n, tol_red(C));
+    snprintf(what, sizeof what, "rmsnorm_forward rstd N=%d C=%d", N, C);
+    check_arr(what, rstd, rstd_d, N, tol_red(C));
+    float *out2 = fconst(n, NAN);
+    run_rmsnorm_forward(K, out2, NULL, inp, w, N, C, eps);
+    snprintf(what, sizeof what, "rmsnorm_forward with rstd=NULL N=%d C=%d", N, C);
+    check_arr(what, out2, out_d, n, tol_red(C));
+
+    /* both dinp and dw accumulate into what they already hold */
+    float *dout = fnormal(n, 1.0f), *dinp0 = fnormal(n, 1.0f), *dw0 = fnormal(C, 1.0f);
+    float *dinp = fcopy(dinp0, n), *dw = fcopy(dw0, C);
+    double *dout_d = dcopy(dout, n);
+    run_rmsnorm_backward(K, dinp, dw, dout, inp, w, rstd, N, C);
+    rms_ctx ctx = {inp_d, w_d, dout_d, N, C, (double)eps};
+    snprintf(what, sizeof what, "rmsnorm_backward dinp (+=) N=%d C=%d", N, C);
+    check_fd(what, rms_loss, &ctx, inp_d, n, dinp, dinp0);
+    snprintf(what, sizeof what, "rmsnorm_backward dw (+=) N=%d C=%d", N, C);
+    check_fd(what, rms_loss, &ctx, w_d, C, dw, dw0);
+    free(inp), free(w), free(out), free(rstd), free(inp_d), free(w_d), free(out_d), free(rstd_d);
+    free(out2), free(dout), free(dinp0), free(dw0), free(dinp), free(dw), free(dout_d);
+}
+
+static void test_rmsnorm(const rf_kernels *K) {
+    test_rmsnorm_case(K, 4, 32);
+    test_rmsnorm_case(K, 3, 7);
+    test_rmsnorm_case(K, 1, 16); /* N = 1 */
+}
+
+/* ------------------------------------------------------------------ rope */
+
+typedef struct {
+    const double *x, *dout;
+    const int32_t *pos;
+    const float *inv_freq;
+    int T, H, D;
+} rope_ctx;
+
+static double rope_loss(const void *p) {
+    const rope_ctx *c = p;
+    size_t n = (size_t)c->T * c->H * c->D;
+    double *y = xmalloc(sizeof(double) * n);
+    memcpy(y, c->x, sizeof(double) * n);
+    ref_rope(y, c->pos, c->inv_freq, c->T, c->H, c->D, +1);
+    double L = wsum(c->dout, y, n);
+    free(y);
+    return L;
+}
+
+/* inv_freq[i] = theta^(-2i/D), as transformers' default rope init computes it. */
+static void rope_inv_freq(float *inv_freq, int D, double theta) {
+    for (int i = 0; i < D / 2; i++) inv_freq[i] = (float)pow(theta, -2.0 * i / D);
+}
+
+static void test_rope_case(const rf_kernels *K, const int32_t *pos, int T, int H, int D) {
+    char what[128];
+    size_t n = (size_t)T * H * D;
+    float inv_freq[64];
+    rope_inv_freq(inv_freq, D, 10000.0);
+    float *x = fnormal(n, 1.0f), *y = fcopy(x, n);
+    double *x_d = dcopy(x, n), *y_d = dcopy(x, n);
+    run_rope(K, y, pos, inv_freq, T, H, D, +1);
+    ref_rope(y_d, pos, inv_freq, T, H, D, +1);
+    snprintf(what, sizeof what, "rope forward (HF rotate_half) T=%d H=%d D=%d", T, H, D);
+    check_arr(what, y, y_d, n, TOL_ROPE);
+
+    /* sign = -1 undoes sign = +1 */
+    run_rope(K, y, pos, inv_freq, T, H, D, -1);
+    snprintf(what, sizeof what, "rope(-1) after rope(+1) is the identity T=%d D=%d", T, D);
+    check_arr(what, y, x_d, n, TOL_ROPE);
+
+    /* sign = -1 applied to dout is the backward: the finite-difference gradient of
+     * sum(dout * rope(x)), i.e. rope(-1) is the transpose of rope(+1) */
+    float *g = fnormal(n, 1.0f);
+    double *g_d = dcopy(g, n);
+    run_rope(K, g, pos, inv_freq, T, H, D, -1);
+    rope_ctx ctx = {x_d, g_d, pos, inv_freq, T, H, D};
+    snprintf(what, sizeof what, "rope backward (sign=-1) T=%d H=%d D=%d", T, H, D);
+    check_fd(what, rope_loss, &ctx, x_d, n, g, NULL);
+    free(x), free(y), free(x_d), free(y_d), free(g), free(g_d);
+}
+
+/* The pairing is (i, i + D/2) (rotate_half), not interleaved (2i, 2i+1): one hand-worked
+ * vector. D = 4, pos = 2, inv_freq = {1, 0.01}: angles 2 and 0.02 (exact in fp32 up to 0.02's
+ * rounding, which the expected values share). */
+static void test_rope_by_hand(const rf_kernels *K) {
+    float x[4] = {1, 2, 3, 4}, inv_freq[2] = {1.0f, 0.01f};
+    int32_t pos[1] = {2};
+    double a0 = 2.0, a1 = (double)(2.0f * 0.01f);
+    double want[4] = {1 * cos(a0) - 3 * sin(a0), 2 * cos(a1) - 4 * sin(a1),
+                      3 * cos(a0) + 1 * sin(a0), 4 * cos(a1) + 2 * sin(a1)};
+    run_rope(K, x, pos, inv_freq, 1, 1, 4, +1);
+    check_arr("rope forward by hand (pairs i, i+D/2)", x, want, 4, TOL_ROPE);
+}
+
+static void test_rope(const rf_kernels *K) {
+    static const int32_t pos[5] = {0, 3, 17, 42, 99};
+    static const int32_t packed[7] = {0, 1, 2, 0, 1, 2, 3}; /* positions restart per sequence */
+    test_rope_by_hand(K);
+    test_rope_case(K, pos, 5, 3, 8);
+    test_rope_case(K, packed, 7, 2, 16);
+    test_rope_case(K, pos + 3, 1, 4, 8); /* T = 1 */
+}
+
+/* ------------------------------------------------------------------ attention */
+
+typedef struct {
+    const double *q, *k, *v, *dout;
+    const int32_t *q_off, *k_start, *k_len;
+    int n_seq, H, KVH, D;
+} att_ctx;
+
+static double att_loss(const void *p) {
+    const att_ctx *c = p;
+    size_t n = (size_t)c->q_off[c->n_seq] * c->H * c->D;
+    double *out = xmalloc(sizeof(double) * n);
+    ref_attention(out, NULL, c->q, c->k, c->v, c->q_off, c->k_start, c->k_len, c->n_seq, c->H,
+                  c->KVH, c->D);
+    double L = wsum(c->dout, out, n);
+    free(out);
+    return L;
+}
+
+/* Each sequence run alone (n_seq = 1, its rows only) gives the rows the packed call gave.
+ * Same arithmetic per (query, head), so only reduction-order differences are allowed. */
+static void check_packing(const rf_kernels *K, const float *q, const float *k, const float *v,
+                          const float *out, const float *lse, const float *dout,
+                          const float *dq, const float *dk, const float *dv,
+                          const int32_t *cu, int n_seq, int H, int KVH, int D) {
+    char what[128];
+    for (int s = 0; s < n_seq; s++) {
+        int len = cu[s + 1] - cu[s];
+        size_t oq = (size_t)cu[s] * H * D, ok = (size_t)cu[s] * KVH * D;
+        size_t nq = (size_t)len * H * D, nk = (size_t)len * KVH * D;
+        int32_t off[2] = {0, len}, ks[1] = {0}, kl[1] = {len};
+        float *o = fconst(nq, NAN), *l = fconst((size_t)len * H, NAN);
+        run_attention_forward(K, o, l, q + oq, k + ok, v + ok, off, ks, kl, 1, len, H, KVH, D);
+        snprintf(what, sizeof what, "attention packed == alone: out of sequence %d (len %d)", s,
+                 len);
+        check_arr_f(what, o, out + oq, nq, tol_red(D + len));
+        snprintf(what, sizeof what, "attention packed == alone: lse of sequence %d", s);
+        check_arr_f(what, l, lse + (size_t)cu[s] * H, (size_t)len * H, tol_red(D + len));
+        float *gq = fconst(nq, NAN), *gk = fconst(nk, NAN), *gv = fconst(nk, NAN);
+        run_attention_backward(K, gq, gk, gv, dout + oq, q + oq, k + ok, v + ok, o, l, off, 1,
+                               len, H, KVH, D);
+        snprintf(what, sizeof what, "attention packed == alone: dq dk dv of sequence %d", s);
+        check_arr_f(what, gq, dq + oq, nq, TOL_GRAD);
+        check_arr_f(what, gk, dk + ok, nk, TOL_GRAD);
+        check_arr_f(what, gv, dv + ok, nk, TOL_GRAD);
+        free(o), free(l), free(gq), free(gk), free(gv);
+    }
+}
+
+/* Training layout: k_start = q_off = cu_seqlens, k_len = q_len. */
+static void test_attention_train(const rf_kernels *K, const int *lens, int n_seq, int H, int KVH,
+                                 int D) {
+    char what[160];
+    int32_t cu[16], klen[16];
+    cu[0] = 0;
+    int maxlen = 0;
+    for (int s = 0; s < n_seq; s++) {
+        cu[s + 1] = cu[s] + lens[s], klen[s] = lens[s];
+        if (lens[s] > maxlen) maxlen = lens[s];
+    }
+    int T = cu[n_seq];
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D, nl = (size_t)T * H;
+    float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f);
+    float *out = fconst(nq, NAN), *lse = fconst(nl, NAN);
+    double *q_d = dcopy(q, nq), *k_d = dcopy(k, nk), *v_d = dcopy(v, nk);
+    double *out_d = xmalloc(sizeof(double) * nq), *lse_d = xmalloc(sizeof(double) * nl);
+    run_attention_forward(K, out, lse, q, k, v, cu, cu, klen, n_seq, T, H, KVH, D);
+    ref_attention(out_d, lse_d, q_d, k_d, v_d, cu, cu, klen, n_seq, H, KVH, D);
+    snprintf(what, sizeof what, "attention_forward out n_seq=%d T=%d H=%d KVH=%d D=%d", n_seq,
+             T, H, KVH, D);
+    check_arr(what, out, out_d, nq, tol_red(D + maxlen));
+    snprintf(what, sizeof what, "attention_forward lse n_seq=%d T=%d H=%d KVH=%d", n_seq, T, H,
+             KVH);
+    check_arr(what, lse, lse_d, nl, tol_red(D + maxlen));
+    float *out2 = fconst(nq, NAN);
+    run_attention_forward(K, out2, NULL, q, k, v, cu, cu, klen, n_seq, T, H, KVH, D);
+    snprintf(what, sizeof what, "attention_forward with lse=NULL H=%d KVH=%d", H, KVH);
+    check_arr(what, out2, out_d, nq, tol_red(D + maxlen));
+
+    /* dq, dk, dv pre-filled with junk: all three are overwritten */
+    float *dout = fnormal(nq, 1.0f), *dq = fconst(nq, 1e3f), *dk = fconst(nk, 1e3f);
+    float *dv = fconst(nk, 1e3f);
+    double *dout_d = dcopy(dout, nq);
+    run_attention_backward(K, dq, dk, dv, dout, q, k, v, out, lse, cu, n_seq, T, H, KVH, D);
+    att_ctx ctx = {q_d, k_d, v_d, dout_d, cu, cu, klen, n_seq, H, KVH, D};
+    snprintf(what, sizeof what, "attention_backward dq n_seq=%d T=%d H=%d KVH=%d", n_seq, T, H,
+             KVH);
+    check_fd(what, att_loss, &ctx, q_d, nq, dq, NULL);
+    snprintf(what, sizeof what, "attention_backward dk n_seq=%d T=%d H=%d KVH=%d", n_seq, T, H,
+             KVH);
+    check_fd(what, att_loss, &ctx, k_d, nk, dk, NULL);
+    snprintf(what, sizeof what, "attention_backward dv n_seq=%d T=%d H=%d KVH=%d", n_seq, T, H,
+             KVH);
+    check_fd(what, att_loss, &ctx, v_d, nk, dv, NULL);
+
+    if (n_seq > 1) check_packing(K, q, k, v, out, lse, dout, dq, dk, dv, cu, n_seq, H, KVH, D);
+    free(q), free(k), free(v), free(out), free(lse), free(q_d), free(k_d), free(v_d);
+    free(out_d), free(lse_d), free(out2), free(dout), free(dq), free(dk), free(dv), free(dout_d);
+}
+
+/* KV-cache layout: queries are the last q_len of k_len positions, keys live at k_start in a
+ * bigger buffer. Rows of k and v outside every sequence's window hold NaN: the op must not
+ * read them (they are another sequence's cache, or never written). */
+static void test_attention_kvcache(const rf_kernels *K, const int *q_lens, const int32_t *k_start,
+                                   const int32_t *k_len, int n_seq, int rows, int H, int KVH,
+                                   int D) {
+    char what[160];
+    int32_t q_off[16];
+    q_off[0] = 0;
+    int maxk = 0;
+    for (int s = 0; s < n_seq; s++) {
+        q_off[s + 1] = q_off[s] + q_lens[s];
+        if (k_len[s] > maxk) maxk = k_len[s];
+    }
+    int Tq = q_off[n_seq];
+    size_t nq = (size_t)Tq * H * D, nk = (size_t)rows * KVH * D, nl = (size_t)Tq * H;
+    float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f);
+    for (int r = 0; r < rows; r++) {
+        int used = 0;
+        for (int s = 0; s < n_seq; s++) used |= r >= k_start[s] && r < k_start[s] + k_len[s];
+        if (used) continue;
+        for (int i = 0; i < KVH * D; i++) k[(size_t)r * KVH * D + i] = v[(size_t)r * KVH * D + i] = NAN;
+    }
+    float *out = fconst(nq, NAN), *lse = fconst(nl, NAN);
+    double *q_d = dcopy(q, nq), *k_d = dcopy(k, nk), *v_d = dcopy(v, nk);
+    double *out_d = xmalloc(sizeof(double) * nq), *lse_d = xmalloc(sizeof(double) * nl);
+    run_attention_forward(K, out, lse, q, k, v, q_off, k_start, k_len, n_seq, rows, H, KVH, D);
+    ref_attention(out_d, lse_d, q_d, k_d, v_d, q_off, k_start, k_len, n_seq, H, KVH, D);
+    snprintf(what, sizeof what, "attention_forward KV cache out n_seq=%d H=%d KVH=%d", n_seq, H,
+             KVH);
+    check_arr(what, out, out_d, nq, tol_red(D + maxk));
+    snprintf(what, sizeof what, "attention_forward KV cache lse n_seq=%d H=%d KVH=%d", n_seq, H,
+             KVH);
+    check_arr(what, lse, lse_d, nl, tol_red(D + maxk));
+    free(q), free(k), free(v), free(out), free(lse), free(q_d), free(k_d), free(v_d);
+    free(out_d), free(lse_d);
+}
+
+static void test_attention(const rf_kernels *K) {
+    static const int lens3[3] = {1, 5, 9}, lens1[1] = {7}, one[1] = {1};
+    test_attention_train(K, lens3, 3, 4, 2, 8); /* GQA, 2 query heads per KV head */
+    test_attention_train(K, lens3, 3, 4, 4, 8); /* MHA */
+    test_attention_train(K, lens3, 3, 4, 1, 8); /* MQA */
+    test_attention_train(K, lens1, 1, 4, 2, 8); /* n_seq = 1 */
+    test_attention_train(K, one, 1, 2, 1, 8);   /* T = 1 */
+
+    /* three sequences: a decode step (1 query, 4 keys), a prefill (k_len = q_len), a chunk
+     * of 2 new queries after 5 cached keys; windows [2,6), [8,11), [12,19) of 20 rows */
+    static const int q_lens[3] = {1, 3, 2};
+    static const int32_t k_start[3] = {2, 8, 12}, k_len[3] = {4, 3, 7};
+    test_attention_kvcache(K, q_lens, k_start, k_len, 3, 20, 4, 2, 8);
+    test_attention_kvcache(K, q_lens, k_start, k_len, 3, 20, 4, 4, 8);
+    static const int dec_q[1] = {1};
+    static const int32_t dec_start[1] = {3}, dec_len[1] = {6};
+    test_attention_kvcache(K, dec_q, dec_start, dec_len, 1, 10, 4, 2, 8); /* n_seq = 1 decode */
+}
+
+/* ------------------------------------------------------------------ swiglu */
+
+typedef struct {
+    const double *gate, *up, *dout;
+    size_t n;
+} swi_ctx;
+
+static double swi_loss(const void *p) {
+    const swi_ctx *c = p;
+    double *out = xmalloc(sizeof(double) * c->n);
+    ref_swiglu(out, c->gate, c->up, c->n);
+    double L = wsum(c->dout, out, c->n);
+    free(out);
+    return L;
+}
+
+static void test_swiglu(const rf_kernels *K) {
+    size_t n = 1001;
+    float *gate = fnormal(n, 3.0f), *up = fnormal(n, 1.0f), *out = fconst(n, NAN);
+    double *g_d = dcopy(gate, n), *u_d = dcopy(up, n), *out_d = xmalloc(sizeof(double) * n);
+    run_swiglu_forward(K, out, gate, up, n);
+    ref_swiglu(out_d, g_d, u_d, n);
+    check_arr("swiglu_forward", out, out_d, n, TOL_ELEM);
+
+    float *dout = fnormal(n, 1.0f), *dg = fconst(n, 1e3f), *du = fconst(n, 1e3f);
+    double *dout_d = dcopy(dout, n);
+    run_swiglu_backward(K, dg, du, dout, gate, up, n);
+    swi_ctx ctx = {g_d, u_d, dout_d, n};
+    check_fd("swiglu_backward dgate (overwrite)", swi_loss, &ctx, g_d, n, dg, NULL);
+    check_fd("swiglu_backward dup (overwrite)", swi_loss, &ctx, u_d, n, du, NULL);
+    free(gate), free(up), free(out), free(g_d), free(u_d), free(out_d), free(dout), free(dg);
+    free(du), free(dout_d);
+}
+
+/* ------------------------------------------------------------------ logprob */
+
+typedef struct {
+    const double *h, *w, *dlogp, *dent; /* dent NULL = entropy not in the loss */
+    const int32_t *targets;
+    int T, C, V;
+    double inv_temp;
+} lp_ctx;
+
+static double lp_loss(const void *p) {
+    const lp_ctx *c = p;
+    double *logp = xmalloc(sizeof(double) * c->T), *ent = xmalloc(sizeof(double) * c->T);
+    ref_logprob(logp, c->dent ? ent : NULL, c->h, c->w, c->targets, c->T, c->C, c->V,
+                c->inv_temp);
+    double L = wsum(c->dlogp, logp, c->T) + (c->dent ? wsum(c->dent, ent, c->T) : 0.0);
+    free(logp), free(ent);
+    return L;
+}
+
+static void test_logprob_case(const rf_kernels *K, int T, int C, int V, float inv_temp) {
+    char what[160];
+    size_t nh = (size_t)T * C, nw = (size_t)V * C;
+    float *h = fnormal(nh, 1.0f), *w = fnormal(nw, 0.5f);
+    int32_t *targets = xmalloc(IB(T));
+    for (int t = 0; t < T; t++) targets[t] = (int32_t)(rf_rng_u64(&g_rng) % (uint64_t)V);
+    targets[0] = V - 1; /* the last vocabulary row, past the last full chunk */
+    if (T > 1) targets[T - 1] = 0;
+    float *logp = fconst(T, NAN), *ent = fconst(T, NAN), *logp2 = fconst(T, NAN);
+    double *h_d = dcopy(h, nh), *w_d = dcopy(w, nw);
+    double *logp_d = xmalloc(sizeof(double) * T), *ent_d = xmalloc(sizeof(double) * T);
+    run_logprob_forward(K, logp, ent, h, w, targets, T, C, V, inv_temp);
+    ref_logprob(logp_d, ent_d, h_d, w_d, targets, T, C, V, (double)inv_temp);
+    snprintf(what, sizeof what, "logprob_forward logp T=%d C=%d V=%d inv_temp=%g", T, C, V,
+             inv_temp);
+    check_arr(what, logp, logp_d, T, tol_red(C + V));
+    snprintf(what, sizeof what, "logprob_forward entropy T=%d C=%d V=%d inv_temp=%g", T, C, V,
+             inv_temp);
+    check_arr(what, ent, ent_d, T, tol_red(C + V));
+    run_logprob_forward(K, logp2, NULL, h, w, targets, T, C, V, inv_temp);
+    snprintf(what, sizeof what, "logprob_forward with entropy=NULL T=%d V=%d", T, V);
+    check_arr(what, logp2, logp_d, T, tol_red(C + V));
+
+    /* dh pre-filled with junk (overwritten), dw pre-filled (accumulates); both upstream
+     * gradients non-zero, then dentropy = NULL */
+    float *dlogp = fnormal(T, 1.0f), *dent = fnormal(T, 1.0f), *dh = fconst(nh, 1e3f);
+    float *dw0 = fnormal(nw, 1.0f), *dw = fcopy(dw0, nw);
+    double *dlogp_d = dcopy(dlogp, T), *dent_d = dcopy(dent, T);
+    for (int pass = 0; pass < 2; pass++) {
+        const float *de = pass == 0 ? dent : NULL;
+        for (size_t i = 0; i < nh; i++) dh[i] = 1e3f;
+        memcpy(dw, dw0, FB(nw));
+        run_logprob_backward(K, dh, dw, dlogp, de, h, w, targets, T, C, V, inv_temp);
+        lp_ctx ctx = {h_d, w_d, dlogp_d, de ? dent_d : NULL, targets, T, C, V, (double)inv_temp};
+        snprintf(what, sizeof what, "logprob_backward dh (overwrite) T=%d V=%d inv_temp=%g%s",
+                 T, V, inv_temp, de ? "" : " dentropy=NULL");
+        check_fd(what, lp_loss, &ctx, h_d, nh, dh, NULL);
+        snprintf(what, sizeof what, "logprob_backward dw (+=) T=%d V=%d inv_temp=%g%s", T, V,
+                 inv_temp, de ? "" : " dentropy=NULL");
+        check_fd(what, lp_loss, &ctx, w_d, nw, dw, dw0);
+    }
+    free(h), free(w), free(targets), free(logp), free(ent), free(logp2), free(h_d), free(w_d);
+    free(logp_d), free(ent_d), free(dlogp), free(dent), free(dh), free(dw0), free(dw);
+    free(dlogp_d), free(dent_d);
+}
+
+static void test_logprob(const rf_kernels *K) {
+    test_logprob_case(K, 7, 16, 300, 1.0f); /* V not a multiple of RF_LOGPROB_CHUNK */
+    test_logprob_case(K, 7, 16, 300, 0.7f);
+    test_logprob_case(K, 1, 16, 300, 0.7f); /* T = 1 */
+    /* T past one chunk of rows, with a partial last chunk */
+    test_logprob_case(K, RF_LOGPROB_CHUNK + 5, 8, 37, 0.7f);
+}
+
+/* ------------------------------------------------------------------ adamw */
+
+/* Three steps from m = v = 0 against PyTorch's AdamW in double (tests/kernel_ref.h), fed the
+ * fp32 hyper-parameters the op receives. Each fp32 step is a few roundings: TOL_ELEM. */
+static void test_adamw_case(const rf_kernels *K, float lr, float b1, float b2, float eps,
+                            float wd, float gscale) {
+    char what[160];
+    size_t n = 257;
+    float *p = fnormal(n, 1.0f), *m = fnew(n), *v = fnew(n);
+    double *p_d = dcopy(p, n), *m_d = dcopy(m, n), *v_d = dcopy(v, n);
+    for (int step = 1; step <= 3; step++) {
+        float *g = fnormal(n, gscale);
+        double *g_d = dcopy(g, n);
+        run_adamw(K, p, g, m, v, n, lr, b1, b2, eps, wd, step);
+        ref_adamw(p_d, g_d, m_d, v_d, n, lr, b1, b2, eps, wd, step);
+        snprintf(what, sizeof what, "adamw param step %d lr=%g wd=%g eps=%g", step, lr, wd, eps);
+        check_arr(what, p, p_d, n, TOL_ELEM);
+        snprintf(what, sizeof what, "adamw m step %d", step);
+        check_arr(what, m, m_d, n, TOL_ELEM);
+        snprintf(what, sizeof what, "adamw v step %d", step);
+        check_arr(what, v, v_d, n, TOL_ELEM);
+        free(g), free(g_d);
+    }
+    free(p), free(m), free(v), free(p_d), free(m_d), free(v_d);
+}
+
+static void test_adamw(const rf_kernels *K) {
+    test_adamw_case(K, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f);
+    /* small gradients and a large eps, so that eps's place in the formula shows */
+    test_adamw_case(K, 1e-3f, 0.8f, 0.95f, 1e-3f, 0.0f, 1e-2f);
+}
+
+/* ------------------------------------------------------------------ suite */
+
+/* Runs every check on back end K with inputs drawn from `seed`. */
+static void run_kernel_suite(const rf_kernels *K, uint64_t seed) {
+    g_be = K->name ? K->name : "?";
+    rf_rng_seed(&g_rng, seed);
+    test_table(K);
+    test_memory(K);
+    test_elementwise(K);
+    test_matmul(K);
+    test_embedding(K);
+    test_rmsnorm(K);
+    test_rope(K);
+    test_attention(K);
+    test_swiglu(K);
+    test_logprob(K);
+    test_adamw(K);
+}
+
+#ifndef RF_TEST_KERNELS_NO_MAIN
+int main(void) {
+    const rf_kernels *K = rf_cpu_kernels();
+    CHECK(K != NULL);
+    if (!K) return rf_test_finish("test_kernels");
+    CHECK(K->name && strcmp(K->name, "cpu") == 0);
+    run_kernel_suite(K, 20240611);
+    return rf_test_finish("test_kernels");
+}
+#endif
