@@ -128,6 +128,16 @@ void rf_model_init_random(rf_model *m, uint64_t seed, float std);
  * when present, else initialised to zero (a fresh critic from a policy checkpoint). */
 rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, int value_head);
 
+/* Reads the parameters of an existing model from a safetensors directory (same config);
+ * with `prefix`/`suffix` the tensor names are prefix + view name + suffix and the values go to
+ * `dst` (n_params floats on the back end, e.g. optimizer moments) instead of the parameters. */
+rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const char *suffix);
+
+/* Writes `src` (n_params floats on the back end) as safetensors in dir, each view named
+ * view name + suffix (F32). Used for optimizer moments in checkpoints. */
+rf_status rf_model_save_buffer(const rf_model *m, const float *src, const char *dir,
+                               const char *suffix);
+
 /* Writes config.json and model.safetensors (or shards above max_shard_bytes) into `dir`. */
 rf_status rf_model_save(const rf_model *m, const char *dir, int bf16, size_t max_shard_bytes);
 

@@ -70,6 +70,54 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
     return RF_OK;
 }
 
+rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const char *suffix) {
+    rf_safetensors *st = NULL;
+    RF_TRY(rf_st_open_dir(&st, dir));
+    float *host = malloc(m->n_params * sizeof(float));
+    rf_status s = host ? RF_OK : rf_error(RF_ERR_NOMEM, "%s: out of memory", dir);
+    for (int i = 0; s == RF_OK && i < m->n_views; i++) {
+        const rf_param_view *v = &m->views[i];
+        char name[RF_MAX_NAME + 32];
+        snprintf(name, sizeof name, "%s%s", v->name, suffix ? suffix : "");
+        s = rf_st_read_f32(st, name, host + v->offset, v->shape, v->ndim);
+    }
+    if (s == RF_OK) m->k->to_device(dst ? dst : m->params, host, m->n_params * sizeof(float));
+    free(host);
+    rf_st_close(st);
+    return s;
+}
+
+/* Host copy of a back-end buffer as safetensors entries named view + suffix. */
+static rf_status write_views(const rf_model *m, const float *src, const char *dir,
+                             const char *suffix, int bf16, size_t max_shard_bytes) {
+    float *host = malloc(m->n_params * sizeof(float));
+    rf_st_entry *e = calloc((size_t)m->n_views, sizeof *e);
+    char (*names)[RF_MAX_NAME + 32] = calloc((size_t)m->n_views, sizeof *names);
+    if (!host || !e || !names) {
+        free(host), free(e), free(names);
+        return rf_error(RF_ERR_NOMEM, "out of memory saving %s", dir);
+    }
+    m->k->to_host(host, src, m->n_params * sizeof(float));
+    for (int i = 0; i < m->n_views; i++) {
+        const rf_param_view *v = &m->views[i];
+        snprintf(names[i], sizeof names[i], "%s%s", v->name, suffix ? suffix : "");
+        e[i].name = names[i];
+        e[i].data = host + v->offset;
+        e[i].ndim = v->ndim;
+        e[i].shape[0] = v->shape[0];
+        e[i].shape[1] = v->shape[1];
+    }
+    rf_status s = rf_st_write_dir(dir, e, m->n_views, bf16 ? RF_DTYPE_BF16 : RF_DTYPE_F32, max_shard_bytes);
+    free(host), free(e), free(names);
+    return s;
+}
+
+rf_status rf_model_save_buffer(const rf_model *m, const float *src, const char *dir,
+                               const char *suffix) {
+    RF_TRY(rf_mkdirs(dir));
+    return write_views(m, src, dir, suffix, 0, 0);
+}
+
 rf_status rf_model_save(const rf_model *m, const char *dir, int bf16, size_t max_shard_bytes) {
     RF_TRY(rf_mkdirs(dir));
     char path[4096];
@@ -79,23 +127,5 @@ rf_status rf_model_save(const rf_model *m, const char *dir, int bf16, size_t max
     rf_status s = rf_write_file_atomic(path, json, strlen(json));
     free(json);
     RF_TRY(s);
-    float *host = malloc(m->n_params * sizeof(float));
-    rf_st_entry *e = calloc((size_t)m->n_views, sizeof *e);
-    if (!host || !e) {
-        free(host), free(e);
-        return rf_error(RF_ERR_NOMEM, "out of memory saving %s", dir);
-    }
-    m->k->to_host(host, m->params, m->n_params * sizeof(float));
-    for (int i = 0; i < m->n_views; i++) {
-        const rf_param_view *v = &m->views[i];
-        e[i].name = v->name;
-        e[i].data = host + v->offset;
-        e[i].ndim = v->ndim;
-        e[i].shape[0] = v->shape[0];
-        e[i].shape[1] = v->shape[1];
-    }
-    s = rf_st_write_dir(dir, e, m->n_views, bf16 ? RF_DTYPE_BF16 : RF_DTYPE_F32, max_shard_bytes);
-    free(host);
-    free(e);
-    return s;
+    return write_views(m, m->params, dir, NULL, bf16, max_shard_bytes);
 }
