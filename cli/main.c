@@ -11,6 +11,7 @@ static void usage(void) {
           "  inspect     show a model directory's config, parameters, tensors and tokenizer\n"
           "  generate    sample text from a model (KV cache, batched)\n"
           "  score       per-token log-probs and entropy of a response, as JSON\n"
+          "  data        write a built-in task's train/val JSONL (arith, countdown)\n"
           "run `rlflow <command> --help` for a command's options\n",
           stderr);
 }
@@ -22,7 +23,8 @@ int main(int argc, char **argv) {
     }
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
         {"init-model", rf_cmd_init_model}, {"inspect", rf_cmd_inspect},
-        {"generate", rf_cmd_generate},     {"score", rf_cmd_score}};
+        {"generate", rf_cmd_generate},     {"score", rf_cmd_score},
+        {"data", rf_cmd_data}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (strcmp(argv[1], cmds[i].name) == 0) return cmds[i].fn(argc - 2, argv + 2);
     fprintf(stderr, "error: unknown command \"%s\"\n", argv[1]);

@@ -1,0 +1,73 @@
+/* Built-in verifiable tasks: generators of train/val JSONL so that the default recipes need no
+ * downloads, and the countdown answer checker that their reward rule uses.
+ *
+ *  "arith":     {"prompt": "47+385=", "answer": "432", "response": "432"}
+ *               + and - of operands with min_digits..max_digits digits (a - b with a >= b, so
+ *               results are never negative), and a share of small products (up to
+ *               max_digits - 1 digits times one digit 2..9).
+ *  "countdown": {"prompt": "3 7 25 50 -> 78:", "answer": "78", "response": "(50-25)*3+3",
+ *               "numbers": [3, 7, 25, 50], "target": 78}
+ *               reach the target with + - * / and parentheses, each number at most once; the
+ *               target is made by combining all the numbers with exact integer steps, so every
+ *               problem is solvable, and "response" is one solution.
+ * Prompts are short on purpose: the default model reads bytes, one token per character.
+ * Every line carries "response", a correct answer in the format the reward checks, for an SFT
+ * warm start. See docs/data.md. */
+#ifndef RF_TASKS_H
+#define RF_TASKS_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+
+/* Task knobs; rf_task_opts_default fills the defaults given after each field. */
+typedef struct rf_task_opts {
+    int min_digits, max_digits; /* arith: digits per operand (1, 3); 1 <= min <= max <= 9 */
+    int mul_percent;            /* arith: percent of problems that are products (10); 0..100 */
+    int n_numbers;              /* countdown: numbers per problem (3); 2..6 */
+    int max_number;             /* countdown: numbers drawn from 1..max_number (50); 2..9999 */
+    int max_target;             /* countdown: targets in 1..max_target (200); >= 1 */
+} rf_task_opts;
+
+void rf_task_opts_default(rf_task_opts *o);
+
+/* "arith, countdown": the task names, for messages. */
+const char *rf_task_names(void);
+
+/* Writes out_dir/train.jsonl (n_train lines) and out_dir/val.jsonl (n_val lines), creating
+ * out_dir. The output depends only on (task, n_train, n_val, seed, opts): byte for byte the same
+ * for the same arguments. Validation prompts are distinct; no training prompt is a validation
+ * prompt (training prompts may repeat). opts NULL: defaults.
+ * Errors: RF_ERR_ARG (unknown task, listing the tasks; bad counts or opts), RF_ERR_RANGE (the
+ * task's space of problems is too small for n_val distinct prompts plus training prompts outside
+ * them), RF_ERR_IO (writing). */
+rf_status rf_task_generate_opts(const char *task, const char *out_dir, int n_train, int n_val,
+                                uint64_t seed, const rf_task_opts *opts);
+
+/* rf_task_generate_opts with the default options. */
+rf_status rf_task_generate(const char *task, const char *out_dir, int n_train, int n_val,
+                           uint64_t seed);
+
+typedef enum rf_countdown_verdict {
+    RF_COUNTDOWN_CORRECT = 0,   /* valid, and equal to the target */
+    RF_COUNTDOWN_WRONG_VALUE,   /* valid, but another value */
+    RF_COUNTDOWN_BAD_NUMBER,    /* uses a number not given, or more often than given */
+    RF_COUNTDOWN_DIV_ZERO,      /* divides by zero somewhere */
+    RF_COUNTDOWN_OVERFLOW,      /* an intermediate value does not fit 64-bit rationals */
+    RF_COUNTDOWN_MALFORMED,     /* not an expression of the grammar below (also: empty) */
+    RF_COUNTDOWN_BAD_INPUT,     /* numbers_json is not an array of non-negative integers */
+} rf_countdown_verdict;
+
+/* Checks a countdown answer. Grammar (spaces and tabs allowed between tokens):
+ *   expr := term (('+' | '-') term)*    term := factor (('*' | '/') factor)*
+ *   factor := NUMBER | '(' expr ')'     NUMBER := [0-9]+
+ * No unary minus, no decimals, nesting at most 64 deep. Each NUMBER must match an unused entry
+ * of numbers_json (a JSON array such as "[3,7,25,50]"; a number listed twice may be used twice);
+ * numbers may be left unused. Arithmetic is exact over rationals (8/3*3 is 8). The first problem
+ * met reading left to right decides the verdict. Pure function, thread-safe. */
+rf_countdown_verdict rf_task_countdown_check(const char *expr, const char *numbers_json, int target);
+
+/* Short name of a verdict ("correct", "wrong value", ...). */
+const char *rf_countdown_verdict_name(rf_countdown_verdict v);
+
+#endif
