@@ -11,6 +11,9 @@ int rf_cmd_inspect(int argc, char **argv);
 int rf_cmd_generate(int argc, char **argv);
 int rf_cmd_score(int argc, char **argv);
 int rf_cmd_data(int argc, char **argv);
+int rf_cmd_run(int argc, char **argv);
+int rf_cmd_sft(int argc, char **argv);
+int rf_cmd_eval(int argc, char **argv);
 
 /* "cpu" or "cuda" (device 0) -> back end; errors say why CUDA is unavailable. */
 rf_status rf_cli_backend(const char *device, const rf_kernels **out);

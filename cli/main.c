@@ -7,6 +7,9 @@
 static void usage(void) {
     fputs("usage: rlflow <command> [options]\n"
           "commands:\n"
+          "  run         post-train a policy with a recipe (PPO, GRPO, ...)\n"
+          "  sft         supervised fine-tuning with a recipe\n"
+          "  eval        greedy accuracy of a model on a JSONL data set\n"
           "  init-model  write a randomly initialised model directory in Hugging Face layout\n"
           "  inspect     show a model directory's config, parameters, tensors and tokenizer\n"
           "  generate    sample text from a model (KV cache, batched)\n"
@@ -24,7 +27,8 @@ int main(int argc, char **argv) {
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
         {"init-model", rf_cmd_init_model}, {"inspect", rf_cmd_inspect},
         {"generate", rf_cmd_generate},     {"score", rf_cmd_score},
-        {"data", rf_cmd_data}};
+        {"data", rf_cmd_data},             {"run", rf_cmd_run},
+        {"sft", rf_cmd_sft},               {"eval", rf_cmd_eval}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (strcmp(argv[1], cmds[i].name) == 0) return cmds[i].fn(argc - 2, argv + 2);
     fprintf(stderr, "error: unknown command \"%s\"\n", argv[1]);

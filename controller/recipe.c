@@ -1,0 +1,775 @@
+/* Recipe schema, loading, validation, dump and reference docs. See recipe.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "controller/recipe.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/toml.h"
+#include "common/util.h"
+
+typedef enum { T_STR, T_INT, T_FLOAT, T_BOOL, T_ENUM, T_STRS, T_FLOATS } key_type;
+
+typedef struct rkey {
+    const char *section, *name;
+    key_type type;
+    size_t off;                  /* of the field in rf_recipe */
+    const char *def;             /* default, as TOML */
+    const char *const *allowed;  /* T_ENUM values, or T_STRS items (NULL: any), NULL-terminated */
+    const char *doc;
+} rkey;
+
+static const char *const DEVICES[] = {"cpu", "cuda", NULL};
+static const char *const PRESETS[] = {"", "tiny", "small", "25m", NULL};
+static const char *const TEMPLATES[] = {"", "chatml", "llama3", NULL};
+static const char *const ALGOS[] = {"ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp", NULL};
+static const char *const AGGS[] = {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                   "seq-mean-token-sum-norm", NULL};
+static const char *const KL_ESTS[] = {"k1", "k2", "k3", NULL};
+static const char *const SCHEDULES[] = {"constant", "cosine", NULL};
+static const char *const RULES[] = {"numeric", "math", "format", "length", "overlong", NULL};
+static const char *const TASKS[] = {"", "arith", "countdown", NULL};
+static const char *const AUTO_BOOL[] = {"auto", "true", "false", NULL};
+static const char *const MODES[] = {"colocated", "split", NULL};
+
+#define AT(field) offsetof(rf_recipe, field)
+
+static const struct { const char *name, *doc; } SECTIONS[] = {
+    {"model", "The policy model."},
+    {"data", "Prompt data sets (JSONL, one object per line)."},
+    {"rollout", "Generation: sampling and the continuous-batching engine."},
+    {"algorithm", "Advantage estimator, policy loss, KL and reward shaping."},
+    {"train", "Optimizer and the RL update loop."},
+    {"sft", "Supervised fine-tuning (`rlflow sft`)."},
+    {"reward", "Built-in reward rules and an optional reward model."},
+    {"reference", "The frozen reference policy for the KL term."},
+    {"critic", "The value model (PPO)."},
+    {"logging", "Metrics and validation."},
+    {"checkpoint", "Checkpoints in logging.dir."},
+    {"async", "Asynchronous (off-policy) training."},
+    {"placement", "Where roles run."},
+};
+#define N_SECTIONS (sizeof SECTIONS / sizeof SECTIONS[0])
+
+static const rkey KEYS[] = {
+    {"model", "path", T_STR, AT(model.path), "\"\"", NULL, "Hugging Face model directory of the policy (config.json, model.safetensors, tokenizer.json)."},
+    {"model", "init_preset", T_ENUM, AT(model.init_preset), "\"\"", PRESETS, "When set and model.path does not exist, create a randomly initialized model of this size there."},
+    {"model", "device", T_ENUM, AT(model.device), "\"cpu\"", DEVICES, "Device of the policy."},
+
+    {"data", "train", T_STR, AT(data.train), "\"\"", NULL, "Training prompts (JSONL)."},
+    {"data", "val", T_STR, AT(data.val), "\"\"", NULL, "Validation prompts (JSONL); \"\" = no validation."},
+    {"data", "prompt_key", T_STR, AT(data.prompt_key), "\"prompt\"", NULL, "Field of each JSONL object that holds the prompt."},
+    {"data", "answer_key", T_STR, AT(data.answer_key), "\"answer\"", NULL, "Field that holds the reference answer the reward rules compare with."},
+    {"data", "chat_template", T_ENUM, AT(data.chat_template), "\"\"", TEMPLATES, "Wrap prompts in a chat template; \"\" = raw text."},
+    {"data", "shuffle", T_BOOL, AT(data.shuffle), "true", NULL, "Shuffle the training prompts every epoch."},
+    {"data", "seed", T_INT, AT(data.seed), "1", NULL, "Seed of the shuffle."},
+    {"data", "max_prompt_tokens", T_INT, AT(data.max_prompt_tokens), "256", NULL, "Prompts longer than this many tokens are dropped at load; 0 = keep all."},
+    {"data", "task", T_ENUM, AT(data.task), "\"\"", TASKS, "Built-in task: when data.train does not exist, generate train.jsonl and val.jsonl of this task in its directory."},
+    {"data", "task_train", T_INT, AT(data.task_train), "5000", NULL, "Task: training examples to generate."},
+    {"data", "task_val", T_INT, AT(data.task_val), "200", NULL, "Task: validation examples to generate (distinct from the training ones)."},
+    {"data", "task_min_digits", T_INT, AT(data.task_min_digits), "1", NULL, "arith: fewest digits per operand."},
+    {"data", "task_max_digits", T_INT, AT(data.task_max_digits), "3", NULL, "arith: most digits per operand."},
+    {"data", "task_mul_percent", T_INT, AT(data.task_mul_percent), "10", NULL, "arith: percent of problems that are products."},
+    {"data", "task_n_numbers", T_INT, AT(data.task_n_numbers), "3", NULL, "countdown: numbers per problem."},
+    {"data", "task_max_number", T_INT, AT(data.task_max_number), "50", NULL, "countdown: numbers are drawn from 1..task_max_number."},
+    {"data", "task_max_target", T_INT, AT(data.task_max_target), "200", NULL, "countdown: targets are in 1..task_max_target."},
+
+    {"rollout", "n", T_INT, AT(rollout.n), "8", NULL, "Samples per prompt (the group size of GRPO and RLOO)."},
+    {"rollout", "prompts_per_step", T_INT, AT(rollout.prompts_per_step), "16", NULL, "Prompts per training step."},
+    {"rollout", "temperature", T_FLOAT, AT(rollout.temperature), "1.0", NULL, "Sampling temperature (0 = greedy)."},
+    {"rollout", "top_p", T_FLOAT, AT(rollout.top_p), "1.0", NULL, "Nucleus sampling mass, in (0, 1]."},
+    {"rollout", "top_k", T_INT, AT(rollout.top_k), "0", NULL, "Sample among the k most likely tokens; 0 = all."},
+    {"rollout", "max_new_tokens", T_INT, AT(rollout.max_new_tokens), "64", NULL, "Longest response, in tokens."},
+    {"rollout", "stop", T_STRS, AT(rollout.stop), "[]", NULL, "Strings that end a response (besides EOS)."},
+    {"rollout", "max_running", T_INT, AT(rollout.max_running), "64", NULL, "Sequences in the running batch of the generation engine."},
+    {"rollout", "kv_block_size", T_INT, AT(rollout.kv_block_size), "16", NULL, "Tokens per paged KV-cache block."},
+    {"rollout", "kv_blocks", T_INT, AT(rollout.kv_blocks), "4096", NULL, "KV-cache blocks in the pool."},
+
+    {"algorithm", "name", T_ENUM, AT(algorithm.name), "\"grpo\"", ALGOS, "Advantage estimator: PPO (GAE with a critic), GRPO, Dr. GRPO, RLOO or REINFORCE++."},
+    {"algorithm", "gamma", T_FLOAT, AT(algorithm.gamma), "1.0", NULL, "Discount (PPO, REINFORCE++)."},
+    {"algorithm", "lam", T_FLOAT, AT(algorithm.lam), "1.0", NULL, "GAE lambda (PPO)."},
+    {"algorithm", "clip_low", T_FLOAT, AT(algorithm.clip_low), "0.2", NULL, "Lower clip epsilon of the ratio."},
+    {"algorithm", "clip_high", T_FLOAT, AT(algorithm.clip_high), "0.2", NULL, "Upper clip epsilon of the ratio (DAPO's clip-higher when larger)."},
+    {"algorithm", "dual_clip", T_FLOAT, AT(algorithm.dual_clip), "0.0", NULL, "Dual-clip constant c > 1 for negative advantages; 0 = off."},
+    {"algorithm", "value_clip", T_FLOAT, AT(algorithm.value_clip), "0.2", NULL, "Clip range of the value loss (PPO)."},
+    {"algorithm", "loss_agg", T_ENUM, AT(algorithm.loss_agg), "\"token-mean\"", AGGS, "How token losses are averaged over a mini-batch."},
+    {"algorithm", "norm_adv_by_std", T_BOOL, AT(algorithm.norm_adv_by_std), "true", NULL, "GRPO: divide group advantages by the group's standard deviation."},
+    {"algorithm", "whiten_advantages", T_BOOL, AT(algorithm.whiten_advantages), "true", NULL, "PPO: whiten advantages over the batch."},
+    {"algorithm", "kl_coef", T_FLOAT, AT(algorithm.kl_coef), "0.0", NULL, "KL coefficient beta; 0 = no KL term."},
+    {"algorithm", "kl_in_reward", T_BOOL, AT(algorithm.kl_in_reward), "false", NULL, "Apply the KL as a per-token reward penalty (k1) instead of a loss term."},
+    {"algorithm", "kl_estimator", T_ENUM, AT(algorithm.kl_estimator), "\"k3\"", KL_ESTS, "KL estimator of the loss term."},
+    {"algorithm", "adaptive_kl", T_BOOL, AT(algorithm.adaptive_kl), "false", NULL, "Adapt kl_coef towards kl_target (Ziegler et al. 2019)."},
+    {"algorithm", "kl_target", T_FLOAT, AT(algorithm.kl_target), "6.0", NULL, "Target KL of the adaptive controller."},
+    {"algorithm", "kl_horizon", T_INT, AT(algorithm.kl_horizon), "10000", NULL, "Horizon of the adaptive controller, in samples."},
+    {"algorithm", "entropy_coef", T_FLOAT, AT(algorithm.entropy_coef), "0.0", NULL, "Entropy bonus coefficient."},
+    {"algorithm", "dynamic_sampling", T_BOOL, AT(algorithm.dynamic_sampling), "false", NULL, "DAPO: drop groups whose rewards are all equal and sample more prompts."},
+    {"algorithm", "max_resample_rounds", T_INT, AT(algorithm.max_resample_rounds), "4", NULL, "Dynamic sampling: most extra rounds per step."},
+    {"algorithm", "overlong_buffer", T_INT, AT(algorithm.overlong_buffer), "0", NULL, "DAPO overlong shaping: tokens before max_new_tokens where the penalty ramps up; 0 = off."},
+    {"algorithm", "overlong_penalty", T_FLOAT, AT(algorithm.overlong_penalty), "1.0", NULL, "Penalty at max_new_tokens for overlong shaping."},
+    {"algorithm", "decoupled", T_BOOL, AT(algorithm.decoupled), "false", NULL, "Decoupled PPO objective for off-policy samples (behaviour log-probs)."},
+    {"algorithm", "is_cap", T_FLOAT, AT(algorithm.is_cap), "5.0", NULL, "Cap of the truncated importance weight (decoupled objective)."},
+
+    {"train", "steps", T_INT, AT(train.steps), "100", NULL, "Training steps (policy updates)."},
+    {"train", "lr", T_FLOAT, AT(train.lr), "1e-5", NULL, "Peak learning rate of the policy."},
+    {"train", "warmup_steps", T_INT, AT(train.warmup_steps), "0", NULL, "Linear warm-up steps."},
+    {"train", "schedule", T_ENUM, AT(train.schedule), "\"constant\"", SCHEDULES, "Learning-rate schedule after warm-up."},
+    {"train", "min_lr_ratio", T_FLOAT, AT(train.min_lr_ratio), "0.0", NULL, "Cosine schedule: final learning rate as a fraction of lr."},
+    {"train", "weight_decay", T_FLOAT, AT(train.weight_decay), "0.0", NULL, "AdamW weight decay."},
+    {"train", "beta1", T_FLOAT, AT(train.beta1), "0.9", NULL, "AdamW beta1."},
+    {"train", "beta2", T_FLOAT, AT(train.beta2), "0.999", NULL, "AdamW beta2."},
+    {"train", "eps", T_FLOAT, AT(train.eps), "1e-8", NULL, "AdamW epsilon."},
+    {"train", "grad_clip", T_FLOAT, AT(train.grad_clip), "1.0", NULL, "Clip the global gradient norm to this; 0 = off."},
+    {"train", "ppo_epochs", T_INT, AT(train.ppo_epochs), "1", NULL, "Passes over each step's batch."},
+    {"train", "mini_batches", T_INT, AT(train.mini_batches), "1", NULL, "Optimizer steps per pass (the batch is split into this many)."},
+    {"train", "micro_batch_tokens", T_INT, AT(train.micro_batch_tokens), "4096", NULL, "Tokens per forward/backward micro-batch (gradient accumulation)."},
+    {"train", "seed", T_INT, AT(train.seed), "1", NULL, "Seed of sampling and initialization."},
+
+    {"sft", "epochs", T_INT, AT(sft.epochs), "1", NULL, "Passes over data.train."},
+    {"sft", "lr", T_FLOAT, AT(sft.lr), "1e-4", NULL, "Learning rate."},
+    {"sft", "batch_size", T_INT, AT(sft.batch_size), "16", NULL, "Examples per optimizer step."},
+    {"sft", "max_steps", T_INT, AT(sft.max_steps), "0", NULL, "Stop after this many steps; 0 = epochs decide."},
+    {"sft", "out", T_STR, AT(sft.out), "\"\"", NULL, "Output model directory; \"\" = <logging.dir>/sft."},
+    {"sft", "warm_start", T_BOOL, AT(sft.warm_start), "false", NULL, "rlflow run: when model.path holds no model, build it by SFT of a fresh model.init_preset model on data.train responses first."},
+
+    {"reward", "rules", T_STRS, AT(reward.rules), "[\"numeric\"]", RULES, "Built-in reward rules, summed with their weights."},
+    {"reward", "weights", T_FLOATS, AT(reward.weights), "[]", NULL, "One weight per rule; [] = all 1.0."},
+    {"reward", "format_regex", T_STR, AT(reward.format_regex), "\"\"", NULL, "PCRE2 pattern a response must match for the format rule."},
+    {"reward", "length_target", T_INT, AT(reward.length_target), "0", NULL, "Length rule: target response length in tokens."},
+    {"reward", "length_penalty", T_FLOAT, AT(reward.length_penalty), "0.0", NULL, "Length rule: penalty per token away from the target."},
+    {"reward", "model", T_STR, AT(reward.model), "\"\"", NULL, "Reward model directory (ForSequenceClassification); \"\" = none."},
+    {"reward", "model_weight", T_FLOAT, AT(reward.model_weight), "1.0", NULL, "Weight of the reward model's score."},
+
+    {"reference", "enabled", T_ENUM, AT(reference.enabled), "\"auto\"", AUTO_BOOL, "Keep a reference policy; \"auto\" = when algorithm.kl_coef > 0 (true and false may be written as booleans)."},
+    {"reference", "path", T_STR, AT(reference.path), "\"\"", NULL, "Reference model directory; \"\" = the initial policy."},
+
+    {"critic", "path", T_STR, AT(critic.path), "\"\"", NULL, "Critic model directory; \"\" = the initial policy with a fresh value head."},
+    {"critic", "lr", T_FLOAT, AT(critic.lr), "1e-5", NULL, "Learning rate of the critic."},
+    {"critic", "warmup_steps", T_INT, AT(critic.warmup_steps), "0", NULL, "Linear warm-up steps of the critic."},
+
+    {"logging", "dir", T_STR, AT(logging.dir), "\"runs/default\"", NULL, "Run directory: metrics, the effective recipe, checkpoints."},
+    {"logging", "every", T_INT, AT(logging.every), "1", NULL, "Log metrics every this many steps."},
+    {"logging", "val_every", T_INT, AT(logging.val_every), "10", NULL, "Validate every this many steps; 0 = never."},
+    {"logging", "val_size", T_INT, AT(logging.val_size), "200", NULL, "Validation prompts used (the first ones of data.val)."},
+    {"logging", "tensorboard", T_BOOL, AT(logging.tensorboard), "true", NULL, "Write TensorBoard event files."},
+    {"logging", "jsonl", T_BOOL, AT(logging.jsonl), "true", NULL, "Write metrics.jsonl."},
+
+    {"checkpoint", "every", T_INT, AT(checkpoint.every), "50", NULL, "Save every this many steps; 0 = only at the end."},
+    {"checkpoint", "keep", T_INT, AT(checkpoint.keep), "2", NULL, "Checkpoints kept (older ones are deleted); 0 = all."},
+    {"checkpoint", "save_optimizer", T_BOOL, AT(checkpoint.save_optimizer), "true", NULL, "Save optimizer state too (needed to resume exactly)."},
+
+    {"async", "max_staleness", T_INT, AT(async.max_staleness), "0", NULL, "Policy versions a sample may lag behind the trainer; 0 = synchronous on-policy."},
+
+    {"placement", "mode", T_ENUM, AT(placement.mode), "\"colocated\"", MODES, "colocated: roles share devices and alternate; split: rollout and training on separate devices."},
+    {"placement", "device", T_ENUM, AT(placement.device), "\"cpu\"", DEVICES, "Device of the training roles."},
+};
+#define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
+_Static_assert(sizeof KEYS / sizeof KEYS[0] <= RF_RECIPE_MAX_KEYS, "raise RF_RECIPE_MAX_KEYS");
+
+/* Values that parse but cannot work: lo/hi bounds, open or closed. */
+static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RANGES[] = {
+    {"data.max_prompt_tokens", 0, INFINITY, 0, 1},
+    {"data.task_train", 0, INFINITY, 0, 1},
+    {"data.task_val", 0, INFINITY, 0, 1},
+    {"data.task_min_digits", 1, 9, 0, 0},
+    {"data.task_max_digits", 1, 9, 0, 0},
+    {"data.task_mul_percent", 0, 100, 0, 0},
+    {"data.task_n_numbers", 2, 6, 0, 0},
+    {"data.task_max_number", 2, 9999, 0, 0},
+    {"data.task_max_target", 1, INFINITY, 0, 1},
+    {"rollout.n", 1, INFINITY, 0, 1},
+    {"rollout.prompts_per_step", 1, INFINITY, 0, 1},
+    {"rollout.temperature", 0, INFINITY, 0, 1},
+    {"rollout.top_p", 0, 1, 1, 0},
+    {"rollout.top_k", 0, INFINITY, 0, 1},
+    {"rollout.max_new_tokens", 1, INFINITY, 0, 1},
+    {"rollout.max_running", 1, INFINITY, 0, 1},
+    {"rollout.kv_block_size", 1, INFINITY, 0, 1},
+    {"rollout.kv_blocks", 1, INFINITY, 0, 1},
+    {"algorithm.gamma", 0, 1, 0, 0},
+    {"algorithm.lam", 0, 1, 0, 0},
+    {"algorithm.clip_low", 0, INFINITY, 0, 1},
+    {"algorithm.clip_high", 0, INFINITY, 0, 1},
+    {"algorithm.dual_clip", 0, INFINITY, 0, 1},
+    {"algorithm.value_clip", 0, INFINITY, 0, 1},
+    {"algorithm.kl_coef", 0, INFINITY, 0, 1},
+    {"algorithm.kl_target", 0, INFINITY, 1, 1},
+    {"algorithm.kl_horizon", 1, INFINITY, 0, 1},
+    {"algorithm.entropy_coef", 0, INFINITY, 0, 1},
+    {"algorithm.max_resample_rounds", 0, INFINITY, 0, 1},
+    {"algorithm.overlong_buffer", 0, INFINITY, 0, 1},
+    {"algorithm.overlong_penalty", 0, INFINITY, 0, 1},
+    {"algorithm.is_cap", 0, INFINITY, 1, 1},
+    {"train.steps", 0, INFINITY, 0, 1},
+    {"train.lr", 0, INFINITY, 0, 1},
+    {"train.warmup_steps", 0, INFINITY, 0, 1},
+    {"train.min_lr_ratio", 0, 1, 0, 0},
+    {"train.weight_decay", 0, INFINITY, 0, 1},
+    {"train.beta1", 0, 1, 0, 1},
+    {"train.beta2", 0, 1, 0, 1},
+    {"train.eps", 0, INFINITY, 1, 1},
+    {"train.grad_clip", 0, INFINITY, 0, 1},
+    {"train.ppo_epochs", 1, INFINITY, 0, 1},
+    {"train.mini_batches", 1, INFINITY, 0, 1},
+    {"train.micro_batch_tokens", 1, INFINITY, 0, 1},
+    {"sft.epochs", 0, INFINITY, 0, 1},
+    {"sft.lr", 0, INFINITY, 0, 1},
+    {"sft.batch_size", 1, INFINITY, 0, 1},
+    {"sft.max_steps", 0, INFINITY, 0, 1},
+    {"reward.length_target", 0, INFINITY, 0, 1},
+    {"reward.length_penalty", 0, INFINITY, 0, 1},
+    {"critic.lr", 0, INFINITY, 0, 1},
+    {"critic.warmup_steps", 0, INFINITY, 0, 1},
+    {"logging.every", 1, INFINITY, 0, 1},
+    {"logging.val_every", 0, INFINITY, 0, 1},
+    {"logging.val_size", 0, INFINITY, 0, 1},
+    {"checkpoint.every", 0, INFINITY, 0, 1},
+    {"checkpoint.keep", 0, INFINITY, 0, 1},
+    {"async.max_staleness", 0, INFINITY, 0, 1},
+};
+
+/* ------------------------------------------------------------------ fields */
+
+#define FIELD(r, k, T) ((T *)((char *)(r) + (k)->off))
+#define CFIELD(r, k, T) ((const T *)((const char *)(r) + (k)->off))
+
+static int key_index(const char *full) {
+    for (int i = 0; i < N_KEYS; i++) {
+        size_t s = strlen(KEYS[i].section);
+        if (strncmp(full, KEYS[i].section, s) == 0 && full[s] == '.' &&
+            strcmp(full + s + 1, KEYS[i].name) == 0)
+            return i;
+    }
+    return -1;
+}
+
+static int section_known(const char *name) {
+    for (size_t i = 0; i < N_SECTIONS; i++)
+        if (strcmp(SECTIONS[i].name, name) == 0) return 1;
+    return 0;
+}
+
+static void str_list_free(rf_str_list *l) {
+    for (int i = 0; i < l->n; i++) free(l->v[i]);
+    free(l->v);
+    l->v = NULL;
+    l->n = 0;
+}
+
+static void field_free(rf_recipe *r, const rkey *k) {
+    if (k->type == T_STR) {
+        free(*FIELD(r, k, char *));
+        *FIELD(r, k, char *) = NULL;
+    } else if (k->type == T_STRS) {
+        str_list_free(FIELD(r, k, rf_str_list));
+    } else if (k->type == T_FLOATS) {
+        rf_float_list *l = FIELD(r, k, rf_float_list);
+        free(l->v);
+        l->v = NULL;
+        l->n = 0;
+    }
+}
+
+void rf_recipe_free(rf_recipe *r) {
+    if (!r) return;
+    for (int i = 0; i < N_KEYS; i++) field_free(r, &KEYS[i]);
+    free(r->source);
+    memset(r, 0, sizeof *r);
+}
+
+/* Writes a TOML basic string: quotes, backslashes and control characters escaped. */
+static void put_quoted(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        const char *esc = *p == '"' ? "\\\"" : *p == '\\' ? "\\\\" : *p == '\n' ? "\\n"
+                        : *p == '\t' ? "\\t" : *p == '\r' ? "\\r" : NULL;
+        if (esc) fputs(esc, f);
+        else if (*p < 0x20 || *p == 0x7F) fprintf(f, "\\u%04X", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* Shortest of %.15g..%.17g that reads back exactly, always with a '.', 'e', inf or nan so it
+ * stays a TOML float. */
+static void put_float(FILE *f, double x) {
+    if (isnan(x)) {
+        fputs("nan", f);
+        return;
+    }
+    if (isinf(x)) {
+        fputs(x < 0 ? "-inf" : "inf", f);
+        return;
+    }
+    char buf[40];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    fputs(buf, f);
+    if (!strpbrk(buf, ".e")) fputs(".0", f);
+}
+
+/* The value of key k as TOML. */
+static void put_value(FILE *f, const rf_recipe *r, const rkey *k) {
+    switch (k->type) {
+    case T_STR: put_quoted(f, *CFIELD(r, k, char *) ? *CFIELD(r, k, char *) : ""); break;
+    case T_ENUM: put_quoted(f, *CFIELD(r, k, const char *)); break;
+    case T_INT: fprintf(f, "%d", *CFIELD(r, k, int)); break;
+    case T_FLOAT: put_float(f, *CFIELD(r, k, double)); break;
+    case T_BOOL: fputs(*CFIELD(r, k, int) ? "true" : "false", f); break;
+    case T_STRS: {
+        const rf_str_list *l = CFIELD(r, k, rf_str_list);
+        fputc('[', f);
+        for (int i = 0; i < l->n; i++) fputs(i ? ", " : "", f), put_quoted(f, l->v[i]);
+        fputc(']', f);
+        break;
+    }
+    case T_FLOATS: {
+        const rf_float_list *l = CFIELD(r, k, rf_float_list);
+        fputc('[', f);
+        for (int i = 0; i < l->n; i++) fputs(i ? ", " : "", f), put_float(f, l->v[i]);
+        fputc(']', f);
+        break;
+    }
+    }
+}
+
+/* put_value into a new string (the caller frees it). */
+static char *value_text(const rf_recipe *r, const rkey *k) {
+    char *s = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&s, &n);
+    if (!m) return NULL;
+    put_value(m, r, k);
+    fclose(m);
+    return s;
+}
+
+const char *rf_recipe_where(const rf_recipe *r, const char *key, char *buf, size_t cap) {
+    int i = key_index(key);
+    if (i < 0 || r->where_[i].from == 0) snprintf(buf, cap, "(default)");
+    else if (r->where_[i].from == 2) snprintf(buf, cap, "--set");
+    else snprintf(buf, cap, "%s:%d:%d", r->source ? r->source : "?", r->where_[i].line,
+                  r->where_[i].col);
+    return buf;
+}
+
+/* ------------------------------------------------------------------ setting values */
+
+/* Where a value was written, for messages: "FILE:LINE:COL" of the node, or `origin` alone for
+ * values that have no file ("--set", "(default)"). */
+static const char *node_where(const rf_toml *v, char *buf, size_t cap) {
+    const char *o = rf_toml_origin(v);
+    if (strcmp(o, "--set") == 0 || strcmp(o, "(default)") == 0) snprintf(buf, cap, "%s", o);
+    else snprintf(buf, cap, "%s:%d:%d", o, rf_toml_line(v), rf_toml_col(v));
+    return buf;
+}
+
+static rf_status type_error(const rkey *k, const rf_toml *v, const char *want, const char *got) {
+    char w[600];
+    return rf_error(RF_ERR_ARG, "%s: %s.%s: expected %s %s, got %s %s", node_where(v, w, sizeof w),
+                    k->section, k->name, rf_toml_article(want), want, rf_toml_article(got), got);
+}
+
+static rf_status not_allowed(const rkey *k, const rf_toml *v, const char *s) {
+    char w[600], list[512] = "";
+    size_t n = 0;
+    for (int i = 0; k->allowed[i] && n < sizeof list; i++)
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s\"%s\"", i ? ", " : "", k->allowed[i]);
+    return rf_error(RF_ERR_ARG, "%s: %s.%s: \"%s\" is not allowed (allowed: %s)",
+                    node_where(v, w, sizeof w), k->section, k->name, s, list);
+}
+
+/* The allowed value equal to s (a static string), or NULL. */
+static const char *allowed_value(const rkey *k, const char *s) {
+    for (int i = 0; k->allowed[i]; i++)
+        if (strcmp(k->allowed[i], s) == 0) return k->allowed[i];
+    return NULL;
+}
+
+static rf_status set_str_list(rf_recipe *r, const rkey *k, const rf_toml *v) {
+    size_t n = rf_toml_count(v);
+    for (size_t i = 0; i < n; i++) {
+        const rf_toml *it = rf_toml_at(v, i);
+        if (rf_toml_kind(it) != RF_TOML_STRING)
+            return type_error(k, it, "string", rf_toml_type_name(rf_toml_kind(it)));
+        if (k->allowed && !allowed_value(k, rf_toml_string(it, NULL)))
+            return not_allowed(k, it, rf_toml_string(it, NULL));
+    }
+    rf_str_list *l = FIELD(r, k, rf_str_list);
+    str_list_free(l);
+    if (n && !(l->v = rf_calloc(n, sizeof *l->v))) return RF_ERR_NOMEM;
+    for (; l->n < (int)n; l->n++)
+        if (!(l->v[l->n] = rf_strdup(rf_toml_string(rf_toml_at(v, (size_t)l->n), NULL))))
+            return rf_error(RF_ERR_NOMEM, "out of memory");
+    return RF_OK;
+}
+
+static rf_status set_float_list(rf_recipe *r, const rkey *k, const rf_toml *v) {
+    size_t n = rf_toml_count(v);
+    for (size_t i = 0; i < n; i++) {
+        rf_toml_type t = rf_toml_kind(rf_toml_at(v, i));
+        if (t != RF_TOML_FLOAT && t != RF_TOML_INTEGER)
+            return type_error(k, rf_toml_at(v, i), "float", rf_toml_type_name(t));
+    }
+    rf_float_list *l = FIELD(r, k, rf_float_list);
+    free(l->v);
+    l->v = NULL;
+    l->n = 0;
+    if (n && !(l->v = rf_calloc(n, sizeof *l->v))) return RF_ERR_NOMEM;
+    for (; l->n < (int)n; l->n++) l->v[l->n] = rf_toml_float(rf_toml_at(v, (size_t)l->n));
+    return RF_OK;
+}
+
+static rf_status set_int(rf_recipe *r, const rkey *k, const rf_toml *v) {
+    int64_t x = rf_toml_int(v);
+    if (x < INT32_MIN || x > INT32_MAX) {
+        char w[600];
+        return rf_error(RF_ERR_ARG, "%s: %s.%s: %lld is out of range", node_where(v, w, sizeof w),
+                        k->section, k->name, (long long)x);
+    }
+    *FIELD(r, k, int) = (int)x;
+    return RF_OK;
+}
+
+/* Type-checks v against key k and stores it. */
+static rf_status set_value(rf_recipe *r, const rkey *k, const rf_toml *v) {
+    static const char *const want[] = {"string", "integer", "float", "boolean", "string",
+                                       "string array", "float array"};
+    static const rf_toml_type need[] = {RF_TOML_STRING, RF_TOML_INTEGER, RF_TOML_FLOAT,
+                                        RF_TOML_BOOL, RF_TOML_STRING, RF_TOML_ARRAY, RF_TOML_ARRAY};
+    rf_toml_type t = rf_toml_kind(v);
+    if (k->type == T_ENUM && t == RF_TOML_BOOL && allowed_value(k, "true")) {
+        /* auto|true|false keys also take the booleans themselves */
+        *FIELD(r, k, const char *) = allowed_value(k, rf_toml_bool(v) ? "true" : "false");
+        return RF_OK;
+    }
+    if (t != need[k->type] && !(k->type == T_FLOAT && t == RF_TOML_INTEGER))
+        return type_error(k, v, want[k->type], rf_toml_type_name(t));
+    switch (k->type) {
+    case T_STR: {
+        char *s = rf_strdup(rf_toml_string(v, NULL));
+        if (!s) return rf_error(RF_ERR_NOMEM, "out of memory");
+        free(*FIELD(r, k, char *));
+        *FIELD(r, k, char *) = s;
+        return RF_OK;
+    }
+    case T_ENUM: {
+        const char *s = allowed_value(k, rf_toml_string(v, NULL));
+        if (!s) return not_allowed(k, v, rf_toml_string(v, NULL));
+        *FIELD(r, k, const char *) = s;
+        return RF_OK;
+    }
+    case T_INT: return set_int(r, k, v);
+    case T_FLOAT: *FIELD(r, k, double) = rf_toml_float(v); return RF_OK;
+    case T_BOOL: *FIELD(r, k, int) = rf_toml_bool(v); return RF_OK;
+    case T_STRS: return set_str_list(r, k, v);
+    case T_FLOATS: return set_float_list(r, k, v);
+    }
+    return RF_OK;
+}
+
+/* A scalar that is not a string: for a string key given on the command line, its text is
+ * meant ("--set logging.dir=2024" is the directory "2024"). */
+static int non_string_scalar(const rf_toml *doc) {
+    rf_toml_type t = rf_toml_kind(rf_toml_value(doc, 0));
+    return t != RF_TOML_STRING && t != RF_TOML_ARRAY && t != RF_TOML_TABLE;
+}
+
+/* Parses `text` as one TOML value (in a document "v = TEXT"); text that is not one, or any
+ * scalar but a string when want_string, becomes a string. *doc owns *v afterwards. */
+static rf_status parse_loose_value(const char *text, const char *origin, int want_string,
+                                   rf_toml **doc, const rf_toml **v) {
+    size_t n = strlen(text);
+    char *buf = malloc(2 * n + 16);
+    if (!buf) return rf_error(RF_ERR_NOMEM, "out of memory");
+    snprintf(buf, 2 * n + 16, "v = %s\n", text);
+    if (rf_toml_parse(doc, buf, strlen(buf), origin) != RF_OK || rf_toml_count(*doc) != 1 ||
+        (want_string && non_string_scalar(*doc))) {
+        rf_toml_free(*doc);
+        char *q = NULL;
+        size_t qn = 0;
+        FILE *m = open_memstream(&q, &qn);
+        if (m) fputs("v = ", m), put_quoted(m, text), fclose(m);
+        rf_status st = q ? rf_toml_parse(doc, q, qn, origin) : RF_ERR_NOMEM;
+        free(q);
+        if (st != RF_OK) {
+            free(buf);
+            return rf_error(RF_ERR_INTERNAL, "%s: cannot read value \"%s\"", origin, text);
+        }
+    }
+    free(buf);
+    *v = rf_toml_find(*doc, "v");
+    return RF_OK;
+}
+
+rf_status rf_recipe_init(rf_recipe *r) {
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < N_KEYS; i++) {
+        rf_toml *doc;
+        const rf_toml *v;
+        rf_status st = parse_loose_value(KEYS[i].def, "(default)", 0, &doc, &v);
+        if (st == RF_OK) st = set_value(r, &KEYS[i], v);
+        rf_toml_free(doc);
+        if (st != RF_OK) {
+            rf_recipe_free(r);
+            return st;
+        }
+    }
+    return RF_OK;
+}
+
+/* ------------------------------------------------------------------ unknown keys */
+
+static int edit_distance(const char *a, const char *b) {
+    int n = (int)strlen(a), m = (int)strlen(b);
+    if (n > 63 || m > 63) return 99;
+    int row[64];
+    for (int j = 0; j <= m; j++) row[j] = j;
+    for (int i = 1; i <= n; i++) {
+        int diag = row[0];
+        row[0] = i;
+        for (int j = 1; j <= m; j++) {
+            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[m];
+}
+
+/* The valid key closest to section.name, or -1 when none is close: by the whole name, or by
+ * the key name alone when it sits in the wrong section. */
+static int closest_key(const char *section, const char *name) {
+    char full[256], kfull[256];
+    snprintf(full, sizeof full, "%s%s%s", section, *section ? "." : "", name);
+    int best = -1, best_d = 1 + (int)strlen(name) / 3 + 1;
+    for (int i = 0; i < N_KEYS; i++) {
+        snprintf(kfull, sizeof kfull, "%s.%s", KEYS[i].section, KEYS[i].name);
+        int d = edit_distance(full, kfull), d2 = edit_distance(name, KEYS[i].name) + 2;
+        if (d2 < d) d = d2;
+        if (d < best_d) best = i, best_d = d;
+    }
+    return best;
+}
+
+static rf_status unknown_key(const char *where, const char *section, const char *name) {
+    int k = closest_key(section, name);
+    char hint[300] = "";
+    if (k >= 0) snprintf(hint, sizeof hint, " (did you mean \"%s.%s\"?)", KEYS[k].section, KEYS[k].name);
+    return rf_error(RF_ERR_ARG, "%s: unknown key \"%s%s%s\"%s", where, section, *section ? "." : "",
+                    name, hint);
+}
+
+static rf_status unknown_section(const char *where, const char *name) {
+    int best = -1, best_d = 1 + (int)strlen(name) / 3 + 1;
+    for (size_t i = 0; i < N_SECTIONS; i++) {
+        int d = edit_distance(name, SECTIONS[i].name);
+        if (d < best_d) best = (int)i, best_d = d;
+    }
+    char hint[300] = "";
+    if (best >= 0) snprintf(hint, sizeof hint, " (did you mean [%s]?)", SECTIONS[best].name);
+    return rf_error(RF_ERR_ARG, "%s: unknown section [%s]%s", where, name, hint);
+}
+
+/* ------------------------------------------------------------------ loading */
+
+static void remember(rf_recipe *r, int i, int from, int line, int col) {
+    r->where_[i].from = (signed char)from;
+    r->where_[i].line = line;
+    r->where_[i].col = col;
+}
+
+static rf_status apply_section(rf_recipe *r, const char *section, const rf_toml *t) {
+    char full[512], where[600];
+    for (size_t j = 0; j < rf_toml_count(t); j++) {
+        const char *name = rf_toml_key(t, j, NULL);
+        int line, col;
+        rf_toml_key_pos(t, j, &line, &col);
+        snprintf(full, sizeof full, "%s.%s", section, name);
+        int i = key_index(full);
+        snprintf(where, sizeof where, "%s:%d:%d", r->source, line, col);
+        if (i < 0) return unknown_key(where, section, name);
+        RF_TRY(set_value(r, &KEYS[i], rf_toml_value(t, j)));
+        remember(r, i, 1, line, col);
+    }
+    return RF_OK;
+}
+
+static rf_status apply_file(rf_recipe *r, const rf_toml *doc) {
+    char where[600];
+    for (size_t j = 0; j < rf_toml_count(doc); j++) {
+        const char *name = rf_toml_key(doc, j, NULL);
+        const rf_toml *v = rf_toml_value(doc, j);
+        int line, col;
+        rf_toml_key_pos(doc, j, &line, &col);
+        snprintf(where, sizeof where, "%s:%d:%d", r->source, line, col);
+        if (rf_toml_kind(v) != RF_TOML_TABLE) return unknown_key(where, "", name);
+        if (!section_known(name)) return unknown_section(where, name);
+        RF_TRY(apply_section(r, name, v));
+    }
+    return RF_OK;
+}
+
+/* "section.key=value" */
+static rf_status apply_override(rf_recipe *r, const char *ov) {
+    const char *eq = strchr(ov, '=');
+    char key[256];
+    if (!eq || eq == ov || (size_t)(eq - ov) >= sizeof key)
+        return rf_error(RF_ERR_ARG, "--set %s: expected section.key=value", ov);
+    memcpy(key, ov, (size_t)(eq - ov));
+    key[eq - ov] = '\0';
+    int i = key_index(key);
+    if (i < 0) {
+        char *dot = strchr(key, '.');
+        if (!dot) return unknown_key("--set", "", key);
+        *dot = '\0';
+        return unknown_key("--set", key, dot + 1);
+    }
+    rf_toml *doc;
+    const rf_toml *v;
+    RF_TRY(parse_loose_value(eq + 1, "--set", KEYS[i].type == T_STR, &doc, &v));
+    rf_status st = set_value(r, &KEYS[i], v);
+    rf_toml_free(doc);
+    if (st == RF_OK) remember(r, i, 2, 0, 0);
+    return st;
+}
+
+static rf_status load_steps(rf_recipe *r, const char *path, const char *const *ov, int n_ov) {
+    if (path) {
+        rf_toml *doc;
+        RF_TRY(rf_toml_parse_file(&doc, path));
+        r->source = rf_strdup(path);
+        rf_status st = r->source ? apply_file(r, doc) : RF_ERR_NOMEM;
+        rf_toml_free(doc);
+        RF_TRY(st);
+    }
+    for (int i = 0; i < n_ov; i++) RF_TRY(apply_override(r, ov[i]));
+    return rf_recipe_validate(r);
+}
+
+rf_status rf_recipe_load(rf_recipe *r, const char *path, const char *const *overrides,
+                         int n_overrides) {
+    RF_TRY(rf_recipe_init(r));
+    rf_status st = load_steps(r, path, overrides, n_overrides);
+    if (st != RF_OK) rf_recipe_free(r);
+    return st;
+}
+
+/* ------------------------------------------------------------------ validation */
+
+static rf_status invalid(const rf_recipe *r, const char *key, const char *rule) {
+    char where[600];
+    int i = key_index(key);
+    RF_ASSERT(i >= 0);
+    char *val = value_text(r, &KEYS[i]);
+    rf_status st = rf_error(RF_ERR_ARG, "%s: %s = %s: %s", rf_recipe_where(r, key, where, sizeof where),
+                            key, val ? val : "?", rule);
+    free(val);
+    return st;
+}
+
+static double numeric(const rf_recipe *r, const rkey *k) {
+    return k->type == T_INT ? *CFIELD(r, k, int) : *CFIELD(r, k, double);
+}
+
+static rf_status check_range(const rf_recipe *r, size_t i) {
+    int k = key_index(RANGES[i].key);
+    RF_ASSERT(k >= 0 && (KEYS[k].type == T_INT || KEYS[k].type == T_FLOAT));
+    double x = numeric(r, &KEYS[k]), lo = RANGES[i].lo, hi = RANGES[i].hi;
+    int ok = !isnan(x) && (RANGES[i].lo_open ? x > lo : x >= lo) && (RANGES[i].hi_open ? x < hi : x <= hi);
+    if (ok) return RF_OK;
+    char rule[96];
+    if (isinf(hi)) snprintf(rule, sizeof rule, "must be %s %g", RANGES[i].lo_open ? ">" : ">=", lo);
+    else snprintf(rule, sizeof rule, "must be in %c%g, %g%c", RANGES[i].lo_open ? '(' : '[', lo, hi,
+                  RANGES[i].hi_open ? ')' : ']');
+    return invalid(r, RANGES[i].key, rule);
+}
+
+rf_status rf_recipe_validate(const rf_recipe *r) {
+    for (size_t i = 0; i < sizeof RANGES / sizeof RANGES[0]; i++) RF_TRY(check_range(r, i));
+    if (r->algorithm.dual_clip != 0 && r->algorithm.dual_clip <= 1)
+        return invalid(r, "algorithm.dual_clip", "must be 0 (off) or > 1");
+    if (r->data.task_min_digits > r->data.task_max_digits)
+        return invalid(r, "data.task_min_digits", "must be <= data.task_max_digits");
+    if (r->reward.weights.n != 0 && r->reward.weights.n != r->reward.rules.n)
+        return invalid(r, "reward.weights", "needs one weight per rule in reward.rules (or none)");
+    return RF_OK;
+}
+
+int rf_recipe_reference_enabled(const rf_recipe *r) {
+    if (strcmp(r->reference.enabled, "auto") == 0) return r->algorithm.kl_coef > 0;
+    return strcmp(r->reference.enabled, "true") == 0;
+}
+
+rf_status rf_recipe_reject_unimplemented(const rf_recipe *r, const char *key, const char *why) {
+    int i = key_index(key);
+    if (i < 0) return rf_error(RF_ERR_ARG, "rf_recipe_reject_unimplemented: no key \"%s\"", key);
+    char where[600];
+    char *val = value_text(r, &KEYS[i]);
+    rf_status st = rf_error(RF_ERR_UNSUPPORTED, "%s: %s = %s is not implemented yet (%s)",
+                            rf_recipe_where(r, key, where, sizeof where), key, val ? val : "?", why);
+    free(val);
+    return st;
+}
+
+/* ------------------------------------------------------------------ dump and docs */
+
+rf_status rf_recipe_dump(const rf_recipe *r, FILE *f) {
+    fprintf(f, "# rlflow recipe: the effective values of every key (docs/recipes.md)\n");
+    if (r->source) fprintf(f, "# read from %s\n", r->source);
+    for (size_t s = 0; s < N_SECTIONS; s++) {
+        fprintf(f, "\n[%s]\n", SECTIONS[s].name);
+        for (int i = 0; i < N_KEYS; i++) {
+            if (strcmp(KEYS[i].section, SECTIONS[s].name) != 0) continue;
+            fprintf(f, "%s = ", KEYS[i].name);
+            put_value(f, r, &KEYS[i]);
+            fputc('\n', f);
+        }
+    }
+    if (ferror(f)) return rf_error(RF_ERR_IO, "writing the recipe failed");
+    return RF_OK;
+}
+
+static void doc_type(FILE *f, const rkey *k) {
+    static const char *const names[] = {"string", "integer", "float", "boolean", "enum",
+                                        "string array", "float array"};
+    fputs(names[k->type], f);
+    if (!k->allowed) return;
+    fputs(k->type == T_ENUM ? ": " : " of: ", f);
+    for (int i = 0; k->allowed[i]; i++)
+        fprintf(f, "%s`%s`", i ? ", " : "", k->allowed[i][0] ? k->allowed[i] : "\"\"");
+}
+
+void rf_recipe_doc_markdown(FILE *f) {
+    fputs("# Recipe reference\n\n"
+          "<!-- Generated from the schema in controller/recipe.c by rf_recipe_doc_markdown;\n"
+          "     tests/test_recipe.c fails when this file is stale. Regenerate with\n"
+          "     `build/test_recipe --write-doc docs/recipes.md`. -->\n\n"
+          "A recipe is a TOML 1.0 file (`rlflow run recipe.toml`). Every key is optional; a key\n"
+          "left out keeps the default below. `--set section.key=value` overrides a key after the\n"
+          "file is read; the value is read as TOML, and text that is not a TOML value is taken as\n"
+          "a string (`--set model.path=models/x`), as is any value given to a string key\n"
+          "(`--set logging.dir=2024`). Unknown keys, wrong types, values outside an\n"
+          "enum and impossible values are errors that name the file, line and column.\n"
+          "Integers are accepted where a float is expected. The effective recipe can be written\n"
+          "back as TOML (`rf_recipe_dump`, every key) and loads back to the same values.\n\n"
+          "Debian packages no C TOML library, so rlflow has its own parser (`common/toml.c`);\n"
+          "it implements all of TOML 1.0.0 and passes every 1.0.0 case of the toml-test suite.\n",
+          f);
+    for (size_t s = 0; s < N_SECTIONS; s++) {
+        fprintf(f, "\n## [%s]\n\n%s\n\n| key | type | default | meaning |\n|---|---|---|---|\n",
+                SECTIONS[s].name, SECTIONS[s].doc);
+        for (int i = 0; i < N_KEYS; i++) {
+            if (strcmp(KEYS[i].section, SECTIONS[s].name) != 0) continue;
+            fprintf(f, "| `%s` | ", KEYS[i].name);
+            doc_type(f, &KEYS[i]);
+            fprintf(f, " | `%s` | %s |\n", KEYS[i].def, KEYS[i].doc);
+        }
+    }
+}

@@ -1,0 +1,168 @@
+/* Recipes: the TOML file that says what a run does (model, data, rollout, algorithm, training,
+ * rewards, logging, checkpoints, placement), read into an rf_recipe struct through one schema
+ * table. Every key has a section, a name, a type, a default, a field of rf_recipe and a line of
+ * documentation; docs/recipes.md is generated from that table (rf_recipe_doc_markdown) and a
+ * test keeps it in step.
+ *
+ * Where a value comes from is recorded per key (the file position, "--set", or the default)
+ * so that later checks can point at it: "recipe.toml:12:1: placement.mode = "split" is not
+ * implemented yet (...)". */
+#ifndef RF_RECIPE_H
+#define RF_RECIPE_H
+
+#include <stdio.h>
+
+#include "common/status.h"
+
+#define RF_RECIPE_MAX_KEYS 128
+
+typedef struct rf_str_list {
+    char **v; /* (n) owned strings */
+    int n;
+} rf_str_list;
+
+typedef struct rf_float_list {
+    double *v; /* (n) */
+    int n;
+} rf_float_list;
+
+/* Enum-valued keys are `const char *` pointing at the schema's static spelling of the value
+ * (compare with strcmp, or hand to rf_adv_kind_parse / rf_loss_agg_parse / rf_kl_est_parse).
+ * Strings (`char *`) and lists are owned by the recipe. Booleans are 0/1 ints. */
+typedef struct rf_recipe {
+    struct {
+        char *path;        /* HF model dir of the policy */
+        char *init_preset; /* "", "tiny", "small", "25m": random init when path is missing */
+        const char *device; /* "cpu" | "cuda" */
+    } model;
+    struct {
+        char *train, *val; /* JSONL files */
+        char *prompt_key, *answer_key;
+        const char *chat_template; /* "" | "chatml" | "llama3" */
+        int shuffle, seed, max_prompt_tokens;
+        const char *task; /* "" | "arith" | "countdown": generate train/val when missing */
+        int task_train, task_val;                            /* examples to generate */
+        int task_min_digits, task_max_digits, task_mul_percent; /* arith knobs */
+        int task_n_numbers, task_max_number, task_max_target;   /* countdown knobs */
+    } data;
+    struct {
+        int n, prompts_per_step;
+        double temperature, top_p;
+        int top_k, max_new_tokens;
+        rf_str_list stop;
+        int max_running, kv_block_size, kv_blocks;
+    } rollout;
+    struct {
+        const char *name; /* "ppo" | "grpo" | "dr_grpo" | "rloo" | "reinforce_pp" */
+        double gamma, lam, clip_low, clip_high, dual_clip, value_clip;
+        const char *loss_agg; /* "token-mean" | "seq-mean-token-sum" | ... */
+        int norm_adv_by_std, whiten_advantages;
+        double kl_coef;
+        int kl_in_reward;
+        const char *kl_estimator; /* "k1" | "k2" | "k3" */
+        int adaptive_kl;
+        double kl_target;
+        int kl_horizon;
+        double entropy_coef;
+        int dynamic_sampling, max_resample_rounds, overlong_buffer;
+        double overlong_penalty;
+        int decoupled;
+        double is_cap;
+    } algorithm;
+    struct {
+        int steps;
+        double lr;
+        int warmup_steps;
+        const char *schedule; /* "constant" | "cosine" */
+        double min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip;
+        int ppo_epochs, mini_batches, micro_batch_tokens, seed;
+    } train;
+    struct {
+        int epochs;
+        double lr;
+        int batch_size, max_steps;
+        char *out; /* output model dir ("" = <logging.dir>/sft) */
+        int warm_start; /* rlflow run: build a missing model.path by SFT first */
+    } sft;
+    struct {
+        rf_str_list rules;      /* of "numeric", "math", "format", "length", "overlong" */
+        rf_float_list weights;  /* one per rule, or empty = all 1.0 */
+        char *format_regex;
+        int length_target;
+        double length_penalty;
+        char *model; /* ForSequenceClassification dir, "" = none */
+        double model_weight;
+    } reward;
+    struct {
+        const char *enabled; /* "auto" | "true" | "false"; see rf_recipe_reference_enabled */
+        char *path;          /* "" = the initial policy */
+    } reference;
+    struct {
+        char *path; /* "" = the initial policy with a fresh value head */
+        double lr;
+        int warmup_steps;
+    } critic;
+    struct {
+        char *dir;
+        int every, val_every, val_size, tensorboard, jsonl;
+    } logging;
+    struct {
+        int every, keep, save_optimizer;
+    } checkpoint;
+    struct {
+        int max_staleness;
+    } async;
+    struct {
+        const char *mode;   /* "colocated" | "split" */
+        const char *device; /* "cpu" | "cuda" */
+    } placement;
+
+    /* Provenance, for messages: the file read (NULL when none) and, per schema key, where its
+     * value came from. Use rf_recipe_where rather than reading these. */
+    char *source;
+    struct {
+        signed char from; /* 0 default, 1 file, 2 --set */
+        int line, col;
+    } where_[RF_RECIPE_MAX_KEYS];
+} rf_recipe;
+
+/* Fills r with the defaults. r owns what it holds afterwards: release with rf_recipe_free. */
+rf_status rf_recipe_init(rf_recipe *r);
+
+/* Defaults, then the TOML file at `path` (NULL: none), then each override "section.key=value"
+ * (the value is read as a TOML value; text that is not one, or any value given to a string
+ * key, is taken as a string, so "model.path=models/x" works), then rf_recipe_validate. On failure r holds nothing to free.
+ * Errors: RF_ERR_FORMAT (TOML syntax, "FILE:LINE:COL: ..."), RF_ERR_ARG for unknown keys
+ * ("FILE:LINE:COL: unknown key "algorithm.kl_coeff" (did you mean "algorithm.kl_coef"?)"), wrong
+ * types ("...: algorithm.kl_coef: expected a float, got a string"), values outside an enum
+ * (listing the allowed ones) and impossible values; overrides are located as "--set". */
+rf_status rf_recipe_load(rf_recipe *r, const char *path, const char *const *overrides,
+                         int n_overrides);
+
+/* Checks values that parse but cannot work (negative lr, n < 1, top_p outside (0, 1], ...);
+ * the message names the key and where it was set. Errors: RF_ERR_ARG. */
+rf_status rf_recipe_validate(const rf_recipe *r);
+
+/* Releases what r owns and zeroes it (NULL is fine). */
+void rf_recipe_free(rf_recipe *r);
+
+/* Writes the effective recipe as TOML, every key of every section, so that it can be saved
+ * next to a checkpoint and loaded back to an equal rf_recipe. Errors: RF_ERR_IO. */
+rf_status rf_recipe_dump(const rf_recipe *r, FILE *f);
+
+/* Writes docs/recipes.md: every section and key with its type, default and meaning. */
+void rf_recipe_doc_markdown(FILE *f);
+
+/* Where `key` ("placement.mode") got its value: "FILE:LINE:COL", "--set" or "(default)".
+ * Writes into buf (cap bytes) and returns it. */
+const char *rf_recipe_where(const rf_recipe *r, const char *key, char *buf, size_t cap);
+
+/* For an option that parses but whose feature does not exist yet: returns RF_ERR_UNSUPPORTED
+ * "WHERE: placement.mode = "split" is not implemented yet (WHY)". RF_ERR_ARG for a key that is
+ * not in the schema. */
+rf_status rf_recipe_reject_unimplemented(const rf_recipe *r, const char *key, const char *why);
+
+/* reference.enabled resolved: "auto" means on when algorithm.kl_coef > 0. */
+int rf_recipe_reference_enabled(const rf_recipe *r);
+
+#endif

@@ -1,0 +1,293 @@
+/* One RL step of the embedded loop. Each phase talks to a role through the shapes the message
+ * API will carry: a generate request (prompts, n, sampling, seed, version) in and samples out;
+ * samples in and per-token log-probs or values out; a train batch in and statistics out. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "controller/run_internal.h"
+#include "model/generate.h"
+
+typedef struct step_buf {
+    rf_train_sample *s;
+    const rf_example **ex; /* (n_prompts) */
+    int n, cap;
+} step_buf;
+
+static void buf_free(step_buf *b) {
+    for (int i = 0; i < b->n; i++) rf_train_sample_free(&b->s[i]);
+    free(b->s), free(b->ex);
+    memset(b, 0, sizeof *b);
+}
+
+/* Rollout role: n samples for each prompt, seeded by (train.seed, step, round). */
+static rf_status generate(rf_run *run, const rf_example *const *ex, int n_prompts, int round,
+                          rf_train_sample *out, double *tokens) {
+    const rf_recipe *r = run->r;
+    int n = r->rollout.n, total = n_prompts * n;
+    const int32_t **prompts = malloc(sizeof *prompts * (size_t)total);
+    int *lens = malloc(sizeof(int) * (size_t)total);
+    rf_gen_output *go = calloc((size_t)total, sizeof *go);
+    if (!prompts || !lens || !go) {
+        free(prompts), free(lens), free(go);
+        return rf_error(RF_ERR_NOMEM, "out of memory for rollout");
+    }
+    for (int i = 0; i < total; i++) prompts[i] = ex[i / n]->prompt_ids, lens[i] = ex[i / n]->n_prompt;
+    rf_gen_params gp = {.sampling = {0, (float)r->rollout.temperature, r->rollout.top_k, (float)r->rollout.top_p},
+                        .max_new_tokens = r->rollout.max_new_tokens,
+                        .seed = ((uint64_t)r->train.seed << 32) ^ ((uint64_t)run->step << 8) ^ (uint64_t)round,
+                        .eos_ids = run->eos, .n_eos = run->n_eos};
+    for (int i = 0; i < r->rollout.stop.n && i < RF_MAX_STOP; i++) gp.stop[gp.n_stop++] = r->rollout.stop.v[i];
+    rf_status st = rf_generate(run->actor, run->tok, prompts, lens, total, &gp, go, 0);
+    for (int i = 0; st == RF_OK && i < total; i++) {
+        rf_train_sample *s = &out[i];
+        memset(s, 0, sizeof *s);
+        s->n_prompt = lens[i], s->n_resp = go[i].n_tokens, s->group = i / n;
+        s->tokens = malloc(sizeof(int32_t) * (size_t)(s->n_prompt + s->n_resp));
+        st = s->tokens ? rf_train_sample_alloc(s) : rf_error(RF_ERR_NOMEM, "out of memory");
+        if (st != RF_OK) break;
+        memcpy(s->tokens, prompts[i], sizeof(int32_t) * (size_t)s->n_prompt);
+        memcpy(s->tokens + s->n_prompt, go[i].tokens, sizeof(int32_t) * (size_t)s->n_resp);
+        memcpy(s->behav_logp, go[i].logprobs, sizeof(float) * (size_t)s->n_resp);
+        for (int t = 0; t < s->n_resp; t++) s->versions[t] = run->step;
+        *tokens += s->n_resp;
+        /* reward role: rules on the decoded text against the example's answer */
+        st = rf_reward_rules_score(run->rules, go[i].text ? go[i].text : "", s->n_resp,
+                                   ex[i / n]->answer, &s->reward, &s->accuracy);
+    }
+    for (int i = 0; i < total; i++) rf_gen_output_free(&go[i]);
+    free(prompts), free(lens), free(go);
+    return st;
+}
+
+/* Reward model role: score full sequences, added with reward.model_weight. */
+static rf_status reward_model(rf_run *run, rf_train_sample *s, int n) {
+    if (!run->rm) return RF_OK;
+    const int32_t **seqs = malloc(sizeof *seqs * (size_t)n);
+    int *lens = malloc(sizeof(int) * (size_t)n);
+    float *sc = malloc(sizeof(float) * (size_t)n);
+    rf_status st = seqs && lens && sc ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == RF_OK && i < n; i++) seqs[i] = s[i].tokens, lens[i] = s[i].n_prompt + s[i].n_resp;
+    if (st == RF_OK) st = rf_reward_model_score(run->rm, seqs, lens, n, sc);
+    for (int i = 0; st == RF_OK && i < n; i++) s[i].reward += (float)run->r->reward.model_weight * sc[i];
+    free(seqs), free(lens), free(sc);
+    return st;
+}
+
+/* DAPO dynamic sampling: a group whose rewards are all equal has zero advantage. */
+static int group_informative(const rf_train_sample *s, int n_per) {
+    for (int j = 1; j < n_per; j++)
+        if (s[j].reward != s[0].reward) return 1;
+    return 0;
+}
+
+/* Fills b with prompts_per_step groups (fewer when dynamic sampling runs out of rounds). */
+static rf_status collect(rf_run *run, step_buf *b, double *gen_tokens, int *dropped) {
+    const rf_recipe *r = run->r;
+    int P = r->rollout.prompts_per_step, n = r->rollout.n;
+    b->cap = P * n;
+    b->s = calloc((size_t)b->cap, sizeof *b->s);
+    b->ex = calloc((size_t)P, sizeof *b->ex);
+    rf_train_sample *tmp = calloc((size_t)b->cap, sizeof *tmp);
+    const rf_example **ex = calloc((size_t)P, sizeof *ex);
+    if (!b->s || !b->ex || !tmp || !ex) {
+        free(tmp), free(ex);
+        return rf_error(RF_ERR_NOMEM, "out of memory");
+    }
+    int groups = 0;
+    rf_status st = RF_OK;
+    for (int round = 0; st == RF_OK && groups < P; round++) {
+        int want = P - groups;
+        st = rf_dataset_next(run->train, &run->pos, want, ex);
+        if (st == RF_OK) st = generate(run, ex, want, round, tmp, gen_tokens);
+        if (st == RF_OK) st = reward_model(run, tmp, want * n);
+        for (int g = 0; st == RF_OK && g < want; g++) {
+            int keep = !r->algorithm.dynamic_sampling || group_informative(tmp + g * n, n) ||
+                       round >= r->algorithm.max_resample_rounds;
+            if (!keep) {
+                (*dropped)++;
+                for (int j = 0; j < n; j++) rf_train_sample_free(&tmp[g * n + j]);
+                continue;
+            }
+            for (int j = 0; j < n; j++) {
+                b->s[groups * n + j] = tmp[g * n + j];
+                b->s[groups * n + j].group = groups;
+            }
+            b->ex[groups++] = ex[g];
+        }
+        b->n = groups * n;
+    }
+    free(tmp), free(ex);
+    return st;
+}
+
+typedef struct phase_times {
+    double generate, reference, critic, prox, actor, critic_train;
+} phase_times;
+
+/* Reference, proximal log-probs and critic values for the whole batch. */
+static rf_status score(rf_run *run, step_buf *b, phase_times *pt) {
+    const rf_recipe *r = run->r;
+    int n = b->n, mt = r->train.micro_batch_tokens;
+    float **ptrs = malloc(sizeof(float *) * (size_t)(n ? n : 1));
+    if (!ptrs) return rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status st = RF_OK;
+    double t = rf_time_now();
+    if (run->ref) {
+        for (int i = 0; i < n; i++) ptrs[i] = b->s[i].ref_logp;
+        st = rf_actor_logprobs(run->ref, b->s, n, mt, 1.0f / (float)r->rollout.temperature, ptrs, NULL);
+    }
+    pt->reference = rf_time_now() - t, t = rf_time_now();
+    /* The proximal policy equals the behaviour policy here (generation used the current
+     * weights); recompute only when several updates reuse the batch or the objective asks. */
+    int recompute = r->train.ppo_epochs > 1 || r->train.mini_batches > 1 || r->algorithm.decoupled;
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        ptrs[i] = b->s[i].prox_logp;
+        if (!recompute) memcpy(b->s[i].prox_logp, b->s[i].behav_logp, sizeof(float) * (size_t)b->s[i].n_resp);
+    }
+    if (st == RF_OK && recompute)
+        st = rf_actor_logprobs(run->actor, b->s, n, mt, 1.0f / (float)r->rollout.temperature, ptrs, NULL);
+    pt->prox = rf_time_now() - t, t = rf_time_now();
+    if (st == RF_OK && run->critic) {
+        for (int i = 0; i < n; i++) ptrs[i] = b->s[i].values;
+        st = rf_critic_values(run->critic, b->s, n, mt, ptrs);
+    }
+    pt->critic = rf_time_now() - t;
+    free(ptrs);
+    return st;
+}
+
+/* Advantages; k1 KL into the token rewards when kl_in_reward. Returns the mean k1. */
+static rf_status advantages(rf_run *run, step_buf *b, double *mean_kl) {
+    const rf_recipe *r = run->r;
+    rf_adv_seq *as = calloc((size_t)(b->n ? b->n : 1), sizeof *as);
+    float **kl = calloc((size_t)(b->n ? b->n : 1), sizeof *kl);
+    if (!as || !kl) {
+        free(as), free(kl);
+        return rf_error(RF_ERR_NOMEM, "out of memory");
+    }
+    double ksum = 0;
+    long kt = 0;
+    for (int i = 0; i < b->n; i++) {
+        rf_train_sample *s = &b->s[i];
+        if (run->ref) {
+            kl[i] = malloc(sizeof(float) * (size_t)s->n_resp);
+            for (int t = 0; kl[i] && t < s->n_resp; t++) {
+                kl[i][t] = s->prox_logp[t] - s->ref_logp[t];
+                ksum += kl[i][t], kt++;
+            }
+        }
+        as[i] = (rf_adv_seq){s->n_resp, s->group, s->reward,
+                             r->algorithm.kl_in_reward ? kl[i] : NULL, s->values, s->adv, s->returns};
+    }
+    rf_adv_opts o = {run->adv_kind, (float)r->algorithm.gamma, (float)r->algorithm.lam,
+                     r->algorithm.kl_in_reward ? run->kl.beta : 0.0f, r->algorithm.whiten_advantages,
+                     1e-6f};
+    if (run->adv_kind == RF_ADV_GRPO && !r->algorithm.norm_adv_by_std) o.kind = RF_ADV_DR_GRPO;
+    rf_status st = rf_advantages(&o, as, b->n);
+    *mean_kl = kt ? ksum / kt : 0;
+    for (int i = 0; i < b->n; i++) free(kl[i]);
+    free(as), free(kl);
+    return st;
+}
+
+static void batch_metrics(rf_run *run, const step_buf *b) {
+    double rs = 0, rq = 0, acc = 0, len = 0, nacc = 0, clipped = 0;
+    for (int i = 0; i < b->n; i++) {
+        const rf_train_sample *s = &b->s[i];
+        rs += s->reward, rq += (double)s->reward * s->reward, len += s->n_resp;
+        if (!isnan(s->accuracy)) acc += s->accuracy, nacc++;
+        clipped += s->n_resp >= run->r->rollout.max_new_tokens;
+    }
+    double n = b->n ? b->n : 1, mean = rs / n;
+    rf_metrics_set(run->metrics, "reward/mean", mean);
+    rf_metrics_set(run->metrics, "reward/std", sqrt(fmax(0.0, rq / n - mean * mean)));
+    if (nacc) rf_metrics_set(run->metrics, "reward/accuracy", acc / nacc);
+    rf_metrics_set(run->metrics, "response/length_mean", len / n);
+    rf_metrics_set(run->metrics, "response/clip_ratio", clipped / n);
+}
+
+static void update_metrics(rf_run *run, const rf_update_stats *a, const rf_update_stats *c) {
+    double tok = a->pg.tokens ? (double)a->pg.tokens : 1;
+    rf_metrics_set(run->metrics, "actor/pg_loss", a->pg.pg_loss / tok);
+    rf_metrics_set(run->metrics, "actor/entropy", a->pg.entropy / tok);
+    rf_metrics_set(run->metrics, "actor/clip_frac", a->pg.clipped / tok);
+    rf_metrics_set(run->metrics, "actor/approx_kl", a->pg.approx_kl / tok);
+    rf_metrics_set(run->metrics, "actor/grad_norm", a->grad_norm);
+    rf_metrics_set(run->metrics, "actor/lr", a->lr);
+    if (run->r->algorithm.decoupled) {
+        rf_metrics_set(run->metrics, "actor/is_weight_mean", a->pg.is_weight / tok);
+        rf_metrics_set(run->metrics, "actor/is_weight_max", a->pg.is_weight_max);
+        rf_metrics_set(run->metrics, "actor/is_truncated_frac", a->pg.is_truncated / tok);
+    }
+    if (run->critic) {
+        rf_metrics_set(run->metrics, "critic/value_loss", c->value_loss);
+        rf_metrics_set(run->metrics, "critic/clip_frac", c->value_clipfrac / (c->tokens ? c->tokens : 1));
+        rf_metrics_set(run->metrics, "critic/grad_norm", c->grad_norm);
+    }
+}
+
+static rf_update_opts update_opts(const rf_run *run, int critic) {
+    const rf_recipe *r = run->r;
+    rf_update_opts uo = {
+        .pg = {(float)r->algorithm.clip_low, (float)r->algorithm.clip_high, (float)r->algorithm.dual_clip,
+               r->algorithm.decoupled, (float)r->algorithm.is_cap,
+               r->algorithm.kl_in_reward ? 0.0f : run->kl.beta, run->kl_est, (float)r->algorithm.entropy_coef},
+        .agg = run->agg, .max_resp_len = r->rollout.max_new_tokens, .epochs = r->train.ppo_epochs,
+        .mini_batches = r->train.mini_batches, .micro_tokens = r->train.micro_batch_tokens,
+        .inv_temp = 1.0f / (float)r->rollout.temperature, .value_clip = (float)r->algorithm.value_clip,
+        .shuffle_seed = ((uint64_t)r->train.seed << 20) + (uint64_t)run->step * 2 + (uint64_t)critic};
+    return uo;
+}
+
+rf_optim_opts rf__optim_opts(const rf_recipe *r, int critic) {
+    rf_optim_opts o = {.lr = (float)(critic ? r->critic.lr : r->train.lr),
+                       .min_lr_ratio = (float)r->train.min_lr_ratio,
+                       .warmup_steps = critic ? r->critic.warmup_steps : r->train.warmup_steps,
+                       .total_steps = r->train.steps * r->train.ppo_epochs * r->train.mini_batches,
+                       .cosine = strcmp(r->train.schedule, "cosine") == 0,
+                       .beta1 = (float)r->train.beta1, .beta2 = (float)r->train.beta2,
+                       .eps = (float)r->train.eps, .weight_decay = (float)r->train.weight_decay,
+                       .grad_clip = (float)r->train.grad_clip};
+    return o;
+}
+
+rf_status rf__rl_step(rf_run *run) {
+    step_buf b = {0};
+    phase_times pt = {0};
+    double gen_tokens = 0, mean_kl = 0, t = rf_time_now();
+    int dropped = 0;
+    rf_status st = collect(run, &b, &gen_tokens, &dropped);
+    pt.generate = rf_time_now() - t;
+    if (st == RF_OK) st = score(run, &b, &pt);
+    if (st == RF_OK) st = advantages(run, &b, &mean_kl);
+    rf_update_stats as = {0}, cs = {0};
+    t = rf_time_now();
+    rf_optim_opts ao = rf__optim_opts(run->r, 0), co = rf__optim_opts(run->r, 1);
+    rf_update_opts uo = update_opts(run, 0), uc = update_opts(run, 1);
+    if (st == RF_OK && b.n > 0) st = rf_actor_update(run->actor, &ao, &uo, b.s, b.n, &as);
+    pt.actor = rf_time_now() - t, t = rf_time_now();
+    if (st == RF_OK && run->critic && b.n > 0) st = rf_critic_update(run->critic, &co, &uc, b.s, b.n, &cs);
+    pt.critic_train = rf_time_now() - t;
+    if (st == RF_OK) {
+        batch_metrics(run, &b);
+        update_metrics(run, &as, &cs);
+        if (run->ref) rf_metrics_set(run->metrics, "actor/kl_ref", mean_kl);
+        rf_metrics_set(run->metrics, "actor/kl_coef", run->kl.beta);
+        rf_kl_ctl_update(&run->kl, (float)mean_kl, b.n);
+        if (run->r->algorithm.dynamic_sampling) rf_metrics_set(run->metrics, "rollout/dropped_groups", dropped);
+        double total = pt.generate + pt.reference + pt.prox + pt.critic + pt.actor + pt.critic_train;
+        rf_metrics_set(run->metrics, "perf/gen_tokens_per_s", gen_tokens / fmax(pt.generate, 1e-9));
+        rf_metrics_set(run->metrics, "perf/train_tokens_per_s", (double)as.tokens / fmax(pt.actor, 1e-9));
+        rf_metrics_set(run->metrics, "perf/step_s", total);
+        rf_metrics_set(run->metrics, "perf/share_generate", pt.generate / total);
+        rf_metrics_set(run->metrics, "perf/share_reference", pt.reference / total);
+        rf_metrics_set(run->metrics, "perf/share_prox", pt.prox / total);
+        rf_metrics_set(run->metrics, "perf/share_critic", (pt.critic + pt.critic_train) / total);
+        rf_metrics_set(run->metrics, "perf/share_train", pt.actor / total);
+    }
+    buf_free(&b);
+    return st;
+}

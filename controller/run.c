@@ -1,0 +1,131 @@
+/* `rlflow run`: the loop that drives the roles, with validation, console and metrics logging,
+ * and checkpoints. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "controller/run_internal.h"
+#include "trainer/checkpoint.h"
+
+static const rf_metrics_col k_console[] = {
+    {"reward/mean", "reward", "%.3f", "reward/std", NULL},
+    {"reward/accuracy", "acc", "%.3f", NULL, NULL},
+    {"val/accuracy", "val", "%.3f", NULL, NULL},
+    {"actor/kl_ref", "kl", "%.4f", NULL, NULL},
+    {"actor/entropy", "ent", "%.3f", NULL, NULL},
+    {"actor/clip_frac", "clip", "%.3f", NULL, NULL},
+    {"actor/grad_norm", "gnorm", "%.3f", NULL, NULL},
+    {"critic/value_loss", "vloss", "%.4f", NULL, NULL},
+    {"response/length_mean", "len", "%.1f", NULL, NULL},
+    {"perf/gen_tokens_per_s", "gen", "%.0f", NULL, " tok/s"},
+    {"perf/train_tokens_per_s", "train", "%.0f", NULL, " tok/s"},
+};
+
+static rf_status validate_now(rf_run *run, double *acc) {
+    const rf_recipe *r = run->r;
+    if (!run->val) return RF_OK;
+    double len;
+    RF_TRY(rf_eval_accuracy(run->actor, run->tok, run->val, r->logging.val_size, run->rules,
+                            r->rollout.max_new_tokens, run->eos, run->n_eos, acc, &len));
+    rf_metrics_set(run->metrics, "val/accuracy", *acc);
+    rf_metrics_set(run->metrics, "val/length_mean", len);
+    return RF_OK;
+}
+
+static rf_status save(rf_run *run) {
+    const rf_recipe *r = run->r;
+    rf_ckpt_state st = {run->step, run->pos, run->kl.beta, run->best_val};
+    double t = rf_time_now();
+    RF_TRY(rf_checkpoint_save(r->logging.dir, run->actor, run->critic, r->model.path, &st, r->checkpoint.keep));
+    rf_log_info("checkpoint: %s/step_%06d (%.2f s)", r->logging.dir, run->step, rf_time_now() - t);
+    return RF_OK;
+}
+
+static rf_status setup(rf_run *run, const rf_recipe *r, int resume) {
+    memset(run, 0, sizeof *run);
+    run->r = r;
+    RF_TRY(rf__reject_unimplemented(r));
+    RF_TRY(rf_adv_kind_parse(r->algorithm.name, &run->adv_kind));
+    RF_TRY(rf_loss_agg_parse(r->algorithm.loss_agg, &run->agg));
+    RF_TRY(rf_kl_est_parse(r->algorithm.kl_estimator, &run->kl_est));
+    if (strcmp(r->model.device, "cuda") == 0) {
+        run->k = rf_cuda_kernels(0);
+        if (!run->k) return rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"cuda\"");
+    } else {
+        run->k = rf_cpu_kernels();
+    }
+    RF_TRY(rf__ensure_data(r));
+    RF_TRY(rf__ensure_model(r));
+    RF_TRY(rf__load_roles(run));
+    RF_TRY(rf__load_data(run));
+    RF_TRY(rf__load_rewards(run));
+    RF_TRY(rf__eos_ids(r->model.path, run->actor, run->tok, &run->eos, &run->n_eos));
+    run->kl = (rf_kl_ctl){(float)r->algorithm.kl_coef, (float)r->algorithm.kl_target,
+                          r->algorithm.kl_horizon, r->algorithm.adaptive_kl};
+    run->best_val = -1;
+    if (resume) {
+        rf_ckpt_state st;
+        RF_TRY(rf_checkpoint_load(r->logging.dir, run->actor, run->critic, &st));
+        run->step = st.step, run->pos = st.pos, run->kl.beta = st.kl_beta, run->best_val = st.best_val;
+        rf_log_info("resumed at step %d (data epoch %d, index %d)", run->step, run->pos.epoch, run->pos.index);
+    }
+    RF_TRY(rf_mkdirs(r->logging.dir));
+    RF_TRY(rf_metrics_open(&run->metrics, r->logging.dir, r->logging.jsonl, r->logging.tensorboard));
+    char p[4200];
+    snprintf(p, sizeof p, "%s/recipe.toml", r->logging.dir);
+    FILE *f = fopen(p, "w");
+    if (f) {
+        rf_recipe_dump(r, f);
+        fclose(f);
+    }
+    return RF_OK;
+}
+
+static void console(rf_run *run) {
+    char line[1024];
+    rf_metrics_console_line(run->metrics, run->step, run->r->train.steps, rf_time_now() - run->t_start,
+                            run->step - run->start_step, k_console,
+                            (int)(sizeof k_console / sizeof k_console[0]), line, sizeof line);
+    rf_log_info("%s", line);
+}
+
+static rf_status loop(rf_run *run) {
+    const rf_recipe *r = run->r;
+    double acc0 = NAN, acc = NAN;
+    if (run->val && run->step == 0) {
+        RF_TRY(validate_now(run, &acc0));
+        rf_log_info("validation before training: accuracy %.3f on %d prompts", acc0,
+                    r->logging.val_size < rf_dataset_size(run->val) ? r->logging.val_size : rf_dataset_size(run->val));
+        RF_TRY(rf_metrics_commit(run->metrics, 0));
+    }
+    run->t_start = rf_time_now();
+    run->start_step = run->step;
+    while (run->step < r->train.steps) {
+        RF_TRY(rf__rl_step(run));
+        run->step++;
+        int last = run->step == r->train.steps;
+        if (run->val && (last || (r->logging.val_every > 0 && run->step % r->logging.val_every == 0))) {
+            RF_TRY(validate_now(run, &acc));
+            if (acc > run->best_val) run->best_val = acc;
+        }
+        if (last || run->step % (r->logging.every > 0 ? r->logging.every : 1) == 0) console(run);
+        RF_TRY(rf_metrics_commit(run->metrics, run->step));
+        if (last || (r->checkpoint.every > 0 && run->step % r->checkpoint.every == 0)) RF_TRY(save(run));
+    }
+    if (!isnan(acc))
+        rf_log_info("validation accuracy: %s%.3f -> %.3f after %d steps (%.1f s)",
+                    isnan(acc0) ? "" : "", isnan(acc0) ? acc : acc0, acc, r->train.steps,
+                    rf_time_now() - run->t_start);
+    return RF_OK;
+}
+
+rf_status rf_run_main(const rf_recipe *r, int resume) {
+    rf_run run;
+    rf_status s = setup(&run, r, resume);
+    if (s == RF_OK) s = loop(&run);
+    rf__run_free(&run);
+    return s;
+}

@@ -1,0 +1,55 @@
+/* The post-training loop in one process: recipe -> prompts -> rollout -> rewards -> reference
+ * / critic -> advantages -> actor (and critic) update -> new weights to rollout -> repeat, with
+ * validation, metrics and checkpoints. The controller talks to each role through request and
+ * response shapes (a generate request in, samples out; a train batch in, statistics out) that
+ * the message API will carry when the roles move into processes. */
+#ifndef RF_RUN_H
+#define RF_RUN_H
+
+#include <stdint.h>
+
+#include "actor/actor.h"
+#include "controller/advantages.h"
+#include "controller/dataset.h"
+#include "controller/metrics.h"
+#include "controller/recipe.h"
+#include "model/tokenizer.h"
+#include "reward/reward.h"
+
+typedef struct rf_run {
+    const rf_recipe *r;
+    const rf_kernels *k;
+    rf_model *actor, *ref, *critic;
+    rf_tokenizer *tok;
+    rf_dataset *train, *val;
+    rf_reward_rules *rules;
+    rf_reward_model *rm;   /* optional reward model */
+    rf_metrics *metrics;
+    int32_t *eos;          /* generation stops at these ids */
+    int n_eos;
+    rf_adv_kind adv_kind;
+    rf_loss_agg agg;
+    rf_kl_est kl_est;
+    rf_kl_ctl kl;
+    rf_dataset_pos pos;
+    int step;          /* RL steps done (= policy version for rollout) */
+    int start_step;    /* step this process started (or resumed) at */
+    double t_start;
+    double best_val;
+} rf_run;
+
+/* `rlflow run`: loads the recipe's models, data and rewards (building the SFT warm start and
+ * the data set first when the recipe asks and they are missing), then trains. resume = 1
+ * continues from the newest checkpoint in logging.dir. */
+rf_status rf_run_main(const rf_recipe *r, int resume);
+
+/* `rlflow sft`: supervised fine-tuning of model.path (or a fresh init_preset model) on
+ * data.train responses; writes the result to sft.out. */
+rf_status rf_sft_main(const rf_recipe *r);
+
+/* Greedy accuracy of model m on the first n examples of ds (reward rules' accuracy). */
+rf_status rf_eval_accuracy(rf_model *m, const rf_tokenizer *tok, rf_dataset *ds, int n,
+                           const rf_reward_rules *rules, int max_new_tokens, const int32_t *eos,
+                           int n_eos, double *acc, double *mean_len);
+
+#endif

@@ -1,0 +1,116 @@
+/* Setting up a run from its recipe: data (generated when the recipe names a built-in task and
+ * the files are missing), the policy (an SFT warm start built when asked and missing), the
+ * reference and critic, tokenizer, datasets, reward rules and metrics. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "controller/run_internal.h"
+#include "controller/tasks.h"
+
+static int dir_has_model(const char *dir) {
+    char p[4096];
+    rf_path_join(p, sizeof p, dir, "config.json");
+    return rf_file_exists(p);
+}
+
+rf_status rf__ensure_data(const rf_recipe *r) {
+    if (!r->data.task[0] || rf_file_exists(r->data.train)) return RF_OK;
+    /* the task's directory is the train file's directory */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", r->data.train);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0'; else snprintf(dir, sizeof dir, ".");
+    rf_task_opts o;
+    rf_task_opts_default(&o);
+    o.min_digits = r->data.task_min_digits, o.max_digits = r->data.task_max_digits;
+    o.mul_percent = r->data.task_mul_percent;
+    rf_log_info("data: generating %s into %s (%d train, %d val)", r->data.task, dir,
+                r->data.task_train, r->data.task_val);
+    return rf_task_generate_opts(r->data.task, dir, r->data.task_train, r->data.task_val,
+                                 (uint64_t)r->data.seed, &o);
+}
+
+rf_status rf__ensure_model(const rf_recipe *r) {
+    if (dir_has_model(r->model.path)) return RF_OK;
+    if (!r->model.init_preset[0])
+        return rf_error(RF_ERR_IO, "model.path \"%s\" holds no config.json (set model.init_preset "
+                        "to create a model there)", r->model.path);
+    if (r->sft.warm_start) return rf__sft_build(r, r->model.path);
+    return rf__init_model(r, r->model.path);
+}
+
+rf_status rf__load_roles(rf_run *run) {
+    const rf_recipe *r = run->r;
+    RF_TRY(rf_model_load(&run->actor, r->model.path, run->k, 0));
+    RF_TRY(rf_model_enable_training(run->actor));
+    RF_TRY(rf_tokenizer_load_dir(&run->tok, r->model.path));
+    if (rf_recipe_reference_enabled(r)) {
+        const char *p = r->reference.path[0] ? r->reference.path : r->model.path;
+        RF_TRY(rf_model_load(&run->ref, p, run->k, 0));
+    }
+    if (run->adv_kind == RF_ADV_GAE) {
+        const char *p = r->critic.path[0] ? r->critic.path : r->model.path;
+        RF_TRY(rf_model_load(&run->critic, p, run->k, 1));
+        RF_TRY(rf_model_enable_training(run->critic));
+    }
+    return RF_OK;
+}
+
+rf_status rf__load_data(rf_run *run) {
+    const rf_recipe *r = run->r;
+    rf_dataset_opts o = {.prompt_key = r->data.prompt_key, .answer_key = r->data.answer_key,
+                         .chat_template = r->data.chat_template,
+                         .max_prompt_tokens = r->data.max_prompt_tokens,
+                         .no_shuffle = !r->data.shuffle, .seed = (uint64_t)r->data.seed};
+    RF_TRY(rf_dataset_load(&run->train, r->data.train, &o, run->tok));
+    if (r->data.val[0]) {
+        o.no_shuffle = 1;
+        RF_TRY(rf_dataset_load(&run->val, r->data.val, &o, run->tok));
+    }
+    return RF_OK;
+}
+
+rf_status rf__load_rewards(rf_run *run) {
+    const rf_recipe *r = run->r;
+    float w[16];
+    for (int i = 0; i < r->reward.weights.n && i < 16; i++) w[i] = (float)r->reward.weights.v[i];
+    rf_reward_rules_config c = {
+        .names = (const char *const *)r->reward.rules.v, .n_names = r->reward.rules.n,
+        .weights = w, .n_weights = r->reward.weights.n, .format_regex = r->reward.format_regex,
+        .length_target = r->reward.length_target, .length_penalty = (float)r->reward.length_penalty,
+        .overlong_buffer = r->algorithm.overlong_buffer,
+        .overlong_penalty = (float)r->algorithm.overlong_penalty,
+        .max_new_tokens = r->rollout.max_new_tokens};
+    if (r->reward.weights.n > 16)
+        return rf_error(RF_ERR_ARG, "reward.weights: at most 16 entries");
+    RF_TRY(rf_reward_rules_init(&run->rules, &c));
+    if (r->reward.model[0]) RF_TRY(rf_reward_model_open(&run->rm, r->reward.model, run->k));
+    return RF_OK;
+}
+
+/* Options that parse but that this build does not carry out are refused, naming where they
+ * were set. */
+rf_status rf__reject_unimplemented(const rf_recipe *r) {
+    if (strcmp(r->placement.mode, "colocated") != 0)
+        return rf_recipe_reject_unimplemented(r, "placement.mode", "one process, colocated, for now");
+    if (r->async.max_staleness != 0)
+        return rf_recipe_reject_unimplemented(r, "async.max_staleness",
+                                              "generation and training alternate in one process");
+    if (strcmp(r->placement.device, r->model.device) != 0)
+        return rf_error(RF_ERR_ARG, "placement.device (%s) and model.device (%s) differ",
+                        r->placement.device, r->model.device);
+    return RF_OK;
+}
+
+void rf__run_free(rf_run *run) {
+    rf_model_free(run->actor), rf_model_free(run->ref), rf_model_free(run->critic);
+    rf_tokenizer_free(run->tok);
+    rf_dataset_free(run->train), rf_dataset_free(run->val);
+    rf_reward_rules_free(run->rules);
+    rf_reward_model_close(run->rm);
+    rf_metrics_close(run->metrics);
+    free(run->eos);
+}
