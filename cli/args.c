@@ -28,7 +28,8 @@ static rf_status set_value(rf_opt *o, const char *v) {
     }
     case RF_OPT_MULTI: {
         rf_opt_multi *m = o->dst;
-        if (m->n >= 8) return rf_error(RF_ERR_ARG, "--%s: at most 8 values", o->name);
+        if (m->n >= RF_OPT_MULTI_MAX)
+            return rf_error(RF_ERR_ARG, "--%s: at most %d values", o->name, RF_OPT_MULTI_MAX);
         m->v[m->n++] = v;
         return RF_OK;
     }

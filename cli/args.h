@@ -15,8 +15,10 @@ typedef struct rf_opt {
     int seen;
 } rf_opt;
 
+#define RF_OPT_MULTI_MAX 64
+
 typedef struct rf_opt_multi {
-    const char *v[8];
+    const char *v[RF_OPT_MULTI_MAX];
     int n;
 } rf_opt_multi;
 

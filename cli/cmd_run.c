@@ -16,7 +16,7 @@ static int load_recipe(const char *cmd, int argc, char **argv, rf_recipe *r, int
     rf_opt_multi sets = {0};
     int help = 0, res = 0;
     rf_opt opts[] = {
-        {"set", RF_OPT_MULTI, &sets, "override a recipe key: --set section.key=value (repeatable, up to 8)", 0},
+        {"set", RF_OPT_MULTI, &sets, "override a recipe key: --set section.key=value (repeatable, up to 64)", 0},
         {"resume", RF_OPT_FLAG, &res, "continue from the newest checkpoint in logging.dir", 0},
         {"help", RF_OPT_FLAG, &help, "show this help", 0},
     };
