@@ -1,8 +1,9 @@
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700
 #include "common/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +96,19 @@ rf_status rf_mkdirs(const char *path) {
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST)
         return rf_error(RF_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+    return RF_OK;
+}
+
+static int remove_entry(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+rf_status rf_remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return RF_OK;
+    if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return rf_error(RF_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
     return RF_OK;
 }
 

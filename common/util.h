@@ -23,6 +23,9 @@ int rf_file_exists(const char *path);
 /* Creates a directory and its parents (mkdir -p). */
 rf_status rf_mkdirs(const char *path);
 
+/* Removes a file or a directory tree (rm -rf); a missing path is not an error. */
+rf_status rf_remove_tree(const char *path);
+
 /* Monotonic time in seconds. */
 double rf_time_now(void);
 

@@ -143,6 +143,7 @@ rf_status rf__sft_build(const rf_recipe *r, const char *dir) {
     if (s == RF_OK) s = sft_run(r, m, tok, dir, tmp_dir);
     rf_model_free(m);
     rf_tokenizer_free(tok);
+    if (s == RF_OK) s = rf_remove_tree(tmp_dir);
     return s;
 }
 

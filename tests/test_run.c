@@ -54,7 +54,7 @@ static void write_recipe(void) {
     fclose(f);
 }
 
-/* Per-step metrics of a run (all but time and perf/*) as JSON text, indexed by step. */
+/* Per-step metrics of a run (all but time and the perf/ figures) as JSON text. */
 static char *metrics_of(const char *run, int step) {
     char p[512], *text;
     snprintf(p, sizeof p, "%s/%s/metrics.jsonl", dir, run);

@@ -71,13 +71,6 @@ static rf_status fsync_dir(const char *dir) {
     return RF_OK;
 }
 
-static rf_status remove_tree(const char *path) {
-    char cmd[8300];
-    /* paths are ours (run_dir/step_NNNNNN); quoting guards spaces */
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
-    return system(cmd) == 0 ? RF_OK : rf_error(RF_ERR_IO, "%s: cannot remove", path);
-}
-
 /* Removes all but the newest `keep` step_* directories. */
 static void prune(const char *run_dir, int keep) {
     if (keep <= 0) return;
@@ -97,7 +90,7 @@ static void prune(const char *run_dir, int keep) {
         if (newer >= keep) {
             char p[4096];
             snprintf(p, sizeof p, "%s/step_%06d", run_dir, steps[i]);
-            remove_tree(p);
+            rf_remove_tree(p);
         }
     }
 }
@@ -108,12 +101,12 @@ rf_status rf_checkpoint_save(const char *run_dir, const rf_model *actor, const r
     snprintf(name, sizeof name, "step_%06d", st->step);
     rf_path_join(final, sizeof final, run_dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
-    RF_TRY(remove_tree(tmp));
+    RF_TRY(rf_remove_tree(tmp));
     RF_TRY(rf_mkdirs(tmp));
     RF_TRY(save_role(tmp, "actor", actor, tokenizer_dir));
     if (critic) RF_TRY(save_role(tmp, "critic", critic, tokenizer_dir));
     RF_TRY(write_state(tmp, st, actor, critic));
-    RF_TRY(remove_tree(final));
+    RF_TRY(rf_remove_tree(final));
     if (rename(tmp, final) != 0)
         return rf_error(RF_ERR_IO, "%s: rename to %s failed: %s", tmp, final, strerror(errno));
     RF_TRY(fsync_dir(run_dir));
