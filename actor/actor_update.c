@@ -41,15 +41,16 @@ static void weights_free(mb_weights *mw) {
     free(mw->w), free(mw->buf);
 }
 
-typedef struct pg_ctx {
+/* What a micro-batch's loss needs: options, the mini-batch's loss weights, statistics. */
+typedef struct upd_ctx {
     const rf_update_opts *uo;
     mb_weights mw;
     rf_update_stats *st;
-} pg_ctx;
+} upd_ctx;
 
 /* Policy loss gradient for one micro-batch, then backward. */
 static rf_status pg_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
-    pg_ctx *c = vctx;
+    upd_ctx *c = vctx;
     size_t T = (size_t)mb->T;
     float *lp = malloc(sizeof(float) * T), *en = malloc(sizeof(float) * T);
     float *dlp = calloc(T, sizeof(float)), *den = calloc(T, sizeof(float));
@@ -68,14 +69,8 @@ static rf_status pg_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *id
     return st;
 }
 
-typedef struct v_ctx {
-    const rf_update_opts *uo;
-    mb_weights mw;
-    rf_update_stats *st;
-} v_ctx;
-
 static rf_status value_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
-    v_ctx *c = vctx;
+    upd_ctx *c = vctx;
     size_t T = (size_t)mb->T;
     float *v = malloc(sizeof(float) * T), *dv = calloc(T, sizeof(float));
     rf_status st = v && dv ? rf_model_values(m, v) : rf_error(RF_ERR_NOMEM, "out of memory");
@@ -101,9 +96,9 @@ static void shuffle(int *idx, int n, uint64_t seed) {
     }
 }
 
-/* Epochs x mini-batches; fn computes each micro-batch's loss gradient (is_value picks ctx). */
+/* Epochs x mini-batches; fn computes each micro-batch's loss gradient. */
 static rf_status run_update(rf_model *m, const rf_optim_opts *oo, const rf_update_opts *uo,
-                            rf_train_sample *s, int n, rf_update_stats *st, micro_fn fn, int value) {
+                            rf_train_sample *s, int n, rf_update_stats *st, micro_fn fn) {
     RF_TRY(rf__validate_samples(s, n));
     int *idx = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
     if (!idx) return rf_error(RF_ERR_NOMEM, "out of memory");
@@ -113,15 +108,11 @@ static rf_status run_update(rf_model *m, const rf_optim_opts *oo, const rf_updat
         shuffle(idx, n, uo->shuffle_seed + (uint64_t)e);
         for (int b = 0; r == RF_OK && b < mbs; b++) {
             int lo = (int)((long)n * b / mbs), hi = (int)((long)n * (b + 1) / mbs);
-            pg_ctx pc = {uo, {0}, st};
-            v_ctx vc = {uo, {0}, st};
-            mb_weights *mw = value ? &vc.mw : &pc.mw;
-            r = weights_init(mw, s, n, idx + lo, hi - lo, uo->agg, uo->max_resp_len);
+            upd_ctx c = {uo, {0}, st};
+            r = weights_init(&c.mw, s, n, idx + lo, hi - lo, uo->agg, uo->max_resp_len);
             rf_model_zero_grad(m);
-            if (r == RF_OK)
-                r = rf__for_each_micro(m, s, idx + lo, hi - lo, uo->micro_tokens, fn,
-                                       value ? (void *)&vc : (void *)&pc);
-            weights_free(mw);
+            if (r == RF_OK) r = rf__for_each_micro(m, s, idx + lo, hi - lo, uo->micro_tokens, fn, &c);
+            weights_free(&c.mw);
             double gn = 0;
             float lr = 0;
             if (r == RF_OK) r = rf_optim_step(m, oo, &gn, &lr);
@@ -136,12 +127,12 @@ static rf_status run_update(rf_model *m, const rf_optim_opts *oo, const rf_updat
 
 rf_status rf_actor_update(rf_model *m, const rf_optim_opts *oo, const rf_update_opts *uo,
                           rf_train_sample *s, int n, rf_update_stats *st) {
-    return run_update(m, oo, uo, s, n, st, pg_fn, 0);
+    return run_update(m, oo, uo, s, n, st, pg_fn);
 }
 
 rf_status rf_critic_update(rf_model *c, const rf_optim_opts *oo, const rf_update_opts *uo,
                            rf_train_sample *s, int n, rf_update_stats *st) {
-    return run_update(c, oo, uo, s, n, st, value_fn, 1);
+    return run_update(c, oo, uo, s, n, st, value_fn);
 }
 
 typedef struct sft_ctx {

@@ -12,33 +12,13 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "test_shell.h"
 #include "test_util.h"
 
 static const char *rlflow;
 static char dir[256];
 
-/* Runs a shell command, capturing stdout+stderr into *out (caller frees). Returns exit code. */
-static int run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int run(char **out, const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
-    FILE *p = popen(cmd, "r");
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += got;
-        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = '\0';
-    int st = pclose(p);
-    *out = buf;
-    return WEXITSTATUS(st);
-}
+
 
 /* First line of output that starts with '{' parsed as JSON (generate --json prints one per
  * prompt; progress goes to stderr but is merged here). */
@@ -58,14 +38,14 @@ static cJSON *json_line(const char *out, int index) {
 
 static void init_and_inspect(void) {
     char *out;
-    CHECK(run(&out, "%s init-model --preset tiny --out %s/tiny --seed 3", rlflow, dir) == 0);
+    CHECK(rf_test_sh(&out, "%s init-model --preset tiny --out %s/tiny --seed 3", rlflow, dir) == 0);
     free(out);
     char p[512];
     snprintf(p, sizeof p, "%s/tiny/model.safetensors", dir);
     CHECK(rf_file_exists(p));
     snprintf(p, sizeof p, "%s/tiny/tokenizer.json", dir);
     CHECK(rf_file_exists(p));
-    CHECK(run(&out, "%s inspect %s/tiny", rlflow, dir) == 0);
+    CHECK(rf_test_sh(&out, "%s inspect %s/tiny", rlflow, dir) == 0);
     CHECK(strstr(out, "model.layers.1.mlp.down_proj.weight") != NULL);
     CHECK(strstr(out, "byte_level BPE, 259 tokens") != NULL);
     free(out);
@@ -73,8 +53,8 @@ static void init_and_inspect(void) {
 
 static void generate_and_score(void) {
     char *a, *b;
-    CHECK(run(&a, "%s generate --model %s/tiny --prompt Hello --max-new-tokens 12 --greedy --json", rlflow, dir) == 0);
-    CHECK(run(&b, "%s generate --model %s/tiny --prompt Hello --max-new-tokens 12 --greedy --json", rlflow, dir) == 0);
+    CHECK(rf_test_sh(&a, "%s generate --model %s/tiny --prompt Hello --max-new-tokens 12 --greedy --json", rlflow, dir) == 0);
+    CHECK(rf_test_sh(&b, "%s generate --model %s/tiny --prompt Hello --max-new-tokens 12 --greedy --json", rlflow, dir) == 0);
     cJSON *ja = json_line(a, 0), *jb = json_line(b, 0);
     CHECK(ja && jb);
     if (!ja || !jb) return;
@@ -84,8 +64,8 @@ static void generate_and_score(void) {
     free(ta), free(tb), free(a), free(b);
     cJSON_Delete(jb);
     /* Seeded sampling: same seed, same tokens. */
-    CHECK(run(&a, "%s generate --model %s/tiny --prompt Hi --max-new-tokens 16 --temperature 0.7 --top-p 0.9 --seed 1 --json", rlflow, dir) == 0);
-    CHECK(run(&b, "%s generate --model %s/tiny --prompt Hi --max-new-tokens 16 --temperature 0.7 --top-p 0.9 --seed 1 --json", rlflow, dir) == 0);
+    CHECK(rf_test_sh(&a, "%s generate --model %s/tiny --prompt Hi --max-new-tokens 16 --temperature 0.7 --top-p 0.9 --seed 1 --json", rlflow, dir) == 0);
+    CHECK(rf_test_sh(&b, "%s generate --model %s/tiny --prompt Hi --max-new-tokens 16 --temperature 0.7 --top-p 0.9 --seed 1 --json", rlflow, dir) == 0);
     jb = json_line(b, 0);
     cJSON *jc = json_line(a, 0);
     CHECK(jb && jc && cJSON_Compare(cJSON_GetObjectItem(jb, "tokens"), cJSON_GetObjectItem(jc, "tokens"), 1));
@@ -99,7 +79,7 @@ static void generate_and_score(void) {
     int ntok = cJSON_GetArraySize(cJSON_GetObjectItem(ja, "tokens"));
     if (strlen(text) == (size_t)ntok && ntok > 0 && !strchr(text, '\'')) {
         char *s;
-        CHECK(run(&s, "%s score --model %s/tiny --prompt Hello --response '%s'", rlflow, dir, text) == 0);
+        CHECK(rf_test_sh(&s, "%s score --model %s/tiny --prompt Hello --response '%s'", rlflow, dir, text) == 0);
         cJSON *js = cJSON_Parse(strchr(s, '{'));
         CHECK(js != NULL);
         if (js) {
@@ -125,7 +105,7 @@ static void prompts_file(void) {
     FILE *f = fopen(path, "w");
     fputs("{\"prompt\": \"What is 2+2?\"}\n\n{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", f);
     fclose(f);
-    CHECK(run(&out, "%s generate --model %s/tiny --prompts-file %s --chat-template chatml --greedy --max-new-tokens 4 --json", rlflow, dir, path) == 0);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompts-file %s --chat-template chatml --greedy --max-new-tokens 4 --json", rlflow, dir, path) == 0);
     cJSON *j0 = json_line(out, 0), *j1 = json_line(out, 1);
     CHECK(j0 && j1);
     if (j1) CHECK(strcmp(cJSON_GetObjectItem(j1, "prompt")->valuestring,
@@ -135,36 +115,36 @@ static void prompts_file(void) {
     f = fopen(path, "w");
     fputs("{\"prompt\": \"ok\"}\n{\"text\": 3}\n", f);
     fclose(f);
-    CHECK(run(&out, "%s generate --model %s/tiny --prompts-file %s --greedy", rlflow, dir, path) == 1);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompts-file %s --greedy", rlflow, dir, path) == 1);
     CHECK(strstr(out, "prompts.jsonl:2: missing \"prompt\"") != NULL);
     free(out);
 }
 
 static void errors(void) {
     char *out;
-    CHECK(run(&out, "%s generate --model %s/none --prompt x", rlflow, dir) == 1);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/none --prompt x", rlflow, dir) == 1);
     CHECK(strstr(out, "none/config.json: cannot open") != NULL);
     free(out);
-    CHECK(run(&out, "%s generate --model %s/tiny --prompt x --temprature 1", rlflow, dir) == 1);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --temprature 1", rlflow, dir) == 1);
     CHECK(strstr(out, "unknown option \"--temprature\"") != NULL);
     free(out);
-    CHECK(run(&out, "%s generate --model %s/tiny --prompt x --temperature 0", rlflow, dir) == 1);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --temperature 0", rlflow, dir) == 1);
     CHECK(strstr(out, "temperature must be > 0") != NULL);
     free(out);
-    CHECK(run(&out, "%s generate --model %s/tiny --prompt x --device tpu", rlflow, dir) == 1);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --device tpu", rlflow, dir) == 1);
     CHECK(strstr(out, "--device: expected \"cpu\" or \"cuda\"") != NULL);
     free(out);
-    CHECK(run(&out, "%s generate --model %s/tiny --prompt x --max-new-tokens 5000", rlflow, dir) == 1);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --max-new-tokens 5000", rlflow, dir) == 1);
     CHECK(strstr(out, "exceeds the model's limit of 2048") != NULL);
     free(out);
     /* an architecture we do not implement is refused, naming the field */
-    CHECK(run(&out, "mkdir -p %s/moe && sed 's/\"model_type\":/\"num_experts\": 4, \"model_type\":/' %s/tiny/config.json > %s/moe/config.json && cp %s/tiny/*.safetensors %s/tiny/tokenizer.json %s/moe/",
+    CHECK(rf_test_sh(&out, "mkdir -p %s/moe && sed 's/\"model_type\":/\"num_experts\": 4, \"model_type\":/' %s/tiny/config.json > %s/moe/config.json && cp %s/tiny/*.safetensors %s/tiny/tokenizer.json %s/moe/",
               dir, dir, dir, dir, dir, dir) == 0);
     free(out);
-    CHECK(run(&out, "%s generate --model %s/moe --prompt x", rlflow, dir) == 1);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/moe --prompt x", rlflow, dir) == 1);
     CHECK(strstr(out, "\"num_experts\": mixture-of-experts models are not supported") != NULL);
     free(out);
-    CHECK(run(&out, "%s frobnicate", rlflow) == 2);
+    CHECK(rf_test_sh(&out, "%s frobnicate", rlflow) == 2);
     CHECK(strstr(out, "unknown command \"frobnicate\"") != NULL);
     free(out);
 }
@@ -182,7 +162,7 @@ int main(void) {
     prompts_file();
     errors();
     char *out;
-    run(&out, "rm -rf %s", dir);
+    rf_test_sh(&out, "rm -rf %s", dir);
     free(out);
     return rf_test_finish("test_cli");
 }

@@ -14,29 +14,12 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "test_shell.h"
 #include "test_util.h"
 
 static const char *rlflow;
 static char dir[256];
 
-static int sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int sh(char **out, const char *fmt, ...) {
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
-    FILE *p = popen(cmd, "r");
-    size_t cap = 1 << 16, n = 0, got;
-    char *buf = malloc(cap);
-    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0)
-        if ((n += got) + 1 >= cap) buf = realloc(buf, cap *= 2);
-    buf[n] = '\0';
-    int st = pclose(p);
-    if (out) *out = buf; else free(buf);
-    return WEXITSTATUS(st);
-}
 
 static void write_recipe(void) {
     char p[512];
@@ -90,7 +73,7 @@ static double mean_reward(const char *run, int from, int to) {
 
 static void rises(const char *algo) {
     char *out;
-    int rc = sh(&out, "cd %s && %s run r.toml --set algorithm.name=%s --set logging.dir=%s/%s%s", dir,
+    int rc = rf_test_sh(&out, "cd %s && %s run r.toml --set algorithm.name=%s --set logging.dir=%s/%s%s", dir,
                 rlflow, algo, dir, algo, strcmp(algo, "ppo") == 0 ? " --set critic.lr=1e-3" : "");
     CHECK(rc == 0);
     if (rc) fprintf(stderr, "%s\n", out);
@@ -102,11 +85,11 @@ static void rises(const char *algo) {
 
 static void resume(void) {
     char *out;
-    CHECK(sh(&out, "cd %s && %s run r.toml --set train.steps=40 --set logging.val_every=20 --set logging.dir=%s/full", dir, rlflow, dir) == 0);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=40 --set logging.val_every=20 --set logging.dir=%s/full", dir, rlflow, dir) == 0);
     free(out);
-    CHECK(sh(&out, "cd %s && %s run r.toml --set train.steps=20 --set logging.val_every=20 --set logging.dir=%s/half", dir, rlflow, dir) == 0);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=20 --set logging.val_every=20 --set logging.dir=%s/half", dir, rlflow, dir) == 0);
     free(out);
-    CHECK(sh(&out, "cd %s && %s run r.toml --set train.steps=40 --set logging.val_every=20 --set logging.dir=%s/half --resume", dir, rlflow, dir) == 0);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=40 --set logging.val_every=20 --set logging.dir=%s/half --resume", dir, rlflow, dir) == 0);
     CHECK(strstr(out, "resumed at step 20") != NULL);
     free(out);
     int same = 0;
@@ -118,19 +101,19 @@ static void resume(void) {
     }
     CHECK(same == 40);
     /* the checkpoint is a model directory `rlflow generate` loads */
-    CHECK(sh(&out, "%s generate --model %s/half/step_000040/actor --prompt 3+4= --greedy --max-new-tokens 4", rlflow, dir) == 0);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/half/step_000040/actor --prompt 3+4= --greedy --max-new-tokens 4", rlflow, dir) == 0);
     free(out);
 }
 
 static void bad_recipes(void) {
     char *out;
-    CHECK(sh(&out, "cd %s && %s run r.toml --set algorithm.kl_coeff=0.1", dir, rlflow) == 1);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set algorithm.kl_coeff=0.1", dir, rlflow) == 1);
     CHECK(strstr(out, "unknown key \"algorithm.kl_coeff\" (did you mean \"algorithm.kl_coef\"?)") != NULL);
     free(out);
-    CHECK(sh(&out, "cd %s && %s run r.toml --set placement.mode=split", dir, rlflow) == 1);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set placement.mode=split", dir, rlflow) == 1);
     CHECK(strstr(out, "placement.mode = \"split\" is not implemented yet") != NULL);
     free(out);
-    CHECK(sh(&out, "cd %s && %s run r.toml --set logging.dir=%s/none --resume", dir, rlflow, dir) == 1);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set logging.dir=%s/none --resume", dir, rlflow, dir) == 1);
     CHECK(strstr(out, "no checkpoint to resume from") != NULL);
     free(out);
 }
@@ -148,6 +131,6 @@ int main(void) {
     rises("ppo");
     resume();
     bad_recipes();
-    sh(NULL, "rm -rf %s", dir);
+    rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_run");
 }
