@@ -119,6 +119,7 @@ static int run_generate(const gen_args *a, char **texts, int n) {
         for (int i = 0; i < n; i++) total += out[i].n_tokens;
         double el = rf_time_now() - t0;
         for (int i = 0; i < n; i++) print_result(&out[i], i, texts[i], a->json);
+        fflush(stdout); /* results before the summary on stderr */
         rf_log_info("generated %ld tokens for %d prompt(s) in %.2f s (%.1f tokens/s)", total, n, el,
                     el > 0 ? (double)total / el : 0.0);
     }
