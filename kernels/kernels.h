@@ -120,6 +120,24 @@ struct rf_kernels {
     /* param, grad, m, v (n); `step` is the 1-based step count after this update. */
     void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int step);
+
+    /* ---- paged KV cache (generation; rollout/kv_pool.h owns the pool) ---- */
+    /* One layer's pool: k_pool, v_pool (n_blocks * block_size, KVH, D); pool row
+     * r = block * block_size + offset. Writes row t of k, v (T, KVH, D) to pool row slots[t]
+     * (slots (T) distinct). */
+    void (*paged_kv_write)(float *k_pool, float *v_pool, const float *k, const float *v,
+                           const int32_t *slots, int T, int KVH, int D);
+    /* attention_forward with keys/values gathered through block tables: key j (< k_len[s]) of
+     * sequence s is pool row block_table[s * max_blocks + j / block_size] * block_size +
+     * j % block_size. Same bottom-right causal alignment, GQA mapping and scale as
+     * attention_forward; no lse (decoding keeps nothing for backward).
+     * out (Tq, H, D); q (Tq, H, D); q_off (n_seq + 1); block_table (n_seq, max_blocks);
+     * k_len (n_seq). */
+    void (*paged_attention_forward)(float *out, const float *q, const float *k_pool,
+                                    const float *v_pool, const int32_t *q_off,
+                                    const int32_t *block_table, int max_blocks,
+                                    const int32_t *k_len, int n_seq, int block_size, int H,
+                                    int KVH, int D);
 };
 
 /* The CPU back end (always present). Static storage; never freed. */

@@ -7,11 +7,13 @@
 #include "common/util.h"
 #include "model/model_internal.h"
 
-/* Decoding context: the layer appends new keys/values to the cache before attention. */
+/* Decoding context: the layer appends new keys/values to the cache before attention. Either
+ * the contiguous cache c (with slots, counts) or, when `paged` is set, a paged one. */
 typedef struct decode_ctx {
     rf_kv_cache *c;
     const int *slots, *counts; /* (n) host */
     int n;
+    const rf__paged_view *paged;
 } decode_ctx;
 
 rf_status rf__model_upload_ints(rf_model *m, int n, const int32_t *const *host,
@@ -86,7 +88,14 @@ static void layer_forward(rf_model *m, int l, rf_layer_acts *a, const float *x_i
         KVH = c->num_key_value_heads, D = c->head_dim;
     k->rmsnorm_forward(a->ln1, a->rstd1, x_in, w->ln1, T, C, c->rms_norm_eps);
     qkv_forward(m, w, a, T);
-    if (dc) {
+    if (dc && dc->paged) {
+        const rf__paged_view *pv = dc->paged;
+        size_t off = (size_t)l * pv->layer_floats;
+        k->paged_kv_write(pv->k + off, pv->v + off, a->k, a->v, pv->slots, T, KVH, D);
+        k->paged_attention_forward(a->att, a->q, pv->k + off, pv->v + off, pv->q_off,
+                                   pv->block_table, pv->max_blocks, pv->k_len, pv->n,
+                                   pv->block_size, H, KVH, D);
+    } else if (dc) {
         cache_append(m, dc, l, a);
         size_t layer_off = (size_t)l * dc->c->n_slots * dc->c->max_len * KVH * D;
         k->attention_forward(a->att, NULL, a->q, dc->c->k + layer_off, dc->c->v + layer_off,
@@ -108,7 +117,13 @@ static void layer_forward(rf_model *m, int l, rf_layer_acts *a, const float *x_i
 void rf__layer_forward_cached(rf_model *m, int l, rf_layer_acts *a, const float *x_in,
                               float *x_out, int T, rf_kv_cache *c, const int *slots,
                               const int *counts, int n) {
-    decode_ctx dc = {c, slots, counts, n};
+    decode_ctx dc = {c, slots, counts, n, NULL};
+    layer_forward(m, l, a, x_in, x_out, T, &dc);
+}
+
+void rf__layer_forward_paged(rf_model *m, int l, rf_layer_acts *a, const float *x_in,
+                             float *x_out, int T, const rf__paged_view *pv) {
+    decode_ctx dc = {NULL, NULL, NULL, pv->n, pv};
     layer_forward(m, l, a, x_in, x_out, T, &dc);
 }
 

@@ -20,4 +20,21 @@ void rf__layer_forward_cached(rf_model *m, int l, rf_layer_acts *a, const float 
                               float *x_out, int T, rf_kv_cache *c, const int *slots,
                               const int *counts, int n);
 
+/* A paged KV cache as one decode call sees it (built by model/model_paged.c from the pool of
+ * rollout/kv_pool.h). Device pointers; n sequences with n_new tokens each, packed. */
+typedef struct rf__paged_view {
+    float *k, *v;               /* (L, n_blocks * block_size, KVH, D) pools */
+    size_t layer_floats;        /* floats per layer in each pool */
+    int block_size, max_blocks, n;
+    const int32_t *slots;       /* (T) pool row of each new token */
+    const int32_t *block_table; /* (n, max_blocks) */
+    const int32_t *q_off;       /* (n + 1) */
+    const int32_t *k_len;       /* (n) cached + new positions per sequence */
+} rf__paged_view;
+
+/* One layer in decoding mode over a paged cache: writes the new keys/values to their pool rows
+ * and attends through the block tables. */
+void rf__layer_forward_paged(rf_model *m, int l, rf_layer_acts *a, const float *x_in,
+                             float *x_out, int T, const rf__paged_view *pv);
+
 #endif

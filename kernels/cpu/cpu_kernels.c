@@ -128,6 +128,16 @@ static void cpu_adamw(float *param, const float *grad, float *m, float *v, size_
                                  weight_decay, bc1, bc2);
 }
 
+/* kernels/cpu/cpu_paged.c (declared here rather than in cpu_internal.h: only this table uses
+ * them) */
+void rf_cpu_paged_kv_write(float *k_pool, float *v_pool, const float *k, const float *v,
+                           const int32_t *slots, int T, int KVH, int D);
+void rf_cpu_paged_attention_forward(float *out, const float *q, const float *k_pool,
+                                    const float *v_pool, const int32_t *q_off,
+                                    const int32_t *block_table, int max_blocks,
+                                    const int32_t *k_len, int n_seq, int block_size, int H,
+                                    int KVH, int D);
+
 static const rf_kernels cpu_table = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -154,6 +164,8 @@ static const rf_kernels cpu_table = {
     .logprob_forward = rf_cpu_logprob_forward,
     .logprob_backward = rf_cpu_logprob_backward,
     .adamw = cpu_adamw,
+    .paged_kv_write = rf_cpu_paged_kv_write,
+    .paged_attention_forward = rf_cpu_paged_attention_forward,
 };
 
 const rf_kernels *rf_cpu_kernels(void) { return &cpu_table; }

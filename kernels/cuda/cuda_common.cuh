@@ -165,4 +165,13 @@ void rf_cuda_logprob_backward(float *dh, float *dw, const float *dlogp, const fl
                               const float *h, const float *w, const int32_t *targets, int T,
                               int C, int V, float inv_temp);
 
+/* cuda_paged.cu */
+void rf_cuda_paged_kv_write(float *k_pool, float *v_pool, const float *k, const float *v,
+                            const int32_t *slots, int T, int KVH, int D);
+void rf_cuda_paged_attention_forward(float *out, const float *q, const float *k_pool,
+                                     const float *v_pool, const int32_t *q_off,
+                                     const int32_t *block_table, int max_blocks,
+                                     const int32_t *k_len, int n_seq, int block_size, int H,
+                                     int KVH, int D);
+
 #endif

@@ -1,0 +1,117 @@
+/* Decoding over the paged KV cache of rollout/kv_pool.h: the paged twin of rf_model_decode
+ * (model_decode.c). The same layers run; only where keys/values are written and read changes
+ * (rf__layer_forward_paged), so with the same batch a paged decode gives the same logits. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+#include "rollout/kv_pool.h"
+
+/* Host index arrays of one call; one allocation. */
+typedef struct paged_idx {
+    int32_t *pos, *slots;  /* (T) */
+    int32_t *q_off;        /* (n + 1) */
+    int32_t *k_len;        /* (n) */
+    int32_t *table;        /* (n, max_blocks) */
+    int T, max_blocks;
+} paged_idx;
+
+static rf_status idx_alloc(paged_idx *ix, const rf_kv_pool *p, const rf_paged_seq *seqs, int n) {
+    ix->T = 0, ix->max_blocks = 1;
+    for (int i = 0; i < n; i++) {
+        if (seqs[i].n_new <= 0)
+            return rf_error(RF_ERR_ARG, "paged decode: sequence %d has no new tokens", i);
+        int nb = rf_kv_pool_blocks_for(p, seqs[i].n_cached + seqs[i].n_new);
+        ix->max_blocks = nb > ix->max_blocks ? nb : ix->max_blocks;
+        ix->T += seqs[i].n_new;
+    }
+    size_t total = 2 * (size_t)ix->T + 2 * (size_t)n + 1 + (size_t)n * ix->max_blocks;
+    ix->pos = calloc(total, sizeof(int32_t));
+    if (!ix->pos) return rf_error(RF_ERR_NOMEM, "paged decode: out of memory");
+    ix->slots = ix->pos + ix->T, ix->q_off = ix->slots + ix->T, ix->k_len = ix->q_off + n + 1;
+    ix->table = ix->k_len + n;
+    return RF_OK;
+}
+
+/* Fills positions, pool slots of the new tokens, offsets, lengths and the padded block table. */
+static rf_status idx_fill(paged_idx *ix, const rf_model *m, const rf_kv_pool *p,
+                          const rf_paged_seq *seqs, int n) {
+    int limit = rf_config_max_seq(&m->cfg), bs = p->block_size;
+    ix->q_off[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const rf_paged_seq *s = &seqs[i];
+        int len = s->n_cached + s->n_new, nb = rf_kv_pool_blocks_for(p, len);
+        if (len > limit)
+            return rf_error(RF_ERR_RANGE, "paged decode: sequence %d would hold %d positions, "
+                            "more than the model's limit of %d", i, len, limit);
+        for (int b = 0; b < nb; b++) {
+            if (s->blocks[b] < 0 || s->blocks[b] >= p->n_blocks)
+                return rf_error(RF_ERR_RANGE, "paged decode: sequence %d: block %d of its table "
+                                "is %d, outside the pool's %d blocks", i, b, s->blocks[b], p->n_blocks);
+            ix->table[(size_t)i * ix->max_blocks + b] = s->blocks[b];
+        }
+        for (int j = 0; j < s->n_new; j++) {
+            int t = ix->q_off[i] + j, at = s->n_cached + j;
+            ix->pos[t] = at;
+            ix->slots[t] = s->blocks[at / bs] * bs + at % bs;
+        }
+        ix->q_off[i + 1] = ix->q_off[i] + s->n_new;
+        ix->k_len[i] = len;
+    }
+    return RF_OK;
+}
+
+/* Logits of the last new token of each sequence: gather rows, final norm, LM head (the same
+ * steps as model_decode.c's last_logits). */
+static rf_status paged_logits(rf_model *m, const float *x, const int32_t *q_off, int n,
+                              float *logits) {
+    const rf_model_config *c = &m->cfg;
+    int C = c->hidden_size, V = c->vocab_size;
+    for (int i = 0; i < n; i++)
+        m->k->copy(m->scratch + (size_t)i * C, x + (size_t)(q_off[i + 1] - 1) * C,
+                   sizeof(float) * (size_t)C);
+    m->k->rmsnorm_forward(m->scratch2, NULL, m->scratch, m->norm, n, C, c->rms_norm_eps);
+    RF_TRY(rf__model_dev_out(m, (size_t)n * V));
+    m->k->matmul_forward(m->dev_out, m->scratch2, m->lm_head, NULL, n, C, V);
+    m->k->to_host(logits, m->dev_out, sizeof(float) * (size_t)n * V);
+    return RF_OK;
+}
+
+/* Uploads the index arrays and runs embedding, layers and logits. */
+static rf_status paged_run(rf_model *m, rf_kv_pool *p, const paged_idx *ix, int n,
+                           const int32_t *tokens, float *logits) {
+    RF_TRY(rf__model_reserve(m, ix->T > n ? ix->T : n));
+    const int32_t *host[] = {tokens, ix->pos, ix->slots, ix->q_off, ix->k_len, ix->table};
+    int cnt[] = {ix->T, ix->T, ix->T, n + 1, n, n * ix->max_blocks};
+    int32_t *dev[6];
+    RF_TRY(rf__model_upload_ints(m, 6, host, cnt, dev));
+    m->d_tokens = dev[0], m->d_pos = dev[1];
+    rf__paged_view pv = {p->kc, p->vc, (size_t)p->n_blocks * p->block_size * p->KVH * p->D,
+                         p->block_size, ix->max_blocks, n, dev[2], dev[5], dev[3], dev[4]};
+    rf_layer_acts *a = &m->acts[0]; /* one layer's buffers serve every layer, as in decoding */
+    float *x = m->x_final, *y = m->h;
+    m->k->embedding_forward(x, m->d_tokens, m->wte, ix->T, m->cfg.hidden_size);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        rf__layer_forward_paged(m, l, a, x, y, ix->T, &pv);
+        float *t = x;
+        x = y, y = t;
+    }
+    m->T = 0; /* activations no longer describe a training forward */
+    return paged_logits(m, x, ix->q_off, n, logits);
+}
+
+rf_status rf_model_decode_paged(rf_model *m, rf_kv_pool *pool, const rf_paged_seq *seqs, int n,
+                                const int32_t *tokens, float *logits) {
+    if (!m->lm_head) return rf_error(RF_ERR_ARG, "paged decode: model has no LM head");
+    if (n <= 0) return RF_OK;
+    paged_idx ix = {0};
+    rf_status s = idx_alloc(&ix, pool, seqs, n);
+    if (s == RF_OK) s = idx_fill(&ix, m, pool, seqs, n);
+    for (int t = 0; s == RF_OK && t < ix.T; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab_size)
+            s = rf_error(RF_ERR_RANGE, "paged decode: token id %d outside the vocabulary (%d)",
+                         tokens[t], m->cfg.vocab_size);
+    if (s == RF_OK) s = paged_run(m, pool, &ix, n, tokens, logits);
+    free(ix.pos);
+    return s;
+}

@@ -1,0 +1,79 @@
+/* Block pool of the paged KV cache: device memory plus a host free list and reference counts. */
+#include "rollout/kv_pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+rf_status rf_kv_pool_init(rf_kv_pool *p, const rf_model *m, int n_blocks, int block_size) {
+    memset(p, 0, sizeof *p);
+    if (n_blocks <= 0 || block_size <= 0)
+        return rf_error(RF_ERR_ARG, "kv pool: n_blocks (%d) and block_size (%d) must be >= 1",
+                        n_blocks, block_size);
+    p->k = m->k;
+    p->n_blocks = n_blocks, p->block_size = block_size;
+    p->n_layers = m->cfg.num_hidden_layers, p->KVH = m->cfg.num_key_value_heads;
+    p->D = m->cfg.head_dim;
+    size_t n = (size_t)p->n_layers * n_blocks * block_size * p->KVH * p->D;
+    p->kc = p->k->alloc(n * sizeof(float));
+    p->vc = p->k->alloc(n * sizeof(float));
+    p->ref = calloc((size_t)n_blocks, sizeof(int));
+    p->free_ids = malloc(sizeof(int) * (size_t)n_blocks);
+    if (!p->kc || !p->vc || !p->ref || !p->free_ids) {
+        rf_kv_pool_free(p);
+        return rf_error(RF_ERR_NOMEM, "kv pool: out of memory for %d blocks of %d positions "
+                        "(%zu MB)", n_blocks, block_size, 2 * n * sizeof(float) >> 20);
+    }
+    for (int i = 0; i < n_blocks; i++) p->free_ids[i] = n_blocks - 1 - i; /* block 0 on top */
+    p->n_free = n_blocks;
+    return RF_OK;
+}
+
+void rf_kv_pool_free(rf_kv_pool *p) {
+    if (!p) return;
+    if (p->k) {
+        p->k->free(p->kc);
+        p->k->free(p->vc);
+    }
+    free(p->ref);
+    free(p->free_ids);
+    memset(p, 0, sizeof *p);
+}
+
+int rf_kv_pool_alloc(rf_kv_pool *p) {
+    if (p->n_free == 0) return -1;
+    int b = p->free_ids[--p->n_free];
+    RF_ASSERT(p->ref[b] == 0);
+    p->ref[b] = 1;
+    int used = p->n_blocks - p->n_free;
+    if (used > p->peak_used) p->peak_used = used;
+    return b;
+}
+
+void rf_kv_pool_ref(rf_kv_pool *p, int b) {
+    RF_ASSERT(b >= 0 && b < p->n_blocks && p->ref[b] > 0);
+    p->ref[b]++;
+}
+
+void rf_kv_pool_unref(rf_kv_pool *p, int b) {
+    RF_ASSERT(b >= 0 && b < p->n_blocks && p->ref[b] > 0);
+    if (--p->ref[b] == 0) p->free_ids[p->n_free++] = b;
+}
+
+void rf_kv_pool_copy(rf_kv_pool *p, int dst, int src, int n_rows) {
+    size_t row = (size_t)p->KVH * p->D, layer = (size_t)p->n_blocks * p->block_size * row;
+    size_t bytes = (size_t)n_rows * row * sizeof(float);
+    for (int l = 0; l < p->n_layers; l++) {
+        size_t d = l * layer + (size_t)dst * p->block_size * row;
+        size_t s = l * layer + (size_t)src * p->block_size * row;
+        p->k->copy(p->kc + d, p->kc + s, bytes);
+        p->k->copy(p->vc + d, p->vc + s, bytes);
+    }
+}
+
+int rf_kv_pool_used(const rf_kv_pool *p) { return p->n_blocks - p->n_free; }
+
+int rf_kv_pool_blocks_for(const rf_kv_pool *p, int n_pos) {
+    return (n_pos + p->block_size - 1) / p->block_size;
+}

@@ -1,0 +1,280 @@
+/* The rollout engine's API: construction, requests and their copies, delivery of finished
+ * samples. The scheduler step itself is in rollout/scheduler.c. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "rollout/rollout_internal.h"
+
+static void opts_defaults(rf_rollout_opts *o) {
+    if (o->block_size == 0) o->block_size = 16;
+    if (o->n_blocks == 0) o->n_blocks = 1024;
+    if (o->max_running == 0) o->max_running = 64;
+    if (o->max_batch_tokens == 0) o->max_batch_tokens = 2048;
+}
+
+static rf_status opts_check(const rf_rollout_opts *o, const rf_model *m) {
+    if (!m->lm_head) return rf_error(RF_ERR_ARG, "rollout: the model has a value head, not an LM head");
+    if (o->block_size < 1 || o->n_blocks < 1 || o->max_running < 1 || o->max_batch_tokens < 1)
+        return rf_error(RF_ERR_ARG, "rollout: block_size (%d), n_blocks (%d), max_running (%d) "
+                        "and max_batch_tokens (%d) must be >= 1 (0 = default)", o->block_size,
+                        o->n_blocks, o->max_running, o->max_batch_tokens);
+    if (o->max_running > o->max_batch_tokens)
+        return rf_error(RF_ERR_ARG, "rollout: max_running (%d) exceeds max_batch_tokens (%d): a "
+                        "decode step would not fit the token budget", o->max_running,
+                        o->max_batch_tokens);
+    return RF_OK;
+}
+
+rf_status rf_rollout_init(rf_rollout **out, rf_model *m, const rf_rollout_opts *opts) {
+    *out = NULL;
+    rf_rollout_opts o = opts ? *opts : (rf_rollout_opts){0};
+    opts_defaults(&o);
+    RF_TRY(opts_check(&o, m));
+    rf_rollout *e = rf_calloc(1, sizeof *e);
+    if (!e) return RF_ERR_NOMEM;
+    e->m = m, e->o = o;
+    rf_status s = rf_kv_pool_init(&e->pool, m, o.n_blocks, o.block_size);
+    size_t V = (size_t)m->cfg.vocab_size, R = (size_t)o.max_running;
+    e->running = calloc(R, sizeof *e->running);
+    e->batch = calloc(R, sizeof *e->batch);
+    e->row = calloc(R, sizeof *e->row);
+    e->logits = malloc(sizeof(float) * R * V);
+    e->work = malloc(sizeof(float) * 2 * V);
+    if (s == RF_OK && (!e->running || !e->batch || !e->row || !e->logits || !e->work))
+        s = rf_error(RF_ERR_NOMEM, "rollout: out of memory for %d running sequences", o.max_running);
+    if (s != RF_OK) {
+        rf_rollout_free(e);
+        return s;
+    }
+    *out = e;
+    return RF_OK;
+}
+
+static void request_free(ro_request *r) {
+    if (!r) return;
+    free(r->prefix);
+    free(r->first_logits);
+    free(r->prompt);
+    free(r->stop_ids);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r);
+}
+
+static void seq_free(ro_seq *s) {
+    if (!s) return;
+    free(s->tokens);
+    free(s->logprobs);
+    free(s->versions);
+    free(s->blocks);
+    free(s->text);
+    free(s);
+}
+
+/* Frees a sequence that will never be delivered, and its request with its last one. */
+static void seq_drop(rf_rollout *e, ro_seq *s) {
+    rf__rollout_release_blocks(e, s);
+    ro_request *r = s->req;
+    seq_free(s);
+    if (--r->n_left == 0) request_free(r);
+}
+
+void rf_rollout_free(rf_rollout *e) {
+    if (!e) return;
+    while (e->retained) rf__rollout_drop_prefix(e, e->retained);
+    for (int i = 0; i < e->n_running; i++) seq_drop(e, e->running[i]);
+    for (int i = 0; i < e->n_waiting; i++) seq_drop(e, e->waiting[i]);
+    rf_kv_pool_free(&e->pool);
+    free(e->waiting);
+    free(e->running);
+    free(e->batch);
+    free(e->row);
+    free(e->tokens);
+    free(e->logits);
+    free(e->work);
+    free(e);
+}
+
+void rf_rollout_set_callback(rf_rollout *e, rf_rollout_callback fn, void *ctx) {
+    e->cb = fn, e->cb_ctx = ctx;
+}
+
+void rf_rollout_set_version(rf_rollout *e, int version) { e->version = version; }
+
+int rf_rollout_idle(const rf_rollout *e) { return e->n_running == 0 && e->n_waiting == 0; }
+
+void rf_rollout_get_stats(const rf_rollout *e, rf_rollout_stats *s) {
+    *s = e->stats;
+    s->peak_blocks_used = e->pool.peak_used;
+    s->running = e->n_running, s->waiting = e->n_waiting;
+}
+
+const rf_kv_pool *rf_rollout_pool(const rf_rollout *e) { return &e->pool; }
+
+/* ---- requests ---- */
+
+static rf_status request_check(const rf_rollout *e, const rf_rollout_request *q) {
+    const rf_model_config *c = &e->m->cfg;
+    if (!q->prompt || q->prompt_len <= 0) return rf_error(RF_ERR_ARG, "rollout: the prompt is empty");
+    if (q->n < 1) return rf_error(RF_ERR_ARG, "rollout: n (samples) must be >= 1, got %d", q->n);
+    if (q->max_new_tokens < 1)
+        return rf_error(RF_ERR_ARG, "rollout: max_new_tokens must be >= 1, got %d", q->max_new_tokens);
+    RF_TRY(rf_sampling_validate(&q->sampling));
+    if (q->n_stop < 0 || q->n_stop > RF_MAX_STOP || q->n_stop_ids < 0)
+        return rf_error(RF_ERR_ARG, "rollout: %d stop strings (at most %d), %d stop ids", q->n_stop,
+                        RF_MAX_STOP, q->n_stop_ids);
+    if (q->n_stop && !e->o.tok) return rf_error(RF_ERR_ARG, "rollout: stop strings need a tokenizer");
+    for (int i = 0; i < q->prompt_len; i++)
+        if (q->prompt[i] < 0 || q->prompt[i] >= c->vocab_size)
+            return rf_error(RF_ERR_RANGE, "rollout: prompt token %d at position %d is outside the "
+                            "vocabulary (%d)", q->prompt[i], i, c->vocab_size);
+    int len = q->prompt_len + q->max_new_tokens, limit = rf_config_max_seq(c);
+    if (len > limit)
+        return rf_error(RF_ERR_RANGE, "rollout: prompt (%d tokens) + max_new_tokens (%d) exceeds "
+                        "the model's limit of %d positions", q->prompt_len, q->max_new_tokens, limit);
+    int need = rf_kv_pool_blocks_for(&e->pool, len);
+    if (need > e->pool.n_blocks)
+        return rf_error(RF_ERR_RANGE, "rollout: a sample of this request needs up to %d KV blocks "
+                        "(%d positions / %d per block) but the whole pool holds %d", need, len,
+                        e->pool.block_size, e->pool.n_blocks);
+    return RF_OK;
+}
+
+static ro_request *request_copy(const rf_rollout_request *q, void *user, uint64_t id) {
+    ro_request *r = rf_calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->id = id, r->user = user, r->n = r->n_left = r->n_unstarted = q->n;
+    r->sampling = q->sampling, r->capture_row = -1;
+    r->prompt_len = q->prompt_len, r->max_new_tokens = q->max_new_tokens;
+    r->prompt = malloc(sizeof(int32_t) * (size_t)q->prompt_len);
+    r->stop_ids = malloc(sizeof(int32_t) * (size_t)(q->n_stop_ids + 1));
+    int ok = r->prompt && r->stop_ids;
+    if (ok) memcpy(r->prompt, q->prompt, sizeof(int32_t) * (size_t)q->prompt_len);
+    if (ok && q->n_stop_ids) memcpy(r->stop_ids, q->stop_ids, sizeof(int32_t) * (size_t)q->n_stop_ids);
+    r->n_stop_ids = q->n_stop_ids;
+    for (int i = 0; ok && i < q->n_stop; i++) {
+        ok = (r->stop[i] = rf_strdup(q->stop[i])) != NULL;
+        r->n_stop = i + 1;
+    }
+    if (!ok) {
+        request_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+static ro_seq *seq_new(rf_rollout *e, ro_request *r, int index, uint64_t seed, uint64_t group) {
+    ro_seq *s = rf_calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->req = r, s->index = index, s->group = group;
+    rf_rng_seed(&s->rng, seed + (uint64_t)index);
+    s->cap_blocks = rf_kv_pool_blocks_for(&e->pool, r->prompt_len + r->max_new_tokens);
+    s->tokens = malloc(sizeof(int32_t) * (size_t)(r->prompt_len + r->max_new_tokens));
+    s->logprobs = malloc(sizeof(float) * (size_t)r->max_new_tokens);
+    s->versions = malloc(sizeof(int) * (size_t)r->max_new_tokens);
+    s->blocks = malloc(sizeof(int) * (size_t)s->cap_blocks);
+    if (!s->tokens || !s->logprobs || !s->versions || !s->blocks) {
+        seq_free(s);
+        return NULL;
+    }
+    memcpy(s->tokens, r->prompt, sizeof(int32_t) * (size_t)r->prompt_len);
+    s->n_tokens = r->prompt_len;
+    return s;
+}
+
+rf_status rf__rollout_push_waiting(rf_rollout *e, ro_seq *s, int front) {
+    if (e->n_waiting == e->cap_waiting) {
+        int cap = e->cap_waiting ? 2 * e->cap_waiting : 64;
+        ro_seq **w = realloc(e->waiting, sizeof *w * (size_t)cap);
+        if (!w) return rf_error(RF_ERR_NOMEM, "rollout: out of memory for the waiting queue");
+        e->waiting = w, e->cap_waiting = cap;
+    }
+    if (front) {
+        memmove(e->waiting + 1, e->waiting, sizeof *e->waiting * (size_t)e->n_waiting);
+        e->waiting[0] = s;
+    } else {
+        e->waiting[e->n_waiting] = s;
+    }
+    e->n_waiting++;
+    return RF_OK;
+}
+
+rf_status rf_rollout_submit(rf_rollout *e, const rf_rollout_request *q, void *user,
+                            uint64_t *id) {
+    RF_TRY(request_check(e, q));
+    ro_request *r = request_copy(q, user, e->next_id);
+    if (!r) return rf_error(RF_ERR_NOMEM, "rollout: out of memory for a request");
+    uint64_t group = e->next_group++;
+    int queued = 0;
+    rf_status st = RF_OK;
+    while (st == RF_OK && queued < q->n) {
+        ro_seq *s = seq_new(e, r, queued, q->seed, group);
+        st = s ? rf__rollout_push_waiting(e, s, 0) : rf_error(RF_ERR_NOMEM, "rollout: out of memory");
+        if (st == RF_OK) queued++;
+        else seq_free(s);
+    }
+    if (st != RF_OK) { /* take back the samples already queued (the queue's tail) */
+        e->n_waiting -= queued;
+        for (int i = 0; i < queued; i++) seq_free(e->waiting[e->n_waiting + i]);
+        request_free(r);
+        return st;
+    }
+    if (id) *id = e->next_id;
+    e->next_id++;
+    return RF_OK;
+}
+
+/* ---- finished samples ---- */
+
+void rf__rollout_release_blocks(rf_rollout *e, ro_seq *s) {
+    for (int i = 0; i < s->n_blocks; i++) rf_kv_pool_unref(&e->pool, s->blocks[i]);
+    s->n_blocks = 0, s->n_cached = 0;
+}
+
+void rf__rollout_drop_prefix(rf_rollout *e, ro_request *r) {
+    for (ro_request **at = &e->retained; *at; at = &(*at)->next_retained)
+        if (*at == r) {
+            *at = r->next_retained;
+            break;
+        }
+    for (int i = 0; i < r->n_prefix; i++) rf_kv_pool_unref(&e->pool, r->prefix[i]);
+    free(r->prefix);
+    free(r->first_logits);
+    r->prefix = NULL, r->first_logits = NULL, r->n_prefix = 0, r->capture_row = -1;
+    r->next_retained = NULL;
+}
+
+rf_status rf__rollout_update_text(rf_rollout *e, ro_seq *s, int *stopped) {
+    *stopped = 0;
+    const rf_tokenizer *tok = e->o.tok;
+    if (!tok) return RF_OK;
+    int n_gen = s->n_tokens - s->req->prompt_len, n = 0;
+    const int32_t *gen = s->tokens + s->req->prompt_len;
+    /* ids without a token (vocabulary padding) decode to nothing, as in rf_generate */
+    int32_t *known = malloc(sizeof(int32_t) * (size_t)(n_gen + 1));
+    if (!known) return rf_error(RF_ERR_NOMEM, "rollout: out of memory");
+    for (int i = 0; i < n_gen; i++)
+        if (rf_tokenizer_id_to_token(tok, gen[i])) known[n++] = gen[i];
+    char *text = NULL;
+    size_t len = 0;
+    rf_status st = rf_tokenizer_decode(tok, known, n, 1, &text, &len);
+    free(known);
+    RF_TRY(st);
+    for (int i = 0; i < s->req->n_stop; i++) {
+        char *hit = strstr(text, s->req->stop[i]);
+        if (hit) *hit = '\0', *stopped = 1;
+    }
+    free(s->text);
+    s->text = text;
+    return RF_OK;
+}
+
+void rf__rollout_deliver(rf_rollout *e, ro_seq *s) {
+    ro_request *r = s->req;
+    int P = r->prompt_len;
+    rf_rollout_sample out = {r->id, s->index, r->user, r->prompt, P, s->tokens + P, s->logprobs,
+                             s->versions, s->n_tokens - P, s->text, s->finish, s->n_preempted};
+    e->stats.samples_finished++;
+    if (e->cb) e->cb(e->cb_ctx, &out);
+    seq_drop(e, s);
+}

@@ -1,0 +1,128 @@
+/* The rollout engine: the generation side of RL. Requests (a prompt, n samples, sampling
+ * parameters, stop conditions, a seed) go in; samples (tokens, behaviour log-probs, the policy
+ * version of every token, a finish reason) come out one at a time, as each finishes.
+ *
+ * Inside: a paged KV cache (rollout/kv_pool.h) whose blocks the n samples of one prompt share
+ * (the prompt is prefilled once per group, a shared partially filled block is copied on write),
+ * and a continuous-batching scheduler (Orca, Yu et al. 2022; vLLM, Kwon et al. 2023): every
+ * step runs ONE model call over the decode tokens of the running sequences plus the prompts of
+ * newly admitted ones, so sequences join as others finish, bounded by max_running sequences
+ * and max_batch_tokens tokens per step. When the pool runs out of blocks the most recently
+ * admitted sequence is preempted (its blocks freed), re-queued at the front, and later
+ * recomputed from its prompt and generated tokens.
+ *
+ * Determinism: sample i of a request draws from its own RNG seeded seed + i, kept across
+ * preemption, so a sample's tokens do not depend on scheduling, batching or preemption; with
+ * n = 1 and seeds seed + r the engine reproduces rf_generate (model/generate.h).
+ *
+ * Threads: an engine is used by one thread at a time (it drives its model). The callback runs
+ * on that thread inside rf_rollout_step; it may call rf_rollout_submit and
+ * rf_rollout_set_version, not rf_rollout_step, rf_rollout_run_until_idle or rf_rollout_free. */
+#ifndef RF_ROLLOUT_H
+#define RF_ROLLOUT_H
+
+#include <stdint.h>
+
+#include "model/generate.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "rollout/kv_pool.h"
+
+typedef struct rf_rollout rf_rollout;
+
+typedef struct rf_rollout_opts {
+    int block_size;          /* positions per KV block; 0 = 16 */
+    int n_blocks;            /* blocks in the pool, bounds KV memory; 0 = 1024 */
+    int max_running;         /* sequences in a step at most; 0 = 64 */
+    int max_batch_tokens;    /* tokens per model call at most (decode + prefill); 0 = 2048.
+                                A prompt longer than this is prefilled alone in its step. */
+    const rf_tokenizer *tok; /* for stop strings and sample text; may be NULL */
+} rf_rollout_opts;
+
+typedef struct rf_rollout_request {
+    const int32_t *prompt;   /* (prompt_len) copied at submit */
+    int prompt_len;
+    int n;                   /* samples of this prompt (a GRPO group); >= 1 */
+    rf_sampling sampling;
+    int max_new_tokens;      /* >= 1 */
+    uint64_t seed;           /* sample i uses an RNG seeded seed + i */
+    const int32_t *stop_ids; /* (n_stop_ids) EOS / stop token ids, copied; finish "eos" */
+    int n_stop_ids;
+    const char *stop[RF_MAX_STOP]; /* stop strings, copied; need opts.tok; finish "stop" */
+    int n_stop;
+} rf_rollout_request;
+
+/* A finished sample, as the callback sees it. Every pointer is the engine's and valid only
+ * during the callback: copy what you keep. */
+typedef struct rf_rollout_sample {
+    uint64_t request_id;     /* as returned by rf_rollout_submit */
+    int index;               /* sample index within the request, 0 .. n-1 */
+    void *user;              /* as given to rf_rollout_submit */
+    const int32_t *prompt;   /* (prompt_len) */
+    int prompt_len;
+    const int32_t *tokens;   /* (n_tokens) generated ids, including a final stop id */
+    const float *logprobs;   /* (n_tokens) behaviour log-probs (rf_sample's) */
+    const int *versions;     /* (n_tokens) policy version current when each token was sampled */
+    int n_tokens;
+    const char *text;        /* decoded, cut before a stop string; NULL without a tokenizer */
+    rf_finish finish;
+    int n_preempted;         /* times this sample was preempted and recomputed */
+} rf_rollout_sample;
+
+typedef void (*rf_rollout_callback)(void *ctx, const rf_rollout_sample *s);
+
+typedef struct rf_rollout_stats {
+    int64_t steps;                /* rf_rollout_step iterations that did work */
+    int64_t tokens_generated;     /* sampled tokens */
+    int64_t prefill_tokens;       /* prompt (and recomputed) tokens run through the model */
+    int64_t decode_tokens;        /* single-token decode positions run through the model */
+    int64_t preemptions;
+    int64_t samples_finished;
+    int64_t prefix_blocks_shared; /* block references shared instead of prefilled again */
+    int64_t cow_copies;           /* shared blocks copied before an append */
+    int peak_blocks_used;
+    int running, waiting;         /* sequences now */
+} rf_rollout_stats;
+
+/* Creates an engine generating with model m (borrowed: m must outlive the engine and is driven
+ * by it during steps) and a KV pool of o->n_blocks blocks on m's back end. o may be NULL
+ * (defaults). Errors: RF_ERR_ARG for negative sizes, a model without an LM head, or
+ * max_running > max_batch_tokens; RF_ERR_NOMEM. Free with rf_rollout_free. */
+rf_status rf_rollout_init(rf_rollout **e, rf_model *m, const rf_rollout_opts *o);
+void rf_rollout_free(rf_rollout *e);
+
+/* Sets the function that receives each finished sample (ctx is passed back). Without one,
+ * finished samples are counted and dropped. */
+void rf_rollout_set_callback(rf_rollout *e, rf_rollout_callback fn, void *ctx);
+
+/* Queues a request; nothing runs until rf_rollout_step. Everything in req is copied. *id (may
+ * be NULL) receives the request id. Errors (nothing queued): RF_ERR_ARG for an empty prompt,
+ * n < 1, max_new_tokens < 1, bad sampling parameters, stop strings without a tokenizer, or
+ * too many stop strings; RF_ERR_RANGE for a token id outside the vocabulary, a sequence longer
+ * than the model's limit, or one sample needing more KV blocks than the whole pool holds. */
+rf_status rf_rollout_submit(rf_rollout *e, const rf_rollout_request *req, void *user,
+                            uint64_t *id);
+
+/* The policy version recorded on tokens sampled from now on (weights may change between
+ * steps: in-flight sequences continue and their later tokens carry the new version). */
+void rf_rollout_set_version(rf_rollout *e, int version);
+
+/* One scheduler iteration: reserve KV slots for the running sequences (preempting when the
+ * pool is full), admit waiting sequences, run one model call, sample, and deliver the samples
+ * that finished. Does nothing when idle. Errors come from the model call or the tokenizer;
+ * after one the engine should be freed. */
+rf_status rf_rollout_step(rf_rollout *e);
+
+/* Steps until no sequence is running or waiting. */
+rf_status rf_rollout_run_until_idle(rf_rollout *e);
+
+/* 1 when nothing is running or waiting. */
+int rf_rollout_idle(const rf_rollout *e);
+
+void rf_rollout_get_stats(const rf_rollout *e, rf_rollout_stats *s);
+
+/* The engine's KV pool, read-only (tests inspect block references). */
+const rf_kv_pool *rf_rollout_pool(const rf_rollout *e);
+
+#endif

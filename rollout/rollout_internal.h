@@ -1,0 +1,86 @@
+/* State of the rollout engine shared by rollout/rollout.c (API, requests, delivery) and
+ * rollout/scheduler.c (one step: reserve, admit, run, sample). Not a public interface. */
+#ifndef RF_ROLLOUT_INTERNAL_H
+#define RF_ROLLOUT_INTERNAL_H
+
+#include "rollout/rollout.h"
+
+/* A submitted request: a copy of everything the caller passed. Freed when its last sample has
+ * been delivered. */
+typedef struct ro_request {
+    uint64_t id;
+    void *user;
+    int32_t *prompt;          /* (prompt_len) */
+    int prompt_len, n, n_left; /* n_left: samples not yet delivered */
+    rf_sampling sampling;
+    int max_new_tokens;
+    int32_t *stop_ids;        /* (n_stop_ids) */
+    int n_stop_ids;
+    char *stop[RF_MAX_STOP];
+    int n_stop;
+    /* Prefix retained for samples not yet started, so that a group admitted in parts is still
+     * prefilled once: the prompt's blocks (one reference each) and the logits of its last
+     * position, from which a late sample draws its first token. Dropped when the last sample
+     * starts, or when the pool runs short (the late samples then prefill again). */
+    int n_unstarted;          /* samples never admitted */
+    int *prefix;              /* (n_prefix) block ids, or NULL */
+    int n_prefix;
+    float *first_logits;      /* (V) */
+    int capture_row;          /* logits row to copy into first_logits after this step; -1 */
+    struct ro_request *next_retained;
+} ro_request;
+
+/* One sample of a request, from submit to delivery. Between steps a running sequence has its
+ * last token pending: n_cached == n_tokens - 1. A waiting one has no blocks (n_cached == 0). */
+typedef struct ro_seq {
+    ro_request *req;
+    int index;               /* sample index within the request */
+    rf_rng rng;              /* seeded seed + index; kept across preemption */
+    int32_t *tokens;         /* (prompt_len + max_new_tokens) prompt, then generated */
+    float *logprobs;         /* (max_new_tokens) */
+    int *versions;           /* (max_new_tokens) */
+    int n_tokens, n_cached;
+    int *blocks;             /* (cap_blocks) block table */
+    int n_blocks, cap_blocks;
+    uint64_t group;          /* consecutive waiting sequences of one group share a prefill */
+    int n_preempted;
+    char *text;              /* decoded output (with a tokenizer) */
+    rf_finish finish;
+} ro_seq;
+
+struct rf_rollout {
+    rf_model *m;
+    rf_rollout_opts o;
+    rf_kv_pool pool;
+    rf_rollout_callback cb;
+    void *cb_ctx;
+    int version;
+    uint64_t next_id, next_group;
+    ro_seq **waiting;        /* (cap_waiting) FIFO; preempted sequences go to the front */
+    int n_waiting, cap_waiting;
+    ro_seq **running;        /* (max_running) in admission order */
+    int n_running;
+    ro_request *retained;    /* list of requests holding a prefix */
+    /* per-step scratch */
+    rf_paged_seq *batch;     /* (max_running) */
+    int *row;                /* (max_running) logits row of each running sequence */
+    int32_t *tokens;         /* (tokens_cap) packed input tokens */
+    int tokens_cap;
+    float *logits;           /* (max_running, V) */
+    float *work;             /* (2 V) sampler scratch */
+    rf_rollout_stats stats;
+};
+
+/* rollout.c */
+rf_status rf__rollout_push_waiting(rf_rollout *e, ro_seq *s, int front);
+/* Decodes s's output into s->text (with a tokenizer); *stopped = 1 when a stop string occurs,
+ * the text then cut before it. */
+rf_status rf__rollout_update_text(rf_rollout *e, ro_seq *s, int *stopped);
+/* Hands a finished sample to the callback, then frees it (and its request after the last). */
+void rf__rollout_deliver(rf_rollout *e, ro_seq *s);
+/* Drops every block reference of s. */
+void rf__rollout_release_blocks(rf_rollout *e, ro_seq *s);
+/* Drops request r's retained prefix (and takes r off the list). */
+void rf__rollout_drop_prefix(rf_rollout *e, ro_request *r);
+
+#endif
