@@ -8,7 +8,9 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "controller/run_internal.h"
-#include "model/generate.h"
+#include <stdint.h>
+
+#include "rollout/rollout.h"
 
 typedef struct step_buf {
     rf_train_sample *s;
@@ -22,44 +24,62 @@ static void buf_free(step_buf *b) {
     memset(b, 0, sizeof *b);
 }
 
-/* Rollout role: n samples for each prompt, seeded by (train.seed, step, round). */
+/* Where the rollout engine's callback puts each finished sample. */
+typedef struct gen_sink {
+    rf_run *run;
+    const rf_example *const *ex;
+    rf_train_sample *out;
+    int n;
+    double tokens;
+    rf_status st;
+} gen_sink;
+
+/* Rollout role output, one sample at a time as each finishes (streaming): the sample's tokens,
+ * behaviour log-probs and versions, scored at once by the reward rules. */
+static void on_sample(void *ctx, const rf_rollout_sample *rs) {
+    gen_sink *g = ctx;
+    int p = (int)(intptr_t)rs->user;
+    rf_train_sample *s = &g->out[p * g->n + rs->index];
+    if (g->st != RF_OK) return;
+    memset(s, 0, sizeof *s);
+    s->n_prompt = rs->prompt_len, s->n_resp = rs->n_tokens, s->group = p;
+    s->tokens = malloc(sizeof(int32_t) * (size_t)(s->n_prompt + s->n_resp));
+    g->st = s->tokens ? rf_train_sample_alloc(s) : rf_error(RF_ERR_NOMEM, "out of memory");
+    if (g->st != RF_OK) return;
+    memcpy(s->tokens, rs->prompt, sizeof(int32_t) * (size_t)s->n_prompt);
+    memcpy(s->tokens + s->n_prompt, rs->tokens, sizeof(int32_t) * (size_t)s->n_resp);
+    memcpy(s->behav_logp, rs->logprobs, sizeof(float) * (size_t)s->n_resp);
+    memcpy(s->versions, rs->versions, sizeof(int) * (size_t)s->n_resp);
+    g->tokens += s->n_resp;
+    g->st = rf_reward_rules_score(g->run->rules, rs->text ? rs->text : "", s->n_resp,
+                                  g->ex[p]->answer, &s->reward, &s->accuracy);
+}
+
+/* Rollout role: a generate request per prompt (n samples, sampling parameters, seed derived
+ * from train.seed, the step and the round), run by the engine until every sample is back. */
 static rf_status generate(rf_run *run, const rf_example *const *ex, int n_prompts, int round,
                           rf_train_sample *out, double *tokens) {
     const rf_recipe *r = run->r;
-    int n = r->rollout.n, total = n_prompts * n;
-    const int32_t **prompts = malloc(sizeof *prompts * (size_t)total);
-    int *lens = malloc(sizeof(int) * (size_t)total);
-    rf_gen_output *go = calloc((size_t)total, sizeof *go);
-    if (!prompts || !lens || !go) {
-        free(prompts), free(lens), free(go);
-        return rf_error(RF_ERR_NOMEM, "out of memory for rollout");
+    gen_sink g = {run, ex, out, r->rollout.n, 0, RF_OK};
+    rf_rollout_set_callback(run->engine, on_sample, &g);
+    rf_rollout_set_version(run->engine, run->step);
+    uint64_t base = ((uint64_t)r->train.seed << 40) ^ ((uint64_t)run->step << 16) ^ ((uint64_t)round << 8);
+    rf_status st = RF_OK;
+    for (int p = 0; st == RF_OK && p < n_prompts; p++) {
+        rf_rollout_request q = {.prompt = ex[p]->prompt_ids, .prompt_len = ex[p]->n_prompt,
+                                .n = r->rollout.n,
+                                .sampling = {0, (float)r->rollout.temperature, r->rollout.top_k,
+                                             (float)r->rollout.top_p},
+                                .max_new_tokens = r->rollout.max_new_tokens,
+                                .seed = base + (uint64_t)p * (uint64_t)r->rollout.n,
+                                .stop_ids = run->eos, .n_stop_ids = run->n_eos};
+        for (int i = 0; i < r->rollout.stop.n && i < RF_MAX_STOP; i++) q.stop[q.n_stop++] = r->rollout.stop.v[i];
+        st = rf_rollout_submit(run->engine, &q, (void *)(intptr_t)p, NULL);
     }
-    for (int i = 0; i < total; i++) prompts[i] = ex[i / n]->prompt_ids, lens[i] = ex[i / n]->n_prompt;
-    rf_gen_params gp = {.sampling = {0, (float)r->rollout.temperature, r->rollout.top_k, (float)r->rollout.top_p},
-                        .max_new_tokens = r->rollout.max_new_tokens,
-                        .seed = ((uint64_t)r->train.seed << 32) ^ ((uint64_t)run->step << 8) ^ (uint64_t)round,
-                        .eos_ids = run->eos, .n_eos = run->n_eos};
-    for (int i = 0; i < r->rollout.stop.n && i < RF_MAX_STOP; i++) gp.stop[gp.n_stop++] = r->rollout.stop.v[i];
-    rf_status st = rf_generate(run->actor, run->tok, prompts, lens, total, &gp, go, 0);
-    for (int i = 0; st == RF_OK && i < total; i++) {
-        rf_train_sample *s = &out[i];
-        memset(s, 0, sizeof *s);
-        s->n_prompt = lens[i], s->n_resp = go[i].n_tokens, s->group = i / n;
-        s->tokens = malloc(sizeof(int32_t) * (size_t)(s->n_prompt + s->n_resp));
-        st = s->tokens ? rf_train_sample_alloc(s) : rf_error(RF_ERR_NOMEM, "out of memory");
-        if (st != RF_OK) break;
-        memcpy(s->tokens, prompts[i], sizeof(int32_t) * (size_t)s->n_prompt);
-        memcpy(s->tokens + s->n_prompt, go[i].tokens, sizeof(int32_t) * (size_t)s->n_resp);
-        memcpy(s->behav_logp, go[i].logprobs, sizeof(float) * (size_t)s->n_resp);
-        for (int t = 0; t < s->n_resp; t++) s->versions[t] = run->step;
-        *tokens += s->n_resp;
-        /* reward role: rules on the decoded text against the example's answer */
-        st = rf_reward_rules_score(run->rules, go[i].text ? go[i].text : "", s->n_resp,
-                                   ex[i / n]->answer, &s->reward, &s->accuracy);
-    }
-    for (int i = 0; i < total; i++) rf_gen_output_free(&go[i]);
-    free(prompts), free(lens), free(go);
-    return st;
+    if (st == RF_OK) st = rf_rollout_run_until_idle(run->engine);
+    rf_rollout_set_callback(run->engine, NULL, NULL);
+    *tokens += g.tokens;
+    return st != RF_OK ? st : g.st;
 }
 
 /* Reward model role: score full sequences, added with reward.model_weight. */

@@ -63,6 +63,7 @@ static rf_status setup(rf_run *run, const rf_recipe *r, int resume) {
     RF_TRY(rf__load_data(run));
     RF_TRY(rf__load_rewards(run));
     RF_TRY(rf__eos_ids(r->model.path, run->actor, run->tok, &run->eos, &run->n_eos));
+    RF_TRY(rf__start_rollout(run));
     run->kl = (rf_kl_ctl){(float)r->algorithm.kl_coef, (float)r->algorithm.kl_target,
                           r->algorithm.kl_horizon, r->algorithm.adaptive_kl};
     run->best_val = -1;

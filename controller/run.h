@@ -15,11 +15,13 @@
 #include "controller/recipe.h"
 #include "model/tokenizer.h"
 #include "reward/reward.h"
+#include "rollout/rollout.h"
 
 typedef struct rf_run {
     const rf_recipe *r;
     const rf_kernels *k;
     rf_model *actor, *ref, *critic;
+    rf_rollout *engine;    /* generation with the actor's weights (colocated: the same memory) */
     rf_tokenizer *tok;
     rf_dataset *train, *val;
     rf_reward_rules *rules;

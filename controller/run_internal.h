@@ -10,6 +10,8 @@ rf_status rf__load_roles(rf_run *run);
 rf_status rf__load_data(rf_run *run);
 rf_status rf__load_rewards(rf_run *run);
 rf_status rf__reject_unimplemented(const rf_recipe *r);
+/* The rollout engine over the actor, sized by [rollout]. */
+rf_status rf__start_rollout(rf_run *run);
 void rf__run_free(rf_run *run);
 
 /* A random model of model.init_preset with the byte-level tokenizer, saved to dir. */

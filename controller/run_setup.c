@@ -105,7 +105,15 @@ rf_status rf__reject_unimplemented(const rf_recipe *r) {
     return RF_OK;
 }
 
+rf_status rf__start_rollout(rf_run *run) {
+    const rf_recipe *r = run->r;
+    rf_rollout_opts o = {.block_size = r->rollout.kv_block_size, .n_blocks = r->rollout.kv_blocks,
+                         .max_running = r->rollout.max_running, .tok = run->tok};
+    return rf_rollout_init(&run->engine, run->actor, &o);
+}
+
 void rf__run_free(rf_run *run) {
+    rf_rollout_free(run->engine);
     rf_model_free(run->actor), rf_model_free(run->ref), rf_model_free(run->critic);
     rf_tokenizer_free(run->tok);
     rf_dataset_free(run->train), rf_dataset_free(run->val);
