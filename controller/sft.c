@@ -102,9 +102,13 @@ static rf_status sft_train(const rf_recipe *r, rf_model *m, const rf_tokenizer *
         if (st == RF_OK) st = sft_samples(tok, ex, bs, eos, s);
         if (st == RF_OK) st = rf_sft_update(m, &oo, r->train.micro_batch_tokens, s, bs, last_loss, &gn);
         for (int i = 0; i < bs; i++) free(s[i].tokens), s[i].tokens = NULL;
-        if (st == RF_OK && ((step + 1) % 50 == 0 || step + 1 == steps))
-            rf_log_info("sft step %d/%d | loss %.4f | grad norm %.3f | %.1f steps/s", step + 1, steps,
-                        *last_loss, gn, (step + 1) / (rf_time_now() - t0));
+        if (st == RF_OK && ((step + 1) % 50 == 0 || step + 1 == steps)) {
+            double el = rf_time_now() - t0;
+            char eta[32];
+            rf_metrics_format_duration(el / (step + 1) * (steps - step - 1), eta, sizeof eta);
+            rf_log_info("sft step %d/%d | loss %.4f | grad norm %.3f | %.1f steps/s | ETA %s", step + 1,
+                        steps, *last_loss, gn, (step + 1) / el, eta);
+        }
     }
     free(ex), free(s);
     return st;
