@@ -3,7 +3,9 @@
 # ./build. Usage: bash setup.sh [extra cmake options]. Re-running is cheap.
 set -euo pipefail
 cd "$(dirname "$0")"
-pkgs="build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libpcre2-dev libunistring-dev"
+# python3-zmq is optional: examples/reward/length_judge.py needs it (its test skips without).
+pkgs="build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libpcre2-dev libunistring-dev\
+      libzmq3-dev protobuf-c-compiler libprotobuf-c-dev"
 missing=""
 for p in $pkgs; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

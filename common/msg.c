@@ -1,0 +1,602 @@
+/* The message layer: framing, handshake and heartbeats over ZeroMQ (see common/msg.h and
+ * docs/message-api.md). */
+#define _POSIX_C_SOURCE 200809L
+#include "common/msg.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/util.h"
+
+/* ---- encoding ---------------------------------------------------------------------------- */
+
+static const struct {
+    int type;
+    const char *name;
+    const ProtobufCMessageDescriptor *desc;
+} msg_table[] = {
+    {RF_MSG_HELLO, "Hello", &rlflow__hello__descriptor},
+    {RF_MSG_HELLO_ACK, "HelloAck", &rlflow__hello_ack__descriptor},
+    {RF_MSG_HEARTBEAT, "Heartbeat", &rlflow__heartbeat__descriptor},
+    {RF_MSG_ERROR, "Error", &rlflow__error__descriptor},
+    {RF_MSG_SHUTDOWN, "Shutdown", &rlflow__shutdown__descriptor},
+    {RF_MSG_REWARD_REQUEST, "RewardRequest", &rlflow__reward_request__descriptor},
+    {RF_MSG_REWARD_RESPONSE, "RewardResponse", &rlflow__reward_response__descriptor},
+    {RF_MSG_GENERATE_REQUEST, "GenerateRequest", &rlflow__generate_request__descriptor},
+    {RF_MSG_SAMPLE, "Sample", &rlflow__sample__descriptor},
+    {RF_MSG_TRAIN_BATCH, "TrainBatch", &rlflow__train_batch__descriptor},
+    {RF_MSG_TRAIN_STATS, "TrainStats", &rlflow__train_stats__descriptor},
+    {RF_MSG_WEIGHTS_UPDATE, "WeightsUpdate", &rlflow__weights_update__descriptor},
+    {RF_MSG_WEIGHTS_LOADED, "WeightsLoaded", &rlflow__weights_loaded__descriptor},
+};
+#define N_MSG_TYPES ((int)(sizeof msg_table / sizeof msg_table[0]))
+
+const char *rf_msg_type_name(int type) {
+    for (int i = 0; i < N_MSG_TYPES; i++)
+        if (msg_table[i].type == type) return msg_table[i].name;
+    return "unknown";
+}
+
+const ProtobufCMessageDescriptor *rf_msg_descriptor(int type) {
+    for (int i = 0; i < N_MSG_TYPES; i++)
+        if (msg_table[i].type == type) return msg_table[i].desc;
+    return NULL;
+}
+
+const char *rf_msg_role_name(int role) {
+    switch (role) {
+    case RLFLOW__ROLE__ROLE_CONTROLLER: return "controller";
+    case RLFLOW__ROLE__ROLE_ROLLOUT: return "rollout worker";
+    case RLFLOW__ROLE__ROLE_ACTOR: return "actor worker";
+    case RLFLOW__ROLE__ROLE_CRITIC: return "critic worker";
+    case RLFLOW__ROLE__ROLE_REFERENCE: return "reference worker";
+    case RLFLOW__ROLE__ROLE_REWARD: return "reward worker";
+    case RLFLOW__ROLE__ROLE_REWARD_PROGRAM: return "reward program";
+    default: return "peer of unknown role";
+    }
+}
+
+rf_status rf_msg_encode(rf_msg_type type, const ProtobufCMessage *m, uint8_t **buf, size_t *len) {
+    *buf = NULL, *len = 0;
+    const ProtobufCMessageDescriptor *d = rf_msg_descriptor(type);
+    if (!d || !m || m->descriptor != d)
+        return rf_error(RF_ERR_ARG, "encoding a %s: the message is a %s", rf_msg_type_name(type),
+                        m ? m->descriptor->short_name : "NULL");
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *b = malloc(n + 1);
+    if (!b) return rf_error(RF_ERR_NOMEM, "out of memory encoding a %s", d->short_name);
+    b[0] = (uint8_t)type;
+    protobuf_c_message_pack(m, b + 1);
+    *buf = b, *len = n + 1;
+    return RF_OK;
+}
+
+rf_status rf_msg_decode(const void *buf, size_t len, rf_msg *out) {
+    out->pb = NULL, out->type = 0;
+    const uint8_t *b = buf;
+    if (len == 0) return rf_error(RF_ERR_FORMAT, "an empty frame (no type tag)");
+    const ProtobufCMessageDescriptor *d = rf_msg_descriptor(b[0]);
+    if (!d) return rf_error(RF_ERR_FORMAT, "unknown message type tag %d (%zu bytes)", b[0], len);
+    out->pb = protobuf_c_message_unpack(d, NULL, len - 1, b + 1);
+    if (!out->pb)
+        return rf_error(RF_ERR_FORMAT, "%zu bytes after tag %d do not decode as rlflow.%s", len - 1,
+                        b[0], d->short_name);
+    out->type = b[0];
+    return RF_OK;
+}
+
+void rf_msg_free(rf_msg *m) {
+    if (!m) return;
+    if (m->pb) protobuf_c_message_free_unpacked(m->pb, NULL);
+    m->pb = NULL;
+}
+
+/* ---- shared socket helpers --------------------------------------------------------------- */
+
+static rf_status zmq_fail(const char *what, const char *endpoint) {
+    return rf_error(RF_ERR_IO, "%s %s: %s", what, endpoint, zmq_strerror(zmq_errno()));
+}
+
+static int ms(double s) { return s <= 0 ? 0 : (int)ceil(s * 1000.0); }
+
+/* Sends [ident] + tag + protobuf; flags ZMQ_DONTWAIT or 0 (then SNDTIMEO bounds it).
+ * Returns 0 or the errno. */
+static int send_frames(void *sock, const uint8_t *ident, size_t ident_len, rf_msg_type type,
+                       const ProtobufCMessage *m, int flags) {
+    uint8_t *buf;
+    size_t len;
+    if (rf_msg_encode(type, m, &buf, &len) != RF_OK) return EINVAL;
+    int rc = 0;
+    if (ident && zmq_send(sock, ident, ident_len, ZMQ_SNDMORE | flags) < 0) rc = zmq_errno();
+    if (!rc && zmq_send(sock, buf, len, flags) < 0) rc = zmq_errno();
+    free(buf);
+    return rc;
+}
+
+/* Receives one multi-part message: up to two frames are kept (ident + payload for a ROUTER,
+ * payload for a DEALER), further frames counted in *extra and dropped. */
+static int recv_parts(void *sock, zmq_msg_t *parts, int want, int *extra) {
+    *extra = 0;
+    int got = 0, more = 1;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            for (int i = 0; i < got; i++) zmq_msg_close(&parts[i]);
+            return -1;
+        }
+        more = zmq_msg_more(&m);
+        if (got < want) parts[got++] = m;
+        else (*extra)++, zmq_msg_close(&m);
+    }
+    for (int i = got; i < want; i++) zmq_msg_init(&parts[i]);
+    return got;
+}
+
+static rf_status make_socket(void **ctx, int *own_ctx, void *shared, void **sock, int type,
+                             double send_timeout_s) {
+    *own_ctx = shared == NULL;
+    *ctx = shared ? shared : zmq_ctx_new();
+    if (!*ctx) return rf_error(RF_ERR_IO, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+    *sock = zmq_socket(*ctx, type);
+    if (!*sock) return rf_error(RF_ERR_IO, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+    int zero = 0, sndtimeo = ms(send_timeout_s);
+    zmq_setsockopt(*sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(*sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo);
+    return RF_OK;
+}
+
+static void close_socket(void *ctx, int own_ctx, void *sock, int linger_ms) {
+    if (sock) {
+        zmq_setsockopt(sock, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
+        zmq_close(sock);
+    }
+    if (ctx && own_ctx) zmq_ctx_term(ctx);
+}
+
+/* ---- server ------------------------------------------------------------------------------ */
+
+typedef struct srv_peer {
+    int id;
+    uint8_t ident[256];
+    size_t ident_len;
+    double last_seen;  /* rf_time_now() of its last message, shifted past non-listening gaps */
+    int lost;          /* a send failed: reported (and removed) by the next poll */
+    char lost_text[512];
+    rf_msg_peer_info info;
+} srv_peer;
+
+struct rf_msg_server {
+    void *ctx, *sock;
+    int own_ctx;
+    char endpoint[256];
+    rf_msg_server_config cfg;
+    double hb;  /* ping interval, s */
+    srv_peer *peers;
+    int n_peers, cap_peers, next_id;
+    double last_ping, last_active;
+    uint64_t ping_seq;
+};
+
+rf_status rf_msg_server_open(rf_msg_server **out, const char *endpoint,
+                             const rf_msg_server_config *cfg) {
+    *out = NULL;
+    if (!endpoint || !*endpoint || strlen(endpoint) >= 256)
+        return rf_error(RF_ERR_ARG, "message server: missing or overlong endpoint");
+    if (!cfg || !(cfg->peer_timeout_s > 0) || cfg->heartbeat_s < 0)
+        return rf_error(RF_ERR_ARG, "message server %s: peer timeout must be > 0 s", endpoint);
+    rf_msg_server *s = rf_calloc(1, sizeof *s);
+    if (!s) return RF_ERR_NOMEM;
+    s->cfg = *cfg;
+    s->hb = cfg->heartbeat_s > 0 ? cfg->heartbeat_s : fmin(1.0, cfg->peer_timeout_s / 4);
+    s->next_id = 1;
+    rf_status st = make_socket(&s->ctx, &s->own_ctx, cfg->zmq_ctx, &s->sock, ZMQ_ROUTER,
+                               cfg->peer_timeout_s);
+    int one = 1;
+    if (st == RF_OK) zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    if (st == RF_OK && zmq_bind(s->sock, endpoint) != 0) st = zmq_fail("cannot bind", endpoint);
+    size_t cap = sizeof s->endpoint;
+    if (st == RF_OK && zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, s->endpoint, &cap) != 0)
+        snprintf(s->endpoint, sizeof s->endpoint, "%s", endpoint);
+    if (st != RF_OK) {
+        rf_msg_server_close(s, NULL);
+        return st;
+    }
+    s->last_ping = s->last_active = rf_time_now();
+    *out = s;
+    return RF_OK;
+}
+
+const char *rf_msg_server_endpoint(const rf_msg_server *s) { return s->endpoint; }
+
+static srv_peer *find_peer(const rf_msg_server *s, int id) {
+    for (int i = 0; i < s->n_peers; i++)
+        if (s->peers[i].id == id) return &s->peers[i];
+    return NULL;
+}
+
+static srv_peer *find_ident(rf_msg_server *s, const void *ident, size_t len) {
+    for (int i = 0; i < s->n_peers; i++)
+        if (s->peers[i].ident_len == len && !memcmp(s->peers[i].ident, ident, len))
+            return &s->peers[i];
+    return NULL;
+}
+
+static void remove_peer(rf_msg_server *s, srv_peer *p) {
+    *p = s->peers[--s->n_peers];
+}
+
+void rf_msg_server_close(rf_msg_server *s, const char *reason) {
+    if (!s) return;
+    Rlflow__Shutdown sd = RLFLOW__SHUTDOWN__INIT;
+    sd.reason = (char *)(reason ? reason : "");
+    for (int i = 0; s->sock && i < s->n_peers; i++)
+        send_frames(s->sock, s->peers[i].ident, s->peers[i].ident_len, RF_MSG_SHUTDOWN, &sd.base,
+                    ZMQ_DONTWAIT);
+    /* a short linger so the Shutdowns leave before the socket goes; bounded */
+    close_socket(s->ctx, s->own_ctx, s->sock, s->n_peers ? 500 : 0);
+    free(s->peers);
+    free(s);
+}
+
+const rf_msg_peer_info *rf_msg_server_peer(const rf_msg_server *s, int peer) {
+    const srv_peer *p = find_peer(s, peer);
+    return p && !p->lost ? &p->info : NULL;
+}
+
+double rf_msg_server_silence(const rf_msg_server *s, int peer) {
+    const srv_peer *p = find_peer(s, peer);
+    return p ? rf_time_now() - p->last_seen : 0.0;
+}
+
+int rf_msg_server_peers(const rf_msg_server *s, int *ids, int cap) {
+    int n = 0;
+    for (int i = 0; i < s->n_peers; i++)
+        if (!s->peers[i].lost) {
+            if (ids && n < cap) ids[n] = s->peers[i].id;
+            n++;
+        }
+    return n;
+}
+
+static void mark_lost(rf_msg_server *s, srv_peer *p, int err) {
+    if (p->lost) return;
+    p->lost = 1;
+    if (err == EHOSTUNREACH)
+        snprintf(p->lost_text, sizeof p->lost_text, "%s disconnected", p->info.desc);
+    else if (err == EAGAIN)
+        snprintf(p->lost_text, sizeof p->lost_text,
+                 "%s stopped reading (a send timed out after %.1f s)", p->info.desc,
+                 s->cfg.peer_timeout_s);
+    else
+        snprintf(p->lost_text, sizeof p->lost_text, "%s: send failed: %s", p->info.desc,
+                 zmq_strerror(err));
+}
+
+rf_status rf_msg_server_send(rf_msg_server *s, int peer, rf_msg_type type,
+                             const ProtobufCMessage *m) {
+    srv_peer *p = find_peer(s, peer);
+    if (!p) return rf_error(RF_ERR_ARG, "message server %s: no peer %d", s->endpoint, peer);
+    if (p->lost) return rf_error(RF_ERR_IO, "%s", p->lost_text);
+    int err = send_frames(s->sock, p->ident, p->ident_len, type, m, 0);
+    if (err == EINVAL) return RF_ERR_ARG;  /* rf_msg_encode recorded the message */
+    if (err) {
+        mark_lost(s, p, err);
+        return rf_error(RF_ERR_IO, "%s", p->lost_text);
+    }
+    return RF_OK;
+}
+
+void rf_msg_server_drop(rf_msg_server *s, int peer, int code, const char *message,
+                        uint64_t request_id) {
+    srv_peer *p = find_peer(s, peer);
+    if (!p) return;
+    Rlflow__Error e = RLFLOW__ERROR__INIT;
+    e.code = code, e.message = (char *)(message ? message : ""), e.request_id = request_id;
+    send_frames(s->sock, p->ident, p->ident_len, RF_MSG_ERROR, &e.base, ZMQ_DONTWAIT);
+    remove_peer(s, p);
+}
+
+/* Pings every peer; a ping that cannot be routed marks the peer lost (disconnected). A full
+ * queue (EAGAIN) is not an error here: silence detection covers a peer that stopped reading. */
+static void ping_all(rf_msg_server *s, double now) {
+    Rlflow__Heartbeat hb = RLFLOW__HEARTBEAT__INIT;
+    hb.seq = ++s->ping_seq;
+    for (int i = 0; i < s->n_peers; i++) {
+        srv_peer *p = &s->peers[i];
+        if (p->lost) continue;
+        int err = send_frames(s->sock, p->ident, p->ident_len, RF_MSG_HEARTBEAT, &hb.base,
+                              ZMQ_DONTWAIT);
+        if (err && err != EAGAIN) mark_lost(s, p, err);
+    }
+    s->last_ping = now;
+}
+
+/* Reports (and forgets) the first peer that is lost or silent past the timeout. */
+static int report_lost(rf_msg_server *s, double now, rf_msg_event *ev) {
+    for (int i = 0; i < s->n_peers; i++) {
+        srv_peer *p = &s->peers[i];
+        double silent = now - p->last_seen;
+        if (!p->lost && silent <= s->cfg.peer_timeout_s) continue;
+        ev->kind = RF_MSG_EV_LOST, ev->peer = p->id, ev->info = p->info;
+        if (p->lost) snprintf(ev->text, sizeof ev->text, "%s", p->lost_text);
+        else snprintf(ev->text, sizeof ev->text, "%s sent nothing for %.1f s", p->info.desc, silent);
+        remove_peer(s, p);
+        return 1;
+    }
+    return 0;
+}
+
+static void describe(char *out, size_t cap, const Rlflow__Hello *h, const char *endpoint,
+                     int with_rank) {
+    char name[80] = "";
+    if (h->name && *h->name) snprintf(name, sizeof name, " '%.63s'", h->name);
+    if (with_rank)
+        snprintf(out, cap, "%s%s (rank %d, pid %d) on %s", rf_msg_role_name(h->role), name,
+                 h->rank, h->pid, endpoint);
+    else
+        snprintf(out, cap, "%s%s (pid %d)", rf_msg_role_name(h->role), name, h->pid);
+}
+
+static void ack(rf_msg_server *s, const uint8_t *ident, size_t len, int accepted,
+                const char *reason) {
+    Rlflow__HelloAck a = RLFLOW__HELLO_ACK__INIT;
+    a.accepted = accepted, a.reason = (char *)reason, a.protocol_version = RF_PROTOCOL_VERSION;
+    a.heartbeat_interval_ms = (uint32_t)ms(s->hb);
+    a.peer_timeout_ms = (uint32_t)ms(s->cfg.peer_timeout_s);
+    send_frames(s->sock, ident, len, RF_MSG_HELLO_ACK, &a.base, ZMQ_DONTWAIT);
+}
+
+/* The handshake: refuse (REFUSED, with the same sentence sent back) or register (JOINED). */
+static void on_hello(rf_msg_server *s, const uint8_t *ident, size_t len, const uint8_t *buf,
+                     size_t n, rf_msg_event *ev) {
+    rf_msg m;
+    char who[160];
+    ev->kind = RF_MSG_EV_REFUSED;
+    if (rf_msg_decode(buf, n, &m) != RF_OK) {
+        snprintf(ev->text, sizeof ev->text, "a peer on %s sent a malformed Hello: %s", s->endpoint,
+                 rf_error_message());
+        ack(s, ident, len, 0, ev->text);
+        return;
+    }
+    const Rlflow__Hello *h = (const Rlflow__Hello *)m.pb;
+    describe(who, sizeof who, h, s->endpoint, 0);
+    if (h->protocol_version != RF_PROTOCOL_VERSION)
+        snprintf(ev->text, sizeof ev->text, "%s speaks protocol %u, rlflow speaks %d", who,
+                 h->protocol_version, RF_PROTOCOL_VERSION);
+    else if (s->cfg.accept_role && (int)h->role != s->cfg.accept_role)
+        snprintf(ev->text, sizeof ev->text, "%s connected to %s, which accepts only a %s", who,
+                 s->endpoint, rf_msg_role_name(s->cfg.accept_role));
+    else if (len > sizeof s->peers[0].ident)
+        snprintf(ev->text, sizeof ev->text, "%s: routing id longer than 256 bytes", who);
+    else if (s->n_peers == s->cap_peers) {
+        int cap = s->cap_peers ? 2 * s->cap_peers : 8;
+        srv_peer *np = realloc(s->peers, sizeof *np * (size_t)cap);
+        if (np) s->peers = np, s->cap_peers = cap;
+        else snprintf(ev->text, sizeof ev->text, "%s: out of memory registering it", who);
+    }
+    if (ev->text[0]) {
+        ack(s, ident, len, 0, ev->text);
+        rf_msg_free(&m);
+        return;
+    }
+    srv_peer *p = &s->peers[s->n_peers++];
+    memset(p, 0, sizeof *p);
+    p->id = s->next_id++;
+    memcpy(p->ident, ident, len), p->ident_len = len;
+    p->last_seen = rf_time_now();
+    p->info.role = h->role, p->info.rank = h->rank, p->info.pid = h->pid;
+    p->info.capacity = h->capacity > 0 ? h->capacity : 1;
+    snprintf(p->info.name, sizeof p->info.name, "%s", h->name ? h->name : "");
+    describe(p->info.desc, sizeof p->info.desc, h, s->endpoint, 1);
+    rf_msg_free(&m);
+    ack(s, ident, len, 1, "");
+    ev->kind = RF_MSG_EV_JOINED, ev->peer = p->id, ev->info = p->info;
+}
+
+/* Reads one message; fills ev when it is worth reporting (left NONE otherwise). */
+static rf_status recv_one(rf_msg_server *s, rf_msg_event *ev) {
+    zmq_msg_t part[2];
+    int extra;
+    int got = recv_parts(s->sock, part, 2, &extra);
+    if (got < 0) {
+        if (zmq_errno() == EAGAIN || zmq_errno() == EINTR) return RF_OK;
+        return zmq_fail("receiving on", s->endpoint);
+    }
+    const uint8_t *ident = zmq_msg_data(&part[0]), *buf = zmq_msg_data(&part[1]);
+    size_t ilen = zmq_msg_size(&part[0]), n = got == 2 ? zmq_msg_size(&part[1]) : 0;
+    srv_peer *p = find_ident(s, ident, ilen);
+    if (!p && n > 0 && buf[0] == RF_MSG_HELLO && !extra) {
+        on_hello(s, ident, ilen, buf, n, ev);
+    } else if (!p) {
+        /* Not registered: a peer declared lost that kept going, or one that skipped Hello. */
+        Rlflow__Error e = RLFLOW__ERROR__INIT;
+        e.code = RF_ERR_ARG;
+        e.message = "not registered with rlflow (send Hello first; a peer declared lost must "
+                    "reconnect with a new socket)";
+        send_frames(s->sock, ident, ilen, RF_MSG_ERROR, &e.base, ZMQ_DONTWAIT);
+    } else if (!p->lost) {
+        p->last_seen = rf_time_now();
+        rf_msg m = {0};
+        rf_status st = extra ? rf_error(RF_ERR_FORMAT, "%d frames in one message, expected 1",
+                                        extra + 1)
+                             : rf_msg_decode(buf, n, &m);
+        ev->peer = p->id, ev->info = p->info;
+        if (st != RF_OK) {
+            ev->kind = RF_MSG_EV_MALFORMED;
+            snprintf(ev->text, sizeof ev->text, "%s sent a malformed message: %s", p->info.desc,
+                     rf_error_message());
+        } else if (m.type == RF_MSG_HEARTBEAT || m.type == RF_MSG_HELLO) {
+            rf_msg_free(&m);  /* liveness only; a repeated Hello changes nothing */
+            ev->peer = -1;
+        } else {
+            ev->kind = RF_MSG_EV_MESSAGE, ev->msg = m;
+        }
+    }
+    zmq_msg_close(&part[0]), zmq_msg_close(&part[1]);
+    return RF_OK;
+}
+
+rf_status rf_msg_server_poll(rf_msg_server *s, double timeout_s, rf_msg_event *ev) {
+    memset(ev, 0, sizeof *ev);
+    ev->kind = RF_MSG_EV_NONE, ev->peer = -1;
+    double now = rf_time_now();
+    /* Time spent away from this loop is not the peers' silence: nobody pinged them. */
+    double gap = now - s->last_active;
+    if (gap > s->hb)
+        for (int i = 0; i < s->n_peers; i++) s->peers[i].last_seen = fmin(now, s->peers[i].last_seen + gap);
+    double deadline = now + (timeout_s > 0 ? timeout_s : 0);
+    rf_status st = RF_OK;
+    for (;;) {
+        now = rf_time_now();
+        if (now - s->last_ping >= s->hb) ping_all(s, now);
+        if (report_lost(s, now, ev)) break;
+        double wait = fmin(deadline - now, s->last_ping + s->hb - now);
+        for (int i = 0; i < s->n_peers; i++)
+            wait = fmin(wait, s->peers[i].last_seen + s->cfg.peer_timeout_s - now + 1e-3);
+        zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
+        int rc = zmq_poll(&it, 1, wait > 0 ? ms(wait) : 0);
+        if (rc < 0 && zmq_errno() != EINTR) {
+            st = zmq_fail("polling", s->endpoint);
+            break;
+        }
+        if (rc > 0) {
+            st = recv_one(s, ev);
+            if (st != RF_OK || ev->kind != RF_MSG_EV_NONE) break;
+            continue;
+        }
+        if (rf_time_now() >= deadline) break;
+    }
+    s->last_active = rf_time_now();
+    return st;
+}
+
+/* ---- client ------------------------------------------------------------------------------ */
+
+struct rf_msg_client {
+    void *ctx, *sock;
+    int own_ctx;
+    char endpoint[256];
+    double hb, peer_timeout;
+};
+
+void rf_msg_client_close(rf_msg_client *c) {
+    if (!c) return;
+    /* a bounded linger so a last response still leaves */
+    close_socket(c->ctx, c->own_ctx, c->sock, 500);
+    free(c);
+}
+
+void rf_msg_client_timing(const rf_msg_client *c, double *heartbeat_s, double *peer_timeout_s) {
+    if (heartbeat_s) *heartbeat_s = c->hb;
+    if (peer_timeout_s) *peer_timeout_s = c->peer_timeout;
+}
+
+rf_status rf_msg_client_send(rf_msg_client *c, rf_msg_type type, const ProtobufCMessage *m) {
+    int err = send_frames(c->sock, NULL, 0, type, m, 0);
+    if (err == EINVAL) return RF_ERR_ARG;
+    if (err)
+        return rf_error(RF_ERR_IO, "sending a %s to rlflow at %s: %s", rf_msg_type_name(type),
+                        c->endpoint, err == EAGAIN ? "timed out" : zmq_strerror(err));
+    return RF_OK;
+}
+
+rf_status rf_msg_client_send_raw(rf_msg_client *c, const void *frame, size_t len) {
+    if (zmq_send(c->sock, frame, len, 0) < 0)
+        return rf_error(RF_ERR_IO, "sending %zu bytes to rlflow at %s: %s", len, c->endpoint,
+                        zmq_errno() == EAGAIN ? "timed out" : zmq_strerror(zmq_errno()));
+    return RF_OK;
+}
+
+/* The next frame within timeout_s, decoded; RF_ERR_IO (with a message) when none came. */
+static rf_status client_recv_raw(rf_msg_client *c, double timeout_s, rf_msg *out) {
+    double deadline = rf_time_now() + timeout_s;
+    for (;;) {
+        double wait = deadline - rf_time_now();
+        zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
+        int rc = zmq_poll(&it, 1, wait > 0 ? ms(wait) : 0);
+        if (rc < 0 && zmq_errno() != EINTR) return zmq_fail("polling", c->endpoint);
+        if (rc > 0) {
+            zmq_msg_t part;
+            int extra;
+            if (recv_parts(c->sock, &part, 1, &extra) < 0) continue;
+            rf_status st = extra ? rf_error(RF_ERR_FORMAT, "%d frames in one message", extra + 1)
+                                 : rf_msg_decode(zmq_msg_data(&part), zmq_msg_size(&part), out);
+            zmq_msg_close(&part);
+            if (st != RF_OK)
+                return rf_error_wrap(st, "rlflow at %s sent a malformed message: ", c->endpoint);
+            return RF_OK;
+        }
+        if (rf_time_now() >= deadline)
+            return rf_error(RF_ERR_IO, "rlflow at %s sent nothing for %.1f s", c->endpoint,
+                            timeout_s);
+    }
+}
+
+rf_status rf_msg_client_recv(rf_msg_client *c, double timeout_s, rf_msg *out) {
+    for (;;) {
+        RF_TRY(client_recv_raw(c, timeout_s, out));
+        if (out->type != RF_MSG_HEARTBEAT) return RF_OK;
+        Rlflow__Heartbeat hb = RLFLOW__HEARTBEAT__INIT;
+        hb.seq = ((Rlflow__Heartbeat *)out->pb)->seq;
+        rf_msg_free(out);
+        RF_TRY(rf_msg_client_send(c, RF_MSG_HEARTBEAT, &hb.base));
+    }
+}
+
+static rf_status client_handshake(rf_msg_client *c, const rf_msg_client_config *cfg) {
+    char host[128] = "";
+    gethostname(host, sizeof host - 1);
+    Rlflow__Hello h = RLFLOW__HELLO__INIT;
+    h.protocol_version = cfg->protocol_version ? cfg->protocol_version : RF_PROTOCOL_VERSION;
+    h.role = cfg->role, h.rank = cfg->rank, h.pid = (int32_t)getpid();
+    h.name = (char *)(cfg->name ? cfg->name : ""), h.capacity = cfg->capacity, h.hostname = host;
+    RF_TRY(rf_msg_client_send(c, RF_MSG_HELLO, &h.base));
+    rf_msg m;
+    if (client_recv_raw(c, cfg->timeout_s, &m) != RF_OK)
+        return rf_error(RF_ERR_IO, "rlflow at %s did not answer Hello within %.1f s (%s)",
+                        c->endpoint, cfg->timeout_s, rf_error_message());
+    rf_status st = RF_OK;
+    const Rlflow__HelloAck *a = (const Rlflow__HelloAck *)m.pb;
+    if (m.type != RF_MSG_HELLO_ACK)
+        st = rf_error(RF_ERR_FORMAT, "rlflow at %s answered Hello with a %s", c->endpoint,
+                      rf_msg_type_name(m.type));
+    else if (!a->accepted)
+        st = rf_error(RF_ERR_UNSUPPORTED, "refused by rlflow at %s: %s", c->endpoint, a->reason);
+    else if (a->protocol_version != h.protocol_version)
+        st = rf_error(RF_ERR_UNSUPPORTED, "rlflow at %s speaks protocol %u, this %s speaks %u",
+                      c->endpoint, a->protocol_version, rf_msg_role_name(cfg->role),
+                      h.protocol_version);
+    else
+        c->hb = a->heartbeat_interval_ms / 1000.0, c->peer_timeout = a->peer_timeout_ms / 1000.0;
+    rf_msg_free(&m);
+    return st;
+}
+
+rf_status rf_msg_client_connect(rf_msg_client **out, const rf_msg_client_config *cfg) {
+    *out = NULL;
+    if (!cfg || !cfg->endpoint || !*cfg->endpoint || strlen(cfg->endpoint) >= 256 ||
+        !(cfg->timeout_s > 0))
+        return rf_error(RF_ERR_ARG, "message client: an endpoint and a timeout > 0 are needed");
+    rf_msg_client *c = rf_calloc(1, sizeof *c);
+    if (!c) return RF_ERR_NOMEM;
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", cfg->endpoint);
+    rf_status st = make_socket(&c->ctx, &c->own_ctx, cfg->zmq_ctx, &c->sock, ZMQ_DEALER,
+                               cfg->timeout_s);
+    if (st == RF_OK && zmq_connect(c->sock, cfg->endpoint) != 0)
+        st = zmq_fail("cannot connect to", cfg->endpoint);
+    if (st == RF_OK) st = client_handshake(c, cfg);
+    if (st != RF_OK) {
+        close_socket(c->ctx, c->own_ctx, c->sock, 0);
+        free(c);
+        return st;
+    }
+    *out = c;
+    return RF_OK;
+}

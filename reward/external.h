@@ -1,0 +1,86 @@
+/* External reward programs: the rlflow side of the reward-program protocol
+ * (docs/message-api.md). rlflow binds an endpoint (a ZeroMQ ROUTER); reward programs, written in
+ * any language, connect to it (DEALER), say Hello, and answer RewardRequests with
+ * RewardResponses. Several programs may connect; requests are spread across them up to each
+ * one's declared capacity, fewest in flight first.
+ *
+ * Faults: a program that disconnects, stays silent (answers no ping) for timeout_s, or holds
+ * requests without answering any of them for timeout_s is dropped and its requests go to another
+ * program; when none is left, the bridge waits timeout_s for one to connect, then fails naming
+ * the program that was lost and the request it was scoring. A response with a NaN or infinite
+ * reward, an error string, an unknown request id or bytes that do not decode fails the batch
+ * with a message naming the program and the request (and the program is told why, then
+ * dropped). Every sample is scored exactly once: a late answer from a dropped program is
+ * ignored.
+ *
+ * Recipe wiring (docs/message-api.md, "Using it from a recipe"): reward.external (endpoint),
+ * reward.external_weight, reward.external_timeout:
+ *     rf_external_reward_open(&run->ext, r->reward.external, r->reward.external_timeout);
+ *     rf_external_reward_score(run->ext, items, n, scores);   // reward += weight * scores[i]
+ *     rf_external_reward_close(run->ext);
+ *
+ * Threads: one thread at a time per object. Time between calls is not counted against the
+ * programs (they cannot be pinged while nobody listens). */
+#ifndef RF_REWARD_EXTERNAL_H
+#define RF_REWARD_EXTERNAL_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+
+/* One sample to score. Every pointer is the caller's and only read during the call; NULL text
+ * fields travel as "". */
+typedef struct rf_reward_item {
+    const char *prompt;          /* prompt text */
+    const char *response;        /* generated text */
+    const int32_t *prompt_ids;   /* (n_prompt_ids) */
+    int n_prompt_ids;
+    const int32_t *response_ids; /* (n_response_ids) */
+    int n_response_ids;
+    const char *truth;           /* the dataset's answer, may be NULL */
+    const char *metadata_json;   /* the sample's other dataset fields as a JSON object, may be NULL */
+    int64_t index;               /* sample index within its group */
+    int64_t group;               /* group (prompt) id */
+} rf_reward_item;
+
+typedef struct rf_external_reward rf_external_reward;
+
+/* Binds `endpoint` ("tcp://127.0.0.1:5557"; "tcp://127.0.0.1:*" picks a free port, see
+ * rf_external_reward_endpoint) and waits up to timeout_s for the first reward program to
+ * connect. timeout_s (> 0) is also the silence / no-progress limit per program and the wait for
+ * a replacement when every program is gone. Caller owns *x (rf_external_reward_close).
+ * Errors: RF_ERR_ARG (bad endpoint or timeout), RF_ERR_IO (bind failed; no program connected
+ * in time, the message says how to start one), RF_ERR_UNSUPPORTED (the first program to
+ * connect was refused, e.g. "reward program 'x' (pid 7) speaks protocol 2, rlflow speaks 1").
+ * *x is NULL on error. */
+rf_status rf_external_reward_open(rf_external_reward **x, const char *endpoint, double timeout_s);
+
+/* Same, without waiting for a program (the first rf_external_reward_score waits instead). */
+rf_status rf_external_reward_listen(rf_external_reward **x, const char *endpoint,
+                                    double timeout_s);
+
+/* Waits up to timeout_s until at least n programs are connected (e.g. before a run that wants
+ * all of its programs from the start). Errors: RF_ERR_IO naming how many came;
+ * RF_ERR_UNSUPPORTED when a program is refused meanwhile (its sentence). */
+rf_status rf_external_reward_wait(rf_external_reward *x, int n, double timeout_s);
+
+/* Scores n items into rewards (n), blocking until every one is back or an error. On error
+ * the contents of rewards are unspecified and the message names the program and the request
+ * (see the header comment for the cases). n == 0 returns at once. */
+rf_status rf_external_reward_score(rf_external_reward *x, const rf_reward_item *items, int n,
+                                   float *rewards);
+
+/* The info string the program returned for item i of the last successful batch ("" when
+ * none); owned by x, valid until the next score call. */
+const char *rf_external_reward_info(const rf_external_reward *x, int i);
+
+/* The endpoint actually bound (the port filled in); owned by x. */
+const char *rf_external_reward_endpoint(const rf_external_reward *x);
+
+/* Number of reward programs connected now (as of the last call). */
+int rf_external_reward_programs(const rf_external_reward *x);
+
+/* Sends Shutdown to every connected program and closes the endpoint. NULL is fine. */
+void rf_external_reward_close(rf_external_reward *x);
+
+#endif
