@@ -22,6 +22,7 @@ typedef struct rf_train_sample {
     float *adv, *returns;
     float *entropy;    /* entropy of the policy at generation-time weights (logging) */
     int *versions;     /* policy version of each response token */
+    char *text;        /* decoded response (rewards); owned, may be NULL */
 } rf_train_sample;
 
 /* Allocates the per-token arrays of s (tokens must be set); frees them. */

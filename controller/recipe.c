@@ -141,6 +141,9 @@ static const rkey KEYS[] = {
     {"reward", "length_penalty", T_FLOAT, AT(reward.length_penalty), "0.0", NULL, "Length rule: penalty per token away from the target."},
     {"reward", "model", T_STR, AT(reward.model), "\"\"", NULL, "Reward model directory (ForSequenceClassification); \"\" = none."},
     {"reward", "model_weight", T_FLOAT, AT(reward.model_weight), "1.0", NULL, "Weight of the reward model's score."},
+    {"reward", "external", T_STR, AT(reward.external), "\"\"", NULL, "ZeroMQ endpoint rlflow binds for external reward programs (docs/message-api.md), e.g. \"tcp://127.0.0.1:5557\"; \"\" = none."},
+    {"reward", "external_weight", T_FLOAT, AT(reward.external_weight), "1.0", NULL, "Weight of the external reward programs' score."},
+    {"reward", "external_timeout", T_FLOAT, AT(reward.external_timeout), "30.0", NULL, "Seconds to wait for a reward program to connect, and the longest silence allowed while scoring."},
 
     {"reference", "enabled", T_ENUM, AT(reference.enabled), "\"auto\"", AUTO_BOOL, "Keep a reference policy; \"auto\" = when algorithm.kl_coef > 0 (true and false may be written as booleans)."},
     {"reference", "path", T_STR, AT(reference.path), "\"\"", NULL, "Reference model directory; \"\" = the initial policy."},
@@ -171,6 +174,7 @@ _Static_assert(sizeof KEYS / sizeof KEYS[0] <= RF_RECIPE_MAX_KEYS, "raise RF_REC
 /* Values that parse but cannot work: lo/hi bounds, open or closed. */
 static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RANGES[] = {
     {"data.max_prompt_tokens", 0, INFINITY, 0, 1},
+    {"reward.external_timeout", 0, INFINITY, 1, 1},
     {"data.task_train", 0, INFINITY, 0, 1},
     {"data.task_val", 0, INFINITY, 0, 1},
     {"data.task_min_digits", 1, 9, 0, 0},

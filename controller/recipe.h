@@ -92,6 +92,8 @@ typedef struct rf_recipe {
         double length_penalty;
         char *model; /* ForSequenceClassification dir, "" = none */
         double model_weight;
+        char *external; /* endpoint for reward programs, "" = none */
+        double external_weight, external_timeout;
     } reward;
     struct {
         const char *enabled; /* "auto" | "true" | "false"; see rf_recipe_reference_enabled */

@@ -10,6 +10,8 @@
 #include "controller/run_internal.h"
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "rollout/rollout.h"
 
 typedef struct step_buf {
@@ -51,6 +53,7 @@ static void on_sample(void *ctx, const rf_rollout_sample *rs) {
     memcpy(s->behav_logp, rs->logprobs, sizeof(float) * (size_t)s->n_resp);
     memcpy(s->versions, rs->versions, sizeof(int) * (size_t)s->n_resp);
     g->tokens += s->n_resp;
+    s->text = rf_strdup(rs->text ? rs->text : "");
     g->st = rf_reward_rules_score(g->run->rules, rs->text ? rs->text : "", s->n_resp,
                                   g->ex[p]->answer, &s->reward, &s->accuracy);
 }
@@ -96,6 +99,28 @@ static rf_status reward_model(rf_run *run, rf_train_sample *s, int n) {
     return st;
 }
 
+/* External reward programs: the whole batch goes out, scores come back per sample. */
+static rf_status external_reward(rf_run *run, const rf_example *const *ex, rf_train_sample *s, int n) {
+    if (!run->ext) return RF_OK;
+    rf_reward_item *items = calloc((size_t)n, sizeof *items);
+    float *sc = malloc(sizeof(float) * (size_t)n);
+    char **meta = calloc((size_t)n, sizeof *meta);
+    rf_status st = items && sc && meta ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    int per = run->r->rollout.n;
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        const rf_example *e = ex[i / per];
+        meta[i] = cJSON_PrintUnformatted(e->extra);
+        items[i] = (rf_reward_item){e->prompt_text, s[i].text, s[i].tokens, s[i].n_prompt,
+                                    s[i].tokens + s[i].n_prompt, s[i].n_resp, e->answer, meta[i],
+                                    i % per, s[i].group};
+    }
+    if (st == RF_OK) st = rf_external_reward_score(run->ext, items, n, sc);
+    for (int i = 0; st == RF_OK && i < n; i++) s[i].reward += (float)run->r->reward.external_weight * sc[i];
+    for (int i = 0; meta && i < n; i++) free(meta[i]);
+    free(items), free(sc), free(meta);
+    return st;
+}
+
 /* DAPO dynamic sampling: a group whose rewards are all equal has zero advantage. */
 static int group_informative(const rf_train_sample *s, int n_per) {
     for (int j = 1; j < n_per; j++)
@@ -123,6 +148,7 @@ static rf_status collect(rf_run *run, step_buf *b, double *gen_tokens, int *drop
         st = rf_dataset_next(run->train, &run->pos, want, ex);
         if (st == RF_OK) st = generate(run, ex, want, round, tmp, gen_tokens);
         if (st == RF_OK) st = reward_model(run, tmp, want * n);
+        if (st == RF_OK) st = external_reward(run, ex, tmp, want * n);
         for (int g = 0; st == RF_OK && g < want; g++) {
             int keep = !r->algorithm.dynamic_sampling || group_informative(tmp + g * n, n) ||
                        round >= r->algorithm.max_resample_rounds;

@@ -14,6 +14,7 @@
 #include "controller/metrics.h"
 #include "controller/recipe.h"
 #include "model/tokenizer.h"
+#include "reward/external.h"
 #include "reward/reward.h"
 #include "rollout/rollout.h"
 
@@ -26,6 +27,7 @@ typedef struct rf_run {
     rf_dataset *train, *val;
     rf_reward_rules *rules;
     rf_reward_model *rm;   /* optional reward model */
+    rf_external_reward *ext; /* optional external reward programs */
     rf_metrics *metrics;
     int32_t *eos;          /* generation stops at these ids */
     int n_eos;

@@ -88,6 +88,11 @@ rf_status rf__load_rewards(rf_run *run) {
         return rf_error(RF_ERR_ARG, "reward.weights: at most 16 entries");
     RF_TRY(rf_reward_rules_init(&run->rules, &c));
     if (r->reward.model[0]) RF_TRY(rf_reward_model_open(&run->rm, r->reward.model, run->k));
+    if (r->reward.external[0]) {
+        rf_log_info("reward: waiting up to %.0f s for a reward program on %s", r->reward.external_timeout,
+                    r->reward.external);
+        RF_TRY(rf_external_reward_open(&run->ext, r->reward.external, r->reward.external_timeout));
+    }
     return RF_OK;
 }
 
@@ -119,6 +124,7 @@ void rf__run_free(rf_run *run) {
     rf_dataset_free(run->train), rf_dataset_free(run->val);
     rf_reward_rules_free(run->rules);
     rf_reward_model_close(run->rm);
+    rf_external_reward_close(run->ext);
     rf_metrics_close(run->metrics);
     free(run->eos);
 }

@@ -105,6 +105,31 @@ static void resume(void) {
     free(out);
 }
 
+/* A run whose rewards come (also) from an external reward program over the message API: the
+ * echo program's reward includes +100 for an exact answer, so the mean reward jumps above 2
+ * (one to three response tokens) and the run ends normally after telling the program to
+ * shut down. */
+static void external_program(void) {
+    const char *echo = getenv("RF_REWARD_ECHO");
+    if (!echo) {
+        printf("test_run: external reward part skipped: RF_REWARD_ECHO not set\n");
+        return;
+    }
+    char *out;
+    CHECK(rf_test_sh(&out, "cd %s && (sleep 1; %s --connect ipc://%s/reward.sock --name e2e) & cd %s && "
+                     "%s run r.toml --set train.steps=3 --set logging.dir=%s/ext "
+                     "--set reward.external=ipc://%s/reward.sock --set reward.external_weight=0.01 "
+                     "--set reward.external_timeout=20; wait", dir, echo, dir, dir, rlflow, dir, dir) == 0);
+    CHECK(strstr(out, "waiting up to 20 s for a reward program") != NULL);
+    free(out);
+    char *m = metrics_of("ext", 3);
+    cJSON *j = m ? cJSON_Parse(m) : NULL;
+    double r = j ? cJSON_GetObjectItem(j, "reward/mean")->valuedouble : -1;
+    /* rule reward (0/1) + 0.01 * (n_tokens + 0.01 * len + 100 if exact): between 0 and 3 */
+    CHECK(r > 0.0 && r < 3.0);
+    cJSON_Delete(j), free(m);
+}
+
 static void bad_recipes(void) {
     char *out;
     CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set algorithm.kl_coeff=0.1", dir, rlflow) == 1);
@@ -130,6 +155,7 @@ int main(void) {
     rises("grpo");
     rises("ppo");
     resume();
+    external_program();
     bad_recipes();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_run");

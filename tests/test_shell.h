@@ -13,12 +13,13 @@
  * NULL) receives the output, which the caller frees. Returns the exit code. */
 static int rf_test_sh(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int rf_test_sh(char **out, const char *fmt, ...) {
-    char cmd[8192];
+    char body[8000], cmd[8192];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    vsnprintf(body, sizeof body, fmt, ap);
     va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    /* a group, so that a compound command's every part is captured */
+    snprintf(cmd, sizeof cmd, "{ %s\n} 2>&1", body);
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     size_t cap = 1 << 16, n = 0, got;
