@@ -57,8 +57,7 @@ static rf_status decode_indices(const rf_model *m, const rf_kv_cache *c, const i
     return RF_OK;
 }
 
-/* Logits of the last new token of each slot: gather rows, final norm, LM head. */
-static rf_status last_logits(rf_model *m, const float *x, const int32_t *q_off, int n,
+rf_status rf__model_last_logits(rf_model *m, const float *x, const int32_t *q_off, int n,
                              float *logits) {
     const rf_model_config *c = &m->cfg;
     int C = c->hidden_size, V = c->vocab_size;
@@ -105,7 +104,7 @@ rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const i
             float *t = x;
             x = y, y = t;
         }
-        s = last_logits(m, x, q_off, n, logits);
+        s = rf__model_last_logits(m, x, q_off, n, logits);
         for (int i = 0; s == RF_OK && i < n; i++) c->len[slots[i]] += counts[i];
         m->T = 0; /* activations no longer describe a training forward */
     }

@@ -37,4 +37,9 @@ typedef struct rf__paged_view {
 void rf__layer_forward_paged(rf_model *m, int l, rf_layer_acts *a, const float *x_in,
                              float *x_out, int T, const rf__paged_view *pv);
 
+/* Logits (n, V) on the host of the last row of each of n sequences of x (rows q_off[i+1]-1):
+ * gather, final norm, LM head. Used by both KV-cache decoders. */
+rf_status rf__model_last_logits(rf_model *m, const float *x, const int32_t *q_off, int n,
+                                float *logits);
+
 #endif

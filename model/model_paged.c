@@ -61,22 +61,6 @@ static rf_status idx_fill(paged_idx *ix, const rf_model *m, const rf_kv_pool *p,
     return RF_OK;
 }
 
-/* Logits of the last new token of each sequence: gather rows, final norm, LM head (the same
- * steps as model_decode.c's last_logits). */
-static rf_status paged_logits(rf_model *m, const float *x, const int32_t *q_off, int n,
-                              float *logits) {
-    const rf_model_config *c = &m->cfg;
-    int C = c->hidden_size, V = c->vocab_size;
-    for (int i = 0; i < n; i++)
-        m->k->copy(m->scratch + (size_t)i * C, x + (size_t)(q_off[i + 1] - 1) * C,
-                   sizeof(float) * (size_t)C);
-    m->k->rmsnorm_forward(m->scratch2, NULL, m->scratch, m->norm, n, C, c->rms_norm_eps);
-    RF_TRY(rf__model_dev_out(m, (size_t)n * V));
-    m->k->matmul_forward(m->dev_out, m->scratch2, m->lm_head, NULL, n, C, V);
-    m->k->to_host(logits, m->dev_out, sizeof(float) * (size_t)n * V);
-    return RF_OK;
-}
-
 /* Uploads the index arrays and runs embedding, layers and logits. */
 static rf_status paged_run(rf_model *m, rf_kv_pool *p, const paged_idx *ix, int n,
                            const int32_t *tokens, float *logits) {
@@ -97,7 +81,7 @@ static rf_status paged_run(rf_model *m, rf_kv_pool *p, const paged_idx *ix, int 
         x = y, y = t;
     }
     m->T = 0; /* activations no longer describe a training forward */
-    return paged_logits(m, x, ix->q_off, n, logits);
+    return rf__model_last_logits(m, x, ix->q_off, n, logits);
 }
 
 rf_status rf_model_decode_paged(rf_model *m, rf_kv_pool *pool, const rf_paged_seq *seqs, int n,
