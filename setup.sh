@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 # python3-zmq is optional: examples/reward/length_judge.py needs it (its test skips without).
 pkgs="build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libpcre2-dev libunistring-dev\
-      libzmq3-dev protobuf-c-compiler libprotobuf-c-dev"
+      libzmq3-dev protobuf-c-compiler libprotobuf-c-dev openmpi-bin libopenmpi-dev"
 missing=""
 for p in $pkgs; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -45,6 +45,10 @@ typedef struct rf_update_opts {
     float inv_temp;
     float value_clip;
     uint64_t shuffle_seed; /* order of samples across epochs: reproducible */
+    int prox_from_forward; /* 1: the proximal log-probs are the current policy's, taken from the
+                              update's own forward pass (no separate pass). Exact when epochs = 1
+                              and mini_batches = 1: the weights do not move before the only
+                              optimizer step. prox_logp is overwritten. */
 } rf_update_opts;
 
 typedef struct rf_update_stats {

@@ -60,6 +60,7 @@ static rf_status pg_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *id
     for (int k = 0; st == RF_OK && k < mb->n; k++) {
         rf_train_sample *x = &s[idx[k]];
         int r = mb->resp[k];
+        if (c->uo->prox_from_forward) memcpy(x->prox_logp, lp + r, sizeof(float) * (size_t)x->n_resp);
         rf_pg_loss(&c->uo->pg, x->n_resp, lp + r, x->prox_logp, x->behav_logp,
                    c->uo->pg.kl_coef != 0.0f ? x->ref_logp : NULL, en + r, x->adv, c->mw.w[idx[k]],
                    dlp + r, den + r, &c->st->pg);

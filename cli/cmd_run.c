@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "common/log.h"
+#include "controller/launch.h"
 #include "controller/run.h"
 
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -40,7 +41,13 @@ int rf_cmd_run(int argc, char **argv) {
     rf_recipe r;
     int resume = 0, rc = load_recipe("run", argc, argv, &r, &resume);
     if (rc >= 0) return rc;
-    rf_status s = rf_run_main(&r, resume);
+    rf_status s;
+    if (strcmp(r.placement.mode, "split") == 0) {
+        /* argv - 2: the whole command line (main passes what follows "rlflow run") */
+        s = rf_run_split(&r, resume, argc + 2, argv - 2);
+    } else {
+        s = rf_run_main(&r, resume);
+    }
     rf_recipe_free(&r);
     return s ? rf_cli_fail(s) : 0;
 }

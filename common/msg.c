@@ -33,6 +33,10 @@ static const struct {
     {RF_MSG_TRAIN_STATS, "TrainStats", &rlflow__train_stats__descriptor},
     {RF_MSG_WEIGHTS_UPDATE, "WeightsUpdate", &rlflow__weights_update__descriptor},
     {RF_MSG_WEIGHTS_LOADED, "WeightsLoaded", &rlflow__weights_loaded__descriptor},
+    {RF_MSG_SCORE_REQUEST, "ScoreRequest", &rlflow__score_request__descriptor},
+    {RF_MSG_SCORE_RESPONSE, "ScoreResponse", &rlflow__score_response__descriptor},
+    {RF_MSG_CHECKPOINT_REQUEST, "CheckpointRequest", &rlflow__checkpoint_request__descriptor},
+    {RF_MSG_CHECKPOINT_DONE, "CheckpointDone", &rlflow__checkpoint_done__descriptor},
 };
 #define N_MSG_TYPES ((int)(sizeof msg_table / sizeof msg_table[0]))
 
@@ -493,6 +497,8 @@ void rf_msg_client_close(rf_msg_client *c) {
     free(c);
 }
 
+void *rf_msg_client_socket(rf_msg_client *c) { return c->sock; }
+
 void rf_msg_client_timing(const rf_msg_client *c, double *heartbeat_s, double *peer_timeout_s) {
     if (heartbeat_s) *heartbeat_s = c->hb;
     if (peer_timeout_s) *peer_timeout_s = c->peer_timeout;
@@ -537,6 +543,24 @@ static rf_status client_recv_raw(rf_msg_client *c, double timeout_s, rf_msg *out
             return rf_error(RF_ERR_IO, "rlflow at %s sent nothing for %.1f s", c->endpoint,
                             timeout_s);
     }
+}
+
+rf_status rf_msg_client_try_recv(rf_msg_client *c, double timeout_s, rf_msg *out, int *got) {
+    *got = 0;
+    out->pb = NULL;
+    zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
+    int rc = zmq_poll(&it, 1, ms(timeout_s));
+    if (rc < 0 && zmq_errno() != EINTR) return zmq_fail("polling", c->endpoint);
+    if (rc <= 0) return RF_OK;
+    RF_TRY(client_recv_raw(c, 0, out));
+    if (out->type == RF_MSG_HEARTBEAT) {
+        Rlflow__Heartbeat hb = RLFLOW__HEARTBEAT__INIT;
+        hb.seq = ((Rlflow__Heartbeat *)out->pb)->seq;
+        rf_msg_free(out);
+        return rf_msg_client_send(c, RF_MSG_HEARTBEAT, &hb.base);
+    }
+    *got = 1;
+    return RF_OK;
 }
 
 rf_status rf_msg_client_recv(rf_msg_client *c, double timeout_s, rf_msg *out) {

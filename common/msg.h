@@ -45,6 +45,10 @@ typedef enum rf_msg_type {
     RF_MSG_TRAIN_STATS = RLFLOW__MSG_TYPE__MSG_TRAIN_STATS,
     RF_MSG_WEIGHTS_UPDATE = RLFLOW__MSG_TYPE__MSG_WEIGHTS_UPDATE,
     RF_MSG_WEIGHTS_LOADED = RLFLOW__MSG_TYPE__MSG_WEIGHTS_LOADED,
+    RF_MSG_SCORE_REQUEST = RLFLOW__MSG_TYPE__MSG_SCORE_REQUEST,
+    RF_MSG_SCORE_RESPONSE = RLFLOW__MSG_TYPE__MSG_SCORE_RESPONSE,
+    RF_MSG_CHECKPOINT_REQUEST = RLFLOW__MSG_TYPE__MSG_CHECKPOINT_REQUEST,
+    RF_MSG_CHECKPOINT_DONE = RLFLOW__MSG_TYPE__MSG_CHECKPOINT_DONE,
 } rf_msg_type;
 
 /* A decoded message: `pb` points to the generated struct of `type` (Rlflow__RewardRequest for
@@ -181,6 +185,15 @@ rf_status rf_msg_client_send_raw(rf_msg_client *c, const void *frame, size_t len
  * restarts the wait). Errors: RF_ERR_IO "rlflow at <endpoint> sent nothing for 2.0 s" when
  * nothing at all came for timeout_s; RF_ERR_FORMAT for a frame that does not decode. */
 rf_status rf_msg_client_recv(rf_msg_client *c, double timeout_s, rf_msg *out);
+
+/* Waits at most timeout_s (0: does not wait) for one frame. A Heartbeat is answered and
+ * *got = 0; otherwise *got = 1 and *out holds the message. *got = 0 with RF_OK when nothing
+ * came. Errors as rf_msg_client_recv. */
+rf_status rf_msg_client_try_recv(rf_msg_client *c, double timeout_s, rf_msg *out, int *got);
+
+/* The ZeroMQ socket, for zmq_poll alongside other sockets or file descriptors (the thread
+ * that uses the client is the only one that may poll it). */
+void *rf_msg_client_socket(rf_msg_client *c);
 
 /* Closes the socket without a goodbye (the server sees it disconnect). NULL is fine. */
 void rf_msg_client_close(rf_msg_client *c);

@@ -29,6 +29,9 @@ rf_status rf_remove_tree(const char *path);
 /* Monotonic time in seconds. */
 double rf_time_now(void);
 
+/* Sleeps for s seconds (resumes after signals). */
+void rf_sleep(double s);
+
 /* Calloc that records RF_ERR_NOMEM on failure; returns NULL then. */
 void *rf_calloc(size_t n, size_t size);
 

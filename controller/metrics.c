@@ -89,6 +89,12 @@ int rf_metrics_get(const rf_metrics *m, const char *name, double *value) {
 
 int rf_metrics_count(const rf_metrics *m) { return m->n; }
 
+const char *rf_metrics_at(const rf_metrics *m, int i, double *value) {
+    if (i < 0 || i >= m->n) return NULL;
+    *value = m->items[i].value;
+    return m->items[i].name;
+}
+
 /* ---- JSON line ---- */
 
 /* A string builder whose only failure, out of memory, is sticky and checked once at the end. */

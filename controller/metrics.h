@@ -38,6 +38,10 @@ int rf_metrics_get(const rf_metrics *m, const char *name, double *value);
 /* Number of metrics set in the current step. */
 int rf_metrics_count(const rf_metrics *m);
 
+/* The name and value of the i-th metric set in this step (0 <= i < count), in the order of
+ * first setting; NULL outside the range. */
+const char *rf_metrics_at(const rf_metrics *m, int i, double *value);
+
 /* Writes the current step's metrics to every open sink, each as one write(2) so a crash
  * loses at most the step in flight, then clears them (also on error, so a failed write does
  * not leak values into the next step). Nothing is written for a step with no metrics. The

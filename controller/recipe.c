@@ -163,10 +163,18 @@ static const rkey KEYS[] = {
     {"checkpoint", "keep", T_INT, AT(checkpoint.keep), "2", NULL, "Checkpoints kept (older ones are deleted); 0 = all."},
     {"checkpoint", "save_optimizer", T_BOOL, AT(checkpoint.save_optimizer), "true", NULL, "Save optimizer state too (needed to resume exactly)."},
 
-    {"async", "max_staleness", T_INT, AT(async.max_staleness), "0", NULL, "Policy versions a sample may lag behind the trainer; 0 = synchronous on-policy."},
+    {"async", "max_staleness", T_INT, AT(async.max_staleness), "0", NULL, "Policy versions a sample may lag behind the trainer (k): the trainer at version v takes only samples whose oldest token is at version >= v - k, and prompts are admitted only while their samples can still meet that bound; 0 = synchronous on-policy. k > 0 needs placement.mode = \"split\" and turns on the decoupled objective."},
+    {"async", "buffer_groups", T_INT, AT(async.buffer_groups), "0", NULL, "Prompt groups admitted and not yet trained on, at most (in flight plus buffered); 0 = rollout.prompts_per_step * (max_staleness + 1)."},
+    {"async", "peer_timeout", T_FLOAT, AT(async.peer_timeout), "30.0", NULL, "Seconds a worker (or the controller, seen from a worker) may stay silent before it is reported lost and the run stops."},
+    {"async", "startup_timeout", T_FLOAT, AT(async.startup_timeout), "600.0", NULL, "Seconds to wait for every worker to connect (and, under a user's mpirun, for rank 0 to prepare data and model)."},
 
     {"placement", "mode", T_ENUM, AT(placement.mode), "\"colocated\"", MODES, "colocated: roles share devices and alternate; split: rollout and training on separate devices."},
     {"placement", "device", T_ENUM, AT(placement.device), "\"cpu\"", DEVICES, "Device of the training roles."},
+    {"placement", "rollout_ranks", T_INT, AT(placement.rollout_ranks), "1", NULL, "split: rollout worker processes (each a whole copy of the policy)."},
+    {"placement", "rollout_threads", T_INT, AT(placement.rollout_threads), "0", NULL, "split: CPU threads per rollout worker; 0 = the machine's cores shared evenly by the rollout workers and the training worker."},
+    {"placement", "train_threads", T_INT, AT(placement.train_threads), "0", NULL, "split: CPU threads of the training worker; 0 = its even share of the cores."},
+    {"placement", "endpoint", T_STR, AT(placement.endpoint), "\"\"", NULL, "split: the controller's ZeroMQ endpoint for workers; \"\" = tcp on 127.0.0.1 when every rank is on one machine, else on rank 0's host name, a free port."},
+    {"placement", "mpirun", T_STR, AT(placement.mpirun), "\"mpirun\"", NULL, "split: the MPI launcher `rlflow run` starts the processes with when it is not already under mpirun."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 _Static_assert(sizeof KEYS / sizeof KEYS[0] <= RF_RECIPE_MAX_KEYS, "raise RF_RECIPE_MAX_KEYS");
@@ -232,6 +240,12 @@ static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RA
     {"checkpoint.every", 0, INFINITY, 0, 1},
     {"checkpoint.keep", 0, INFINITY, 0, 1},
     {"async.max_staleness", 0, INFINITY, 0, 1},
+    {"async.buffer_groups", 0, INFINITY, 0, 1},
+    {"async.peer_timeout", 0, INFINITY, 1, 1},
+    {"async.startup_timeout", 0, INFINITY, 1, 1},
+    {"placement.rollout_ranks", 1, 1024, 0, 0},
+    {"placement.rollout_threads", 0, 1024, 0, 0},
+    {"placement.train_threads", 0, 1024, 0, 0},
 };
 
 /* ------------------------------------------------------------------ fields */

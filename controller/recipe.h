@@ -112,11 +112,14 @@ typedef struct rf_recipe {
         int every, keep, save_optimizer;
     } checkpoint;
     struct {
-        int max_staleness;
+        int max_staleness, buffer_groups;
+        double peer_timeout, startup_timeout;
     } async;
     struct {
         const char *mode;   /* "colocated" | "split" */
         const char *device; /* "cpu" | "cuda" */
+        int rollout_ranks, rollout_threads, train_threads;
+        char *endpoint, *mpirun;
     } placement;
 
     /* Provenance, for messages: the file read (NULL when none) and, per schema key, where its

@@ -188,7 +188,7 @@ static rf_status score(rf_run *run, step_buf *b, phase_times *pt) {
     pt->reference = rf_time_now() - t, t = rf_time_now();
     /* The proximal policy equals the behaviour policy here (generation used the current
      * weights); recompute only when several updates reuse the batch or the objective asks. */
-    int recompute = r->train.ppo_epochs > 1 || r->train.mini_batches > 1 || r->algorithm.decoupled;
+    int recompute = r->train.ppo_epochs > 1 || r->train.mini_batches > 1;
     for (int i = 0; st == RF_OK && i < n; i++) {
         ptrs[i] = b->s[i].prox_logp;
         if (!recompute) memcpy(b->s[i].prox_logp, b->s[i].behav_logp, sizeof(float) * (size_t)b->s[i].n_resp);
@@ -206,19 +206,19 @@ static rf_status score(rf_run *run, step_buf *b, phase_times *pt) {
 }
 
 /* Advantages; k1 KL into the token rewards when kl_in_reward. Returns the mean k1. */
-static rf_status advantages(rf_run *run, step_buf *b, double *mean_kl) {
-    const rf_recipe *r = run->r;
-    rf_adv_seq *as = calloc((size_t)(b->n ? b->n : 1), sizeof *as);
-    float **kl = calloc((size_t)(b->n ? b->n : 1), sizeof *kl);
+rf_status rf__advantages(const rf_recipe *r, rf_adv_kind kind, float kl_beta, int has_ref,
+                         rf_train_sample *samples, int n, double *mean_kl) {
+    rf_adv_seq *as = calloc((size_t)(n ? n : 1), sizeof *as);
+    float **kl = calloc((size_t)(n ? n : 1), sizeof *kl);
     if (!as || !kl) {
         free(as), free(kl);
         return rf_error(RF_ERR_NOMEM, "out of memory");
     }
     double ksum = 0;
     long kt = 0;
-    for (int i = 0; i < b->n; i++) {
-        rf_train_sample *s = &b->s[i];
-        if (run->ref) {
+    for (int i = 0; i < n; i++) {
+        rf_train_sample *s = &samples[i];
+        if (has_ref) {
             kl[i] = malloc(sizeof(float) * (size_t)s->n_resp);
             for (int t = 0; kl[i] && t < s->n_resp; t++) {
                 kl[i][t] = s->prox_logp[t] - s->ref_logp[t];
@@ -228,64 +228,70 @@ static rf_status advantages(rf_run *run, step_buf *b, double *mean_kl) {
         as[i] = (rf_adv_seq){s->n_resp, s->group, s->reward,
                              r->algorithm.kl_in_reward ? kl[i] : NULL, s->values, s->adv, s->returns};
     }
-    rf_adv_opts o = {run->adv_kind, (float)r->algorithm.gamma, (float)r->algorithm.lam,
-                     r->algorithm.kl_in_reward ? run->kl.beta : 0.0f, r->algorithm.whiten_advantages,
+    rf_adv_opts o = {kind, (float)r->algorithm.gamma, (float)r->algorithm.lam,
+                     r->algorithm.kl_in_reward ? kl_beta : 0.0f, r->algorithm.whiten_advantages,
                      1e-6f};
-    if (run->adv_kind == RF_ADV_GRPO && !r->algorithm.norm_adv_by_std) o.kind = RF_ADV_DR_GRPO;
-    rf_status st = rf_advantages(&o, as, b->n);
+    if (kind == RF_ADV_GRPO && !r->algorithm.norm_adv_by_std) o.kind = RF_ADV_DR_GRPO;
+    rf_status st = rf_advantages(&o, as, n);
     *mean_kl = kt ? ksum / kt : 0;
-    for (int i = 0; i < b->n; i++) free(kl[i]);
+    for (int i = 0; i < n; i++) free(kl[i]);
     free(as), free(kl);
     return st;
 }
 
-static void batch_metrics(rf_run *run, const step_buf *b) {
+void rf__batch_metrics(rf_metrics *m, const rf_recipe *r, const rf_train_sample *samples, int count) {
     double rs = 0, rq = 0, acc = 0, len = 0, nacc = 0, clipped = 0;
-    for (int i = 0; i < b->n; i++) {
-        const rf_train_sample *s = &b->s[i];
+    for (int i = 0; i < count; i++) {
+        const rf_train_sample *s = &samples[i];
         rs += s->reward, rq += (double)s->reward * s->reward, len += s->n_resp;
         if (!isnan(s->accuracy)) acc += s->accuracy, nacc++;
-        clipped += s->n_resp >= run->r->rollout.max_new_tokens;
+        clipped += s->n_resp >= r->rollout.max_new_tokens;
     }
-    double n = b->n ? b->n : 1, mean = rs / n;
-    rf_metrics_set(run->metrics, "reward/mean", mean);
-    rf_metrics_set(run->metrics, "reward/std", sqrt(fmax(0.0, rq / n - mean * mean)));
-    if (nacc) rf_metrics_set(run->metrics, "reward/accuracy", acc / nacc);
-    rf_metrics_set(run->metrics, "response/length_mean", len / n);
-    rf_metrics_set(run->metrics, "response/clip_ratio", clipped / n);
+    double n = count ? count : 1, mean = rs / n;
+    rf_metrics_set(m, "reward/mean", mean);
+    rf_metrics_set(m, "reward/std", sqrt(fmax(0.0, rq / n - mean * mean)));
+    if (nacc) rf_metrics_set(m, "reward/accuracy", acc / nacc);
+    rf_metrics_set(m, "response/length_mean", len / n);
+    rf_metrics_set(m, "response/clip_ratio", clipped / n);
 }
 
-static void update_metrics(rf_run *run, const rf_update_stats *a, const rf_update_stats *c) {
+void rf__update_metrics(rf_metrics *m, const rf_recipe *r, const rf_update_stats *a,
+                        const rf_update_stats *c) {
     double tok = a->pg.tokens ? (double)a->pg.tokens : 1;
-    rf_metrics_set(run->metrics, "actor/pg_loss", a->pg.pg_loss / tok);
-    rf_metrics_set(run->metrics, "actor/entropy", a->pg.entropy / tok);
-    rf_metrics_set(run->metrics, "actor/clip_frac", a->pg.clipped / tok);
-    rf_metrics_set(run->metrics, "actor/approx_kl", a->pg.approx_kl / tok);
-    rf_metrics_set(run->metrics, "actor/grad_norm", a->grad_norm);
-    rf_metrics_set(run->metrics, "actor/lr", a->lr);
-    if (run->r->algorithm.decoupled) {
-        rf_metrics_set(run->metrics, "actor/is_weight_mean", a->pg.is_weight / tok);
-        rf_metrics_set(run->metrics, "actor/is_weight_max", a->pg.is_weight_max);
-        rf_metrics_set(run->metrics, "actor/is_truncated_frac", a->pg.is_truncated / tok);
+    rf_metrics_set(m, "actor/pg_loss", a->pg.pg_loss / tok);
+    rf_metrics_set(m, "actor/entropy", a->pg.entropy / tok);
+    rf_metrics_set(m, "actor/clip_frac", a->pg.clipped / tok);
+    rf_metrics_set(m, "actor/approx_kl", a->pg.approx_kl / tok);
+    rf_metrics_set(m, "actor/grad_norm", a->grad_norm);
+    rf_metrics_set(m, "actor/lr", a->lr);
+    if (r->algorithm.decoupled || r->async.max_staleness > 0) {
+        rf_metrics_set(m, "actor/is_weight_mean", a->pg.is_weight / tok);
+        rf_metrics_set(m, "actor/is_weight_max", a->pg.is_weight_max);
+        rf_metrics_set(m, "actor/is_truncated_frac", a->pg.is_truncated / tok);
     }
-    if (run->critic) {
-        rf_metrics_set(run->metrics, "critic/value_loss", c->value_loss);
-        rf_metrics_set(run->metrics, "critic/clip_frac", c->value_clipfrac / (c->tokens ? c->tokens : 1));
-        rf_metrics_set(run->metrics, "critic/grad_norm", c->grad_norm);
+    if (c) {
+        rf_metrics_set(m, "critic/value_loss", c->value_loss);
+        rf_metrics_set(m, "critic/clip_frac", c->value_clipfrac / (c->tokens ? c->tokens : 1));
+        rf_metrics_set(m, "critic/grad_norm", c->grad_norm);
     }
+}
+
+rf_update_opts rf__update_opts(const rf_recipe *r, float kl_beta, rf_kl_est est, rf_loss_agg agg,
+                               int step, int critic) {
+    rf_update_opts uo = {
+        .pg = {(float)r->algorithm.clip_low, (float)r->algorithm.clip_high, (float)r->algorithm.dual_clip,
+               r->algorithm.decoupled || r->async.max_staleness > 0, (float)r->algorithm.is_cap,
+               r->algorithm.kl_in_reward ? 0.0f : kl_beta, est, (float)r->algorithm.entropy_coef},
+        .agg = agg, .max_resp_len = r->rollout.max_new_tokens, .epochs = r->train.ppo_epochs,
+        .mini_batches = r->train.mini_batches, .micro_tokens = r->train.micro_batch_tokens,
+        .inv_temp = 1.0f / (float)r->rollout.temperature, .value_clip = (float)r->algorithm.value_clip,
+        .shuffle_seed = ((uint64_t)r->train.seed << 20) + (uint64_t)step * 2 + (uint64_t)critic};
+    uo.prox_from_forward = uo.pg.decoupled && uo.epochs == 1 && uo.mini_batches == 1;
+    return uo;
 }
 
 static rf_update_opts update_opts(const rf_run *run, int critic) {
-    const rf_recipe *r = run->r;
-    rf_update_opts uo = {
-        .pg = {(float)r->algorithm.clip_low, (float)r->algorithm.clip_high, (float)r->algorithm.dual_clip,
-               r->algorithm.decoupled, (float)r->algorithm.is_cap,
-               r->algorithm.kl_in_reward ? 0.0f : run->kl.beta, run->kl_est, (float)r->algorithm.entropy_coef},
-        .agg = run->agg, .max_resp_len = r->rollout.max_new_tokens, .epochs = r->train.ppo_epochs,
-        .mini_batches = r->train.mini_batches, .micro_tokens = r->train.micro_batch_tokens,
-        .inv_temp = 1.0f / (float)r->rollout.temperature, .value_clip = (float)r->algorithm.value_clip,
-        .shuffle_seed = ((uint64_t)r->train.seed << 20) + (uint64_t)run->step * 2 + (uint64_t)critic};
-    return uo;
+    return rf__update_opts(run->r, run->kl.beta, run->kl_est, run->agg, run->step, critic);
 }
 
 rf_optim_opts rf__optim_opts(const rf_recipe *r, int critic) {
@@ -308,7 +314,7 @@ rf_status rf__rl_step(rf_run *run) {
     rf_status st = collect(run, &b, &gen_tokens, &dropped);
     pt.generate = rf_time_now() - t;
     if (st == RF_OK) st = score(run, &b, &pt);
-    if (st == RF_OK) st = advantages(run, &b, &mean_kl);
+    if (st == RF_OK) st = rf__advantages(run->r, run->adv_kind, run->kl.beta, run->ref != NULL, b.s, b.n, &mean_kl);
     rf_update_stats as = {0}, cs = {0};
     t = rf_time_now();
     rf_optim_opts ao = rf__optim_opts(run->r, 0), co = rf__optim_opts(run->r, 1);
@@ -318,8 +324,8 @@ rf_status rf__rl_step(rf_run *run) {
     if (st == RF_OK && run->critic && b.n > 0) st = rf_critic_update(run->critic, &co, &uc, b.s, b.n, &cs);
     pt.critic_train = rf_time_now() - t;
     if (st == RF_OK) {
-        batch_metrics(run, &b);
-        update_metrics(run, &as, &cs);
+        rf__batch_metrics(run->metrics, run->r, b.s, b.n);
+        rf__update_metrics(run->metrics, run->r, &as, run->critic ? &cs : NULL);
         if (run->ref) rf_metrics_set(run->metrics, "actor/kl_ref", mean_kl);
         rf_metrics_set(run->metrics, "actor/kl_coef", run->kl.beta);
         rf_kl_ctl_update(&run->kl, (float)mean_kl, b.n);

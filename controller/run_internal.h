@@ -26,6 +26,23 @@ rf_status rf__rl_step(rf_run *run);
 /* Optimizer options of the actor (critic = 0) or the critic (1) from the recipe. */
 rf_optim_opts rf__optim_opts(const rf_recipe *r, int critic);
 
+/* Update options of the actor (critic = 0) or the critic (1) at RL step `step`; the
+ * decoupled objective is on when the recipe asks or when async.max_staleness > 0. */
+rf_update_opts rf__update_opts(const rf_recipe *r, float kl_beta, rf_kl_est est, rf_loss_agg agg,
+                               int step, int critic);
+
+/* Advantages (and returns) of n samples in place; k1 KL (prox_logp - ref_logp) into the token
+ * rewards when algorithm.kl_in_reward and has_ref. *mean_kl: the mean k1 (0 without ref). */
+rf_status rf__advantages(const rf_recipe *r, rf_adv_kind kind, float kl_beta, int has_ref,
+                         rf_train_sample *samples, int n, double *mean_kl);
+
+/* reward/..., response/... metrics of a batch. */
+void rf__batch_metrics(rf_metrics *m, const rf_recipe *r, const rf_train_sample *samples, int count);
+
+/* Sets the actor/... and critic/... metrics of one update on m (c may be NULL). */
+void rf__update_metrics(rf_metrics *m, const rf_recipe *r, const rf_update_stats *a,
+                        const rf_update_stats *c);
+
 /* EOS ids for generation from the model dir and tokenizer (caller frees *ids). */
 rf_status rf__eos_ids(const char *dir, const rf_model *m, const rf_tokenizer *tok, int32_t **ids,
                       int *n);

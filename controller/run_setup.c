@@ -99,11 +99,14 @@ rf_status rf__load_rewards(rf_run *run) {
 /* Options that parse but that this build does not carry out are refused, naming where they
  * were set. */
 rf_status rf__reject_unimplemented(const rf_recipe *r) {
-    if (strcmp(r->placement.mode, "colocated") != 0)
-        return rf_recipe_reject_unimplemented(r, "placement.mode", "one process, colocated, for now");
-    if (r->async.max_staleness != 0)
-        return rf_recipe_reject_unimplemented(r, "async.max_staleness",
-                                              "generation and training alternate in one process");
+    int split = strcmp(r->placement.mode, "split") == 0;
+    if (!split && r->async.max_staleness != 0) {
+        char where[512];
+        return rf_error(RF_ERR_UNSUPPORTED, "%s: async.max_staleness = %d needs placement.mode = \"split\" (colocated roles alternate: generation and training cannot overlap)",
+                        rf_recipe_where(r, "async.max_staleness", where, sizeof where), r->async.max_staleness);
+    }
+    if (split && r->reward.model[0])
+        return rf_recipe_reject_unimplemented(r, "reward.model", "split runs score with rules and reward programs; a reward model worker is not built yet");
     if (strcmp(r->placement.device, r->model.device) != 0)
         return rf_error(RF_ERR_ARG, "placement.device (%s) and model.device (%s) differ",
                         r->placement.device, r->model.device);

@@ -135,8 +135,11 @@ static void bad_recipes(void) {
     CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set algorithm.kl_coeff=0.1", dir, rlflow) == 1);
     CHECK(strstr(out, "unknown key \"algorithm.kl_coeff\" (did you mean \"algorithm.kl_coef\"?)") != NULL);
     free(out);
-    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set placement.mode=split", dir, rlflow) == 1);
-    CHECK(strstr(out, "placement.mode = \"split\" is not implemented yet") != NULL);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set async.max_staleness=1", dir, rlflow) == 1);
+    CHECK(strstr(out, "--set: async.max_staleness = 1 needs placement.mode = \"split\"") != NULL);
+    free(out);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set placement.mode=split --set reward.model=rm", dir, rlflow) == 1);
+    CHECK(strstr(out, "reward.model = \"rm\" is not implemented yet (split runs score with rules") != NULL);
     free(out);
     CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set logging.dir=%s/none --resume", dir, rlflow, dir) == 1);
     CHECK(strstr(out, "no checkpoint to resume from") != NULL);

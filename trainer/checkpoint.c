@@ -149,7 +149,8 @@ static rf_status read_state(const char *dir, rf_ckpt_state *st, rf_model *actor,
     for (int i = 0; s == RF_OK && i < 7; i++) s = get_num(j, keys[i], p, &v[i]);
     cJSON_Delete(j);
     RF_TRY(s);
-    st->step = (int)v[0], actor->opt_step = (int)v[1];
+    st->step = (int)v[0];
+    if (actor) actor->opt_step = (int)v[1];
     if (critic) critic->opt_step = (int)v[2];
     st->pos.epoch = (int)v[3], st->pos.index = (int)v[4];
     st->kl_beta = (float)v[5], st->best_val = v[6];
@@ -166,7 +167,7 @@ rf_status rf_checkpoint_load(const char *run_dir, rf_model *actor, rf_model *cri
     name[strcspn(name, "\r\n")] = '\0';
     snprintf(dir, sizeof dir, "%s/%s", run_dir, name);
     free(name);
-    rf_status s = load_role(dir, "actor", actor);
+    rf_status s = actor ? load_role(dir, "actor", actor) : RF_OK;
     if (s == RF_OK && critic) s = load_role(dir, "critic", critic);
     if (s == RF_OK) s = read_state(dir, st, actor, critic);
     return s == RF_OK ? RF_OK : rf_error_wrap(s, "resuming from %s", dir);

@@ -26,7 +26,8 @@ typedef struct rf_ckpt_state {
 rf_status rf_checkpoint_save(const char *run_dir, const rf_model *actor, const rf_model *critic,
                              const char *tokenizer_dir, const rf_ckpt_state *st, int keep);
 
-/* Loads the newest checkpoint into existing actor (and critic) models and fills st.
+/* Loads the newest checkpoint into existing actor (and critic) models and fills st (actor and
+ * critic NULL: the run state only).
  * RF_ERR_IO naming run_dir/latest when there is none. */
 rf_status rf_checkpoint_load(const char *run_dir, rf_model *actor, rf_model *critic,
                              rf_ckpt_state *st);

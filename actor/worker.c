@@ -1,0 +1,270 @@
+/* The training worker's event loop. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "actor/actor.h"
+#include "actor/worker.h"
+#include "common/log.h"
+#include "common/msg_link.h"
+#include "common/util.h"
+#include "controller/advantages.h"
+#include "controller/run_internal.h"
+#include "resharding/weights_sync.h"
+#include "trainer/checkpoint.h"
+
+typedef struct tworker {
+    const rf_recipe *r;
+    const rf_kernels *k;
+    rf_msg_link *link;
+    rf_model *actor, *ref, *critic;
+    rf_metrics *metrics; /* no files: collects one update's metrics for TrainStats */
+    rf_weights_tx *tx;
+    rf_comm *wcomm;
+    const int *rollout;
+    int n_rollout;
+    int version;         /* updates done */
+    rf_kl_est kl_est;
+    rf_loss_agg agg;
+    double busy;
+} tworker;
+
+static void samples_free(rf_train_sample *s, int n) {
+    for (int i = 0; s && i < n; i++) rf_train_sample_free(&s[i]);
+    free(s);
+}
+
+/* The TrainSamples of a message as rf_train_samples (tokens and per-token arrays copied). */
+static rf_status unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample **out) {
+    rf_train_sample *s = calloc(n ? n : 1, sizeof *s);
+    if (!s) return rf_error(RF_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const Rlflow__TrainSample *t = in[i];
+        int np = t->n_prompt, nr = (int)t->n_tokens - t->n_prompt;
+        if (np < 1 || nr < 1) {
+            samples_free(s, (int)i);
+            return rf_error(RF_ERR_FORMAT, "sample %zu: %zu tokens with n_prompt %d", i, t->n_tokens, np);
+        }
+        s[i].n_prompt = np, s[i].n_resp = nr, s[i].group = t->group, s[i].reward = t->reward;
+        s[i].tokens = malloc(sizeof(int32_t) * t->n_tokens);
+        rf_status st = s[i].tokens ? rf_train_sample_alloc(&s[i]) : rf_error(RF_ERR_NOMEM, "out of memory");
+        if (st != RF_OK) {
+            samples_free(s, (int)i + 1);
+            return st;
+        }
+        memcpy(s[i].tokens, t->tokens, sizeof(int32_t) * t->n_tokens);
+#define COPY(field, dst)                                                                            \
+    if (t->n_##field == (size_t)nr) memcpy(s[i].dst, t->field, sizeof(float) * (size_t)nr);         \
+    else if (t->n_##field != 0) {                                                                  \
+        samples_free(s, (int)i + 1);                                                                \
+        return rf_error(RF_ERR_FORMAT, "sample %zu: %zu " #field " for %d response tokens", i,      \
+                        t->n_##field, nr);                                                          \
+    }
+        COPY(behav_logp, behav_logp)
+        COPY(advantages, adv)
+        COPY(returns, returns)
+        COPY(ref_logp, ref_logp)
+        COPY(values, values)
+#undef COPY
+        for (int j = 0; j < nr && (size_t)j < t->n_versions; j++) s[i].versions[j] = (int)t->versions[j];
+    }
+    *out = s;
+    return RF_OK;
+}
+
+static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
+    const rf_recipe *r = w->r;
+    int n = (int)q->n_samples;
+    rf_train_sample *s = NULL;
+    RF_TRY(unpack(q->samples, q->n_samples, &s));
+    float **ptrs = malloc(sizeof(float *) * (size_t)(n ? n : 1));
+    Rlflow__FloatSeq *ref = calloc((size_t)(n ? n : 1), sizeof *ref), *val = calloc((size_t)(n ? n : 1), sizeof *val);
+    Rlflow__FloatSeq **refp = malloc(sizeof *refp * (size_t)(n ? n : 1)), **valp = malloc(sizeof *valp * (size_t)(n ? n : 1));
+    rf_status st = ptrs && ref && val && refp && valp ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    Rlflow__ScoreResponse resp = RLFLOW__SCORE_RESPONSE__INIT;
+    resp.request_id = q->request_id;
+    if (st == RF_OK && q->want_ref_logp) {
+        if (!w->ref) st = rf_error(RF_ERR_ARG, "ScoreRequest asks for reference log-probs, the recipe has no reference");
+        for (int i = 0; st == RF_OK && i < n; i++) ptrs[i] = s[i].ref_logp;
+        if (st == RF_OK)
+            st = rf_actor_logprobs(w->ref, s, n, r->train.micro_batch_tokens, 1.0f / (float)r->rollout.temperature, ptrs, NULL);
+        for (int i = 0; st == RF_OK && i < n; i++) {
+            rlflow__float_seq__init(&ref[i]);
+            ref[i].n_v = (size_t)s[i].n_resp, ref[i].v = s[i].ref_logp;
+            refp[i] = &ref[i];
+        }
+        resp.n_ref_logp = st == RF_OK ? (size_t)n : 0, resp.ref_logp = refp;
+    }
+    if (st == RF_OK && q->want_values) {
+        if (!w->critic) st = rf_error(RF_ERR_ARG, "ScoreRequest asks for values, the recipe has no critic");
+        for (int i = 0; st == RF_OK && i < n; i++) ptrs[i] = s[i].values;
+        if (st == RF_OK) st = rf_critic_values(w->critic, s, n, r->train.micro_batch_tokens, ptrs);
+        for (int i = 0; st == RF_OK && i < n; i++) {
+            rlflow__float_seq__init(&val[i]);
+            val[i].n_v = (size_t)s[i].n_resp, val[i].v = s[i].values;
+            valp[i] = &val[i];
+        }
+        resp.n_values = st == RF_OK ? (size_t)n : 0, resp.values = valp;
+    }
+    if (st == RF_OK) st = rf_msg_link_send(w->link, RF_MSG_SCORE_RESPONSE, &resp.base);
+    free(ptrs), free(ref), free(val), free(refp), free(valp);
+    samples_free(s, n);
+    return st;
+}
+
+static rf_status publish_weights(tworker *w) {
+    uint32_t crc = 0;
+    RF_TRY(rf_weights_tx_start(w->tx, w->wcomm, w->actor, w->version, w->rollout, w->n_rollout,
+                               w->r->async.peer_timeout, &crc));
+    Rlflow__WeightsUpdate wu = RLFLOW__WEIGHTS_UPDATE__INIT;
+    wu.version = w->version, wu.checksum = crc, wu.n_bytes = w->actor->n_params * sizeof(float);
+    return rf_msg_link_send(w->link, RF_MSG_WEIGHTS_UPDATE, &wu.base);
+}
+
+static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
+    const rf_recipe *r = w->r;
+    if (b->policy_version != w->version)
+        return rf_error(RF_ERR_FORMAT, "TrainBatch %llu is for policy version %lld, the actor is at %d",
+                        (unsigned long long)b->batch_id, (long long)b->policy_version, w->version);
+    double t0 = rf_time_now();
+    int n = (int)b->n_samples;
+    rf_train_sample *s = NULL;
+    RF_TRY(unpack(b->samples, b->n_samples, &s));
+    rf_update_opts uo = rf__update_opts(r, b->kl_coef, w->kl_est, w->agg, w->version, 0);
+    rf_update_opts uc = rf__update_opts(r, b->kl_coef, w->kl_est, w->agg, w->version, 1);
+    rf_optim_opts ao = rf__optim_opts(r, 0), co = rf__optim_opts(r, 1);
+    /* proximal log-probs: the current policy's, recomputed when the objective or several
+     * updates need them; otherwise equal to the behaviour log-probs */
+    int recompute = (uo.pg.decoupled && !uo.prox_from_forward) || r->train.ppo_epochs > 1 || r->train.mini_batches > 1;
+    float **ptrs = malloc(sizeof(float *) * (size_t)(n ? n : 1));
+    rf_status st = ptrs ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        ptrs[i] = s[i].prox_logp;
+        if (!recompute) memcpy(s[i].prox_logp, s[i].behav_logp, sizeof(float) * (size_t)s[i].n_resp);
+    }
+    double tp = rf_time_now();
+    if (st == RF_OK && recompute)
+        st = rf_actor_logprobs(w->actor, s, n, r->train.micro_batch_tokens, uo.inv_temp, ptrs, NULL);
+    tp = rf_time_now() - tp;
+    free(ptrs);
+    rf_update_stats as = {0}, cs = {0};
+    double ta = rf_time_now();
+    if (st == RF_OK && n > 0) st = rf_actor_update(w->actor, &ao, &uo, s, n, &as);
+    ta = rf_time_now() - ta;
+    if (st == RF_OK && w->critic && n > 0) st = rf_critic_update(w->critic, &co, &uc, s, n, &cs);
+    samples_free(s, n);
+    if (st != RF_OK) return st;
+    w->version++;
+    RF_TRY(publish_weights(w));
+    rf__update_metrics(w->metrics, r, &as, w->critic ? &cs : NULL);
+    rf_metrics_set(w->metrics, "perf/train_tokens_per_s", (double)as.tokens / fmax(ta, 1e-9));
+    rf_metrics_set(w->metrics, "perf/prox_s", tp);
+    int nm = rf_metrics_count(w->metrics);
+    Rlflow__TrainStats__MetricsEntry *e = calloc((size_t)(nm ? nm : 1), sizeof *e);
+    Rlflow__TrainStats__MetricsEntry **ep = calloc((size_t)(nm ? nm : 1), sizeof *ep);
+    if (!e || !ep) {
+        free(e), free(ep);
+        return rf_error(RF_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < nm; i++) {
+        rlflow__train_stats__metrics_entry__init(&e[i]);
+        double v;
+        e[i].key = (char *)rf_metrics_at(w->metrics, i, &v);
+        e[i].value = v;
+        ep[i] = &e[i];
+    }
+    Rlflow__TrainStats ts = RLFLOW__TRAIN_STATS__INIT;
+    ts.batch_id = b->batch_id, ts.policy_version = w->version;
+    ts.n_metrics = (size_t)nm, ts.metrics = ep;
+    ts.seconds = rf_time_now() - t0;
+    st = rf_msg_link_send(w->link, RF_MSG_TRAIN_STATS, &ts.base);
+    free(e), free(ep);
+    rf_metrics_commit(w->metrics, w->version); /* clears the step's values (no files) */
+    return st;
+}
+
+static rf_status checkpoint(tworker *w, const Rlflow__CheckpointRequest *q) {
+    const rf_recipe *r = w->r;
+    double t = rf_time_now();
+    rf_ckpt_state cs = {(int)q->step, {q->data_epoch, (int)q->data_index}, q->kl_coef, q->best_val};
+    Rlflow__CheckpointDone d = RLFLOW__CHECKPOINT_DONE__INIT;
+    d.step = q->step;
+    rf_status st = RF_OK;
+    if (q->step != w->version)
+        st = rf_error(RF_ERR_FORMAT, "CheckpointRequest for step %lld, the actor is at %d", (long long)q->step, w->version);
+    if (st == RF_OK) st = rf_checkpoint_save(r->logging.dir, w->actor, w->critic, r->model.path, &cs, r->checkpoint.keep);
+    d.seconds = rf_time_now() - t;
+    d.error = st == RF_OK ? "" : (char *)rf_error_message();
+    rf_status sst = rf_msg_link_send(w->link, RF_MSG_CHECKPOINT_DONE, &d.base);
+    return st != RF_OK ? st : sst;
+}
+
+static rf_status serve(tworker *w) {
+    RF_TRY(publish_weights(w)); /* the rollout workers start from the actor's weights */
+    for (;;) {
+        int pending = rf_weights_tx_test(w->tx);
+        if (pending < 0) return rf_error_wrap(RF_ERR_IO, "sending weights: ");
+        rf_msg m;
+        int got = 0;
+        /* while weights are on their way, come back often to progress MPI */
+        RF_TRY(rf_msg_link_recv(w->link, pending ? 0.05 : 0.0005, &m, &got));
+        if (!got) continue;
+        double t = rf_time_now();
+        rf_status st = RF_OK;
+        int done = 0;
+        switch (m.type) {
+        case RF_MSG_SCORE_REQUEST: st = score(w, (Rlflow__ScoreRequest *)m.pb); break;
+        case RF_MSG_TRAIN_BATCH: st = train(w, (Rlflow__TrainBatch *)m.pb); break;
+        case RF_MSG_CHECKPOINT_REQUEST: st = checkpoint(w, (Rlflow__CheckpointRequest *)m.pb); break;
+        case RF_MSG_SHUTDOWN: done = 1; break;
+        default: st = rf_error(RF_ERR_FORMAT, "the controller sent the training worker %s", rf_msg_type_name(m.type));
+        }
+        w->busy += rf_time_now() - t;
+        rf_msg_free(&m);
+        if (st != RF_OK) return st;
+        if (done) return rf_weights_tx_wait(w->tx, 10.0);
+    }
+}
+
+rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int resume,
+                               rf_comm *wcomm, const int *rollout, int n_rollout) {
+    tworker w = {.r = r, .wcomm = wcomm, .rollout = rollout, .n_rollout = n_rollout};
+    w.k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(0) : rf_cpu_kernels();
+    if (!w.k) return rf_error(RF_ERR_NODEVICE, "model.device = \"cuda\"");
+    rf_adv_kind kind;
+    rf_status st = rf_adv_kind_parse(r->algorithm.name, &kind);
+    if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
+    if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
+    if (st == RF_OK) st = rf_model_load(&w.actor, r->model.path, w.k, 0);
+    if (st == RF_OK) st = rf_model_enable_training(w.actor);
+    if (st == RF_OK && rf_recipe_reference_enabled(r))
+        st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
+    if (st == RF_OK && kind == RF_ADV_GAE) {
+        st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
+        if (st == RF_OK) st = rf_model_enable_training(w.critic);
+    }
+    if (st == RF_OK && resume) {
+        rf_ckpt_state cs;
+        st = rf_checkpoint_load(r->logging.dir, w.actor, w.critic, &cs);
+        w.version = cs.step;
+    }
+    if (st == RF_OK) st = rf_metrics_open(&w.metrics, NULL, 0, 0);
+    if (st == RF_OK) st = rf_weights_tx_init(&w.tx, w.actor);
+    rf_msg_client_config cc = {.endpoint = endpoint, .role = RLFLOW__ROLE__ROLE_ACTOR, .rank = 0,
+                               .capacity = 1, .name = "train", .timeout_s = r->async.startup_timeout};
+    if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);
+    if (st == RF_OK) st = serve(&w);
+    if (st != RF_OK && w.link) {
+        /* tell the controller why, so that it can stop the run naming us */
+        Rlflow__Error e = RLFLOW__ERROR__INIT;
+        e.code = st, e.message = (char *)rf_error_message();
+        rf_msg_link_send(w.link, RF_MSG_ERROR, &e.base);
+    }
+    if (w.link) rf_msg_link_flush(w.link, 5.0);
+    rf_msg_link_close(w.link);
+    rf_weights_tx_free(w.tx);
+    rf_metrics_close(w.metrics);
+    rf_model_free(w.actor), rf_model_free(w.ref), rf_model_free(w.critic);
+    return st;
+}

@@ -1,0 +1,712 @@
+/* The controller's event loop for split runs. */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "controller/buffer.h"
+#include "controller/controller.h"
+#include "controller/run_internal.h"
+#include "trainer/checkpoint.h"
+
+#define MAX_ROLLOUT 256
+#define VERSION_RING 256
+
+typedef struct group {
+    int64_t id;             /* admission id (buffer); -1 for validation */
+    uint64_t req;           /* GenerateRequest id */
+    const rf_example *ex;
+    rf_dataset_pos pos;     /* data position before this prompt */
+    rf_train_sample *s;     /* (n) */
+    int n, n_done, worker;  /* worker: index into ctl.rw */
+    int min_version;
+    int scoring;            /* a ScoreRequest is out */
+    struct group *next;
+} group;
+
+typedef struct rollout_peer {
+    int peer, rank, version, groups; /* groups in flight */
+    uint32_t crc;
+    double busy, wall;               /* as of the last WeightsLoaded */
+} rollout_peer;
+
+typedef struct ctl {
+    rf_run run;           /* recipe, tokenizer, data, rewards, metrics, step, KL, position */
+    rf_msg_server *srv;
+    rf_buffer *buf;
+    group *live;          /* admitted or validation groups not yet in the buffer */
+    int n_rollout_want;
+    rollout_peer rw[MAX_ROLLOUT];
+    int n_rw, train_peer;
+    int cap;              /* buffer capacity in groups */
+    uint64_t next_req;
+    /* versions: checksums the training worker announced, by version modulo the ring */
+    int64_t ver_of[VERSION_RING];
+    uint32_t crc_of[VERSION_RING];
+    int batch_out;        /* a TrainBatch is at the training worker */
+    double batch_sent_at, train_busy, train_busy0;
+    double mean_kl;
+    int ckpt_out;         /* CheckpointRequests not yet done */
+    /* validation */
+    int val_version, val_next, val_out, val_n;
+    double val_acc, val_len;
+    int final_val_done;
+    /* per step */
+    double gen_tokens, last_step_at;
+    int64_t dropped_dynamic, dyn_since_batch;
+} ctl;
+
+static volatile sig_atomic_t g_signal;
+static void on_signal(int sig) { g_signal = sig; }
+
+static const rf_metrics_col k_console[] = {
+    {"reward/mean", "reward", "%.3f", "reward/std", NULL},
+    {"reward/accuracy", "acc", "%.3f", NULL, NULL},
+    {"val/accuracy", "val", "%.3f", NULL, NULL},
+    {"actor/kl_ref", "kl", "%.4f", NULL, NULL},
+    {"actor/entropy", "ent", "%.3f", NULL, NULL},
+    {"actor/grad_norm", "gnorm", "%.3f", NULL, NULL},
+    {"critic/value_loss", "vloss", "%.4f", NULL, NULL},
+    {"response/length_mean", "len", "%.1f", NULL, NULL},
+    {"async/staleness_mean", "stale", "%.2f", NULL, NULL},
+    {"async/buffer_depth", "buf", "%.0f", NULL, NULL},
+    {"perf/gen_tokens_per_s", "gen", "%.0f", NULL, " tok/s"},
+    {"perf/train_tokens_per_s", "train", "%.0f", NULL, " tok/s"},
+};
+
+static void group_free(group *g) {
+    if (!g) return;
+    for (int i = 0; g->s && i < g->n; i++) rf_train_sample_free(&g->s[i]);
+    free(g->s);
+    free(g);
+}
+
+static void unlink_group(ctl *c, group *g) {
+    for (group **p = &c->live; *p; p = &(*p)->next)
+        if (*p == g) {
+            *p = g->next;
+            return;
+        }
+}
+
+static group *find_group(ctl *c, uint64_t req) {
+    for (group *g = c->live; g; g = g->next)
+        if (g->req == req) return g;
+    return NULL;
+}
+
+static rollout_peer *find_rw(ctl *c, int peer) {
+    for (int i = 0; i < c->n_rw; i++)
+        if (c->rw[i].peer == peer) return &c->rw[i];
+    return NULL;
+}
+
+static int served_version(const ctl *c) {
+    if (c->n_rw < c->n_rollout_want) return -1;
+    int v = INT32_MAX;
+    for (int i = 0; i < c->n_rw; i++)
+        if (c->rw[i].version < v) v = c->rw[i].version;
+    return c->n_rw ? v : -1;
+}
+
+static const char *peer_desc(ctl *c, int peer) {
+    const rf_msg_peer_info *i = rf_msg_server_peer(c->srv, peer);
+    return i ? i->desc : "a worker";
+}
+
+/* ---- generation ----------------------------------------------------------------------- */
+
+static rf_status send_generate(ctl *c, group *g, int greedy) {
+    const rf_recipe *r = c->run.r;
+    int best = 0;
+    for (int i = 1; i < c->n_rw; i++)
+        if (c->rw[i].groups < c->rw[best].groups) best = i;
+    Rlflow__SamplingParams sp = RLFLOW__SAMPLING_PARAMS__INIT;
+    sp.temperature = (float)r->rollout.temperature, sp.top_k = r->rollout.top_k;
+    sp.top_p = (float)r->rollout.top_p, sp.max_new_tokens = r->rollout.max_new_tokens;
+    sp.seed = ((uint64_t)r->train.seed << 40) + (uint64_t)(g->id < 0 ? 0 : g->id) * (uint64_t)g->n;
+    Rlflow__GenerateRequest q = RLFLOW__GENERATE_REQUEST__INIT;
+    q.request_id = g->req, q.n_prompt_ids = (size_t)g->ex->n_prompt, q.prompt_ids = g->ex->prompt_ids;
+    q.n = g->n, q.sampling = &sp, q.group_id = g->id, q.greedy = greedy;
+    q.min_version = served_version(c);
+    g->worker = best;
+    c->rw[best].groups++;
+    rf_status st = rf_msg_server_send(c->srv, c->rw[best].peer, RF_MSG_GENERATE_REQUEST, &q.base);
+    return st == RF_OK ? RF_OK : rf_error_wrap(st, "sending a GenerateRequest: ");
+}
+
+static group *new_group(ctl *c, const rf_example *ex, int n) {
+    group *g = calloc(1, sizeof *g);
+    if (g) g->s = calloc((size_t)n, sizeof *g->s);
+    if (!g || !g->s) {
+        free(g);
+        rf_error(RF_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    g->ex = ex, g->n = n, g->req = ++c->next_req, g->min_version = INT32_MAX;
+    g->next = c->live;
+    c->live = g;
+    return g;
+}
+
+/* Admits prompts while the staleness bound and the buffer allow. */
+static rf_status admit(ctl *c) {
+    const rf_recipe *r = c->run.r;
+    int served = served_version(c);
+    if (served < 0 || c->run.step >= r->train.steps) return RF_OK;
+    /* stop admitting once every batch still to train is covered */
+    while (rf_buffer_can_admit(c->buf, served) &&
+           rf_buffer_consumed(c->buf) + rf_buffer_depth(c->buf) + rf_buffer_in_flight(c->buf) <
+               (int64_t)r->train.steps * r->rollout.prompts_per_step + c->dropped_dynamic +
+                   rf_buffer_stale_dropped(c->buf)) {
+        rf_dataset_pos before = c->run.pos;
+        const rf_example *ex;
+        RF_TRY(rf_dataset_next(c->run.train, &c->run.pos, 1, &ex));
+        group *g = new_group(c, ex, r->rollout.n);
+        if (!g) return RF_ERR_NOMEM;
+        g->pos = before;
+        g->id = rf_buffer_admit(c->buf, served);
+        RF_TRY(send_generate(c, g, 0));
+    }
+    return RF_OK;
+}
+
+/* ---- validation ----------------------------------------------------------------------- */
+
+static int val_due(const ctl *c, int v) {
+    const rf_recipe *r = c->run.r;
+    if (!c->run.val || v < c->val_next) return 0;
+    return v == r->train.steps || (v == 0) ||
+           (r->logging.val_every > 0 && v % r->logging.val_every == 0);
+}
+
+static rf_status start_validation(ctl *c) {
+    const rf_recipe *r = c->run.r;
+    int served = served_version(c);
+    if (c->val_out || served < 0 || !val_due(c, served)) return RF_OK;
+    int n = rf_dataset_size(c->run.val);
+    if (r->logging.val_size < n) n = r->logging.val_size;
+    rf_dataset_pos p = {0, 0};
+    for (int i = 0; i < n; i++) {
+        const rf_example *ex;
+        RF_TRY(rf_dataset_next(c->run.val, &p, 1, &ex));
+        group *g = new_group(c, ex, 1);
+        if (!g) return RF_ERR_NOMEM;
+        g->id = -1;
+        RF_TRY(send_generate(c, g, 1));
+    }
+    c->val_version = served, c->val_next = served + 1, c->val_out = n, c->val_n = n;
+    c->val_acc = c->val_len = 0;
+    return RF_OK;
+}
+
+static void finish_validation(ctl *c) {
+    double acc = c->val_acc / (c->val_n ? c->val_n : 1), len = c->val_len / (c->val_n ? c->val_n : 1);
+    rf_metrics_set(c->run.metrics, "val/accuracy", acc);
+    rf_metrics_set(c->run.metrics, "val/length_mean", len);
+    rf_metrics_set(c->run.metrics, "val/version", c->val_version);
+    if (acc > c->run.best_val) c->run.best_val = acc;
+    rf_log_info("validation at version %d: accuracy %.3f on %d prompts (%.1f s into the run)",
+                c->val_version, acc, c->val_n, rf_time_now() - c->run.t_start);
+    if (c->val_version >= c->run.r->train.steps) c->final_val_done = 1;
+}
+
+/* ---- samples -------------------------------------------------------------------------- */
+
+static rf_status send_score(ctl *c, group *g) {
+    const rf_recipe *r = c->run.r;
+    int want_ref = c->run.ref != NULL || rf_recipe_reference_enabled(r);
+    int want_val = c->run.adv_kind == RF_ADV_GAE;
+    Rlflow__TrainSample *ts = calloc((size_t)g->n, sizeof *ts);
+    Rlflow__TrainSample **tp = calloc((size_t)g->n, sizeof *tp);
+    if (!ts || !tp) {
+        free(ts), free(tp);
+        return rf_error(RF_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < g->n; i++) {
+        rlflow__train_sample__init(&ts[i]);
+        ts[i].n_tokens = (size_t)(g->s[i].n_prompt + g->s[i].n_resp), ts[i].tokens = g->s[i].tokens;
+        ts[i].n_prompt = g->s[i].n_prompt;
+        tp[i] = &ts[i];
+    }
+    Rlflow__ScoreRequest q = RLFLOW__SCORE_REQUEST__INIT;
+    q.request_id = g->req, q.n_samples = (size_t)g->n, q.samples = tp;
+    q.want_ref_logp = want_ref, q.want_values = want_val;
+    rf_status st = rf_msg_server_send(c->srv, c->train_peer, RF_MSG_SCORE_REQUEST, &q.base);
+    free(ts), free(tp);
+    g->scoring = 1;
+    return st;
+}
+
+static int group_informative(const group *g) {
+    for (int j = 1; j < g->n; j++)
+        if (g->s[j].reward != g->s[0].reward) return 1;
+    return 0;
+}
+
+/* External reward programs for a whole group. */
+static rf_status external_reward(ctl *c, group *g) {
+    if (!c->run.ext) return RF_OK;
+    rf_reward_item *items = calloc((size_t)g->n, sizeof *items);
+    float *sc = malloc(sizeof(float) * (size_t)g->n);
+    char *meta = cJSON_PrintUnformatted(g->ex->extra);
+    rf_status st = items && sc && meta ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == RF_OK && i < g->n; i++) {
+        rf_train_sample *s = &g->s[i];
+        items[i] = (rf_reward_item){g->ex->prompt_text, s->text, s->tokens, s->n_prompt,
+                                    s->tokens + s->n_prompt, s->n_resp, g->ex->answer, meta, i, g->id};
+    }
+    if (st == RF_OK) st = rf_external_reward_score(c->run.ext, items, g->n, sc);
+    for (int i = 0; st == RF_OK && i < g->n; i++) g->s[i].reward += (float)c->run.r->reward.external_weight * sc[i];
+    free(items), free(sc), free(meta);
+    return st;
+}
+
+static rf_status group_ready(ctl *c, group *g) {
+    unlink_group(c, g);
+    rf_status st = rf_buffer_put(c->buf, g, g->id, g->min_version);
+    if (st != RF_OK) group_free(g);
+    return st;
+}
+
+/* Every sample of a training group is back: external rewards, dynamic sampling, then the
+ * reference / critic, or the buffer. */
+static rf_status group_complete(ctl *c, group *g) {
+    const rf_recipe *r = c->run.r;
+    RF_TRY(external_reward(c, g));
+    if (r->algorithm.dynamic_sampling && !group_informative(g) &&
+        c->dyn_since_batch < (int64_t)r->algorithm.max_resample_rounds * r->rollout.prompts_per_step) {
+        c->dropped_dynamic++, c->dyn_since_batch++;
+        rf_buffer_discard(c->buf, g->id);
+        unlink_group(c, g);
+        group_free(g);
+        return RF_OK;
+    }
+    if (rf_recipe_reference_enabled(r) || c->run.adv_kind == RF_ADV_GAE) return send_score(c, g);
+    return group_ready(c, g);
+}
+
+static uint32_t known_crc(const ctl *c, int64_t version, int *known) {
+    int i = (int)(version % VERSION_RING);
+    *known = c->ver_of[i] == version;
+    return c->crc_of[i];
+}
+
+static rf_status on_sample(ctl *c, int peer, const Rlflow__Sample *m) {
+    group *g = find_group(c, m->request_id);
+    if (!g)
+        return rf_error(RF_ERR_FORMAT, "%s sent a Sample for request %llu, which is not outstanding",
+                        peer_desc(c, peer), (unsigned long long)m->request_id);
+    int nr = (int)m->n_tokens;
+    if (m->index < 0 || m->index >= g->n || g->s[m->index].tokens || nr < 1 ||
+        m->n_logprobs != m->n_tokens || m->n_versions != m->n_tokens || m->prompt_len != g->ex->n_prompt)
+        return rf_error(RF_ERR_FORMAT, "%s sent a malformed Sample for request %llu (index %d, %d tokens, %zu log-probs, %zu versions, prompt %d)",
+                        peer_desc(c, peer), (unsigned long long)m->request_id, m->index, nr,
+                        m->n_logprobs, m->n_versions, m->prompt_len);
+    int known;
+    int64_t last = m->versions[nr - 1];
+    uint32_t crc = known_crc(c, last, &known);
+    if (known && crc != m->weights_checksum)
+        return rf_error(RF_ERR_FORMAT, "%s generated request %llu with weights of checksum %08x at version %lld; the training worker sent %08x",
+                        peer_desc(c, peer), (unsigned long long)m->request_id, m->weights_checksum,
+                        (long long)last, crc);
+    rf_train_sample *s = &g->s[m->index];
+    s->n_prompt = g->ex->n_prompt, s->n_resp = nr, s->group = 0;
+    s->tokens = malloc(sizeof(int32_t) * (size_t)(s->n_prompt + nr));
+    rf_status st = s->tokens ? rf_train_sample_alloc(s) : rf_error(RF_ERR_NOMEM, "out of memory");
+    if (st != RF_OK) return st;
+    memcpy(s->tokens, g->ex->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
+    memcpy(s->tokens + s->n_prompt, m->tokens, sizeof(int32_t) * (size_t)nr);
+    memcpy(s->behav_logp, m->logprobs, sizeof(float) * (size_t)nr);
+    memcpy(s->prox_logp, m->logprobs, sizeof(float) * (size_t)nr);
+    for (int t = 0; t < nr; t++) {
+        s->versions[t] = (int)m->versions[t];
+        if (s->versions[t] < g->min_version) g->min_version = s->versions[t];
+    }
+    s->text = rf_strdup(m->text);
+    c->gen_tokens += nr;
+    RF_TRY(rf_reward_rules_score(c->run.rules, m->text, nr, g->ex->answer, &s->reward, &s->accuracy));
+    if (++g->n_done < g->n) return RF_OK;
+    if (g->worker >= 0 && g->worker < c->n_rw) c->rw[g->worker].groups--;
+    if (g->id < 0) { /* validation */
+        c->val_acc += isnan(s->accuracy) ? 0 : s->accuracy;
+        c->val_len += nr;
+        unlink_group(c, g);
+        group_free(g);
+        if (--c->val_out == 0) finish_validation(c);
+        return RF_OK;
+    }
+    return group_complete(c, g);
+}
+
+static rf_status on_score(ctl *c, const Rlflow__ScoreResponse *m) {
+    group *g = find_group(c, m->request_id);
+    if (!g || !g->scoring)
+        return rf_error(RF_ERR_FORMAT, "the training worker answered ScoreRequest %llu, which is not outstanding",
+                        (unsigned long long)m->request_id);
+    if (m->error && m->error[0])
+        return rf_error(RF_ERR_IO, "the training worker could not score request %llu: %s", (unsigned long long)m->request_id, m->error);
+    int want_ref = rf_recipe_reference_enabled(c->run.r), want_val = c->run.adv_kind == RF_ADV_GAE;
+    if ((want_ref && m->n_ref_logp != (size_t)g->n) || (want_val && m->n_values != (size_t)g->n))
+        return rf_error(RF_ERR_FORMAT, "ScoreResponse %llu: %zu reference and %zu value sequences for %d samples",
+                        (unsigned long long)m->request_id, m->n_ref_logp, m->n_values, g->n);
+    for (int i = 0; i < g->n; i++) {
+        rf_train_sample *s = &g->s[i];
+        if ((want_ref && m->ref_logp[i]->n_v != (size_t)s->n_resp) || (want_val && m->values[i]->n_v != (size_t)s->n_resp))
+            return rf_error(RF_ERR_FORMAT, "ScoreResponse %llu: sample %d has the wrong length", (unsigned long long)m->request_id, i);
+        if (want_ref) memcpy(s->ref_logp, m->ref_logp[i]->v, sizeof(float) * (size_t)s->n_resp);
+        if (want_val) memcpy(s->values, m->values[i]->v, sizeof(float) * (size_t)s->n_resp);
+    }
+    g->scoring = 0;
+    return group_ready(c, g);
+}
+
+/* ---- training ------------------------------------------------------------------------- */
+
+static void pack_sample(Rlflow__TrainSample *t, rf_train_sample *s, int group, int with_ref, int with_val) {
+    rlflow__train_sample__init(t);
+    t->n_tokens = (size_t)(s->n_prompt + s->n_resp), t->tokens = s->tokens, t->n_prompt = s->n_prompt;
+    t->n_behav_logp = (size_t)s->n_resp, t->behav_logp = s->behav_logp;
+    t->n_advantages = (size_t)s->n_resp, t->advantages = s->adv;
+    t->n_returns = with_val ? (size_t)s->n_resp : 0, t->returns = s->returns;
+    t->n_values = with_val ? (size_t)s->n_resp : 0, t->values = s->values;
+    t->n_ref_logp = with_ref ? (size_t)s->n_resp : 0, t->ref_logp = s->ref_logp;
+    t->reward = s->reward, t->group = group;
+}
+
+static rf_status try_train(ctl *c) {
+    const rf_recipe *r = c->run.r;
+    if (c->batch_out || c->run.step >= r->train.steps) return RF_OK;
+    int P = r->rollout.prompts_per_step, n = r->rollout.n, cap = c->cap;
+    void **taken = malloc(sizeof(void *) * (size_t)P), **stale = malloc(sizeof(void *) * (size_t)cap);
+    if (!taken || !stale) {
+        free(taken), free(stale);
+        return rf_error(RF_ERR_NOMEM, "out of memory");
+    }
+    int n_stale = 0, depth = rf_buffer_depth(c->buf);
+    int ok = rf_buffer_take(c->buf, c->run.step, taken, stale, cap, &n_stale);
+    for (int i = 0; i < n_stale; i++) group_free(stale[i]);
+    free(stale);
+    if (!ok) {
+        free(taken);
+        return RF_OK;
+    }
+    rf_train_sample *s = calloc((size_t)(P * n), sizeof *s);
+    Rlflow__TrainSample *ts = calloc((size_t)(P * n), sizeof *ts);
+    Rlflow__TrainSample **tp = calloc((size_t)(P * n), sizeof *tp);
+    rf_status st = s && ts && tp ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    int hist[64] = {0}, max_st = 0;
+    double st_sum = 0;
+    for (int gi = 0; st == RF_OK && gi < P; gi++) {
+        group *g = taken[gi];
+        for (int j = 0; j < n; j++) {
+            s[gi * n + j] = g->s[j]; /* moved: the group keeps no pointers */
+            s[gi * n + j].group = gi;
+            int lag = c->run.step - g->s[j].versions[0];
+            for (int t = 1; t < g->s[j].n_resp; t++)
+                if (c->run.step - g->s[j].versions[t] > lag) lag = c->run.step - g->s[j].versions[t];
+            if (lag < 0) lag = 0;
+            hist[lag < 63 ? lag : 63]++, st_sum += lag;
+            if (lag > max_st) max_st = lag;
+        }
+        free(g->s);
+        g->s = NULL;
+        free(g);
+    }
+    free(taken);
+    int count = P * n;
+    double mean_kl = 0;
+    int has_ref = rf_recipe_reference_enabled(r), with_val = c->run.adv_kind == RF_ADV_GAE;
+    if (st == RF_OK) st = rf__advantages(r, c->run.adv_kind, c->run.kl.beta, has_ref, s, count, &mean_kl);
+    if (st == RF_OK) {
+        rf_metrics *mt = c->run.metrics;
+        rf__batch_metrics(mt, r, s, count);
+        if (has_ref) rf_metrics_set(mt, "actor/kl_ref", mean_kl);
+        rf_metrics_set(mt, "actor/kl_coef", c->run.kl.beta);
+        rf_metrics_set(mt, "async/staleness_mean", st_sum / count);
+        rf_metrics_set(mt, "async/staleness_max", max_st);
+        for (int k = 0; k <= r->async.max_staleness && k < 63; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "async/staleness_frac_%d", k);
+            rf_metrics_set(mt, name, (double)hist[k] / count);
+        }
+        rf_metrics_set(mt, "async/buffer_depth", depth);
+        rf_metrics_set(mt, "async/in_flight_groups", rf_buffer_in_flight(c->buf));
+        rf_metrics_set(mt, "async/stale_dropped", (double)rf_buffer_stale_dropped(c->buf));
+        if (r->algorithm.dynamic_sampling) rf_metrics_set(mt, "rollout/dropped_groups", (double)c->dropped_dynamic);
+        c->mean_kl = mean_kl;
+        c->dyn_since_batch = 0;
+        for (int i = 0; i < count; i++) {
+            pack_sample(&ts[i], &s[i], s[i].group, has_ref && !r->algorithm.kl_in_reward, with_val);
+            tp[i] = &ts[i];
+        }
+        Rlflow__TrainBatch b = RLFLOW__TRAIN_BATCH__INIT;
+        b.batch_id = (uint64_t)c->run.step, b.policy_version = c->run.step;
+        b.n_samples = (size_t)count, b.samples = tp, b.kl_coef = c->run.kl.beta;
+        st = rf_msg_server_send(c->srv, c->train_peer, RF_MSG_TRAIN_BATCH, &b.base);
+        c->batch_out = 1, c->batch_sent_at = rf_time_now();
+    }
+    for (int i = 0; s && i < count; i++) rf_train_sample_free(&s[i]);
+    free(s), free(ts), free(tp);
+    return st;
+}
+
+/* The data position to resume from: the oldest prompt admitted and not yet trained on. */
+static rf_dataset_pos resume_pos(ctl *c) {
+    rf_dataset_pos p = c->run.pos;
+    for (group *g = c->live; g; g = g->next)
+        if (g->id >= 0 && (g->pos.epoch < p.epoch || (g->pos.epoch == p.epoch && g->pos.index < p.index)))
+            p = g->pos;
+    return p;
+}
+
+static rf_status request_checkpoint(ctl *c) {
+    rf_dataset_pos p = resume_pos(c);
+    Rlflow__CheckpointRequest q = RLFLOW__CHECKPOINT_REQUEST__INIT;
+    q.step = c->run.step, q.data_epoch = p.epoch, q.data_index = p.index;
+    q.kl_coef = c->run.kl.beta, q.best_val = c->run.best_val;
+    c->ckpt_out++;
+    return rf_msg_server_send(c->srv, c->train_peer, RF_MSG_CHECKPOINT_REQUEST, &q.base);
+}
+
+static void console(ctl *c) {
+    char line[1024];
+    rf_metrics_console_line(c->run.metrics, c->run.step, c->run.r->train.steps,
+                            rf_time_now() - c->run.t_start, c->run.step - c->run.start_step, k_console,
+                            (int)(sizeof k_console / sizeof k_console[0]), line, sizeof line);
+    rf_log_info("%s", line);
+}
+
+static rf_status on_train_stats(ctl *c, const Rlflow__TrainStats *m) {
+    const rf_recipe *r = c->run.r;
+    if (!c->batch_out || m->policy_version != c->run.step + 1)
+        return rf_error(RF_ERR_FORMAT, "the training worker reported version %lld, expected %d",
+                        (long long)m->policy_version, c->run.step + 1);
+    c->batch_out = 0;
+    c->train_busy += m->seconds;
+    for (size_t i = 0; i < m->n_metrics; i++) rf_metrics_set(c->run.metrics, m->metrics[i]->key, m->metrics[i]->value);
+    rf_kl_ctl_update(&c->run.kl, (float)c->mean_kl, r->rollout.prompts_per_step * r->rollout.n);
+    c->run.step++;
+    double now = rf_time_now(), dt = now - c->last_step_at;
+    rf_metrics_set(c->run.metrics, "perf/step_s", dt);
+    rf_metrics_set(c->run.metrics, "perf/gen_tokens_per_s", c->gen_tokens / fmax(dt, 1e-9));
+    rf_metrics_set(c->run.metrics, "time/elapsed_s", now - c->run.t_start);
+    rf_metrics_set(c->run.metrics, "idle/train", fmax(0.0, 1.0 - (c->train_busy - c->train_busy0) / fmax(dt, 1e-9)));
+    double idle = 0;
+    for (int i = 0; i < c->n_rw; i++) /* since each worker first had weights */
+        idle += c->rw[i].wall > 0 ? fmax(0.0, 1.0 - c->rw[i].busy / c->rw[i].wall) : 0;
+    rf_metrics_set(c->run.metrics, "idle/rollout", c->n_rw ? idle / c->n_rw : 0);
+    c->train_busy0 = c->train_busy, c->gen_tokens = 0, c->last_step_at = now;
+    int last = c->run.step == r->train.steps;
+    if (last || c->run.step % r->logging.every == 0) console(c);
+    if (!last) RF_TRY(rf_metrics_commit(c->run.metrics, c->run.step));
+    if (last || (r->checkpoint.every > 0 && c->run.step % r->checkpoint.every == 0)) RF_TRY(request_checkpoint(c));
+    return RF_OK;
+}
+
+static rf_status on_weights_update(ctl *c, const Rlflow__WeightsUpdate *m) {
+    int i = (int)(m->version % VERSION_RING);
+    c->ver_of[i] = m->version, c->crc_of[i] = m->checksum;
+    return RF_OK;
+}
+
+static rf_status on_weights_loaded(ctl *c, int peer, const Rlflow__WeightsLoaded *m) {
+    rollout_peer *p = find_rw(c, peer);
+    if (!p) return rf_error(RF_ERR_FORMAT, "%s sent WeightsLoaded but is not a rollout worker", peer_desc(c, peer));
+    int known;
+    uint32_t crc = known_crc(c, m->version, &known);
+    if (!known || crc != m->checksum)
+        return rf_error(RF_ERR_FORMAT, "%s serves weights version %lld with checksum %08x; the training worker %s",
+                        peer_desc(c, peer), (long long)m->version, m->checksum,
+                        known ? "sent a different checksum" : "announced no such version");
+    if (m->version < p->version)
+        return rf_error(RF_ERR_FORMAT, "%s went back from version %d to %lld", peer_desc(c, peer), p->version, (long long)m->version);
+    p->version = (int)m->version, p->crc = m->checksum, p->busy = m->busy_s, p->wall = m->wall_s;
+    return RF_OK;
+}
+
+/* ---- the loop ------------------------------------------------------------------------- */
+
+static rf_status on_event(ctl *c, rf_msg_event *ev) {
+    switch (ev->kind) {
+    case RF_MSG_EV_NONE: return RF_OK;
+    case RF_MSG_EV_JOINED:
+        return rf_error(RF_ERR_FORMAT, "%s joined after the run started; this run expects exactly 1 training and %d rollout workers",
+                        ev->info.desc, c->n_rollout_want);
+    case RF_MSG_EV_REFUSED: rf_log_warn("%s", ev->text); return RF_OK;
+    case RF_MSG_EV_LOST: {
+        rollout_peer *p = find_rw(c, ev->peer);
+        if (p) return rf_error(RF_ERR_IO, "%s (generating %d groups at version %d)", ev->text, p->groups, p->version);
+        return rf_error(RF_ERR_IO, "%s (%s)", ev->text, c->batch_out ? "training a batch" : "between batches");
+    }
+    case RF_MSG_EV_MALFORMED: return rf_error(RF_ERR_FORMAT, "%s", ev->text);
+    case RF_MSG_EV_MESSAGE: break;
+    }
+    rf_msg *m = &ev->msg;
+    switch (m->type) {
+    case RF_MSG_SAMPLE: return on_sample(c, ev->peer, (Rlflow__Sample *)m->pb);
+    case RF_MSG_SCORE_RESPONSE: return on_score(c, (Rlflow__ScoreResponse *)m->pb);
+    case RF_MSG_TRAIN_STATS: return on_train_stats(c, (Rlflow__TrainStats *)m->pb);
+    case RF_MSG_WEIGHTS_UPDATE: return on_weights_update(c, (Rlflow__WeightsUpdate *)m->pb);
+    case RF_MSG_WEIGHTS_LOADED: return on_weights_loaded(c, ev->peer, (Rlflow__WeightsLoaded *)m->pb);
+    case RF_MSG_CHECKPOINT_DONE: {
+        Rlflow__CheckpointDone *d = (Rlflow__CheckpointDone *)m->pb;
+        c->ckpt_out--;
+        if (d->error && d->error[0])
+            return rf_error(RF_ERR_IO, "the training worker could not save step %lld: %s", (long long)d->step, d->error);
+        rf_log_info("checkpoint: %s/step_%06lld (%.2f s)", c->run.r->logging.dir, (long long)d->step, d->seconds);
+        return RF_OK;
+    }
+    case RF_MSG_ERROR: {
+        Rlflow__Error *e = (Rlflow__Error *)m->pb;
+        return rf_error(RF_ERR_IO, "%s failed: %s", peer_desc(c, ev->peer), e->message ? e->message : "");
+    }
+    default:
+        return rf_error(RF_ERR_FORMAT, "%s sent an unexpected %s", peer_desc(c, ev->peer), rf_msg_type_name(m->type));
+    }
+}
+
+static rf_status wait_for_workers(ctl *c) {
+    const rf_recipe *r = c->run.r;
+    double deadline = rf_time_now() + r->async.startup_timeout;
+    c->train_peer = -1;
+    while (c->train_peer < 0 || c->n_rw < c->n_rollout_want) {
+        double left = deadline - rf_time_now();
+        if (left <= 0)
+            return rf_error(RF_ERR_IO, "workers did not connect to %s within %.0f s (async.startup_timeout): %s training worker, %d of %d rollout workers",
+                            rf_msg_server_endpoint(c->srv), r->async.startup_timeout,
+                            c->train_peer < 0 ? "no" : "the", c->n_rw, c->n_rollout_want);
+        rf_msg_event ev;
+        RF_TRY(rf_msg_server_poll(c->srv, left < 0.5 ? left : 0.5, &ev));
+        if (g_signal) return rf_error(RF_ERR_IO, "stopped by signal %d while waiting for workers", (int)g_signal);
+        if (ev.kind == RF_MSG_EV_JOINED) {
+            rf_log_info("joined: %s", ev.info.desc);
+            if (ev.info.role == RLFLOW__ROLE__ROLE_ACTOR && c->train_peer < 0) {
+                c->train_peer = ev.peer;
+            } else if (ev.info.role == RLFLOW__ROLE__ROLE_ROLLOUT && c->n_rw < c->n_rollout_want) {
+                c->rw[c->n_rw++] = (rollout_peer){.peer = ev.peer, .rank = ev.info.rank, .version = -1};
+            } else {
+                rf_msg_server_drop(c->srv, ev.peer, RF_ERR_ARG, "this run has no place for another worker of that role", 0);
+            }
+        } else if (ev.kind == RF_MSG_EV_MESSAGE) {
+            rf_status st = on_event(c, &ev); /* e.g. the first WeightsUpdate */
+            rf_msg_free(&ev.msg);
+            RF_TRY(st);
+        } else if (ev.kind != RF_MSG_EV_NONE) {
+            RF_TRY(on_event(c, &ev));
+        }
+    }
+    return RF_OK;
+}
+
+static int finished(const ctl *c) {
+    const rf_recipe *r = c->run.r;
+    return c->run.step >= r->train.steps && !c->batch_out && c->ckpt_out == 0 &&
+           (!c->run.val || c->final_val_done || r->logging.val_size == 0);
+}
+
+static rf_status loop(ctl *c) {
+    const rf_recipe *r = c->run.r;
+    RF_TRY(wait_for_workers(c));
+    rf_log_info("controller: 1 training worker and %d rollout workers; staleness bound k = %d, buffer %d groups, batch %d groups x %d samples",
+                c->n_rw, r->async.max_staleness, c->cap, r->rollout.prompts_per_step, r->rollout.n);
+    c->run.t_start = c->last_step_at = rf_time_now();
+    c->run.start_step = c->run.step;
+    c->val_next = c->run.step == 0 ? 0 : c->run.step + 1;
+    while (!finished(c)) {
+        if (g_signal)
+            return rf_error(RF_ERR_IO, "stopped by signal %d at step %d (mpirun stops every process when one of them fails: its message names the rank; the rank table is at the top of this log)",
+                            (int)g_signal, c->run.step);
+        RF_TRY(start_validation(c));
+        RF_TRY(admit(c));
+        RF_TRY(try_train(c));
+        if (finished(c)) break;
+        rf_msg_event ev;
+        RF_TRY(rf_msg_server_poll(c->srv, 0.1, &ev));
+        rf_status st = on_event(c, &ev);
+        if (ev.kind == RF_MSG_EV_MESSAGE) rf_msg_free(&ev.msg);
+        RF_TRY(st);
+        if (c->run.step >= r->train.steps && c->final_val_done && rf_metrics_count(c->run.metrics))
+            RF_TRY(rf_metrics_commit(c->run.metrics, c->run.step));
+    }
+    if (rf_metrics_count(c->run.metrics)) RF_TRY(rf_metrics_commit(c->run.metrics, c->run.step));
+    rf_log_info("done: %d steps in %.1f s (%.2f steps/s)", c->run.step - c->run.start_step,
+                rf_time_now() - c->run.t_start,
+                (c->run.step - c->run.start_step) / fmax(rf_time_now() - c->run.t_start, 1e-9));
+    return RF_OK;
+}
+
+static rf_status setup(ctl *c, const rf_recipe *r, int resume) {
+    rf_run *run = &c->run;
+    run->r = r;
+    RF_TRY(rf_adv_kind_parse(r->algorithm.name, &run->adv_kind));
+    RF_TRY(rf_loss_agg_parse(r->algorithm.loss_agg, &run->agg));
+    RF_TRY(rf_kl_est_parse(r->algorithm.kl_estimator, &run->kl_est));
+    RF_TRY(rf_tokenizer_load_dir(&run->tok, r->model.path));
+    RF_TRY(rf__load_data(run));
+    RF_TRY(rf__load_rewards(run));
+    run->kl = (rf_kl_ctl){(float)r->algorithm.kl_coef, (float)r->algorithm.kl_target,
+                          r->algorithm.kl_horizon, r->algorithm.adaptive_kl};
+    run->best_val = -1;
+    if (resume) {
+        rf_ckpt_state st;
+        RF_TRY(rf_checkpoint_load(r->logging.dir, NULL, NULL, &st));
+        run->step = st.step, run->pos = st.pos, run->kl.beta = st.kl_beta, run->best_val = st.best_val;
+        rf_log_info("resumed at step %d (data epoch %d, index %d)", run->step, run->pos.epoch, run->pos.index);
+    }
+    c->cap = r->async.buffer_groups > 0 ? r->async.buffer_groups
+                                        : r->rollout.prompts_per_step * (r->async.max_staleness + 1);
+    RF_TRY(rf_buffer_init(&c->buf, r->rollout.prompts_per_step, c->cap, r->async.max_staleness));
+    RF_TRY(rf_mkdirs(r->logging.dir));
+    RF_TRY(rf_metrics_open(&run->metrics, r->logging.dir, r->logging.jsonl, r->logging.tensorboard));
+    char p[4200];
+    snprintf(p, sizeof p, "%s/recipe.toml", r->logging.dir);
+    FILE *f = fopen(p, "w");
+    if (f) {
+        rf_recipe_dump(r, f);
+        fclose(f);
+    }
+    return RF_OK;
+}
+
+rf_status rf_controller_main(const rf_recipe *r, int resume, rf_msg_server *srv, int n_rollout) {
+    if (n_rollout < 1 || n_rollout > MAX_ROLLOUT)
+        return rf_error(RF_ERR_ARG, "placement.rollout_ranks = %d: between 1 and %d", n_rollout, MAX_ROLLOUT);
+    ctl *c = calloc(1, sizeof *c);
+    if (!c) return rf_error(RF_ERR_NOMEM, "out of memory");
+    c->srv = srv, c->n_rollout_want = n_rollout;
+    for (int i = 0; i < VERSION_RING; i++) c->ver_of[i] = -1;
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    rf_status st = setup(c, r, resume);
+    if (st == RF_OK) st = loop(c);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    while (c->live) {
+        group *g = c->live;
+        c->live = g->next;
+        group_free(g);
+    }
+    if (c->buf) {
+        void *out[1], **stale = malloc(sizeof(void *) * (size_t)(c->cap + 1));
+        int ns = 0;
+        /* a version far ahead makes every buffered group stale: collect them to free */
+        if (stale) {
+            rf_buffer_take(c->buf, INT32_MAX / 2, out, stale, c->cap + 1, &ns);
+            for (int i = 0; i < ns; i++) group_free(stale[i]);
+            free(stale);
+        }
+        rf_buffer_free(c->buf);
+    }
+    rf__run_free(&c->run);
+    free(c);
+    return st;
+}

@@ -1,0 +1,173 @@
+/* Split runs: starting mpirun, taking a role from the rank, wiring ZeroMQ and MPI. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <omp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "actor/worker.h"
+#include "comm/comm.h"
+#include "common/log.h"
+#include "common/msg.h"
+#include "common/util.h"
+#include "controller/controller.h"
+#include "controller/launch.h"
+#include "controller/run_internal.h"
+#include "rollout/worker.h"
+
+#define HOST_LEN 256
+
+static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
+    int np = 2 + r->placement.rollout_ranks;
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return rf_error(RF_ERR_IO, "cannot find the rlflow program (/proc/self/exe)");
+    self[n] = '\0';
+    char **av = calloc((size_t)argc + 16, sizeof *av);
+    if (!av) return rf_error(RF_ERR_NOMEM, "out of memory");
+    char nps[16];
+    snprintf(nps, sizeof nps, "%d", np);
+    int k = 0;
+    av[k++] = r->placement.mpirun;
+    av[k++] = "-np", av[k++] = nps;
+    av[k++] = "--oversubscribe";
+    av[k++] = "--bind-to", av[k++] = "none";
+    if (geteuid() == 0) av[k++] = "--allow-run-as-root";
+    av[k++] = self;
+    for (int i = 1; i < argc; i++) av[k++] = argv[i];
+    av[k] = NULL;
+    /* OpenMP threads sleep when idle: the processes share the cores */
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+    char line[8192];
+    size_t off = 0;
+    for (int i = 0; av[i] && off < sizeof line - 1; i++)
+        off += (size_t)snprintf(line + off, sizeof line - off, "%s%s", i ? " " : "", av[i]);
+    rf_log_info("split run: %d processes (controller, training worker, %d rollout workers): %s",
+                np, r->placement.rollout_ranks, line);
+    fflush(stdout), fflush(stderr);
+    execvp(av[0], av);
+    rf_status st = rf_error(RF_ERR_IO, "placement.mpirun: cannot start \"%s\": %s (install openmpi-bin)",
+                            r->placement.mpirun, strerror(errno));
+    free(av);
+    return st;
+}
+
+static int default_threads(const rf_recipe *r) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int share = (int)(cores / (1 + r->placement.rollout_ranks));
+    return share < 1 ? 1 : share;
+}
+
+/* The controller's endpoint: the recipe's, or tcp on loopback (one machine) or on rank 0's
+ * host name (several), with a free port. */
+static rf_status pick_endpoint(const rf_recipe *r, rf_comm *world, char *bind_ep) {
+    char *hosts = calloc((size_t)rf_comm_size(world), HOST_LEN);
+    char me[HOST_LEN] = "";
+    if (!hosts) return rf_error(RF_ERR_NOMEM, "out of memory");
+    gethostname(me, sizeof me - 1);
+    rf_status st = rf_comm_allgather(world, me, hosts, HOST_LEN, r->async.startup_timeout, "gathering host names");
+    int one_host = 1;
+    for (int i = 1; st == RF_OK && i < rf_comm_size(world); i++)
+        if (strcmp(hosts + (size_t)i * HOST_LEN, hosts) != 0) one_host = 0;
+    if (st == RF_OK) {
+        if (r->placement.endpoint[0]) {
+            snprintf(bind_ep, HOST_LEN, "%s", r->placement.endpoint);
+        } else if (one_host) {
+            snprintf(bind_ep, HOST_LEN, "tcp://127.0.0.1:*");
+        } else {
+            snprintf(bind_ep, HOST_LEN, "tcp://*:*");
+        }
+    }
+    free(hosts);
+    return st;
+}
+
+/* The endpoint workers should dial: the bound one, with rank 0's host name for "*". */
+static void advertised(const char *bound, char *out) {
+    const char *star = strstr(bound, "://0.0.0.0:");
+    if (star) {
+        char host[HOST_LEN] = "localhost";
+        gethostname(host, sizeof host - 1);
+        snprintf(out, HOST_LEN, "tcp://%s:%s", host, star + strlen("://0.0.0.0:"));
+    } else {
+        snprintf(out, HOST_LEN, "%s", bound);
+    }
+}
+
+static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
+    int rank = rf_comm_rank(world), size = rf_comm_size(world), want = 2 + r->placement.rollout_ranks;
+    if (size != want)
+        return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, training worker and placement.rollout_ranks = %d rollout workers)",
+                        size, want, r->placement.rollout_ranks);
+    char bind_ep[HOST_LEN], ep[HOST_LEN] = "";
+    rf_status st = RF_OK;
+    rf_msg_server *srv = NULL;
+    if (rank == 0) {
+        /* under a user's mpirun, data and model are prepared here while the others wait */
+        st = rf__ensure_data(r);
+        if (st == RF_OK) st = rf__ensure_model(r);
+    }
+    rf_status st2 = pick_endpoint(r, world, bind_ep);
+    if (st == RF_OK) st = st2;
+    if (rank == 0 && st == RF_OK) {
+        rf_msg_server_config sc = {.accept_role = 0, .peer_timeout_s = r->async.peer_timeout};
+        st = rf_msg_server_open(&srv, bind_ep, &sc);
+        if (st == RF_OK) advertised(rf_msg_server_endpoint(srv), ep);
+    }
+    /* rank 0 sends the endpoint, or "" when it failed (every rank then stops) */
+    if (rank == 0 && st != RF_OK) ep[0] = '\0';
+    rf_status bst = rf_comm_bcast(world, ep, HOST_LEN, 0, r->async.startup_timeout, "receiving the controller's endpoint");
+    if (st != RF_OK) {
+        rf_msg_server_close(srv, NULL);
+        return st;
+    }
+    if (bst != RF_OK) return bst;
+    if (!ep[0]) return rf_error(RF_ERR_IO, "the controller (rank 0) could not start; its message says why");
+    /* weights travel between the training worker and the rollout workers only */
+    rf_comm *wcomm = NULL;
+    st = rf_comm_split(world, rank == 0 ? -1 : 1, rank, &wcomm);
+    if (st != RF_OK) return st;
+    char host[HOST_LEN] = "";
+    gethostname(host, sizeof host - 1);
+    if (rank == 0) {
+        rf_log_info("split run on %d ranks, controller at %s", size, ep);
+        rf_log_info("  rank 0: controller (%s, pid %d)", host, (int)getpid());
+        rf_log_info("  rank 1: training worker (actor%s%s)", rf_recipe_reference_enabled(r) ? ", reference" : "",
+                    strcmp(r->algorithm.name, "ppo") == 0 || strcmp(r->algorithm.name, "gae") == 0 ? ", critic" : "");
+        for (int i = 2; i < size; i++) rf_log_info("  rank %d: rollout worker %d", i, i - 2);
+        st = rf_controller_main(r, resume, srv, r->placement.rollout_ranks);
+        rf_msg_server_close(srv, st == RF_OK ? "the run is complete" : "the run stopped on an error");
+    } else if (rank == 1) {
+        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(r));
+        int *dst = malloc(sizeof(int) * (size_t)r->placement.rollout_ranks);
+        if (!dst) return rf_error(RF_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < r->placement.rollout_ranks; i++) dst[i] = 1 + i; /* ranks in wcomm */
+        st = rf_train_worker_main(r, ep, resume, wcomm, dst, r->placement.rollout_ranks);
+        free(dst);
+        if (st != RF_OK) st = rf_error_wrap(st, "training worker (rank 1 on %s): ", host);
+    } else {
+        omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads : default_threads(r));
+        st = rf_rollout_worker_main(r, ep, rank - 2, wcomm, 0);
+    }
+    rf_comm_free(wcomm);
+    return st;
+}
+
+rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv) {
+    RF_TRY(rf__reject_unimplemented(r));
+    if (!rf_comm_launched_by_mpi()) {
+        RF_TRY(rf__ensure_data(r));
+        RF_TRY(rf__ensure_model(r));
+        return relaunch(r, argc, argv);
+    }
+    rf_comm *world;
+    RF_TRY(rf_comm_init(&argc, &argv, &world));
+    rf_status st = run_rank(r, resume, world);
+    if (st != RF_OK) alarm(30); /* finalize waits for the other ranks; bounded */
+    rf_comm_finalize();
+    return st;
+}

@@ -1,0 +1,22 @@
+/* Launch and placement of split runs (placement.mode = "split").
+ *
+ * Layout (MPI ranks of one job, MPMD by rank): rank 0 is the controller, rank 1 the training
+ * worker (actor, with the reference and critic colocated), ranks 2 .. 1 + placement.
+ * rollout_ranks the rollout workers. The world size must be 2 + rollout_ranks.
+ *
+ * `rlflow run recipe.toml` outside MPI prepares the data and the model (the SFT warm start)
+ * and then replaces itself with `<placement.mpirun> -np N --oversubscribe --bind-to none
+ * <rlflow> run ...`; under mpirun (started by rlflow or by the user, one machine or several),
+ * each rank takes its role from its rank. The controller binds a ZeroMQ endpoint and
+ * broadcasts it over MPI; the workers connect to it; weights travel over MPI between the
+ * training worker and the rollout workers. */
+#ifndef RF_LAUNCH_H
+#define RF_LAUNCH_H
+
+#include "controller/recipe.h"
+
+/* argc/argv: the whole command line of the process (argv[0] = the rlflow program), used to
+ * start the same command under mpirun. Returns when the run is over (this rank's part). */
+rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv);
+
+#endif

@@ -1,0 +1,54 @@
+/* Moving the actor's weights from the training worker to the rollout workers after each
+ * optimizer step, through comm (MPI on CPU), with the same layout on both sides (the flat
+ * parameter buffer as it is; layouts that differ come with the resharding planner).
+ *
+ * A transfer is one message per destination: a header (magic, version, CRC-32C of the
+ * parameters, element count) followed by the parameters. The sender copies the parameters
+ * into a staging buffer first, so training may go on while the transfer progresses; the
+ * receiver keeps a receive posted at all times and applies a complete transfer between decode
+ * steps (interruptible generation), after checking the count and the checksum. */
+#ifndef RF_WEIGHTS_SYNC_H
+#define RF_WEIGHTS_SYNC_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "model/model.h"
+
+#define RF_WEIGHTS_TAG 17
+
+typedef struct rf_weights_tx rf_weights_tx;
+typedef struct rf_weights_rx rf_weights_rx;
+
+/* Sender. rf_weights_tx_init allocates the staging buffer for model m. */
+rf_status rf_weights_tx_init(rf_weights_tx **tx, const rf_model *m);
+void rf_weights_tx_free(rf_weights_tx *tx);
+
+/* Waits (at most timeout_s) for the previous transfer, then stages m's parameters as
+ * `version` and starts sending them to ranks dst (n of them) of c. *checksum receives their
+ * CRC-32C. */
+rf_status rf_weights_tx_start(rf_weights_tx *tx, rf_comm *c, const rf_model *m, int64_t version,
+                              const int *dst, int n, double timeout_s, uint32_t *checksum);
+
+/* Progresses the sends: 1 when every destination has its copy (or nothing was sent), 0 not
+ * yet, -1 on an MPI error (message set). */
+int rf_weights_tx_test(rf_weights_tx *tx);
+
+/* Waits at most timeout_s for the sends to finish; the error names the rank that did not. */
+rf_status rf_weights_tx_wait(rf_weights_tx *tx, double timeout_s);
+
+/* Receiver for model m from rank src of c; posts the first receive. */
+rf_status rf_weights_rx_init(rf_weights_rx **rx, rf_comm *c, const rf_model *m, int src);
+void rf_weights_rx_free(rf_weights_rx *rx);
+
+/* When a transfer has arrived: checks it (magic, count, CRC-32C), copies it into m's
+ * parameters, posts the next receive and returns 1 with *version and *checksum set. 0: none
+ * arrived yet. Errors (RF_ERR_FORMAT for a transfer that does not check out, naming the
+ * version and both checksums; RF_ERR_IO from MPI). */
+rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64_t *version,
+                             uint32_t *checksum);
+
+/* CRC-32C of m's parameters (read back from the device when needed). */
+rf_status rf_weights_checksum(const rf_model *m, uint32_t *checksum);
+
+#endif

@@ -1,0 +1,184 @@
+/* The rollout worker's event loop: weights, messages, one engine step, repeat. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/msg_link.h"
+#include "common/util.h"
+#include "controller/run_internal.h"
+#include "resharding/weights_sync.h"
+#include "rollout/rollout.h"
+#include "rollout/worker.h"
+
+typedef struct worker {
+    const rf_recipe *r;
+    rf_msg_link *link;
+    rf_model *m;
+    rf_tokenizer *tok;
+    rf_rollout *e;
+    int32_t *eos;
+    int n_eos, rank;
+    int64_t version;
+    uint32_t crc;
+    double busy, t0;
+    rf_status st; /* first failure inside the callback */
+} worker;
+
+static Rlflow__FinishReason finish_reason(rf_finish f) {
+    return f == RF_FINISH_LENGTH ? RLFLOW__FINISH_REASON__FINISH_LENGTH : RLFLOW__FINISH_REASON__FINISH_STOP;
+}
+
+static void on_sample(void *ctx, const rf_rollout_sample *rs) {
+    worker *w = ctx;
+    if (w->st != RF_OK) return;
+    int64_t *ver = malloc(sizeof(int64_t) * (size_t)(rs->n_tokens ? rs->n_tokens : 1));
+    if (!ver) {
+        w->st = rf_error(RF_ERR_NOMEM, "out of memory");
+        return;
+    }
+    for (int i = 0; i < rs->n_tokens; i++) ver[i] = rs->versions[i];
+    Rlflow__Sample s = RLFLOW__SAMPLE__INIT;
+    s.request_id = (uint64_t)(uintptr_t)rs->user;
+    s.index = rs->index;
+    s.n_tokens = (size_t)rs->n_tokens, s.tokens = (int32_t *)rs->tokens;
+    s.n_logprobs = (size_t)rs->n_tokens, s.logprobs = (float *)rs->logprobs;
+    s.n_versions = (size_t)rs->n_tokens, s.versions = ver;
+    s.text = (char *)(rs->text ? rs->text : "");
+    s.finish = finish_reason(rs->finish);
+    s.weights_checksum = w->crc;
+    s.prompt_len = rs->prompt_len;
+    w->st = rf_msg_link_send(w->link, RF_MSG_SAMPLE, &s.base);
+    free(ver);
+}
+
+static rf_status submit(worker *w, const Rlflow__GenerateRequest *g) {
+    const rf_recipe *r = w->r;
+    rf_rollout_request q = {.prompt = g->prompt_ids, .prompt_len = (int)g->n_prompt_ids, .n = g->n,
+                            .max_new_tokens = r->rollout.max_new_tokens,
+                            .stop_ids = w->eos, .n_stop_ids = w->n_eos};
+    if (g->greedy) {
+        q.sampling.greedy = 1, q.sampling.temperature = 1, q.sampling.top_p = 1;
+    } else if (g->sampling) {
+        q.sampling = (rf_sampling){0, g->sampling->temperature, g->sampling->top_k, g->sampling->top_p};
+        if (g->sampling->max_new_tokens > 0) q.max_new_tokens = g->sampling->max_new_tokens;
+        q.seed = g->sampling->seed;
+    } else {
+        return rf_error(RF_ERR_FORMAT, "GenerateRequest %llu carries no sampling parameters",
+                        (unsigned long long)g->request_id);
+    }
+    for (int i = 0; i < r->rollout.stop.n && i < RF_MAX_STOP; i++) q.stop[q.n_stop++] = r->rollout.stop.v[i];
+    rf_status st = rf_rollout_submit(w->e, &q, (void *)(uintptr_t)g->request_id, NULL);
+    if (st != RF_OK)
+        return rf_error_wrap(st, "GenerateRequest %llu: ", (unsigned long long)g->request_id);
+    return RF_OK;
+}
+
+static rf_status weights_loaded(worker *w) {
+    Rlflow__WeightsLoaded wl = RLFLOW__WEIGHTS_LOADED__INIT;
+    wl.version = w->version, wl.checksum = w->crc, wl.rank = w->rank;
+    wl.busy_s = w->busy, wl.wall_s = rf_time_now() - w->t0;
+    return rf_msg_link_send(w->link, RF_MSG_WEIGHTS_LOADED, &wl.base);
+}
+
+static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
+    const rf_recipe *r = w->r;
+    rf_weights_rx *rx = NULL;
+    RF_TRY(rf_weights_rx_init(&rx, wcomm, w->m, train_rank));
+    rf_status st = RF_OK;
+    int have_weights = 0, done = 0;
+    double waiting_since = rf_time_now();
+    while (st == RF_OK && !done) {
+        int arrived = 0;
+        int64_t v;
+        uint32_t crc;
+        st = rf_weights_rx_poll(rx, w->m, &arrived, &v, &crc);
+        if (st == RF_OK && arrived) {
+            w->version = v, w->crc = crc;
+            rf_rollout_set_version(w->e, (int)v);
+            if (!have_weights) w->t0 = rf_time_now(), w->busy = 0; /* busy/wall from serving on */
+            have_weights = 1;
+            st = weights_loaded(w);
+        }
+        if (st != RF_OK) break;
+        if (!have_weights) {
+            /* nothing to generate with yet; the link answers pings meanwhile */
+            if (rf_time_now() - waiting_since > r->async.startup_timeout) {
+                st = rf_error(RF_ERR_IO, "no weights from the training worker (rank %d) within %.0f s (async.startup_timeout)",
+                              train_rank, r->async.startup_timeout);
+                break;
+            }
+            rf_msg m;
+            int got;
+            st = rf_msg_link_recv(w->link, 0.001, &m, &got);
+            if (st == RF_OK && got) {
+                if (m.type == RF_MSG_SHUTDOWN) done = 1;
+                else st = rf_error(RF_ERR_FORMAT, "the controller sent %s before any weights arrived",
+                                   rf_msg_type_name(m.type));
+                rf_msg_free(&m);
+            }
+            continue;
+        }
+        int idle = rf_rollout_idle(w->e);
+        for (int i = 0; st == RF_OK && i < 4096; i++) {
+            rf_msg m;
+            int got;
+            st = rf_msg_link_recv(w->link, idle && i == 0 ? 0.002 : 0, &m, &got);
+            if (st != RF_OK || !got) break;
+            if (m.type == RF_MSG_GENERATE_REQUEST) st = submit(w, (Rlflow__GenerateRequest *)m.pb);
+            else if (m.type == RF_MSG_SHUTDOWN) done = 1;
+            else st = rf_error(RF_ERR_FORMAT, "the controller sent a rollout worker %s", rf_msg_type_name(m.type));
+            rf_msg_free(&m);
+        }
+        if (st != RF_OK || done) break;
+        if (!rf_rollout_idle(w->e)) {
+            double t = rf_time_now();
+            st = rf_rollout_step(w->e);
+            w->busy += rf_time_now() - t;
+            if (st == RF_OK) st = w->st;
+        }
+    }
+    rf_weights_rx_free(rx);
+    return st;
+}
+
+rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int rank,
+                                 rf_comm *wcomm, int train_rank) {
+    worker w = {.r = r, .rank = rank, .version = -1, .t0 = rf_time_now()};
+    const rf_kernels *k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(0) : rf_cpu_kernels();
+    if (!k) return rf_error(RF_ERR_NODEVICE, "model.device = \"cuda\"");
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    rf_msg_client_config cc = {.endpoint = endpoint, .role = RLFLOW__ROLE__ROLE_ROLLOUT, .rank = rank,
+                               .capacity = r->rollout.max_running, .name = "rollout",
+                               .timeout_s = r->async.startup_timeout};
+    rf_status st = rf_model_load(&w.m, r->model.path, k, 0);
+    if (st == RF_OK) st = rf_tokenizer_load_dir(&w.tok, r->model.path);
+    if (st == RF_OK) st = rf__eos_ids(r->model.path, w.m, w.tok, &w.eos, &w.n_eos);
+    if (st == RF_OK) {
+        rf_rollout_opts o = {.block_size = r->rollout.kv_block_size, .n_blocks = r->rollout.kv_blocks,
+                             .max_running = r->rollout.max_running, .tok = w.tok};
+        st = rf_rollout_init(&w.e, w.m, &o);
+    }
+    if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);
+    if (st == RF_OK) {
+        rf_rollout_set_callback(w.e, on_sample, &w);
+        st = serve(&w, wcomm, train_rank);
+        if (st == RF_OK) rf_msg_link_flush(w.link, 5.0);
+    }
+    if (st != RF_OK) st = rf_error_wrap(st, "rollout worker %d on %s: ", rank, host);
+    if (st != RF_OK && w.link) {
+        /* tell the controller why, so that it stops the run naming us */
+        Rlflow__Error e = RLFLOW__ERROR__INIT;
+        e.code = st, e.message = (char *)rf_error_message();
+        rf_msg_link_send(w.link, RF_MSG_ERROR, &e.base);
+        rf_msg_link_flush(w.link, 5.0);
+    }
+    rf_msg_link_close(w.link);
+    rf_rollout_free(w.e);
+    rf_model_free(w.m);
+    rf_tokenizer_free(w.tok);
+    free(w.eos);
+    return st;
+}

@@ -1,0 +1,18 @@
+/* The rollout worker: the rollout engine as a process of a split run. It connects to the
+ * controller (role ROLE_ROLLOUT), receives GenerateRequests, streams back one Sample per
+ * finished sequence (tokens, behaviour log-probs, the policy version of every token, the
+ * checksum of the weights that finished it), and loads new weights from the training worker
+ * between decode steps: sequences in flight continue with them (interruptible generation).
+ * After each load it reports WeightsLoaded (version, checksum, busy time). */
+#ifndef RF_ROLLOUT_WORKER_H
+#define RF_ROLLOUT_WORKER_H
+
+#include "comm/comm.h"
+#include "controller/recipe.h"
+
+/* Runs until the controller says Shutdown (RF_OK) or something fails (the error names it).
+ * wcomm: the weights communicator, in which the training worker is rank train_rank. */
+rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int rank,
+                                 rf_comm *wcomm, int train_rank);
+
+#endif
