@@ -113,8 +113,26 @@ static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
     return st;
 }
 
+/* Waits for the previous weight transfer, giving up when the controller stops the run (a
+ * rollout worker that is gone never completes it). */
+static rf_status transfers_done(tworker *w) {
+    double deadline = rf_time_now() + w->r->async.peer_timeout;
+    for (;;) {
+        int t = rf_weights_tx_test(w->tx);
+        if (t < 0) return rf_error_wrap(RF_ERR_IO, "sending weights");
+        if (t) return RF_OK;
+        if (rf_msg_link_shutdown_seen(w->link))
+            return rf_error(RF_ERR_IO, "the controller stopped the run while weights were on their way to the rollout workers");
+        if (rf_time_now() > deadline)
+            return rf_error(RF_ERR_IO, "the rollout workers did not take weights version %d within %.0f s (async.peer_timeout)",
+                            w->version - 1, w->r->async.peer_timeout);
+        rf_sleep(0.0002);
+    }
+}
+
 static rf_status publish_weights(tworker *w) {
     uint32_t crc = 0;
+    RF_TRY(transfers_done(w));
     RF_TRY(rf_weights_tx_start(w->tx, w->wcomm, w->actor, w->version, w->rollout, w->n_rollout,
                                w->r->async.peer_timeout, &crc));
     Rlflow__WeightsUpdate wu = RLFLOW__WEIGHTS_UPDATE__INIT;
@@ -204,7 +222,7 @@ static rf_status serve(tworker *w) {
     RF_TRY(publish_weights(w)); /* the rollout workers start from the actor's weights */
     for (;;) {
         int pending = rf_weights_tx_test(w->tx);
-        if (pending < 0) return rf_error_wrap(RF_ERR_IO, "sending weights: ");
+        if (pending < 0) return rf_error_wrap(RF_ERR_IO, "sending weights");
         rf_msg m;
         int got = 0;
         /* while weights are on their way, come back often to progress MPI */
@@ -217,13 +235,19 @@ static rf_status serve(tworker *w) {
         case RF_MSG_SCORE_REQUEST: st = score(w, (Rlflow__ScoreRequest *)m.pb); break;
         case RF_MSG_TRAIN_BATCH: st = train(w, (Rlflow__TrainBatch *)m.pb); break;
         case RF_MSG_CHECKPOINT_REQUEST: st = checkpoint(w, (Rlflow__CheckpointRequest *)m.pb); break;
-        case RF_MSG_SHUTDOWN: done = 1; break;
+        case RF_MSG_SHUTDOWN: {
+            const char *why = ((Rlflow__Shutdown *)m.pb)->reason;
+            done = 1;
+            if (!why || strcmp(why, RF_MSG_SHUTDOWN_DONE) != 0)
+                st = rf_error(RF_ERR_IO, "the controller stopped the run: %s", why ? why : "");
+            break;
+        }
         default: st = rf_error(RF_ERR_FORMAT, "the controller sent the training worker %s", rf_msg_type_name(m.type));
         }
         w->busy += rf_time_now() - t;
         rf_msg_free(&m);
         if (st != RF_OK) return st;
-        if (done) return rf_weights_tx_wait(w->tx, 10.0);
+        if (done) return RF_OK; /* a transfer still pending is cancelled on free */
     }
 }
 

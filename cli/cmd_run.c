@@ -45,6 +45,10 @@ int rf_cmd_run(int argc, char **argv) {
     if (strcmp(r.placement.mode, "split") == 0) {
         /* argv - 2: the whole command line (main passes what follows "rlflow run") */
         s = rf_run_split(&r, resume, argc + 2, argv - 2);
+        if (s && !rf_error_message()[0]) { /* already reported by the rank */
+            rf_recipe_free(&r);
+            return 1;
+        }
     } else {
         s = rf_run_main(&r, resume);
     }

@@ -177,7 +177,7 @@ rf_status rf_comm_wait(rf_comm_req *q, double timeout_s, const char *what) {
     double deadline = rf_time_now() + timeout_s;
     for (;;) {
         int t = rf_comm_test(q);
-        if (t < 0) return rf_error_wrap(RF_ERR_IO, "%s (rank %d): ", what, q->peer);
+        if (t < 0) return rf_error_wrap(RF_ERR_IO, "%s (rank %d)", what, q->peer);
         if (t) return RF_OK;
         if (rf_time_now() > deadline)
             return rf_error(RF_ERR_IO, "%s: rank %d did not complete it within %.0f s", what,

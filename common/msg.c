@@ -536,7 +536,7 @@ static rf_status client_recv_raw(rf_msg_client *c, double timeout_s, rf_msg *out
                                  : rf_msg_decode(zmq_msg_data(&part), zmq_msg_size(&part), out);
             zmq_msg_close(&part);
             if (st != RF_OK)
-                return rf_error_wrap(st, "rlflow at %s sent a malformed message: ", c->endpoint);
+                return rf_error_wrap(st, "rlflow at %s sent a malformed message", c->endpoint);
             return RF_OK;
         }
         if (rf_time_now() >= deadline)

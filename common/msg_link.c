@@ -32,7 +32,7 @@ struct rf_msg_link {
     pthread_cond_t cv;
     frame *out_head, *out_tail;
     inmsg *in_head, *in_tail;
-    int stop, failed, sending;
+    int stop, failed, sending, shutdown_seen;
     char err[1024];
     rf_status err_code;
     double peer_timeout;
@@ -120,6 +120,7 @@ static void *run(void *arg) {
             }
             im->m = m, im->next = NULL;
             pthread_mutex_lock(&l->mu);
+            if (m.type == RF_MSG_SHUTDOWN) l->shutdown_seen = 1;
             if (l->in_tail) l->in_tail->next = im; else l->in_head = im;
             l->in_tail = im;
             pthread_cond_broadcast(&l->cv);
@@ -219,6 +220,13 @@ rf_status rf_msg_link_recv(rf_msg_link *l, double timeout_s, rf_msg *out, int *g
     }
     pthread_mutex_unlock(&l->mu);
     return st;
+}
+
+int rf_msg_link_shutdown_seen(rf_msg_link *l) {
+    pthread_mutex_lock(&l->mu);
+    int s = l->shutdown_seen || l->failed;
+    pthread_mutex_unlock(&l->mu);
+    return s;
 }
 
 rf_status rf_msg_link_flush(rf_msg_link *l, double timeout_s) {

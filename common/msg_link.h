@@ -26,6 +26,10 @@ rf_status rf_msg_link_send(rf_msg_link *l, rf_msg_type type, const ProtobufCMess
  * a frame did not decode (the message says which). */
 rf_status rf_msg_link_recv(rf_msg_link *l, double timeout_s, rf_msg *out, int *got);
 
+/* 1 once a Shutdown has arrived (queued or taken) or the link failed: long waits elsewhere
+ * (a transfer to a peer that is gone) should give up. */
+int rf_msg_link_shutdown_seen(rf_msg_link *l);
+
 /* Waits (at most timeout_s) until every queued message has been handed to ZeroMQ. */
 rf_status rf_msg_link_flush(rf_msg_link *l, double timeout_s);
 

@@ -138,7 +138,7 @@ static rf_status send_generate(ctl *c, group *g, int greedy) {
     g->worker = best;
     c->rw[best].groups++;
     rf_status st = rf_msg_server_send(c->srv, c->rw[best].peer, RF_MSG_GENERATE_REQUEST, &q.base);
-    return st == RF_OK ? RF_OK : rf_error_wrap(st, "sending a GenerateRequest: ");
+    return st == RF_OK ? RF_OK : rf_error_wrap(st, "sending a GenerateRequest");
 }
 
 static group *new_group(ctl *c, const rf_example *ex, int n) {

@@ -1,6 +1,9 @@
 /* Split runs: starting mpirun, taking a role from the rank, wiring ZeroMQ and MPI. */
 #define _GNU_SOURCE
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <omp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -19,6 +22,47 @@
 #include "rollout/worker.h"
 
 #define HOST_LEN 256
+
+/* <logging.dir>/run_status.json: how the split run ended, for the process that launched
+ * mpirun (whose exit code does not carry it reliably). */
+static void write_status(const rf_recipe *r, rf_status st) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/run_status.json", r->logging.dir);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "status", st == RF_OK ? "ok" : "error");
+    cJSON_AddStringToObject(j, "message", st == RF_OK ? "" : rf_error_message());
+    char *text = cJSON_PrintUnformatted(j);
+    if (text) rf_write_file_atomic(p, text, strlen(text));
+    free(text);
+    cJSON_Delete(j);
+}
+
+static rf_status read_status(const rf_recipe *r, int mpirun_rc) {
+    char p[4200], *text = NULL;
+    snprintf(p, sizeof p, "%s/run_status.json", r->logging.dir);
+    if (rf_read_file(p, &text, NULL) != RF_OK)
+        return rf_error(RF_ERR_IO, "the split run ended without a result (mpirun exit status %d); the messages above say why",
+                        mpirun_rc);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *s = cJSON_GetObjectItem(j, "status"), *m = cJSON_GetObjectItem(j, "message");
+    rf_status st = RF_OK;
+    if (!cJSON_IsString(s)) st = rf_error(RF_ERR_FORMAT, "%s: no status", p);
+    else if (strcmp(s->valuestring, "ok") != 0)
+        st = rf_error(RF_ERR_IO, "%s", cJSON_IsString(m) ? m->valuestring : "the split run failed");
+    cJSON_Delete(j);
+    return st;
+}
+
+static void exit_now(int sig) {
+    (void)sig;
+    _exit(1);
+}
+
+static pid_t g_child;
+static void forward_signal(int sig) {
+    if (g_child > 0) kill(g_child, sig);
+}
 
 static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     int np = 2 + r->placement.rollout_ranks;
@@ -42,6 +86,9 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     /* OpenMP threads sleep when idle: the processes share the cores */
     setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+    /* a rank that dies does not take the others down at once: the controller notices the lost
+     * worker itself (heartbeats, failed sends), names it, and stops the run cleanly */
+    setenv("OMPI_MCA_orte_enable_recovery", "1", 0);
     char line[8192];
     size_t off = 0;
     for (int i = 0; av[i] && off < sizeof line - 1; i++)
@@ -49,16 +96,56 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     rf_log_info("split run: %d processes (controller, training worker, %d rollout workers): %s",
                 np, r->placement.rollout_ranks, line);
     fflush(stdout), fflush(stderr);
-    execvp(av[0], av);
-    rf_status st = rf_error(RF_ERR_IO, "placement.mpirun: cannot start \"%s\": %s (install openmpi-bin)",
-                            r->placement.mpirun, strerror(errno));
+    char sp[4200];
+    snprintf(sp, sizeof sp, "%s/run_status.json", r->logging.dir);
+    unlink(sp);
+    int fds[2];
+    if (pipe(fds) != 0) {
+        free(av);
+        return rf_error(RF_ERR_IO, "pipe: %s", strerror(errno));
+    }
+    fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        execvp(av[0], av);
+        int e = errno;
+        ssize_t w = write(fds[1], &e, sizeof e);
+        (void)w;
+        _exit(127);
+    }
+    close(fds[1]);
     free(av);
-    return st;
+    if (pid < 0) {
+        close(fds[0]);
+        return rf_error(RF_ERR_IO, "fork: %s", strerror(errno));
+    }
+    int exec_err = 0;
+    ssize_t got = read(fds[0], &exec_err, sizeof exec_err);
+    close(fds[0]);
+    g_child = pid;
+    struct sigaction sa = {0}, oi, ot;
+    sa.sa_handler = forward_signal;
+    sigaction(SIGINT, &sa, &oi);
+    sigaction(SIGTERM, &sa, &ot);
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+    }
+    sigaction(SIGINT, &oi, NULL);
+    sigaction(SIGTERM, &ot, NULL);
+    g_child = 0;
+    if (got == (ssize_t)sizeof exec_err)
+        return rf_error(RF_ERR_IO, "placement.mpirun: cannot start \"%s\": %s (install openmpi-bin)",
+                        r->placement.mpirun, strerror(exec_err));
+    return read_status(r, WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws));
 }
 
-static int default_threads(const rf_recipe *r) {
+/* Default threads: the training worker all of the machine's cores, each rollout worker an
+ * even share (OMP_WAIT_POLICY=PASSIVE: idle threads sleep, so a rollout worker waiting for
+ * prompts leaves its cores to training). */
+static int default_threads(const rf_recipe *r, int train) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int share = (int)(cores / (1 + r->placement.rollout_ranks));
+    int share = train ? (int)cores : (int)(cores / (1 + r->placement.rollout_ranks));
     return share < 1 ? 1 : share;
 }
 
@@ -140,17 +227,24 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
                     strcmp(r->algorithm.name, "ppo") == 0 || strcmp(r->algorithm.name, "gae") == 0 ? ", critic" : "");
         for (int i = 2; i < size; i++) rf_log_info("  rank %d: rollout worker %d", i, i - 2);
         st = rf_controller_main(r, resume, srv, r->placement.rollout_ranks);
-        rf_msg_server_close(srv, st == RF_OK ? "the run is complete" : "the run stopped on an error");
+        if (st != RF_OK) {
+            char why[1200];
+            snprintf(why, sizeof why, "the run stopped on an error: %s", rf_error_message());
+            rf_msg_server_close(srv, why);
+        } else {
+            rf_msg_server_close(srv, RF_MSG_SHUTDOWN_DONE);
+        }
+        write_status(r, st);
     } else if (rank == 1) {
-        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(r));
+        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(r, 1));
         int *dst = malloc(sizeof(int) * (size_t)r->placement.rollout_ranks);
         if (!dst) return rf_error(RF_ERR_NOMEM, "out of memory");
         for (int i = 0; i < r->placement.rollout_ranks; i++) dst[i] = 1 + i; /* ranks in wcomm */
         st = rf_train_worker_main(r, ep, resume, wcomm, dst, r->placement.rollout_ranks);
         free(dst);
-        if (st != RF_OK) st = rf_error_wrap(st, "training worker (rank 1 on %s): ", host);
+        if (st != RF_OK) st = rf_error_wrap(st, "training worker (rank 1 on %s)", host);
     } else {
-        omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads : default_threads(r));
+        omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads : default_threads(r, 0));
         st = rf_rollout_worker_main(r, ep, rank - 2, wcomm, 0);
     }
     rf_comm_free(wcomm);
@@ -167,7 +261,15 @@ rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv) {
     rf_comm *world;
     RF_TRY(rf_comm_init(&argc, &argv, &world));
     rf_status st = run_rank(r, resume, world);
-    if (st != RF_OK) alarm(30); /* finalize waits for the other ranks; bounded */
+    if (st != RF_OK) {
+        /* report now, naming the rank; MPI_Finalize waits for every rank, and one may be gone:
+         * bounded */
+        rf_log_status(st);
+        rf_error_clear(); /* reported */
+        fflush(stdout), fflush(stderr);
+        signal(SIGALRM, exit_now);
+        alarm(5);
+    }
     rf_comm_finalize();
     return st;
 }

@@ -16,7 +16,9 @@
 #include "controller/recipe.h"
 
 /* argc/argv: the whole command line of the process (argv[0] = the rlflow program), used to
- * start the same command under mpirun. Returns when the run is over (this rank's part). */
+ * start the same command under mpirun. Returns when the run is over (this rank's part). A
+ * rank that fails prints its error itself (before MPI_Finalize, which may wait) and returns it
+ * with the thread's message cleared. */
 rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv);
 
 #endif

@@ -108,7 +108,7 @@ rf_status rf_weights_tx_start(rf_weights_tx *tx, rf_comm *c, const rf_model *m, 
         tx->dst[i] = dst[i];
         rf_status st = rf_comm_isend(c, tx->stage, tx->bytes, dst[i], RF_WEIGHTS_TAG, &tx->req[i]);
         tx->n = i + (st == RF_OK);
-        if (st != RF_OK) return rf_error_wrap(st, "sending weights version %lld to rank %d: ", (long long)version, dst[i]);
+        if (st != RF_OK) return rf_error_wrap(st, "sending weights version %lld to rank %d", (long long)version, dst[i]);
     }
     return RF_OK;
 }
@@ -142,7 +142,7 @@ rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64
                              uint32_t *checksum) {
     *arrived = 0;
     int t = rf_comm_test(rx->req);
-    if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from rank %d: ", rx->src);
+    if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from rank %d", rx->src);
     if (!t) return RF_OK;
     rf_comm_req_free(rx->req);
     rx->req = NULL;

@@ -84,7 +84,7 @@ rf_status rf_external_reward_listen(rf_external_reward **out, const char *endpoi
     rf_status st = rf_msg_server_open(&x->srv, endpoint, &cfg);
     if (st != RF_OK) {
         free(x);
-        return rf_error_wrap(st, "reward.external: ");
+        return rf_error_wrap(st, "reward.external");
     }
     *out = x;
     return RF_OK;

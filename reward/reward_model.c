@@ -63,7 +63,7 @@ rf_status rf_reward_model_open(rf_reward_model **rm, const char *dir, const rf_k
     if (s == RF_OK) s = check_score_weight(dir);
     if (s == RF_OK) s = rf_model_load(&r->m, dir, k, 1);
     if (s == RF_OK && (s = rf_tokenizer_load_dir(&r->tok, dir)) != RF_OK)
-        rf_error_wrap(s, "reward model %s: ", dir);
+        rf_error_wrap(s, "reward model %s", dir);
     if (s != RF_OK) {
         rf_reward_model_close(r);
         return s;

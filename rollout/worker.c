@@ -71,7 +71,7 @@ static rf_status submit(worker *w, const Rlflow__GenerateRequest *g) {
     for (int i = 0; i < r->rollout.stop.n && i < RF_MAX_STOP; i++) q.stop[q.n_stop++] = r->rollout.stop.v[i];
     rf_status st = rf_rollout_submit(w->e, &q, (void *)(uintptr_t)g->request_id, NULL);
     if (st != RF_OK)
-        return rf_error_wrap(st, "GenerateRequest %llu: ", (unsigned long long)g->request_id);
+        return rf_error_wrap(st, "GenerateRequest %llu", (unsigned long long)g->request_id);
     return RF_OK;
 }
 
@@ -127,8 +127,14 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
             st = rf_msg_link_recv(w->link, idle && i == 0 ? 0.002 : 0, &m, &got);
             if (st != RF_OK || !got) break;
             if (m.type == RF_MSG_GENERATE_REQUEST) st = submit(w, (Rlflow__GenerateRequest *)m.pb);
-            else if (m.type == RF_MSG_SHUTDOWN) done = 1;
-            else st = rf_error(RF_ERR_FORMAT, "the controller sent a rollout worker %s", rf_msg_type_name(m.type));
+            else if (m.type == RF_MSG_SHUTDOWN) {
+                const char *why = ((Rlflow__Shutdown *)m.pb)->reason;
+                done = 1;
+                if (!why || strcmp(why, RF_MSG_SHUTDOWN_DONE) != 0)
+                    st = rf_error(RF_ERR_IO, "the controller stopped the run: %s", why ? why : "");
+            } else {
+                st = rf_error(RF_ERR_FORMAT, "the controller sent a rollout worker %s", rf_msg_type_name(m.type));
+            }
             rf_msg_free(&m);
         }
         if (st != RF_OK || done) break;
@@ -167,7 +173,7 @@ rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int r
         st = serve(&w, wcomm, train_rank);
         if (st == RF_OK) rf_msg_link_flush(w.link, 5.0);
     }
-    if (st != RF_OK) st = rf_error_wrap(st, "rollout worker %d on %s: ", rank, host);
+    if (st != RF_OK) st = rf_error_wrap(st, "rollout worker %d on %s", rank, host);
     if (st != RF_OK && w.link) {
         /* tell the controller why, so that it stops the run naming us */
         Rlflow__Error e = RLFLOW__ERROR__INIT;

@@ -1,0 +1,179 @@
+/* Split runs end to end under mpirun (rlflow starts it): a controller, a training worker and a
+ * rollout worker as three processes on the 1-digit arithmetic task.
+ *   - k = 1: the training reward rises (mean of steps 101-120 above steps 1-20 by a margin),
+ *     every batch is at most 1 version stale and at least one batch is exactly 1 stale
+ *     (generation really ran ahead), nothing was dropped as stale, the final validation and
+ *     checkpoint are there, run_status.json says ok;
+ *   - k = 0: every sample is on-policy (staleness 0 at every step);
+ *   - a rollout worker killed (SIGKILL) mid-run: `rlflow run` fails within seconds naming it,
+ *     the last checkpoint is intact, and --resume finishes the run from it;
+ *   - an MPI job of the wrong size is refused with the exact error.
+ * Skips (77) when mpirun is not installed. */
+#define _POSIX_C_SOURCE 200809L
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "test_shell.h"
+#include "test_util.h"
+
+static const char *rlflow;
+static char dir[256];
+
+static void write_recipe(void) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/r.toml", dir);
+    FILE *f = fopen(p, "w");
+    fprintf(f, "[model]\npath = \"%s/sft\"\ninit_preset = \"tiny\"\n"
+               "[data]\ntask = \"arith\"\ntask_max_digits = 1\ntask_mul_percent = 0\n"
+               "task_train = 2000\ntask_val = 40\ntrain = \"%s/data/train.jsonl\"\nval = \"%s/data/val.jsonl\"\n"
+               "[sft]\nwarm_start = true\nmax_steps = 150\nbatch_size = 64\nlr = 3e-3\n"
+               "[rollout]\nn = 8\nprompts_per_step = 16\nmax_new_tokens = 6\n"
+               "[algorithm]\nname = \"grpo\"\nclip_high = 0.28\n"
+               "[train]\nsteps = 120\nlr = 5e-4\n"
+               "[logging]\nval_every = 60\nval_size = 40\n[checkpoint]\nevery = 20\nkeep = 0\n"
+               "[async]\nmax_staleness = 1\npeer_timeout = 10\n"
+               "[placement]\nmode = \"split\"\nrollout_ranks = 1\n",
+            dir, dir, dir);
+    fclose(f);
+}
+
+/* Metric `name` at `step` of a run (the last line of that step), NAN when absent. */
+static double metric(const char *run, int step, const char *name) {
+    char p[512], *text;
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", dir, run);
+    if (rf_read_file(p, &text, NULL) != RF_OK) return NAN;
+    double v = NAN;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *s = cJSON_GetObjectItem(j, "step"), *it = cJSON_GetObjectItem(j, name);
+        if (cJSON_IsNumber(s) && s->valueint == step && cJSON_IsNumber(it)) v = it->valuedouble;
+        cJSON_Delete(j);
+    }
+    free(text);
+    return v;
+}
+
+static double mean_of(const char *run, const char *name, int from, int to) {
+    double s = 0;
+    for (int k = from; k <= to; k++) s += metric(run, k, name);
+    return s / (to - from + 1);
+}
+
+static int file_has(const char *path, const char *needle) {
+    char *text;
+    if (rf_read_file(path, &text, NULL) != RF_OK) return 0;
+    int r = strstr(text, needle) != NULL;
+    free(text);
+    return r;
+}
+
+static void async_k1(void) {
+    char *out, p[512];
+    int rc = rf_test_sh(&out, "cd %s && %s run r.toml --set logging.dir=%s/k1", dir, rlflow, dir);
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out);
+    CHECK(strstr(out, "rank 2: rollout worker 0") != NULL);
+    CHECK(strstr(out, "validation at version 120: accuracy") != NULL);
+    free(out);
+    double a = mean_of("k1", "reward/mean", 1, 20), b = mean_of("k1", "reward/mean", 101, 120);
+    printf("split k=1: mean reward steps 1-20 %.3f, steps 101-120 %.3f\n", a, b);
+    CHECK(b > a + 0.08);
+    int max_ok = 1, one = 0;
+    for (int s = 1; s <= 120; s++) {
+        double m = metric("k1", s, "async/staleness_max");
+        max_ok &= m >= 0 && m <= 1;
+        one += metric("k1", s, "async/staleness_frac_1") > 0;
+    }
+    CHECK(max_ok);
+    CHECK(one > 10);
+    CHECK(metric("k1", 120, "async/stale_dropped") == 0);
+    CHECK(metric("k1", 120, "val/accuracy") >= 0);
+    CHECK(metric("k1", 50, "idle/rollout") >= 0);
+    snprintf(p, sizeof p, "%s/k1/run_status.json", dir);
+    CHECK(file_has(p, "\"status\":\"ok\""));
+    snprintf(p, sizeof p, "%s/k1/step_000120/actor/model.safetensors", dir);
+    CHECK(rf_file_exists(p));
+}
+
+static void sync_k0(void) {
+    char *out;
+    int rc = rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=30 --set async.max_staleness=0 --set logging.dir=%s/k0", dir, rlflow, dir);
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    int ok = 1;
+    for (int s = 1; s <= 30; s++) ok &= metric("k0", s, "async/staleness_max") == 0;
+    CHECK(ok);
+}
+
+static void worker_killed(void) {
+    char *out, p[512];
+    /* kill the rollout worker once step 45 is logged (checkpoint at 40) */
+    int rc = rf_test_sh(&out,
+                        "cd %s && { %s run r.toml --set train.steps=400 --set logging.dir=%s/kill > %s/kill.log 2>&1; echo $? > %s/kill.rc; } &\n"
+                        "for i in $(seq 1200); do grep -q '\"step\": 45,' %s/kill/metrics.jsonl 2>/dev/null && break; sleep 0.1; done\n"
+                        "pid=$(sed -n 's/.*joined: rollout worker .*pid \\([0-9]*\\)).*/\\1/p' %s/kill.log | head -1)\n"
+                        "kill -9 $pid; t0=$(date +%%s.%%N); wait; echo \"stopped after $(echo \"$(date +%%s.%%N) - $t0\" | bc) s\"",
+                        dir, rlflow, dir, dir, dir, dir, dir);
+    CHECK(rc == 0);
+    printf("%s", out);
+    free(out);
+    snprintf(p, sizeof p, "%s/kill.rc", dir);
+    CHECK(file_has(p, "1"));
+    snprintf(p, sizeof p, "%s/kill.log", dir);
+    CHECK(file_has(p, "error: rollout worker 'rollout' (rank 0, pid "));
+    snprintf(p, sizeof p, "%s/kill/run_status.json", dir);
+    CHECK(file_has(p, "\"status\":\"error\""));
+    snprintf(p, sizeof p, "%s/kill/latest", dir);
+    char *latest = NULL;
+    CHECK(rf_read_file(p, &latest, NULL) == RF_OK);
+    int step = latest ? atoi(latest + 5) : -1;
+    free(latest);
+    printf("last checkpoint: step %d\n", step);
+    CHECK(step >= 40 && step % 20 == 0);
+    /* the checkpoint is whole: resume and finish */
+    rc = rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=%d --set logging.dir=%s/kill --resume", dir,
+                    rlflow, step + 20, dir);
+    CHECK(rc == 0);
+    char want[64];
+    snprintf(want, sizeof want, "resumed at step %d", step);
+    CHECK(strstr(out, want) != NULL);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    CHECK(metric("kill", step + 20, "reward/mean") >= 0);
+}
+
+static void wrong_size(void) {
+    char *out;
+    int rc = rf_test_sh(&out, "cd %s && mpirun -np 2 --oversubscribe %s %s run r.toml --set logging.dir=%s/size", dir,
+                        geteuid() == 0 ? "--allow-run-as-root" : "", rlflow, dir);
+    CHECK(rc != 0);
+    CHECK(strstr(out, "this MPI job has 2 ranks; the recipe needs 3 (controller, training worker and placement.rollout_ranks = 1 rollout workers)") != NULL);
+    if (!strstr(out, "needs 3")) fprintf(stderr, "%s\n", out);
+    free(out);
+}
+
+int main(void) {
+    rlflow = getenv("RF_RLFLOW");
+    if (!rlflow) {
+        printf("test_split: skipped: RF_RLFLOW not set\n");
+        return 77;
+    }
+    if (rf_test_sh(NULL, "command -v mpirun >/dev/null") != 0) {
+        printf("test_split: skipped: mpirun not found (apt-get install openmpi-bin)\n");
+        return 77;
+    }
+    snprintf(dir, sizeof dir, "/tmp/rf_split_XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    write_recipe();
+    async_k1();
+    sync_k0();
+    worker_killed();
+    wrong_size();
+    rf_test_sh(NULL, "rm -rf %s", dir);
+    return rf_test_finish("test_split");
+}
