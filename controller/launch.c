@@ -143,9 +143,9 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
 /* Default threads: the training worker all of the machine's cores, each rollout worker an
  * even share (OMP_WAIT_POLICY=PASSIVE: idle threads sleep, so a rollout worker waiting for
  * prompts leaves its cores to training). */
-static int default_threads(const rf_recipe *r, int train) {
+static int default_threads(int n_rollout, int train) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int share = train ? (int)cores : (int)(cores / (1 + r->placement.rollout_ranks));
+    int share = train ? (int)cores : (int)(cores / (1 + n_rollout));
     return share < 1 ? 1 : share;
 }
 
@@ -187,9 +187,14 @@ static void advertised(const char *bound, char *out) {
 
 static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     int rank = rf_comm_rank(world), size = rf_comm_size(world), want = 2 + r->placement.rollout_ranks;
-    if (size != want)
+    /* the layout comes from MPI: every rank past the first two is a rollout worker, unless the
+     * recipe fixes their number */
+    char where[512];
+    int fixed = strcmp(rf_recipe_where(r, "placement.rollout_ranks", where, sizeof where), "(default)") != 0;
+    if (size < 3 || (fixed && size != want))
         return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, training worker and placement.rollout_ranks = %d rollout workers)",
-                        size, want, r->placement.rollout_ranks);
+                        size, fixed ? want : 3, fixed ? r->placement.rollout_ranks : 1);
+    int n_rollout = size - 2;
     char bind_ep[HOST_LEN], ep[HOST_LEN] = "";
     rf_status st = RF_OK;
     rf_msg_server *srv = NULL;
@@ -226,7 +231,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         rf_log_info("  rank 1: training worker (actor%s%s)", rf_recipe_reference_enabled(r) ? ", reference" : "",
                     strcmp(r->algorithm.name, "ppo") == 0 || strcmp(r->algorithm.name, "gae") == 0 ? ", critic" : "");
         for (int i = 2; i < size; i++) rf_log_info("  rank %d: rollout worker %d", i, i - 2);
-        st = rf_controller_main(r, resume, srv, r->placement.rollout_ranks);
+        st = rf_controller_main(r, resume, srv, n_rollout);
         if (st != RF_OK) {
             char why[1200];
             snprintf(why, sizeof why, "the run stopped on an error: %s", rf_error_message());
@@ -236,15 +241,15 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         }
         write_status(r, st);
     } else if (rank == 1) {
-        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(r, 1));
-        int *dst = malloc(sizeof(int) * (size_t)r->placement.rollout_ranks);
+        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout, 1));
+        int *dst = malloc(sizeof(int) * (size_t)n_rollout);
         if (!dst) return rf_error(RF_ERR_NOMEM, "out of memory");
-        for (int i = 0; i < r->placement.rollout_ranks; i++) dst[i] = 1 + i; /* ranks in wcomm */
-        st = rf_train_worker_main(r, ep, resume, wcomm, dst, r->placement.rollout_ranks);
+        for (int i = 0; i < n_rollout; i++) dst[i] = 1 + i; /* ranks in wcomm */
+        st = rf_train_worker_main(r, ep, resume, wcomm, dst, n_rollout);
         free(dst);
         if (st != RF_OK) st = rf_error_wrap(st, "training worker (rank 1 on %s)", host);
     } else {
-        omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads : default_threads(r, 0));
+        omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads : default_threads(n_rollout, 0));
         st = rf_rollout_worker_main(r, ep, rank - 2, wcomm, 0);
     }
     rf_comm_free(wcomm);
@@ -257,6 +262,12 @@ rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv) {
         RF_TRY(rf__ensure_data(r));
         RF_TRY(rf__ensure_model(r));
         return relaunch(r, argc, argv);
+    }
+    if (!getenv("OMP_WAIT_POLICY")) {
+        /* under a user's mpirun: OpenMP reads its wait policy when the program loads, so start
+         * again with idle threads that sleep (ranks share cores) */
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        execv("/proc/self/exe", argv);
     }
     rf_comm *world;
     RF_TRY(rf_comm_init(&argc, &argv, &world));
