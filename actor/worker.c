@@ -178,6 +178,7 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
     rf__update_metrics(w->metrics, r, &as, w->critic ? &cs : NULL);
     rf_metrics_set(w->metrics, "perf/train_tokens_per_s", (double)as.tokens / fmax(ta, 1e-9));
     rf_metrics_set(w->metrics, "perf/prox_s", tp);
+    rf_metrics_set(w->metrics, "perf/weights_mb", (double)w->actor->n_params * 4.0 / 1e6);
     int nm = rf_metrics_count(w->metrics);
     Rlflow__TrainStats__MetricsEntry *e = calloc((size_t)(nm ? nm : 1), sizeof *e);
     Rlflow__TrainStats__MetricsEntry **ep = calloc((size_t)(nm ? nm : 1), sizeof *ep);
@@ -221,12 +222,13 @@ static rf_status checkpoint(tworker *w, const Rlflow__CheckpointRequest *q) {
 static rf_status serve(tworker *w) {
     RF_TRY(publish_weights(w)); /* the rollout workers start from the actor's weights */
     for (;;) {
-        int pending = rf_weights_tx_test(w->tx);
-        if (pending < 0) return rf_error_wrap(RF_ERR_IO, "sending weights");
+        int sent = rf_weights_tx_test(w->tx);
+        if (sent < 0) return rf_error_wrap(RF_ERR_IO, "sending weights");
+        int pending = !sent;
         rf_msg m;
         int got = 0;
         /* while weights are on their way, come back often to progress MPI */
-        RF_TRY(rf_msg_link_recv(w->link, pending ? 0.05 : 0.0005, &m, &got));
+        RF_TRY(rf_msg_link_recv(w->link, pending ? 0.0001 : 0.05, &m, &got));
         if (!got) continue;
         double t = rf_time_now();
         rf_status st = RF_OK;

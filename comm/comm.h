@@ -52,6 +52,10 @@ rf_status rf_comm_isend(rf_comm *c, const void *buf, size_t bytes, int peer, int
 rf_status rf_comm_irecv(rf_comm *c, void *buf, size_t bytes, int peer, int tag,
                         rf_comm_req **req);
 
+/* 1 when a message with `tag` from `peer` is waiting to be received, 0 when not, -1 on an MPI
+ * error (message set). */
+int rf_comm_iprobe(rf_comm *c, int peer, int tag);
+
 /* Progresses req: 1 when complete, 0 when not yet, -1 on an MPI error (message set). */
 int rf_comm_test(rf_comm_req *req);
 

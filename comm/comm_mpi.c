@@ -161,6 +161,16 @@ rf_status rf_comm_irecv(rf_comm *c, void *buf, size_t bytes, int peer, int tag,
     return start(c, buf, bytes, peer, tag, 0, req);
 }
 
+int rf_comm_iprobe(rf_comm *c, int peer, int tag) {
+    int flag = 0;
+    int rc = MPI_Iprobe(peer, tag, c->c, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        mpi_fail(rc, "MPI_Iprobe");
+        return -1;
+    }
+    return flag;
+}
+
 int rf_comm_test(rf_comm_req *q) {
     if (q->done) return 1;
     int flag = 0;

@@ -49,6 +49,8 @@ typedef struct ctl {
     /* versions: checksums the training worker announced, by version modulo the ring */
     int64_t ver_of[VERSION_RING];
     uint32_t crc_of[VERSION_RING];
+    double announced_at[VERSION_RING]; /* when the WeightsUpdate arrived */
+    double weights_latency, weights_load;
     int batch_out;        /* a TrainBatch is at the training worker */
     double batch_sent_at, train_busy, train_busy0;
     double mean_kl;
@@ -502,6 +504,8 @@ static rf_status on_train_stats(ctl *c, const Rlflow__TrainStats *m) {
     for (int i = 0; i < c->n_rw; i++) /* since each worker first had weights */
         idle += c->rw[i].wall > 0 ? fmax(0.0, 1.0 - c->rw[i].busy / c->rw[i].wall) : 0;
     rf_metrics_set(c->run.metrics, "idle/rollout", c->n_rw ? idle / c->n_rw : 0);
+    rf_metrics_set(c->run.metrics, "perf/weights_latency_s", c->weights_latency);
+    rf_metrics_set(c->run.metrics, "perf/weights_load_s", c->weights_load);
     c->train_busy0 = c->train_busy, c->gen_tokens = 0, c->last_step_at = now;
     int last = c->run.step == r->train.steps;
     if (last || c->run.step % r->logging.every == 0) console(c);
@@ -512,7 +516,7 @@ static rf_status on_train_stats(ctl *c, const Rlflow__TrainStats *m) {
 
 static rf_status on_weights_update(ctl *c, const Rlflow__WeightsUpdate *m) {
     int i = (int)(m->version % VERSION_RING);
-    c->ver_of[i] = m->version, c->crc_of[i] = m->checksum;
+    c->ver_of[i] = m->version, c->crc_of[i] = m->checksum, c->announced_at[i] = rf_time_now();
     return RF_OK;
 }
 
@@ -528,6 +532,9 @@ static rf_status on_weights_loaded(ctl *c, int peer, const Rlflow__WeightsLoaded
     if (m->version < p->version)
         return rf_error(RF_ERR_FORMAT, "%s went back from version %d to %lld", peer_desc(c, peer), p->version, (long long)m->version);
     p->version = (int)m->version, p->crc = m->checksum, p->busy = m->busy_s, p->wall = m->wall_s;
+    /* from the training worker's announcement to this rollout worker serving the version */
+    c->weights_latency = rf_time_now() - c->announced_at[m->version % VERSION_RING];
+    c->weights_load = m->load_s;
     return RF_OK;
 }
 

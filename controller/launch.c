@@ -85,7 +85,6 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     av[k] = NULL;
     /* OpenMP threads sleep when idle: the processes share the cores */
     setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
     /* a rank that dies does not take the others down at once: the controller notices the lost
      * worker itself (heartbeats, failed sends), names it, and stops the run cleanly */
     setenv("OMPI_MCA_orte_enable_recovery", "1", 0);

@@ -28,7 +28,7 @@ struct rf_weights_rx {
     size_t bytes;
     rf_comm *c;
     int src;
-    rf_comm_req *req;
+    double timeout_s;
 };
 
 static size_t transfer_bytes(const rf_model *m) { return sizeof(header) + m->n_params * sizeof(float); }
@@ -121,19 +121,13 @@ rf_status rf_weights_rx_init(rf_weights_rx **out, rf_comm *c, const rf_model *m,
         free(rx);
         return rf_error(RF_ERR_NOMEM, "weights: out of memory for a receive buffer of %zu parameters", m->n_params);
     }
-    rx->c = c, rx->src = src;
-    rf_status st = rf_comm_irecv(c, rx->buf, rx->bytes, src, RF_WEIGHTS_TAG, &rx->req);
-    if (st != RF_OK) {
-        rf_weights_rx_free(rx);
-        return st;
-    }
+    rx->c = c, rx->src = src, rx->timeout_s = 60;
     *out = rx;
     return RF_OK;
 }
 
 void rf_weights_rx_free(rf_weights_rx *rx) {
     if (!rx) return;
-    rf_comm_req_free(rx->req);
     free(rx->buf);
     free(rx);
 }
@@ -141,11 +135,18 @@ void rf_weights_rx_free(rf_weights_rx *rx) {
 rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64_t *version,
                              uint32_t *checksum) {
     *arrived = 0;
-    int t = rf_comm_test(rx->req);
+    /* nothing is posted until a transfer is there; then it is received at once, the sender
+     * being busy sending it (a posted receive would progress only between decode steps) */
+    int t = rf_comm_iprobe(rx->c, rx->src, RF_WEIGHTS_TAG);
     if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from rank %d", rx->src);
     if (!t) return RF_OK;
-    rf_comm_req_free(rx->req);
-    rx->req = NULL;
+    rf_comm_req *req = NULL;
+    char what[96];
+    snprintf(what, sizeof what, "receiving weights from rank %d", rx->src);
+    RF_TRY(rf_comm_irecv(rx->c, rx->buf, rx->bytes, rx->src, RF_WEIGHTS_TAG, &req));
+    rf_status st = rf_comm_wait(req, rx->timeout_s, what);
+    rf_comm_req_free(req);
+    RF_TRY(st);
     header h;
     memcpy(&h, rx->buf, sizeof h);
     const float *p = (const float *)(rx->buf + sizeof(header));
@@ -158,5 +159,5 @@ rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64
                         (long long)h.version, rx->src, crc, h.checksum);
     m->k->to_device(m->params, p, m->n_params * sizeof(float));
     *arrived = 1, *version = h.version, *checksum = crc;
-    return rf_comm_irecv(rx->c, rx->buf, rx->bytes, rx->src, RF_WEIGHTS_TAG, &rx->req);
+    return RF_OK;
 }

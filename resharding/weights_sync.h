@@ -6,7 +6,8 @@
  * parameters, element count) followed by the parameters. The sender copies the parameters
  * into a staging buffer first, so training may go on while the transfer progresses; the
  * receiver keeps a receive posted at all times and applies a complete transfer between decode
- * steps (interruptible generation), after checking the count and the checksum. */
+ * steps (interruptible generation), after checking the count and the checksum: it probes for a
+ * transfer between steps and, when one is there, receives it whole at once (bounded wait). */
 #ifndef RF_WEIGHTS_SYNC_H
 #define RF_WEIGHTS_SYNC_H
 
@@ -37,13 +38,12 @@ int rf_weights_tx_test(rf_weights_tx *tx);
 /* Waits at most timeout_s for the sends to finish; the error names the rank that did not. */
 rf_status rf_weights_tx_wait(rf_weights_tx *tx, double timeout_s);
 
-/* Receiver for model m from rank src of c; posts the first receive. */
+/* Receiver for model m from rank src of c. */
 rf_status rf_weights_rx_init(rf_weights_rx **rx, rf_comm *c, const rf_model *m, int src);
 void rf_weights_rx_free(rf_weights_rx *rx);
 
-/* When a transfer has arrived: checks it (magic, count, CRC-32C), copies it into m's
- * parameters, posts the next receive and returns 1 with *version and *checksum set. 0: none
- * arrived yet. Errors (RF_ERR_FORMAT for a transfer that does not check out, naming the
+/* When a transfer is waiting: receives it, checks it (magic, count, CRC-32C), copies it into
+ * m's parameters and sets *arrived = 1, *version and *checksum. *arrived = 0: none yet. Errors (RF_ERR_FORMAT for a transfer that does not check out, naming the
  * version and both checksums; RF_ERR_IO from MPI). */
 rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64_t *version,
                              uint32_t *checksum);

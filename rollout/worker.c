@@ -22,7 +22,7 @@ typedef struct worker {
     int n_eos, rank;
     int64_t version;
     uint32_t crc;
-    double busy, t0;
+    double busy, t0, load_s;
     rf_status st; /* first failure inside the callback */
 } worker;
 
@@ -78,7 +78,7 @@ static rf_status submit(worker *w, const Rlflow__GenerateRequest *g) {
 static rf_status weights_loaded(worker *w) {
     Rlflow__WeightsLoaded wl = RLFLOW__WEIGHTS_LOADED__INIT;
     wl.version = w->version, wl.checksum = w->crc, wl.rank = w->rank;
-    wl.busy_s = w->busy, wl.wall_s = rf_time_now() - w->t0;
+    wl.busy_s = w->busy, wl.wall_s = rf_time_now() - w->t0, wl.load_s = w->load_s;
     return rf_msg_link_send(w->link, RF_MSG_WEIGHTS_LOADED, &wl.base);
 }
 
@@ -93,7 +93,9 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
         int arrived = 0;
         int64_t v;
         uint32_t crc;
+        double t_load = rf_time_now();
         st = rf_weights_rx_poll(rx, w->m, &arrived, &v, &crc);
+        w->load_s = rf_time_now() - t_load;
         if (st == RF_OK && arrived) {
             w->version = v, w->crc = crc;
             rf_rollout_set_version(w->e, (int)v);
