@@ -8,6 +8,7 @@
 #include "actor/worker.h"
 #include "common/log.h"
 #include "common/msg_link.h"
+#include "common/rng.h"
 #include "common/util.h"
 #include "controller/advantages.h"
 #include "controller/run_internal.h"
@@ -28,6 +29,8 @@ typedef struct tworker {
     rf_kl_est kl_est;
     rf_loss_agg agg;
     double busy;
+    double delay_ms;   /* RF_TEST_DELAY_TRAIN_MS (tests) */
+    rf_rng delay_rng;
 } tworker;
 
 static void samples_free(rf_train_sample *s, int n) {
@@ -235,7 +238,10 @@ static rf_status serve(tworker *w) {
         int done = 0;
         switch (m.type) {
         case RF_MSG_SCORE_REQUEST: st = score(w, (Rlflow__ScoreRequest *)m.pb); break;
-        case RF_MSG_TRAIN_BATCH: st = train(w, (Rlflow__TrainBatch *)m.pb); break;
+        case RF_MSG_TRAIN_BATCH:
+            if (w->delay_ms > 0) rf_sleep(rf_rng_uniform(&w->delay_rng) * w->delay_ms * 1e-3); /* tests only */
+            st = train(w, (Rlflow__TrainBatch *)m.pb);
+            break;
         case RF_MSG_CHECKPOINT_REQUEST: st = checkpoint(w, (Rlflow__CheckpointRequest *)m.pb); break;
         case RF_MSG_SHUTDOWN: {
             const char *why = ((Rlflow__Shutdown *)m.pb)->reason;
@@ -255,7 +261,9 @@ static rf_status serve(tworker *w) {
 
 rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int resume,
                                rf_comm *wcomm, const int *rollout, int n_rollout) {
-    tworker w = {.r = r, .wcomm = wcomm, .rollout = rollout, .n_rollout = n_rollout};
+    tworker w = {.r = r, .wcomm = wcomm, .rollout = rollout, .n_rollout = n_rollout,
+                 .delay_ms = rf_test_delay_ms("RF_TEST_DELAY_TRAIN_MS")};
+    rf_rng_seed(&w.delay_rng, 0x2545f4914f6cdd1dull);
     w.k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(0) : rf_cpu_kernels();
     if (!w.k) return rf_error(RF_ERR_NODEVICE, "model.device = \"cuda\"");
     rf_adv_kind kind;

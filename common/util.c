@@ -125,6 +125,12 @@ void rf_sleep(double s) {
     }
 }
 
+double rf_test_delay_ms(const char *name) {
+    const char *v = getenv(name);
+    double ms = v ? strtod(v, NULL) : 0;
+    return ms > 0 ? ms : 0;
+}
+
 void *rf_calloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) rf_error(RF_ERR_NOMEM, "out of memory allocating %zu x %zu bytes", n, size);

@@ -32,6 +32,12 @@ double rf_time_now(void);
 /* Sleeps for s seconds (resumes after signals). */
 void rf_sleep(double s);
 
+/* Test hook: the value of environment variable `name` as milliseconds (>= 0), 0 when unset.
+ * Split-run workers sleep a random 0 .. that many ms at chosen points when set
+ * (RF_TEST_DELAY_ROLLOUT_MS, RF_TEST_DELAY_TRAIN_MS), so tests can check the staleness bound
+ * under uneven speeds. */
+double rf_test_delay_ms(const char *name);
+
 /* Calloc that records RF_ERR_NOMEM on failure; returns NULL then. */
 void *rf_calloc(size_t n, size_t size);
 

@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "common/msg_link.h"
+#include "common/rng.h"
 #include "common/util.h"
 #include "controller/run_internal.h"
 #include "resharding/weights_sync.h"
@@ -88,6 +89,9 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
     RF_TRY(rf_weights_rx_init(&rx, wcomm, w->m, train_rank));
     rf_status st = RF_OK;
     int have_weights = 0, done = 0;
+    double delay_ms = rf_test_delay_ms("RF_TEST_DELAY_ROLLOUT_MS"); /* tests only */
+    rf_rng delay_rng;
+    rf_rng_seed(&delay_rng, 0x9e3779b97f4a7c15ull + (uint64_t)w->rank);
     double waiting_since = rf_time_now();
     while (st == RF_OK && !done) {
         int arrived = 0;
@@ -140,6 +144,8 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
             rf_msg_free(&m);
         }
         if (st != RF_OK || done) break;
+        if (delay_ms > 0 && rf_rng_uniform(&delay_rng) < 0.2f)
+            rf_sleep(rf_rng_uniform(&delay_rng) * delay_ms * 1e-3);
         if (!rf_rollout_idle(w->e)) {
             double t = rf_time_now();
             st = rf_rollout_step(w->e);

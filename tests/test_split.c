@@ -5,6 +5,8 @@
  *     (generation really ran ahead), nothing was dropped as stale, the final validation and
  *     checkpoint are there, run_status.json says ok;
  *   - k = 0: every sample is on-policy (staleness 0 at every step);
+ *   - k = 1 and 2 with random delays injected in generation and in training: staleness never
+ *     exceeds k, reaches it, and no group is dropped;
  *   - a rollout worker killed (SIGKILL) mid-run: `rlflow run` fails within seconds naming it,
  *     the last checkpoint is intact, and --resume finishes the run from it;
  *   - an MPI job of the wrong size is refused with the exact error.
@@ -110,6 +112,29 @@ static void sync_k0(void) {
     CHECK(ok);
 }
 
+/* Random delays in generation and in training: the bound holds at every step, nothing is
+ * dropped, and the bound is reached (generation did run k versions ahead). */
+static void delays(int k, const char *rollout_ms, const char *train_ms) {
+    char *out, run[32];
+    snprintf(run, sizeof run, "delay_k%d", k);
+    int rc = rf_test_sh(&out, "cd %s && RF_TEST_DELAY_ROLLOUT_MS=%s RF_TEST_DELAY_TRAIN_MS=%s %s run r.toml "
+                        "--set train.steps=40 --set logging.val_every=0 --set async.max_staleness=%d "
+                        "--set logging.dir=%s/%s", dir, rollout_ms, train_ms, rlflow, k, dir, run);
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    int within = 1, at_k = 0;
+    for (int s = 1; s <= 40; s++) {
+        double m = metric(run, s, "async/staleness_max");
+        within &= m >= 0 && m <= k;
+        at_k += m == k;
+    }
+    printf("delays k=%d (rollout %s ms, train %s ms): %d of 40 steps at staleness %d\n", k, rollout_ms, train_ms, at_k, k);
+    CHECK(within);
+    CHECK(at_k > 0);
+    CHECK(metric(run, 40, "async/stale_dropped") == 0);
+}
+
 static void worker_killed(void) {
     char *out, p[512];
     /* kill the rollout worker once step 45 is logged (checkpoint at 40) */
@@ -172,6 +197,8 @@ int main(void) {
     write_recipe();
     async_k1();
     sync_k0();
+    delays(1, "20", "40");
+    delays(2, "40", "20");
     worker_killed();
     wrong_size();
     rf_test_sh(NULL, "rm -rf %s", dir);
