@@ -176,9 +176,9 @@ static rf_status pick_endpoint(const rf_recipe *r, rf_comm *world, char *bind_ep
 static void advertised(const char *bound, char *out) {
     const char *star = strstr(bound, "://0.0.0.0:");
     if (star) {
-        char host[HOST_LEN] = "localhost";
+        char host[128] = "localhost";
         gethostname(host, sizeof host - 1);
-        snprintf(out, HOST_LEN, "tcp://%s:%s", host, star + strlen("://0.0.0.0:"));
+        snprintf(out, HOST_LEN, "tcp://%.127s:%.100s", host, star + strlen("://0.0.0.0:"));
     } else {
         snprintf(out, HOST_LEN, "%s", bound);
     }
