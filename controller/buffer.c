@@ -58,6 +58,8 @@ void rf_buffer_free(rf_buffer *b) {
     free(b);
 }
 
+void rf_buffer_resume_at(rf_buffer *b, int v) { b->consumed = (int64_t)v * b->P; }
+
 int rf_buffer_can_admit(const rf_buffer *b, int served) {
     if (b->pending >= b->cap) return 0;
     int64_t batch = (b->consumed + b->pending) / b->P;

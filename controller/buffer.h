@@ -33,6 +33,9 @@ typedef struct rf_buffer rf_buffer;
 rf_status rf_buffer_init(rf_buffer **b, int batch_groups, int capacity, int max_staleness);
 void rf_buffer_free(rf_buffer *b);
 
+/* A run resumed at version v: v batches count as consumed already. Call before admitting. */
+void rf_buffer_resume_at(rf_buffer *b, int v);
+
 /* 1 when one more group may be admitted while the rollout workers serve version `served`. */
 int rf_buffer_can_admit(const rf_buffer *b, int served);
 

@@ -670,6 +670,7 @@ static rf_status setup(ctl *c, const rf_recipe *r, int resume) {
     c->cap = r->async.buffer_groups > 0 ? r->async.buffer_groups
                                         : r->rollout.prompts_per_step * (r->async.max_staleness + 1);
     RF_TRY(rf_buffer_init(&c->buf, r->rollout.prompts_per_step, c->cap, r->async.max_staleness));
+    rf_buffer_resume_at(c->buf, run->step);
     RF_TRY(rf_mkdirs(r->logging.dir));
     RF_TRY(rf_metrics_open(&run->metrics, r->logging.dir, r->logging.jsonl, r->logging.tensorboard));
     char p[4200];

@@ -48,6 +48,14 @@ static void one_ahead(void) {
     CHECK(rf_buffer_init(&b, 2, 3, 2) == RF_OK);
     CHECK(admit_all(b, 0, ids) == 3);  /* k = 2 would allow 6: the capacity stops it at 3 */
     rf_buffer_free(b);
+    /* resumed at version 50: the bound counts from there */
+    CHECK(rf_buffer_init(&b, 2, 64, 1) == RF_OK);
+    rf_buffer_resume_at(b, 50);
+    CHECK(admit_all(b, 48, ids) == 0);
+    CHECK(admit_all(b, 49, ids) == 2);  /* batch 50 may be one version stale */
+    CHECK(admit_all(b, 50, ids) == 2);  /* batch 51 */
+    CHECK(rf_buffer_consumed(b) == 100);
+    rf_buffer_free(b);
 }
 
 static void streaming(void) {
