@@ -15,7 +15,7 @@
 #include "controller/run_internal.h"
 #include "trainer/checkpoint.h"
 
-#define MAX_ROLLOUT 256
+#define MAX_ROLLOUT 4096 /* rollout_peer is 40 bytes: 160 KiB in the controller state */
 #define VERSION_RING 256
 
 typedef struct group {
@@ -30,9 +30,16 @@ typedef struct group {
     struct group *next;
 } group;
 
+#define UNVERIFIED_MAX 16
+
 typedef struct rollout_peer {
     int peer, rank, version, groups; /* groups in flight */
     uint32_t crc;
+    /* versions this worker serves whose WeightsUpdate has not arrived yet (the two come over
+     * different connections): checked when it does */
+    int64_t unv_version[UNVERIFIED_MAX];
+    uint32_t unv_crc[UNVERIFIED_MAX];
+    int n_unv;
     double busy, wall;               /* as of the last WeightsLoaded */
 } rollout_peer;
 
@@ -311,13 +318,15 @@ static rf_status on_sample(ctl *c, int peer, const Rlflow__Sample *m) {
         return rf_error(RF_ERR_FORMAT, "%s sent a malformed Sample for request %llu (index %d, %d tokens, %zu log-probs, %zu versions, prompt %d)",
                         peer_desc(c, peer), (unsigned long long)m->request_id, m->index, nr,
                         m->n_logprobs, m->n_versions, m->prompt_len);
-    int known;
+    /* the sample was finished by the weights the worker last reported loading (its Sample and
+     * WeightsLoaded messages travel in order on one connection); those were checked against
+     * the training worker's announcement */
     int64_t last = m->versions[nr - 1];
-    uint32_t crc = known_crc(c, last, &known);
-    if (known && crc != m->weights_checksum)
-        return rf_error(RF_ERR_FORMAT, "%s generated request %llu with weights of checksum %08x at version %lld; the training worker sent %08x",
-                        peer_desc(c, peer), (unsigned long long)m->request_id, m->weights_checksum,
-                        (long long)last, crc);
+    rollout_peer *rp = find_rw(c, peer);
+    if (!rp || last != rp->version || m->weights_checksum != rp->crc)
+        return rf_error(RF_ERR_FORMAT, "%s finished request %llu with weights version %lld, checksum %08x; it reported serving version %d, checksum %08x",
+                        peer_desc(c, peer), (unsigned long long)m->request_id, (long long)last,
+                        m->weights_checksum, rp ? rp->version : -1, rp ? rp->crc : 0);
     rf_train_sample *s = &g->s[m->index];
     s->n_prompt = g->ex->n_prompt, s->n_resp = nr, s->group = 0;
     s->tokens = malloc(sizeof(int32_t) * (size_t)(s->n_prompt + nr));
@@ -514,9 +523,24 @@ static rf_status on_train_stats(ctl *c, const Rlflow__TrainStats *m) {
     return RF_OK;
 }
 
+static rf_status check_served(ctl *c, rollout_peer *p, int64_t version, uint32_t crc, uint32_t announced) {
+    if (crc == announced) return RF_OK;
+    return rf_error(RF_ERR_FORMAT, "%s serves weights version %lld with checksum %08x; the training worker sent %08x",
+                    peer_desc(c, p->peer), (long long)version, crc, announced);
+}
+
 static rf_status on_weights_update(ctl *c, const Rlflow__WeightsUpdate *m) {
     int i = (int)(m->version % VERSION_RING);
     c->ver_of[i] = m->version, c->crc_of[i] = m->checksum, c->announced_at[i] = rf_time_now();
+    for (int w = 0; w < c->n_rw; w++) {
+        rollout_peer *p = &c->rw[w];
+        for (int j = 0; j < p->n_unv; j++) {
+            if (p->unv_version[j] != m->version) continue;
+            RF_TRY(check_served(c, p, m->version, p->unv_crc[j], m->checksum));
+            p->unv_version[j] = p->unv_version[--p->n_unv], p->unv_crc[j] = p->unv_crc[p->n_unv];
+            j--;
+        }
+    }
     return RF_OK;
 }
 
@@ -525,15 +549,19 @@ static rf_status on_weights_loaded(ctl *c, int peer, const Rlflow__WeightsLoaded
     if (!p) return rf_error(RF_ERR_FORMAT, "%s sent WeightsLoaded but is not a rollout worker", peer_desc(c, peer));
     int known;
     uint32_t crc = known_crc(c, m->version, &known);
-    if (!known || crc != m->checksum)
-        return rf_error(RF_ERR_FORMAT, "%s serves weights version %lld with checksum %08x; the training worker %s",
-                        peer_desc(c, peer), (long long)m->version, m->checksum,
-                        known ? "sent a different checksum" : "announced no such version");
+    if (known) {
+        RF_TRY(check_served(c, p, m->version, m->checksum, crc));
+    } else {
+        if (p->n_unv >= UNVERIFIED_MAX)
+            return rf_error(RF_ERR_FORMAT, "%s serves weights version %lld that the training worker never announced",
+                            peer_desc(c, peer), (long long)m->version);
+        p->unv_version[p->n_unv] = m->version, p->unv_crc[p->n_unv++] = m->checksum;
+    }
     if (m->version < p->version)
         return rf_error(RF_ERR_FORMAT, "%s went back from version %d to %lld", peer_desc(c, peer), p->version, (long long)m->version);
     p->version = (int)m->version, p->crc = m->checksum, p->busy = m->busy_s, p->wall = m->wall_s;
     /* from the training worker's announcement to this rollout worker serving the version */
-    c->weights_latency = rf_time_now() - c->announced_at[m->version % VERSION_RING];
+    if (known) c->weights_latency = rf_time_now() - c->announced_at[m->version % VERSION_RING];
     c->weights_load = m->load_s;
     return RF_OK;
 }

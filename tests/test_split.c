@@ -9,6 +9,8 @@
  *     exceeds k, reaches it, and no group is dropped;
  *   - a rollout worker killed (SIGKILL) mid-run: `rlflow run` fails within seconds naming it,
  *     the last checkpoint is intact, and --resume finishes the run from it;
+ *   - reward programs in C and Python score the samples; the C one crashes mid-run and the run
+ *     goes on;
  *   - an MPI job of the wrong size is refused with the exact error.
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
@@ -172,6 +174,35 @@ static void worker_killed(void) {
     CHECK(metric("kill", step + 20, "reward/mean") >= 0);
 }
 
+/* Reward programs in a split run: a C program that dies after 30 requests and a Python one,
+ * both on the controller's reward endpoint; the run finishes, the crash is reported, and the
+ * Python program took over its requests. */
+static void reward_programs(void) {
+    const char *echo = getenv("RF_REWARD_ECHO"), *src = getenv("RF_SOURCE_DIR");
+    /* a python3 that imports zmq: the one in PATH, else Debian's */
+    const char *py = rf_test_sh(NULL, "python3 -c 'import zmq' 2>/dev/null") == 0 ? "python3"
+                   : rf_test_sh(NULL, "/usr/bin/python3 -c 'import zmq' 2>/dev/null") == 0 ? "/usr/bin/python3"
+                   : NULL;
+    if (!echo || !src || !py) {
+        printf("test_split: reward programs part skipped (needs RF_REWARD_ECHO, RF_SOURCE_DIR, python3-zmq)\n");
+        return;
+    }
+    char *out;
+    int rc = rf_test_sh(&out, "cd %s && (sleep 1; %s --connect ipc://%s/rw.sock --name c_echo --mode die --after 30) & "
+                        "(sleep 1; %s %s/examples/reward/length_judge.py --connect ipc://%s/rw.sock --target 3) & "
+                        "cd %s && %s run r.toml --set train.steps=20 --set logging.val_every=0 --set logging.dir=%s/rp "
+                        "--set reward.external=ipc://%s/rw.sock --set reward.external_weight=0.01 "
+                        "--set reward.external_timeout=20; rc=$?; wait; exit $rc",
+                        dir, echo, dir, py, src, dir, dir, rlflow, dir, dir);
+    CHECK(rc == 0);
+    CHECK(strstr(out, "'c_echo'") != NULL);
+    CHECK(strstr(out, "'length_judge'") != NULL || strstr(out, "length_judge") != NULL);
+    CHECK(strstr(out, "step 20/20") != NULL);
+    if (rc || !strstr(out, "step 20/20")) fprintf(stderr, "%s\n", out);
+    free(out);
+    CHECK(metric("rp", 20, "reward/mean") >= 0);
+}
+
 static void wrong_size(void) {
     char *out;
     int rc = rf_test_sh(&out, "cd %s && mpirun -np 2 --oversubscribe %s %s run r.toml --set logging.dir=%s/size", dir,
@@ -200,6 +231,7 @@ int main(void) {
     delays(1, "20", "40");
     delays(2, "40", "20");
     worker_killed();
+    reward_programs();
     wrong_size();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split");
