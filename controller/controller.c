@@ -74,21 +74,6 @@ typedef struct ctl {
 static volatile sig_atomic_t g_signal;
 static void on_signal(int sig) { g_signal = sig; }
 
-static const rf_metrics_col k_console[] = {
-    {"reward/mean", "reward", "%.3f", "reward/std", NULL},
-    {"reward/accuracy", "acc", "%.3f", NULL, NULL},
-    {"val/accuracy", "val", "%.3f", NULL, NULL},
-    {"actor/kl_ref", "kl", "%.4f", NULL, NULL},
-    {"actor/entropy", "ent", "%.3f", NULL, NULL},
-    {"actor/grad_norm", "gnorm", "%.3f", NULL, NULL},
-    {"critic/value_loss", "vloss", "%.4f", NULL, NULL},
-    {"response/length_mean", "len", "%.1f", NULL, NULL},
-    {"async/staleness_mean", "stale", "%.2f", NULL, NULL},
-    {"async/buffer_depth", "buf", "%.0f", NULL, NULL},
-    {"perf/gen_tokens_per_s", "gen", "%.0f", NULL, " tok/s"},
-    {"perf/train_tokens_per_s", "train", "%.0f", NULL, " tok/s"},
-};
-
 static void group_free(group *g) {
     if (!g) return;
     for (int i = 0; g->s && i < g->n; i++) rf_train_sample_free(&g->s[i]);
@@ -486,14 +471,6 @@ static rf_status request_checkpoint(ctl *c) {
     return rf_msg_server_send(c->srv, c->train_peer, RF_MSG_CHECKPOINT_REQUEST, &q.base);
 }
 
-static void console(ctl *c) {
-    char line[1024];
-    rf_metrics_console_line(c->run.metrics, c->run.step, c->run.r->train.steps,
-                            rf_time_now() - c->run.t_start, c->run.step - c->run.start_step, k_console,
-                            (int)(sizeof k_console / sizeof k_console[0]), line, sizeof line);
-    rf_log_info("%s", line);
-}
-
 static rf_status on_train_stats(ctl *c, const Rlflow__TrainStats *m) {
     const rf_recipe *r = c->run.r;
     if (!c->batch_out || m->policy_version != c->run.step + 1)
@@ -517,7 +494,7 @@ static rf_status on_train_stats(ctl *c, const Rlflow__TrainStats *m) {
     rf_metrics_set(c->run.metrics, "perf/weights_load_s", c->weights_load);
     c->train_busy0 = c->train_busy, c->gen_tokens = 0, c->last_step_at = now;
     int last = c->run.step == r->train.steps;
-    if (last || c->run.step % r->logging.every == 0) console(c);
+    if (last || c->run.step % r->logging.every == 0) rf__console(&c->run);
     if (!last) RF_TRY(rf_metrics_commit(c->run.metrics, c->run.step));
     if (last || (r->checkpoint.every > 0 && c->run.step % r->checkpoint.every == 0)) RF_TRY(request_checkpoint(c));
     return RF_OK;
@@ -699,16 +676,7 @@ static rf_status setup(ctl *c, const rf_recipe *r, int resume) {
                                         : r->rollout.prompts_per_step * (r->async.max_staleness + 1);
     RF_TRY(rf_buffer_init(&c->buf, r->rollout.prompts_per_step, c->cap, r->async.max_staleness));
     rf_buffer_resume_at(c->buf, run->step);
-    RF_TRY(rf_mkdirs(r->logging.dir));
-    RF_TRY(rf_metrics_open(&run->metrics, r->logging.dir, r->logging.jsonl, r->logging.tensorboard));
-    char p[4200];
-    snprintf(p, sizeof p, "%s/recipe.toml", r->logging.dir);
-    FILE *f = fopen(p, "w");
-    if (f) {
-        rf_recipe_dump(r, f);
-        fclose(f);
-    }
-    return RF_OK;
+    return rf__open_logging(run);
 }
 
 rf_status rf_controller_main(const rf_recipe *r, int resume, rf_msg_server *srv, int n_rollout) {

@@ -10,20 +10,6 @@
 #include "controller/run_internal.h"
 #include "trainer/checkpoint.h"
 
-static const rf_metrics_col k_console[] = {
-    {"reward/mean", "reward", "%.3f", "reward/std", NULL},
-    {"reward/accuracy", "acc", "%.3f", NULL, NULL},
-    {"val/accuracy", "val", "%.3f", NULL, NULL},
-    {"actor/kl_ref", "kl", "%.4f", NULL, NULL},
-    {"actor/entropy", "ent", "%.3f", NULL, NULL},
-    {"actor/clip_frac", "clip", "%.3f", NULL, NULL},
-    {"actor/grad_norm", "gnorm", "%.3f", NULL, NULL},
-    {"critic/value_loss", "vloss", "%.4f", NULL, NULL},
-    {"response/length_mean", "len", "%.1f", NULL, NULL},
-    {"perf/gen_tokens_per_s", "gen", "%.0f", NULL, " tok/s"},
-    {"perf/train_tokens_per_s", "train", "%.0f", NULL, " tok/s"},
-};
-
 static rf_status validate_now(rf_run *run, double *acc) {
     const rf_recipe *r = run->r;
     if (!run->val) return RF_OK;
@@ -73,24 +59,7 @@ static rf_status setup(rf_run *run, const rf_recipe *r, int resume) {
         run->step = st.step, run->pos = st.pos, run->kl.beta = st.kl_beta, run->best_val = st.best_val;
         rf_log_info("resumed at step %d (data epoch %d, index %d)", run->step, run->pos.epoch, run->pos.index);
     }
-    RF_TRY(rf_mkdirs(r->logging.dir));
-    RF_TRY(rf_metrics_open(&run->metrics, r->logging.dir, r->logging.jsonl, r->logging.tensorboard));
-    char p[4200];
-    snprintf(p, sizeof p, "%s/recipe.toml", r->logging.dir);
-    FILE *f = fopen(p, "w");
-    if (f) {
-        rf_recipe_dump(r, f);
-        fclose(f);
-    }
-    return RF_OK;
-}
-
-static void console(rf_run *run) {
-    char line[1024];
-    rf_metrics_console_line(run->metrics, run->step, run->r->train.steps, rf_time_now() - run->t_start,
-                            run->step - run->start_step, k_console,
-                            (int)(sizeof k_console / sizeof k_console[0]), line, sizeof line);
-    rf_log_info("%s", line);
+    return rf__open_logging(run);
 }
 
 static rf_status loop(rf_run *run) {
@@ -112,7 +81,7 @@ static rf_status loop(rf_run *run) {
             RF_TRY(validate_now(run, &acc));
             if (acc > run->best_val) run->best_val = acc;
         }
-        if (last || run->step % (r->logging.every > 0 ? r->logging.every : 1) == 0) console(run);
+        if (last || run->step % (r->logging.every > 0 ? r->logging.every : 1) == 0) rf__console(run);
         RF_TRY(rf_metrics_commit(run->metrics, run->step));
         if (last || (r->checkpoint.every > 0 && run->step % r->checkpoint.every == 0)) RF_TRY(save(run));
     }

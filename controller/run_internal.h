@@ -14,6 +14,12 @@ rf_status rf__reject_unimplemented(const rf_recipe *r);
 rf_status rf__start_rollout(rf_run *run);
 void rf__run_free(rf_run *run);
 
+/* logging.dir, the metrics sinks and <logging.dir>/recipe.toml (the effective recipe). */
+rf_status rf__open_logging(rf_run *run);
+
+/* One console line for run->step from the metrics set so far. */
+void rf__console(const rf_run *run);
+
 /* A random model of model.init_preset with the byte-level tokenizer, saved to dir. */
 rf_status rf__init_model(const rf_recipe *r, const char *dir);
 /* init_preset model, supervised on data.train responses per [sft], saved to dir. */

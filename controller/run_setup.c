@@ -1,6 +1,7 @@
 /* Setting up a run from its recipe: data (generated when the recipe names a built-in task and
  * the files are missing), the policy (an SFT warm start built when asked and missing), the
  * reference and critic, tokenizer, datasets, reward rules and metrics. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +111,45 @@ rf_status rf__reject_unimplemented(const rf_recipe *r) {
     if (strcmp(r->placement.device, r->model.device) != 0)
         return rf_error(RF_ERR_ARG, "placement.device (%s) and model.device (%s) differ",
                         r->placement.device, r->model.device);
+    return RF_OK;
+}
+
+/* The console columns of an RL step (a metric that is not set is skipped: clip in colocated
+ * runs, staleness and buffer in split runs). */
+static const rf_metrics_col k_console[] = {
+    {"reward/mean", "reward", "%.3f", "reward/std", NULL},
+    {"reward/accuracy", "acc", "%.3f", NULL, NULL},
+    {"val/accuracy", "val", "%.3f", NULL, NULL},
+    {"actor/kl_ref", "kl", "%.4f", NULL, NULL},
+    {"actor/entropy", "ent", "%.3f", NULL, NULL},
+    {"actor/clip_frac", "clip", "%.3f", NULL, NULL},
+    {"actor/grad_norm", "gnorm", "%.3f", NULL, NULL},
+    {"critic/value_loss", "vloss", "%.4f", NULL, NULL},
+    {"response/length_mean", "len", "%.1f", NULL, NULL},
+    {"async/staleness_mean", "stale", "%.2f", NULL, NULL},
+    {"async/buffer_depth", "buf", "%.0f", NULL, NULL},
+    {"perf/gen_tokens_per_s", "gen", "%.0f", NULL, " tok/s"},
+    {"perf/train_tokens_per_s", "train", "%.0f", NULL, " tok/s"},
+};
+
+void rf__console(const rf_run *run) {
+    char line[1024];
+    rf_metrics_console_line(run->metrics, run->step, run->r->train.steps, rf_time_now() - run->t_start,
+                            run->step - run->start_step, k_console,
+                            (int)(sizeof k_console / sizeof k_console[0]), line, sizeof line);
+    rf_log_info("%s", line);
+}
+
+rf_status rf__open_logging(rf_run *run) {
+    const rf_recipe *r = run->r;
+    RF_TRY(rf_mkdirs(r->logging.dir));
+    RF_TRY(rf_metrics_open(&run->metrics, r->logging.dir, r->logging.jsonl, r->logging.tensorboard));
+    char p[4200];
+    snprintf(p, sizeof p, "%s/recipe.toml", r->logging.dir);
+    FILE *f = fopen(p, "w");
+    if (!f) return rf_error(RF_ERR_IO, "%s: cannot write: %s", p, strerror(errno));
+    rf_recipe_dump(r, f);
+    if (fclose(f) != 0) return rf_error(RF_ERR_IO, "%s: write failed", p);
     return RF_OK;
 }
 

@@ -15,27 +15,14 @@
 
 #include "common/util.h"
 #include "test_shell.h"
+#include "run_util.h"
 #include "test_util.h"
 
 static const char *rlflow;
 static char dir[256];
 
 
-static void write_recipe(void) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/r.toml", dir);
-    FILE *f = fopen(p, "w");
-    fprintf(f, "[model]\npath = \"%s/sft\"\ninit_preset = \"tiny\"\n"
-               "[data]\ntask = \"arith\"\ntask_max_digits = 1\ntask_mul_percent = 0\n"
-               "task_train = 2000\ntask_val = 40\ntrain = \"%s/data/train.jsonl\"\nval = \"%s/data/val.jsonl\"\n"
-               "[sft]\nwarm_start = true\nmax_steps = 150\nbatch_size = 64\nlr = 3e-3\n"
-               "[rollout]\nn = 8\nprompts_per_step = 16\nmax_new_tokens = 6\n"
-               "[algorithm]\nname = \"grpo\"\nclip_high = 0.28\n"
-               "[train]\nsteps = 120\nlr = 5e-4\n"
-               "[logging]\nval_every = 0\nval_size = 40\n[checkpoint]\nevery = 20\nkeep = 0\n",
-            dir, dir, dir);
-    fclose(f);
-}
+static void write_recipe(void) { rf_test_write_recipe(dir, 0, ""); }
 
 /* Per-step metrics of a run (all but time and the perf/ figures) as JSON text. */
 static char *metrics_of(const char *run, int step) {
@@ -61,14 +48,7 @@ static char *metrics_of(const char *run, int step) {
 }
 
 static double mean_reward(const char *run, int from, int to) {
-    double s = 0;
-    for (int k = from; k <= to; k++) {
-        char *m = metrics_of(run, k);
-        cJSON *j = m ? cJSON_Parse(m) : NULL;
-        s += j ? cJSON_GetObjectItem(j, "reward/mean")->valuedouble : 0;
-        cJSON_Delete(j), free(m);
-    }
-    return s / (to - from + 1);
+    return rf_test_metric_mean(dir, run, "reward/mean", from, to);
 }
 
 static void rises(const char *algo) {

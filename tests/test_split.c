@@ -22,49 +22,21 @@
 
 #include "common/util.h"
 #include "test_shell.h"
+#include "run_util.h"
 #include "test_util.h"
 
 static const char *rlflow;
 static char dir[256];
 
 static void write_recipe(void) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/r.toml", dir);
-    FILE *f = fopen(p, "w");
-    fprintf(f, "[model]\npath = \"%s/sft\"\ninit_preset = \"tiny\"\n"
-               "[data]\ntask = \"arith\"\ntask_max_digits = 1\ntask_mul_percent = 0\n"
-               "task_train = 2000\ntask_val = 40\ntrain = \"%s/data/train.jsonl\"\nval = \"%s/data/val.jsonl\"\n"
-               "[sft]\nwarm_start = true\nmax_steps = 150\nbatch_size = 64\nlr = 3e-3\n"
-               "[rollout]\nn = 8\nprompts_per_step = 16\nmax_new_tokens = 6\n"
-               "[algorithm]\nname = \"grpo\"\nclip_high = 0.28\n"
-               "[train]\nsteps = 120\nlr = 5e-4\n"
-               "[logging]\nval_every = 60\nval_size = 40\n[checkpoint]\nevery = 20\nkeep = 0\n"
-               "[async]\nmax_staleness = 1\npeer_timeout = 10\n"
-               "[placement]\nmode = \"split\"\nrollout_ranks = 1\n",
-            dir, dir, dir);
-    fclose(f);
+    rf_test_write_recipe(dir, 60, "[async]\nmax_staleness = 1\npeer_timeout = 10\n"
+                                  "[placement]\nmode = \"split\"\nrollout_ranks = 1\n");
 }
 
-/* Metric `name` at `step` of a run (the last line of that step), NAN when absent. */
-static double metric(const char *run, int step, const char *name) {
-    char p[512], *text;
-    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", dir, run);
-    if (rf_read_file(p, &text, NULL) != RF_OK) return NAN;
-    double v = NAN;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(line);
-        const cJSON *s = cJSON_GetObjectItem(j, "step"), *it = cJSON_GetObjectItem(j, name);
-        if (cJSON_IsNumber(s) && s->valueint == step && cJSON_IsNumber(it)) v = it->valuedouble;
-        cJSON_Delete(j);
-    }
-    free(text);
-    return v;
-}
+static double metric(const char *run, int step, const char *name) { return rf_test_metric(dir, run, step, name); }
 
 static double mean_of(const char *run, const char *name, int from, int to) {
-    double s = 0;
-    for (int k = from; k <= to; k++) s += metric(run, k, name);
-    return s / (to - from + 1);
+    return rf_test_metric_mean(dir, run, name, from, to);
 }
 
 static int file_has(const char *path, const char *needle) {
