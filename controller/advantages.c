@@ -60,40 +60,53 @@ void rf_whiten(rf_adv_seq *seqs, int n, int use_returns) {
         for (int t = 0; t < seqs[i].n; t++) seqs[i].adv[t] = (float)((seqs[i].adv[t] - mean) * inv);
 }
 
-/* Group statistics for sequence i: mean and unbiased std of the group's rewards, the sum of
- * the others' rewards and the group size. */
-static void group_stats(const rf_adv_seq *seqs, int n, int i, double *mean, double *std,
-                        double *others, int *size) {
-    double sum = 0, sq = 0;
-    int g = 0;
-    for (int j = 0; j < n; j++)
-        if (seqs[j].group == seqs[i].group) sum += seqs[j].reward, g++;
-    *mean = sum / g;
-    for (int j = 0; j < n; j++)
-        if (seqs[j].group == seqs[i].group) sq += (seqs[j].reward - *mean) * (seqs[j].reward - *mean);
-    *std = g > 1 ? sqrt(sq / (g - 1)) : 0.0;
-    *others = sum - seqs[i].reward;
-    *size = g;
+typedef struct group_ix {
+    int group, i;
+} group_ix;
+
+static int by_group(const void *a, const void *b) {
+    const group_ix *x = a, *y = b;
+    if (x->group != y->group) return x->group < y->group ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
 }
 
+/* Group-relative advantages. The sequences are sorted by (group, index) once, so each group's
+ * statistics take one pass over its members, in index order (the sums are the same, bit for
+ * bit, as a scan of the whole batch per sequence would give). */
 static rf_status group_advantage(const rf_adv_opts *o, rf_adv_seq *seqs, int n) {
-    for (int i = 0; i < n; i++) {
-        double mean, std, others, a;
-        int g;
-        group_stats(seqs, n, i, &mean, &std, &others, &g);
-        if (o->kind == RF_ADV_RLOO && g < 2)
+    group_ix *ix = malloc(sizeof *ix * (size_t)(n ? n : 1));
+    if (!ix) return rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) ix[i] = (group_ix){seqs[i].group, i};
+    qsort(ix, (size_t)n, sizeof *ix, by_group);
+    for (int a = 0, b; a < n; a = b) {
+        for (b = a + 1; b < n && ix[b].group == ix[a].group; b++) {
+        }
+        int g = b - a;
+        if (o->kind == RF_ADV_RLOO && g < 2) {
+            free(ix);
             return rf_error(RF_ERR_ARG, "rloo needs at least 2 samples per prompt (rollout.n)");
-        if (o->kind == RF_ADV_GRPO)
-            a = g > 1 ? (seqs[i].reward - mean) / (std + o->eps) : 0.0;
-        else if (o->kind == RF_ADV_DR_GRPO)
-            a = seqs[i].reward - mean;
-        else
-            a = seqs[i].reward - others / (g - 1);
-        for (int t = 0; t < seqs[i].n; t++) {
-            seqs[i].adv[t] = (float)a;
-            if (seqs[i].returns) seqs[i].returns[t] = seqs[i].reward;
+        }
+        double sum = 0, sq = 0;
+        for (int k = a; k < b; k++) sum += seqs[ix[k].i].reward;
+        double mean = sum / g;
+        for (int k = a; k < b; k++) sq += (seqs[ix[k].i].reward - mean) * (seqs[ix[k].i].reward - mean);
+        double std = g > 1 ? sqrt(sq / (g - 1)) : 0.0;
+        for (int k = a; k < b; k++) {
+            rf_adv_seq *q = &seqs[ix[k].i];
+            double adv;
+            if (o->kind == RF_ADV_GRPO)
+                adv = g > 1 ? (q->reward - mean) / (std + o->eps) : 0.0;
+            else if (o->kind == RF_ADV_DR_GRPO)
+                adv = q->reward - mean;
+            else
+                adv = q->reward - (sum - q->reward) / (g - 1);
+            for (int t = 0; t < q->n; t++) {
+                q->adv[t] = (float)adv;
+                if (q->returns) q->returns[t] = q->reward;
+            }
         }
     }
+    free(ix);
     return RF_OK;
 }
 

@@ -15,7 +15,7 @@
 #include "controller/run_internal.h"
 #include "trainer/checkpoint.h"
 
-#define MAX_ROLLOUT 4096 /* rollout_peer is 40 bytes: 160 KiB in the controller state */
+#define MAX_ROLLOUT 4096 /* rollout_peer is 240 bytes: 960 KiB of controller state (calloc) */
 #define VERSION_RING 256
 
 typedef struct group {
@@ -27,7 +27,8 @@ typedef struct group {
     int n, n_done, worker;  /* worker: index into ctl.rw */
     int min_version;
     int scoring;            /* a ScoreRequest is out */
-    struct group *next;
+    struct group *next, *prev; /* the live list */
+    struct group *hnext;    /* the request-id hash chain */
 } group;
 
 #define UNVERIFIED_MAX 16
@@ -48,6 +49,11 @@ typedef struct ctl {
     rf_msg_server *srv;
     rf_buffer *buf;
     group *live;          /* admitted or validation groups not yet in the buffer */
+    group **bucket;       /* (n_bucket, a power of 2) live groups by request id */
+    int n_bucket;
+    int *rw_of_peer;      /* (n_peer_ids) index into rw by server peer id, -1: not a rollout worker */
+    int n_peer_ids;
+    int served;           /* the oldest version any rollout worker serves (-1: not all have weights) */
     int n_rollout_want;
     rollout_peer rw[MAX_ROLLOUT];
     int n_rw, train_peer;
@@ -81,32 +87,39 @@ static void group_free(group *g) {
     free(g);
 }
 
+static group **bucket_of(ctl *c, uint64_t req) { return &c->bucket[req & (uint64_t)(c->n_bucket - 1)]; }
+
 static void unlink_group(ctl *c, group *g) {
-    for (group **p = &c->live; *p; p = &(*p)->next)
+    if (g->prev) g->prev->next = g->next; else if (c->live == g) c->live = g->next;
+    if (g->next) g->next->prev = g->prev;
+    g->next = g->prev = NULL;
+    for (group **p = bucket_of(c, g->req); *p; p = &(*p)->hnext)
         if (*p == g) {
-            *p = g->next;
-            return;
+            *p = g->hnext;
+            break;
         }
+    g->hnext = NULL;
 }
 
 static group *find_group(ctl *c, uint64_t req) {
-    for (group *g = c->live; g; g = g->next)
+    for (group *g = *bucket_of(c, req); g; g = g->hnext)
         if (g->req == req) return g;
     return NULL;
 }
 
 static rollout_peer *find_rw(ctl *c, int peer) {
-    for (int i = 0; i < c->n_rw; i++)
-        if (c->rw[i].peer == peer) return &c->rw[i];
-    return NULL;
+    if (peer < 0 || peer >= c->n_peer_ids || c->rw_of_peer[peer] < 0) return NULL;
+    return &c->rw[c->rw_of_peer[peer]];
 }
 
-static int served_version(const ctl *c) {
-    if (c->n_rw < c->n_rollout_want) return -1;
+static int served_version(const ctl *c) { return c->served; }
+
+/* Recomputed when a worker reports a version (once per worker and version). */
+static void update_served(ctl *c) {
     int v = INT32_MAX;
     for (int i = 0; i < c->n_rw; i++)
         if (c->rw[i].version < v) v = c->rw[i].version;
-    return c->n_rw ? v : -1;
+    c->served = c->n_rw < c->n_rollout_want || !c->n_rw ? -1 : v;
 }
 
 static const char *peer_desc(ctl *c, int peer) {
@@ -145,7 +158,11 @@ static group *new_group(ctl *c, const rf_example *ex, int n) {
     }
     g->ex = ex, g->n = n, g->req = ++c->next_req, g->min_version = INT32_MAX;
     g->next = c->live;
+    if (c->live) c->live->prev = g;
     c->live = g;
+    group **b = bucket_of(c, g->req);
+    g->hnext = *b;
+    *b = g;
     return g;
 }
 
@@ -537,6 +554,7 @@ static rf_status on_weights_loaded(ctl *c, int peer, const Rlflow__WeightsLoaded
     if (m->version < p->version)
         return rf_error(RF_ERR_FORMAT, "%s went back from version %d to %lld", peer_desc(c, peer), p->version, (long long)m->version);
     p->version = (int)m->version, p->crc = m->checksum, p->busy = m->busy_s, p->wall = m->wall_s;
+    update_served(c);
     /* from the training worker's announcement to this rollout worker serving the version */
     if (known) c->weights_latency = rf_time_now() - c->announced_at[m->version % VERSION_RING];
     c->weights_load = m->load_s;
@@ -602,6 +620,14 @@ static rf_status wait_for_workers(ctl *c) {
             if (ev.info.role == RLFLOW__ROLE__ROLE_ACTOR && c->train_peer < 0) {
                 c->train_peer = ev.peer;
             } else if (ev.info.role == RLFLOW__ROLE__ROLE_ROLLOUT && c->n_rw < c->n_rollout_want) {
+                if (ev.peer >= c->n_peer_ids) {
+                    int n = (ev.peer + 1) * 2;
+                    int *m = realloc(c->rw_of_peer, sizeof(int) * (size_t)n);
+                    if (!m) return rf_error(RF_ERR_NOMEM, "out of memory");
+                    for (int i = c->n_peer_ids; i < n; i++) m[i] = -1;
+                    c->rw_of_peer = m, c->n_peer_ids = n;
+                }
+                c->rw_of_peer[ev.peer] = c->n_rw;
                 c->rw[c->n_rw++] = (rollout_peer){.peer = ev.peer, .rank = ev.info.rank, .version = -1};
             } else {
                 rf_msg_server_drop(c->srv, ev.peer, RF_ERR_ARG, "this run has no place for another worker of that role", 0);
@@ -674,6 +700,10 @@ static rf_status setup(ctl *c, const rf_recipe *r, int resume) {
     }
     c->cap = r->async.buffer_groups > 0 ? r->async.buffer_groups
                                         : r->rollout.prompts_per_step * (r->async.max_staleness + 1);
+    for (c->n_bucket = 64; c->n_bucket < 2 * (c->cap + r->logging.val_size); c->n_bucket *= 2) {
+    }
+    c->bucket = calloc((size_t)c->n_bucket, sizeof *c->bucket);
+    if (!c->bucket) return rf_error(RF_ERR_NOMEM, "out of memory");
     RF_TRY(rf_buffer_init(&c->buf, r->rollout.prompts_per_step, c->cap, r->async.max_staleness));
     rf_buffer_resume_at(c->buf, run->step);
     return rf__open_logging(run);
@@ -684,7 +714,7 @@ rf_status rf_controller_main(const rf_recipe *r, int resume, rf_msg_server *srv,
         return rf_error(RF_ERR_ARG, "placement.rollout_ranks = %d: between 1 and %d", n_rollout, MAX_ROLLOUT);
     ctl *c = calloc(1, sizeof *c);
     if (!c) return rf_error(RF_ERR_NOMEM, "out of memory");
-    c->srv = srv, c->n_rollout_want = n_rollout;
+    c->srv = srv, c->n_rollout_want = n_rollout, c->served = -1;
     for (int i = 0; i < VERSION_RING; i++) c->ver_of[i] = -1;
     struct sigaction sa = {0}, old_int, old_term;
     sa.sa_handler = on_signal;
@@ -699,6 +729,8 @@ rf_status rf_controller_main(const rf_recipe *r, int resume, rf_msg_server *srv,
         c->live = g->next;
         group_free(g);
     }
+    free(c->bucket);
+    free(c->rw_of_peer);
     if (c->buf) {
         void *out[1], **stale = malloc(sizeof(void *) * (size_t)(c->cap + 1));
         int ns = 0;

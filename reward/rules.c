@@ -198,16 +198,17 @@ static rf_status score_one(const rf_reward_rules *r, int i, const char *response
     case RULE_FORMAT:
         RF_TRY(regex_search(r->re, response, &matched));
         *v = matched ? 1.0f : 0.0f;
-        snprintf(info, cap, "%s", matched ? "match" : "no match");
+        if (info) snprintf(info, cap, "%s", matched ? "match" : "no match");
         return RF_OK;
     case RULE_LENGTH:
         *v = rf_reward_length(tokens, r->length_target, r->length_penalty);
-        snprintf(info, cap, "%d tokens, target %d", tokens, r->length_target);
+        if (info) snprintf(info, cap, "%d tokens, target %d", tokens, r->length_target);
         return RF_OK;
     case RULE_OVERLONG:
         *v = rf_reward_overlong(tokens, r->max_new_tokens, r->overlong_buffer, r->overlong_penalty);
-        snprintf(info, cap, "%d tokens, max %d, buffer %d", tokens, r->max_new_tokens,
-                 r->overlong_buffer);
+        if (info)
+            snprintf(info, cap, "%d tokens, max %d, buffer %d", tokens, r->max_new_tokens,
+                     r->overlong_buffer);
         return RF_OK;
     default:
         RF_ASSERT(0);
@@ -227,7 +228,8 @@ rf_status rf_reward_rules_explain(const rf_reward_rules *r, const char *response
     for (int i = 0; i < r->n; i++) {
         float v;
         char one[192];
-        RF_TRY(score_one(r, i, response, response_tokens, truth, &v, one, sizeof one));
+        /* the info strings are built only when asked for (formatting costs more than scoring) */
+        RF_TRY(score_one(r, i, response, response_tokens, truth, &v, info ? one : NULL, info ? sizeof one : 0));
         sum += (double)r->weight[i] * v;
         if (isnan(acc) && (r->kind[i] == RULE_NUMERIC || r->kind[i] == RULE_MATH)) acc = v;
         if (info && used < info_cap) {
