@@ -14,6 +14,7 @@ int rf_cmd_data(int argc, char **argv);
 int rf_cmd_run(int argc, char **argv);
 int rf_cmd_sft(int argc, char **argv);
 int rf_cmd_eval(int argc, char **argv);
+int rf_cmd_keygen(int argc, char **argv);
 
 /* "cpu" or "cuda" (device 0) -> back end; errors say why CUDA is unavailable. */
 rf_status rf_cli_backend(const char *device, const rf_kernels **out);

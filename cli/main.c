@@ -15,6 +15,7 @@ static void usage(void) {
           "  generate    sample text from a model (KV cache, batched)\n"
           "  score       per-token log-probs and entropy of a response, as JSON\n"
           "  data        write a built-in task's train/val JSONL (arith, countdown)\n"
+          "  keygen      write a CURVE key pair for reward endpoints and programs\n"
           "run `rlflow <command> --help` for a command's options\n",
           stderr);
 }
@@ -28,7 +29,8 @@ int main(int argc, char **argv) {
         {"init-model", rf_cmd_init_model}, {"inspect", rf_cmd_inspect},
         {"generate", rf_cmd_generate},     {"score", rf_cmd_score},
         {"data", rf_cmd_data},             {"run", rf_cmd_run},
-        {"sft", rf_cmd_sft},               {"eval", rf_cmd_eval}};
+        {"sft", rf_cmd_sft},               {"eval", rf_cmd_eval},
+        {"keygen", rf_cmd_keygen}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (strcmp(argv[1], cmds[i].name) == 0) return cmds[i].fn(argc - 2, argv + 2);
     fprintf(stderr, "error: unknown command \"%s\"\n", argv[1]);

@@ -1,16 +1,19 @@
-/* The message layer: framing, handshake and heartbeats over ZeroMQ (see common/msg.h and
- * docs/message-api.md). */
+/* The message layer: framing, handshake, heartbeats and CURVE over ZeroMQ (see common/msg.h,
+ * docs/message-api.md and docs/reward-api.md). */
 #define _POSIX_C_SOURCE 200809L
 #include "common/msg.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/curve.h"
+#include "common/msg_zap.h"
 #include "common/util.h"
 
 /* ---- encoding ---------------------------------------------------------------------------- */
@@ -164,6 +167,55 @@ static void close_socket(void *ctx, int own_ctx, void *sock, int linger_ms) {
     if (ctx && own_ctx) zmq_ctx_term(ctx);
 }
 
+/* Starts a ZeroMQ socket monitor on `sock` (zmq_socket_monitor) and connects a PAIR socket to
+ * it. Names are unique per process: a closed socket's monitor endpoint is released only
+ * later, by ZeroMQ's reaper. */
+static rf_status open_monitor(void *ctx, void *sock, int events, void **mon,
+                              const char *endpoint) {
+    static atomic_uint seq;
+    char name[96];
+    snprintf(name, sizeof name, "inproc://rf-msg-monitor-%d-%u", (int)getpid(),
+             atomic_fetch_add(&seq, 1u));
+    if (zmq_socket_monitor(sock, name, events) != 0) return zmq_fail("cannot monitor", endpoint);
+    *mon = zmq_socket(ctx, ZMQ_PAIR);
+    int zero = 0;
+    if (*mon) zmq_setsockopt(*mon, ZMQ_LINGER, &zero, sizeof zero);
+    if (!*mon || zmq_connect(*mon, name) != 0) return zmq_fail("cannot monitor", endpoint);
+    return RF_OK;
+}
+
+static void close_monitor(void *sock, void *mon) {
+    if (!mon) return;
+    zmq_socket_monitor(sock, NULL, 0);
+    zmq_close(mon);
+}
+
+/* Reads one monitor event without waiting (a 6-byte frame: uint16 event, uint32 value, host
+ * order; then the endpoint frame). 0 when none is pending. */
+static int read_event(void *mon, uint16_t *event, uint32_t *value) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, mon, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return 0;
+    }
+    int ok = zmq_msg_size(&m) >= 6;
+    if (ok) {
+        memcpy(event, zmq_msg_data(&m), 2);
+        memcpy(value, (const uint8_t *)zmq_msg_data(&m) + 2, 4);
+    }
+    int more = zmq_msg_more(&m);
+    zmq_msg_close(&m);
+    while (more) {
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, mon, ZMQ_DONTWAIT) < 0) more = 0;
+        else more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+    }
+    if (!ok) *event = 0, *value = 0;
+    return 1;
+}
+
 /* ---- server ------------------------------------------------------------------------------ */
 
 typedef struct srv_peer {
@@ -178,6 +230,10 @@ typedef struct srv_peer {
 
 struct rf_msg_server {
     void *ctx, *sock;
+    rf_msg_zap *zap;        /* CURVE only: the ZAP handler (its own thread) */
+    void *mon;              /* CURVE only: the ROUTER's monitor, for failed handshakes */
+    char last_refusal[768]; /* the last handshake refusal reported, and when: repeats are quiet */
+    double last_refusal_at;
     int own_ctx;
     char endpoint[256];
     rf_msg_server_config cfg;
@@ -187,6 +243,41 @@ struct rf_msg_server {
     double last_ping, last_active;
     uint64_t ping_seq;
 };
+
+/* CURVE on the ROUTER: the ZAP handler is bound first, so that no connection is ever admitted
+ * without it (libzmq lets every CURVE client in when no handler is bound). */
+static rf_status server_curve(rf_msg_server *s, const rf_msg_server_config *cfg,
+                              const char *endpoint) {
+    char what[320];
+    snprintf(what, sizeof what, "message server %s: the CURVE secret key", endpoint);
+    RF_TRY(rf_curve_check(cfg->curve_secret_key, what));
+    int n = cfg->n_curve_clients;
+    if (n < 1 || !cfg->curve_clients)
+        return rf_error(RF_ERR_ARG, "message server %s: CURVE needs at least one allowed client "
+                                    "public key", endpoint);
+    rf_curve_key *keys = rf_calloc((size_t)n, sizeof *keys);
+    if (!keys) return RF_ERR_NOMEM;
+    rf_status st = RF_OK;
+    for (int i = 0; i < n && st == RF_OK; i++) {
+        snprintf(what, sizeof what, "message server %s: allowed client key %d", endpoint, i + 1);
+        st = rf_curve_check(cfg->curve_clients[i], what);
+        if (st == RF_OK) memcpy(keys[i], cfg->curve_clients[i], sizeof keys[i]);
+    }
+    if (st == RF_OK && !zmq_has("curve"))
+        st = rf_error(RF_ERR_UNSUPPORTED, "message server %s: this libzmq has no CURVE support",
+                      endpoint);
+    if (st == RF_OK) st = rf_msg_zap_start(&s->zap, s->ctx, endpoint, keys, n);
+    free(keys);
+    RF_TRY(st);
+    int one = 1;
+    if (zmq_setsockopt(s->sock, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+        zmq_setsockopt(s->sock, ZMQ_CURVE_SECRETKEY, cfg->curve_secret_key, RF_CURVE_KEY_LEN) != 0 ||
+        zmq_setsockopt(s->sock, ZMQ_ZAP_DOMAIN, "rlflow", 6) != 0)
+        return zmq_fail("cannot set up CURVE on", endpoint);
+    return open_monitor(s->ctx, s->sock,
+                        ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                        &s->mon, endpoint);
+}
 
 rf_status rf_msg_server_open(rf_msg_server **out, const char *endpoint,
                              const rf_msg_server_config *cfg) {
@@ -204,10 +295,12 @@ rf_status rf_msg_server_open(rf_msg_server **out, const char *endpoint,
                                cfg->peer_timeout_s);
     int one = 1;
     if (st == RF_OK) zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    if (st == RF_OK && cfg->curve_secret_key) st = server_curve(s, cfg, endpoint);
     if (st == RF_OK && zmq_bind(s->sock, endpoint) != 0) st = zmq_fail("cannot bind", endpoint);
     size_t cap = sizeof s->endpoint;
     if (st == RF_OK && zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, s->endpoint, &cap) != 0)
         snprintf(s->endpoint, sizeof s->endpoint, "%s", endpoint);
+    if (st == RF_OK && s->zap) rf_msg_zap_set_endpoint(s->zap, s->endpoint);
     if (st != RF_OK) {
         rf_msg_server_close(s, NULL);
         return st;
@@ -243,6 +336,8 @@ void rf_msg_server_close(rf_msg_server *s, const char *reason) {
     for (int i = 0; s->sock && i < s->n_peers; i++)
         send_frames(s->sock, s->peers[i].ident, s->peers[i].ident_len, RF_MSG_SHUTDOWN, &sd.base,
                     ZMQ_DONTWAIT);
+    close_monitor(s->sock, s->mon);
+    rf_msg_zap_stop(s->zap);
     /* a short linger so the Shutdowns leave before the socket goes; bounded */
     close_socket(s->ctx, s->own_ctx, s->sock, s->n_peers ? 500 : 0);
     free(s->peers);
@@ -404,6 +499,46 @@ static void on_hello(rf_msg_server *s, const uint8_t *ident, size_t len, const u
     ev->kind = RF_MSG_EV_JOINED, ev->peer = p->id, ev->info = p->info;
 }
 
+/* Reports a refused handshake, unless the same one was reported in the last 10 s (a refused
+ * DEALER reconnects every 100 ms by itself). */
+static void refuse_auth(rf_msg_server *s, rf_msg_event *ev, const char *text) {
+    double now = rf_time_now();
+    if (!strcmp(text, s->last_refusal) && now - s->last_refusal_at < 10) return;
+    snprintf(s->last_refusal, sizeof s->last_refusal, "%s", text);
+    s->last_refusal_at = now;
+    ev->kind = RF_MSG_EV_REFUSED, ev->auth = 1, ev->peer = -1;
+    snprintf(ev->text, sizeof ev->text, "%s", text);
+}
+
+/* Handshakes that failed before ZAP: a peer without CURVE, or with a wrong server key. A peer
+ * without CURVE may also close first, on seeing the mismatch itself: then the failure comes
+ * without details. */
+static void on_server_monitor(rf_msg_server *s, rf_msg_event *ev) {
+    uint16_t e;
+    uint32_t v;
+    while (ev->kind == RF_MSG_EV_NONE && read_event(s->mon, &e, &v)) {
+        char text[768];
+        if (e == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+            snprintf(text, sizeof text, "refused a connection to %s: the peer closed it during "
+                     "the CURVE handshake (a peer without CURVE, or with a wrong server public "
+                     "key?)", s->endpoint);
+        else if (e != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+            continue;
+        else if (v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+            snprintf(text, sizeof text, "refused a connection to %s without CURVE: this endpoint "
+                     "requires CURVE (the peer needs the server's public key and a key pair of "
+                     "its own whose public key is allowed)", s->endpoint);
+        else if (v == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
+            snprintf(text, sizeof text, "refused a connection to %s: its CURVE handshake failed "
+                     "with a cryptographic error (it probably uses a wrong server public key)",
+                     s->endpoint);
+        else
+            snprintf(text, sizeof text, "refused a connection to %s: its handshake failed (ZMTP "
+                     "protocol error 0x%x)", s->endpoint, (unsigned)v);
+        refuse_auth(s, ev, text);
+    }
+}
+
 /* Reads one message; fills ev when it is worth reporting (left NONE otherwise). */
 static rf_status recv_one(rf_msg_server *s, rf_msg_event *ev) {
     zmq_msg_t part[2];
@@ -464,14 +599,21 @@ rf_status rf_msg_server_poll(rf_msg_server *s, double timeout_s, rf_msg_event *e
         double wait = fmin(deadline - now, s->last_ping + s->hb - now);
         for (int i = 0; i < s->n_peers; i++)
             wait = fmin(wait, s->peers[i].last_seen + s->cfg.peer_timeout_s - now + 1e-3);
-        zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
-        int rc = zmq_poll(&it, 1, wait > 0 ? ms(wait) : 0);
+        if (s->zap && rf_msg_zap_refusal(s->zap, ev->text, sizeof ev->text)) {
+            ev->kind = RF_MSG_EV_REFUSED, ev->auth = 1;
+            break;
+        }
+        /* with CURVE, wake at least every 0.25 s for the ZAP thread's refusals */
+        if (s->zap) wait = fmin(wait, 0.25);
+        zmq_pollitem_t it[2] = {{s->sock, 0, ZMQ_POLLIN, 0}, {s->mon, 0, ZMQ_POLLIN, 0}};
+        int rc = zmq_poll(it, s->mon ? 2 : 1, wait > 0 ? ms(wait) : 0);
         if (rc < 0 && zmq_errno() != EINTR) {
             st = zmq_fail("polling", s->endpoint);
             break;
         }
         if (rc > 0) {
-            st = recv_one(s, ev);
+            if (s->mon && (it[1].revents & ZMQ_POLLIN)) on_server_monitor(s, ev);
+            if (ev->kind == RF_MSG_EV_NONE && (it[0].revents & ZMQ_POLLIN)) st = recv_one(s, ev);
             if (st != RF_OK || ev->kind != RF_MSG_EV_NONE) break;
             continue;
         }
@@ -485,16 +627,85 @@ rf_status rf_msg_server_poll(rf_msg_server *s, double timeout_s, rf_msg_event *e
 
 struct rf_msg_client {
     void *ctx, *sock;
+    void *mon;              /* the DEALER's monitor, NULL without cfg.monitor or CURVE */
     int own_ctx;
     char endpoint[256];
     double hb, peer_timeout;
+    int curve;              /* connected with CURVE */
+    rf_curve_key pub;       /* this client's public key (CURVE), for messages */
+    int established;        /* a ZeroMQ handshake succeeded on this socket */
+    int disconnected;       /* ... and that connection closed since */
+    int weak_failures;      /* handshakes the server closed without a reason, in a row */
+    char fail[640];         /* why the connection cannot work; "" while it can */
 };
+
+static void client_free(rf_msg_client *c, int linger_ms) {
+    close_monitor(c->sock, c->mon);
+    close_socket(c->ctx, c->own_ctx, c->sock, linger_ms);
+    free(c);
+}
 
 void rf_msg_client_close(rf_msg_client *c) {
     if (!c) return;
     /* a bounded linger so a last response still leaves */
-    close_socket(c->ctx, c->own_ctx, c->sock, 500);
-    free(c);
+    client_free(c, 500);
+}
+
+/* A handshake the server refused: the sentence the user gets. */
+static void client_refused(rf_msg_client *c, uint16_t e, uint32_t v) {
+    if (e == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && v == 400)
+        snprintf(c->fail, sizeof c->fail, "refused by rlflow at %s: CURVE authentication failed "
+                 "(ZAP status 400): this client's public key %s is not among the keys it allows",
+                 c->endpoint, c->pub);
+    else if (e == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+        snprintf(c->fail, sizeof c->fail, "refused by rlflow at %s: CURVE authentication failed "
+                 "(ZAP status %u)", c->endpoint, (unsigned)v);
+    else if (v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH && !c->curve)
+        snprintf(c->fail, sizeof c->fail, "rlflow at %s requires CURVE: connect with its public "
+                 "key and a key pair of this program's own whose public key it allows "
+                 "(docs/reward-api.md, \"CURVE\")", c->endpoint);
+    else if (v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+        snprintf(c->fail, sizeof c->fail, "rlflow at %s does not use CURVE, but this client was "
+                 "given a server key: connect without CURVE", c->endpoint);
+    else
+        snprintf(c->fail, sizeof c->fail, "the handshake with rlflow at %s failed (ZMTP protocol "
+                 "error 0x%x)", c->endpoint, (unsigned)v);
+}
+
+/* The server closed the connection during the handshake, again and again, without saying why.
+ * With CURVE: it could not decrypt our Hello (a wrong server key). Without: it requires CURVE
+ * (a ZMTP mechanism mismatch that the peer reported by closing before this side could read
+ * its greeting: a race the monitor loses now and then). */
+static void weak_failure(rf_msg_client *c) {
+    if (c->curve)
+        snprintf(c->fail, sizeof c->fail, "the CURVE handshake with rlflow at %s failed %d times "
+                 "(the server closed the connection each time): is the server public key right?",
+                 c->endpoint, c->weak_failures);
+    else
+        snprintf(c->fail, sizeof c->fail, "the handshake with rlflow at %s failed %d times (the "
+                 "server closed the connection each time): it probably requires CURVE; connect "
+                 "with its public key and a key pair of this program's own whose public key it "
+                 "allows (docs/reward-api.md, \"CURVE\")", c->endpoint, c->weak_failures);
+}
+
+/* Reads the monitor's pending events; 1 when the connection cannot work (c->fail says why). */
+static int client_watch(rf_msg_client *c) {
+    uint16_t e;
+    uint32_t v;
+    while (!c->fail[0] && c->mon && read_event(c->mon, &e, &v)) {
+        if (e == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) c->established = 1, c->weak_failures = 0;
+        else if (e == ZMQ_EVENT_DISCONNECTED && c->established) c->disconnected = 1;
+        else if (e == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH || e == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+            client_refused(c, e, v);
+        else if (e == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && ++c->weak_failures >= 3)
+            weak_failure(c);
+    }
+    return c->fail[0] != 0;
+}
+
+int rf_msg_client_disconnected(rf_msg_client *c) {
+    client_watch(c);
+    return c->disconnected || c->fail[0];
 }
 
 void *rf_msg_client_socket(rf_msg_client *c) { return c->sock; }
@@ -520,15 +731,17 @@ rf_status rf_msg_client_send_raw(rf_msg_client *c, const void *frame, size_t len
     return RF_OK;
 }
 
-/* The next frame within timeout_s, decoded; RF_ERR_IO (with a message) when none came. */
+/* The next frame within timeout_s, decoded; RF_ERR_IO (with a message) when none came;
+ * RF_ERR_UNSUPPORTED when the monitor saw the handshake refused. */
 static rf_status client_recv_raw(rf_msg_client *c, double timeout_s, rf_msg *out) {
     double deadline = rf_time_now() + timeout_s;
     for (;;) {
+        if (client_watch(c)) return rf_error(RF_ERR_UNSUPPORTED, "%s", c->fail);
         double wait = deadline - rf_time_now();
-        zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
-        int rc = zmq_poll(&it, 1, wait > 0 ? ms(wait) : 0);
+        zmq_pollitem_t it[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
+        int rc = zmq_poll(it, c->mon ? 2 : 1, wait > 0 ? ms(wait) : 0);
         if (rc < 0 && zmq_errno() != EINTR) return zmq_fail("polling", c->endpoint);
-        if (rc > 0) {
+        if (rc > 0 && (it[0].revents & ZMQ_POLLIN)) {
             zmq_msg_t part;
             int extra;
             if (recv_parts(c->sock, &part, 1, &extra) < 0) continue;
@@ -539,15 +752,18 @@ static rf_status client_recv_raw(rf_msg_client *c, double timeout_s, rf_msg *out
                 return rf_error_wrap(st, "rlflow at %s sent a malformed message", c->endpoint);
             return RF_OK;
         }
-        if (rf_time_now() >= deadline)
+        if (rf_time_now() >= deadline) {
+            if (client_watch(c)) return rf_error(RF_ERR_UNSUPPORTED, "%s", c->fail);
             return rf_error(RF_ERR_IO, "rlflow at %s sent nothing for %.1f s", c->endpoint,
                             timeout_s);
+        }
     }
 }
 
 rf_status rf_msg_client_try_recv(rf_msg_client *c, double timeout_s, rf_msg *out, int *got) {
     *got = 0;
     out->pb = NULL;
+    if (client_watch(c)) return rf_error(RF_ERR_UNSUPPORTED, "%s", c->fail);
     zmq_pollitem_t it = {c->sock, 0, ZMQ_POLLIN, 0};
     int rc = zmq_poll(&it, 1, ms(timeout_s));
     if (rc < 0 && zmq_errno() != EINTR) return zmq_fail("polling", c->endpoint);
@@ -583,9 +799,15 @@ static rf_status client_handshake(rf_msg_client *c, const rf_msg_client_config *
     h.name = (char *)(cfg->name ? cfg->name : ""), h.capacity = cfg->capacity, h.hostname = host;
     RF_TRY(rf_msg_client_send(c, RF_MSG_HELLO, &h.base));
     rf_msg m;
-    if (client_recv_raw(c, cfg->timeout_s, &m) != RF_OK)
-        return rf_error(RF_ERR_IO, "rlflow at %s did not answer Hello within %.1f s (%s)",
-                        c->endpoint, cfg->timeout_s, rf_error_message());
+    rf_status got = client_recv_raw(c, cfg->timeout_s, &m);
+    if (got == RF_ERR_UNSUPPORTED) return got;  /* the handshake was refused: c->fail */
+    if (got == RF_ERR_IO && strstr(rf_error_message(), "sent nothing"))
+        return rf_error(RF_ERR_IO, "rlflow at %s did not answer Hello within %.1f s%s",
+                        c->endpoint, cfg->timeout_s,
+                        c->weak_failures ? " (the server closed the connection during the "
+                                           "handshake: check its CURVE settings)" : "");
+    if (got != RF_OK) return rf_error_wrap(got, "waiting for the HelloAck of rlflow at %s",
+                                           c->endpoint);
     rf_status st = RF_OK;
     const Rlflow__HelloAck *a = (const Rlflow__HelloAck *)m.pb;
     if (m.type != RF_MSG_HELLO_ACK)
@@ -603,6 +825,30 @@ static rf_status client_handshake(rf_msg_client *c, const rf_msg_client_config *
     return st;
 }
 
+/* CURVE on the DEALER: the server's public key and this client's key pair, checked first so a
+ * mistyped key is named instead of failing as a silent handshake. */
+static rf_status client_curve(rf_msg_client *c, const rf_msg_client_config *cfg) {
+    RF_TRY(rf_curve_check(cfg->curve_server_key, "the server's CURVE public key"));
+    if (!cfg->curve_secret_key)
+        return rf_error(RF_ERR_ARG, "a CURVE server key needs this client's own key pair too "
+                                    "(its secret key; rlflow keygen writes one)");
+    RF_TRY(rf_curve_check(cfg->curve_secret_key, "this client's CURVE secret key"));
+    RF_TRY(rf_curve_public(cfg->curve_secret_key, c->pub));
+    if (cfg->curve_public_key) {
+        RF_TRY(rf_curve_check(cfg->curve_public_key, "this client's CURVE public key"));
+        if (strcmp(cfg->curve_public_key, c->pub) != 0)
+            return rf_error(RF_ERR_ARG, "this client's CURVE public key %s is not the one of its "
+                                        "secret key (%s): the two files are not one pair",
+                            cfg->curve_public_key, c->pub);
+    }
+    if (zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, cfg->curve_server_key, RF_CURVE_KEY_LEN) ||
+        zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->pub, RF_CURVE_KEY_LEN) ||
+        zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, cfg->curve_secret_key, RF_CURVE_KEY_LEN))
+        return zmq_fail("cannot set up CURVE for", cfg->endpoint);
+    c->curve = 1;
+    return RF_OK;
+}
+
 rf_status rf_msg_client_connect(rf_msg_client **out, const rf_msg_client_config *cfg) {
     *out = NULL;
     if (!cfg || !cfg->endpoint || !*cfg->endpoint || strlen(cfg->endpoint) >= 256 ||
@@ -613,12 +859,18 @@ rf_status rf_msg_client_connect(rf_msg_client **out, const rf_msg_client_config 
     snprintf(c->endpoint, sizeof c->endpoint, "%s", cfg->endpoint);
     rf_status st = make_socket(&c->ctx, &c->own_ctx, cfg->zmq_ctx, &c->sock, ZMQ_DEALER,
                                cfg->timeout_s);
+    if (st == RF_OK && cfg->curve_server_key) st = client_curve(c, cfg);
+    if (st == RF_OK && (cfg->monitor || c->curve))
+        st = open_monitor(c->ctx, c->sock,
+                          ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_DISCONNECTED,
+                          &c->mon, cfg->endpoint);
     if (st == RF_OK && zmq_connect(c->sock, cfg->endpoint) != 0)
         st = zmq_fail("cannot connect to", cfg->endpoint);
     if (st == RF_OK) st = client_handshake(c, cfg);
     if (st != RF_OK) {
-        close_socket(c->ctx, c->own_ctx, c->sock, 0);
-        free(c);
+        client_free(c, 0);
         return st;
     }
     *out = c;

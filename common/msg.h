@@ -1,7 +1,8 @@
 /* The message layer: protobuf-c messages (proto/rlflow.proto) over ZeroMQ, between the controller
  * (or any rlflow endpoint that others connect to: the "server", a ROUTER socket that binds) and
  * its peers (workers, reward programs: "clients", DEALER sockets that connect).
- * docs/message-api.md is the protocol reference; this header is the C side of it.
+ * docs/message-api.md is the protocol reference (docs/reward-api.md for reward programs); this
+ * header is the C side of it.
  *
  * Framing: one ZeroMQ frame per message, a 1-byte type tag (rf_msg_type, the proto's MsgType)
  * followed by the protobuf bytes. Handshake: the client sends Hello (protocol version, role,
@@ -17,6 +18,16 @@
  * silence: a peer cannot answer pings nobody sent.
  *
  * Every wait is bounded: polls take a timeout, sends time out after the peer timeout.
+ *
+ * CURVE (CurveZMQ, ZeroMQ RFC 26; keys in common/curve.h): a server given a secret key
+ * encrypts every connection and admits only the client public keys it was given, checked by a
+ * ZAP handler (ZeroMQ RFC 27, common/msg_zap.h) on a thread of its own, so handshakes complete
+ * even while the server's owner is busy elsewhere; a refused connection is reported by the
+ * next rf_msg_server_poll as RF_MSG_EV_REFUSED with ev.auth set, naming the endpoint, the
+ * peer's address and its key. A client given the server's public key and its own key pair
+ * connects with CURVE; a refusal (unlisted key, CURVE on one side only) fails
+ * rf_msg_client_connect at once with a sentence saying which. docs/reward-api.md, "CURVE".
+ *
  * Threads: each object belongs to one thread at a time (ZeroMQ sockets are not thread safe). */
 #ifndef RF_MSG_H
 #define RF_MSG_H
@@ -90,6 +101,12 @@ typedef struct rf_msg_server_config {
     double peer_timeout_s;  /* > 0: a peer silent this long (listening time) is lost */
     double heartbeat_s;     /* ping interval; 0: min(1 s, peer_timeout_s / 4) */
     void *zmq_ctx;          /* a ZeroMQ context to share (needed for inproc://); NULL: own one */
+    /* CURVE: NULL = plain ZeroMQ. With a key, n_curve_clients >= 1 public keys are allowed;
+     * the ZAP handler binds inproc://zeromq.zap.01 in the context, so one CURVE server per
+     * context. Keys are copied; the caller keeps its strings. */
+    const char *curve_secret_key;     /* this server's Z85 secret key (40 characters) */
+    const char *const *curve_clients; /* (n_curve_clients) Z85 public keys allowed to connect */
+    int n_curve_clients;
 } rf_msg_server_config;
 
 typedef struct rf_msg_peer_info {
@@ -113,6 +130,9 @@ typedef struct rf_msg_event {
     rf_msg_peer_info info;  /* a copy of the peer's info (JOINED, LOST, MESSAGE, MALFORMED) */
     rf_msg msg;             /* MESSAGE only; owned by the caller */
     char text[768];         /* REFUSED, LOST, MALFORMED: a complete sentence for the user */
+    int auth;               /* REFUSED: 1 when the connection failed CURVE (an unlisted key, no
+                               CURVE, a bad handshake) before any Hello; the same refusal is
+                               reported once per 10 s */
 } rf_msg_event;
 
 typedef struct rf_msg_server rf_msg_server;
@@ -165,15 +185,24 @@ typedef struct rf_msg_client_config {
     double timeout_s;           /* > 0: handshake wait; sends time out after it too */
     uint32_t protocol_version;  /* 0: RF_PROTOCOL_VERSION (tests set others) */
     void *zmq_ctx;              /* shared context (inproc://); NULL: own one */
+    /* CURVE: with the server's public key, connect encrypted as the given key pair (the
+     * public key may be NULL: derived from the secret). NULL server key: plain ZeroMQ. */
+    const char *curve_server_key, *curve_public_key, *curve_secret_key;  /* Z85 */
+    int monitor;  /* 1: watch the connection through a ZeroMQ socket monitor, so that handshake
+                     refusals fail the connect at once and rf_msg_client_disconnected works
+                     (one more inproc socket per client); always on with CURVE */
 } rf_msg_client_config;
 
 typedef struct rf_msg_client rf_msg_client;
 
 /* Connects, sends Hello and waits for HelloAck. Caller owns *c (rf_msg_client_close).
- * Errors: RF_ERR_ARG for a bad config; RF_ERR_IO when nothing answers within timeout_s ("rlflow
- * at <endpoint> did not answer Hello within 1.0 s"); RF_ERR_UNSUPPORTED when refused, with the
- * server's reason ("refused by rlflow at <endpoint>: reward program 'x' (pid 7) speaks protocol
- * 2, rlflow speaks 1"). *c is NULL on error. */
+ * Errors: RF_ERR_ARG for a bad config (a malformed key names it); RF_ERR_IO when nothing
+ * answers within timeout_s ("rlflow at <endpoint> did not answer Hello within 1.0 s");
+ * RF_ERR_UNSUPPORTED when refused, with the server's reason ("refused by rlflow at <endpoint>:
+ * reward program 'x' (pid 7) speaks protocol 2, rlflow speaks 1"), or, with a monitor, when the
+ * ZeroMQ handshake fails ("refused by rlflow at <endpoint>: CURVE authentication failed (ZAP
+ * status 400): this client's public key <key> is not among the keys it allows"; "rlflow at
+ * <endpoint> requires CURVE ..."). *c is NULL on error. */
 rf_status rf_msg_client_connect(rf_msg_client **c, const rf_msg_client_config *cfg);
 
 /* The HelloAck's heartbeat interval and peer timeout, in seconds. */
@@ -198,6 +227,12 @@ rf_status rf_msg_client_try_recv(rf_msg_client *c, double timeout_s, rf_msg *out
 /* The ZeroMQ socket, for zmq_poll alongside other sockets or file descriptors (the thread
  * that uses the client is the only one that may poll it). */
 void *rf_msg_client_socket(rf_msg_client *c);
+
+/* 1 once the connection that carried the handshake has closed (the server process is gone,
+ * or it closed the connection): the server has forgotten this client, which must connect anew
+ * (a new rf_msg_client) to be served again. Reads the monitor without waiting; always 0 for a
+ * client without one (cfg.monitor, CURVE). */
+int rf_msg_client_disconnected(rf_msg_client *c);
 
 /* Closes the socket without a goodbye (the server sees it disconnect). NULL is fine. */
 void rf_msg_client_close(rf_msg_client *c);

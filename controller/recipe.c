@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/curve.h"
 #include "common/toml.h"
 #include "common/util.h"
 
@@ -141,9 +142,12 @@ static const rkey KEYS[] = {
     {"reward", "length_penalty", T_FLOAT, AT(reward.length_penalty), "0.0", NULL, "Length rule: penalty per token away from the target."},
     {"reward", "model", T_STR, AT(reward.model), "\"\"", NULL, "Reward model directory (ForSequenceClassification); \"\" = none."},
     {"reward", "model_weight", T_FLOAT, AT(reward.model_weight), "1.0", NULL, "Weight of the reward model's score."},
-    {"reward", "external", T_STR, AT(reward.external), "\"\"", NULL, "ZeroMQ endpoint rlflow binds for external reward programs (docs/message-api.md), e.g. \"tcp://127.0.0.1:5557\"; \"\" = none."},
+    {"reward", "external", T_STR, AT(reward.external), "\"\"", NULL, "ZeroMQ endpoint rlflow binds for external reward programs (docs/reward-api.md), e.g. \"tcp://127.0.0.1:5557\"; \"\" = none. An endpoint other machines can reach (not 127.0.0.1, localhost or ipc://) needs CURVE (external_curve_secret and external_curve_clients) or external_insecure = true."},
     {"reward", "external_weight", T_FLOAT, AT(reward.external_weight), "1.0", NULL, "Weight of the external reward programs' score."},
     {"reward", "external_timeout", T_FLOAT, AT(reward.external_timeout), "30.0", NULL, "Seconds to wait for a reward program to connect, and the longest silence allowed while scoring."},
+    {"reward", "external_curve_secret", T_STR, AT(reward.external_curve_secret), "\"\"", NULL, "Path of a file holding rlflow's CURVE secret key (Z85, the PREFIX.key that `rlflow keygen --out PREFIX` writes; keep it mode 600). With external_curve_clients, connections to reward.external are encrypted and only the listed programs get in (docs/reward-api.md, \"CURVE\"); \"\" = no CURVE."},
+    {"reward", "external_curve_clients", T_STR, AT(reward.external_curve_clients), "\"\"", NULL, "Path of a file listing the CURVE public keys of the reward programs allowed to connect, one per line (their PREFIX.pub files, concatenated); a refused connection is logged with its address and key. Needed with external_curve_secret."},
+    {"reward", "external_insecure", T_BOOL, AT(reward.external_insecure), "false", NULL, "Let reward.external bind an address other machines can reach without CURVE (anyone who reaches the port can then send the rewards that train the policy; a warning is logged). false: such a recipe is refused."},
 
     {"reference", "enabled", T_ENUM, AT(reference.enabled), "\"auto\"", AUTO_BOOL, "Keep a reference policy; \"auto\" = when algorithm.kl_coef > 0 (true and false may be written as booleans)."},
     {"reference", "path", T_STR, AT(reference.path), "\"\"", NULL, "Reference model directory; \"\" = the initial policy."},
@@ -709,6 +713,27 @@ static rf_status check_range(const rf_recipe *r, size_t i) {
     return invalid(r, RANGES[i].key, rule);
 }
 
+/* reward.external's security: CURVE takes both files; an endpoint other machines can reach
+ * takes CURVE or an explicit external_insecure (reward/external.c checks the same at bind). */
+static rf_status validate_external(const rf_recipe *r) {
+    int secret = r->reward.external_curve_secret[0] != '\0';
+    int clients = r->reward.external_curve_clients[0] != '\0';
+    if (secret && !clients)
+        return invalid(r, "reward.external_curve_secret", "needs reward.external_curve_clients "
+                       "too (the public keys of the reward programs allowed to connect)");
+    if (clients && !secret)
+        return invalid(r, "reward.external_curve_clients", "needs reward.external_curve_secret "
+                       "too (rlflow's secret key; rlflow keygen --out PREFIX writes one)");
+    const char *ep = r->reward.external;
+    if (ep[0] && !secret && !r->reward.external_insecure && !rf_curve_endpoint_is_local(ep))
+        return invalid(r, "reward.external", "can be reached from other machines, and without "
+                       "CURVE anyone who reaches it can send the rewards that train the policy: "
+                       "set reward.external_curve_secret and reward.external_curve_clients "
+                       "(docs/reward-api.md, \"CURVE\"), bind a loopback address, or set "
+                       "reward.external_insecure = true on a network you trust");
+    return RF_OK;
+}
+
 rf_status rf_recipe_validate(const rf_recipe *r) {
     for (size_t i = 0; i < sizeof RANGES / sizeof RANGES[0]; i++) RF_TRY(check_range(r, i));
     if (r->algorithm.dual_clip != 0 && r->algorithm.dual_clip <= 1)
@@ -717,7 +742,7 @@ rf_status rf_recipe_validate(const rf_recipe *r) {
         return invalid(r, "data.task_min_digits", "must be <= data.task_max_digits");
     if (r->reward.weights.n != 0 && r->reward.weights.n != r->reward.rules.n)
         return invalid(r, "reward.weights", "needs one weight per rule in reward.rules (or none)");
-    return RF_OK;
+    return validate_external(r);
 }
 
 int rf_recipe_reference_enabled(const rf_recipe *r) {

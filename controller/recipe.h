@@ -94,6 +94,9 @@ typedef struct rf_recipe {
         double model_weight;
         char *external; /* endpoint for reward programs, "" = none */
         double external_weight, external_timeout;
+        char *external_curve_secret;  /* file: rlflow's Z85 CURVE secret key, "" = no CURVE */
+        char *external_curve_clients; /* file: allowed program public keys, one per line */
+        int external_insecure;        /* allow a non-loopback endpoint without CURVE */
     } reward;
     struct {
         const char *enabled; /* "auto" | "true" | "false"; see rf_recipe_reference_enabled */

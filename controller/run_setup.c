@@ -92,7 +92,11 @@ rf_status rf__load_rewards(rf_run *run) {
     if (r->reward.external[0]) {
         rf_log_info("reward: waiting up to %.0f s for a reward program on %s", r->reward.external_timeout,
                     r->reward.external);
-        RF_TRY(rf_external_reward_open(&run->ext, r->reward.external, r->reward.external_timeout));
+        rf_external_reward_config xc = {.endpoint = r->reward.external, .timeout_s = r->reward.external_timeout,
+                                         .curve_secret_file = r->reward.external_curve_secret,
+                                         .curve_clients_file = r->reward.external_curve_clients,
+                                         .insecure = r->reward.external_insecure};
+        RF_TRY(rf_external_reward_open_with(&run->ext, &xc));
     }
     return RF_OK;
 }

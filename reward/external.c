@@ -1,4 +1,4 @@
-/* The rlflow side of external reward programs (reward/external.h, docs/message-api.md). */
+/* The rlflow side of external reward programs (reward/external.h, docs/reward-api.md). */
 #define _POSIX_C_SOURCE 200809L
 #include "reward/external.h"
 
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/curve.h"
 #include "common/log.h"
 #include "common/msg.h"
 #include "common/util.h"
@@ -28,6 +29,13 @@ struct rf_external_reward {
     char **info;          /* (n_info) per item of the last batch */
     int n_info;
     char last_lost[1024]; /* why the last program went away, for the final error */
+    char last_refused[800]; /* the last CURVE refusal, for a "nobody came" error */
+    struct comp {           /* named components of the last batch: sum and count per name */
+        char name[64];
+        double sum;
+        int n;
+    } comps[RF_EXTERNAL_MAX_COMPONENTS];
+    int n_comps;
 };
 
 /* One score call. Request ids are base + k * n + i for the k-th send of item i, so a response
@@ -68,26 +76,88 @@ static void remove_prog(rf_external_reward *x, int id) {
     if (p) *p = x->progs[--x->n_progs];
 }
 
-rf_status rf_external_reward_listen(rf_external_reward **out, const char *endpoint,
-                                    double timeout_s) {
+static int nonempty(const char *s) { return s && *s; }
+
+/* The endpoint's security: a refusal for an open endpoint without CURVE (unless insecure),
+ * else the CURVE keys, loaded into *secret and *clients (n; NULL without CURVE). */
+static rf_status security(const rf_external_reward_config *cfg, rf_curve_key secret,
+                          rf_curve_key **clients, int *n) {
+    *clients = NULL, *n = 0;
+    int curve = nonempty(cfg->curve_secret_file);
+    if (curve != nonempty(cfg->curve_clients_file))
+        return rf_error(RF_ERR_ARG, "reward.external_curve_%s is set but "
+                                    "reward.external_curve_%s is not: CURVE needs both (rlflow's "
+                                    "secret key and the public keys of the programs it allows)",
+                        curve ? "secret" : "clients", curve ? "clients" : "secret");
+    if (!curve) {
+        if (rf_curve_endpoint_is_local(cfg->endpoint)) return RF_OK;
+        if (!cfg->insecure)
+            return rf_error(RF_ERR_ARG,
+                            "reward.external = \"%s\" can be reached from other machines, and "
+                            "without CURVE anyone who reaches it can send the rewards that "
+                            "train the policy: set reward.external_curve_secret and "
+                            "reward.external_curve_clients (rlflow keygen; docs/reward-api.md, "
+                            "\"CURVE\"), bind a loopback address (tcp://127.0.0.1:5557), or set "
+                            "reward.external_insecure = true on a network you trust",
+                            cfg->endpoint);
+        rf_log_warn("reward: %s can be reached from other machines without authentication "
+                    "(reward.external_insecure = true): anyone who reaches it can send rewards",
+                    cfg->endpoint);
+        return RF_OK;
+    }
+    rf_status st = rf_curve_read_key(cfg->curve_secret_file, 1, secret);
+    if (st != RF_OK) return rf_error_wrap(st, "reward.external_curve_secret");
+    st = rf_curve_read_keys(cfg->curve_clients_file, clients, n);
+    if (st != RF_OK) return rf_error_wrap(st, "reward.external_curve_clients");
+    return RF_OK;
+}
+
+rf_status rf_external_reward_listen_with(rf_external_reward **out,
+                                         const rf_external_reward_config *c) {
     *out = NULL;
-    if (!endpoint || !*endpoint)
+    if (!c || !c->endpoint || !*c->endpoint)
         return rf_error(RF_ERR_ARG, "reward.external: an endpoint is needed "
                                     "(e.g. \"tcp://127.0.0.1:5557\")");
-    if (!(timeout_s > 0) || !isfinite(timeout_s))
-        return rf_error(RF_ERR_ARG, "reward.external_timeout must be > 0 s (got %g)", timeout_s);
-    rf_external_reward *x = rf_calloc(1, sizeof *x);
-    if (!x) return RF_ERR_NOMEM;
-    x->timeout_s = timeout_s, x->next_id = 1;
+    if (!(c->timeout_s > 0) || !isfinite(c->timeout_s))
+        return rf_error(RF_ERR_ARG, "reward.external_timeout must be > 0 s (got %g)", c->timeout_s);
+    rf_curve_key secret = "", *clients = NULL;
+    int n_clients = 0;
+    RF_TRY(security(c, secret, &clients, &n_clients));
+    const char **allowed = rf_calloc((size_t)n_clients + 1, sizeof *allowed);
+    rf_external_reward *x = allowed ? rf_calloc(1, sizeof *x) : NULL;
+    rf_status st = x ? RF_OK : RF_ERR_NOMEM;
+    for (int i = 0; x && i < n_clients; i++) allowed[i] = clients[i];
     rf_msg_server_config cfg = {.accept_role = RLFLOW__ROLE__ROLE_REWARD_PROGRAM,
-                                .peer_timeout_s = timeout_s};
-    rf_status st = rf_msg_server_open(&x->srv, endpoint, &cfg);
+                                .peer_timeout_s = c->timeout_s,
+                                .curve_secret_key = clients ? secret : NULL,
+                                .curve_clients = allowed, .n_curve_clients = n_clients};
+    if (x) x->timeout_s = c->timeout_s, x->next_id = 1;
+    if (st == RF_OK) st = rf_msg_server_open(&x->srv, c->endpoint, &cfg);
+    memset(secret, 0, sizeof secret);
+    free(clients);
+    free(allowed);
     if (st != RF_OK) {
         free(x);
         return rf_error_wrap(st, "reward.external");
     }
+    if (n_clients)
+        rf_log_info("reward: CURVE on %s: %d allowed program key%s from %s",
+                    rf_msg_server_endpoint(x->srv), n_clients, n_clients == 1 ? "" : "s",
+                    c->curve_clients_file);
     *out = x;
     return RF_OK;
+}
+
+rf_status rf_external_reward_listen(rf_external_reward **out, const char *endpoint,
+                                    double timeout_s) {
+    rf_external_reward_config c = {.endpoint = endpoint, .timeout_s = timeout_s};
+    return rf_external_reward_listen_with(out, &c);
+}
+
+/* A connection CURVE refused: logged (it names the endpoint, address and key), remembered. */
+static void refused(rf_external_reward *x, const rf_msg_event *ev) {
+    rf_log_warn("reward: %s", ev->text);
+    snprintf(x->last_refused, sizeof x->last_refused, "%s", ev->text);
 }
 
 rf_status rf_external_reward_wait(rf_external_reward *x, int n, double timeout_s) {
@@ -96,6 +166,10 @@ rf_status rf_external_reward_wait(rf_external_reward *x, int n, double timeout_s
     while (x->n_progs < n) {
         double left = deadline - rf_time_now();
         if (left <= 0) {
+            if (x->n_progs == 0 && x->last_refused[0])
+                return rf_error(RF_ERR_IO, "no reward program connected to %s within %.1f s; "
+                                           "the last connection was refused: %s",
+                                ep, timeout_s, x->last_refused);
             if (x->n_progs == 0)
                 return rf_error(RF_ERR_IO,
                                 "no reward program connected to %s within %.1f s (start one, e.g. "
@@ -107,6 +181,7 @@ rf_status rf_external_reward_wait(rf_external_reward *x, int n, double timeout_s
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(x->srv, left, &ev));
         if (ev.kind == RF_MSG_EV_JOINED) RF_TRY(add_prog(x, &ev));
+        else if (ev.kind == RF_MSG_EV_REFUSED && ev.auth) refused(x, &ev);
         else if (ev.kind == RF_MSG_EV_REFUSED) return rf_error(RF_ERR_UNSUPPORTED, "%s", ev.text);
         else if (ev.kind == RF_MSG_EV_LOST) remove_prog(x, ev.peer), rf_log_warn("reward: %s", ev.text);
         else if (ev.kind == RF_MSG_EV_MESSAGE) rf_msg_free(&ev.msg);  /* stale answers */
@@ -114,15 +189,21 @@ rf_status rf_external_reward_wait(rf_external_reward *x, int n, double timeout_s
     return RF_OK;
 }
 
-rf_status rf_external_reward_open(rf_external_reward **out, const char *endpoint,
-                                  double timeout_s) {
-    RF_TRY(rf_external_reward_listen(out, endpoint, timeout_s));
-    rf_status st = rf_external_reward_wait(*out, 1, timeout_s);
+rf_status rf_external_reward_open_with(rf_external_reward **out,
+                                       const rf_external_reward_config *cfg) {
+    RF_TRY(rf_external_reward_listen_with(out, cfg));
+    rf_status st = rf_external_reward_wait(*out, 1, cfg->timeout_s);
     if (st != RF_OK) {
         rf_external_reward_close(*out);
         *out = NULL;
     }
     return st;
+}
+
+rf_status rf_external_reward_open(rf_external_reward **out, const char *endpoint,
+                                  double timeout_s) {
+    rf_external_reward_config c = {.endpoint = endpoint, .timeout_s = timeout_s};
+    return rf_external_reward_open_with(out, &c);
 }
 
 const char *rf_external_reward_endpoint(const rf_external_reward *x) {
@@ -226,6 +307,34 @@ static void lose(rf_external_reward *x, batch *b, int id, const char *why) {
                 count && x->n_progs ? "; re-sending its requests to the other programs" : "");
 }
 
+/* Sums the response's named components per name (non-finite values and names past the table
+ * are left out: they are metrics, not rewards). */
+static void add_components(rf_external_reward *x, const Rlflow__RewardResponse *r) {
+    for (size_t k = 0; k < r->n_components; k++) {
+        const char *name = r->components[k]->key ? r->components[k]->key : "";
+        double v = r->components[k]->value;
+        if (!*name || strlen(name) >= sizeof x->comps[0].name || !isfinite(v)) continue;
+        int j = 0;
+        while (j < x->n_comps && strcmp(x->comps[j].name, name)) j++;
+        if (j == x->n_comps) {
+            if (j == RF_EXTERNAL_MAX_COMPONENTS) continue;
+            snprintf(x->comps[j].name, sizeof x->comps[j].name, "%s", name);
+            x->comps[j].sum = 0, x->comps[j].n = 0, x->n_comps++;
+        }
+        x->comps[j].sum += v, x->comps[j].n++;
+    }
+}
+
+int rf_external_reward_components(const rf_external_reward *x, const char **names, double *means,
+                                  int cap) {
+    int n = 0;
+    for (; n < x->n_comps && n < cap; n++) {
+        names[n] = x->comps[n].name;
+        means[n] = x->comps[n].sum / x->comps[n].n;
+    }
+    return n;
+}
+
 /* Validates one RewardResponse and records it. */
 static rf_status on_response(rf_external_reward *x, batch *b, const rf_msg_event *ev) {
     const Rlflow__RewardResponse *r = (const Rlflow__RewardResponse *)ev->msg.pb;
@@ -261,6 +370,7 @@ static rf_status on_response(rf_external_reward *x, batch *b, const rf_msg_event
     }
     b->rewards[i] = r->reward;
     b->state[i] = DONE, b->done++;
+    add_components(x, r);
     if (p) p->inflight--;
     free(x->info[i]);
     x->info[i] = r->info && *r->info ? rf_strdup(r->info) : NULL;
@@ -271,7 +381,10 @@ static rf_status on_event(rf_external_reward *x, batch *b, rf_msg_event *ev) {
     rf_status st = RF_OK;
     switch (ev->kind) {
     case RF_MSG_EV_JOINED: return add_prog(x, ev);
-    case RF_MSG_EV_REFUSED: rf_log_warn("reward: %s", ev->text); return RF_OK;
+    case RF_MSG_EV_REFUSED:
+        if (ev->auth) refused(x, ev);
+        else rf_log_warn("reward: %s", ev->text);
+        return RF_OK;
     case RF_MSG_EV_LOST: lose(x, b, ev->peer, ev->text); return RF_OK;
     case RF_MSG_EV_MALFORMED:
         rf_msg_server_drop(x->srv, ev->peer, RF_ERR_FORMAT, ev->text, 0);
@@ -346,6 +459,7 @@ rf_status rf_external_reward_score(rf_external_reward *x, const rf_reward_item *
         return rf_error(RF_ERR_ARG, "rf_external_reward_score: bad batch (n = %d)", n);
     if (n == 0) return RF_OK;
     free_info(x);
+    x->n_comps = 0;
     batch b = {.items = items, .n = n, .rewards = rewards, .base = x->next_id};
     b.state = calloc((size_t)n, sizeof(int));
     b.owner = calloc((size_t)n, sizeof(int));

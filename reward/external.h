@@ -1,5 +1,5 @@
 /* External reward programs: the rlflow side of the reward-program protocol
- * (docs/message-api.md). rlflow binds an endpoint (a ZeroMQ ROUTER); reward programs, written in
+ * (docs/reward-api.md). rlflow binds an endpoint (a ZeroMQ ROUTER); reward programs, written in
  * any language, connect to it (DEALER), say Hello, and answer RewardRequests with
  * RewardResponses. Several programs may connect; requests are spread across them up to each
  * one's declared capacity, fewest in flight first.
@@ -13,9 +13,20 @@
  * dropped). Every sample is scored exactly once: a late answer from a dropped program is
  * ignored.
  *
- * Recipe wiring (docs/message-api.md, "Using it from a recipe"): reward.external (endpoint),
- * reward.external_weight, reward.external_timeout:
- *     rf_external_reward_open(&run->ext, r->reward.external, r->reward.external_timeout);
+ * Security: an endpoint that other machines can reach (not loopback, ipc:// or inproc://) is
+ * refused unless it uses CURVE (a server key file and a list of allowed client keys:
+ * reward.external_curve_secret, reward.external_curve_clients) or the caller opts out with
+ * `insecure` (reward.external_insecure), which logs a warning. A connection refused by CURVE
+ * (an unlisted key, no CURVE) is logged naming the endpoint, the address and the key; it does
+ * not stop a run, which goes on waiting for an allowed program.
+ *
+ * Recipe wiring (docs/reward-api.md, "Using it from a recipe"):
+ *     rf_external_reward_config xc = {.endpoint = r->reward.external,
+ *         .timeout_s = r->reward.external_timeout,
+ *         .curve_secret_file = r->reward.external_curve_secret,
+ *         .curve_clients_file = r->reward.external_curve_clients,
+ *         .insecure = r->reward.external_insecure};
+ *     rf_external_reward_open_with(&run->ext, &xc);
  *     rf_external_reward_score(run->ext, items, n, scores);   // reward += weight * scores[i]
  *     rf_external_reward_close(run->ext);
  *
@@ -45,6 +56,16 @@ typedef struct rf_reward_item {
 
 typedef struct rf_external_reward rf_external_reward;
 
+typedef struct rf_external_reward_config {
+    const char *endpoint;           /* "tcp://127.0.0.1:5557", "tcp://127.0.0.1:*", "ipc://..." */
+    double timeout_s;               /* > 0, see rf_external_reward_open */
+    const char *curve_secret_file;  /* rlflow's Z85 secret key file (rlflow keygen); NULL or "":
+                                       no CURVE */
+    const char *curve_clients_file; /* the allowed client public keys, one per line; needed with
+                                       curve_secret_file */
+    int insecure;                   /* 1: bind a non-loopback endpoint without CURVE (warned) */
+} rf_external_reward_config;
+
 /* Binds `endpoint` ("tcp://127.0.0.1:5557"; "tcp://127.0.0.1:*" picks a free port, see
  * rf_external_reward_endpoint) and waits up to timeout_s for the first reward program to
  * connect. timeout_s (> 0) is also the silence / no-progress limit per program and the wait for
@@ -59,9 +80,21 @@ rf_status rf_external_reward_open(rf_external_reward **x, const char *endpoint, 
 rf_status rf_external_reward_listen(rf_external_reward **x, const char *endpoint,
                                     double timeout_s);
 
+/* rf_external_reward_open / _listen with CURVE and the non-loopback policy (the plain ones
+ * are these with no key files and insecure = 0). More errors: RF_ERR_ARG for a non-loopback
+ * endpoint without CURVE or insecure (the message says what to set), for a curve file without
+ * the other, and for malformed key files (naming file and line); RF_ERR_IO for an unreadable
+ * key file. */
+rf_status rf_external_reward_open_with(rf_external_reward **x,
+                                       const rf_external_reward_config *cfg);
+rf_status rf_external_reward_listen_with(rf_external_reward **x,
+                                         const rf_external_reward_config *cfg);
+
 /* Waits up to timeout_s until at least n programs are connected (e.g. before a run that wants
- * all of its programs from the start). Errors: RF_ERR_IO naming how many came;
- * RF_ERR_UNSUPPORTED when a program is refused meanwhile (its sentence). */
+ * all of its programs from the start). Errors: RF_ERR_IO naming how many came (and the last
+ * CURVE refusal, if any); RF_ERR_UNSUPPORTED when a program that got through is refused at
+ * Hello meanwhile (its sentence: a protocol mismatch). CURVE refusals are logged and waited
+ * past: a stranger's connection must not stop a run. */
 rf_status rf_external_reward_wait(rf_external_reward *x, int n, double timeout_s);
 
 /* Scores n items into rewards (n), blocking until every one is back or an error. On error
@@ -73,6 +106,15 @@ rf_status rf_external_reward_score(rf_external_reward *x, const rf_reward_item *
 /* The info string the program returned for item i of the last successful batch ("" when
  * none); owned by x, valid until the next score call. */
 const char *rf_external_reward_info(const rf_external_reward *x, int i);
+
+#define RF_EXTERNAL_MAX_COMPONENTS 64
+
+/* The named components (RewardResponse.components) of the last successful batch, each
+ * averaged over the samples whose response carried it, for the run's metrics: up to cap names
+ * (owned by x, valid until the next score call) and means. Returns how many. At most
+ * RF_EXTERNAL_MAX_COMPONENTS distinct names are kept; non-finite values are left out. */
+int rf_external_reward_components(const rf_external_reward *x, const char **names, double *means,
+                                  int cap);
 
 /* The endpoint actually bound (the port filled in); owned by x. */
 const char *rf_external_reward_endpoint(const rf_external_reward *x);

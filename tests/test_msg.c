@@ -147,7 +147,9 @@ static void check_bytes(rf_msg_type type, const ProtobufCMessage *m, const uint8
     free(b);
 }
 
-/* The worked examples of docs/message-api.md, byte for byte. */
+/* The worked examples of docs/message-api.md (Hello, Heartbeat) and the first version of the
+ * reward messages' examples, byte for byte (docs/reward-api.md's own are checked by
+ * test_reward_doc). */
 static void test_doc_examples(void) {
     Rlflow__Hello h = RLFLOW__HELLO__INIT;
     h.protocol_version = 1, h.role = RLFLOW__ROLE__ROLE_REWARD_PROGRAM, h.pid = 4242;
