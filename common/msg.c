@@ -240,6 +240,11 @@ struct rf_msg_server {
     double hb;  /* ping interval, s */
     srv_peer *peers;
     int n_peers, cap_peers, next_id;
+    /* lookups for thousands of peers: index in peers by id (-1: none) and an open-addressing
+     * hash of routing ids (-1: empty), rebuilt when a peer leaves */
+    int *slot_of_id, cap_ids;
+    int *htab, hcap;
+    double next_check;  /* no peer can time out before this; 0: scan at the next poll */
     double last_ping, last_active;
     uint64_t ping_seq;
 };
@@ -313,20 +318,66 @@ rf_status rf_msg_server_open(rf_msg_server **out, const char *endpoint,
 const char *rf_msg_server_endpoint(const rf_msg_server *s) { return s->endpoint; }
 
 static srv_peer *find_peer(const rf_msg_server *s, int id) {
-    for (int i = 0; i < s->n_peers; i++)
-        if (s->peers[i].id == id) return &s->peers[i];
-    return NULL;
+    if (id < 0 || id >= s->cap_ids || s->slot_of_id[id] < 0) return NULL;
+    return &s->peers[s->slot_of_id[id]];
+}
+
+static uint32_t ident_hash(const uint8_t *p, size_t n) {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
+    return h;
+}
+
+static void hash_insert(rf_msg_server *s, int slot) {
+    const srv_peer *p = &s->peers[slot];
+    uint32_t i = ident_hash(p->ident, p->ident_len) & (uint32_t)(s->hcap - 1);
+    while (s->htab[i] >= 0) i = (i + 1) & (uint32_t)(s->hcap - 1);
+    s->htab[i] = slot;
+}
+
+/* Rebuilds both lookups from the peers array (after a removal or growth). */
+static void reindex(rf_msg_server *s) {
+    for (int i = 0; i < s->cap_ids; i++) s->slot_of_id[i] = -1;
+    for (int i = 0; i < s->hcap; i++) s->htab[i] = -1;
+    for (int k = 0; k < s->n_peers; k++) {
+        s->slot_of_id[s->peers[k].id] = k;
+        hash_insert(s, k);
+    }
+}
+
+/* Room in the lookups for peer id `id` and one more peer. 0 when out of memory. */
+static int index_room(rf_msg_server *s, int id) {
+    int rebuild = 0;
+    if (id >= s->cap_ids) {
+        int cap = s->cap_ids ? 2 * s->cap_ids : 64;
+        while (cap <= id) cap *= 2;
+        int *n = realloc(s->slot_of_id, sizeof(int) * (size_t)cap);
+        if (!n) return 0;
+        s->slot_of_id = n, s->cap_ids = cap, rebuild = 1;
+    }
+    if (2 * (s->n_peers + 1) > s->hcap) {
+        int cap = s->hcap ? 2 * s->hcap : 64;
+        int *n = realloc(s->htab, sizeof(int) * (size_t)cap);
+        if (!n) return 0;
+        s->htab = n, s->hcap = cap, rebuild = 1;
+    }
+    if (rebuild) reindex(s);
+    return 1;
 }
 
 static srv_peer *find_ident(rf_msg_server *s, const void *ident, size_t len) {
-    for (int i = 0; i < s->n_peers; i++)
-        if (s->peers[i].ident_len == len && !memcmp(s->peers[i].ident, ident, len))
-            return &s->peers[i];
+    if (!s->hcap) return NULL;
+    uint32_t i = ident_hash(ident, len) & (uint32_t)(s->hcap - 1);
+    for (; s->htab[i] >= 0; i = (i + 1) & (uint32_t)(s->hcap - 1)) {
+        srv_peer *p = &s->peers[s->htab[i]];
+        if (p->ident_len == len && !memcmp(p->ident, ident, len)) return p;
+    }
     return NULL;
 }
 
 static void remove_peer(rf_msg_server *s, srv_peer *p) {
     *p = s->peers[--s->n_peers];
+    reindex(s);
 }
 
 void rf_msg_server_close(rf_msg_server *s, const char *reason) {
@@ -341,6 +392,7 @@ void rf_msg_server_close(rf_msg_server *s, const char *reason) {
     /* a short linger so the Shutdowns leave before the socket goes; bounded */
     close_socket(s->ctx, s->own_ctx, s->sock, s->n_peers ? 500 : 0);
     free(s->peers);
+    free(s->slot_of_id), free(s->htab);
     free(s);
 }
 
@@ -367,6 +419,7 @@ int rf_msg_server_peers(const rf_msg_server *s, int *ids, int cap) {
 static void mark_lost(rf_msg_server *s, srv_peer *p, int err) {
     if (p->lost) return;
     p->lost = 1;
+    s->next_check = 0;
     if (err == EHOSTUNREACH)
         snprintf(p->lost_text, sizeof p->lost_text, "%s disconnected", p->info.desc);
     else if (err == EAGAIN)
@@ -418,17 +471,27 @@ static void ping_all(rf_msg_server *s, double now) {
 }
 
 /* Reports (and forgets) the first peer that is lost or silent past the timeout. */
+/* Reports one lost peer, scanning the peers only when one may be lost (a send failed, or the
+ * earliest possible timeout has come): with thousands of peers a scan per event would cost
+ * more than the events. */
 static int report_lost(rf_msg_server *s, double now, rf_msg_event *ev) {
+    if (now < s->next_check) return 0;
+    double next = INFINITY;
     for (int i = 0; i < s->n_peers; i++) {
         srv_peer *p = &s->peers[i];
         double silent = now - p->last_seen;
-        if (!p->lost && silent <= s->cfg.peer_timeout_s) continue;
+        if (!p->lost && silent <= s->cfg.peer_timeout_s) {
+            next = fmin(next, p->last_seen + s->cfg.peer_timeout_s + 1e-3);
+            continue;
+        }
         ev->kind = RF_MSG_EV_LOST, ev->peer = p->id, ev->info = p->info;
         if (p->lost) snprintf(ev->text, sizeof ev->text, "%s", p->lost_text);
         else snprintf(ev->text, sizeof ev->text, "%s sent nothing for %.1f s", p->info.desc, silent);
         remove_peer(s, p);
+        s->next_check = 0; /* there may be more */
         return 1;
     }
+    s->next_check = s->cfg.peer_timeout_s > 0 ? next : INFINITY;
     return 0;
 }
 
@@ -480,6 +543,8 @@ static void on_hello(rf_msg_server *s, const uint8_t *ident, size_t len, const u
         if (np) s->peers = np, s->cap_peers = cap;
         else snprintf(ev->text, sizeof ev->text, "%s: out of memory registering it", who);
     }
+    if (!ev->text[0] && !index_room(s, s->next_id))
+        snprintf(ev->text, sizeof ev->text, "%s: out of memory registering it", who);
     if (ev->text[0]) {
         ack(s, ident, len, 0, ev->text);
         rf_msg_free(&m);
@@ -490,6 +555,9 @@ static void on_hello(rf_msg_server *s, const uint8_t *ident, size_t len, const u
     p->id = s->next_id++;
     memcpy(p->ident, ident, len), p->ident_len = len;
     p->last_seen = rf_time_now();
+    s->slot_of_id[p->id] = s->n_peers - 1;
+    hash_insert(s, s->n_peers - 1);
+    s->next_check = 0;
     p->info.role = h->role, p->info.rank = h->rank, p->info.pid = h->pid;
     p->info.capacity = h->capacity > 0 ? h->capacity : 1;
     snprintf(p->info.name, sizeof p->info.name, "%s", h->name ? h->name : "");
@@ -588,17 +656,17 @@ rf_status rf_msg_server_poll(rf_msg_server *s, double timeout_s, rf_msg_event *e
     double now = rf_time_now();
     /* Time spent away from this loop is not the peers' silence: nobody pinged them. */
     double gap = now - s->last_active;
-    if (gap > s->hb)
+    if (gap > s->hb) {
         for (int i = 0; i < s->n_peers; i++) s->peers[i].last_seen = fmin(now, s->peers[i].last_seen + gap);
+        s->next_check = 0;
+    }
     double deadline = now + (timeout_s > 0 ? timeout_s : 0);
     rf_status st = RF_OK;
     for (;;) {
         now = rf_time_now();
         if (now - s->last_ping >= s->hb) ping_all(s, now);
         if (report_lost(s, now, ev)) break;
-        double wait = fmin(deadline - now, s->last_ping + s->hb - now);
-        for (int i = 0; i < s->n_peers; i++)
-            wait = fmin(wait, s->peers[i].last_seen + s->cfg.peer_timeout_s - now + 1e-3);
+        double wait = fmin(fmin(deadline - now, s->last_ping + s->hb - now), s->next_check - now);
         if (s->zap && rf_msg_zap_refusal(s->zap, ev->text, sizeof ev->text)) {
             ev->kind = RF_MSG_EV_REFUSED, ev->auth = 1;
             break;
