@@ -3,9 +3,11 @@
 # ./build. Usage: bash setup.sh [extra cmake options]. Re-running is cheap.
 set -euo pipefail
 cd "$(dirname "$0")"
-# python3-zmq is optional: examples/reward/length_judge.py needs it (its test skips without).
+# python3-zmq and python3-protobuf: the Python reward-program client (reward/clients/python) and
+# its tests; rlflow itself does not need them.
 pkgs="build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libpcre2-dev libunistring-dev\
-      libzmq3-dev protobuf-c-compiler libprotobuf-c-dev openmpi-bin libopenmpi-dev"
+      libzmq3-dev protobuf-c-compiler libprotobuf-c-dev openmpi-bin libopenmpi-dev\
+      python3-zmq python3-protobuf"
 missing=""
 for p in $pkgs; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -2,6 +2,7 @@
  * API will carry: a generate request (prompts, n, sampling, seed, version) in and samples out;
  * samples in and per-token log-probs or values out; a train batch in and statistics out. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,6 +117,17 @@ static rf_status external_reward(rf_run *run, const rf_example *const *ex, rf_tr
     }
     if (st == RF_OK) st = rf_external_reward_score(run->ext, items, n, sc);
     for (int i = 0; st == RF_OK && i < n; i++) s[i].reward += (float)run->r->reward.external_weight * sc[i];
+    if (st == RF_OK) {
+        /* the programs' named components, as metrics */
+        const char *names[RF_EXTERNAL_MAX_COMPONENTS];
+        double means[RF_EXTERNAL_MAX_COMPONENTS];
+        int nc = rf_external_reward_components(run->ext, names, means, RF_EXTERNAL_MAX_COMPONENTS);
+        for (int k = 0; k < nc; k++) {
+            char key[160];
+            snprintf(key, sizeof key, "reward/external/%s", names[k]);
+            rf_metrics_set(run->metrics, key, means[k]);
+        }
+    }
     for (int i = 0; meta && i < n; i++) free(meta[i]);
     free(items), free(sc), free(meta);
     return st;

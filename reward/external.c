@@ -36,6 +36,16 @@ struct rf_external_reward {
         int n;
     } comps[RF_EXTERNAL_MAX_COMPONENTS];
     int n_comps;
+    int max_attempts;     /* rejected replies per sample before the batch fails */
+    int ok;               /* the last batch succeeded: info and token rewards are valid */
+    float *tok;           /* per-token rewards of the last batch, item i's at tok + tok_off[i] */
+    size_t *tok_off;      /* (n_info) */
+    int *tok_n;           /* (n_info) how many item i got (0: none) */
+    rf_external_reward_stats stats; /* of the last batch */
+    char last_reject[1024];         /* the last rejection's reason in the last batch */
+    struct { uint64_t lo, hi; } failed[8]; /* request ids [lo, hi) of the last failed batches,
+                                              whose late answers are ignored */
+    int next_failed;
 };
 
 /* One score call. Request ids are base + k * n + i for the k-th send of item i, so a response
@@ -48,6 +58,8 @@ typedef struct batch {
     int *state;      /* (n) 0 pending, 1 in flight, 2 done */
     int *owner;      /* (n) peer id while in flight */
     int *sends;      /* (n) sends so far */
+    int *rejects;    /* (n) replies rejected so far */
+    char **why;      /* (n) their reasons, "1) ...; 2) ...", NULL while none */
     int done, cursor;
 } batch;
 
@@ -120,6 +132,9 @@ rf_status rf_external_reward_listen_with(rf_external_reward **out,
                                     "(e.g. \"tcp://127.0.0.1:5557\")");
     if (!(c->timeout_s > 0) || !isfinite(c->timeout_s))
         return rf_error(RF_ERR_ARG, "reward.external_timeout must be > 0 s (got %g)", c->timeout_s);
+    if (c->max_attempts < 0)
+        return rf_error(RF_ERR_ARG, "reward.external: max_attempts must be >= 0 (got %d)",
+                        c->max_attempts);
     rf_curve_key secret = "", *clients = NULL;
     int n_clients = 0;
     RF_TRY(security(c, secret, &clients, &n_clients));
@@ -132,6 +147,7 @@ rf_status rf_external_reward_listen_with(rf_external_reward **out,
                                 .curve_secret_key = clients ? secret : NULL,
                                 .curve_clients = allowed, .n_curve_clients = n_clients};
     if (x) x->timeout_s = c->timeout_s, x->next_id = 1;
+    if (x) x->max_attempts = c->max_attempts ? c->max_attempts : RF_EXTERNAL_MAX_ATTEMPTS;
     if (st == RF_OK) st = rf_msg_server_open(&x->srv, c->endpoint, &cfg);
     memset(secret, 0, sizeof secret);
     free(clients);
@@ -213,19 +229,55 @@ const char *rf_external_reward_endpoint(const rf_external_reward *x) {
 int rf_external_reward_programs(const rf_external_reward *x) { return x->n_progs; }
 
 const char *rf_external_reward_info(const rf_external_reward *x, int i) {
-    return i >= 0 && i < x->n_info && x->info[i] ? x->info[i] : "";
+    return x->ok && i >= 0 && i < x->n_info && x->info[i] ? x->info[i] : "";
 }
 
-static void free_info(rf_external_reward *x) {
+int rf_external_reward_token_rewards(const rf_external_reward *x, int i, const float **v) {
+    int ok = x->ok && i >= 0 && i < x->n_info && x->tok_n[i] > 0;
+    *v = ok ? x->tok + x->tok_off[i] : NULL;
+    return ok ? x->tok_n[i] : 0;
+}
+
+rf_external_reward_stats rf_external_reward_last_stats(const rf_external_reward *x) {
+    return x->stats;
+}
+
+const char *rf_external_reward_last_rejection(const rf_external_reward *x) {
+    return x->last_reject;
+}
+
+/* Forgets what the last batch left (info strings, token rewards, stats). */
+static void free_last(rf_external_reward *x) {
     for (int i = 0; i < x->n_info; i++) free(x->info[i]);
-    free(x->info);
-    x->info = NULL, x->n_info = 0;
+    free(x->info), free(x->tok), free(x->tok_off), free(x->tok_n);
+    x->info = NULL, x->tok = NULL, x->tok_off = NULL, x->tok_n = NULL;
+    x->n_info = 0, x->ok = 0, x->n_comps = 0;
+    x->stats = (rf_external_reward_stats){0};
+    x->last_reject[0] = '\0';
+}
+
+/* Room for the answers of a batch of n (info strings, token rewards). */
+static rf_status alloc_last(rf_external_reward *x, const rf_reward_item *items, int n) {
+    x->info = calloc((size_t)n, sizeof *x->info);
+    x->tok_off = calloc((size_t)n, sizeof *x->tok_off);
+    x->tok_n = calloc((size_t)n, sizeof *x->tok_n);
+    size_t total = 0;
+    for (int i = 0; x->tok_off && i < n; i++) {
+        x->tok_off[i] = total;
+        total += items[i].response_ids && items[i].n_response_ids > 0
+                     ? (size_t)items[i].n_response_ids : 0;
+    }
+    x->tok = malloc(sizeof *x->tok * (total + 1));
+    if (!x->info || !x->tok_off || !x->tok_n || !x->tok)
+        return rf_error(RF_ERR_NOMEM, "out of memory for a batch of %d rewards", n);
+    x->n_info = n;
+    return RF_OK;
 }
 
 void rf_external_reward_close(rf_external_reward *x) {
     if (!x) return;
     rf_msg_server_close(x->srv, "rlflow is done");
-    free_info(x);
+    free_last(x);
     free(x->progs);
     free(x);
 }
@@ -236,7 +288,13 @@ static uint64_t req_id(const batch *b, int i) {
     return b->base + (uint64_t)(b->sends[i] - 1) * (uint64_t)b->n + (uint64_t)i;
 }
 
-/* The least-loaded program with room (in flight / capacity), NULL when all are full. */
+/* The response's token count as the request carried it. */
+static size_t n_ids(const rf_reward_item *it) {
+    return it->response_ids && it->n_response_ids > 0 ? (size_t)it->n_response_ids : 0;
+}
+
+/* The least-loaded program with room (in flight / capacity), NULL when all are full. Ties go
+ * to the program that connected first. */
 static prog *pick(rf_external_reward *x) {
     prog *best = NULL;
     double best_load = 0;
@@ -252,13 +310,13 @@ static prog *pick(rf_external_reward *x) {
 static rf_status send_item(rf_external_reward *x, batch *b, int i, prog *p) {
     const rf_reward_item *it = &b->items[i];
     Rlflow__RewardRequest q = RLFLOW__REWARD_REQUEST__INIT;
-    b->sends[i]++;
+    if (b->sends[i]++ > 0) x->stats.resent++;
     q.request_id = req_id(b, i);
     q.prompt = (char *)(it->prompt ? it->prompt : "");
     q.response = (char *)(it->response ? it->response : "");
-    q.n_prompt_ids = it->prompt_ids ? (size_t)it->n_prompt_ids : 0;
+    q.n_prompt_ids = it->prompt_ids && it->n_prompt_ids > 0 ? (size_t)it->n_prompt_ids : 0;
     q.prompt_ids = (int32_t *)it->prompt_ids;
-    q.n_response_ids = it->response_ids ? (size_t)it->n_response_ids : 0;
+    q.n_response_ids = n_ids(it);
     q.response_ids = (int32_t *)it->response_ids;
     q.ground_truth = (char *)(it->truth ? it->truth : "");
     q.metadata_json = (char *)(it->metadata_json ? it->metadata_json : "");
@@ -283,17 +341,26 @@ static void assign(rf_external_reward *x, batch *b) {
     }
 }
 
-/* A program is gone: its requests return to the pending pool. */
-static void lose(rf_external_reward *x, batch *b, int id, const char *why) {
-    int first = -1, count = 0;
+/* Returns the requests program `id` holds to the pending pool and forgets the program.
+ * Returns how many it held; *first is the first of them (-1: none). */
+static int release(rf_external_reward *x, batch *b, int id, int *first) {
+    int count = 0;
+    *first = -1;
     for (int i = 0; i < b->n; i++)
         if (b->state[i] == IN_FLIGHT && b->owner[i] == id) {
-            if (first < 0) first = i;
+            if (*first < 0) *first = i;
             count++;
             b->state[i] = PENDING;
             if (i < b->cursor) b->cursor = i;
         }
     remove_prog(x, id);
+    return count;
+}
+
+/* A program is gone (disconnected, silent, stuck): its requests return to the pending pool. */
+static void lose(rf_external_reward *x, batch *b, int id, const char *why) {
+    int first, count = release(x, b, id, &first);
+    x->stats.lost++;
     if (first < 0)
         snprintf(x->last_lost, sizeof x->last_lost, "%s", why);
     else if (count == 1)
@@ -335,50 +402,165 @@ int rf_external_reward_components(const rf_external_reward *x, const char **name
     return n;
 }
 
-/* Validates one RewardResponse and records it. */
-static rf_status on_response(rf_external_reward *x, batch *b, const rf_msg_event *ev) {
-    const Rlflow__RewardResponse *r = (const Rlflow__RewardResponse *)ev->msg.pb;
-    const char *who = ev->info.desc;
-    prog *p = find_prog(x, ev->peer);
-    if (p) p->last_progress = rf_time_now();
-    if (r->request_id < b->base) return RF_OK;  /* from a batch that failed earlier: stale */
-    uint64_t off = r->request_id - b->base;
-    int i = (int)(off % (uint64_t)b->n);
-    if (off / (uint64_t)b->n >= (uint64_t)b->sends[i] || req_id(b, i) != r->request_id ||
-        b->state[i] != IN_FLIGHT || b->owner[i] != ev->peer) {
-        char msg[1200];
-        snprintf(msg, sizeof msg, "%s answered request %" PRIu64 ", which is not one it holds",
-                 who, r->request_id);
-        rf_msg_server_drop(x->srv, ev->peer, RF_ERR_FORMAT, msg, r->request_id);
-        remove_prog(x, ev->peer);
-        return rf_error(RF_ERR_FORMAT, "%s (unknown request id)", msg);
-    }
+/* ---- rejected replies ------------------------------------------------------------------------ */
+
+/* Adds one rejection to item i's history: RF_OK, or the batch's error (`code`) once the item
+ * has been rejected max_attempts times, naming its last request, the sample and every reason. */
+static rf_status count_rejection(rf_external_reward *x, batch *b, int i, rf_status code,
+                                 const char *why) {
+    size_t ol = b->why[i] ? strlen(b->why[i]) : 0, add = strlen(why) + 32;
+    char *s = realloc(b->why[i], ol + add);
+    if (!s) return rf_error(RF_ERR_NOMEM, "out of memory");
+    b->why[i] = s;
+    snprintf(s + ol, add, "%s%d) %s", ol ? "; " : "", b->rejects[i] + 1, why);
+    if (++b->rejects[i] < x->max_attempts) return RF_OK;
     const rf_reward_item *it = &b->items[i];
-    if (r->error && *r->error)
-        return rf_error(RF_ERR_FORMAT,
-                        "%s could not score request %" PRIu64 " (sample %" PRId64 " of group %" PRId64 "): %s",
-                        who, r->request_id, it->index, it->group, r->error);
-    if (!isfinite(r->reward)) {
-        char msg[1200];
-        snprintf(msg, sizeof msg,
-                 "%s answered reward %g for request %" PRIu64 " (sample %" PRId64 " of group %" PRId64
-                 "); rewards must be finite",
-                 who, (double)r->reward, r->request_id, it->index, it->group);
-        rf_msg_server_drop(x->srv, ev->peer, RF_ERR_RANGE, msg, r->request_id);
-        remove_prog(x, ev->peer);
-        return rf_error(RF_ERR_RANGE, "%s", msg);
+    return rf_error(code,
+                    "request %" PRIu64 " (sample %" PRId64 " of group %" PRId64 ") was rejected %d "
+                    "time%s, the limit (max_attempts): %s", req_id(b, i), it->index, it->group,
+                    b->rejects[i], b->rejects[i] == 1 ? "" : "s", s);
+}
+
+/* A reply is rejected: logged, the program told why and dropped (its requests return to the
+ * pending pool, as for a crash), and the rejection counted against item i, or against every
+ * request the program held when i < 0 (a reply that names none of them). */
+static rf_status reject(rf_external_reward *x, batch *b, int peer, int i, rf_status code,
+                        const char *why) {
+    rf_log_warn("reward: rejected a reply: %s", why);
+    snprintf(x->last_reject, sizeof x->last_reject, "%s", why);
+    x->stats.rejected++;
+    rf_msg_server_drop(x->srv, peer, code, why, i >= 0 ? req_id(b, i) : 0);
+    rf_status st = i >= 0 ? count_rejection(x, b, i, code, why) : RF_OK;
+    for (int k = 0; i < 0 && st == RF_OK && k < b->n; k++) {
+        if (b->state[k] != IN_FLIGHT || b->owner[k] != peer) continue;
+        char held[1100];
+        snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
+        st = count_rejection(x, b, k, code, held);
     }
+    snprintf(x->last_lost, sizeof x->last_lost, "%s", why);
+    int first, count = release(x, b, peer, &first);
+    if (count)
+        rf_log_warn("reward: dropped that program; request %" PRIu64 "%s go%s to %s", req_id(b, first),
+                    count > 1 ? " and the others it held" : "", count > 1 ? "" : "es",
+                    x->n_progs ? "the other programs" : "the next program to connect");
+    return st;
+}
+
+/* Whether id belongs to a batch that failed (its answers may still come, and are ignored). */
+static int from_failed_batch(const rf_external_reward *x, uint64_t id) {
+    for (size_t k = 0; k < sizeof x->failed / sizeof x->failed[0]; k++)
+        if (id >= x->failed[k].lo && id < x->failed[k].hi) return 1;
+    return 0;
+}
+
+/* The item whose request `id` the program holds; -1 otherwise, with *why saying what is wrong
+ * (an unknown id, a second answer) or *stale set for a late answer to a failed batch. */
+static int match_reply(const rf_external_reward *x, const batch *b, const rf_msg_event *ev,
+                       uint64_t id, char *why, size_t cap, int *stale) {
+    *stale = 0;
+    if (id < b->base && from_failed_batch(x, id)) {
+        *stale = 1;
+        return -1;
+    }
+    if (id >= b->base) {
+        uint64_t off = id - b->base;
+        int i = (int)(off % (uint64_t)b->n);
+        if (off / (uint64_t)b->n < (uint64_t)b->sends[i] && req_id(b, i) == id &&
+            b->owner[i] == ev->peer) {
+            if (b->state[i] == IN_FLIGHT) return i;
+            if (b->state[i] == DONE) {
+                snprintf(why, cap, "%s answered request %" PRIu64 " (sample %" PRId64
+                         " of group %" PRId64 ") a second time", ev->info.desc, id,
+                         b->items[i].index, b->items[i].group);
+                return -1;
+            }
+        }
+    }
+    snprintf(why, cap, "%s answered request %" PRIu64 ", which is not one it holds",
+             ev->info.desc, id);
+    return -1;
+}
+
+/* Why reply r to item i cannot be accepted: RF_OK when it can, else the status with *why. */
+static rf_status check_reply(const batch *b, int i, const Rlflow__RewardResponse *r,
+                             const char *who, char *why, size_t cap) {
+    const rf_reward_item *it = &b->items[i];
+    char req[160];
+    snprintf(req, sizeof req, "request %" PRIu64 " (sample %" PRId64 " of group %" PRId64 ")",
+             r->request_id, it->index, it->group);
+    if (r->error && *r->error) {
+        snprintf(why, cap, "%s could not score %s: %s", who, req, r->error);
+        return RF_ERR_FORMAT;
+    }
+    if (!isfinite(r->reward)) {
+        snprintf(why, cap, "%s answered reward %g for %s; rewards must be finite", who,
+                 (double)r->reward, req);
+        return RF_ERR_RANGE;
+    }
+    if (r->n_token_rewards && r->n_token_rewards != n_ids(it)) {
+        snprintf(why, cap, "%s answered %zu per-token rewards for %s, whose response has %zu "
+                 "token%s", who, r->n_token_rewards, req, n_ids(it), n_ids(it) == 1 ? "" : "s");
+        return RF_ERR_FORMAT;
+    }
+    for (size_t k = 0; k < r->n_token_rewards; k++)
+        if (!isfinite(r->token_rewards[k])) {
+            snprintf(why, cap, "%s answered a non-finite per-token reward (%g at token %zu) for "
+                     "%s", who, (double)r->token_rewards[k], k, req);
+            return RF_ERR_RANGE;
+        }
+    return RF_OK;
+}
+
+/* Records an accepted reply: the sample is scored, exactly once. */
+static void accept_reply(rf_external_reward *x, batch *b, int i, const Rlflow__RewardResponse *r,
+                         prog *p) {
     b->rewards[i] = r->reward;
     b->state[i] = DONE, b->done++;
+    x->stats.accepted++;
     add_components(x, r);
     if (p) p->inflight--;
     free(x->info[i]);
     x->info[i] = r->info && *r->info ? rf_strdup(r->info) : NULL;
+    if (r->n_token_rewards) {
+        memcpy(x->tok + x->tok_off[i], r->token_rewards, sizeof(float) * r->n_token_rewards);
+        x->tok_n[i] = (int)r->n_token_rewards;
+        x->stats.token_rewards++;
+    }
+}
+
+static rf_status on_response(rf_external_reward *x, batch *b, const rf_msg_event *ev) {
+    const Rlflow__RewardResponse *r = (const Rlflow__RewardResponse *)ev->msg.pb;
+    prog *p = find_prog(x, ev->peer);
+    if (p) p->last_progress = rf_time_now();
+    char why[1024];
+    int stale, i = match_reply(x, b, ev, r->request_id, why, sizeof why, &stale);
+    if (stale) return RF_OK;
+    if (i < 0) return reject(x, b, ev->peer, -1, RF_ERR_FORMAT, why);
+    rf_status code = check_reply(b, i, r, ev->info.desc, why, sizeof why);
+    if (code != RF_OK) return reject(x, b, ev->peer, i, code, why);
+    accept_reply(x, b, i, r, p);
     return RF_OK;
+}
+
+/* An Error from a program: it gives up on the request it names (or on all it holds). */
+static rf_status on_program_error(rf_external_reward *x, batch *b, const rf_msg_event *ev) {
+    const Rlflow__Error *e = (const Rlflow__Error *)ev->msg.pb;
+    const char *text = e->message ? e->message : "";
+    char why[1024], unused[16];
+    int stale = 0, i = e->request_id ? match_reply(x, b, ev, e->request_id, unused, sizeof unused,
+                                                   &stale) : -1;
+    if (i >= 0)
+        snprintf(why, sizeof why, "%s reported an error for request %" PRIu64 " (sample %" PRId64
+                 " of group %" PRId64 "): %s", ev->info.desc, e->request_id, b->items[i].index,
+                 b->items[i].group, text);
+    else
+        snprintf(why, sizeof why, "%s reported an error: %s", ev->info.desc, text);
+    return reject(x, b, ev->peer, i, RF_ERR_FORMAT, why);
 }
 
 static rf_status on_event(rf_external_reward *x, batch *b, rf_msg_event *ev) {
     rf_status st = RF_OK;
+    char why[1024];
     switch (ev->kind) {
     case RF_MSG_EV_JOINED: return add_prog(x, ev);
     case RF_MSG_EV_REFUSED:
@@ -386,20 +568,16 @@ static rf_status on_event(rf_external_reward *x, batch *b, rf_msg_event *ev) {
         else rf_log_warn("reward: %s", ev->text);
         return RF_OK;
     case RF_MSG_EV_LOST: lose(x, b, ev->peer, ev->text); return RF_OK;
-    case RF_MSG_EV_MALFORMED:
-        rf_msg_server_drop(x->srv, ev->peer, RF_ERR_FORMAT, ev->text, 0);
-        remove_prog(x, ev->peer);
-        return rf_error(RF_ERR_FORMAT, "%s", ev->text);
+    case RF_MSG_EV_MALFORMED: return reject(x, b, ev->peer, -1, RF_ERR_FORMAT, ev->text);
     case RF_MSG_EV_MESSAGE:
         if (ev->msg.type == RF_MSG_REWARD_RESPONSE) {
             st = on_response(x, b, ev);
         } else if (ev->msg.type == RF_MSG_ERROR) {
-            const Rlflow__Error *e = (const Rlflow__Error *)ev->msg.pb;
-            st = rf_error(RF_ERR_IO, "%s reported an error (request %" PRIu64 "): %s", ev->info.desc,
-                          e->request_id, e->message);
+            st = on_program_error(x, b, ev);
         } else {
-            st = rf_error(RF_ERR_FORMAT, "%s sent an unexpected %s", ev->info.desc,
-                          rf_msg_type_name(ev->msg.type));
+            snprintf(why, sizeof why, "%s sent a %s, which a reward program may not send",
+                     ev->info.desc, rf_msg_type_name(ev->msg.type));
+            st = reject(x, b, ev->peer, -1, RF_ERR_FORMAT, why);
         }
         rf_msg_free(&ev->msg);
         return st;
@@ -453,22 +631,26 @@ static rf_status run_batch(rf_external_reward *x, batch *b) {
     return RF_OK;
 }
 
+static void free_batch(batch *b) {
+    for (int i = 0; b->why && i < b->n; i++) free(b->why[i]);
+    free(b->state), free(b->owner), free(b->sends), free(b->rejects), free(b->why);
+}
+
 rf_status rf_external_reward_score(rf_external_reward *x, const rf_reward_item *items, int n,
                                    float *rewards) {
     if (n < 0 || (n > 0 && (!items || !rewards)))
         return rf_error(RF_ERR_ARG, "rf_external_reward_score: bad batch (n = %d)", n);
     if (n == 0) return RF_OK;
-    free_info(x);
-    x->n_comps = 0;
+    free_last(x);
     batch b = {.items = items, .n = n, .rewards = rewards, .base = x->next_id};
     b.state = calloc((size_t)n, sizeof(int));
     b.owner = calloc((size_t)n, sizeof(int));
     b.sends = calloc((size_t)n, sizeof(int));
-    x->info = calloc((size_t)n, sizeof(char *));
-    rf_status st = RF_OK;
-    if (!b.state || !b.owner || !b.sends || !x->info)
+    b.rejects = calloc((size_t)n, sizeof(int));
+    b.why = calloc((size_t)n, sizeof(char *));
+    rf_status st = alloc_last(x, items, n);
+    if (st == RF_OK && (!b.state || !b.owner || !b.sends || !b.rejects || !b.why))
         st = rf_error(RF_ERR_NOMEM, "out of memory for a batch of %d rewards", n);
-    else x->n_info = n;
     double now = rf_time_now();
     for (int i = 0; i < x->n_progs; i++) x->progs[i].inflight = 0, x->progs[i].last_progress = now;
     x->last_lost[0] = '\0';
@@ -478,6 +660,11 @@ rf_status rf_external_reward_score(rf_external_reward *x, const rf_reward_item *
     for (int i = 0; b.sends && i < n; i++)
         if (b.sends[i] > max_sends) max_sends = b.sends[i];
     x->next_id = b.base + (uint64_t)max_sends * (uint64_t)n;
-    free(b.state), free(b.owner), free(b.sends);
+    if (st != RF_OK) {  /* programs may still answer this batch: those answers are ignored */
+        x->failed[x->next_failed].lo = b.base, x->failed[x->next_failed].hi = x->next_id;
+        x->next_failed = (x->next_failed + 1) % (int)(sizeof x->failed / sizeof x->failed[0]);
+    }
+    x->ok = st == RF_OK;
+    free_batch(&b);
     return st;
 }

@@ -6,12 +6,24 @@
  *
  * Faults: a program that disconnects, stays silent (answers no ping) for timeout_s, or holds
  * requests without answering any of them for timeout_s is dropped and its requests go to another
- * program; when none is left, the bridge waits timeout_s for one to connect, then fails naming
- * the program that was lost and the request it was scoring. A response with a NaN or infinite
- * reward, an error string, an unknown request id or bytes that do not decode fails the batch
- * with a message naming the program and the request (and the program is told why, then
- * dropped). Every sample is scored exactly once: a late answer from a dropped program is
- * ignored.
+ * program; when none is left, the bridge waits timeout_s for one to connect (or reconnect), then
+ * fails naming the program that was lost and the request it was scoring.
+ *
+ * A bad reply never stops a run by itself. A reply that does not decode, a NaN or infinite
+ * reward, an `error` reply, per-token rewards of the wrong count or not finite, an unknown or
+ * duplicate request id, or a message a reward program may not send is rejected: logged as a
+ * warning ("reward: rejected a reply: <program> answered reward nan for request 5 (sample 4 of
+ * group 0); rewards must be finite"), the program is told why (an Error) and dropped as for a
+ * crash, and the request is sent again, to another program or to the same one once it has
+ * reconnected. Each rejection counts against the sample it answers (a reply that names no
+ * request it holds counts against every request the program held). A sample rejected
+ * max_attempts times (RF_EXTERNAL_MAX_ATTEMPTS by default) fails the batch with RF_ERR_FORMAT
+ * (RF_ERR_RANGE when the last reason was a non-finite value), naming the request, the sample
+ * and every rejection's program and reason. Losses (crash, hang, disconnect) do not count:
+ * they are waited out as above.
+ *
+ * Every sample is scored exactly once: a late answer from a dropped program is never seen (the
+ * message layer answers it with an Error), and a late answer to a batch that failed is ignored.
  *
  * Security: an endpoint that other machines can reach (not loopback, ipc:// or inproc://) is
  * refused unless it uses CURVE (a server key file and a list of allowed client keys:
@@ -28,6 +40,9 @@
  *         .insecure = r->reward.external_insecure};
  *     rf_external_reward_open_with(&run->ext, &xc);
  *     rf_external_reward_score(run->ext, items, n, scores);   // reward += weight * scores[i]
+ *     const float *tok;                                       // optional per-token rewards:
+ *     int n_tok = rf_external_reward_token_rewards(run->ext, i, &tok);  // 0 or n_response_ids
+ *     rf_external_reward_stats st = rf_external_reward_last_stats(run->ext);  // for metrics
  *     rf_external_reward_close(run->ext);
  *
  * Threads: one thread at a time per object. Time between calls is not counted against the
@@ -64,7 +79,13 @@ typedef struct rf_external_reward_config {
     const char *curve_clients_file; /* the allowed client public keys, one per line; needed with
                                        curve_secret_file */
     int insecure;                   /* 1: bind a non-loopback endpoint without CURVE (warned) */
+    int max_attempts;               /* rejected replies a sample may get before its batch
+                                       fails; 0: RF_EXTERNAL_MAX_ATTEMPTS */
 } rf_external_reward_config;
+
+/* The default of rf_external_reward_config.max_attempts: a sample that three replies in a row
+ * were rejected for is the sample's fault, not a program's, and the batch fails naming it. */
+#define RF_EXTERNAL_MAX_ATTEMPTS 3
 
 /* Binds `endpoint` ("tcp://127.0.0.1:5557"; "tcp://127.0.0.1:*" picks a free port, see
  * rf_external_reward_endpoint) and waits up to timeout_s for the first reward program to
@@ -97,15 +118,42 @@ rf_status rf_external_reward_listen_with(rf_external_reward **x,
  * past: a stranger's connection must not stop a run. */
 rf_status rf_external_reward_wait(rf_external_reward *x, int n, double timeout_s);
 
-/* Scores n items into rewards (n), blocking until every one is back or an error. On error
- * the contents of rewards are unspecified and the message names the program and the request
- * (see the header comment for the cases). n == 0 returns at once. */
+/* Scores n items into rewards (n), blocking until every one is back or an error. Rejected
+ * replies are re-sent (header comment) and do not fail the call by themselves. Errors:
+ * RF_ERR_FORMAT / RF_ERR_RANGE when a sample was rejected max_attempts times (the message
+ * names the request, the sample and each rejection's program and reason); RF_ERR_IO when no
+ * program is left for timeout_s (naming the last one lost and its request). On error the
+ * contents of rewards are unspecified. n == 0 returns at once. */
 rf_status rf_external_reward_score(rf_external_reward *x, const rf_reward_item *items, int n,
                                    float *rewards);
 
 /* The info string the program returned for item i of the last successful batch ("" when
- * none); owned by x, valid until the next score call. */
+ * none, or after a failed batch); owned by x, valid until the next score call. */
 const char *rf_external_reward_info(const rf_external_reward *x, int i);
+
+/* The per-token rewards (RewardResponse.token_rewards) of item i of the last successful batch:
+ * sets *v to them (owned by x, valid until the next score call) and returns how many, which is
+ * the item's n_response_ids; returns 0 with *v = NULL when the program sent none (or after a
+ * failed batch). Semantics (docs/reward-api.md): added to the sample's reward per token; for
+ * PPO/GAE each value is the reward at its token, for group-based estimators (GRPO, RLOO, ...)
+ * their sum is added to the sequence reward. */
+int rf_external_reward_token_rewards(const rf_external_reward *x, int i, const float **v);
+
+/* What happened during the last score call, for the run's metrics. */
+typedef struct rf_external_reward_stats {
+    int accepted;    /* replies accepted: n after a successful batch (each sample exactly once) */
+    int rejected;    /* replies rejected (their programs told why and dropped) */
+    int lost;        /* programs lost while the batch ran (disconnected, silent, no progress) */
+    int resent;      /* requests sent again after their program was dropped or lost */
+    int token_rewards; /* accepted replies that carried per-token rewards */
+} rf_external_reward_stats;
+
+/* The stats of the last score call (zeros before the first), successful or not. */
+rf_external_reward_stats rf_external_reward_last_stats(const rf_external_reward *x);
+
+/* The reason of the last reply rejected during the last score call ("" when none), the text
+ * that was logged and sent to the program; owned by x, valid until the next score call. */
+const char *rf_external_reward_last_rejection(const rf_external_reward *x);
 
 #define RF_EXTERNAL_MAX_COMPONENTS 64
 

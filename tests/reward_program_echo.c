@@ -3,19 +3,29 @@
  *
  *   reward = n_response_ids + 0.01 * strlen(response) + (response == ground_truth ? 100 : 0)
  *   info   = "echo <name> n=<n_response_ids>", component "len" = n_response_ids
+ *   token_rewards (with --tokens 1) = response_ids[j] * 0.5 + 0.25 * j, one per response token
  *
- * Fault modes, for the tests (--after K: the fault hits the K-th request, counted from 1):
- *   ok       answer everything
- *   nan      answer NaN to the K-th request
- *   die      exit abruptly (no answer, no goodbye) on the K-th request
- *   silent   stop reading and answering at the K-th request (sleeps 60 s, then exits)
- *   badid    answer the K-th request with an id nobody sent
- *   garbage  answer the K-th request with bytes that do not decode as a RewardResponse
- *   error    answer the K-th request with RewardResponse.error set
+ * Fault modes, for the tests (--after K: the fault hits the K-th request, counted from 1 over
+ * every connection):
+ *   ok        answer everything
+ *   nan       answer NaN to the K-th request
+ *   die       exit abruptly (no answer, no goodbye) on the K-th request
+ *   silent    stop reading and answering at the K-th request (sleeps 60 s, then exits)
+ *   badid     answer the K-th request with an id nobody sent
+ *   duplicate answer the K-th request twice
+ *   garbage   answer the K-th request with bytes that do not decode as a RewardResponse
+ *   error     answer the K-th request with RewardResponse.error set
+ *   badtokens answer the K-th request with n_response_ids + 1 per-token rewards
+ *   inftoken  answer the K-th request with +inf as its last per-token reward
+ *   badtype   answer the K-th request with a Shutdown, which a reward program may not send
+ * --mode A,B,C: the K-th request gets fault A, the next one B, then C; --every 1 repeats the
+ * list for every later request. --reconnect 1: after an Error from rlflow (it dropped this
+ * program), connect again with a fresh socket, as the client libraries do.
  * --protocol V claims protocol V in Hello (a mismatch test).
  *
- * Usage: reward_program_echo --connect EP [--name N] [--mode M] [--after K] [--capacity C]
- *                            [--protocol V] [--delay-ms D]
+ * Usage: reward_program_echo --connect EP [--name N] [--mode M[,M...]] [--after K] [--every 0|1]
+ *                            [--capacity C] [--protocol V] [--delay-ms D] [--tokens 0|1]
+ *                            [--reconnect 0|1]
  * Exit: 0 after Shutdown, 2 bad usage, 3 rlflow silent for 30 s, 4 connection refused. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -28,32 +38,56 @@
 
 #include "common/msg.h"
 
+#define MAX_MODES 8
+
 typedef struct opts {
-    const char *endpoint, *name, *mode;
-    int after, capacity, protocol, delay_ms;
+    const char *endpoint, *name;
+    char modes[MAX_MODES][16];
+    int n_modes, after, every, capacity, protocol, delay_ms, tokens, reconnect;
 } opts;
 
+/* "nan,error" into o->modes; 0 when there are too many or one is too long. */
+static int parse_modes(const char *v, opts *o) {
+    o->n_modes = 0;
+    for (const char *p = v; *p && o->n_modes < MAX_MODES;) {
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof o->modes[0]) return 0;
+        memcpy(o->modes[o->n_modes], p, len), o->modes[o->n_modes++][len] = '\0';
+        p += len + (p[len] == ',');
+    }
+    return o->n_modes > 0;
+}
+
 static int parse(int argc, char **argv, opts *o) {
-    *o = (opts){NULL, "echo", "ok", 1 << 30, 4, 0, 0};
+    *o = (opts){.name = "echo", .modes = {"ok"}, .n_modes = 1, .after = 1 << 30, .capacity = 4};
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--connect")) o->endpoint = v;
         else if (!strcmp(k, "--name")) o->name = v;
-        else if (!strcmp(k, "--mode")) o->mode = v;
+        else if (!strcmp(k, "--mode")) { if (!parse_modes(v, o)) return 0; }
         else if (!strcmp(k, "--after")) o->after = atoi(v);
+        else if (!strcmp(k, "--every")) o->every = atoi(v);
         else if (!strcmp(k, "--capacity")) o->capacity = atoi(v);
         else if (!strcmp(k, "--protocol")) o->protocol = atoi(v);
         else if (!strcmp(k, "--delay-ms")) o->delay_ms = atoi(v);
+        else if (!strcmp(k, "--tokens")) o->tokens = atoi(v);
+        else if (!strcmp(k, "--reconnect")) o->reconnect = atoi(v);
         else return 0;
     }
     return o->endpoint != NULL;
 }
 
+/* The fault of the k-th request ("ok" for none). */
+static const char *fault_of(const opts *o, int k) {
+    if (k < o->after || (!o->every && k - o->after >= o->n_modes)) return "ok";
+    return o->modes[(k - o->after) % o->n_modes];
+}
+
 static rf_status answer(rf_msg_client *c, const opts *o, const Rlflow__RewardRequest *q, int k) {
-    int fault = k == o->after;
+    const char *fault = fault_of(o, k);
     if (o->delay_ms > 0) nanosleep(&(struct timespec){0, o->delay_ms * 1000000L}, NULL);
-    if (fault && !strcmp(o->mode, "die")) _exit(9);
-    if (fault && !strcmp(o->mode, "silent")) {
+    if (!strcmp(fault, "die")) _exit(9);
+    if (!strcmp(fault, "silent")) {
         sleep(60);
         _exit(0);
     }
@@ -61,7 +95,7 @@ static rf_status answer(rf_msg_client *c, const opts *o, const Rlflow__RewardReq
     Rlflow__RewardResponse__ComponentsEntry len = RLFLOW__REWARD_RESPONSE__COMPONENTS_ENTRY__INIT;
     Rlflow__RewardResponse__ComponentsEntry *comps[1] = {&len};
     char info[128];
-    float n = (float)q->n_response_ids;
+    float n = (float)q->n_response_ids, tok[257];
     r.request_id = q->request_id;
     r.reward = n + 0.01f * (float)strlen(q->response) +
                (strcmp(q->response, q->ground_truth) == 0 ? 100.0f : 0.0f);
@@ -69,14 +103,27 @@ static rf_status answer(rf_msg_client *c, const opts *o, const Rlflow__RewardReq
     r.components = comps, r.n_components = 1;
     snprintf(info, sizeof info, "echo %s n=%zu", o->name, q->n_response_ids);
     r.info = info;
-    if (fault && !strcmp(o->mode, "nan")) r.reward = NAN;
-    if (fault && !strcmp(o->mode, "badid")) r.request_id += 1000000;
-    if (fault && !strcmp(o->mode, "error")) r.error = "cannot judge this one";
-    if (fault && !strcmp(o->mode, "garbage")) {
+    size_t nt = q->n_response_ids < 256 ? q->n_response_ids : 256;
+    for (size_t j = 0; j <= nt; j++)
+        tok[j] = (j < nt ? (float)q->response_ids[j] * 0.5f : 0.0f) + 0.25f * (float)j;
+    if (o->tokens || !strcmp(fault, "badtokens") || !strcmp(fault, "inftoken"))
+        r.token_rewards = tok, r.n_token_rewards = nt;
+    if (!strcmp(fault, "badtokens")) r.n_token_rewards = nt + 1;
+    if (!strcmp(fault, "inftoken") && nt) tok[nt - 1] = INFINITY;
+    if (!strcmp(fault, "nan")) r.reward = NAN;
+    if (!strcmp(fault, "badid")) r.request_id += 1000000;
+    if (!strcmp(fault, "error")) r.error = "cannot judge this one";
+    if (!strcmp(fault, "garbage")) {
         /* tag 17, request_id = 1, then field 4 (info) claiming 127 bytes where 1 follows */
         const uint8_t bad[] = {RF_MSG_REWARD_RESPONSE, 0x08, 0x01, 0x22, 0x7f, 'x'};
         return rf_msg_client_send_raw(c, bad, sizeof bad);
     }
+    if (!strcmp(fault, "badtype")) {
+        Rlflow__Shutdown sd = RLFLOW__SHUTDOWN__INIT;
+        sd.reason = "not mine to send";
+        return rf_msg_client_send(c, RF_MSG_SHUTDOWN, &sd.base);
+    }
+    if (!strcmp(fault, "duplicate")) RF_TRY(rf_msg_client_send(c, RF_MSG_REWARD_RESPONSE, &r.base));
     return rf_msg_client_send(c, RF_MSG_REWARD_RESPONSE, &r.base);
 }
 
@@ -111,6 +158,16 @@ int main(int argc, char **argv) {
         }
         if (m.type == RF_MSG_ERROR) {
             fprintf(stderr, "%s: rlflow says: %s\n", o.name, ((Rlflow__Error *)m.pb)->message);
+            if (o.reconnect) {  /* dropped: a fresh socket and Hello (the old one is forgotten) */
+                rf_msg_free(&m);
+                rf_msg_client_close(c);
+                if (rf_msg_client_connect(&c, &cfg) != RF_OK) {
+                    fprintf(stderr, "%s: %s\n", o.name, rf_error_message());
+                    zmq_ctx_term(ctx);
+                    return 4;
+                }
+                continue;
+            }
         } else if (m.type == RF_MSG_REWARD_REQUEST) {
             if (answer(c, &o, (Rlflow__RewardRequest *)m.pb, ++k) != RF_OK)
                 fprintf(stderr, "%s: %s\n", o.name, rf_error_message());

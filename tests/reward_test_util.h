@@ -1,16 +1,20 @@
-/* Shared by the reward-client tests (test_reward_c, test_external_reward_py): a message
- * server standing in for rlflow, bounded waits for its events, and a set of RewardRequests
- * whose echoed answers can be checked field by field. */
+/* Shared by the reward-client and reward-bridge tests (test_reward_c, test_external_reward*):
+ * a message server standing in for rlflow, bounded waits for its events, a set of
+ * RewardRequests whose echoed answers can be checked field by field, the per-token rewards the
+ * echo score functions give, and stderr captured to a file (to check what rlflow logs). */
 #ifndef RF_REWARD_TEST_UTIL_H
 #define RF_REWARD_TEST_UTIL_H
 
+#include <fcntl.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/msg.h"
 #include "common/util.h"
+#include "reward/external.h"
 #include "test_util.h"
 
-static long sum_ids(const int32_t *v, size_t n) {
+static inline long sum_ids(const int32_t *v, size_t n) {
     long s = 0;
     for (size_t i = 0; i < n; i++) s += v[i];
     return s;
@@ -18,7 +22,7 @@ static long sum_ids(const int32_t *v, size_t n) {
 
 /* ---- server ------------------------------------------------------------------------------- */
 
-static rf_msg_server *open_server(const char *ep, double peer_timeout_s) {
+static inline rf_msg_server *open_server(const char *ep, double peer_timeout_s) {
     rf_msg_server_config cfg = {.accept_role = RLFLOW__ROLE__ROLE_REWARD_PROGRAM,
                                 .peer_timeout_s = peer_timeout_s};
     rf_msg_server *s = NULL;
@@ -27,7 +31,7 @@ static rf_msg_server *open_server(const char *ep, double peer_timeout_s) {
 }
 
 /* Polls until a peer joins; its id, or -1 after limit_s. */
-static int wait_join(rf_msg_server *s, double limit_s, rf_msg_peer_info *info) {
+static inline int wait_join(rf_msg_server *s, double limit_s, rf_msg_peer_info *info) {
     double t0 = rf_time_now();
     while (rf_time_now() - t0 < limit_s) {
         rf_msg_event ev;
@@ -43,7 +47,7 @@ static int wait_join(rf_msg_server *s, double limit_s, rf_msg_peer_info *info) {
 
 /* Polls until a RewardResponse arrives (the caller frees *m); 0 after limit_s or on a LOST
  * event (counted in *lost). */
-static int wait_response(rf_msg_server *s, double limit_s, rf_msg *m, int *from, int *lost) {
+static inline int wait_response(rf_msg_server *s, double limit_s, rf_msg *m, int *from, int *lost) {
     double t0 = rf_time_now();
     while (rf_time_now() - t0 < limit_s) {
         rf_msg_event ev;
@@ -64,6 +68,72 @@ static int wait_response(rf_msg_server *s, double limit_s, rf_msg *m, int *from,
     return 0;
 }
 
+/* ---- stderr to a file ----------------------------------------------------------------------- */
+
+/* Sends this process's stderr to `path` (truncated) until stderr_back; returns the old fd. */
+static inline int stderr_to(const char *path) {
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) dup2(fd, 2), close(fd);
+    return saved;
+}
+
+static inline void stderr_back(int saved) {
+    fflush(stderr);
+    if (saved >= 0) dup2(saved, 2), close(saved);
+}
+
+/* ---- per-token rewards ----------------------------------------------------------------------- */
+
+/* The per-token reward the echo score functions (tests/reward_program_echo.c, echo_score of
+ * tests/test_reward_c.c, echo of tests/tools/reward_client_py.py) give token j of id `id`:
+ * halves and quarters of integers below 2^20, exact in float and in double alike. */
+static inline float echo_token_reward(int32_t id, size_t j) {
+    return (float)id * 0.5f + 0.25f * (float)j;
+}
+
+/* 1 when v (n) holds exactly the echo per-token rewards of ids (n_ids). */
+static inline int token_rewards_exact(const float *v, size_t n, const int32_t *ids, size_t n_ids) {
+    if (n != n_ids) return 0;
+    for (size_t j = 0; j < n; j++)
+        if (v[j] != echo_token_reward(ids[j], j)) return 0;
+    return 1;
+}
+
+/* ---- a batch for the bridge, scored by tests/reward_program_echo.c ----------------------------- */
+
+#define ECHO_ITEMS 50
+
+typedef struct echo_items {
+    rf_reward_item it[ECHO_ITEMS];
+    char resp[ECHO_ITEMS][32], truth[ECHO_ITEMS][32];
+    int32_t ids[ECHO_ITEMS][16];
+    int32_t prompt_ids[4];
+} echo_items;
+
+/* Item i: 1 + i % 13 response ids 1000 i + j, sample i % 8 of group i / 8; every 10th response
+ * equals its ground truth (+100 in the echo formula). */
+static inline void make_echo_items(echo_items *s) {
+    for (int i = 0; i < 4; i++) s->prompt_ids[i] = 100 + i;
+    for (int i = 0; i < ECHO_ITEMS; i++) {
+        int n = 1 + i % 13;
+        for (int j = 0; j < n; j++) s->ids[i][j] = 1000 * i + j;
+        snprintf(s->resp[i], sizeof s->resp[i], "answer %d", i);
+        snprintf(s->truth[i], sizeof s->truth[i], i % 10 == 0 ? "answer %d" : "%d", i);
+        s->it[i] = (rf_reward_item){.prompt = "what?", .response = s->resp[i],
+                                    .prompt_ids = s->prompt_ids, .n_prompt_ids = 4,
+                                    .response_ids = s->ids[i], .n_response_ids = n,
+                                    .truth = s->truth[i], .metadata_json = "{\"src\": \"test\"}",
+                                    .index = i % 8, .group = i / 8};
+    }
+}
+
+/* The echo program's formula, as it computes it (float). */
+static inline float echo_reward(const rf_reward_item *it) {
+    return (float)it->n_response_ids + 0.01f * (float)strlen(it->response) +
+           (strcmp(it->response, it->truth) == 0 ? 100.0f : 0.0f);
+}
+
 /* ---- requests ------------------------------------------------------------------------------ */
 
 #define N_REQ 24
@@ -74,7 +144,7 @@ typedef struct req_set {
     int32_t pids[N_REQ][3], rids[N_REQ][8];
 } req_set;
 
-static void make_requests(req_set *s) {
+static inline void make_requests(req_set *s) {
     for (int i = 0; i < N_REQ; i++) {
         Rlflow__RewardRequest q = RLFLOW__REWARD_REQUEST__INIT;
         snprintf(s->prompt[i], sizeof s->prompt[i], "prompt %d \xc3\xa9", i);
@@ -95,8 +165,8 @@ static void make_requests(req_set *s) {
     }
 }
 
-static const Rlflow__RewardResponse__ComponentsEntry *component(const Rlflow__RewardResponse *r,
-                                                                const char *key) {
+static inline const Rlflow__RewardResponse__ComponentsEntry *
+component(const Rlflow__RewardResponse *r, const char *key) {
     for (size_t i = 0; i < r->n_components; i++)
         if (!strcmp(r->components[i]->key, key)) return r->components[i];
     return NULL;
@@ -105,7 +175,7 @@ static const Rlflow__RewardResponse__ComponentsEntry *component(const Rlflow__Re
 /* The response to q is exactly what the echo score functions compute: the C one of
  * tests/test_reward_c.c, or, with `python`, the one of tests/tools/reward_client_py.py, whose
  * info also shows the metadata's "k" (read through Request.metadata). */
-static int response_exact(const Rlflow__RewardRequest *q, const Rlflow__RewardResponse *r,
+static inline int response_exact(const Rlflow__RewardRequest *q, const Rlflow__RewardResponse *r,
                           int python) {
     char info[1024];
     int len = snprintf(info, sizeof info, "id=%llu p=%s r=%s g=%s m=%s s=%lld grp=%lld",
@@ -121,11 +191,14 @@ static int response_exact(const Rlflow__RewardRequest *q, const Rlflow__RewardRe
     int ok = r->request_id == q->request_id && r->reward == want && !strcmp(r->info, info) &&
              !*r->error && r->n_components == 3 && n && n->value == (float)q->n_response_ids &&
              sr && sr->value == (float)sum_ids(q->response_ids, q->n_response_ids) && sp &&
-             sp->value == (float)sum_ids(q->prompt_ids, q->n_prompt_ids);
+             sp->value == (float)sum_ids(q->prompt_ids, q->n_prompt_ids) &&
+             token_rewards_exact(r->token_rewards, r->n_token_rewards, q->response_ids,
+                                 q->n_response_ids);
     if (!ok)
-        fprintf(stderr, "  request %llu: got reward %.9g info \"%s\" error \"%s\" (%zu comps), "
-                        "want %.9g \"%s\"\n", (unsigned long long)q->request_id, r->reward,
-                r->info, r->error, r->n_components, want, info);
+        fprintf(stderr, "  request %llu: got reward %.9g info \"%s\" error \"%s\" (%zu comps, "
+                        "%zu token rewards), want %.9g \"%s\" (%zu token rewards)\n",
+                (unsigned long long)q->request_id, r->reward, r->info, r->error, r->n_components,
+                r->n_token_rewards, want, info, q->n_response_ids);
     return ok;
 }
 

@@ -1,53 +1,30 @@
 /* External reward programs (reward/external.c) against the C program
  * tests/reward_program_echo.c, spawned as real processes on loopback TCP and ipc:// in /tmp:
  * a batch of 50 comes back with the values the program's formula gives (exact: the same float
- * expression on both sides); two programs share the work; a program killed mid-batch has its
- * requests re-sent to the other one, and alone it makes the batch fail naming it and the
- * request; a silent program is reported after the 1 s timeout; NaN, an error string, an unknown
- * request id and undecodable bytes each fail the batch naming the program; a protocol mismatch
- * is refused with the same sentence in rlflow and in the program; close sends Shutdown and the
- * programs exit 0. Every wait is bounded (timeouts of 1-3 s, alarm(60) as a safety net). */
+ * expression on both sides), with no per-token rewards when the program sends none; two
+ * programs share the work; a program killed mid-batch has its requests re-sent to the other
+ * one, and alone it makes the batch fail naming it and the request once nobody comes back; a
+ * silent program is reported after the 1 s timeout; a lone program whose NaN reply is rejected
+ * (and which does not reconnect) leaves the batch waiting for another program, which then
+ * fails naming the rejection; a protocol mismatch is refused with the same sentence in rlflow
+ * and in the program; close sends Shutdown and the programs exit 0. Rejected replies with
+ * other programs to take over are test_external_reward_faults.c. Every wait is bounded
+ * (timeouts of 1-3 s, alarm(60) as a safety net). */
 #define _POSIX_C_SOURCE 200809L
 #include <unistd.h>
 
 #include "common/util.h"
 #include "reward/external.h"
+#include "reward_test_util.h"
 #include "spawn_util.h"
 #include "test_util.h"
 
-#define N_ITEMS 50
+#define N_ITEMS ECHO_ITEMS
 
 static const char *echo_bin;
 static char log_path[256];
 
-typedef struct items {
-    rf_reward_item it[N_ITEMS];
-    char resp[N_ITEMS][32], truth[N_ITEMS][32];
-    int32_t ids[N_ITEMS][16];
-    int32_t prompt_ids[4];
-} items;
-
-static void make_items(items *s) {
-    for (int i = 0; i < 4; i++) s->prompt_ids[i] = 100 + i;
-    for (int i = 0; i < N_ITEMS; i++) {
-        int n = 1 + i % 13;
-        for (int j = 0; j < n; j++) s->ids[i][j] = 1000 * i + j;
-        snprintf(s->resp[i], sizeof s->resp[i], "answer %d", i);
-        /* every 10th response equals its ground truth (+100 in the echo formula) */
-        snprintf(s->truth[i], sizeof s->truth[i], i % 10 == 0 ? "answer %d" : "%d", i);
-        s->it[i] = (rf_reward_item){.prompt = "what?", .response = s->resp[i],
-                                    .prompt_ids = s->prompt_ids, .n_prompt_ids = 4,
-                                    .response_ids = s->ids[i], .n_response_ids = n,
-                                    .truth = s->truth[i], .metadata_json = "{\"src\": \"test\"}",
-                                    .index = i % 8, .group = i / 8};
-    }
-}
-
-/* The echo program's formula, as it computes it (float). */
-static float echo_reward(const rf_reward_item *it) {
-    return (float)it->n_response_ids + 0.01f * (float)strlen(it->response) +
-           (strcmp(it->response, it->truth) == 0 ? 100.0f : 0.0f);
-}
+typedef echo_items items;
 
 static pid_t spawn_echo(const char *ep, const char *name, const char *mode, int after,
                         const char *protocol) {
@@ -65,12 +42,19 @@ static int check_batch(rf_external_reward *x, const items *s) {
     rf_status st = rf_external_reward_score(x, s->it, N_ITEMS, r);
     CHECK_OK(st);
     if (st != RF_OK) return 0;
-    int bad = 0;
-    for (int i = 0; i < N_ITEMS; i++) bad += r[i] != echo_reward(&s->it[i]);
+    int bad = 0, tokens = 0;
+    for (int i = 0; i < N_ITEMS; i++) {
+        const float *v = &r[0];
+        bad += r[i] != echo_reward(&s->it[i]);
+        tokens += rf_external_reward_token_rewards(x, i, &v) != 0 || v != NULL;
+    }
     CHECK(bad == 0);
+    CHECK(tokens == 0);  /* the program sent none */
     char want[64];
     snprintf(want, sizeof want, "n=%d", s->it[7].n_response_ids);
     CHECK(strstr(rf_external_reward_info(x, 7), want) != NULL);
+    rf_external_reward_stats st2 = rf_external_reward_last_stats(x);
+    CHECK(st2.accepted == N_ITEMS && st2.rejected == 0 && st2.token_rewards == 0);
     return bad == 0;
 }
 
@@ -131,6 +115,10 @@ static void check_fault(const items *s, const char *mode, int after, double time
     int ok = st == want_st && strstr(msg, who) && strstr(msg, want1) && (!want2 || strstr(msg, want2));
     CHECK(ok);
     CHECK(dt < max_s);
+    /* a failed batch leaves no info and no per-token rewards behind */
+    const float *v = r;
+    CHECK(rf_external_reward_token_rewards(x, 0, &v) == 0 && v == NULL);
+    CHECK(!strcmp(rf_external_reward_info(x, 0), ""));
     printf("%-8s -> after %.2f s: %s\n", mode, dt, msg);
     if (!ok) fprintf(stderr, "  expected %s with \"%s\" / \"%s\"\n", rf_strerror(want_st), want1, want2 ? want2 : "");
     rf_external_reward_close(x);
@@ -141,12 +129,11 @@ static void test_faults(const items *s) {
     check_fault(s, "die", 3, 1.0, RF_ERR_IO, "disconnected while scoring request",
                 "no other reward program connected", 4.0);
     check_fault(s, "silent", 3, 1.0, RF_ERR_IO, "sent nothing for 1.", "while scoring request", 4.0);
-    check_fault(s, "nan", 5, 2.0, RF_ERR_RANGE, "answered reward nan for request 5 (sample 4 of group 0)",
-                "must be finite", 3.0);
-    check_fault(s, "error", 2, 2.0, RF_ERR_FORMAT, "could not score request 2", "cannot judge this one", 3.0);
-    check_fault(s, "badid", 4, 2.0, RF_ERR_FORMAT, "unknown request id", NULL, 3.0);
-    check_fault(s, "garbage", 1, 2.0, RF_ERR_FORMAT, "sent a malformed message",
-                "do not decode as rlflow.RewardResponse", 3.0);
+    /* the rejected program does not reconnect: the bridge waits 1 s for one, then fails with
+     * the rejection's reason (the run would have gone on had any program come back) */
+    check_fault(s, "nan", 5, 1.0, RF_ERR_IO,
+                "answered reward nan for request 5 (sample 4 of group 0); rewards must be finite; "
+                "no other reward program connected to tcp://127.0.0.1:", "within 1.0 s", 3.0);
 }
 
 /* Version mismatch: refused in rlflow and in the program with the same sentence. */
@@ -184,7 +171,7 @@ int main(void) {
     }
     snprintf(log_path, sizeof log_path, "/tmp/rf_test_ext_%d.log", (int)getpid());
     static items s;
-    make_items(&s);
+    make_echo_items(&s);
     double t0 = rf_time_now();
     test_basic(&s);
     test_failover(&s);

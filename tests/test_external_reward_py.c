@@ -7,10 +7,13 @@
  *   - the module's protobuf descriptor matches proto/rlflow.proto field for field, and it
  *     encodes the worked examples of docs/reward-api.md to the bytes rlflow's encoder makes;
  *   - through the module (tests/tools/reward_client_py.py): every request field reaches the
- *     score function (Request.metadata parsed), reward, components and info come back exactly;
- *     Hello carries name, capacity and pid; an exception and a NaN are sent as exact error
- *     texts; a 2 s score with a 0.8 s peer timeout is not declared lost; dropped by rlflow it
- *     says Hello again and its stale answer is never sent;
+ *     score function (Request.metadata parsed), reward, components, info and per-token rewards
+ *     come back exactly (from the dict and the 4-tuple forms of a score function's result);
+ *     Hello carries name, capacity and pid; an exception, a NaN, one per-token reward too many
+ *     and an infinite one are sent as exact error texts; a 2 s score with a 0.8 s peer timeout
+ *     is not declared lost; dropped by rlflow it says Hello again and its stale answer is never
+ *     sent;
+ *   - through rlflow's reward bridge: a batch of 50 with its per-token rewards, bit for bit;
  *   - a protocol mismatch is refused with the same sentence on both sides (exit 4);
  *   - CURVE: length_judge.py with --server-key / --key scores exactly; an unlisted key and a
  *     client without CURVE are refused with their exact sentences (exit 4).
@@ -142,6 +145,9 @@ static void test_schema_and_bytes(void) {
     e1.key = "correct", e1.value = 1, e2.key = "length", e2.value = 1;
     Rlflow__RewardResponse__ComponentsEntry *comps[] = {&e1, &e2};
     r.request_id = 17, r.reward = 0.75f, r.components = comps, r.n_components = 2, r.info = "ok";
+    float tok[] = {0.5f, -0.25f, 0.0f};
+    Rlflow__RewardResponse rt = RLFLOW__REWARD_RESPONSE__INIT;
+    rt.request_id = 19, rt.reward = 1.5f, rt.token_rewards = tok, rt.n_token_rewards = 3;
     Rlflow__Heartbeat hb = RLFLOW__HEARTBEAT__INIT;
     hb.seq = 5;
     char want[2048], line[600];
@@ -149,6 +155,7 @@ static void test_schema_and_bytes(void) {
     c_line(line, "Hello", RF_MSG_HELLO, &h.base), strcat(want, line);
     c_line(line, "RewardRequest", RF_MSG_REWARD_REQUEST, &q.base), strcat(want, line);
     c_line(line, "RewardResponse", RF_MSG_REWARD_RESPONSE, &r.base), strcat(want, line);
+    c_line(line, "RewardResponse token_rewards", RF_MSG_REWARD_RESPONSE, &rt.base), strcat(want, line);
     c_line(line, "Heartbeat", RF_MSG_HEARTBEAT, &hb.base), strcat(want, line);
     CHECK(rf_test_sh(&out, "%s %s --encode-examples", py, tool) == 0);
     CHECK(out && !strcmp(out, want));
@@ -185,10 +192,13 @@ static void test_echo(void) {
     CHECK(exact == N_REQ);
     printf("the Python module answered %d requests exactly in %.3f s\n", exact, rf_time_now() - t0);
 
-    const char *truths[] = {"fail", "nan"};
+    const char *truths[] = {"fail", "nan", "badtok", "inftok"};
     const char *want[] = {"ValueError: cannot judge resp \xc3\xbc 1", "ValueError: the score "
-                          "function returned a non-finite reward (nan)"};
-    for (int k = 0; k < 2 && peer > 0; k++) {
+                          "function returned a non-finite reward (nan)", "ValueError: the score "
+                          "function returned 2 per-token rewards for a response of 1 token",
+                          "ValueError: the score function returned a non-finite per-token reward "
+                          "(inf at token 0)"};
+    for (int k = 0; k < 4 && peer > 0; k++) {
         Rlflow__RewardRequest q = rs.q[1];
         q.request_id = 5000 + (uint64_t)k, q.ground_truth = (char *)truths[k];
         CHECK_OK(rf_msg_server_send(s, peer, RF_MSG_REWARD_REQUEST, &q.base));
@@ -197,7 +207,8 @@ static void test_echo(void) {
         CHECK(ok);
         if (!ok) continue;
         const Rlflow__RewardResponse *r = (const Rlflow__RewardResponse *)m.pb;
-        CHECK(r->request_id == q.request_id && !strcmp(r->error, want[k]) && r->n_components == 0);
+        CHECK(r->request_id == q.request_id && !strcmp(r->error, want[k]) && r->n_components == 0 &&
+              r->n_token_rewards == 0);
         if (strcmp(r->error, want[k])) fprintf(stderr, "  error \"%s\", want \"%s\"\n", r->error, want[k]);
         rf_msg_free(&m);
     }
@@ -238,6 +249,36 @@ static void test_echo(void) {
     CHECK(strstr(out, "pyecho: rlflow says: the test drops you") && strstr(out, "pyecho: served"));
     if (rf_test_failed) fprintf(stderr, "reward_client_py.py said:\n%s\n", out);
     free(out);
+}
+
+/* The module through rlflow's reward bridge: rewards and per-token rewards bit for bit, from
+ * both result forms (dict for even request ids, 4-tuple for odd ones). */
+static void test_bridge(void) {
+    rf_external_reward *x = NULL;
+    CHECK_OK(rf_external_reward_listen(&x, "tcp://127.0.0.1:*", 10));
+    if (!x) return;
+    char *argv[] = {(char *)py, tool, "--serve", "--connect", (char *)rf_external_reward_endpoint(x),
+                    "--name", "pybridge", "--capacity", "4", "--threads", "2", "--quiet", NULL};
+    pid_t pid = spawn(argv);
+    CHECK_OK(rf_external_reward_wait(x, 1, 15));
+    static echo_items s;
+    make_echo_items(&s);
+    float r[ECHO_ITEMS];
+    CHECK_OK(rf_external_reward_score(x, s.it, ECHO_ITEMS, r));
+    int exact = 0;
+    for (int i = 0; i < ECHO_ITEMS; i++) {
+        const float *v;
+        int n = rf_external_reward_token_rewards(x, i, &v);
+        exact += r[i] == (float)s.it[i].n_response_ids * 0.5f + (float)s.it[i].index + 0.25f &&
+                 token_rewards_exact(v, (size_t)n, s.ids[i], (size_t)s.it[i].n_response_ids);
+    }
+    CHECK(exact == ECHO_ITEMS);
+    rf_external_reward_stats st = rf_external_reward_last_stats(x);
+    CHECK(st.accepted == ECHO_ITEMS && st.token_rewards == ECHO_ITEMS && st.rejected == 0);
+    printf("the Python module through the bridge: %d of %d rewards and per-token rewards exact\n",
+           exact, ECHO_ITEMS);
+    rf_external_reward_close(x);
+    CHECK(rf_test_wait(pid, 5) == 0);
 }
 
 /* A protocol mismatch: the same sentence in rlflow and in the program, which exits 4. */
@@ -350,6 +391,7 @@ int main(void) {
     test_length_judge();
     test_schema_and_bytes();
     test_echo();
+    test_bridge();
     test_version();
     if (rlflow && zmq_has("curve") && rf_mkdirs(dir) == RF_OK) {
         test_curve();

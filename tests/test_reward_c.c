@@ -1,9 +1,13 @@
 /* The C reward-program client library (reward/clients/c/rlflow_reward_client.h) end to end,
  * against rlflow's own message server and reward bridge over loopback TCP:
  *   - every RewardRequest field reaches the score function (negative and multi-byte ids, UTF-8,
- *     int64 group ids) and the reward, components and info come back bit for bit; Hello carries
- *     the name, rank, capacity and pid; an error string, a NaN reward and a bare non-zero return
- *     are sent as the exact error texts; Shutdown makes serve return RF_OK;
+ *     int64 group ids) and the reward, components, info and per-token rewards come back bit for
+ *     bit; Hello carries the name, rank, capacity and pid; an error string, a NaN reward, a bare
+ *     non-zero return, one per-token reward too many and an infinite one are sent as the exact
+ *     error texts; Shutdown makes serve return RF_OK;
+ *   - through rlflow's reward bridge: a batch of 50 scored exactly, per-token rewards included;
+ *     a sample the score function always refuses is re-sent after each drop (the client
+ *     reconnects) until the attempt limit fails the batch with the exact message;
  *   - a score that takes 2 s, with rlflow's peer timeout at 0.8 s, is not declared lost (the
  *     calling thread answers pings while a worker scores);
  *   - dropped by rlflow (an Error), the client says Hello again on a fresh socket, and the answer
@@ -55,6 +59,13 @@ static int echo_score(const rf_reward_request *q, rf_reward_result *r, void *use
     if (!strcmp(q->ground_truth, "rc")) return 7;
     r->reward = !strcmp(q->ground_truth, "nan") ? NAN
               : (float)q->n_response_ids * 0.5f + (float)q->sample_index + 0.25f;
+    float tok[65];
+    size_t nt = q->n_response_ids < 64 ? q->n_response_ids : 64;
+    for (size_t j = 0; j < nt; j++) tok[j] = echo_token_reward(q->response_ids[j], j);
+    tok[nt] = 0;
+    if (!strcmp(q->ground_truth, "inftok") && nt) tok[nt - 1] = INFINITY;
+    if (rf_reward_result_token_rewards(r, tok, nt + !strcmp(q->ground_truth, "badtok")) != 0)
+        return 8;
     rf_reward_result_component(r, "n_resp", (float)q->n_response_ids);
     rf_reward_result_component(r, "sum_resp", (float)sum_ids(q->response_ids, q->n_response_ids));
     rf_reward_result_component(r, "sum_prompt", (float)sum_ids(q->prompt_ids, q->n_prompt_ids));
@@ -124,11 +135,14 @@ static void test_exact(void) {
     printf("%d requests answered exactly in %.3f s (capacity 3, 2 threads)\n", exact,
            rf_time_now() - t0);
 
-    /* errors: the score function's text, a NaN, a bare return code */
-    const char *truths[] = {"fail", "nan", "rc"};
+    /* errors: the score function's text, a NaN, a bare return code, per-token rewards */
+    const char *truths[] = {"fail", "nan", "rc", "badtok", "inftok"};
     const char *want[] = {"cannot judge resp \xc3\xbc 1", "the score function returned a "
-                          "non-finite reward (nan)", "score function returned 7"};
-    for (int k = 0; k < 3 && peer > 0; k++) {
+                          "non-finite reward (nan)", "score function returned 7",
+                          "the score function returned 2 per-token rewards for a response of 1 "
+                          "token", "the score function returned a non-finite per-token reward "
+                          "(inf at token 0)"};
+    for (int k = 0; k < 5 && peer > 0; k++) {
         Rlflow__RewardRequest q = rs.q[1];
         q.request_id = 5000 + (uint64_t)k, q.ground_truth = (char *)truths[k];
         CHECK_OK(rf_msg_server_send(s, peer, RF_MSG_REWARD_REQUEST, &q.base));
@@ -138,7 +152,7 @@ static void test_exact(void) {
         if (!ok) continue;
         const Rlflow__RewardResponse *r = (const Rlflow__RewardResponse *)m.pb;
         CHECK(r->request_id == q.request_id && !strcmp(r->error, want[k]) && r->reward == 0 &&
-              r->n_components == 0);
+              r->n_components == 0 && r->n_token_rewards == 0);
         if (strcmp(r->error, want[k])) fprintf(stderr, "  error \"%s\", want \"%s\"\n", r->error, want[k]);
         rf_msg_free(&m);
     }
@@ -271,6 +285,62 @@ static void test_server_restart(void) {
         rf_msg_free(&m);
     }
     rf_msg_server_close(s, "test done");
+    CHECK(serve_join(&run, 3) && run.st == RF_OK);
+}
+
+/* The client through rlflow's reward bridge: rewards and per-token rewards exact; a sample it
+ * always refuses fails the batch after the attempt limit, each refusal having dropped the client
+ * (which reconnected) and re-sent the sample. */
+static void test_bridge(void) {
+    rf_external_reward *x = NULL;
+    CHECK_OK(rf_external_reward_listen(&x, "tcp://127.0.0.1:*", 3));
+    if (!x) return;
+    const char *ep = rf_external_reward_endpoint(x);
+    static serve_run run;
+    memset(&run, 0, sizeof run);
+    run.o = (rf_reward_client_opts){.connect = ep, .name = "cbridge", .capacity = 4, .threads = 2,
+                                    .hello_timeout_s = 5};
+    serve_start(&run);
+    CHECK_OK(rf_external_reward_wait(x, 1, 5));
+    static echo_items s;
+    make_echo_items(&s);
+    float r[ECHO_ITEMS];
+    CHECK_OK(rf_external_reward_score(x, s.it, ECHO_ITEMS, r));
+    int exact = 0;
+    for (int i = 0; i < ECHO_ITEMS; i++) {
+        const float *v;
+        int n = rf_external_reward_token_rewards(x, i, &v);
+        exact += r[i] == (float)s.it[i].n_response_ids * 0.5f + (float)s.it[i].index + 0.25f &&
+                 token_rewards_exact(v, (size_t)n, s.ids[i], (size_t)s.it[i].n_response_ids);
+    }
+    CHECK(exact == ECHO_ITEMS);
+    rf_external_reward_stats st = rf_external_reward_last_stats(x);
+    CHECK(st.accepted == ECHO_ITEMS && st.token_rewards == ECHO_ITEMS && st.rejected == 0);
+    printf("C client through the bridge: %d of %d rewards and per-token rewards exact\n", exact,
+           ECHO_ITEMS);
+
+    /* item 3 (4 tokens) always gets 5 per-token rewards: refused 3 times, as requests 54, 104
+     * and 154 (this second batch's ids start at 51: item i's k-th request is 51 + 50 k + i) */
+    s.it[3].truth = "badtok";
+    int saved = stderr_to("/dev/null");  /* the three warnings are test_external_reward_faults' */
+    rf_error_clear();
+    rf_status fail = rf_external_reward_score(x, s.it, ECHO_ITEMS, r);
+    stderr_back(saved);
+    char want[2048], who[400];
+    snprintf(who, sizeof who, "reward program 'cbridge' (rank 0, pid %d) on %s could not score",
+             (int)getpid(), ep);
+    int len = snprintf(want, sizeof want, "request 154 (sample 3 of group 0) was rejected 3 "
+                       "times, the limit (max_attempts): ");
+    for (int k = 0; k < 3; k++)
+        len += snprintf(want + len, sizeof want - (size_t)len, "%s%d) %s request %d (sample 3 of "
+                        "group 0): the score function returned 5 per-token rewards for a response "
+                        "of 4 tokens", k ? "; " : "", k + 1, who, 54 + 50 * k);
+    CHECK(fail == RF_ERR_FORMAT && !strcmp(rf_error_message(), want));
+    if (strcmp(rf_error_message(), want))
+        fprintf(stderr, "  got  \"%s\"\n  want \"%s\"\n", rf_error_message(), want);
+    CHECK(rf_external_reward_last_stats(x).rejected == 3);
+    CHECK_OK(rf_external_reward_wait(x, 1, 5));  /* it reconnected after the last drop */
+    rf_external_reward_close(x);
     CHECK(serve_join(&run, 3) && run.st == RF_OK);
 }
 
@@ -419,6 +489,7 @@ int main(void) {
     test_slow_score();
     test_drop_reconnect();
     test_server_restart();
+    test_bridge();
     test_ends();
     test_bad_options();
     test_example();

@@ -1,8 +1,8 @@
 /* docs/reward-api.md's worked example, byte by byte: every "<!-- bytes: NAME -->" block of the
  * page (hex bytes at the start of each line, the explanation after them) is exactly what
  * rlflow's encoder (common/msg.c over protoc-c) produces for the message the page describes,
- * and decodes back to it. A page that drifts from the encoder, or a block that disappears,
- * fails. */
+ * and decodes back to it; so does the unpacked form of per-token rewards the page says
+ * decoders accept. A page that drifts from the encoder, or a block that disappears, fails. */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
 
@@ -97,6 +97,21 @@ int main(void) {
     Rlflow__RewardResponse__ComponentsEntry *comps[] = {&e1, &e2};
     r.request_id = 17, r.reward = 0.75f, r.components = comps, r.n_components = 2, r.info = "ok";
     check(page, "RewardResponse", RF_MSG_REWARD_RESPONSE, &r.base);
+
+    float tok[] = {0.5f, -0.25f, 0.0f};
+    Rlflow__RewardResponse rt = RLFLOW__REWARD_RESPONSE__INIT;
+    rt.request_id = 19, rt.reward = 1.5f, rt.token_rewards = tok, rt.n_token_rewards = 3;
+    check(page, "RewardResponse token_rewards", RF_MSG_REWARD_RESPONSE, &rt.base);
+    /* the unpacked form the page says decoders accept: one fixed-32 record (key 0x35) each */
+    const uint8_t unpacked[] = {0x11, 0x08, 0x13, 0x15, 0x00, 0x00, 0xc0, 0x3f,
+                                0x35, 0x00, 0x00, 0x00, 0x3f, 0x35, 0x00, 0x00, 0x80, 0xbe,
+                                0x35, 0x00, 0x00, 0x00, 0x00};
+    rf_msg um;
+    int decoded = rf_msg_decode(unpacked, sizeof unpacked, &um) == RF_OK;
+    const Rlflow__RewardResponse *ur = decoded ? (const Rlflow__RewardResponse *)um.pb : NULL;
+    CHECK(ur && ur->request_id == 19 && ur->n_token_rewards == 3 && ur->token_rewards[0] == 0.5f &&
+          ur->token_rewards[1] == -0.25f && ur->token_rewards[2] == 0.0f);
+    if (decoded) rf_msg_free(&um);
 
     Rlflow__Heartbeat hb = RLFLOW__HEARTBEAT__INIT;
     hb.seq = 5;

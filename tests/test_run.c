@@ -108,6 +108,9 @@ static void external_program(void) {
     /* rule reward (0/1) + 0.01 * (n_tokens + 0.01 * len + 100 if exact): between 0 and 3 */
     CHECK(r > 0.0 && r < 3.0);
     cJSON_Delete(j), free(m);
+    /* the program's "len" component (response token count) is logged */
+    double len = rf_test_metric(dir, "ext", 3, "reward/external/len");
+    CHECK(len >= 1 && len <= 6);
 }
 
 static void bad_recipes(void) {

@@ -15,6 +15,7 @@
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,6 +174,14 @@ static void reward_programs(void) {
     if (rc || !strstr(out, "step 20/20")) fprintf(stderr, "%s\n", out);
     free(out);
     CHECK(metric("rp", 20, "reward/mean") >= 0);
+    /* the programs' components are logged: echo's "len" (tokens) at the steps whose groups it
+     * scored before it died, length_judge's "length" at the last step (it alone is left) */
+    double len = NAN;
+    for (int k = 1; k <= 20 && isnan(len); k++) len = metric("rp", k, "reward/external/len");
+    double length = metric("rp", 20, "reward/external/length");
+    CHECK(len >= 1 && len <= 6);
+    CHECK(length >= 1 && length <= 6);
+    CHECK(isnan(metric("rp", 20, "reward/external/len")));
 }
 
 static void wrong_size(void) {

@@ -8,9 +8,12 @@ tests/test_external_reward_py.c:
   --encode-examples      the worked examples of docs/reward-api.md, encoded by the module, as
                          "Name hex" lines (the C test compares them with rlflow's encoder)
   --serve --connect EP   serve with an echo score function that returns everything it received
-                         (the C test checks it field by field); ground truth "fail" raises,
-                         "nan" returns NaN, "slow" sleeps 2 s; --name, --capacity, --threads,
-                         --protocol, --server-key FILE, --key FILE, --quiet
+                         (the C test checks it field by field), with per-token rewards
+                         response_ids[j] * 0.5 + 0.25 j, as a dict for even request ids and as a
+                         4-tuple for odd ones; ground truth "fail" raises, "nan" returns NaN,
+                         "badtok" one per-token reward too many, "inftok" an infinite last one,
+                         "slow" sleeps 2 s; --name, --capacity, --threads, --protocol,
+                         --server-key FILE, --key FILE, --quiet
 Exit codes of --serve: those of the module's errors (0 Shutdown, 3 no answer, 4 refused).
 """
 import argparse
@@ -64,8 +67,10 @@ def encode_examples():
     resp = rr.RewardResponse(request_id=17, reward=0.75, info="ok")
     resp.components["correct"] = 1.0
     resp.components["length"] = 1.0
+    tokens = rr.RewardResponse(request_id=19, reward=1.5, token_rewards=[0.5, -0.25, 0.0])
     for name, tag, m in (("Hello", rr.HELLO, hello), ("RewardRequest", rr.REWARD_REQUEST, req),
                          ("RewardResponse", rr.REWARD_RESPONSE, resp),
+                         ("RewardResponse token_rewards", rr.REWARD_RESPONSE, tokens),
                          ("Heartbeat", rr.HEARTBEAT, rr.Heartbeat(seq=5))):
         frame = bytes([tag]) + m.SerializeToString(deterministic=True)
         print(name, frame.hex())
@@ -85,7 +90,14 @@ def echo(req):
     info = "id=%d p=%s r=%s g=%s m=%s s=%d grp=%d k=%s" % (
         req.request_id, req.prompt, req.response, req.ground_truth, req.metadata_json,
         req.sample_index, req.group_id, req.metadata.get("k"))
-    return reward, comps, info
+    tokens = [v * 0.5 + 0.25 * j for j, v in enumerate(req.response_ids)]
+    if req.ground_truth == "badtok":
+        tokens.append(0.0)
+    if req.ground_truth == "inftok" and tokens:
+        tokens[-1] = float("inf")
+    if req.request_id % 2 == 0:
+        return {"reward": reward, "components": comps, "info": info, "token_rewards": tokens}
+    return reward, comps, info, tokens
 
 
 def serve(a):

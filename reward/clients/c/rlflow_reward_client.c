@@ -72,11 +72,41 @@ int rf_reward_result_component(rf_reward_result *r, const char *name, float valu
     return 0;
 }
 
+int rf_reward_result_token_rewards(rf_reward_result *r, const float *v, size_t n) {
+    if (!r || (n > 0 && !v)) return -1;
+    float *copy = NULL;
+    if (n > 0) {
+        copy = malloc(sizeof *copy * n);
+        if (!copy) return -1;
+        memcpy(copy, v, sizeof *copy * n);
+    }
+    free(r->token_rewards);
+    r->token_rewards = copy, r->n_token_rewards = n;
+    return 0;
+}
+
 rf_status rf_reward_client_read_key(const char *path, char key[41]) {
     return rf_curve_read_key(path, 0, key);
 }
 
 /* ---- scoring on the worker threads -------------------------------------------------------- */
+
+/* Per-token rewards rlflow would reject become the result's error instead, with the score
+ * function named as the culprit (rlflow's own sentence would blame the program). */
+static void check_token_rewards(rf_reward_result *r, size_t n_ids) {
+    size_t n = r->token_rewards ? r->n_token_rewards : 0;
+    if (n && n != n_ids) {
+        snprintf(r->error, sizeof r->error, "the score function returned %zu per-token rewards "
+                 "for a response of %zu token%s", n, n_ids, n_ids == 1 ? "" : "s");
+        return;
+    }
+    for (size_t k = 0; k < n; k++)
+        if (!isfinite(r->token_rewards[k])) {
+            snprintf(r->error, sizeof r->error, "the score function returned a non-finite "
+                     "per-token reward (%g at token %zu)", (double)r->token_rewards[k], k);
+            return;
+        }
+}
 
 static void score_job(pool *p, job *j) {
     const Rlflow__RewardRequest *q = (const Rlflow__RewardRequest *)j->msg.pb;
@@ -101,6 +131,7 @@ static void score_job(pool *p, job *j) {
     if (rc == 0 && !r->error[0] && !isfinite(r->reward))
         snprintf(r->error, sizeof r->error, "the score function returned a non-finite reward (%g)",
                  (double)r->reward);
+    if (!r->error[0]) check_token_rewards(r, q->n_response_ids);
 }
 
 static void *worker(void *arg) {
@@ -128,6 +159,7 @@ static void free_jobs(job *j) {
     while (j) {
         job *next = j->next;
         rf_msg_free(&j->msg);
+        free(j->res.token_rewards);
         free(j);
         j = next;
     }
@@ -211,6 +243,7 @@ static rf_status send_result(rf_msg_client *c, const job *j) {
         }
         m.components = ptr, m.n_components = (size_t)r->n_components;
         m.info = (char *)r->info;
+        if (r->token_rewards) m.token_rewards = r->token_rewards, m.n_token_rewards = r->n_token_rewards;
     }
     return rf_msg_client_send(c, RF_MSG_REWARD_RESPONSE, &m.base);
 }

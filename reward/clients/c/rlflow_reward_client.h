@@ -8,7 +8,7 @@
  *     static int score(const rf_reward_request *q, rf_reward_result *r, void *user) {
  *         r->reward = (float)q->n_response_ids / 64.0f;
  *         rf_reward_result_component(r, "length", (float)q->n_response_ids);
- *         return 0;
+ *         return 0;   // optional: rf_reward_result_token_rewards(r, v, q->n_response_ids)
  *     }
  *     rf_reward_client_opts o = {.connect = "tcp://127.0.0.1:5557", .name = "judge"};
  *     rf_status st = rf_reward_client_serve(&o, score, NULL);
@@ -65,11 +65,19 @@ typedef struct rf_reward_result {
     } components[RF_REWARD_MAX_COMPONENTS];  /* named parts, logged by rlflow as metrics */
     char info[RF_REWARD_INFO_LEN];           /* a one-line explanation, kept with the sample */
     char error[RF_REWARD_INFO_LEN];          /* non-empty: this sample could not be scored */
+    /* Optional per-token rewards (RewardResponse.token_rewards), one per response token:
+     * set them with rf_reward_result_token_rewards, which copies; the library owns and frees
+     * the copy (do not point these at memory of your own). */
+    float *token_rewards;                    /* (n_token_rewards) */
+    size_t n_token_rewards;                  /* 0 (none) or the request's n_response_ids */
 } rf_reward_result;
 
 /* Scores one request into *out. Returns 0 on success; any other value means the sample could
- * not be scored: out->error is sent (or "score function returned <rc>" when it is empty), and
- * rlflow stops the batch with that text naming the program and the request. */
+ * not be scored: out->error is sent (or "score function returned <rc>" when it is empty).
+ * rlflow then logs that text naming the program and the request, drops the program (this
+ * library reconnects at once) and sends the request again, to another program or to this one;
+ * a sample refused max_attempts times (3 by default) stops the run. So return an error for a
+ * sample you cannot score, not for a fault of your own that will pass. */
 typedef int (*rf_reward_score_fn)(const rf_reward_request *req, rf_reward_result *out,
                                   void *user);
 
@@ -105,6 +113,15 @@ rf_status rf_reward_client_serve(const rf_reward_client_opts *opts, rf_reward_sc
 /* Adds a named component to a result. Returns 0, or -1 when the table is full or the name is
  * empty or longer than RF_REWARD_NAME_LEN - 1 (the component is then not added). */
 int rf_reward_result_component(rf_reward_result *r, const char *name, float value);
+
+/* Sets the result's per-token rewards to a copy of v (n): the reward of each response token,
+ * so n must be the request's n_response_ids and every value finite (otherwise the library sends
+ * an error instead: "the score function returned 3 per-token rewards for a response of 4
+ * tokens", "... a non-finite per-token reward (inf at token 2)"). rlflow adds them to the
+ * sample's reward per token (PPO/GAE: each is the reward at its token; GRPO, RLOO and other
+ * group estimators: their sum is added to the sequence reward). n = 0 clears them. Returns 0,
+ * or -1 when out of memory or v is NULL with n > 0 (the result is then unchanged). */
+int rf_reward_result_token_rewards(rf_reward_result *r, const float *v, size_t n);
 
 /* Reads the key of a key file (`rlflow keygen`'s PREFIX.key or PREFIX.pub) into key (41
  * bytes). Errors name the file and line. */

@@ -14,10 +14,15 @@ Heartbeat answered, RewardRequests handed to score() on a pool of worker threads
 RewardResponses sent back, Shutdown ending the loop, reconnection when rlflow goes away, and
 CURVE encryption and authentication when given keys.
 
-score(req) returns the reward as a float, or (reward, components) or (reward, components,
-info): components a dict of name -> float (logged by rlflow as metrics), info a one-line str
-kept with the sample. An exception, or a NaN / infinite reward, is sent as the request's error
-string (rlflow then stops the batch, naming this program, the request and the text).
+score(req) returns the reward as a float, or (reward, components), (reward, components, info)
+or (reward, components, info, token_rewards), or a dict with the key "reward" and any of
+"components", "info", "token_rewards": components a dict of name -> float (logged by rlflow as
+metrics), info a one-line str kept with the sample, token_rewards a sequence of floats, one per
+response token (len(req.response_ids) of them; None or empty: none), which rlflow adds to the
+sample's reward per token. An exception, a NaN / infinite reward, or per-token rewards of the
+wrong count or not finite, is sent as the request's error string: rlflow logs it naming this
+program and the request, drops the program (serve() reconnects at once) and sends the request
+again; a sample refused max_attempts times (3 by default) stops the run.
 
 Dependencies: Debian's python3-zmq and python3-protobuf (pip: pyzmq, protobuf), nothing else;
 no protoc and no generated code. The protobuf message classes are built at import time from a
@@ -37,6 +42,7 @@ import json
 import math
 import os
 import socket as _socket
+import struct
 import sys
 import threading
 import time
@@ -103,7 +109,8 @@ SCHEMA = [
                        ("group_id", 9, "INT64", False)]),
     ("RewardResponse", [("request_id", 1, "UINT64", False), ("reward", 2, "FLOAT", False),
                         ("components", 3, "map<string,float>", False),
-                        ("info", 4, "STRING", False), ("error", 5, "STRING", False)]),
+                        ("info", 4, "STRING", False), ("error", 5, "STRING", False),
+                        ("token_rewards", 6, "FLOAT", True)]),
 ]
 ROLES = ["ROLE_UNSPECIFIED", "ROLE_CONTROLLER", "ROLE_ROLLOUT", "ROLE_ACTOR", "ROLE_CRITIC",
          "ROLE_REFERENCE", "ROLE_REWARD", "ROLE_REWARD_PROGRAM"]
@@ -212,6 +219,57 @@ class Request:
                 % (self.request_id, self.group_id, self.sample_index, self.response[:40]))
 
 
+_RESULT_KEYS = ("reward", "components", "info", "token_rewards")
+
+
+def _unpack(out):
+    """(reward, components, info, token_rewards) of what score_fn returned."""
+    if isinstance(out, dict):
+        unknown = sorted(set(out) - set(_RESULT_KEYS))
+        if unknown:
+            raise ValueError("score function returned a dict with unknown key%s %s; the keys are "
+                             "%s" % ("s" if len(unknown) > 1 else "", ", ".join(map(repr, unknown)),
+                                     ", ".join(_RESULT_KEYS)))
+        if "reward" not in out:
+            raise ValueError("score function returned a dict without \"reward\"")
+        out = tuple(out.get(k) for k in _RESULT_KEYS)
+    elif not isinstance(out, tuple):
+        out = (out,)
+    if not 1 <= len(out) <= 4:
+        raise ValueError("score function returned a tuple of %d; expected (reward), "
+                         "(reward, components), (reward, components, info) or "
+                         "(reward, components, info, token_rewards)" % len(out))
+    out = out + (None,) * (4 - len(out))
+    return out[0], out[1] or {}, out[2] or "", out[3]
+
+
+def _float32(v, what):
+    """v as a Python float that a protobuf float (IEEE 754 single) holds finitely."""
+    v = float(v)
+    try:
+        if math.isfinite(v):
+            struct.pack("<f", v)
+            return v
+    except OverflowError:
+        pass
+    raise ValueError("the score function returned a non-finite %s (%r)" % (what, v))
+
+
+def _token_rewards(values, n_ids):
+    """The per-token rewards as floats, checked as rlflow checks them."""
+    vals = [float(v) for v in values]
+    if vals and len(vals) != n_ids:
+        raise ValueError("the score function returned %d per-token rewards for a response of %d "
+                         "token%s" % (len(vals), n_ids, "" if n_ids == 1 else "s"))
+    for k, v in enumerate(vals):
+        try:
+            _float32(v, "per-token reward")
+        except ValueError:
+            raise ValueError("the score function returned a non-finite per-token reward (%r at "
+                             "token %d)" % (v, k))
+    return vals
+
+
 def _score(score_fn, req, quiet):
     """Runs score_fn on a worker thread; returns the RewardResponse to send."""
     r = RewardResponse(request_id=req.request_id)
@@ -222,22 +280,13 @@ def _score(score_fn, req, quiet):
             if not quiet:
                 sys.stderr.write(traceback.format_exc())
             raise
-        comps, info = {}, ""
-        if isinstance(out, tuple):
-            if not 1 <= len(out) <= 3:
-                raise ValueError("score function returned a tuple of %d; expected (reward), "
-                                 "(reward, components) or (reward, components, info)" % len(out))
-            reward = out[0]
-            comps = out[1] if len(out) > 1 and out[1] is not None else {}
-            info = out[2] if len(out) > 2 and out[2] is not None else ""
-        else:
-            reward = out
-        reward = float(reward)
-        if not math.isfinite(reward):
-            raise ValueError("the score function returned a non-finite reward (%r)" % reward)
+        reward, comps, info, tokens = _unpack(out)
+        reward = _float32(reward, "reward")
+        tokens = _token_rewards(tokens, len(req.response_ids)) if tokens is not None else []
         for k, v in dict(comps).items():
             r.components[str(k)] = float(v)
         r.reward, r.info = reward, str(info)
+        r.token_rewards.extend(tokens)
     except Exception as e:
         r = RewardResponse(request_id=req.request_id,
                            error="%s: %s" % (type(e).__name__, e) if str(e) else type(e).__name__)
