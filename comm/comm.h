@@ -1,11 +1,41 @@
-/* comm: collectives and point-to-point transfers between ranks, behind one interface. This
- * build carries the MPI back end (host memory, OpenMPI); the single-rank and NCCL back ends of
- * DESIGN.md section 3 come with the parallelism work. Every wait is bounded: an operation that
- * does not complete within its timeout fails with RF_ERR_IO naming the operation and the peer
- * rank, never a hang.
+/* comm: collectives and point-to-point transfers between ranks, behind one interface with three
+ * back ends (DESIGN.md section 3), chosen per communicator when it is created:
+ *
+ *   single  one rank, no MPI: collectives are copies (or nothing), sends pair with receives to
+ *           self. What rf_comm_world gives a process that no MPI launcher started. Host memory.
+ *   mpi     OpenMPI, host memory. rf_comm_init / rf_comm_world under mpirun, and every
+ *           communicator split from one.
+ *   nccl    NCCL, device memory (every buffer argument is a CUDA device pointer on the
+ *           communicator's device). rf_comm_nccl makes one from an MPI (or single) communicator:
+ *           rank 0 creates the NCCL unique id and broadcasts it over MPI. Built only when CUDA
+ *           and NCCL are found (RLFLOW_HAVE_NCCL); otherwise rf_comm_nccl says so.
+ *
+ * Bounded waits. Every operation takes `timeout_s` and `what` (a phrase naming it, e.g.
+ * "allreduce of gradients"). An operation that does not complete in time fails with RF_ERR_IO
+ * and the message
+ *     "<what>: world rank R waited T s for world rank(s) LIST (a rank is gone or stuck)"
+ * where LIST names the other ranks of the collective, or for rf_comm_sendrecv the peers whose
+ * transfers had not completed (MPI) / every peer of the group (NCCL cannot tell them apart).
+ * Ranks in messages are MPI_COMM_WORLD ranks (what mpirun and the logs show), whatever the
+ * communicator. MPI waits are non-blocking calls tested in a loop against the deadline; NCCL
+ * communicators are non-blocking (ncclConfig_t.blocking = 0): initialisation and operations are
+ * polled with ncclCommGetAsyncError and cudaStreamQuery, and on timeout or an asynchronous
+ * error the NCCL communicator is aborted (ncclCommAbort). After a timeout the communicator is
+ * unusable (a collective half done cannot be taken back): every later operation on it fails at
+ * once with RF_ERR_IO "<what>: this communicator failed earlier (<first message>)". Free it and
+ * stop; a run does not go on after a lost rank.
+ *
+ * Ordering. Collectives on one communicator must be called in the same order on every rank.
+ * rf_comm_sendrecv pairs the k-th send from A to B with the k-th receive on B from A (both
+ * within one call: a send and its receive must be in the calls that go together on both ranks).
+ *
+ * NCCL streams: a NCCL communicator runs on a stream of its own; an operation returns once its
+ * result is in place (the stream has been synchronised), so the caller must have finished
+ * writing the input on its own stream first (rf_kernels.sync).
  *
  * Threads: MPI is initialised with MPI_THREAD_FUNNELED; only the thread that called
- * rf_comm_init may call these functions. */
+ * rf_comm_init / rf_comm_world may call these functions. A communicator is used by one thread.
+ */
 #ifndef RF_COMM_H
 #define RF_COMM_H
 
@@ -16,6 +46,8 @@
 typedef struct rf_comm rf_comm;
 typedef struct rf_comm_req rf_comm_req;
 
+typedef enum rf_comm_kind { RF_COMM_SINGLE, RF_COMM_MPI, RF_COMM_NCCL } rf_comm_kind;
+
 /* 1 when this process was started by an MPI launcher (mpirun / srun with PMIx). */
 int rf_comm_launched_by_mpi(void);
 
@@ -23,27 +55,89 @@ int rf_comm_launched_by_mpi(void);
  * (RF_ERR_IO) make MPI's own message part of ours. */
 rf_status rf_comm_init(int *argc, char ***argv, rf_comm **world);
 
-/* Finalizes MPI (after every communicator and request is freed). */
+/* The world of this process: MPI's (rf_comm_init) when an MPI launcher started it, else the
+ * single-rank communicator (MPI is not touched). Owned by the library. */
+rf_status rf_comm_world(int *argc, char ***argv, rf_comm **world);
+
+/* The single-rank communicator (rank 0 of 1, host memory), owned by the library. */
+rf_comm *rf_comm_single(void);
+
+/* Makes a NCCL communicator over the ranks of `from` (an MPI or single communicator; collective
+ * over it), the calling rank using CUDA device `device`; ranks keep their numbers. Rank 0 makes
+ * the unique id and broadcasts it over `from`; initialisation is bounded by timeout_s (a rank
+ * that never joins: RF_ERR_IO naming the ranks). The new communicator keeps a duplicate of
+ * `from` for bootstrapping its splits; timeout_s also bounds those. Caller frees it with
+ * rf_comm_free. RF_ERR_UNSUPPORTED when this build has no NCCL, RF_ERR_NODEVICE when `device`
+ * does not exist. */
+rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out);
+
+/* Finalizes MPI (after every communicator and request is freed). Nothing when MPI was not
+ * initialised. */
 void rf_comm_finalize(void);
 
-/* Aborts every rank of the job (after an error has been printed). */
+/* Aborts every rank of the job (after an error has been printed); exit(code) without MPI. */
 void rf_comm_abort(int code);
 
 int rf_comm_rank(const rf_comm *c);
 int rf_comm_size(const rf_comm *c);
+rf_comm_kind rf_comm_backend(const rf_comm *c);
+/* "single", "mpi" or "nccl". */
+const char *rf_comm_backend_name(const rf_comm *c);
+/* The MPI_COMM_WORLD rank of rank r of c (r itself for the single back end). */
+int rf_comm_world_rank(const rf_comm *c, int r);
 
-/* Splits c by color (ranks with equal color form one communicator, ordered by key); a rank
- * passing color < 0 gets *out = NULL. Collective over c. */
+/* Splits c by color (ranks with equal color form one communicator, ordered by key, then by
+ * rank in c); a rank passing color < 0 gets *out = NULL. Collective over c. The new
+ * communicator has c's back end (a NCCL one is bootstrapped over the split of its MPI
+ * duplicate, on the same device). Caller frees it with rf_comm_free. */
 rf_status rf_comm_split(rf_comm *c, int color, int key, rf_comm **out);
+
+/* Frees a communicator made by rf_comm_split or rf_comm_nccl; the library's own (world,
+ * single) and NULL are ignored. */
 void rf_comm_free(rf_comm *c);
 
-/* Broadcasts bytes from root, waiting at most timeout_s ("what" names it in errors). */
+/* ---- collectives (every rank of c calls them, in the same order) ---- */
+
+/* out (n) = sum over ranks of in (n), float32, identical on every rank. in == out is in place;
+ * otherwise they must not overlap. */
+rf_status rf_comm_allreduce(rf_comm *c, const float *in, float *out, size_t n, double timeout_s,
+                            const char *what);
+
+/* Reduce-scatter with equal blocks: in is (size, n); out (n) on rank r = sum over ranks of block
+ * r of in. in and out must not overlap. n * sizeof(float) at most INT_MAX bytes (MPI). */
+rf_status rf_comm_reduce_scatter(rf_comm *c, const float *in, float *out, size_t n,
+                                 double timeout_s, const char *what);
+
+/* Gathers `bytes` from every rank into out (size, bytes), rank r's at out + r * bytes. in and
+ * out must not overlap. */
+rf_status rf_comm_allgather(rf_comm *c, const void *in, void *out, size_t bytes,
+                            double timeout_s, const char *what);
+
+/* Broadcasts bytes of buf from root to every rank (in place). */
 rf_status rf_comm_bcast(rf_comm *c, void *buf, size_t bytes, int root, double timeout_s,
                         const char *what);
 
-/* Gathers `bytes` from every rank into out (size * bytes), bounded like bcast. */
-rf_status rf_comm_allgather(rf_comm *c, const void *in, void *out, size_t bytes,
-                            double timeout_s, const char *what);
+/* Returns on every rank once every rank has called it. */
+rf_status rf_comm_barrier(rf_comm *c, double timeout_s, const char *what);
+
+/* ---- grouped point-to-point ---- */
+
+/* One send or receive of a group. */
+typedef struct rf_comm_p2p {
+    void *buf;    /* (bytes) read when sending, written when receiving */
+    size_t bytes; /* a send's and its receive's must be equal */
+    int peer;     /* rank in the communicator; may be the caller itself */
+    int send;     /* 1 send, 0 receive */
+} rf_comm_p2p;
+
+/* Posts every send and receive of ops (n of them) together and returns when all have
+ * completed (ncclGroupStart/End on NCCL; Isend/Irecv on MPI; copies on the single back end).
+ * Only the ranks named as peers take part: this is not a collective. Timeouts name the peers
+ * not done. Buffers of different ops must not overlap where one of them is received into. */
+rf_status rf_comm_sendrecv(rf_comm *c, const rf_comm_p2p *ops, int n, double timeout_s,
+                           const char *what);
+
+/* ---- single transfers (MPI back end only; RF_ERR_UNSUPPORTED elsewhere) ---- */
 
 /* Non-blocking send / receive of any number of bytes (split into pieces MPI can count).
  * buf must stay untouched until the request completes. */
@@ -59,7 +153,8 @@ int rf_comm_iprobe(rf_comm *c, int peer, int tag);
 /* Progresses req: 1 when complete, 0 when not yet, -1 on an MPI error (message set). */
 int rf_comm_test(rf_comm_req *req);
 
-/* Waits for req at most timeout_s. RF_ERR_IO "<what>: rank R did not complete in T s". */
+/* Waits for req at most timeout_s. RF_ERR_IO "<what>: rank R did not complete it within T s"
+ * (R the peer's rank in the request's communicator). */
 rf_status rf_comm_wait(rf_comm_req *req, double timeout_s, const char *what);
 
 /* Frees a request; a pending one is cancelled first. NULL is fine. */

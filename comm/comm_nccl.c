@@ -1,0 +1,245 @@
+/* The NCCL back end of comm (CUDA device memory). Built only when CMake finds CUDA and NCCL
+ * (RLFLOW_HAVE_NCCL); it has been compiled and linked but never run on a GPU (docs/architecture.md).
+ *
+ * Bootstrap as in nccl-tests: rank 0 makes the unique id and broadcasts it over the MPI (or
+ * single) communicator the NCCL one is made from. Communicators are non-blocking
+ * (ncclConfig_t.blocking = 0, NCCL >= 2.14): initialisation and ncclGroupEnd may return
+ * ncclInProgress, and ncclCommGetAsyncError reports when they are done or failed. Each
+ * operation is enqueued on the communicator's stream and then polled (ncclCommGetAsyncError,
+ * cudaStreamQuery) until its deadline; on timeout or an asynchronous error the communicator is
+ * aborted (ncclCommAbort), which is NCCL's documented way out of a collective that will never
+ * complete (NCCL user guide, "Error handling and communicator abort"). */
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_internal.h"
+#include "common/util.h"
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "comm's NCCL back end needs NCCL 2.14 or later (non-blocking communicators)"
+#endif
+
+typedef struct nccl_state {
+    ncclComm_t nc;       /* NULL once aborted */
+    cudaStream_t stream;
+    int device;
+    rf_comm *boot;       /* (owned) duplicate of the MPI / single communicator: splits */
+    float *scratch;      /* (1) device: barriers are an allreduce of one float */
+    double timeout_s;    /* bounds bootstrapping splits */
+} nccl_state;
+
+static const rf_comm_ops nccl_ops;
+
+static nccl_state *st_of(rf_comm *c) { return c->impl; }
+
+/* Aborts the NCCL communicator (once) and marks c failed with the current message. */
+static rf_status give_up(rf_comm *c, rf_status code) {
+    nccl_state *s = st_of(c);
+    if (s->nc) ncclCommAbort(s->nc);
+    s->nc = NULL;
+    rf__comm_mark_failed(c);
+    return code;
+}
+
+static rf_status nccl_error(rf_comm *c, ncclResult_t r, const char *what) {
+    nccl_state *s = st_of(c);
+    rf_error(RF_ERR_IO, "%s: NCCL error on world rank %d: %s (%s)", what, c->world[c->rank],
+             ncclGetErrorString(r), s->nc ? ncclGetLastError(s->nc) : "");
+    return give_up(c, RF_ERR_IO);
+}
+
+/* 1 when the communicator has nothing in progress, 0 while it has, -1 on an error (c given
+ * up, message set). */
+static int comm_state(rf_comm *c, const char *what) {
+    ncclResult_t a = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(st_of(c)->nc, &a);
+    if (r != ncclSuccess) a = r;
+    if (a == ncclSuccess) return 1;
+    if (a == ncclInProgress) return 0;
+    nccl_error(c, a, what);
+    return -1;
+}
+
+/* Waits for what was just enqueued (`launched` is what the call or ncclGroupEnd returned):
+ * first until NCCL has handed it to the stream, then until the stream is done. On timeout:
+ * the error names `peers` (n of them; NULL = every other rank). */
+static rf_status finish(rf_comm *c, ncclResult_t launched, const int *peers, int n, double timeout_s,
+                        const char *what) {
+    nccl_state *s = st_of(c);
+    if (launched != ncclSuccess && launched != ncclInProgress) return nccl_error(c, launched, what);
+    double deadline = rf_time_now() + timeout_s;
+    int polls = 0;
+    for (;;) {
+        int ready = comm_state(c, what);
+        if (ready < 0) return RF_ERR_IO;
+        if (ready) {
+            cudaError_t e = cudaStreamQuery(s->stream);
+            if (e == cudaSuccess) return RF_OK;
+            if (e != cudaErrorNotReady) {
+                rf_error(RF_ERR_IO, "%s: CUDA error on world rank %d: %s", what, c->world[c->rank],
+                         cudaGetErrorString(e));
+                return give_up(c, RF_ERR_IO);
+            }
+        }
+        if (rf_time_now() > deadline) {
+            rf_status st = peers ? rf__comm_timeout(c, peers, n, timeout_s, what) : rf__comm_timeout_all(c, timeout_s, what);
+            return give_up(c, st);
+        }
+        rf__comm_backoff(&polls);
+    }
+}
+
+/* ---- collectives ---- */
+
+static rf_status nccl_allreduce(rf_comm *c, const float *in, float *out, size_t n, double timeout_s,
+                                const char *what) {
+    nccl_state *s = st_of(c);
+    return finish(c, ncclAllReduce(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream), NULL, 0, timeout_s, what);
+}
+
+static rf_status nccl_reduce_scatter(rf_comm *c, const float *in, float *out, size_t n, double timeout_s,
+                                     const char *what) {
+    nccl_state *s = st_of(c);
+    return finish(c, ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream), NULL, 0, timeout_s, what);
+}
+
+static rf_status nccl_allgather(rf_comm *c, const void *in, void *out, size_t bytes, double timeout_s,
+                                const char *what) {
+    nccl_state *s = st_of(c);
+    return finish(c, ncclAllGather(in, out, bytes, ncclUint8, s->nc, s->stream), NULL, 0, timeout_s, what);
+}
+
+static rf_status nccl_bcast(rf_comm *c, void *buf, size_t bytes, int root, double timeout_s, const char *what) {
+    nccl_state *s = st_of(c);
+    return finish(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, s->nc, s->stream), NULL, 0, timeout_s, what);
+}
+
+static rf_status nccl_barrier(rf_comm *c, double timeout_s, const char *what) {
+    nccl_state *s = st_of(c);
+    return finish(c, ncclAllReduce(s->scratch, s->scratch, 1, ncclFloat32, ncclSum, s->nc, s->stream), NULL, 0,
+                  timeout_s, what);
+}
+
+static rf_status nccl_sendrecv(rf_comm *c, const rf_comm_p2p *ops, int n, double timeout_s, const char *what) {
+    nccl_state *s = st_of(c);
+    int *peers = malloc(sizeof(int) * (size_t)n);
+    if (!peers) return rf_error(RF_ERR_NOMEM, "out of memory");
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++) {
+        peers[i] = ops[i].peer;
+        r = ops[i].send ? ncclSend(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, s->nc, s->stream)
+                        : ncclRecv(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, s->nc, s->stream);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress) r = e;
+    rf_status st = finish(c, r, peers, n, timeout_s, what);
+    free(peers);
+    return st;
+}
+
+/* ---- communicators ---- */
+
+static void nccl_free(rf_comm *c) {
+    nccl_state *s = st_of(c);
+    if (s->nc) {
+        /* finalize flushes and, non-blocking, reports completion through the async error; a
+         * communicator that does not quiesce in time is aborted instead */
+        ncclResult_t r = ncclCommFinalize(s->nc);
+        double deadline = rf_time_now() + s->timeout_s;
+        int polls = 0, ready = 0;
+        while (r == ncclSuccess || r == ncclInProgress) {
+            ncclResult_t a = ncclSuccess;
+            r = ncclCommGetAsyncError(s->nc, &a);
+            if (r == ncclSuccess && a == ncclSuccess) {
+                ready = 1;
+                break;
+            }
+            if (a != ncclInProgress || rf_time_now() > deadline) break;
+            rf__comm_backoff(&polls);
+        }
+        if (ready) ncclCommDestroy(s->nc);
+        else ncclCommAbort(s->nc);
+    }
+    if (s->scratch) cudaFree(s->scratch);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    rf_comm_free(s->boot);
+    free(s);
+    rf__comm_delete(c);
+}
+
+/* The unique id with rank 0's verdict, so that a failure there stops every rank. */
+typedef struct boot_msg {
+    int ok;
+    ncclUniqueId id;
+} boot_msg;
+
+/* Makes the NCCL communicator over boot's ranks (boot becomes its own). */
+static rf_status nccl_make(rf_comm *boot, int device, double timeout_s, rf_comm **out) {
+    *out = NULL;
+    const char *what = "creating a NCCL communicator";
+    boot_msg m = {0};
+    if (boot->rank == 0) m.ok = ncclGetUniqueId(&m.id) == ncclSuccess;
+    RF_TRY(rf_comm_bcast(boot, &m, sizeof m, 0, timeout_s, "sharing the NCCL unique id"));
+    if (!m.ok) return rf_error(RF_ERR_IO, "%s: rank 0 could not make a NCCL unique id", what);
+    nccl_state *s = calloc(1, sizeof *s);
+    rf_comm *c = s ? rf__comm_new(&nccl_ops, RF_COMM_NCCL, boot->rank, boot->size) : NULL;
+    if (!c) {
+        free(s);
+        return rf_error(RF_ERR_NOMEM, "out of memory");
+    }
+    for (int r = 0; r < boot->size; r++) c->world[r] = rf_comm_world_rank(boot, r);
+    s->device = device, s->boot = boot, s->timeout_s = timeout_s;
+    c->impl = s;
+    cudaError_t ce = cudaSetDevice(device);
+    if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+    if (ce == cudaSuccess) ce = cudaMalloc((void **)&s->scratch, sizeof(float));
+    if (ce != cudaSuccess) {
+        s->boot = NULL; /* stays the caller's on failure */
+        nccl_free(c);
+        return rf_error(RF_ERR_CUDA, "%s on device %d: %s", what, device, cudaGetErrorString(ce));
+    }
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    rf_status st = finish(c, ncclCommInitRankConfig(&s->nc, boot->size, m.id, boot->rank, &cfg), NULL, 0,
+                          timeout_s, what);
+    if (st != RF_OK) {
+        s->boot = NULL;
+        nccl_free(c);
+        return st;
+    }
+    *out = c;
+    return RF_OK;
+}
+
+rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out) {
+    *out = NULL;
+    if (!from || from->kind == RF_COMM_NCCL)
+        return rf_error(RF_ERR_ARG, "a NCCL communicator is made from an MPI or single one");
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n)
+        return rf_error(RF_ERR_NODEVICE, "world rank %d: CUDA device %d does not exist (%d found)",
+                        rf_comm_world_rank(from, from->rank), device, n);
+    rf_comm *boot = NULL;
+    RF_TRY(rf_comm_split(from, 0, from->rank, &boot));
+    rf_status st = nccl_make(boot, device, timeout_s, out);
+    if (st != RF_OK) rf_comm_free(boot);
+    return st;
+}
+
+static rf_status nccl_split(rf_comm *c, int color, int key, rf_comm **out) {
+    nccl_state *s = st_of(c);
+    rf_comm *boot = NULL;
+    RF_TRY(rf_comm_split(s->boot, color, key, &boot));
+    if (!boot) return RF_OK;
+    rf_status st = nccl_make(boot, s->device, s->timeout_s, out);
+    if (st != RF_OK) rf_comm_free(boot);
+    return st;
+}
+
+static const rf_comm_ops nccl_ops = {
+    "nccl", nccl_allreduce, nccl_reduce_scatter, nccl_allgather, nccl_bcast,
+    nccl_barrier, nccl_sendrecv, nccl_split, nccl_free,
+};

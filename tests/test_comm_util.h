@@ -1,0 +1,50 @@
+/* Tests that run themselves under mpirun: the program started by ctest does its single-process
+ * checks, then starts itself with `mpirun -np N --oversubscribe` for each N it asks for, and
+ * counts each run's exit code as a check. Under mpirun every rank runs the checks, and the
+ * ranks agree on pass/fail (the number of failed checks is summed over the world), so every
+ * rank exits with the same code. Include after test_util.h and _POSIX_C_SOURCE 200809L. */
+#ifndef RF_TEST_COMM_UTIL_H
+#define RF_TEST_COMM_UTIL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "test_shell.h"
+#include "test_util.h"
+
+/* 1 when mpirun is installed. */
+static inline int rf_test_have_mpirun(void) { return rf_test_sh(NULL, "command -v mpirun >/dev/null") == 0; }
+
+/* Runs this program under mpirun with np ranks (bounded: killed after limit_s); prints its
+ * output; returns the exit code. */
+static inline int rf_test_mpirun_self(int np, double limit_s, const char *extra_args) {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return -1;
+    self[n] = '\0';
+    char *out = NULL;
+    int rc = rf_test_sh(&out, "timeout %.0f mpirun -np %d --oversubscribe %s %s %s", limit_s, np,
+                        geteuid() == 0 ? "--allow-run-as-root" : "", self, extra_args ? extra_args : "");
+    printf("---- mpirun -np %d: exit code %d\n%s", np, rc, out ? out : "");
+    free(out);
+    return rc;
+}
+
+/* Under mpirun: sums the failed checks over c's ranks; rank 0 prints the totals. Returns the
+ * exit code every rank should use (0 all passed, 1 not). */
+static inline int rf_test_mpi_finish(rf_comm *c, const char *name) {
+    float counts[2] = {(float)rf_test_passed, (float)rf_test_failed}, sum[2] = {0, 0};
+    rf_status st = rf_comm_allreduce(c, counts, sum, 2, 60, "agreeing on the test's result");
+    if (st != RF_OK) {
+        fprintf(stderr, "%s: rank %d: %s\n", name, rf_comm_rank(c), rf_error_message());
+        return 1;
+    }
+    if (rf_comm_rank(c) == 0)
+        printf("%s (%d ranks): %.0f passed, %.0f failed\n", name, rf_comm_size(c), sum[0], sum[1]);
+    return sum[1] > 0 ? 1 : 0;
+}
+
+#endif
