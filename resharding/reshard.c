@@ -1,0 +1,343 @@
+/* Resharding executor: this rank's moves bucket by bucket through grouped send/recv, with a
+ * hello (plan id, version) first and a CRC-32C header per bucket and peer. */
+#include "resharding/reshard.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/crc32c.h"
+
+#define HELLO_MAGIC 0x52464853u  /* "RFHS" */
+#define BUCKET_MAGIC 0x52464842u /* "RFHB" */
+#define NO_STAGE ((size_t)-1)
+
+typedef struct hello {
+    uint32_t magic, plan_id;
+    int64_t version;
+} hello;
+
+typedef struct bucket_header {
+    uint32_t magic, crc;
+    int32_t bucket, n_moves;
+    uint64_t bytes;
+} bucket_header;
+
+/* One direction of exchange with one peer in one bucket. */
+typedef struct pair {
+    int peer, send;
+    bucket_header hdr; /* sent, or received */
+} pair;
+
+typedef struct bucket {
+    int index;             /* the plan's bucket number */
+    int first, last;       /* into x->mine */
+    int first_pair, n_pairs;
+} bucket;
+
+struct rf_reshard {
+    const rf_reshard_plan *p;
+    rf_comm *c;
+    rf_reshard_opts o;
+    int me, need_src, need_dst;
+    int *mine, n_mine;     /* plan move indices involving this rank, in plan order */
+    size_t *stage;         /* (n_mine) floats into the staging buffer of the strided side, or NO_STAGE */
+    int *pair_of;          /* (n_mine) index into pairs, -1 for local copies */
+    bucket *buckets;
+    int n_buckets;
+    pair *pairs;
+    int n_pairs;
+    int *peers, n_peers;   /* every rank exchanged with: the hello */
+    hello *hellos_in;      /* (n_peers) */
+    float *send_stage, *recv_stage;
+    rf_comm_p2p *ops;      /* room for the largest bucket's exchange */
+    int max_ops;
+};
+
+static int src_contig(const rf_reshard_move *m) { return m->n_runs == 1 || m->src_stride == m->run; }
+static int dst_contig(const rf_reshard_move *m) { return m->n_runs == 1 || m->dst_stride == m->run; }
+static size_t move_floats(const rf_reshard_move *m) { return (size_t)(m->n_runs * m->run); }
+
+/* n_runs runs of `run` floats from src (runs src_stride apart) to dst (dst_stride apart). */
+static void copy_runs(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t n_runs, int64_t run) {
+    if (dst_stride == run && src_stride == run) {
+        memcpy(dst, src, sizeof(float) * (size_t)(n_runs * run));
+        return;
+    }
+    for (int64_t i = 0; i < n_runs; i++) memcpy(dst + i * dst_stride, src + i * src_stride, sizeof(float) * (size_t)run);
+}
+
+static uint32_t crc_runs(uint32_t crc, const float *p, int64_t stride, int64_t n_runs, int64_t run) {
+    if (stride == run) return rf_crc32c_extend(crc, p, sizeof(float) * (size_t)(n_runs * run));
+    for (int64_t i = 0; i < n_runs; i++) crc = rf_crc32c_extend(crc, p + i * stride, sizeof(float) * (size_t)run);
+    return crc;
+}
+
+/* ---- preparation ---- */
+
+static int add_unique(int *list, int *n, int v) {
+    for (int i = 0; i < *n; i++)
+        if (list[i] == v) return i;
+    list[(*n)++] = v;
+    return *n - 1;
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Pairs, staging offsets and sizes of the bucket made of mine[first..last). */
+static void prepare_bucket(rf_reshard *x, bucket *bk, size_t *send_floats, size_t *recv_floats) {
+    size_t so = 0, ro = 0;
+    bk->first_pair = x->n_pairs;
+    for (int k = bk->first; k < bk->last; k++) {
+        const rf_reshard_move *m = &x->p->moves[x->mine[k]];
+        x->stage[k] = NO_STAGE, x->pair_of[k] = -1;
+        if (m->src_rank == m->dst_rank) continue;
+        int send = m->src_rank == x->me, peer = send ? m->dst_rank : m->src_rank, j;
+        for (j = bk->first_pair; j < x->n_pairs; j++)
+            if (x->pairs[j].peer == peer && x->pairs[j].send == send) break;
+        if (j == x->n_pairs) x->pairs[x->n_pairs++] = (pair){.peer = peer, .send = send};
+        x->pair_of[k] = j;
+        if (send && !src_contig(m)) x->stage[k] = so, so += move_floats(m);
+        if (!send && !dst_contig(m)) x->stage[k] = ro, ro += move_floats(m);
+    }
+    bk->n_pairs = x->n_pairs - bk->first_pair;
+    if (so > *send_floats) *send_floats = so;
+    if (ro > *recv_floats) *recv_floats = ro;
+}
+
+static rf_status prepare(rf_reshard *x) {
+    const rf_reshard_plan *p = x->p;
+    int n = p->n_moves;
+    x->mine = malloc(sizeof(int) * (size_t)(n + 1));
+    x->stage = malloc(sizeof(size_t) * (size_t)(n + 1));
+    x->pair_of = malloc(sizeof(int) * (size_t)(n + 1));
+    x->buckets = malloc(sizeof(bucket) * (size_t)(p->n_buckets + 1));
+    x->pairs = malloc(sizeof(pair) * (size_t)(n + 1));
+    x->peers = malloc(sizeof(int) * (size_t)(n + 1));
+    if (!x->mine || !x->stage || !x->pair_of || !x->buckets || !x->pairs || !x->peers)
+        return rf_error(RF_ERR_NOMEM, "resharding: out of memory for a plan of %d moves", n);
+    for (int i = 0; i < n; i++) {
+        const rf_reshard_move *m = &p->moves[i];
+        if (m->src_rank != x->me && m->dst_rank != x->me) continue;
+        x->mine[x->n_mine++] = i;
+        if (m->src_rank == x->me) x->need_src = 1;
+        if (m->dst_rank == x->me) x->need_dst = 1;
+        if (m->src_rank != m->dst_rank) add_unique(x->peers, &x->n_peers, m->src_rank == x->me ? m->dst_rank : m->src_rank);
+    }
+    qsort(x->peers, (size_t)x->n_peers, sizeof(int), cmp_int);
+    size_t send_floats = 0, recv_floats = 0;
+    for (int k = 0; k < x->n_mine;) {
+        bucket *bk = &x->buckets[x->n_buckets++];
+        bk->index = p->moves[x->mine[k]].bucket, bk->first = k;
+        while (k < x->n_mine && p->moves[x->mine[k]].bucket == bk->index) k++;
+        bk->last = k;
+        prepare_bucket(x, bk, &send_floats, &recv_floats);
+        int ops = bk->n_pairs + (bk->last - bk->first);
+        if (ops > x->max_ops) x->max_ops = ops;
+    }
+    if (x->max_ops < 2 * x->n_peers) x->max_ops = 2 * x->n_peers; /* the hello */
+    x->ops = malloc(sizeof(rf_comm_p2p) * (size_t)(x->max_ops + 1));
+    x->hellos_in = malloc(sizeof(hello) * (size_t)(x->n_peers + 1));
+    x->send_stage = malloc(sizeof(float) * (send_floats + 1));
+    x->recv_stage = malloc(sizeof(float) * (recv_floats + 1));
+    if (!x->ops || !x->hellos_in || !x->send_stage || !x->recv_stage)
+        return rf_error(RF_ERR_NOMEM, "resharding: out of memory for staging (%zu floats)", send_floats + recv_floats);
+    return RF_OK;
+}
+
+rf_status rf_reshard_init(rf_reshard **out, const rf_reshard_plan *plan, rf_comm *c, const rf_reshard_opts *opts) {
+    *out = NULL;
+    if (rf_comm_size(c) != plan->comm_size)
+        return rf_error(RF_ERR_ARG, "resharding: the plan is for %d ranks, the communicator has %d", plan->comm_size,
+                        rf_comm_size(c));
+    if (rf_comm_backend(c) == RF_COMM_NCCL && !plan->zero_copy)
+        return rf_error(RF_ERR_UNSUPPORTED, "resharding device buffers over NCCL is not built (it needs pack and checksum kernels)");
+    rf_reshard *x = calloc(1, sizeof *x);
+    if (!x) return rf_error(RF_ERR_NOMEM, "out of memory");
+    x->p = plan, x->c = c, x->me = rf_comm_rank(c);
+    if (opts) x->o = *opts;
+    if (x->o.timeout_s <= 0) x->o.timeout_s = 60;
+    rf_status st = plan->zero_copy ? RF_OK : prepare(x);
+    if (st != RF_OK) {
+        rf_reshard_free(x);
+        return st;
+    }
+    *out = x;
+    return RF_OK;
+}
+
+void rf_reshard_free(rf_reshard *x) {
+    if (!x) return;
+    free(x->mine), free(x->stage), free(x->pair_of);
+    free(x->buckets), free(x->pairs), free(x->peers), free(x->hellos_in);
+    free(x->send_stage), free(x->recv_stage);
+    free(x->ops);
+    free(x);
+}
+
+/* ---- running ---- */
+
+static int world(const rf_reshard *x, int r) { return rf_comm_world_rank(x->c, r); }
+
+/* Every peer gets and sends a hello; a peer with another plan or version is refused. */
+static rf_status say_hello(rf_reshard *x, int64_t version) {
+    if (x->n_peers == 0) return RF_OK;
+    hello mine = {HELLO_MAGIC, x->p->id, version};
+    int n = 0;
+    for (int i = 0; i < x->n_peers; i++) {
+        x->ops[n++] = (rf_comm_p2p){&mine, sizeof mine, x->peers[i], 1};
+        x->ops[n++] = (rf_comm_p2p){&x->hellos_in[i], sizeof(hello), x->peers[i], 0};
+    }
+    char what[96];
+    snprintf(what, sizeof what, "resharding version %lld (hello)", (long long)version);
+    RF_TRY(rf_comm_sendrecv(x->c, x->ops, n, x->o.timeout_s, what));
+    for (int i = 0; i < x->n_peers; i++) {
+        const hello *h = &x->hellos_in[i];
+        if (h->magic != HELLO_MAGIC || h->plan_id != x->p->id)
+            return rf_error(RF_ERR_FORMAT, "resharding: world rank %d planned differently from world rank %d (plan %08x, here %08x): layouts, bucket size or model differ",
+                            world(x, x->peers[i]), world(x, x->me), h->plan_id, x->p->id);
+        if (h->version != version)
+            return rf_error(RF_ERR_FORMAT, "resharding: world rank %d moves version %lld, world rank %d version %lld",
+                            world(x, x->peers[i]), (long long)h->version, world(x, x->me), (long long)version);
+    }
+    return RF_OK;
+}
+
+/* Packs strided sends, checksums what goes to each peer, fills the headers. */
+static void prepare_sends(rf_reshard *x, const bucket *bk, const float *src, int corrupt) {
+    for (int j = bk->first_pair; j < bk->first_pair + bk->n_pairs; j++)
+        if (x->pairs[j].send) x->pairs[j].hdr = (bucket_header){BUCKET_MAGIC, 0, bk->index, 0, 0};
+    for (int k = bk->first; k < bk->last; k++) {
+        const rf_reshard_move *m = &x->p->moves[x->mine[k]];
+        if (x->pair_of[k] < 0 || m->src_rank != x->me) continue;
+        bucket_header *h = &x->pairs[x->pair_of[k]].hdr;
+        const float *from = src + m->src_off;
+        int64_t stride = m->src_stride;
+        if (x->stage[k] != NO_STAGE) {
+            copy_runs(x->send_stage + x->stage[k], m->run, from, m->src_stride, m->n_runs, m->run);
+            from = x->send_stage + x->stage[k], stride = m->run;
+        }
+        if (!x->o.no_verify) h->crc = crc_runs(h->crc, from, stride, m->n_runs, m->run);
+        h->n_moves++, h->bytes += move_floats(m) * sizeof(float);
+    }
+    if (corrupt)
+        for (int j = bk->first_pair; j < bk->first_pair + bk->n_pairs; j++) x->pairs[j].hdr.crc ^= 1u;
+}
+
+/* The bucket's exchange: headers first, then every move in plan order (the same order on the
+ * sending and the receiving rank, so MPI and NCCL pair them). */
+static int build_ops(rf_reshard *x, const bucket *bk, const float *src, float *dst) {
+    int n = 0;
+    for (int j = bk->first_pair; j < bk->first_pair + bk->n_pairs; j++)
+        x->ops[n++] = (rf_comm_p2p){&x->pairs[j].hdr, sizeof(bucket_header), x->pairs[j].peer, x->pairs[j].send};
+    for (int k = bk->first; k < bk->last; k++) {
+        const rf_reshard_move *m = &x->p->moves[x->mine[k]];
+        if (x->pair_of[k] < 0) continue;
+        size_t bytes = move_floats(m) * sizeof(float);
+        if (m->src_rank == x->me)
+            x->ops[n++] = (rf_comm_p2p){x->stage[k] != NO_STAGE ? x->send_stage + x->stage[k] : (float *)src + m->src_off,
+                                        bytes, m->dst_rank, 1};
+        else
+            x->ops[n++] = (rf_comm_p2p){x->stage[k] != NO_STAGE ? x->recv_stage + x->stage[k] : dst + m->dst_off, bytes,
+                                        m->src_rank, 0};
+    }
+    return n;
+}
+
+/* Names the parameters a pair carried in this bucket, for messages. */
+static void pair_params(const rf_reshard *x, const bucket *bk, int j, char *out, size_t cap) {
+    size_t len = 0;
+    int last = -1, count = 0;
+    out[0] = '\0';
+    for (int k = bk->first; k < bk->last && len < cap; k++) {
+        int param = x->p->moves[x->mine[k]].param;
+        if (x->pair_of[k] != j || param == last) continue;
+        last = param;
+        if (count++ == 3) {
+            snprintf(out + len, cap - len, ", ...");
+            break;
+        }
+        len += (size_t)snprintf(out + len, cap - len, "%s%s", count > 1 ? ", " : "", x->p->views[param].name);
+    }
+}
+
+/* Checks what arrived against the headers, then unpacks strided receives. Returns the first
+ * problem (RF_ERR_FORMAT) without stopping. */
+static rf_status finish_receives(rf_reshard *x, const bucket *bk, float *dst, int64_t version) {
+    rf_status st = RF_OK;
+    for (int j = bk->first_pair; j < bk->first_pair + bk->n_pairs; j++) {
+        if (x->pairs[j].send) continue;
+        uint32_t crc = 0;
+        uint64_t bytes = 0;
+        int n = 0;
+        for (int k = bk->first; k < bk->last; k++) {
+            if (x->pair_of[k] != j) continue;
+            const rf_reshard_move *m = &x->p->moves[x->mine[k]];
+            int staged = x->stage[k] != NO_STAGE;
+            if (!x->o.no_verify)
+                crc = crc_runs(crc, staged ? x->recv_stage + x->stage[k] : dst + m->dst_off, staged ? m->run : m->dst_stride,
+                               m->n_runs, m->run);
+            bytes += move_floats(m) * sizeof(float), n++;
+        }
+        const bucket_header *h = &x->pairs[j].hdr;
+        char params[256];
+        pair_params(x, bk, j, params, sizeof params);
+        if (st == RF_OK && (h->magic != BUCKET_MAGIC || h->bucket != bk->index || h->bytes != bytes || h->n_moves != n))
+            st = rf_error(RF_ERR_FORMAT, "resharding version %lld, bucket %d: world rank %d sent bucket %d with %d moves of %llu bytes, world rank %d expected %d moves of %llu bytes (%s)",
+                          (long long)version, bk->index, world(x, x->pairs[j].peer), h->bucket, h->n_moves,
+                          (unsigned long long)h->bytes, world(x, x->me), n, (unsigned long long)bytes, params);
+        else if (st == RF_OK && !x->o.no_verify && h->crc != crc)
+            st = rf_error(RF_ERR_FORMAT, "resharding version %lld, bucket %d: the data from world rank %d arrived damaged at world rank %d: CRC-32C %08x, sent as %08x (%s)",
+                          (long long)version, bk->index, world(x, x->pairs[j].peer), world(x, x->me), crc, h->crc, params);
+    }
+    for (int k = bk->first; k < bk->last; k++) {
+        const rf_reshard_move *m = &x->p->moves[x->mine[k]];
+        if (x->pair_of[k] >= 0 && m->dst_rank == x->me && x->stage[k] != NO_STAGE)
+            copy_runs(dst + m->dst_off, m->dst_stride, x->recv_stage + x->stage[k], m->run, m->n_runs, m->run);
+    }
+    return st;
+}
+
+static void local_copies(rf_reshard *x, const bucket *bk, const float *src, float *dst) {
+    for (int k = bk->first; k < bk->last; k++) {
+        const rf_reshard_move *m = &x->p->moves[x->mine[k]];
+        if (x->pair_of[k] < 0) copy_runs(dst + m->dst_off, m->dst_stride, src + m->src_off, m->src_stride, m->n_runs, m->run);
+    }
+}
+
+rf_status rf_reshard_run(rf_reshard *x, const float *src, float *dst, int64_t version) {
+    if (x->p->zero_copy) return RF_OK;
+    if ((x->need_src && !src) || (x->need_dst && !dst))
+        return rf_error(RF_ERR_ARG, "resharding: world rank %d has a part in the plan but no %s buffer was given", world(x, x->me),
+                        x->need_src && !src ? "source" : "destination");
+    RF_TRY(say_hello(x, version));
+    const char *corrupt_env = getenv("RF_TEST_RESHARD_CORRUPT"); /* test hook: damage this bucket's checksums */
+    int corrupt = corrupt_env && *corrupt_env ? atoi(corrupt_env) : -1;
+    rf_status first = RF_OK;
+    char first_msg[1024] = "";
+    for (int b = 0; b < x->n_buckets; b++) {
+        const bucket *bk = &x->buckets[b];
+        prepare_sends(x, bk, src, bk->index == corrupt);
+        int n = build_ops(x, bk, src, dst);
+        char what[96];
+        snprintf(what, sizeof what, "resharding version %lld, bucket %d of %d", (long long)version, bk->index, x->p->n_buckets);
+        RF_TRY(rf_comm_sendrecv(x->c, x->ops, n, x->o.timeout_s, what));
+        rf_status st = finish_receives(x, bk, dst, version);
+        if (st != RF_OK && first == RF_OK) first = st, snprintf(first_msg, sizeof first_msg, "%s", rf_error_message());
+        local_copies(x, bk, src, dst);
+    }
+    if (first != RF_OK) return rf_error(first, "%s", first_msg);
+    return RF_OK;
+}
+
+rf_status rf_reshard_execute(const rf_reshard_plan *plan, rf_comm *c, const float *src, float *dst, int64_t version,
+                             const rf_reshard_opts *opts) {
+    rf_reshard *x = NULL;
+    RF_TRY(rf_reshard_init(&x, plan, c, opts));
+    rf_status st = rf_reshard_run(x, src, dst, version);
+    rf_reshard_free(x);
+    return st;
+}
