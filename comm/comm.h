@@ -137,6 +137,17 @@ typedef struct rf_comm_p2p {
 rf_status rf_comm_sendrecv(rf_comm *c, const rf_comm_p2p *ops, int n, double timeout_s,
                            const char *what);
 
+/* The same in two steps, so that the caller can work while the transfers progress (on MPI
+ * they progress inside comm calls and in the peer's; the single back end copies at the start).
+ * rf_comm_sendrecv_start posts ops (the array may be reused at once; the buffers stay in use
+ * until the wait) and returns a group; rf_comm_group_wait waits for it at most timeout_s and
+ * frees it, whatever the outcome (every started group must be waited for). `what` names the
+ * exchange in errors. */
+typedef struct rf_comm_group rf_comm_group;
+rf_status rf_comm_sendrecv_start(rf_comm *c, const rf_comm_p2p *ops, int n, const char *what,
+                                 rf_comm_group **g);
+rf_status rf_comm_group_wait(rf_comm_group *g, double timeout_s);
+
 /* ---- single transfers (MPI back end only; RF_ERR_UNSUPPORTED elsewhere) ---- */
 
 /* Non-blocking send / receive of any number of bytes (split into pieces MPI can count).

@@ -17,8 +17,9 @@ typedef struct rf_comm_ops {
     rf_status (*bcast)(rf_comm *c, void *buf, size_t bytes, int root, double timeout_s,
                        const char *what);
     rf_status (*barrier)(rf_comm *c, double timeout_s, const char *what);
-    rf_status (*sendrecv)(rf_comm *c, const rf_comm_p2p *ops, int n, double timeout_s,
-                          const char *what);
+    /* posts ops; may set g->impl, which group_wait releases */
+    rf_status (*sendrecv_start)(rf_comm *c, const rf_comm_p2p *ops, int n, rf_comm_group *g);
+    rf_status (*group_wait)(rf_comm_group *g, double timeout_s);
     rf_status (*split)(rf_comm *c, int color, int key, rf_comm **out);
     void (*free)(rf_comm *c); /* the back end's state and c itself */
 } rf_comm_ops;
@@ -31,6 +32,15 @@ struct rf_comm {
     int owned_by_lib;  /* world and single: rf_comm_free ignores them */
     char failed[512];  /* set by the first timeout: the communicator is unusable */
     void *impl;        /* the back end's state */
+};
+
+/* A started rf_comm_sendrecv. */
+struct rf_comm_group {
+    rf_comm *c;
+    int n;
+    int *peer;       /* (n) the peer of each op, for timeout messages */
+    char what[160];
+    void *impl;      /* the back end's */
 };
 
 /* Allocates a communicator of `size` ranks (world table zeroed); NULL with a message. */

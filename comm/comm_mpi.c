@@ -211,57 +211,75 @@ static void drop_pending(MPI_Request *r, int n) {
     }
 }
 
+/* A started group's requests: owner[i] is the op request i belongs to. */
+typedef struct mpi_group {
+    MPI_Request *r;
+    int *owner;
+    int nr;
+} mpi_group;
+
+static void group_release(mpi_group *q) {
+    if (!q) return;
+    free(q->r), free(q->owner), free(q);
+}
+
 /* After a timeout: the peers of the ops with a request not yet complete. */
-static rf_status sendrecv_timeout(rf_comm *c, const rf_comm_p2p *ops, MPI_Request *r, const int *owner,
-                                  int nr, double timeout_s, const char *what) {
-    int *late = malloc(sizeof(int) * (size_t)nr), n = 0;
+static rf_status sendrecv_timeout(rf_comm_group *g, mpi_group *q, double timeout_s) {
+    int *late = malloc(sizeof(int) * (size_t)q->nr), n = 0;
     if (!late) return rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < nr; i++) {
+    for (int i = 0; i < q->nr; i++) {
         int flag = 1;
-        if (r[i] != MPI_REQUEST_NULL) MPI_Test(&r[i], &flag, MPI_STATUS_IGNORE);
-        if (!flag) late[n++] = ops[owner[i]].peer;
+        if (q->r[i] != MPI_REQUEST_NULL) MPI_Test(&q->r[i], &flag, MPI_STATUS_IGNORE);
+        if (!flag) late[n++] = g->peer[q->owner[i]];
     }
-    rf_status st = rf__comm_timeout(c, late, n, timeout_s, what);
+    rf_status st = rf__comm_timeout(g->c, late, n, timeout_s, g->what);
     free(late);
     return st;
 }
 
-static rf_status mpi_sendrecv(rf_comm *c, const rf_comm_p2p *ops, int n, double timeout_s, const char *what) {
+static rf_status mpi_sendrecv_start(rf_comm *c, const rf_comm_p2p *ops, int n, rf_comm_group *g) {
     int nr = 0;
     for (int i = 0; i < n; i++) nr += ops[i].bytes ? (int)((ops[i].bytes + PIECE - 1) / PIECE) : 1;
-    MPI_Request *r = malloc(sizeof *r * (size_t)nr);
-    int *owner = malloc(sizeof *owner * (size_t)nr);
-    if (!r || !owner) {
-        free(r), free(owner);
-        return rf_error(RF_ERR_NOMEM, "%s: out of memory for %d requests", what, nr);
+    mpi_group *q = calloc(1, sizeof *q);
+    if (q) q->r = malloc(sizeof *q->r * (size_t)nr), q->owner = malloc(sizeof *q->owner * (size_t)nr);
+    if (!q || !q->r || !q->owner) {
+        group_release(q);
+        return rf_error(RF_ERR_NOMEM, "%s: out of memory for %d requests", g->what, nr);
     }
-    rf_status st = RF_OK;
-    int k = 0;
-    for (int i = 0; i < n && st == RF_OK; i++) {
+    for (int i = 0; i < n; i++) {
         size_t bytes = ops[i].bytes;
         for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += PIECE) {
             size_t len = bytes - off < PIECE ? bytes - off : PIECE;
             char *p = (char *)ops[i].buf + off;
-            int rc = ops[i].send ? MPI_Isend(p, (int)len, MPI_BYTE, ops[i].peer, TAG_SENDRECV, mc(c), &r[k])
-                                 : MPI_Irecv(p, (int)len, MPI_BYTE, ops[i].peer, TAG_SENDRECV, mc(c), &r[k]);
+            int rc = ops[i].send ? MPI_Isend(p, (int)len, MPI_BYTE, ops[i].peer, TAG_SENDRECV, mc(c), &q->r[q->nr])
+                                 : MPI_Irecv(p, (int)len, MPI_BYTE, ops[i].peer, TAG_SENDRECV, mc(c), &q->r[q->nr]);
             if (rc != MPI_SUCCESS) {
-                st = mpi_fail(rc, what);
-                break;
+                rf_status st = mpi_fail(rc, g->what);
+                drop_pending(q->r, q->nr);
+                group_release(q);
+                rf__comm_mark_failed(c);
+                return st;
             }
-            owner[k++] = i;
+            q->owner[q->nr++] = i;
             if (bytes == 0) break;
         }
     }
-    if (st == RF_OK) {
-        int t = wait_all(r, k, timeout_s, what);
-        if (t < 0) st = RF_ERR_IO;
-        else if (t == 0) st = sendrecv_timeout(c, ops, r, owner, k, timeout_s, what);
-    }
+    g->impl = q;
+    return RF_OK;
+}
+
+static rf_status mpi_group_wait(rf_comm_group *g, double timeout_s) {
+    mpi_group *q = g->impl;
+    rf_status st = RF_OK;
+    int t = wait_all(q->r, q->nr, timeout_s, g->what);
+    if (t < 0) st = RF_ERR_IO;
+    else if (t == 0) st = sendrecv_timeout(g, q, timeout_s);
     if (st != RF_OK) {
-        drop_pending(r, k);
-        rf__comm_mark_failed(c);
+        drop_pending(q->r, q->nr);
+        rf__comm_mark_failed(g->c);
     }
-    free(r), free(owner);
+    group_release(q);
+    g->impl = NULL;
     return st;
 }
 
@@ -306,7 +324,7 @@ static void mpi_free(rf_comm *c) {
 
 static const rf_comm_ops mpi_ops = {
     "mpi", mpi_allreduce, mpi_reduce_scatter, mpi_allgather, mpi_bcast,
-    mpi_barrier, mpi_sendrecv, mpi_split, mpi_free,
+    mpi_barrier, mpi_sendrecv_start, mpi_group_wait, mpi_split, mpi_free,
 };
 
 /* ---- single transfers ---- */

@@ -69,6 +69,7 @@ static int comm_state(rf_comm *c, const char *what) {
 static rf_status finish(rf_comm *c, ncclResult_t launched, const int *peers, int n, double timeout_s,
                         const char *what) {
     nccl_state *s = st_of(c);
+    if (!s->nc) return rf_error(RF_ERR_IO, "%s: this communicator failed earlier (%s)", what, c->failed);
     if (launched != ncclSuccess && launched != ncclInProgress) return nccl_error(c, launched, what);
     double deadline = rf_time_now() + timeout_s;
     int polls = 0;
@@ -123,21 +124,26 @@ static rf_status nccl_barrier(rf_comm *c, double timeout_s, const char *what) {
                   timeout_s, what);
 }
 
-static rf_status nccl_sendrecv(rf_comm *c, const rf_comm_p2p *ops, int n, double timeout_s, const char *what) {
+/* The group is enqueued at the start; what ncclGroupEnd said is kept for the wait. */
+static rf_status nccl_sendrecv_start(rf_comm *c, const rf_comm_p2p *ops, int n, rf_comm_group *g) {
     nccl_state *s = st_of(c);
-    int *peers = malloc(sizeof(int) * (size_t)n);
-    if (!peers) return rf_error(RF_ERR_NOMEM, "out of memory");
+    ncclResult_t *launched = malloc(sizeof *launched);
+    if (!launched) return rf_error(RF_ERR_NOMEM, "out of memory");
     ncclResult_t r = ncclGroupStart();
-    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++) {
-        peers[i] = ops[i].peer;
+    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++)
         r = ops[i].send ? ncclSend(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, s->nc, s->stream)
                         : ncclRecv(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, s->nc, s->stream);
-    }
     ncclResult_t e = ncclGroupEnd();
-    if (r == ncclSuccess || r == ncclInProgress) r = e;
-    rf_status st = finish(c, r, peers, n, timeout_s, what);
-    free(peers);
-    return st;
+    *launched = r == ncclSuccess || r == ncclInProgress ? e : r;
+    g->impl = launched;
+    return RF_OK;
+}
+
+static rf_status nccl_group_wait(rf_comm_group *g, double timeout_s) {
+    ncclResult_t launched = *(ncclResult_t *)g->impl;
+    free(g->impl);
+    g->impl = NULL;
+    return finish(g->c, launched, g->peer, g->n, timeout_s, g->what);
 }
 
 /* ---- communicators ---- */
@@ -241,5 +247,5 @@ static rf_status nccl_split(rf_comm *c, int color, int key, rf_comm **out) {
 
 static const rf_comm_ops nccl_ops = {
     "nccl", nccl_allreduce, nccl_reduce_scatter, nccl_allgather, nccl_bcast,
-    nccl_barrier, nccl_sendrecv, nccl_split, nccl_free,
+    nccl_barrier, nccl_sendrecv_start, nccl_group_wait, nccl_split, nccl_free,
 };

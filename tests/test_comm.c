@@ -5,7 +5,8 @@
  *   - allreduce (separate and in place, including more floats than fit a page), reduce-scatter,
  *     allgather, broadcast from every root, barrier, zero-sized operations;
  *   - grouped send/recv: an all-to-all of distinct payloads with two messages per pair (order
- *     kept), sends to self, a ring of sizes that differ per rank;
+ *     kept), sends to self, a ring of sizes that differ per rank, two exchanges in flight at
+ *     once (started, then waited for);
  *   - sub-communicators: split by parity, reversed key order, a rank left out (color < 0), the
  *     world ranks they report;
  *   - timeouts: for each collective and for send/recv, one rank never posts its part; the others
@@ -56,6 +57,12 @@ static void single_rank(void) {
     rf_comm_p2p ops[4] = {{&s1, 4, 0, 1}, {&r1, 4, 0, 0}, {&r2, 4, 0, 0}, {&s2, 4, 0, 1}};
     CHECK_OK(rf_comm_sendrecv(c, ops, 4, 1, "to self"));
     CHECK(r1 == 11 && r2 == 22);
+    rf_comm_group *grp = NULL;
+    r1 = r2 = 0;
+    CHECK_OK(rf_comm_sendrecv_start(c, ops, 4, "to self, started", &grp));
+    CHECK(r1 == 11 && r2 == 22); /* the single back end copies at the start */
+    CHECK_OK(rf_comm_group_wait(grp, 1));
+    CHECK_OK(rf_comm_group_wait(NULL, 1));
     rf_comm_p2p bad[2] = {{&s1, 4, 0, 1}, {&r1, 2, 0, 0}};
     CHECK_ERR(rf_comm_sendrecv(c, bad, 2, 1, "sizes"), RF_ERR_ARG, "sizes: a send of 4 bytes to self meets a receive of 2");
     CHECK_ERR(rf_comm_sendrecv(c, bad, 1, 1, "lone"), RF_ERR_ARG, "lone: a send to self has no matching receive");
@@ -182,6 +189,17 @@ static void sendrecv(rf_comm *c) {
     for (size_t i = 0; i < rb; i++) bad += r[i] != (unsigned char)(i * 7 + (size_t)prev);
     CHECK(bad == 0);
     free(s), free(r);
+    /* two exchanges in flight: one started, a second done whole meanwhile, then the first
+     * waited for; each pairs with its own on the peers (posted in the same order) */
+    int a_out = 1000 + rank, a_in = -1, b_out = 2000 + rank, b_in = -1;
+    rf_comm_p2p first[2] = {{&a_in, sizeof a_in, prev, 0}, {&a_out, sizeof a_out, next, 1}};
+    rf_comm_p2p second[2] = {{&b_out, sizeof b_out, prev, 1}, {&b_in, sizeof b_in, next, 0}};
+    rf_comm_group *g = NULL;
+    CHECK_OK(rf_comm_sendrecv_start(c, first, 2, "first exchange", &g));
+    first[0].buf = NULL; /* the array may be reused once started */
+    CHECK_OK(rf_comm_sendrecv(c, second, 2, T_OK, "second exchange"));
+    CHECK_OK(rf_comm_group_wait(g, T_OK));
+    CHECK(a_in == 1000 + prev && b_in == 2000 + next);
     /* zero-byte messages still pair up */
     rf_comm_p2p z[2] = {{NULL, 0, prev, 0}, {NULL, 0, next, 1}};
     CHECK_OK(rf_comm_sendrecv(c, z, 2, T_OK, "empty messages"));
