@@ -6,11 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/crc32c.h"
+#include "resharding/crc32c_fast.h"
 
 #define HELLO_MAGIC 0x52464853u  /* "RFHS" */
 #define BUCKET_MAGIC 0x52464842u /* "RFHB" */
 #define NO_STAGE ((size_t)-1)
+#define DEPTH 2 /* buckets in flight: while one is checked, the next is already posted */
 
 typedef struct hello {
     uint32_t magic, plan_id;
@@ -49,7 +50,7 @@ struct rf_reshard {
     int n_pairs;
     int *peers, n_peers;   /* every rank exchanged with: the hello */
     hello *hellos_in;      /* (n_peers) */
-    float *send_stage, *recv_stage;
+    float *send_stage[DEPTH], *recv_stage[DEPTH]; /* bucket b uses [b % DEPTH] */
     rf_comm_p2p *ops;      /* room for the largest bucket's exchange */
     int max_ops;
 };
@@ -68,8 +69,8 @@ static void copy_runs(float *dst, int64_t dst_stride, const float *src, int64_t 
 }
 
 static uint32_t crc_runs(uint32_t crc, const float *p, int64_t stride, int64_t n_runs, int64_t run) {
-    if (stride == run) return rf_crc32c_extend(crc, p, sizeof(float) * (size_t)(n_runs * run));
-    for (int64_t i = 0; i < n_runs; i++) crc = rf_crc32c_extend(crc, p + i * stride, sizeof(float) * (size_t)run);
+    if (stride == run) return rf__crc32c_fast_extend(crc, p, sizeof(float) * (size_t)(n_runs * run));
+    for (int64_t i = 0; i < n_runs; i++) crc = rf__crc32c_fast_extend(crc, p + i * stride, sizeof(float) * (size_t)run);
     return crc;
 }
 
@@ -141,10 +142,13 @@ static rf_status prepare(rf_reshard *x) {
     if (x->max_ops < 2 * x->n_peers) x->max_ops = 2 * x->n_peers; /* the hello */
     x->ops = malloc(sizeof(rf_comm_p2p) * (size_t)(x->max_ops + 1));
     x->hellos_in = malloc(sizeof(hello) * (size_t)(x->n_peers + 1));
-    x->send_stage = malloc(sizeof(float) * (send_floats + 1));
-    x->recv_stage = malloc(sizeof(float) * (recv_floats + 1));
-    if (!x->ops || !x->hellos_in || !x->send_stage || !x->recv_stage)
-        return rf_error(RF_ERR_NOMEM, "resharding: out of memory for staging (%zu floats)", send_floats + recv_floats);
+    if (!x->ops || !x->hellos_in) return rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < DEPTH; i++) {
+        x->send_stage[i] = malloc(sizeof(float) * (send_floats + 1));
+        x->recv_stage[i] = malloc(sizeof(float) * (recv_floats + 1));
+        if (!x->send_stage[i] || !x->recv_stage[i])
+            return rf_error(RF_ERR_NOMEM, "resharding: out of memory for staging (%zu floats)", DEPTH * (send_floats + recv_floats));
+    }
     return RF_OK;
 }
 
@@ -173,7 +177,7 @@ void rf_reshard_free(rf_reshard *x) {
     if (!x) return;
     free(x->mine), free(x->stage), free(x->pair_of);
     free(x->buckets), free(x->pairs), free(x->peers), free(x->hellos_in);
-    free(x->send_stage), free(x->recv_stage);
+    for (int i = 0; i < DEPTH; i++) free(x->send_stage[i]), free(x->recv_stage[i]);
     free(x->ops);
     free(x);
 }
@@ -207,7 +211,7 @@ static rf_status say_hello(rf_reshard *x, int64_t version) {
 }
 
 /* Packs strided sends, checksums what goes to each peer, fills the headers. */
-static void prepare_sends(rf_reshard *x, const bucket *bk, const float *src, int corrupt) {
+static void prepare_sends(rf_reshard *x, const bucket *bk, const float *src, float *stage, int corrupt) {
     for (int j = bk->first_pair; j < bk->first_pair + bk->n_pairs; j++)
         if (x->pairs[j].send) x->pairs[j].hdr = (bucket_header){BUCKET_MAGIC, 0, bk->index, 0, 0};
     for (int k = bk->first; k < bk->last; k++) {
@@ -217,8 +221,8 @@ static void prepare_sends(rf_reshard *x, const bucket *bk, const float *src, int
         const float *from = src + m->src_off;
         int64_t stride = m->src_stride;
         if (x->stage[k] != NO_STAGE) {
-            copy_runs(x->send_stage + x->stage[k], m->run, from, m->src_stride, m->n_runs, m->run);
-            from = x->send_stage + x->stage[k], stride = m->run;
+            copy_runs(stage + x->stage[k], m->run, from, m->src_stride, m->n_runs, m->run);
+            from = stage + x->stage[k], stride = m->run;
         }
         if (!x->o.no_verify) h->crc = crc_runs(h->crc, from, stride, m->n_runs, m->run);
         h->n_moves++, h->bytes += move_floats(m) * sizeof(float);
@@ -229,7 +233,7 @@ static void prepare_sends(rf_reshard *x, const bucket *bk, const float *src, int
 
 /* The bucket's exchange: headers first, then every move in plan order (the same order on the
  * sending and the receiving rank, so MPI and NCCL pair them). */
-static int build_ops(rf_reshard *x, const bucket *bk, const float *src, float *dst) {
+static int build_ops(rf_reshard *x, const bucket *bk, const float *src, const float *stage, float *rstage, float *dst) {
     int n = 0;
     for (int j = bk->first_pair; j < bk->first_pair + bk->n_pairs; j++)
         x->ops[n++] = (rf_comm_p2p){&x->pairs[j].hdr, sizeof(bucket_header), x->pairs[j].peer, x->pairs[j].send};
@@ -238,10 +242,10 @@ static int build_ops(rf_reshard *x, const bucket *bk, const float *src, float *d
         if (x->pair_of[k] < 0) continue;
         size_t bytes = move_floats(m) * sizeof(float);
         if (m->src_rank == x->me)
-            x->ops[n++] = (rf_comm_p2p){x->stage[k] != NO_STAGE ? x->send_stage + x->stage[k] : (float *)src + m->src_off,
+            x->ops[n++] = (rf_comm_p2p){(float *)(x->stage[k] != NO_STAGE ? stage + x->stage[k] : src + m->src_off),
                                         bytes, m->dst_rank, 1};
         else
-            x->ops[n++] = (rf_comm_p2p){x->stage[k] != NO_STAGE ? x->recv_stage + x->stage[k] : dst + m->dst_off, bytes,
+            x->ops[n++] = (rf_comm_p2p){x->stage[k] != NO_STAGE ? rstage + x->stage[k] : dst + m->dst_off, bytes,
                                         m->src_rank, 0};
     }
     return n;
@@ -266,7 +270,7 @@ static void pair_params(const rf_reshard *x, const bucket *bk, int j, char *out,
 
 /* Checks what arrived against the headers, then unpacks strided receives. Returns the first
  * problem (RF_ERR_FORMAT) without stopping. */
-static rf_status finish_receives(rf_reshard *x, const bucket *bk, float *dst, int64_t version) {
+static rf_status finish_receives(rf_reshard *x, const bucket *bk, const float *rstage, float *dst, int64_t version) {
     rf_status st = RF_OK;
     for (int j = bk->first_pair; j < bk->first_pair + bk->n_pairs; j++) {
         if (x->pairs[j].send) continue;
@@ -278,7 +282,7 @@ static rf_status finish_receives(rf_reshard *x, const bucket *bk, float *dst, in
             const rf_reshard_move *m = &x->p->moves[x->mine[k]];
             int staged = x->stage[k] != NO_STAGE;
             if (!x->o.no_verify)
-                crc = crc_runs(crc, staged ? x->recv_stage + x->stage[k] : dst + m->dst_off, staged ? m->run : m->dst_stride,
+                crc = crc_runs(crc, staged ? rstage + x->stage[k] : dst + m->dst_off, staged ? m->run : m->dst_stride,
                                m->n_runs, m->run);
             bytes += move_floats(m) * sizeof(float), n++;
         }
@@ -296,7 +300,7 @@ static rf_status finish_receives(rf_reshard *x, const bucket *bk, float *dst, in
     for (int k = bk->first; k < bk->last; k++) {
         const rf_reshard_move *m = &x->p->moves[x->mine[k]];
         if (x->pair_of[k] >= 0 && m->dst_rank == x->me && x->stage[k] != NO_STAGE)
-            copy_runs(dst + m->dst_off, m->dst_stride, x->recv_stage + x->stage[k], m->run, m->n_runs, m->run);
+            copy_runs(dst + m->dst_off, m->dst_stride, rstage + x->stage[k], m->run, m->n_runs, m->run);
     }
     return st;
 }
@@ -308,6 +312,29 @@ static void local_copies(rf_reshard *x, const bucket *bk, const float *src, floa
     }
 }
 
+/* Packs and checksums bucket b's sends and starts its exchange. */
+static rf_status start_bucket(rf_reshard *x, int b, const float *src, float *dst, int64_t version, int corrupt,
+                              rf_comm_group **g) {
+    const bucket *bk = &x->buckets[b];
+    prepare_sends(x, bk, src, x->send_stage[b % DEPTH], bk->index == corrupt);
+    int n = build_ops(x, bk, src, x->send_stage[b % DEPTH], x->recv_stage[b % DEPTH], dst);
+    char what[96];
+    snprintf(what, sizeof what, "resharding version %lld, bucket %d of %d", (long long)version, bk->index, x->p->n_buckets);
+    return rf_comm_sendrecv_start(x->c, x->ops, n, what, g);
+}
+
+/* Waits for every started bucket (after an error: their buffers must not be left in use). */
+static void drain(rf_reshard *x, rf_comm_group **g) {
+    for (int i = 0; i < DEPTH; i++) {
+        if (g[i]) rf_comm_group_wait(g[i], x->o.timeout_s);
+        g[i] = NULL;
+    }
+}
+
+/* Buckets in a pipeline DEPTH deep: bucket b + DEPTH is posted as soon as bucket b is done, so
+ * a receiver finds the next bucket waiting when it finishes one (no round trip between
+ * buckets). Deadlock-free: every rank posts buckets in order, so the lowest bucket anyone waits
+ * for has been posted by all its ranks. */
 rf_status rf_reshard_run(rf_reshard *x, const float *src, float *dst, int64_t version) {
     if (x->p->zero_copy) return RF_OK;
     if ((x->need_src && !src) || (x->need_dst && !dst))
@@ -318,16 +345,28 @@ rf_status rf_reshard_run(rf_reshard *x, const float *src, float *dst, int64_t ve
     int corrupt = corrupt_env && *corrupt_env ? atoi(corrupt_env) : -1;
     rf_status first = RF_OK;
     char first_msg[1024] = "";
-    for (int b = 0; b < x->n_buckets; b++) {
-        const bucket *bk = &x->buckets[b];
-        prepare_sends(x, bk, src, bk->index == corrupt);
-        int n = build_ops(x, bk, src, dst);
-        char what[96];
-        snprintf(what, sizeof what, "resharding version %lld, bucket %d of %d", (long long)version, bk->index, x->p->n_buckets);
-        RF_TRY(rf_comm_sendrecv(x->c, x->ops, n, x->o.timeout_s, what));
-        rf_status st = finish_receives(x, bk, dst, version);
+    rf_comm_group *g[DEPTH] = {NULL};
+    for (int b = 0; b < x->n_buckets + DEPTH - 1; b++) {
+        if (b < x->n_buckets) {
+            rf_status st = start_bucket(x, b, src, dst, version, corrupt, &g[b % DEPTH]);
+            if (st != RF_OK) {
+                drain(x, g);
+                return st;
+            }
+        }
+        int done = b - (DEPTH - 1); /* the bucket to finish now */
+        if (done < 0) continue;
+        rf_status st = rf_comm_group_wait(g[done % DEPTH], x->o.timeout_s);
+        g[done % DEPTH] = NULL;
+        if (st != RF_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", rf_error_message());
+            drain(x, g);
+            return rf_error(st, "%s", msg);
+        }
+        st = finish_receives(x, &x->buckets[done], x->recv_stage[done % DEPTH], dst, version);
         if (st != RF_OK && first == RF_OK) first = st, snprintf(first_msg, sizeof first_msg, "%s", rf_error_message());
-        local_copies(x, bk, src, dst);
+        local_copies(x, &x->buckets[done], src, dst);
     }
     if (first != RF_OK) return rf_error(first, "%s", first_msg);
     return RF_OK;
