@@ -124,6 +124,34 @@ static void bench_pair(rf_comm *c, const rf_layout *a, const rf_layout *b, size_
     rf_reshard_plan_free(p);
 }
 
+/* The comm layer alone: `bytes` from rank 0 to the last rank in one rf_comm_sendrecv, against
+ * the receiving rank's memcpy of as much in the same run: the ceiling resharding works under
+ * (OpenMPI's single copy across processes, CMA, when it has it). */
+static void raw_transfer(rf_comm *c, size_t bytes) {
+    int rank = rf_comm_rank(c), last = rf_comm_size(c) - 1;
+    if (last == 0) return;
+    char *buf = NULL;
+    if (rank == 0 || rank == last) {
+        buf = malloc(bytes);
+        memset(buf, rank, bytes);
+    }
+    double base = memcpy_seconds(c, rank == last ? (float *)buf : NULL, rank == last ? bytes : 0);
+    double best = 1e30;
+    for (int r = 0; r < g_reps + 1; r++) {
+        rf_comm_p2p op = {buf, bytes, rank == 0 ? last : 0, rank == 0};
+        DIE(rf_comm_barrier(c, 60, "raw transfer"));
+        double t = rf_time_now();
+        if (rank == 0 || rank == last) DIE(rf_comm_sendrecv(c, &op, 1, 120, "raw transfer"));
+        double s = max_over_ranks(c, rf_time_now() - t);
+        if (r > 0 && s < best) best = s;
+    }
+    if (rank == 0)
+        printf("{\"bench\":\"comm_sendrecv\",\"ranks\":%d,\"bytes\":%zu,\"seconds\":%.4f,\"gb_per_s\":%.2f,\"memcpy_gb_per_s\":%.2f,"
+               "\"fraction_of_memcpy\":%.3f}\n",
+               rf_comm_size(c), bytes, best, bytes / best / 1e9, bytes / base / 1e9, base / best);
+    free(buf);
+}
+
 /* memcpy bandwidth of rank 0 alone (the machine's single-core figure). */
 static void memcpy_alone(rf_comm *c) {
     if (rf_comm_rank(c) != 0) return;
@@ -155,6 +183,7 @@ static int run(int argc, char **argv) {
     if (rf_comm_rank(c) == 0)
         printf("{\"bench\":\"reshard_model\",\"params\":%zu,\"bytes\":%zu,\"ranks\":%d}\n", m->n_params, m->n_params * 4, n);
     memcpy_alone(c);
+    raw_transfer(c, m->n_params * sizeof(float));
     int *rev = malloc(sizeof(int) * (size_t)n);
     for (int i = 0; i < n; i++) rev[i] = n - 1 - i;
     rf_layout train_tp = {.tp = n, .dp = 1}, gen_rep = {.tp = 1, .dp = n}, train_rev = {.tp = n, .dp = 1, .ranks = rev};

@@ -6,12 +6,17 @@
  *   - A block contiguous on the sending side is sent from the source buffer as it is; one
  *     contiguous on the receiving side is received straight into the destination buffer. A
  *     strided side (row-parallel weights whose column range differs) goes through a staging
- *     buffer (at most bucket_bytes per direction). Local moves are copies.
+ *     buffer. Local moves are copies.
+ *   - Buckets are pipelined two deep: bucket b + 1 is packed, checksummed and posted before
+ *     bucket b is waited for and checked, so a receiver finds the next bucket waiting (no round
+ *     trip between buckets) and a sender checksums while the receiver copies. Staging is at
+ *     most 2 x bucket_bytes per direction.
  *   - Before the first bucket, every pair of ranks that exchange anything swap a hello (magic,
  *     plan id, version): a rank that planned differently (other layouts, bucket size or model)
  *     or holds another version is refused with RF_ERR_FORMAT before any data moves.
  *   - With every bucket, each sender sends each receiver a header with the CRC-32C (common/
- *     crc32c.h) of the bytes it sends it in that bucket, in move order; the receiver computes
+ *     crc32c.h; computed by resharding/crc32c_fast.h) of the bytes it sends it in that bucket,
+ *     in move order; the receiver computes
  *     the CRC of what arrived and refuses a mismatch (RF_ERR_FORMAT naming the bucket, the
  *     parameters, both ranks and both checksums), after finishing the remaining buckets so that
  *     its peers are not left waiting.
