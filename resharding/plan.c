@@ -233,8 +233,8 @@ void rf_reshard_plan_print(const rf_reshard_plan *p, FILE *f) {
     print_layout(f, "source", &p->src);
     fprintf(f, " -> ");
     print_layout(f, "destination", &p->dst);
-    fprintf(f, "; %s%d moves, %zu bytes, %d buckets of at most %zu bytes\n", p->zero_copy ? "zero copy, " : "", p->n_moves,
-            total, p->n_buckets, p->bucket_bytes);
+    fprintf(f, "; %s%d moves, %zu bytes, %d bucket%s of at most %zu bytes\n", p->zero_copy ? "zero copy, " : "", p->n_moves,
+            total, p->n_buckets, p->n_buckets == 1 ? "" : "s", p->bucket_bytes);
     for (int i = 0; i < p->n_moves; i++) {
         const rf_reshard_move *m = &p->moves[i];
         int strided = m->n_runs > 1;

@@ -71,7 +71,7 @@ void rf_reshard_plan_bytes(const rf_reshard_plan *p, int rank, size_t *sent, siz
 
 /* Writes the plan, one line per move:
  *   bucket 0: model.layers.0.self_attn.o_proj.weight [0:64, 0:32] rank 0 -> rank 2, 64 x 32 floats (strided)
- * after a header line with the layouts, the bucket size and the totals. */
+ * after a header line with the plan id, the layouts, the bucket size and the totals. */
 void rf_reshard_plan_print(const rf_reshard_plan *p, FILE *f);
 
 #endif

@@ -185,7 +185,7 @@ static void tp2_to_tp3(void) {
                     (long long)m->src_stride, (long long)m->dst_stride);
     }
     char *text = plan_text(p);
-    CHECK(strstr(text, "source tp=2 dp=1 ranks 0,1 -> destination tp=3 dp=1 ranks 2,3,4; 8 moves, 144 bytes, 1 buckets of at most 1048576 bytes\n"));
+    CHECK(strstr(text, "source tp=2 dp=1 ranks 0,1 -> destination tp=3 dp=1 ranks 2,3,4; 8 moves, 144 bytes, 1 bucket of at most 1048576 bytes\n"));
     CHECK(strstr(text, "\nbucket 0: model.layers.0.mlp.down_proj.weight [0:4, 2:3] rank 0 -> rank 3, 4 x 1 floats (strided)\n"));
     CHECK(strstr(text, "\nbucket 0: model.layers.0.mlp.up_proj.weight [0:2, 0:2] rank 0 -> rank 2, 1 x 4 floats\n"));
     free(text);
