@@ -104,7 +104,7 @@ rf_status rf_comm_allreduce(rf_comm *c, const float *in, float *out, size_t n, d
                             const char *what);
 
 /* Reduce-scatter with equal blocks: in is (size, n); out (n) on rank r = sum over ranks of block
- * r of in. in and out must not overlap. n * sizeof(float) at most INT_MAX bytes (MPI). */
+ * r of in. in and out must not overlap. n at most INT_MAX (MPI counts). */
 rf_status rf_comm_reduce_scatter(rf_comm *c, const float *in, float *out, size_t n,
                                  double timeout_s, const char *what);
 
