@@ -4,7 +4,8 @@
  *
  * For each pair of layouts, every rank moves what the plan gives it (rf_reshard_run, after a
  * warm-up run, best of `reps`); bytes = what lands in the destination buffers of all ranks
- * (received + copied locally), seconds = the slowest rank's. The baseline ("memcpy_gb_per_s")
+ * (received + copied locally), seconds = from a barrier to a barrier after the work (the wall
+ * time of all ranks, right also when ranks share cores). The baseline ("memcpy_gb_per_s")
  * is every rank copying the same number of bytes into its destination buffer with memcpy at
  * the same time, so both see the same memory bandwidth and the same number of busy cores;
  * "fraction_of_memcpy" is the ratio. Each case runs with the CRC-32C check (verify 1) and
@@ -74,6 +75,7 @@ static double memcpy_seconds(rf_comm *c, float *dst, size_t bytes) {
         DIE(rf_comm_barrier(c, 60, "memcpy baseline"));
         double t = rf_time_now();
         if (bytes) memcpy(dst, from, bytes);
+        DIE(rf_comm_barrier(c, 60, "memcpy baseline"));
         double s = max_over_ranks(c, rf_time_now() - t);
         if (r > 0 && s < best) best = s;
     }
@@ -105,6 +107,7 @@ static void bench_pair(rf_comm *c, const rf_layout *a, const rf_layout *b, size_
             DIE(rf_comm_barrier(c, 60, "resharding"));
             double t = rf_time_now();
             DIE(rf_reshard_run(x, src, dst, r));
+            DIE(rf_comm_barrier(c, 60, "resharding"));
             double s = max_over_ranks(c, rf_time_now() - t);
             if (r > 0 && s < best) best = s;
         }
@@ -142,6 +145,7 @@ static void raw_transfer(rf_comm *c, size_t bytes) {
         DIE(rf_comm_barrier(c, 60, "raw transfer"));
         double t = rf_time_now();
         if (rank == 0 || rank == last) DIE(rf_comm_sendrecv(c, &op, 1, 120, "raw transfer"));
+        DIE(rf_comm_barrier(c, 60, "raw transfer"));
         double s = max_over_ranks(c, rf_time_now() - t);
         if (r > 0 && s < best) best = s;
     }
