@@ -23,6 +23,8 @@ typedef struct rf_train_sample {
     float *entropy;    /* entropy of the policy at generation-time weights (logging) */
     int *versions;     /* policy version of each response token */
     char *text;        /* decoded response (rewards); owned, may be NULL */
+    float *token_rewards; /* (n_resp) per-token rewards from reward programs (weighted) added at
+                             their tokens by GAE and REINFORCE++; owned, NULL: none */
 } rf_train_sample;
 
 /* Allocates the per-token arrays of s (tokens must be set); frees them. */

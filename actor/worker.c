@@ -13,6 +13,7 @@
 #include "controller/advantages.h"
 #include "controller/run_internal.h"
 #include "resharding/weights_sync.h"
+#include "reward/reward.h"
 #include "trainer/checkpoint.h"
 
 typedef struct tworker {
@@ -20,6 +21,7 @@ typedef struct tworker {
     const rf_kernels *k;
     rf_msg_link *link;
     rf_model *actor, *ref, *critic;
+    rf_reward_model *rm; /* reward.model, when the recipe has one */
     rf_metrics *metrics; /* no files: collects one update's metrics for TrainStats */
     rf_weights_tx *tx;
     rf_comm *wcomm;
@@ -110,8 +112,16 @@ static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
         }
         resp.n_values = st == RF_OK ? (size_t)n : 0, resp.values = valp;
     }
+    float *rm = NULL;
+    if (st == RF_OK && q->want_rm_score) {
+        rm = malloc(sizeof(float) * (size_t)(n ? n : 1));
+        if (!w->rm) st = rf_error(RF_ERR_ARG, "ScoreRequest asks for reward-model scores, the recipe has no reward.model");
+        else if (!rm) st = rf_error(RF_ERR_NOMEM, "out of memory");
+        else st = rf__reward_model_scores(w->rm, s, n, rm);
+        resp.n_rm_scores = st == RF_OK ? (size_t)n : 0, resp.rm_scores = rm;
+    }
     if (st == RF_OK) st = rf_msg_link_send(w->link, RF_MSG_SCORE_RESPONSE, &resp.base);
-    free(ptrs), free(ref), free(val), free(refp), free(valp);
+    free(ptrs), free(ref), free(val), free(refp), free(valp), free(rm);
     samples_free(s, n);
     return st;
 }
@@ -278,6 +288,7 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
     }
+    if (st == RF_OK && r->reward.model[0]) st = rf_reward_model_open(&w.rm, r->reward.model, w.k);
     if (st == RF_OK && resume) {
         rf_ckpt_state cs;
         st = rf_checkpoint_load(r->logging.dir, w.actor, w.critic, &cs);
@@ -300,5 +311,6 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     rf_weights_tx_free(w.tx);
     rf_metrics_close(w.metrics);
     rf_model_free(w.actor), rf_model_free(w.ref), rf_model_free(w.critic);
+    rf_reward_model_close(w.rm);
     return st;
 }

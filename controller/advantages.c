@@ -16,10 +16,19 @@ rf_status rf_adv_kind_parse(const char *name, rf_adv_kind *out) {
     return rf_error(RF_ERR_ARG, "algorithm \"%s\" unknown (ppo, grpo, dr_grpo, rloo, reinforce_pp)", name);
 }
 
-/* Token reward r_t: -beta * k1_t, plus the sequence reward on the last token. */
+/* Token reward r_t: -beta * k1_t, plus the per-token reward when given, plus the sequence
+ * reward on the last token. */
 static float token_reward(const rf_adv_seq *s, int t, float beta) {
     float r = s->kl && beta != 0.0f ? -beta * s->kl[t] : 0.0f;
+    if (s->token_rewards) r += s->token_rewards[t];
     return t == s->n - 1 ? r + s->reward : r;
+}
+
+/* The sequence reward a group estimator uses: the reward plus the sum of the per-token ones. */
+static double seq_reward(const rf_adv_seq *s) {
+    double r = s->reward;
+    for (int t = 0; s->token_rewards && t < s->n; t++) r += s->token_rewards[t];
+    return r;
 }
 
 static void gae(const rf_adv_opts *o, rf_adv_seq *s) {
@@ -87,22 +96,25 @@ static rf_status group_advantage(const rf_adv_opts *o, rf_adv_seq *seqs, int n) 
             return rf_error(RF_ERR_ARG, "rloo needs at least 2 samples per prompt (rollout.n)");
         }
         double sum = 0, sq = 0;
-        for (int k = a; k < b; k++) sum += seqs[ix[k].i].reward;
+        for (int k = a; k < b; k++) sum += seq_reward(&seqs[ix[k].i]);
         double mean = sum / g;
-        for (int k = a; k < b; k++) sq += (seqs[ix[k].i].reward - mean) * (seqs[ix[k].i].reward - mean);
+        for (int k = a; k < b; k++) {
+            double d = seq_reward(&seqs[ix[k].i]) - mean;
+            sq += d * d;
+        }
         double std = g > 1 ? sqrt(sq / (g - 1)) : 0.0;
         for (int k = a; k < b; k++) {
             rf_adv_seq *q = &seqs[ix[k].i];
-            double adv;
+            double rq = seq_reward(q), adv;
             if (o->kind == RF_ADV_GRPO)
-                adv = g > 1 ? (q->reward - mean) / (std + o->eps) : 0.0;
+                adv = g > 1 ? (rq - mean) / (std + o->eps) : 0.0;
             else if (o->kind == RF_ADV_DR_GRPO)
-                adv = q->reward - mean;
+                adv = rq - mean;
             else
-                adv = q->reward - (sum - q->reward) / (g - 1);
+                adv = rq - (sum - rq) / (g - 1);
             for (int t = 0; t < q->n; t++) {
                 q->adv[t] = (float)adv;
-                if (q->returns) q->returns[t] = q->reward;
+                if (q->returns) q->returns[t] = (float)rq;
             }
         }
     }

@@ -27,6 +27,9 @@ typedef struct rf_adv_seq {
     const float *values;   /* (n) critic values V_t (GAE only) */
     float *adv;            /* (n) out */
     float *returns;        /* (n) out (GAE, REINFORCE++: targets for the critic / logging) */
+    const float *token_rewards; /* (n) rewards at each token (reward programs), or NULL: GAE and
+                                   REINFORCE++ add them to r_t; the group estimators add their
+                                   sum to the sequence reward */
 } rf_adv_seq;
 
 typedef struct rf_adv_opts {

@@ -78,6 +78,7 @@ typedef struct ctl {
     char comp_name[RF_EXTERNAL_MAX_COMPONENTS][96];
     double comp_sum[RF_EXTERNAL_MAX_COMPONENTS];
     int comp_n[RF_EXTERNAL_MAX_COMPONENTS], n_comp;
+    int64_t ext_rejected, ext_resent; /* reward programs' rejected replies, re-sent requests */
     int64_t dropped_dynamic, dyn_since_batch;
 } ctl;
 
@@ -237,7 +238,7 @@ static void finish_validation(ctl *c) {
 static rf_status send_score(ctl *c, group *g) {
     const rf_recipe *r = c->run.r;
     int want_ref = c->run.ref != NULL || rf_recipe_reference_enabled(r);
-    int want_val = c->run.adv_kind == RF_ADV_GAE;
+    int want_val = c->run.adv_kind == RF_ADV_GAE, want_rm = r->reward.model[0] != '\0';
     Rlflow__TrainSample *ts = calloc((size_t)g->n, sizeof *ts);
     Rlflow__TrainSample **tp = calloc((size_t)g->n, sizeof *tp);
     if (!ts || !tp) {
@@ -252,7 +253,7 @@ static rf_status send_score(ctl *c, group *g) {
     }
     Rlflow__ScoreRequest q = RLFLOW__SCORE_REQUEST__INIT;
     q.request_id = g->req, q.n_samples = (size_t)g->n, q.samples = tp;
-    q.want_ref_logp = want_ref, q.want_values = want_val;
+    q.want_ref_logp = want_ref, q.want_values = want_val, q.want_rm_score = want_rm;
     rf_status st = rf_msg_server_send(c->srv, c->train_peer, RF_MSG_SCORE_REQUEST, &q.base);
     free(ts), free(tp);
     g->scoring = 1;
@@ -261,7 +262,7 @@ static rf_status send_score(ctl *c, group *g) {
 
 static int group_informative(const group *g) {
     for (int j = 1; j < g->n; j++)
-        if (g->s[j].reward != g->s[0].reward) return 1;
+        if (rf__total_reward(&g->s[j]) != rf__total_reward(&g->s[0])) return 1;
     return 0;
 }
 
@@ -278,7 +279,9 @@ static rf_status external_reward(ctl *c, group *g) {
                                     s->tokens + s->n_prompt, s->n_resp, g->ex->answer, meta, i, g->id};
     }
     if (st == RF_OK) st = rf_external_reward_score(c->run.ext, items, g->n, sc);
-    for (int i = 0; st == RF_OK && i < g->n; i++) g->s[i].reward += (float)c->run.r->reward.external_weight * sc[i];
+    if (st == RF_OK) st = rf__apply_external(&c->run, g->s, g->n, sc);
+    rf_external_reward_stats es = rf_external_reward_last_stats(c->run.ext);
+    c->ext_rejected += es.rejected, c->ext_resent += es.resent;
     if (st == RF_OK) {
         const char *names[RF_EXTERNAL_MAX_COMPONENTS];
         double means[RF_EXTERNAL_MAX_COMPONENTS];
@@ -305,11 +308,9 @@ static rf_status group_ready(ctl *c, group *g) {
     return st;
 }
 
-/* Every sample of a training group is back: external rewards, dynamic sampling, then the
- * reference / critic, or the buffer. */
-static rf_status group_complete(ctl *c, group *g) {
+/* A group whose rewards are all in: dropped by dynamic sampling, or into the buffer. */
+static rf_status group_scored(ctl *c, group *g) {
     const rf_recipe *r = c->run.r;
-    RF_TRY(external_reward(c, g));
     if (r->algorithm.dynamic_sampling && !group_informative(g) &&
         c->dyn_since_batch < (int64_t)r->algorithm.max_resample_rounds * r->rollout.prompts_per_step) {
         c->dropped_dynamic++, c->dyn_since_batch++;
@@ -318,8 +319,17 @@ static rf_status group_complete(ctl *c, group *g) {
         group_free(g);
         return RF_OK;
     }
-    if (rf_recipe_reference_enabled(r) || c->run.adv_kind == RF_ADV_GAE) return send_score(c, g);
     return group_ready(c, g);
+}
+
+/* Every sample of a training group is back: external rewards, then the training worker's
+ * reference / critic / reward model when the recipe has them, then group_scored. */
+static rf_status group_complete(ctl *c, group *g) {
+    const rf_recipe *r = c->run.r;
+    RF_TRY(external_reward(c, g));
+    if (rf_recipe_reference_enabled(r) || c->run.adv_kind == RF_ADV_GAE || r->reward.model[0])
+        return send_score(c, g);
+    return group_scored(c, g);
 }
 
 static uint32_t known_crc(const ctl *c, int64_t version, int *known) {
@@ -385,18 +395,26 @@ static rf_status on_score(ctl *c, const Rlflow__ScoreResponse *m) {
     if (m->error && m->error[0])
         return rf_error(RF_ERR_IO, "the training worker could not score request %llu: %s", (unsigned long long)m->request_id, m->error);
     int want_ref = rf_recipe_reference_enabled(c->run.r), want_val = c->run.adv_kind == RF_ADV_GAE;
-    if ((want_ref && m->n_ref_logp != (size_t)g->n) || (want_val && m->n_values != (size_t)g->n))
-        return rf_error(RF_ERR_FORMAT, "ScoreResponse %llu: %zu reference and %zu value sequences for %d samples",
-                        (unsigned long long)m->request_id, m->n_ref_logp, m->n_values, g->n);
+    int want_rm = c->run.r->reward.model[0] != '\0';
+    if ((want_ref && m->n_ref_logp != (size_t)g->n) || (want_val && m->n_values != (size_t)g->n) ||
+        (want_rm && m->n_rm_scores != (size_t)g->n))
+        return rf_error(RF_ERR_FORMAT, "ScoreResponse %llu: %zu reference and %zu value sequences, %zu reward-model scores for %d samples",
+                        (unsigned long long)m->request_id, m->n_ref_logp, m->n_values, m->n_rm_scores, g->n);
     for (int i = 0; i < g->n; i++) {
         rf_train_sample *s = &g->s[i];
         if ((want_ref && m->ref_logp[i]->n_v != (size_t)s->n_resp) || (want_val && m->values[i]->n_v != (size_t)s->n_resp))
             return rf_error(RF_ERR_FORMAT, "ScoreResponse %llu: sample %d has the wrong length", (unsigned long long)m->request_id, i);
         if (want_ref) memcpy(s->ref_logp, m->ref_logp[i]->v, sizeof(float) * (size_t)s->n_resp);
         if (want_val) memcpy(s->values, m->values[i]->v, sizeof(float) * (size_t)s->n_resp);
+        if (want_rm) {
+            if (!isfinite(m->rm_scores[i]))
+                return rf_error(RF_ERR_RANGE, "ScoreResponse %llu: the reward model scored sample %d %g",
+                                (unsigned long long)m->request_id, i, (double)m->rm_scores[i]);
+            s->reward += (float)c->run.r->reward.model_weight * m->rm_scores[i];
+        }
     }
     g->scoring = 0;
-    return group_ready(c, g);
+    return group_scored(c, g);
 }
 
 /* ---- training ------------------------------------------------------------------------- */
@@ -472,6 +490,11 @@ static rf_status try_train(ctl *c) {
         rf_metrics_set(mt, "async/in_flight_groups", rf_buffer_in_flight(c->buf));
         rf_metrics_set(mt, "async/stale_dropped", (double)rf_buffer_stale_dropped(c->buf));
         if (r->algorithm.dynamic_sampling) rf_metrics_set(mt, "rollout/dropped_groups", (double)c->dropped_dynamic);
+        if (c->run.ext) {
+            rf_metrics_set(mt, "reward/external/rejected", (double)c->ext_rejected);
+            rf_metrics_set(mt, "reward/external/resent", (double)c->ext_resent);
+            c->ext_rejected = c->ext_resent = 0;
+        }
         for (int k = 0; k < c->n_comp; k++) {
             char key[160];
             snprintf(key, sizeof key, "reward/external/%s", c->comp_name[k]);

@@ -86,18 +86,42 @@ static rf_status generate(rf_run *run, const rf_example *const *ex, int n_prompt
     return st != RF_OK ? st : g.st;
 }
 
+rf_status rf__reward_model_scores(rf_reward_model *rm, const rf_train_sample *s, int n, float *sc) {
+    const int32_t **seqs = malloc(sizeof *seqs * (size_t)(n ? n : 1));
+    int *lens = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    rf_status st = seqs && lens ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == RF_OK && i < n; i++) seqs[i] = s[i].tokens, lens[i] = s[i].n_prompt + s[i].n_resp;
+    if (st == RF_OK) st = rf_reward_model_score(rm, seqs, lens, n, sc);
+    free(seqs), free(lens);
+    return st;
+}
+
 /* Reward model role: score full sequences, added with reward.model_weight. */
 static rf_status reward_model(rf_run *run, rf_train_sample *s, int n) {
     if (!run->rm) return RF_OK;
-    const int32_t **seqs = malloc(sizeof *seqs * (size_t)n);
-    int *lens = malloc(sizeof(int) * (size_t)n);
-    float *sc = malloc(sizeof(float) * (size_t)n);
-    rf_status st = seqs && lens && sc ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int i = 0; st == RF_OK && i < n; i++) seqs[i] = s[i].tokens, lens[i] = s[i].n_prompt + s[i].n_resp;
-    if (st == RF_OK) st = rf_reward_model_score(run->rm, seqs, lens, n, sc);
+    float *sc = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    rf_status st = sc ? rf__reward_model_scores(run->rm, s, n, sc) : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int i = 0; st == RF_OK && i < n; i++) s[i].reward += (float)run->r->reward.model_weight * sc[i];
-    free(seqs), free(lens), free(sc);
+    free(sc);
     return st;
+}
+
+rf_status rf__apply_external(rf_run *run, rf_train_sample *s, int n, const float *sc) {
+    float w = (float)run->r->reward.external_weight;
+    for (int i = 0; i < n; i++) {
+        s[i].reward += w * sc[i];
+        const float *v;
+        int nt = rf_external_reward_token_rewards(run->ext, i, &v);
+        if (nt == 0) continue;
+        if (nt != s[i].n_resp)
+            return rf_error(RF_ERR_FORMAT, "reward program: %d per-token rewards for a response of %d "
+                            "tokens", nt, s[i].n_resp);
+        float *t = s[i].token_rewards ? s[i].token_rewards : malloc(sizeof(float) * (size_t)nt);
+        if (!t) return rf_error(RF_ERR_NOMEM, "out of memory");
+        for (int k = 0; k < nt; k++) t[k] = (s[i].token_rewards ? t[k] : 0.0f) + w * v[k];
+        s[i].token_rewards = t;
+    }
+    return RF_OK;
 }
 
 /* External reward programs: the whole batch goes out, scores come back per sample. */
@@ -116,7 +140,10 @@ static rf_status external_reward(rf_run *run, const rf_example *const *ex, rf_tr
                                     i % per, s[i].group};
     }
     if (st == RF_OK) st = rf_external_reward_score(run->ext, items, n, sc);
-    for (int i = 0; st == RF_OK && i < n; i++) s[i].reward += (float)run->r->reward.external_weight * sc[i];
+    if (st == RF_OK) st = rf__apply_external(run, s, n, sc);
+    rf_external_reward_stats es = rf_external_reward_last_stats(run->ext);
+    rf_metrics_set(run->metrics, "reward/external/rejected", es.rejected);
+    rf_metrics_set(run->metrics, "reward/external/resent", es.resent);
     if (st == RF_OK) {
         /* the programs' named components, as metrics */
         const char *names[RF_EXTERNAL_MAX_COMPONENTS];
@@ -136,7 +163,7 @@ static rf_status external_reward(rf_run *run, const rf_example *const *ex, rf_tr
 /* DAPO dynamic sampling: a group whose rewards are all equal has zero advantage. */
 static int group_informative(const rf_train_sample *s, int n_per) {
     for (int j = 1; j < n_per; j++)
-        if (s[j].reward != s[0].reward) return 1;
+        if (rf__total_reward(&s[j]) != rf__total_reward(&s[0])) return 1;
     return 0;
 }
 
@@ -238,7 +265,8 @@ rf_status rf__advantages(const rf_recipe *r, rf_adv_kind kind, float kl_beta, in
             }
         }
         as[i] = (rf_adv_seq){s->n_resp, s->group, s->reward,
-                             r->algorithm.kl_in_reward ? kl[i] : NULL, s->values, s->adv, s->returns};
+                             r->algorithm.kl_in_reward ? kl[i] : NULL, s->values, s->adv, s->returns,
+                             s->token_rewards};
     }
     rf_adv_opts o = {kind, (float)r->algorithm.gamma, (float)r->algorithm.lam,
                      r->algorithm.kl_in_reward ? kl_beta : 0.0f, r->algorithm.whiten_advantages,
@@ -255,7 +283,8 @@ void rf__batch_metrics(rf_metrics *m, const rf_recipe *r, const rf_train_sample 
     double rs = 0, rq = 0, acc = 0, len = 0, nacc = 0, clipped = 0;
     for (int i = 0; i < count; i++) {
         const rf_train_sample *s = &samples[i];
-        rs += s->reward, rq += (double)s->reward * s->reward, len += s->n_resp;
+        double rw = rf__total_reward(s);
+        rs += rw, rq += rw * rw, len += s->n_resp;
         if (!isnan(s->accuracy)) acc += s->accuracy, nacc++;
         clipped += s->n_resp >= r->rollout.max_new_tokens;
     }

@@ -42,7 +42,22 @@ rf_update_opts rf__update_opts(const rf_recipe *r, float kl_beta, rf_kl_est est,
 rf_status rf__advantages(const rf_recipe *r, rf_adv_kind kind, float kl_beta, int has_ref,
                          rf_train_sample *samples, int n, double *mean_kl);
 
-/* reward/..., response/... metrics of a batch. */
+/* A sample's whole reward: the sequence reward plus the sum of its per-token rewards. */
+static inline double rf__total_reward(const rf_train_sample *s) {
+    double r = s->reward;
+    for (int t = 0; s->token_rewards && t < s->n_resp; t++) r += s->token_rewards[t];
+    return r;
+}
+
+/* The reward model's score of each of the n samples (whole sequences) into sc (n). */
+rf_status rf__reward_model_scores(rf_reward_model *rm, const rf_train_sample *s, int n, float *sc);
+
+/* Applies the last successful external batch (run->ext) to samples s (n, item i = sample i):
+ * reward += reward.external_weight * sc[i], and the per-token rewards the programs sent,
+ * weighted the same, into s[i].token_rewards. */
+rf_status rf__apply_external(rf_run *run, rf_train_sample *s, int n, const float *sc);
+
+/* reward/..., response/... metrics of a batch (reward/mean: rf__total_reward). */
 void rf__batch_metrics(rf_metrics *m, const rf_recipe *r, const rf_train_sample *samples, int count);
 
 /* Sets the actor/... and critic/... metrics of one update on m (c may be NULL). */

@@ -88,7 +88,9 @@ rf_status rf__load_rewards(rf_run *run) {
     if (r->reward.weights.n > 16)
         return rf_error(RF_ERR_ARG, "reward.weights: at most 16 entries");
     RF_TRY(rf_reward_rules_init(&run->rules, &c));
-    if (r->reward.model[0]) RF_TRY(rf_reward_model_open(&run->rm, r->reward.model, run->k));
+    /* split runs: the training worker hosts the reward model, not the controller */
+    if (r->reward.model[0] && strcmp(r->placement.mode, "split") != 0)
+        RF_TRY(rf_reward_model_open(&run->rm, r->reward.model, run->k));
     if (r->reward.external[0]) {
         rf_log_info("reward: waiting up to %.0f s for a reward program on %s", r->reward.external_timeout,
                     r->reward.external);
@@ -110,8 +112,6 @@ rf_status rf__reject_unimplemented(const rf_recipe *r) {
         return rf_error(RF_ERR_UNSUPPORTED, "%s: async.max_staleness = %d needs placement.mode = \"split\" (colocated roles alternate: generation and training cannot overlap)",
                         rf_recipe_where(r, "async.max_staleness", where, sizeof where), r->async.max_staleness);
     }
-    if (split && r->reward.model[0])
-        return rf_recipe_reject_unimplemented(r, "reward.model", "split runs score with rules and reward programs; a reward model worker is not built yet");
     if (strcmp(r->placement.device, r->model.device) != 0)
         return rf_error(RF_ERR_ARG, "placement.device (%s) and model.device (%s) differ",
                         r->placement.device, r->model.device);

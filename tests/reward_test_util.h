@@ -128,6 +128,28 @@ static inline void make_echo_items(echo_items *s) {
     }
 }
 
+/* Scores the echo items through x with a client-library program whose score function gives
+ * n_response_ids * 0.5 + index + 0.25 and the echo per-token rewards (test_reward_c's
+ * echo_score, reward_client_py.py's echo); checks every reward, every per-token reward and the
+ * batch's stats; returns how many items were exact. */
+static inline int score_client_echo(rf_external_reward *x) {
+    static echo_items s;
+    make_echo_items(&s);
+    float r[ECHO_ITEMS];
+    CHECK_OK(rf_external_reward_score(x, s.it, ECHO_ITEMS, r));
+    int exact = 0;
+    for (int i = 0; i < ECHO_ITEMS; i++) {
+        const float *v;
+        int n = rf_external_reward_token_rewards(x, i, &v);
+        exact += r[i] == (float)s.it[i].n_response_ids * 0.5f + (float)s.it[i].index + 0.25f &&
+                 token_rewards_exact(v, (size_t)n, s.ids[i], (size_t)s.it[i].n_response_ids);
+    }
+    CHECK(exact == ECHO_ITEMS);
+    rf_external_reward_stats st = rf_external_reward_last_stats(x);
+    CHECK(st.accepted == ECHO_ITEMS && st.token_rewards == ECHO_ITEMS && st.rejected == 0);
+    return exact;
+}
+
 /* The echo program's formula, as it computes it (float). */
 static inline float echo_reward(const rf_reward_item *it) {
     return (float)it->n_response_ids + 0.01f * (float)strlen(it->response) +

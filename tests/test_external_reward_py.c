@@ -261,20 +261,7 @@ static void test_bridge(void) {
                     "--name", "pybridge", "--capacity", "4", "--threads", "2", "--quiet", NULL};
     pid_t pid = spawn(argv);
     CHECK_OK(rf_external_reward_wait(x, 1, 15));
-    static echo_items s;
-    make_echo_items(&s);
-    float r[ECHO_ITEMS];
-    CHECK_OK(rf_external_reward_score(x, s.it, ECHO_ITEMS, r));
-    int exact = 0;
-    for (int i = 0; i < ECHO_ITEMS; i++) {
-        const float *v;
-        int n = rf_external_reward_token_rewards(x, i, &v);
-        exact += r[i] == (float)s.it[i].n_response_ids * 0.5f + (float)s.it[i].index + 0.25f &&
-                 token_rewards_exact(v, (size_t)n, s.ids[i], (size_t)s.it[i].n_response_ids);
-    }
-    CHECK(exact == ECHO_ITEMS);
-    rf_external_reward_stats st = rf_external_reward_last_stats(x);
-    CHECK(st.accepted == ECHO_ITEMS && st.token_rewards == ECHO_ITEMS && st.rejected == 0);
+    int exact = score_client_echo(x);
     printf("the Python module through the bridge: %d of %d rewards and per-token rewards exact\n",
            exact, ECHO_ITEMS);
     rf_external_reward_close(x);

@@ -302,25 +302,15 @@ static void test_bridge(void) {
                                     .hello_timeout_s = 5};
     serve_start(&run);
     CHECK_OK(rf_external_reward_wait(x, 1, 5));
-    static echo_items s;
-    make_echo_items(&s);
-    float r[ECHO_ITEMS];
-    CHECK_OK(rf_external_reward_score(x, s.it, ECHO_ITEMS, r));
-    int exact = 0;
-    for (int i = 0; i < ECHO_ITEMS; i++) {
-        const float *v;
-        int n = rf_external_reward_token_rewards(x, i, &v);
-        exact += r[i] == (float)s.it[i].n_response_ids * 0.5f + (float)s.it[i].index + 0.25f &&
-                 token_rewards_exact(v, (size_t)n, s.ids[i], (size_t)s.it[i].n_response_ids);
-    }
-    CHECK(exact == ECHO_ITEMS);
-    rf_external_reward_stats st = rf_external_reward_last_stats(x);
-    CHECK(st.accepted == ECHO_ITEMS && st.token_rewards == ECHO_ITEMS && st.rejected == 0);
+    int exact = score_client_echo(x);
     printf("C client through the bridge: %d of %d rewards and per-token rewards exact\n", exact,
            ECHO_ITEMS);
 
     /* item 3 (4 tokens) always gets 5 per-token rewards: refused 3 times, as requests 54, 104
      * and 154 (this second batch's ids start at 51: item i's k-th request is 51 + 50 k + i) */
+    static echo_items s;
+    make_echo_items(&s);
+    float r[ECHO_ITEMS];
     s.it[3].truth = "badtok";
     int saved = stderr_to("/dev/null");  /* the three warnings are test_external_reward_faults' */
     rf_error_clear();

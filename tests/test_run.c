@@ -7,6 +7,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,35 @@ static void external_program(void) {
     CHECK(len >= 1 && len <= 6);
 }
 
+/* Per-token rewards from a reward program (echo --tokens 1: 0.5 * id_j + 0.25 * j at token j)
+ * in a PPO run: the same first step with and without them differs in the reward (their sum,
+ * weighted, is part of reward/mean) and in the policy loss (GAE puts them at their tokens). */
+static void token_rewards(void) {
+    const char *echo = getenv("RF_REWARD_ECHO");
+    if (!echo) {
+        printf("test_run: per-token reward part skipped: RF_REWARD_ECHO not set\n");
+        return;
+    }
+    for (int tok = 0; tok < 2; tok++) {
+        char *out;
+        int rc = rf_test_sh(&out, "cd %s && (sleep 1; %s --connect ipc://%s/tok.sock --tokens %d) & cd %s && "
+                            "%s run r.toml --set train.steps=1 --set algorithm.name=ppo "
+                            "--set logging.val_every=0 --set logging.dir=%s/tok%d "
+                            "--set reward.external=ipc://%s/tok.sock --set reward.external_weight=0.01 "
+                            "--set reward.external_timeout=20; rc=$?; wait; exit $rc",
+                            dir, echo, dir, tok, dir, rlflow, dir, tok, dir);
+        CHECK(rc == 0);
+        if (rc) fprintf(stderr, "%s\n", out);
+        free(out);
+    }
+    double r0 = rf_test_metric(dir, "tok0", 1, "reward/mean"), r1 = rf_test_metric(dir, "tok1", 1, "reward/mean");
+    double l0 = rf_test_metric(dir, "tok0", 1, "actor/pg_loss"), l1 = rf_test_metric(dir, "tok1", 1, "actor/pg_loss");
+    printf("per-token rewards: reward/mean %.4f -> %.4f, actor/pg_loss %.5f -> %.5f\n", r0, r1, l0, l1);
+    /* every response token adds 0.01 * (0.5 * id + 0.25 * j) >= 0, most of them > 0 */
+    CHECK(r1 > r0 + 0.001);
+    CHECK(fabs(l1 - l0) > 1e-6);
+}
+
 static void bad_recipes(void) {
     char *out;
     CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set algorithm.kl_coeff=0.1", dir, rlflow) == 1);
@@ -120,9 +150,6 @@ static void bad_recipes(void) {
     free(out);
     CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set async.max_staleness=1", dir, rlflow) == 1);
     CHECK(strstr(out, "--set: async.max_staleness = 1 needs placement.mode = \"split\"") != NULL);
-    free(out);
-    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set placement.mode=split --set reward.model=rm", dir, rlflow) == 1);
-    CHECK(strstr(out, "reward.model = \"rm\" is not implemented yet (split runs score with rules") != NULL);
     free(out);
     CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set logging.dir=%s/none --resume", dir, rlflow, dir) == 1);
     CHECK(strstr(out, "no checkpoint to resume from") != NULL);
@@ -142,6 +169,7 @@ int main(void) {
     rises("ppo");
     resume();
     external_program();
+    token_rewards();
     bad_recipes();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_run");

@@ -184,6 +184,33 @@ static void reward_programs(void) {
     CHECK(isnan(metric("rp", 20, "reward/external/len")));
 }
 
+/* A reward model in a split run: the training worker hosts it and scores each group for the
+ * controller. The numeric rule gives reward = accuracy, so reward/mean - reward/accuracy is
+ * reward.model_weight times the mean score: 0 without a reward model (run k1), not 0 with. */
+static void reward_model_split(void) {
+    const char *src = getenv("RF_SOURCE_DIR");
+    if (!src) {
+        printf("test_split: reward model part skipped (needs RF_SOURCE_DIR)\n");
+        return;
+    }
+    char *out;
+    int rc = rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=3 --set logging.val_every=0 "
+                        "--set logging.dir=%s/rm --set reward.model=%s/tests/data/reward_model "
+                        "--set reward.model_weight=100", dir, rlflow, dir, src);
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    double plain = 0, with_rm = 0;
+    for (int s = 1; s <= 3; s++) {
+        plain += fabs(metric("k1", s, "reward/mean") - metric("k1", s, "reward/accuracy"));
+        with_rm += fabs(metric("rm", s, "reward/mean") - metric("rm", s, "reward/accuracy"));
+    }
+    printf("reward model in a split run: |reward - accuracy| summed over 3 steps %.3g (without: %.3g)\n",
+           with_rm, plain);
+    CHECK(plain < 1e-6);
+    CHECK(with_rm > 0.1);
+}
+
 static void wrong_size(void) {
     char *out;
     int rc = rf_test_sh(&out, "cd %s && mpirun -np 2 --oversubscribe %s %s run r.toml --set logging.dir=%s/size", dir,
@@ -213,6 +240,7 @@ int main(void) {
     delays(2, "40", "20");
     worker_killed();
     reward_programs();
+    reward_model_split();
     wrong_size();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split");
