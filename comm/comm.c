@@ -193,7 +193,8 @@ rf_status rf_comm_sendrecv_start(rf_comm *c, const rf_comm_p2p *ops, int n, cons
 rf_status rf_comm_group_wait(rf_comm_group *g, double timeout_s) {
     if (!g) return RF_OK;
     if (g->c->failed[0]) timeout_s = 0; /* it will not complete: release it at once */
-    rf_status st = g->n ? g->c->ops->group_wait(g, timeout_s) : RF_OK;
+    /* a started collective on one rank has no peers but may hold requests */
+    rf_status st = g->n || g->impl ? g->c->ops->group_wait(g, timeout_s) : RF_OK;
     free(g->peer), free(g);
     return st;
 }
@@ -209,6 +210,71 @@ rf_status rf_comm_split(rf_comm *c, int color, int key, rf_comm **out) {
     *out = NULL;
     RF_TRY(usable(c, "splitting a communicator"));
     return c->ops->split(c, color, key, out);
+}
+
+/* ---- non-blocking collectives ---- */
+
+/* A group for a collective over c: its peers are every other rank (for timeout messages). */
+static rf_comm_group *collective_group(rf_comm *c, const char *what) {
+    rf_comm_group *g = calloc(1, sizeof *g);
+    int *peer = malloc(sizeof(int) * (size_t)(c->size > 1 ? c->size - 1 : 1));
+    if (!g || !peer) {
+        free(g), free(peer);
+        rf_error(RF_ERR_NOMEM, "%s: out of memory", what);
+        return NULL;
+    }
+    for (int r = 0; r < c->size; r++)
+        if (r != c->rank) peer[g->n++] = r;
+    g->c = c, g->peer = peer;
+    snprintf(g->what, sizeof g->what, "%s", what);
+    return g;
+}
+
+/* Starts a reduce-scatter (scatter = 1) or an allreduce; without a start slot the blocking
+ * operation runs now and the group returned is already complete. */
+static rf_status reduce_start(rf_comm *c, int scatter, const float *in, float *out, size_t n,
+                              double timeout_s, const char *what, rf_comm_group **out_g) {
+    *out_g = NULL;
+    what = WHAT(what);
+    RF_TRY(usable(c, what));
+    rf_comm_group *g = collective_group(c, what);
+    if (!g) return RF_ERR_NOMEM;
+    rf_status (*start)(rf_comm *, const float *, float *, size_t, rf_comm_group *) =
+        scatter ? c->ops->reduce_scatter_start : c->ops->allreduce_start;
+    rf_status st;
+    if (start) {
+        st = start(c, in, out, n, g);
+    } else {
+        st = scatter ? c->ops->reduce_scatter(c, in, out, n, timeout_s, what)
+                     : c->ops->allreduce(c, in, out, n, timeout_s, what);
+        g->n = 0; /* complete: the wait only frees it */
+    }
+    if (st != RF_OK) {
+        free(g->peer), free(g);
+        return st;
+    }
+    *out_g = g;
+    return RF_OK;
+}
+
+rf_status rf_comm_allreduce_start(rf_comm *c, const float *in, float *out, size_t n,
+                                  double timeout_s, const char *what, rf_comm_group **g) {
+    return reduce_start(c, 0, in, out, n, timeout_s, what, g);
+}
+
+rf_status rf_comm_reduce_scatter_start(rf_comm *c, const float *in, float *out, size_t n,
+                                       double timeout_s, const char *what, rf_comm_group **g) {
+    return reduce_start(c, 1, in, out, n, timeout_s, what, g);
+}
+
+int rf_comm_group_test(rf_comm_group *g) {
+    if (!g) return 1;
+    if (g->c->failed[0]) {
+        rf_error(RF_ERR_IO, "%s: this communicator failed earlier (%s)", g->what, g->c->failed);
+        return -1;
+    }
+    if ((!g->n && !g->impl) || g->c->kind == RF_COMM_SINGLE) return 1;
+    return g->c->ops->group_test ? g->c->ops->group_test(g) : 0;
 }
 
 /* ---- the single-rank back end ---- */
@@ -275,6 +341,7 @@ static void single_free(rf_comm *c) { rf__comm_delete(c); }
 static const rf_comm_ops single_ops = {
     "single", single_allreduce, single_reduce_scatter, single_allgather, single_bcast,
     single_barrier, single_sendrecv_start, single_group_wait, single_split, single_free,
+    NULL, NULL, NULL, /* non-blocking collectives: reduced at the start */
 };
 
 static rf_status single_split(rf_comm *c, int color, int key, rf_comm **out) {

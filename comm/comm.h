@@ -171,4 +171,27 @@ rf_status rf_comm_wait(rf_comm_req *req, double timeout_s, const char *what);
 /* Frees a request; a pending one is cancelled first. NULL is fine. */
 void rf_comm_req_free(rf_comm_req *req);
 
+/* ---- non-blocking collectives (started, then waited for) ---- */
+
+/* rf_comm_allreduce and rf_comm_reduce_scatter in two steps, so that the caller can compute
+ * while the reduction progresses (data-parallel training starts one per gradient bucket during
+ * the backward pass: trainer/data_parallel.h). Arguments and results are those of the blocking
+ * calls; in and out stay in use until the wait. Several may be in flight on one communicator
+ * and, like every collective, they are started in the same order on every rank. The group is
+ * waited for and freed with rf_comm_group_wait, whose timeout message names every other rank as
+ * the blocking collective's does; after a timeout the communicator has failed, as there.
+ * Progress: MPI moves a started collective forward only inside MPI calls, so a caller that
+ * computes should call rf_comm_group_test now and then; the single back end reduces at the
+ * start; NCCL has no non-blocking form here yet: the blocking collective runs at the start
+ * (bounded by timeout_s), and the group is complete when returned. */
+rf_status rf_comm_allreduce_start(rf_comm *c, const float *in, float *out, size_t n,
+                                  double timeout_s, const char *what, rf_comm_group **g);
+rf_status rf_comm_reduce_scatter_start(rf_comm *c, const float *in, float *out, size_t n,
+                                       double timeout_s, const char *what, rf_comm_group **g);
+
+/* Progresses a started group (collective or send/recv) without waiting: 1 when it has
+ * completed, 0 when not yet (always 0 for a NCCL send/recv group: its wait tells), -1 on an
+ * error (message set; the communicator has failed). It must still be waited for. */
+int rf_comm_group_test(rf_comm_group *g);
+
 #endif

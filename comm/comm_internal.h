@@ -22,6 +22,12 @@ typedef struct rf_comm_ops {
     rf_status (*group_wait)(rf_comm_group *g, double timeout_s);
     rf_status (*split)(rf_comm *c, int color, int key, rf_comm **out);
     void (*free)(rf_comm *c); /* the back end's state and c itself */
+    /* non-blocking collectives, set g->impl for group_wait; NULL: the blocking one runs at the
+     * start (rf_comm_allreduce_start) */
+    rf_status (*allreduce_start)(rf_comm *c, const float *in, float *out, size_t n, rf_comm_group *g);
+    rf_status (*reduce_scatter_start)(rf_comm *c, const float *in, float *out, size_t n,
+                                      rf_comm_group *g);
+    int (*group_test)(rf_comm_group *g); /* 1 done, 0 not yet, -1 error; NULL: 0 */
 } rf_comm_ops;
 
 struct rf_comm {
@@ -38,7 +44,8 @@ struct rf_comm {
 struct rf_comm_group {
     rf_comm *c;
     int n;
-    int *peer;       /* (n) the peer of each op, for timeout messages */
+    int *peer;       /* (n) the peer of each op, for timeout messages (a collective: every
+                        other rank) */
     char what[160];
     void *impl;      /* the back end's */
 };

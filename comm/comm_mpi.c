@@ -216,6 +216,7 @@ typedef struct mpi_group {
     MPI_Request *r;
     int *owner;
     int nr;
+    int collective; /* a started collective: its requests cannot be cancelled (abandon them) */
 } mpi_group;
 
 static void group_release(mpi_group *q) {
@@ -270,6 +271,12 @@ static rf_status mpi_sendrecv_start(rf_comm *c, const rf_comm_p2p *ops, int n, r
 
 static rf_status mpi_group_wait(rf_comm_group *g, double timeout_s) {
     mpi_group *q = g->impl;
+    if (q->collective) {
+        rf_status st = finish_collective(g->c, q->r, q->nr, timeout_s, g->what);
+        group_release(q);
+        g->impl = NULL;
+        return st;
+    }
     rf_status st = RF_OK;
     int t = wait_all(q->r, q->nr, timeout_s, g->what);
     if (t < 0) st = RF_ERR_IO;
@@ -322,9 +329,73 @@ static void mpi_free(rf_comm *c) {
     rf__comm_delete(c);
 }
 
+/* ---- non-blocking collectives ---- */
+
+/* A collective's group state for n requests (not yet posted). */
+static mpi_group *collective_requests(int n, const char *what) {
+    mpi_group *q = calloc(1, sizeof *q);
+    if (q) q->r = malloc(sizeof *q->r * (size_t)n);
+    if (!q || !q->r) {
+        group_release(q);
+        rf_error(RF_ERR_NOMEM, "%s: out of memory", what);
+        return NULL;
+    }
+    q->collective = 1;
+    return q;
+}
+
+/* After a failed post: what was posted is abandoned and c fails. */
+static rf_status post_failed(rf_comm *c, mpi_group *q, int rc, const char *what) {
+    rf_status st = mpi_fail(rc, what);
+    abandon(c, q->r, q->nr);
+    group_release(q);
+    rf__comm_mark_failed(c);
+    return st;
+}
+
+static rf_status mpi_allreduce_start(rf_comm *c, const float *in, float *out, size_t n, rf_comm_group *g) {
+    size_t per = PIECE / sizeof(float), pieces = n ? (n + per - 1) / per : 1;
+    if (pieces > MAX_PIECES) return rf_error(RF_ERR_ARG, "%s: %zu floats is too many for one allreduce", g->what, n);
+    mpi_group *q = collective_requests((int)pieces, g->what);
+    if (!q) return RF_ERR_NOMEM;
+    for (size_t i = 0; i < pieces; i++, q->nr++) {
+        size_t off = i * per, len = n - off < per ? n - off : per;
+        int rc = MPI_Iallreduce(in == out ? MPI_IN_PLACE : (const void *)(in + off), out + off, (int)len,
+                                MPI_FLOAT, MPI_SUM, mc(c), &q->r[i]);
+        if (rc != MPI_SUCCESS) return post_failed(c, q, rc, g->what);
+    }
+    g->impl = q;
+    return RF_OK;
+}
+
+static rf_status mpi_reduce_scatter_start(rf_comm *c, const float *in, float *out, size_t n, rf_comm_group *g) {
+    if (n > (size_t)INT_MAX) return rf_error(RF_ERR_ARG, "%s: %zu floats per rank is too many to reduce-scatter", g->what, n);
+    mpi_group *q = collective_requests(1, g->what);
+    if (!q) return RF_ERR_NOMEM;
+    int rc = MPI_Ireduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, mc(c), &q->r[0]);
+    if (rc != MPI_SUCCESS) return post_failed(c, q, rc, g->what);
+    q->nr = 1;
+    g->impl = q;
+    return RF_OK;
+}
+
+static int mpi_group_test(rf_comm_group *g) {
+    mpi_group *q = g->impl;
+    if (!q) return 1;
+    int flag = 0;
+    int rc = MPI_Testall(q->nr, q->r, &flag, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        mpi_fail(rc, g->what);
+        rf__comm_mark_failed(g->c);
+        return -1;
+    }
+    return flag;
+}
+
 static const rf_comm_ops mpi_ops = {
     "mpi", mpi_allreduce, mpi_reduce_scatter, mpi_allgather, mpi_bcast,
     mpi_barrier, mpi_sendrecv_start, mpi_group_wait, mpi_split, mpi_free,
+    mpi_allreduce_start, mpi_reduce_scatter_start, mpi_group_test,
 };
 
 /* ---- single transfers ---- */

@@ -248,4 +248,5 @@ static rf_status nccl_split(rf_comm *c, int color, int key, rf_comm **out) {
 static const rf_comm_ops nccl_ops = {
     "nccl", nccl_allreduce, nccl_reduce_scatter, nccl_allgather, nccl_bcast,
     nccl_barrier, nccl_sendrecv_start, nccl_group_wait, nccl_split, nccl_free,
+    NULL, NULL, NULL, /* non-blocking collectives: the blocking ones at the start (comm.h) */
 };
