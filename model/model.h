@@ -77,6 +77,17 @@ typedef struct rf_kv_cache {
     int *len;       /* (n_slots) host: positions filled per slot */
 } rf_kv_cache;
 
+/* A hook of the backward pass (data-parallel training: trainer/data_parallel.h). Called by
+ * rf_model_backward each time the gradients of a contiguous range of the flat buffer, floats
+ * [offset, offset + n), are final for that pass: first the final norm with the LM or value
+ * head (the end of the buffer), then each layer from the last to the first, its MLP half
+ * (post-attention norm to down projection, the end of the layer) and then its attention half,
+ * then the embedding (offset 0, last because a tied LM head also writes it). The ranges cover the buffer once, in
+ * that order, so everything at or past `offset` is final. On a device back end the kernels that
+ * wrote the range may still be running (synchronise before reading). A status other than
+ * RF_OK stops the backward pass and is returned by it. */
+typedef rf_status (*rf_grad_ready_fn)(void *ctx, size_t offset, size_t n);
+
 typedef struct rf_model {
     rf_model_config cfg;
     const rf_kernels *k;
@@ -112,6 +123,8 @@ typedef struct rf_model {
     int T, n_seq;             /* shape of the last forward */
     int32_t *d_tokens, *d_pos, *d_cu, *d_kstart, *d_klen, *d_targets;
     float logprob_inv_temp;
+    rf_grad_ready_fn grad_ready; /* NULL: no hook (rf_model_set_grad_hook) */
+    void *grad_ready_ctx;
 } rf_model;
 
 /* Allocates a model for `cfg` on back end `k` with parameters zeroed. Caller frees with
@@ -164,6 +177,10 @@ rf_status rf_model_logits(rf_model *m, const int *rows, int n_rows, float *logit
  * prior rf_model_logprobs) and dvalues (T) for a value head. Accumulates into m->grads. */
 rf_status rf_model_backward(rf_model *m, const float *dlogp, const float *dentropy,
                             const float *dvalues);
+
+/* Installs (fn != NULL) or removes (NULL) the backward hook; it does not change what backward
+ * computes. ctx is the caller's, passed to fn. */
+void rf_model_set_grad_hook(rf_model *m, rf_grad_ready_fn fn, void *ctx);
 
 /* KV cache with n_slots sequences of max_len positions each. */
 rf_status rf_kv_cache_init(rf_kv_cache *c, const rf_model *m, int n_slots, int max_len);

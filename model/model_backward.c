@@ -110,6 +110,23 @@ static rf_status head_backward(rf_model *m, grad_bufs *g, const float *dlogp,
     return RF_OK;
 }
 
+void rf_model_set_grad_hook(rf_model *m, rf_grad_ready_fn fn, void *ctx) {
+    m->grad_ready = fn;
+    m->grad_ready_ctx = fn ? ctx : NULL;
+}
+
+/* Tells the hook that gradients of floats [from, to) are final. */
+static rf_status ready(rf_model *m, size_t from, size_t to) {
+    return m->grad_ready ? m->grad_ready(m->grad_ready_ctx, from, to - from) : RF_OK;
+}
+
+/* First float of layer l's parameters (its input norm comes first), or of the final norm for
+ * l = L. */
+static size_t layer_start(const rf_model *m, int l) {
+    const float *p = l < m->cfg.num_hidden_layers ? m->layers[l].ln1 : m->norm;
+    return (size_t)(p - m->params);
+}
+
 rf_status rf_model_backward(rf_model *m, const float *dlogp, const float *dentropy,
                             const float *dvalues) {
     if (!m->grads) return rf_error(RF_ERR_ARG, "backward: call rf_model_enable_training first");
@@ -121,10 +138,15 @@ rf_status rf_model_backward(rf_model *m, const float *dlogp, const float *dentro
     int T = m->T, C = c->hidden_size;
     m->k->zero(g.dx, sizeof(float) * (size_t)T * C);
     m->k->rmsnorm_backward(g.dx, GRAD(m, m->norm), g.dln, m->x_final, m->norm, m->rstd_f, T, C);
-    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
+    int L = c->num_hidden_layers;
+    RF_TRY(ready(m, layer_start(m, L), m->n_params));
+    for (int l = L - 1; l >= 0; l--) {
+        size_t mlp = (size_t)(m->layers[l].ln2 - m->params); /* the layer's MLP ends it */
         mlp_backward(m, l, &g);
+        RF_TRY(ready(m, mlp, layer_start(m, l + 1)));
         attn_backward(m, l, &g);
+        RF_TRY(ready(m, layer_start(m, l), mlp));
     }
     m->k->embedding_backward(GRAD(m, m->wte), g.dx, m->d_tokens, T, C);
-    return RF_OK;
+    return ready(m, 0, layer_start(m, 0));
 }
