@@ -81,6 +81,7 @@ rf_status rf__for_each_micro(rf_model *m, rf_train_sample *s, const int *idx, in
         int c = rf__micro_count(s, idx + i, n - i, max_tokens);
         micro mb = {0};
         rf_status st = rf__micro_pack(&mb, s, idx + i, c);
+        mb.last = i + c >= n;
         rf_batch b = {mb.n, mb.T, mb.tok, NULL, mb.cu};
         if (st == RF_OK) st = rf_model_forward(m, &b);
         if (st == RF_OK) st = fn(m, &mb, s, idx + i, ctx);

@@ -7,6 +7,7 @@
 
 #include "actor/losses.h"
 #include "model/model.h"
+#include "trainer/data_parallel.h"
 #include "trainer/optim.h"
 
 /* One response and everything the update needs, host memory. Arrays of n_resp floats. */
@@ -51,6 +52,12 @@ typedef struct rf_update_opts {
                               update's own forward pass (no separate pass). Exact when epochs = 1
                               and mini_batches = 1: the weights do not move before the only
                               optimizer step. prox_logp is overwritten. */
+    rf_dp *dp;             /* data parallel over dp's ranks (its model is the one updated), or
+                              NULL: this rank alone. With dp, every rank passes its own share
+                              of the batch; each pass shuffles each rank's share, and mini-batch
+                              b is the b-th of mini_batches parts of every rank's share, with
+                              loss weights from the totals over all ranks; every rank gets the
+                              same statistics, summed over ranks. */
 } rf_update_opts;
 
 typedef struct rf_update_stats {

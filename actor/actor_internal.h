@@ -8,6 +8,7 @@
  * targets the sequence shifted by one. resp[k] is the row of sample k's first response token. */
 typedef struct micro {
     int n, T;
+    int last; /* the last micro-batch of its rf__for_each_micro call */
     int32_t *tok, *tgt, *cu, *resp;
 } micro;
 

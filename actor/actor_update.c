@@ -1,6 +1,7 @@
 /* Training updates: policy (PPO-style), value, and supervised. Each mini-batch is one optimizer
  * step; its micro-batches accumulate gradients with loss weights computed from the whole
  * mini-batch, so accumulation equals one big batch (ALGORITHMS.md, loss aggregation). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,8 +14,10 @@ typedef struct mb_weights {
     float *buf;
 } mb_weights;
 
+/* tot: the mini-batch's tokens and sequences over every rank (data parallelism; NULL: the
+ * samples idx[0..cnt) are the whole mini-batch). */
 static rf_status weights_init(mb_weights *mw, const rf_train_sample *s, int n, const int *idx,
-                              int cnt, rf_loss_agg agg, int max_len) {
+                              int cnt, rf_loss_agg agg, int max_len, const long *tot) {
     long total = 0;
     int *nt = calloc((size_t)(cnt > 0 ? cnt : 1), sizeof(int));
     if (!nt) return rf_error(RF_ERR_NOMEM, "out of memory for loss weights");
@@ -22,13 +25,14 @@ static rf_status weights_init(mb_weights *mw, const rf_train_sample *s, int n, c
         nt[k] = s[idx[k]].n_resp;
         total += nt[k];
     }
-    mw->w = calloc((size_t)n, sizeof(float *));
+    mw->w = calloc((size_t)(n > 0 ? n : 1), sizeof(float *));
     mw->buf = malloc(sizeof(float) * (size_t)(total > 0 ? total : 1));
     if (!mw->w || !mw->buf) {
         free(nt);
         return rf_error(RF_ERR_NOMEM, "out of memory for loss weights");
     }
-    rf_loss_weights(agg, nt, cnt, max_len, mw->buf);
+    if (tot) rf_loss_weights_of(agg, nt, cnt, max_len, tot[0], tot[1], mw->buf);
+    else rf_loss_weights(agg, nt, cnt, max_len, mw->buf);
     for (int k = 0, off = 0; k < cnt; k++) {
         mw->w[idx[k]] = mw->buf + off;
         off += nt[k];
@@ -48,6 +52,12 @@ typedef struct upd_ctx {
     rf_update_stats *st;
 } upd_ctx;
 
+/* Data parallelism: the last backward pass of a mini-batch reduces its gradient buckets as they
+ * become final. */
+static void arm_last(const upd_ctx *c, const micro *mb) {
+    if (c->uo->dp && mb->last) rf_dp_arm(c->uo->dp);
+}
+
 /* Policy loss gradient for one micro-batch, then backward. */
 static rf_status pg_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
     upd_ctx *c = vctx;
@@ -65,6 +75,7 @@ static rf_status pg_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *id
                    c->uo->pg.kl_coef != 0.0f ? x->ref_logp : NULL, en + r, x->adv, c->mw.w[idx[k]],
                    dlp + r, den + r, &c->st->pg);
     }
+    if (st == RF_OK) arm_last(c, mb);
     if (st == RF_OK) st = rf_model_backward(m, dlp, use_ent ? den : NULL, NULL);
     free(lp), free(en), free(dlp), free(den);
     return st;
@@ -81,6 +92,7 @@ static rf_status value_fn(rf_model *m, micro *mb, rf_train_sample *s, const int 
         c->st->value_loss += rf_value_loss(x->n_resp, v + r, x->values, x->returns, c->uo->value_clip,
                                            c->mw.w[idx[k]], dv + r, &c->st->value_clipfrac);
     }
+    if (st == RF_OK) arm_last(c, mb);
     if (st == RF_OK) st = rf_model_backward(m, NULL, NULL, dv);
     free(v), free(dv);
     return st;
@@ -97,32 +109,89 @@ static void shuffle(int *idx, int n, uint64_t seed) {
     }
 }
 
-/* Epochs x mini-batches; fn computes each micro-batch's loss gradient. */
+/* Data parallelism: the tokens and sequences of each of the mbs mini-batches of this pass over
+ * every rank, tot (2 * mbs): tokens then sequences per mini-batch. */
+static rf_status global_totals(rf_dp *dp, const rf_train_sample *s, int n, const int *idx, int mbs, long *tot) {
+    for (int b = 0; b < mbs; b++) {
+        int lo = (int)((long)n * b / mbs), hi = (int)((long)n * (b + 1) / mbs);
+        tot[2 * b] = 0, tot[2 * b + 1] = hi - lo;
+        for (int k = lo; k < hi; k++) tot[2 * b] += s[idx[k]].n_resp;
+    }
+    return rf_dp_sum(dp, tot, tot, 2 * mbs, "summing the mini-batch sizes over DP ranks");
+}
+
+/* One optimizer step over the samples idx[0..cnt) (with data parallelism: this rank's share of
+ * the mini-batch, whose totals over the ranks are tot). */
+static rf_status mini_batch(rf_model *m, const rf_optim_opts *oo, const rf_update_opts *uo, rf_train_sample *s,
+                            int n, const int *idx, int cnt, const long *tot, rf_update_stats *st, micro_fn fn) {
+    upd_ctx c = {uo, {0}, st};
+    rf_status r = weights_init(&c.mw, s, n, idx, cnt, uo->agg, uo->max_resp_len, tot);
+    rf_model_zero_grad(m);
+    if (r == RF_OK) r = rf__for_each_micro(m, s, idx, cnt, uo->micro_tokens, fn, &c);
+    weights_free(&c.mw);
+    if (r == RF_OK && uo->dp) r = rf_dp_sync_grads(uo->dp);
+    double gn = 0;
+    float lr = 0;
+    if (r == RF_OK) r = uo->dp ? rf_dp_optim_step(uo->dp, oo, &gn, &lr) : rf_optim_step(m, oo, &gn, &lr);
+    st->grad_norm = gn, st->lr = lr;
+    st->optimizer_steps++;
+    for (int k = 0; k < cnt; k++) st->tokens += s[idx[k]].n_resp;
+    return r;
+}
+
+/* Data parallelism: adds the statistics of this rank's share (loc) over every rank into st. */
+static rf_status add_stats_over_ranks(rf_dp *dp, const rf_update_stats *loc, rf_update_stats *st) {
+    enum { NF = 14 };
+    const rf_pg_stats *p = &loc->pg;
+    double mine[NF] = {p->loss, p->pg_loss, p->kl, p->entropy, p->clipped, p->ratio, p->is_weight,
+                       p->is_truncated, p->approx_kl, (double)p->tokens, loc->value_loss,
+                       loc->value_clipfrac, (double)loc->tokens, p->is_weight_max};
+    int size = rf_dp_size(dp);
+    double *all = malloc(sizeof(double) * NF * (size_t)size), sum[NF] = {0};
+    if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status r = rf_dp_allgather(dp, mine, all, sizeof mine, "gathering update statistics from DP ranks");
+    for (int q = 0; r == RF_OK && q < size; q++)
+        for (int i = 0; i < NF; i++)
+            sum[i] = i == NF - 1 ? fmax(sum[i], all[q * NF + i]) : sum[i] + all[q * NF + i];
+    free(all);
+    RF_TRY(r);
+    rf_pg_stats *g = &st->pg;
+    g->loss += sum[0], g->pg_loss += sum[1], g->kl += sum[2], g->entropy += sum[3], g->clipped += sum[4];
+    g->ratio += sum[5], g->is_weight += sum[6], g->is_truncated += sum[7], g->approx_kl += sum[8];
+    g->tokens += (long)sum[9], st->value_loss += sum[10], st->value_clipfrac += sum[11];
+    st->tokens += (long)sum[12];
+    g->is_weight_max = fmax(g->is_weight_max, sum[13]);
+    st->grad_norm = loc->grad_norm, st->lr = loc->lr;
+    st->optimizer_steps += loc->optimizer_steps;
+    return RF_OK;
+}
+
+/* Epochs x mini-batches; fn computes each micro-batch's loss gradient. With data parallelism
+ * the number of mini-batches is bounded by the samples over every rank, each rank splits its
+ * own share, and the statistics are summed over ranks at the end. */
 static rf_status run_update(rf_model *m, const rf_optim_opts *oo, const rf_update_opts *uo,
                             rf_train_sample *s, int n, rf_update_stats *st, micro_fn fn) {
     RF_TRY(rf__validate_samples(s, n));
+    rf_dp *dp = uo->dp;
+    if (dp && rf_dp_model(dp) != m)
+        return rf_error(RF_ERR_ARG, "update: the data-parallel state belongs to another model");
+    long n_all = n;
+    if (dp) RF_TRY(rf_dp_sum(dp, &n_all, &n_all, 1, "counting the samples over DP ranks"));
+    int mbs = uo->mini_batches < 1 ? 1 : uo->mini_batches > n_all ? (int)n_all : uo->mini_batches;
     int *idx = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
-    if (!idx) return rf_error(RF_ERR_NOMEM, "out of memory");
-    int mbs = uo->mini_batches < 1 ? 1 : uo->mini_batches > n ? n : uo->mini_batches;
-    rf_status r = RF_OK;
+    long *tot = malloc(sizeof(long) * 2 * (size_t)(mbs > 0 ? mbs : 1));
+    rf_update_stats loc = {0}, *acc = dp ? &loc : st;
+    rf_status r = idx && tot ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int e = 0; r == RF_OK && e < uo->epochs; e++) {
         shuffle(idx, n, uo->shuffle_seed + (uint64_t)e);
+        if (dp) r = global_totals(dp, s, n, idx, mbs, tot);
         for (int b = 0; r == RF_OK && b < mbs; b++) {
             int lo = (int)((long)n * b / mbs), hi = (int)((long)n * (b + 1) / mbs);
-            upd_ctx c = {uo, {0}, st};
-            r = weights_init(&c.mw, s, n, idx + lo, hi - lo, uo->agg, uo->max_resp_len);
-            rf_model_zero_grad(m);
-            if (r == RF_OK) r = rf__for_each_micro(m, s, idx + lo, hi - lo, uo->micro_tokens, fn, &c);
-            weights_free(&c.mw);
-            double gn = 0;
-            float lr = 0;
-            if (r == RF_OK) r = rf_optim_step(m, oo, &gn, &lr);
-            st->grad_norm = gn, st->lr = lr;
-            st->optimizer_steps++;
-            for (int k = lo; k < hi; k++) st->tokens += s[idx[k]].n_resp;
+            r = mini_batch(m, oo, uo, s, n, idx + lo, hi - lo, dp ? tot + 2 * b : NULL, acc, fn);
         }
     }
-    free(idx);
+    free(idx), free(tot);
+    if (r == RF_OK && dp) r = add_stats_over_ranks(dp, &loc, st);
     return r;
 }
 

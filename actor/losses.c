@@ -47,13 +47,18 @@ float rf_kl_value(rf_kl_est e, float logp, float ref, float *dlogp) {
 void rf_loss_weights(rf_loss_agg agg, const int *n_tokens, int n_seqs, int max_len, float *w) {
     long total = 0;
     for (int i = 0; i < n_seqs; i++) total += n_tokens[i];
+    rf_loss_weights_of(agg, n_tokens, n_seqs, max_len, total, n_seqs, w);
+}
+
+void rf_loss_weights_of(rf_loss_agg agg, const int *n_tokens, int n_seqs, int max_len,
+                        long total_tokens, long total_seqs, float *w) {
     for (int i = 0, k = 0; i < n_seqs; i++)
         for (int t = 0; t < n_tokens[i]; t++, k++) {
             switch (agg) {
-            case RF_AGG_TOKEN_MEAN: w[k] = 1.0f / (float)total; break;
-            case RF_AGG_SEQ_MEAN_TOKEN_SUM: w[k] = 1.0f / (float)n_seqs; break;
-            case RF_AGG_SEQ_MEAN_TOKEN_MEAN: w[k] = 1.0f / ((float)n_seqs * (float)n_tokens[i]); break;
-            case RF_AGG_SEQ_MEAN_TOKEN_SUM_NORM: w[k] = 1.0f / ((float)n_seqs * (float)max_len); break;
+            case RF_AGG_TOKEN_MEAN: w[k] = 1.0f / (float)total_tokens; break;
+            case RF_AGG_SEQ_MEAN_TOKEN_SUM: w[k] = 1.0f / (float)total_seqs; break;
+            case RF_AGG_SEQ_MEAN_TOKEN_MEAN: w[k] = 1.0f / ((float)total_seqs * (float)n_tokens[i]); break;
+            case RF_AGG_SEQ_MEAN_TOKEN_SUM_NORM: w[k] = 1.0f / ((float)total_seqs * (float)max_len); break;
             }
         }
 }

@@ -28,6 +28,12 @@ float rf_kl_value(rf_kl_est e, float logp, float ref_logp, float *dlogp);
  * n_tokens (n_seqs) per sequence; writes w for every token of every sequence, in order. */
 void rf_loss_weights(rf_loss_agg agg, const int *n_tokens, int n_seqs, int max_len, float *w);
 
+/* The same for a part of a mini-batch (data parallelism: one rank's share) whose whole has
+ * total_tokens tokens in total_seqs sequences: the weights this part's tokens have in the
+ * whole. rf_loss_weights is this with the part's own totals. */
+void rf_loss_weights_of(rf_loss_agg agg, const int *n_tokens, int n_seqs, int max_len,
+                        long total_tokens, long total_seqs, float *w);
+
 typedef struct rf_pg_opts {
     float clip_low, clip_high; /* epsilon_low, epsilon_high */
     float dual_clip;           /* c > 1 enables dual clip for negative advantages; 0 = off */

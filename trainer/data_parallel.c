@@ -1,0 +1,387 @@
+/* Data-parallel training: gradient buckets reduced during the backward pass, plain DP and
+ * ZeRO-1. See data_parallel.h. */
+#include "trainer/data_parallel.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+/* A bucket: floats [lo, hi) of the flat buffers. Bucket 0 ends the buffer; the last one starts
+ * it. ZeRO-1 splits a bucket into `size` blocks of blk floats (the last bucket padded). */
+typedef struct dp_bucket {
+    size_t lo, hi;
+    size_t blk;          /* floats per rank's block */
+    size_t so;           /* offset of this rank's block in the shard buffers */
+    rf_comm_group *g;    /* in flight, or NULL */
+} dp_bucket;
+
+/* ZeRO-1: floats of this rank's shard inside one parameter view (AdamW per view for its
+ * weight decay). */
+typedef struct dp_seg {
+    size_t p, s, n; /* offset in params, offset in the shard buffers, floats */
+    int no_decay;
+} dp_seg;
+
+struct rf_dp {
+    rf_comm *c;
+    rf_model *m;
+    rf_dp_opts o;
+    int rank, size;
+    dp_bucket *b;
+    int nb;
+    int next;            /* the next bucket to start */
+    int armed;           /* the current backward pass is the last of the mini-batch */
+    int done;            /* buckets known to be complete (progress polling) */
+    rf_dp_stats st;
+    /* ZeRO-1 */
+    size_t shard_n;      /* floats of the shard buffers: sum of blk */
+    float *sg, *sm, *sv; /* (shard_n) summed gradients, AdamW moments */
+    float *stmp;         /* (shard_n) staging of parameters for the allgather */
+    float *pad;          /* (size * blk of the last bucket) staging of the padded bucket */
+    dp_seg *seg;
+    int nseg;
+};
+
+rf_model *rf_dp_model(const rf_dp *dp) { return dp->m; }
+int rf_dp_rank(const rf_dp *dp) { return dp->rank; }
+int rf_dp_size(const rf_dp *dp) { return dp->size; }
+int rf_dp_zero(const rf_dp *dp) { return dp->o.zero; }
+const rf_dp_stats *rf_dp_get_stats(const rf_dp *dp) { return &dp->st; }
+
+/* ---- layout ---- */
+
+static rf_status make_buckets(rf_dp *dp) {
+    size_t n = dp->m->n_params, S = (size_t)dp->size;
+    size_t B = dp->o.bucket_floats ? dp->o.bucket_floats : RF_DP_BUCKET_DEFAULT;
+    B = (B + S - 1) / S * S; /* whole blocks in every bucket but the padded last one */
+    dp->nb = (int)((n + B - 1) / B);
+    dp->b = calloc((size_t)(dp->nb > 0 ? dp->nb : 1), sizeof *dp->b);
+    if (!dp->b) return rf_error(RF_ERR_NOMEM, "out of memory for %d gradient buckets", dp->nb);
+    for (int k = 0; k < dp->nb; k++) {
+        dp_bucket *b = &dp->b[k];
+        b->hi = n - (size_t)k * B;
+        b->lo = b->hi > B ? b->hi - B : 0;
+        b->blk = (b->hi - b->lo + S - 1) / S;
+        b->so = dp->shard_n;
+        dp->shard_n += b->blk;
+    }
+    return RF_OK;
+}
+
+/* The floats of this rank's block of bucket k that are real (not padding): [*a, *e). */
+static void own_block(const rf_dp *dp, int k, size_t *a, size_t *e) {
+    const dp_bucket *b = &dp->b[k];
+    *a = b->lo + (size_t)dp->rank * b->blk;
+    *e = *a + b->blk < b->hi ? *a + b->blk : b->hi;
+    if (*a > *e) *a = *e;
+}
+
+/* ZeRO-1: this rank's shard cut at view boundaries. */
+static rf_status make_segments(rf_dp *dp) {
+    const rf_model *m = dp->m;
+    dp->seg = calloc((size_t)(dp->nb + m->n_views + 1), sizeof *dp->seg);
+    if (!dp->seg) return rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < dp->nb; k++) {
+        size_t a, e;
+        own_block(dp, k, &a, &e);
+        for (int i = 0; i < m->n_views && a < e; i++) {
+            const rf_param_view *v = &m->views[i];
+            size_t lo = v->offset > a ? v->offset : a, hi = v->offset + v->numel < e ? v->offset + v->numel : e;
+            if (lo >= hi) continue;
+            dp->seg[dp->nseg++] = (dp_seg){lo, dp->b[k].so + (lo - (dp->b[k].lo + (size_t)dp->rank * dp->b[k].blk)),
+                                          hi - lo, v->no_decay};
+        }
+    }
+    return RF_OK;
+}
+
+/* Copies this rank's blocks of a whole buffer (n_params floats) into shard layout. */
+static void to_shard(rf_dp *dp, const float *full, float *shard) {
+    const rf_kernels *k = dp->m->k;
+    for (int i = 0; i < dp->nseg; i++)
+        k->copy(shard + dp->seg[i].s, full + dp->seg[i].p, sizeof(float) * dp->seg[i].n);
+}
+
+/* Is bucket k one that needs the padded staging buffer (its length not size * blk)? */
+static int padded(const rf_dp *dp, int k) {
+    return dp->b[k].hi - dp->b[k].lo != dp->b[k].blk * (size_t)dp->size;
+}
+
+/* Allgathers every bucket: rank r's block comes from shard (shard layout), the whole goes to
+ * full (n_params floats). Blocking, bucket by bucket. */
+static rf_status gather_buckets(rf_dp *dp, const float *shard, float *full, const char *what) {
+    const rf_kernels *k = dp->m->k;
+    for (int i = 0; i < dp->nb; i++) {
+        const dp_bucket *b = &dp->b[i];
+        float *dst = padded(dp, i) ? dp->pad : full + b->lo;
+        RF_TRY(rf_comm_allgather(dp->c, shard + b->so, dst, sizeof(float) * b->blk, dp->o.timeout_s, what));
+        if (dst == dp->pad) k->copy(full + b->lo, dp->pad, sizeof(float) * (b->hi - b->lo));
+    }
+    return RF_OK;
+}
+
+/* Reduce-scatters every bucket of `full` into shard (blocking; no overlap). */
+static rf_status scatter_buckets(rf_dp *dp, const float *full, float *shard, const char *what) {
+    const rf_kernels *k = dp->m->k;
+    for (int i = 0; i < dp->nb; i++) {
+        const dp_bucket *b = &dp->b[i];
+        const float *src = full + b->lo;
+        if (padded(dp, i)) {
+            k->zero(dp->pad, sizeof(float) * b->blk * (size_t)dp->size);
+            k->copy(dp->pad, full + b->lo, sizeof(float) * (b->hi - b->lo));
+            src = dp->pad;
+        }
+        RF_TRY(rf_comm_reduce_scatter(dp->c, src, shard + b->so, b->blk, dp->o.timeout_s, what));
+    }
+    return RF_OK;
+}
+
+/* ---- set-up ---- */
+
+static rf_status alloc_zero(rf_dp *dp) {
+    const rf_kernels *k = dp->m->k;
+    size_t bytes = sizeof(float) * (dp->shard_n ? dp->shard_n : 1);
+    size_t pad = 0;
+    for (int i = 0; i < dp->nb; i++)
+        if (padded(dp, i)) pad = dp->b[i].blk * (size_t)dp->size;
+    dp->sg = k->alloc(bytes), dp->sm = k->alloc(bytes), dp->sv = k->alloc(bytes), dp->stmp = k->alloc(bytes);
+    dp->pad = k->alloc(sizeof(float) * (pad ? pad : 1));
+    if (!dp->sg || !dp->sm || !dp->sv || !dp->stmp || !dp->pad)
+        return rf_error(RF_ERR_NOMEM, "out of memory for the ZeRO-1 shard (%zu floats)", dp->shard_n);
+    return make_segments(dp);
+}
+
+/* Rank 0's moments to every rank: broadcast (plain) or each rank its shard (ZeRO-1: a
+ * reduce-scatter of rank 0's values against zeros from the others, exact since x + 0 = x), and
+ * the model's whole moments freed. */
+static rf_status share_moments(rf_dp *dp) {
+    rf_model *m = dp->m;
+    size_t bytes = sizeof(float) * m->n_params;
+    const char *what = "sharing DP rank 0's optimizer state";
+    if (!dp->o.zero) {
+        RF_TRY(rf_comm_bcast(dp->c, m->opt_m, bytes, 0, dp->o.timeout_s, what));
+        return rf_comm_bcast(dp->c, m->opt_v, bytes, 0, dp->o.timeout_s, what);
+    }
+    if (dp->rank != 0) {
+        m->k->zero(m->opt_m, bytes);
+        m->k->zero(m->opt_v, bytes);
+    }
+    RF_TRY(scatter_buckets(dp, m->opt_m, dp->sm, what));
+    RF_TRY(scatter_buckets(dp, m->opt_v, dp->sv, what));
+    m->k->free(m->opt_m), m->k->free(m->opt_v);
+    m->opt_m = m->opt_v = NULL;
+    return RF_OK;
+}
+
+static rf_status dp_ready(void *ctx, size_t offset, size_t n);
+
+rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o) {
+    *out = NULL;
+    if (!m->grads || !m->opt_m || !m->opt_v)
+        return rf_error(RF_ERR_ARG, "data parallelism needs a model with training buffers (rf_model_enable_training)");
+    int device = m->k != rf_cpu_kernels();
+    if (device != (rf_comm_backend(c) == RF_COMM_NCCL))
+        return rf_error(RF_ERR_ARG, "data parallelism: the %s communicator cannot reduce %s gradients",
+                        rf_comm_backend_name(c), device ? "device" : "host");
+    rf_dp *dp = calloc(1, sizeof *dp);
+    if (!dp) return rf_error(RF_ERR_NOMEM, "out of memory");
+    dp->c = c, dp->m = m, dp->o = *o;
+    dp->rank = rf_comm_rank(c), dp->size = rf_comm_size(c);
+    if (dp->o.timeout_s <= 0) dp->o.timeout_s = 30;
+    rf_status st = make_buckets(dp);
+    if (st == RF_OK && dp->o.zero) st = alloc_zero(dp);
+    /* every rank starts from DP rank 0's state */
+    if (st == RF_OK)
+        st = rf_comm_bcast(c, m->params, sizeof(float) * m->n_params, 0, dp->o.timeout_s,
+                           "broadcasting DP rank 0's parameters");
+    if (st == RF_OK)
+        st = rf_comm_bcast(c, &m->opt_step, sizeof m->opt_step, 0, dp->o.timeout_s, "broadcasting the optimizer step");
+    if (st == RF_OK) st = share_moments(dp);
+    if (st != RF_OK) {
+        rf_dp_free(dp);
+        return st;
+    }
+    rf_model_set_grad_hook(m, dp_ready, dp);
+    *out = dp;
+    return RF_OK;
+}
+
+void rf_dp_free(rf_dp *dp) {
+    if (!dp) return;
+    const rf_kernels *k = dp->m->k;
+    if (dp->m->grad_ready == dp_ready) rf_model_set_grad_hook(dp->m, NULL, NULL);
+    for (int i = 0; dp->b && i < dp->nb; i++) rf_comm_group_wait(dp->b[i].g, 0);
+    k->free(dp->sg), k->free(dp->sm), k->free(dp->sv), k->free(dp->stmp), k->free(dp->pad);
+    free(dp->b), free(dp->seg);
+    free(dp);
+}
+
+/* ---- small collectives ---- */
+
+rf_status rf_dp_sum(rf_dp *dp, const long *in, long *out, int n, const char *what) {
+    /* three base-4096 digits per count: each digit summed over fewer than 4096 ranks stays
+     * below 2^24, where float sums are exact in any order */
+    float *f = calloc(3 * (size_t)(n > 0 ? n : 1), sizeof(float));
+    if (!f) return rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < 3; d++) f[3 * i + d] = (float)((in[i] >> (12 * d)) & 4095);
+    rf_status st = rf_comm_allreduce(dp->c, f, f, 3 * (size_t)n, dp->o.timeout_s, what);
+    for (int i = 0; st == RF_OK && i < n; i++)
+        out[i] = (long)f[3 * i] + ((long)f[3 * i + 1] << 12) + ((long)f[3 * i + 2] << 24);
+    free(f);
+    return st;
+}
+
+rf_status rf_dp_allgather(rf_dp *dp, const void *in, void *out, size_t bytes, const char *what) {
+    return rf_comm_allgather(dp->c, in, out, bytes, dp->o.timeout_s, what);
+}
+
+/* ---- buckets ---- */
+
+static rf_status start_bucket(rf_dp *dp, int i, int early) {
+    dp_bucket *b = &dp->b[i];
+    rf_model *m = dp->m;
+    char what[96];
+    m->k->sync(); /* a device back end: the bucket's gradients have been written */
+    if (!dp->o.zero) {
+        snprintf(what, sizeof what, "allreduce of gradient bucket %d of %d", i + 1, dp->nb);
+        RF_TRY(rf_comm_allreduce_start(dp->c, m->grads + b->lo, m->grads + b->lo, b->hi - b->lo,
+                                       dp->o.timeout_s, what, &b->g));
+    } else {
+        const float *src = m->grads + b->lo;
+        if (padded(dp, i)) {
+            m->k->zero(dp->pad, sizeof(float) * b->blk * (size_t)dp->size);
+            m->k->copy(dp->pad, src, sizeof(float) * (b->hi - b->lo));
+            src = dp->pad;
+        }
+        snprintf(what, sizeof what, "reduce-scatter of gradient bucket %d of %d", i + 1, dp->nb);
+        RF_TRY(rf_comm_reduce_scatter_start(dp->c, src, dp->sg + b->so, b->blk, dp->o.timeout_s, what, &b->g));
+    }
+    dp->st.buckets++;
+    dp->st.buckets_early += early;
+    return RF_OK;
+}
+
+/* Starts every bucket that lies wholly at or past `from`. */
+static rf_status start_ready(rf_dp *dp, size_t from, int early) {
+    while (dp->next < dp->nb && dp->b[dp->next].lo >= from) {
+        RF_TRY(start_bucket(dp, dp->next, early));
+        dp->next++;
+    }
+    return RF_OK;
+}
+
+/* Lets MPI move the buckets in flight forward (it does so only inside its calls). */
+static rf_status progress(rf_dp *dp) {
+    while (dp->done < dp->next) {
+        int t = rf_comm_group_test(dp->b[dp->done].g);
+        if (t < 0) return RF_ERR_IO;
+        if (!t) break;
+        dp->done++;
+    }
+    return RF_OK;
+}
+
+/* The hook: buckets past `offset` are final. Only the range at offset 0 (the embedding) is
+ * reported as the pass ends; buckets started before it overlap with backward work. */
+static rf_status dp_ready(void *ctx, size_t offset, size_t n) {
+    rf_dp *dp = ctx;
+    (void)n;
+    if (!dp->armed) return RF_OK;
+    if (!dp->o.defer) RF_TRY(start_ready(dp, offset, offset > 0));
+    int before = dp->done;
+    RF_TRY(progress(dp));
+    if (offset > 0) dp->st.buckets_done_early += dp->done - before;
+    return RF_OK;
+}
+
+void rf_dp_arm(rf_dp *dp) { dp->armed = 1; }
+
+rf_status rf_dp_sync_grads(rf_dp *dp) {
+    double t0 = rf_time_now();
+    rf_status st = start_ready(dp, 0, 0);
+    char first[1024] = "";
+    if (st != RF_OK) snprintf(first, sizeof first, "%s", rf_error_message());
+    /* after a failure the other buckets are released at once (the communicator has failed);
+     * the first message is the one that says what happened */
+    for (int i = 0; i < dp->nb; i++) {
+        rf_status s = rf_comm_group_wait(dp->b[i].g, dp->o.timeout_s);
+        dp->b[i].g = NULL;
+        if (st == RF_OK && s != RF_OK) {
+            st = s;
+            snprintf(first, sizeof first, "%s", rf_error_message());
+        }
+    }
+    dp->next = dp->done = 0, dp->armed = 0;
+    dp->st.syncs++;
+    dp->st.wait_s += rf_time_now() - t0;
+    return st == RF_OK ? RF_OK : rf_error(st, "%s", first);
+}
+
+/* ---- optimizer ---- */
+
+/* ZeRO-1: the global squared norm from each shard's sum of squares; a double sent as two
+ * floats (high part and remainder) keeps its precision through the float allreduce. */
+static rf_status global_sumsq(rf_dp *dp, double *out) {
+    const rf_kernels *k = dp->m->k;
+    double local = 0;
+    for (int i = 0; i < dp->nseg; i++) local += k->sum_squares(dp->sg + dp->seg[i].s, dp->seg[i].n);
+    float *parts = malloc(sizeof(float) * 2 * (size_t)dp->size), mine[2];
+    if (!parts) return rf_error(RF_ERR_NOMEM, "out of memory");
+    mine[0] = (float)local, mine[1] = (float)(local - (double)mine[0]);
+    rf_status st = rf_comm_allgather(dp->c, mine, parts, sizeof mine, dp->o.timeout_s,
+                                     "allgather of the gradient norm");
+    double sum = 0;
+    for (int r = 0; r < dp->size; r++) sum += (double)parts[2 * r] + (double)parts[2 * r + 1];
+    free(parts);
+    *out = sum;
+    return st;
+}
+
+static rf_status zero_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm, float *lr_used) {
+    rf_model *m = dp->m;
+    const rf_kernels *k = m->k;
+    double sumsq = 0;
+    RF_TRY(global_sumsq(dp, &sumsq));
+    double norm = sqrt(sumsq);
+    *grad_norm = norm;
+    if (!isfinite(norm)) return rf_error(RF_ERR_RANGE, "gradient norm is %g: skipping the update", norm);
+    if (o->grad_clip > 0 && norm > o->grad_clip) k->scale(dp->sg, (float)(o->grad_clip / (norm + 1e-6)), dp->shard_n);
+    float lr = rf_lr_at(o, m->opt_step);
+    int step = ++m->opt_step;
+    for (int i = 0; i < dp->nseg; i++) {
+        const dp_seg *s = &dp->seg[i];
+        k->adamw(m->params + s->p, dp->sg + s->s, dp->sm + s->s, dp->sv + s->s, s->n, lr, o->beta1, o->beta2,
+                 o->eps, s->no_decay ? 0.0f : o->weight_decay, step);
+    }
+    if (lr_used) *lr_used = lr;
+    to_shard(dp, m->params, dp->stmp);
+    return gather_buckets(dp, dp->stmp, m->params, "allgather of updated parameters");
+}
+
+rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm, float *lr_used) {
+    if (!dp->o.zero) return rf_optim_step(dp->m, o, grad_norm, lr_used);
+    return zero_step(dp, o, grad_norm, lr_used);
+}
+
+rf_status rf_dp_gather_optimizer(rf_dp *dp) {
+    rf_model *m = dp->m;
+    if (!dp->o.zero || m->opt_m) return RF_OK;
+    size_t bytes = sizeof(float) * m->n_params;
+    m->opt_m = m->k->alloc(bytes), m->opt_v = m->k->alloc(bytes);
+    rf_status st = m->opt_m && m->opt_v ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for the optimizer state");
+    if (st == RF_OK) st = gather_buckets(dp, dp->sm, m->opt_m, "allgather of the optimizer state");
+    if (st == RF_OK) st = gather_buckets(dp, dp->sv, m->opt_v, "allgather of the optimizer state");
+    if (st != RF_OK) rf_dp_release_optimizer(dp);
+    return st;
+}
+
+void rf_dp_release_optimizer(rf_dp *dp) {
+    rf_model *m = dp->m;
+    if (!dp->o.zero) return;
+    m->k->free(m->opt_m), m->k->free(m->opt_v);
+    m->opt_m = m->opt_v = NULL;
+}
