@@ -317,7 +317,8 @@ rf_status rf_dp_sync_grads(rf_dp *dp) {
     }
     dp->next = dp->done = 0, dp->armed = 0;
     dp->st.syncs++;
-    dp->st.wait_s += rf_time_now() - t0;
+    dp->st.sync_start = t0, dp->st.sync_end = rf_time_now();
+    dp->st.wait_s += dp->st.sync_end - t0;
     return st == RF_OK ? RF_OK : rf_error(st, "%s", first);
 }
 

@@ -55,7 +55,10 @@ typedef struct rf_dp_stats {
     long buckets_early;   /* of those, started while the backward pass still had layers to
                              go (overlapped with its work) */
     long buckets_done_early; /* buckets seen complete while the pass still had layers to go */
-    double wait_s;        /* in rf_dp_sync_grads: comm time not hidden behind backward */
+    double wait_s;        /* in rf_dp_sync_grads: comm time not hidden behind backward (with
+                             the wait for slower ranks) */
+    double sync_start, sync_end; /* rf_time_now at the last rf_dp_sync_grads' start and end
+                             (CLOCK_MONOTONIC: comparable between the ranks of one machine) */
 } rf_dp_stats;
 
 /* Sets up data parallelism for model m (training enabled) over the ranks of c: collective over
