@@ -52,6 +52,8 @@ static const struct { const char *name, *doc; } SECTIONS[] = {
     {"checkpoint", "Checkpoints in logging.dir."},
     {"async", "Asynchronous (off-policy) training."},
     {"placement", "Where roles run."},
+    {"placement.actor", "Parallel layout of the training roles (the actor, and the critic on the same ranks); docs/scaling.md."},
+    {"placement.rollout", "Parallel layout of each rollout worker."},
 };
 #define N_SECTIONS (sizeof SECTIONS / sizeof SECTIONS[0])
 
@@ -176,9 +178,15 @@ static const rkey KEYS[] = {
     {"placement", "device", T_ENUM, AT(placement.device), "\"cpu\"", DEVICES, "Device of the training roles."},
     {"placement", "rollout_ranks", T_INT, AT(placement.rollout_ranks), "1", NULL, "split: rollout worker processes (each a whole copy of the policy). Under a user's mpirun, when not set: every rank past the first two."},
     {"placement", "rollout_threads", T_INT, AT(placement.rollout_threads), "0", NULL, "split: CPU threads per rollout worker; 0 = the machine's cores divided by (rollout_ranks + 1)."},
-    {"placement", "train_threads", T_INT, AT(placement.train_threads), "0", NULL, "split: CPU threads of the training worker; 0 = all of the machine's cores (idle threads sleep: OMP_WAIT_POLICY=PASSIVE)."},
+    {"placement", "train_threads", T_INT, AT(placement.train_threads), "0", NULL, "split: CPU threads of each training worker (each data-parallel rank); 0 = the machine's cores divided by placement.actor.dp (idle threads sleep: OMP_WAIT_POLICY=PASSIVE)."},
     {"placement", "endpoint", T_STR, AT(placement.endpoint), "\"\"", NULL, "split: the controller's ZeroMQ endpoint for workers; \"\" = tcp on 127.0.0.1 when every rank is on one machine, else on rank 0's host name, a free port."},
     {"placement", "mpirun", T_STR, AT(placement.mpirun), "\"mpirun\"", NULL, "split: the MPI launcher `rlflow run` starts the processes with when it is not already under mpirun."},
+
+    {"placement.actor", "dp", T_INT, AT(placement.actor.dp), "1", NULL, "Data-parallel training ranks (MPI ranks 1..dp of a split run; the rollout workers follow them): each trains on its share of every batch and the gradients are summed over them, so an optimizer step equals one rank's on the same samples (with train.mini_batches > 1 each mini-batch takes a part of every rank's share). dp > 1 needs placement.mode = \"split\" and the CPU."},
+    {"placement.actor", "tp", T_INT, AT(placement.actor.tp), "1", NULL, "Tensor-parallel ranks per data-parallel replica of the training roles; only 1 is implemented (other values are refused)."},
+    {"placement.actor", "zero", T_INT, AT(placement.actor.zero), "0", NULL, "ZeRO stage of the training roles' optimizer state: 0 = every data-parallel rank holds all of it; 1 = sharded across the placement.actor.dp ranks (gradients reduce-scattered, AdamW on each rank's shard, parameters allgathered; needs dp > 1). Stages 2 and 3 are refused (not implemented)."},
+
+    {"placement.rollout", "tp", T_INT, AT(placement.rollout.tp), "1", NULL, "Tensor-parallel ranks per rollout worker; only 1 is implemented (other values are refused). The number of rollout workers (replicas) is placement.rollout_ranks."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 _Static_assert(sizeof KEYS / sizeof KEYS[0] <= RF_RECIPE_MAX_KEYS, "raise RF_RECIPE_MAX_KEYS");
@@ -250,6 +258,10 @@ static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RA
     {"placement.rollout_ranks", 1, 1024, 0, 0},
     {"placement.rollout_threads", 0, 1024, 0, 0},
     {"placement.train_threads", 0, 1024, 0, 0},
+    {"placement.actor.dp", 1, 1024, 0, 0},
+    {"placement.actor.tp", 1, 1024, 0, 0},
+    {"placement.actor.zero", 0, 3, 0, 0},
+    {"placement.rollout.tp", 1, 1024, 0, 0},
 };
 
 /* ------------------------------------------------------------------ fields */
@@ -614,6 +626,11 @@ static rf_status apply_section(rf_recipe *r, const char *section, const rf_toml 
         int line, col;
         rf_toml_key_pos(t, j, &line, &col);
         snprintf(full, sizeof full, "%s.%s", section, name);
+        /* a table inside a section: a section of its own ([placement.actor]) */
+        if (rf_toml_kind(rf_toml_value(t, j)) == RF_TOML_TABLE && section_known(full)) {
+            RF_TRY(apply_section(r, full, rf_toml_value(t, j)));
+            continue;
+        }
         int i = key_index(full);
         snprintf(where, sizeof where, "%s:%d:%d", r->source, line, col);
         if (i < 0) return unknown_key(where, section, name);
@@ -742,6 +759,9 @@ rf_status rf_recipe_validate(const rf_recipe *r) {
         return invalid(r, "data.task_min_digits", "must be <= data.task_max_digits");
     if (r->reward.weights.n != 0 && r->reward.weights.n != r->reward.rules.n)
         return invalid(r, "reward.weights", "needs one weight per rule in reward.rules (or none)");
+    if (r->placement.actor.zero == 1 && r->placement.actor.dp == 1)
+        return invalid(r, "placement.actor.zero", "shards the optimizer state across data-parallel "
+                       "ranks and needs placement.actor.dp > 1 (with one rank it holds all of it)");
     return validate_external(r);
 }
 

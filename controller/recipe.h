@@ -14,7 +14,7 @@
 
 #include "common/status.h"
 
-#define RF_RECIPE_MAX_KEYS 128
+#define RF_RECIPE_MAX_KEYS 160
 
 typedef struct rf_str_list {
     char **v; /* (n) owned strings */
@@ -123,6 +123,13 @@ typedef struct rf_recipe {
         const char *device; /* "cpu" | "cuda" */
         int rollout_ranks, rollout_threads, train_threads;
         char *endpoint, *mpirun;
+        struct {
+            int dp, tp; /* training layout: data-parallel ranks x tensor-parallel ranks */
+            int zero;   /* ZeRO stage of the optimizer state: 0 or 1 */
+        } actor;        /* [placement.actor] */
+        struct {
+            int tp;     /* tensor-parallel ranks per rollout worker */
+        } rollout;      /* [placement.rollout] */
     } placement;
 
     /* Provenance, for messages: the file read (NULL when none) and, per schema key, where its

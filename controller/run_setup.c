@@ -103,6 +103,26 @@ rf_status rf__load_rewards(rf_run *run) {
     return RF_OK;
 }
 
+/* Parallel layouts this build does not carry out ([placement.actor], [placement.rollout]). */
+static rf_status reject_layouts(const rf_recipe *r, int split) {
+    if (r->placement.actor.tp != 1)
+        return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism of the training roles; "
+                                              "they are data parallel only: placement.actor.dp");
+    if (r->placement.rollout.tp != 1)
+        return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "tensor parallelism of generation; every "
+                                              "rollout worker holds the whole model");
+    if (r->placement.actor.zero > 1)
+        return rf_recipe_reject_unimplemented(r, "placement.actor.zero", "ZeRO stages 2 and 3; stage 1 shards the "
+                                              "optimizer state");
+    if (r->placement.actor.dp > 1 && !split)
+        return rf_recipe_reject_unimplemented(r, "placement.actor.dp", "data parallelism in colocated runs; "
+                                              "placement.mode = \"split\" trains on placement.actor.dp ranks");
+    if (r->placement.actor.dp > 1 && strcmp(r->model.device, "cpu") != 0)
+        return rf_recipe_reject_unimplemented(r, "placement.actor.dp", "data parallelism on CUDA: the gradients "
+                                              "would be reduced over NCCL, which the training workers do not set up yet");
+    return RF_OK;
+}
+
 /* Options that parse but that this build does not carry out are refused, naming where they
  * were set. */
 rf_status rf__reject_unimplemented(const rf_recipe *r) {
@@ -115,7 +135,7 @@ rf_status rf__reject_unimplemented(const rf_recipe *r) {
     if (strcmp(r->placement.device, r->model.device) != 0)
         return rf_error(RF_ERR_ARG, "placement.device (%s) and model.device (%s) differ",
                         r->placement.device, r->model.device);
-    return RF_OK;
+    return reject_layouts(r, split);
 }
 
 /* The console columns of an RL step (a metric that is not set is skipped: clip in colocated

@@ -1,6 +1,7 @@
 /* Recipes: defaults, values from a file, --set overrides (which win), every error message
  * with the position it names, validation of impossible values, rejection of unimplemented
- * options, dump -> reload giving the same recipe, and docs/recipes.md matching the schema.
+ * options (the parallel layouts of [placement.actor] / [placement.rollout] among them), dump ->
+ * reload giving the same recipe, and docs/recipes.md matching the schema.
  * `test_recipe --write-doc PATH` regenerates the reference page. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -8,6 +9,7 @@
 
 #include "common/util.h"
 #include "controller/recipe.h"
+#include "controller/run_internal.h"
 #include "test_util.h"
 
 static char tmp_path[256];
@@ -175,6 +177,43 @@ static void unimplemented_options(void) {
     rf_recipe_free(&r);
 }
 
+/* [placement.actor] and [placement.rollout]: nested sections read from a file and by --set,
+ * impossible values, and the layouts this build does not carry out refused naming the key and
+ * where it was set (never ignored). */
+static void parallel_layouts(void) {
+    rf_recipe r;
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\nzero = 1\n"),
+                            NULL, 0));
+    CHECK(r.placement.actor.dp == 2 && r.placement.actor.zero == 1 && r.placement.actor.tp == 1);
+    CHECK(strcmp(r.placement.mode, "split") == 0 && r.placement.rollout.tp == 1);
+    CHECK_OK(rf__reject_unimplemented(&r));
+    rf_recipe_free(&r);
+    const char *ov[] = {"placement.actor.dp=4", "placement.mode=split"};
+    CHECK_OK(rf_recipe_load(&r, recipe_file("placement.actor.dp = 2\n"), ov, 2));
+    CHECK(r.placement.actor.dp == 4);
+    rf_recipe_free(&r);
+    load_fails("[placement.actor]\ndpp = 2\n", NULL, 0, RF_ERR_ARG,
+               ":2:1: unknown key \"placement.actor.dpp\" (did you mean \"placement.actor.dp\"?)");
+    load_fails("[placement.actor]\ndp = 0\n", NULL, 0, RF_ERR_ARG, ":2:1: placement.actor.dp = 0: must be in [1, 1024]");
+    load_fails("[placement.actor]\nzero = 1\n", NULL, 0, RF_ERR_ARG,
+               ":2:1: placement.actor.zero = 1: shards the optimizer state across data-parallel ranks and needs placement.actor.dp > 1");
+    struct { const char *text, *want; } refused[] = {
+        {"[placement.actor]\ntp = 2\n", ":2:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism of the training roles"},
+        {"[placement.rollout]\ntp = 4\n", ":2:1: placement.rollout.tp = 4 is not implemented yet (tensor parallelism of generation"},
+        {"[placement.actor]\ndp = 2\nzero = 2\n", ":3:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
+        {"[placement.actor]\ndp = 2\n", ":2:1: placement.actor.dp = 2 is not implemented yet (data parallelism in colocated runs"},
+        {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ndp = 2\n",
+         ":7:1: placement.actor.dp = 2 is not implemented yet (data parallelism on CUDA"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        CHECK_OK(rf_recipe_load(&r, recipe_file(refused[i].text), NULL, 0));
+        char want[512];
+        snprintf(want, sizeof want, "%s%s", tmp_path, refused[i].want);
+        CHECK_ERR(rf__reject_unimplemented(&r), RF_ERR_UNSUPPORTED, want);
+        rf_recipe_free(&r);
+    }
+}
+
 /* The dump without its comment lines, into a new string. */
 static char *dump_text(const rf_recipe *r) {
     char *s = NULL;
@@ -200,9 +239,9 @@ static void dump_round_trip(void) {
                         "train.lr=0.1", "train.eps=1e-12", "algorithm.kl_coef=3",
                         "algorithm.gamma=0.3333333333333333", "reward.weights=[0.1, 2]",
                         "reward.rules=[\"math\", \"length\"]", "data.chat_template=chatml",
-                        "rollout.top_k=-0", "data.seed=-7"};
+                        "rollout.top_k=-0", "data.seed=-7", "placement.actor.dp=3"};
     rf_recipe a, b;
-    CHECK_OK(rf_recipe_load(&a, NULL, ov, 11));
+    CHECK_OK(rf_recipe_load(&a, NULL, ov, 12));
     char *path = (char *)recipe_file("");
     FILE *f = fopen(path, "w");
     CHECK_OK(rf_recipe_dump(&a, f));
@@ -212,6 +251,7 @@ static void dump_round_trip(void) {
     CHECK(b.rollout.stop.n == 3 && strcmp(b.rollout.stop.v[1], "\t\x01") == 0);
     CHECK(b.algorithm.gamma == a.algorithm.gamma && b.train.eps == 1e-12 && b.data.seed == -7);
     CHECK(strcmp(b.data.chat_template, "chatml") == 0 && b.reward.weights.v[0] == 0.1);
+    CHECK(b.placement.actor.dp == 3);
     char *ta = dump_text(&a), *tb = dump_text(&b);
     CHECK(strcmp(ta, tb) == 0);
     free(ta);
@@ -261,6 +301,7 @@ int main(int argc, char **argv) {
     wrong_types();
     impossible_values();
     unimplemented_options();
+    parallel_layouts();
     dump_round_trip();
     docs_are_current();
     if (tmp_path[0]) unlink(tmp_path);
