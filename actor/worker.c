@@ -6,42 +6,24 @@
 
 #include "actor/actor.h"
 #include "actor/worker.h"
+#include "actor/worker_internal.h"
 #include "common/log.h"
-#include "common/msg_link.h"
-#include "common/rng.h"
 #include "common/util.h"
 #include "controller/advantages.h"
 #include "controller/run_internal.h"
-#include "resharding/weights_sync.h"
-#include "reward/reward.h"
 #include "trainer/checkpoint.h"
 
-typedef struct tworker {
-    const rf_recipe *r;
-    const rf_kernels *k;
-    rf_msg_link *link;
-    rf_model *actor, *ref, *critic;
-    rf_reward_model *rm; /* reward.model, when the recipe has one */
-    rf_metrics *metrics; /* no files: collects one update's metrics for TrainStats */
-    rf_weights_tx *tx;
-    rf_comm *wcomm;
-    const int *rollout;
-    int n_rollout;
-    int version;         /* updates done */
-    rf_kl_est kl_est;
-    rf_loss_agg agg;
-    double busy;
-    double delay_ms;   /* RF_TEST_DELAY_TRAIN_MS (tests) */
-    rf_rng delay_rng;
-} tworker;
+typedef rf__tworker tworker;
 
-static void samples_free(rf_train_sample *s, int n) {
+void rf__worker_samples_free(rf_train_sample *s, int n) {
     for (int i = 0; s && i < n; i++) rf_train_sample_free(&s[i]);
     free(s);
 }
 
-/* The TrainSamples of a message as rf_train_samples (tokens and per-token arrays copied). */
-static rf_status unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample **out) {
+#define samples_free rf__worker_samples_free
+#define unpack rf__worker_unpack
+
+rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample **out) {
     rf_train_sample *s = calloc(n ? n : 1, sizeof *s);
     if (!s) return rf_error(RF_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
@@ -139,6 +121,7 @@ static rf_status transfers_done(tworker *w) {
         if (rf_time_now() > deadline)
             return rf_error(RF_ERR_IO, "the rollout workers did not take weights version %d within %.0f s (async.peer_timeout)",
                             w->version - 1, w->r->async.peer_timeout);
+        RF_TRY(rf__dp_keepalive(w));
         rf_sleep(0.0002);
     }
 }
@@ -153,18 +136,13 @@ static rf_status publish_weights(tworker *w) {
     return rf_msg_link_send(w->link, RF_MSG_WEIGHTS_UPDATE, &wu.base);
 }
 
-static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
+rf_status rf__worker_update(tworker *w, rf_train_sample *s, int n, float kl_coef, rf_update_stats *as,
+                            rf_update_stats *cs, double *prox_s, double *actor_s) {
     const rf_recipe *r = w->r;
-    if (b->policy_version != w->version)
-        return rf_error(RF_ERR_FORMAT, "TrainBatch %llu is for policy version %lld, the actor is at %d",
-                        (unsigned long long)b->batch_id, (long long)b->policy_version, w->version);
-    double t0 = rf_time_now();
-    int n = (int)b->n_samples;
-    rf_train_sample *s = NULL;
-    RF_TRY(unpack(b->samples, b->n_samples, &s));
-    rf_update_opts uo = rf__update_opts(r, b->kl_coef, w->kl_est, w->agg, w->version, 0);
-    rf_update_opts uc = rf__update_opts(r, b->kl_coef, w->kl_est, w->agg, w->version, 1);
+    rf_update_opts uo = rf__update_opts(r, kl_coef, w->kl_est, w->agg, w->version, 0);
+    rf_update_opts uc = rf__update_opts(r, kl_coef, w->kl_est, w->agg, w->version, 1);
     rf_optim_opts ao = rf__optim_opts(r, 0), co = rf__optim_opts(r, 1);
+    uo.dp = w->dp_actor, uc.dp = w->dp_critic;
     /* proximal log-probs: the current policy's, recomputed when the objective or several
      * updates need them; otherwise equal to the behaviour log-probs */
     int recompute = (uo.pg.decoupled && !uo.prox_from_forward) || r->train.ppo_epochs > 1 || r->train.mini_batches > 1;
@@ -177,13 +155,32 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
     double tp = rf_time_now();
     if (st == RF_OK && recompute)
         st = rf_actor_logprobs(w->actor, s, n, r->train.micro_batch_tokens, uo.inv_temp, ptrs, NULL);
-    tp = rf_time_now() - tp;
+    *prox_s = rf_time_now() - tp;
     free(ptrs);
-    rf_update_stats as = {0}, cs = {0};
+    /* data parallel: every rank takes part, whatever its share (the batch is not empty) */
+    int go = n > 0 || w->dp_actor;
     double ta = rf_time_now();
-    if (st == RF_OK && n > 0) st = rf_actor_update(w->actor, &ao, &uo, s, n, &as);
-    ta = rf_time_now() - ta;
-    if (st == RF_OK && w->critic && n > 0) st = rf_critic_update(w->critic, &co, &uc, s, n, &cs);
+    if (st == RF_OK && go) st = rf_actor_update(w->actor, &ao, &uo, s, n, as);
+    *actor_s = rf_time_now() - ta;
+    if (st == RF_OK && w->critic && go) st = rf_critic_update(w->critic, &co, &uc, s, n, cs);
+    return st;
+}
+
+static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
+    const rf_recipe *r = w->r;
+    if (b->policy_version != w->version)
+        return rf_error(RF_ERR_FORMAT, "TrainBatch %llu is for policy version %lld, the actor is at %d",
+                        (unsigned long long)b->batch_id, (long long)b->policy_version, w->version);
+    double t0 = rf_time_now();
+    int n = (int)b->n_samples;
+    rf_train_sample *s = NULL;
+    RF_TRY(unpack(b->samples, b->n_samples, &s)); /* checks every sample, the peers' too */
+    /* data parallel: the peers get their shares; this rank keeps [lo, hi) */
+    size_t lo = 0, hi = b->n_samples;
+    rf_status st = w->dpc ? rf__dp_scatter(w, b, &lo, &hi) : RF_OK;
+    rf_update_stats as = {0}, cs = {0};
+    double tp = 0, ta = 0, wait0 = w->dp_actor ? rf_dp_get_stats(w->dp_actor)->wait_s : 0;
+    if (st == RF_OK && n > 0) st = rf__worker_update(w, s + lo, (int)(hi - lo), b->kl_coef, &as, &cs, &tp, &ta);
     samples_free(s, n);
     if (st != RF_OK) return st;
     w->version++;
@@ -192,6 +189,8 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
     rf_metrics_set(w->metrics, "perf/train_tokens_per_s", (double)as.tokens / fmax(ta, 1e-9));
     rf_metrics_set(w->metrics, "perf/prox_s", tp);
     rf_metrics_set(w->metrics, "perf/weights_mb", (double)w->actor->n_params * 4.0 / 1e6);
+    if (w->dp_actor) /* the actor's gradient reduction not hidden behind backward, this rank */
+        rf_metrics_set(w->metrics, "perf/dp_wait_s", rf_dp_get_stats(w->dp_actor)->wait_s - wait0);
     int nm = rf_metrics_count(w->metrics);
     Rlflow__TrainStats__MetricsEntry *e = calloc((size_t)(nm ? nm : 1), sizeof *e);
     Rlflow__TrainStats__MetricsEntry **ep = calloc((size_t)(nm ? nm : 1), sizeof *ep);
@@ -225,7 +224,10 @@ static rf_status checkpoint(tworker *w, const Rlflow__CheckpointRequest *q) {
     rf_status st = RF_OK;
     if (q->step != w->version)
         st = rf_error(RF_ERR_FORMAT, "CheckpointRequest for step %lld, the actor is at %d", (long long)q->step, w->version);
+    /* ZeRO-1: the peers' shards of the optimizer state are gathered for the files */
+    if (st == RF_OK && w->dpc) st = rf__dp_checkpoint_begin(w);
     if (st == RF_OK) st = rf_checkpoint_save(r->logging.dir, w->actor, w->critic, r->model.path, &cs, r->checkpoint.keep);
+    if (w->dpc) rf__dp_checkpoint_end(w);
     d.seconds = rf_time_now() - t;
     d.error = st == RF_OK ? "" : (char *)rf_error_message();
     rf_status sst = rf_msg_link_send(w->link, RF_MSG_CHECKPOINT_DONE, &d.base);
@@ -242,6 +244,7 @@ static rf_status serve(tworker *w) {
         int got = 0;
         /* while weights are on their way, come back often to progress MPI */
         RF_TRY(rf_msg_link_recv(w->link, pending ? 0.0001 : 0.05, &m, &got));
+        RF_TRY(rf__dp_keepalive(w));
         if (!got) continue;
         double t = rf_time_now();
         rf_status st = RF_OK;
@@ -270,9 +273,9 @@ static rf_status serve(tworker *w) {
 }
 
 rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int resume,
-                               rf_comm *wcomm, const int *rollout, int n_rollout) {
+                               rf_comm *wcomm, const int *rollout, int n_rollout, rf_comm *dpc) {
     tworker w = {.r = r, .wcomm = wcomm, .rollout = rollout, .n_rollout = n_rollout,
-                 .delay_ms = rf_test_delay_ms("RF_TEST_DELAY_TRAIN_MS")};
+                 .delay_ms = rf_test_delay_ms("RF_TEST_DELAY_TRAIN_MS"), .dpc = dpc};
     rf_rng_seed(&w.delay_rng, 0x2545f4914f6cdd1dull);
     w.k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(0) : rf_cpu_kernels();
     if (!w.k) return rf_error(RF_ERR_NODEVICE, "model.device = \"cuda\"");
@@ -294,6 +297,8 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
         st = rf_checkpoint_load(r->logging.dir, w.actor, w.critic, &cs);
         w.version = cs.step;
     }
+    /* data parallel: the peers start from this rank's state (they stop too if it failed) */
+    if (w.dpc) st = rf__dp_setup(&w, st);
     if (st == RF_OK) st = rf_metrics_open(&w.metrics, NULL, 0, 0);
     if (st == RF_OK) st = rf_weights_tx_init(&w.tx, w.actor);
     rf_msg_client_config cc = {.endpoint = endpoint, .role = RLFLOW__ROLE__ROLE_ACTOR, .rank = 0,
@@ -307,6 +312,8 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
         rf_msg_link_send(w.link, RF_MSG_ERROR, &e.base);
     }
     if (w.link) rf_msg_link_flush(w.link, 5.0);
+    if (w.dp_actor) rf__dp_stop(&w);
+    rf__dp_free(&w);
     rf_msg_link_close(w.link);
     rf_weights_tx_free(w.tx);
     rf_metrics_close(w.metrics);

@@ -13,8 +13,16 @@
 #include "controller/recipe.h"
 
 /* wcomm: the weights communicator; rollout workers are its ranks rollout[0..n_rollout-1].
- * resume: load the newest checkpoint of logging.dir first. */
+ * resume: load the newest checkpoint of logging.dir first. dpc: with placement.actor.dp > 1,
+ * the data-parallel training ranks, this one their rank 0 (NULL: it trains alone): it hands
+ * every peer its share of each batch over dpc, and the update's statistics are the batch's. */
 rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int resume,
-                               rf_comm *wcomm, const int *rollout, int n_rollout);
+                               rf_comm *wcomm, const int *rollout, int n_rollout, rf_comm *dpc);
+
+/* A data-parallel peer (DP rank > 0 of dpc): loads the actor (and the critic) from the recipe,
+ * takes DP rank 0's state, then trains on the shares rank 0 sends until rank 0 says the run is
+ * over. It talks to nobody else. A rank 0 silent for async.peer_timeout (it sends keep-alives
+ * when idle) is reported lost: RF_ERR_IO naming its world rank. */
+rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc);
 
 #endif

@@ -65,7 +65,7 @@ static void forward_signal(int sig) {
 }
 
 static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
-    int np = 2 + r->placement.rollout_ranks;
+    int np = 1 + r->placement.actor.dp + r->placement.rollout_ranks;
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return rf_error(RF_ERR_IO, "cannot find the rlflow program (/proc/self/exe)");
@@ -92,8 +92,12 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     size_t off = 0;
     for (int i = 0; av[i] && off < sizeof line - 1; i++)
         off += (size_t)snprintf(line + off, sizeof line - off, "%s%s", i ? " " : "", av[i]);
-    rf_log_info("split run: %d processes (controller, training worker, %d rollout workers): %s",
-                np, r->placement.rollout_ranks, line);
+    if (r->placement.actor.dp > 1)
+        rf_log_info("split run: %d processes (controller, %d data-parallel training workers, %d rollout workers): %s",
+                    np, r->placement.actor.dp, r->placement.rollout_ranks, line);
+    else
+        rf_log_info("split run: %d processes (controller, training worker, %d rollout workers): %s",
+                    np, r->placement.rollout_ranks, line);
     fflush(stdout), fflush(stderr);
     char sp[4200];
     snprintf(sp, sizeof sp, "%s/run_status.json", r->logging.dir);
@@ -139,13 +143,32 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     return read_status(r, WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws));
 }
 
-/* Default threads: the training worker all of the machine's cores, each rollout worker an
- * even share (OMP_WAIT_POLICY=PASSIVE: idle threads sleep, so a rollout worker waiting for
- * prompts leaves its cores to training). */
-static int default_threads(int n_rollout, int train) {
+/* Default threads: the training workers (dp of them) an even share of the machine's cores,
+ * all of them when there is one, each rollout worker an even share with the training workers
+ * (OMP_WAIT_POLICY=PASSIVE: idle threads sleep, so a rollout worker waiting for prompts leaves
+ * its cores to training). */
+static int default_threads(int n_rollout, int dp, int train) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int share = train ? (int)cores : (int)(cores / (1 + n_rollout));
+    int share = train ? (int)(cores / dp) : (int)(cores / (dp + n_rollout));
     return share < 1 ? 1 : share;
+}
+
+/* The communicators of a split run, every rank taking part in each split: weights between
+ * the training worker (DP rank 0, world rank 1) and the rollout workers, ranked as with one
+ * training worker (it is rank 0, rollout worker i rank 1 + i); and with dp > 1 the DP ranks
+ * (world ranks 1..dp). */
+static rf_status split_comms(rf_comm *world, int dp, rf_comm **wcomm, rf_comm **dpc) {
+    int rank = rf_comm_rank(world);
+    *wcomm = *dpc = NULL;
+    int in_weights = rank == 1 || rank > dp;
+    RF_TRY(rf_comm_split(world, in_weights ? 1 : -1, rank, wcomm));
+    if (dp == 1) return RF_OK;
+    rf_status st = rf_comm_split(world, rank >= 1 && rank <= dp ? 1 : -1, rank, dpc);
+    if (st != RF_OK) {
+        rf_comm_free(*wcomm);
+        *wcomm = NULL;
+    }
+    return st;
 }
 
 /* The controller's endpoint: the recipe's, or tcp on loopback (one machine) or on rank 0's
@@ -184,16 +207,25 @@ static void advertised(const char *bound, char *out) {
     }
 }
 
-static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
-    int rank = rf_comm_rank(world), size = rf_comm_size(world), want = 2 + r->placement.rollout_ranks;
-    /* the layout comes from MPI: every rank past the first two is a rollout worker, unless the
-     * recipe fixes their number */
+/* The world size against the recipe's layout: controller, dp training workers, rollout workers.
+ * Under a user's mpirun, when placement.rollout_ranks is not set, every rank past the training
+ * workers is a rollout worker. */
+static rf_status check_size(const rf_recipe *r, int size) {
+    int dp = r->placement.actor.dp, want = 1 + dp + r->placement.rollout_ranks;
     char where[512];
     int fixed = strcmp(rf_recipe_where(r, "placement.rollout_ranks", where, sizeof where), "(default)") != 0;
-    if (size < 3 || (fixed && size != want))
+    if (size >= 2 + dp && (!fixed || size == want)) return RF_OK;
+    if (dp == 1)
         return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, training worker and placement.rollout_ranks = %d rollout workers)",
                         size, fixed ? want : 3, fixed ? r->placement.rollout_ranks : 1);
-    int n_rollout = size - 2;
+    return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, placement.actor.dp = %d training workers and placement.rollout_ranks = %d rollout workers)",
+                    size, fixed ? want : 2 + dp, dp, fixed ? r->placement.rollout_ranks : 1);
+}
+
+static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
+    int rank = rf_comm_rank(world), size = rf_comm_size(world), dp = r->placement.actor.dp;
+    RF_TRY(check_size(r, size));
+    int n_rollout = size - 1 - dp;
     char bind_ep[HOST_LEN], ep[HOST_LEN] = "";
     rf_status st = RF_OK;
     rf_msg_server *srv = NULL;
@@ -218,18 +250,26 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     }
     if (bst != RF_OK) return bst;
     if (!ep[0]) return rf_error(RF_ERR_IO, "the controller (rank 0) could not start; its message says why");
-    /* weights travel between the training worker and the rollout workers only */
-    rf_comm *wcomm = NULL;
-    st = rf_comm_split(world, rank == 0 ? -1 : 1, rank, &wcomm);
-    if (st != RF_OK) return st;
+    /* weights travel between the training worker and the rollout workers only; gradients
+     * between the training workers */
+    rf_comm *wcomm = NULL, *dpc = NULL;
+    RF_TRY(split_comms(world, dp, &wcomm, &dpc));
     char host[HOST_LEN] = "";
     gethostname(host, sizeof host - 1);
     if (rank == 0) {
         rf_log_info("split run on %d ranks, controller at %s", size, ep);
         rf_log_info("  rank 0: controller (%s, pid %d)", host, (int)getpid());
-        rf_log_info("  rank 1: training worker (actor%s%s)", rf_recipe_reference_enabled(r) ? ", reference" : "",
-                    strcmp(r->algorithm.name, "ppo") == 0 || strcmp(r->algorithm.name, "gae") == 0 ? ", critic" : "");
-        for (int i = 2; i < size; i++) rf_log_info("  rank %d: rollout worker %d", i, i - 2);
+        int critic = strcmp(r->algorithm.name, "ppo") == 0 || strcmp(r->algorithm.name, "gae") == 0;
+        if (dp == 1)
+            rf_log_info("  rank 1: training worker (actor%s%s)", rf_recipe_reference_enabled(r) ? ", reference" : "",
+                        critic ? ", critic" : "");
+        else
+            rf_log_info("  rank 1: training worker, data-parallel rank 0 of %d (actor%s%s)", dp,
+                        rf_recipe_reference_enabled(r) ? ", reference" : "", critic ? ", critic" : "");
+        for (int i = 2; i <= dp; i++)
+            rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s)", i, i - 1, dp,
+                        critic ? ", critic" : "");
+        for (int i = 1 + dp; i < size; i++) rf_log_info("  rank %d: rollout worker %d", i, i - 1 - dp);
         st = rf_controller_main(r, resume, srv, n_rollout);
         if (st != RF_OK) {
             char why[1200];
@@ -240,18 +280,23 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         }
         write_status(r, st);
     } else if (rank == 1) {
-        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout, 1));
+        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout, dp, 1));
         int *dst = malloc(sizeof(int) * (size_t)n_rollout);
-        if (!dst) return rf_error(RF_ERR_NOMEM, "out of memory");
-        for (int i = 0; i < n_rollout; i++) dst[i] = 1 + i; /* ranks in wcomm */
-        st = rf_train_worker_main(r, ep, resume, wcomm, dst, n_rollout);
+        st = dst ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+        for (int i = 0; dst && i < n_rollout; i++) dst[i] = 1 + i; /* ranks in wcomm */
+        if (st == RF_OK) st = rf_train_worker_main(r, ep, resume, wcomm, dst, n_rollout, dpc);
         free(dst);
         if (st != RF_OK) st = rf_error_wrap(st, "training worker (rank 1 on %s)", host);
+    } else if (rank <= dp) {
+        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout, dp, 1));
+        st = rf_train_peer_main(r, dpc);
+        if (st != RF_OK) st = rf_error_wrap(st, "training worker, data-parallel rank %d (rank %d on %s)", rank - 1, rank, host);
     } else {
-        omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads : default_threads(n_rollout, 0));
-        st = rf_rollout_worker_main(r, ep, rank - 2, wcomm, 0);
+        omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads : default_threads(n_rollout, dp, 0));
+        st = rf_rollout_worker_main(r, ep, rank - 1 - dp, wcomm, 0);
     }
     rf_comm_free(wcomm);
+    rf_comm_free(dpc);
     return st;
 }
 

@@ -1,15 +1,18 @@
 /* Launch and placement of split runs (placement.mode = "split").
  *
- * Layout (MPI ranks of one job, MPMD by rank): rank 0 is the controller, rank 1 the training
- * worker (actor, with the reference and critic colocated), ranks 2 .. 1 + placement.
- * rollout_ranks the rollout workers. The world size must be 2 + rollout_ranks.
+ * Layout (MPI ranks of one job, MPMD by rank): rank 0 is the controller, ranks 1 .. dp the
+ * training workers (dp = placement.actor.dp; rank 1 hosts the actor with the reference and
+ * critic colocated and talks to the controller; with dp > 1, ranks 2 .. dp are its
+ * data-parallel peers, actor and critic), ranks dp + 1 .. dp + placement.rollout_ranks the
+ * rollout workers. The world size must be 1 + dp + rollout_ranks.
  *
  * `rlflow run recipe.toml` outside MPI prepares the data and the model (the SFT warm start)
  * and then replaces itself with `<placement.mpirun> -np N --oversubscribe --bind-to none
  * <rlflow> run ...`; under mpirun (started by rlflow or by the user, one machine or several),
  * each rank takes its role from its rank. The controller binds a ZeroMQ endpoint and
- * broadcasts it over MPI; the workers connect to it; weights travel over MPI between the
- * training worker and the rollout workers. */
+ * broadcasts it over MPI; the workers connect to it (the data-parallel peers do not: rank 1
+ * hands them their shares over MPI); weights travel over MPI between rank 1 and the rollout
+ * workers. */
 #ifndef RF_LAUNCH_H
 #define RF_LAUNCH_H
 

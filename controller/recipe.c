@@ -177,7 +177,7 @@ static const rkey KEYS[] = {
     {"placement", "mode", T_ENUM, AT(placement.mode), "\"colocated\"", MODES, "colocated: roles share devices and alternate; split: rollout and training on separate devices."},
     {"placement", "device", T_ENUM, AT(placement.device), "\"cpu\"", DEVICES, "Device of the training roles."},
     {"placement", "rollout_ranks", T_INT, AT(placement.rollout_ranks), "1", NULL, "split: rollout worker processes (each a whole copy of the policy). Under a user's mpirun, when not set: every rank past the first two."},
-    {"placement", "rollout_threads", T_INT, AT(placement.rollout_threads), "0", NULL, "split: CPU threads per rollout worker; 0 = the machine's cores divided by (rollout_ranks + 1)."},
+    {"placement", "rollout_threads", T_INT, AT(placement.rollout_threads), "0", NULL, "split: CPU threads per rollout worker; 0 = the machine's cores divided by (rollout_ranks + placement.actor.dp)."},
     {"placement", "train_threads", T_INT, AT(placement.train_threads), "0", NULL, "split: CPU threads of each training worker (each data-parallel rank); 0 = the machine's cores divided by placement.actor.dp (idle threads sleep: OMP_WAIT_POLICY=PASSIVE)."},
     {"placement", "endpoint", T_STR, AT(placement.endpoint), "\"\"", NULL, "split: the controller's ZeroMQ endpoint for workers; \"\" = tcp on 127.0.0.1 when every rank is on one machine, else on rank 0's host name, a free port."},
     {"placement", "mpirun", T_STR, AT(placement.mpirun), "\"mpirun\"", NULL, "split: the MPI launcher `rlflow run` starts the processes with when it is not already under mpirun."},

@@ -46,6 +46,7 @@ struct rf_dp {
 };
 
 rf_model *rf_dp_model(const rf_dp *dp) { return dp->m; }
+void rf_dp_set_timeout(rf_dp *dp, double timeout_s) { dp->o.timeout_s = timeout_s > 0 ? timeout_s : 30; }
 int rf_dp_rank(const rf_dp *dp) { return dp->rank; }
 int rf_dp_size(const rf_dp *dp) { return dp->size; }
 int rf_dp_zero(const rf_dp *dp) { return dp->o.zero; }

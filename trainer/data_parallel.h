@@ -73,6 +73,10 @@ rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o);
  * AdamW moments). NULL is fine. */
 void rf_dp_free(rf_dp *dp);
 
+/* Changes the bound of the collectives that follow (e.g. a long one for set-up, then the
+ * run's). */
+void rf_dp_set_timeout(rf_dp *dp, double timeout_s);
+
 rf_model *rf_dp_model(const rf_dp *dp);
 int rf_dp_rank(const rf_dp *dp);
 int rf_dp_size(const rf_dp *dp);

@@ -1,0 +1,223 @@
+/* Data parallelism of the training worker (placement.actor.dp > 1): the controller talks to
+ * DP rank 0 only; rank 0 hands each DP peer its share of every TrainBatch over comm, and all
+ * of them update together (trainer/data_parallel.h sums their gradients); rank 0 alone scores,
+ * checkpoints and sends weights to the rollout workers.
+ *
+ * Rank 0 drives the peers with commands, a broadcast over the DP communicator:
+ *   NOP         a keep-alive while rank 0 is idle (peers give up on a silent rank 0);
+ *   TRAIN       then each peer receives the size and the bytes of its share, a TrainBatch
+ *               message holding its samples (the same fields as the controller's), and every
+ *               rank runs rf__worker_update; `arg` is the whole batch's sample count;
+ *   CHECKPOINT  ZeRO-1: the optimizer shards are gathered for rank 0's checkpoint;
+ *   STOP        the run is over.
+ * Shares are contiguous runs of the batch with about equal token counts. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "actor/worker.h"
+#include "actor/worker_internal.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "controller/advantages.h"
+#include "controller/run_internal.h"
+
+enum { DP_NOP = 1, DP_TRAIN, DP_CHECKPOINT, DP_STOP };
+
+typedef struct dp_cmd {
+    int32_t cmd;
+    int32_t pad;
+    int64_t arg;
+} dp_cmd;
+
+/* ---- both sides ---- */
+
+rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
+    const rf_recipe *r = w->r;
+    int size = rf_comm_size(w->dpc), rank = rf_comm_rank(w->dpc), bad = loaded != RF_OK;
+    int *flags = calloc((size_t)size, sizeof(int));
+    if (!flags) return loaded != RF_OK ? loaded : rf_error(RF_ERR_NOMEM, "out of memory");
+    char own[1024];
+    snprintf(own, sizeof own, "%s", rf_error_message());
+    rf_status st = rf_comm_allgather(w->dpc, &bad, flags, sizeof bad, r->async.startup_timeout,
+                                     "data-parallel training ranks agreeing to start");
+    int failed = -1;
+    for (int q = 0; st == RF_OK && q < size && failed < 0; q++)
+        if (flags[q]) failed = q;
+    free(flags);
+    if (loaded != RF_OK) return rf_error(loaded, "%s", own);
+    if (st != RF_OK) return st;
+    if (failed >= 0)
+        return rf_error(RF_ERR_IO, "data-parallel rank %d (world rank %d) could not start; its message says why", failed,
+                        rf_comm_world_rank(w->dpc, failed));
+    /* set-up waits for rank 0's checkpoint loading: the start-up bound; later, the peers' */
+    rf_dp_opts o = {.zero = r->placement.actor.zero, .timeout_s = r->async.startup_timeout};
+    st = rf_dp_init(&w->dp_actor, w->dpc, w->actor, &o);
+    if (st == RF_OK && w->critic) st = rf_dp_init(&w->dp_critic, w->dpc, w->critic, &o);
+    if (st != RF_OK) return st;
+    rf_dp_set_timeout(w->dp_actor, r->async.peer_timeout);
+    if (w->dp_critic) rf_dp_set_timeout(w->dp_critic, r->async.peer_timeout);
+    if (rank == 0)
+        rf_log_info("training worker: data parallel over %d ranks%s, %s", size,
+                    r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded)" : "",
+                    w->critic ? "actor and critic" : "actor");
+    w->last_cmd = rf_time_now();
+    return RF_OK;
+}
+
+void rf__dp_free(rf__tworker *w) {
+    rf_dp_free(w->dp_actor), rf_dp_free(w->dp_critic);
+    w->dp_actor = w->dp_critic = NULL;
+}
+
+/* ---- DP rank 0 ---- */
+
+static rf_status send_cmd(rf__tworker *w, int cmd, int64_t arg, double timeout_s) {
+    dp_cmd c = {cmd, 0, arg};
+    w->last_cmd = rf_time_now();
+    return rf_comm_bcast(w->dpc, &c, sizeof c, 0, timeout_s, "sending a command to the data-parallel training ranks");
+}
+
+rf_status rf__dp_keepalive(rf__tworker *w) {
+    if (!w->dp_actor || rf_time_now() - w->last_cmd < w->r->async.peer_timeout / 4) return RF_OK;
+    return send_cmd(w, DP_NOP, 0, w->r->async.peer_timeout);
+}
+
+void rf__dp_stop(rf__tworker *w) {
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", rf_error_message());
+    /* best effort: when it fails a peer is gone or the communicator failed already, and the
+     * run's own error (kept) says why; the peers that are left give up on their own */
+    send_cmd(w, DP_STOP, 0, 5.0);
+    if (keep[0]) rf_error(RF_ERR_IO, "%s", keep);
+    else rf_error_clear();
+}
+
+/* Sample boundaries of the shares: bound (size + 1), about equal tokens each. */
+static void shares(const Rlflow__TrainBatch *b, int size, size_t *bound) {
+    size_t total = 0, acc = 0, i = 0;
+    for (size_t k = 0; k < b->n_samples; k++) total += b->samples[k]->n_tokens;
+    bound[0] = 0;
+    for (int q = 1; q < size; q++) {
+        /* share q starts at the first sample that begins at or past q / size of the tokens */
+        while (i < b->n_samples && acc * (size_t)size < total * (size_t)q) acc += b->samples[i++]->n_tokens;
+        bound[q] = i;
+    }
+    bound[size] = b->n_samples;
+}
+
+rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo, size_t *hi) {
+    int size = rf_comm_size(w->dpc);
+    double t = w->r->async.peer_timeout;
+    size_t *bound = calloc((size_t)size + 1, sizeof *bound);
+    uint64_t *bytes = calloc((size_t)size, sizeof *bytes);
+    uint8_t **buf = calloc((size_t)size, sizeof *buf);
+    rf_comm_p2p *ops = calloc((size_t)size, sizeof *ops);
+    rf_status st = bound && bytes && buf && ops ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    if (st == RF_OK) shares(b, size, bound);
+    /* every share packed before the peers are told: a failure here leaves them waiting for
+     * the next command, not half-way through this one */
+    for (int q = 1; st == RF_OK && q < size; q++) {
+        Rlflow__TrainBatch sub = *b;
+        sub.n_samples = bound[q + 1] - bound[q];
+        sub.samples = b->samples + bound[q];
+        bytes[q] = rlflow__train_batch__get_packed_size(&sub);
+        buf[q] = malloc(bytes[q] ? bytes[q] : 1);
+        if (!buf[q]) st = rf_error(RF_ERR_NOMEM, "out of memory for a share of %llu bytes", (unsigned long long)bytes[q]);
+        else rlflow__train_batch__pack(&sub, buf[q]);
+    }
+    if (st == RF_OK) st = send_cmd(w, DP_TRAIN, (int64_t)b->n_samples, t);
+    for (int q = 1; q < size; q++) ops[q - 1] = (rf_comm_p2p){&bytes[q], sizeof bytes[q], q, 1};
+    if (st == RF_OK) st = rf_comm_sendrecv(w->dpc, ops, size - 1, t, "sending the data-parallel ranks their shares");
+    for (int q = 1; q < size; q++) ops[q - 1] = (rf_comm_p2p){buf[q], bytes[q], q, 1};
+    if (st == RF_OK) st = rf_comm_sendrecv(w->dpc, ops, size - 1, t, "sending the data-parallel ranks their shares");
+    if (st == RF_OK) *lo = bound[0], *hi = bound[1];
+    for (int q = 0; buf && q < size; q++) free(buf[q]);
+    free(bound), free(bytes), free(buf), free(ops);
+    return st;
+}
+
+rf_status rf__dp_checkpoint_begin(rf__tworker *w) {
+    if (!w->dp_actor || !rf_dp_zero(w->dp_actor)) return RF_OK;
+    RF_TRY(send_cmd(w, DP_CHECKPOINT, 0, w->r->async.peer_timeout));
+    RF_TRY(rf_dp_gather_optimizer(w->dp_actor));
+    return w->dp_critic ? rf_dp_gather_optimizer(w->dp_critic) : RF_OK;
+}
+
+void rf__dp_checkpoint_end(rf__tworker *w) {
+    if (w->dp_actor) rf_dp_release_optimizer(w->dp_actor);
+    if (w->dp_critic) rf_dp_release_optimizer(w->dp_critic);
+}
+
+/* ---- the peers ---- */
+
+/* Receives this rank's share and trains on it with the others. */
+static rf_status peer_train(rf__tworker *w, int64_t n_batch) {
+    double t = w->r->async.peer_timeout;
+    uint64_t bytes = 0;
+    rf_comm_p2p op = {&bytes, sizeof bytes, 0, 0};
+    RF_TRY(rf_comm_sendrecv(w->dpc, &op, 1, t, "receiving this rank's share of the batch"));
+    uint8_t *buf = malloc(bytes ? bytes : 1);
+    if (!buf) return rf_error(RF_ERR_NOMEM, "out of memory for a share of %llu bytes", (unsigned long long)bytes);
+    op = (rf_comm_p2p){buf, bytes, 0, 0};
+    rf_status st = rf_comm_sendrecv(w->dpc, &op, 1, t, "receiving this rank's share of the batch");
+    Rlflow__TrainBatch *b = st == RF_OK ? rlflow__train_batch__unpack(NULL, bytes, buf) : NULL;
+    free(buf);
+    if (st == RF_OK && !b) st = rf_error(RF_ERR_FORMAT, "this rank's share of the batch did not decode");
+    rf_train_sample *s = NULL;
+    int n = b ? (int)b->n_samples : 0;
+    if (st == RF_OK) st = rf__worker_unpack(b->samples, b->n_samples, &s);
+    rf_update_stats as = {0}, cs = {0};
+    double tp, ta;
+    if (st == RF_OK) w->version = (int)b->policy_version;
+    if (st == RF_OK && n_batch > 0) st = rf__worker_update(w, s, n, b->kl_coef, &as, &cs, &tp, &ta);
+    if (st == RF_OK) w->version++;
+    rf__worker_samples_free(s, st == RF_OK || s ? n : 0);
+    if (b) rlflow__train_batch__free_unpacked(b, NULL);
+    return st;
+}
+
+static rf_status peer_serve(rf__tworker *w) {
+    const rf_recipe *r = w->r;
+    /* rank 0 connects to the controller before its first command: the start-up bound first */
+    double bound = r->async.startup_timeout;
+    for (;;) {
+        dp_cmd c = {0};
+        RF_TRY(rf_comm_bcast(w->dpc, &c, sizeof c, 0, bound, "waiting for a command from the training worker (data-parallel rank 0)"));
+        bound = 2 * r->async.peer_timeout; /* rank 0 sends a keep-alive every peer_timeout / 4 when idle */
+        switch (c.cmd) {
+        case DP_NOP: break;
+        case DP_TRAIN: RF_TRY(peer_train(w, c.arg)); break;
+        case DP_CHECKPOINT:
+            RF_TRY(rf_dp_gather_optimizer(w->dp_actor));
+            if (w->dp_critic) RF_TRY(rf_dp_gather_optimizer(w->dp_critic));
+            rf__dp_checkpoint_end(w);
+            break;
+        case DP_STOP: return RF_OK;
+        default: return rf_error(RF_ERR_FORMAT, "data-parallel rank 0 sent an unknown command %d", (int)c.cmd);
+        }
+    }
+}
+
+rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc) {
+    rf__tworker w = {.r = r, .dpc = dpc, .k = rf_cpu_kernels()};
+    rf_adv_kind kind;
+    rf_status st = rf_adv_kind_parse(r->algorithm.name, &kind);
+    if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
+    if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
+    if (st == RF_OK) st = rf_model_load(&w.actor, r->model.path, w.k, 0);
+    if (st == RF_OK) st = rf_model_enable_training(w.actor);
+    if (st == RF_OK && kind == RF_ADV_GAE) {
+        st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
+        if (st == RF_OK) st = rf_model_enable_training(w.critic);
+    }
+    st = rf__dp_setup(&w, st);
+    if (st == RF_OK)
+        rf_log_info("training worker: data-parallel rank %d of %d ready (world rank %d, pid %d)", rf_comm_rank(dpc),
+                    rf_comm_size(dpc), rf_comm_world_rank(dpc, rf_comm_rank(dpc)), (int)getpid());
+    if (st == RF_OK) st = peer_serve(&w);
+    rf__dp_free(&w);
+    rf_model_free(w.actor), rf_model_free(w.critic);
+    return st;
+}

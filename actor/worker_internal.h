@@ -1,0 +1,74 @@
+/* The training worker's state and the pieces its files share: actor/worker.c (the loop that
+ * talks to the controller) and actor/worker_dp.c (data parallelism: DP rank 0 hands each DP
+ * peer its share of a batch over comm; the peers train with it). */
+#ifndef RF_ACTOR_WORKER_INTERNAL_H
+#define RF_ACTOR_WORKER_INTERNAL_H
+
+#include "actor/actor.h"
+#include "common/msg_link.h"
+#include "common/rng.h"
+#include "controller/metrics.h"
+#include "controller/recipe.h"
+#include "resharding/weights_sync.h"
+#include "reward/reward.h"
+#include "trainer/data_parallel.h"
+
+typedef struct rf__tworker {
+    const rf_recipe *r;
+    const rf_kernels *k;
+    rf_msg_link *link;   /* DP rank 0 only */
+    rf_model *actor, *ref, *critic;
+    rf_reward_model *rm; /* reward.model, when the recipe has one (DP rank 0) */
+    rf_metrics *metrics; /* no files: collects one update's metrics for TrainStats */
+    rf_weights_tx *tx;
+    rf_comm *wcomm;
+    const int *rollout;
+    int n_rollout;
+    int version;         /* updates done */
+    rf_kl_est kl_est;
+    rf_loss_agg agg;
+    double busy;
+    double delay_ms;   /* RF_TEST_DELAY_TRAIN_MS (tests) */
+    rf_rng delay_rng;
+    /* data parallelism (placement.actor.dp > 1) */
+    rf_comm *dpc;        /* the DP ranks (training worker ranks), or NULL */
+    rf_dp *dp_actor, *dp_critic;
+    double last_cmd;     /* DP rank 0: when it last sent its peers a command */
+} rf__tworker;
+
+/* The TrainSamples of a message as rf_train_samples (tokens and per-token arrays copied). */
+rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample **out);
+void rf__worker_samples_free(rf_train_sample *s, int n);
+
+/* The models' share of a batch: proximal log-probs, the actor's update and the critic's, each
+ * data parallel when w has DP state (then every DP rank calls it, with its share, possibly
+ * empty; the statistics are the whole batch's). prox_s / actor_s: seconds spent. */
+rf_status rf__worker_update(rf__tworker *w, rf_train_sample *s, int n, float kl_coef,
+                            rf_update_stats *as, rf_update_stats *cs, double *prox_s, double *actor_s);
+
+/* ---- data parallelism (actor/worker_dp.c) ---- */
+
+/* Sets up data parallelism of the loaded actor (and critic) over w->dpc: every DP rank calls it
+ * after loading its models (DP rank 0 after resuming), with `loaded` its status so far; when
+ * any rank failed every rank returns an error (its own, or one naming the rank that failed).
+ * They all start from rank 0's state. */
+rf_status rf__dp_setup(rf__tworker *w, rf_status loaded);
+
+/* DP rank 0: sends every peer its share of batch b and returns its own samples [*lo, *hi). */
+rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo, size_t *hi);
+
+/* DP rank 0: a keep-alive for the peers when it has sent them nothing for a while (they give
+ * up on a rank 0 silent for async.peer_timeout). */
+rf_status rf__dp_keepalive(rf__tworker *w);
+
+/* DP rank 0 and peers, around a checkpoint: with ZeRO-1 the optimizer state is gathered first
+ * (rank 0 tells the peers), and released after. */
+rf_status rf__dp_checkpoint_begin(rf__tworker *w);
+void rf__dp_checkpoint_end(rf__tworker *w);
+
+/* DP rank 0: tells the peers the run is over (bounded; a peer that is gone is not waited for). */
+void rf__dp_stop(rf__tworker *w);
+
+void rf__dp_free(rf__tworker *w);
+
+#endif
