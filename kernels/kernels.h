@@ -138,6 +138,27 @@ struct rf_kernels {
                                     const int32_t *block_table, int max_blocks,
                                     const int32_t *k_len, int n_seq, int block_size, int H,
                                     int KVH, int D);
+
+    /* ---- vocabulary-parallel fused log-prob (tensor parallelism, model/model_tp.h) ---- */
+    /* Optional: NULL in a back end that does not have them yet (CUDA); the tensor-parallel
+     * model refuses such a back end. This rank holds rows [v0, v0 + Vl) of the LM head, w
+     * (Vl, C); its logits z = (h (T, C) @ w^T) * inv_temp are made `chunk` rows at a time as
+     * in logprob_forward, so neither (T, Vl) nor (T, V) exists at once. Per token t, over this
+     * slice only: lmax (T) = max z; sumexp (T) = sum exp(z - lmax); zsum (T) =
+     * sum exp(z - lmax) * (z - lmax); ztgt (T) = z[targets[t] - v0] when the target is in the
+     * slice, else 0. targets hold whole-vocabulary ids. The caller combines the slices of all
+     * ranks (max, then sums) into log-probs and entropies. */
+    void (*logprob_vp_partials)(float *lmax, float *sumexp, float *zsum, float *ztgt,
+                                const float *h, const float *w, const int32_t *targets, int T,
+                                int C, int Vl, int v0, float inv_temp);
+    /* Backward over the slice, given the whole vocabulary's lse (T) of z and entropy (T) from
+     * the forward and upstream dlogp (T), dentropy (T; either may be NULL = zero): dh (T, C)
+     * overwritten with this slice's share (the sum over the ranks is the whole gradient);
+     * dw (Vl, C) +=. Recomputes the slice's logits chunk by chunk. */
+    void (*logprob_vp_backward)(float *dh, float *dw, const float *dlogp, const float *dentropy,
+                                const float *lse, const float *entropy, const float *h,
+                                const float *w, const int32_t *targets, int T, int C, int Vl,
+                                int v0, float inv_temp);
 };
 
 /* The CPU back end (always present). Static storage; never freed. */

@@ -175,6 +175,27 @@ void rf_model_zero_grad(rf_model *m) {
     if (m->grads) m->k->zero(m->grads, m->n_params * sizeof(float));
 }
 
+rf_status rf_model_param_views(const rf_model_config *cfg, rf_param_view **views, int *n_views,
+                               size_t *n_params) {
+    /* The table rf_model_init builds, on a model that never gets buffers. */
+    rf_model tmp = {0};
+    tmp.cfg = *cfg;
+    tmp.views = rf_calloc((size_t)cfg->num_hidden_layers * 16 + 8, sizeof *tmp.views);
+    if (!tmp.views) return RF_ERR_NOMEM;
+    layer_offsets lo;
+    add_view(&tmp, "model.embed_tokens.weight", cfg->vocab_size, cfg->hidden_size, 0);
+    for (int l = 0; l < cfg->num_hidden_layers; l++) add_layer(&tmp, l, &lo);
+    add_view(&tmp, "model.norm.weight", cfg->hidden_size, 0, 1);
+    if (cfg->value_head)
+        add_view(&tmp, "score.weight", 1, cfg->hidden_size, 0);
+    else if (!cfg->tie_word_embeddings)
+        add_view(&tmp, "lm_head.weight", cfg->vocab_size, cfg->hidden_size, 0);
+    *views = tmp.views;
+    *n_views = tmp.n_views;
+    *n_params = tmp.n_params;
+    return RF_OK;
+}
+
 const rf_param_view *rf_model_find(const rf_model *m, const char *name) {
     for (int i = 0; i < m->n_views; i++)
         if (strcmp(m->views[i].name, name) == 0) return &m->views[i];

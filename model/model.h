@@ -192,6 +192,13 @@ void rf_kv_cache_free(rf_kv_cache *c, const rf_model *m);
 rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const int *counts,
                           int n, const int32_t *tokens, float *logits);
 
+/* The parameter table of a model of config `cfg` (names, shapes, offsets; the order of
+ * rf_model_init) without allocating any buffer: what a rank that holds only a shard needs to
+ * plan with (resharding/layout.h, model/model_tp.h). *views (*n_views) is the caller's to
+ * free(); *n_params is the whole model's size in floats. RF_ERR_NOMEM. */
+rf_status rf_model_param_views(const rf_model_config *cfg, rf_param_view **views, int *n_views,
+                               size_t *n_params);
+
 /* Number of parameters (floats) and the view named `name` (NULL if absent). */
 const rf_param_view *rf_model_find(const rf_model *m, const char *name);
 

@@ -20,5 +20,12 @@ void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const f
 void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const float *dentropy,
                              const float *h, const float *w, const int32_t *targets, int T,
                              int C, int V, float inv_temp);
+void rf_cpu_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float *ztgt,
+                                const float *h, const float *w, const int32_t *targets, int T,
+                                int C, int Vl, int v0, float inv_temp);
+void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const float *dentropy,
+                                const float *lse, const float *entropy, const float *h,
+                                const float *w, const int32_t *targets, int T, int C, int Vl,
+                                int v0, float inv_temp);
 
 #endif

@@ -166,6 +166,8 @@ static const rf_kernels cpu_table = {
     .adamw = cpu_adamw,
     .paged_kv_write = rf_cpu_paged_kv_write,
     .paged_attention_forward = rf_cpu_paged_attention_forward,
+    .logprob_vp_partials = rf_cpu_logprob_vp_partials,
+    .logprob_vp_backward = rf_cpu_logprob_vp_backward,
 };
 
 const rf_kernels *rf_cpu_kernels(void) { return &cpu_table; }

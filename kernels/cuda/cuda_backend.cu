@@ -114,10 +114,12 @@ static const rf_kernels cuda_table = {
     /* .adamw = */ rf_cuda_adamw,
     /* .paged_kv_write = */ rf_cuda_paged_kv_write,
     /* .paged_attention_forward = */ rf_cuda_paged_attention_forward,
+    /* .logprob_vp_partials = */ NULL, /* not written yet: no tensor parallelism on CUDA */
+    /* .logprob_vp_backward = */ NULL,
 };
 /* C++ has no designated initialisers before C++20, hence the positional table above; this
  * catches a field added to rf_kernels without a matching entry here. */
-static_assert(sizeof(rf_kernels) == 27 * sizeof(void *), "rf_kernels changed: update cuda_table");
+static_assert(sizeof(rf_kernels) == 29 * sizeof(void *), "rf_kernels changed: update cuda_table");
 
 /* Creates the stream, the cuBLAS handle bound to it, and the reduction scratch. On failure
  * everything created so far is released and the state stays uninitialised. */

@@ -1,0 +1,106 @@
+/* Vocabulary-parallel fused LM head + per-token log-prob and entropy on the CPU: the per-rank
+ * half of the tensor-parallel log-prob (model/model_tp.c combines the ranks' partials).
+ *
+ * As in cpu_logprob.c, the logits of a chunk of tokens over this rank's vocabulary slice are
+ * made by one sgemm into a scratch of (chunk, Vl) floats and reduced at once, so memory stays
+ * O(chunk * Vl). Each rank reduces against its own maximum; the combination rescales to the
+ * global one (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"), so the
+ * logits are made once per pass. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "kernels/cpu/cpu_internal.h"
+#include "kernels/kernel_math.h"
+
+/* Rows per chunk: as cpu_logprob.c (about 32 MB of scratch at most). */
+static int chunk_rows(int V) {
+    int r = (8 << 20) / (V > 0 ? V : 1);
+    return r < 16 ? 16 : r > RF_LOGPROB_CHUNK ? RF_LOGPROB_CHUNK : r;
+}
+
+/* Scratch reused across calls (the back end is not re-entrant: kernels.h). */
+static float *scratch(size_t n) {
+    static float *buf;
+    static size_t cap;
+    if (n > cap) {
+        free(buf);
+        buf = malloc(n * sizeof(float));
+        cap = buf ? n : 0;
+    }
+    return buf;
+}
+
+/* z (n, Vl) = inv_temp * h[t0 .. t0+n) @ w^T */
+static void slice_logits(float *z, const float *h, const float *w, int t0, int n, int C, int Vl,
+                         float inv_temp) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, Vl, C, inv_temp, h + (size_t)t0 * C,
+                C, w, C, 0.0f, z, Vl);
+}
+
+void rf_cpu_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float *ztgt,
+                                const float *h, const float *w, const int32_t *targets, int T,
+                                int C, int Vl, int v0, float inv_temp) {
+    int chunk = chunk_rows(Vl);
+    float *z = scratch((size_t)chunk * Vl);
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        int n = T - t0 < chunk ? T - t0 : chunk;
+        slice_logits(z, h, w, t0, n, C, Vl, inv_temp);
+#pragma omp parallel for if (n * (size_t)Vl > 65536)
+        for (int r = 0; r < n; r++) {
+            const float *zr = z + (size_t)r * Vl;
+            float m = -INFINITY;
+            for (int j = 0; j < Vl; j++) m = zr[j] > m ? zr[j] : m;
+            /* float exponentials, double accumulators: as cpu_logprob.c */
+            double sum = 0.0, wsum = 0.0;
+            for (int j0 = 0; j0 < Vl; j0 += 1024) {
+                float fs = 0.0f, fw = 0.0f;
+                int j1 = j0 + 1024 < Vl ? j0 + 1024 : Vl;
+#pragma omp simd reduction(+ : fs, fw)
+                for (int j = j0; j < j1; j++) {
+                    float e = expf(zr[j] - m);
+                    fs += e;
+                    fw += e * (zr[j] - m);
+                }
+                sum += fs;
+                wsum += fw;
+            }
+            int tgt = targets[t0 + r] - v0;
+            lmax[t0 + r] = m;
+            sumexp[t0 + r] = (float)sum;
+            zsum[t0 + r] = (float)wsum;
+            ztgt[t0 + r] = tgt >= 0 && tgt < Vl ? zr[tgt] : 0.0f;
+        }
+    }
+}
+
+void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const float *dentropy,
+                                const float *lse, const float *entropy, const float *h,
+                                const float *w, const int32_t *targets, int T, int C, int Vl,
+                                int v0, float inv_temp) {
+    int chunk = chunk_rows(Vl);
+    float *z = scratch((size_t)chunk * Vl);
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        int n = T - t0 < chunk ? T - t0 : chunk;
+        slice_logits(z, h, w, t0, n, C, Vl, inv_temp);
+        /* z becomes dL/d(raw logits) = inv_temp * dL/dz over the slice */
+#pragma omp parallel for if (n * (size_t)Vl > 65536)
+        for (int r = 0; r < n; r++) {
+            float *zr = z + (size_t)r * Vl;
+            float dl = dlogp ? dlogp[t0 + r] : 0.0f, de = dentropy ? dentropy[t0 + r] : 0.0f;
+            float l = lse[t0 + r], H = entropy[t0 + r];
+            int tgt = targets[t0 + r] - v0;
+#pragma omp simd
+            for (int j = 0; j < Vl; j++) {
+                float lp = zr[j] - l;
+                zr[j] = inv_temp * rf_logprob_dlogit(expf(lp), lp, H, j == tgt, dl, de);
+            }
+        }
+        /* dh (n, C) = dz (n, Vl) @ w (Vl, C); dw (Vl, C) += dz^T @ h (n, C) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, Vl, 1.0f, z, Vl, w, C, 0.0f,
+                    dh + (size_t)t0 * C, C);
+        if (dw)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Vl, C, n, 1.0f, z, Vl,
+                        h + (size_t)t0 * C, C, 1.0f, dw, C);
+    }
+}
