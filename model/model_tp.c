@@ -1,0 +1,368 @@
+/* Tensor-parallel model: the shard's geometry from the layout rules, its parameters, buffers,
+ * and the generation helpers that combine the ranks' vocabulary slices. The passes themselves
+ * are in model_tp_pass.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "model/model_tp_internal.h"
+
+rf_status rf__tp_allreduce(rf_model_tp *tp, float *x, size_t n, const char *what, int layer) {
+    if (tp->tp == 1) return RF_OK;
+    char w[160];
+    if (layer >= 0)
+        snprintf(w, sizeof w, "tensor parallelism: %s of layer %d", what, layer);
+    else
+        snprintf(w, sizeof w, "tensor parallelism: %s", what);
+    return rf_comm_allreduce(tp->comm, x, x, n, tp->timeout_s, w);
+}
+
+static int find_view(const rf_model_tp *tp, const char *name) {
+    for (int i = 0; i < tp->n_full_views; i++)
+        if (strcmp(tp->full_views[i].name, name) == 0) return i;
+    return -1;
+}
+
+/* Which heads, vocabulary rows and intermediate rows this rank holds, read off its shards so
+ * that they agree with resharding by construction. */
+static rf_status geometry(rf_model_tp *tp) {
+    const rf_model_config *c = &tp->cfg;
+    const rf_shard *emb = &tp->shards[0]; /* model.embed_tokens.weight comes first */
+    tp->v0 = (int)emb->r0, tp->Vl = (int)(emb->r1 - emb->r0);
+    int g = find_view(tp, "model.layers.0.mlp.gate_proj.weight");
+    if (g < 0) return rf_error(RF_ERR_ARG, "tensor-parallel model: a model without layers");
+    tp->F = (int)(tp->shards[g].r1 - tp->shards[g].r0);
+    tp->H = c->num_attention_heads / tp->tp, tp->h0 = tp->t * tp->H;
+    int group = c->num_attention_heads / c->num_key_value_heads; /* query heads per k/v head */
+    tp->kv_split = tp->tp == 1 || c->num_key_value_heads % tp->tp == 0;
+    tp->kv0 = tp->h0 / group;
+    tp->KV = (tp->h0 + tp->H - 1) / group - tp->kv0 + 1;
+    tp->kv_row0 = tp->kv_split ? 0 : tp->kv0 * c->head_dim;
+    tp->kv_of = rf_calloc((size_t)tp->H, sizeof(int));
+    if (!tp->kv_of) return RF_ERR_NOMEM;
+    /* attention maps local query head i to k/v head i / (H / KVA); keep the projected heads
+     * when that is the true map, else give each query head its own copy */
+    int direct = tp->H % tp->KV == 0;
+    for (int i = 0; i < tp->H; i++) {
+        tp->kv_of[i] = (tp->h0 + i) / group - tp->kv0;
+        if (direct && tp->kv_of[i] != i / (tp->H / tp->KV)) direct = 0;
+    }
+    tp->KVA = direct ? tp->KV : tp->H;
+    return RF_OK;
+}
+
+/* The shard's model must have exactly the layout's local buffer: same views, same blocks. */
+static rf_status check_local_views(const rf_model_tp *tp) {
+    const rf_model *m = tp->m;
+    if (m->n_views != tp->n_full_views)
+        return rf_error(RF_ERR_INTERNAL, "tensor-parallel model: %d local views, %d in the model",
+                        m->n_views, tp->n_full_views);
+    for (int i = 0; i < m->n_views; i++) {
+        const rf_param_view *v = &m->views[i];
+        const rf_shard *s = &tp->shards[i];
+        int64_t cols = v->ndim == 2 ? v->shape[1] : 1;
+        if (strcmp(v->name, tp->full_views[i].name) != 0 || v->shape[0] != s->r1 - s->r0 ||
+            cols != s->c1 - s->c0 || v->offset != s->offset)
+            return rf_error(RF_ERR_INTERNAL, "tensor-parallel model: local view %s (%lld x %lld at "
+                            "%zu) is not the layout's shard (%lld x %lld at %zu)", v->name,
+                            (long long)v->shape[0], (long long)cols, v->offset,
+                            (long long)(s->r1 - s->r0), (long long)(s->c1 - s->c0), s->offset);
+    }
+    return RF_OK;
+}
+
+/* Views whose gradient a rank computes only in part: per-head norms shared by all heads, and
+ * k/v projections held whole while each rank back-propagates through its own query heads. */
+static rf_status find_sync_views(rf_model_tp *tp) {
+    tp->sync_views = rf_calloc((size_t)tp->m->n_views, sizeof(int));
+    if (!tp->sync_views) return RF_ERR_NOMEM;
+    if (tp->tp == 1) return RF_OK;
+    for (int i = 0; i < tp->m->n_views; i++) {
+        const rf_param_view *v = &tp->m->views[i];
+        int partial = strstr(v->name, ".self_attn.q_norm.") || strstr(v->name, ".self_attn.k_norm.") ||
+                      (!tp->kv_split && (strstr(v->name, ".self_attn.k_proj.") || strstr(v->name, ".self_attn.v_proj.")));
+        if (!partial) continue;
+        tp->sync_views[tp->n_sync++] = i;
+        tp->sync_floats += v->numel;
+    }
+    return RF_OK;
+}
+
+static rf_status check_support(const rf_kernels *k, rf_comm *comm) {
+    if (!k->logprob_vp_partials || !k->logprob_vp_backward)
+        return rf_error(RF_ERR_UNSUPPORTED, "tensor-parallel model: the %s back end has no "
+                        "vocabulary-parallel log-prob kernels (logprob_vp_partials) yet", k->name);
+    if (strcmp(k->name, "cpu") != 0 || rf_comm_backend(comm) == RF_COMM_NCCL)
+        return rf_error(RF_ERR_UNSUPPORTED, "tensor-parallel model: runs on the cpu back end over "
+                        "an mpi or single communicator so far, not %s kernels over %s", k->name,
+                        rf_comm_backend_name(comm));
+    return RF_OK;
+}
+
+static rf_status setup(rf_model_tp *tp, const rf_kernels *k) {
+    const rf_model_config *c = &tp->cfg;
+    RF_TRY(rf_model_param_views(c, &tp->full_views, &tp->n_full_views, &tp->full_params));
+    tp->shards = rf_calloc((size_t)tp->n_full_views, sizeof *tp->shards);
+    if (!tp->shards) return RF_ERR_NOMEM;
+    rf_param_table pt = {c, tp->full_views, tp->n_full_views};
+    size_t n_floats = 0;
+    RF_TRY(rf_layout_shards(&pt, tp->tp, tp->t, tp->shards, &n_floats));
+    RF_TRY(geometry(tp));
+    rf_model_config lc = *c;
+    lc.num_attention_heads = tp->H;
+    lc.num_key_value_heads = tp->kv_split ? c->num_key_value_heads / tp->tp : c->num_key_value_heads;
+    lc.intermediate_size = tp->F;
+    lc.vocab_size = tp->Vl;
+    RF_TRY(rf_model_init(&tp->m, &lc, k));
+    if (tp->m->n_params != n_floats)
+        return rf_error(RF_ERR_INTERNAL, "tensor-parallel model: %zu local floats, the layout says %zu",
+                        tp->m->n_params, n_floats);
+    RF_TRY(check_local_views(tp));
+    RF_TRY(find_sync_views(tp));
+    tp->acts = rf_calloc((size_t)c->num_hidden_layers, sizeof *tp->acts);
+    return tp->acts ? RF_OK : RF_ERR_NOMEM;
+}
+
+rf_status rf_model_tp_init(rf_model_tp **out, const rf_model_config *cfg, const rf_kernels *k,
+                           rf_comm *comm, double timeout_s) {
+    *out = NULL;
+    rf_layout lay = {.tp = rf_comm_size(comm), .dp = 1};
+    RF_TRY(rf_layout_check(&lay, cfg, lay.tp, "tensor-parallel model"));
+    RF_TRY(check_support(k, comm));
+    rf_model_tp *tp = rf_calloc(1, sizeof *tp);
+    if (!tp) return RF_ERR_NOMEM;
+    tp->cfg = *cfg;
+    tp->comm = comm;
+    tp->tp = lay.tp, tp->t = rf_comm_rank(comm);
+    tp->timeout_s = timeout_s;
+    rf_status s = setup(tp, k);
+    if (s != RF_OK) {
+        rf_model_tp_free(tp);
+        return s;
+    }
+    *out = tp;
+    return RF_OK;
+}
+
+void rf_model_tp_free(rf_model_tp *tp) {
+    if (!tp) return;
+    if (tp->m) {
+        tp->m->k->free(tp->act_mem);
+        tp->m->k->free(tp->gmem);
+        tp->m->k->free(tp->sync_mem);
+    }
+    rf_model_free(tp->m);
+    free(tp->full_views);
+    free(tp->shards);
+    free(tp->kv_of);
+    free(tp->sync_views);
+    free(tp->acts);
+    free(tp->tokens);
+    free(tp->host);
+    free(tp->lse);
+    free(tp->ent);
+    free(tp);
+}
+
+void rf_model_tp_set_full(rf_model_tp *tp, const float *full) {
+    rf_param_table pt = {&tp->cfg, tp->full_views, tp->n_full_views};
+    float *local = malloc(tp->m->n_params * sizeof(float));
+    RF_ASSERT(local);
+    rf_layout_extract(&pt, tp->shards, full, local);
+    tp->m->k->to_device(tp->m->params, local, tp->m->n_params * sizeof(float));
+    free(local);
+}
+
+rf_status rf_model_tp_set_shard(rf_model_tp *tp, const rf_shard *shards, int n_views,
+                                const float *local, size_t n_floats) {
+    const char *who = "tensor-parallel model";
+    if (n_views != tp->n_full_views)
+        return rf_error(RF_ERR_ARG, "%s (rank %d of %d): the buffer describes %d parameters, the model "
+                        "has %d", who, tp->t, tp->tp, n_views, tp->n_full_views);
+    for (int i = 0; i < n_views; i++) {
+        const rf_shard *a = &shards[i], *b = &tp->shards[i];
+        if (a->full_rows == b->full_rows && a->full_cols == b->full_cols && a->r0 == b->r0 &&
+            a->r1 == b->r1 && a->c0 == b->c0 && a->c1 == b->c1 && a->offset == b->offset)
+            continue;
+        return rf_error(RF_ERR_ARG, "%s (rank %d of %d): %s: the buffer holds rows [%lld, %lld) x "
+                        "cols [%lld, %lld) of (%lld, %lld) at float %zu; this rank's shard is rows "
+                        "[%lld, %lld) x cols [%lld, %lld) of (%lld, %lld) at float %zu", who, tp->t,
+                        tp->tp, tp->full_views[i].name, (long long)a->r0, (long long)a->r1,
+                        (long long)a->c0, (long long)a->c1, (long long)a->full_rows,
+                        (long long)a->full_cols, a->offset, (long long)b->r0, (long long)b->r1,
+                        (long long)b->c0, (long long)b->c1, (long long)b->full_rows,
+                        (long long)b->full_cols, b->offset);
+    }
+    if (n_floats != tp->m->n_params)
+        return rf_error(RF_ERR_ARG, "%s (rank %d of %d): the buffer holds %zu floats, this rank's "
+                        "shard %zu", who, tp->t, tp->tp, n_floats, tp->m->n_params);
+    tp->m->k->to_device(tp->m->params, local, n_floats * sizeof(float));
+    return RF_OK;
+}
+
+rf_status rf_model_tp_enable_training(rf_model_tp *tp) {
+    RF_TRY(rf_model_enable_training(tp->m));
+    if (!tp->sync_mem && tp->sync_floats) {
+        tp->sync_mem = tp->m->k->alloc(2 * tp->sync_floats * sizeof(float));
+        if (!tp->sync_mem) return rf_error(RF_ERR_NOMEM, "out of memory for gradient staging");
+    }
+    return RF_OK;
+}
+
+void rf_model_tp_zero_grad(rf_model_tp *tp) { rf_model_zero_grad(tp->m); }
+
+/* Activation floats per token of one layer, and the model-wide ones. */
+static size_t layer_floats(const rf_model_tp *tp) {
+    const rf_model_config *c = &tp->cfg;
+    size_t C = c->hidden_size, D = c->head_dim, H = tp->H, KV = tp->KV, F = tp->F;
+    size_t raw = c->qk_norm ? H * D + KV * D : 0, expanded = tp->KVA != tp->KV ? 2 * H * D : 0;
+    return 4 * C + 2 + raw + H + KV + H * D + 2 * KV * D + expanded + H * D + H + 3 * F;
+}
+
+static rf_status reserve_host(rf_model_tp *tp, int T) {
+    if (T <= tp->host_cap) return RF_OK;
+    free(tp->tokens), free(tp->host), free(tp->lse), free(tp->ent);
+    tp->tokens = malloc(sizeof(int32_t) * (size_t)T);
+    tp->host = malloc(sizeof(float) * RF_TP_HOST_PER_TOKEN(tp) * (size_t)T);
+    tp->lse = malloc(sizeof(float) * (size_t)T);
+    tp->ent = malloc(sizeof(float) * (size_t)T);
+    tp->host_cap = tp->tokens && tp->host && tp->lse && tp->ent ? T : 0;
+    return tp->host_cap ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for %d tokens", T);
+}
+
+rf_status rf__tp_reserve(rf_model_tp *tp, int T) {
+    RF_TRY(reserve_host(tp, T));
+    if (T <= tp->act_cap) return RF_OK;
+    const rf_model_config *c = &tp->cfg;
+    const rf_kernels *k = tp->m->k;
+    size_t t = (size_t)T, C = c->hidden_size, D = c->head_dim, H = tp->H, KV = tp->KV, F = tp->F;
+    k->free(tp->act_mem);
+    tp->act_mem = k->alloc(t * (layer_floats(tp) * c->num_hidden_layers + 2 * C + 1) * sizeof(float));
+    tp->act_cap = tp->act_mem ? T : 0;
+    if (!tp->act_mem) return rf_error(RF_ERR_NOMEM, "out of memory for activations of %d tokens", T);
+    float *p = tp->act_mem;
+#define TAKE(n) (p += (n), p - (n))
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        rf_tp_acts *a = &tp->acts[l];
+        a->x = TAKE(t * C), a->ln1 = TAKE(t * C), a->rstd1 = TAKE(t);
+        a->q_raw = c->qk_norm ? TAKE(t * H * D) : NULL;
+        a->k_raw = c->qk_norm ? TAKE(t * KV * D) : NULL;
+        a->q_rstd = TAKE(t * H), a->k_rstd = TAKE(t * KV);
+        a->q = TAKE(t * H * D), a->k = TAKE(t * KV * D), a->v = TAKE(t * KV * D);
+        int expanded = tp->KVA != tp->KV;
+        a->ka = expanded ? TAKE(t * H * D) : a->k;
+        a->va = expanded ? TAKE(t * H * D) : a->v;
+        a->att = TAKE(t * H * D), a->lse = TAKE(t * H);
+        a->x_mid = TAKE(t * C), a->ln2 = TAKE(t * C), a->rstd2 = TAKE(t);
+        a->gate = TAKE(t * F), a->up = TAKE(t * F), a->act = TAKE(t * F);
+    }
+    tp->x_final = TAKE(t * C), tp->h = TAKE(t * C), tp->rstd_f = TAKE(t);
+#undef TAKE
+    return RF_OK;
+}
+
+rf_status rf_model_tp_grad_sumsq(rf_model_tp *tp, double *out) {
+    const rf_model *m = tp->m;
+    if (!m->grads) return rf_error(RF_ERR_ARG, "tensor-parallel model: no gradients (enable training)");
+    double local = 0.0;
+    for (int i = 0; i < m->n_views; i++)
+        if (tp->shards[i].split != RF_SPLIT_REPLICATED || tp->t == 0)
+            local += m->k->sum_squares(m->grads + m->views[i].offset, m->views[i].numel);
+    /* in double and in rank order, so every rank gets the same bits */
+    double *all = malloc(sizeof(double) * (size_t)tp->tp);
+    if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status s = rf_comm_allgather(tp->comm, &local, all, sizeof(double), tp->timeout_s,
+                                    "tensor parallelism: allgather of gradient norms");
+    *out = 0.0;
+    for (int r = 0; s == RF_OK && r < tp->tp; r++) *out += all[r];
+    free(all);
+    return s;
+}
+
+rf_status rf_model_tp_kv_cache_init(rf_model_tp *tp, rf_kv_cache *c, int n_slots, int max_len) {
+    memset(c, 0, sizeof *c);
+    int limit = rf_config_max_seq(&tp->cfg);
+    if (max_len > limit)
+        return rf_error(RF_ERR_RANGE, "KV cache length %d exceeds the model's limit of %d", max_len, limit);
+    c->n_slots = n_slots, c->max_len = max_len, c->n_layers = tp->cfg.num_hidden_layers;
+    c->KVH = tp->KVA, c->D = tp->cfg.head_dim;
+    size_t n = (size_t)c->n_layers * n_slots * max_len * c->KVH * c->D;
+    c->k = tp->m->k->alloc(n * sizeof(float));
+    c->v = tp->m->k->alloc(n * sizeof(float));
+    c->len = calloc((size_t)n_slots, sizeof(int));
+    if (!c->k || !c->v || !c->len) {
+        rf_kv_cache_free(c, tp->m);
+        return rf_error(RF_ERR_NOMEM, "out of memory for a KV cache of %d x %d positions", n_slots, max_len);
+    }
+    return RF_OK;
+}
+
+/* First vocabulary row of rank r's slice: the balanced split of layout.h. */
+static int slice_start(const rf_model_tp *tp, int r) {
+    return (int)((int64_t)tp->cfg.vocab_size * r / tp->tp);
+}
+
+/* One rank's view of one row for the greedy choice. */
+typedef struct greedy_part {
+    float max;   /* largest logit of the slice */
+    int32_t id;  /* its whole-vocabulary id (the lowest on ties) */
+    double sum;  /* sum exp(z - max) over the slice */
+} greedy_part;
+
+rf_status rf_model_tp_greedy(rf_model_tp *tp, const float *logits, int n, int32_t *tokens,
+                             float *logp) {
+    greedy_part *mine = calloc((size_t)(n > 0 ? n : 1), sizeof *mine),
+                *all = malloc(sizeof *all * (size_t)(n > 0 ? n : 1) * (size_t)tp->tp);
+    if (!mine || !all) {
+        free(mine), free(all);
+        return rf_error(RF_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        const float *z = logits + (size_t)i * tp->Vl;
+        int pick = 0;
+        for (int j = 1; j < tp->Vl; j++)
+            if (z[j] > z[pick]) pick = j;
+        double s = 0.0;
+        for (int j = 0; j < tp->Vl; j++) s += exp((double)(z[j] - z[pick]));
+        mine[i] = (greedy_part){z[pick], tp->v0 + pick, s};
+    }
+    rf_status st = rf_comm_allgather(tp->comm, mine, all, sizeof *mine * (size_t)n, tp->timeout_s,
+                                     "tensor parallelism: allgather of greedy candidates");
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        int best = 0; /* ranks hold increasing ids: the first of equal maxima is the lowest id */
+        for (int r = 1; r < tp->tp; r++)
+            if (all[(size_t)r * n + i].max > all[(size_t)best * n + i].max) best = r;
+        float M = all[(size_t)best * n + i].max;
+        double S = 0.0;
+        for (int r = 0; r < tp->tp; r++) {
+            const greedy_part *p = &all[(size_t)r * n + i];
+            S += p->sum * exp((double)p->max - (double)M);
+        }
+        tokens[i] = all[(size_t)best * n + i].id;
+        if (logp) logp[i] = (float)-log(S); /* z[pick] - (M + log S) with z[pick] = M */
+    }
+    free(mine), free(all);
+    return st;
+}
+
+rf_status rf_model_tp_gather_logits(rf_model_tp *tp, const float *logits, int n, float *full) {
+    int V = tp->cfg.vocab_size, W = (V + tp->tp - 1) / tp->tp; /* the widest slice */
+    size_t row = (size_t)n * W;
+    float *mine = calloc(row ? row : 1, sizeof(float)), *all = malloc(sizeof(float) * (row ? row : 1) * tp->tp);
+    if (!mine || !all) {
+        free(mine), free(all);
+        return rf_error(RF_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) memcpy(mine + (size_t)i * W, logits + (size_t)i * tp->Vl, sizeof(float) * tp->Vl);
+    rf_status st = rf_comm_allgather(tp->comm, mine, all, row * sizeof(float), tp->timeout_s,
+                                     "tensor parallelism: allgather of logits");
+    for (int r = 0; st == RF_OK && r < tp->tp; r++) {
+        int a = slice_start(tp, r), b = slice_start(tp, r + 1);
+        for (int i = 0; i < n; i++)
+            memcpy(full + (size_t)i * V + a, all + row * r + (size_t)i * W, sizeof(float) * (size_t)(b - a));
+    }
+    free(mine), free(all);
+    return st;
+}

@@ -1,0 +1,218 @@
+/* Tensor parallelism of the decoder model (DESIGN.md section 3), Megatron-style (Shoeybi et
+ * al. 2019, "Megatron-LM", section 3): the ranks of one communicator (the tensor-parallel
+ * group, tp ranks) each hold one shard of every parameter and together compute what one rank
+ * computes with the whole model (model/model.h), forward, backward and KV-cache decoding.
+ *
+ * Shards follow the split rules of resharding/layout.h (rank t of the group holds shard t, so
+ * a buffer the resharding executor writes for shard t is this rank's parameter buffer as is):
+ *
+ *   embed_tokens      vocabulary-parallel: rows [v0, v0 + Vl). Each rank looks up the tokens
+ *                     of its range, zeros elsewhere; one allreduce makes the whole embedding.
+ *   q/k/v (+biases)   column-parallel by whole heads: rank t owns query heads [h0, h0 + H)
+ *                     (H = num_attention_heads / tp) and runs attention for them alone. k/v
+ *                     heads are split when tp divides num_key_value_heads; otherwise every
+ *                     rank holds all of them and projects only the heads its query heads read
+ *                     ([kv0, kv0 + KV)). No communication in the forward pass; the gradient of
+ *                     the layer input is allreduced in the backward pass.
+ *   o_proj, down      row-parallel: each rank's product is a partial sum, allreduced in the
+ *                     forward pass (o_proj's bias is added by rank 0 only, so once).
+ *   gate/up           column-parallel over the intermediate size: rows [f0, f0 + F).
+ *   lm_head           vocabulary-parallel (tied: the embedding's rows). The log-prob and
+ *                     entropy of each token are combined from per-rank partials (max over the
+ *                     slice, sum of exp, sum of exp * logit, target logit): an allgather of the
+ *                     maxima, then one allreduce of the rescaled sums. No rank ever holds more
+ *                     than chunk x Vl logits (kernels.h, logprob_vp_partials). The backward
+ *                     pass needs no further statistics: each rank's share of dh is allreduced.
+ *   norms, o bias,    replicated, computed identically on every rank. The gradients that a
+ *   score (value        rank sees only in part (Qwen3 q/k norms; k/v weights when replicated:
+ *   head), q/k norms    each rank back-propagates through its own query heads) are summed over
+ *                       the group at the end of each backward pass; the others are whole on
+ *                       every rank already.
+ *
+ * GQA when tp does not divide num_key_value_heads: when a rank's query heads map onto its k/v
+ * heads the way attention's kernel does (num_attention_heads / tp a multiple or a divisor of
+ * the group size, e.g. 4 query / 2 kv heads at tp 4: one k/v head per rank), attention reads
+ * the projected heads directly; otherwise (e.g. 12 / 3 at tp 2) each query head gets its own
+ * copy of its k/v head (KVA = H heads, "expanded"), and the copies' gradients are summed back.
+ *
+ * Every rank of the group must call every function below that communicates (forward,
+ * logprobs, backward, decode, greedy, gather_logits, grad_sumsq) in the same order with the
+ * same batch, targets and upstream gradients; the outputs (log-probs, entropies, values,
+ * greedy tokens) are then identical on every rank. Every collective is bounded by timeout_s
+ * (comm.h: a rank that is gone gives RF_ERR_IO naming it; the communicator is then failed).
+ *
+ * Back ends: so far the CPU kernels over an MPI or single-rank communicator (host memory).
+ * The CUDA back end lacks the vocabulary-parallel log-prob kernels (kernels.h) and the
+ * per-token statistics are combined on the host; rf_model_tp_init refuses other pairings.
+ *
+ * Not here yet (docs/scaling.md): tp x dp (the data-parallel hook and ZeRO over a tp x dp
+ * grid), loading a checkpoint shard by shard (rf_model_tp_set_full cuts from the whole model),
+ * sequence parallelism, sampling other than greedy without gathering the logits
+ * (rf_model_tp_gather_logits), the paged KV cache, wiring into the recipe and the workers.
+ *
+ * Threads: one thread uses a rf_model_tp and its communicator (comm.h). */
+#ifndef RF_MODEL_TP_H
+#define RF_MODEL_TP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "model/model.h"
+#include "resharding/layout.h"
+
+/* Saved activations of one layer on one rank, T tokens. H, KV, KVA, F are this rank's. */
+typedef struct rf_tp_acts {
+    float *x;          /* (T, C) residual stream entering the layer (whole, as on every rank) */
+    float *ln1;        /* (T, C) */
+    float *rstd1;      /* (T) */
+    float *q_raw;      /* (T, H, D) before q_norm (Qwen3 only) */
+    float *k_raw;      /* (T, KV, D) before k_norm (Qwen3 only) */
+    float *q_rstd;     /* (T, H) */
+    float *k_rstd;     /* (T, KV) */
+    float *q;          /* (T, H, D) after norm and RoPE */
+    float *k, *v;      /* (T, KV, D) */
+    float *ka, *va;    /* (T, KVA, D) what attention reads: k, v themselves unless expanded */
+    float *att;        /* (T, H, D) attention output of this rank's heads */
+    float *lse;        /* (T, H) */
+    float *x_mid;      /* (T, C) residual after attention (whole) */
+    float *ln2;        /* (T, C) */
+    float *rstd2;      /* (T) */
+    float *gate, *up;  /* (T, F) */
+    float *act;        /* (T, F) */
+} rf_tp_acts;
+
+typedef struct rf_model_tp {
+    rf_model_config cfg;      /* the whole model's */
+    rf_comm *comm;            /* the tensor-parallel group; borrowed */
+    int tp, t;                /* group size; this rank's shard */
+    double timeout_s;         /* bound of every collective */
+
+    /* This rank's shard as a model: m->params (m->n_params) is the layout's local buffer for
+     * shard t (rf_layout_shards), views in the same order under the same names with the
+     * shard's shapes; m->grads, m->opt_m, m->opt_v alike. m->cfg is the shard's own
+     * (num_attention_heads = H, intermediate_size = F, vocab_size = Vl; num_key_value_heads
+     * KVH / tp when split, else KVH): never run rf_model_forward on it. */
+    rf_model *m;
+    rf_param_view *full_views; /* (n_full_views) the whole model's table (rf_model_param_views) */
+    int n_full_views;
+    size_t full_params;        /* floats in the whole model */
+    rf_shard *shards;          /* (n_full_views) the block of each parameter held here */
+
+    int v0, Vl;               /* vocabulary rows [v0, v0 + Vl) */
+    int h0, H;                /* query heads [h0, h0 + H) */
+    int kv_split;             /* 1: k/v heads split over the group; 0: replicated */
+    int kv0, KV;              /* k/v heads projected here: [kv0, kv0 + KV) (whole-model ids) */
+    int kv_row0;              /* their first row in the local k/v weights (0 when split) */
+    int KVA;                  /* k/v heads attention reads: KV, or H when expanded */
+    int *kv_of;               /* (H) local k/v head (0 .. KV) each local query head reads */
+    int F;                    /* intermediate rows held */
+    int *sync_views;          /* (n_sync) views whose gradients are partial here (summed at the
+                                 end of backward) */
+    int n_sync;
+    size_t sync_floats;
+
+    /* activations of the last forward pass */
+    int act_cap;
+    float *act_mem;
+    rf_tp_acts *acts;         /* (L) */
+    float *x_final;           /* (T, C) */
+    float *h;                 /* (T, C) after the final norm */
+    float *rstd_f;            /* (T) */
+    float *gmem;              /* backward buffers, gmem_cap tokens */
+    int gmem_cap;
+    float *sync_mem;          /* (2 * sync_floats) on the back end */
+    int T, n_seq;             /* shape of the last forward; T = 0 after decoding */
+    int32_t *tokens;          /* (T) host copy of the last forward's / decode's tokens */
+    float *host;              /* per-token host scratch (host_cap tokens) */
+    int host_cap;
+    float *lse, *ent;         /* (T) host: whole-vocabulary log-sum-exp and entropy of the last
+                                 rf_model_tp_logprobs (the backward pass reuses them) */
+    float inv_temp;
+    int have_logprobs;
+} rf_model_tp;
+
+/* Makes this rank's shard of a model of config cfg (the whole model's) on back end k, over
+ * communicator comm: tp = rf_comm_size(comm), this rank holds shard rf_comm_rank(comm).
+ * Parameters are zero; fill them with rf_model_tp_set_full or rf_model_tp_set_shard. No
+ * communication. comm is borrowed and must outlive the model. Errors: RF_ERR_ARG when tp does
+ * not divide num_attention_heads or exceeds the vocabulary or intermediate size (the layout
+ * rules, rf_layout_check); RF_ERR_UNSUPPORTED for a back end or communicator other than the
+ * CPU kernels over MPI or single; RF_ERR_NOMEM. Free with rf_model_tp_free. */
+rf_status rf_model_tp_init(rf_model_tp **out, const rf_model_config *cfg, const rf_kernels *k,
+                           rf_comm *comm, double timeout_s);
+void rf_model_tp_free(rf_model_tp *tp);
+
+/* Cuts this rank's shard out of the whole model's flat parameter buffer (full_params floats,
+ * host memory, in rf_model_init's order) into m->params. */
+void rf_model_tp_set_full(rf_model_tp *tp, const float *full);
+
+/* Takes a local buffer laid out by `shards` (n_views of them, rf_layout_shards; n_floats
+ * floats, host memory: e.g. what resharding delivered) as this rank's parameters. RF_ERR_ARG
+ * when the buffer is not this rank's shard: another table, another size, or a parameter whose
+ * block (rows, columns, offset) differs from the one this rank holds, naming the tensor and
+ * both blocks. */
+rf_status rf_model_tp_set_shard(rf_model_tp *tp, const rf_shard *shards, int n_views,
+                                const float *local, size_t n_floats);
+
+/* Gradients and AdamW state for the shard (rf_model_enable_training on tp->m). AdamW then runs
+ * on tp->m as on any model: elementwise, every rank on its own shard; replicated parameters
+ * stay identical because their gradients are. */
+rf_status rf_model_tp_enable_training(rf_model_tp *tp);
+void rf_model_tp_zero_grad(rf_model_tp *tp);
+
+/* Forward over a packed batch (the same on every rank), keeping what backward needs; tp->h
+ * holds the final hidden states (T, C), whole, on every rank. 2 L + 1 allreduces of T x C.
+ * Errors: as rf_model_forward (bad token ids, positions past the model's limit), comm's. */
+rf_status rf_model_tp_forward(rf_model_tp *tp, const rf_batch *b);
+
+/* Per-token log-prob of targets (T, whole-vocabulary ids) and entropy (T; NULL = skip) at
+ * temperature 1/inv_temp from the last forward, vocabulary-parallel (module comment); host
+ * outputs, identical on every rank. Keeps what rf_model_tp_backward needs. */
+rf_status rf_model_tp_logprobs(rf_model_tp *tp, const int32_t *targets, float inv_temp,
+                               float *logp, float *entropy);
+
+/* Value head outputs (T) from the last forward (host; the head is replicated: no
+ * communication). */
+rf_status rf_model_tp_values(rf_model_tp *tp, float *values);
+
+/* This rank's slice of the logits, (n_rows, Vl) on the host, for selected rows of the last
+ * forward (vocabulary [v0, v0 + Vl)). No communication. */
+rf_status rf_model_tp_logits(rf_model_tp *tp, const int *rows, int n_rows, float *logits);
+
+/* Backward from host upstream gradients dlogp (T), dentropy (T) (either NULL; needs a prior
+ * rf_model_tp_logprobs) and dvalues (T) for a value head, the same on every rank. Accumulates
+ * into tp->m->grads: afterwards every parameter's gradient shard equals the slice of the
+ * gradient one rank with the whole model would have (replicated parameters: whole, equal on
+ * every rank). 2 L + 1 allreduces of T x C and one of the partial replicated gradients. The
+ * model's backward hook is not called (tp x dp is not done). */
+rf_status rf_model_tp_backward(rf_model_tp *tp, const float *dlogp, const float *dentropy,
+                               const float *dvalues);
+
+/* The whole model's sum of squared gradients (split parameters summed over the ranks,
+ * replicated ones counted once), in double, identical on every rank: for gradient clipping. */
+rf_status rf_model_tp_grad_sumsq(rf_model_tp *tp, double *out);
+
+/* KV cache holding this rank's k/v heads (KVA of them) for n_slots sequences of max_len
+ * positions. Free with rf_kv_cache_free(c, tp->m). */
+rf_status rf_model_tp_kv_cache_init(rf_model_tp *tp, rf_kv_cache *c, int n_slots, int max_len);
+
+/* rf_model_decode with tensor parallelism: runs new tokens of several cache slots (the same on
+ * every rank) through the model, appends this rank's keys/values to c and writes this rank's
+ * slice of the logits of each slot's last new token to logits (n, Vl) on the host. Combine
+ * with rf_model_tp_greedy or rf_model_tp_gather_logits. */
+rf_status rf_model_tp_decode(rf_model_tp *tp, rf_kv_cache *c, const int *slots,
+                             const int *counts, int n, const int32_t *tokens, float *logits);
+
+/* Greedy choice over the whole vocabulary from each rank's slice (n, Vl) of n rows of logits:
+ * tokens (n) the argmax (lowest id on ties, as rf_sample), logp (n; NULL = skip) its
+ * log-probability at temperature 1. One allgather of three numbers per row; identical on
+ * every rank. */
+rf_status rf_model_tp_greedy(rf_model_tp *tp, const float *logits, int n, int32_t *tokens,
+                             float *logp);
+
+/* Gathers the slices (n, Vl) of every rank into whole rows full (n, V) on every rank (for
+ * samplers that need the whole distribution, rf_sample). One allgather of n x ceil(V/tp). */
+rf_status rf_model_tp_gather_logits(rf_model_tp *tp, const float *logits, int n, float *full);
+
+#endif

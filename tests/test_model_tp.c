@@ -1,0 +1,436 @@
+/* Tensor parallelism of the model (model/model_tp.h) against one rank holding the whole model,
+ * on tiny random models of three shapes:
+ *   gqa     4 query / 2 kv heads, q/k/v and o_proj biases, separate LM head, vocabulary 97 (no
+ *           tp divides it): k/v split at tp 2, replicated at tp 4 (one kv head per rank);
+ *   qwen3   12 query / 3 kv heads, q/k norms, tied embeddings, vocabulary 61, intermediate 30:
+ *           k/v replicated at tp 2 and 4, and on some ranks expanded (query heads straddle kv
+ *           heads), so the partial gradients of the replicated k/v and norms are summed;
+ *   critic  gqa's shape with a value head.
+ * Under mpirun (2 and 4 ranks; with 4, tp 2 runs on two groups at once and tp 4 on all), every
+ * rank builds the same whole model (same seed) and its shard of it, and checks:
+ *   - forward: log-probs, entropies, the loss, values and logits (its slice, and gathered)
+ *     equal one rank's within fp32 tolerance;
+ *   - backward over two accumulated micro-batches: every gradient shard equals the slice of the
+ *     whole model's gradient (replicated ones whole), the gradient norm too;
+ *   - generation: prefill + greedy decode, tokens identical and log-probs and logits close;
+ *   - that the checks can fail: a changed weight in one rank's shard moves the log-probs;
+ *   - refusals: tp not dividing the attention heads, a buffer of another shard or another size,
+ *     a back end without the vocabulary-parallel kernels, a cache of the wrong heads.
+ * Without mpirun: the parameter table without buffers, the vocabulary-parallel kernels on
+ * slices combined by hand against the whole-vocabulary kernels, and tp = 1 on the single-rank
+ * communicator; then mpirun itself (skips, 77, when mpirun is not installed).
+ *
+ * Tolerances: the ranks compute the same fp32 math with sums split across ranks (a dot product
+ * of length K becomes tp partial sums added after), so results differ from one rank's by a few
+ * ulp times the length of the sums, ~1e-6 relative; 1e-5 relative (plus 1e-5 of the tensor's
+ * largest magnitude for gradients, whose small entries come from cancelling sums) leaves a
+ * margin without hiding a wrong slice, which is off by O(1). */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "model/model_tp.h"
+#include "model/sampler.h"
+#include "resharding/layout.h"
+#include "test_comm_util.h"
+#include "test_util.h"
+
+#define RTOL 1e-5
+
+typedef enum { SHAPE_GQA, SHAPE_QWEN3, SHAPE_CRITIC } shape;
+static const char *shape_name[] = {"gqa", "qwen3", "critic"};
+
+static rf_model_config config_of(shape s) {
+    rf_model_config c;
+    RF_ASSERT(rf_config_preset(&c, "tiny", s == SHAPE_QWEN3 ? 61 : 97) == RF_OK);
+    c.hidden_size = 24, c.num_hidden_layers = 2;
+    c.rope_theta = 500.0f;
+    if (s == SHAPE_QWEN3) {
+        c.arch = RF_ARCH_QWEN3, c.qk_norm = 1, c.qkv_bias = 0;
+        c.num_attention_heads = 12, c.num_key_value_heads = 3, c.head_dim = 4;
+        c.intermediate_size = 30, c.tie_word_embeddings = 1;
+    } else {
+        c.arch = RF_ARCH_LLAMA, c.qkv_bias = 1, c.o_bias = 1;
+        c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 6;
+        c.intermediate_size = 40, c.tie_word_embeddings = 0;
+        c.value_head = s == SHAPE_CRITIC;
+    }
+    return c;
+}
+
+static rf_model *whole_model(shape s) {
+    rf_model_config c = config_of(s);
+    rf_model *m = NULL;
+    RF_ASSERT(rf_model_init(&m, &c, rf_cpu_kernels()) == RF_OK);
+    rf_model_init_random(m, 7 + s, 0.3f);
+    /* biases and norm weights random too (init gives zeros and ones), or a bias added on every
+     * rank, or a norm applied to the wrong head, would go unseen */
+    rf_rng r;
+    rf_rng_seed(&r, 100 + s);
+    for (int i = 0; i < m->n_views; i++) {
+        const rf_param_view *v = &m->views[i];
+        int bias = strstr(v->name, ".bias") != NULL, norm = strstr(v->name, "norm") != NULL;
+        for (size_t j = 0; (bias || norm) && j < v->numel; j++)
+            m->params[v->offset + j] = bias ? 0.3f * rf_rng_normal(&r) : 1.0f + 0.2f * rf_rng_normal(&r);
+    }
+    RF_ASSERT(rf_model_enable_training(m) == RF_OK);
+    return m;
+}
+
+/* Two packed batches: three sequences (5, 1, 7) and two (4, 6). */
+static const int32_t tok1[13] = {3, 17, 42, 5, 60, 11, 7, 7, 23, 54, 1, 0, 60};
+static const int32_t tgt1[13] = {17, 42, 5, 60, 2, 12, 7, 23, 54, 1, 0, 60, 50};
+static const int32_t cu1[4] = {0, 5, 6, 13};
+static const int32_t tok2[10] = {9, 8, 33, 2, 44, 45, 46, 13, 0, 5};
+static const int32_t tgt2[10] = {8, 33, 2, 59, 45, 46, 13, 0, 5, 19};
+static const int32_t cu2[3] = {0, 4, 10};
+
+static double g_worst; /* the largest error seen, as a fraction of its tolerance */
+
+/* |a - b| <= atol + RTOL |b| over n values; prints the worst one when not. */
+static int close_all(const char *what, const float *a, const float *b, size_t n, double atol) {
+    size_t worst = 0;
+    double excess = -1;
+    for (size_t i = 0; i < n; i++) {
+        double tol = atol + RTOL * fabs((double)b[i]), d = fabs((double)a[i] - b[i]);
+        if (d - tol > excess || i == 0) excess = d - tol, worst = i;
+        if (tol > 0) g_worst = fmax(g_worst, d / tol);
+    }
+    if (excess > 0 || isnan(excess))
+        fprintf(stderr, "%s: [%zu] = %.9g, one rank has %.9g\n", what, worst, a[worst], b[worst]);
+    return n == 0 || excess <= 0;
+}
+
+static double max_abs(const float *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    return m;
+}
+
+/* Per-token upstream gradients of a loss sum a_t logp_t + b_t H_t (or a_t v_t). */
+static void upstream(uint64_t seed, int T, float *a, float *b) {
+    rf_rng r;
+    rf_rng_seed(&r, seed);
+    for (int t = 0; t < T; t++) a[t] = rf_rng_normal(&r), b[t] = 0.5f * rf_rng_normal(&r);
+}
+
+/* One micro-batch through both models: outputs compared, then backward on both. */
+static void forward_backward(rf_model *ref, rf_model_tp *tp, const char *name, int n_seq, int T,
+                             const int32_t *tok, const int32_t *tgt, const int32_t *cu, uint64_t seed) {
+    rf_batch b = {n_seq, T, tok, NULL, cu};
+    float lp[16], ent[16], lp_tp[16], ent_tp[16], a[16], c[16];
+    char what[96];
+    upstream(seed, T, a, c);
+    CHECK_OK(rf_model_forward(ref, &b));
+    CHECK_OK(rf_model_tp_forward(tp, &b));
+    if (ref->score) {
+        CHECK_OK(rf_model_values(ref, lp));
+        CHECK_OK(rf_model_tp_values(tp, lp_tp));
+        snprintf(what, sizeof what, "%s tp%d: values", name, tp->tp);
+        /* a value is a dot product over C of terms ~0.1 to 1: its error scales with those */
+        CHECK(close_all(what, lp_tp, lp, (size_t)T, RTOL));
+        CHECK_OK(rf_model_backward(ref, NULL, NULL, a));
+        CHECK_OK(rf_model_tp_backward(tp, NULL, NULL, a));
+        return;
+    }
+    CHECK_OK(rf_model_logprobs(ref, tgt, 1.0f / 0.9f, lp, ent));
+    CHECK_OK(rf_model_tp_logprobs(tp, tgt, 1.0f / 0.9f, lp_tp, ent_tp));
+    snprintf(what, sizeof what, "%s tp%d: log-probs", name, tp->tp);
+    CHECK(close_all(what, lp_tp, lp, (size_t)T, 1e-6));
+    snprintf(what, sizeof what, "%s tp%d: entropies", name, tp->tp);
+    CHECK(close_all(what, ent_tp, ent, (size_t)T, 1e-6));
+    double loss = 0, loss_tp = 0;
+    for (int t = 0; t < T; t++) loss += a[t] * lp[t] + c[t] * ent[t], loss_tp += a[t] * lp_tp[t] + c[t] * ent_tp[t];
+    CHECK_CLOSE(loss_tp, loss, 1e-6, RTOL);
+    /* logits: this rank's slice, and the gathered whole rows */
+    int V = ref->cfg.vocab_size, rows[16];
+    for (int i = 0; i < T; i++) rows[i] = i;
+    float *full = malloc(sizeof(float) * T * V), *slice = malloc(sizeof(float) * T * tp->Vl),
+          *mine = malloc(sizeof(float) * T * tp->Vl), *gathered = malloc(sizeof(float) * T * V);
+    CHECK_OK(rf_model_logits(ref, rows, T, full));
+    CHECK_OK(rf_model_tp_logits(tp, rows, T, mine));
+    /* a logit near zero comes from cancelling terms: its error scales with the largest ones */
+    double scale = max_abs(full, (size_t)T * V);
+    for (int i = 0; i < T; i++) memcpy(slice + (size_t)i * tp->Vl, full + (size_t)i * V + tp->v0, sizeof(float) * tp->Vl);
+    snprintf(what, sizeof what, "%s tp%d: logits of this rank's slice", name, tp->tp);
+    CHECK(close_all(what, mine, slice, (size_t)T * tp->Vl, RTOL * scale));
+    CHECK_OK(rf_model_tp_gather_logits(tp, mine, T, gathered));
+    snprintf(what, sizeof what, "%s tp%d: gathered logits", name, tp->tp);
+    CHECK(close_all(what, gathered, full, (size_t)T * V, RTOL * scale));
+    free(full), free(slice), free(mine), free(gathered);
+    CHECK_OK(rf_model_backward(ref, a, c, NULL));
+    CHECK_OK(rf_model_tp_backward(tp, a, c, NULL));
+}
+
+/* Every gradient shard against the slice of the whole model's gradient. */
+static void compare_grads(rf_model *ref, rf_model_tp *tp, const char *name) {
+    rf_param_table pt = rf_param_table_of(ref);
+    float *want = malloc(sizeof(float) * tp->m->n_params);
+    rf_layout_extract(&pt, tp->shards, ref->grads, want);
+    int bad = 0, vacuous = 0;
+    for (int i = 0; i < ref->n_views; i++) {
+        const rf_param_view *v = &ref->views[i];
+        double scale = max_abs(ref->grads + v->offset, v->numel);
+        if (scale == 0) vacuous++, fprintf(stderr, "%s: %s has no gradient at all\n", name, v->name);
+        const rf_param_view *lv = &tp->m->views[i];
+        char what[160];
+        snprintf(what, sizeof what, "%s tp%d rank %d: gradient of %s", name, tp->tp, tp->t, v->name);
+        if (!close_all(what, tp->m->grads + lv->offset, want + lv->offset, lv->numel, RTOL * scale)) bad++;
+    }
+    CHECK(bad == 0);
+    CHECK(vacuous == 0);
+    double ss = ref->k->sum_squares(ref->grads, ref->n_params), ss_tp = -1;
+    CHECK_OK(rf_model_tp_grad_sumsq(tp, &ss_tp));
+    CHECK_CLOSE(ss_tp, ss, 0, RTOL);
+    free(want);
+}
+
+/* A weight changed in the last rank's shard must move the log-probs seen on every rank. */
+static void sensitivity(rf_model *ref, rf_model_tp *tp, const char *name) {
+    const rf_param_view *q = rf_model_find(tp->m, "model.layers.1.self_attn.q_proj.weight");
+    float *w = tp->m->params + q->offset + 5, keep = *w;
+    if (tp->t == tp->tp - 1) *w += 1.0f;
+    rf_batch b = {3, 13, tok1, NULL, cu1};
+    float lp[13], lp_tp[13];
+    CHECK_OK(rf_model_forward(ref, &b));
+    CHECK_OK(rf_model_tp_forward(tp, &b));
+    if (ref->score) {
+        CHECK_OK(rf_model_values(ref, lp));
+        CHECK_OK(rf_model_tp_values(tp, lp_tp));
+    } else {
+        CHECK_OK(rf_model_logprobs(ref, tgt1, 1.0f, lp, NULL));
+        CHECK_OK(rf_model_tp_logprobs(tp, tgt1, 1.0f, lp_tp, NULL));
+    }
+    double moved = 0;
+    for (int t = 0; t < 13; t++) moved = fmax(moved, fabs(lp_tp[t] - lp[t]));
+    CHECK(moved > 1e-3);
+    if (!(moved > 1e-3)) fprintf(stderr, "%s tp%d: a changed shard moved the outputs by %g only\n", name, tp->tp, moved);
+    *w = keep;
+}
+
+/* Prefill two prompts into slots 2 and 0, then greedy steps: tokens identical, log-probs and
+ * logits close to one rank's. */
+static void generation(rf_model *ref, rf_model_tp *tp, const char *name) {
+    int V = ref->cfg.vocab_size, Vl = tp->Vl;
+    rf_kv_cache kv, kv_tp;
+    CHECK_OK(rf_kv_cache_init(&kv, ref, 3, 32));
+    CHECK_OK(rf_model_tp_kv_cache_init(tp, &kv_tp, 3, 32));
+    CHECK(kv_tp.KVH == tp->KVA);
+    int slots[2] = {2, 0}, counts[2] = {5, 7};
+    int32_t toks[12] = {3, 17, 42, 5, 60, 7, 7, 23, 54, 1, 0, 9}, next[2], next_tp[2];
+    float *lg = malloc(sizeof(float) * 2 * V), *lg_tp = malloc(sizeof(float) * 2 * Vl),
+          *gathered = malloc(sizeof(float) * 2 * V), work[2 * 128];
+    rf_sampling greedy = {.greedy = 1};
+    int same = 1, lp_ok = 1, logits_ok = 1;
+    char what[96];
+    snprintf(what, sizeof what, "%s tp%d: decode logits", name, tp->tp);
+    for (int step = 0; step < 9; step++) {
+        const int32_t *in = step == 0 ? toks : next;
+        CHECK_OK(rf_model_decode(ref, &kv, slots, counts, 2, in, lg));
+        CHECK_OK(rf_model_tp_decode(tp, &kv_tp, slots, counts, 2, in, lg_tp));
+        float lp[2], lp_tp[2];
+        for (int i = 0; i < 2; i++) next[i] = rf_sample(lg + (size_t)i * V, V, &greedy, NULL, &lp[i], work);
+        CHECK_OK(rf_model_tp_greedy(tp, lg_tp, 2, next_tp, lp_tp));
+        CHECK_OK(rf_model_tp_gather_logits(tp, lg_tp, 2, gathered));
+        logits_ok &= close_all(what, gathered, lg, 2 * (size_t)V, RTOL * max_abs(lg, 2 * (size_t)V));
+        for (int i = 0; i < 2; i++) {
+            same &= next_tp[i] == next[i];
+            lp_ok &= fabs(lp_tp[i] - lp[i]) <= 1e-6 + RTOL * fabs(lp[i]);
+            if (next_tp[i] != next[i] || !(fabs(lp_tp[i] - lp[i]) <= 1e-6 + RTOL * fabs(lp[i])))
+                fprintf(stderr, "%s tp%d step %d seq %d: token %d logp %.8g, one rank %d %.8g\n", name,
+                        tp->tp, step, i, next_tp[i], lp_tp[i], next[i], lp[i]);
+        }
+        counts[0] = counts[1] = 1;
+    }
+    CHECK(same);
+    CHECK(lp_ok);
+    CHECK(logits_ok);
+    CHECK(kv_tp.len[2] == 13 && kv_tp.len[0] == 15);
+    /* a cache that holds other heads than this rank attends over */
+    if (kv.KVH != tp->KVA) {
+        int one = 1;
+        CHECK_ERR(rf_model_tp_decode(tp, &kv, slots, &one, 1, toks, lg_tp), RF_ERR_ARG, "k/v heads");
+    }
+    rf_kv_cache_free(&kv, ref);
+    rf_kv_cache_free(&kv_tp, tp->m);
+    free(lg), free(lg_tp), free(gathered);
+}
+
+/* Buffers of another shard, of the whole model, or of the wrong size are refused; this
+ * rank's own (cut by the layout) is taken. */
+static void shard_refusals(rf_model *ref, rf_model_tp *tp) {
+    rf_param_table pt = rf_param_table_of(ref);
+    int n = ref->n_views;
+    rf_shard *own = calloc((size_t)n, sizeof *own), *other = calloc((size_t)n, sizeof *other);
+    size_t n_own = 0, n_other = 0;
+    CHECK_OK(rf_layout_shards(&pt, tp->tp, tp->t, own, &n_own));
+    float *buf = malloc(sizeof(float) * ref->n_params);
+    rf_layout_extract(&pt, own, ref->params, buf);
+    CHECK_OK(rf_model_tp_set_shard(tp, own, n, buf, n_own));
+    CHECK(memcmp(buf, tp->m->params, sizeof(float) * n_own) == 0);
+    CHECK_ERR(rf_model_tp_set_shard(tp, own, n, buf, n_own - 1), RF_ERR_ARG, "floats");
+    CHECK_ERR(rf_model_tp_set_shard(tp, own, n - 1, buf, n_own), RF_ERR_ARG, "parameters");
+    /* the next rank's shard: the vocabulary rows of the embedding differ first */
+    CHECK_OK(rf_layout_shards(&pt, tp->tp, (tp->t + 1) % tp->tp, other, &n_other));
+    CHECK_ERR(rf_model_tp_set_shard(tp, other, n, buf, n_other), RF_ERR_ARG,
+              "model.embed_tokens.weight: the buffer holds rows [");
+    /* the whole model (tp 1) */
+    CHECK_OK(rf_layout_shards(&pt, 1, 0, other, &n_other));
+    CHECK_ERR(rf_model_tp_set_shard(tp, other, n, ref->params, n_other), RF_ERR_ARG, "this rank's shard is rows");
+    free(own), free(other), free(buf);
+}
+
+/* Every check above for one shape on the group g. */
+static void check_shape(shape s, rf_comm *g) {
+    rf_model *ref = whole_model(s);
+    rf_model_tp *tp = NULL;
+    CHECK_OK(rf_model_tp_init(&tp, &ref->cfg, rf_cpu_kernels(), g, 60));
+    if (!tp) {
+        rf_model_free(ref);
+        return;
+    }
+    rf_model_tp_set_full(tp, ref->params);
+    CHECK_OK(rf_model_tp_enable_training(tp));
+    forward_backward(ref, tp, shape_name[s], 3, 13, tok1, tgt1, cu1, 1);
+    forward_backward(ref, tp, shape_name[s], 2, 10, tok2, tgt2, cu2, 2); /* accumulates */
+    compare_grads(ref, tp, shape_name[s]);
+    sensitivity(ref, tp, shape_name[s]);
+    if (!ref->score) generation(ref, tp, shape_name[s]);
+    if (tp->tp > 1) shard_refusals(ref, tp);
+    rf_model_tp_free(tp);
+    rf_model_free(ref);
+}
+
+/* tp must divide the attention heads; a back end without the kernels is refused. */
+static void init_refusals(rf_comm *g) {
+    int tp = rf_comm_size(g);
+    rf_model_config c = config_of(SHAPE_GQA);
+    rf_model_tp *m = NULL;
+    if (tp > 1) {
+        c.num_attention_heads = tp + 1, c.num_key_value_heads = 1;
+        char want[96];
+        snprintf(want, sizeof want, "tp = %d does not divide num_attention_heads = %d", tp, tp + 1);
+        CHECK_ERR(rf_model_tp_init(&m, &c, rf_cpu_kernels(), g, 60), RF_ERR_ARG, want);
+        CHECK(m == NULL);
+        c = config_of(SHAPE_GQA);
+    }
+    rf_kernels k = *rf_cpu_kernels();
+    k.logprob_vp_partials = NULL;
+    CHECK_ERR(rf_model_tp_init(&m, &c, &k, g, 60), RF_ERR_UNSUPPORTED, "vocabulary-parallel");
+    CHECK(m == NULL);
+}
+
+static void all_checks(rf_comm *g) {
+    init_refusals(g);
+    for (int s = SHAPE_GQA; s <= SHAPE_CRITIC; s++) check_shape((shape)s, g);
+}
+
+/* ---- without MPI ---- */
+
+/* rf_model_param_views gives rf_model_init's table. */
+static void param_views(void) {
+    for (int s = SHAPE_GQA; s <= SHAPE_CRITIC; s++) {
+        rf_model *m = whole_model((shape)s);
+        rf_param_view *v = NULL;
+        int n = 0;
+        size_t np = 0;
+        CHECK_OK(rf_model_param_views(&m->cfg, &v, &n, &np));
+        CHECK(n == m->n_views && np == m->n_params);
+        for (int i = 0; v && i < n && i < m->n_views; i++)
+            CHECK(memcmp(&v[i], &m->views[i], sizeof *v) == 0);
+        free(v);
+        rf_model_free(m);
+    }
+}
+
+/* The vocabulary-parallel kernels on three uneven slices, combined here, against the
+ * whole-vocabulary kernels: log-probs, entropies, dh (sum of the slices') and dw. */
+static void vp_kernels(void) {
+    const rf_kernels *k = rf_cpu_kernels();
+    enum { T = 300, C = 8, V = 50 }; /* T over one chunk */
+    float *h = malloc(sizeof(float) * T * C), *w = malloc(sizeof(float) * V * C);
+    int32_t tgt[T];
+    rf_rng r;
+    rf_rng_seed(&r, 5);
+    for (int i = 0; i < T * C; i++) h[i] = rf_rng_normal(&r);
+    for (int i = 0; i < V * C; i++) w[i] = 2.0f * rf_rng_normal(&r);
+    for (int t = 0; t < T; t++) tgt[t] = (int32_t)(rf_rng_u64(&r) % V);
+    float lp[T], ent[T], dl[T], de[T], lse[T], H[T], lp_vp[T];
+    for (int t = 0; t < T; t++) dl[t] = rf_rng_normal(&r), de[t] = rf_rng_normal(&r);
+    float inv_temp = 1.0f / 0.7f;
+    k->logprob_forward(lp, ent, h, w, tgt, T, C, V, inv_temp);
+    const int cut[4] = {0, 13, 14, V};
+    float part[3][4][T];
+    for (int s = 0; s < 3; s++)
+        k->logprob_vp_partials(part[s][0], part[s][1], part[s][2], part[s][3], h, w + cut[s] * C, tgt, T,
+                               C, cut[s + 1] - cut[s], cut[s], inv_temp);
+    for (int t = 0; t < T; t++) {
+        double M = fmax(fmax(part[0][0][t], part[1][0][t]), part[2][0][t]), S = 0, W = 0, Z = 0;
+        for (int s = 0; s < 3; s++) {
+            double f = exp(part[s][0][t] - M);
+            S += part[s][1][t] * f;
+            W += f * (part[s][2][t] + part[s][1][t] * (part[s][0][t] - M));
+            Z += part[s][3][t];
+        }
+        lse[t] = (float)(M + log(S)), H[t] = (float)(log(S) - W / S), lp_vp[t] = (float)(Z - lse[t]);
+    }
+    CHECK(close_all("vp kernel: log-probs", lp_vp, lp, T, 1e-6));
+    CHECK(close_all("vp kernel: entropies", H, ent, T, 1e-6));
+    float *dh = calloc(T * C, sizeof(float)), *dw = calloc(V * C, sizeof(float)),
+          *dh_vp = calloc(T * C, sizeof(float)), *dh_s = malloc(sizeof(float) * T * C),
+          *dw_vp = calloc(V * C, sizeof(float));
+    k->logprob_backward(dh, dw, dl, de, h, w, tgt, T, C, V, inv_temp);
+    for (int s = 0; s < 3; s++) {
+        k->logprob_vp_backward(dh_s, dw_vp + cut[s] * C, dl, de, lse, H, h, w + cut[s] * C, tgt, T, C,
+                               cut[s + 1] - cut[s], cut[s], inv_temp);
+        k->add_inplace(dh_vp, dh_s, T * C);
+    }
+    double sh = max_abs(dh, T * C), sw = max_abs(dw, V * C);
+    CHECK(sh > 0 && sw > 0);
+    CHECK(close_all("vp kernel: dh", dh_vp, dh, T * C, RTOL * sh));
+    CHECK(close_all("vp kernel: dw", dw_vp, dw, V * C, RTOL * sw));
+    free(h), free(w), free(dh), free(dw), free(dh_vp), free(dh_s), free(dw_vp);
+}
+
+static int under_mpi(int argc, char **argv) {
+    rf_comm *world = NULL;
+    if (rf_comm_world(&argc, &argv, &world) != RF_OK) {
+        fprintf(stderr, "test_model_tp: %s\n", rf_error_message());
+        return 1;
+    }
+    int rank = rf_comm_rank(world), size = rf_comm_size(world);
+    for (int tp = 2; tp <= size; tp *= 2) {
+        rf_comm *g = NULL;
+        CHECK_OK(rf_comm_split(world, rank / tp, rank % tp, &g));
+        if (g) all_checks(g);
+        rf_comm_free(g);
+        CHECK_OK(rf_comm_barrier(world, 60, "after one tp"));
+    }
+    printf("test_model_tp: rank %d: largest error %.3f of its tolerance\n", rank, g_worst);
+    int rc = rf_test_mpi_finish(world, "test_model_tp");
+    rf_comm_finalize();
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (rf_comm_launched_by_mpi()) return under_mpi(argc, argv);
+    param_views();
+    vp_kernels();
+    all_checks(rf_comm_single()); /* tp = 1 */
+    printf("test_model_tp: one process: largest error %.3f of its tolerance\n", g_worst);
+    if (!rf_test_have_mpirun()) {
+        printf("test_model_tp: mpirun not found (apt-get install openmpi-bin): tp > 1 skipped\n");
+        rf_test_finish("test_model_tp");
+        return rf_test_failed ? 1 : 77;
+    }
+    CHECK(rf_test_mpirun_self(2, 300, NULL) == 0);
+    CHECK(rf_test_mpirun_self(4, 300, NULL) == 0);
+    return rf_test_finish("test_model_tp");
+}
