@@ -1,0 +1,195 @@
+/* Tensor-parallel model (model/model_tp.h) against one rank with the whole model, on the CPU,
+ * printed as JSON lines:
+ *  - tp_train: one training step's passes (forward, log-probs and entropies, backward) over a
+ *    packed batch, milliseconds per step (median of the repetitions, barrier to barrier);
+ *    "whole" is rf_model itself, "tp" the tensor-parallel model at tp = 1 (its overhead) and at
+ *    tp = the ranks;
+ *  - tp_decode: a greedy decoding step of a batch of sequences after a prefill, milliseconds
+ *    per step (rf_model_decode + rf_sample against rf_model_tp_decode + rf_model_tp_greedy).
+ * One process uses all the machine's threads (OpenMP); under mpirun each of the np ranks gets
+ * threads / np of them, so both use the same cores. Model: the "small" preset (4 layers,
+ * hidden 256, 8 heads / 4 kv heads) with a 8192-token vocabulary; batch: 8 sequences of 128
+ * tokens (1024 tokens); decoding: 8 sequences, 64-token prompts, 32 steps.
+ * Usage: bench_tp [--np N] [--preset NAME] [--reps N]. Not started by mpirun, it measures one
+ * process and then starts itself under `mpirun -np N --oversubscribe` (N = 2 by default). */
+#define _POSIX_C_SOURCE 200809L
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "common/rng.h"
+#include "common/util.h"
+#include "model/model_tp.h"
+#include "model/sampler.h"
+
+#define NS 8
+#define LEN 128
+#define PROMPT 64
+#define STEPS 32
+#define VOCAB 8192
+
+static int g_reps = 5, g_np = 2;
+static const char *g_preset = "small";
+
+#define DIE(st)                                                                               \
+    do {                                                                                      \
+        if ((st) != RF_OK) {                                                                  \
+            fprintf(stderr, "bench_tp: %s:%d: %s\n", __FILE__, __LINE__, rf_error_message()); \
+            rf_comm_abort(1);                                                                 \
+        }                                                                                     \
+    } while (0)
+
+static rf_model *whole(void) {
+    rf_model_config c;
+    DIE(rf_config_preset(&c, g_preset, VOCAB));
+    c.tie_word_embeddings = 0;
+    rf_model *m;
+    DIE(rf_model_init(&m, &c, rf_cpu_kernels()));
+    rf_model_init_random(m, 1, 0.02f);
+    DIE(rf_model_enable_training(m));
+    return m;
+}
+
+typedef struct batch_data {
+    int32_t tok[NS * LEN], tgt[NS * LEN], cu[NS + 1];
+    float dl[NS * LEN], de[NS * LEN], lp[NS * LEN], ent[NS * LEN];
+} batch_data;
+
+static void make_batch(batch_data *d) {
+    rf_rng r;
+    rf_rng_seed(&r, 3);
+    for (int i = 0; i < NS * LEN; i++) {
+        d->tok[i] = (int32_t)(rf_rng_u64(&r) % VOCAB), d->tgt[i] = (int32_t)(rf_rng_u64(&r) % VOCAB);
+        d->dl[i] = 1.0f / (NS * LEN), d->de[i] = 0.01f / (NS * LEN);
+    }
+    for (int s = 0; s <= NS; s++) d->cu[s] = s * LEN;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return x[n / 2];
+}
+
+/* One step's passes on the whole model or the tp model (tp NULL: whole). */
+static void train_step(rf_model *m, rf_model_tp *tp, batch_data *d) {
+    rf_batch b = {NS, NS * LEN, d->tok, NULL, d->cu};
+    if (tp) {
+        DIE(rf_model_tp_forward(tp, &b));
+        DIE(rf_model_tp_logprobs(tp, d->tgt, 1.0f, d->lp, d->ent));
+        DIE(rf_model_tp_backward(tp, d->dl, d->de, NULL));
+    } else {
+        DIE(rf_model_forward(m, &b));
+        DIE(rf_model_logprobs(m, d->tgt, 1.0f, d->lp, d->ent));
+        DIE(rf_model_backward(m, d->dl, d->de, NULL));
+    }
+}
+
+static double time_train(rf_model *m, rf_model_tp *tp, rf_comm *c, batch_data *d) {
+    double t[32];
+    train_step(m, tp, d); /* warm-up: buffers, page faults */
+    for (int i = 0; i < g_reps; i++) {
+        DIE(rf_comm_barrier(c, 60, "bench"));
+        double t0 = rf_time_now();
+        train_step(m, tp, d);
+        DIE(rf_comm_barrier(c, 60, "bench"));
+        t[i] = rf_time_now() - t0;
+    }
+    return 1e3 * median(t, g_reps);
+}
+
+/* Prefill NS prompts, then STEPS greedy steps; milliseconds per step. */
+static double time_decode(rf_model *m, rf_model_tp *tp, rf_comm *c) {
+    rf_kv_cache kv;
+    DIE(tp ? rf_model_tp_kv_cache_init(tp, &kv, NS, PROMPT + STEPS) : rf_kv_cache_init(&kv, m, NS, PROMPT + STEPS));
+    int V = m->cfg.vocab_size, W = tp ? tp->Vl : V, slots[NS], counts[NS];
+    int32_t tok[NS * PROMPT], next[NS];
+    float *logits = malloc(sizeof(float) * NS * W), lp[NS], *work = malloc(sizeof(float) * 2 * V);
+    rf_sampling greedy = {.greedy = 1};
+    for (int i = 0; i < NS * PROMPT; i++) tok[i] = (int32_t)((i * 7919) % V);
+    for (int s = 0; s < NS; s++) slots[s] = s, counts[s] = PROMPT;
+    DIE(tp ? rf_model_tp_decode(tp, &kv, slots, counts, NS, tok, logits) : rf_model_decode(m, &kv, slots, counts, NS, tok, logits));
+    for (int s = 0; s < NS; s++) counts[s] = 1, next[s] = tok[s];
+    DIE(rf_comm_barrier(c, 60, "bench"));
+    double t0 = rf_time_now();
+    for (int step = 0; step < STEPS; step++) {
+        if (tp) {
+            DIE(rf_model_tp_decode(tp, &kv, slots, counts, NS, next, logits));
+            DIE(rf_model_tp_greedy(tp, logits, NS, next, lp));
+        } else {
+            DIE(rf_model_decode(m, &kv, slots, counts, NS, next, logits));
+            for (int s = 0; s < NS; s++) next[s] = rf_sample(logits + (size_t)s * V, V, &greedy, NULL, &lp[s], work);
+        }
+    }
+    DIE(rf_comm_barrier(c, 60, "bench"));
+    double ms = 1e3 * (rf_time_now() - t0) / STEPS;
+    rf_kv_cache_free(&kv, tp ? tp->m : m);
+    free(logits), free(work);
+    return ms;
+}
+
+static rf_model_tp *tp_model(rf_model *m, rf_comm *c) {
+    rf_model_tp *tp;
+    DIE(rf_model_tp_init(&tp, &m->cfg, rf_cpu_kernels(), c, 120));
+    rf_model_tp_set_full(tp, m->params);
+    DIE(rf_model_tp_enable_training(tp));
+    return tp;
+}
+
+static void report(rf_comm *c, const char *what, const char *model, double ms) {
+    if (rf_comm_rank(c) == 0)
+        printf("{\"bench\": \"%s\", \"model\": \"%s\", \"ranks\": %d, \"threads_per_rank\": %d, "
+               "\"preset\": \"%s\", \"ms_per_step\": %.2f}\n", what, model, rf_comm_size(c),
+               omp_get_max_threads(), g_preset, ms);
+    fflush(stdout);
+}
+
+static void run(rf_comm *c) {
+    rf_model *m = whole();
+    batch_data *d = calloc(1, sizeof *d);
+    make_batch(d);
+    rf_model_tp *tp = tp_model(m, c);
+    if (rf_comm_size(c) == 1) {
+        report(c, "tp_train", "whole", time_train(m, NULL, c, d));
+        report(c, "tp_decode", "whole", time_decode(m, NULL, c));
+    }
+    report(c, "tp_train", "tp", time_train(m, tp, c, d));
+    report(c, "tp_decode", "tp", time_decode(m, tp, c));
+    rf_model_tp_free(tp);
+    rf_model_free(m);
+    free(d);
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--np") && i + 1 < argc) g_np = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--preset") && i + 1 < argc) g_preset = argv[++i];
+    }
+    if (g_reps < 1 || g_reps > 32) g_reps = 5;
+    if (rf_comm_launched_by_mpi()) {
+        rf_comm *world;
+        DIE(rf_comm_world(&argc, &argv, &world));
+        run(world);
+        rf_comm_finalize();
+        return 0;
+    }
+    int threads = omp_get_max_threads();
+    run(rf_comm_single());
+    char self[4096], cmd[8192];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return 1;
+    self[n] = '\0';
+    int per = threads / g_np > 0 ? threads / g_np : 1;
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d mpirun -np %d --oversubscribe %s -x OMP_NUM_THREADS %s --reps %d --preset %s",
+             per, g_np, geteuid() == 0 ? "--allow-run-as-root" : "", self, g_reps, g_preset);
+    fflush(stdout);
+    return system(cmd) == 0 ? 0 : 1;
+}
