@@ -95,6 +95,7 @@ static void train_step(rf_model *m, rf_model_tp *tp, batch_data *d) {
 static double time_train(rf_model *m, rf_model_tp *tp, rf_comm *c, batch_data *d) {
     double t[32];
     train_step(m, tp, d); /* warm-up: buffers, page faults */
+    if (tp) tp->comm_s = 0, tp->n_collectives = 0;
     for (int i = 0; i < g_reps; i++) {
         DIE(rf_comm_barrier(c, 60, "bench"));
         double t0 = rf_time_now();
@@ -118,6 +119,7 @@ static double time_decode(rf_model *m, rf_model_tp *tp, rf_comm *c) {
     DIE(tp ? rf_model_tp_decode(tp, &kv, slots, counts, NS, tok, logits) : rf_model_decode(m, &kv, slots, counts, NS, tok, logits));
     for (int s = 0; s < NS; s++) counts[s] = 1, next[s] = tok[s];
     DIE(rf_comm_barrier(c, 60, "bench"));
+    if (tp) tp->comm_s = 0, tp->n_collectives = 0;
     double t0 = rf_time_now();
     for (int step = 0; step < STEPS; step++) {
         if (tp) {
@@ -143,11 +145,15 @@ static rf_model_tp *tp_model(rf_model *m, rf_comm *c) {
     return tp;
 }
 
-static void report(rf_comm *c, const char *what, const char *model, double ms) {
+/* comm_ms, collectives: rank 0's time in collectives per step (waits for the other ranks
+ * included) and their number, for the tp model. */
+static void report(rf_comm *c, const char *what, const char *model, double ms, double comm_ms,
+                   long collectives) {
     if (rf_comm_rank(c) == 0)
         printf("{\"bench\": \"%s\", \"model\": \"%s\", \"ranks\": %d, \"threads_per_rank\": %d, "
-               "\"preset\": \"%s\", \"ms_per_step\": %.2f}\n", what, model, rf_comm_size(c),
-               omp_get_max_threads(), g_preset, ms);
+               "\"preset\": \"%s\", \"ms_per_step\": %.2f, \"comm_ms_per_step\": %.2f, "
+               "\"collectives_per_step\": %ld}\n", what, model, rf_comm_size(c),
+               omp_get_max_threads(), g_preset, ms, comm_ms, collectives);
     fflush(stdout);
 }
 
@@ -157,11 +163,13 @@ static void run(rf_comm *c) {
     make_batch(d);
     rf_model_tp *tp = tp_model(m, c);
     if (rf_comm_size(c) == 1) {
-        report(c, "tp_train", "whole", time_train(m, NULL, c, d));
-        report(c, "tp_decode", "whole", time_decode(m, NULL, c));
+        report(c, "tp_train", "whole", time_train(m, NULL, c, d), 0, 0);
+        report(c, "tp_decode", "whole", time_decode(m, NULL, c), 0, 0);
     }
-    report(c, "tp_train", "tp", time_train(m, tp, c, d));
-    report(c, "tp_decode", "tp", time_decode(m, tp, c));
+    double ms = time_train(m, tp, c, d);
+    report(c, "tp_train", "tp", ms, tp->comm_s * 1e3 / g_reps, tp->n_collectives / g_reps);
+    ms = time_decode(m, tp, c);
+    report(c, "tp_decode", "tp", ms, tp->comm_s * 1e3 / STEPS, tp->n_collectives / STEPS);
     rf_model_tp_free(tp);
     rf_model_free(m);
     free(d);

@@ -16,7 +16,21 @@ rf_status rf__tp_allreduce(rf_model_tp *tp, float *x, size_t n, const char *what
         snprintf(w, sizeof w, "tensor parallelism: %s of layer %d", what, layer);
     else
         snprintf(w, sizeof w, "tensor parallelism: %s", what);
-    return rf_comm_allreduce(tp->comm, x, x, n, tp->timeout_s, w);
+    double t0 = rf_time_now();
+    rf_status s = rf_comm_allreduce(tp->comm, x, x, n, tp->timeout_s, w);
+    tp->comm_s += rf_time_now() - t0;
+    tp->n_collectives++;
+    return s;
+}
+
+rf_status rf__tp_allgather(rf_model_tp *tp, const void *in, void *out, size_t bytes, const char *what) {
+    char w[160];
+    snprintf(w, sizeof w, "tensor parallelism: %s", what);
+    double t0 = rf_time_now();
+    rf_status s = rf_comm_allgather(tp->comm, in, out, bytes, tp->timeout_s, w);
+    tp->comm_s += rf_time_now() - t0;
+    tp->n_collectives++;
+    return s;
 }
 
 static int find_view(const rf_model_tp *tp, const char *name) {
@@ -273,8 +287,7 @@ rf_status rf_model_tp_grad_sumsq(rf_model_tp *tp, double *out) {
     /* in double and in rank order, so every rank gets the same bits */
     double *all = malloc(sizeof(double) * (size_t)tp->tp);
     if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
-    rf_status s = rf_comm_allgather(tp->comm, &local, all, sizeof(double), tp->timeout_s,
-                                    "tensor parallelism: allgather of gradient norms");
+    rf_status s = rf__tp_allgather(tp, &local, all, sizeof(double), "allgather of gradient norms");
     *out = 0.0;
     for (int r = 0; s == RF_OK && r < tp->tp; r++) *out += all[r];
     free(all);
@@ -328,8 +341,7 @@ rf_status rf_model_tp_greedy(rf_model_tp *tp, const float *logits, int n, int32_
         for (int j = 0; j < tp->Vl; j++) s += exp((double)(z[j] - z[pick]));
         mine[i] = (greedy_part){z[pick], tp->v0 + pick, s};
     }
-    rf_status st = rf_comm_allgather(tp->comm, mine, all, sizeof *mine * (size_t)n, tp->timeout_s,
-                                     "tensor parallelism: allgather of greedy candidates");
+    rf_status st = rf__tp_allgather(tp, mine, all, sizeof *mine * (size_t)n, "allgather of greedy candidates");
     for (int i = 0; st == RF_OK && i < n; i++) {
         int best = 0; /* ranks hold increasing ids: the first of equal maxima is the lowest id */
         for (int r = 1; r < tp->tp; r++)
@@ -356,8 +368,7 @@ rf_status rf_model_tp_gather_logits(rf_model_tp *tp, const float *logits, int n,
         return rf_error(RF_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < n; i++) memcpy(mine + (size_t)i * W, logits + (size_t)i * tp->Vl, sizeof(float) * tp->Vl);
-    rf_status st = rf_comm_allgather(tp->comm, mine, all, row * sizeof(float), tp->timeout_s,
-                                     "tensor parallelism: allgather of logits");
+    rf_status st = rf__tp_allgather(tp, mine, all, row * sizeof(float), "allgather of logits");
     for (int r = 0; st == RF_OK && r < tp->tp; r++) {
         int a = slice_start(tp, r), b = slice_start(tp, r + 1);
         for (int i = 0; i < n; i++)

@@ -130,6 +130,9 @@ typedef struct rf_model_tp {
                                  rf_model_tp_logprobs (the backward pass reuses them) */
     float inv_temp;
     int have_logprobs;
+    double comm_s;            /* wall time spent in collectives so far (waits for slower ranks
+                                 included); the caller may reset it */
+    long n_collectives;       /* collectives called so far */
 } rf_model_tp;
 
 /* Makes this rank's shard of a model of config cfg (the whole model's) on back end k, over

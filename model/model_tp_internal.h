@@ -8,6 +8,9 @@
  * `what` names it in errors ("tensor parallelism: <what>"); layer >= 0 adds "of layer N". */
 rf_status rf__tp_allreduce(rf_model_tp *tp, float *x, size_t n, const char *what, int layer);
 
+/* rf_comm_allgather over the group, counted in tp->comm_s. */
+rf_status rf__tp_allgather(rf_model_tp *tp, const void *in, void *out, size_t bytes, const char *what);
+
 /* Floats of tp->host per token: the log-prob combination's arrays (model_tp_pass.c). */
 #define RF_TP_HOST_PER_TOKEN(tp) (8 + (size_t)(tp)->tp)
 

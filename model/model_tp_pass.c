@@ -202,8 +202,7 @@ static rf_status combine_partials(rf_model_tp *tp, const float *part, float *log
     int T = tp->T;
     const float *lmax = part, *sumexp = part + T, *zsum = part + 2 * T, *ztgt = part + 3 * T;
     float *M = tp->host + 4 * (size_t)T, *red = M + T, *all = red + 3 * (size_t)T;
-    RF_TRY(rf_comm_allgather(tp->comm, lmax, all, sizeof(float) * (size_t)T, tp->timeout_s,
-                             "tensor parallelism: allgather of the log-prob maxima"));
+    RF_TRY(rf__tp_allgather(tp, lmax, all, sizeof(float) * (size_t)T, "allgather of the log-prob maxima"));
     for (int t = 0; t < T; t++) {
         float mx = all[t];
         for (int r = 1; r < tp->tp; r++) mx = fmaxf(mx, all[(size_t)r * T + t]);
