@@ -140,7 +140,7 @@ static double time_decode(rf_model *m, rf_model_tp *tp, rf_comm *c) {
 static rf_model_tp *tp_model(rf_model *m, rf_comm *c) {
     rf_model_tp *tp;
     DIE(rf_model_tp_init(&tp, &m->cfg, rf_cpu_kernels(), c, 120));
-    rf_model_tp_set_full(tp, m->params);
+    DIE(rf_model_tp_set_full(tp, m->params));
     DIE(rf_model_tp_enable_training(tp));
     return tp;
 }

@@ -180,13 +180,14 @@ void rf_model_tp_free(rf_model_tp *tp) {
     free(tp);
 }
 
-void rf_model_tp_set_full(rf_model_tp *tp, const float *full) {
+rf_status rf_model_tp_set_full(rf_model_tp *tp, const float *full) {
     rf_param_table pt = {&tp->cfg, tp->full_views, tp->n_full_views};
     float *local = malloc(tp->m->n_params * sizeof(float));
-    RF_ASSERT(local);
+    if (!local) return rf_error(RF_ERR_NOMEM, "out of memory for a shard of %zu floats", tp->m->n_params);
     rf_layout_extract(&pt, tp->shards, full, local);
     tp->m->k->to_device(tp->m->params, local, tp->m->n_params * sizeof(float));
     free(local);
+    return RF_OK;
 }
 
 rf_status rf_model_tp_set_shard(rf_model_tp *tp, const rf_shard *shards, int n_views,

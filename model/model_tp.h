@@ -147,8 +147,8 @@ rf_status rf_model_tp_init(rf_model_tp **out, const rf_model_config *cfg, const 
 void rf_model_tp_free(rf_model_tp *tp);
 
 /* Cuts this rank's shard out of the whole model's flat parameter buffer (full_params floats,
- * host memory, in rf_model_init's order) into m->params. */
-void rf_model_tp_set_full(rf_model_tp *tp, const float *full);
+ * host memory, in rf_model_init's order) into m->params. RF_ERR_NOMEM. */
+rf_status rf_model_tp_set_full(rf_model_tp *tp, const float *full);
 
 /* Takes a local buffer laid out by `shards` (n_views of them, rf_layout_shards; n_floats
  * floats, host memory: e.g. what resharding delivered) as this rank's parameters. RF_ERR_ARG

@@ -296,7 +296,7 @@ static void check_shape(shape s, rf_comm *g) {
         rf_model_free(ref);
         return;
     }
-    rf_model_tp_set_full(tp, ref->params);
+    CHECK_OK(rf_model_tp_set_full(tp, ref->params));
     CHECK_OK(rf_model_tp_enable_training(tp));
     forward_backward(ref, tp, shape_name[s], 3, 13, tok1, tgt1, cu1, 1);
     forward_backward(ref, tp, shape_name[s], 2, 10, tok2, tgt2, cu2, 2); /* accumulates */
