@@ -187,6 +187,9 @@ static rf_status run_update(rf_model *m, const rf_optim_opts *oo, const rf_updat
         if (dp) r = global_totals(dp, s, n, idx, mbs, tot);
         for (int b = 0; r == RF_OK && b < mbs; b++) {
             int lo = (int)((long)n * b / mbs), hi = (int)((long)n * (b + 1) / mbs);
+            /* shares smaller than mini_batches can leave a mini-batch empty on every rank: no
+             * step for it (one rank alone never has an empty one) */
+            if (dp && tot[2 * b + 1] == 0) continue;
             r = mini_batch(m, oo, uo, s, n, idx + lo, hi - lo, dp ? tot + 2 * b : NULL, acc, fn);
         }
     }

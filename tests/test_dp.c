@@ -17,6 +17,7 @@
  *     micro-batch accumulation (micro-batches of 12 tokens) and clipping that clips (the
  *     global norm is above grad_clip); the statistics are the whole batch's; the critic's value
  *     update likewise; every rank ends with the same parameters bit for bit;
+ *   - shares smaller than mini_batches: a mini-batch empty on every rank takes no step;
  *   - ZeRO-1 equals plain DP (2 mini-batches, 2 epochs, weight decay, 7 buckets of which the
  *     last is padded): parameters and the gathered AdamW moments within 1e-5, and equals one
  *     rank with mini_batches = 1; the model's whole moments are freed;
@@ -371,8 +372,34 @@ static void zero_equals_plain(rf_comm *c) {
     rf_model_free(p), rf_model_free(z);
 }
 
-/* Buckets are started from inside backward: all but the embedding's when overlapping, none when
- * deferred. Every rank has work here (a share of at least one sample). */
+/* Shares of one sample with mini_batches = 2: the first mini-batch is empty on every rank and
+ * is skipped (no optimizer step), so the update is one rank's with mini_batches = 1 over the
+ * same samples. */
+static void empty_mini_batches(rf_comm *c) {
+    rf_model *ref = tiny(13, 0), *m = tiny(13, 0);
+    rf_train_sample s[NS];
+    make_samples(s, ref);
+    rf_optim_opts oo = optim();
+    rf_update_opts uo = update_opts(RF_AGG_TOKEN_MEAN);
+    rf_update_stats sr = {0}, sd = {0};
+    CHECK_OK(rf_actor_update(ref, &oo, &uo, s, g_size, &sr));
+    rf_dp *dp = NULL;
+    rf_dp_opts o = {.bucket_floats = BUCKET, .timeout_s = T_OK};
+    CHECK_OK(rf_dp_init(&dp, c, m, &o));
+    uo.dp = dp, uo.mini_batches = 2;
+    CHECK_OK(rf_actor_update(m, &oo, &uo, s + g_rank, 1, &sd));
+    CHECK(sd.optimizer_steps == sr.optimizer_steps && sd.optimizer_steps == 2 && m->opt_step == 2);
+    double d = rel_diff(m->params, ref->params, ref->n_params);
+    CHECK(d < 1e-5);
+    if (!(d < 1e-5)) fprintf(stderr, "empty mini-batches: %g\n", d);
+    rf_dp_free(dp);
+    free_samples(s);
+    rf_model_free(ref), rf_model_free(m);
+}
+
+/* Buckets are started while backward still has layers to go: exactly those wholly past the
+ * embedding when overlapping, none when deferred. Every rank has work here (a share of at least
+ * one sample). */
 static void overlap(rf_comm *c, int defer) {
     rf_model *m = tiny(9, 0);
     rf_train_sample s[NS];
@@ -463,6 +490,7 @@ static int under_mpi(int argc, char **argv) {
     dp_equals_one_rank(world, RF_AGG_TOKEN_MEAN, 1, 0);
     dp_equals_one_rank(world, RF_AGG_SEQ_MEAN_TOKEN_SUM, 0, 1);
     zero_equals_plain(world);
+    empty_mini_batches(world);
     overlap(world, 0);
     overlap(world, 1);
     lost_rank(world, 0);
