@@ -173,7 +173,7 @@ static rf_status peer_train(rf__tworker *w, int64_t n_batch) {
     if (st == RF_OK) w->version = (int)b->policy_version;
     if (st == RF_OK && n_batch > 0) st = rf__worker_update(w, s, n, b->kl_coef, &as, &cs, &tp, &ta);
     if (st == RF_OK) w->version++;
-    rf__worker_samples_free(s, st == RF_OK || s ? n : 0);
+    rf__worker_samples_free(s, n); /* NULL when unpacking failed */
     if (b) rlflow__train_batch__free_unpacked(b, NULL);
     return st;
 }

@@ -214,6 +214,8 @@ void rf_dp_free(rf_dp *dp) {
     if (!dp) return;
     const rf_kernels *k = dp->m->k;
     if (dp->m->grad_ready == dp_ready) rf_model_set_grad_hook(dp->m, NULL, NULL);
+    /* buckets still in flight (an error between arming and the sync) are released; a
+     * collective abandoned half-way leaves the communicator failed */
     for (int i = 0; dp->b && i < dp->nb; i++) rf_comm_group_wait(dp->b[i].g, 0);
     k->free(dp->sg), k->free(dp->sm), k->free(dp->sv), k->free(dp->stmp), k->free(dp->pad);
     free(dp->b), free(dp->seg);

@@ -70,7 +70,8 @@ typedef struct rf_dp_stats {
 rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o);
 
 /* Removes the hook and frees what rf_dp_init allocated (with ZeRO-1 the model is left without
- * AdamW moments). NULL is fine. */
+ * AdamW moments). Buckets still in flight (after an error) are released at once, which leaves
+ * the communicator failed. NULL is fine. */
 void rf_dp_free(rf_dp *dp);
 
 /* Changes the bound of the collectives that follow (e.g. a long one for set-up, then the
