@@ -182,6 +182,10 @@ void rf_reshard_free(rf_reshard *x) {
     free(x);
 }
 
+void rf_reshard_set_timeout(rf_reshard *x, double timeout_s) {
+    x->o.timeout_s = timeout_s > 0 ? timeout_s : 60;
+}
+
 /* ---- running ---- */
 
 static int world(const rf_reshard *x, int r) { return rf_comm_world_rank(x->c, r); }

@@ -50,6 +50,10 @@ rf_status rf_reshard_init(rf_reshard **out, const rf_reshard_plan *plan, rf_comm
                           const rf_reshard_opts *opts);
 void rf_reshard_free(rf_reshard *x);
 
+/* Changes the bound of each later exchange (<= 0: 60 s): e.g. a first transfer that waits for
+ * peers still starting, then the steady-state bound. */
+void rf_reshard_set_timeout(rf_reshard *x, double timeout_s);
+
 /* Moves version `version` of the parameters: src is this rank's buffer in the source layout
  * (plan->src_floats[t] floats; NULL when the rank holds no source shard), dst its buffer in the
  * destination layout (NULL when it holds none). Every rank that appears in the plan calls it

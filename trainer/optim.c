@@ -13,9 +13,13 @@ float rf_lr_at(const rf_optim_opts *o, int step) {
 }
 
 rf_status rf_optim_step(rf_model *m, const rf_optim_opts *o, double *grad_norm, float *lr_used) {
-    const rf_kernels *k = m->k;
-    double norm = sqrt(k->sum_squares(m->grads, m->n_params));
+    double norm = sqrt(m->k->sum_squares(m->grads, m->n_params));
     *grad_norm = norm;
+    return rf_optim_step_norm(m, o, norm, lr_used);
+}
+
+rf_status rf_optim_step_norm(rf_model *m, const rf_optim_opts *o, double norm, float *lr_used) {
+    const rf_kernels *k = m->k;
     if (!isfinite(norm))
         return rf_error(RF_ERR_RANGE, "gradient norm is %g: skipping the update", norm);
     if (o->grad_clip > 0 && norm > o->grad_clip)

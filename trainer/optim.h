@@ -22,4 +22,10 @@ float rf_lr_at(const rf_optim_opts *o, int step);
  * A non-finite norm skips the update and returns RF_ERR_RANGE (gradients are left as they are). */
 rf_status rf_optim_step(rf_model *m, const rf_optim_opts *o, double *grad_norm, float *lr_used);
 
+/* rf_optim_step with the global gradient norm given instead of computed from m->grads: for a
+ * model that holds one shard of the parameters (tensor parallelism: the norm is the whole
+ * model's, rf_model_tp_grad_sumsq), so that every shard clips by the same factor. Same
+ * errors. */
+rf_status rf_optim_step_norm(rf_model *m, const rf_optim_opts *o, double norm, float *lr_used);
+
 #endif
