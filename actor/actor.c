@@ -74,7 +74,24 @@ rf_status rf__validate_samples(const rf_train_sample *s, int n) {
     return RF_OK;
 }
 
-rf_status rf__for_each_micro(rf_model *m, rf_train_sample *s, const int *idx, int n,
+rf_status rf__net_forward(const rf__net *n, const rf_batch *b) {
+    return n->tp ? rf_model_tp_forward(n->tp, b) : rf_model_forward(n->m, b);
+}
+
+rf_status rf__net_logprobs(const rf__net *n, const int32_t *targets, float inv_temp, float *logp, float *entropy) {
+    return n->tp ? rf_model_tp_logprobs(n->tp, targets, inv_temp, logp, entropy)
+                 : rf_model_logprobs(n->m, targets, inv_temp, logp, entropy);
+}
+
+rf_status rf__net_values(const rf__net *n, float *values) {
+    return n->tp ? rf_model_tp_values(n->tp, values) : rf_model_values(n->m, values);
+}
+
+rf_status rf__net_backward(const rf__net *n, const float *dlogp, const float *dentropy, const float *dvalues) {
+    return n->tp ? rf_model_tp_backward(n->tp, dlogp, dentropy, dvalues) : rf_model_backward(n->m, dlogp, dentropy, dvalues);
+}
+
+rf_status rf__for_each_micro(const rf__net *net, rf_train_sample *s, const int *idx, int n,
                                 int max_tokens, micro_fn fn, void *ctx) {
     RF_TRY(rf__validate_samples(s, n));
     for (int i = 0; i < n;) {
@@ -83,8 +100,8 @@ rf_status rf__for_each_micro(rf_model *m, rf_train_sample *s, const int *idx, in
         rf_status st = rf__micro_pack(&mb, s, idx + i, c);
         mb.last = i + c >= n;
         rf_batch b = {mb.n, mb.T, mb.tok, NULL, mb.cu};
-        if (st == RF_OK) st = rf_model_forward(m, &b);
-        if (st == RF_OK) st = fn(m, &mb, s, idx + i, ctx);
+        if (st == RF_OK) st = rf__net_forward(net, &b);
+        if (st == RF_OK) st = fn(net, &mb, s, idx + i, ctx);
         rf__micro_free(&mb);
         RF_TRY(st);
         i += c;
@@ -97,10 +114,10 @@ typedef struct lp_ctx {
     float **out, **ent;
 } lp_ctx;
 
-static rf_status lp_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
+static rf_status lp_fn(const rf__net *net, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
     lp_ctx *c = vctx;
     float *lp = malloc(sizeof(float) * (size_t)mb->T), *en = malloc(sizeof(float) * (size_t)mb->T);
-    rf_status st = lp && en ? rf_model_logprobs(m, mb->tgt, c->inv_temp, lp, c->ent ? en : NULL)
+    rf_status st = lp && en ? rf__net_logprobs(net, mb->tgt, c->inv_temp, lp, c->ent ? en : NULL)
                             : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int k = 0; st == RF_OK && k < mb->n; k++) {
         int i = idx[k];
@@ -117,19 +134,31 @@ int *rf__identity(int n) {
     return idx;
 }
 
-rf_status rf_actor_logprobs(rf_model *m, rf_train_sample *s, int n, int max_tokens,
-                            float inv_temp, float **out, float **ent) {
+static rf_status logprobs(const rf__net *net, rf_train_sample *s, int n, int max_tokens, float inv_temp,
+                          float **out, float **ent) {
     int *idx = rf__identity(n);
     if (!idx) return rf_error(RF_ERR_NOMEM, "out of memory");
     lp_ctx c = {inv_temp, out, ent};
-    rf_status st = rf__for_each_micro(m, s, idx, n, max_tokens, lp_fn, &c);
+    rf_status st = rf__for_each_micro(net, s, idx, n, max_tokens, lp_fn, &c);
     free(idx);
     return st;
 }
 
-static rf_status val_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
+rf_status rf_actor_logprobs(rf_model *m, rf_train_sample *s, int n, int max_tokens,
+                            float inv_temp, float **out, float **ent) {
+    rf__net net = {m, NULL};
+    return logprobs(&net, s, n, max_tokens, inv_temp, out, ent);
+}
+
+rf_status rf_actor_logprobs_tp(rf_model_tp *tp, rf_train_sample *s, int n, int max_tokens,
+                               float inv_temp, float **out, float **ent) {
+    rf__net net = {tp->m, tp};
+    return logprobs(&net, s, n, max_tokens, inv_temp, out, ent);
+}
+
+static rf_status val_fn(const rf__net *net, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
     float **out = vctx, *v = malloc(sizeof(float) * (size_t)mb->T);
-    rf_status st = v ? rf_model_values(m, v) : rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status st = v ? rf__net_values(net, v) : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int k = 0; st == RF_OK && k < mb->n; k++)
         memcpy(out[idx[k]], v + mb->resp[k], sizeof(float) * (size_t)s[idx[k]].n_resp);
     free(v);
@@ -139,7 +168,8 @@ static rf_status val_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *i
 rf_status rf_critic_values(rf_model *critic, rf_train_sample *s, int n, int max_tokens, float **out) {
     int *idx = rf__identity(n);
     if (!idx) return rf_error(RF_ERR_NOMEM, "out of memory");
-    rf_status st = rf__for_each_micro(critic, s, idx, n, max_tokens, val_fn, out);
+    rf__net net = {critic, NULL};
+    rf_status st = rf__for_each_micro(&net, s, idx, n, max_tokens, val_fn, out);
     free(idx);
     return st;
 }

@@ -7,6 +7,7 @@
 
 #include "actor/losses.h"
 #include "model/model.h"
+#include "model/model_tp.h"
 #include "trainer/data_parallel.h"
 #include "trainer/optim.h"
 
@@ -37,6 +38,11 @@ void rf_train_sample_free(rf_train_sample *s);
 rf_status rf_actor_logprobs(rf_model *m, rf_train_sample *s, int n, int max_tokens,
                             float inv_temp, float **out, float **ent);
 
+/* rf_actor_logprobs on a tensor-parallel model: every rank of tp's group calls it with the same
+ * samples and gets the same log-probs (model/model_tp.h). */
+rf_status rf_actor_logprobs_tp(rf_model_tp *tp, rf_train_sample *s, int n, int max_tokens,
+                               float inv_temp, float **out, float **ent);
+
 /* Critic values of each response token (value at the position that predicts it). */
 rf_status rf_critic_values(rf_model *critic, rf_train_sample *s, int n, int max_tokens, float **out);
 
@@ -58,6 +64,11 @@ typedef struct rf_update_opts {
                               b is the b-th of mini_batches parts of every rank's share, with
                               loss weights from the totals over all ranks; every rank gets the
                               same statistics, summed over ranks. */
+    rf_model_tp *tp;       /* tensor parallel over tp's group (the model updated is tp->m, this
+                              rank's shard), or NULL. Every rank of the group passes the whole
+                              batch and the same options; the gradient norm for clipping is the
+                              whole model's (rf_model_tp_grad_sumsq), AdamW runs on each shard,
+                              and every rank gets the same statistics. Not with dp. */
 } rf_update_opts;
 
 typedef struct rf_update_stats {

@@ -1,8 +1,21 @@
-/* Micro-batching shared by the actor's files. */
+/* Micro-batching shared by the actor's files, and the model a pass runs on. */
 #ifndef RF_ACTOR_INTERNAL_H
 #define RF_ACTOR_INTERNAL_H
 
 #include "actor/actor.h"
+#include "model/model_tp.h"
+
+/* The model of a pass: one rank's whole model (tp NULL), or this rank's shard of a
+ * tensor-parallel model (m == tp->m; every rank of the group runs the same passes). */
+typedef struct rf__net {
+    rf_model *m;
+    rf_model_tp *tp;
+} rf__net;
+
+rf_status rf__net_forward(const rf__net *n, const rf_batch *b);
+rf_status rf__net_logprobs(const rf__net *n, const int32_t *targets, float inv_temp, float *logp, float *entropy);
+rf_status rf__net_values(const rf__net *n, float *values);
+rf_status rf__net_backward(const rf__net *n, const float *dlogp, const float *dentropy, const float *dvalues);
 
 /* A micro-batch: samples idx[0..n) packed; inputs are each sequence but its last token,
  * targets the sequence shifted by one. resp[k] is the row of sample k's first response token. */
@@ -19,8 +32,8 @@ int rf__micro_count(const rf_train_sample *s, const int *idx, int n, int max_tok
 rf_status rf__validate_samples(const rf_train_sample *s, int n);
 
 /* Forward over micro-batches of samples idx[0..n), calling fn after each forward. */
-typedef rf_status (*micro_fn)(rf_model *m, micro *mb, rf_train_sample *s, const int *idx, void *ctx);
-rf_status rf__for_each_micro(rf_model *m, rf_train_sample *s, const int *idx, int n,
+typedef rf_status (*micro_fn)(const rf__net *net, micro *mb, rf_train_sample *s, const int *idx, void *ctx);
+rf_status rf__for_each_micro(const rf__net *net, rf_train_sample *s, const int *idx, int n,
                              int max_tokens, micro_fn fn, void *ctx);
 
 /* 0..n-1 (caller frees). */

@@ -59,13 +59,13 @@ static void arm_last(const upd_ctx *c, const micro *mb) {
 }
 
 /* Policy loss gradient for one micro-batch, then backward. */
-static rf_status pg_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
+static rf_status pg_fn(const rf__net *net, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
     upd_ctx *c = vctx;
     size_t T = (size_t)mb->T;
     float *lp = malloc(sizeof(float) * T), *en = malloc(sizeof(float) * T);
     float *dlp = calloc(T, sizeof(float)), *den = calloc(T, sizeof(float));
     rf_status st = lp && en && dlp && den ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-    if (st == RF_OK) st = rf_model_logprobs(m, mb->tgt, c->uo->inv_temp, lp, en);
+    if (st == RF_OK) st = rf__net_logprobs(net, mb->tgt, c->uo->inv_temp, lp, en);
     int use_ent = c->uo->pg.entropy_coef != 0.0f;
     for (int k = 0; st == RF_OK && k < mb->n; k++) {
         rf_train_sample *x = &s[idx[k]];
@@ -76,16 +76,16 @@ static rf_status pg_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *id
                    dlp + r, den + r, &c->st->pg);
     }
     if (st == RF_OK) arm_last(c, mb);
-    if (st == RF_OK) st = rf_model_backward(m, dlp, use_ent ? den : NULL, NULL);
+    if (st == RF_OK) st = rf__net_backward(net, dlp, use_ent ? den : NULL, NULL);
     free(lp), free(en), free(dlp), free(den);
     return st;
 }
 
-static rf_status value_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
+static rf_status value_fn(const rf__net *net, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
     upd_ctx *c = vctx;
     size_t T = (size_t)mb->T;
     float *v = malloc(sizeof(float) * T), *dv = calloc(T, sizeof(float));
-    rf_status st = v && dv ? rf_model_values(m, v) : rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status st = v && dv ? rf__net_values(net, v) : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int k = 0; st == RF_OK && k < mb->n; k++) {
         rf_train_sample *x = &s[idx[k]];
         int r = mb->resp[k];
@@ -93,7 +93,7 @@ static rf_status value_fn(rf_model *m, micro *mb, rf_train_sample *s, const int 
                                            c->mw.w[idx[k]], dv + r, &c->st->value_clipfrac);
     }
     if (st == RF_OK) arm_last(c, mb);
-    if (st == RF_OK) st = rf_model_backward(m, NULL, NULL, dv);
+    if (st == RF_OK) st = rf__net_backward(net, NULL, NULL, dv);
     free(v), free(dv);
     return st;
 }
@@ -120,19 +120,32 @@ static rf_status global_totals(rf_dp *dp, const rf_train_sample *s, int n, const
     return rf_dp_sum(dp, tot, tot, 2 * mbs, "summing the mini-batch sizes over DP ranks");
 }
 
+/* The optimizer step of the mini-batch: data parallel, tensor parallel (the norm is the whole
+ * model's, from every shard), or this rank's. */
+static rf_status optim_step(const rf__net *net, const rf_optim_opts *oo, const rf_update_opts *uo, double *gn,
+                            float *lr) {
+    if (uo->dp) return rf_dp_optim_step(uo->dp, oo, gn, lr);
+    if (!net->tp) return rf_optim_step(net->m, oo, gn, lr);
+    double sumsq = 0;
+    RF_TRY(rf_model_tp_grad_sumsq(net->tp, &sumsq));
+    *gn = sqrt(sumsq);
+    return rf_optim_step_norm(net->m, oo, *gn, lr);
+}
+
 /* One optimizer step over the samples idx[0..cnt) (with data parallelism: this rank's share of
  * the mini-batch, whose totals over the ranks are tot). */
-static rf_status mini_batch(rf_model *m, const rf_optim_opts *oo, const rf_update_opts *uo, rf_train_sample *s,
+static rf_status mini_batch(const rf__net *net, const rf_optim_opts *oo, const rf_update_opts *uo, rf_train_sample *s,
                             int n, const int *idx, int cnt, const long *tot, rf_update_stats *st, micro_fn fn) {
     upd_ctx c = {uo, {0}, st};
     rf_status r = weights_init(&c.mw, s, n, idx, cnt, uo->agg, uo->max_resp_len, tot);
-    rf_model_zero_grad(m);
-    if (r == RF_OK) r = rf__for_each_micro(m, s, idx, cnt, uo->micro_tokens, fn, &c);
+    if (net->tp) rf_model_tp_zero_grad(net->tp);
+    else rf_model_zero_grad(net->m);
+    if (r == RF_OK) r = rf__for_each_micro(net, s, idx, cnt, uo->micro_tokens, fn, &c);
     weights_free(&c.mw);
     if (r == RF_OK && uo->dp) r = rf_dp_sync_grads(uo->dp);
     double gn = 0;
     float lr = 0;
-    if (r == RF_OK) r = uo->dp ? rf_dp_optim_step(uo->dp, oo, &gn, &lr) : rf_optim_step(m, oo, &gn, &lr);
+    if (r == RF_OK) r = optim_step(net, oo, uo, &gn, &lr);
     st->grad_norm = gn, st->lr = lr;
     st->optimizer_steps++;
     for (int k = 0; k < cnt; k++) st->tokens += s[idx[k]].n_resp;
@@ -168,13 +181,19 @@ static rf_status add_stats_over_ranks(rf_dp *dp, const rf_update_stats *loc, rf_
 
 /* Epochs x mini-batches; fn computes each micro-batch's loss gradient. With data parallelism
  * the number of mini-batches is bounded by the samples over every rank, each rank splits its
- * own share, and the statistics are summed over ranks at the end. */
+ * own share, and the statistics are summed over ranks at the end. With tensor parallelism
+ * every rank runs the whole batch on its shard: the log-probs, losses and statistics are the
+ * same on every rank, so nothing is summed. */
 static rf_status run_update(rf_model *m, const rf_optim_opts *oo, const rf_update_opts *uo,
                             rf_train_sample *s, int n, rf_update_stats *st, micro_fn fn) {
     RF_TRY(rf__validate_samples(s, n));
     rf_dp *dp = uo->dp;
     if (dp && rf_dp_model(dp) != m)
         return rf_error(RF_ERR_ARG, "update: the data-parallel state belongs to another model");
+    if (uo->tp && (uo->tp->m != m || dp))
+        return rf_error(RF_ERR_ARG, "update: %s", dp ? "tensor and data parallelism together are not implemented"
+                                                     : "the tensor-parallel model is not this model's shard");
+    rf__net net = {m, uo->tp};
     long n_all = n;
     if (dp) RF_TRY(rf_dp_sum(dp, &n_all, &n_all, 1, "counting the samples over DP ranks"));
     int mbs = uo->mini_batches < 1 ? 1 : uo->mini_batches > n_all ? (int)n_all : uo->mini_batches;
@@ -190,7 +209,7 @@ static rf_status run_update(rf_model *m, const rf_optim_opts *oo, const rf_updat
             /* shares smaller than mini_batches can leave a mini-batch empty on every rank: no
              * step for it (one rank alone never has an empty one) */
             if (dp && tot[2 * b + 1] == 0) continue;
-            r = mini_batch(m, oo, uo, s, n, idx + lo, hi - lo, dp ? tot + 2 * b : NULL, acc, fn);
+            r = mini_batch(&net, oo, uo, s, n, idx + lo, hi - lo, dp ? tot + 2 * b : NULL, acc, fn);
         }
     }
     free(idx), free(tot);
@@ -213,17 +232,17 @@ typedef struct sft_ctx {
     double loss;
 } sft_ctx;
 
-static rf_status sft_fn(rf_model *m, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
+static rf_status sft_fn(const rf__net *net, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
     sft_ctx *c = vctx;
     size_t T = (size_t)mb->T;
     float *lp = malloc(sizeof(float) * T), *d = calloc(T, sizeof(float));
-    rf_status st = lp && d ? rf_model_logprobs(m, mb->tgt, 1.0f, lp, NULL) : rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status st = lp && d ? rf__net_logprobs(net, mb->tgt, 1.0f, lp, NULL) : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int k = 0; st == RF_OK && k < mb->n; k++)
         for (int j = 0; j < s[idx[k]].n_resp; j++) {
             d[mb->resp[k] + j] = -1.0f / (float)c->total; /* loss masked to the response */
             c->loss -= lp[mb->resp[k] + j] / (double)c->total;
         }
-    if (st == RF_OK) st = rf_model_backward(m, d, NULL, NULL);
+    if (st == RF_OK) st = rf__net_backward(net, d, NULL, NULL);
     free(lp), free(d);
     return st;
 }
@@ -235,7 +254,8 @@ rf_status rf_sft_update(rf_model *m, const rf_optim_opts *oo, int micro_tokens,
     int *idx = rf__identity(n);
     if (!idx) return rf_error(RF_ERR_NOMEM, "out of memory");
     rf_model_zero_grad(m);
-    rf_status st = rf__for_each_micro(m, s, idx, n, micro_tokens, sft_fn, &c);
+    rf__net net = {m, NULL};
+    rf_status st = rf__for_each_micro(&net, s, idx, n, micro_tokens, sft_fn, &c);
     free(idx);
     float lr;
     if (st == RF_OK) st = rf_optim_step(m, oo, grad_norm, &lr);

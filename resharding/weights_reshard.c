@@ -1,0 +1,176 @@
+/* Weights from tensor-parallel training ranks to whole-model rollout workers: the plan, the
+ * announcement, the checksum from the shards. */
+#include "resharding/weights_reshard.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "resharding/crc32c_fast.h"
+#include "resharding/plan.h"
+#include "resharding/reshard.h"
+#include "resharding/shard_crc.h"
+#include "resharding/weights_sync.h"
+
+#define MAGIC 0x52465752u /* "RFWR" */
+
+typedef struct announce {
+    uint32_t magic, checksum;
+    int64_t version;
+    uint64_t n_floats;
+    uint32_t plan_id, reserved;
+} announce;
+
+struct rf_weights_rs {
+    rf_param_table pt;
+    rf_comm *c;
+    int tp, n_rollout, me;
+    int t;                  /* training shard held here, -1 on a rollout worker */
+    rf_shard *shards;       /* (pt.n_views) shard t, training ranks */
+    size_t full_floats;     /* the whole buffer */
+    rf_reshard_plan *plan;
+    rf_reshard *ex;
+    double timeout_s;
+    announce sent;          /* rank 0: what the requests below carry */
+    rf_comm_req **req;      /* (n_rollout) rank 0: announcements in flight */
+};
+
+rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, rf_comm *c,
+                             size_t bucket_bytes, double timeout_s) {
+    *out = NULL;
+    int size = rf_comm_size(c);
+    if (tp < 1 || size <= tp)
+        return rf_error(RF_ERR_ARG, "weights by resharding: %d training ranks and %d rollout workers in a communicator of %d",
+                        tp, size - tp, size);
+    rf_weights_rs *x = calloc(1, sizeof *x);
+    if (!x) return rf_error(RF_ERR_NOMEM, "out of memory");
+    x->pt = *pt, x->c = c, x->tp = tp, x->n_rollout = size - tp, x->me = rf_comm_rank(c);
+    x->t = x->me < tp ? x->me : -1;
+    x->timeout_s = timeout_s;
+    x->shards = calloc((size_t)pt->n_views, sizeof *x->shards);
+    x->req = calloc((size_t)x->n_rollout, sizeof *x->req);
+    rf_status st = x->shards && x->req ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < pt->n_views; i++) x->full_floats = pt->views[i].offset + pt->views[i].numel;
+    size_t n_local = 0;
+    if (st == RF_OK && x->t >= 0) st = rf_layout_shards(pt, tp, x->t, x->shards, &n_local);
+    rf_layout src = {tp, 1, 0, NULL}, dst = {1, x->n_rollout, tp, NULL};
+    if (st == RF_OK) st = rf_reshard_plan_make(&x->plan, pt, &src, &dst, bucket_bytes, size);
+    rf_reshard_opts o = {.timeout_s = timeout_s};
+    if (st == RF_OK) st = rf_reshard_init(&x->ex, x->plan, c, &o);
+    if (st != RF_OK) {
+        rf_weights_rs_free(x);
+        return st;
+    }
+    *out = x;
+    return RF_OK;
+}
+
+void rf_weights_rs_free(rf_weights_rs *x) {
+    if (!x) return;
+    for (int i = 0; x->req && i < x->n_rollout; i++) rf_comm_req_free(x->req[i]);
+    rf_reshard_free(x->ex);
+    rf_reshard_plan_free(x->plan);
+    free(x->shards), free(x->req);
+    free(x);
+}
+
+void rf_weights_rs_set_timeout(rf_weights_rs *x, double timeout_s) {
+    x->timeout_s = timeout_s;
+    rf_reshard_set_timeout(x->ex, timeout_s);
+}
+
+/* CRC-32C of the replicated tensors of a local buffer, in table order. */
+static uint32_t replicated_crc(const rf_weights_rs *x, const float *local) {
+    uint32_t crc = 0;
+    for (int i = 0; i < x->pt.n_views; i++) {
+        const rf_shard *s = &x->shards[i];
+        if (s->split == RF_SPLIT_REPLICATED)
+            crc = rf__crc32c_fast_extend(crc, local + s->offset, x->pt.views[i].numel * sizeof(float));
+    }
+    return crc;
+}
+
+rf_status rf_weights_rs_checksum(rf_weights_rs *x, rf_comm *tpc, const float *local, double timeout_s,
+                                 uint32_t *checksum) {
+    if (x->t < 0 || rf_comm_size(tpc) != x->tp || rf_comm_rank(tpc) != x->t)
+        return rf_error(RF_ERR_ARG, "weights by resharding: the checksum is the %d training ranks' (this rank holds shard %d, "
+                        "the group has %d ranks)", x->tp, x->t, rf_comm_size(tpc));
+    uint32_t mine[2] = {rf_shard_crc32c_part(&x->pt, x->shards, x->t, local), replicated_crc(x, local)};
+    uint32_t *all = malloc(sizeof mine * (size_t)x->tp);
+    if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status st = rf_comm_allgather(tpc, mine, all, sizeof mine, timeout_s,
+                                     "tensor parallelism: allgather of the weights' checksum parts");
+    uint32_t *parts = all; /* compacted in place: parts[q] = all[2 q] */
+    for (int q = 0; st == RF_OK && q < x->tp; q++) {
+        if (all[2 * q + 1] != all[1]) {
+            st = rf_error(RF_ERR_INTERNAL, "tensor parallelism: the replicated parameters (norms, biases) differ between "
+                          "training ranks: CRC-32C %08x on world rank %d, %08x on world rank %d",
+                          all[1], rf_comm_world_rank(tpc, 0), all[2 * q + 1], rf_comm_world_rank(tpc, q));
+            break;
+        }
+        parts[q] = all[2 * q];
+    }
+    if (st == RF_OK) *checksum = rf_shard_crc32c_join(parts, x->tp, x->full_floats);
+    free(all);
+    return st;
+}
+
+/* Rank 0: the announcements of the previous transfer are done (rollout workers received them
+ * before taking part in it), so the buffer can be reused. */
+static rf_status announcements_done(rf_weights_rs *x) {
+    for (int i = 0; i < x->n_rollout; i++) {
+        if (!x->req[i]) continue;
+        char what[96];
+        snprintf(what, sizeof what, "announcing weights to world rank %d", rf_comm_world_rank(x->c, x->tp + i));
+        rf_status st = rf_comm_wait(x->req[i], x->timeout_s, what);
+        rf_comm_req_free(x->req[i]);
+        x->req[i] = NULL;
+        RF_TRY(st);
+    }
+    return RF_OK;
+}
+
+rf_status rf_weights_rs_send(rf_weights_rs *x, const float *local, int64_t version, uint32_t checksum) {
+    if (x->t < 0) return rf_error(RF_ERR_ARG, "weights by resharding: a rollout worker cannot send weights");
+    if (x->t == 0) {
+        RF_TRY(announcements_done(x));
+        x->sent = (announce){MAGIC, checksum, version, x->full_floats, x->plan->id, 0};
+        for (int i = 0; i < x->n_rollout; i++) {
+            rf_status st = rf_comm_isend(x->c, &x->sent, sizeof x->sent, x->tp + i, RF_WEIGHTS_TAG, &x->req[i]);
+            if (st != RF_OK)
+                return rf_error_wrap(st, "announcing weights version %lld to world rank %d", (long long)version,
+                                     rf_comm_world_rank(x->c, x->tp + i));
+        }
+    }
+    RF_TRY(rf_reshard_run(x->ex, local, NULL, version));
+    return x->t == 0 ? announcements_done(x) : RF_OK;
+}
+
+rf_status rf_weights_rs_poll(rf_weights_rs *x, float *full, int *arrived, int64_t *version, uint32_t *checksum) {
+    *arrived = 0;
+    if (x->t >= 0) return rf_error(RF_ERR_ARG, "weights by resharding: a training rank does not receive weights");
+    int from = rf_comm_world_rank(x->c, 0);
+    int t = rf_comm_iprobe(x->c, 0, RF_WEIGHTS_TAG);
+    if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from world rank %d", from);
+    if (!t) return RF_OK;
+    announce a;
+    rf_comm_req *req = NULL;
+    char what[96];
+    snprintf(what, sizeof what, "receiving the weights announcement of world rank %d", from);
+    RF_TRY(rf_comm_irecv(x->c, &a, sizeof a, 0, RF_WEIGHTS_TAG, &req));
+    rf_status st = rf_comm_wait(req, x->timeout_s, what);
+    rf_comm_req_free(req);
+    RF_TRY(st);
+    if (a.magic != MAGIC || a.n_floats != x->full_floats || a.plan_id != x->plan->id)
+        return rf_error(RF_ERR_FORMAT, "weights from world rank %d: not a resharded transfer for this model (magic %08x, "
+                        "%llu parameters, plan %08x; here %zu parameters, plan %08x)", from, a.magic,
+                        (unsigned long long)a.n_floats, a.plan_id, x->full_floats, x->plan->id);
+    RF_TRY(rf_reshard_run(x->ex, NULL, full, a.version));
+    uint32_t crc = rf__crc32c_fast_extend(0, full, x->full_floats * sizeof(float));
+    if (crc != a.checksum)
+        return rf_error(RF_ERR_FORMAT, "weights version %lld assembled from %d training shards at world rank %d: CRC-32C "
+                        "%08x, announced as %08x", (long long)a.version, x->tp, rf_comm_world_rank(x->c, x->me), crc,
+                        a.checksum);
+    *arrived = 1, *version = a.version, *checksum = crc;
+    return RF_OK;
+}

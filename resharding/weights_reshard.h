@@ -1,0 +1,78 @@
+/* Moving the actor's weights after each optimizer step from a tensor-parallel training group
+ * (placement.actor.tp = T ranks, each holding one shard of the training layout) to rollout
+ * workers that each hold the whole model (the generation layout: tp 1, one replica per rollout
+ * worker), through the resharding planner and executor (resharding/plan.h, reshard.h). What
+ * resharding/weights_sync.h does for identical layouts (T = 1).
+ *
+ * One communicator c holds both sides: ranks 0 .. T-1 the training shards (rank t shard t),
+ * ranks T .. T+R-1 the R rollout workers. Every rank of c builds the same plan from the
+ * actor's parameter table (no communication); a rollout worker receives each block from the
+ * training rank that holds it (replicated tensors from training rank d mod T for rollout worker
+ * d, which spreads the senders).
+ *
+ * A transfer of version v:
+ *   1. the training ranks agree on the checksum of the whole parameter buffer
+ *      (rf_weights_rs_checksum): each computes its part (resharding/shard_crc.h), one allgather
+ *      over the training group joins them. The same allgather carries each rank's CRC-32C of
+ *      its replicated tensors, which must agree: rollout workers take those from different
+ *      training ranks.
+ *   2. training rank 0 sends every rollout worker an announcement (version, checksum, size;
+ *      tag RF_WEIGHTS_TAG, as weights_sync's header), without waiting;
+ *   3. every training rank runs the plan (rf_weights_rs_send): it returns once every rollout
+ *      worker has its blocks (the executor's hello, buckets and per-bucket CRC-32C);
+ *   4. a rollout worker probes for an announcement between decode steps (rf_weights_rs_poll;
+ *      interruptible generation, as with weights_sync), runs its part of the plan writing the
+ *      whole buffer in place, and checks the CRC-32C of what it assembled against the
+ *      announced one. It reports that CRC-32C (WeightsLoaded) and the controller checks it
+ *      against the training worker's WeightsUpdate as with weights_sync.
+ * Unlike weights_sync, where the sender stages a copy and sends in the background, step 3
+ * waits for every rollout worker to reach its next step boundary: resharding is a joint
+ * exchange.
+ *
+ * Host memory (CPU back end over MPI). Errors: the executor's (RF_ERR_IO naming the rank that
+ * did not take part in time, RF_ERR_FORMAT for damaged data or a peer with another plan),
+ * RF_ERR_FORMAT for an assembled buffer whose CRC-32C is not the announced one, RF_ERR_INTERNAL
+ * for replicated tensors that differ between training ranks.
+ *
+ * Threads: one thread uses an rf_weights_rs and its communicators. */
+#ifndef RF_WEIGHTS_RESHARD_H
+#define RF_WEIGHTS_RESHARD_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "resharding/layout.h"
+
+typedef struct rf_weights_rs rf_weights_rs;
+
+/* Plans the transfer for the model whose parameters pt describes (the whole model's names and
+ * shapes, the same on every rank) from T = tp training ranks to the size(c) - tp rollout
+ * workers, in buckets of bucket_bytes, and prepares this rank's part. timeout_s bounds each
+ * exchange. RF_ERR_ARG when c has no rollout worker or tp does not fit the model (the layout's
+ * checks). Free with rf_weights_rs_free (NULL is fine). No communication. */
+rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, rf_comm *c,
+                             size_t bucket_bytes, double timeout_s);
+void rf_weights_rs_free(rf_weights_rs *x);
+
+/* Changes the bound of later exchanges (a first transfer waits for rollout workers still
+ * starting: async.startup_timeout; then async.peer_timeout). */
+void rf_weights_rs_set_timeout(rf_weights_rs *x, double timeout_s);
+
+/* Training ranks, all together over tpc (their own group: rank t of tpc holds shard t): the
+ * CRC-32C of the whole parameter buffer whose shard t is `local` (the layout's local buffer,
+ * rf_layout_shards), identical on every rank. One allgather of 8 bytes per rank, bounded by
+ * timeout_s. */
+rf_status rf_weights_rs_checksum(rf_weights_rs *x, rf_comm *tpc, const float *local, double timeout_s,
+                                 uint32_t *checksum);
+
+/* Training ranks, all together: moves `local` (this rank's shard) as `version` to every rollout
+ * worker, rank 0 announcing version and checksum (rf_weights_rs_checksum's) first. Returns when
+ * every rollout worker has its copy. */
+rf_status rf_weights_rs_send(rf_weights_rs *x, const float *local, int64_t version, uint32_t checksum);
+
+/* Rollout worker: when a version has been announced, takes part in its transfer into `full`
+ * (the whole model's flat buffer, host memory; written in place), checks it and sets
+ * *arrived = 1, *version and *checksum (the CRC-32C of full). *arrived = 0: none waiting. */
+rf_status rf_weights_rs_poll(rf_weights_rs *x, float *full, int *arrived, int64_t *version, uint32_t *checksum);
+
+#endif
