@@ -2,6 +2,8 @@
 #ifndef RF_CPU_INTERNAL_H
 #define RF_CPU_INTERNAL_H
 
+#include <math.h>
+
 #include "kernels/kernels.h"
 
 void rf_cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int T,
@@ -27,5 +29,29 @@ void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const 
                                 const float *lse, const float *entropy, const float *h,
                                 const float *w, const int32_t *targets, int T, int C, int Vl,
                                 int v0, float inv_temp);
+
+/* Softmax statistics of one row of logits zr (V): the maximum *m, sum_j exp(z_j - m) into
+ * *sum and sum_j exp(z_j - m) (z_j - m) into *wsum (lse = m + log sum; entropy = log sum -
+ * wsum / sum). Float exponentials (vectorised) in blocks of 1024, double accumulators (V up to
+ * ~150k terms). Shared by the whole-vocabulary and vocabulary-parallel log-prob kernels. */
+static inline void rf_cpu_row_softmax_stats(const float *zr, int V, float *m_out, double *sum_out,
+                                            double *wsum_out) {
+    float m = -INFINITY;
+    for (int j = 0; j < V; j++) m = zr[j] > m ? zr[j] : m;
+    double sum = 0.0, wsum = 0.0;
+    for (int j0 = 0; j0 < V; j0 += 1024) {
+        float fs = 0.0f, fw = 0.0f;
+        int j1 = j0 + 1024 < V ? j0 + 1024 : V;
+#pragma omp simd reduction(+ : fs, fw)
+        for (int j = j0; j < j1; j++) {
+            float e = expf(zr[j] - m);
+            fs += e;
+            fw += e * (zr[j] - m);
+        }
+        sum += fs;
+        wsum += fw;
+    }
+    *m_out = m, *sum_out = sum, *wsum_out = wsum;
+}
 
 #endif

@@ -19,22 +19,9 @@ static void chunk_logits(float *z, float *lse_out, float *ent_out, const float *
 #pragma omp parallel for if (n * (size_t)V > 65536)
     for (int r = 0; r < n; r++) {
         const float *zr = z + (size_t)r * V;
-        float m = -INFINITY;
-        for (int j = 0; j < V; j++) m = zr[j] > m ? zr[j] : m;
-        /* float exponentials (vectorised), double accumulators (V up to ~150k terms) */
-        double sum = 0.0, wsum = 0.0;
-        for (int j0 = 0; j0 < V; j0 += 1024) {
-            float fs = 0.0f, fw = 0.0f;
-            int j1 = j0 + 1024 < V ? j0 + 1024 : V;
-#pragma omp simd reduction(+ : fs, fw)
-            for (int j = j0; j < j1; j++) {
-                float e = expf(zr[j] - m);
-                fs += e;
-                fw += e * (zr[j] - m);
-            }
-            sum += fs;
-            wsum += fw;
-        }
+        float m;
+        double sum, wsum;
+        rf_cpu_row_softmax_stats(zr, V, &m, &sum, &wsum);
         lse_out[r] = m + (float)log(sum);
         /* H = lse - sum p z = log(sum) - sum e (z - m) / sum */
         ent_out[r] = (float)(log(sum) - wsum / sum);

@@ -49,22 +49,9 @@ void rf_cpu_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float *
 #pragma omp parallel for if (n * (size_t)Vl > 65536)
         for (int r = 0; r < n; r++) {
             const float *zr = z + (size_t)r * Vl;
-            float m = -INFINITY;
-            for (int j = 0; j < Vl; j++) m = zr[j] > m ? zr[j] : m;
-            /* float exponentials, double accumulators: as cpu_logprob.c */
-            double sum = 0.0, wsum = 0.0;
-            for (int j0 = 0; j0 < Vl; j0 += 1024) {
-                float fs = 0.0f, fw = 0.0f;
-                int j1 = j0 + 1024 < Vl ? j0 + 1024 : Vl;
-#pragma omp simd reduction(+ : fs, fw)
-                for (int j = j0; j < j1; j++) {
-                    float e = expf(zr[j] - m);
-                    fs += e;
-                    fw += e * (zr[j] - m);
-                }
-                sum += fs;
-                wsum += fw;
-            }
+            float m;
+            double sum, wsum;
+            rf_cpu_row_softmax_stats(zr, Vl, &m, &sum, &wsum);
             int tgt = targets[t0 + r] - v0;
             lmax[t0 + r] = m;
             sumexp[t0 + r] = (float)sum;
