@@ -11,6 +11,7 @@ typedef struct builder {
     rf_reshard_move *moves;
     int n, cap;
     int64_t cap_floats; /* bucket_bytes / 4 */
+    int64_t *sent;      /* (comm_size) floats each rank sends so far: senders are balanced */
 } builder;
 
 static rf_status push(builder *b, const rf_reshard_move *m) {
@@ -56,7 +57,10 @@ static rf_status cut(builder *b, int p, int src_rank, int dst_rank, const rf_sha
 
 /* Source pieces of parameter p: replicated -> one piece held by every (replica, shard); split
  * -> shard s held by every replica. Picks the holder for destination replica dd, shard dt on
- * rank R and emits the intersection. */
+ * rank R and emits the intersection: R itself when it holds the piece (a local copy), else the
+ * holder that has sent the least so far, scanning from a start that spreads destinations over
+ * holders (so ties go round-robin). Balancing matters: with a fixed round-robin, training tp 2 x
+ * dp 4 to 8 generation replicas had 4 ranks send the whole model and 4 send nothing. */
 static rf_status cover(builder *b, const rf_reshard_plan *pl, int p, rf_shard *const *ss, const rf_shard *D, int dd,
                        int dt, int R) {
     const rf_layout *src = &pl->src;
@@ -72,7 +76,18 @@ static rf_status cover(builder *b, const rf_reshard_plan *pl, int p, rf_shard *c
             int rr = replicated ? h / src->tp : h, st = replicated ? h % src->tp : piece;
             if (rf_layout_rank(src, rr, st) == R) pick = h;
         }
-        if (pick < 0) pick = (dd * pl->dst.tp + dt) % n_holders;
+        if (pick < 0) {
+            int start = (dd * pl->dst.tp + dt) % n_holders;
+            int64_t best = -1;
+            for (int k = 0; k < n_holders; k++) {
+                int h = (start + k) % n_holders;
+                int rr = replicated ? h / src->tp : h, st = replicated ? h % src->tp : piece;
+                int64_t load = b->sent[rf_layout_rank(src, rr, st)];
+                if (best < 0 || load < best) best = load, pick = h;
+            }
+            int rr = replicated ? pick / src->tp : pick, st = replicated ? pick % src->tp : piece;
+            b->sent[rf_layout_rank(src, rr, st)] += (r1 - r0) * (c1 - c0);
+        }
         int rr = replicated ? pick / src->tp : pick, st = replicated ? pick % src->tp : piece;
         RF_TRY(cut(b, p, rf_layout_rank(src, rr, st), R, &ss[st][p], D, r0, r1, c0, c1));
     }
@@ -152,8 +167,9 @@ static void free_shards(rf_shard **s, int tp) {
 
 static rf_status plan_moves(rf_reshard_plan *pl, const rf_param_table *pt) {
     rf_shard **ss = NULL, **ds = NULL;
-    builder b = {.cap_floats = (int64_t)(pl->bucket_bytes / sizeof(float))};
-    rf_status st = all_shards(pt, pl->tp_src, &ss, pl->src_floats);
+    builder b = {.cap_floats = (int64_t)(pl->bucket_bytes / sizeof(float)),
+                 .sent = calloc((size_t)pl->comm_size, sizeof(int64_t))};
+    rf_status st = b.sent ? all_shards(pt, pl->tp_src, &ss, pl->src_floats) : rf_error(RF_ERR_NOMEM, "out of memory");
     if (st == RF_OK) st = all_shards(pt, pl->tp_dst, &ds, pl->dst_floats);
     if (st == RF_OK && same_layout(pl)) pl->zero_copy = 1;
     for (int p = 0; st == RF_OK && !pl->zero_copy && p < pt->n_views; p++)
@@ -162,6 +178,7 @@ static rf_status plan_moves(rf_reshard_plan *pl, const rf_param_table *pt) {
                 st = cover(&b, pl, p, ss, &ds[t][p], d, t, rf_layout_rank(&pl->dst, d, t));
     free_shards(ss, pl->tp_src);
     free_shards(ds, pl->tp_dst);
+    free(b.sent);
     pl->moves = b.moves, pl->n_moves = b.n;
     return st;
 }

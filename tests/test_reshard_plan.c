@@ -225,6 +225,23 @@ static void holders(void) {
     CHECK_OK(rf_reshard_plan_make(&p, &pt, &src, &dst, 4096, 4));
     CHECK(p && p->n_moves == 1 && p->moves[0].src_rank == 1 && p->moves[0].dst_rank == 1);
     rf_reshard_plan_free(p);
+    /* senders balanced: training tp 2 x dp 4 on ranks 0-7 to 8 generation replicas on the same
+     * ranks. Each replica holds one half of q_proj (3 x 6) and needs the other; 8 halves of 18
+     * floats are sent, one by each rank (a fixed round-robin had ranks 1, 2, 5, 6 send two) */
+    rf_param_view q[1] = {view("model.layers.0.self_attn.q_proj.weight", 6, 6, 0)};
+    rf_param_table qt = {&cfg, q, 1};
+    src = (rf_layout){.tp = 2, .dp = 4, .first_rank = 0};
+    dst = (rf_layout){.tp = 1, .dp = 8, .first_rank = 0};
+    CHECK_OK(rf_reshard_plan_make(&p, &qt, &src, &dst, 4096, 8));
+    size_t most = 0, total = 0;
+    for (int r = 0; p && r < 8; r++) {
+        size_t sent, recv, copied;
+        rf_reshard_plan_bytes(p, r, &sent, &recv, &copied);
+        most = sent > most ? sent : most, total += sent;
+        CHECK(recv == 18 * sizeof(float) && copied == 18 * sizeof(float));
+    }
+    CHECK(total == 8 * 18 * sizeof(float) && most == 18 * sizeof(float));
+    rf_reshard_plan_free(p);
 }
 
 /* Buckets of 4096 bytes (1024 floats) from rank 0 to rank 1: an embedding (30 x 100) is cut
