@@ -12,8 +12,9 @@
  *
  * Sources. A destination block is covered by the pieces of the source shards it intersects; a
  * piece held by several source ranks (dp replicas, or a replicated parameter) is taken from the
- * destination rank itself when it holds it, else from holder (d * tp_dst + t) mod n_holders of
- * the destination's replica d, shard t, which spreads the senders.
+ * destination rank itself when it holds it, else from the holder with the fewest bytes to send
+ * so far, scanning from holder (d * tp_dst + t) mod n_holders of the destination's replica d,
+ * shard t (ties round-robin): the senders are balanced.
  *
  * Buckets. Moves are taken in order (parameters in table order, then destination replica and
  * shard) and cut so that none is larger than bucket_bytes (into groups of rows, and of columns
