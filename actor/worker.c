@@ -126,14 +126,32 @@ static rf_status transfers_done(tworker *w) {
     }
 }
 
+/* Floats in the whole actor (tensor parallelism: the whole model's, not the shard's). */
+static size_t actor_floats(const tworker *w) { return w->tp ? w->tp->full_params : w->actor->n_params; }
+
+/* WeightsUpdate: the version and checksum the rollout workers must report serving. */
+static rf_status announce(tworker *w) {
+    Rlflow__WeightsUpdate wu = RLFLOW__WEIGHTS_UPDATE__INIT;
+    wu.version = w->version, wu.checksum = w->crc, wu.n_bytes = actor_floats(w) * sizeof(float);
+    return rf_msg_link_send(w->link, RF_MSG_WEIGHTS_UPDATE, &wu.base);
+}
+
 static rf_status publish_weights(tworker *w) {
-    uint32_t crc = 0;
+    if (w->tp) {
+        /* with the TP peers: the checksum from the shards, then resharding to every rollout
+         * worker (the first transfer waits for workers still starting) */
+        int first = !w->tp_serving;
+        RF_TRY(rf__tp_publish(w, first ? w->r->async.startup_timeout : w->r->async.peer_timeout, announce));
+        if (first)
+            rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards to the rollout workers",
+                        w->version, w->crc, w->tp->tp);
+        w->tp_serving = 1;
+        return RF_OK;
+    }
     RF_TRY(transfers_done(w));
     RF_TRY(rf_weights_tx_start(w->tx, w->wcomm, w->actor, w->version, w->rollout, w->n_rollout,
-                               w->r->async.peer_timeout, &crc));
-    Rlflow__WeightsUpdate wu = RLFLOW__WEIGHTS_UPDATE__INIT;
-    wu.version = w->version, wu.checksum = crc, wu.n_bytes = w->actor->n_params * sizeof(float);
-    return rf_msg_link_send(w->link, RF_MSG_WEIGHTS_UPDATE, &wu.base);
+                               w->r->async.peer_timeout, &w->crc));
+    return announce(w);
 }
 
 rf_status rf__worker_update(tworker *w, rf_train_sample *s, int n, float kl_coef, rf_update_stats *as,
@@ -152,15 +170,17 @@ rf_status rf__worker_update(tworker *w, rf_train_sample *s, int n, float kl_coef
         ptrs[i] = s[i].prox_logp;
         if (!recompute) memcpy(s[i].prox_logp, s[i].behav_logp, sizeof(float) * (size_t)s[i].n_resp);
     }
+    uo.tp = w->tp; /* tensor parallel: the actor is this rank's shard */
     double tp = rf_time_now();
     if (st == RF_OK && recompute)
-        st = rf_actor_logprobs(w->actor, s, n, r->train.micro_batch_tokens, uo.inv_temp, ptrs, NULL);
+        st = w->tp ? rf_actor_logprobs_tp(w->tp, s, n, r->train.micro_batch_tokens, uo.inv_temp, ptrs, NULL)
+                   : rf_actor_logprobs(w->actor, s, n, r->train.micro_batch_tokens, uo.inv_temp, ptrs, NULL);
     *prox_s = rf_time_now() - tp;
     free(ptrs);
     /* data parallel: every rank takes part, whatever its share (the batch is not empty) */
     int go = n > 0 || w->dp_actor;
     double ta = rf_time_now();
-    if (st == RF_OK && go) st = rf_actor_update(w->actor, &ao, &uo, s, n, as);
+    if (st == RF_OK && go) st = rf_actor_update(w->tp ? w->tp->m : w->actor, &ao, &uo, s, n, as);
     *actor_s = rf_time_now() - ta;
     if (st == RF_OK && w->critic && go) st = rf_critic_update(w->critic, &co, &uc, s, n, cs);
     return st;
@@ -177,9 +197,10 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
     RF_TRY(unpack(b->samples, b->n_samples, &s)); /* checks every sample, the peers' too */
     /* data parallel: the peers get their shares; this rank keeps [lo, hi) */
     size_t lo = 0, hi = b->n_samples;
-    rf_status st = w->dpc ? rf__dp_scatter(w, b, &lo, &hi) : RF_OK;
+    rf_status st = w->dpc ? rf__dp_scatter(w, b, &lo, &hi) : w->tpc ? rf__tp_share(w, b) : RF_OK;
     rf_update_stats as = {0}, cs = {0};
     double tp = 0, ta = 0, wait0 = w->dp_actor ? rf_dp_get_stats(w->dp_actor)->wait_s : 0;
+    double comm0 = w->tp ? w->tp->comm_s : 0;
     if (st == RF_OK && n > 0) st = rf__worker_update(w, s + lo, (int)(hi - lo), b->kl_coef, &as, &cs, &tp, &ta);
     samples_free(s, n);
     if (st != RF_OK) return st;
@@ -188,9 +209,11 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
     rf__update_metrics(w->metrics, r, &as, w->critic ? &cs : NULL);
     rf_metrics_set(w->metrics, "perf/train_tokens_per_s", (double)as.tokens / fmax(ta, 1e-9));
     rf_metrics_set(w->metrics, "perf/prox_s", tp);
-    rf_metrics_set(w->metrics, "perf/weights_mb", (double)w->actor->n_params * 4.0 / 1e6);
+    rf_metrics_set(w->metrics, "perf/weights_mb", (double)actor_floats(w) * 4.0 / 1e6);
     if (w->dp_actor) /* the actor's gradient reduction not hidden behind backward, this rank */
         rf_metrics_set(w->metrics, "perf/dp_wait_s", rf_dp_get_stats(w->dp_actor)->wait_s - wait0);
+    if (w->tp) /* the actor's collectives in the update and the weights' checksum, rank 0 (waits included) */
+        rf_metrics_set(w->metrics, "perf/tp_comm_s", w->tp->comm_s - comm0);
     int nm = rf_metrics_count(w->metrics);
     Rlflow__TrainStats__MetricsEntry *e = calloc((size_t)(nm ? nm : 1), sizeof *e);
     Rlflow__TrainStats__MetricsEntry **ep = calloc((size_t)(nm ? nm : 1), sizeof *ep);
@@ -224,9 +247,17 @@ static rf_status checkpoint(tworker *w, const Rlflow__CheckpointRequest *q) {
     rf_status st = RF_OK;
     if (q->step != w->version)
         st = rf_error(RF_ERR_FORMAT, "CheckpointRequest for step %lld, the actor is at %d", (long long)q->step, w->version);
-    /* ZeRO-1: the peers' shards of the optimizer state are gathered for the files */
+    /* ZeRO-1: the peers' shards of the optimizer state are gathered for the files; tensor
+     * parallelism: the whole actor, for as long as the files take */
+    rf_model *whole = NULL;
     if (st == RF_OK && w->dpc) st = rf__dp_checkpoint_begin(w);
-    if (st == RF_OK) st = rf_checkpoint_save(r->logging.dir, w->actor, w->critic, r->model.path, &cs, r->checkpoint.keep);
+    if (st == RF_OK && w->tpc) st = rf__tp_gather(w, &whole);
+    if (st == RF_OK)
+        st = rf_checkpoint_save(r->logging.dir, whole ? whole : w->actor, w->critic, r->model.path, &cs, r->checkpoint.keep);
+    if (st == RF_OK && whole)
+        rf_log_info("training worker: checkpoint of step %d gathered from %d shards (the weights sent as version %d, CRC-32C %08x)",
+                    w->version, w->tp->tp, w->version, w->crc);
+    rf_model_free(whole);
     if (w->dpc) rf__dp_checkpoint_end(w);
     d.seconds = rf_time_now() - t;
     d.error = st == RF_OK ? "" : (char *)rf_error_message();
@@ -237,7 +268,7 @@ static rf_status checkpoint(tworker *w, const Rlflow__CheckpointRequest *q) {
 static rf_status serve(tworker *w) {
     RF_TRY(publish_weights(w)); /* the rollout workers start from the actor's weights */
     for (;;) {
-        int sent = rf_weights_tx_test(w->tx);
+        int sent = w->tx ? rf_weights_tx_test(w->tx) : 1; /* resharding (tp) is done when it returns */
         if (sent < 0) return rf_error_wrap(RF_ERR_IO, "sending weights");
         int pending = !sent;
         rf_msg m;
@@ -245,6 +276,7 @@ static rf_status serve(tworker *w) {
         /* while weights are on their way, come back often to progress MPI */
         RF_TRY(rf_msg_link_recv(w->link, pending ? 0.0001 : 0.05, &m, &got));
         RF_TRY(rf__dp_keepalive(w));
+        RF_TRY(rf__tp_keepalive(w));
         if (!got) continue;
         double t = rf_time_now();
         rf_status st = RF_OK;
@@ -273,9 +305,10 @@ static rf_status serve(tworker *w) {
 }
 
 rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int resume,
-                               rf_comm *wcomm, const int *rollout, int n_rollout, rf_comm *dpc) {
+                               rf_comm *wcomm, const int *rollout, int n_rollout, rf_comm *dpc,
+                               rf_comm *tpc) {
     tworker w = {.r = r, .wcomm = wcomm, .rollout = rollout, .n_rollout = n_rollout,
-                 .delay_ms = rf_test_delay_ms("RF_TEST_DELAY_TRAIN_MS"), .dpc = dpc};
+                 .delay_ms = rf_test_delay_ms("RF_TEST_DELAY_TRAIN_MS"), .dpc = dpc, .tpc = tpc};
     rf_rng_seed(&w.delay_rng, 0x2545f4914f6cdd1dull);
     w.k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(0) : rf_cpu_kernels();
     if (!w.k) return rf_error(RF_ERR_NODEVICE, "model.device = \"cuda\"");
@@ -299,8 +332,10 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     }
     /* data parallel: the peers start from this rank's state (they stop too if it failed) */
     if (w.dpc) st = rf__dp_setup(&w, st);
+    /* tensor parallel: the actor is cut into shards (this rank keeps shard 0) */
+    if (w.tpc) st = rf__tp_setup(&w, st);
     if (st == RF_OK) st = rf_metrics_open(&w.metrics, NULL, 0, 0);
-    if (st == RF_OK) st = rf_weights_tx_init(&w.tx, w.actor);
+    if (st == RF_OK && !w.tp) st = rf_weights_tx_init(&w.tx, w.actor);
     rf_msg_client_config cc = {.endpoint = endpoint, .role = RLFLOW__ROLE__ROLE_ACTOR, .rank = 0,
                                .capacity = 1, .name = "train", .timeout_s = r->async.startup_timeout};
     if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);
@@ -313,7 +348,9 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     }
     if (w.link) rf_msg_link_flush(w.link, 5.0);
     if (w.dp_actor) rf__dp_stop(&w);
+    rf__tp_stop(&w);
     rf__dp_free(&w);
+    rf__tp_free(&w);
     rf_msg_link_close(w.link);
     rf_weights_tx_free(w.tx);
     rf_metrics_close(w.metrics);

@@ -1,6 +1,8 @@
 /* The training worker's state and the pieces its files share: actor/worker.c (the loop that
- * talks to the controller) and actor/worker_dp.c (data parallelism: DP rank 0 hands each DP
- * peer its share of a batch over comm; the peers train with it). */
+ * talks to the controller), actor/worker_dp.c (data parallelism: DP rank 0 hands each DP
+ * peer its share of a batch over comm; the peers train with it) and actor/worker_tp.c (tensor
+ * parallelism: TP rank 0 hands every TP peer the whole batch; each trains its shard of the
+ * actor, and all of them send their shards to the rollout workers by resharding). */
 #ifndef RF_ACTOR_WORKER_INTERNAL_H
 #define RF_ACTOR_WORKER_INTERNAL_H
 
@@ -9,6 +11,8 @@
 #include "common/rng.h"
 #include "controller/metrics.h"
 #include "controller/recipe.h"
+#include "model/model_tp.h"
+#include "resharding/weights_reshard.h"
 #include "resharding/weights_sync.h"
 #include "reward/reward.h"
 #include "trainer/data_parallel.h"
@@ -17,7 +21,7 @@ typedef struct rf__tworker {
     const rf_recipe *r;
     const rf_kernels *k;
     rf_msg_link *link;   /* DP rank 0 only */
-    rf_model *actor, *ref, *critic;
+    rf_model *actor, *ref, *critic; /* actor: NULL with tensor parallelism (tp->m is the shard) */
     rf_reward_model *rm; /* reward.model, when the recipe has one (DP rank 0) */
     rf_metrics *metrics; /* no files: collects one update's metrics for TrainStats */
     rf_weights_tx *tx;
@@ -33,7 +37,14 @@ typedef struct rf__tworker {
     /* data parallelism (placement.actor.dp > 1) */
     rf_comm *dpc;        /* the DP ranks (training worker ranks), or NULL */
     rf_dp *dp_actor, *dp_critic;
-    double last_cmd;     /* DP rank 0: when it last sent its peers a command */
+    double last_cmd;     /* DP or TP rank 0: when it last sent its peers a command */
+    /* tensor parallelism (placement.actor.tp > 1): the actor only; the reference, critic and
+     * reward model are whole models on TP rank 0 */
+    rf_comm *tpc;        /* the TP ranks (training worker ranks 1 .. tp), or NULL */
+    rf_model_tp *tp;     /* this rank's shard of the actor */
+    rf_weights_rs *wrs;  /* its weights to the rollout workers, by resharding */
+    int tp_serving;      /* TP rank 0: the peers wait for commands (after the first weights) */
+    uint32_t crc;        /* checksum of the weights last sent */
 } rf__tworker;
 
 /* The TrainSamples of a message as rf_train_samples (tokens and per-token arrays copied). */
@@ -70,5 +81,34 @@ void rf__dp_checkpoint_end(rf__tworker *w);
 void rf__dp_stop(rf__tworker *w);
 
 void rf__dp_free(rf__tworker *w);
+
+/* ---- tensor parallelism (actor/worker_tp.c) ---- */
+
+/* Every TP rank, after loading: rank 0 passes its whole actor (loaded, resumed: parameters,
+ * AdamW moments and step), the peers NULL; `loaded` is the rank's status so far (when any rank
+ * failed every rank returns an error). Each rank then holds its shard in w->tp (rank 0 frees
+ * the whole actor and sets w->actor = NULL), the version is rank 0's, and w->wrs is ready. */
+rf_status rf__tp_setup(rf__tworker *w, rf_status loaded);
+
+/* Every TP rank, together: the checksum of the new weights (the whole buffer's CRC-32C, from
+ * the shards; kept in w->crc), then their transfer to the rollout workers (bounded by timeout_s
+ * per exchange). Rank 0 calls announce(w) between the two (the WeightsUpdate to the
+ * controller). */
+rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)(rf__tworker *w));
+
+/* TP rank 0: sends every peer the whole batch b (they train on it with rank 0). */
+rf_status rf__tp_share(rf__tworker *w, const Rlflow__TrainBatch *b);
+
+/* TP rank 0: a keep-alive for idle peers (as rf__dp_keepalive). */
+rf_status rf__tp_keepalive(rf__tworker *w);
+
+/* TP rank 0: gathers the shards (parameters, AdamW moments, step) into a whole actor for a
+ * checkpoint (the peers take part on command). Caller frees *full with rf_model_free. */
+rf_status rf__tp_gather(rf__tworker *w, rf_model **full);
+
+/* TP rank 0: tells the peers the run is over (bounded; best effort). */
+void rf__tp_stop(rf__tworker *w);
+
+void rf__tp_free(rf__tworker *w);
 
 #endif

@@ -64,8 +64,12 @@ static void forward_signal(int sig) {
     if (g_child > 0) kill(g_child, sig);
 }
 
+/* Training worker processes: dp data-parallel ranks, or tp tensor-parallel ones (not both:
+ * refused by rf__reject_unimplemented). */
+static int train_ranks(const rf_recipe *r) { return r->placement.actor.dp * r->placement.actor.tp; }
+
 static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
-    int np = 1 + r->placement.actor.dp + r->placement.rollout_ranks;
+    int np = 1 + train_ranks(r) + r->placement.rollout_ranks;
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return rf_error(RF_ERR_IO, "cannot find the rlflow program (/proc/self/exe)");
@@ -95,6 +99,9 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     if (r->placement.actor.dp > 1)
         rf_log_info("split run: %d processes (controller, %d data-parallel training workers, %d rollout workers): %s",
                     np, r->placement.actor.dp, r->placement.rollout_ranks, line);
+    else if (r->placement.actor.tp > 1)
+        rf_log_info("split run: %d processes (controller, %d tensor-parallel training workers, %d rollout workers): %s",
+                    np, r->placement.actor.tp, r->placement.rollout_ranks, line);
     else
         rf_log_info("split run: %d processes (controller, training worker, %d rollout workers): %s",
                     np, r->placement.rollout_ranks, line);
@@ -143,7 +150,7 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     return read_status(r, WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws));
 }
 
-/* Default threads: the training workers (dp of them) an even share of the machine's cores,
+/* Default threads: the training workers (dp or tp of them) an even share of the machine's cores,
  * all of them when there is one, each rollout worker an even share with the training workers
  * (OMP_WAIT_POLICY=PASSIVE: idle threads sleep, so a rollout worker waiting for prompts leaves
  * its cores to training). */
@@ -155,18 +162,21 @@ static int default_threads(int n_rollout, int dp, int train) {
 
 /* The communicators of a split run, every rank taking part in each split: weights between
  * the training worker (DP rank 0, world rank 1) and the rollout workers, ranked as with one
- * training worker (it is rank 0, rollout worker i rank 1 + i); and with dp > 1 the DP ranks
- * (world ranks 1..dp). */
-static rf_status split_comms(rf_comm *world, int dp, rf_comm **wcomm, rf_comm **dpc) {
-    int rank = rf_comm_rank(world);
-    *wcomm = *dpc = NULL;
-    int in_weights = rank == 1 || rank > dp;
+ * training worker (it is rank 0, rollout worker i rank 1 + i); with dp > 1 the DP ranks
+ * (world ranks 1..dp). With tp > 1 every TP rank sends weights (its shard): the weights
+ * communicator holds world ranks 1..tp (ranks 0..tp-1 there) and the rollout workers after
+ * them, and the TP ranks have one of their own (world ranks 1..tp). */
+static rf_status split_comms(rf_comm *world, int dp, int tp, rf_comm **wcomm, rf_comm **dpc, rf_comm **tpc) {
+    int rank = rf_comm_rank(world), n_train = dp * tp;
+    *wcomm = *dpc = *tpc = NULL;
+    int in_weights = (rank >= 1 && rank <= tp) || rank > n_train;
     RF_TRY(rf_comm_split(world, in_weights ? 1 : -1, rank, wcomm));
-    if (dp == 1) return RF_OK;
-    rf_status st = rf_comm_split(world, rank >= 1 && rank <= dp ? 1 : -1, rank, dpc);
+    rf_status st = RF_OK;
+    if (dp > 1) st = rf_comm_split(world, rank >= 1 && rank <= dp ? 1 : -1, rank, dpc);
+    if (st == RF_OK && tp > 1) st = rf_comm_split(world, rank >= 1 && rank <= tp ? 1 : -1, rank, tpc);
     if (st != RF_OK) {
-        rf_comm_free(*wcomm);
-        *wcomm = NULL;
+        rf_comm_free(*wcomm), rf_comm_free(*dpc);
+        *wcomm = *dpc = NULL;
     }
     return st;
 }
@@ -207,14 +217,17 @@ static void advertised(const char *bound, char *out) {
     }
 }
 
-/* The world size against the recipe's layout: controller, dp training workers, rollout workers.
- * Under a user's mpirun, when placement.rollout_ranks is not set, every rank past the training
- * workers is a rollout worker. */
+/* The world size against the recipe's layout: controller, dp (or tp) training workers, rollout
+ * workers. Under a user's mpirun, when placement.rollout_ranks is not set, every rank past the
+ * training workers is a rollout worker. */
 static rf_status check_size(const rf_recipe *r, int size) {
-    int dp = r->placement.actor.dp, want = 1 + dp + r->placement.rollout_ranks;
+    int dp = r->placement.actor.dp, n_train = train_ranks(r), want = 1 + n_train + r->placement.rollout_ranks;
     char where[512];
     int fixed = strcmp(rf_recipe_where(r, "placement.rollout_ranks", where, sizeof where), "(default)") != 0;
-    if (size >= 2 + dp && (!fixed || size == want)) return RF_OK;
+    if (size >= 2 + n_train && (!fixed || size == want)) return RF_OK;
+    if (r->placement.actor.tp > 1)
+        return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, placement.actor.tp = %d training workers and placement.rollout_ranks = %d rollout workers)",
+                        size, fixed ? want : 2 + n_train, r->placement.actor.tp, fixed ? r->placement.rollout_ranks : 1);
     if (dp == 1)
         return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, training worker and placement.rollout_ranks = %d rollout workers)",
                         size, fixed ? want : 3, fixed ? r->placement.rollout_ranks : 1);
@@ -222,10 +235,29 @@ static rf_status check_size(const rf_recipe *r, int size) {
                     size, fixed ? want : 2 + dp, dp, fixed ? r->placement.rollout_ranks : 1);
 }
 
+/* The rank table the controller prints (ranks 1 .. n_train, then the rollout workers). */
+static void log_layout(const rf_recipe *r, int size) {
+    int dp = r->placement.actor.dp, tp = r->placement.actor.tp, n_train = train_ranks(r);
+    int critic = strcmp(r->algorithm.name, "ppo") == 0 || strcmp(r->algorithm.name, "gae") == 0;
+    const char *ref = rf_recipe_reference_enabled(r) ? ", reference" : "", *cr = critic ? ", critic" : "";
+    if (tp > 1)
+        rf_log_info("  rank 1: training worker, tensor-parallel rank 0 of %d (actor shard 0 of %d%s%s)", tp, tp, ref, cr);
+    else if (dp > 1)
+        rf_log_info("  rank 1: training worker, data-parallel rank 0 of %d (actor%s%s)", dp, ref, cr);
+    else
+        rf_log_info("  rank 1: training worker (actor%s%s)", ref, cr);
+    for (int i = 2; i <= n_train; i++) {
+        if (tp > 1) rf_log_info("  rank %d: training worker, tensor-parallel rank %d of %d (actor shard %d of %d)", i, i - 1, tp, i - 1, tp);
+        else rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s)", i, i - 1, dp, cr);
+    }
+    for (int i = 1 + n_train; i < size; i++) rf_log_info("  rank %d: rollout worker %d", i, i - 1 - n_train);
+}
+
 static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     int rank = rf_comm_rank(world), size = rf_comm_size(world), dp = r->placement.actor.dp;
+    int tp = r->placement.actor.tp, n_train = train_ranks(r);
     RF_TRY(check_size(r, size));
-    int n_rollout = size - 1 - dp;
+    int n_rollout = size - 1 - n_train;
     char bind_ep[HOST_LEN], ep[HOST_LEN] = "";
     rf_status st = RF_OK;
     rf_msg_server *srv = NULL;
@@ -233,6 +265,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         /* under a user's mpirun, data and model are prepared here while the others wait */
         st = rf__ensure_data(r);
         if (st == RF_OK) st = rf__ensure_model(r);
+        if (st == RF_OK) st = rf__check_tp_model_path(r);
     }
     rf_status st2 = pick_endpoint(r, world, bind_ep);
     if (st == RF_OK) st = st2;
@@ -252,24 +285,14 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     if (!ep[0]) return rf_error(RF_ERR_IO, "the controller (rank 0) could not start; its message says why");
     /* weights travel between the training worker and the rollout workers only; gradients
      * between the training workers */
-    rf_comm *wcomm = NULL, *dpc = NULL;
-    RF_TRY(split_comms(world, dp, &wcomm, &dpc));
+    rf_comm *wcomm = NULL, *dpc = NULL, *tpc = NULL;
+    RF_TRY(split_comms(world, dp, tp, &wcomm, &dpc, &tpc));
     char host[HOST_LEN] = "";
     gethostname(host, sizeof host - 1);
     if (rank == 0) {
         rf_log_info("split run on %d ranks, controller at %s", size, ep);
         rf_log_info("  rank 0: controller (%s, pid %d)", host, (int)getpid());
-        int critic = strcmp(r->algorithm.name, "ppo") == 0 || strcmp(r->algorithm.name, "gae") == 0;
-        if (dp == 1)
-            rf_log_info("  rank 1: training worker (actor%s%s)", rf_recipe_reference_enabled(r) ? ", reference" : "",
-                        critic ? ", critic" : "");
-        else
-            rf_log_info("  rank 1: training worker, data-parallel rank 0 of %d (actor%s%s)", dp,
-                        rf_recipe_reference_enabled(r) ? ", reference" : "", critic ? ", critic" : "");
-        for (int i = 2; i <= dp; i++)
-            rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s)", i, i - 1, dp,
-                        critic ? ", critic" : "");
-        for (int i = 1 + dp; i < size; i++) rf_log_info("  rank %d: rollout worker %d", i, i - 1 - dp);
+        log_layout(r, size);
         st = rf_controller_main(r, resume, srv, n_rollout);
         if (st != RF_OK) {
             char why[1200];
@@ -280,23 +303,31 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         }
         write_status(r, st);
     } else if (rank == 1) {
-        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout, dp, 1));
+        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout, n_train, 1));
         int *dst = malloc(sizeof(int) * (size_t)n_rollout);
         st = dst ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-        for (int i = 0; dst && i < n_rollout; i++) dst[i] = 1 + i; /* ranks in wcomm */
-        if (st == RF_OK) st = rf_train_worker_main(r, ep, resume, wcomm, dst, n_rollout, dpc);
+        for (int i = 0; dst && i < n_rollout; i++) dst[i] = tp + i; /* ranks in wcomm */
+        if (st == RF_OK) st = rf_train_worker_main(r, ep, resume, wcomm, dst, n_rollout, dpc, tpc);
         free(dst);
         if (st != RF_OK) st = rf_error_wrap(st, "training worker (rank 1 on %s)", host);
-    } else if (rank <= dp) {
-        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout, dp, 1));
-        st = rf_train_peer_main(r, dpc);
-        if (st != RF_OK) st = rf_error_wrap(st, "training worker, data-parallel rank %d (rank %d on %s)", rank - 1, rank, host);
+    } else if (rank <= n_train) {
+        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout, n_train, 1));
+        if (tp > 1) {
+            st = rf_train_tp_peer_main(r, tpc, wcomm);
+            if (st != RF_OK)
+                st = rf_error_wrap(st, "training worker, tensor-parallel rank %d (rank %d on %s)", rank - 1, rank, host);
+        } else {
+            st = rf_train_peer_main(r, dpc);
+            if (st != RF_OK)
+                st = rf_error_wrap(st, "training worker, data-parallel rank %d (rank %d on %s)", rank - 1, rank, host);
+        }
     } else {
-        omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads : default_threads(n_rollout, dp, 0));
-        st = rf_rollout_worker_main(r, ep, rank - 1 - dp, wcomm, 0);
+        omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads : default_threads(n_rollout, n_train, 0));
+        st = rf_rollout_worker_main(r, ep, rank - 1 - n_train, wcomm, 0);
     }
     rf_comm_free(wcomm);
     rf_comm_free(dpc);
+    rf_comm_free(tpc);
     return st;
 }
 
@@ -305,6 +336,7 @@ rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv) {
     if (!rf_comm_launched_by_mpi()) {
         RF_TRY(rf__ensure_data(r));
         RF_TRY(rf__ensure_model(r));
+        RF_TRY(rf__check_tp_model_path(r));
         return relaunch(r, argc, argv);
     }
     if (!getenv("OMP_WAIT_POLICY")) {

@@ -10,6 +10,7 @@
 #include "common/util.h"
 #include "controller/run_internal.h"
 #include "controller/tasks.h"
+#include "resharding/layout.h"
 
 static int dir_has_model(const char *dir) {
     char p[4096];
@@ -103,11 +104,52 @@ rf_status rf__load_rewards(rf_run *run) {
     return RF_OK;
 }
 
+/* Tensor parallelism of the training roles: split runs on the CPU, not with data parallelism. */
+static rf_status reject_actor_tp(const rf_recipe *r, int split) {
+    int tp = r->placement.actor.tp, dp = r->placement.actor.dp;
+    if (tp == 1) return RF_OK;
+    if (!split)
+        return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism in colocated runs; "
+                                              "placement.mode = \"split\" trains on placement.actor.tp ranks");
+    if (strcmp(r->model.device, "cpu") != 0)
+        return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism on CUDA: the vocabulary-parallel "
+                                              "log-prob kernels and NCCL between the shards are not written yet");
+    if (dp > 1) {
+        char wt[512], wd[512];
+        return rf_error(RF_ERR_UNSUPPORTED, "%s: placement.actor.tp = %d with placement.actor.dp = %d (%s) is not "
+                        "implemented yet (tensor and data parallelism together; set one of them to 1)",
+                        rf_recipe_where(r, "placement.actor.tp", wt, sizeof wt), tp, dp,
+                        rf_recipe_where(r, "placement.actor.dp", wd, sizeof wd));
+    }
+    return RF_OK;
+}
+
+rf_status rf__check_tp_model(const rf_recipe *r, const rf_model_config *cfg) {
+    int tp = r->placement.actor.tp;
+    rf_layout l = {tp, 1, 0, NULL};
+    if (tp <= 1 || rf_layout_check(&l, cfg, tp, "training layout") == RF_OK) return RF_OK;
+    char where[512];
+    rf_recipe_where(r, "placement.actor.tp", where, sizeof where);
+    if (cfg->num_attention_heads % tp != 0)
+        return rf_error(RF_ERR_ARG, "%s: placement.actor.tp = %d does not divide the %d attention heads of model.path "
+                        "\"%s\" (tensor parallelism splits whole heads)", where, tp, cfg->num_attention_heads,
+                        r->model.path);
+    return rf_error(RF_ERR_ARG, "%s: placement.actor.tp = %d is more than the vocabulary (%d) or the intermediate size "
+                    "(%d) of model.path \"%s\"", where, tp, cfg->vocab_size, cfg->intermediate_size, r->model.path);
+}
+
+rf_status rf__check_tp_model_path(const rf_recipe *r) {
+    if (r->placement.actor.tp <= 1) return RF_OK;
+    char p[4096];
+    rf_model_config cfg;
+    rf_path_join(p, sizeof p, r->model.path, "config.json");
+    RF_TRY(rf_config_load(&cfg, p));
+    return rf__check_tp_model(r, &cfg);
+}
+
 /* Parallel layouts this build does not carry out ([placement.actor], [placement.rollout]). */
 static rf_status reject_layouts(const rf_recipe *r, int split) {
-    if (r->placement.actor.tp != 1)
-        return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism of the training roles; "
-                                              "they are data parallel only: placement.actor.dp");
+    RF_TRY(reject_actor_tp(r, split));
     if (r->placement.rollout.tp != 1)
         return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "tensor parallelism of generation; every "
                                               "rollout worker holds the whole model");

@@ -100,17 +100,13 @@ rf_status rf_weights_rs_checksum(rf_weights_rs *x, rf_comm *tpc, const float *lo
     if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
     rf_status st = rf_comm_allgather(tpc, mine, all, sizeof mine, timeout_s,
                                      "tensor parallelism: allgather of the weights' checksum parts");
-    uint32_t *parts = all; /* compacted in place: parts[q] = all[2 q] */
-    for (int q = 0; st == RF_OK && q < x->tp; q++) {
-        if (all[2 * q + 1] != all[1]) {
+    for (int q = 1; st == RF_OK && q < x->tp; q++)
+        if (all[2 * q + 1] != all[1])
             st = rf_error(RF_ERR_INTERNAL, "tensor parallelism: the replicated parameters (norms, biases) differ between "
                           "training ranks: CRC-32C %08x on world rank %d, %08x on world rank %d",
                           all[1], rf_comm_world_rank(tpc, 0), all[2 * q + 1], rf_comm_world_rank(tpc, q));
-            break;
-        }
-        parts[q] = all[2 * q];
-    }
-    if (st == RF_OK) *checksum = rf_shard_crc32c_join(parts, x->tp, x->full_floats);
+    for (int q = 0; st == RF_OK && q < x->tp; q++) all[q] = all[2 * q]; /* the parts, compacted */
+    if (st == RF_OK) *checksum = rf_shard_crc32c_join(all, x->tp, x->full_floats);
     free(all);
     return st;
 }

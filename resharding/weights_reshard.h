@@ -45,6 +45,10 @@
 
 typedef struct rf_weights_rs rf_weights_rs;
 
+/* The bucket size split runs use on both sides (it is part of the plan, which both sides must
+ * build the same). */
+#define RF_WEIGHTS_RS_BUCKET ((size_t)16 << 20)
+
 /* Plans the transfer for the model whose parameters pt describes (the whole model's names and
  * shapes, the same on every rank) from T = tp training ranks to the size(c) - tp rollout
  * workers, in buckets of bucket_bytes, and prepares this rank's part. timeout_s bounds each

@@ -9,6 +9,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "controller/run_internal.h"
+#include "resharding/weights_reshard.h"
 #include "resharding/weights_sync.h"
 #include "rollout/rollout.h"
 #include "rollout/worker.h"
@@ -83,10 +84,35 @@ static rf_status weights_loaded(worker *w) {
     return rf_msg_link_send(w->link, RF_MSG_WEIGHTS_LOADED, &wl.base);
 }
 
+/* Where weights come from: the training worker's whole buffer (weights_sync), or the shards of
+ * placement.actor.tp training ranks, resharded into this worker's whole model. */
+typedef struct weights_in {
+    rf_weights_rx *rx;
+    rf_weights_rs *rs;
+} weights_in;
+
+static rf_status weights_in_open(weights_in *in, const rf_recipe *r, rf_comm *wcomm, rf_model *m, int train_rank) {
+    if (r->placement.actor.tp <= 1) return rf_weights_rx_init(&in->rx, wcomm, m, train_rank);
+    if (strcmp(m->k->name, "cpu") != 0)
+        return rf_error(RF_ERR_UNSUPPORTED, "weights by resharding need the model in host memory (model.device = \"cpu\")");
+    rf_param_table pt = rf_param_table_of(m);
+    return rf_weights_rs_init(&in->rs, &pt, r->placement.actor.tp, wcomm, RF_WEIGHTS_RS_BUCKET, r->async.peer_timeout);
+}
+
+static void weights_in_close(weights_in *in) {
+    rf_weights_rx_free(in->rx);
+    rf_weights_rs_free(in->rs);
+}
+
+static rf_status weights_poll(weights_in *in, rf_model *m, int *arrived, int64_t *version, uint32_t *crc) {
+    if (in->rx) return rf_weights_rx_poll(in->rx, m, arrived, version, crc);
+    return rf_weights_rs_poll(in->rs, m->params, arrived, version, crc); /* in place, host memory */
+}
+
 static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
     const rf_recipe *r = w->r;
-    rf_weights_rx *rx = NULL;
-    RF_TRY(rf_weights_rx_init(&rx, wcomm, w->m, train_rank));
+    weights_in in = {0};
+    RF_TRY(weights_in_open(&in, r, wcomm, w->m, train_rank));
     rf_status st = RF_OK;
     int have_weights = 0, done = 0;
     double delay_ms = rf_test_delay_ms("RF_TEST_DELAY_ROLLOUT_MS"); /* tests only */
@@ -98,7 +124,7 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
         int64_t v;
         uint32_t crc;
         double t_load = rf_time_now();
-        st = rf_weights_rx_poll(rx, w->m, &arrived, &v, &crc);
+        st = weights_poll(&in, w->m, &arrived, &v, &crc);
         w->load_s = rf_time_now() - t_load;
         if (st == RF_OK && arrived) {
             w->version = v, w->crc = crc;
@@ -153,7 +179,7 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
             if (st == RF_OK) st = w->st;
         }
     }
-    rf_weights_rx_free(rx);
+    weights_in_close(&in);
     return st;
 }
 

@@ -1,0 +1,251 @@
+/* Split runs with tensor-parallel training (placement.actor.tp = 2) and whole-model rollout
+ * workers (generation tp 1), weights moved by resharding, end to end under mpirun (rlflow
+ * starts it): a controller, two training ranks and a rollout worker as four processes on the
+ * 1-digit arithmetic task (tests/run_util.h).
+ *   - tp = 2 learns like tp = 1: over 120 GRPO steps with k = 1 the training reward rises (mean
+ *     of steps 101-120 above steps 1-20 by a margin) in both runs and the tp = 2 run ends within
+ *     0.15 of the tp = 1 run; both ranks trained (the layout is logged, the second rank says it
+ *     is ready, perf/tp_comm_s is reported), the first weights were resharded from 2 shards,
+ *     run_status.json says ok. The controller checks at every version that the rollout worker
+ *     serves the checksum the training ranks computed from their shards (a mismatch stops the
+ *     run), and admission waits for served weights, so 120 steps mean 120 checked transfers;
+ *   - the checkpoint of step 20, gathered from the shards, holds exactly the weights the
+ *     rollout worker was sent as version 20 (CRC-32C of the saved actor, loaded as `rlflow
+ *     generate` loads it, equals the checksum of version 20), and `rlflow generate` runs on it;
+ *   - PPO at tp = 2 (the critic whole on rank 1): 20 steps with a checkpoint (actor moments
+ *     gathered whole), then --resume to step 30: the resumed run's first weights are the
+ *     checkpoint's (same CRC-32C), the optimizer step count goes on from 20 (30 at step 30);
+ *   - a tensor-parallel peer killed (SIGKILL) mid-run: `rlflow run` fails within seconds of
+ *     async.peer_timeout naming the collective that waited and the lost world rank;
+ *   - refusals with their exact messages: tp = 3 does not divide the tiny model's 4 heads; tp in
+ *     a colocated run; an MPI job of the wrong size.
+ * Skips (77) when mpirun is not installed. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/crc32c.h"
+#include "common/util.h"
+#include "model/model.h"
+#include "test_shell.h"
+#include "run_util.h"
+#include "test_util.h"
+
+static const char *rlflow;
+static char dir[256];
+
+static double mean_of(const char *run, const char *name, int from, int to) {
+    return rf_test_metric_mean(dir, run, name, from, to);
+}
+
+static int file_has(const char *path, const char *needle) {
+    char *text;
+    if (rf_read_file(path, &text, NULL) != RF_OK) return 0;
+    int r = strstr(text, needle) != NULL;
+    free(text);
+    return r;
+}
+
+/* Runs `rlflow run r.toml <args> --set logging.dir=<dir>/<run>`; returns its exit code and
+ * output (caller frees). */
+static int run(char **out, const char *run, const char *args) {
+    return rf_test_sh(out, "cd %s && %s run r.toml %s --set logging.dir=%s/%s", dir, rlflow, args, dir, run);
+}
+
+/* The hexadecimal CRC-32C after `prefix` in text, or -1. */
+static long crc_after(const char *text, const char *prefix) {
+    const char *at = text ? strstr(text, prefix) : NULL;
+    return at ? strtol(at + strlen(prefix), NULL, 16) : -1;
+}
+
+/* A number of <run dir>/<step dir>/trainer_state.json, or -1. */
+static double trainer_state(const char *run, const char *step, const char *key) {
+    char p[512], *text = NULL;
+    snprintf(p, sizeof p, "%s/%s/%s/trainer_state.json", dir, run, step);
+    if (rf_read_file(p, &text, NULL) != RF_OK) return -1;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *v = cJSON_GetObjectItem(j, key);
+    double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    cJSON_Delete(j);
+    return x;
+}
+
+/* CRC-32C of the flat parameter buffer of the model saved in d (what a rollout worker holding
+ * it would report), or -1. */
+static long saved_crc(const char *d) {
+    rf_model *m = NULL;
+    if (rf_model_load(&m, d, rf_cpu_kernels(), 0) != RF_OK) return -1;
+    long crc = (long)rf_crc32c(m->params, m->n_params * sizeof(float));
+    rf_model_free(m);
+    return crc;
+}
+
+static void learns_like_tp1(void) {
+    char *out, p[512];
+    int rc = run(&out, "tp1", "--set placement.actor.tp=1");
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    rc = run(&out, "tp2", "");
+    CHECK(rc == 0);
+    CHECK(strstr(out, "split run: 4 processes (controller, 2 tensor-parallel training workers, 1 rollout workers)") != NULL);
+    CHECK(strstr(out, "rank 1: training worker, tensor-parallel rank 0 of 2 (actor shard 0 of 2)") != NULL);
+    CHECK(strstr(out, "rank 2: training worker, tensor-parallel rank 1 of 2 (actor shard 1 of 2)") != NULL);
+    CHECK(strstr(out, "rank 3: rollout worker 0") != NULL);
+    CHECK(strstr(out, "training worker: tensor-parallel rank 1 of 2 ready (world rank 2, pid ") != NULL);
+    CHECK(strstr(out, "training worker: weights version 0 (CRC-32C ") != NULL);
+    CHECK(strstr(out, ") resharded from 2 shards to the rollout workers") != NULL);
+    CHECK(strstr(out, "validation at version 120: accuracy") != NULL);
+    if (rc || !strstr(out, "tensor-parallel rank 1 of 2 ready")) fprintf(stderr, "%s\n", out);
+    /* the checkpoint of step 20 is the weights served as version 20 */
+    long sent = crc_after(out, "checkpoint of step 20 gathered from 2 shards (the weights sent as version 20, CRC-32C ");
+    snprintf(p, sizeof p, "%s/tp2/step_000020/actor", dir);
+    long saved = saved_crc(p);
+    printf("version 20: CRC-32C sent %08lx, of the checkpoint %08lx\n", sent, saved);
+    CHECK(sent >= 0 && saved == sent);
+    free(out);
+    rc = rf_test_sh(&out, "%s generate --model %s --prompt '3+4=' --greedy --max-new-tokens 4", rlflow, p);
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    double a1 = mean_of("tp1", "reward/mean", 1, 20), b1 = mean_of("tp1", "reward/mean", 101, 120);
+    double a2 = mean_of("tp2", "reward/mean", 1, 20), b2 = mean_of("tp2", "reward/mean", 101, 120);
+    printf("mean reward steps 1-20 -> 101-120: tp = 1 %.3f -> %.3f, tp = 2 %.3f -> %.3f\n", a1, b1, a2, b2);
+    printf("mean reward per 20 steps, tp = 1:");
+    for (int k = 1; k <= 120; k += 20) printf(" %.3f", mean_of("tp1", "reward/mean", k, k + 19));
+    printf("\nmean reward per 20 steps, tp = 2:");
+    for (int k = 1; k <= 120; k += 20) printf(" %.3f", mean_of("tp2", "reward/mean", k, k + 19));
+    printf("\n");
+    CHECK(b1 > a1 + 0.08);
+    CHECK(b2 > a2 + 0.08);
+    CHECK(fabs(b2 - b1) < 0.15);
+    double comm = rf_test_metric(dir, "tp2", 60, "perf/tp_comm_s");
+    CHECK(comm > 0 && comm < 5);
+    CHECK(isnan(rf_test_metric(dir, "tp1", 60, "perf/tp_comm_s")));
+    snprintf(p, sizeof p, "%s/tp2/run_status.json", dir);
+    CHECK(file_has(p, "\"status\":\"ok\""));
+}
+
+/* PPO (critic whole on rank 1) at tp = 2: checkpoint at 20, resume to 30. */
+static void ppo_checkpoint_resume(void) {
+    char *out, p[512];
+    const char *args = "--set algorithm.name=ppo --set logging.val_every=0";
+    char a20[256], a30[256];
+    snprintf(a20, sizeof a20, "%s --set train.steps=20", args);
+    snprintf(a30, sizeof a30, "%s --set train.steps=30 --resume", args);
+    int rc = run(&out, "ppo", a20);
+    CHECK(rc == 0);
+    CHECK(strstr(out, "rank 1: training worker, tensor-parallel rank 0 of 2 (actor shard 0 of 2, critic)") != NULL);
+    if (rc) fprintf(stderr, "%s\n", out);
+    long saved = crc_after(out, "checkpoint of step 20 gathered from 2 shards (the weights sent as version 20, CRC-32C ");
+    free(out);
+    const char *parts[] = {"actor_optim", "critic_optim", "critic"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/ppo/step_000020/%s/model.safetensors", dir, parts[i]);
+        CHECK(rf_file_exists(p));
+    }
+    CHECK(trainer_state("ppo", "step_000020", "actor_optimizer_steps") == 20);
+    CHECK(trainer_state("ppo", "step_000020", "critic_optimizer_steps") == 20);
+    rc = run(&out, "ppo", a30);
+    CHECK(rc == 0);
+    CHECK(strstr(out, "resumed at step 20") != NULL);
+    long resumed = crc_after(out, "training worker: weights version 20 (CRC-32C ");
+    printf("PPO tp = 2: checkpoint of step 20 CRC-32C %08lx, first weights after --resume %08lx\n", saved, resumed);
+    CHECK(saved >= 0 && resumed == saved);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    /* the shards' optimizer step came back from the checkpoint (10 if it had started over) */
+    CHECK(trainer_state("ppo", "step_000030", "actor_optimizer_steps") == 30);
+    CHECK(trainer_state("ppo", "step_000030", "critic_optimizer_steps") == 30);
+    CHECK(rf_test_metric(dir, "ppo", 30, "critic/value_loss") >= 0);
+}
+
+/* A TP peer killed mid-run: rank 1's next collective gives up after async.peer_timeout (10 s)
+ * naming world rank 2, and the run stops. */
+static void peer_killed(void) {
+    char *out, p[512];
+    int rc = rf_test_sh(&out,
+                        "cd %s && { %s run r.toml --set train.steps=100000 --set logging.val_every=0 --set logging.dir=%s/kill > %s/kill.log 2>&1; echo $? > %s/kill.rc; } &\n"
+                        "for i in $(seq 1200); do grep -q '\"step\": 5,' %s/kill/metrics.jsonl 2>/dev/null && break; sleep 0.1; done\n"
+                        "pid=$(sed -n 's/.*tensor-parallel rank 1 of 2 ready (world rank 2, pid \\([0-9]*\\)).*/\\1/p' %s/kill.log | head -1)\n"
+                        "kill -9 $pid; t0=$(date +%%s.%%N); wait; echo \"stopped after $(echo \"$(date +%%s.%%N) - $t0\" | bc) s\"",
+                        dir, rlflow, dir, dir, dir, dir, dir);
+    CHECK(rc == 0);
+    printf("%s", out);
+    double after = -1;
+    const char *at = strstr(out, "stopped after ");
+    if (at) after = atof(at + strlen("stopped after "));
+    CHECK(after >= 9 && after < 25);
+    free(out);
+    snprintf(p, sizeof p, "%s/kill.rc", dir);
+    CHECK(file_has(p, "1"));
+    snprintf(p, sizeof p, "%s/kill.log", dir);
+    CHECK(file_has(p, "error: training worker (rank 1 on "));
+    /* the operation is the first collective after the kill: one of the model's allreduces, the
+     * batch's broadcast, the checksum's allgather or a resharding exchange (each names itself) */
+    CHECK(file_has(p, ": world rank 1 waited 10 s for world rank"));
+    CHECK(file_has(p, "world rank 2"));
+    char *log = NULL;
+    if (rf_read_file(p, &log, NULL) == RF_OK) {
+        const char *e = strstr(log, "error: training worker (rank 1 on ");
+        if (e) printf("%.*s\n", (int)strcspn(e, "\n"), e);
+    }
+    free(log);
+    snprintf(p, sizeof p, "%s/kill/run_status.json", dir);
+    CHECK(file_has(p, "\"status\":\"error\""));
+}
+
+static void refusals(void) {
+    char *out, want[1024];
+    /* before mpirun starts: the model's heads */
+    int rc = run(&out, "heads", "--set placement.actor.tp=3");
+    CHECK(rc != 0);
+    snprintf(want, sizeof want, "error: --set: placement.actor.tp = 3 does not divide the 4 attention heads of model.path "
+                                "\"%s/sft\" (tensor parallelism splits whole heads)", dir);
+    CHECK(strstr(out, want) != NULL);
+    if (!strstr(out, want)) fprintf(stderr, "%s\n", out);
+    free(out);
+    /* colocated: named where the recipe sets it (r.toml's [placement.actor] tp = 2, line 40) */
+    rc = run(&out, "colocated", "--set placement.mode=colocated --set async.max_staleness=0");
+    CHECK(rc != 0);
+    snprintf(want, sizeof want, "error: r.toml:40:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism in "
+                                "colocated runs; placement.mode = \"split\" trains on placement.actor.tp ranks)");
+    CHECK(strstr(out, want) != NULL);
+    if (!strstr(out, want)) fprintf(stderr, "%s\n", out);
+    free(out);
+    rc = rf_test_sh(&out, "cd %s && mpirun -np 3 --oversubscribe %s %s run r.toml --set logging.dir=%s/size", dir,
+                    geteuid() == 0 ? "--allow-run-as-root" : "", rlflow, dir);
+    CHECK(rc != 0);
+    const char *size = "this MPI job has 3 ranks; the recipe needs 4 (controller, placement.actor.tp = 2 training "
+                       "workers and placement.rollout_ranks = 1 rollout workers)";
+    CHECK(strstr(out, size) != NULL);
+    if (!strstr(out, size)) fprintf(stderr, "%s\n", out);
+    free(out);
+}
+
+int main(void) {
+    rlflow = getenv("RF_RLFLOW");
+    if (!rlflow) {
+        printf("test_split_tp: skipped: RF_RLFLOW not set\n");
+        return 77;
+    }
+    if (rf_test_sh(NULL, "command -v mpirun >/dev/null") != 0) {
+        printf("test_split_tp: skipped: mpirun not found (apt-get install openmpi-bin)\n");
+        return 77;
+    }
+    snprintf(dir, sizeof dir, "/tmp/rf_split_tp_XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    rf_test_write_recipe(dir, 60, "[async]\nmax_staleness = 1\npeer_timeout = 10\n"
+                                  "[placement]\nmode = \"split\"\nrollout_ranks = 1\n"
+                                  "[placement.actor]\ntp = 2\n");
+    learns_like_tp1();
+    ppo_checkpoint_resume();
+    peer_killed();
+    refusals();
+    rf_test_sh(NULL, "rm -rf %s", dir);
+    return rf_test_finish("test_split_tp");
+}
