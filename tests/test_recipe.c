@@ -198,7 +198,14 @@ static void parallel_layouts(void) {
     load_fails("[placement.actor]\nzero = 1\n", NULL, 0, RF_ERR_ARG,
                ":2:1: placement.actor.zero = 1: shards the optimizer state across data-parallel ranks and needs placement.actor.dp > 1");
     struct { const char *text, *want; } refused[] = {
-        {"[placement.actor]\ntp = 2\n", ":2:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism of the training roles"},
+        {"[placement.actor]\ntp = 2\n", ":2:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism in colocated "
+                                        "runs; placement.mode = \"split\" trains on placement.actor.tp ranks)"},
+        {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ntp = 2\n",
+         ":7:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism on CUDA: the vocabulary-parallel log-prob "
+         "kernels and NCCL between the shards are not written yet)"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\ndp = 2\n",
+         ":4:1: placement.actor.tp = 2 with placement.actor.dp = 2 (TMP:5:1) is not implemented yet (tensor and data "
+         "parallelism together; set one of them to 1)"},
         {"[placement.rollout]\ntp = 4\n", ":2:1: placement.rollout.tp = 4 is not implemented yet (tensor parallelism of generation"},
         {"[placement.actor]\ndp = 2\nzero = 2\n", ":3:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
         {"[placement.actor]\ndp = 2\n", ":2:1: placement.actor.dp = 2 is not implemented yet (data parallelism in colocated runs"},
@@ -207,11 +214,30 @@ static void parallel_layouts(void) {
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         CHECK_OK(rf_recipe_load(&r, recipe_file(refused[i].text), NULL, 0));
-        char want[512];
+        char want[512], *tmp;
         snprintf(want, sizeof want, "%s%s", tmp_path, refused[i].want);
+        while ((tmp = strstr(want, "TMP:")) != NULL) { /* a second position in the same file */
+            char rest[512];
+            snprintf(rest, sizeof rest, "%s", tmp + 3);
+            snprintf(tmp, sizeof want - (size_t)(tmp - want), "%s%s", tmp_path, rest);
+        }
         CHECK_ERR(rf__reject_unimplemented(&r), RF_ERR_UNSUPPORTED, want);
         rf_recipe_free(&r);
     }
+    /* split runs on the CPU train with tp ranks; tp must divide the model's heads */
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\n"), NULL, 0));
+    CHECK_OK(rf__reject_unimplemented(&r));
+    rf_model_config c;
+    CHECK_OK(rf_config_preset(&c, "tiny", 100)); /* 4 attention heads */
+    CHECK_OK(rf__check_tp_model(&r, &c));
+    rf_recipe_free(&r);
+    const char *ov3[] = {"placement.actor.tp=3"};
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[model]\npath = \"m\"\n[placement]\nmode = \"split\"\n"), ov3, 1));
+    CHECK_OK(rf__reject_unimplemented(&r));
+    CHECK_ERR(rf__check_tp_model(&r, &c), RF_ERR_ARG,
+              "--set: placement.actor.tp = 3 does not divide the 4 attention heads of model.path \"m\" (tensor "
+              "parallelism splits whole heads)");
+    rf_recipe_free(&r);
 }
 
 /* The dump without its comment lines, into a new string. */
