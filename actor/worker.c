@@ -212,7 +212,7 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
     rf_metrics_set(w->metrics, "perf/weights_mb", (double)actor_floats(w) * 4.0 / 1e6);
     if (w->dp_actor) /* the actor's gradient reduction not hidden behind backward, this rank */
         rf_metrics_set(w->metrics, "perf/dp_wait_s", rf_dp_get_stats(w->dp_actor)->wait_s - wait0);
-    if (w->tp) /* the actor's collectives in the update and the weights' checksum, rank 0 (waits included) */
+    if (w->tp) /* the actor model's collectives during the update, rank 0 (waits for the peers included) */
         rf_metrics_set(w->metrics, "perf/tp_comm_s", w->tp->comm_s - comm0);
     int nm = rf_metrics_count(w->metrics);
     Rlflow__TrainStats__MetricsEntry *e = calloc((size_t)(nm ? nm : 1), sizeof *e);

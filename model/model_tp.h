@@ -48,7 +48,8 @@
  * Not here yet (docs/scaling.md): tp x dp (the data-parallel hook and ZeRO over a tp x dp
  * grid), loading a checkpoint shard by shard (rf_model_tp_set_full cuts from the whole model),
  * sequence parallelism, sampling other than greedy without gathering the logits
- * (rf_model_tp_gather_logits), the paged KV cache, wiring into the recipe and the workers.
+ * (rf_model_tp_gather_logits), the paged KV cache, generation in the rollout workers. Split
+ * runs train the actor with it (placement.actor.tp; actor/worker_tp.c).
  *
  * Threads: one thread uses a rf_model_tp and its communicator (comm.h). */
 #ifndef RF_MODEL_TP_H

@@ -1,6 +1,7 @@
 /* Moving the actor's weights from the training worker to the rollout workers after each
  * optimizer step, through comm (MPI on CPU), with the same layout on both sides (the flat
- * parameter buffer as it is; layouts that differ: resharding/plan.h and reshard.h).
+ * parameter buffer as it is; from tensor-parallel training shards: resharding/weights_reshard.h,
+ * on the planner and executor of resharding/plan.h and reshard.h).
  *
  * A transfer is one message per destination: a header (magic, version, CRC-32C of the
  * parameters, element count) followed by the parameters. The sender copies the parameters
