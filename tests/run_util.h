@@ -31,6 +31,23 @@ static void rf_test_write_recipe(const char *dir, int val_every, const char *ext
     fclose(f);
 }
 
+/* Common start of the split-run tests: the rlflow under test into *rlflow and a fresh work
+ * directory named after `test` into dir (cap bytes). Returns 0 to go on, 77 (ctest's skip)
+ * when RF_RLFLOW or mpirun is missing, 1 when the directory cannot be made. */
+static inline int rf_test_split_start(const char *test, const char **rlflow, char *dir, size_t cap) {
+    *rlflow = getenv("RF_RLFLOW");
+    if (!*rlflow) {
+        printf("%s: skipped: RF_RLFLOW not set\n", test);
+        return 77;
+    }
+    if (rf_test_sh(NULL, "command -v mpirun >/dev/null") != 0) {
+        printf("%s: skipped: mpirun not found (apt-get install openmpi-bin)\n", test);
+        return 77;
+    }
+    snprintf(dir, cap, "/tmp/rf_%s_XXXXXX", test);
+    return mkdtemp(dir) ? 0 : 1;
+}
+
 /* Metric `name` at `step` of <dir>/<run>/metrics.jsonl (the last line of that step), NAN when
  * absent. */
 static double rf_test_metric(const char *dir, const char *run, int step, const char *name) {

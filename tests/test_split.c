@@ -222,17 +222,8 @@ static void wrong_size(void) {
 }
 
 int main(void) {
-    rlflow = getenv("RF_RLFLOW");
-    if (!rlflow) {
-        printf("test_split: skipped: RF_RLFLOW not set\n");
-        return 77;
-    }
-    if (rf_test_sh(NULL, "command -v mpirun >/dev/null") != 0) {
-        printf("test_split: skipped: mpirun not found (apt-get install openmpi-bin)\n");
-        return 77;
-    }
-    snprintf(dir, sizeof dir, "/tmp/rf_split_XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    int start = rf_test_split_start("test_split", &rlflow, dir, sizeof dir);
+    if (start) return start;
     write_recipe();
     async_k1();
     sync_k0();

@@ -144,17 +144,8 @@ static void wrong_size(void) {
 }
 
 int main(void) {
-    rlflow = getenv("RF_RLFLOW");
-    if (!rlflow) {
-        printf("test_split_dp: skipped: RF_RLFLOW not set\n");
-        return 77;
-    }
-    if (rf_test_sh(NULL, "command -v mpirun >/dev/null") != 0) {
-        printf("test_split_dp: skipped: mpirun not found (apt-get install openmpi-bin)\n");
-        return 77;
-    }
-    snprintf(dir, sizeof dir, "/tmp/rf_split_dp_XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    int start = rf_test_split_start("test_split_dp", &rlflow, dir, sizeof dir);
+    if (start) return start;
     rf_test_write_recipe(dir, 60, "[async]\nmax_staleness = 1\npeer_timeout = 10\n"
                                   "[placement]\nmode = \"split\"\nrollout_ranks = 1\n"
                                   "[placement.actor]\ndp = 2\n");
