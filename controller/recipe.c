@@ -54,6 +54,8 @@ static const struct { const char *name, *doc; } SECTIONS[] = {
     {"placement", "Where roles run."},
     {"placement.actor", "Parallel layout of the training roles (the actor, and the critic on the same ranks); docs/scaling.md."},
     {"placement.rollout", "Parallel layout of each rollout worker."},
+    {"placement.critic", "Parallel layout of the critic: today always the actor's ranks and layout."},
+    {"placement.reference", "Parallel layout of the reference policy: today always whole on the first training rank."},
 };
 #define N_SECTIONS (sizeof SECTIONS / sizeof SECTIONS[0])
 
@@ -186,7 +188,12 @@ static const rkey KEYS[] = {
     {"placement.actor", "tp", T_INT, AT(placement.actor.tp), "1", NULL, "Tensor-parallel ranks of the actor (MPI ranks 1..tp of a split run; the rollout workers follow them): each holds one shard (attention heads, MLP rows, vocabulary rows; norms whole), all train on every whole batch together, and their shards are resharded into each rollout worker's whole copy after every step. The reference, critic and reward model stay whole on rank 1. Must divide the model's attention heads; tp > 1 needs placement.mode = \"split\", the CPU and placement.actor.dp = 1 (docs/scaling.md)."},
     {"placement.actor", "zero", T_INT, AT(placement.actor.zero), "0", NULL, "ZeRO stage of the training roles' optimizer state: 0 = every data-parallel rank holds all of it; 1 = sharded across the placement.actor.dp ranks (gradients reduce-scattered, AdamW on each rank's shard, parameters allgathered; needs dp > 1). Stages 2 and 3 are refused (not implemented)."},
 
-    {"placement.rollout", "tp", T_INT, AT(placement.rollout.tp), "1", NULL, "Tensor-parallel ranks per rollout worker; only 1 is implemented (other values are refused). The number of rollout workers (replicas) is placement.rollout_ranks."},
+    {"placement.rollout", "tp", T_INT, AT(placement.rollout.tp), "1", NULL, "Tensor-parallel ranks per rollout worker; only 1 is implemented (other values are refused)."},
+    {"placement.rollout", "replicas", T_INT, AT(placement.rollout.replicas), "0", NULL, "Rollout workers (generation replicas, each a whole copy of the policy); the same count as placement.rollout_ranks, which it sets (giving both with different values is an error); 0 = placement.rollout_ranks."},
+    {"placement.critic", "dp", T_INT, AT(placement.critic.dp), "0", NULL, "Data-parallel ranks of the critic; 0 = placement.actor.dp (the critic trains on the actor's ranks). Any other layout is refused (not implemented)."},
+    {"placement.critic", "tp", T_INT, AT(placement.critic.tp), "0", NULL, "Tensor-parallel ranks of the critic; 0 = as built (1: the critic is whole on each data-parallel rank, on the first training rank when placement.actor.tp > 1). Any other value is refused (not implemented)."},
+    {"placement.reference", "dp", T_INT, AT(placement.reference.dp), "0", NULL, "Data-parallel ranks of the reference policy; 0 = as built (whole, on the first training rank). Any other value is refused (not implemented)."},
+    {"placement.reference", "tp", T_INT, AT(placement.reference.tp), "0", NULL, "Tensor-parallel ranks of the reference policy; 0 = as built (whole, on the first training rank). Any other value is refused (not implemented)."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 _Static_assert(sizeof KEYS / sizeof KEYS[0] <= RF_RECIPE_MAX_KEYS, "raise RF_RECIPE_MAX_KEYS");
@@ -262,6 +269,11 @@ static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RA
     {"placement.actor.tp", 1, 1024, 0, 0},
     {"placement.actor.zero", 0, 3, 0, 0},
     {"placement.rollout.tp", 1, 1024, 0, 0},
+    {"placement.rollout.replicas", 0, 1024, 0, 0},
+    {"placement.critic.dp", 0, 1024, 0, 0},
+    {"placement.critic.tp", 0, 1024, 0, 0},
+    {"placement.reference.dp", 0, 1024, 0, 0},
+    {"placement.reference.tp", 0, 1024, 0, 0},
 };
 
 /* ------------------------------------------------------------------ fields */
@@ -689,6 +701,20 @@ static rf_status load_steps(rf_recipe *r, const char *path, const char *const *o
         RF_TRY(st);
     }
     for (int i = 0; i < n_ov; i++) RF_TRY(apply_override(r, ov[i]));
+    /* placement.rollout.replicas is placement.rollout_ranks by its [placement.rollout] name */
+    int rep = key_index("placement.rollout.replicas"), ranks = key_index("placement.rollout_ranks");
+    if (r->placement.rollout.replicas > 0) {
+        if (r->where_[ranks].from != 0 && r->placement.rollout_ranks != r->placement.rollout.replicas) {
+            char w1[600], w2[600];
+            return rf_error(RF_ERR_ARG, "%s: placement.rollout.replicas = %d and %s: placement.rollout_ranks = %d "
+                            "name the same count (rollout workers) and differ",
+                            rf_recipe_where(r, "placement.rollout.replicas", w1, sizeof w1),
+                            r->placement.rollout.replicas, rf_recipe_where(r, "placement.rollout_ranks", w2, sizeof w2),
+                            r->placement.rollout_ranks);
+        }
+        r->placement.rollout_ranks = r->placement.rollout.replicas;
+        r->where_[ranks] = r->where_[rep];
+    }
     return rf_recipe_validate(r);
 }
 

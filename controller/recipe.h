@@ -128,8 +128,13 @@ typedef struct rf_recipe {
             int zero;   /* ZeRO stage of the optimizer state: 0 or 1 */
         } actor;        /* [placement.actor] */
         struct {
-            int tp;     /* tensor-parallel ranks per rollout worker */
-        } rollout;      /* [placement.rollout] */
+            int tp;       /* tensor-parallel ranks per rollout worker */
+            int replicas; /* rollout workers; 0: placement.rollout_ranks (the same count: when
+                             set, the recipe's loader copies it there) */
+        } rollout;        /* [placement.rollout] */
+        struct {
+            int dp, tp;   /* 0: the actor's (placement.actor); other layouts are refused */
+        } critic, reference; /* [placement.critic], [placement.reference] */
     } placement;
 
     /* Provenance, for messages: the file read (NULL when none) and, per schema key, where its

@@ -150,6 +150,16 @@ rf_status rf__check_tp_model_path(const rf_recipe *r) {
 /* Parallel layouts this build does not carry out ([placement.actor], [placement.rollout]). */
 static rf_status reject_layouts(const rf_recipe *r, int split) {
     RF_TRY(reject_actor_tp(r, split));
+    const struct { const char *key; int v, same; } own[] = {
+        {"placement.critic.dp", r->placement.critic.dp, r->placement.actor.dp},
+        {"placement.critic.tp", r->placement.critic.tp, 1},
+        {"placement.reference.dp", r->placement.reference.dp, 1},
+        {"placement.reference.tp", r->placement.reference.tp, 1}};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        if (own[i].v != 0 && own[i].v != own[i].same)
+            return rf_recipe_reject_unimplemented(r, own[i].key, "layouts of their own for the critic and the "
+                                                  "reference; the critic trains on the actor's ranks, the reference "
+                                                  "runs whole on the first training rank");
     if (r->placement.rollout.tp != 1)
         return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "tensor parallelism of generation; every "
                                               "rollout worker holds the whole model");

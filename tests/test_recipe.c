@@ -208,6 +208,12 @@ static void parallel_layouts(void) {
          "parallelism together; set one of them to 1)"},
         {"[placement.rollout]\ntp = 4\n", ":2:1: placement.rollout.tp = 4 is not implemented yet (tensor parallelism of generation"},
         {"[placement.actor]\ndp = 2\nzero = 2\n", ":3:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
+        {"[placement]\nmode = \"split\"\n[placement.critic]\ndp = 2\n", ":4:1: placement.critic.dp = 2 is not implemented yet "
+         "(layouts of their own for the critic and the reference; the critic trains on the actor's ranks, the reference "
+         "runs whole on the first training rank)"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\n[placement.critic]\ntp = 2\n",
+         ":6:1: placement.critic.tp = 2 is not implemented yet (layouts of their own"},
+        {"[placement.reference]\ntp = 2\n", ":2:1: placement.reference.tp = 2 is not implemented yet (layouts of their own"},
         {"[placement.actor]\ndp = 2\n", ":2:1: placement.actor.dp = 2 is not implemented yet (data parallelism in colocated runs"},
         {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ndp = 2\n",
          ":7:1: placement.actor.dp = 2 is not implemented yet (data parallelism on CUDA"},
@@ -224,6 +230,27 @@ static void parallel_layouts(void) {
         CHECK_ERR(rf__reject_unimplemented(&r), RF_ERR_UNSUPPORTED, want);
         rf_recipe_free(&r);
     }
+    /* the critic's and reference's layouts as built are accepted when spelled out */
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\n"
+                                            "[placement.critic]\ndp = 2\ntp = 1\n[placement.reference]\ndp = 1\n"), NULL, 0));
+    CHECK_OK(rf__reject_unimplemented(&r));
+    rf_recipe_free(&r);
+    /* placement.rollout.replicas is placement.rollout_ranks by another name */
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.rollout]\nreplicas = 3\n"), NULL, 0));
+    CHECK(r.placement.rollout_ranks == 3);
+    char where[600];
+    CHECK(strstr(rf_recipe_where(&r, "placement.rollout_ranks", where, sizeof where), ":4:1") != NULL);
+    rf_recipe_free(&r);
+    const char *rep[] = {"placement.rollout.replicas=2"};
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nrollout_ranks = 2\n"), rep, 1));
+    CHECK(r.placement.rollout_ranks == 2);
+    rf_recipe_free(&r);
+    const char *rep3[] = {"placement.rollout.replicas=3"};
+    char want_rep[1024];
+    const char *path = recipe_file("[placement]\nrollout_ranks = 2\n");
+    snprintf(want_rep, sizeof want_rep, "--set: placement.rollout.replicas = 3 and %s:2:1: placement.rollout_ranks = 2 "
+             "name the same count (rollout workers) and differ", path);
+    CHECK_ERR(rf_recipe_load(&r, path, rep3, 1), RF_ERR_ARG, want_rep);
     /* split runs on the CPU train with tp ranks; tp must divide the model's heads */
     CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\n"), NULL, 0));
     CHECK_OK(rf__reject_unimplemented(&r));
