@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "test_util.h"
 
 /* Writes <dir>/r.toml: the recipe, validation every val_every steps, then `extra` (more TOML
  * tables, may be ""). */
@@ -46,6 +47,53 @@ static inline int rf_test_split_start(const char *test, const char **rlflow, cha
     }
     snprintf(dir, cap, "/tmp/rf_%s_XXXXXX", test);
     return mkdtemp(dir) ? 0 : 1;
+}
+
+/* 1 when the file at path holds needle. */
+static inline int rf_test_file_has(const char *path, const char *needle) {
+    char *text;
+    if (rf_read_file(path, &text, NULL) != RF_OK) return 0;
+    int r = strstr(text, needle) != NULL;
+    free(text);
+    return r;
+}
+
+/* A training peer of a split run killed mid-run (the data- and tensor-parallel tests): starts
+ * `rlflow run r.toml` in dir (metrics in dir/kill, console in dir/kill.log), SIGKILLs the process
+ * whose console line reads "<who> ready (world rank 2, pid P)" once step 5 is logged, waits
+ * for the run to end, and checks what every such stop must show: it ended 9 to 25 s after the
+ * kill (async.peer_timeout = 10 s), exit status 1, the training worker named in the error, the
+ * collective that gave up naming the ranks waited for (`waited`, e.g. ": world rank 1 waited
+ * 10 s for world rank"), and run_status.json saying error. Prints the error line. */
+static inline void rf_test_peer_killed(const char *dir, const char *rlflow, const char *who,
+                                       const char *waited) {
+    char *out, p[512];
+    int rc = rf_test_sh(&out,
+                        "cd %s && { %s run r.toml --set train.steps=100000 --set logging.val_every=0 --set logging.dir=%s/kill > %s/kill.log 2>&1; echo $? > %s/kill.rc; } &\n"
+                        "for i in $(seq 1200); do grep -q '\"step\": 5,' %s/kill/metrics.jsonl 2>/dev/null && break; sleep 0.1; done\n"
+                        "pid=$(sed -n 's/.*%s ready (world rank 2, pid \\([0-9]*\\)).*/\\1/p' %s/kill.log | head -1)\n"
+                        "kill -9 $pid; t0=$(date +%%s.%%N); wait; echo \"stopped after $(echo \"$(date +%%s.%%N) - $t0\" | bc) s\"",
+                        dir, rlflow, dir, dir, dir, dir, who, dir);
+    CHECK(rc == 0);
+    printf("%s", out);
+    double after = -1;
+    const char *at = strstr(out, "stopped after ");
+    if (at) after = atof(at + strlen("stopped after "));
+    CHECK(after >= 9 && after < 25);
+    free(out);
+    snprintf(p, sizeof p, "%s/kill.rc", dir);
+    CHECK(rf_test_file_has(p, "1"));
+    snprintf(p, sizeof p, "%s/kill.log", dir);
+    CHECK(rf_test_file_has(p, "error: training worker (rank 1 on "));
+    CHECK(rf_test_file_has(p, waited));
+    char *log = NULL;
+    if (rf_read_file(p, &log, NULL) == RF_OK) {
+        const char *e = strstr(log, "error: training worker (rank 1 on ");
+        if (e) printf("%.*s\n", (int)strcspn(e, "\n"), e);
+    }
+    free(log);
+    snprintf(p, sizeof p, "%s/kill/run_status.json", dir);
+    CHECK(rf_test_file_has(p, "\"status\":\"error\""));
 }
 
 /* Metric `name` at `step` of <dir>/<run>/metrics.jsonl (the last line of that step), NAN when

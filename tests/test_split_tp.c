@@ -41,13 +41,6 @@ static double mean_of(const char *run, const char *name, int from, int to) {
     return rf_test_metric_mean(dir, run, name, from, to);
 }
 
-static int file_has(const char *path, const char *needle) {
-    char *text;
-    if (rf_read_file(path, &text, NULL) != RF_OK) return 0;
-    int r = strstr(text, needle) != NULL;
-    free(text);
-    return r;
-}
 
 /* Runs `rlflow run r.toml <args> --set logging.dir=<dir>/<run>`; returns its exit code and
  * output (caller frees). */
@@ -127,7 +120,7 @@ static void learns_like_tp1(void) {
     CHECK(comm > 0 && comm < 5);
     CHECK(isnan(rf_test_metric(dir, "tp1", 60, "perf/tp_comm_s")));
     snprintf(p, sizeof p, "%s/tp2/run_status.json", dir);
-    CHECK(file_has(p, "\"status\":\"ok\""));
+    CHECK(rf_test_file_has(p, "\"status\":\"ok\""));
 }
 
 /* PPO (critic whole on rank 1) at tp = 2: checkpoint at 20, resume to 30. */
@@ -167,36 +160,10 @@ static void ppo_checkpoint_resume(void) {
 /* A TP peer killed mid-run: rank 1's next collective gives up after async.peer_timeout (10 s)
  * naming world rank 2, and the run stops. */
 static void peer_killed(void) {
-    char *out, p[512];
-    int rc = rf_test_sh(&out,
-                        "cd %s && { %s run r.toml --set train.steps=100000 --set logging.val_every=0 --set logging.dir=%s/kill > %s/kill.log 2>&1; echo $? > %s/kill.rc; } &\n"
-                        "for i in $(seq 1200); do grep -q '\"step\": 5,' %s/kill/metrics.jsonl 2>/dev/null && break; sleep 0.1; done\n"
-                        "pid=$(sed -n 's/.*tensor-parallel rank 1 of 2 ready (world rank 2, pid \\([0-9]*\\)).*/\\1/p' %s/kill.log | head -1)\n"
-                        "kill -9 $pid; t0=$(date +%%s.%%N); wait; echo \"stopped after $(echo \"$(date +%%s.%%N) - $t0\" | bc) s\"",
-                        dir, rlflow, dir, dir, dir, dir, dir);
-    CHECK(rc == 0);
-    printf("%s", out);
-    double after = -1;
-    const char *at = strstr(out, "stopped after ");
-    if (at) after = atof(at + strlen("stopped after "));
-    CHECK(after >= 9 && after < 25);
-    free(out);
-    snprintf(p, sizeof p, "%s/kill.rc", dir);
-    CHECK(file_has(p, "1"));
+    rf_test_peer_killed(dir, rlflow, "tensor-parallel rank 1 of 2", ": world rank 1 waited 10 s for world rank");
+    char p[512];
     snprintf(p, sizeof p, "%s/kill.log", dir);
-    CHECK(file_has(p, "error: training worker (rank 1 on "));
-    /* the operation is the first collective after the kill: one of the model's allreduces, the
-     * batch's broadcast, the checksum's allgather or a resharding exchange (each names itself) */
-    CHECK(file_has(p, ": world rank 1 waited 10 s for world rank"));
-    CHECK(file_has(p, "world rank 2"));
-    char *log = NULL;
-    if (rf_read_file(p, &log, NULL) == RF_OK) {
-        const char *e = strstr(log, "error: training worker (rank 1 on ");
-        if (e) printf("%.*s\n", (int)strcspn(e, "\n"), e);
-    }
-    free(log);
-    snprintf(p, sizeof p, "%s/kill/run_status.json", dir);
-    CHECK(file_has(p, "\"status\":\"error\""));
+    CHECK(rf_test_file_has(p, "world rank 2"));
 }
 
 static void refusals(void) {
