@@ -12,6 +12,7 @@ typedef struct builder {
     int n, cap;
     int64_t cap_floats; /* bucket_bytes / 4 */
     int64_t *sent;      /* (comm_size) floats each rank sends so far: senders are balanced */
+    const int *node;    /* (comm_size) node of each rank, or NULL: one node */
 } builder;
 
 static rf_status push(builder *b, const rf_reshard_move *m) {
@@ -59,8 +60,10 @@ static rf_status cut(builder *b, int p, int src_rank, int dst_rank, const rf_sha
  * -> shard s held by every replica. Picks the holder for destination replica dd, shard dt on
  * rank R and emits the intersection: R itself when it holds the piece (a local copy), else the
  * holder that has sent the least so far, scanning from a start that spreads destinations over
- * holders (so ties go round-robin). Balancing matters: with a fixed round-robin, training tp 2 x
- * dp 4 to 8 generation replicas had 4 ranks send the whole model and 4 send nothing. */
+ * holders (so ties go round-robin), preferring holders on R's node when the nodes are known.
+ * Balancing matters: with a fixed round-robin, training tp 2 x dp 4 to 8 generation replicas
+ * had 4 ranks send the whole model and 4 send nothing; without the node preference, most bytes
+ * of a colocated 70B tp 8 -> tp 4 reshard cross nodes. */
 static rf_status cover(builder *b, const rf_reshard_plan *pl, int p, rf_shard *const *ss, const rf_shard *D, int dd,
                        int dt, int R) {
     const rf_layout *src = &pl->src;
@@ -77,13 +80,14 @@ static rf_status cover(builder *b, const rf_reshard_plan *pl, int p, rf_shard *c
             if (rf_layout_rank(src, rr, st) == R) pick = h;
         }
         if (pick < 0) {
-            int start = (dd * pl->dst.tp + dt) % n_holders;
+            int start = (dd * pl->dst.tp + dt) % n_holders, best_far = 2;
             int64_t best = -1;
             for (int k = 0; k < n_holders; k++) {
                 int h = (start + k) % n_holders;
                 int rr = replicated ? h / src->tp : h, st = replicated ? h % src->tp : piece;
-                int64_t load = b->sent[rf_layout_rank(src, rr, st)];
-                if (best < 0 || load < best) best = load, pick = h;
+                int hr = rf_layout_rank(src, rr, st), far = b->node && b->node[hr] != b->node[R];
+                int64_t load = b->sent[hr];
+                if (far < best_far || (far == best_far && load < best)) best_far = far, best = load, pick = h;
             }
             int rr = replicated ? pick / src->tp : pick, st = replicated ? pick % src->tp : piece;
             b->sent[rf_layout_rank(src, rr, st)] += (r1 - r0) * (c1 - c0);
@@ -165,10 +169,10 @@ static void free_shards(rf_shard **s, int tp) {
     free(s);
 }
 
-static rf_status plan_moves(rf_reshard_plan *pl, const rf_param_table *pt) {
+static rf_status plan_moves(rf_reshard_plan *pl, const rf_param_table *pt, const int *node) {
     rf_shard **ss = NULL, **ds = NULL;
     builder b = {.cap_floats = (int64_t)(pl->bucket_bytes / sizeof(float)),
-                 .sent = calloc((size_t)pl->comm_size, sizeof(int64_t))};
+                 .sent = calloc((size_t)pl->comm_size, sizeof(int64_t)), .node = node};
     rf_status st = b.sent ? all_shards(pt, pl->tp_src, &ss, pl->src_floats) : rf_error(RF_ERR_NOMEM, "out of memory");
     if (st == RF_OK) st = all_shards(pt, pl->tp_dst, &ds, pl->dst_floats);
     if (st == RF_OK && same_layout(pl)) pl->zero_copy = 1;
@@ -185,6 +189,12 @@ static rf_status plan_moves(rf_reshard_plan *pl, const rf_param_table *pt) {
 
 rf_status rf_reshard_plan_make(rf_reshard_plan **out, const rf_param_table *pt, const rf_layout *src,
                                const rf_layout *dst, size_t bucket_bytes, int comm_size) {
+    return rf_reshard_plan_make_nodes(out, pt, src, dst, bucket_bytes, comm_size, NULL);
+}
+
+rf_status rf_reshard_plan_make_nodes(rf_reshard_plan **out, const rf_param_table *pt, const rf_layout *src,
+                                     const rf_layout *dst, size_t bucket_bytes, int comm_size,
+                                     const int *node) {
     *out = NULL;
     RF_TRY(rf_layout_check(src, pt->cfg, comm_size, "source layout"));
     RF_TRY(rf_layout_check(dst, pt->cfg, comm_size, "destination layout"));
@@ -203,7 +213,7 @@ rf_status rf_reshard_plan_make(rf_reshard_plan **out, const rf_param_table *pt, 
         st = rf_error(RF_ERR_NOMEM, "out of memory");
     } else {
         memcpy(pl->views, pt->views, sizeof *pl->views * (size_t)pt->n_views);
-        st = plan_moves(pl, pt);
+        st = plan_moves(pl, pt, node);
     }
     if (st != RF_OK) {
         rf_reshard_plan_free(pl);

@@ -64,6 +64,14 @@ typedef struct rf_reshard_plan {
  * checked (rf_layout_check). Caller frees with rf_reshard_plan_free. */
 rf_status rf_reshard_plan_make(rf_reshard_plan **out, const rf_param_table *pt, const rf_layout *src,
                                const rf_layout *dst, size_t bucket_bytes, int comm_size);
+
+/* The same, knowing the node of each rank (node[r] for r < comm_size; equal numbers: the same
+ * machine): a piece several ranks hold is taken from a holder on the destination's node when
+ * there is one (then the least loaded of those), so fewer bytes cross the network. Every rank
+ * must pass the same table (the plan id would differ otherwise). NULL: one node. */
+rf_status rf_reshard_plan_make_nodes(rf_reshard_plan **out, const rf_param_table *pt, const rf_layout *src,
+                                     const rf_layout *dst, size_t bucket_bytes, int comm_size,
+                                     const int *node);
 void rf_reshard_plan_free(rf_reshard_plan *p);
 
 /* Bytes rank `rank` sends to other ranks, receives from them, and copies locally. */

@@ -242,6 +242,25 @@ static void holders(void) {
     }
     CHECK(total == 8 * 18 * sizeof(float) && most == 18 * sizeof(float));
     rf_reshard_plan_free(p);
+    /* nodes: ranks 0-3 on node 0, 4-7 on node 1, training tp 2 x dp 4 (replica r on ranks 2r,
+     * 2r + 1) to 8 replicas. Told the nodes, every half comes from the destination's node (no
+     * byte crosses) and senders stay balanced; not told, the balancing alone sends some across */
+    int node[8] = {0, 0, 0, 0, 1, 1, 1, 1};
+    for (int told = 0; told < 2; told++) {
+        CHECK_OK(rf_reshard_plan_make_nodes(&p, &qt, &src, &dst, 4096, 8, told ? node : NULL));
+        size_t across = 0, most_sent = 0, sent_by[8] = {0};
+        for (int i = 0; p && i < p->n_moves; i++) {
+            const rf_reshard_move *m = &p->moves[i];
+            if (m->src_rank == m->dst_rank) continue;
+            size_t bytes = (size_t)(m->n_runs * m->run) * sizeof(float);
+            if (node[m->src_rank] != node[m->dst_rank]) across += bytes;
+            sent_by[m->src_rank] += bytes;
+        }
+        for (int r = 0; r < 8; r++) most_sent = sent_by[r] > most_sent ? sent_by[r] : most_sent;
+        if (told) CHECK(across == 0 && most_sent == 18 * sizeof(float));
+        else CHECK(across > 0);
+        rf_reshard_plan_free(p);
+    }
 }
 
 /* Buckets of 4096 bytes (1024 floats) from rank 0 to rank 1: an embedding (30 x 100) is cut
