@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "resharding/crc32c_fast.h"
+#include "common/crc32c.h"
 
 #define HELLO_MAGIC 0x52464853u  /* "RFHS" */
 #define BUCKET_MAGIC 0x52464842u /* "RFHB" */
@@ -69,8 +69,8 @@ static void copy_runs(float *dst, int64_t dst_stride, const float *src, int64_t 
 }
 
 static uint32_t crc_runs(uint32_t crc, const float *p, int64_t stride, int64_t n_runs, int64_t run) {
-    if (stride == run) return rf__crc32c_fast_extend(crc, p, sizeof(float) * (size_t)(n_runs * run));
-    for (int64_t i = 0; i < n_runs; i++) crc = rf__crc32c_fast_extend(crc, p + i * stride, sizeof(float) * (size_t)run);
+    if (stride == run) return rf_crc32c_extend(crc, p, sizeof(float) * (size_t)(n_runs * run));
+    for (int64_t i = 0; i < n_runs; i++) crc = rf_crc32c_extend(crc, p + i * stride, sizeof(float) * (size_t)run);
     return crc;
 }
 

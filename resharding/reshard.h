@@ -15,7 +15,7 @@
  *     plan id, version): a rank that planned differently (other layouts, bucket size or model)
  *     or holds another version is refused with RF_ERR_FORMAT before any data moves.
  *   - With every bucket, each sender sends each receiver a header with the CRC-32C (common/
- *     crc32c.h; computed by resharding/crc32c_fast.h) of the bytes it sends it in that bucket,
+ *     crc32c.h; computed by rf_crc32c_extend, the SSE4.2 path) of the bytes it sends it in that bucket,
  *     in move order; the receiver computes
  *     the CRC of what arrived and refuses a mismatch (RF_ERR_FORMAT naming the bucket, the
  *     parameters, both ranks and both checksums), after finishing the remaining buckets so that

@@ -4,7 +4,7 @@
 
 #include <pthread.h>
 
-#include "resharding/crc32c_fast.h"
+#include "common/crc32c.h"
 
 #define POLY 0x82f63b78u /* CRC-32C, reflected */
 
@@ -68,7 +68,7 @@ static void add_data(walker *w, const float *p, size_t n) {
         w->crc = multmodp(w->last_x, w->crc ^ 0xffffffffu) ^ 0xffffffffu;
         w->zeros = 0;
     }
-    w->crc = rf__crc32c_fast_extend(w->crc, p, n * sizeof(float));
+    w->crc = rf_crc32c_extend(w->crc, p, n * sizeof(float));
 }
 
 uint32_t rf_shard_crc32c_part(const rf_param_table *pt, const rf_shard *shards, int t, const float *local) {

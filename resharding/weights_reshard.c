@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "resharding/crc32c_fast.h"
+#include "common/crc32c.h"
 #include "resharding/plan.h"
 #include "resharding/reshard.h"
 #include "resharding/shard_crc.h"
@@ -85,7 +85,7 @@ static uint32_t replicated_crc(const rf_weights_rs *x, const float *local) {
     for (int i = 0; i < x->pt.n_views; i++) {
         const rf_shard *s = &x->shards[i];
         if (s->split == RF_SPLIT_REPLICATED)
-            crc = rf__crc32c_fast_extend(crc, local + s->offset, x->pt.views[i].numel * sizeof(float));
+            crc = rf_crc32c_extend(crc, local + s->offset, x->pt.views[i].numel * sizeof(float));
     }
     return crc;
 }
@@ -162,7 +162,7 @@ rf_status rf_weights_rs_poll(rf_weights_rs *x, float *full, int *arrived, int64_
                         "%llu parameters, plan %08x; here %zu parameters, plan %08x)", from, a.magic,
                         (unsigned long long)a.n_floats, a.plan_id, x->full_floats, x->plan->id);
     RF_TRY(rf_reshard_run(x->ex, NULL, full, a.version));
-    uint32_t crc = rf__crc32c_fast_extend(0, full, x->full_floats * sizeof(float));
+    uint32_t crc = rf_crc32c_extend(0, full, x->full_floats * sizeof(float));
     if (crc != a.checksum)
         return rf_error(RF_ERR_FORMAT, "weights version %lld assembled from %d training shards at world rank %d: CRC-32C "
                         "%08x, announced as %08x", (long long)a.version, x->tp, rf_comm_world_rank(x->c, x->me), crc,
