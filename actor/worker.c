@@ -154,6 +154,22 @@ static rf_status publish_weights(tworker *w) {
     return announce(w);
 }
 
+rf_status rf__worker_peer_update(tworker *w, const uint8_t *buf, size_t bytes, const char *what, int train) {
+    Rlflow__TrainBatch *b = rlflow__train_batch__unpack(NULL, bytes, buf);
+    rf_status st = b ? RF_OK : rf_error(RF_ERR_FORMAT, "%s did not decode", what);
+    rf_train_sample *s = NULL;
+    int n = b ? (int)b->n_samples : 0;
+    if (st == RF_OK) st = rf__worker_unpack(b->samples, b->n_samples, &s);
+    rf_update_stats as = {0}, cs = {0};
+    double tp, ta;
+    if (st == RF_OK) w->version = (int)b->policy_version;
+    if (st == RF_OK && (train < 0 ? n > 0 : train)) st = rf__worker_update(w, s, n, b->kl_coef, &as, &cs, &tp, &ta);
+    if (st == RF_OK) w->version++;
+    rf__worker_samples_free(s, n); /* NULL when unpacking failed */
+    if (b) rlflow__train_batch__free_unpacked(b, NULL);
+    return st;
+}
+
 rf_status rf__worker_update(tworker *w, rf_train_sample *s, int n, float kl_coef, rf_update_stats *as,
                             rf_update_stats *cs, double *prox_s, double *actor_s) {
     const rf_recipe *r = w->r;

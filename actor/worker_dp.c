@@ -162,19 +162,8 @@ static rf_status peer_train(rf__tworker *w, int64_t n_batch) {
     if (!buf) return rf_error(RF_ERR_NOMEM, "out of memory for a share of %llu bytes", (unsigned long long)bytes);
     op = (rf_comm_p2p){buf, bytes, 0, 0};
     rf_status st = rf_comm_sendrecv(w->dpc, &op, 1, t, "receiving this rank's share of the batch");
-    Rlflow__TrainBatch *b = st == RF_OK ? rlflow__train_batch__unpack(NULL, bytes, buf) : NULL;
+    if (st == RF_OK) st = rf__worker_peer_update(w, buf, bytes, "this rank's share of the batch", n_batch > 0);
     free(buf);
-    if (st == RF_OK && !b) st = rf_error(RF_ERR_FORMAT, "this rank's share of the batch did not decode");
-    rf_train_sample *s = NULL;
-    int n = b ? (int)b->n_samples : 0;
-    if (st == RF_OK) st = rf__worker_unpack(b->samples, b->n_samples, &s);
-    rf_update_stats as = {0}, cs = {0};
-    double tp, ta;
-    if (st == RF_OK) w->version = (int)b->policy_version;
-    if (st == RF_OK && n_batch > 0) st = rf__worker_update(w, s, n, b->kl_coef, &as, &cs, &tp, &ta);
-    if (st == RF_OK) w->version++;
-    rf__worker_samples_free(s, n); /* NULL when unpacking failed */
-    if (b) rlflow__train_batch__free_unpacked(b, NULL);
     return st;
 }
 

@@ -57,6 +57,12 @@ void rf__worker_samples_free(rf_train_sample *s, int n);
 rf_status rf__worker_update(rf__tworker *w, rf_train_sample *s, int n, float kl_coef,
                             rf_update_stats *as, rf_update_stats *cs, double *prox_s, double *actor_s);
 
+/* A peer's (DP or TP rank > 0) update from a packed TrainBatch in buf (bytes; `what` names it
+ * in errors): unpacks it, takes the policy version, runs rf__worker_update when `train` is 1
+ * (-1: when the batch holds samples), and counts the new version. */
+rf_status rf__worker_peer_update(rf__tworker *w, const uint8_t *buf, size_t bytes, const char *what,
+                                 int train);
+
 /* ---- data parallelism (actor/worker_dp.c) ---- */
 
 /* Sets up data parallelism of the loaded actor (and critic) over w->dpc: every DP rank calls it

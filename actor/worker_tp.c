@@ -203,19 +203,8 @@ static rf_status peer_train(rf__tworker *w, int64_t bytes) {
     uint8_t *buf = malloc(bytes ? (size_t)bytes : 1);
     if (!buf) return rf_error(RF_ERR_NOMEM, "out of memory for a batch of %lld bytes", (long long)bytes);
     rf_status st = rf_comm_bcast(w->tpc, buf, (size_t)bytes, 0, t, "receiving the batch from the training worker (tensor-parallel rank 0)");
-    Rlflow__TrainBatch *b = st == RF_OK ? rlflow__train_batch__unpack(NULL, (size_t)bytes, buf) : NULL;
+    if (st == RF_OK) st = rf__worker_peer_update(w, buf, (size_t)bytes, "the batch from tensor-parallel rank 0", -1);
     free(buf);
-    if (st == RF_OK && !b) st = rf_error(RF_ERR_FORMAT, "the batch from tensor-parallel rank 0 did not decode");
-    rf_train_sample *s = NULL;
-    int n = b ? (int)b->n_samples : 0;
-    if (st == RF_OK) st = rf__worker_unpack(b->samples, b->n_samples, &s);
-    rf_update_stats as = {0}, cs = {0};
-    double tp, ta;
-    if (st == RF_OK) w->version = (int)b->policy_version;
-    if (st == RF_OK && n > 0) st = rf__worker_update(w, s, n, b->kl_coef, &as, &cs, &tp, &ta);
-    if (st == RF_OK) w->version++;
-    rf__worker_samples_free(s, n); /* NULL when unpacking failed */
-    if (b) rlflow__train_batch__free_unpacked(b, NULL);
     return st == RF_OK ? rf__tp_publish(w, t, NULL) : st;
 }
 
