@@ -154,6 +154,26 @@ static rf_status publish_weights(tworker *w) {
     return announce(w);
 }
 
+rf_status rf__worker_agree_to_start(tworker *w, rf_comm *c, rf_status loaded, const char *kind) {
+    int size = rf_comm_size(c), bad = loaded != RF_OK;
+    int *flags = calloc((size_t)size, sizeof(int));
+    if (!flags) return loaded != RF_OK ? loaded : rf_error(RF_ERR_NOMEM, "out of memory");
+    char own[1024], what[96];
+    snprintf(own, sizeof own, "%s", rf_error_message());
+    snprintf(what, sizeof what, "%s training ranks agreeing to start", kind);
+    rf_status st = rf_comm_allgather(c, &bad, flags, sizeof bad, w->r->async.startup_timeout, what);
+    int failed = -1;
+    for (int q = 0; st == RF_OK && q < size && failed < 0; q++)
+        if (flags[q]) failed = q;
+    free(flags);
+    if (loaded != RF_OK) return rf_error(loaded, "%s", own);
+    if (st != RF_OK) return st;
+    if (failed >= 0)
+        return rf_error(RF_ERR_IO, "%s rank %d (world rank %d) could not start; its message says why", kind, failed,
+                        rf_comm_world_rank(c, failed));
+    return RF_OK;
+}
+
 rf_status rf__worker_peer_update(tworker *w, const uint8_t *buf, size_t bytes, const char *what, int train) {
     Rlflow__TrainBatch *b = rlflow__train_batch__unpack(NULL, bytes, buf);
     rf_status st = b ? RF_OK : rf_error(RF_ERR_FORMAT, "%s did not decode", what);

@@ -35,22 +35,9 @@ typedef struct dp_cmd {
 
 rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
     const rf_recipe *r = w->r;
-    int size = rf_comm_size(w->dpc), rank = rf_comm_rank(w->dpc), bad = loaded != RF_OK;
-    int *flags = calloc((size_t)size, sizeof(int));
-    if (!flags) return loaded != RF_OK ? loaded : rf_error(RF_ERR_NOMEM, "out of memory");
-    char own[1024];
-    snprintf(own, sizeof own, "%s", rf_error_message());
-    rf_status st = rf_comm_allgather(w->dpc, &bad, flags, sizeof bad, r->async.startup_timeout,
-                                     "data-parallel training ranks agreeing to start");
-    int failed = -1;
-    for (int q = 0; st == RF_OK && q < size && failed < 0; q++)
-        if (flags[q]) failed = q;
-    free(flags);
-    if (loaded != RF_OK) return rf_error(loaded, "%s", own);
-    if (st != RF_OK) return st;
-    if (failed >= 0)
-        return rf_error(RF_ERR_IO, "data-parallel rank %d (world rank %d) could not start; its message says why", failed,
-                        rf_comm_world_rank(w->dpc, failed));
+    int size = rf_comm_size(w->dpc), rank = rf_comm_rank(w->dpc);
+    RF_TRY(rf__worker_agree_to_start(w, w->dpc, loaded, "data-parallel"));
+    rf_status st;
     /* set-up waits for rank 0's checkpoint loading: the start-up bound; later, the peers' */
     rf_dp_opts o = {.zero = r->placement.actor.zero, .timeout_s = r->async.startup_timeout};
     st = rf_dp_init(&w->dp_actor, w->dpc, w->actor, &o);

@@ -57,6 +57,11 @@ void rf__worker_samples_free(rf_train_sample *s, int n);
 rf_status rf__worker_update(rf__tworker *w, rf_train_sample *s, int n, float kl_coef,
                             rf_update_stats *as, rf_update_stats *cs, double *prox_s, double *actor_s);
 
+/* Every rank of c (the DP or TP group; `kind` "data-parallel" or "tensor-parallel") says
+ * whether it loaded (`loaded`): RF_OK when all did; else this rank's own error, or one naming
+ * the first rank of c that failed. Bounded by async.startup_timeout. */
+rf_status rf__worker_agree_to_start(rf__tworker *w, rf_comm *c, rf_status loaded, const char *kind);
+
 /* A peer's (DP or TP rank > 0) update from a packed TrainBatch in buf (bytes; `what` names it
  * in errors): unpacks it, takes the policy version, runs rf__worker_update when `train` is 1
  * (-1: when the batch holds samples), and counts the new version. */

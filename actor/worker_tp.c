@@ -71,28 +71,6 @@ static rf_status move_state(rf__tworker *w, int to_shards, rf_model *full, doubl
     return st;
 }
 
-/* Every rank says whether it could load; when one could not, all stop (their own error, or
- * one naming the rank that failed). */
-static rf_status agree_to_start(rf__tworker *w, rf_status loaded) {
-    int size = rf_comm_size(w->tpc), bad = loaded != RF_OK;
-    int *flags = calloc((size_t)size, sizeof(int));
-    if (!flags) return loaded != RF_OK ? loaded : rf_error(RF_ERR_NOMEM, "out of memory");
-    char own[1024];
-    snprintf(own, sizeof own, "%s", rf_error_message());
-    rf_status st = rf_comm_allgather(w->tpc, &bad, flags, sizeof bad, w->r->async.startup_timeout,
-                                     "tensor-parallel training ranks agreeing to start");
-    int failed = -1;
-    for (int q = 0; st == RF_OK && q < size && failed < 0; q++)
-        if (flags[q]) failed = q;
-    free(flags);
-    if (loaded != RF_OK) return rf_error(loaded, "%s", own);
-    if (st != RF_OK) return st;
-    if (failed >= 0)
-        return rf_error(RF_ERR_IO, "tensor-parallel rank %d (world rank %d) could not start; its message says why", failed,
-                        rf_comm_world_rank(w->tpc, failed));
-    return RF_OK;
-}
-
 rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     const rf_recipe *r = w->r;
     int T = rf_comm_size(w->tpc), rank = rf_comm_rank(w->tpc);
@@ -107,7 +85,7 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     }
     if (st == RF_OK) st = rf_model_tp_init(&w->tp, &cfg, w->k, w->tpc, r->async.peer_timeout);
     if (st == RF_OK) st = rf_model_tp_enable_training(w->tp);
-    RF_TRY(agree_to_start(w, st));
+    RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, "tensor-parallel"));
     /* rank 0's version and optimizer step (a resumed run's) */
     int64_t vs[2] = {w->version, rank == 0 ? w->actor->opt_step : 0};
     RF_TRY(rf_comm_bcast(w->tpc, vs, sizeof vs, 0, r->async.startup_timeout,

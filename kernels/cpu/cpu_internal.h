@@ -30,6 +30,14 @@ void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const 
                                 const float *w, const int32_t *targets, int T, int C, int Vl,
                                 int v0, float inv_temp);
 
+/* Rows per chunk of the log-prob kernels: up to RF_LOGPROB_CHUNK, fewer for large vocabularies
+ * so that the scratch stays near 32 MB (about 55 rows for a 150k vocabulary). */
+int rf_cpu_logprob_chunk_rows(int V);
+
+/* The log-prob kernels' scratch of n floats, reused across calls and shared by the whole-
+ * vocabulary and vocabulary-parallel kernels (the back end is not re-entrant: kernels.h). */
+float *rf_cpu_logprob_scratch(size_t n);
+
 /* Softmax statistics of one row of logits zr (V): the maximum *m, sum_j exp(z_j - m) into
  * *sum and sum_j exp(z_j - m) (z_j - m) into *wsum (lse = m + log sum; entropy = log sum -
  * wsum / sum). Float exponentials (vectorised) in blocks of 1024, double accumulators (V up to

@@ -28,16 +28,13 @@ static void chunk_logits(float *z, float *lse_out, float *ent_out, const float *
     }
 }
 
-/* Rows per chunk: up to RF_LOGPROB_CHUNK, fewer for large vocabularies so that the scratch
- * stays near 32 MB (about 55 rows for a 150k vocabulary). */
-static int chunk_rows(int V) {
+int rf_cpu_logprob_chunk_rows(int V) {
     int r = (8 << 20) / (V > 0 ? V : 1);
     return r < 16 ? 16 : r > RF_LOGPROB_CHUNK ? RF_LOGPROB_CHUNK : r;
 }
 
-/* Scratch reused across calls (the back end is not re-entrant, see kernels.h): allocating a
- * fresh multi-megabyte buffer per call costs page faults on every step. */
-static float *scratch(size_t n) {
+/* Allocating a fresh multi-megabyte buffer per call costs page faults on every step. */
+float *rf_cpu_logprob_scratch(size_t n) {
     static float *buf;
     static size_t cap;
     if (n > cap) {
@@ -50,8 +47,8 @@ static float *scratch(size_t n) {
 
 void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
                             const int32_t *targets, int T, int C, int V, float inv_temp) {
-    int chunk = chunk_rows(V);
-    float *z = scratch((size_t)chunk * V);
+    int chunk = rf_cpu_logprob_chunk_rows(V);
+    float *z = rf_cpu_logprob_scratch((size_t)chunk * V);
     float lse[RF_LOGPROB_CHUNK], ent[RF_LOGPROB_CHUNK];
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
@@ -66,8 +63,8 @@ void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const f
 void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const float *dentropy,
                              const float *h, const float *w, const int32_t *targets, int T,
                              int C, int V, float inv_temp) {
-    int chunk = chunk_rows(V);
-    float *z = scratch((size_t)chunk * V);
+    int chunk = rf_cpu_logprob_chunk_rows(V);
+    float *z = rf_cpu_logprob_scratch((size_t)chunk * V);
     float lse[RF_LOGPROB_CHUNK], ent[RF_LOGPROB_CHUNK];
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;

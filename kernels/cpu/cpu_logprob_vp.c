@@ -13,24 +13,6 @@
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/kernel_math.h"
 
-/* Rows per chunk: as cpu_logprob.c (about 32 MB of scratch at most). */
-static int chunk_rows(int V) {
-    int r = (8 << 20) / (V > 0 ? V : 1);
-    return r < 16 ? 16 : r > RF_LOGPROB_CHUNK ? RF_LOGPROB_CHUNK : r;
-}
-
-/* Scratch reused across calls (the back end is not re-entrant: kernels.h). */
-static float *scratch(size_t n) {
-    static float *buf;
-    static size_t cap;
-    if (n > cap) {
-        free(buf);
-        buf = malloc(n * sizeof(float));
-        cap = buf ? n : 0;
-    }
-    return buf;
-}
-
 /* z (n, Vl) = inv_temp * h[t0 .. t0+n) @ w^T */
 static void slice_logits(float *z, const float *h, const float *w, int t0, int n, int C, int Vl,
                          float inv_temp) {
@@ -41,8 +23,8 @@ static void slice_logits(float *z, const float *h, const float *w, int t0, int n
 void rf_cpu_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float *ztgt,
                                 const float *h, const float *w, const int32_t *targets, int T,
                                 int C, int Vl, int v0, float inv_temp) {
-    int chunk = chunk_rows(Vl);
-    float *z = scratch((size_t)chunk * Vl);
+    int chunk = rf_cpu_logprob_chunk_rows(Vl);
+    float *z = rf_cpu_logprob_scratch((size_t)chunk * Vl);
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
         slice_logits(z, h, w, t0, n, C, Vl, inv_temp);
@@ -65,8 +47,8 @@ void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const 
                                 const float *lse, const float *entropy, const float *h,
                                 const float *w, const int32_t *targets, int T, int C, int Vl,
                                 int v0, float inv_temp) {
-    int chunk = chunk_rows(Vl);
-    float *z = scratch((size_t)chunk * Vl);
+    int chunk = rf_cpu_logprob_chunk_rows(Vl);
+    float *z = rf_cpu_logprob_scratch((size_t)chunk * Vl);
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
         slice_logits(z, h, w, t0, n, C, Vl, inv_temp);
