@@ -49,6 +49,13 @@ static inline int rf_test_split_start(const char *test, const char **rlflow, cha
     return mkdtemp(dir) ? 0 : 1;
 }
 
+/* Runs `rlflow run r.toml <args> --set logging.dir=<dir>/<run>` in dir; returns its exit code
+ * and output (caller frees). */
+static inline int rf_test_run_recipe(char **out, const char *dir, const char *rlflow, const char *run,
+                                     const char *args) {
+    return rf_test_sh(out, "cd %s && %s run r.toml %s --set logging.dir=%s/%s", dir, rlflow, args, dir, run);
+}
+
 /* 1 when the file at path holds needle. */
 static inline int rf_test_file_has(const char *path, const char *needle) {
     char *text;

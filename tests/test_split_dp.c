@@ -31,20 +31,13 @@ static double mean_of(const char *run, const char *name, int from, int to) {
     return rf_test_metric_mean(dir, run, name, from, to);
 }
 
-
-/* Runs `rlflow run r.toml <args> --set logging.dir=<dir>/<run>`; returns its exit code and
- * output (caller frees). */
-static int run(char **out, const char *run, const char *args) {
-    return rf_test_sh(out, "cd %s && %s run r.toml %s --set logging.dir=%s/%s", dir, rlflow, args, dir, run);
-}
-
 static void learns_like_dp1(void) {
     char *out, p[512];
-    int rc = run(&out, "dp1", "--set placement.actor.dp=1");
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "dp1", "--set placement.actor.dp=1");
     CHECK(rc == 0);
     if (rc) fprintf(stderr, "%s\n", out);
     free(out);
-    rc = run(&out, "dp2", "");
+    rc = rf_test_run_recipe(&out, dir, rlflow, "dp2", "");
     CHECK(rc == 0);
     CHECK(strstr(out, "split run: 4 processes (controller, 2 data-parallel training workers, 1 rollout workers)") != NULL);
     CHECK(strstr(out, "rank 2: training worker, data-parallel rank 1 of 2 (actor)") != NULL);
@@ -70,7 +63,7 @@ static void learns_like_dp1(void) {
  * a resumed run hands each rank its shard again. */
 static void zero_checkpoint_resume(void) {
     char *out, p[512];
-    int rc = run(&out, "zero", "--set placement.actor.zero=1 --set algorithm.name=ppo --set train.steps=20 "
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "zero", "--set placement.actor.zero=1 --set algorithm.name=ppo --set train.steps=20 "
                                "--set logging.val_every=0");
     CHECK(rc == 0);
     CHECK(strstr(out, "data parallel over 2 ranks (ZeRO-1: optimizer state sharded), actor and critic") != NULL);
@@ -81,7 +74,7 @@ static void zero_checkpoint_resume(void) {
         snprintf(p, sizeof p, "%s/zero/step_000020/%s/model.safetensors", dir, parts[i]);
         CHECK(rf_file_exists(p));
     }
-    rc = run(&out, "zero", "--set placement.actor.zero=1 --set algorithm.name=ppo --set train.steps=30 "
+    rc = rf_test_run_recipe(&out, dir, rlflow, "zero", "--set placement.actor.zero=1 --set algorithm.name=ppo --set train.steps=30 "
                            "--set logging.val_every=0 --resume");
     CHECK(rc == 0);
     CHECK(strstr(out, "resumed at step 20") != NULL);

@@ -41,13 +41,6 @@ static double mean_of(const char *run, const char *name, int from, int to) {
     return rf_test_metric_mean(dir, run, name, from, to);
 }
 
-
-/* Runs `rlflow run r.toml <args> --set logging.dir=<dir>/<run>`; returns its exit code and
- * output (caller frees). */
-static int run(char **out, const char *run, const char *args) {
-    return rf_test_sh(out, "cd %s && %s run r.toml %s --set logging.dir=%s/%s", dir, rlflow, args, dir, run);
-}
-
 /* The hexadecimal CRC-32C after `prefix` in text, or -1. */
 static long crc_after(const char *text, const char *prefix) {
     const char *at = text ? strstr(text, prefix) : NULL;
@@ -79,11 +72,11 @@ static long saved_crc(const char *d) {
 
 static void learns_like_tp1(void) {
     char *out, p[512];
-    int rc = run(&out, "tp1", "--set placement.actor.tp=1");
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "tp1", "--set placement.actor.tp=1");
     CHECK(rc == 0);
     if (rc) fprintf(stderr, "%s\n", out);
     free(out);
-    rc = run(&out, "tp2", "");
+    rc = rf_test_run_recipe(&out, dir, rlflow, "tp2", "");
     CHECK(rc == 0);
     CHECK(strstr(out, "split run: 4 processes (controller, 2 tensor-parallel training workers, 1 rollout workers)") != NULL);
     CHECK(strstr(out, "rank 1: training worker, tensor-parallel rank 0 of 2 (actor shard 0 of 2)") != NULL);
@@ -130,7 +123,7 @@ static void ppo_checkpoint_resume(void) {
     char a20[256], a30[256];
     snprintf(a20, sizeof a20, "%s --set train.steps=20", args);
     snprintf(a30, sizeof a30, "%s --set train.steps=30 --resume", args);
-    int rc = run(&out, "ppo", a20);
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "ppo", a20);
     CHECK(rc == 0);
     CHECK(strstr(out, "rank 1: training worker, tensor-parallel rank 0 of 2 (actor shard 0 of 2, critic)") != NULL);
     if (rc) fprintf(stderr, "%s\n", out);
@@ -143,7 +136,7 @@ static void ppo_checkpoint_resume(void) {
     }
     CHECK(trainer_state("ppo", "step_000020", "actor_optimizer_steps") == 20);
     CHECK(trainer_state("ppo", "step_000020", "critic_optimizer_steps") == 20);
-    rc = run(&out, "ppo", a30);
+    rc = rf_test_run_recipe(&out, dir, rlflow, "ppo", a30);
     CHECK(rc == 0);
     CHECK(strstr(out, "resumed at step 20") != NULL);
     long resumed = crc_after(out, "training worker: weights version 20 (CRC-32C ");
@@ -169,7 +162,7 @@ static void peer_killed(void) {
 static void refusals(void) {
     char *out, want[1024];
     /* before mpirun starts: the model's heads */
-    int rc = run(&out, "heads", "--set placement.actor.tp=3");
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "heads", "--set placement.actor.tp=3");
     CHECK(rc != 0);
     snprintf(want, sizeof want, "error: --set: placement.actor.tp = 3 does not divide the 4 attention heads of model.path "
                                 "\"%s/sft\" (tensor parallelism splits whole heads)", dir);
@@ -177,7 +170,7 @@ static void refusals(void) {
     if (!strstr(out, want)) fprintf(stderr, "%s\n", out);
     free(out);
     /* colocated: named where the recipe sets it (r.toml's [placement.actor] tp = 2, line 40) */
-    rc = run(&out, "colocated", "--set placement.mode=colocated --set async.max_staleness=0");
+    rc = rf_test_run_recipe(&out, dir, rlflow, "colocated", "--set placement.mode=colocated --set async.max_staleness=0");
     CHECK(rc != 0);
     snprintf(want, sizeof want, "error: r.toml:40:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism in "
                                 "colocated runs; placement.mode = \"split\" trains on placement.actor.tp ranks)");
