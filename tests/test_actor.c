@@ -7,17 +7,8 @@
 
 #include "actor/actor.h"
 #include "test_util.h"
+#include "train_util.h"
 
-static rf_model *tiny(uint64_t seed, int value_head) {
-    rf_model_config c;
-    RF_ASSERT(rf_config_preset(&c, "tiny", 50) == RF_OK);
-    c.value_head = value_head;
-    rf_model *m;
-    RF_ASSERT(rf_model_init(&m, &c, rf_cpu_kernels()) == RF_OK);
-    rf_model_init_random(m, seed, 0.2f);
-    RF_ASSERT(rf_model_enable_training(m) == RF_OK);
-    return m;
-}
 
 #define NS 6
 static void make_samples(rf_train_sample *s) {
@@ -37,7 +28,7 @@ static void make_samples(rf_train_sample *s) {
 }
 
 static void accumulation(rf_loss_agg agg) {
-    rf_model *a = tiny(3, 0), *b = tiny(3, 0);
+    rf_model *a = rf_test_tiny_model(3, 0), *b = rf_test_tiny_model(3, 0);
     rf_train_sample s[NS];
     make_samples(s);
     float *prox[NS], *ent[NS];
@@ -69,7 +60,7 @@ static void accumulation(rf_loss_agg agg) {
 }
 
 static void sft_and_critic(void) {
-    rf_model *m = tiny(5, 0), *c = tiny(6, 1);
+    rf_model *m = rf_test_tiny_model(5, 0), *c = rf_test_tiny_model(6, 1);
     rf_train_sample s[NS];
     make_samples(s);
     rf_optim_opts oo = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .grad_clip = 1.0f};

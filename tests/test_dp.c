@@ -48,6 +48,7 @@
 #include "common/util.h"
 #include "test_comm_util.h"
 #include "test_util.h"
+#include "train_util.h"
 #include "trainer/data_parallel.h"
 
 #define T_OK 60.0
@@ -55,40 +56,16 @@
 #define NS 12       /* samples in the batch */
 #define BUCKET 8192 /* floats: the tiny model has ~100k parameters, so a dozen buckets */
 
-static rf_model *tiny(uint64_t seed, int value_head) {
-    rf_model_config c;
-    RF_ASSERT(rf_config_preset(&c, "tiny", 50) == RF_OK);
-    c.value_head = value_head;
-    rf_model *m;
-    RF_ASSERT(rf_model_init(&m, &c, rf_cpu_kernels()) == RF_OK);
-    rf_model_init_random(m, seed, 0.2f);
-    RF_ASSERT(rf_model_enable_training(m) == RF_OK);
-    return m;
-}
 
 /* NS samples of different lengths with advantages of both signs; prox and behaviour log-probs
  * from model m (so the first step's ratio is 1 and later ones are not). */
 static void make_samples(rf_train_sample *s, rf_model *m) {
-    for (int i = 0; i < NS; i++) {
-        memset(&s[i], 0, sizeof s[i]);
-        s[i].n_prompt = 2 + i % 4, s[i].n_resp = 1 + (i * 5) % 7;
-        int len = s[i].n_prompt + s[i].n_resp;
-        s[i].tokens = malloc(sizeof(int32_t) * (size_t)len);
-        for (int t = 0; t < len; t++) s[i].tokens[t] = (i * 7 + t * 3 + t * t) % 50;
-        RF_ASSERT(rf_train_sample_alloc(&s[i]) == RF_OK);
+    rf_test_train_samples(s, NS, m);
+    for (int i = 0; i < NS; i++)
         for (int t = 0; t < s[i].n_resp; t++) {
-            s[i].adv[t] = (i % 3 ? 1.0f : -1.3f) * (0.5f + 0.1f * t);
             s[i].returns[t] = 0.3f * (i % 5) - 0.4f;
+            s[i].values[t] = 0.1f * t - 0.2f;
         }
-        s[i].group = i / 4;
-    }
-    float *prox[NS], *val[NS];
-    for (int i = 0; i < NS; i++) prox[i] = s[i].prox_logp, val[i] = s[i].values;
-    RF_ASSERT(rf_actor_logprobs(m, s, NS, 1000, 1.0f, prox, NULL) == RF_OK);
-    for (int i = 0; i < NS; i++) {
-        memcpy(s[i].behav_logp, s[i].prox_logp, sizeof(float) * (size_t)s[i].n_resp);
-        for (int t = 0; t < s[i].n_resp; t++) val[i][t] = 0.1f * t - 0.2f;
-    }
 }
 
 static void free_samples(rf_train_sample *s) {
@@ -147,7 +124,7 @@ static void run_backward(rf_model *m) {
 }
 
 static void backward_hook(void) {
-    rf_model *m = tiny(11, 0);
+    rf_model *m = rf_test_tiny_model(11, 0);
     float *plain = malloc(sizeof(float) * m->n_params);
     run_backward(m);
     memcpy(plain, m->grads, sizeof(float) * m->n_params);
@@ -181,7 +158,7 @@ static void backward_hook(void) {
 /* DP over one rank: plain DP is the single-rank update itself (bit for bit), ZeRO-1 within
  * tolerance (its norm sums the squares in another order). */
 static void single_rank_dp(void) {
-    rf_model *a = tiny(3, 0), *b = tiny(3, 0), *z = tiny(3, 0);
+    rf_model *a = rf_test_tiny_model(3, 0), *b = rf_test_tiny_model(3, 0), *z = rf_test_tiny_model(3, 0);
     rf_train_sample s[NS];
     make_samples(s, a);
     rf_optim_opts oo = optim();
@@ -266,7 +243,7 @@ static void started_collectives(rf_comm *c) {
 
 /* Ranks start from different weights; after rf_dp_init all hold rank 0's. */
 static void init_broadcasts(rf_comm *c) {
-    rf_model *m = tiny(100 + (uint64_t)g_rank, 0), *ref = tiny(100, 0);
+    rf_model *m = rf_test_tiny_model(100 + (uint64_t)g_rank, 0), *ref = rf_test_tiny_model(100, 0);
     rf_dp *dp = NULL;
     rf_dp_opts o = {.bucket_floats = BUCKET, .timeout_s = T_OK};
     CHECK_OK(rf_dp_init(&dp, c, m, &o));
@@ -288,9 +265,9 @@ static int same_on_every_rank(rf_comm *c, const rf_model *m) {
 
 /* The DP update on this rank's share against the single-rank update on the whole batch. */
 static void dp_equals_one_rank(rf_comm *c, rf_loss_agg agg, int critic, int zero) {
-    rf_model *ref = tiny(3, critic), *m = tiny(3, critic), *init = tiny(3, critic);
+    rf_model *ref = rf_test_tiny_model(3, critic), *m = rf_test_tiny_model(3, critic), *init = rf_test_tiny_model(3, critic);
     rf_train_sample s[NS];
-    rf_model *pol = critic ? tiny(3, 0) : NULL;
+    rf_model *pol = critic ? rf_test_tiny_model(3, 0) : NULL;
     make_samples(s, pol ? pol : ref);
     rf_optim_opts oo = optim();
     rf_update_opts uo = update_opts(agg);
@@ -329,7 +306,7 @@ static void dp_equals_one_rank(rf_comm *c, rf_loss_agg agg, int critic, int zero
 
 /* ZeRO-1 against plain DP with 2 mini-batches, 2 epochs and weight decay. */
 static void zero_equals_plain(rf_comm *c) {
-    rf_model *p = tiny(5, 0), *z = tiny(5, 0);
+    rf_model *p = rf_test_tiny_model(5, 0), *z = rf_test_tiny_model(5, 0);
     rf_train_sample s[NS];
     make_samples(s, p);
     rf_optim_opts oo = optim();
@@ -376,7 +353,7 @@ static void zero_equals_plain(rf_comm *c) {
  * is skipped (no optimizer step), so the update is one rank's with mini_batches = 1 over the
  * same samples. */
 static void empty_mini_batches(rf_comm *c) {
-    rf_model *ref = tiny(13, 0), *m = tiny(13, 0);
+    rf_model *ref = rf_test_tiny_model(13, 0), *m = rf_test_tiny_model(13, 0);
     rf_train_sample s[NS];
     make_samples(s, ref);
     rf_optim_opts oo = optim();
@@ -401,7 +378,7 @@ static void empty_mini_batches(rf_comm *c) {
  * embedding when overlapping, none when deferred. Every rank has work here (a share of at least
  * one sample). */
 static void overlap(rf_comm *c, int defer) {
-    rf_model *m = tiny(9, 0);
+    rf_model *m = rf_test_tiny_model(9, 0);
     rf_train_sample s[NS];
     make_samples(s, m);
     rf_optim_opts oo = optim();
@@ -443,7 +420,7 @@ static void lost_rank(rf_comm *world, int zero) {
     const double bound = 2.0;
     rf_comm *c = NULL;
     CHECK_OK(rf_comm_split(world, 0, g_rank, &c));
-    rf_model *m = tiny(9, 0);
+    rf_model *m = rf_test_tiny_model(9, 0);
     rf_dp *dp = NULL;
     rf_dp_opts o = {.bucket_floats = BUCKET, .zero = zero, .timeout_s = bound};
     CHECK_OK(rf_dp_init(&dp, c, m, &o));

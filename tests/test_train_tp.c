@@ -35,41 +35,19 @@
 #include "resharding/weights_reshard.h"
 #include "test_comm_util.h"
 #include "test_util.h"
+#include "train_util.h"
 
 #define T_OK 60.0
 #define NS 12 /* samples in the batch */
 
 static int g_rank, g_size;
 
-static rf_model *tiny(uint64_t seed) {
-    rf_model_config c;
-    RF_ASSERT(rf_config_preset(&c, "tiny", 50) == RF_OK);
-    rf_model *m;
-    RF_ASSERT(rf_model_init(&m, &c, rf_cpu_kernels()) == RF_OK);
-    rf_model_init_random(m, seed, 0.2f);
-    RF_ASSERT(rf_model_enable_training(m) == RF_OK);
-    return m;
-}
 
 /* NS samples of different lengths, advantages of both signs, log-probs from m. */
 static void make_samples(rf_train_sample *s, rf_model *m) {
-    for (int i = 0; i < NS; i++) {
-        memset(&s[i], 0, sizeof s[i]);
-        s[i].n_prompt = 2 + i % 4, s[i].n_resp = 1 + (i * 5) % 7;
-        int len = s[i].n_prompt + s[i].n_resp;
-        s[i].tokens = malloc(sizeof(int32_t) * (size_t)len);
-        for (int t = 0; t < len; t++) s[i].tokens[t] = (i * 7 + t * 3 + t * t) % 50;
-        RF_ASSERT(rf_train_sample_alloc(&s[i]) == RF_OK);
-        for (int t = 0; t < s[i].n_resp; t++) s[i].adv[t] = (i % 3 ? 1.0f : -1.3f) * (0.5f + 0.1f * t);
-        s[i].group = i / 4;
-    }
-    float *prox[NS];
-    for (int i = 0; i < NS; i++) prox[i] = s[i].prox_logp;
-    RF_ASSERT(rf_actor_logprobs(m, s, NS, 1000, 1.0f, prox, NULL) == RF_OK);
-    for (int i = 0; i < NS; i++) {
-        memcpy(s[i].behav_logp, s[i].prox_logp, sizeof(float) * (size_t)s[i].n_resp);
+    rf_test_train_samples(s, NS, m);
+    for (int i = 0; i < NS; i++)
         for (int t = 0; t < s[i].n_resp; t++) s[i].ref_logp[t] = s[i].prox_logp[t] - 0.05f * (float)(t % 3);
-    }
 }
 
 static void free_samples(rf_train_sample *s) {
@@ -113,7 +91,7 @@ static int replicated_same(rf_comm *c, const rf_model_tp *tp) {
 }
 
 static void tp_equals_one_rank(rf_comm *c, rf_loss_agg agg) {
-    rf_model *ref = tiny(5), *init = tiny(5);
+    rf_model *ref = rf_test_tiny_model(5, 0), *init = rf_test_tiny_model(5, 0);
     rf_train_sample s[NS];
     make_samples(s, ref);
     rf_model_tp *tp = NULL;
