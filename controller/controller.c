@@ -75,10 +75,6 @@ typedef struct ctl {
     /* per step */
     double gen_tokens, last_step_at;
     /* reward programs' named components since the last batch: mean of the groups' means */
-    char comp_name[RF_EXTERNAL_MAX_COMPONENTS][96];
-    double comp_sum[RF_EXTERNAL_MAX_COMPONENTS];
-    int comp_n[RF_EXTERNAL_MAX_COMPONENTS], n_comp;
-    int64_t ext_rejected, ext_resent; /* reward programs' rejected replies, re-sent requests */
     int64_t dropped_dynamic, dyn_since_batch;
 } ctl;
 
@@ -280,23 +276,6 @@ static rf_status external_reward(ctl *c, group *g) {
     }
     if (st == RF_OK) st = rf_external_reward_score(c->run.ext, items, g->n, sc);
     if (st == RF_OK) st = rf__apply_external(&c->run, g->s, g->n, sc);
-    rf_external_reward_stats es = rf_external_reward_last_stats(c->run.ext);
-    c->ext_rejected += es.rejected, c->ext_resent += es.resent;
-    if (st == RF_OK) {
-        const char *names[RF_EXTERNAL_MAX_COMPONENTS];
-        double means[RF_EXTERNAL_MAX_COMPONENTS];
-        int nc = rf_external_reward_components(c->run.ext, names, means, RF_EXTERNAL_MAX_COMPONENTS);
-        for (int k = 0; k < nc; k++) {
-            int j = 0;
-            while (j < c->n_comp && strcmp(c->comp_name[j], names[k]) != 0) j++;
-            if (j == c->n_comp) {
-                if (c->n_comp == RF_EXTERNAL_MAX_COMPONENTS) continue;
-                snprintf(c->comp_name[c->n_comp++], sizeof c->comp_name[0], "%s", names[k]);
-                c->comp_sum[j] = 0, c->comp_n[j] = 0;
-            }
-            c->comp_sum[j] += means[k], c->comp_n[j]++;
-        }
-    }
     free(items), free(sc), free(meta);
     return st;
 }
@@ -490,17 +469,7 @@ static rf_status try_train(ctl *c) {
         rf_metrics_set(mt, "async/in_flight_groups", rf_buffer_in_flight(c->buf));
         rf_metrics_set(mt, "async/stale_dropped", (double)rf_buffer_stale_dropped(c->buf));
         if (r->algorithm.dynamic_sampling) rf_metrics_set(mt, "rollout/dropped_groups", (double)c->dropped_dynamic);
-        if (c->run.ext) {
-            rf_metrics_set(mt, "reward/external/rejected", (double)c->ext_rejected);
-            rf_metrics_set(mt, "reward/external/resent", (double)c->ext_resent);
-            c->ext_rejected = c->ext_resent = 0;
-        }
-        for (int k = 0; k < c->n_comp; k++) {
-            char key[160];
-            snprintf(key, sizeof key, "reward/external/%s", c->comp_name[k]);
-            if (c->comp_n[k]) rf_metrics_set(mt, key, c->comp_sum[k] / c->comp_n[k]);
-            c->comp_sum[k] = 0, c->comp_n[k] = 0;
-        }
+        rf__external_metrics(&c->run, mt);
         c->mean_kl = mean_kl;
         c->dyn_since_batch = 0;
         for (int i = 0; i < count; i++) {

@@ -121,7 +121,37 @@ rf_status rf__apply_external(rf_run *run, rf_train_sample *s, int n, const float
         for (int k = 0; k < nt; k++) t[k] = (s[i].token_rewards ? t[k] : 0.0f) + w * v[k];
         s[i].token_rewards = t;
     }
+    rf_external_acc *a = &run->ext_acc;
+    rf_external_reward_stats es = rf_external_reward_last_stats(run->ext);
+    a->rejected += es.rejected, a->resent += es.resent;
+    const char *names[RF_EXTERNAL_MAX_COMPONENTS];
+    double means[RF_EXTERNAL_MAX_COMPONENTS];
+    int nc = rf_external_reward_components(run->ext, names, means, RF_EXTERNAL_MAX_COMPONENTS);
+    for (int k = 0; k < nc; k++) {
+        int j = 0;
+        while (j < a->count && strcmp(a->name[j], names[k]) != 0) j++;
+        if (j == a->count) {
+            if (a->count == RF_EXTERNAL_MAX_COMPONENTS) continue;
+            snprintf(a->name[a->count++], sizeof a->name[0], "%s", names[k]);
+            a->sum[j] = 0, a->n[j] = 0;
+        }
+        a->sum[j] += means[k], a->n[j]++;
+    }
     return RF_OK;
+}
+
+void rf__external_metrics(rf_run *run, rf_metrics *m) {
+    if (!run->ext) return;
+    rf_external_acc *a = &run->ext_acc;
+    rf_metrics_set(m, "reward/external/rejected", (double)a->rejected);
+    rf_metrics_set(m, "reward/external/resent", (double)a->resent);
+    a->rejected = a->resent = 0;
+    for (int k = 0; k < a->count; k++) {
+        char key[160];
+        snprintf(key, sizeof key, "reward/external/%s", a->name[k]);
+        if (a->n[k]) rf_metrics_set(m, key, a->sum[k] / a->n[k]);
+        a->sum[k] = 0, a->n[k] = 0;
+    }
 }
 
 /* External reward programs: the whole batch goes out, scores come back per sample. */
@@ -141,20 +171,7 @@ static rf_status external_reward(rf_run *run, const rf_example *const *ex, rf_tr
     }
     if (st == RF_OK) st = rf_external_reward_score(run->ext, items, n, sc);
     if (st == RF_OK) st = rf__apply_external(run, s, n, sc);
-    rf_external_reward_stats es = rf_external_reward_last_stats(run->ext);
-    rf_metrics_set(run->metrics, "reward/external/rejected", es.rejected);
-    rf_metrics_set(run->metrics, "reward/external/resent", es.resent);
-    if (st == RF_OK) {
-        /* the programs' named components, as metrics */
-        const char *names[RF_EXTERNAL_MAX_COMPONENTS];
-        double means[RF_EXTERNAL_MAX_COMPONENTS];
-        int nc = rf_external_reward_components(run->ext, names, means, RF_EXTERNAL_MAX_COMPONENTS);
-        for (int k = 0; k < nc; k++) {
-            char key[160];
-            snprintf(key, sizeof key, "reward/external/%s", names[k]);
-            rf_metrics_set(run->metrics, key, means[k]);
-        }
-    }
+    if (st == RF_OK) rf__external_metrics(run, run->metrics);
     for (int i = 0; meta && i < n; i++) free(meta[i]);
     free(items), free(sc), free(meta);
     return st;

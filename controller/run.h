@@ -18,6 +18,14 @@
 #include "reward/reward.h"
 #include "rollout/rollout.h"
 
+/* What reward programs returned since the metrics last took it (controller/rl_step.c). */
+typedef struct rf_external_acc {
+    char name[RF_EXTERNAL_MAX_COMPONENTS][96]; /* named components seen */
+    double sum[RF_EXTERNAL_MAX_COMPONENTS];    /* sum of the batches' means */
+    int n[RF_EXTERNAL_MAX_COMPONENTS], count;  /* batches per component; components */
+    int64_t rejected, resent;                  /* replies rejected, requests re-sent */
+} rf_external_acc;
+
 typedef struct rf_run {
     const rf_recipe *r;
     const rf_kernels *k;
@@ -40,6 +48,10 @@ typedef struct rf_run {
     int start_step;    /* step this process started (or resumed) at */
     double t_start;
     double best_val;
+    /* reward programs since the metrics last took them: each named component's sum of batch
+     * means and count, replies rejected and requests re-sent (rf__apply_external adds,
+     * rf__external_metrics logs and resets) */
+    rf_external_acc ext_acc;
 } rf_run;
 
 /* `rlflow run`: loads the recipe's models, data and rewards (building the SFT warm start and

@@ -59,8 +59,13 @@ rf_status rf__reward_model_scores(rf_reward_model *rm, const rf_train_sample *s,
 
 /* Applies the last successful external batch (run->ext) to samples s (n, item i = sample i):
  * reward += reward.external_weight * sc[i], and the per-token rewards the programs sent,
- * weighted the same, into s[i].token_rewards. */
+ * weighted the same, into s[i].token_rewards; adds the batch's named components and reply
+ * counts to run->ext_acc. */
 rf_status rf__apply_external(rf_run *run, rf_train_sample *s, int n, const float *sc);
+
+/* Sets reward/external/rejected, /resent and /<component> (the mean of the batches' means)
+ * from run->ext_acc on m, and resets it. Nothing without reward programs. */
+void rf__external_metrics(rf_run *run, rf_metrics *m);
 
 /* reward/..., response/... metrics of a batch (reward/mean: rf__total_reward). */
 void rf__batch_metrics(rf_metrics *m, const rf_recipe *r, const rf_train_sample *samples, int count);
