@@ -85,6 +85,8 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     }
     if (st == RF_OK) st = rf_model_tp_init(&w->tp, &cfg, w->k, w->tpc, r->async.peer_timeout);
     if (st == RF_OK) st = rf_model_tp_enable_training(w->tp);
+    /* rollout workers on this host read the shards in place (resharding/reshard.h) */
+    if (st == RF_OK) st = rf_model_share_params(w->tp->m);
     RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, "tensor-parallel"));
     /* rank 0's version and optimizer step (a resumed run's) */
     int64_t vs[2] = {w->version, rank == 0 ? w->actor->opt_step : 0};

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "common/shm.h"
 #include "common/util.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
@@ -60,8 +61,9 @@ static float *local_buffer(const rf_reshard_plan *p, const rf_layout *l, int ran
     int t = 0;
     if (!rf_layout_find(l, rank, NULL, &t)) return NULL;
     size_t n = src ? p->src_floats[t] : p->dst_floats[t];
-    float *b = malloc(sizeof(float) * (n + 1));
-    if (!b) DIE(rf_error(RF_ERR_NOMEM, "out of memory"));
+    float *b = NULL;
+    if (src) DIE(rf_shm_alloc((void **)&b, sizeof(float) * (n + 1), "bench source")); /* as training ranks hold weights */
+    else if (!(b = malloc(sizeof(float) * (n + 1)))) DIE(rf_error(RF_ERR_NOMEM, "out of memory"));
     for (size_t i = 0; i < n; i++) b[i] = (float)(i % 1000003) * (src ? 1.0f : -1.0f);
     return b;
 }
@@ -98,8 +100,9 @@ static void bench_pair(rf_comm *c, const rf_layout *a, const rf_layout *b, size_
     rf_reshard_plan_bytes(p, rank, NULL, &recv, &copied);
     double bytes = sum_over_ranks(c, (double)(recv + copied));
     double base = memcpy_seconds(c, dst, recv + copied);
-    for (int verify = 1; verify >= 0; verify--) {
-        rf_reshard_opts o = {.timeout_s = 120, .no_verify = !verify};
+    for (int mode = 0; mode < 4; mode++) {
+        int in_place = mode < 2, verify = !(mode & 1);
+        rf_reshard_opts o = {.timeout_s = 120, .no_verify = !verify, .no_shm = !in_place};
         rf_reshard *x = NULL;
         DIE(rf_reshard_init(&x, p, c, &o));
         double best = 1e30;
@@ -111,19 +114,20 @@ static void bench_pair(rf_comm *c, const rf_layout *a, const rf_layout *b, size_
             double s = max_over_ranks(c, rf_time_now() - t);
             if (r > 0 && s < best) best = s;
         }
+        double peers = sum_over_ranks(c, rf_reshard_in_place_peers(x));
         rf_reshard_free(x);
         if (rank == 0) {
             char na[64], nb[64];
             double gbs = bytes / best / 1e9, mgbs = bytes / base / 1e9;
             printf("{\"bench\":\"reshard\",\"ranks\":%d,\"from\":\"%s\",\"to\":\"%s\",\"zero_copy\":%d,\"buckets\":%d,"
-                   "\"bucket_bytes\":%zu,\"verify\":%d,\"bytes\":%.0f,\"seconds\":%.4f,\"gb_per_s\":%.2f,"
+                   "\"bucket_bytes\":%zu,\"in_place\":%d,\"in_place_pairs\":%.0f,\"verify\":%d,\"bytes\":%.0f,\"seconds\":%.4f,\"gb_per_s\":%.2f,"
                    "\"memcpy_gb_per_s\":%.2f,\"fraction_of_memcpy\":%.3f}\n",
                    rf_comm_size(c), name_of(a, na, sizeof na), name_of(b, nb, sizeof nb), p->zero_copy, p->n_buckets, bucket,
-                   verify, bytes, best, gbs, p->zero_copy ? 0.0 : mgbs, p->zero_copy ? 0.0 : gbs / mgbs);
+                   in_place, peers / 2, verify, bytes, best, gbs, p->zero_copy ? 0.0 : mgbs, p->zero_copy ? 0.0 : gbs / mgbs);
             fflush(stdout);
         }
     }
-    free(src), free(dst);
+    rf_shm_free(src), free(dst);
     rf_reshard_plan_free(p);
 }
 

@@ -100,22 +100,57 @@ static inline uint64_t load64(const unsigned char *p) {
     return v;
 }
 
-__attribute__((target("sse4.2"))) static uint32_t hw(uint32_t crc, const unsigned char *p, size_t n) {
+/* Feeds n bytes at p into the CRC; with `copy`, also stores them at d (non-temporal stores:
+ * the destination is not read first, as memcpy does for large copies), so a copy and its
+ * checksum read the source once. */
+__attribute__((always_inline, target("sse4.2"))) static inline uint32_t hw_body(uint32_t crc, unsigned char *d,
+                                                                                const unsigned char *p, size_t n, int copy) {
     uint64_t c0 = (uint32_t)~crc;
     while (n >= 3 * BLOCK) {
         uint64_t c1 = 0, c2 = 0;
         for (size_t i = 0; i < BLOCK; i += 8) {
-            c0 = _mm_crc32_u64(c0, load64(p + i));
-            c1 = _mm_crc32_u64(c1, load64(p + BLOCK + i));
-            c2 = _mm_crc32_u64(c2, load64(p + 2 * BLOCK + i));
+            uint64_t v0 = load64(p + i), v1 = load64(p + BLOCK + i), v2 = load64(p + 2 * BLOCK + i);
+            c0 = _mm_crc32_u64(c0, v0);
+            c1 = _mm_crc32_u64(c1, v1);
+            c2 = _mm_crc32_u64(c2, v2);
+            if (copy) {
+                _mm_stream_si64((long long *)(void *)(d + i), (long long)v0);
+                _mm_stream_si64((long long *)(void *)(d + BLOCK + i), (long long)v1);
+                _mm_stream_si64((long long *)(void *)(d + 2 * BLOCK + i), (long long)v2);
+            }
         }
         c0 = shift(shift((uint32_t)c0) ^ (uint32_t)c1) ^ (uint32_t)c2;
         p += 3 * BLOCK, n -= 3 * BLOCK;
+        if (copy) d += 3 * BLOCK;
+    }
+    if (copy) {
+        _mm_sfence();
+        memcpy(d, p, n);
     }
     for (; n >= 8; p += 8, n -= 8) c0 = _mm_crc32_u64(c0, load64(p));
     uint32_t c = (uint32_t)c0;
     for (; n > 0; p++, n--) c = _mm_crc32_u8(c, *p);
     return ~c;
+}
+
+__attribute__((target("sse4.2"))) static uint32_t hw(uint32_t crc, const unsigned char *p, size_t n) {
+    return hw_body(crc, NULL, p, n, 0);
+}
+
+/* Non-temporal 8-byte stores need 8-byte aligned destinations. */
+__attribute__((target("sse4.2"))) static uint32_t hw_copy(uint32_t crc, unsigned char *d, const unsigned char *p, size_t n) {
+    size_t head = (8 - ((uintptr_t)d & 7)) & 7;
+    if (head > n) head = n;
+    memcpy(d, p, head);
+    crc = hw_body(crc, NULL, p, head, 0);
+    return hw_body(crc, d + head, p + head, n - head, 1);
+}
+
+uint32_t rf_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t n) {
+    pthread_once(&g_once, init);
+    if (g_hw) return hw_copy(crc, dst, src, n);
+    memcpy(dst, src, n);
+    return rf_crc32c_table_extend(crc, dst, n);
 }
 
 uint32_t rf_crc32c_extend(uint32_t crc, const void *data, size_t n) {
@@ -132,6 +167,11 @@ int rf_crc32c_hw(void) {
 
 uint32_t rf_crc32c_extend(uint32_t crc, const void *data, size_t n) { return rf_crc32c_table_extend(crc, data, n); }
 int rf_crc32c_hw(void) { return 0; }
+
+uint32_t rf_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t n) {
+    memcpy(dst, src, n);
+    return rf_crc32c_table_extend(crc, dst, n);
+}
 
 #endif
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/shm.h"
 #include "common/util.h"
 
 /* Appends a view; returns its offset. */
@@ -128,7 +129,8 @@ void rf_model_free(rf_model *m) {
     if (!m) return;
     const rf_kernels *k = m->k;
     if (k) {
-        k->free(m->params);
+        if (m->params_shared) rf_shm_free(m->params);
+        else k->free(m->params);
         k->free(m->grads);
         k->free(m->opt_m);
         k->free(m->opt_v);
@@ -158,6 +160,32 @@ void rf_model_init_random(rf_model *m, uint64_t seed, float std) {
     }
     m->k->to_device(m->params, host, m->n_params * sizeof(float));
     free(host);
+}
+
+/* Every weight pointer of a layer, to move them with the parameter buffer. */
+static float **layer_weight(rf_layer_weights *w, int i) {
+    float **all[] = {&w->ln1, &w->wq, &w->bq, &w->wk, &w->bk, &w->wv, &w->bv, &w->wo,
+                     &w->bo, &w->q_norm, &w->k_norm, &w->ln2, &w->wgate, &w->wup, &w->wdown};
+    return i < (int)(sizeof all / sizeof all[0]) ? all[i] : NULL;
+}
+
+static void rebase(float **p, const float *old, float *now) {
+    if (*p) *p = now + (*p - old);
+}
+
+rf_status rf_model_share_params(rf_model *m) {
+    if (m->params_shared) return RF_OK;
+    if (strcmp(m->k->name, "cpu") != 0)
+        return rf_error(RF_ERR_UNSUPPORTED, "sharing parameters between processes: the %s back end's memory is not host memory", m->k->name);
+    float *now = NULL, *old = m->params;
+    RF_TRY(rf_shm_alloc((void **)&now, m->n_params * sizeof(float) + 1, "parameters"));
+    memcpy(now, old, m->n_params * sizeof(float));
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        for (int i = 0; layer_weight(&m->layers[l], i); i++) rebase(layer_weight(&m->layers[l], i), old, now);
+    rebase(&m->wte, old, now), rebase(&m->norm, old, now), rebase(&m->score, old, now), rebase(&m->lm_head, old, now);
+    m->params = now, m->params_shared = 1;
+    m->k->free(old);
+    return RF_OK;
 }
 
 rf_status rf_model_enable_training(rf_model *m) {

@@ -125,12 +125,19 @@ typedef struct rf_model {
     float logprob_inv_temp;
     rf_grad_ready_fn grad_ready; /* NULL: no hook (rf_model_set_grad_hook) */
     void *grad_ready_ctx;
+    int params_shared;        /* 1: params from rf_shm_alloc (rf_model_share_params) */
 } rf_model;
 
 /* Allocates a model for `cfg` on back end `k` with parameters zeroed. Caller frees with
  * rf_model_free. */
 rf_status rf_model_init(rf_model **out, const rf_model_config *cfg, const rf_kernels *k);
 void rf_model_free(rf_model *m);
+
+/* Moves the parameters (values kept) into memory other processes of this host can map
+ * (common/shm.h), so a resharding that sends them to ranks of the same host lets those read them
+ * in place, one copy at memory speed (resharding/reshard.h). CPU back end only: on another one,
+ * RF_ERR_UNSUPPORTED. Pointers into the old parameter buffer held elsewhere become invalid. */
+rf_status rf_model_share_params(rf_model *m);
 
 /* Random init like transformers' _init_weights: normal(0, std) for matrices, ones for norms,
  * zeros for biases. */

@@ -7,15 +7,20 @@
 #include <string.h>
 
 #include "common/crc32c.h"
+#include "common/log.h"
+#include "common/shm.h"
 
 #define HELLO_MAGIC 0x52464853u  /* "RFHS" */
 #define BUCKET_MAGIC 0x52464842u /* "RFHB" */
+#define DONE_MAGIC 0x52464844u   /* "RFHD" */
 #define NO_STAGE ((size_t)-1)
 #define DEPTH 2 /* buckets in flight: while one is checked, the next is already posted */
 
 typedef struct hello {
     uint32_t magic, plan_id;
     int64_t version;
+    int32_t offer, pad; /* 1: `src` is the sender's source buffer in shareable memory */
+    rf_shm_ref src;
 } hello;
 
 typedef struct bucket_header {
@@ -27,6 +32,7 @@ typedef struct bucket_header {
 /* One direction of exchange with one peer in one bucket. */
 typedef struct pair {
     int peer, send;
+    int pi;            /* index of peer in x->peers */
     bucket_header hdr; /* sent, or received */
 } pair;
 
@@ -50,6 +56,14 @@ struct rf_reshard {
     int n_pairs;
     int *peers, n_peers;   /* every rank exchanged with: the hello */
     hello *hellos_in;      /* (n_peers) */
+    uint8_t *sends_to, *recvs_from; /* (n_peers) the plan has moves to / from the peer */
+    size_t src_extent;     /* floats of the source buffer this rank's sends read */
+    /* Same-host single copy, decided at every run (hello, then the receivers' answers):
+     * shm_in[i]: this rank reads peer i's source through maps[i]; shm_out[i]: peer i reads
+     * this rank's source. Data of those pairs does not go through comm. */
+    uint8_t *shm_in, *shm_out;
+    int32_t *answers_in, *answers_out;
+    rf_shm_map *maps;      /* (n_peers) kept between runs while the peer's buffer stays */
     float *send_stage[DEPTH], *recv_stage[DEPTH]; /* bucket b uses [b % DEPTH] */
     rf_comm_p2p *ops;      /* room for the largest bucket's exchange */
     int max_ops;
@@ -66,6 +80,15 @@ static void copy_runs(float *dst, int64_t dst_stride, const float *src, int64_t 
         return;
     }
     for (int64_t i = 0; i < n_runs; i++) memcpy(dst + i * dst_stride, src + i * src_stride, sizeof(float) * (size_t)run);
+}
+
+/* copy_runs, returning the CRC of the copied runs extended from crc. */
+static uint32_t copy_runs_crc(uint32_t crc, float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t n_runs,
+                              int64_t run) {
+    if (dst_stride == run && src_stride == run) return rf_crc32c_copy(crc, dst, src, sizeof(float) * (size_t)(n_runs * run));
+    for (int64_t i = 0; i < n_runs; i++)
+        crc = rf_crc32c_copy(crc, dst + i * dst_stride, src + i * src_stride, sizeof(float) * (size_t)run);
+    return crc;
 }
 
 static uint32_t crc_runs(uint32_t crc, const float *p, int64_t stride, int64_t n_runs, int64_t run) {
@@ -88,6 +111,12 @@ static int cmp_int(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The index of rank `peer` in x->peers (sorted). */
+static int peer_index(const rf_reshard *x, int peer) {
+    const int *f = bsearch(&peer, x->peers, (size_t)x->n_peers, sizeof(int), cmp_int);
+    return f ? (int)(f - x->peers) : -1;
+}
+
 /* Pairs, staging offsets and sizes of the bucket made of mine[first..last). */
 static void prepare_bucket(rf_reshard *x, bucket *bk, size_t *send_floats, size_t *recv_floats) {
     size_t so = 0, ro = 0;
@@ -99,7 +128,7 @@ static void prepare_bucket(rf_reshard *x, bucket *bk, size_t *send_floats, size_
         int send = m->src_rank == x->me, peer = send ? m->dst_rank : m->src_rank, j;
         for (j = bk->first_pair; j < x->n_pairs; j++)
             if (x->pairs[j].peer == peer && x->pairs[j].send == send) break;
-        if (j == x->n_pairs) x->pairs[x->n_pairs++] = (pair){.peer = peer, .send = send};
+        if (j == x->n_pairs) x->pairs[x->n_pairs++] = (pair){.peer = peer, .send = send, .pi = peer_index(x, peer)};
         x->pair_of[k] = j;
         if (send && !src_contig(m)) x->stage[k] = so, so += move_floats(m);
         if (!send && !dst_contig(m)) x->stage[k] = ro, ro += move_floats(m);
@@ -127,8 +156,24 @@ static rf_status prepare(rf_reshard *x) {
         if (m->src_rank == x->me) x->need_src = 1;
         if (m->dst_rank == x->me) x->need_dst = 1;
         if (m->src_rank != m->dst_rank) add_unique(x->peers, &x->n_peers, m->src_rank == x->me ? m->dst_rank : m->src_rank);
+        if (m->src_rank == x->me) {
+            size_t end = (size_t)(m->src_off + (m->n_runs - 1) * m->src_stride + m->run);
+            if (end > x->src_extent) x->src_extent = end;
+        }
     }
     qsort(x->peers, (size_t)x->n_peers, sizeof(int), cmp_int);
+    size_t np = (size_t)x->n_peers + 1;
+    x->sends_to = calloc(np, 1), x->recvs_from = calloc(np, 1), x->shm_in = calloc(np, 1), x->shm_out = calloc(np, 1);
+    x->answers_in = calloc(np, sizeof(int32_t)), x->answers_out = calloc(np, sizeof(int32_t));
+    x->maps = calloc(np, sizeof(rf_shm_map));
+    if (!x->sends_to || !x->recvs_from || !x->shm_in || !x->shm_out || !x->answers_in || !x->answers_out || !x->maps)
+        return rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < x->n_mine; k++) {
+        const rf_reshard_move *m = &p->moves[x->mine[k]];
+        if (m->src_rank == m->dst_rank) continue;
+        if (m->src_rank == x->me) x->sends_to[peer_index(x, m->dst_rank)] = 1;
+        else x->recvs_from[peer_index(x, m->src_rank)] = 1;
+    }
     size_t send_floats = 0, recv_floats = 0;
     for (int k = 0; k < x->n_mine;) {
         bucket *bk = &x->buckets[x->n_buckets++];
@@ -176,6 +221,9 @@ rf_status rf_reshard_init(rf_reshard **out, const rf_reshard_plan *plan, rf_comm
 void rf_reshard_free(rf_reshard *x) {
     if (!x) return;
     free(x->mine), free(x->stage), free(x->pair_of);
+    for (int i = 0; x->maps && i < x->n_peers; i++) rf_shm_map_close(&x->maps[i]);
+    free(x->maps), free(x->sends_to), free(x->recvs_from), free(x->shm_in), free(x->shm_out);
+    free(x->answers_in), free(x->answers_out);
     free(x->buckets), free(x->pairs), free(x->peers), free(x->hellos_in);
     for (int i = 0; i < DEPTH; i++) free(x->send_stage[i]), free(x->recv_stage[i]);
     free(x->ops);
@@ -191,12 +239,11 @@ void rf_reshard_set_timeout(rf_reshard *x, double timeout_s) {
 static int world(const rf_reshard *x, int r) { return rf_comm_world_rank(x->c, r); }
 
 /* Every peer gets and sends a hello; a peer with another plan or version is refused. */
-static rf_status say_hello(rf_reshard *x, int64_t version) {
+static rf_status say_hello(rf_reshard *x, int64_t version, hello *mine) {
     if (x->n_peers == 0) return RF_OK;
-    hello mine = {HELLO_MAGIC, x->p->id, version};
     int n = 0;
     for (int i = 0; i < x->n_peers; i++) {
-        x->ops[n++] = (rf_comm_p2p){&mine, sizeof mine, x->peers[i], 1};
+        x->ops[n++] = (rf_comm_p2p){mine, sizeof *mine, x->peers[i], 1};
         x->ops[n++] = (rf_comm_p2p){&x->hellos_in[i], sizeof(hello), x->peers[i], 0};
     }
     char what[96];
@@ -214,6 +261,77 @@ static rf_status say_hello(rf_reshard *x, int64_t version) {
     return RF_OK;
 }
 
+/* 1 when peer i's mapping (kept from an earlier run, or made now) is the buffer it offers. */
+static int map_peer(rf_reshard *x, int i) {
+    const rf_shm_ref *want = &x->hellos_in[i].src;
+    rf_shm_map *m = &x->maps[i];
+    if (m->base && m->ref.host == want->host && m->ref.inode == want->inode && m->ref.pid == want->pid &&
+        m->ref.fd == want->fd && m->ref.region == want->region)
+        return 1;
+    rf_shm_map_close(m);
+    if (rf_shm_map_open(m, want) == RF_OK) return 1;
+    rf_log_warn("resharding: world rank %d copies from world rank %d through messages: %s", world(x, x->me),
+                world(x, x->peers[i]), rf_error_message());
+    return 0;
+}
+
+/* After the hello: each receiver answers each sender that offered its source buffer whether it
+ * will read it in place (same host, mapped); both sides then know which pairs copy once. */
+static rf_status agree_single_copy(rf_reshard *x, const hello *mine, int64_t version) {
+    int n = 0;
+    for (int i = 0; i < x->n_peers; i++) {
+        x->shm_in[i] = x->shm_out[i] = 0;
+        if (x->recvs_from[i] && x->hellos_in[i].offer) {
+            x->answers_out[i] = map_peer(x, i);
+            x->ops[n++] = (rf_comm_p2p){&x->answers_out[i], sizeof(int32_t), x->peers[i], 1};
+        }
+        if (x->sends_to[i] && mine->offer) {
+            x->answers_in[i] = 0;
+            x->ops[n++] = (rf_comm_p2p){&x->answers_in[i], sizeof(int32_t), x->peers[i], 0};
+        }
+    }
+    if (n == 0) return RF_OK;
+    char what[96];
+    snprintf(what, sizeof what, "resharding version %lld (single-copy answers)", (long long)version);
+    RF_TRY(rf_comm_sendrecv(x->c, x->ops, n, x->o.timeout_s, what));
+    for (int i = 0; i < x->n_peers; i++) {
+        x->shm_in[i] = x->recvs_from[i] && x->hellos_in[i].offer && x->answers_out[i] == 1;
+        x->shm_out[i] = x->sends_to[i] && mine->offer && x->answers_in[i] == 1;
+    }
+    return RF_OK;
+}
+
+/* Receivers that read in place tell their senders they are done: a sender's buffer must not
+ * change (or be freed) before. */
+static rf_status finish_single_copy(rf_reshard *x, int64_t version) {
+    uint32_t done = DONE_MAGIC;
+    int n = 0;
+    for (int i = 0; i < x->n_peers; i++) {
+        if (x->shm_in[i]) x->ops[n++] = (rf_comm_p2p){&done, sizeof done, x->peers[i], 1};
+        if (x->shm_out[i]) x->answers_in[i] = 0, x->ops[n++] = (rf_comm_p2p){&x->answers_in[i], sizeof(int32_t), x->peers[i], 0};
+    }
+    if (n == 0) return RF_OK;
+    char what[96];
+    snprintf(what, sizeof what, "resharding version %lld (waiting for readers of this rank's weights)", (long long)version);
+    RF_TRY(rf_comm_sendrecv(x->c, x->ops, n, x->o.timeout_s, what));
+    for (int i = 0; i < x->n_peers; i++)
+        if (x->shm_out[i] && (uint32_t)x->answers_in[i] != DONE_MAGIC)
+            return rf_error(RF_ERR_FORMAT, "resharding version %lld: world rank %d ended its in-place read with %08x", (long long)version,
+                            world(x, x->peers[i]), (unsigned)x->answers_in[i]);
+    return RF_OK;
+}
+
+/* 1 when pair j's data is read in place by the receiver rather than sent. */
+static int pair_in_place(const rf_reshard *x, int j) {
+    const pair *p = &x->pairs[j];
+    return p->send ? x->shm_out[p->pi] : x->shm_in[p->pi];
+}
+
+/* The source buffer of peer i, mapped here. */
+static const float *peer_src(const rf_reshard *x, int i) {
+    return (const float *)((const char *)x->maps[i].base + x->hellos_in[i].src.offset);
+}
+
 /* Packs strided sends, checksums what goes to each peer, fills the headers. */
 static void prepare_sends(rf_reshard *x, const bucket *bk, const float *src, float *stage, int corrupt) {
     for (int j = bk->first_pair; j < bk->first_pair + bk->n_pairs; j++)
@@ -224,7 +342,7 @@ static void prepare_sends(rf_reshard *x, const bucket *bk, const float *src, flo
         bucket_header *h = &x->pairs[x->pair_of[k]].hdr;
         const float *from = src + m->src_off;
         int64_t stride = m->src_stride;
-        if (x->stage[k] != NO_STAGE) {
+        if (x->stage[k] != NO_STAGE && !pair_in_place(x, x->pair_of[k])) {
             copy_runs(stage + x->stage[k], m->run, from, m->src_stride, m->n_runs, m->run);
             from = stage + x->stage[k], stride = m->run;
         }
@@ -243,7 +361,7 @@ static int build_ops(rf_reshard *x, const bucket *bk, const float *src, const fl
         x->ops[n++] = (rf_comm_p2p){&x->pairs[j].hdr, sizeof(bucket_header), x->pairs[j].peer, x->pairs[j].send};
     for (int k = bk->first; k < bk->last; k++) {
         const rf_reshard_move *m = &x->p->moves[x->mine[k]];
-        if (x->pair_of[k] < 0) continue;
+        if (x->pair_of[k] < 0 || pair_in_place(x, x->pair_of[k])) continue;
         size_t bytes = move_floats(m) * sizeof(float);
         if (m->src_rank == x->me)
             x->ops[n++] = (rf_comm_p2p){(float *)(x->stage[k] != NO_STAGE ? stage + x->stage[k] : src + m->src_off),
@@ -284,7 +402,14 @@ static rf_status finish_receives(rf_reshard *x, const bucket *bk, const float *r
         for (int k = bk->first; k < bk->last; k++) {
             if (x->pair_of[k] != j) continue;
             const rf_reshard_move *m = &x->p->moves[x->mine[k]];
-            int staged = x->stage[k] != NO_STAGE;
+            int in_place = x->shm_in[x->pairs[j].pi], staged = x->stage[k] != NO_STAGE && !in_place;
+            if (in_place) { /* the copy from the peer's buffer, checksummed as it is made */
+                const float *from = peer_src(x, x->pairs[j].pi) + m->src_off;
+                if (x->o.no_verify) copy_runs(dst + m->dst_off, m->dst_stride, from, m->src_stride, m->n_runs, m->run);
+                else crc = copy_runs_crc(crc, dst + m->dst_off, m->dst_stride, from, m->src_stride, m->n_runs, m->run);
+                bytes += move_floats(m) * sizeof(float), n++;
+                continue;
+            }
             if (!x->o.no_verify)
                 crc = crc_runs(crc, staged ? rstage + x->stage[k] : dst + m->dst_off, staged ? m->run : m->dst_stride,
                                m->n_runs, m->run);
@@ -303,7 +428,7 @@ static rf_status finish_receives(rf_reshard *x, const bucket *bk, const float *r
     }
     for (int k = bk->first; k < bk->last; k++) {
         const rf_reshard_move *m = &x->p->moves[x->mine[k]];
-        if (x->pair_of[k] >= 0 && m->dst_rank == x->me && x->stage[k] != NO_STAGE)
+        if (x->pair_of[k] >= 0 && m->dst_rank == x->me && x->stage[k] != NO_STAGE && !pair_in_place(x, x->pair_of[k]))
             copy_runs(dst + m->dst_off, m->dst_stride, rstage + x->stage[k], m->run, m->n_runs, m->run);
     }
     return st;
@@ -344,7 +469,10 @@ rf_status rf_reshard_run(rf_reshard *x, const float *src, float *dst, int64_t ve
     if ((x->need_src && !src) || (x->need_dst && !dst))
         return rf_error(RF_ERR_ARG, "resharding: world rank %d has a part in the plan but no %s buffer was given", world(x, x->me),
                         x->need_src && !src ? "source" : "destination");
-    RF_TRY(say_hello(x, version));
+    hello mine = {HELLO_MAGIC, x->p->id, version, 0, 0, {0}};
+    if (x->need_src && !x->o.no_shm && rf_shm_lookup(src, sizeof(float) * x->src_extent, &mine.src)) mine.offer = 1;
+    RF_TRY(say_hello(x, version, &mine));
+    RF_TRY(agree_single_copy(x, &mine, version));
     const char *corrupt_env = getenv("RF_TEST_RESHARD_CORRUPT"); /* test hook: damage this bucket's checksums */
     int corrupt = corrupt_env && *corrupt_env ? atoi(corrupt_env) : -1;
     rf_status first = RF_OK;
@@ -372,8 +500,15 @@ rf_status rf_reshard_run(rf_reshard *x, const float *src, float *dst, int64_t ve
         if (st != RF_OK && first == RF_OK) first = st, snprintf(first_msg, sizeof first_msg, "%s", rf_error_message());
         local_copies(x, &x->buckets[done], src, dst);
     }
+    RF_TRY(finish_single_copy(x, version));
     if (first != RF_OK) return rf_error(first, "%s", first_msg);
     return RF_OK;
+}
+
+int rf_reshard_in_place_peers(const rf_reshard *x) {
+    int n = 0;
+    for (int i = 0; i < x->n_peers; i++) n += x->shm_in[i] || x->shm_out[i];
+    return n;
 }
 
 rf_status rf_reshard_execute(const rf_reshard_plan *plan, rf_comm *c, const float *src, float *dst, int64_t version,

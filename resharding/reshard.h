@@ -20,6 +20,16 @@
  *     the CRC of what arrived and refuses a mismatch (RF_ERR_FORMAT naming the bucket, the
  *     parameters, both ranks and both checksums), after finishing the remaining buckets so that
  *     its peers are not left waiting.
+ *   - Single copy on one host: when a sender's source buffer is shareable memory
+ *     (rf_shm_alloc, or a model after rf_model_share_params) it offers it in its hello; a
+ *     receiver on the same host maps it (once, kept between runs) and answers yes, and then
+ *     copies its moves straight from the sender's buffer into its destination, computing the
+ *     CRC-32C in the same pass (rf_crc32c_copy); only the bucket headers travel. A receiver
+ *     that cannot map the buffer answers no and the pair goes through messages as above.
+ *     Before returning, each sender waits for every in-place reader's "done", so the buffer
+ *     may change again once rf_reshard_run returns. The CPU counterpart of CUDA IPC handles:
+ *     MPI's own single copy between processes (CMA) runs at about half of memcpy here, the
+ *     read in place at memcpy speed (docs/scaling.md).
  *   - Each exchange is bounded by timeout_s (RF_ERR_IO from comm naming the ranks).
  *   - Zero-copy plans return at once.
  *
@@ -41,6 +51,7 @@ typedef struct rf_reshard rf_reshard;
 typedef struct rf_reshard_opts {
     double timeout_s; /* bound of each exchange (hello, every bucket); <= 0: 60 s */
     int no_verify;    /* 1: no CRC-32C of the data (plans and versions are still checked) */
+    int no_shm;       /* 1: never read a peer's source buffer in place (always through comm) */
 } rf_reshard_opts;
 
 /* Prepares this rank's part of `plan` (borrowed: it must outlive the executor) over c (its size
@@ -60,6 +71,10 @@ void rf_reshard_set_timeout(rf_reshard *x, double timeout_s);
  * with the same version. On success dst holds exactly the destination shard of the sources'
  * parameters (bit for bit). */
 rf_status rf_reshard_run(rf_reshard *x, const float *src, float *dst, int64_t version);
+
+/* How many peers this rank exchanged with in place (read their source, or was read) in the last
+ * rf_reshard_run: pairs on one host whose sender's source buffer is shareable (common/shm.h). */
+int rf_reshard_in_place_peers(const rf_reshard *x);
 
 /* rf_reshard_init + run + free. */
 rf_status rf_reshard_execute(const rf_reshard_plan *plan, rf_comm *c, const float *src, float *dst,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/crc32c.h"
+#include "common/log.h"
 #include "resharding/plan.h"
 #include "resharding/reshard.h"
 #include "resharding/shard_crc.h"
@@ -33,6 +34,7 @@ struct rf_weights_rs {
     double timeout_s;
     announce sent;          /* rank 0: what the requests below carry */
     rf_comm_req **req;      /* (n_rollout) rank 0: announcements in flight */
+    int told;               /* rank 0: the transfer path was logged */
 };
 
 rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, rf_comm *c,
@@ -139,6 +141,12 @@ rf_status rf_weights_rs_send(rf_weights_rs *x, const float *local, int64_t versi
         }
     }
     RF_TRY(rf_reshard_run(x->ex, local, NULL, version));
+    if (x->t == 0 && !x->told) { /* once: how the weights travel */
+        x->told = 1;
+        int in_place = rf_reshard_in_place_peers(x->ex);
+        rf_log_info("weights to %d rollout worker(s): %d read training shard 0 in place (same host, one copy), %d through messages",
+                    x->n_rollout, in_place, x->n_rollout - in_place);
+    }
     return x->t == 0 ? announcements_done(x) : RF_OK;
 }
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "common/shm.h"
 #include "common/util.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
@@ -37,8 +38,9 @@ static rf_model *tiny_model(uint64_t seed) {
     return m;
 }
 
-/* This rank's buffer of layout l cut from `full`, or NULL when it holds no shard. *n floats. */
-static float *local_of(const rf_layout *l, int rank, const float *full, size_t *n) {
+/* This rank's buffer of layout l cut from `full`, or NULL when it holds no shard. *n floats.
+ * shared: in memory other ranks may read in place (common/shm.h; free with rf_shm_free). */
+static float *local_of_mem(const rf_layout *l, int rank, const float *full, size_t *n, int shared) {
     int t = 0;
     *n = 0;
     if (!rf_layout_find(l, rank, NULL, &t)) return NULL;
@@ -47,10 +49,25 @@ static float *local_of(const rf_layout *l, int rank, const float *full, size_t *
         free(s);
         return NULL;
     }
-    float *buf = malloc(sizeof(float) * (*n + 1));
+    float *buf = NULL;
+    if (shared) CHECK_OK(rf_shm_alloc((void **)&buf, sizeof(float) * (*n + 1), "test source"));
+    else buf = malloc(sizeof(float) * (*n + 1));
     rf_layout_extract(&g_pt, s, full, buf);
     free(s);
     return buf;
+}
+
+static float *local_of(const rf_layout *l, int rank, const float *full, size_t *n) {
+    return local_of_mem(l, rank, full, n, 0);
+}
+
+/* 1 when this rank exchanges anything with another rank in plan p. */
+static int has_remote(const rf_reshard_plan *p, int rank) {
+    for (int i = 0; i < p->n_moves; i++) {
+        const rf_reshard_move *m = &p->moves[i];
+        if (m->src_rank != m->dst_rank && (m->src_rank == rank || m->dst_rank == rank)) return 1;
+    }
+    return 0;
 }
 
 static const char *describe(const rf_layout *l, char *out, size_t cap) {
@@ -59,18 +76,27 @@ static const char *describe(const rf_layout *l, char *out, size_t cap) {
     return out;
 }
 
-/* Moves `full` from a to b; checks this rank's destination buffer bit for bit. */
-static void one_pair(rf_comm *c, const rf_layout *a, const rf_layout *b, size_t bucket, const float *full, int64_t version) {
+/* Moves `full` from a to b; checks this rank's destination buffer bit for bit. shared: the
+ * sources are in shareable memory, so every exchange must be a read in place (all ranks are on
+ * this host); otherwise none may be. */
+static void one_pair_mem(rf_comm *c, const rf_layout *a, const rf_layout *b, size_t bucket, const float *full, int64_t version,
+                         int shared) {
     int rank = rf_comm_rank(c);
     rf_reshard_plan *p = NULL;
     CHECK_OK(rf_reshard_plan_make(&p, &g_pt, a, b, bucket, rf_comm_size(c)));
     if (!p) return;
     size_t ns = 0, nd = 0, ne = 0;
-    float *src = local_of(a, rank, full, &ns), *want = local_of(b, rank, full, &ne);
+    float *src = local_of_mem(a, rank, full, &ns, shared), *want = local_of(b, rank, full, &ne);
     float *dst = want ? malloc(sizeof(float) * (ne + 1)) : NULL;
     if (dst) memset(dst, 0xff, sizeof(float) * (ne + 1)), nd = ne;
-    rf_status st = rf_reshard_execute(p, c, src, dst, version, NULL);
-    CHECK_OK(st);
+    rf_reshard *x = NULL;
+    CHECK_OK(rf_reshard_init(&x, p, c, NULL));
+    if (x) {
+        CHECK_OK(rf_reshard_run(x, src, dst, version));
+        int peers = rf_reshard_in_place_peers(x);
+        CHECK(shared && has_remote(p, rank) ? peers > 0 : peers == 0);
+        rf_reshard_free(x);
+    }
     char da[64], db[64];
     if (p->zero_copy) {
         /* nothing moved: the source buffer is the destination's */
@@ -86,16 +112,23 @@ static void one_pair(rf_comm *c, const rf_layout *a, const rf_layout *b, size_t 
             fprintf(stderr, "rank %d: %s -> %s, bucket %zu: destination differs\n", rank, describe(a, da, sizeof da),
                     describe(b, db, sizeof db), bucket);
     }
-    free(src), free(want), free(dst);
+    if (shared) rf_shm_free(src);
+    else free(src);
+    free(want), free(dst);
     rf_reshard_plan_free(p);
 }
 
-/* Every ordered pair of a list of layouts, with two bucket sizes. */
+static void one_pair(rf_comm *c, const rf_layout *a, const rf_layout *b, size_t bucket, const float *full, int64_t version) {
+    one_pair_mem(c, a, b, bucket, full, version, 0);
+}
+
+/* Every ordered pair of a list of layouts, with two bucket sizes, through messages and read in
+ * place. */
 static void all_pairs(rf_comm *c, const rf_layout *ls, int n) {
     size_t buckets[2] = {4096, 1 << 20};
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++)
-            for (int k = 0; k < 2; k++) one_pair(c, &ls[i], &ls[j], buckets[k], g_m->params, 100 + i * n + j);
+            for (int k = 0; k < 4; k++) one_pair_mem(c, &ls[i], &ls[j], buckets[k / 2], g_m->params, 100 + i * n + j, k & 1);
 }
 
 static void layouts_4(rf_comm *c) {
@@ -178,6 +211,31 @@ static void refusals(rf_comm *world) {
         CHECK(strstr(rf_error_message(), want) == rf_error_message());
         CHECK(strstr(rf_error_message(), "model.layers.") != NULL);
     }
+    /* the same damage when the receivers read rank 0's buffer in place */
+    size_t n2 = 0;
+    float *shared = local_of_mem(&a, rank, g_m->params, &n2, 1);
+    rf_error_clear();
+    rf_reshard *x = NULL;
+    CHECK_OK(rf_reshard_init(&x, p, world, NULL));
+    st = rf_reshard_run(x, shared, dst, 10);
+    CHECK(rf_reshard_in_place_peers(x) == (rank == 0 ? size - 1 : 1));
+    rf_reshard_free(x);
+    if (rank == 0) {
+        CHECK_OK(st);
+    } else {
+        CHECK(st == RF_ERR_FORMAT);
+        snprintf(want, sizeof want, "resharding version 10, bucket 0: the data from world rank 0 arrived damaged at world rank %d: CRC-32C ", rank);
+        CHECK(strstr(rf_error_message(), want) == rf_error_message());
+    }
+    if (rank == 0) unsetenv("RF_TEST_RESHARD_CORRUPT");
+    /* no_shm: through messages although the buffer could be read in place */
+    rf_reshard_opts ns = {.no_shm = 1};
+    CHECK_OK(rf_reshard_init(&x, p, world, &ns));
+    CHECK_OK(rf_reshard_run(x, shared, dst, 11));
+    CHECK(rf_reshard_in_place_peers(x) == 0);
+    rf_reshard_free(x);
+    if (rank == 0) setenv("RF_TEST_RESHARD_CORRUPT", "0", 1);
+    rf_shm_free(shared);
     rf_reshard_opts nv = {.no_verify = 1};
     CHECK_OK(rf_reshard_execute(p, world, src, dst, 9, &nv)); /* not checked, not detected */
     unsetenv("RF_TEST_RESHARD_CORRUPT");
@@ -230,8 +288,41 @@ static int under_mpi(int argc, char **argv) {
     return rc;
 }
 
+/* Shareable memory in one process: found, mapped through /proc like another process would,
+ * refused when the description does not match. */
+static void shm_alone(void) {
+    float *a = NULL;
+    CHECK_OK(rf_shm_alloc((void **)&a, 10000 * sizeof(float), "test"));
+    if (!a) return;
+    for (int i = 0; i < 10000; i++) a[i] = (float)i;
+    rf_shm_ref ref;
+    float plain[4];
+    CHECK(rf_shm_lookup(plain, sizeof plain, &ref) == 0);
+    CHECK(rf_shm_lookup(a + 9000, 2000 * sizeof(float), &ref) == 0); /* runs past the end */
+    CHECK(rf_shm_lookup(a + 100, 50 * sizeof(float), &ref) == 1);
+    CHECK(ref.offset == 100 * sizeof(float) && ref.region >= 10000 * sizeof(float) && ref.host == rf_shm_host_key());
+    rf_shm_map m;
+    CHECK_OK(rf_shm_map_open(&m, &ref));
+    const float *seen = (const float *)((const char *)m.base + ref.offset);
+    CHECK(m.base && seen[0] == 100.0f && seen[49] == 149.0f);
+    a[100] = -1; /* one memory: the mapping sees the change */
+    CHECK(m.base && seen[0] == -1.0f);
+    rf_shm_map_close(&m);
+    rf_shm_ref bad = ref;
+    bad.inode += 1;
+    char want[256];
+    snprintf(want, sizeof want, "shared memory of pid %d: /proc/%d/fd/%d is not the allocation described (inode %llu, expected %llu)",
+             ref.pid, ref.pid, ref.fd, (unsigned long long)ref.inode, (unsigned long long)bad.inode);
+    CHECK_ERR(rf_shm_map_open(&m, &bad), RF_ERR_IO, want);
+    bad = ref, bad.host ^= 1;
+    snprintf(want, sizeof want, "shared memory of pid %d: on another host or PID namespace", ref.pid);
+    CHECK_ERR(rf_shm_map_open(&m, &bad), RF_ERR_IO, want);
+    rf_shm_free(a);
+}
+
 int main(int argc, char **argv) {
     if (rf_comm_launched_by_mpi()) return under_mpi(argc, argv);
+    shm_alone();
     if (!rf_test_have_mpirun()) {
         printf("test_reshard: skipped: mpirun not found (apt-get install openmpi-bin)\n");
         return 77;

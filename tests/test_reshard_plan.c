@@ -379,6 +379,21 @@ static void checksum(void) {
     CHECK(bad == 0);
     CHECK(rf_crc32c_extend(0, b + 5, cap - 64) == rf_crc32c_table_extend(0, b + 5, cap - 64));
     CHECK(rf_crc32c_extend(0, "123456789", 9) == 0xE3069283u); /* RFC 3720 B.4 check value */
+    /* the checked copy: the same CRC, the same bytes, for every length and both alignments */
+    unsigned char *d = malloc(cap);
+    int bad_copy = 0;
+    for (size_t n = 0; n <= 40000; n += n < 64 ? 1 : 97)
+        for (size_t off = 0; off < 8; off += 3) {
+            uint32_t seed = (uint32_t)rf_rng_u64(&rng);
+            memset(d, 0xA5, n + 16);
+            uint32_t crc = rf_crc32c_copy(seed, d + (off ^ 1), b + off, n);
+            bad_copy += crc != rf_crc32c_table_extend(seed, b + off, n) || memcmp(d + (off ^ 1), b + off, n) != 0 ||
+                        d[(off ^ 1) + n] != 0xA5;
+        }
+    CHECK(bad_copy == 0);
+    CHECK(rf_crc32c_copy(0, d + 3, b + 5, cap - 64) == rf_crc32c_table_extend(0, b + 5, cap - 64));
+    CHECK(memcmp(d + 3, b + 5, cap - 64) == 0);
+    free(d);
     printf("checksum: %s path\n", rf_crc32c_hw() ? "SSE4.2" : "table");
     free(b);
 }

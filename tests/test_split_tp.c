@@ -85,6 +85,8 @@ static void learns_like_tp1(void) {
     CHECK(strstr(out, "training worker: tensor-parallel rank 1 of 2 ready (world rank 2, pid ") != NULL);
     CHECK(strstr(out, "training worker: weights version 0 (CRC-32C ") != NULL);
     CHECK(strstr(out, ") resharded from 2 shards to the rollout workers") != NULL);
+    /* the rollout worker reads the shards in place (one host) */
+    CHECK(strstr(out, "weights to 1 rollout worker(s): 1 read training shard 0 in place (same host, one copy), 0 through messages") != NULL);
     CHECK(strstr(out, "validation at version 120: accuracy") != NULL);
     if (rc || !strstr(out, "tensor-parallel rank 1 of 2 ready")) fprintf(stderr, "%s\n", out);
     /* the checkpoint of step 20 is the weights served as version 20 */
