@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/rng.h"
+#include "common/shm.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -115,6 +116,35 @@ static void packing_check(rf_arch arch) {
     }
     /* Same math in a different summation order only inside sgemm blocking: 1e-5. */
     for (int t = 0; t < 13; t++) CHECK_CLOSE(lp_one[t], lp_all[t], 1e-5, 1e-5);
+    rf_model_free(m);
+}
+
+/* rf_model_share_params moves the parameters into shareable memory: same values, every weight
+ * pointer moved with them (log-probs and values bit-identical), the buffer found by
+ * rf_shm_lookup; a second call changes nothing. */
+static void share_check(rf_arch arch, int tied, int value_head) {
+    rf_model_config c = tiny_config(arch, tied, value_head);
+    rf_model *m;
+    CHECK_OK(rf_model_init(&m, &c, rf_cpu_kernels()));
+    rf_model_init_random(m, 5, 0.3f);
+    rf_batch all = {3, 13, tok, NULL, cu};
+    float before[13], after[13];
+    CHECK_OK(rf_model_forward(m, &all));
+    CHECK_OK(value_head ? rf_model_values(m, before) : rf_model_logprobs(m, tgt, 1.0f, before, NULL));
+    rf_shm_ref ref;
+    CHECK(rf_shm_lookup(m->params, m->n_params * sizeof(float), &ref) == 0);
+    float *old = m->params;
+    CHECK_OK(rf_model_share_params(m));
+    CHECK(m->params_shared == 1 && m->params != old);
+    CHECK(rf_shm_lookup(m->params, m->n_params * sizeof(float), &ref) == 1);
+    CHECK(m->wte == m->params && m->layers[0].ln1 == m->params + m->views[1].offset);
+    CHECK(!tied || m->lm_head == m->wte);
+    CHECK_OK(rf_model_forward(m, &all));
+    CHECK_OK(value_head ? rf_model_values(m, after) : rf_model_logprobs(m, tgt, 1.0f, after, NULL));
+    CHECK(memcmp(before, after, sizeof before) == 0);
+    float *now = m->params;
+    CHECK_OK(rf_model_share_params(m));
+    CHECK(m->params == now);
     rf_model_free(m);
 }
 
@@ -227,5 +257,8 @@ int main(void) {
     packing_check(RF_ARCH_QWEN2);
     kv_cache_check(RF_ARCH_QWEN2);
     kv_cache_check(RF_ARCH_QWEN3);
+    share_check(RF_ARCH_QWEN3, 0, 0);
+    share_check(RF_ARCH_LLAMA, 1, 0);
+    share_check(RF_ARCH_QWEN2, 0, 1);
     return rf_test_finish("test_model");
 }
