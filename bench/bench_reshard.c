@@ -25,6 +25,7 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "resharding/reshard.h"
+#include "resharding/weights_sync.h"
 
 static rf_param_table g_pt;
 static size_t g_bucket = 16u << 20;
@@ -160,6 +161,52 @@ static void raw_transfer(rf_comm *c, size_t bytes) {
     free(buf);
 }
 
+/* Weights between identical layouts (resharding/weights_sync.h), rank 0 to the last rank: the
+ * receiver's stall (the rf_weights_rx_poll call that takes a transfer: receive or read in
+ * place, checksum, into the model), read in place and through messages, against the
+ * receiver's memcpy of as much. */
+static void weights_sync(rf_comm *c, rf_model *m) {
+    int rank = rf_comm_rank(c), last = rf_comm_size(c) - 1;
+    if (last == 0) return;
+    size_t bytes = m->n_params * sizeof(float);
+    double base = memcpy_seconds(c, rank == last ? m->params : NULL, rank == last ? bytes : 0);
+    for (int in_place = 1; in_place >= 0; in_place--) {
+        rf_weights_tx *tx = NULL;
+        rf_weights_rx *rx = NULL;
+        if (rank == 0) {
+            DIE(rf_weights_tx_init(&tx, m));
+            rf_weights_tx_set_in_place(tx, in_place);
+        }
+        if (rank == last) DIE(rf_weights_rx_init(&rx, c, m, 0));
+        double best = 1e30;
+        for (int r = 0; r < g_reps + 1; r++) {
+            uint32_t crc = 0;
+            int64_t v = 0;
+            int arrived = 0;
+            DIE(rf_comm_barrier(c, 60, "weights sync"));
+            if (rank == 0) {
+                DIE(rf_weights_tx_start(tx, c, m, r, &last, 1, 60, &crc));
+                DIE(rf_weights_tx_wait(tx, 60));
+            }
+            double s = 0; /* the receiver's stall: the poll that takes the transfer */
+            while (rank == last && !arrived) {
+                double t = rf_time_now();
+                DIE(rf_weights_rx_poll(rx, m, &arrived, &v, &crc));
+                s = rf_time_now() - t;
+            }
+            DIE(rf_comm_barrier(c, 60, "weights sync"));
+            s = max_over_ranks(c, s);
+            if (r > 0 && s < best) best = s;
+        }
+        if (rank == 0)
+            printf("{\"bench\":\"weights_sync\",\"ranks\":2,\"in_place\":%d,\"bytes\":%zu,\"seconds\":%.4f,\"gb_per_s\":%.2f,"
+                   "\"memcpy_gb_per_s\":%.2f,\"fraction_of_memcpy\":%.3f}\n",
+                   in_place, bytes, best, bytes / best / 1e9, bytes / base / 1e9, base / best);
+        rf_weights_tx_free(tx);
+        rf_weights_rx_free(rx);
+    }
+}
+
 /* memcpy bandwidth of rank 0 alone (the machine's single-core figure). */
 static void memcpy_alone(rf_comm *c) {
     if (rf_comm_rank(c) != 0) return;
@@ -192,6 +239,7 @@ static int run(int argc, char **argv) {
         printf("{\"bench\":\"reshard_model\",\"params\":%zu,\"bytes\":%zu,\"ranks\":%d}\n", m->n_params, m->n_params * 4, n);
     memcpy_alone(c);
     raw_transfer(c, m->n_params * sizeof(float));
+    weights_sync(c, m);
     int *rev = malloc(sizeof(int) * (size_t)n);
     for (int i = 0; i < n; i++) rev[i] = n - 1 - i;
     rf_layout train_tp = {.tp = n, .dp = 1}, gen_rep = {.tp = 1, .dp = n}, train_rev = {.tp = n, .dp = 1, .ranks = rev};

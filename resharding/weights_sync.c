@@ -1,82 +1,161 @@
 /* Weight transfers between identical layouts: staging, header, checksum. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/crc32c.h"
+#include "common/log.h"
+#include "common/shm.h"
 #include "resharding/weights_sync.h"
 
 #define MAGIC 0x52465754u /* "RFWT" */
+#define REPLY_TAG (RF_WEIGHTS_TAG + 1) /* receiver -> sender: READ_DONE or SEND_DATA */
+#define DATA_TAG (RF_WEIGHTS_TAG + 2)  /* sender -> receiver: the parameters */
+#define READ_DONE 0x52464452           /* "RFDR" */
+#define SEND_DATA 0x52465344           /* "RFSD" */
 
 typedef struct header {
     uint32_t magic, checksum;
     int64_t version;
-    uint64_t n_floats, reserved;
+    uint64_t n_floats;
+    int32_t offer, pad; /* 1: `stage` describes the staged parameters in shareable memory */
+    rf_shm_ref stage;
 } header;
 
 #define MAX_DST 1024
 
+/* One destination of a transfer. */
+typedef struct dest {
+    int rank;
+    rf_comm_req *hdr, *reply, *data; /* in flight; NULL when done or not needed */
+    int32_t answer;                  /* the receiver's reply (offers only) */
+} dest;
+
 struct rf_weights_tx {
-    uint8_t *stage; /* header + params */
-    size_t bytes;
-    rf_comm_req *req[MAX_DST];
-    int dst[MAX_DST];
+    float *stage;     /* the parameters, shareable when the system allows */
+    size_t n_floats;
+    header h;         /* of the transfer in flight */
+    int in_place;     /* offer the stage to receivers on this host */
+    rf_comm *c;
+    dest d[MAX_DST];
     int n;
+    int n_in_place, told; /* receivers that read the stage in place; the path was logged */
 };
 
 struct rf_weights_rx {
-    uint8_t *buf;
-    size_t bytes;
+    float *buf;       /* the message path's receive buffer, made on first use */
+    rf_shm_map map;   /* the sender's stage, mapped on the first offer and kept */
     rf_comm *c;
     int src;
+    int in_place;     /* read offered stages in place (default 1) */
     double timeout_s;
 };
-
-static size_t transfer_bytes(const rf_model *m) { return sizeof(header) + m->n_params * sizeof(float); }
 
 rf_status rf_weights_tx_init(rf_weights_tx **out, const rf_model *m) {
     *out = NULL;
     rf_weights_tx *tx = calloc(1, sizeof *tx);
-    if (tx) tx->bytes = transfer_bytes(m), tx->stage = malloc(tx->bytes);
-    if (!tx || !tx->stage) {
+    if (!tx) return rf_error(RF_ERR_NOMEM, "out of memory");
+    tx->n_floats = m->n_params, tx->in_place = 1;
+    rf_status st = rf_shm_alloc((void **)&tx->stage, m->n_params * sizeof(float) + 1, "weights stage");
+    if (st != RF_OK) {
         free(tx);
-        return rf_error(RF_ERR_NOMEM, "weights: out of memory staging %zu parameters", m->n_params);
+        return rf_error_wrap(st, "weights: staging %zu parameters", m->n_params);
     }
     *out = tx;
     return RF_OK;
 }
 
+void rf_weights_tx_set_in_place(rf_weights_tx *tx, int on) { tx->in_place = on; }
+
+int rf_weights_tx_in_place(const rf_weights_tx *tx) { return tx->n_in_place; }
+
+static void dest_free(dest *d) {
+    rf_comm_req_free(d->hdr), rf_comm_req_free(d->reply), rf_comm_req_free(d->data);
+    d->hdr = d->reply = d->data = NULL;
+}
+
 void rf_weights_tx_free(rf_weights_tx *tx) {
     if (!tx) return;
-    for (int i = 0; i < tx->n; i++) rf_comm_req_free(tx->req[i]);
-    free(tx->stage);
+    for (int i = 0; i < tx->n; i++) dest_free(&tx->d[i]);
+    rf_shm_free(tx->stage);
     free(tx);
+}
+
+/* 1 when *r is done (then freed and NULL) or absent, 0 not yet, -1 on an MPI error. */
+static int test_req(rf_comm_req **r) {
+    if (!*r) return 1;
+    int t = rf_comm_test(*r);
+    if (t > 0) rf_comm_req_free(*r), *r = NULL;
+    return t;
+}
+
+static rf_status send_data(rf_weights_tx *tx, dest *d) {
+    rf_status st = rf_comm_isend(tx->c, tx->stage, tx->n_floats * sizeof(float), d->rank, DATA_TAG, &d->data);
+    return st == RF_OK ? RF_OK : rf_error_wrap(st, "sending weights version %lld to rank %d", (long long)tx->h.version, d->rank);
+}
+
+/* The receiver's answer to an offer: it read the stage in place, or it wants the data. */
+static rf_status on_answer(rf_weights_tx *tx, dest *d) {
+    if (d->answer == SEND_DATA) return send_data(tx, d);
+    tx->n_in_place += d->answer == READ_DONE;
+    if (d->answer != READ_DONE)
+        return rf_error(RF_ERR_FORMAT, "weights version %lld: rank %d answered %08x to the offer", (long long)tx->h.version, d->rank,
+                        (unsigned)d->answer);
+    return RF_OK;
+}
+
+/* Progresses destination d: 1 done, 0 not yet, -1 on an error (message set). */
+static int dest_test(rf_weights_tx *tx, dest *d) {
+    int a = test_req(&d->hdr), had_reply = d->reply != NULL, b = test_req(&d->reply);
+    if (a < 0 || b < 0) return -1;
+    if (had_reply && b > 0 && on_answer(tx, d) != RF_OK) return -1;
+    int c = test_req(&d->data);
+    if (c < 0) return -1;
+    return a && b && c && !d->hdr && !d->reply && !d->data;
+}
+
+/* Once, after the first transfer: how the weights travel. */
+static void tell_path(rf_weights_tx *tx) {
+    if (tx->told || tx->n == 0) return;
+    tx->told = 1;
+    rf_log_info("weights to %d rollout worker(s): %d read the stage in place (same host, one copy), %d through messages", tx->n,
+                tx->n_in_place, tx->n - tx->n_in_place);
 }
 
 int rf_weights_tx_test(rf_weights_tx *tx) {
     int all = 1;
     for (int i = 0; i < tx->n; i++) {
-        if (!tx->req[i]) continue;
-        int t = rf_comm_test(tx->req[i]);
+        int t = dest_test(tx, &tx->d[i]);
         if (t < 0) return -1;
-        if (t) {
-            rf_comm_req_free(tx->req[i]);
-            tx->req[i] = NULL;
-        } else {
-            all = 0;
-        }
+        all &= t;
     }
+    if (all) tell_path(tx);
     return all;
 }
 
+/* Waits for *r (when there) at most timeout_s, then frees it. */
+static rf_status wait_req(rf_comm_req **r, double timeout_s, const char *what) {
+    if (!*r) return RF_OK;
+    RF_TRY(rf_comm_wait(*r, timeout_s, what));
+    rf_comm_req_free(*r), *r = NULL;
+    return RF_OK;
+}
+
 rf_status rf_weights_tx_wait(rf_weights_tx *tx, double timeout_s) {
+    char what[128];
     for (int i = 0; i < tx->n; i++) {
-        if (!tx->req[i]) continue;
-        char what[96];
-        snprintf(what, sizeof what, "sending weights to rank %d", tx->dst[i]);
-        RF_TRY(rf_comm_wait(tx->req[i], timeout_s, what));
-        rf_comm_req_free(tx->req[i]);
-        tx->req[i] = NULL;
+        dest *d = &tx->d[i];
+        snprintf(what, sizeof what, "sending weights version %lld to rank %d", (long long)tx->h.version, d->rank);
+        RF_TRY(wait_req(&d->hdr, timeout_s, what));
+        if (d->reply) {
+            snprintf(what, sizeof what, "waiting for rank %d to take weights version %lld", d->rank, (long long)tx->h.version);
+            RF_TRY(wait_req(&d->reply, timeout_s, what));
+            RF_TRY(on_answer(tx, d));
+        }
+        snprintf(what, sizeof what, "sending weights version %lld to rank %d", (long long)tx->h.version, d->rank);
+        RF_TRY(wait_req(&d->data, timeout_s, what));
     }
+    tell_path(tx);
     tx->n = 0;
     return RF_OK;
 }
@@ -97,39 +176,97 @@ rf_status rf_weights_checksum(const rf_model *m, uint32_t *checksum) {
 rf_status rf_weights_tx_start(rf_weights_tx *tx, rf_comm *c, const rf_model *m, int64_t version,
                               const int *dst, int n, double timeout_s, uint32_t *checksum) {
     if (n > MAX_DST) return rf_error(RF_ERR_ARG, "weights: %d destinations, at most %d", n, MAX_DST);
-    if (transfer_bytes(m) != tx->bytes) return rf_error(RF_ERR_ARG, "weights: the model changed size");
+    if (m->n_params != tx->n_floats) return rf_error(RF_ERR_ARG, "weights: the model changed size");
     RF_TRY(rf_weights_tx_wait(tx, timeout_s));
-    float *p = (float *)(tx->stage + sizeof(header));
-    m->k->to_host(p, m->params, m->n_params * sizeof(float));
-    header h = {MAGIC, rf_crc32c(p, m->n_params * sizeof(float)), version, m->n_params, 0};
-    memcpy(tx->stage, &h, sizeof h);
+    m->k->to_host(tx->stage, m->params, m->n_params * sizeof(float));
+    header h = {MAGIC, rf_crc32c(tx->stage, m->n_params * sizeof(float)), version, m->n_params, 0, 0, {0}};
+    h.offer = tx->in_place && rf_shm_lookup(tx->stage, m->n_params * sizeof(float), &h.stage);
+    tx->h = h, tx->c = c, tx->n_in_place = 0;
     *checksum = h.checksum;
+    const char *damage = getenv("RF_TEST_WEIGHTS_DAMAGE"); /* test hook: announce a wrong checksum */
+    if (damage && *damage == '1') tx->h.checksum ^= 1u;
     for (int i = 0; i < n; i++) {
-        tx->dst[i] = dst[i];
-        rf_status st = rf_comm_isend(c, tx->stage, tx->bytes, dst[i], RF_WEIGHTS_TAG, &tx->req[i]);
-        tx->n = i + (st == RF_OK);
+        dest *d = &tx->d[i];
+        *d = (dest){.rank = dst[i]};
+        tx->n = i + 1;
+        rf_status st = rf_comm_isend(c, &tx->h, sizeof tx->h, dst[i], RF_WEIGHTS_TAG, &d->hdr);
+        if (st == RF_OK) st = h.offer ? rf_comm_irecv(c, &d->answer, sizeof d->answer, dst[i], REPLY_TAG, &d->reply) : send_data(tx, d);
         if (st != RF_OK) return rf_error_wrap(st, "sending weights version %lld to rank %d", (long long)version, dst[i]);
     }
     return RF_OK;
 }
 
 rf_status rf_weights_rx_init(rf_weights_rx **out, rf_comm *c, const rf_model *m, int src) {
+    (void)m;
     *out = NULL;
     rf_weights_rx *rx = calloc(1, sizeof *rx);
-    if (rx) rx->bytes = transfer_bytes(m), rx->buf = malloc(rx->bytes);
-    if (!rx || !rx->buf) {
-        free(rx);
-        return rf_error(RF_ERR_NOMEM, "weights: out of memory for a receive buffer of %zu parameters", m->n_params);
-    }
-    rx->c = c, rx->src = src, rx->timeout_s = 60;
+    if (!rx) return rf_error(RF_ERR_NOMEM, "out of memory");
+    rx->c = c, rx->src = src, rx->timeout_s = 60, rx->in_place = 1;
     *out = rx;
     return RF_OK;
 }
 
+void rf_weights_rx_set_in_place(rf_weights_rx *rx, int on) { rx->in_place = on; }
+
+void rf_weights_rx_set_timeout(rf_weights_rx *rx, double timeout_s) { rx->timeout_s = timeout_s > 0 ? timeout_s : 60; }
+
 void rf_weights_rx_free(rf_weights_rx *rx) {
     if (!rx) return;
+    rf_shm_map_close(&rx->map);
     free(rx->buf);
     free(rx);
+}
+
+/* Receives `bytes` with `tag` from the sender into buf, bounded. */
+static rf_status rx_recv(rf_weights_rx *rx, void *buf, size_t bytes, int tag, const char *what) {
+    rf_comm_req *req = NULL;
+    RF_TRY(rf_comm_irecv(rx->c, buf, bytes, rx->src, tag, &req));
+    rf_status st = rf_comm_wait(req, rx->timeout_s, what);
+    rf_comm_req_free(req);
+    return st;
+}
+
+static rf_status rx_reply(rf_weights_rx *rx, int32_t answer, const char *what) {
+    rf_comm_req *req = NULL;
+    RF_TRY(rf_comm_isend(rx->c, &answer, sizeof answer, rx->src, REPLY_TAG, &req));
+    rf_status st = rf_comm_wait(req, rx->timeout_s, what);
+    rf_comm_req_free(req);
+    return st;
+}
+
+/* 1 when the sender's stage is mapped here (kept from an earlier version or mapped now). */
+static int rx_map(rf_weights_rx *rx, const rf_shm_ref *ref) {
+    const rf_shm_ref *had = &rx->map.ref;
+    if (rx->map.base && had->host == ref->host && had->inode == ref->inode && had->pid == ref->pid && had->fd == ref->fd &&
+        had->region == ref->region)
+        return 1;
+    rf_shm_map_close(&rx->map);
+    if (rf_shm_map_open(&rx->map, ref) == RF_OK) return 1;
+    rf_log_warn("weights from rank %d come through messages: %s", rx->src, rf_error_message());
+    return 0;
+}
+
+/* The parameters into m: read in place from the sender's stage (copy and checksum in one pass),
+ * or received whole into rx->buf. *crc: what arrived. */
+static rf_status rx_take(rf_weights_rx *rx, rf_model *m, const header *h, uint32_t *crc) {
+    size_t bytes = m->n_params * sizeof(float);
+    int cpu = strcmp(m->k->name, "cpu") == 0;
+    char what[128];
+    snprintf(what, sizeof what, "receiving weights version %lld from rank %d", (long long)h->version, rx->src);
+    if (h->offer && rx->in_place && rx_map(rx, &h->stage)) {
+        const float *from = (const float *)((const char *)rx->map.base + h->stage.offset);
+        if (!cpu && !rx->buf && !(rx->buf = malloc(bytes + 1))) return rf_error(RF_ERR_NOMEM, "weights: out of memory");
+        *crc = rf_crc32c_copy(0, cpu ? m->params : rx->buf, from, bytes);
+        RF_TRY(rx_reply(rx, READ_DONE, what));
+        if (!cpu) m->k->to_device(m->params, rx->buf, bytes);
+        return RF_OK;
+    }
+    if (h->offer) RF_TRY(rx_reply(rx, SEND_DATA, what));
+    if (!rx->buf && !(rx->buf = malloc(bytes + 1))) return rf_error(RF_ERR_NOMEM, "weights: out of memory");
+    RF_TRY(rx_recv(rx, rx->buf, bytes, DATA_TAG, what));
+    *crc = rf_crc32c(rx->buf, bytes);
+    if (*crc == h->checksum) m->k->to_device(m->params, rx->buf, bytes);
+    return RF_OK;
 }
 
 rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64_t *version,
@@ -140,24 +277,18 @@ rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64
     int t = rf_comm_iprobe(rx->c, rx->src, RF_WEIGHTS_TAG);
     if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from rank %d", rx->src);
     if (!t) return RF_OK;
-    rf_comm_req *req = NULL;
     char what[96];
     snprintf(what, sizeof what, "receiving weights from rank %d", rx->src);
-    RF_TRY(rf_comm_irecv(rx->c, rx->buf, rx->bytes, rx->src, RF_WEIGHTS_TAG, &req));
-    rf_status st = rf_comm_wait(req, rx->timeout_s, what);
-    rf_comm_req_free(req);
-    RF_TRY(st);
     header h;
-    memcpy(&h, rx->buf, sizeof h);
-    const float *p = (const float *)(rx->buf + sizeof(header));
+    RF_TRY(rx_recv(rx, &h, sizeof h, RF_WEIGHTS_TAG, what));
     if (h.magic != MAGIC || h.n_floats != m->n_params)
         return rf_error(RF_ERR_FORMAT, "weights from rank %d: not a transfer for this model (magic %08x, %llu parameters, the model has %zu)",
                         rx->src, h.magic, (unsigned long long)h.n_floats, m->n_params);
-    uint32_t crc = rf_crc32c(p, m->n_params * sizeof(float));
+    uint32_t crc = 0;
+    RF_TRY(rx_take(rx, m, &h, &crc));
     if (crc != h.checksum)
         return rf_error(RF_ERR_FORMAT, "weights version %lld from rank %d arrived damaged: CRC-32C %08x, sent as %08x",
                         (long long)h.version, rx->src, crc, h.checksum);
-    m->k->to_device(m->params, p, m->n_params * sizeof(float));
     *arrived = 1, *version = h.version, *checksum = crc;
     return RF_OK;
 }

@@ -3,12 +3,16 @@
  * parameter buffer as it is; from tensor-parallel training shards: resharding/weights_reshard.h,
  * on the planner and executor of resharding/plan.h and reshard.h).
  *
- * A transfer is one message per destination: a header (magic, version, CRC-32C of the
- * parameters, element count) followed by the parameters. The sender copies the parameters
- * into a staging buffer first, so training may go on while the transfer progresses; the
- * receiver keeps a receive posted at all times and applies a complete transfer between decode
- * steps (interruptible generation), after checking the count and the checksum: it probes for a
- * transfer between steps and, when one is there, receives it whole at once (bounded wait). */
+ * The sender copies the parameters into a staging buffer first, so training may go on while the
+ * transfer progresses, and sends each destination a header (magic, version, CRC-32C of the
+ * parameters, element count). The stage is shareable memory (common/shm.h): the header offers
+ * it, and a receiver on the same host maps it once and copies the parameters straight from it
+ * into its model, checksumming in the same pass (one copy at memory speed), then answers "done";
+ * a receiver that cannot map it answers "send" and gets them as one message. Without an offer
+ * (no shareable memory, or rf_weights_tx_set_in_place(tx, 0)) the parameters follow the header
+ * at once. The receiver probes for a header between decode steps (interruptible generation)
+ * and, when one is there, takes the transfer whole at once (bounded waits), checking the count
+ * and the checksum. */
 #ifndef RF_WEIGHTS_SYNC_H
 #define RF_WEIGHTS_SYNC_H
 
@@ -24,6 +28,13 @@ typedef struct rf_weights_rx rf_weights_rx;
 
 /* Sender. rf_weights_tx_init allocates the staging buffer for model m. */
 rf_status rf_weights_tx_init(rf_weights_tx **tx, const rf_model *m);
+
+/* on = 0: never offer the stage for reading in place (the parameters always travel as a
+ * message). Default 1. */
+void rf_weights_tx_set_in_place(rf_weights_tx *tx, int on);
+
+/* Receivers of the last transfer that have read it in place so far. */
+int rf_weights_tx_in_place(const rf_weights_tx *tx);
 void rf_weights_tx_free(rf_weights_tx *tx);
 
 /* Waits (at most timeout_s) for the previous transfer, then stages m's parameters as
@@ -41,6 +52,12 @@ rf_status rf_weights_tx_wait(rf_weights_tx *tx, double timeout_s);
 
 /* Receiver for model m from rank src of c. */
 rf_status rf_weights_rx_init(rf_weights_rx **rx, rf_comm *c, const rf_model *m, int src);
+
+/* on = 0: decline offers to read in place (the sender then sends the parameters). Default 1. */
+void rf_weights_rx_set_in_place(rf_weights_rx *rx, int on);
+
+/* Bound of each wait inside rf_weights_rx_poll once a transfer is there (<= 0: 60 s). */
+void rf_weights_rx_set_timeout(rf_weights_rx *rx, double timeout_s);
 void rf_weights_rx_free(rf_weights_rx *rx);
 
 /* When a transfer is waiting: receives it, checks it (magic, count, CRC-32C), copies it into

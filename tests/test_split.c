@@ -55,6 +55,8 @@ static void async_k1(void) {
     if (rc) fprintf(stderr, "%s\n", out);
     CHECK(strstr(out, "rank 2: rollout worker 0") != NULL);
     CHECK(strstr(out, "validation at version 120: accuracy") != NULL);
+    /* one host: the rollout worker copies the staged weights in place */
+    CHECK(strstr(out, "weights to 1 rollout worker(s): 1 read the stage in place (same host, one copy), 0 through messages") != NULL);
     free(out);
     double a = mean_of("k1", "reward/mean", 1, 20), b = mean_of("k1", "reward/mean", 101, 120);
     printf("split k=1: mean reward steps 1-20 %.3f, steps 101-120 %.3f\n", a, b);
