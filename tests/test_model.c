@@ -97,12 +97,18 @@ static void grad_check(rf_arch arch, int tied, int value_head) {
     rf_model_free(m);
 }
 
+/* A tiny model with random weights (std 0.3) from `seed`. */
+static rf_model *random_model(rf_arch arch, int tied, int value_head, uint64_t seed) {
+    rf_model_config c = tiny_config(arch, tied, value_head);
+    rf_model *m;
+    RF_ASSERT(rf_model_init(&m, &c, rf_cpu_kernels()) == RF_OK);
+    rf_model_init_random(m, seed, 0.3f);
+    return m;
+}
+
 /* Each sequence run alone must give the same log-probs as inside the packed batch. */
 static void packing_check(rf_arch arch) {
-    rf_model_config c = tiny_config(arch, 0, 0);
-    rf_model *m;
-    CHECK_OK(rf_model_init(&m, &c, rf_cpu_kernels()));
-    rf_model_init_random(m, 11, 0.3f);
+    rf_model *m = random_model(arch, 0, 0, 11);
     rf_batch all = {3, 13, tok, NULL, cu};
     float lp_all[13], lp_one[13];
     CHECK_OK(rf_model_forward(m, &all));
@@ -123,10 +129,7 @@ static void packing_check(rf_arch arch) {
  * pointer moved with them (log-probs and values bit-identical), the buffer found by
  * rf_shm_lookup; a second call changes nothing. */
 static void share_check(rf_arch arch, int tied, int value_head) {
-    rf_model_config c = tiny_config(arch, tied, value_head);
-    rf_model *m;
-    CHECK_OK(rf_model_init(&m, &c, rf_cpu_kernels()));
-    rf_model_init_random(m, 5, 0.3f);
+    rf_model *m = random_model(arch, tied, value_head, 5);
     rf_batch all = {3, 13, tok, NULL, cu};
     float before[13], after[13];
     CHECK_OK(rf_model_forward(m, &all));
