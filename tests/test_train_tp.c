@@ -159,7 +159,7 @@ static void weights_by_resharding(rf_comm *world, int T) {
     rf_model_init_random(whole, 9, 0.2f);
     rf_param_table pt = rf_param_table_of(whole);
     rf_weights_rs *x = NULL;
-    CHECK_OK(rf_weights_rs_init(&x, &pt, T, world, 4096, T_OK));
+    CHECK_OK(rf_weights_rs_init(&x, &pt, T, 1, world, 4096, T_OK));
     rf_model_tp *tp = NULL;
     if (train) {
         CHECK_OK(rf_model_tp_init(&tp, &whole->cfg, rf_cpu_kernels(), tpc, T_OK));
