@@ -245,6 +245,9 @@ static rf_status peer_main(worker *w, const rf_kernels *k, rf_comm *wcomm) {
     peer p = {w, {0}};
     RF_TRY(tp_open(w, k));
     rf_status st = weights_in_open(&p.in, w, wcomm, 0);
+    if (st == RF_OK)
+        rf_log_info("rollout worker %d: tensor-parallel rank %d of %d ready (world rank %d, pid %d)", w->rank,
+                    w->tp->t, w->tp->tp, rf_comm_world_rank(w->gcomm, w->tp->t), (int)getpid());
     if (st == RF_OK) st = rf_rollout_tp_serve(w->g, peer_command, &p);
     weights_in_close(&p.in);
     return st;

@@ -43,6 +43,13 @@ static inline int rf_test_mpirun_self(int np, double limit_s, const char *extra_
     return rc;
 }
 
+/* Under mpirun: the world communicator, or NULL after printing why (name: the test's). */
+static inline rf_comm *rf_test_mpi_world(int *argc, char ***argv, const char *name) {
+    rf_comm *world = NULL;
+    if (rf_comm_world(argc, argv, &world) != RF_OK) fprintf(stderr, "%s: %s\n", name, rf_error_message());
+    return world;
+}
+
 /* Under mpirun: sums the failed checks over c's ranks; rank 0 prints the totals. Returns the
  * exit code every rank should use (0 all passed, 1 not). */
 static inline int rf_test_mpi_finish(rf_comm *c, const char *name) {

@@ -203,20 +203,24 @@ static void bounds(rf_comm *world) {
     CHECK_OK(rf_comm_barrier(world, 60, "after the bounds"));
 }
 
-static int under_mpi(int argc, char **argv) {
-    rf_comm *world = NULL;
-    if (rf_comm_world(&argc, &argv, &world) != RF_OK) {
-        fprintf(stderr, "test_rollout_tp: %s\n", rf_error_message());
-        return 1;
-    }
-    int rank = rf_comm_rank(world), size = rf_comm_size(world);
-    for (int tp = 2; tp <= size; tp *= 2) {
+/* Groups of tp ranks (tp = 2, then 4 with 4 ranks: two tp 2 groups at once, then one of 4),
+ * each checking both shapes. */
+static void every_group(rf_comm *world) {
+    int rank = rf_comm_rank(world);
+    for (int tp = 2; tp <= rf_comm_size(world); tp *= 2) {
         rf_comm *g = NULL;
         CHECK_OK(rf_comm_split(world, rank / tp, rank % tp, &g));
-        for (int s = 0; g && s < 2; s++) check_shape(s, g);
+        for (int qwen3 = 0; g && qwen3 < 2; qwen3++) check_shape(qwen3, g);
         rf_comm_free(g);
         CHECK_OK(rf_comm_barrier(world, 60, "after one tp"));
     }
+}
+
+static int under_mpi(int argc, char **argv) {
+    rf_comm *world = rf_test_mpi_world(&argc, &argv, "test_rollout_tp");
+    if (!world) return 1;
+    int rank = rf_comm_rank(world), size = rf_comm_size(world);
+    every_group(world);
     if (size == 2) bounds(world);
     if (rank == 0)
         printf("test_rollout_tp: %d ranks: %ld tokens compared, all identical; largest log-prob difference %.3g, "
