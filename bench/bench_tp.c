@@ -10,7 +10,7 @@
  *    tokens at temperature 1, continuous batching over the paged cache), tokens per second:
  *    the whole-model engine (rf_rollout_init) against the tensor-parallel one
  *    (rollout/rollout_tp.h: rank 0 drives the others' steps) at tp = 1 and tp = the ranks,
- *    with the ratio to the whole model's rate (measured first, in one process).
+ *    with the ratios to the whole model's rate and to tp = 1 (measured first, in one process).
  * One process uses all the machine's threads (OpenMP); under mpirun each of the np ranks gets
  * threads / np of them, so both use the same cores. Model: the "small" preset (4 layers,
  * hidden 256, 8 heads / 4 kv heads) with a 8192-token vocabulary; batch: 8 sequences of 128
@@ -42,6 +42,7 @@
 
 static int g_reps = 5, g_np = 2;
 static double g_base_tok_s; /* the whole-model engine's rate, handed to the ranks under mpirun */
+static double g_tp1_tok_s;  /* the tensor-parallel engine's at tp = 1, likewise */
 static const char *g_preset = "small";
 
 #define DIE(st)                                                                               \
@@ -184,12 +185,22 @@ static double time_rollout(rf_model *m, rf_model_tp *tp, rf_comm *c) {
     return tok_s;
 }
 
+/* A rate, or null when it was not measured (yet). */
+static void json_rate(char *buf, size_t cap, double x) {
+    if (x > 0) snprintf(buf, cap, "%.3f", x);
+    else snprintf(buf, cap, "null");
+}
+
 static void report_rollout(rf_comm *c, const char *model, double tok_s) {
     if (rf_comm_rank(c) != 0) return;
+    char vw[32], vt[32];
+    json_rate(vw, sizeof vw, g_base_tok_s > 0 ? tok_s / g_base_tok_s : 0);
+    json_rate(vt, sizeof vt, g_tp1_tok_s > 0 ? tok_s / g_tp1_tok_s : 0);
     printf("{\"bench\": \"tp_rollout\", \"model\": \"%s\", \"ranks\": %d, \"threads_per_rank\": %d, "
            "\"preset\": \"%s\", \"sequences\": %d, \"new_tokens\": %d, \"tokens_per_s\": %.1f, "
-           "\"whole_tokens_per_s\": %.1f, \"ratio_vs_whole\": %.3f}\n", model, rf_comm_size(c), omp_get_max_threads(),
-           g_preset, NS * RS, STEPS, tok_s, g_base_tok_s, g_base_tok_s > 0 ? tok_s / g_base_tok_s : 0.0);
+           "\"whole_tokens_per_s\": %.1f, \"ratio_vs_whole\": %s, \"tp1_tokens_per_s\": %.1f, \"ratio_vs_tp1\": %s}\n",
+           model, rf_comm_size(c), omp_get_max_threads(), g_preset, NS * RS, STEPS, tok_s, g_base_tok_s, vw,
+           g_tp1_tok_s, vt);
     fflush(stdout);
 }
 
@@ -230,7 +241,9 @@ static void run(rf_comm *c) {
         g_base_tok_s = time_rollout(m, NULL, c);
         report_rollout(c, "whole", g_base_tok_s);
     }
-    report_rollout(c, "tp", time_rollout(m, tp, c));
+    double tok_s = time_rollout(m, tp, c);
+    if (rf_comm_size(c) == 1) g_tp1_tok_s = tok_s;
+    report_rollout(c, "tp", tok_s);
     rf_model_tp_free(tp);
     rf_model_free(m);
     free(d);
@@ -242,6 +255,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--np") && i + 1 < argc) g_np = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--preset") && i + 1 < argc) g_preset = argv[++i];
         else if (!strcmp(argv[i], "--base-tok-s") && i + 1 < argc) g_base_tok_s = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--tp1-tok-s") && i + 1 < argc) g_tp1_tok_s = atof(argv[++i]);
     }
     if (g_reps < 1 || g_reps > 32) g_reps = 5;
     if (rf_comm_launched_by_mpi()) {
@@ -259,7 +273,8 @@ int main(int argc, char **argv) {
     self[n] = '\0';
     int per = threads / g_np > 0 ? threads / g_np : 1;
     snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d mpirun -np %d --oversubscribe %s -x OMP_NUM_THREADS %s --reps %d --preset %s "
-             "--base-tok-s %.1f", per, g_np, geteuid() == 0 ? "--allow-run-as-root" : "", self, g_reps, g_preset, g_base_tok_s);
+             "--base-tok-s %.1f --tp1-tok-s %.1f", per, g_np, geteuid() == 0 ? "--allow-run-as-root" : "", self, g_reps,
+             g_preset, g_base_tok_s, g_tp1_tok_s);
     fflush(stdout);
     return system(cmd) == 0 ? 0 : 1;
 }

@@ -33,8 +33,9 @@
 
 typedef struct rf_rollout_tp rf_rollout_tp;
 
-/* Commands from rank 0 to the peers that reach the serve callback. */
-enum { RF_ROLLOUT_TP_WEIGHTS = 1 };
+/* Commands from rank 0 to the peers: STOP ends their serve loop; the others (WEIGHTS) reach
+ * the serve callback. */
+enum { RF_ROLLOUT_TP_STOP = 0, RF_ROLLOUT_TP_WEIGHTS = 1 };
 
 /* Called on a peer for a command from rank 0 that is not the engine's (cmd, arg as sent). */
 typedef rf_status (*rf_rollout_tp_handler)(void *ctx, int cmd, int64_t arg);
@@ -51,7 +52,6 @@ rf_status rf_rollout_tp_engine(rf_rollout_tp *g, const rf_rollout_opts *o, rf_ro
 
 /* Rank 0: sends the peers command cmd (RF_ROLLOUT_TP_WEIGHTS, or RF_ROLLOUT_TP_STOP to end
  * their serve loop) with arg. */
-#define RF_ROLLOUT_TP_STOP 0
 rf_status rf_rollout_tp_send(rf_rollout_tp *g, int cmd, int64_t arg);
 
 /* Rank 0: a keep-alive when no command went out for timeout_s / 4 (call it from the event

@@ -236,12 +236,6 @@ int main(int argc, char **argv) {
     check_shape(0, rf_comm_single());
     check_shape(1, rf_comm_single());
     printf("test_rollout_tp: one process: %ld tokens compared, largest log-prob difference %.3g\n", g_tokens, g_max_dlp);
-    if (!rf_test_have_mpirun()) {
-        printf("test_rollout_tp: mpirun not found (apt-get install openmpi-bin): tp > 1 skipped\n");
-        rf_test_finish("test_rollout_tp");
-        return rf_test_failed ? 1 : 77;
-    }
-    CHECK(rf_test_mpirun_self(2, 300, NULL) == 0);
-    CHECK(rf_test_mpirun_self(4, 300, NULL) == 0);
-    return rf_test_finish("test_rollout_tp");
+    static const int nps[] = {2, 4};
+    return rf_test_finish_under_mpirun("test_rollout_tp", nps, 2);
 }
