@@ -99,7 +99,7 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     if (rank == 0)
         rf_log_info("training worker: tensor parallel over %d ranks (actor shards: %zu of %zu parameters here), "
                     "weights to %d rollout workers by resharding", T, w->tp->m->n_params, w->tp->full_params,
-                    rf_comm_size(w->wcomm) - T);
+                    (rf_comm_size(w->wcomm) - T) / r->placement.rollout.tp);
     w->last_cmd = rf_time_now();
     return RF_OK;
 }
