@@ -25,12 +25,14 @@ struct rf_rollout_tp {
     rf_model_tp *tp;
     double timeout_s, last_cmd;
     rf_kv_pool pool;          /* peers: their pool (rank 0's is the engine's) */
-    int32_t *copies;          /* (cap_copies, 3) rank 0: copies on write queued for the next step */
-    int n_copies, cap_copies;
+    int32_t *copies;          /* (n_copies, 3) rank 0: copies on write (dst, src, rows) queued for
+                                 the next step; room for cap_copies int32s */
+    int n_copies;
+    size_t cap_copies;
     int32_t *ints;            /* (cap_ints) a step's payload */
     size_t cap_ints;
     rf_paged_seq *seqs;       /* (cap_seqs) peers: the step's rows */
-    int cap_seqs;
+    size_t cap_seqs;
     float *slice, *full;      /* (n, Vl) this rank's logits; (n, V) peers' gathered rows */
     size_t cap_slice, cap_full;
     rf_status st;             /* rank 0: a copy that could not be queued, reported at the next step */
@@ -95,9 +97,7 @@ static rf_status engine_pool_init(void *ctx, rf_kv_pool *p, int n_blocks, int bl
 static void engine_copy(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows) {
     rf_rollout_tp *g = ctx;
     rf_kv_pool_copy(p, dst, src, n_rows);
-    size_t cap = (size_t)g->cap_copies;
-    rf_status st = grow((void **)&g->copies, &cap, 3 * ((size_t)g->n_copies + 1), sizeof(int32_t));
-    g->cap_copies = (int)cap;
+    rf_status st = grow((void **)&g->copies, &g->cap_copies, 3 * ((size_t)g->n_copies + 1), sizeof(int32_t));
     if (st != RF_OK) {
         if (g->st == RF_OK) g->st = st;
         return;
@@ -170,9 +170,7 @@ static rf_status serve_step(rf_rollout_tp *g, const cmd_head *h) {
     RF_TRY(grow((void **)&g->ints, &g->cap_ints, (size_t)h->n_ints, sizeof(int32_t)));
     RF_TRY(rf_comm_bcast(g->tp->comm, g->ints, sizeof(int32_t) * (size_t)h->n_ints, 0, g->timeout_s,
                          "rollout tensor parallelism: receiving a step from tensor-parallel rank 0"));
-    size_t cap = (size_t)g->cap_seqs;
-    RF_TRY(grow((void **)&g->seqs, &cap, (size_t)n, sizeof *g->seqs));
-    g->cap_seqs = (int)cap;
+    RF_TRY(grow((void **)&g->seqs, &g->cap_seqs, (size_t)n, sizeof *g->seqs));
     RF_TRY(grow((void **)&g->full, &g->cap_full, (size_t)n * g->tp->cfg.vocab_size, sizeof(float)));
     const int32_t *r = g->ints;
     for (int i = 0; i < h->n_copies; i++, r += 3) rf_kv_pool_copy(&g->pool, r[0], r[1], r[2]);
