@@ -114,6 +114,13 @@ static void weights_in_close(weights_in *in) {
     rf_weights_rs_free(in->rs);
 }
 
+/* G > 1, every rank of the group before a transfer: a rank that is gone is named here. Inside
+ * the transfer a rollout rank waits on the training ranks, which wait on every rollout rank: a
+ * lost peer would show as a training rank that stalled. */
+static rf_status group_present(const worker *w) {
+    return rf_comm_barrier(w->gcomm, w->r->async.peer_timeout, "rollout tensor parallelism: the group meeting for new weights");
+}
+
 static rf_status weights_poll(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
     if (in->rx) return rf_weights_rx_poll(in->rx, w->m, arrived, version, crc);
     if (!w->g) return rf_weights_rs_poll(in->rs, w->m->params, arrived, version, crc); /* in place, host memory */
@@ -123,6 +130,7 @@ static rf_status weights_poll(weights_in *in, const worker *w, int *arrived, int
     if (!t) return RF_OK;
     /* the group's other ranks receive their shards at the same time */
     RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, 0));
+    RF_TRY(group_present(w));
     RF_TRY(rf_weights_rs_receive(in->rs, w->m->params, w->gcomm, version, crc));
     *arrived = 1;
     return RF_OK;
@@ -238,6 +246,7 @@ static rf_status peer_command(void *ctx, int cmd, int64_t arg) {
     (void)arg;
     if (cmd != RF_ROLLOUT_TP_WEIGHTS)
         return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: unknown command %d from rank 0 of the group", cmd);
+    RF_TRY(group_present(p->w));
     return rf_weights_rs_receive(p->in.rs, p->w->m->params, p->w->gcomm, &version, &crc);
 }
 

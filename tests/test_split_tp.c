@@ -23,7 +23,8 @@
  *     first weights resharded into the generation shards are logged; every version's checksum,
  *     computed by the rollout ranks from their shards, is checked by the controller;
  *   - a rollout peer (generation tensor-parallel rank 1) killed mid-run: the run fails within
- *     seconds of async.peer_timeout naming the rollout worker and the lost world rank;
+ *     seconds of async.peer_timeout naming the lost world rank (found by its rollout worker's
+ *     rank 0 in a step, or by the training rank in a weights transfer);
  *   - refusals with their exact messages: tp = 3 does not divide the tiny model's 4 heads (for
  *     training and for generation); tp in a colocated run (both keys); an MPI job of the wrong
  *     size (both layouts).
@@ -158,13 +159,14 @@ static void rollout_tp_learns(int train_tp) {
 }
 
 /* A rollout peer (generation rank 1, world rank 3 with training tp 1) killed: its rank 0 gives
- * up at its next step's collective after async.peer_timeout and the run stops naming it. */
+ * up at its next step's collective after async.peer_timeout, or the training rank at the
+ * weights transfer the peer no longer takes part in, and the run stops naming world rank 3. */
 static void rollout_peer_killed(void) {
     rf_test_write_recipe(dir, 60, "[async]\nmax_staleness = 1\npeer_timeout = 10\n"
                                   "[placement]\nmode = \"split\"\nrollout_ranks = 1\n"
                                   "[placement.actor]\ntp = 1\n[placement.rollout]\ntp = 2\n");
-    rf_test_peer_killed_at(dir, rlflow, "rollout worker 0: tensor-parallel rank 1 of 2", 3, "error: rollout worker 0 on ",
-                        ": world rank 2 waited 10 s for world rank 3 (a rank is gone or stuck)");
+    rf_test_peer_killed_at(dir, rlflow, "rollout worker 0: tensor-parallel rank 1 of 2", 3, "error: ",
+                           " waited 10 s for world rank 3 (a rank is gone or stuck)");
     rf_test_write_recipe(dir, 60, "[async]\nmax_staleness = 1\npeer_timeout = 10\n"
                                   "[placement]\nmode = \"split\"\nrollout_ranks = 1\n"
                                   "[placement.actor]\ntp = 2\n");
