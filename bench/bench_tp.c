@@ -191,6 +191,7 @@ static void json_rate(char *buf, size_t cap, double x) {
     else snprintf(buf, cap, "null");
 }
 
+/* Rank 0: one tp_rollout JSON line, with the ratios to the whole model and to tp = 1. */
 static void report_rollout(rf_comm *c, const char *model, double tok_s) {
     if (rf_comm_rank(c) != 0) return;
     char vw[32], vt[32];

@@ -63,6 +63,7 @@ void rf_rollout_tp_free(rf_rollout_tp *g) {
 
 /* ---- rank 0 ---- */
 
+/* Rank 0: broadcasts a command header to the group (bounded), noting when. */
 static rf_status send_head(rf_rollout_tp *g, cmd_head *h) {
     h->magic = MAGIC;
     g->last_cmd = rf_time_now();
@@ -88,12 +89,14 @@ static rf_status run_step(rf_rollout_tp *g, rf_kv_pool *p, const rf_paged_seq *s
     return rf_model_tp_gather_logits(g->tp, g->slice, n, full);
 }
 
+/* The engine's pool: rank 0's own, then the peers make theirs of the same blocks. */
 static rf_status engine_pool_init(void *ctx, rf_kv_pool *p, int n_blocks, int block_size) {
     rf_rollout_tp *g = ctx;
     RF_TRY(rf_model_tp_kv_pool_init(g->tp, p, n_blocks, block_size));
     return rf_rollout_tp_send(g, CMD_POOL, (int64_t)n_blocks << 32 | (uint32_t)block_size);
 }
 
+/* A copy on write: done here at once, queued for the peers' next step. */
 static void engine_copy(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows) {
     rf_rollout_tp *g = ctx;
     rf_kv_pool_copy(p, dst, src, n_rows);
@@ -131,6 +134,7 @@ static rf_status pack_step(rf_rollout_tp *g, const rf_kv_pool *p, const rf_paged
     return RF_OK;
 }
 
+/* The step's model call: the peers get the step, then every rank runs it. */
 static rf_status engine_decode(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n,
                                const int32_t *tokens, float *logits) {
     rf_rollout_tp *g = ctx;
@@ -154,6 +158,7 @@ rf_status rf_rollout_tp_engine(rf_rollout_tp *g, const rf_rollout_opts *o, rf_ro
 
 /* ---- peers ---- */
 
+/* A peer: the next command header from rank 0, waiting at most 2 x the bound. */
 static rf_status recv_head(rf_rollout_tp *g, cmd_head *h) {
     RF_TRY(rf_comm_bcast(g->tp->comm, h, sizeof *h, 0, 2 * g->timeout_s,
                          "rollout tensor parallelism: waiting for a command from tensor-parallel rank 0"));

@@ -239,6 +239,7 @@ typedef struct peer {
     weights_in in;
 } peer;
 
+/* A peer's serve callback: new weights, received with the group. */
 static rf_status peer_command(void *ctx, int cmd, int64_t arg) {
     peer *p = ctx;
     int64_t version;
@@ -250,6 +251,7 @@ static rf_status peer_command(void *ctx, int cmd, int64_t arg) {
     return rf_weights_rs_receive(p->in.rs, p->w->m->params, p->w->gcomm, &version, &crc);
 }
 
+/* A peer's whole life: its shard, its part of the weights transfers, rank 0's commands. */
 static rf_status peer_main(worker *w, const rf_kernels *k, rf_comm *wcomm) {
     peer p = {w, {0}};
     RF_TRY(tp_open(w, k));
@@ -273,6 +275,7 @@ static rf_status stop_peers(worker *w, rf_status st) {
     return rf_error(st, "%s", keep);
 }
 
+/* Frees what any rank of a rollout worker holds (NULL members are fine). */
 static void worker_free(worker *w) {
     rf_msg_link_close(w->link);
     rf_rollout_free(w->e);

@@ -39,6 +39,7 @@ static double g_max_dlp; /* the largest log-prob difference seen */
 static double g_max_rel; /* the same relative to 1 + |log-prob| (the tolerance's scale) */
 static long g_tokens;    /* tokens compared */
 
+/* A tiny random model of the gqa (qwen3 = 0) or qwen3 shape, the same on every rank. */
 static rf_model *whole_model(int qwen3) {
     rf_model_config c;
     RF_ASSERT(rf_config_preset(&c, "tiny", qwen3 ? 61 : 97) == RF_OK);
@@ -66,6 +67,7 @@ typedef struct kept {
     int n_tokens, finish, seen;
 } kept;
 
+/* The engine's callback: keeps a finished sample's tokens and log-probs. */
 static void keep(void *ctx, const rf_rollout_sample *s) {
     kept *k = (kept *)ctx + (uintptr_t)s->user * MAX_SAMPLES + s->index;
     memcpy(k->tokens, s->tokens, sizeof(int32_t) * (size_t)s->n_tokens);
@@ -117,6 +119,8 @@ static void run_tp(rf_rollout_tp *g, kept *out) {
     CHECK_OK(rf_rollout_tp_send(g, RF_ROLLOUT_TP_STOP, 0));
 }
 
+/* Every sample of the tp run (a) against the whole model's (b): same tokens and finish,
+ * log-probs within TOL x (1 + |log-prob|); records the largest differences. */
 static void compare(const kept *a, const kept *b, const char *name, int tp) {
     int same = 1;
     for (int i = 0; i < N_REQ * MAX_SAMPLES; i++) {
