@@ -68,9 +68,10 @@ static inline int rf_test_file_has(const char *path, const char *needle) {
 
 /* A peer of a split run killed mid-run (the data- and tensor-parallel tests): starts
  * `rlflow run r.toml` in dir (metrics in dir/kill, console in dir/kill.log; both removed first:
- * an earlier kill's step 5 must not count), SIGKILLs the process
- * whose console line reads "<who> ready (world rank <world_rank>, pid P)" once step 5 is
- * logged, waits for the run to end, and checks what every such stop must show: it ended 9 to
+ * an earlier kill's step 5 must not count), SIGKILLs the process whose console line reads
+ * "<who> ready (world rank <world_rank>, pid P)" once step 5 is logged and that line has come
+ * through mpirun's forwarding (it may come after step 5; the run is bounded by 300 s should it
+ * never come), waits for the run to end, and checks what every such stop must show: it ended 9 to
  * 25 s after the kill (async.peer_timeout = 10 s), exit status 1, the worker that noticed named
  * in the error (`named`, e.g. "error: training worker (rank 1 on "), the collective that gave up
  * naming the ranks waited for (`waited`, e.g. ": world rank 1 waited 10 s for world rank"), and
@@ -80,9 +81,11 @@ static inline void rf_test_peer_killed_at(const char *dir, const char *rlflow, c
                                           const char *named, const char *waited) {
     char *out, p[512];
     int rc = rf_test_sh(&out,
-                        "cd %s && rm -rf kill kill.log kill.rc && { %s run r.toml --set train.steps=100000 --set logging.val_every=0 --set logging.dir=%s/kill > %s/kill.log 2>&1; echo $? > %s/kill.rc; } &\n"
-                        "for i in $(seq 1200); do grep -q '\"step\": 5,' %s/kill/metrics.jsonl 2>/dev/null && break; sleep 0.1; done\n"
-                        "pid=$(sed -n 's/.*%s ready (world rank %d, pid \\([0-9]*\\)).*/\\1/p' %s/kill.log | head -1)\n"
+                        "cd %s && rm -rf kill kill.log kill.rc && { timeout 300 %s run r.toml --set train.steps=100000 --set logging.val_every=0 --set logging.dir=%s/kill > %s/kill.log 2>&1; echo $? > %s/kill.rc; } &\n"
+                        "pid=; for i in $(seq 1200); do\n"
+                        "  grep -q '\"step\": 5,' %s/kill/metrics.jsonl 2>/dev/null &&\n"
+                        "    pid=$(sed -n 's/.*%s ready (world rank %d, pid \\([0-9]*\\)).*/\\1/p' %s/kill.log | head -1) && [ -n \"$pid\" ] && break\n"
+                        "  sleep 0.1; done\n"
                         "kill -9 $pid; t0=$(date +%%s.%%N); wait; echo \"stopped after $(echo \"$(date +%%s.%%N) - $t0\" | bc) s\"",
                         dir, rlflow, dir, dir, dir, dir, who, world_rank, dir);
     CHECK(rc == 0);
