@@ -137,14 +137,14 @@ static rf_status announce(tworker *w) {
 }
 
 static rf_status publish_weights(tworker *w) {
-    if (w->tp) {
+    if (w->wrs) {
         /* with the TP peers: the checksum from the shards, then resharding to every rollout
          * worker (the first transfer waits for workers still starting) */
         int first = !w->tp_serving;
         RF_TRY(rf__tp_publish(w, first ? w->r->async.startup_timeout : w->r->async.peer_timeout, announce));
         if (first)
             rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards to the rollout workers",
-                        w->version, w->crc, w->tp->tp);
+                        w->version, w->crc, w->tp ? w->tp->tp : 1);
         w->tp_serving = 1;
         return RF_OK;
     }
@@ -371,7 +371,8 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     /* tensor parallel: the actor is cut into shards (this rank keeps shard 0) */
     if (w.tpc) st = rf__tp_setup(&w, st);
     if (st == RF_OK) st = rf_metrics_open(&w.metrics, NULL, 0, 0);
-    if (st == RF_OK && !w.tp) st = rf_weights_tx_init(&w.tx, w.actor);
+    if (st == RF_OK && !w.tp)
+        st = r->placement.rollout.tp > 1 ? rf__rs_whole_setup(&w) : rf_weights_tx_init(&w.tx, w.actor);
     rf_msg_client_config cc = {.endpoint = endpoint, .role = RLFLOW__ROLE__ROLE_ACTOR, .rank = 0,
                                .capacity = 1, .name = "train", .timeout_s = r->async.startup_timeout};
     if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);

@@ -104,8 +104,13 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded);
 /* Every TP rank, together: the checksum of the new weights (the whole buffer's CRC-32C, from
  * the shards; kept in w->crc), then their transfer to the rollout workers (bounded by timeout_s
  * per exchange). Rank 0 calls announce(w) between the two (the WeightsUpdate to the
- * controller). */
+ * controller). Without tensor parallelism (w->tp NULL, w->wrs from rf__rs_whole_setup) the
+ * whole actor is sent the same way. */
 rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)(rf__tworker *w));
+
+/* The whole actor's weights by resharding (placement.actor.tp = 1 with placement.rollout.tp >
+ * 1: the rollout workers hold shards): w->wrs from the one training rank to the rollout ranks. */
+rf_status rf__rs_whole_setup(rf__tworker *w);
 
 /* TP rank 0: sends every peer the whole batch b (they train on it with rank 0). */
 rf_status rf__tp_share(rf__tworker *w, const Rlflow__TrainBatch *b);

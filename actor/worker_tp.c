@@ -97,11 +97,11 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     rf_model_free(w->actor); /* rank 0: the shards hold it now */
     w->actor = NULL;
     rf_param_table pt = table_of(w->tp);
-    RF_TRY(rf_weights_rs_init(&w->wrs, &pt, T, w->wcomm, RF_WEIGHTS_RS_BUCKET, r->async.startup_timeout));
+    RF_TRY(rf_weights_rs_init(&w->wrs, &pt, T, r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET, r->async.startup_timeout));
     if (rank == 0)
         rf_log_info("training worker: tensor parallel over %d ranks (actor shards: %zu of %zu parameters here), "
                     "weights to %d rollout workers by resharding", T, w->tp->m->n_params, w->tp->full_params,
-                    rf_comm_size(w->wcomm) - T);
+                    (rf_comm_size(w->wcomm) - T) / r->placement.rollout.tp);
     w->last_cmd = rf_time_now();
     return RF_OK;
 }
@@ -112,11 +112,23 @@ void rf__tp_free(rf__tworker *w) {
     w->wrs = NULL, w->tp = NULL;
 }
 
+rf_status rf__rs_whole_setup(rf__tworker *w) {
+    rf_param_table pt = rf_param_table_of(w->actor);
+    if (strcmp(w->k->name, "cpu") != 0)
+        return rf_error(RF_ERR_UNSUPPORTED, "weights by resharding need the actor in host memory (model.device = \"cpu\")");
+    RF_TRY(rf_model_share_params(w->actor)); /* rollout ranks on this host read it in place */
+    return rf_weights_rs_init(&w->wrs, &pt, 1, w->r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
+                              w->r->async.startup_timeout);
+}
+
 rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)(rf__tworker *w)) {
-    RF_TRY(rf_weights_rs_checksum(w->wrs, w->tpc, w->tp->m->params, timeout_s, &w->crc));
+    /* without tensor parallelism of the actor: the whole actor is the one shard */
+    rf_comm *tpc = w->tp ? w->tpc : rf_comm_single();
+    float *local = w->tp ? w->tp->m->params : w->actor->params;
+    RF_TRY(rf_weights_rs_checksum(w->wrs, tpc, local, timeout_s, &w->crc));
     if (announce) RF_TRY(announce(w));
     rf_weights_rs_set_timeout(w->wrs, timeout_s);
-    return rf_weights_rs_send(w->wrs, w->tp->m->params, w->version, w->crc);
+    return rf_weights_rs_send(w->wrs, local, w->version, w->crc);
 }
 
 /* ---- TP rank 0 ---- */

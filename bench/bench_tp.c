@@ -5,7 +5,12 @@
  *    "whole" is rf_model itself, "tp" the tensor-parallel model at tp = 1 (its overhead) and at
  *    tp = the ranks;
  *  - tp_decode: a greedy decoding step of a batch of sequences after a prefill, milliseconds
- *    per step (rf_model_decode + rf_sample against rf_model_tp_decode + rf_model_tp_greedy).
+ *    per step (rf_model_decode + rf_sample against rf_model_tp_decode + rf_model_tp_greedy);
+ *  - tp_rollout: the rollout engine generating (8 prompts x 4 samples, 64-token prompts, 32 new
+ *    tokens at temperature 1, continuous batching over the paged cache), tokens per second:
+ *    the whole-model engine (rf_rollout_init) against the tensor-parallel one
+ *    (rollout/rollout_tp.h: rank 0 drives the others' steps) at tp = 1 and tp = the ranks,
+ *    with the ratios to the whole model's rate and to tp = 1 (measured first, in one process).
  * One process uses all the machine's threads (OpenMP); under mpirun each of the np ranks gets
  * threads / np of them, so both use the same cores. Model: the "small" preset (4 layers,
  * hidden 256, 8 heads / 4 kv heads) with a 8192-token vocabulary; batch: 8 sequences of 128
@@ -24,6 +29,8 @@
 #include "common/util.h"
 #include "model/model_tp.h"
 #include "model/sampler.h"
+#include "rollout/rollout.h"
+#include "rollout/rollout_tp.h"
 
 #define NS 8
 #define LEN 128
@@ -31,7 +38,11 @@
 #define STEPS 32
 #define VOCAB 8192
 
+#define RS 4 /* samples per prompt in tp_rollout */
+
 static int g_reps = 5, g_np = 2;
+static double g_base_tok_s; /* the whole-model engine's rate, handed to the ranks under mpirun */
+static double g_tp1_tok_s;  /* the tensor-parallel engine's at tp = 1, likewise */
 static const char *g_preset = "small";
 
 #define DIE(st)                                                                               \
@@ -137,6 +148,63 @@ static double time_decode(rf_model *m, rf_model_tp *tp, rf_comm *c) {
     return ms;
 }
 
+/* Rank 0: submits NS prompts of RS samples and generates until idle; tokens per second. */
+static double generate(rf_rollout *e, int V) {
+    int32_t prompt[PROMPT];
+    double t0 = rf_time_now();
+    for (int p = 0; p < NS; p++) {
+        for (int i = 0; i < PROMPT; i++) prompt[i] = (int32_t)(((p + 1) * 7919 + i * 104729) % V);
+        rf_rollout_request q = {prompt, PROMPT, RS, {0, 1.0f, 0, 1.0f}, STEPS, 100 + (uint64_t)p, NULL, 0, {0}, 0};
+        DIE(rf_rollout_submit(e, &q, NULL, NULL));
+    }
+    DIE(rf_rollout_run_until_idle(e));
+    rf_rollout_stats st;
+    rf_rollout_get_stats(e, &st);
+    return (double)st.tokens_generated / (rf_time_now() - t0);
+}
+
+/* The rollout engine's generation rate (tokens/s on rank 0; 0 elsewhere): whole (tp NULL) or
+ * over tp's group, the other ranks serving rank 0's steps. */
+static double time_rollout(rf_model *m, rf_model_tp *tp, rf_comm *c) {
+    rf_rollout_opts o = {.block_size = 16, .n_blocks = 1024, .max_running = 64};
+    rf_rollout *e = NULL;
+    rf_rollout_tp *g = NULL;
+    double tok_s = 0;
+    DIE(rf_comm_barrier(c, 60, "bench"));
+    if (tp) DIE(rf_rollout_tp_init(&g, tp, 120));
+    if (tp && rf_comm_rank(c) > 0) {
+        DIE(rf_rollout_tp_serve(g, NULL, NULL));
+    } else {
+        DIE(tp ? rf_rollout_tp_engine(g, &o, &e) : rf_rollout_init(&e, m, &o));
+        tok_s = generate(e, m->cfg.vocab_size);
+        rf_rollout_free(e);
+        if (g) DIE(rf_rollout_tp_send(g, RF_ROLLOUT_TP_STOP, 0));
+    }
+    rf_rollout_tp_free(g);
+    DIE(rf_comm_barrier(c, 60, "bench"));
+    return tok_s;
+}
+
+/* A rate, or null when it was not measured (yet). */
+static void json_rate(char *buf, size_t cap, double x) {
+    if (x > 0) snprintf(buf, cap, "%.3f", x);
+    else snprintf(buf, cap, "null");
+}
+
+/* Rank 0: one tp_rollout JSON line, with the ratios to the whole model and to tp = 1. */
+static void report_rollout(rf_comm *c, const char *model, double tok_s) {
+    if (rf_comm_rank(c) != 0) return;
+    char vw[32], vt[32];
+    json_rate(vw, sizeof vw, g_base_tok_s > 0 ? tok_s / g_base_tok_s : 0);
+    json_rate(vt, sizeof vt, g_tp1_tok_s > 0 ? tok_s / g_tp1_tok_s : 0);
+    printf("{\"bench\": \"tp_rollout\", \"model\": \"%s\", \"ranks\": %d, \"threads_per_rank\": %d, "
+           "\"preset\": \"%s\", \"sequences\": %d, \"new_tokens\": %d, \"tokens_per_s\": %.1f, "
+           "\"whole_tokens_per_s\": %.1f, \"ratio_vs_whole\": %s, \"tp1_tokens_per_s\": %.1f, \"ratio_vs_tp1\": %s}\n",
+           model, rf_comm_size(c), omp_get_max_threads(), g_preset, NS * RS, STEPS, tok_s, g_base_tok_s, vw,
+           g_tp1_tok_s, vt);
+    fflush(stdout);
+}
+
 static rf_model_tp *tp_model(rf_model *m, rf_comm *c) {
     rf_model_tp *tp;
     DIE(rf_model_tp_init(&tp, &m->cfg, rf_cpu_kernels(), c, 120));
@@ -170,6 +238,13 @@ static void run(rf_comm *c) {
     report(c, "tp_train", "tp", ms, tp->comm_s * 1e3 / g_reps, tp->n_collectives / g_reps);
     ms = time_decode(m, tp, c);
     report(c, "tp_decode", "tp", ms, tp->comm_s * 1e3 / STEPS, tp->n_collectives / STEPS);
+    if (rf_comm_size(c) == 1) {
+        g_base_tok_s = time_rollout(m, NULL, c);
+        report_rollout(c, "whole", g_base_tok_s);
+    }
+    double tok_s = time_rollout(m, tp, c);
+    if (rf_comm_size(c) == 1) g_tp1_tok_s = tok_s;
+    report_rollout(c, "tp", tok_s);
     rf_model_tp_free(tp);
     rf_model_free(m);
     free(d);
@@ -180,6 +255,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--np") && i + 1 < argc) g_np = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--preset") && i + 1 < argc) g_preset = argv[++i];
+        else if (!strcmp(argv[i], "--base-tok-s") && i + 1 < argc) g_base_tok_s = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--tp1-tok-s") && i + 1 < argc) g_tp1_tok_s = atof(argv[++i]);
     }
     if (g_reps < 1 || g_reps > 32) g_reps = 5;
     if (rf_comm_launched_by_mpi()) {
@@ -196,8 +273,9 @@ int main(int argc, char **argv) {
     if (n <= 0) return 1;
     self[n] = '\0';
     int per = threads / g_np > 0 ? threads / g_np : 1;
-    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d mpirun -np %d --oversubscribe %s -x OMP_NUM_THREADS %s --reps %d --preset %s",
-             per, g_np, geteuid() == 0 ? "--allow-run-as-root" : "", self, g_reps, g_preset);
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d mpirun -np %d --oversubscribe %s -x OMP_NUM_THREADS %s --reps %d --preset %s "
+             "--base-tok-s %.1f --tp1-tok-s %.1f", per, g_np, geteuid() == 0 ? "--allow-run-as-root" : "", self, g_reps,
+             g_preset, g_base_tok_s, g_tp1_tok_s);
     fflush(stdout);
     return system(cmd) == 0 ? 0 : 1;
 }

@@ -68,8 +68,11 @@ static void forward_signal(int sig) {
  * refused by rf__reject_unimplemented). */
 static int train_ranks(const rf_recipe *r) { return r->placement.actor.dp * r->placement.actor.tp; }
 
+/* Rollout processes: placement.rollout.tp ranks per rollout worker. */
+static int rollout_procs(const rf_recipe *r) { return r->placement.rollout_ranks * r->placement.rollout.tp; }
+
 static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
-    int np = 1 + train_ranks(r) + r->placement.rollout_ranks;
+    int np = 1 + train_ranks(r) + rollout_procs(r);
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return rf_error(RF_ERR_IO, "cannot find the rlflow program (/proc/self/exe)");
@@ -96,7 +99,10 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     size_t off = 0;
     for (int i = 0; av[i] && off < sizeof line - 1; i++)
         off += (size_t)snprintf(line + off, sizeof line - off, "%s%s", i ? " " : "", av[i]);
-    if (r->placement.actor.dp > 1)
+    if (r->placement.rollout.tp > 1)
+        rf_log_info("split run: %d processes (controller, %d training workers, %d rollout workers of %d tensor-parallel ranks): %s",
+                    np, train_ranks(r), r->placement.rollout_ranks, r->placement.rollout.tp, line);
+    else if (r->placement.actor.dp > 1)
         rf_log_info("split run: %d processes (controller, %d data-parallel training workers, %d rollout workers): %s",
                     np, r->placement.actor.dp, r->placement.rollout_ranks, line);
     else if (r->placement.actor.tp > 1)
@@ -165,18 +171,23 @@ static int default_threads(int n_rollout, int dp, int train) {
  * training worker (it is rank 0, rollout worker i rank 1 + i); with dp > 1 the DP ranks
  * (world ranks 1..dp). With tp > 1 every TP rank sends weights (its shard): the weights
  * communicator holds world ranks 1..tp (ranks 0..tp-1 there) and the rollout workers after
- * them, and the TP ranks have one of their own (world ranks 1..tp). */
-static rf_status split_comms(rf_comm *world, int dp, int tp, rf_comm **wcomm, rf_comm **dpc, rf_comm **tpc) {
+ * them, and the TP ranks have one of their own (world ranks 1..tp). With gtp > 1
+ * (placement.rollout.tp) every rollout rank receives its shard (the weights communicator holds
+ * them all, rollout worker i's ranks together), and each rollout worker's gtp ranks have a
+ * communicator of their own. */
+static rf_status split_comms(rf_comm *world, int dp, int tp, int gtp, rf_comm **wcomm, rf_comm **dpc, rf_comm **tpc,
+                             rf_comm **gcomm) {
     int rank = rf_comm_rank(world), n_train = dp * tp;
-    *wcomm = *dpc = *tpc = NULL;
+    *wcomm = *dpc = *tpc = *gcomm = NULL;
     int in_weights = (rank >= 1 && rank <= tp) || rank > n_train;
     RF_TRY(rf_comm_split(world, in_weights ? 1 : -1, rank, wcomm));
     rf_status st = RF_OK;
     if (dp > 1) st = rf_comm_split(world, rank >= 1 && rank <= dp ? 1 : -1, rank, dpc);
     if (st == RF_OK && tp > 1) st = rf_comm_split(world, rank >= 1 && rank <= tp ? 1 : -1, rank, tpc);
+    if (st == RF_OK && gtp > 1) st = rf_comm_split(world, rank > n_train ? 1 + (rank - 1 - n_train) / gtp : -1, rank, gcomm);
     if (st != RF_OK) {
-        rf_comm_free(*wcomm), rf_comm_free(*dpc);
-        *wcomm = *dpc = NULL;
+        rf_comm_free(*wcomm), rf_comm_free(*dpc), rf_comm_free(*tpc);
+        *wcomm = *dpc = *tpc = NULL;
     }
     return st;
 }
@@ -218,21 +229,26 @@ static void advertised(const char *bound, char *out) {
 }
 
 /* The world size against the recipe's layout: controller, dp (or tp) training workers, rollout
- * workers. Under a user's mpirun, when placement.rollout_ranks is not set, every rank past the
- * training workers is a rollout worker. */
+ * workers of placement.rollout.tp ranks each. Under a user's mpirun, when
+ * placement.rollout_ranks is not set, every rank past the training workers is a rollout rank. */
 static rf_status check_size(const rf_recipe *r, int size) {
-    int dp = r->placement.actor.dp, n_train = train_ranks(r), want = 1 + n_train + r->placement.rollout_ranks;
+    int dp = r->placement.actor.dp, n_train = train_ranks(r), gtp = r->placement.rollout.tp;
+    int want = 1 + n_train + rollout_procs(r);
     char where[512];
     int fixed = strcmp(rf_recipe_where(r, "placement.rollout_ranks", where, sizeof where), "(default)") != 0;
-    if (size >= 2 + n_train && (!fixed || size == want)) return RF_OK;
+    if (size >= 1 + n_train + gtp && (size - 1 - n_train) % gtp == 0 && (!fixed || size == want)) return RF_OK;
+    int need = fixed ? want : 1 + n_train + gtp, workers = fixed ? r->placement.rollout_ranks : 1;
+    if (gtp > 1)
+        return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, %d training workers and placement.rollout_ranks = %d rollout workers of placement.rollout.tp = %d ranks each)",
+                        size, need, n_train, workers, gtp);
     if (r->placement.actor.tp > 1)
         return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, placement.actor.tp = %d training workers and placement.rollout_ranks = %d rollout workers)",
-                        size, fixed ? want : 2 + n_train, r->placement.actor.tp, fixed ? r->placement.rollout_ranks : 1);
+                        size, need, r->placement.actor.tp, workers);
     if (dp == 1)
         return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, training worker and placement.rollout_ranks = %d rollout workers)",
-                        size, fixed ? want : 3, fixed ? r->placement.rollout_ranks : 1);
+                        size, need, workers);
     return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, placement.actor.dp = %d training workers and placement.rollout_ranks = %d rollout workers)",
-                    size, fixed ? want : 2 + dp, dp, fixed ? r->placement.rollout_ranks : 1);
+                    size, need, dp, workers);
 }
 
 /* The rank table the controller prints (ranks 1 .. n_train, then the rollout workers). */
@@ -250,14 +266,21 @@ static void log_layout(const rf_recipe *r, int size) {
         if (tp > 1) rf_log_info("  rank %d: training worker, tensor-parallel rank %d of %d (actor shard %d of %d)", i, i - 1, tp, i - 1, tp);
         else rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s)", i, i - 1, dp, cr);
     }
-    for (int i = 1 + n_train; i < size; i++) rf_log_info("  rank %d: rollout worker %d", i, i - 1 - n_train);
+    int gtp = r->placement.rollout.tp;
+    for (int i = 1 + n_train; i < size; i++) {
+        if (gtp > 1)
+            rf_log_info("  rank %d: rollout worker %d, tensor-parallel rank %d of %d%s", i, (i - 1 - n_train) / gtp,
+                        (i - 1 - n_train) % gtp, gtp, (i - 1 - n_train) % gtp == 0 ? " (engine, talks to the controller)" : "");
+        else
+            rf_log_info("  rank %d: rollout worker %d", i, i - 1 - n_train);
+    }
 }
 
 static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     int rank = rf_comm_rank(world), size = rf_comm_size(world), dp = r->placement.actor.dp;
-    int tp = r->placement.actor.tp, n_train = train_ranks(r);
+    int tp = r->placement.actor.tp, n_train = train_ranks(r), gtp = r->placement.rollout.tp;
     RF_TRY(check_size(r, size));
-    int n_rollout = size - 1 - n_train;
+    int n_rollout = (size - 1 - n_train) / gtp; /* rollout workers (gtp ranks each) */
     char bind_ep[HOST_LEN], ep[HOST_LEN] = "";
     rf_status st = RF_OK;
     rf_msg_server *srv = NULL;
@@ -285,8 +308,8 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     if (!ep[0]) return rf_error(RF_ERR_IO, "the controller (rank 0) could not start; its message says why");
     /* weights travel between the training worker and the rollout workers only; gradients
      * between the training workers */
-    rf_comm *wcomm = NULL, *dpc = NULL, *tpc = NULL;
-    RF_TRY(split_comms(world, dp, tp, &wcomm, &dpc, &tpc));
+    rf_comm *wcomm = NULL, *dpc = NULL, *tpc = NULL, *gcomm = NULL;
+    RF_TRY(split_comms(world, dp, tp, gtp, &wcomm, &dpc, &tpc, &gcomm));
     char host[HOST_LEN] = "";
     gethostname(host, sizeof host - 1);
     if (rank == 0) {
@@ -303,15 +326,15 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         }
         write_status(r, st);
     } else if (rank == 1) {
-        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout, n_train, 1));
+        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout * gtp, n_train, 1));
         int *dst = malloc(sizeof(int) * (size_t)n_rollout);
         st = dst ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-        for (int i = 0; dst && i < n_rollout; i++) dst[i] = tp + i; /* ranks in wcomm */
+        for (int i = 0; dst && i < n_rollout; i++) dst[i] = tp + i * gtp; /* ranks in wcomm */
         if (st == RF_OK) st = rf_train_worker_main(r, ep, resume, wcomm, dst, n_rollout, dpc, tpc);
         free(dst);
         if (st != RF_OK) st = rf_error_wrap(st, "training worker (rank 1 on %s)", host);
     } else if (rank <= n_train) {
-        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout, n_train, 1));
+        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout * gtp, n_train, 1));
         if (tp > 1) {
             st = rf_train_tp_peer_main(r, tpc, wcomm);
             if (st != RF_OK)
@@ -322,9 +345,11 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
                 st = rf_error_wrap(st, "training worker, data-parallel rank %d (rank %d on %s)", rank - 1, rank, host);
         }
     } else {
-        omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads : default_threads(n_rollout, n_train, 0));
-        st = rf_rollout_worker_main(r, ep, rank - 1 - n_train, wcomm, 0);
+        omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads
+                                                              : default_threads(n_rollout * gtp, n_train, 0));
+        st = rf_rollout_worker_main(r, ep, (rank - 1 - n_train) / gtp, wcomm, gcomm, 0);
     }
+    rf_comm_free(gcomm);
     rf_comm_free(wcomm);
     rf_comm_free(dpc);
     rf_comm_free(tpc);

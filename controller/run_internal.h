@@ -10,9 +10,9 @@ rf_status rf__load_roles(rf_run *run);
 rf_status rf__load_data(rf_run *run);
 rf_status rf__load_rewards(rf_run *run);
 rf_status rf__reject_unimplemented(const rf_recipe *r);
-/* placement.actor.tp against the model's shape: tensor parallelism splits whole attention heads
- * (and at most one vocabulary or intermediate row per shard). RF_ERR_ARG naming the key, where
- * it was set, and the model's numbers. rf__check_tp_model_path reads model.path's config.json. */
+/* placement.actor.tp and placement.rollout.tp against the model's shape: tensor parallelism
+ * splits whole attention heads (and at most one vocabulary or intermediate row per shard).
+ * RF_ERR_ARG naming the key, where it was set, and the model's numbers. rf__check_tp_model_path reads model.path's config.json. */
 rf_status rf__check_tp_model(const rf_recipe *r, const rf_model_config *cfg);
 rf_status rf__check_tp_model_path(const rf_recipe *r);
 /* The rollout engine over the actor, sized by [rollout]. */

@@ -124,27 +124,48 @@ static rf_status reject_actor_tp(const rf_recipe *r, int split) {
     return RF_OK;
 }
 
-rf_status rf__check_tp_model(const rf_recipe *r, const rf_model_config *cfg) {
-    int tp = r->placement.actor.tp;
+/* One tensor-parallel key (placement.actor.tp or placement.rollout.tp, value tp) against the
+ * model's shape: the layout's rules (resharding/layout.h). */
+static rf_status check_tp_key(const rf_recipe *r, const char *key, int tp, const rf_model_config *cfg) {
     rf_layout l = {tp, 1, 0, NULL};
-    if (tp <= 1 || rf_layout_check(&l, cfg, tp, "training layout") == RF_OK) return RF_OK;
+    if (tp <= 1 || rf_layout_check(&l, cfg, tp, "tensor-parallel layout") == RF_OK) return RF_OK;
     char where[512];
-    rf_recipe_where(r, "placement.actor.tp", where, sizeof where);
+    rf_recipe_where(r, key, where, sizeof where);
     if (cfg->num_attention_heads % tp != 0)
-        return rf_error(RF_ERR_ARG, "%s: placement.actor.tp = %d does not divide the %d attention heads of model.path "
-                        "\"%s\" (tensor parallelism splits whole heads)", where, tp, cfg->num_attention_heads,
+        return rf_error(RF_ERR_ARG, "%s: %s = %d does not divide the %d attention heads of model.path "
+                        "\"%s\" (tensor parallelism splits whole heads)", where, key, tp, cfg->num_attention_heads,
                         r->model.path);
-    return rf_error(RF_ERR_ARG, "%s: placement.actor.tp = %d is more than the vocabulary (%d) or the intermediate size "
-                    "(%d) of model.path \"%s\"", where, tp, cfg->vocab_size, cfg->intermediate_size, r->model.path);
+    return rf_error(RF_ERR_ARG, "%s: %s = %d is more than the vocabulary (%d) or the intermediate size "
+                    "(%d) of model.path \"%s\"", where, key, tp, cfg->vocab_size, cfg->intermediate_size, r->model.path);
+}
+
+rf_status rf__check_tp_model(const rf_recipe *r, const rf_model_config *cfg) {
+    RF_TRY(check_tp_key(r, "placement.actor.tp", r->placement.actor.tp, cfg));
+    return check_tp_key(r, "placement.rollout.tp", r->placement.rollout.tp, cfg);
 }
 
 rf_status rf__check_tp_model_path(const rf_recipe *r) {
-    if (r->placement.actor.tp <= 1) return RF_OK;
+    if (r->placement.actor.tp <= 1 && r->placement.rollout.tp <= 1) return RF_OK;
     char p[4096];
     rf_model_config cfg;
     rf_path_join(p, sizeof p, r->model.path, "config.json");
     RF_TRY(rf_config_load(&cfg, p));
     return rf__check_tp_model(r, &cfg);
+}
+
+/* Tensor parallelism of generation: split runs on the CPU (the tensor-parallel model runs on the
+ * CPU kernels). */
+static rf_status reject_rollout_tp(const rf_recipe *r, int split) {
+    if (r->placement.rollout.tp == 1) return RF_OK;
+    if (!split)
+        return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "tensor parallelism of generation in colocated "
+                                              "runs; placement.mode = \"split\" runs each rollout worker on "
+                                              "placement.rollout.tp ranks");
+    if (strcmp(r->model.device, "cpu") != 0)
+        return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "tensor parallelism of generation on CUDA: the "
+                                              "CUDA model path is not tensor parallel (the tensor-parallel model runs on "
+                                              "the CPU kernels only)");
+    return RF_OK;
 }
 
 /* Parallel layouts this build does not carry out ([placement.actor], [placement.rollout]). */
@@ -160,9 +181,7 @@ static rf_status reject_layouts(const rf_recipe *r, int split) {
             return rf_recipe_reject_unimplemented(r, own[i].key, "layouts of their own for the critic and the "
                                                   "reference; the critic trains on the actor's ranks, the reference "
                                                   "runs whole on the first training rank");
-    if (r->placement.rollout.tp != 1)
-        return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "tensor parallelism of generation; every "
-                                              "rollout worker holds the whole model");
+    RF_TRY(reject_rollout_tp(r, split));
     if (r->placement.actor.zero > 1)
         return rf_recipe_reject_unimplemented(r, "placement.actor.zero", "ZeRO stages 2 and 3; stage 1 shards the "
                                               "optimizer state");

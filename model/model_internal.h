@@ -3,6 +3,7 @@
 #define RF_MODEL_INTERNAL_H
 
 #include "model/model.h"
+#include "rollout/kv_pool.h"
 
 /* Grows activation buffers to hold T tokens. */
 rf_status rf__model_reserve(rf_model *m, int T);
@@ -36,6 +37,28 @@ typedef struct rf__paged_view {
  * and attends through the block tables. */
 void rf__layer_forward_paged(rf_model *m, int l, rf_layer_acts *a, const float *x_in,
                              float *x_out, int T, const rf__paged_view *pv);
+
+/* Host index arrays of one paged decode call (one allocation): positions and pool rows of
+ * the new tokens, query offsets, cached + new lengths, the block table padded to max_blocks. */
+typedef struct rf__paged_idx {
+    int32_t *pos, *slots;  /* (T) */
+    int32_t *q_off;        /* (n + 1) */
+    int32_t *k_len;        /* (n) */
+    int32_t *table;        /* (n, max_blocks) */
+    int T, max_blocks;
+} rf__paged_idx;
+
+/* Builds and checks the index arrays of n sequences over pool p for a model of config cfg
+ * (the whole model's: its vocabulary and position limit): RF_ERR_ARG / RF_ERR_RANGE as
+ * rf_model_decode_paged. Free with rf__paged_idx_free (also on error: nothing to free). */
+rf_status rf__paged_idx_make(rf__paged_idx *ix, const rf_model_config *cfg, const rf_kv_pool *p,
+                             const rf_paged_seq *seqs, int n, const int32_t *tokens);
+void rf__paged_idx_free(rf__paged_idx *ix);
+
+/* Uploads tokens and the index arrays to m's back end (m->d_tokens, m->d_pos set) and
+ * describes the call's view of pool p. The caller reserved m's buffers. */
+rf_status rf__paged_upload(rf_model *m, const rf_kv_pool *p, const rf__paged_idx *ix, int n,
+                           const int32_t *tokens, rf__paged_view *pv);
 
 /* Logits (n, V) on the host of the last row of each of n sequences of x (rows q_off[i+1]-1):
  * gather, final norm, LM head. Used by both KV-cache decoders. */

@@ -7,16 +7,8 @@
 #include "model/model_internal.h"
 #include "rollout/kv_pool.h"
 
-/* Host index arrays of one call; one allocation. */
-typedef struct paged_idx {
-    int32_t *pos, *slots;  /* (T) */
-    int32_t *q_off;        /* (n + 1) */
-    int32_t *k_len;        /* (n) */
-    int32_t *table;        /* (n, max_blocks) */
-    int T, max_blocks;
-} paged_idx;
-
-static rf_status idx_alloc(paged_idx *ix, const rf_kv_pool *p, const rf_paged_seq *seqs, int n) {
+/* Allocates the index arrays of one call (one allocation) and counts its tokens. */
+static rf_status idx_alloc(rf__paged_idx *ix, const rf_kv_pool *p, const rf_paged_seq *seqs, int n) {
     ix->T = 0, ix->max_blocks = 1;
     for (int i = 0; i < n; i++) {
         if (seqs[i].n_new <= 0)
@@ -34,9 +26,9 @@ static rf_status idx_alloc(paged_idx *ix, const rf_kv_pool *p, const rf_paged_se
 }
 
 /* Fills positions, pool slots of the new tokens, offsets, lengths and the padded block table. */
-static rf_status idx_fill(paged_idx *ix, const rf_model *m, const rf_kv_pool *p,
+static rf_status idx_fill(rf__paged_idx *ix, const rf_model_config *cfg, const rf_kv_pool *p,
                           const rf_paged_seq *seqs, int n) {
-    int limit = rf_config_max_seq(&m->cfg), bs = p->block_size;
+    int limit = rf_config_max_seq(cfg), bs = p->block_size;
     ix->q_off[0] = 0;
     for (int i = 0; i < n; i++) {
         const rf_paged_seq *s = &seqs[i];
@@ -61,17 +53,42 @@ static rf_status idx_fill(paged_idx *ix, const rf_model *m, const rf_kv_pool *p,
     return RF_OK;
 }
 
-/* Uploads the index arrays and runs embedding, layers and logits. */
-static rf_status paged_run(rf_model *m, rf_kv_pool *p, const paged_idx *ix, int n,
-                           const int32_t *tokens, float *logits) {
-    RF_TRY(rf__model_reserve(m, ix->T > n ? ix->T : n));
+rf_status rf__paged_idx_make(rf__paged_idx *ix, const rf_model_config *cfg, const rf_kv_pool *p,
+                             const rf_paged_seq *seqs, int n, const int32_t *tokens) {
+    memset(ix, 0, sizeof *ix);
+    rf_status s = idx_alloc(ix, p, seqs, n);
+    if (s == RF_OK) s = idx_fill(ix, cfg, p, seqs, n);
+    for (int t = 0; s == RF_OK && t < ix->T; t++)
+        if (tokens[t] < 0 || tokens[t] >= cfg->vocab_size)
+            s = rf_error(RF_ERR_RANGE, "paged decode: token id %d outside the vocabulary (%d)",
+                         tokens[t], cfg->vocab_size);
+    if (s != RF_OK) rf__paged_idx_free(ix);
+    return s;
+}
+
+void rf__paged_idx_free(rf__paged_idx *ix) {
+    free(ix->pos);
+    ix->pos = NULL;
+}
+
+rf_status rf__paged_upload(rf_model *m, const rf_kv_pool *p, const rf__paged_idx *ix, int n,
+                           const int32_t *tokens, rf__paged_view *pv) {
     const int32_t *host[] = {tokens, ix->pos, ix->slots, ix->q_off, ix->k_len, ix->table};
     int cnt[] = {ix->T, ix->T, ix->T, n + 1, n, n * ix->max_blocks};
     int32_t *dev[6];
     RF_TRY(rf__model_upload_ints(m, 6, host, cnt, dev));
     m->d_tokens = dev[0], m->d_pos = dev[1];
-    rf__paged_view pv = {p->kc, p->vc, (size_t)p->n_blocks * p->block_size * p->KVH * p->D,
-                         p->block_size, ix->max_blocks, n, dev[2], dev[5], dev[3], dev[4]};
+    *pv = (rf__paged_view){p->kc, p->vc, (size_t)p->n_blocks * p->block_size * p->KVH * p->D,
+                           p->block_size, ix->max_blocks, n, dev[2], dev[5], dev[3], dev[4]};
+    return RF_OK;
+}
+
+/* Uploads the index arrays and runs embedding, layers and logits. */
+static rf_status paged_run(rf_model *m, rf_kv_pool *p, const rf__paged_idx *ix, int n,
+                           const int32_t *tokens, float *logits) {
+    RF_TRY(rf__model_reserve(m, ix->T > n ? ix->T : n));
+    rf__paged_view pv;
+    RF_TRY(rf__paged_upload(m, p, ix, n, tokens, &pv));
     rf_layer_acts *a = &m->acts[0]; /* one layer's buffers serve every layer, as in decoding */
     float *x = m->x_final, *y = m->h;
     m->k->embedding_forward(x, m->d_tokens, m->wte, ix->T, m->cfg.hidden_size);
@@ -88,14 +105,9 @@ rf_status rf_model_decode_paged(rf_model *m, rf_kv_pool *pool, const rf_paged_se
                                 const int32_t *tokens, float *logits) {
     if (!m->lm_head) return rf_error(RF_ERR_ARG, "paged decode: model has no LM head");
     if (n <= 0) return RF_OK;
-    paged_idx ix = {0};
-    rf_status s = idx_alloc(&ix, pool, seqs, n);
-    if (s == RF_OK) s = idx_fill(&ix, m, pool, seqs, n);
-    for (int t = 0; s == RF_OK && t < ix.T; t++)
-        if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab_size)
-            s = rf_error(RF_ERR_RANGE, "paged decode: token id %d outside the vocabulary (%d)",
-                         tokens[t], m->cfg.vocab_size);
-    if (s == RF_OK) s = paged_run(m, pool, &ix, n, tokens, logits);
-    free(ix.pos);
+    rf__paged_idx ix;
+    RF_TRY(rf__paged_idx_make(&ix, &m->cfg, pool, seqs, n, tokens));
+    rf_status s = paged_run(m, pool, &ix, n, tokens, logits);
+    rf__paged_idx_free(&ix);
     return s;
 }

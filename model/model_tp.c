@@ -313,6 +313,11 @@ rf_status rf_model_tp_kv_cache_init(rf_model_tp *tp, rf_kv_cache *c, int n_slots
     return RF_OK;
 }
 
+rf_status rf_model_tp_kv_pool_init(rf_model_tp *tp, rf_kv_pool *p, int n_blocks, int block_size) {
+    return rf_kv_pool_init_heads(p, tp->m->k, tp->cfg.num_hidden_layers, tp->KVA, tp->cfg.head_dim,
+                                 n_blocks, block_size);
+}
+
 /* First vocabulary row of rank r's slice: the balanced split of layout.h. */
 static int slice_start(const rf_model_tp *tp, int r) {
     return (int)((int64_t)tp->cfg.vocab_size * r / tp->tp);

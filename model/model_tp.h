@@ -48,8 +48,8 @@
  * Not here yet (docs/scaling.md): tp x dp (the data-parallel hook and ZeRO over a tp x dp
  * grid), loading a checkpoint shard by shard (rf_model_tp_set_full cuts from the whole model),
  * sequence parallelism, sampling other than greedy without gathering the logits
- * (rf_model_tp_gather_logits), the paged KV cache, generation in the rollout workers. Split
- * runs train the actor with it (placement.actor.tp; actor/worker_tp.c).
+ * (rf_model_tp_gather_logits). Split runs train the actor with it (placement.actor.tp;
+ * actor/worker_tp.c) and generate with it (placement.rollout.tp; rollout/rollout_tp.h).
  *
  * Threads: one thread uses a rf_model_tp and its communicator (comm.h). */
 #ifndef RF_MODEL_TP_H
@@ -61,6 +61,7 @@
 #include "comm/comm.h"
 #include "model/model.h"
 #include "resharding/layout.h"
+#include "rollout/kv_pool.h"
 
 /* Saved activations of one layer on one rank, T tokens. H, KV, KVA, F are this rank's. */
 typedef struct rf_tp_acts {
@@ -207,6 +208,19 @@ rf_status rf_model_tp_kv_cache_init(rf_model_tp *tp, rf_kv_cache *c, int n_slots
  * with rf_model_tp_greedy or rf_model_tp_gather_logits. */
 rf_status rf_model_tp_decode(rf_model_tp *tp, rf_kv_cache *c, const int *slots,
                              const int *counts, int n, const int32_t *tokens, float *logits);
+
+/* Paged KV pool (rollout/kv_pool.h) of n_blocks blocks of block_size positions holding this
+ * rank's k/v heads (KVA of them), for rf_model_tp_decode_paged. Block ids mean the same on
+ * every rank of the group: the engine on rank 0 keeps the bookkeeping (free list, references)
+ * for all of them. Free with rf_kv_pool_free. */
+rf_status rf_model_tp_kv_pool_init(rf_model_tp *tp, rf_kv_pool *p, int n_blocks, int block_size);
+
+/* rf_model_decode_paged with tensor parallelism: the same sequences, block tables and tokens
+ * on every rank; each rank writes its k/v heads into its own pool and writes its slice (n, Vl)
+ * of the logits of each sequence's last new token on the host. 2 L + 1 allreduces. Errors as
+ * rf_model_decode_paged, RF_ERR_ARG for a pool of other heads, comm's. */
+rf_status rf_model_tp_decode_paged(rf_model_tp *tp, rf_kv_pool *pool, const rf_paged_seq *seqs, int n,
+                                   const int32_t *tokens, float *logits);
 
 /* Greedy choice over the whole vocabulary from each rank's slice (n, Vl) of n rows of logits:
  * tokens (n) the argmax (lowest id on ties, as rf_sample), logp (n; NULL = skip) its

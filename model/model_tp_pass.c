@@ -12,11 +12,13 @@
 
 #define GRAD(m, p) ((p) ? (m)->grads + ((p) - (m)->params) : NULL)
 
-/* A decode call's cache: new keys/values are appended before attention. */
+/* A decode call's cache: new keys/values are appended before attention. Either the contiguous
+ * cache c (with slots, counts) or, when `paged` is set, a paged one (model_internal.h). */
 typedef struct tp_decode {
     rf_kv_cache *c;
     const int *slots, *counts; /* (n) host */
     int n;
+    const rf__paged_view *paged;
 } tp_decode;
 
 /* ---- embedding (vocabulary-parallel) ---- */
@@ -110,7 +112,13 @@ static rf_status layer_forward(rf_model_tp *tp, int l, rf_tp_acts *a, const floa
     int C = c->hidden_size, F = tp->F, H = tp->H, D = c->head_dim;
     k->rmsnorm_forward(a->ln1, a->rstd1, x_in, w->ln1, T, C, c->rms_norm_eps);
     qkv_forward(tp, w, a, T);
-    if (dc) {
+    if (dc && dc->paged) {
+        const rf__paged_view *pv = dc->paged;
+        size_t off = (size_t)l * pv->layer_floats;
+        k->paged_kv_write(pv->k + off, pv->v + off, a->ka, a->va, pv->slots, T, tp->KVA, D);
+        k->paged_attention_forward(a->att, a->q, pv->k + off, pv->v + off, pv->q_off, pv->block_table,
+                                   pv->max_blocks, pv->k_len, pv->n, pv->block_size, H, tp->KVA, D);
+    } else if (dc) {
         cache_append(tp, dc, l, a);
         size_t off = (size_t)l * dc->c->n_slots * dc->c->max_len * tp->KVA * D;
         k->attention_forward(a->att, NULL, a->q, dc->c->k + off, dc->c->v + off, m->d_cu,
@@ -483,18 +491,19 @@ static rf_status last_logits(rf_model_tp *tp, const float *x, const int32_t *q_o
     return RF_OK;
 }
 
-static rf_status decode_layers(rf_model_tp *tp, rf_kv_cache *c, const int *slots, const int *counts,
-                               int n, int T, const int32_t *q_off, float *logits) {
+/* Embedding, every layer over the cache dc, and this rank's logits slice of each sequence's
+ * last token. */
+static rf_status decode_layers(rf_model_tp *tp, const tp_decode *dc, int T, const int32_t *q_off,
+                               float *logits) {
     /* every layer reuses layer 0's buffers: nothing is kept for backward */
-    tp_decode dc = {c, slots, counts, n};
     float *x = tp->x_final, *y = tp->h; /* ping-pong residual buffers */
     RF_TRY(embed_forward(tp, x, T));
     for (int l = 0; l < tp->cfg.num_hidden_layers; l++) {
-        RF_TRY(layer_forward(tp, l, &tp->acts[0], x, y, T, &dc));
+        RF_TRY(layer_forward(tp, l, &tp->acts[0], x, y, T, dc));
         float *t = x;
         x = y, y = t;
     }
-    return last_logits(tp, x, q_off, n, logits);
+    return last_logits(tp, x, q_off, dc->n, logits);
 }
 
 rf_status rf_model_tp_decode(rf_model_tp *tp, rf_kv_cache *c, const int *slots,
@@ -520,9 +529,32 @@ rf_status rf_model_tp_decode(rf_model_tp *tp, rf_kv_cache *c, const int *slots,
         m->d_klen = dev[4];
         memcpy(tp->tokens, tokens, sizeof(int32_t) * (size_t)T);
     }
-    if (s == RF_OK) s = decode_layers(tp, c, slots, counts, n, T, q_off, logits);
+    tp_decode dc = {c, slots, counts, n, NULL};
+    if (s == RF_OK) s = decode_layers(tp, &dc, T, q_off, logits);
     for (int i = 0; s == RF_OK && i < n; i++) c->len[slots[i]] += counts[i];
     tp->T = 0, tp->have_logprobs = 0; /* activations no longer describe a training forward */
     free(idx);
+    return s;
+}
+
+rf_status rf_model_tp_decode_paged(rf_model_tp *tp, rf_kv_pool *pool, const rf_paged_seq *seqs, int n,
+                                   const int32_t *tokens, float *logits) {
+    if (!tp->m->lm_head) return rf_error(RF_ERR_ARG, "paged decode: model has no LM head");
+    if (pool->KVH != tp->KVA || pool->D != tp->cfg.head_dim || pool->n_layers != tp->cfg.num_hidden_layers)
+        return rf_error(RF_ERR_ARG, "paged decode: the pool holds %d k/v heads, this rank attends over %d "
+                        "(rf_model_tp_kv_pool_init)", pool->KVH, tp->KVA);
+    if (n <= 0) return RF_OK;
+    rf__paged_idx ix;
+    RF_TRY(rf__paged_idx_make(&ix, &tp->cfg, pool, seqs, n, tokens));
+    rf__paged_view pv;
+    rf_status s = rf__tp_reserve(tp, ix.T > n ? ix.T : n);
+    if (s == RF_OK) s = rf__paged_upload(tp->m, pool, &ix, n, tokens, &pv);
+    if (s == RF_OK) {
+        memcpy(tp->tokens, tokens, sizeof(int32_t) * (size_t)ix.T);
+        tp_decode dc = {NULL, NULL, NULL, n, &pv};
+        s = decode_layers(tp, &dc, ix.T, ix.q_off, logits);
+    }
+    tp->T = 0, tp->have_logprobs = 0; /* activations no longer describe a training forward */
+    rf__paged_idx_free(&ix);
     return s;
 }

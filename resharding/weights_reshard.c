@@ -25,9 +25,10 @@ typedef struct announce {
 struct rf_weights_rs {
     rf_param_table pt;
     rf_comm *c;
-    int tp, n_rollout, me;
-    int t;                  /* training shard held here, -1 on a rollout worker */
-    rf_shard *shards;       /* (pt.n_views) shard t, training ranks */
+    int tp, gen_tp, n_rollout, me; /* n_rollout: rollout ranks (gen_tp per rollout worker) */
+    int train;              /* 1 on a training rank */
+    int t, side_tp;         /* shard held here of this side's layout (tp or gen_tp shards) */
+    rf_shard *shards;       /* (pt.n_views) shard t of this side's layout */
     size_t full_floats;     /* the whole buffer */
     rf_reshard_plan *plan;
     rf_reshard *ex;
@@ -37,25 +38,27 @@ struct rf_weights_rs {
     int told;               /* rank 0: the transfer path was logged */
 };
 
-rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, rf_comm *c,
+rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, int gen_tp, rf_comm *c,
                              size_t bucket_bytes, double timeout_s) {
     *out = NULL;
     int size = rf_comm_size(c);
-    if (tp < 1 || size <= tp)
-        return rf_error(RF_ERR_ARG, "weights by resharding: %d training ranks and %d rollout workers in a communicator of %d",
-                        tp, size - tp, size);
+    if (tp < 1 || gen_tp < 1 || size <= tp || (size - tp) % gen_tp != 0)
+        return rf_error(RF_ERR_ARG, "weights by resharding: %d training ranks and %d rollout ranks (%d per rollout worker) "
+                        "in a communicator of %d", tp, size - tp, gen_tp, size);
     rf_weights_rs *x = calloc(1, sizeof *x);
     if (!x) return rf_error(RF_ERR_NOMEM, "out of memory");
-    x->pt = *pt, x->c = c, x->tp = tp, x->n_rollout = size - tp, x->me = rf_comm_rank(c);
-    x->t = x->me < tp ? x->me : -1;
+    x->pt = *pt, x->c = c, x->tp = tp, x->gen_tp = gen_tp, x->n_rollout = size - tp, x->me = rf_comm_rank(c);
+    x->train = x->me < tp;
+    x->t = x->train ? x->me : (x->me - tp) % gen_tp;
+    x->side_tp = x->train ? tp : gen_tp;
     x->timeout_s = timeout_s;
     x->shards = calloc((size_t)pt->n_views, sizeof *x->shards);
     x->req = calloc((size_t)x->n_rollout, sizeof *x->req);
     rf_status st = x->shards && x->req ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int i = 0; i < pt->n_views; i++) x->full_floats = pt->views[i].offset + pt->views[i].numel;
     size_t n_local = 0;
-    if (st == RF_OK && x->t >= 0) st = rf_layout_shards(pt, tp, x->t, x->shards, &n_local);
-    rf_layout src = {tp, 1, 0, NULL}, dst = {1, x->n_rollout, tp, NULL};
+    if (st == RF_OK) st = rf_layout_shards(pt, x->side_tp, x->t, x->shards, &n_local);
+    rf_layout src = {tp, 1, 0, NULL}, dst = {gen_tp, x->n_rollout / gen_tp, tp, NULL};
     if (st == RF_OK) st = rf_reshard_plan_make(&x->plan, pt, &src, &dst, bucket_bytes, size);
     rf_reshard_opts o = {.timeout_s = timeout_s};
     if (st == RF_OK) st = rf_reshard_init(&x->ex, x->plan, c, &o);
@@ -94,21 +97,23 @@ static uint32_t replicated_crc(const rf_weights_rs *x, const float *local) {
 
 rf_status rf_weights_rs_checksum(rf_weights_rs *x, rf_comm *tpc, const float *local, double timeout_s,
                                  uint32_t *checksum) {
-    if (x->t < 0 || rf_comm_size(tpc) != x->tp || rf_comm_rank(tpc) != x->t)
-        return rf_error(RF_ERR_ARG, "weights by resharding: the checksum is the %d training ranks' (this rank holds shard %d, "
-                        "the group has %d ranks)", x->tp, x->t, rf_comm_size(tpc));
+    const char *side = x->train ? "training" : "rollout";
+    int n = x->side_tp;
+    if (rf_comm_size(tpc) != n || rf_comm_rank(tpc) != x->t)
+        return rf_error(RF_ERR_ARG, "weights by resharding: the checksum is the %d %s ranks' (this rank holds shard %d, "
+                        "the group has %d ranks)", n, side, x->t, rf_comm_size(tpc));
     uint32_t mine[2] = {rf_shard_crc32c_part(&x->pt, x->shards, x->t, local), replicated_crc(x, local)};
-    uint32_t *all = malloc(sizeof mine * (size_t)x->tp);
+    uint32_t *all = malloc(sizeof mine * (size_t)n);
     if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
     rf_status st = rf_comm_allgather(tpc, mine, all, sizeof mine, timeout_s,
                                      "tensor parallelism: allgather of the weights' checksum parts");
-    for (int q = 1; st == RF_OK && q < x->tp; q++)
+    for (int q = 1; st == RF_OK && q < n; q++)
         if (all[2 * q + 1] != all[1])
             st = rf_error(RF_ERR_INTERNAL, "tensor parallelism: the replicated parameters (norms, biases) differ between "
-                          "training ranks: CRC-32C %08x on world rank %d, %08x on world rank %d",
+                          "%s ranks: CRC-32C %08x on world rank %d, %08x on world rank %d", side,
                           all[1], rf_comm_world_rank(tpc, 0), all[2 * q + 1], rf_comm_world_rank(tpc, q));
-    for (int q = 0; st == RF_OK && q < x->tp; q++) all[q] = all[2 * q]; /* the parts, compacted */
-    if (st == RF_OK) *checksum = rf_shard_crc32c_join(all, x->tp, x->full_floats);
+    for (int q = 0; st == RF_OK && q < n; q++) all[q] = all[2 * q]; /* the parts, compacted */
+    if (st == RF_OK) *checksum = rf_shard_crc32c_join(all, n, x->full_floats);
     free(all);
     return st;
 }
@@ -129,7 +134,7 @@ static rf_status announcements_done(rf_weights_rs *x) {
 }
 
 rf_status rf_weights_rs_send(rf_weights_rs *x, const float *local, int64_t version, uint32_t checksum) {
-    if (x->t < 0) return rf_error(RF_ERR_ARG, "weights by resharding: a rollout worker cannot send weights");
+    if (!x->train) return rf_error(RF_ERR_ARG, "weights by resharding: a rollout worker cannot send weights");
     if (x->t == 0) {
         RF_TRY(announcements_done(x));
         x->sent = (announce){MAGIC, checksum, version, x->full_floats, x->plan->id, 0};
@@ -150,31 +155,50 @@ rf_status rf_weights_rs_send(rf_weights_rs *x, const float *local, int64_t versi
     return x->t == 0 ? announcements_done(x) : RF_OK;
 }
 
-rf_status rf_weights_rs_poll(rf_weights_rs *x, float *full, int *arrived, int64_t *version, uint32_t *checksum) {
-    *arrived = 0;
-    if (x->t >= 0) return rf_error(RF_ERR_ARG, "weights by resharding: a training rank does not receive weights");
+int rf_weights_rs_pending(rf_weights_rs *x) {
+    return x->train ? -1 : rf_comm_iprobe(x->c, 0, RF_WEIGHTS_TAG);
+}
+
+/* A rollout rank: receives the announcement training rank 0 sent it (bounded). */
+static rf_status receive_announcement(rf_weights_rs *x, announce *a) {
     int from = rf_comm_world_rank(x->c, 0);
-    int t = rf_comm_iprobe(x->c, 0, RF_WEIGHTS_TAG);
-    if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from world rank %d", from);
-    if (!t) return RF_OK;
-    announce a;
     rf_comm_req *req = NULL;
     char what[96];
     snprintf(what, sizeof what, "receiving the weights announcement of world rank %d", from);
-    RF_TRY(rf_comm_irecv(x->c, &a, sizeof a, 0, RF_WEIGHTS_TAG, &req));
+    RF_TRY(rf_comm_irecv(x->c, a, sizeof *a, 0, RF_WEIGHTS_TAG, &req));
     rf_status st = rf_comm_wait(req, x->timeout_s, what);
     rf_comm_req_free(req);
     RF_TRY(st);
-    if (a.magic != MAGIC || a.n_floats != x->full_floats || a.plan_id != x->plan->id)
+    if (a->magic != MAGIC || a->n_floats != x->full_floats || a->plan_id != x->plan->id)
         return rf_error(RF_ERR_FORMAT, "weights from world rank %d: not a resharded transfer for this model (magic %08x, "
-                        "%llu parameters, plan %08x; here %zu parameters, plan %08x)", from, a.magic,
-                        (unsigned long long)a.n_floats, a.plan_id, x->full_floats, x->plan->id);
-    RF_TRY(rf_reshard_run(x->ex, NULL, full, a.version));
-    uint32_t crc = rf_crc32c_extend(0, full, x->full_floats * sizeof(float));
+                        "%llu parameters, plan %08x; here %zu parameters, plan %08x)", from, a->magic,
+                        (unsigned long long)a->n_floats, a->plan_id, x->full_floats, x->plan->id);
+    return RF_OK;
+}
+
+rf_status rf_weights_rs_receive(rf_weights_rs *x, float *local, rf_comm *gtc, int64_t *version, uint32_t *checksum) {
+    if (x->train) return rf_error(RF_ERR_ARG, "weights by resharding: a training rank does not receive weights");
+    announce a;
+    RF_TRY(receive_announcement(x, &a));
+    RF_TRY(rf_reshard_run(x->ex, NULL, local, a.version));
+    uint32_t crc;
+    if (x->gen_tp == 1) crc = rf_crc32c_extend(0, local, x->full_floats * sizeof(float));
+    else RF_TRY(rf_weights_rs_checksum(x, gtc, local, x->timeout_s, &crc));
     if (crc != a.checksum)
         return rf_error(RF_ERR_FORMAT, "weights version %lld assembled from %d training shards at world rank %d: CRC-32C "
                         "%08x, announced as %08x", (long long)a.version, x->tp, rf_comm_world_rank(x->c, x->me), crc,
                         a.checksum);
-    *arrived = 1, *version = a.version, *checksum = crc;
+    *version = a.version, *checksum = crc;
+    return RF_OK;
+}
+
+rf_status rf_weights_rs_poll(rf_weights_rs *x, float *full, int *arrived, int64_t *version, uint32_t *checksum) {
+    *arrived = 0;
+    if (x->train) return rf_error(RF_ERR_ARG, "weights by resharding: a training rank does not receive weights");
+    int t = rf_weights_rs_pending(x);
+    if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from world rank %d", rf_comm_world_rank(x->c, 0));
+    if (!t) return RF_OK;
+    RF_TRY(rf_weights_rs_receive(x, full, NULL, version, checksum));
+    *arrived = 1;
     return RF_OK;
 }

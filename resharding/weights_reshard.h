@@ -1,14 +1,15 @@
-/* Moving the actor's weights after each optimizer step from a tensor-parallel training group
- * (placement.actor.tp = T ranks, each holding one shard of the training layout) to rollout
- * workers that each hold the whole model (the generation layout: tp 1, one replica per rollout
- * worker), through the resharding planner and executor (resharding/plan.h, reshard.h). What
- * resharding/weights_sync.h does for identical layouts (T = 1).
+/* Moving the actor's weights after each optimizer step from a training group (placement.actor.tp
+ * = T ranks, each holding one shard of the training layout; T = 1: the whole actor) to the
+ * rollout workers (the generation layout: placement.rollout.tp = G ranks per rollout worker,
+ * each holding one shard, G = 1: the whole model; one replica per rollout worker), through the
+ * resharding planner and executor (resharding/plan.h, reshard.h). What
+ * resharding/weights_sync.h does for identical layouts (T = G = 1).
  *
  * One communicator c holds both sides: ranks 0 .. T-1 the training shards (rank t shard t),
- * ranks T .. T+R-1 the R rollout workers. Every rank of c builds the same plan from the
- * actor's parameter table (no communication); a rollout worker receives each block from the
- * training rank that holds it (replicated tensors from training rank d mod T for rollout worker
- * d, which spreads the senders).
+ * ranks T .. T+R*G-1 the R rollout workers' ranks (rollout worker d's shard g at rank
+ * T + d*G + g). Every rank of c builds the same plan from the actor's parameter table (no
+ * communication); a rollout rank receives each block from the training rank that holds it
+ * (replicated tensors spread over the training ranks, rf_reshard_plan_make).
  *
  * A transfer of version v:
  *   1. the training ranks agree on the checksum of the whole parameter buffer
@@ -24,7 +25,11 @@
  *      interruptible generation, as with weights_sync), runs its part of the plan writing the
  *      whole buffer in place, and checks the CRC-32C of what it assembled against the
  *      announced one. It reports that CRC-32C (WeightsLoaded) and the controller checks it
- *      against the training worker's WeightsUpdate as with weights_sync.
+ *      against the training worker's WeightsUpdate as with weights_sync. With G > 1 the
+ *      group's rank 0 probes (rf_weights_rs_pending), tells its peers, and every rank of the
+ *      group receives its shard (rf_weights_rs_receive); the whole model's CRC-32C is then
+ *      computed from the G shards as the training side does (rf_weights_rs_checksum over the
+ *      group), so no rank assembles the whole model.
  * Unlike weights_sync, where the sender stages a copy and sends in the background, step 3
  * waits for every rollout worker to reach its next step boundary: resharding is a joint
  * exchange.
@@ -50,11 +55,12 @@ typedef struct rf_weights_rs rf_weights_rs;
 #define RF_WEIGHTS_RS_BUCKET ((size_t)16 << 20)
 
 /* Plans the transfer for the model whose parameters pt describes (the whole model's names and
- * shapes, the same on every rank) from T = tp training ranks to the size(c) - tp rollout
- * workers, in buckets of bucket_bytes, and prepares this rank's part. timeout_s bounds each
- * exchange. RF_ERR_ARG when c has no rollout worker or tp does not fit the model (the layout's
+ * shapes, the same on every rank) from T = tp training ranks to the (size(c) - tp) / gen_tp
+ * rollout workers of gen_tp ranks each, in buckets of bucket_bytes, and prepares this rank's
+ * part. timeout_s bounds each exchange. RF_ERR_ARG when c has no rollout worker, a rollout
+ * rank count gen_tp does not divide, or tp or gen_tp does not fit the model (the layout's
  * checks). Free with rf_weights_rs_free (NULL is fine). No communication. */
-rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, rf_comm *c,
+rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, int gen_tp, rf_comm *c,
                              size_t bucket_bytes, double timeout_s);
 void rf_weights_rs_free(rf_weights_rs *x);
 
@@ -62,10 +68,11 @@ void rf_weights_rs_free(rf_weights_rs *x);
  * starting: async.startup_timeout; then async.peer_timeout). */
 void rf_weights_rs_set_timeout(rf_weights_rs *x, double timeout_s);
 
-/* Training ranks, all together over tpc (their own group: rank t of tpc holds shard t): the
- * CRC-32C of the whole parameter buffer whose shard t is `local` (the layout's local buffer,
- * rf_layout_shards), identical on every rank. One allgather of 8 bytes per rank, bounded by
- * timeout_s. */
+/* The ranks of one side's group, all together over tpc (the training ranks, or one rollout
+ * worker's gen_tp ranks: rank t of tpc holds shard t): the CRC-32C of the whole parameter
+ * buffer whose shard t is `local` (the layout's local buffer, rf_layout_shards), identical on
+ * every rank. One allgather of 8 bytes per rank, bounded by timeout_s; RF_ERR_INTERNAL when
+ * the replicated tensors differ between the ranks. */
 rf_status rf_weights_rs_checksum(rf_weights_rs *x, rf_comm *tpc, const float *local, double timeout_s,
                                  uint32_t *checksum);
 
@@ -78,5 +85,16 @@ rf_status rf_weights_rs_send(rf_weights_rs *x, const float *local, int64_t versi
  * (the whole model's flat buffer, host memory; written in place), checks it and sets
  * *arrived = 1, *version and *checksum (the CRC-32C of full). *arrived = 0: none waiting. */
 rf_status rf_weights_rs_poll(rf_weights_rs *x, float *full, int *arrived, int64_t *version, uint32_t *checksum);
+
+/* Rollout rank: 1 when training rank 0 has announced a version to it, 0 when not, < 0 on an
+ * MPI error. No waiting. */
+int rf_weights_rs_pending(rf_weights_rs *x);
+
+/* Rollout rank, every rank of its rollout worker together (after rank 0 saw
+ * rf_weights_rs_pending and told the others): receives the announcement and this rank's shard
+ * into `local` (its shard's local buffer, host memory; the whole buffer when gen_tp = 1),
+ * then checks the whole model's CRC-32C (from the group's shards over gtc, which may be NULL
+ * when gen_tp = 1) against the announced one; sets *version and *checksum. */
+rf_status rf_weights_rs_receive(rf_weights_rs *x, float *local, rf_comm *gtc, int64_t *version, uint32_t *checksum);
 
 #endif

@@ -7,14 +7,19 @@
 #include "common/util.h"
 
 rf_status rf_kv_pool_init(rf_kv_pool *p, const rf_model *m, int n_blocks, int block_size) {
+    return rf_kv_pool_init_heads(p, m->k, m->cfg.num_hidden_layers, m->cfg.num_key_value_heads,
+                                 m->cfg.head_dim, n_blocks, block_size);
+}
+
+rf_status rf_kv_pool_init_heads(rf_kv_pool *p, const rf_kernels *k, int n_layers, int KVH, int D,
+                                int n_blocks, int block_size) {
     memset(p, 0, sizeof *p);
     if (n_blocks <= 0 || block_size <= 0)
         return rf_error(RF_ERR_ARG, "kv pool: n_blocks (%d) and block_size (%d) must be >= 1",
                         n_blocks, block_size);
-    p->k = m->k;
+    p->k = k;
     p->n_blocks = n_blocks, p->block_size = block_size;
-    p->n_layers = m->cfg.num_hidden_layers, p->KVH = m->cfg.num_key_value_heads;
-    p->D = m->cfg.head_dim;
+    p->n_layers = n_layers, p->KVH = KVH, p->D = D;
     size_t n = (size_t)p->n_layers * n_blocks * block_size * p->KVH * p->D;
     p->kc = p->k->alloc(n * sizeof(float));
     p->vc = p->k->alloc(n * sizeof(float));

@@ -31,6 +31,11 @@ typedef struct rf_kv_pool {
  * Errors: RF_ERR_ARG for non-positive sizes, RF_ERR_NOMEM naming the size in MB. On error the
  * pool is left zeroed (rf_kv_pool_free accepts it). */
 rf_status rf_kv_pool_init(rf_kv_pool *p, const rf_model *m, int n_blocks, int block_size);
+/* The same for an explicit geometry on back end k: n_layers layers of KVH k/v heads of D floats
+ * (a tensor-parallel rank's pool holds only the heads it attends over,
+ * rf_model_tp_kv_pool_init). */
+rf_status rf_kv_pool_init_heads(rf_kv_pool *p, const rf_kernels *k, int n_layers, int KVH, int D,
+                                int n_blocks, int block_size);
 void rf_kv_pool_free(rf_kv_pool *p);
 
 /* Takes a free block with one reference; -1 when none is free. Lowest ids are handed out

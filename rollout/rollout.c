@@ -13,8 +13,7 @@ static void opts_defaults(rf_rollout_opts *o) {
     if (o->max_batch_tokens == 0) o->max_batch_tokens = 2048;
 }
 
-static rf_status opts_check(const rf_rollout_opts *o, const rf_model *m) {
-    if (!m->lm_head) return rf_error(RF_ERR_ARG, "rollout: the model has a value head, not an LM head");
+static rf_status opts_check(const rf_rollout_opts *o) {
     if (o->block_size < 1 || o->n_blocks < 1 || o->max_running < 1 || o->max_batch_tokens < 1)
         return rf_error(RF_ERR_ARG, "rollout: block_size (%d), n_blocks (%d), max_running (%d) "
                         "and max_batch_tokens (%d) must be >= 1 (0 = default)", o->block_size,
@@ -26,16 +25,39 @@ static rf_status opts_check(const rf_rollout_opts *o, const rf_model *m) {
     return RF_OK;
 }
 
+/* The whole model's calls (rf_rollout_init). */
+static rf_status whole_pool_init(void *ctx, rf_kv_pool *p, int n_blocks, int block_size) {
+    return rf_kv_pool_init(p, ctx, n_blocks, block_size);
+}
+
+static rf_status whole_decode(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n,
+                              const int32_t *tokens, float *logits) {
+    return rf_model_decode_paged(ctx, p, seqs, n, tokens, logits);
+}
+
+static void whole_copy(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows) {
+    (void)ctx;
+    rf_kv_pool_copy(p, dst, src, n_rows);
+}
+
 rf_status rf_rollout_init(rf_rollout **out, rf_model *m, const rf_rollout_opts *opts) {
+    *out = NULL;
+    if (!m->lm_head) return rf_error(RF_ERR_ARG, "rollout: the model has a value head, not an LM head");
+    rf_rollout_model mc = {&m->cfg, m, whole_pool_init, whole_decode, whole_copy};
+    return rf_rollout_init_model(out, &mc, opts);
+}
+
+rf_status rf_rollout_init_model(rf_rollout **out, const rf_rollout_model *mc, const rf_rollout_opts *opts) {
     *out = NULL;
     rf_rollout_opts o = opts ? *opts : (rf_rollout_opts){0};
     opts_defaults(&o);
-    RF_TRY(opts_check(&o, m));
+    RF_TRY(opts_check(&o));
     rf_rollout *e = rf_calloc(1, sizeof *e);
     if (!e) return RF_ERR_NOMEM;
-    e->m = m, e->o = o;
-    rf_status s = rf_kv_pool_init(&e->pool, m, o.n_blocks, o.block_size);
-    size_t V = (size_t)m->cfg.vocab_size, R = (size_t)o.max_running;
+    e->mc = *mc, e->o = o;
+    rf_status s = mc->pool_init(mc->ctx, &e->pool, o.n_blocks, o.block_size);
+    size_t V = (size_t)mc->cfg->vocab_size, R = (size_t)o.max_running;
+    e->V = V;
     e->running = calloc(R, sizeof *e->running);
     e->batch = calloc(R, sizeof *e->batch);
     e->row = calloc(R, sizeof *e->row);
@@ -114,7 +136,7 @@ const rf_kv_pool *rf_rollout_pool(const rf_rollout *e) { return &e->pool; }
 /* ---- requests ---- */
 
 static rf_status request_check(const rf_rollout *e, const rf_rollout_request *q) {
-    const rf_model_config *c = &e->m->cfg;
+    const rf_model_config *c = e->mc.cfg;
     if (!q->prompt || q->prompt_len <= 0) return rf_error(RF_ERR_ARG, "rollout: the prompt is empty");
     if (q->n < 1) return rf_error(RF_ERR_ARG, "rollout: n (samples) must be >= 1, got %d", q->n);
     if (q->max_new_tokens < 1)

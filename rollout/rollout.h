@@ -85,11 +85,29 @@ typedef struct rf_rollout_stats {
     int running, waiting;         /* sequences now */
 } rf_rollout_stats;
 
+/* The model behind an engine: what makes its pool and runs a step's one model call. The whole
+ * model's (rf_rollout_init) by default; a tensor-parallel group supplies its own
+ * (rollout/rollout_tp.h), whose calls also drive the group's other ranks. */
+typedef struct rf_rollout_model {
+    const rf_model_config *cfg; /* the whole model's: vocabulary and position limit */
+    void *ctx;                  /* passed back to the functions below; borrowed */
+    /* Makes the engine's pool of n_blocks blocks of block_size positions. */
+    rf_status (*pool_init)(void *ctx, rf_kv_pool *p, int n_blocks, int block_size);
+    /* rf_model_decode_paged's contract: whole rows of logits (n, cfg->vocab_size). */
+    rf_status (*decode)(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n,
+                        const int32_t *tokens, float *logits);
+    /* Copy on write (rf_kv_pool_copy's contract); it runs before the step's decode call. */
+    void (*copy)(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows);
+} rf_rollout_model;
+
 /* Creates an engine generating with model m (borrowed: m must outlive the engine and is driven
  * by it during steps) and a KV pool of o->n_blocks blocks on m's back end. o may be NULL
  * (defaults). Errors: RF_ERR_ARG for negative sizes, a model without an LM head, or
  * max_running > max_batch_tokens; RF_ERR_NOMEM. Free with rf_rollout_free. */
 rf_status rf_rollout_init(rf_rollout **e, rf_model *m, const rf_rollout_opts *o);
+/* The same over any model behind mc (copied; mc->ctx and mc->cfg borrowed, outliving the
+ * engine). */
+rf_status rf_rollout_init_model(rf_rollout **e, const rf_rollout_model *mc, const rf_rollout_opts *o);
 void rf_rollout_free(rf_rollout *e);
 
 /* Sets the function that receives each finished sample (ctx is passed back). Without one,

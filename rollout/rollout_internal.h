@@ -49,7 +49,8 @@ typedef struct ro_seq {
 } ro_seq;
 
 struct rf_rollout {
-    rf_model *m;
+    rf_rollout_model mc;     /* the model behind the engine */
+    size_t V;                /* its vocabulary */
     rf_rollout_opts o;
     rf_kv_pool pool;
     rf_rollout_callback cb;

@@ -29,7 +29,7 @@ static int reserve_slot(rf_rollout *e, ro_seq *s) {
     if (p->ref[shared] == 1) return 1;
     int b = rf_kv_pool_alloc(p);
     if (b < 0) return 0;
-    rf_kv_pool_copy(p, b, shared, filled);
+    e->mc.copy(e->mc.ctx, p, b, shared, filled);
     rf_kv_pool_unref(p, shared);
     s->blocks[bi] = b;
     e->stats.cow_copies++;
@@ -110,7 +110,7 @@ static int admit_group(rf_rollout *e, int *n_tokens) {
  * the samples still waiting. */
 static rf_status retain_prefix(rf_rollout *e, ro_request *r, const ro_seq *lead, int row) {
     r->prefix = malloc(sizeof(int) * (size_t)lead->n_blocks);
-    r->first_logits = malloc(sizeof(float) * (size_t)e->m->cfg.vocab_size);
+    r->first_logits = malloc(sizeof(float) * e->V);
     if (!r->prefix || !r->first_logits) {
         free(r->prefix), free(r->first_logits);
         r->prefix = NULL, r->first_logits = NULL;
@@ -128,7 +128,7 @@ static rf_status retain_prefix(rf_rollout *e, ro_request *r, const ro_seq *lead,
 static int join_prefix(rf_rollout *e, int *top) {
     ro_request *r = e->waiting[0]->req;
     int k = head_run(e), first = e->n_running;
-    size_t V = (size_t)e->m->cfg.vocab_size;
+    size_t V = e->V;
     for (int i = 0; i < k; i++) {
         ro_seq *s = e->waiting[i];
         for (int b = 0; b < r->n_prefix; b++) rf_kv_pool_ref(&e->pool, s->blocks[b] = r->prefix[b]);
@@ -207,7 +207,7 @@ static rf_status sample_one(rf_rollout *e, ro_seq *s, const float *logits, int *
     const ro_request *r = s->req;
     int g = s->n_tokens - r->prompt_len, stopped = 0;
     float lp;
-    int32_t t = rf_sample(logits, e->m->cfg.vocab_size, &r->sampling, &s->rng, &lp, e->work);
+    int32_t t = rf_sample(logits, (int)e->V, &r->sampling, &s->rng, &lp, e->work);
     s->tokens[s->n_tokens++] = t;
     s->logprobs[g] = lp;
     s->versions[g] = e->version;
@@ -222,7 +222,7 @@ static rf_status sample_one(rf_rollout *e, ro_seq *s, const float *logits, int *
 
 /* Samples every running sequence, delivering each finished one at once (streaming). */
 static rf_status sample_all(rf_rollout *e) {
-    size_t V = (size_t)e->m->cfg.vocab_size;
+    size_t V = e->V;
     rf_status st = RF_OK;
     for (int i = 0; st == RF_OK && i < e->n_running; i++) {
         ro_seq *s = e->running[i];
@@ -249,8 +249,8 @@ rf_status rf_rollout_step(rf_rollout *e) {
         return rf_error(RF_ERR_INTERNAL, "rollout: nothing could be scheduled (%d running, %d "
                         "waiting, %d free blocks)", e->n_running, e->n_waiting, e->pool.n_free);
     if (n_rows > 0)
-        RF_TRY(rf_model_decode_paged(e->m, &e->pool, e->batch, n_rows, e->tokens, e->logits));
-    size_t V = (size_t)e->m->cfg.vocab_size;
+        RF_TRY(e->mc.decode(e->mc.ctx, &e->pool, e->batch, n_rows, e->tokens, e->logits));
+    size_t V = e->V;
     for (ro_request *r = e->retained; r; r = r->next_retained)
         if (r->capture_row >= 0) {
             memcpy(r->first_logits, e->logits + (size_t)r->capture_row * V, sizeof(float) * V);

@@ -1,4 +1,6 @@
-/* The rollout worker's event loop: weights, messages, one engine step, repeat. */
+/* The rollout worker's event loop: weights, messages, one engine step, repeat. With
+ * placement.rollout.tp = G > 1 the worker is G ranks: rank 0 runs this loop with an engine
+ * whose steps drive the others (rollout/rollout_tp.h), which serve its commands. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +14,16 @@
 #include "resharding/weights_reshard.h"
 #include "resharding/weights_sync.h"
 #include "rollout/rollout.h"
+#include "rollout/rollout_tp.h"
 #include "rollout/worker.h"
 
 typedef struct worker {
     const rf_recipe *r;
     rf_msg_link *link;
-    rf_model *m;
+    rf_model *m;           /* the whole model (G = 1), or the shard's (tp->m) */
+    rf_model_tp *tp;       /* G > 1: this rank's shard */
+    rf_rollout_tp *g;      /* G > 1: the group */
+    rf_comm *gcomm;        /* G > 1: the group's communicator */
     rf_tokenizer *tok;
     rf_rollout *e;
     int32_t *eos;
@@ -84,19 +90,23 @@ static rf_status weights_loaded(worker *w) {
     return rf_msg_link_send(w->link, RF_MSG_WEIGHTS_LOADED, &wl.base);
 }
 
-/* Where weights come from: the training worker's whole buffer (weights_sync), or the shards of
- * placement.actor.tp training ranks, resharded into this worker's whole model. */
+/* Where weights come from: the training worker's whole buffer (weights_sync), or the
+ * placement.actor.tp training shards resharded into this worker's whole model, or, with
+ * placement.rollout.tp > 1, into each rank's shard. */
 typedef struct weights_in {
     rf_weights_rx *rx;
     rf_weights_rs *rs;
 } weights_in;
 
-static rf_status weights_in_open(weights_in *in, const rf_recipe *r, rf_comm *wcomm, rf_model *m, int train_rank) {
-    if (r->placement.actor.tp <= 1) return rf_weights_rx_init(&in->rx, wcomm, m, train_rank);
-    if (strcmp(m->k->name, "cpu") != 0)
+static rf_status weights_in_open(weights_in *in, const worker *w, rf_comm *wcomm, int train_rank) {
+    const rf_recipe *r = w->r;
+    if (r->placement.actor.tp <= 1 && !w->tp) return rf_weights_rx_init(&in->rx, wcomm, w->m, train_rank);
+    if (strcmp(w->m->k->name, "cpu") != 0)
         return rf_error(RF_ERR_UNSUPPORTED, "weights by resharding need the model in host memory (model.device = \"cpu\")");
-    rf_param_table pt = rf_param_table_of(m);
-    return rf_weights_rs_init(&in->rs, &pt, r->placement.actor.tp, wcomm, RF_WEIGHTS_RS_BUCKET, r->async.peer_timeout);
+    rf_param_table pt = w->tp ? (rf_param_table){&w->tp->cfg, w->tp->full_views, w->tp->n_full_views}
+                              : rf_param_table_of(w->m);
+    return rf_weights_rs_init(&in->rs, &pt, r->placement.actor.tp, w->tp ? w->tp->tp : 1, wcomm, RF_WEIGHTS_RS_BUCKET,
+                              r->async.peer_timeout);
 }
 
 static void weights_in_close(weights_in *in) {
@@ -104,15 +114,32 @@ static void weights_in_close(weights_in *in) {
     rf_weights_rs_free(in->rs);
 }
 
-static rf_status weights_poll(weights_in *in, rf_model *m, int *arrived, int64_t *version, uint32_t *crc) {
-    if (in->rx) return rf_weights_rx_poll(in->rx, m, arrived, version, crc);
-    return rf_weights_rs_poll(in->rs, m->params, arrived, version, crc); /* in place, host memory */
+/* G > 1, every rank of the group before a transfer: a rank that is gone is named here. Inside
+ * the transfer a rollout rank waits on the training ranks, which wait on every rollout rank: a
+ * lost peer would show as a training rank that stalled. */
+static rf_status group_present(const worker *w) {
+    return rf_comm_barrier(w->gcomm, w->r->async.peer_timeout, "rollout tensor parallelism: the group meeting for new weights");
+}
+
+static rf_status weights_poll(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
+    if (in->rx) return rf_weights_rx_poll(in->rx, w->m, arrived, version, crc);
+    if (!w->g) return rf_weights_rs_poll(in->rs, w->m->params, arrived, version, crc); /* in place, host memory */
+    *arrived = 0;
+    int t = rf_weights_rs_pending(in->rs);
+    if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from the training ranks");
+    if (!t) return RF_OK;
+    /* the group's other ranks receive their shards at the same time */
+    RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, 0));
+    RF_TRY(group_present(w));
+    RF_TRY(rf_weights_rs_receive(in->rs, w->m->params, w->gcomm, version, crc));
+    *arrived = 1;
+    return RF_OK;
 }
 
 static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
     const rf_recipe *r = w->r;
     weights_in in = {0};
-    RF_TRY(weights_in_open(&in, r, wcomm, w->m, train_rank));
+    RF_TRY(weights_in_open(&in, w, wcomm, train_rank));
     rf_status st = RF_OK;
     int have_weights = 0, done = 0;
     double delay_ms = rf_test_delay_ms("RF_TEST_DELAY_ROLLOUT_MS"); /* tests only */
@@ -124,7 +151,8 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
         int64_t v;
         uint32_t crc;
         double t_load = rf_time_now();
-        st = weights_poll(&in, w->m, &arrived, &v, &crc);
+        st = weights_poll(&in, w, &arrived, &v, &crc);
+        if (st == RF_OK && w->g) st = rf_rollout_tp_keepalive(w->g);
         w->load_s = rf_time_now() - t_load;
         if (st == RF_OK && arrived) {
             w->version = v, w->crc = crc;
@@ -183,30 +211,107 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
     return st;
 }
 
+/* G > 1: this rank's shard of the policy (zeros until the first weights) and its group. */
+static rf_status tp_open(worker *w, const rf_kernels *k) {
+    char p[4096];
+    rf_model_config cfg;
+    rf_path_join(p, sizeof p, w->r->model.path, "config.json");
+    RF_TRY(rf_config_load(&cfg, p));
+    RF_TRY(rf_model_tp_init(&w->tp, &cfg, k, w->gcomm, w->r->async.peer_timeout));
+    w->m = w->tp->m;
+    return rf_rollout_tp_init(&w->g, w->tp, w->r->async.peer_timeout);
+}
+
+/* Rank 0 of the worker: the model (whole, or its shard), tokenizer, stop ids and the engine. */
+static rf_status engine_open(worker *w, const rf_kernels *k) {
+    const rf_recipe *r = w->r;
+    RF_TRY(w->gcomm ? tp_open(w, k) : rf_model_load(&w->m, r->model.path, k, 0));
+    RF_TRY(rf_tokenizer_load_dir(&w->tok, r->model.path));
+    RF_TRY(rf__eos_ids(r->model.path, w->m, w->tok, &w->eos, &w->n_eos));
+    rf_rollout_opts o = {.block_size = r->rollout.kv_block_size, .n_blocks = r->rollout.kv_blocks,
+                         .max_running = r->rollout.max_running, .tok = w->tok};
+    return w->g ? rf_rollout_tp_engine(w->g, &o, &w->e) : rf_rollout_init(&w->e, w->m, &o);
+}
+
+/* A peer (tensor-parallel rank > 0): its weights and the command it serves. */
+typedef struct peer {
+    worker *w;
+    weights_in in;
+} peer;
+
+/* A peer's serve callback: new weights, received with the group. */
+static rf_status peer_command(void *ctx, int cmd, int64_t arg) {
+    peer *p = ctx;
+    int64_t version;
+    uint32_t crc;
+    (void)arg;
+    if (cmd != RF_ROLLOUT_TP_WEIGHTS)
+        return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: unknown command %d from rank 0 of the group", cmd);
+    RF_TRY(group_present(p->w));
+    return rf_weights_rs_receive(p->in.rs, p->w->m->params, p->w->gcomm, &version, &crc);
+}
+
+/* A peer's whole life: its shard, its part of the weights transfers, rank 0's commands. */
+static rf_status peer_main(worker *w, const rf_kernels *k, rf_comm *wcomm) {
+    peer p = {w, {0}};
+    RF_TRY(tp_open(w, k));
+    rf_status st = weights_in_open(&p.in, w, wcomm, 0);
+    if (st == RF_OK)
+        rf_log_info("rollout worker %d: tensor-parallel rank %d of %d ready (world rank %d, pid %d)", w->rank,
+                    w->tp->t, w->tp->tp, rf_comm_world_rank(w->gcomm, w->tp->t), (int)getpid());
+    if (st == RF_OK) st = rf_rollout_tp_serve(w->g, peer_command, &p);
+    weights_in_close(&p.in);
+    return st;
+}
+
+/* Rank 0 with G > 1: the peers stop with it (bounded). Returns st, or the stop's failure
+ * when st is RF_OK; an earlier failure keeps its message. */
+static rf_status stop_peers(worker *w, rf_status st) {
+    if (!w->g) return st;
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", rf_error_message());
+    rf_status s = rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_STOP, 0);
+    if (st == RF_OK) return s;
+    return rf_error(st, "%s", keep);
+}
+
+/* Frees what any rank of a rollout worker holds (NULL members are fine). */
+static void worker_free(worker *w) {
+    rf_msg_link_close(w->link);
+    rf_rollout_free(w->e);
+    rf_rollout_tp_free(w->g);
+    if (w->tp) rf_model_tp_free(w->tp);
+    else rf_model_free(w->m);
+    rf_tokenizer_free(w->tok);
+    free(w->eos);
+}
+
 rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int rank,
-                                 rf_comm *wcomm, int train_rank) {
-    worker w = {.r = r, .rank = rank, .version = -1, .t0 = rf_time_now()};
+                                 rf_comm *wcomm, rf_comm *gcomm, int train_rank) {
+    worker w = {.r = r, .rank = rank, .version = -1, .t0 = rf_time_now(),
+                .gcomm = gcomm && rf_comm_size(gcomm) > 1 ? gcomm : NULL};
     const rf_kernels *k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(0) : rf_cpu_kernels();
     if (!k) return rf_error(RF_ERR_NODEVICE, "model.device = \"cuda\"");
     char host[256] = "";
     gethostname(host, sizeof host - 1);
+    if (w.gcomm && rf_comm_rank(w.gcomm) > 0) {
+        rf_status st = peer_main(&w, k, wcomm);
+        if (st != RF_OK)
+            st = rf_error_wrap(st, "rollout worker %d, tensor-parallel rank %d, on %s", rank, rf_comm_rank(w.gcomm), host);
+        worker_free(&w);
+        return st;
+    }
     rf_msg_client_config cc = {.endpoint = endpoint, .role = RLFLOW__ROLE__ROLE_ROLLOUT, .rank = rank,
                                .capacity = r->rollout.max_running, .name = "rollout",
                                .timeout_s = r->async.startup_timeout};
-    rf_status st = rf_model_load(&w.m, r->model.path, k, 0);
-    if (st == RF_OK) st = rf_tokenizer_load_dir(&w.tok, r->model.path);
-    if (st == RF_OK) st = rf__eos_ids(r->model.path, w.m, w.tok, &w.eos, &w.n_eos);
-    if (st == RF_OK) {
-        rf_rollout_opts o = {.block_size = r->rollout.kv_block_size, .n_blocks = r->rollout.kv_blocks,
-                             .max_running = r->rollout.max_running, .tok = w.tok};
-        st = rf_rollout_init(&w.e, w.m, &o);
-    }
+    rf_status st = engine_open(&w, k);
     if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);
     if (st == RF_OK) {
         rf_rollout_set_callback(w.e, on_sample, &w);
         st = serve(&w, wcomm, train_rank);
         if (st == RF_OK) rf_msg_link_flush(w.link, 5.0);
     }
+    st = stop_peers(&w, st);
     if (st != RF_OK) st = rf_error_wrap(st, "rollout worker %d on %s", rank, host);
     if (st != RF_OK && w.link) {
         /* tell the controller why, so that it stops the run naming us */
@@ -215,10 +320,6 @@ rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int r
         rf_msg_link_send(w.link, RF_MSG_ERROR, &e.base);
         rf_msg_link_flush(w.link, 5.0);
     }
-    rf_msg_link_close(w.link);
-    rf_rollout_free(w.e);
-    rf_model_free(w.m);
-    rf_tokenizer_free(w.tok);
-    free(w.eos);
+    worker_free(&w);
     return st;
 }

@@ -3,7 +3,8 @@
  * finished sequence (tokens, behaviour log-probs, the policy version of every token, the
  * checksum of the weights that finished it), and loads new weights from the training worker
  * between decode steps: sequences in flight continue with them (interruptible generation).
- * After each load it reports WeightsLoaded (version, checksum, busy time). */
+ * After each load it reports WeightsLoaded (version, checksum, busy time). With
+ * placement.rollout.tp > 1 a rollout worker is a group of tensor-parallel ranks. */
 #ifndef RF_ROLLOUT_WORKER_H
 #define RF_ROLLOUT_WORKER_H
 
@@ -11,8 +12,11 @@
 #include "controller/recipe.h"
 
 /* Runs until the controller says Shutdown (RF_OK) or something fails (the error names it).
- * wcomm: the weights communicator, in which the training worker is rank train_rank. */
+ * wcomm: the weights communicator, in which the training worker is rank train_rank. gcomm:
+ * with placement.rollout.tp = G > 1, the G ranks of this rollout worker (NULL or one rank:
+ * the whole model here). Its rank 0 talks to the controller and runs the engine; the others
+ * follow it (rollout/rollout_tp.h) and receive their shards of the weights with it. */
 rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int rank,
-                                 rf_comm *wcomm, int train_rank);
+                                 rf_comm *wcomm, rf_comm *gcomm, int train_rank);
 
 #endif

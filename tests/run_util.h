@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/util.h"
 #include "test_util.h"
@@ -65,22 +66,28 @@ static inline int rf_test_file_has(const char *path, const char *needle) {
     return r;
 }
 
-/* A training peer of a split run killed mid-run (the data- and tensor-parallel tests): starts
- * `rlflow run r.toml` in dir (metrics in dir/kill, console in dir/kill.log), SIGKILLs the process
- * whose console line reads "<who> ready (world rank 2, pid P)" once step 5 is logged, waits
- * for the run to end, and checks what every such stop must show: it ended 9 to 25 s after the
- * kill (async.peer_timeout = 10 s), exit status 1, the training worker named in the error, the
- * collective that gave up naming the ranks waited for (`waited`, e.g. ": world rank 1 waited
- * 10 s for world rank"), and run_status.json saying error. Prints the error line. */
-static inline void rf_test_peer_killed(const char *dir, const char *rlflow, const char *who,
-                                       const char *waited) {
+/* A peer of a split run killed mid-run (the data- and tensor-parallel tests): starts
+ * `rlflow run r.toml` in dir (metrics in dir/kill, console in dir/kill.log; both removed first:
+ * an earlier kill's step 5 must not count), SIGKILLs the process whose console line reads
+ * "<who> ready (world rank <world_rank>, pid P)" once step 5 is logged and that line has come
+ * through mpirun's forwarding (it may come after step 5; the run is bounded by 300 s should it
+ * never come), waits for the run to end, and checks what every such stop must show: it ended 9 to
+ * 25 s after the kill (async.peer_timeout = 10 s), exit status 1, the worker that noticed named
+ * in the error (`named`, e.g. "error: training worker (rank 1 on "), the collective that gave up
+ * naming the ranks waited for (`waited`, e.g. ": world rank 1 waited 10 s for world rank"), and
+ * run_status.json saying error. Prints the error line. rf_test_peer_killed: a training peer at
+ * world rank 2, noticed by the training worker. */
+static inline void rf_test_peer_killed_at(const char *dir, const char *rlflow, const char *who, int world_rank,
+                                          const char *named, const char *waited) {
     char *out, p[512];
     int rc = rf_test_sh(&out,
-                        "cd %s && { %s run r.toml --set train.steps=100000 --set logging.val_every=0 --set logging.dir=%s/kill > %s/kill.log 2>&1; echo $? > %s/kill.rc; } &\n"
-                        "for i in $(seq 1200); do grep -q '\"step\": 5,' %s/kill/metrics.jsonl 2>/dev/null && break; sleep 0.1; done\n"
-                        "pid=$(sed -n 's/.*%s ready (world rank 2, pid \\([0-9]*\\)).*/\\1/p' %s/kill.log | head -1)\n"
+                        "cd %s && rm -rf kill kill.log kill.rc && { timeout 300 %s run r.toml --set train.steps=100000 --set logging.val_every=0 --set logging.dir=%s/kill > %s/kill.log 2>&1; echo $? > %s/kill.rc; } &\n"
+                        "pid=; for i in $(seq 1200); do\n"
+                        "  grep -q '\"step\": 5,' %s/kill/metrics.jsonl 2>/dev/null &&\n"
+                        "    pid=$(sed -n 's/.*%s ready (world rank %d, pid \\([0-9]*\\)).*/\\1/p' %s/kill.log | head -1) && [ -n \"$pid\" ] && break\n"
+                        "  sleep 0.1; done\n"
                         "kill -9 $pid; t0=$(date +%%s.%%N); wait; echo \"stopped after $(echo \"$(date +%%s.%%N) - $t0\" | bc) s\"",
-                        dir, rlflow, dir, dir, dir, dir, who, dir);
+                        dir, rlflow, dir, dir, dir, dir, who, world_rank, dir);
     CHECK(rc == 0);
     printf("%s", out);
     double after = -1;
@@ -91,16 +98,34 @@ static inline void rf_test_peer_killed(const char *dir, const char *rlflow, cons
     snprintf(p, sizeof p, "%s/kill.rc", dir);
     CHECK(rf_test_file_has(p, "1"));
     snprintf(p, sizeof p, "%s/kill.log", dir);
-    CHECK(rf_test_file_has(p, "error: training worker (rank 1 on "));
+    CHECK(rf_test_file_has(p, named));
     CHECK(rf_test_file_has(p, waited));
     char *log = NULL;
     if (rf_read_file(p, &log, NULL) == RF_OK) {
-        const char *e = strstr(log, "error: training worker (rank 1 on ");
+        const char *e = strstr(log, named);
         if (e) printf("%.*s\n", (int)strcspn(e, "\n"), e);
     }
     free(log);
     snprintf(p, sizeof p, "%s/kill/run_status.json", dir);
     CHECK(rf_test_file_has(p, "\"status\":\"error\""));
+}
+
+static inline void rf_test_peer_killed(const char *dir, const char *rlflow, const char *who, const char *waited) {
+    rf_test_peer_killed_at(dir, rlflow, who, 2, "error: training worker (rank 1 on ", waited);
+}
+
+/* `rlflow run r.toml <args> --set logging.dir=<dir>/<run>` (np = 0), or the same under a
+ * hand-started `mpirun -np <np>` (the MPI job's size against the recipe), must fail with
+ * `want` in its output (printed when not). */
+static inline void rf_test_refused(const char *dir, const char *rlflow, int np, const char *run, const char *args,
+                                   const char *want) {
+    char *out = NULL, mpi[64] = "";
+    if (np > 0) snprintf(mpi, sizeof mpi, "mpirun -np %d --oversubscribe %s", np, geteuid() == 0 ? "--allow-run-as-root" : "");
+    int rc = rf_test_sh(&out, "cd %s && %s %s run r.toml %s --set logging.dir=%s/%s", dir, mpi, rlflow, args, dir, run);
+    CHECK(rc != 0);
+    CHECK(out && strstr(out, want) != NULL);
+    if (!out || !strstr(out, want)) fprintf(stderr, "want \"%s\" in:\n%s\n", want, out ? out : "");
+    free(out);
 }
 
 /* Metric `name` at `step` of <dir>/<run>/metrics.jsonl (the last line of that step), NAN when

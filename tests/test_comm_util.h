@@ -43,6 +43,26 @@ static inline int rf_test_mpirun_self(int np, double limit_s, const char *extra_
     return rc;
 }
 
+/* After the single-process checks: runs this program under mpirun with each of the n rank
+ * counts nps (each run a check) and returns the test's exit code (77, skipped, when mpirun is
+ * missing and nothing failed). */
+static inline int rf_test_finish_under_mpirun(const char *name, const int *nps, int n) {
+    if (!rf_test_have_mpirun()) {
+        printf("%s: mpirun not found (apt-get install openmpi-bin): the multi-rank checks skipped\n", name);
+        rf_test_finish(name);
+        return rf_test_failed ? 1 : 77;
+    }
+    for (int i = 0; i < n; i++) CHECK(rf_test_mpirun_self(nps[i], 300, NULL) == 0);
+    return rf_test_finish(name);
+}
+
+/* Under mpirun: the world communicator, or NULL after printing why (name: the test's). */
+static inline rf_comm *rf_test_mpi_world(int *argc, char ***argv, const char *name) {
+    rf_comm *world = NULL;
+    if (rf_comm_world(argc, argv, &world) != RF_OK) fprintf(stderr, "%s: %s\n", name, rf_error_message());
+    return world;
+}
+
 /* Under mpirun: sums the failed checks over c's ranks; rank 0 prints the totals. Returns the
  * exit code every rank should use (0 all passed, 1 not). */
 static inline int rf_test_mpi_finish(rf_comm *c, const char *name) {

@@ -206,7 +206,12 @@ static void parallel_layouts(void) {
         {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\ndp = 2\n",
          ":4:1: placement.actor.tp = 2 with placement.actor.dp = 2 (TMP:5:1) is not implemented yet (tensor and data "
          "parallelism together; set one of them to 1)"},
-        {"[placement.rollout]\ntp = 4\n", ":2:1: placement.rollout.tp = 4 is not implemented yet (tensor parallelism of generation"},
+        {"[placement.rollout]\ntp = 4\n", ":2:1: placement.rollout.tp = 4 is not implemented yet (tensor parallelism of generation "
+                                          "in colocated runs; placement.mode = \"split\" runs each rollout worker on "
+                                          "placement.rollout.tp ranks)"},
+        {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.rollout]\ntp = 2\n",
+         ":7:1: placement.rollout.tp = 2 is not implemented yet (tensor parallelism of generation on CUDA: the CUDA model "
+         "path is not tensor parallel (the tensor-parallel model runs on the CPU kernels only))"},
         {"[placement.actor]\ndp = 2\nzero = 2\n", ":3:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
         {"[placement]\nmode = \"split\"\n[placement.critic]\ndp = 2\n", ":4:1: placement.critic.dp = 2 is not implemented yet "
          "(layouts of their own for the critic and the reference; the critic trains on the actor's ranks, the reference "
@@ -265,6 +270,20 @@ static void parallel_layouts(void) {
               "--set: placement.actor.tp = 3 does not divide the 4 attention heads of model.path \"m\" (tensor "
               "parallelism splits whole heads)");
     rf_recipe_free(&r);
+    /* generation's tp: split runs on the CPU, with the same rules against the model */
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.rollout]\ntp = 4\n"), NULL, 0));
+    CHECK_OK(rf__reject_unimplemented(&r));
+    CHECK_OK(rf__check_tp_model(&r, &c));
+    rf_recipe_free(&r);
+    const char *gpath = recipe_file("[model]\npath = \"m\"\n[placement]\nmode = \"split\"\n[placement.rollout]\ntp = 3\n");
+    CHECK_OK(rf_recipe_load(&r, gpath, NULL, 0));
+    CHECK_OK(rf__reject_unimplemented(&r));
+    char want_g[1024];
+    snprintf(want_g, sizeof want_g, "%s:6:1: placement.rollout.tp = 3 does not divide the 4 attention heads of model.path "
+             "\"m\" (tensor parallelism splits whole heads)", gpath);
+    CHECK_ERR(rf__check_tp_model(&r, &c), RF_ERR_ARG, want_g);
+    rf_recipe_free(&r);
+    load_fails("[placement.rollout]\ntp = 0\n", NULL, 0, RF_ERR_ARG, ":2:1: placement.rollout.tp = 0: must be in [1, 1024]");
 }
 
 /* The dump without its comment lines, into a new string. */

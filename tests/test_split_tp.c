@@ -1,7 +1,8 @@
 /* Split runs with tensor-parallel training (placement.actor.tp = 2) and whole-model rollout
  * workers (generation tp 1), weights moved by resharding, end to end under mpirun (rlflow
  * starts it): a controller, two training ranks and a rollout worker as four processes on the
- * 1-digit arithmetic task (tests/run_util.h).
+ * 1-digit arithmetic task (tests/run_util.h). Then tensor-parallel generation
+ * (placement.rollout.tp = 2: the rollout worker is two ranks).
  *   - tp = 2 learns like tp = 1: over 120 GRPO steps with k = 1 the training reward rises (mean
  *     of steps 101-120 above steps 1-20 by a margin) in both runs and the tp = 2 run ends within
  *     0.15 of the tp = 1 run; both ranks trained (the layout is logged, the second rank says it
@@ -17,8 +18,16 @@
  *     checkpoint's (same CRC-32C), the optimizer step count goes on from 20 (30 at step 30);
  *   - a tensor-parallel peer killed (SIGKILL) mid-run: `rlflow run` fails within seconds of
  *     async.peer_timeout naming the collective that waited and the lost world rank;
- *   - refusals with their exact messages: tp = 3 does not divide the tiny model's 4 heads; tp in
- *     a colocated run; an MPI job of the wrong size.
+ *   - placement.rollout.tp = 2 with training tp 1 and tp 2: learns like tp = 1 (steps 101-120
+ *     above steps 1-20 by the same margin, within 0.15 of the tp = 1 run); the layout and the
+ *     first weights resharded into the generation shards are logged; every version's checksum,
+ *     computed by the rollout ranks from their shards, is checked by the controller;
+ *   - a rollout peer (generation tensor-parallel rank 1) killed mid-run: the run fails within
+ *     seconds of async.peer_timeout naming the lost world rank (found by its rollout worker's
+ *     rank 0 in a step, or by the training rank in a weights transfer);
+ *   - refusals with their exact messages: tp = 3 does not divide the tiny model's 4 heads (for
+ *     training and for generation); tp in a colocated run (both keys); an MPI job of the wrong
+ *     size (both layouts).
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -36,6 +45,7 @@
 
 static const char *rlflow;
 static char dir[256];
+static double g_tp1_end = NAN; /* mean reward over steps 101-120 of the tp = 1 run */
 
 static double mean_of(const char *run, const char *name, int from, int to) {
     return rf_test_metric_mean(dir, run, name, from, to);
@@ -103,6 +113,7 @@ static void learns_like_tp1(void) {
     double a1 = mean_of("tp1", "reward/mean", 1, 20), b1 = mean_of("tp1", "reward/mean", 101, 120);
     double a2 = mean_of("tp2", "reward/mean", 1, 20), b2 = mean_of("tp2", "reward/mean", 101, 120);
     printf("mean reward steps 1-20 -> 101-120: tp = 1 %.3f -> %.3f, tp = 2 %.3f -> %.3f\n", a1, b1, a2, b2);
+    g_tp1_end = b1;
     printf("mean reward per 20 steps, tp = 1:");
     for (int k = 1; k <= 120; k += 20) printf(" %.3f", mean_of("tp1", "reward/mean", k, k + 19));
     printf("\nmean reward per 20 steps, tp = 2:");
@@ -116,6 +127,51 @@ static void learns_like_tp1(void) {
     CHECK(isnan(rf_test_metric(dir, "tp1", 60, "perf/tp_comm_s")));
     snprintf(p, sizeof p, "%s/tp2/run_status.json", dir);
     CHECK(rf_test_file_has(p, "\"status\":\"ok\""));
+}
+
+/* placement.rollout.tp = 2 with training tp `train_tp`: learns like the tp = 1 run. */
+static void rollout_tp_learns(int train_tp) {
+    char *out, run[32], args[128], p[512];
+    snprintf(run, sizeof run, "gen2_tp%d", train_tp);
+    snprintf(args, sizeof args, "--set placement.actor.tp=%d --set placement.rollout.tp=2", train_tp);
+    int rc = rf_test_run_recipe(&out, dir, rlflow, run, args);
+    CHECK(rc == 0);
+    char want[256];
+    snprintf(want, sizeof want, "split run: %d processes (controller, %d training workers, 1 rollout workers of 2 "
+             "tensor-parallel ranks)", 3 + train_tp, train_tp);
+    CHECK(strstr(out, want) != NULL);
+    snprintf(want, sizeof want, "rank %d: rollout worker 0, tensor-parallel rank 0 of 2 (engine, talks to the controller)",
+             1 + train_tp);
+    CHECK(strstr(out, want) != NULL);
+    snprintf(want, sizeof want, "rollout worker 0: tensor-parallel rank 1 of 2 ready (world rank %d, pid ", 2 + train_tp);
+    CHECK(strstr(out, want) != NULL);
+    snprintf(want, sizeof want, ") resharded from %d shards to the rollout workers", train_tp);
+    CHECK(strstr(out, want) != NULL);
+    if (rc || !strstr(out, want)) fprintf(stderr, "%s\n", out);
+    free(out);
+    double a = mean_of(run, "reward/mean", 1, 20), b = mean_of(run, "reward/mean", 101, 120);
+    printf("rollout tp = 2, training tp = %d: mean reward steps 1-20 -> 101-120 %.3f -> %.3f (tp = 1 ends at %.3f); "
+           "per 20 steps:", train_tp, a, b, g_tp1_end);
+    for (int k = 1; k <= 120; k += 20) printf(" %.3f", mean_of(run, "reward/mean", k, k + 19));
+    printf("\n");
+    CHECK(b > a + 0.08);
+    CHECK(fabs(b - g_tp1_end) < 0.15);
+    snprintf(p, sizeof p, "%s/%s/run_status.json", dir, run);
+    CHECK(rf_test_file_has(p, "\"status\":\"ok\""));
+}
+
+/* A rollout peer (generation rank 1, world rank 3 with training tp 1) killed: its rank 0 gives
+ * up at its next step's collective after async.peer_timeout, or the training rank at the
+ * weights transfer the peer no longer takes part in, and the run stops naming world rank 3. */
+static void rollout_peer_killed(void) {
+    rf_test_write_recipe(dir, 60, "[async]\nmax_staleness = 1\npeer_timeout = 10\n"
+                                  "[placement]\nmode = \"split\"\nrollout_ranks = 1\n"
+                                  "[placement.actor]\ntp = 1\n[placement.rollout]\ntp = 2\n");
+    rf_test_peer_killed_at(dir, rlflow, "rollout worker 0: tensor-parallel rank 1 of 2", 3, "error: ",
+                           " waited 10 s for world rank 3 (a rank is gone or stuck)");
+    rf_test_write_recipe(dir, 60, "[async]\nmax_staleness = 1\npeer_timeout = 10\n"
+                                  "[placement]\nmode = \"split\"\nrollout_ranks = 1\n"
+                                  "[placement.actor]\ntp = 2\n");
 }
 
 /* PPO (critic whole on rank 1) at tp = 2: checkpoint at 20, resume to 30. */
@@ -187,6 +243,18 @@ static void refusals(void) {
     CHECK(strstr(out, size) != NULL);
     if (!strstr(out, size)) fprintf(stderr, "%s\n", out);
     free(out);
+    /* generation's tp: the heads, colocated runs, the MPI job's size */
+    snprintf(want, sizeof want, "error: --set: placement.rollout.tp = 3 does not divide the 4 attention heads of "
+                                "model.path \"%s/sft\" (tensor parallelism splits whole heads)", dir);
+    rf_test_refused(dir, rlflow, 0, "gen_heads", "--set placement.rollout.tp=3", want);
+    rf_test_refused(dir, rlflow, 0, "gen_colocated",
+                    "--set placement.mode=colocated --set async.max_staleness=0 --set placement.actor.tp=1 "
+                    "--set placement.rollout.tp=2",
+                    "error: --set: placement.rollout.tp = 2 is not implemented yet (tensor parallelism of generation in "
+                    "colocated runs; placement.mode = \"split\" runs each rollout worker on placement.rollout.tp ranks)");
+    rf_test_refused(dir, rlflow, 4, "gen_size", "--set placement.rollout.tp=2",
+                    "this MPI job has 4 ranks; the recipe needs 5 (controller, 2 training workers and "
+                    "placement.rollout_ranks = 1 rollout workers of placement.rollout.tp = 2 ranks each)");
 }
 
 int main(void) {
@@ -196,8 +264,11 @@ int main(void) {
                                   "[placement]\nmode = \"split\"\nrollout_ranks = 1\n"
                                   "[placement.actor]\ntp = 2\n");
     learns_like_tp1();
+    rollout_tp_learns(1);
+    rollout_tp_learns(2);
     ppo_checkpoint_resume();
     peer_killed();
+    rollout_peer_killed();
     refusals();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_tp");

@@ -16,7 +16,10 @@
  *     rollout worker does: the buffer assembled equals the whole model bit for bit, its
  *     CRC-32C equals the checksum the training ranks computed from the shards, the version is
  *     the one sent; a replicated tensor changed on one training rank is refused by the
- *     checksum (RF_ERR_INTERNAL naming both ranks) before anything is sent.
+ *     checksum (RF_ERR_INTERNAL naming both ranks) before anything is sent; and to
+ *     tensor-parallel rollout workers (placement.rollout.tp: 2 training ranks to one worker of
+ *     2 ranks, 1 to one of 3): every rollout rank's shard equals the slice of the whole model
+ *     bit for bit and the checksum its group computes from the shards is the training ranks'.
  * Tolerance: as test_dp.c (fp32 summation order differs between the whole model and the
  * shards; AdamW with eps = 1e-6 above the rounding noise of zero gradients): 1e-5 of the
  * largest parameter after 12 steps. Skips the MPI part without mpirun. */
@@ -145,12 +148,31 @@ static void tp_equals_one_rank(rf_comm *c, rf_loss_agg agg) {
 
 /* ---- weights by resharding ---- */
 
+/* A rollout rank of a tensor-parallel rollout worker (group gc): waits for its announcement,
+ * receives its shard of version v into gtp's model with the group, and checks the checksum
+ * computed from the group's shards and the shard itself against the whole model's. */
+static void receive_shard(rf_weights_rs *x, rf_model_tp *gtp, rf_comm *gc, const rf_model *whole, int v, uint32_t want) {
+    double until = rf_time_now() + T_OK;
+    while (rf_weights_rs_pending(x) == 0 && rf_time_now() < until) rf_sleep(0.001);
+    int64_t ver = -1;
+    uint32_t crc = 0;
+    CHECK_OK(rf_weights_rs_receive(x, gtp->m->params, gc, &ver, &crc));
+    CHECK(ver == v && crc == want);
+    rf_param_table pt = rf_param_table_of(whole);
+    float *shard = malloc(gtp->m->n_params * sizeof(float));
+    rf_layout_extract(&pt, gtp->shards, whole->params, shard);
+    CHECK(memcmp(shard, gtp->m->params, gtp->m->n_params * sizeof(float)) == 0);
+    free(shard);
+}
+
 /* Training ranks 0 .. T-1 (group tpc) send versions 1 and 2 of a model (changed in between) to
- * the rollout ranks T .. size-1 of world. 12 query / 3 k/v heads of 4 (T 3 splits them). */
-static void weights_by_resharding(rf_comm *world, int T) {
+ * the rollout ranks T .. size-1 of world, whole models (G = 1) or rollout workers of G ranks
+ * each holding a shard. 12 query / 3 k/v heads of 4 (T 3 splits them). */
+static void weights_by_resharding(rf_comm *world, int T, int G) {
     int train = g_rank < T;
-    rf_comm *tpc = NULL;
+    rf_comm *tpc = NULL, *gc = NULL;
     CHECK_OK(rf_comm_split(world, train ? 0 : 1, g_rank, &tpc));
+    CHECK_OK(rf_comm_split(world, train ? 0 : 1 + (g_rank - T) / G, g_rank, &gc));
     rf_model_config c;
     RF_ASSERT(rf_config_preset(&c, "tiny", 50) == RF_OK);
     c.num_attention_heads = 12, c.num_key_value_heads = 3, c.head_dim = 4;
@@ -159,11 +181,9 @@ static void weights_by_resharding(rf_comm *world, int T) {
     rf_model_init_random(whole, 9, 0.2f);
     rf_param_table pt = rf_param_table_of(whole);
     rf_weights_rs *x = NULL;
-    CHECK_OK(rf_weights_rs_init(&x, &pt, T, world, 4096, T_OK));
+    CHECK_OK(rf_weights_rs_init(&x, &pt, T, G, world, 4096, T_OK));
     rf_model_tp *tp = NULL;
-    if (train) {
-        CHECK_OK(rf_model_tp_init(&tp, &whole->cfg, rf_cpu_kernels(), tpc, T_OK));
-    }
+    if (train || G > 1) CHECK_OK(rf_model_tp_init(&tp, &whole->cfg, rf_cpu_kernels(), train ? tpc : gc, T_OK));
     float *got = calloc(whole->n_params, sizeof(float));
     for (int v = 1; v <= 2; v++) {
         for (size_t i = 0; i < whole->n_params; i += 97) whole->params[i] += 0.25f * (float)v; /* a new version */
@@ -173,6 +193,8 @@ static void weights_by_resharding(rf_comm *world, int T) {
             CHECK_OK(rf_weights_rs_checksum(x, tpc, tp->m->params, T_OK, &crc));
             CHECK(crc == want);
             CHECK_OK(rf_weights_rs_send(x, tp->m->params, v, crc));
+        } else if (G > 1) {
+            receive_shard(x, tp, gc, whole, v, want);
         } else {
             int arrived = 0;
             int64_t ver = -1;
@@ -201,6 +223,7 @@ static void weights_by_resharding(rf_comm *world, int T) {
     rf_model_tp_free(tp);
     rf_weights_rs_free(x);
     rf_comm_free(tpc);
+    rf_comm_free(gc);
     rf_model_free(whole);
 }
 
@@ -213,9 +236,14 @@ static int under_mpi(int argc, char **argv) {
     g_rank = rf_comm_rank(world), g_size = rf_comm_size(world);
     for (int agg = 0; agg < 4; agg++) tp_equals_one_rank(world, (rf_loss_agg)agg);
     /* 2 ranks: 1 training rank and 1 rollout worker; 4: 2 and 2 (replicated tensors from
-     * either training rank), then 3 and 1 (an odd number of parts) */
-    weights_by_resharding(world, g_size / 2);
-    if (g_size == 4) weights_by_resharding(world, 3);
+     * either training rank), then 3 and 1 (an odd number of parts), then tensor-parallel
+     * rollout workers: 2 training ranks and one worker of 2 ranks, 1 and one of 3 */
+    weights_by_resharding(world, g_size / 2, 1);
+    if (g_size == 4) {
+        weights_by_resharding(world, 3, 1);
+        weights_by_resharding(world, 2, 2); /* one rollout worker of 2 ranks (k/v heads replicated) */
+        weights_by_resharding(world, 1, 3); /* of 3 ranks from a whole actor (k/v heads split) */
+    }
     int rc = rf_test_mpi_finish(world, "test_train_tp");
     rf_comm_finalize();
     return rc;
