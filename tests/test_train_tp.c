@@ -66,30 +66,6 @@ static rf_update_opts update_opts(rf_loss_agg agg) {
     return uo;
 }
 
-/* max over views of |shard - slice of whole| / max |whole|. */
-static double shard_diff(const rf_model_tp *tp, const rf_model *whole) {
-    float *local = malloc(sizeof(float) * tp->m->n_params);
-    rf_param_table pt = {&tp->cfg, tp->full_views, tp->n_full_views};
-    rf_layout_extract(&pt, tp->shards, whole->params, local);
-    double d = 0, mx = 0;
-    for (size_t i = 0; i < tp->m->n_params; i++) d = fmax(d, fabs((double)tp->m->params[i] - local[i]));
-    for (size_t i = 0; i < whole->n_params; i++) mx = fmax(mx, fabs((double)whole->params[i]));
-    free(local);
-    return d / mx;
-}
-
-/* CRC-32C of the replicated tensors, the same on every rank of c. */
-static int replicated_same(rf_comm *c, const rf_model_tp *tp) {
-    uint32_t crc = 0, *all = malloc(sizeof(uint32_t) * (size_t)tp->tp);
-    for (int i = 0; i < tp->m->n_views; i++)
-        if (tp->shards[i].split == RF_SPLIT_REPLICATED)
-            crc = rf_crc32c_extend(crc, tp->m->params + tp->m->views[i].offset, tp->m->views[i].numel * sizeof(float));
-    int same = rf_comm_allgather(c, &crc, all, sizeof crc, T_OK, "replicated checksums") == RF_OK;
-    for (int r = 0; same && r < tp->tp; r++) same = all[r] == crc;
-    free(all);
-    return same;
-}
-
 static void tp_equals_one_rank(rf_comm *c, rf_loss_agg agg) {
     rf_model *ref = rf_test_tiny_model(5, 0), *init = rf_test_tiny_model(5, 0);
     rf_train_sample s[NS];
@@ -130,11 +106,11 @@ static void tp_equals_one_rank(rf_comm *c, rf_loss_agg agg) {
     double moved = 0, mx = 0;
     for (size_t i = 0; i < ref->n_params; i++)
         moved = fmax(moved, fabs((double)ref->params[i] - init->params[i])), mx = fmax(mx, fabs((double)init->params[i]));
-    double d = shard_diff(tp, ref);
+    double d = rf_test_shard_diff(tp, ref);
     CHECK(moved / mx > 1e-3);
     CHECK(d < 1e-5);
     CHECK(tp->m->opt_step == ref->opt_step);
-    CHECK(replicated_same(c, tp));
+    CHECK(rf_test_replicated_same(c, tp));
     if (g_rank == 0 || !(d < 1e-5))
         printf("rank %d, tp %d, agg %d: parameters moved %.3g, shards vs whole model %.3g (max grad norm %.3g)\n", g_rank,
                tp->tp, (int)agg, moved / mx, d, max_norm);
