@@ -1,10 +1,11 @@
 /* Launch and placement of split runs (placement.mode = "split").
  *
- * Layout (MPI ranks of one job, MPMD by rank): rank 0 is the controller, ranks 1 .. dp the
- * training workers (dp = placement.actor.dp; rank 1 hosts the actor with the reference and
- * critic colocated and talks to the controller; with dp > 1, ranks 2 .. dp are its
- * data-parallel peers, actor and critic), ranks dp + 1 .. dp + placement.rollout_ranks the
- * rollout workers. The world size must be 1 + dp + rollout_ranks.
+ * Layout (MPI ranks of one job, MPMD by rank): rank 0 is the controller, ranks 1 .. dp x tp the
+ * training workers (dp = placement.actor.dp, tp = placement.actor.tp; rank 1 hosts the actor
+ * with the reference and critic colocated and talks to the controller; training rank
+ * i = rank - 1 is tensor-parallel rank i % tp of data-parallel replica i / tp, tp varying
+ * fastest as in Megatron-LM), ranks dp x tp + 1 .. dp x tp + placement.rollout_ranks the
+ * rollout workers. The world size must be 1 + dp x tp + rollout_ranks.
  *
  * `rlflow run recipe.toml` outside MPI prepares the data and the model (the SFT warm start)
  * and then replaces itself with `<placement.mpirun> -np N --oversubscribe --bind-to none

@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/crc32c.h"
 #include "common/util.h"
+#include "model/model.h"
 #include "test_util.h"
 
 /* Writes <dir>/r.toml: the recipe, validation every val_every steps, then `extra` (more TOML
@@ -67,20 +69,20 @@ static inline int rf_test_file_has(const char *path, const char *needle) {
 
 /* A training peer of a split run killed mid-run (the data- and tensor-parallel tests): starts
  * `rlflow run r.toml` in dir (metrics in dir/kill, console in dir/kill.log), SIGKILLs the process
- * whose console line reads "<who> ready (world rank 2, pid P)" once step 5 is logged, waits
+ * whose console line reads "<who> ready (world rank <world_rank>, pid P)" once step 5 is logged, waits
  * for the run to end, and checks what every such stop must show: it ended 9 to 25 s after the
  * kill (async.peer_timeout = 10 s), exit status 1, the training worker named in the error, the
  * collective that gave up naming the ranks waited for (`waited`, e.g. ": world rank 1 waited
  * 10 s for world rank"), and run_status.json saying error. Prints the error line. */
-static inline void rf_test_peer_killed(const char *dir, const char *rlflow, const char *who,
+static inline void rf_test_peer_killed(const char *dir, const char *rlflow, const char *who, int world_rank,
                                        const char *waited) {
     char *out, p[512];
     int rc = rf_test_sh(&out,
                         "cd %s && { %s run r.toml --set train.steps=100000 --set logging.val_every=0 --set logging.dir=%s/kill > %s/kill.log 2>&1; echo $? > %s/kill.rc; } &\n"
                         "for i in $(seq 1200); do grep -q '\"step\": 5,' %s/kill/metrics.jsonl 2>/dev/null && break; sleep 0.1; done\n"
-                        "pid=$(sed -n 's/.*%s ready (world rank 2, pid \\([0-9]*\\)).*/\\1/p' %s/kill.log | head -1)\n"
+                        "pid=$(sed -n 's/.*%s ready (world rank %d, pid \\([0-9]*\\)).*/\\1/p' %s/kill.log | head -1)\n"
                         "kill -9 $pid; t0=$(date +%%s.%%N); wait; echo \"stopped after $(echo \"$(date +%%s.%%N) - $t0\" | bc) s\"",
-                        dir, rlflow, dir, dir, dir, dir, who, dir);
+                        dir, rlflow, dir, dir, dir, dir, who, world_rank, dir);
     CHECK(rc == 0);
     printf("%s", out);
     double after = -1;
@@ -126,6 +128,35 @@ static double rf_test_metric_mean(const char *dir, const char *run, const char *
     double s = 0;
     for (int k = from; k <= to; k++) s += rf_test_metric(dir, run, k, name);
     return s / (to - from + 1);
+}
+
+/* The hexadecimal CRC-32C after `prefix` in text, or -1. */
+static inline long rf_test_crc_after(const char *text, const char *prefix) {
+    const char *at = text ? strstr(text, prefix) : NULL;
+    return at ? strtol(at + strlen(prefix), NULL, 16) : -1;
+}
+
+/* A number of <dir>/<run>/<step dir>/trainer_state.json, or -1. */
+static inline double rf_test_trainer_state(const char *dir, const char *run, const char *step, const char *key) {
+    char p[512], *text = NULL;
+    snprintf(p, sizeof p, "%s/%s/%s/trainer_state.json", dir, run, step);
+    if (rf_read_file(p, &text, NULL) != RF_OK) return -1;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *v = cJSON_GetObjectItem(j, key);
+    double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    cJSON_Delete(j);
+    return x;
+}
+
+/* CRC-32C of the flat parameter buffer of the model saved in d (what a rollout worker holding
+ * it would report), or -1. */
+static inline long rf_test_saved_crc(const char *d) {
+    rf_model *m = NULL;
+    if (rf_model_load(&m, d, rf_cpu_kernels(), 0) != RF_OK) return -1;
+    long crc = (long)rf_crc32c(m->params, m->n_params * sizeof(float));
+    rf_model_free(m);
+    return crc;
 }
 
 #endif

@@ -86,7 +86,7 @@ static void zero_checkpoint_resume(void) {
 /* A peer killed mid-run: rank 1's next collective gives up after async.peer_timeout (10 s)
  * naming world rank 2, and the run stops. */
 static void peer_killed(void) {
-    rf_test_peer_killed(dir, rlflow, "data-parallel rank 1 of 2", ": world rank 1 waited 10 s for world rank 2 (a rank is gone or stuck)");
+    rf_test_peer_killed(dir, rlflow, "data-parallel rank 1 of 2", 2, ": world rank 1 waited 10 s for world rank 2 (a rank is gone or stuck)");
 }
 
 static void wrong_size(void) {
