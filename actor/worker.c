@@ -407,8 +407,8 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
         rf_msg_link_send(w.link, RF_MSG_ERROR, &e.base);
     }
     if (w.link) rf_msg_link_flush(w.link, 5.0);
-    if (w.dp_actor) rf__dp_stop(&w);
-    rf__tp_stop(&w);
+    if (w.dp_actor) rf__dp_stop(&w, st != RF_OK);
+    rf__tp_stop(&w, st != RF_OK);
     rf__dp_free(&w);
     rf__tp_free(&w);
     rf_msg_link_close(w.link);

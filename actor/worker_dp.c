@@ -9,7 +9,7 @@
  *               message holding its samples (the same fields as the controller's), and every
  *               rank runs rf__worker_update; `arg` is the whole batch's sample count;
  *   CHECKPOINT  ZeRO-1: the optimizer shards are gathered for rank 0's checkpoint;
- *   STOP        the run is over.
+ *   STOP        the run is over (`arg` 1: on an error, and the peers stop with one).
  * Shares are contiguous runs of the batch with about equal token counts.
  *
  * With tensor parallelism too (worker_internal.h), the DP ranks are the replicas' leaders: each
@@ -84,12 +84,12 @@ rf_status rf__dp_keepalive(rf__tworker *w) {
     return send_cmd(w, DP_NOP, 0, w->r->async.peer_timeout);
 }
 
-void rf__dp_stop(rf__tworker *w) {
+void rf__dp_stop(rf__tworker *w, int failed) {
     char keep[1024];
     snprintf(keep, sizeof keep, "%s", rf_error_message());
     /* best effort: when it fails a peer is gone or the communicator failed already, and the
      * run's own error (kept) says why; the peers that are left give up on their own */
-    send_cmd(w, DP_STOP, 0, 5.0);
+    send_cmd(w, DP_STOP, failed, 5.0);
     if (keep[0]) rf_error(RF_ERR_IO, "%s", keep);
     else rf_error_clear();
 }
@@ -178,7 +178,10 @@ static rf_status peer_serve(rf__tworker *w) {
             if (w->dp_critic) RF_TRY(rf_dp_gather_optimizer(w->dp_critic));
             rf__dp_checkpoint_end(w);
             break;
-        case DP_STOP: rf__tp_stop(w); return RF_OK;
+        case DP_STOP:
+            rf__tp_stop(w, c.arg != 0);
+            return c.arg ? rf_error(RF_ERR_IO, "the training worker (data-parallel rank 0) stopped the run on an error")
+                         : RF_OK;
         default: return rf_error(RF_ERR_FORMAT, "data-parallel rank 0 sent an unknown command %d", (int)c.cmd);
         }
     }
@@ -203,7 +206,7 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc) {
                     rf_comm_size(dpc), rf_comm_world_rank(dpc, rf_comm_rank(dpc)), (int)getpid());
     w.tp_serving = st == RF_OK && tpc; /* this replica's TP peers wait for commands now */
     if (st == RF_OK) st = peer_serve(&w);
-    if (st != RF_OK) rf__tp_stop(&w);
+    if (st != RF_OK) rf__tp_stop(&w, 1);
     rf__dp_free(&w);
     rf__tp_free(&w);
     rf_model_free(w.actor), rf_model_free(w.critic);

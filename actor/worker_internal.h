@@ -102,8 +102,10 @@ rf_status rf__dp_keepalive(rf__tworker *w);
 rf_status rf__dp_checkpoint_begin(rf__tworker *w);
 void rf__dp_checkpoint_end(rf__tworker *w);
 
-/* DP rank 0: tells the peers the run is over (bounded; a peer that is gone is not waited for). */
-void rf__dp_stop(rf__tworker *w);
+/* DP rank 0: tells the peers the run is over (bounded; a peer that is gone is not waited for);
+ * failed: it ended on an error, and the peers then stop with one too (so that they do not wait
+ * in MPI_Finalize for a rank that is gone). */
+void rf__dp_stop(rf__tworker *w, int failed);
 
 void rf__dp_free(rf__tworker *w);
 
@@ -142,8 +144,8 @@ rf_status rf__tp_keepalive(rf__tworker *w);
  * checkpoint (the peers take part on command). Caller frees *full with rf_model_free. */
 rf_status rf__tp_gather(rf__tworker *w, rf_model **full);
 
-/* TP rank 0: tells the peers the run is over (bounded; best effort). */
-void rf__tp_stop(rf__tworker *w);
+/* TP rank 0: tells the peers the run is over (bounded; best effort); failed as rf__dp_stop. */
+void rf__tp_stop(rf__tworker *w, int failed);
 
 void rf__tp_free(rf__tworker *w);
 

@@ -14,7 +14,7 @@
  *   CHECKPOINT  the shards (parameters, AdamW moments) are gathered whole on rank 0 (`arg`:
  *               the version, checked); with ZeRO-1 over data-parallel replicas each rank's
  *               optimizer shards are gathered over its DP group first;
- *   STOP        the run is over.
+ *   STOP        the run is over (`arg` 1: on an error, and the peers stop with one).
  *
  * Moving whole models in and out of shards uses the resharding planner and executor over the
  * TP communicator (layout tp 1 on rank 0 <-> tp T on ranks 0 .. T-1): at the start rank 0's
@@ -136,13 +136,13 @@ rf_status rf__tp_keepalive(rf__tworker *w) {
     return send_cmd(w, TP_NOP, 0, 0, w->r->async.peer_timeout);
 }
 
-void rf__tp_stop(rf__tworker *w) {
+void rf__tp_stop(rf__tworker *w, int failed) {
     if (!w->tp || !w->tp_serving) return; /* before the first weights the peers wait elsewhere */
     char keep[1024];
     snprintf(keep, sizeof keep, "%s", rf_error_message());
     /* best effort: when it fails a peer is gone or the communicator failed already, and the
      * run's own error (kept) says why; the peers that are left give up on their own */
-    send_cmd(w, TP_STOP, 0, 0, 5.0);
+    send_cmd(w, TP_STOP, 0, failed, 5.0);
     if (keep[0]) rf_error(RF_ERR_IO, "%s", keep);
     else rf_error_clear();
 }
@@ -215,7 +215,9 @@ static rf_status peer_serve(rf__tworker *w, double first_bound) {
         case TP_NOP: break;
         case TP_TRAIN: RF_TRY(peer_train(w, c.arg, c.train)); break;
         case TP_CHECKPOINT: RF_TRY(peer_checkpoint(w, c.arg)); break;
-        case TP_STOP: return RF_OK;
+        case TP_STOP:
+            return c.arg ? rf_error(RF_ERR_IO, "the training worker (tensor-parallel rank 0) stopped the run on an error")
+                         : RF_OK;
         default: return rf_error(RF_ERR_FORMAT, "tensor-parallel rank 0 sent an unknown command %d", (int)c.cmd);
         }
     }
