@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/crc32c.h"
 #include "common/util.h"
@@ -56,6 +57,43 @@ static inline int rf_test_split_start(const char *test, const char **rlflow, cha
 static inline int rf_test_run_recipe(char **out, const char *dir, const char *rlflow, const char *run,
                                      const char *args) {
     return rf_test_sh(out, "cd %s && %s run r.toml %s --set logging.dir=%s/%s", dir, rlflow, args, dir, run);
+}
+
+/* Runs `rlflow run r.toml <args>` (rf_test_run_recipe) and checks that it fails with `want` in
+ * its output (printed when missing). */
+static inline void rf_test_refused(const char *dir, const char *rlflow, const char *run, const char *args,
+                                   const char *want) {
+    char *out = NULL;
+    int rc = rf_test_run_recipe(&out, dir, rlflow, run, args);
+    CHECK(rc != 0);
+    CHECK(out && strstr(out, want) != NULL);
+    if (!out || !strstr(out, want)) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+}
+
+/* Runs r.toml under a user's `mpirun -np np` and checks that it fails with `want` (the world
+ * size against the recipe's layout). */
+static inline void rf_test_wrong_size(const char *dir, const char *rlflow, int np, const char *want) {
+    char *out = NULL;
+    int rc = rf_test_sh(&out, "cd %s && mpirun -np %d --oversubscribe %s %s run r.toml --set logging.dir=%s/size", dir,
+                        np, geteuid() == 0 ? "--allow-run-as-root" : "", rlflow, dir);
+    CHECK(rc != 0);
+    CHECK(out && strstr(out, want) != NULL);
+    if (!out || !strstr(out, want)) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+}
+
+/* The refusals of a tensor-parallel recipe (r.toml with [placement.actor] tp = 2 on line 40)
+ * before mpirun starts: tp = 3 does not divide the tiny model's 4 heads; tp in a colocated run,
+ * named where the recipe sets it. */
+static inline void rf_test_tp_refusals(const char *dir, const char *rlflow) {
+    char want[1024];
+    snprintf(want, sizeof want, "error: --set: placement.actor.tp = 3 does not divide the 4 attention heads of model.path "
+                                "\"%s/sft\" (tensor parallelism splits whole heads)", dir);
+    rf_test_refused(dir, rlflow, "heads", "--set placement.actor.tp=3", want);
+    rf_test_refused(dir, rlflow, "colocated", "--set placement.mode=colocated --set async.max_staleness=0",
+                    "error: r.toml:40:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism in "
+                    "colocated runs; placement.mode = \"split\" trains on placement.actor.tp ranks)");
 }
 
 /* 1 when the file at path holds needle. */

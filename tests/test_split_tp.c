@@ -129,31 +129,9 @@ static void peer_killed(void) {
 }
 
 static void refusals(void) {
-    char *out, want[1024];
-    /* before mpirun starts: the model's heads */
-    int rc = rf_test_run_recipe(&out, dir, rlflow, "heads", "--set placement.actor.tp=3");
-    CHECK(rc != 0);
-    snprintf(want, sizeof want, "error: --set: placement.actor.tp = 3 does not divide the 4 attention heads of model.path "
-                                "\"%s/sft\" (tensor parallelism splits whole heads)", dir);
-    CHECK(strstr(out, want) != NULL);
-    if (!strstr(out, want)) fprintf(stderr, "%s\n", out);
-    free(out);
-    /* colocated: named where the recipe sets it (r.toml's [placement.actor] tp = 2, line 40) */
-    rc = rf_test_run_recipe(&out, dir, rlflow, "colocated", "--set placement.mode=colocated --set async.max_staleness=0");
-    CHECK(rc != 0);
-    snprintf(want, sizeof want, "error: r.toml:40:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism in "
-                                "colocated runs; placement.mode = \"split\" trains on placement.actor.tp ranks)");
-    CHECK(strstr(out, want) != NULL);
-    if (!strstr(out, want)) fprintf(stderr, "%s\n", out);
-    free(out);
-    rc = rf_test_sh(&out, "cd %s && mpirun -np 3 --oversubscribe %s %s run r.toml --set logging.dir=%s/size", dir,
-                    geteuid() == 0 ? "--allow-run-as-root" : "", rlflow, dir);
-    CHECK(rc != 0);
-    const char *size = "this MPI job has 3 ranks; the recipe needs 4 (controller, placement.actor.tp = 2 training "
-                       "workers and placement.rollout_ranks = 1 rollout workers)";
-    CHECK(strstr(out, size) != NULL);
-    if (!strstr(out, size)) fprintf(stderr, "%s\n", out);
-    free(out);
+    rf_test_tp_refusals(dir, rlflow);
+    rf_test_wrong_size(dir, rlflow, 3, "this MPI job has 3 ranks; the recipe needs 4 (controller, placement.actor.tp = 2 training "
+                                       "workers and placement.rollout_ranks = 1 rollout workers)");
 }
 
 int main(void) {

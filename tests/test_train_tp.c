@@ -181,11 +181,8 @@ static void weights_by_resharding(rf_comm *world, int T) {
 }
 
 static int under_mpi(int argc, char **argv) {
-    rf_comm *world = NULL;
-    if (rf_comm_world(&argc, &argv, &world) != RF_OK) {
-        fprintf(stderr, "test_train_tp: %s\n", rf_error_message());
-        return 1;
-    }
+    rf_comm *world = rf_test_mpi_world(&argc, &argv, "test_train_tp");
+    if (!world) return 1;
     g_rank = rf_comm_rank(world), g_size = rf_comm_size(world);
     for (int agg = 0; agg < 4; agg++) tp_equals_one_rank(world, (rf_loss_agg)agg);
     /* 2 ranks: 1 training rank and 1 rollout worker; 4: 2 and 2 (replicated tensors from
@@ -204,14 +201,6 @@ int main(int argc, char **argv) {
     g_rank = 0, g_size = 1;
     tp_equals_one_rank(one, RF_AGG_TOKEN_MEAN);
     rf_comm_free(one);
-    if (!rf_test_have_mpirun()) {
-        printf("test_train_tp: MPI part skipped: mpirun not found (apt-get install openmpi-bin)\n");
-        return rf_test_finish("test_train_tp");
-    }
-    /* ranks share the 2 cores: one thread each, idle threads asleep */
-    setenv("OMP_NUM_THREADS", "1", 1);
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    CHECK(rf_test_mpirun_self(2, 300, NULL) == 0);
-    CHECK(rf_test_mpirun_self(4, 300, NULL) == 0);
-    return rf_test_finish("test_train_tp");
+    const int np[] = {2, 4};
+    return rf_test_mpi_part("test_train_tp", np, 2);
 }

@@ -111,19 +111,8 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 
 /* ---- the backward hook ---- */
 
-typedef struct hook_log {
-    size_t off[64], n[64];
-    int count;
-} hook_log;
-
-static rf_status log_range(void *ctx, size_t off, size_t n) {
-    hook_log *h = ctx;
-    if (h->count < 64) h->off[h->count] = off, h->n[h->count] = n;
-    h->count++;
-    return RF_OK;
-}
-
-static void tp_pass(rf_model_tp *tp) {
+static void tp_pass(void *vtp) {
+    rf_model_tp *tp = vtp;
     int32_t tok[9] = {1, 5, 9, 3, 7, 2, 8, 4, 6}, tgt[9] = {5, 9, 3, 7, 2, 8, 4, 6, 1}, cu[3] = {0, 4, 9};
     rf_batch b = {2, 9, tok, NULL, cu};
     float lp[9], d[9];
@@ -138,24 +127,16 @@ static void backward_hook(const grid *g, int kv_heads) {
     rf_model *whole = rf_test_tiny_model_kv(11, 0, kv_heads);
     rf_model_tp *tp = shard_of(g, whole);
     rf_model *m = tp->m;
-    float *plain = malloc(sizeof(float) * m->n_params);
-    tp_pass(tp);
-    memcpy(plain, m->grads, sizeof(float) * m->n_params);
-    hook_log h = {0};
-    rf_model_set_grad_hook(m, log_range, &h);
-    tp_pass(tp);
-    CHECK(memcmp(plain, m->grads, sizeof(float) * m->n_params) == 0);
+    rf_test_hook_log h;
+    rf_test_hook_pass(m, tp_pass, tp, &h);
     CHECK(h.count >= 2 && h.count <= 64);
     CHECK(h.off[0] + h.n[0] == m->n_params && h.off[h.count - 1] == 0 && h.off[0] > 0);
-    int contiguous = 1;
-    for (int i = 1; i < h.count && i < 64; i++) contiguous &= h.off[i] + h.n[i] == h.off[i - 1];
-    CHECK(contiguous);
+    CHECK(rf_test_hook_contiguous(&h));
     /* split k/v: one range per half layer as rf_model_backward; replicated k/v: the ranges
      * below the last layer's k/v come in one piece after their sum */
     CHECK(tp->n_sync ? h.count < 2 * whole->cfg.num_hidden_layers + 2 : h.count == 2 * whole->cfg.num_hidden_layers + 2);
     if (g_rank == 0) printf("hook, %d k/v heads: %d ranges over %zu floats\n", kv_heads, h.count, m->n_params);
     rf_model_tp_free(tp);
-    free(plain);
     rf_model_free(whole);
 }
 
@@ -264,11 +245,8 @@ static void run_all(const grid *g) {
 }
 
 static int under_mpi(int argc, char **argv) {
-    rf_comm *world = NULL;
-    if (rf_comm_world(&argc, &argv, &world) != RF_OK) {
-        fprintf(stderr, "test_train_tpdp: %s\n", rf_error_message());
-        return 1;
-    }
+    rf_comm *world = rf_test_mpi_world(&argc, &argv, "test_train_tpdp");
+    if (!world) return 1;
     g_rank = rf_comm_rank(world), g_size = rf_comm_size(world);
     grid g = {NULL, NULL, g_rank / TP, g_rank % TP, g_size / TP};
     CHECK_OK(rf_comm_split(world, g.d, g_rank, &g.tpc));
@@ -282,17 +260,8 @@ static int under_mpi(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (rf_comm_launched_by_mpi()) return under_mpi(argc, argv);
-    rf_comm *one = NULL;
-    CHECK_OK(rf_comm_world(&argc, &argv, &one)); /* the single-rank communicator */
-    grid g = {one, rf_comm_single(), 0, 0, 1};
+    grid g = {rf_comm_single(), rf_comm_single(), 0, 0, 1}; /* both groups: this process alone */
     grid_equals_one_rank(&g, RF_AGG_TOKEN_MEAN, 2, 0);
-    if (!rf_test_have_mpirun()) {
-        printf("test_train_tpdp: MPI part skipped: mpirun not found (apt-get install openmpi-bin)\n");
-        return rf_test_finish("test_train_tpdp");
-    }
-    /* ranks share the 2 cores: one thread each, idle threads asleep */
-    setenv("OMP_NUM_THREADS", "1", 1);
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    CHECK(rf_test_mpirun_self(2 * TP, 300, NULL) == 0);
-    return rf_test_finish("test_train_tpdp");
+    const int np[] = {2 * TP};
+    return rf_test_mpi_part("test_train_tpdp", np, 1);
 }

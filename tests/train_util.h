@@ -34,6 +34,41 @@ static inline rf_model *rf_test_tiny_model(uint64_t seed, int value_head) {
     return rf_test_tiny_model_kv(seed, value_head, 2);
 }
 
+/* A backward hook (model.h, rf_grad_ready_fn) that logs the ranges it is given (the first 64). */
+typedef struct rf_test_hook_log {
+    size_t off[64], n[64];
+    int count;
+    int fail_at; /* return an error at the call with this index (0 = never) */
+} rf_test_hook_log;
+
+static inline rf_status rf_test_log_range(void *ctx, size_t off, size_t n) {
+    rf_test_hook_log *h = ctx;
+    if (h->count < 64) h->off[h->count] = off, h->n[h->count] = n;
+    h->count++;
+    return h->fail_at && h->count == h->fail_at ? rf_error(RF_ERR_IO, "hook stops at %d", h->count) : RF_OK;
+}
+
+/* Runs pass(ctx) (a backward pass of model m) without a hook and again with the logging hook
+ * h on m (left installed): the gradients must be the same bits. */
+static inline void rf_test_hook_pass(rf_model *m, void (*pass)(void *), void *ctx, rf_test_hook_log *h) {
+    float *plain = malloc(sizeof(float) * m->n_params);
+    RF_ASSERT(plain);
+    pass(ctx);
+    memcpy(plain, m->grads, sizeof(float) * m->n_params);
+    *h = (rf_test_hook_log){0};
+    rf_model_set_grad_hook(m, rf_test_log_range, h);
+    pass(ctx);
+    CHECK(memcmp(plain, m->grads, sizeof(float) * m->n_params) == 0);
+    free(plain);
+}
+
+/* 1 when each logged range ends where the one before it starts. */
+static inline int rf_test_hook_contiguous(const rf_test_hook_log *h) {
+    int contiguous = 1;
+    for (int i = 1; i < h->count && i < 64; i++) contiguous &= h->off[i] + h->n[i] == h->off[i - 1];
+    return contiguous;
+}
+
 /* max over the shard of |shard - the same slice of whole| / max |whole| (tensor parallelism:
  * a shard against the whole model). */
 static inline double rf_test_shard_diff(const rf_model_tp *tp, const rf_model *whole) {
