@@ -143,8 +143,8 @@ static rf_status publish_weights(tworker *w) {
         int first = !w->tp_serving;
         RF_TRY(rf__tp_publish(w, first ? w->r->async.startup_timeout : w->r->async.peer_timeout, announce));
         if (first)
-            rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards to the rollout workers",
-                        w->version, w->crc, w->tp->tp);
+            rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards%s to the rollout workers",
+                        w->version, w->crc, w->tp->tp, w->dpc ? " of every data-parallel replica" : "");
         w->tp_serving = 1;
         return RF_OK;
     }

@@ -31,8 +31,9 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
  * over. It talks to nobody else. A rank 0 silent for async.peer_timeout (it sends keep-alives
  * when idle) is reported lost: RF_ERR_IO naming its world rank. tpc: with tensor parallelism
  * too, its replica's TP group, this rank its rank 0 (NULL: none): it holds shard 0 (replica
- * 0's, copied at the start) and hands its TP peers its share of every batch. */
-rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc);
+ * 0's, copied at the start), hands its TP peers its share of every batch, and sends its shard
+ * of every version to the rollout workers with them over wcomm (as tp_peer_main). */
+rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_comm *wcomm);
 
 /* A tensor-parallel peer (TP rank > 0 of tpc): reads the model's shape from model.path, takes
  * its shard of TP rank 0's actor, sends its shard of every version to the rollout workers (over
@@ -40,8 +41,8 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc);
  * rank 0 says the run is over. A rank 0 silent for twice async.peer_timeout (it sends
  * keep-alives when idle) is reported lost: RF_ERR_IO naming its world rank. dpc: with data
  * parallelism too, the ranks of this TP position (one per replica; NULL: none): the shard's
- * gradients are summed over it, and it starts from replica 0's shard; wcomm is NULL outside
- * replica 0 (replica 0 alone sends weights). */
+ * gradients are summed over it, and it starts from replica 0's shard; every replica sends its
+ * shards over wcomm (rank i of the training ranks there). */
 rf_status rf_train_tp_peer_main(const rf_recipe *r, rf_comm *tpc, rf_comm *wcomm, rf_comm *dpc);
 
 #endif

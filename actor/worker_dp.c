@@ -157,6 +157,8 @@ static rf_status peer_train(rf__tworker *w, int64_t n_batch) {
     rf_status st = rf_comm_sendrecv(w->dpc, &op, 1, t, "receiving this rank's share of the batch");
     if (st == RF_OK && w->tpc) st = rf__tp_share(w, buf, bytes, n_batch > 0);
     if (st == RF_OK) st = rf__worker_peer_update(w, buf, bytes, "this rank's share of the batch", n_batch > 0);
+    /* tensor parallelism: this replica's shards go to the rollout workers with the others' */
+    if (st == RF_OK && w->tpc) st = rf__tp_publish(w, t, NULL);
     free(buf);
     return st;
 }
@@ -187,8 +189,8 @@ static rf_status peer_serve(rf__tworker *w) {
     }
 }
 
-rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc) {
-    rf__tworker w = {.r = r, .dpc = dpc, .tpc = tpc, .k = rf_cpu_kernels(), .replica = rf_comm_rank(dpc)};
+rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_comm *wcomm) {
+    rf__tworker w = {.r = r, .dpc = dpc, .tpc = tpc, .wcomm = wcomm, .k = rf_cpu_kernels(), .replica = rf_comm_rank(dpc)};
     rf_adv_kind kind;
     rf_status st = rf_adv_kind_parse(r->algorithm.name, &kind);
     if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
@@ -204,7 +206,10 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc) {
     if (st == RF_OK)
         rf_log_info("training worker: data-parallel rank %d of %d ready (world rank %d, pid %d)", rf_comm_rank(dpc),
                     rf_comm_size(dpc), rf_comm_world_rank(dpc, rf_comm_rank(dpc)), (int)getpid());
-    w.tp_serving = st == RF_OK && tpc; /* this replica's TP peers wait for commands now */
+    /* tensor parallelism: the first weights, with every replica; then this replica's TP peers
+     * wait for commands */
+    if (st == RF_OK && tpc) st = rf__tp_publish(&w, r->async.startup_timeout, NULL);
+    w.tp_serving = st == RF_OK && tpc;
     if (st == RF_OK) st = peer_serve(&w);
     if (st != RF_OK) rf__tp_stop(&w, 1);
     rf__dp_free(&w);

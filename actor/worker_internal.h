@@ -9,8 +9,9 @@
  * of each replica (its "leader") is a DP rank over the leaders' DP group; world rank 1 is both
  * DP and TP rank 0. Commands flow rank 1 -> leaders (worker_dp.c) -> their TP peers
  * (worker_tp.c); every rank's DP group (dpc) holds the ranks of its TP position, and the
- * actor's gradients are summed over it (rf_dp_init_tp). Replica 0 alone sends weights and
- * gathers checkpoints; the critic, reference and reward model are whole on the leaders
+ * actor's gradients are summed over it (rf_dp_init_tp). Every replica sends weights (each
+ * rollout worker's blocks spread over the replicas by the planner); replica 0 alone gathers
+ * checkpoints; the critic, reference and reward model are whole on the leaders
  * (the critic data parallel over them), as with tensor parallelism alone. */
 #ifndef RF_ACTOR_WORKER_INTERNAL_H
 #define RF_ACTOR_WORKER_INTERNAL_H
@@ -55,7 +56,7 @@ typedef struct rf__tworker {
     rf_comm *tpc;        /* the TP ranks (training worker ranks 1 .. tp; with dp those of this
                             rank's replica), or NULL */
     rf_model_tp *tp;     /* this rank's shard of the actor */
-    rf_weights_rs *wrs;  /* its weights to the rollout workers, by resharding (replica 0) */
+    rf_weights_rs *wrs;  /* its weights to the rollout workers, by resharding */
     int tp_serving;      /* TP rank 0: the peers wait for commands (after the first weights,
                             or at once in replicas other than 0) */
     uint32_t crc;        /* checksum of the weights last sent */
@@ -115,7 +116,7 @@ void rf__dp_free(rf__tworker *w);
  * AdamW moments and step), the peers NULL; `loaded` is the rank's status so far (when any rank
  * failed every rank returns an error). Each rank then holds its shard in w->tp (rank 0 frees
  * the whole actor and sets w->actor = NULL), the version is rank 0's, and w->wrs is ready
- * when the rank sends weights (w->wcomm). A leader of a replica other than 0 has no whole
+ * (every replica sends weights over w->wcomm). A leader of a replica other than 0 has no whole
  * actor: its group's shards stay zero until rf__dp_setup copies replica 0's. */
 rf_status rf__tp_setup(rf__tworker *w, rf_status loaded);
 

@@ -23,8 +23,9 @@
  * from the T shards to each whole copy (resharding/weights_reshard.h).
  *
  * With data parallelism too (worker_internal.h) each replica is such a group, led by its TP
- * rank 0; only replica 0 sends weights and gathers checkpoints, the others start from
- * replica 0's shards (rf__dp_setup) and train on their shares. */
+ * rank 0; every replica sends weights (the planner spreads the blocks over the replicas that
+ * hold them), replica 0 alone gathers checkpoints; the others start from replica 0's shards
+ * (rf__dp_setup) and train on their shares. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,11 +102,12 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     rf_model_free(w->actor); /* rank 0: the shards hold it now */
     w->actor = NULL;
     rf_param_table pt = table_of(w->tp);
-    if (w->wcomm) RF_TRY(rf_weights_rs_init(&w->wrs, &pt, T, w->wcomm, RF_WEIGHTS_RS_BUCKET, r->async.startup_timeout));
-    if (rank == 0 && w->wcomm)
+    int D = w->dpc ? rf_comm_size(w->dpc) : 1; /* every replica sends (the planner spreads the senders) */
+    RF_TRY(rf_weights_rs_init(&w->wrs, &pt, T, D, w->wcomm, RF_WEIGHTS_RS_BUCKET, r->async.startup_timeout));
+    if (rank == 0 && w->replica == 0)
         rf_log_info("training worker: tensor parallel over %d ranks (actor shards: %zu of %zu parameters here), "
                     "weights to %d rollout workers by resharding", T, w->tp->m->n_params, w->tp->full_params,
-                    rf_comm_size(w->wcomm) - T);
+                    rf_comm_size(w->wcomm) - T * D);
     w->last_cmd = rf_time_now();
     return RF_OK;
 }
@@ -179,7 +181,7 @@ rf_status rf__tp_gather(rf__tworker *w, rf_model **out) {
 /* ---- the peers ---- */
 
 /* Receives the whole batch (with data parallelism: the replica's share) and trains this rank's
- * shard on it with the others, then sends the new weights with them (replica 0). */
+ * shard on it with the others, then sends the new weights with them (and the other replicas). */
 static rf_status peer_train(rf__tworker *w, int64_t bytes, int train) {
     double t = w->r->async.peer_timeout;
     uint8_t *buf = malloc(bytes ? (size_t)bytes : 1);
@@ -187,7 +189,7 @@ static rf_status peer_train(rf__tworker *w, int64_t bytes, int train) {
     rf_status st = rf_comm_bcast(w->tpc, buf, (size_t)bytes, 0, t, "receiving the batch from the training worker (tensor-parallel rank 0)");
     if (st == RF_OK) st = rf__worker_peer_update(w, buf, (size_t)bytes, "the batch from tensor-parallel rank 0", train);
     free(buf);
-    return st == RF_OK && w->wrs ? rf__tp_publish(w, t, NULL) : st;
+    return st == RF_OK ? rf__tp_publish(w, t, NULL) : st;
 }
 
 /* A checkpoint: ZeRO-1's optimizer shards gathered over the DP group, then (replica 0) the
@@ -202,14 +204,12 @@ static rf_status peer_checkpoint(rf__tworker *w, int64_t version) {
     return st;
 }
 
-/* first_bound: the wait for the first command (the start-up bound in replicas other than 0,
- * whose leader hears from rank 1 only once it has connected to the controller). */
-static rf_status peer_serve(rf__tworker *w, double first_bound) {
+static rf_status peer_serve(rf__tworker *w) {
     const rf_recipe *r = w->r;
-    for (double bound = first_bound;; bound = 2 * r->async.peer_timeout) {
+    for (;;) {
         tp_cmd c = {0};
         /* rank 0 sends a keep-alive every peer_timeout / 4 when idle */
-        RF_TRY(rf_comm_bcast(w->tpc, &c, sizeof c, 0, bound,
+        RF_TRY(rf_comm_bcast(w->tpc, &c, sizeof c, 0, 2 * r->async.peer_timeout,
                              "waiting for a command from the training worker (tensor-parallel rank 0)"));
         switch (c.cmd) {
         case TP_NOP: break;
@@ -237,9 +237,9 @@ rf_status rf_train_tp_peer_main(const rf_recipe *r, rf_comm *tpc, rf_comm *wcomm
     else if (st == RF_OK)
         rf_log_info("training worker: tensor-parallel rank %d of %d ready (world rank %d, pid %d)", rf_comm_rank(tpc),
                     rf_comm_size(tpc), rf_comm_world_rank(tpc, rf_comm_rank(tpc)), (int)getpid());
-    /* the first weights, with rank 0 once it has connected to the controller (replica 0) */
-    if (st == RF_OK && w.wrs) st = rf__tp_publish(&w, r->async.startup_timeout, NULL);
-    if (st == RF_OK) st = peer_serve(&w, w.wrs ? 2 * r->async.peer_timeout : r->async.startup_timeout);
+    /* the first weights, with rank 0 once it has connected to the controller */
+    if (st == RF_OK) st = rf__tp_publish(&w, r->async.startup_timeout, NULL);
+    if (st == RF_OK) st = peer_serve(&w);
     rf__dp_free(&w);
     rf__tp_free(&w);
     return st;

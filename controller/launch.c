@@ -167,14 +167,15 @@ static int default_threads(int n_rollout, int dp, int train) {
  * i = world rank - 1 (1 .. dp x tp) is TP rank i % tp of DP replica i / tp: tp varies fastest,
  * Megatron-LM's order, so a replica's TP group is consecutive ranks. Weights go between the
  * training worker (world rank 1) and the rollout workers, ranked as with one training worker
- * (it is rank 0, rollout worker i rank 1 + i); with tp > 1 every TP rank of replica 0 sends
- * weights (its shard): the weights communicator holds world ranks 1..tp (ranks 0..tp-1 there)
- * and the rollout workers after them. With dp > 1 each TP position has a DP group (one rank
+ * (it is rank 0, rollout worker i rank 1 + i); with tp > 1 every training rank sends weights
+ * (its shard; the planner spreads each rollout worker's blocks over the replicas): the
+ * weights communicator holds world ranks 1..dp x tp (ranks 0..dp x tp - 1 there) and the
+ * rollout workers after them. With dp > 1 each TP position has a DP group (one rank
  * per replica; with tp = 1 all training ranks), with tp > 1 each replica a TP group. */
 static rf_status split_comms(rf_comm *world, int dp, int tp, rf_comm **wcomm, rf_comm **dpc, rf_comm **tpc) {
     int rank = rf_comm_rank(world), n_train = dp * tp, train = rank >= 1 && rank <= n_train;
     *wcomm = *dpc = *tpc = NULL;
-    int in_weights = (rank >= 1 && rank <= tp) || rank > n_train;
+    int in_weights = (rank >= 1 && rank <= (tp > 1 ? n_train : 1)) || rank > n_train;
     RF_TRY(rf_comm_split(world, in_weights ? 1 : -1, rank, wcomm));
     rf_status st = RF_OK;
     if (dp > 1) st = rf_comm_split(world, train ? (rank - 1) % tp : -1, rank, dpc);
@@ -336,7 +337,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
             else if (st != RF_OK)
                 st = rf_error_wrap(st, "training worker, tensor-parallel rank %d (rank %d on %s)", t, rank, host);
         } else {
-            st = rf_train_peer_main(r, dpc, tpc);
+            st = rf_train_peer_main(r, dpc, tpc, wcomm);
             if (st != RF_OK)
                 st = rf_error_wrap(st, "training worker, data-parallel rank %d (rank %d on %s)", d, rank, host);
         }

@@ -24,7 +24,7 @@ typedef struct announce {
 struct rf_weights_rs {
     rf_param_table pt;
     rf_comm *c;
-    int tp, n_rollout, me;
+    int tp, n_train, n_rollout, me; /* n_train = tp x dp training ranks */
     int t;                  /* training shard held here, -1 on a rollout worker */
     rf_shard *shards;       /* (pt.n_views) shard t, training ranks */
     size_t full_floats;     /* the whole buffer */
@@ -35,17 +35,17 @@ struct rf_weights_rs {
     rf_comm_req **req;      /* (n_rollout) rank 0: announcements in flight */
 };
 
-rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, rf_comm *c,
+rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, int dp, rf_comm *c,
                              size_t bucket_bytes, double timeout_s) {
     *out = NULL;
-    int size = rf_comm_size(c);
-    if (tp < 1 || size <= tp)
-        return rf_error(RF_ERR_ARG, "weights by resharding: %d training ranks and %d rollout workers in a communicator of %d",
-                        tp, size - tp, size);
+    int size = rf_comm_size(c), n_train = tp * dp;
+    if (tp < 1 || dp < 1 || size <= n_train)
+        return rf_error(RF_ERR_ARG, "weights by resharding: %d x %d training ranks and %d rollout workers in a communicator "
+                        "of %d", dp, tp, size - n_train, size);
     rf_weights_rs *x = calloc(1, sizeof *x);
     if (!x) return rf_error(RF_ERR_NOMEM, "out of memory");
-    x->pt = *pt, x->c = c, x->tp = tp, x->n_rollout = size - tp, x->me = rf_comm_rank(c);
-    x->t = x->me < tp ? x->me : -1;
+    x->pt = *pt, x->c = c, x->tp = tp, x->n_train = n_train, x->n_rollout = size - n_train, x->me = rf_comm_rank(c);
+    x->t = x->me < n_train ? x->me % tp : -1;
     x->timeout_s = timeout_s;
     x->shards = calloc((size_t)pt->n_views, sizeof *x->shards);
     x->req = calloc((size_t)x->n_rollout, sizeof *x->req);
@@ -53,7 +53,7 @@ rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int 
     for (int i = 0; i < pt->n_views; i++) x->full_floats = pt->views[i].offset + pt->views[i].numel;
     size_t n_local = 0;
     if (st == RF_OK && x->t >= 0) st = rf_layout_shards(pt, tp, x->t, x->shards, &n_local);
-    rf_layout src = {tp, 1, 0, NULL}, dst = {1, x->n_rollout, tp, NULL};
+    rf_layout src = {tp, dp, 0, NULL}, dst = {1, x->n_rollout, n_train, NULL};
     if (st == RF_OK) st = rf_reshard_plan_make(&x->plan, pt, &src, &dst, bucket_bytes, size);
     rf_reshard_opts o = {.timeout_s = timeout_s};
     if (st == RF_OK) st = rf_reshard_init(&x->ex, x->plan, c, &o);
@@ -117,7 +117,7 @@ static rf_status announcements_done(rf_weights_rs *x) {
     for (int i = 0; i < x->n_rollout; i++) {
         if (!x->req[i]) continue;
         char what[96];
-        snprintf(what, sizeof what, "announcing weights to world rank %d", rf_comm_world_rank(x->c, x->tp + i));
+        snprintf(what, sizeof what, "announcing weights to world rank %d", rf_comm_world_rank(x->c, x->n_train + i));
         rf_status st = rf_comm_wait(x->req[i], x->timeout_s, what);
         rf_comm_req_free(x->req[i]);
         x->req[i] = NULL;
@@ -128,18 +128,18 @@ static rf_status announcements_done(rf_weights_rs *x) {
 
 rf_status rf_weights_rs_send(rf_weights_rs *x, const float *local, int64_t version, uint32_t checksum) {
     if (x->t < 0) return rf_error(RF_ERR_ARG, "weights by resharding: a rollout worker cannot send weights");
-    if (x->t == 0) {
+    if (x->me == 0) {
         RF_TRY(announcements_done(x));
         x->sent = (announce){MAGIC, checksum, version, x->full_floats, x->plan->id, 0};
         for (int i = 0; i < x->n_rollout; i++) {
-            rf_status st = rf_comm_isend(x->c, &x->sent, sizeof x->sent, x->tp + i, RF_WEIGHTS_TAG, &x->req[i]);
+            rf_status st = rf_comm_isend(x->c, &x->sent, sizeof x->sent, x->n_train + i, RF_WEIGHTS_TAG, &x->req[i]);
             if (st != RF_OK)
                 return rf_error_wrap(st, "announcing weights version %lld to world rank %d", (long long)version,
-                                     rf_comm_world_rank(x->c, x->tp + i));
+                                     rf_comm_world_rank(x->c, x->n_train + i));
         }
     }
     RF_TRY(rf_reshard_run(x->ex, local, NULL, version));
-    return x->t == 0 ? announcements_done(x) : RF_OK;
+    return x->me == 0 ? announcements_done(x) : RF_OK;
 }
 
 rf_status rf_weights_rs_poll(rf_weights_rs *x, float *full, int *arrived, int64_t *version, uint32_t *checksum) {
@@ -165,7 +165,7 @@ rf_status rf_weights_rs_poll(rf_weights_rs *x, float *full, int *arrived, int64_
     uint32_t crc = rf_crc32c_extend(0, full, x->full_floats * sizeof(float));
     if (crc != a.checksum)
         return rf_error(RF_ERR_FORMAT, "weights version %lld assembled from %d training shards at world rank %d: CRC-32C "
-                        "%08x, announced as %08x", (long long)a.version, x->tp, rf_comm_world_rank(x->c, x->me), crc,
+                        "%08x, announced as %08x", (long long)a.version, x->n_train, rf_comm_world_rank(x->c, x->me), crc,
                         a.checksum);
     *arrived = 1, *version = a.version, *checksum = crc;
     return RF_OK;

@@ -96,7 +96,7 @@ static rf_status weights_in_open(weights_in *in, const rf_recipe *r, rf_comm *wc
     if (strcmp(m->k->name, "cpu") != 0)
         return rf_error(RF_ERR_UNSUPPORTED, "weights by resharding need the model in host memory (model.device = \"cpu\")");
     rf_param_table pt = rf_param_table_of(m);
-    return rf_weights_rs_init(&in->rs, &pt, r->placement.actor.tp, wcomm, RF_WEIGHTS_RS_BUCKET, r->async.peer_timeout);
+    return rf_weights_rs_init(&in->rs, &pt, r->placement.actor.tp, r->placement.actor.dp, wcomm, RF_WEIGHTS_RS_BUCKET, r->async.peer_timeout);
 }
 
 static void weights_in_close(weights_in *in) {

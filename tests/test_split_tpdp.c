@@ -6,7 +6,8 @@
  *     reward rises (mean of steps 101-120 above steps 1-20 by a margin) in both runs and the
  *     grid ends within 0.15 of the single rank; every rank trained (the layout is logged, each
  *     peer says it is ready, perf/dp_wait_s and perf/tp_comm_s are reported), the weights were
- *     resharded from replica 0's 2 shards (the controller checks every version's checksum);
+ *     resharded from the shards of both replicas (the planner spreads each rollout worker's
+ *     blocks over them; the controller checks every version's checksum);
  *     the checkpoint of step 20, gathered from replica 0's shards, holds exactly the weights
  *     sent as version 20; run_status.json says ok;
  *   - PPO with ZeRO-1 (each shard's AdamW moments sharded over its DP group; the critic whole on
@@ -51,7 +52,7 @@ static void check_layout(const char *out) {
         "training worker: tensor-parallel rank 1 of 2 of data-parallel replica 0 of 2 ready (world rank 2, pid ",
         "training worker: data-parallel rank 1 of 2 ready (world rank 3, pid ",
         "training worker: tensor-parallel rank 1 of 2 of data-parallel replica 1 of 2 ready (world rank 4, pid ",
-        ") resharded from 2 shards to the rollout workers",
+        ") resharded from 2 shards of every data-parallel replica to the rollout workers",
         "validation at version 120: accuracy"};
     int all = 1;
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {

@@ -12,7 +12,8 @@
  *     the slice of the whole model's; statistics (loss, grad norm, tokens, steps) the same;
  *     replicated tensors bit-identical on every rank;
  *   - weights by resharding (resharding/weights_reshard.h): training ranks 0 .. T-1 (T = 2 and 3
- *     on 4 ranks, 1 on 2 ranks) send two versions to the other ranks, which poll for them as a
+ *     on 4 ranks, 1 on 2 ranks; and on 4 ranks D = 2 and 3 replicas of T = 1) send two versions
+ *     to the other ranks, which poll for them as a
  *     rollout worker does: the buffer assembled equals the whole model bit for bit, its
  *     CRC-32C equals the checksum the training ranks computed from the shards, the version is
  *     the one sent; a replicated tensor changed on one training rank is refused by the
@@ -121,12 +122,13 @@ static void tp_equals_one_rank(rf_comm *c, rf_loss_agg agg) {
 
 /* ---- weights by resharding ---- */
 
-/* Training ranks 0 .. T-1 (group tpc) send versions 1 and 2 of a model (changed in between) to
- * the rollout ranks T .. size-1 of world. 12 query / 3 k/v heads of 4 (T 3 splits them). */
-static void weights_by_resharding(rf_comm *world, int T) {
-    int train = g_rank < T;
+/* Training ranks 0 .. D*T-1 (D replicas of T shards, each replica a group tpc) send versions 1
+ * and 2 of a model (changed in between) to the rollout ranks D*T .. size-1 of world. 12 query /
+ * 3 k/v heads of 4 (T 3 splits them). */
+static void weights_by_resharding(rf_comm *world, int T, int D) {
+    int train = g_rank < T * D;
     rf_comm *tpc = NULL;
-    CHECK_OK(rf_comm_split(world, train ? 0 : 1, g_rank, &tpc));
+    CHECK_OK(rf_comm_split(world, train ? g_rank / T : D, g_rank, &tpc));
     rf_model_config c;
     RF_ASSERT(rf_config_preset(&c, "tiny", 50) == RF_OK);
     c.num_attention_heads = 12, c.num_key_value_heads = 3, c.head_dim = 4;
@@ -135,7 +137,7 @@ static void weights_by_resharding(rf_comm *world, int T) {
     rf_model_init_random(whole, 9, 0.2f);
     rf_param_table pt = rf_param_table_of(whole);
     rf_weights_rs *x = NULL;
-    CHECK_OK(rf_weights_rs_init(&x, &pt, T, world, 4096, T_OK));
+    CHECK_OK(rf_weights_rs_init(&x, &pt, T, D, world, 4096, T_OK));
     rf_model_tp *tp = NULL;
     if (train) {
         CHECK_OK(rf_model_tp_init(&tp, &whole->cfg, rf_cpu_kernels(), tpc, T_OK));
@@ -187,8 +189,11 @@ static int under_mpi(int argc, char **argv) {
     for (int agg = 0; agg < 4; agg++) tp_equals_one_rank(world, (rf_loss_agg)agg);
     /* 2 ranks: 1 training rank and 1 rollout worker; 4: 2 and 2 (replicated tensors from
      * either training rank), then 3 and 1 (an odd number of parts) */
-    weights_by_resharding(world, g_size / 2);
-    if (g_size == 4) weights_by_resharding(world, 3);
+    weights_by_resharding(world, g_size / 2, 1);
+    if (g_size == 4) weights_by_resharding(world, 3, 1);
+    /* 4 ranks, data-parallel replicas holding the same bits, the senders spread over them: 2
+     * replicas of 1 shard to 2 rollout workers, 3 replicas to 1 */
+    if (g_size == 4) weights_by_resharding(world, 1, 2), weights_by_resharding(world, 1, 3);
     int rc = rf_test_mpi_finish(world, "test_train_tp");
     rf_comm_finalize();
     return rc;
