@@ -68,7 +68,10 @@ typedef struct rf_update_opts {
                               rank's shard), or NULL. Every rank of the group passes the whole
                               batch and the same options; the gradient norm for clipping is the
                               whole model's (rf_model_tp_grad_sumsq), AdamW runs on each shard,
-                              and every rank gets the same statistics. Not with dp. */
+                              and every rank gets the same statistics. With dp too (a
+                              tp x dp grid): dp made by rf_dp_init_tp on tp over the ranks
+                              holding the same shard; every TP rank of a DP replica passes that
+                              replica's share. */
 } rf_update_opts;
 
 typedef struct rf_update_stats {

@@ -120,16 +120,12 @@ static rf_status global_totals(rf_dp *dp, const rf_train_sample *s, int n, const
     return rf_dp_sum(dp, tot, tot, 2 * mbs, "summing the mini-batch sizes over DP ranks");
 }
 
-/* The optimizer step of the mini-batch: data parallel, tensor parallel (the norm is the whole
- * model's, from every shard), or this rank's. */
+/* The optimizer step of the mini-batch: data parallel (over a tp x dp grid too), tensor
+ * parallel (the norm is the whole model's, from every shard), or this rank's. */
 static rf_status optim_step(const rf__net *net, const rf_optim_opts *oo, const rf_update_opts *uo, double *gn,
                             float *lr) {
     if (uo->dp) return rf_dp_optim_step(uo->dp, oo, gn, lr);
-    if (!net->tp) return rf_optim_step(net->m, oo, gn, lr);
-    double sumsq = 0;
-    RF_TRY(rf_model_tp_grad_sumsq(net->tp, &sumsq));
-    *gn = sqrt(sumsq);
-    return rf_optim_step_norm(net->m, oo, *gn, lr);
+    return net->tp ? rf_optim_step_tp(net->tp, oo, gn, lr) : rf_optim_step(net->m, oo, gn, lr);
 }
 
 /* One optimizer step over the samples idx[0..cnt) (with data parallelism: this rank's share of
@@ -183,16 +179,20 @@ static rf_status add_stats_over_ranks(rf_dp *dp, const rf_update_stats *loc, rf_
  * the number of mini-batches is bounded by the samples over every rank, each rank splits its
  * own share, and the statistics are summed over ranks at the end. With tensor parallelism
  * every rank runs the whole batch on its shard: the log-probs, losses and statistics are the
- * same on every rank, so nothing is summed. */
+ * same on every rank, so nothing is summed. Both (a tp x dp grid): every TP rank of a DP
+ * replica runs the replica's share; the totals and statistics are summed over the DP group of
+ * the rank's TP position, which holds one rank of every replica. */
 static rf_status run_update(rf_model *m, const rf_optim_opts *oo, const rf_update_opts *uo,
                             rf_train_sample *s, int n, rf_update_stats *st, micro_fn fn) {
     RF_TRY(rf__validate_samples(s, n));
     rf_dp *dp = uo->dp;
     if (dp && rf_dp_model(dp) != m)
         return rf_error(RF_ERR_ARG, "update: the data-parallel state belongs to another model");
-    if (uo->tp && (uo->tp->m != m || dp))
-        return rf_error(RF_ERR_ARG, "update: %s", dp ? "tensor and data parallelism together are not implemented"
-                                                     : "the tensor-parallel model is not this model's shard");
+    if (uo->tp && uo->tp->m != m)
+        return rf_error(RF_ERR_ARG, "update: the tensor-parallel model is not this model's shard");
+    if (dp && rf_dp_tp(dp) != uo->tp)
+        return rf_error(RF_ERR_ARG, "update: the data-parallel state was made for %s",
+                        uo->tp ? "another tensor-parallel model (rf_dp_init_tp)" : "a tensor-parallel model");
     rf__net net = {m, uo->tp};
     long n_all = n;
     if (dp) RF_TRY(rf_dp_sum(dp, &n_all, &n_all, 1, "counting the samples over DP ranks"));

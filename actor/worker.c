@@ -143,8 +143,8 @@ static rf_status publish_weights(tworker *w) {
         int first = !w->tp_serving;
         RF_TRY(rf__tp_publish(w, first ? w->r->async.startup_timeout : w->r->async.peer_timeout, announce));
         if (first)
-            rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards to the rollout workers",
-                        w->version, w->crc, w->tp ? w->tp->tp : 1);
+            rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards%s to the rollout workers",
+                        w->version, w->crc, w->tp ? w->tp->tp : 1, w->tp && w->dpc ? " of every data-parallel replica" : "");
         w->tp_serving = 1;
         return RF_OK;
     }
@@ -172,6 +172,28 @@ rf_status rf__worker_agree_to_start(tworker *w, rf_comm *c, rf_status loaded, co
         return rf_error(RF_ERR_IO, "%s rank %d (world rank %d) could not start; its message says why", kind, failed,
                         rf_comm_world_rank(c, failed));
     return RF_OK;
+}
+
+rf_status rf__worker_pack_part(const Rlflow__TrainBatch *b, size_t lo, size_t hi, uint8_t **buf, uint64_t *bytes) {
+    Rlflow__TrainBatch sub = *b;
+    sub.n_samples = hi - lo;
+    sub.samples = b->samples + lo;
+    *bytes = rlflow__train_batch__get_packed_size(&sub);
+    *buf = malloc(*bytes ? *bytes : 1);
+    if (!*buf) return rf_error(RF_ERR_NOMEM, "out of memory for a batch of %llu bytes", (unsigned long long)*bytes);
+    rlflow__train_batch__pack(&sub, *buf);
+    return RF_OK;
+}
+
+/* Tensor parallelism: the TP peers get the samples [lo, hi) this rank trains on (the whole
+ * batch, or its DP share; with DP every rank trains whenever the batch has samples). */
+static rf_status share_with_tp(tworker *w, const Rlflow__TrainBatch *b, size_t lo, size_t hi) {
+    uint8_t *buf = NULL;
+    uint64_t bytes = 0;
+    RF_TRY(rf__worker_pack_part(b, lo, hi, &buf, &bytes));
+    rf_status st = rf__tp_share(w, buf, bytes, w->dpc ? b->n_samples > 0 : -1);
+    free(buf);
+    return st;
 }
 
 rf_status rf__worker_peer_update(tworker *w, const uint8_t *buf, size_t bytes, const char *what, int train) {
@@ -231,9 +253,10 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
     int n = (int)b->n_samples;
     rf_train_sample *s = NULL;
     RF_TRY(unpack(b->samples, b->n_samples, &s)); /* checks every sample, the peers' too */
-    /* data parallel: the peers get their shares; this rank keeps [lo, hi) */
+    /* data parallel: the peers (replicas) get their shares; this rank (replica) keeps [lo, hi) */
     size_t lo = 0, hi = b->n_samples;
-    rf_status st = w->dpc ? rf__dp_scatter(w, b, &lo, &hi) : w->tpc ? rf__tp_share(w, b) : RF_OK;
+    rf_status st = w->dpc ? rf__dp_scatter(w, b, &lo, &hi) : RF_OK;
+    if (st == RF_OK && w->tpc) st = share_with_tp(w, b, lo, hi);
     rf_update_stats as = {0}, cs = {0};
     double tp = 0, ta = 0, wait0 = w->dp_actor ? rf_dp_get_stats(w->dp_actor)->wait_s : 0;
     double comm0 = w->tp ? w->tp->comm_s : 0;
@@ -366,10 +389,11 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
         st = rf_checkpoint_load(r->logging.dir, w.actor, w.critic, &cs);
         w.version = cs.step;
     }
-    /* data parallel: the peers start from this rank's state (they stop too if it failed) */
-    if (w.dpc) st = rf__dp_setup(&w, st);
     /* tensor parallel: the actor is cut into shards (this rank keeps shard 0) */
     if (w.tpc) st = rf__tp_setup(&w, st);
+    /* data parallel: the peers (with tp: every replica's shards) start from this rank's state
+     * (they stop too if it failed) */
+    if (w.dpc) st = rf__dp_setup(&w, st);
     if (st == RF_OK) st = rf_metrics_open(&w.metrics, NULL, 0, 0);
     if (st == RF_OK && !w.tp)
         st = r->placement.rollout.tp > 1 ? rf__rs_whole_setup(&w) : rf_weights_tx_init(&w.tx, w.actor);
@@ -384,8 +408,8 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
         rf_msg_link_send(w.link, RF_MSG_ERROR, &e.base);
     }
     if (w.link) rf_msg_link_flush(w.link, 5.0);
-    if (w.dp_actor) rf__dp_stop(&w);
-    rf__tp_stop(&w);
+    if (w.dp_actor) rf__dp_stop(&w, st != RF_OK);
+    rf__tp_stop(&w, st != RF_OK);
     rf__dp_free(&w);
     rf__tp_free(&w);
     rf_msg_link_close(w.link);

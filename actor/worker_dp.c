@@ -9,8 +9,12 @@
  *               message holding its samples (the same fields as the controller's), and every
  *               rank runs rf__worker_update; `arg` is the whole batch's sample count;
  *   CHECKPOINT  ZeRO-1: the optimizer shards are gathered for rank 0's checkpoint;
- *   STOP        the run is over.
- * Shares are contiguous runs of the batch with about equal token counts. */
+ *   STOP        the run is over (`arg` 1: on an error, and the peers stop with one).
+ * Shares are contiguous runs of the batch with about equal token counts.
+ *
+ * With tensor parallelism too (worker_internal.h), the DP ranks are the replicas' leaders: each
+ * hands its TP peers its share and passes the other commands on (worker_tp.c), and the actor's
+ * data parallelism runs on every rank over the DP group of its TP position. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,12 +44,21 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
     rf_status st;
     /* set-up waits for rank 0's checkpoint loading: the start-up bound; later, the peers' */
     rf_dp_opts o = {.zero = r->placement.actor.zero, .timeout_s = r->async.startup_timeout};
-    st = rf_dp_init(&w->dp_actor, w->dpc, w->actor, &o);
+    st = w->tp ? rf_dp_init_tp(&w->dp_actor, w->dpc, w->tp, &o) : rf_dp_init(&w->dp_actor, w->dpc, w->actor, &o);
+    /* with tensor parallelism the version comes from replica 0 too (the peers have none yet) */
+    int64_t v = w->version;
+    if (st == RF_OK && w->tp)
+        st = rf_comm_bcast(w->dpc, &v, sizeof v, 0, r->async.startup_timeout, "receiving the version from replica 0");
+    w->version = (int)v;
     if (st == RF_OK && w->critic) st = rf_dp_init(&w->dp_critic, w->dpc, w->critic, &o);
     if (st != RF_OK) return st;
     rf_dp_set_timeout(w->dp_actor, r->async.peer_timeout);
     if (w->dp_critic) rf_dp_set_timeout(w->dp_critic, r->async.peer_timeout);
-    if (rank == 0)
+    if (rank == 0 && w->tpc && rf_comm_rank(w->tpc) == 0)
+        rf_log_info("training worker: %d data-parallel replicas of %d tensor-parallel ranks%s, %s", size,
+                    rf_comm_size(w->tpc), r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded per shard)" : "",
+                    w->critic ? "actor (and the critic on the replicas' first ranks)" : "actor");
+    else if (rank == 0 && !w->tpc)
         rf_log_info("training worker: data parallel over %d ranks%s, %s", size,
                     r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded)" : "",
                     w->critic ? "actor and critic" : "actor");
@@ -71,12 +84,12 @@ rf_status rf__dp_keepalive(rf__tworker *w) {
     return send_cmd(w, DP_NOP, 0, w->r->async.peer_timeout);
 }
 
-void rf__dp_stop(rf__tworker *w) {
+void rf__dp_stop(rf__tworker *w, int failed) {
     char keep[1024];
     snprintf(keep, sizeof keep, "%s", rf_error_message());
     /* best effort: when it fails a peer is gone or the communicator failed already, and the
      * run's own error (kept) says why; the peers that are left give up on their own */
-    send_cmd(w, DP_STOP, 0, 5.0);
+    send_cmd(w, DP_STOP, failed, 5.0);
     if (keep[0]) rf_error(RF_ERR_IO, "%s", keep);
     else rf_error_clear();
 }
@@ -105,15 +118,7 @@ rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo
     if (st == RF_OK) shares(b, size, bound);
     /* every share packed before the peers are told: a failure here leaves them waiting for
      * the next command, not half-way through this one */
-    for (int q = 1; st == RF_OK && q < size; q++) {
-        Rlflow__TrainBatch sub = *b;
-        sub.n_samples = bound[q + 1] - bound[q];
-        sub.samples = b->samples + bound[q];
-        bytes[q] = rlflow__train_batch__get_packed_size(&sub);
-        buf[q] = malloc(bytes[q] ? bytes[q] : 1);
-        if (!buf[q]) st = rf_error(RF_ERR_NOMEM, "out of memory for a share of %llu bytes", (unsigned long long)bytes[q]);
-        else rlflow__train_batch__pack(&sub, buf[q]);
-    }
+    for (int q = 1; st == RF_OK && q < size; q++) st = rf__worker_pack_part(b, bound[q], bound[q + 1], &buf[q], &bytes[q]);
     if (st == RF_OK) st = send_cmd(w, DP_TRAIN, (int64_t)b->n_samples, t);
     for (int q = 1; q < size; q++) ops[q - 1] = (rf_comm_p2p){&bytes[q], sizeof bytes[q], q, 1};
     if (st == RF_OK) st = rf_comm_sendrecv(w->dpc, ops, size - 1, t, "sending the data-parallel ranks their shares");
@@ -139,7 +144,8 @@ void rf__dp_checkpoint_end(rf__tworker *w) {
 
 /* ---- the peers ---- */
 
-/* Receives this rank's share and trains on it with the others. */
+/* Receives this rank's share and trains on it with the others (with tensor parallelism: with
+ * its TP peers, after handing them the share). */
 static rf_status peer_train(rf__tworker *w, int64_t n_batch) {
     double t = w->r->async.peer_timeout;
     uint64_t bytes = 0;
@@ -149,7 +155,10 @@ static rf_status peer_train(rf__tworker *w, int64_t n_batch) {
     if (!buf) return rf_error(RF_ERR_NOMEM, "out of memory for a share of %llu bytes", (unsigned long long)bytes);
     op = (rf_comm_p2p){buf, bytes, 0, 0};
     rf_status st = rf_comm_sendrecv(w->dpc, &op, 1, t, "receiving this rank's share of the batch");
+    if (st == RF_OK && w->tpc) st = rf__tp_share(w, buf, bytes, n_batch > 0);
     if (st == RF_OK) st = rf__worker_peer_update(w, buf, bytes, "this rank's share of the batch", n_batch > 0);
+    /* tensor parallelism: this replica's shards go to the rollout workers with the others' */
+    if (st == RF_OK && w->tpc) st = rf__tp_publish(w, t, NULL);
     free(buf);
     return st;
 }
@@ -163,37 +172,48 @@ static rf_status peer_serve(rf__tworker *w) {
         RF_TRY(rf_comm_bcast(w->dpc, &c, sizeof c, 0, bound, "waiting for a command from the training worker (data-parallel rank 0)"));
         bound = 2 * r->async.peer_timeout; /* rank 0 sends a keep-alive every peer_timeout / 4 when idle */
         switch (c.cmd) {
-        case DP_NOP: break;
+        case DP_NOP: RF_TRY(rf__tp_keepalive(w)); break;
         case DP_TRAIN: RF_TRY(peer_train(w, c.arg)); break;
         case DP_CHECKPOINT:
+            if (w->tpc) RF_TRY(rf__tp_checkpoint_peers(w));
             RF_TRY(rf_dp_gather_optimizer(w->dp_actor));
             if (w->dp_critic) RF_TRY(rf_dp_gather_optimizer(w->dp_critic));
             rf__dp_checkpoint_end(w);
             break;
-        case DP_STOP: return RF_OK;
+        case DP_STOP:
+            rf__tp_stop(w, c.arg != 0);
+            return c.arg ? rf_error(RF_ERR_IO, "the training worker (data-parallel rank 0) stopped the run on an error")
+                         : RF_OK;
         default: return rf_error(RF_ERR_FORMAT, "data-parallel rank 0 sent an unknown command %d", (int)c.cmd);
         }
     }
 }
 
-rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc) {
-    rf__tworker w = {.r = r, .dpc = dpc, .k = rf_cpu_kernels()};
+rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_comm *wcomm) {
+    rf__tworker w = {.r = r, .dpc = dpc, .tpc = tpc, .wcomm = wcomm, .k = rf_cpu_kernels(), .replica = rf_comm_rank(dpc)};
     rf_adv_kind kind;
     rf_status st = rf_adv_kind_parse(r->algorithm.name, &kind);
     if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
-    if (st == RF_OK) st = rf_model_load(&w.actor, r->model.path, w.k, 0);
-    if (st == RF_OK) st = rf_model_enable_training(w.actor);
+    if (st == RF_OK && !tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0); /* tp: shards, from replica 0 */
+    if (st == RF_OK && !tpc) st = rf_model_enable_training(w.actor);
     if (st == RF_OK && kind == RF_ADV_GAE) {
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
     }
+    if (tpc) st = rf__tp_setup(&w, st);
     st = rf__dp_setup(&w, st);
     if (st == RF_OK)
         rf_log_info("training worker: data-parallel rank %d of %d ready (world rank %d, pid %d)", rf_comm_rank(dpc),
                     rf_comm_size(dpc), rf_comm_world_rank(dpc, rf_comm_rank(dpc)), (int)getpid());
+    /* tensor parallelism: the first weights, with every replica; then this replica's TP peers
+     * wait for commands */
+    if (st == RF_OK && tpc) st = rf__tp_publish(&w, r->async.startup_timeout, NULL);
+    w.tp_serving = st == RF_OK && tpc;
     if (st == RF_OK) st = peer_serve(&w);
+    if (st != RF_OK) rf__tp_stop(&w, 1);
     rf__dp_free(&w);
+    rf__tp_free(&w);
     rf_model_free(w.actor), rf_model_free(w.critic);
     return st;
 }

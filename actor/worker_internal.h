@@ -2,7 +2,17 @@
  * talks to the controller), actor/worker_dp.c (data parallelism: DP rank 0 hands each DP
  * peer its share of a batch over comm; the peers train with it) and actor/worker_tp.c (tensor
  * parallelism: TP rank 0 hands every TP peer the whole batch; each trains its shard of the
- * actor, and all of them send their shards to the rollout workers by resharding). */
+ * actor, and all of them send their shards to the rollout workers by resharding).
+ *
+ * Both (placement.actor.dp = D and tp = T > 1, Megatron-LM's grid): training rank i (world
+ * rank 1 + i) is TP rank t = i % T of DP replica d = i / T (tp varies fastest). The TP rank 0
+ * of each replica (its "leader") is a DP rank over the leaders' DP group; world rank 1 is both
+ * DP and TP rank 0. Commands flow rank 1 -> leaders (worker_dp.c) -> their TP peers
+ * (worker_tp.c); every rank's DP group (dpc) holds the ranks of its TP position, and the
+ * actor's gradients are summed over it (rf_dp_init_tp). Every replica sends weights (each
+ * rollout worker's blocks spread over the replicas by the planner); replica 0 alone gathers
+ * checkpoints; the critic, reference and reward model are whole on the leaders
+ * (the critic data parallel over them), as with tensor parallelism alone. */
 #ifndef RF_ACTOR_WORKER_INTERNAL_H
 #define RF_ACTOR_WORKER_INTERNAL_H
 
@@ -35,15 +45,20 @@ typedef struct rf__tworker {
     double delay_ms;   /* RF_TEST_DELAY_TRAIN_MS (tests) */
     rf_rng delay_rng;
     /* data parallelism (placement.actor.dp > 1) */
-    rf_comm *dpc;        /* the DP ranks (training worker ranks), or NULL */
+    rf_comm *dpc;        /* the DP ranks (training worker ranks; with tp the ranks of this TP
+                            position, one per replica), or NULL */
+    int replica;         /* tp x dp: this rank's DP replica (0: it sends weights and
+                            checkpoints); 0 otherwise */
     rf_dp *dp_actor, *dp_critic;
     double last_cmd;     /* DP or TP rank 0: when it last sent its peers a command */
     /* tensor parallelism (placement.actor.tp > 1): the actor only; the reference, critic and
      * reward model are whole models on TP rank 0 */
-    rf_comm *tpc;        /* the TP ranks (training worker ranks 1 .. tp), or NULL */
+    rf_comm *tpc;        /* the TP ranks (training worker ranks 1 .. tp; with dp those of this
+                            rank's replica), or NULL */
     rf_model_tp *tp;     /* this rank's shard of the actor */
     rf_weights_rs *wrs;  /* its weights to the rollout workers, by resharding */
-    int tp_serving;      /* TP rank 0: the peers wait for commands (after the first weights) */
+    int tp_serving;      /* TP rank 0: the peers wait for commands (after the first weights,
+                            or at once in replicas other than 0) */
     uint32_t crc;        /* checksum of the weights last sent */
 } rf__tworker;
 
@@ -88,8 +103,10 @@ rf_status rf__dp_keepalive(rf__tworker *w);
 rf_status rf__dp_checkpoint_begin(rf__tworker *w);
 void rf__dp_checkpoint_end(rf__tworker *w);
 
-/* DP rank 0: tells the peers the run is over (bounded; a peer that is gone is not waited for). */
-void rf__dp_stop(rf__tworker *w);
+/* DP rank 0: tells the peers the run is over (bounded; a peer that is gone is not waited for);
+ * failed: it ended on an error, and the peers then stop with one too (so that they do not wait
+ * in MPI_Finalize for a rank that is gone). */
+void rf__dp_stop(rf__tworker *w, int failed);
 
 void rf__dp_free(rf__tworker *w);
 
@@ -98,7 +115,9 @@ void rf__dp_free(rf__tworker *w);
 /* Every TP rank, after loading: rank 0 passes its whole actor (loaded, resumed: parameters,
  * AdamW moments and step), the peers NULL; `loaded` is the rank's status so far (when any rank
  * failed every rank returns an error). Each rank then holds its shard in w->tp (rank 0 frees
- * the whole actor and sets w->actor = NULL), the version is rank 0's, and w->wrs is ready. */
+ * the whole actor and sets w->actor = NULL), the version is rank 0's, and w->wrs is ready
+ * (every replica sends weights over w->wcomm). A leader of a replica other than 0 has no whole
+ * actor: its group's shards stay zero until rf__dp_setup copies replica 0's. */
 rf_status rf__tp_setup(rf__tworker *w, rf_status loaded);
 
 /* Every TP rank, together: the checksum of the new weights (the whole buffer's CRC-32C, from
@@ -112,8 +131,17 @@ rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)
  * 1: the rollout workers hold shards): w->wrs from the one training rank to the rollout ranks. */
 rf_status rf__rs_whole_setup(rf__tworker *w);
 
-/* TP rank 0: sends every peer the whole batch b (they train on it with rank 0). */
-rf_status rf__tp_share(rf__tworker *w, const Rlflow__TrainBatch *b);
+/* TP rank 0: sends every peer the packed TrainBatch buf (bytes) they train on with rank 0 (the
+ * whole batch, or with data parallelism the replica's share); `train` is
+ * rf__worker_peer_update's. */
+rf_status rf__tp_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int train);
+
+/* Samples [lo, hi) of b packed as a TrainBatch with b's other fields (caller frees *buf). */
+rf_status rf__worker_pack_part(const Rlflow__TrainBatch *b, size_t lo, size_t hi, uint8_t **buf, uint64_t *bytes);
+
+/* A leader of a replica other than 0, around its part of a checkpoint (ZeRO-1): tells its TP
+ * peers, whose optimizer shards are gathered with the other replicas'. */
+rf_status rf__tp_checkpoint_peers(rf__tworker *w);
 
 /* TP rank 0: a keep-alive for idle peers (as rf__dp_keepalive). */
 rf_status rf__tp_keepalive(rf__tworker *w);
@@ -122,8 +150,8 @@ rf_status rf__tp_keepalive(rf__tworker *w);
  * checkpoint (the peers take part on command). Caller frees *full with rf_model_free. */
 rf_status rf__tp_gather(rf__tworker *w, rf_model **full);
 
-/* TP rank 0: tells the peers the run is over (bounded; best effort). */
-void rf__tp_stop(rf__tworker *w);
+/* TP rank 0: tells the peers the run is over (bounded; best effort); failed as rf__dp_stop. */
+void rf__tp_stop(rf__tworker *w, int failed);
 
 void rf__tp_free(rf__tworker *w);
 

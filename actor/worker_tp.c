@@ -9,17 +9,23 @@
  * actor/worker_dp.c does for data parallelism):
  *   NOP         a keep-alive while rank 0 is idle (peers give up on a silent rank 0);
  *   TRAIN       then the packed TrainBatch (`arg` bytes) by broadcast; every rank updates its
- *               shard, and all of them send the new weights to the rollout workers
- *               (rf__tp_publish);
+ *               shard (`train`: as rf__worker_peer_update's), and all of them send the new
+ *               weights to the rollout workers (rf__tp_publish);
  *   CHECKPOINT  the shards (parameters, AdamW moments) are gathered whole on rank 0 (`arg`:
- *               the version, checked);
- *   STOP        the run is over.
+ *               the version, checked); with ZeRO-1 over data-parallel replicas each rank's
+ *               optimizer shards are gathered over its DP group first;
+ *   STOP        the run is over (`arg` 1: on an error, and the peers stop with one).
  *
  * Moving whole models in and out of shards uses the resharding planner and executor over the
  * TP communicator (layout tp 1 on rank 0 <-> tp T on ranks 0 .. T-1): at the start rank 0's
  * loaded (or resumed) actor is scattered, and rank 0 frees it; a checkpoint gathers it again
  * for as long as the files take to write. Weights go to the rollout workers the same way,
- * from the T shards to each whole copy (resharding/weights_reshard.h). */
+ * from the T shards to each whole copy (resharding/weights_reshard.h).
+ *
+ * With data parallelism too (worker_internal.h) each replica is such a group, led by its TP
+ * rank 0; every replica sends weights (the planner spreads the blocks over the replicas that
+ * hold them), replica 0 alone gathers checkpoints; the others start from replica 0's shards
+ * (rf__dp_setup) and train on their shares. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +44,7 @@ enum { TP_NOP = 1, TP_TRAIN, TP_CHECKPOINT, TP_STOP };
 
 typedef struct tp_cmd {
     int32_t cmd;
-    int32_t pad;
+    int32_t train; /* TRAIN: rf__worker_peer_update's `train` */
     int64_t arg;
 } tp_cmd;
 
@@ -76,7 +82,7 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     int T = rf_comm_size(w->tpc), rank = rf_comm_rank(w->tpc);
     rf_model_config cfg;
     rf_status st = loaded;
-    if (st == RF_OK && rank == 0) {
+    if (st == RF_OK && w->actor) {
         cfg = w->actor->cfg;
     } else if (st == RF_OK) { /* the peers read only the model's shape */
         char p[4096];
@@ -88,20 +94,23 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     /* rollout workers on this host read the shards in place (resharding/reshard.h) */
     if (st == RF_OK) st = rf_model_share_params(w->tp->m);
     RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, "tensor-parallel"));
-    /* rank 0's version and optimizer step (a resumed run's) */
-    int64_t vs[2] = {w->version, rank == 0 ? w->actor->opt_step : 0};
+    /* rank 0's version and optimizer step (a resumed run's), and whether it holds a whole actor
+     * (replicas other than 0 take replica 0's shards later: rf__dp_setup) */
+    int64_t vs[3] = {w->version, w->actor ? w->actor->opt_step : 0, w->actor != NULL};
     RF_TRY(rf_comm_bcast(w->tpc, vs, sizeof vs, 0, r->async.startup_timeout,
                          "tensor-parallel training ranks receiving the version"));
     w->version = (int)vs[0], w->tp->m->opt_step = (int)vs[1];
-    RF_TRY(move_state(w, 1, rank == 0 ? w->actor : NULL, r->async.startup_timeout));
+    if (vs[2]) RF_TRY(move_state(w, 1, rank == 0 ? w->actor : NULL, r->async.startup_timeout));
     rf_model_free(w->actor); /* rank 0: the shards hold it now */
     w->actor = NULL;
     rf_param_table pt = table_of(w->tp);
-    RF_TRY(rf_weights_rs_init(&w->wrs, &pt, T, r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET, r->async.startup_timeout));
-    if (rank == 0)
+    int D = w->dpc ? rf_comm_size(w->dpc) : 1; /* every replica sends (the planner spreads the senders) */
+    RF_TRY(rf_weights_rs_init(&w->wrs, &pt, T, D, r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
+                              r->async.startup_timeout));
+    if (rank == 0 && w->replica == 0)
         rf_log_info("training worker: tensor parallel over %d ranks (actor shards: %zu of %zu parameters here), "
                     "weights to %d rollout workers by resharding", T, w->tp->m->n_params, w->tp->full_params,
-                    (rf_comm_size(w->wcomm) - T) / r->placement.rollout.tp);
+                    (rf_comm_size(w->wcomm) - T * D) / r->placement.rollout.tp);
     w->last_cmd = rf_time_now();
     return RF_OK;
 }
@@ -117,7 +126,7 @@ rf_status rf__rs_whole_setup(rf__tworker *w) {
     if (strcmp(w->k->name, "cpu") != 0)
         return rf_error(RF_ERR_UNSUPPORTED, "weights by resharding need the actor in host memory (model.device = \"cpu\")");
     RF_TRY(rf_model_share_params(w->actor)); /* rollout ranks on this host read it in place */
-    return rf_weights_rs_init(&w->wrs, &pt, 1, w->r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
+    return rf_weights_rs_init(&w->wrs, &pt, 1, 1, w->r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
                               w->r->async.startup_timeout);
 }
 
@@ -133,38 +142,36 @@ rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)
 
 /* ---- TP rank 0 ---- */
 
-static rf_status send_cmd(rf__tworker *w, int cmd, int64_t arg, double timeout_s) {
-    tp_cmd c = {cmd, 0, arg};
+static rf_status send_cmd(rf__tworker *w, int cmd, int train, int64_t arg, double timeout_s) {
+    tp_cmd c = {cmd, train, arg};
     w->last_cmd = rf_time_now();
     return rf_comm_bcast(w->tpc, &c, sizeof c, 0, timeout_s, "sending a command to the tensor-parallel training ranks");
 }
 
 rf_status rf__tp_keepalive(rf__tworker *w) {
     if (!w->tp || !w->tp_serving || rf_time_now() - w->last_cmd < w->r->async.peer_timeout / 4) return RF_OK;
-    return send_cmd(w, TP_NOP, 0, w->r->async.peer_timeout);
+    return send_cmd(w, TP_NOP, 0, 0, w->r->async.peer_timeout);
 }
 
-void rf__tp_stop(rf__tworker *w) {
+void rf__tp_stop(rf__tworker *w, int failed) {
     if (!w->tp || !w->tp_serving) return; /* before the first weights the peers wait elsewhere */
     char keep[1024];
     snprintf(keep, sizeof keep, "%s", rf_error_message());
     /* best effort: when it fails a peer is gone or the communicator failed already, and the
      * run's own error (kept) says why; the peers that are left give up on their own */
-    send_cmd(w, TP_STOP, 0, 5.0);
+    send_cmd(w, TP_STOP, 0, failed, 5.0);
     if (keep[0]) rf_error(RF_ERR_IO, "%s", keep);
     else rf_error_clear();
 }
 
-rf_status rf__tp_share(rf__tworker *w, const Rlflow__TrainBatch *b) {
+rf_status rf__tp_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int train) {
     double t = w->r->async.peer_timeout;
-    uint64_t bytes = rlflow__train_batch__get_packed_size(b);
-    uint8_t *buf = malloc(bytes ? bytes : 1);
-    if (!buf) return rf_error(RF_ERR_NOMEM, "out of memory for a batch of %llu bytes", (unsigned long long)bytes);
-    rlflow__train_batch__pack(b, buf);
-    rf_status st = send_cmd(w, TP_TRAIN, (int64_t)bytes, t);
-    if (st == RF_OK) st = rf_comm_bcast(w->tpc, buf, bytes, 0, t, "sending the tensor-parallel ranks the batch");
-    free(buf);
-    return st;
+    RF_TRY(send_cmd(w, TP_TRAIN, train, (int64_t)bytes, t));
+    return rf_comm_bcast(w->tpc, (void *)buf, bytes, 0, t, "sending the tensor-parallel ranks the batch");
+}
+
+rf_status rf__tp_checkpoint_peers(rf__tworker *w) {
+    return send_cmd(w, TP_CHECKPOINT, 0, w->version, w->r->async.peer_timeout);
 }
 
 rf_status rf__tp_gather(rf__tworker *w, rf_model **out) {
@@ -175,7 +182,7 @@ rf_status rf__tp_gather(rf__tworker *w, rf_model **out) {
     full->opt_m = w->k->alloc(bytes), full->opt_v = w->k->alloc(bytes); /* no gradients: not trained */
     rf_status st = full->opt_m && full->opt_v ? RF_OK
                                               : rf_error(RF_ERR_NOMEM, "out of memory for the whole actor's optimizer state (%zu MB)", 2 * bytes >> 20);
-    if (st == RF_OK) st = send_cmd(w, TP_CHECKPOINT, w->version, w->r->async.peer_timeout);
+    if (st == RF_OK) st = rf__tp_checkpoint_peers(w);
     if (st == RF_OK) st = move_state(w, 0, full, w->r->async.peer_timeout);
     full->opt_step = w->tp->m->opt_step;
     if (st != RF_OK) {
@@ -188,16 +195,28 @@ rf_status rf__tp_gather(rf__tworker *w, rf_model **out) {
 
 /* ---- the peers ---- */
 
-/* Receives the whole batch and trains this rank's shard on it with the others, then sends the
- * new weights with them. */
-static rf_status peer_train(rf__tworker *w, int64_t bytes) {
+/* Receives the whole batch (with data parallelism: the replica's share) and trains this rank's
+ * shard on it with the others, then sends the new weights with them (and the other replicas). */
+static rf_status peer_train(rf__tworker *w, int64_t bytes, int train) {
     double t = w->r->async.peer_timeout;
     uint8_t *buf = malloc(bytes ? (size_t)bytes : 1);
     if (!buf) return rf_error(RF_ERR_NOMEM, "out of memory for a batch of %lld bytes", (long long)bytes);
     rf_status st = rf_comm_bcast(w->tpc, buf, (size_t)bytes, 0, t, "receiving the batch from the training worker (tensor-parallel rank 0)");
-    if (st == RF_OK) st = rf__worker_peer_update(w, buf, (size_t)bytes, "the batch from tensor-parallel rank 0", -1);
+    if (st == RF_OK) st = rf__worker_peer_update(w, buf, (size_t)bytes, "the batch from tensor-parallel rank 0", train);
     free(buf);
     return st == RF_OK ? rf__tp_publish(w, t, NULL) : st;
+}
+
+/* A checkpoint: ZeRO-1's optimizer shards gathered over the DP group, then (replica 0) the
+ * shards gathered whole on rank 0. */
+static rf_status peer_checkpoint(rf__tworker *w, int64_t version) {
+    if (version != w->version)
+        return rf_error(RF_ERR_FORMAT, "tensor-parallel rank 0 checkpoints version %lld, this rank is at %d",
+                        (long long)version, w->version);
+    rf_status st = w->dp_actor ? rf_dp_gather_optimizer(w->dp_actor) : RF_OK;
+    if (st == RF_OK && w->replica == 0) st = move_state(w, 0, NULL, w->r->async.peer_timeout);
+    if (w->dp_actor) rf_dp_release_optimizer(w->dp_actor);
+    return st;
 }
 
 static rf_status peer_serve(rf__tworker *w) {
@@ -209,30 +228,34 @@ static rf_status peer_serve(rf__tworker *w) {
                              "waiting for a command from the training worker (tensor-parallel rank 0)"));
         switch (c.cmd) {
         case TP_NOP: break;
-        case TP_TRAIN: RF_TRY(peer_train(w, c.arg)); break;
-        case TP_CHECKPOINT:
-            if (c.arg != w->version)
-                return rf_error(RF_ERR_FORMAT, "tensor-parallel rank 0 checkpoints version %lld, this rank is at %d",
-                                (long long)c.arg, w->version);
-            RF_TRY(move_state(w, 0, NULL, r->async.peer_timeout));
-            break;
-        case TP_STOP: return RF_OK;
+        case TP_TRAIN: RF_TRY(peer_train(w, c.arg, c.train)); break;
+        case TP_CHECKPOINT: RF_TRY(peer_checkpoint(w, c.arg)); break;
+        case TP_STOP:
+            return c.arg ? rf_error(RF_ERR_IO, "the training worker (tensor-parallel rank 0) stopped the run on an error")
+                         : RF_OK;
         default: return rf_error(RF_ERR_FORMAT, "tensor-parallel rank 0 sent an unknown command %d", (int)c.cmd);
         }
     }
 }
 
-rf_status rf_train_tp_peer_main(const rf_recipe *r, rf_comm *tpc, rf_comm *wcomm) {
-    rf__tworker w = {.r = r, .tpc = tpc, .wcomm = wcomm, .k = rf_cpu_kernels()};
+rf_status rf_train_tp_peer_main(const rf_recipe *r, rf_comm *tpc, rf_comm *wcomm, rf_comm *dpc) {
+    rf__tworker w = {.r = r, .tpc = tpc, .wcomm = wcomm, .dpc = dpc, .k = rf_cpu_kernels(),
+                     .replica = dpc ? rf_comm_rank(dpc) : 0};
     rf_status st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
     st = rf__tp_setup(&w, st);
-    if (st == RF_OK)
+    if (dpc) st = rf__dp_setup(&w, st);
+    if (st == RF_OK && dpc)
+        rf_log_info("training worker: tensor-parallel rank %d of %d of data-parallel replica %d of %d ready (world rank %d, pid %d)",
+                    rf_comm_rank(tpc), rf_comm_size(tpc), w.replica, rf_comm_size(dpc),
+                    rf_comm_world_rank(tpc, rf_comm_rank(tpc)), (int)getpid());
+    else if (st == RF_OK)
         rf_log_info("training worker: tensor-parallel rank %d of %d ready (world rank %d, pid %d)", rf_comm_rank(tpc),
                     rf_comm_size(tpc), rf_comm_world_rank(tpc, rf_comm_rank(tpc)), (int)getpid());
     /* the first weights, with rank 0 once it has connected to the controller */
     if (st == RF_OK) st = rf__tp_publish(&w, r->async.startup_timeout, NULL);
     if (st == RF_OK) st = peer_serve(&w);
+    rf__dp_free(&w);
     rf__tp_free(&w);
     return st;
 }

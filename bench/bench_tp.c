@@ -6,17 +6,25 @@
  *    tp = the ranks;
  *  - tp_decode: a greedy decoding step of a batch of sequences after a prefill, milliseconds
  *    per step (rf_model_decode + rf_sample against rf_model_tp_decode + rf_model_tp_greedy);
+ *  - train_step: a whole optimizer step on the same global batch (zeroed gradients, the passes,
+ *    the optimizer with clipping by the global norm): one rank ("whole"), tp ranks ("tp"), and
+ *    dp replicas of tp ranks ("tp x dp", each replica on its half of the sequences, gradients
+ *    summed over each shard's DP group during backward: rf_dp_init_tp), with the ratios of its
+ *    time to one rank's and to tp's (ratio > 1: slower);
  *  - tp_rollout: the rollout engine generating (8 prompts x 4 samples, 64-token prompts, 32 new
  *    tokens at temperature 1, continuous batching over the paged cache), tokens per second:
  *    the whole-model engine (rf_rollout_init) against the tensor-parallel one
  *    (rollout/rollout_tp.h: rank 0 drives the others' steps) at tp = 1 and tp = the ranks,
  *    with the ratios to the whole model's rate and to tp = 1 (measured first, in one process).
+ * Times are measured, never asserted.
  * One process uses all the machine's threads (OpenMP); under mpirun each of the np ranks gets
- * threads / np of them, so both use the same cores. Model: the "small" preset (4 layers,
+ * threads / np of them, so all use the same cores. Model: the "small" preset (4 layers,
  * hidden 256, 8 heads / 4 kv heads) with a 8192-token vocabulary; batch: 8 sequences of 128
  * tokens (1024 tokens); decoding: 8 sequences, 64-token prompts, 32 steps.
- * Usage: bench_tp [--np N] [--preset NAME] [--reps N]. Not started by mpirun, it measures one
- * process and then starts itself under `mpirun -np N --oversubscribe` (N = 2 by default). */
+ * Usage: bench_tp [--np N] [--dp D] [--preset NAME] [--reps N]. Not started by mpirun, it
+ * measures one process and then starts itself under `mpirun -np N --oversubscribe` (N = 2 by
+ * default: tp = N), and with D > 1 (2 by default) under `mpirun -np N*D` (tp N x dp D, the
+ * ranks of a replica consecutive: tp varies fastest). */
 #define _POSIX_C_SOURCE 200809L
 #include <omp.h>
 #include <stdio.h>
@@ -31,16 +39,18 @@
 #include "model/sampler.h"
 #include "rollout/rollout.h"
 #include "rollout/rollout_tp.h"
+#include "trainer/data_parallel.h"
+#include "trainer/optim.h"
 
 #define NS 8
 #define LEN 128
 #define PROMPT 64
 #define STEPS 32
 #define VOCAB 8192
-
 #define RS 4 /* samples per prompt in tp_rollout */
 
-static int g_reps = 5, g_np = 2;
+static int g_reps = 5, g_np = 2, g_dp = 2;
+static double g_ref_whole, g_ref_tp; /* train_step ms of one rank and of tp, for the ratios */
 static double g_base_tok_s; /* the whole-model engine's rate, handed to the ranks under mpirun */
 static double g_tp1_tok_s;  /* the tensor-parallel engine's at tp = 1, likewise */
 static const char *g_preset = "small";
@@ -148,6 +158,68 @@ static double time_decode(rf_model *m, rf_model_tp *tp, rf_comm *c) {
     return ms;
 }
 
+/* The parts of one optimizer step: the model trained, and with data parallelism the DP state
+ * and this replica's sequences [lo, hi). */
+typedef struct step_ctx {
+    rf_model *m;
+    rf_model_tp *tp;
+    rf_dp *dp;
+    int lo, hi;
+} step_ctx;
+
+/* Zeroed gradients, the passes over sequences [lo, hi) of the batch, the optimizer step. */
+static void opt_step(const step_ctx *x, batch_data *d) {
+    rf_optim_opts o = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .grad_clip = 1.0f};
+    int32_t cu[NS + 1];
+    for (int s = x->lo; s <= x->hi; s++) cu[s - x->lo] = d->cu[s] - d->cu[x->lo];
+    rf_batch b = {x->hi - x->lo, cu[x->hi - x->lo], d->tok + d->cu[x->lo], NULL, cu};
+    const int32_t *tgt = d->tgt + d->cu[x->lo];
+    double gn;
+    float lr;
+    if (x->tp) rf_model_tp_zero_grad(x->tp);
+    else rf_model_zero_grad(x->m);
+    if (x->dp) rf_dp_arm(x->dp);
+    if (x->tp) {
+        DIE(rf_model_tp_forward(x->tp, &b));
+        DIE(rf_model_tp_logprobs(x->tp, tgt, 1.0f, d->lp, d->ent));
+        DIE(rf_model_tp_backward(x->tp, d->dl, d->de, NULL));
+    } else {
+        DIE(rf_model_forward(x->m, &b));
+        DIE(rf_model_logprobs(x->m, tgt, 1.0f, d->lp, d->ent));
+        DIE(rf_model_backward(x->m, d->dl, d->de, NULL));
+    }
+    if (x->dp) DIE(rf_dp_sync_grads(x->dp));
+    DIE(x->dp ? rf_dp_optim_step(x->dp, &o, &gn, &lr) : x->tp ? rf_optim_step_tp(x->tp, &o, &gn, &lr)
+                                                         : rf_optim_step(x->m, &o, &gn, &lr));
+}
+
+/* Milliseconds per optimizer step (median, barrier to barrier over c, every rank). */
+static double time_opt_step(const step_ctx *x, rf_comm *c, batch_data *d) {
+    double t[32];
+    opt_step(x, d); /* warm-up */
+    for (int i = 0; i < g_reps; i++) {
+        DIE(rf_comm_barrier(c, 60, "bench"));
+        double t0 = rf_time_now();
+        opt_step(x, d);
+        DIE(rf_comm_barrier(c, 60, "bench"));
+        t[i] = rf_time_now() - t0;
+    }
+    return 1e3 * median(t, g_reps);
+}
+
+static void report_step(rf_comm *c, const char *model, int tp, int dp, double ms, double dp_wait_ms) {
+    if (rf_comm_rank(c) != 0) return;
+    printf("{\"bench\": \"train_step\", \"model\": \"%s\", \"ranks\": %d, \"tp\": %d, \"dp\": %d, "
+           "\"threads_per_rank\": %d, \"preset\": \"%s\", \"sequences\": %d, \"tokens\": %d, \"ms_per_step\": %.2f, "
+           "\"dp_wait_ms_per_step\": %.2f", model, rf_comm_size(c), tp, dp, omp_get_max_threads(), g_preset, NS,
+           NS * LEN, ms, dp_wait_ms);
+    if (dp > 1 && g_ref_whole > 0) printf(", \"ratio_vs_one_rank\": %.3f", ms / g_ref_whole);
+    if (dp > 1 && g_ref_tp > 0) printf(", \"ratio_vs_tp\": %.3f", ms / g_ref_tp);
+    if (dp == 1 && tp > 1 && g_ref_whole > 0) printf(", \"ratio_vs_one_rank\": %.3f", ms / g_ref_whole);
+    printf("}\n");
+    fflush(stdout);
+}
+
 /* Rank 0: submits NS prompts of RS samples and generates until idle; tokens per second. */
 static double generate(rf_rollout *e, int V) {
     int32_t prompt[PROMPT];
@@ -233,11 +305,16 @@ static void run(rf_comm *c) {
     if (rf_comm_size(c) == 1) {
         report(c, "tp_train", "whole", time_train(m, NULL, c, d), 0, 0);
         report(c, "tp_decode", "whole", time_decode(m, NULL, c), 0, 0);
+        step_ctx x = {m, NULL, NULL, 0, NS};
+        g_ref_whole = time_opt_step(&x, c, d);
+        report_step(c, "whole", 1, 1, g_ref_whole, 0);
     }
     double ms = time_train(m, tp, c, d);
     report(c, "tp_train", "tp", ms, tp->comm_s * 1e3 / g_reps, tp->n_collectives / g_reps);
     ms = time_decode(m, tp, c);
     report(c, "tp_decode", "tp", ms, tp->comm_s * 1e3 / STEPS, tp->n_collectives / STEPS);
+    step_ctx x = {tp->m, tp, NULL, 0, NS};
+    report_step(c, "tp", rf_comm_size(c), 1, time_opt_step(&x, c, d), 0);
     if (rf_comm_size(c) == 1) {
         g_base_tok_s = time_rollout(m, NULL, c);
         report_rollout(c, "whole", g_base_tok_s);
@@ -250,32 +327,78 @@ static void run(rf_comm *c) {
     free(d);
 }
 
+/* tp x dp over the world (rank = d * tp + t): replica d trains on its part of the sequences. */
+static void run_grid(rf_comm *world) {
+    int rank = rf_comm_rank(world), tp = g_np, dp = rf_comm_size(world) / g_np, d = rank / tp;
+    rf_comm *tpc = NULL, *dpc = NULL;
+    DIE(rf_comm_split(world, d, rank, &tpc));
+    DIE(rf_comm_split(world, rank % tp, rank, &dpc));
+    rf_model *m = whole();
+    batch_data *data = calloc(1, sizeof *data);
+    make_batch(data);
+    rf_model_tp *t = tp_model(m, tpc);
+    rf_dp *dpst = NULL;
+    rf_dp_opts o = {.timeout_s = 120};
+    DIE(rf_dp_init_tp(&dpst, dpc, t, &o));
+    step_ctx x = {t->m, t, dpst, NS * d / dp, NS * (d + 1) / dp};
+    double ms = time_opt_step(&x, world, data);
+    const rf_dp_stats *st = rf_dp_get_stats(dpst);
+    report_step(world, "tp x dp", tp, dp, ms, 1e3 * st->wait_s / (double)(st->syncs ? st->syncs : 1));
+    rf_dp_free(dpst);
+    rf_model_tp_free(t);
+    rf_model_free(m);
+    free(data);
+    rf_comm_free(tpc), rf_comm_free(dpc);
+}
+
+/* Runs `mpirun -np np` of this program (threads divided among the ranks), echoing its output;
+ * the train_step time of its "tp" line into *tp_ms when asked. 0 on success. */
+static int mpirun_self(int np, const char *extra, double *tp_ms) {
+    char self[4096], cmd[8192], line[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return 1;
+    self[n] = '\0';
+    int per = omp_get_max_threads() / np > 0 ? omp_get_max_threads() / np : 1;
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d mpirun -np %d --oversubscribe %s -x OMP_NUM_THREADS %s --reps %d "
+             "--preset %s --np %d %s", per, np, geteuid() == 0 ? "--allow-run-as-root" : "", self, g_reps, g_preset,
+             g_np, extra);
+    fflush(stdout);
+    FILE *f = popen(cmd, "r");
+    if (!f) return 1;
+    while (fgets(line, sizeof line, f)) {
+        fputs(line, stdout);
+        const char *at = strstr(line, "\"train_step\", \"model\": \"tp\"");
+        const char *ms = at ? strstr(line, "\"ms_per_step\": ") : NULL;
+        if (ms && tp_ms) *tp_ms = atof(ms + strlen("\"ms_per_step\": "));
+    }
+    return pclose(f) == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--np") && i + 1 < argc) g_np = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--preset") && i + 1 < argc) g_preset = argv[++i];
+        else if (!strcmp(argv[i], "--dp") && i + 1 < argc) g_dp = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--base-tok-s") && i + 1 < argc) g_base_tok_s = atof(argv[++i]);
         else if (!strcmp(argv[i], "--tp1-tok-s") && i + 1 < argc) g_tp1_tok_s = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--ref") && i + 2 < argc) g_ref_whole = atof(argv[++i]), g_ref_tp = atof(argv[++i]);
     }
     if (g_reps < 1 || g_reps > 32) g_reps = 5;
     if (rf_comm_launched_by_mpi()) {
         rf_comm *world;
         DIE(rf_comm_world(&argc, &argv, &world));
-        run(world);
+        if (rf_comm_size(world) > g_np) run_grid(world);
+        else run(world);
         rf_comm_finalize();
         return 0;
     }
-    int threads = omp_get_max_threads();
     run(rf_comm_single());
-    char self[4096], cmd[8192];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return 1;
-    self[n] = '\0';
-    int per = threads / g_np > 0 ? threads / g_np : 1;
-    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d mpirun -np %d --oversubscribe %s -x OMP_NUM_THREADS %s --reps %d --preset %s "
-             "--base-tok-s %.1f --tp1-tok-s %.1f", per, g_np, geteuid() == 0 ? "--allow-run-as-root" : "", self, g_reps,
-             g_preset, g_base_tok_s, g_tp1_tok_s);
-    fflush(stdout);
-    return system(cmd) == 0 ? 0 : 1;
+    char extra[256];
+    double tp_ms = 0;
+    snprintf(extra, sizeof extra, "--ref %.4f 0 --base-tok-s %.1f --tp1-tok-s %.1f", g_ref_whole, g_base_tok_s, g_tp1_tok_s);
+    if (mpirun_self(g_np, extra, &tp_ms)) return 1;
+    if (g_dp <= 1) return 0;
+    snprintf(extra, sizeof extra, "--ref %.4f %.4f", g_ref_whole, tp_ms);
+    return mpirun_self(g_np * g_dp, extra, NULL);
 }

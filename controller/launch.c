@@ -64,8 +64,7 @@ static void forward_signal(int sig) {
     if (g_child > 0) kill(g_child, sig);
 }
 
-/* Training worker processes: dp data-parallel ranks, or tp tensor-parallel ones (not both:
- * refused by rf__reject_unimplemented). */
+/* Training worker processes: dp data-parallel replicas of tp tensor-parallel ranks each. */
 static int train_ranks(const rf_recipe *r) { return r->placement.actor.dp * r->placement.actor.tp; }
 
 /* Rollout processes: placement.rollout.tp ranks per rollout worker. */
@@ -99,7 +98,11 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     size_t off = 0;
     for (int i = 0; av[i] && off < sizeof line - 1; i++)
         off += (size_t)snprintf(line + off, sizeof line - off, "%s%s", i ? " " : "", av[i]);
-    if (r->placement.rollout.tp > 1)
+    if (r->placement.actor.dp > 1 && r->placement.actor.tp > 1)
+        rf_log_info("split run: %d processes (controller, %d training workers: %d data-parallel replicas of %d "
+                    "tensor-parallel ranks, %d rollout workers%s): %s", np, train_ranks(r), r->placement.actor.dp,
+                    r->placement.actor.tp, r->placement.rollout_ranks, r->placement.rollout.tp > 1 ? " of several tensor-parallel ranks" : "", line);
+    else if (r->placement.rollout.tp > 1)
         rf_log_info("split run: %d processes (controller, %d training workers, %d rollout workers of %d tensor-parallel ranks): %s",
                     np, train_ranks(r), r->placement.rollout_ranks, r->placement.rollout.tp, line);
     else if (r->placement.actor.dp > 1)
@@ -166,24 +169,26 @@ static int default_threads(int n_rollout, int dp, int train) {
     return share < 1 ? 1 : share;
 }
 
-/* The communicators of a split run, every rank taking part in each split: weights between
- * the training worker (DP rank 0, world rank 1) and the rollout workers, ranked as with one
- * training worker (it is rank 0, rollout worker i rank 1 + i); with dp > 1 the DP ranks
- * (world ranks 1..dp). With tp > 1 every TP rank sends weights (its shard): the weights
- * communicator holds world ranks 1..tp (ranks 0..tp-1 there) and the rollout workers after
- * them, and the TP ranks have one of their own (world ranks 1..tp). With gtp > 1
- * (placement.rollout.tp) every rollout rank receives its shard (the weights communicator holds
- * them all, rollout worker i's ranks together), and each rollout worker's gtp ranks have a
- * communicator of their own. */
+/* The communicators of a split run, every rank taking part in each split. Training rank
+ * i = world rank - 1 (1 .. dp x tp) is TP rank i % tp of DP replica i / tp: tp varies fastest,
+ * Megatron-LM's order, so a replica's TP group is consecutive ranks. Weights go between the
+ * training worker (world rank 1) and the rollout workers, ranked as with one training worker
+ * (it is rank 0, the rollout ranks after it); with tp > 1 every training rank sends weights
+ * (its shard; the planner spreads each rollout rank's blocks over the replicas): the weights
+ * communicator holds world ranks 1..dp x tp (ranks 0..dp x tp - 1 there) and the rollout ranks
+ * after them. With dp > 1 each TP position has a DP group (one rank per replica; with tp = 1 all
+ * training ranks), with tp > 1 each replica a TP group. With gtp > 1 (placement.rollout.tp)
+ * every rollout rank receives its shard (rollout worker i's ranks together in the weights
+ * communicator), and each rollout worker's gtp ranks have a communicator of their own. */
 static rf_status split_comms(rf_comm *world, int dp, int tp, int gtp, rf_comm **wcomm, rf_comm **dpc, rf_comm **tpc,
                              rf_comm **gcomm) {
-    int rank = rf_comm_rank(world), n_train = dp * tp;
+    int rank = rf_comm_rank(world), n_train = dp * tp, train = rank >= 1 && rank <= n_train;
     *wcomm = *dpc = *tpc = *gcomm = NULL;
-    int in_weights = (rank >= 1 && rank <= tp) || rank > n_train;
+    int in_weights = (rank >= 1 && rank <= (tp > 1 ? n_train : 1)) || rank > n_train;
     RF_TRY(rf_comm_split(world, in_weights ? 1 : -1, rank, wcomm));
     rf_status st = RF_OK;
-    if (dp > 1) st = rf_comm_split(world, rank >= 1 && rank <= dp ? 1 : -1, rank, dpc);
-    if (st == RF_OK && tp > 1) st = rf_comm_split(world, rank >= 1 && rank <= tp ? 1 : -1, rank, tpc);
+    if (dp > 1) st = rf_comm_split(world, train ? (rank - 1) % tp : -1, rank, dpc);
+    if (st == RF_OK && tp > 1) st = rf_comm_split(world, train ? (rank - 1) / tp : -1, rank, tpc);
     if (st == RF_OK && gtp > 1) st = rf_comm_split(world, rank > n_train ? 1 + (rank - 1 - n_train) / gtp : -1, rank, gcomm);
     if (st != RF_OK) {
         rf_comm_free(*wcomm), rf_comm_free(*dpc), rf_comm_free(*tpc);
@@ -241,6 +246,9 @@ static rf_status check_size(const rf_recipe *r, int size) {
     if (gtp > 1)
         return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, %d training workers and placement.rollout_ranks = %d rollout workers of placement.rollout.tp = %d ranks each)",
                         size, need, n_train, workers, gtp);
+    if (r->placement.actor.tp > 1 && dp > 1)
+        return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, placement.actor.dp x placement.actor.tp = %d x %d training workers and placement.rollout_ranks = %d rollout workers)",
+                        size, need, dp, r->placement.actor.tp, workers);
     if (r->placement.actor.tp > 1)
         return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the recipe needs %d (controller, placement.actor.tp = %d training workers and placement.rollout_ranks = %d rollout workers)",
                         size, need, r->placement.actor.tp, workers);
@@ -256,14 +264,21 @@ static void log_layout(const rf_recipe *r, int size) {
     int dp = r->placement.actor.dp, tp = r->placement.actor.tp, n_train = train_ranks(r);
     int critic = strcmp(r->algorithm.name, "ppo") == 0 || strcmp(r->algorithm.name, "gae") == 0;
     const char *ref = rf_recipe_reference_enabled(r) ? ", reference" : "", *cr = critic ? ", critic" : "";
-    if (tp > 1)
+    if (tp > 1 && dp > 1)
+        rf_log_info("  rank 1: training worker, data-parallel replica 0 of %d, tensor-parallel rank 0 of %d (actor shard 0 "
+                    "of %d%s%s)", dp, tp, tp, ref, cr);
+    else if (tp > 1)
         rf_log_info("  rank 1: training worker, tensor-parallel rank 0 of %d (actor shard 0 of %d%s%s)", tp, tp, ref, cr);
     else if (dp > 1)
         rf_log_info("  rank 1: training worker, data-parallel rank 0 of %d (actor%s%s)", dp, ref, cr);
     else
         rf_log_info("  rank 1: training worker (actor%s%s)", ref, cr);
     for (int i = 2; i <= n_train; i++) {
-        if (tp > 1) rf_log_info("  rank %d: training worker, tensor-parallel rank %d of %d (actor shard %d of %d)", i, i - 1, tp, i - 1, tp);
+        int d = (i - 1) / tp, t = (i - 1) % tp;
+        if (tp > 1 && dp > 1)
+            rf_log_info("  rank %d: training worker, data-parallel replica %d of %d, tensor-parallel rank %d of %d (actor "
+                        "shard %d of %d%s)", i, d, dp, t, tp, t, tp, t == 0 ? cr : "");
+        else if (tp > 1) rf_log_info("  rank %d: training worker, tensor-parallel rank %d of %d (actor shard %d of %d)", i, i - 1, tp, i - 1, tp);
         else rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s)", i, i - 1, dp, cr);
     }
     int gtp = r->placement.rollout.tp;
@@ -329,20 +344,25 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout * gtp, n_train, 1));
         int *dst = malloc(sizeof(int) * (size_t)n_rollout);
         st = dst ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-        for (int i = 0; dst && i < n_rollout; i++) dst[i] = tp + i * gtp; /* ranks in wcomm */
+        int n_wtrain = tp > 1 ? n_train : 1; /* training ranks in wcomm */
+        for (int i = 0; dst && i < n_rollout; i++) dst[i] = n_wtrain + i * gtp; /* rollout workers' first ranks in wcomm */
         if (st == RF_OK) st = rf_train_worker_main(r, ep, resume, wcomm, dst, n_rollout, dpc, tpc);
         free(dst);
         if (st != RF_OK) st = rf_error_wrap(st, "training worker (rank 1 on %s)", host);
     } else if (rank <= n_train) {
         omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout * gtp, n_train, 1));
-        if (tp > 1) {
-            st = rf_train_tp_peer_main(r, tpc, wcomm);
-            if (st != RF_OK)
-                st = rf_error_wrap(st, "training worker, tensor-parallel rank %d (rank %d on %s)", rank - 1, rank, host);
+        int d = (rank - 1) / tp, t = (rank - 1) % tp;
+        if (t > 0) {
+            st = rf_train_tp_peer_main(r, tpc, wcomm, dpc);
+            if (st != RF_OK && dp > 1)
+                st = rf_error_wrap(st, "training worker, tensor-parallel rank %d of data-parallel replica %d (rank %d "
+                                   "on %s)", t, d, rank, host);
+            else if (st != RF_OK)
+                st = rf_error_wrap(st, "training worker, tensor-parallel rank %d (rank %d on %s)", t, rank, host);
         } else {
-            st = rf_train_peer_main(r, dpc);
+            st = rf_train_peer_main(r, dpc, tpc, wcomm);
             if (st != RF_OK)
-                st = rf_error_wrap(st, "training worker, data-parallel rank %d (rank %d on %s)", rank - 1, rank, host);
+                st = rf_error_wrap(st, "training worker, data-parallel rank %d (rank %d on %s)", d, rank, host);
         }
     } else {
         omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads

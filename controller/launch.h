@@ -1,12 +1,12 @@
 /* Launch and placement of split runs (placement.mode = "split").
  *
- * Layout (MPI ranks of one job, MPMD by rank): rank 0 is the controller, ranks 1 .. dp the
- * training workers (dp = placement.actor.dp; rank 1 hosts the actor with the reference and
- * critic colocated and talks to the controller; with dp > 1, ranks 2 .. dp are its
- * data-parallel peers, actor and critic; with placement.actor.tp > 1 ranks 1 .. tp are the
- * tensor-parallel training ranks instead), then the rollout workers, placement.rollout.tp = G
- * consecutive ranks each (the first of them runs the engine and talks to the controller). The
- * world size must be 1 + dp x tp + rollout_ranks x G.
+ * Layout (MPI ranks of one job, MPMD by rank): rank 0 is the controller, ranks 1 .. dp x tp the
+ * training workers (dp = placement.actor.dp, tp = placement.actor.tp; rank 1 hosts the actor
+ * with the reference and critic colocated and talks to the controller; training rank
+ * i = rank - 1 is tensor-parallel rank i % tp of data-parallel replica i / tp, tp varying
+ * fastest as in Megatron-LM), then the rollout workers, placement.rollout.tp = G consecutive
+ * ranks each (the first of them runs the engine and talks to the controller). The world size
+ * must be 1 + dp x tp + rollout_ranks x G.
  *
  * `rlflow run recipe.toml` outside MPI prepares the data and the model (the SFT warm start)
  * and then replaces itself with `<placement.mpirun> -np N --oversubscribe --bind-to none

@@ -104,9 +104,10 @@ rf_status rf__load_rewards(rf_run *run) {
     return RF_OK;
 }
 
-/* Tensor parallelism of the training roles: split runs on the CPU, not with data parallelism. */
+/* Tensor parallelism of the training roles: split runs on the CPU (with data parallelism or
+ * without). */
 static rf_status reject_actor_tp(const rf_recipe *r, int split) {
-    int tp = r->placement.actor.tp, dp = r->placement.actor.dp;
+    int tp = r->placement.actor.tp;
     if (tp == 1) return RF_OK;
     if (!split)
         return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism in colocated runs; "
@@ -114,13 +115,6 @@ static rf_status reject_actor_tp(const rf_recipe *r, int split) {
     if (strcmp(r->model.device, "cpu") != 0)
         return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism on CUDA: the vocabulary-parallel "
                                               "log-prob kernels and NCCL between the shards are not written yet");
-    if (dp > 1) {
-        char wt[512], wd[512];
-        return rf_error(RF_ERR_UNSUPPORTED, "%s: placement.actor.tp = %d with placement.actor.dp = %d (%s) is not "
-                        "implemented yet (tensor and data parallelism together; set one of them to 1)",
-                        rf_recipe_where(r, "placement.actor.tp", wt, sizeof wt), tp, dp,
-                        rf_recipe_where(r, "placement.actor.dp", wd, sizeof wd));
-    }
     return RF_OK;
 }
 

@@ -217,13 +217,17 @@ rf_status rf_model_tp_set_shard(rf_model_tp *tp, const rf_shard *shards, int n_v
     return RF_OK;
 }
 
-rf_status rf_model_tp_enable_training(rf_model_tp *tp) {
-    RF_TRY(rf_model_enable_training(tp->m));
+rf_status rf__tp_reserve_sync(rf_model_tp *tp) {
     if (!tp->sync_mem && tp->sync_floats) {
         tp->sync_mem = tp->m->k->alloc(2 * tp->sync_floats * sizeof(float));
         if (!tp->sync_mem) return rf_error(RF_ERR_NOMEM, "out of memory for gradient staging");
     }
     return RF_OK;
+}
+
+rf_status rf_model_tp_enable_training(rf_model_tp *tp) {
+    RF_TRY(rf_model_enable_training(tp->m));
+    return rf__tp_reserve_sync(tp);
 }
 
 void rf_model_tp_zero_grad(rf_model_tp *tp) { rf_model_zero_grad(tp->m); }
@@ -283,15 +287,51 @@ rf_status rf_model_tp_grad_sumsq(rf_model_tp *tp, double *out) {
     if (!m->grads) return rf_error(RF_ERR_ARG, "tensor-parallel model: no gradients (enable training)");
     double local = 0.0;
     for (int i = 0; i < m->n_views; i++)
-        if (tp->shards[i].split != RF_SPLIT_REPLICATED || tp->t == 0)
+        if (!rf_model_tp_replicated(tp, i) || tp->t == 0)
             local += m->k->sum_squares(m->grads + m->views[i].offset, m->views[i].numel);
+    return rf_model_tp_sum(tp, local, out, "allgather of gradient norms");
+}
+
+rf_status rf_model_tp_sum(rf_model_tp *tp, double local, double *out, const char *what) {
     /* in double and in rank order, so every rank gets the same bits */
     double *all = malloc(sizeof(double) * (size_t)tp->tp);
     if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
-    rf_status s = rf__tp_allgather(tp, &local, all, sizeof(double), "allgather of gradient norms");
+    rf_status s = rf__tp_allgather(tp, &local, all, sizeof(double), what);
     *out = 0.0;
     for (int r = 0; s == RF_OK && r < tp->tp; r++) *out += all[r];
     free(all);
+    return s;
+}
+
+int rf_model_tp_replicated(const rf_model_tp *tp, int i) { return tp->shards[i].split == RF_SPLIT_REPLICATED; }
+
+/* Packs (to_pack) the replicated views of buf into pack, or unpacks them. */
+static size_t pack_replicated(const rf_model_tp *tp, float *buf, float *pack, int to_pack) {
+    const rf_model *m = tp->m;
+    size_t off = 0;
+    for (int i = 0; i < m->n_views; i++) {
+        if (!rf_model_tp_replicated(tp, i)) continue;
+        const rf_param_view *v = &m->views[i];
+        if (pack && to_pack) m->k->copy(pack + off, buf + v->offset, v->numel * sizeof(float));
+        else if (pack) m->k->copy(buf + v->offset, pack + off, v->numel * sizeof(float));
+        off += v->numel;
+    }
+    return off;
+}
+
+rf_status rf_model_tp_bcast_replicated(rf_model_tp *tp, float *buf, const char *what) {
+    if (tp->tp == 1) return RF_OK;
+    size_t n = pack_replicated(tp, buf, NULL, 1);
+    float *pack = tp->m->k->alloc(sizeof(float) * (n ? n : 1));
+    if (!pack) return rf_error(RF_ERR_NOMEM, "out of memory for %zu replicated floats", n);
+    if (tp->t == 0) pack_replicated(tp, buf, pack, 1);
+    char w[160];
+    snprintf(w, sizeof w, "tensor parallelism: %s", what);
+    double t0 = rf_time_now();
+    rf_status s = rf_comm_bcast(tp->comm, pack, sizeof(float) * n, 0, tp->timeout_s, w);
+    tp->comm_s += rf_time_now() - t0, tp->n_collectives++;
+    if (s == RF_OK && tp->t != 0) pack_replicated(tp, buf, pack, 0);
+    tp->m->k->free(pack);
     return s;
 }
 

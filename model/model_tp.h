@@ -45,8 +45,10 @@
  * The CUDA back end lacks the vocabulary-parallel log-prob kernels (kernels.h) and the
  * per-token statistics are combined on the host; rf_model_tp_init refuses other pairings.
  *
- * Not here yet (docs/scaling.md): tp x dp (the data-parallel hook and ZeRO over a tp x dp
- * grid), loading a checkpoint shard by shard (rf_model_tp_set_full cuts from the whole model),
+ * Data parallelism over a tp x dp grid (trainer/data_parallel.h, rf_dp_init_tp) hooks the
+ * backward pass of tp->m like a whole model's.
+ *
+ * Not here yet (docs/scaling.md): loading a checkpoint shard by shard (rf_model_tp_set_full cuts from the whole model),
  * sequence parallelism, sampling other than greedy without gathering the logits
  * (rf_model_tp_gather_logits). Split runs train the actor with it (placement.actor.tp;
  * actor/worker_tp.c) and generate with it (placement.rollout.tp; rollout/rollout_tp.h).
@@ -189,14 +191,32 @@ rf_status rf_model_tp_logits(rf_model_tp *tp, const int *rows, int n_rows, float
  * rf_model_tp_logprobs) and dvalues (T) for a value head, the same on every rank. Accumulates
  * into tp->m->grads: afterwards every parameter's gradient shard equals the slice of the
  * gradient one rank with the whole model would have (replicated parameters: whole, equal on
- * every rank). 2 L + 1 allreduces of T x C and one of the partial replicated gradients. The
- * model's backward hook is not called (tp x dp is not done). */
+ * every rank). 2 L + 1 allreduces of T x C and one of the partial replicated gradients. Calls
+ * tp->m's backward hook (rf_model_set_grad_hook: data parallelism over the ranks holding the
+ * same shard) in rf_model_backward's order over the shard's flat buffer; a partial replicated
+ * gradient (q/k norms, replicated k/v) is final only once summed at the end, so the ranges
+ * below the highest such view are reported after that sum, in one piece. */
 rf_status rf_model_tp_backward(rf_model_tp *tp, const float *dlogp, const float *dentropy,
                                const float *dvalues);
 
 /* The whole model's sum of squared gradients (split parameters summed over the ranks,
  * replicated ones counted once), in double, identical on every rank: for gradient clipping. */
 rf_status rf_model_tp_grad_sumsq(rf_model_tp *tp, double *out);
+
+/* Sum over the group of one double per rank (`local`), added in rank order so that every rank
+ * gets the same bits. One allgather of 8 bytes per rank. */
+rf_status rf_model_tp_sum(rf_model_tp *tp, double local, double *out, const char *what);
+
+/* Is view i of the shard replicated (whole on every rank of the group)? */
+int rf_model_tp_replicated(const rf_model_tp *tp, int i);
+
+/* Copies the replicated tensors of a local flat buffer `buf` (the shard's layout, e.g.
+ * tp->m->params) from rank 0 of the group to every other rank: one broadcast of the replicated
+ * floats. Data parallelism over a tp x dp grid calls it after each optimizer step: every
+ * position's gradients are summed over its own data-parallel group, whose reduction order may
+ * differ between positions (the same tensor sits at another offset of another bucket), and
+ * the replicated tensors must stay the same bits on every rank of the group. */
+rf_status rf_model_tp_bcast_replicated(rf_model_tp *tp, float *buf, const char *what);
 
 /* KV cache holding this rank's k/v heads (KVA of them) for n_slots sequences of max_len
  * positions. Free with rf_kv_cache_free(c, tp->m). */

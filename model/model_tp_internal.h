@@ -14,6 +14,11 @@ rf_status rf__tp_allgather(rf_model_tp *tp, const void *in, void *out, size_t by
 /* Floats of tp->host per token: the log-prob combination's arrays (model_tp_pass.c). */
 #define RF_TP_HOST_PER_TOKEN(tp) (8 + (size_t)(tp)->tp)
 
+/* The staging of the partial replicated gradients (backward), once. Not
+ * rf_model_tp_enable_training: ZeRO-1 frees the shard's AdamW moments, which must stay
+ * freed. */
+rf_status rf__tp_reserve_sync(rf_model_tp *tp);
+
 /* Grows activation buffers and the per-token host arrays (tokens, lse, ent, host) to T
  * tokens. */
 rf_status rf__tp_reserve(rf_model_tp *tp, int T);

@@ -428,26 +428,66 @@ static rf_status sync_finish(rf_model_tp *tp) {
     return RF_OK;
 }
 
+/* The backward hook (model.h, rf_grad_ready_fn) on the shard's flat buffer, reported in the
+ * order of rf_model_backward. A partial replicated gradient (sync views) is final only after
+ * sync_finish: ranges are reported down to the end of the highest sync view, the rest after it
+ * (`lo`: the lowest offset reported so far). */
+typedef struct tp_ready {
+    size_t hold; /* end of the highest sync view (0: none) */
+    size_t lo;
+} tp_ready;
+
+static tp_ready ready_init(const rf_model_tp *tp) {
+    tp_ready r = {0, tp->m->n_params};
+    for (int i = 0; i < tp->n_sync; i++) {
+        const rf_param_view *v = &tp->m->views[tp->sync_views[i]];
+        if (v->offset + v->numel > r.hold) r.hold = v->offset + v->numel;
+    }
+    return r;
+}
+
+/* Floats from `from` to the end are final (from = 0 after sync_finish: all of them). */
+static rf_status ready(rf_model_tp *tp, tp_ready *r, size_t from, int synced) {
+    rf_model *m = tp->m;
+    if (!synced && from < r->hold) from = r->hold;
+    if (from >= r->lo || !m->grad_ready) return RF_OK;
+    size_t hi = r->lo;
+    r->lo = from;
+    return m->grad_ready(m->grad_ready_ctx, from, hi - from);
+}
+
+/* First float of layer l's parameters, or of the final norm for l = L (model_backward.c). */
+static size_t layer_start(const rf_model_tp *tp, int l) {
+    const rf_model *m = tp->m;
+    const float *p = l < tp->cfg.num_hidden_layers ? m->layers[l].ln1 : m->norm;
+    return (size_t)(p - m->params);
+}
+
 rf_status rf_model_tp_backward(rf_model_tp *tp, const float *dlogp, const float *dentropy,
                                const float *dvalues) {
     rf_model *m = tp->m;
     if (!m->grads) return rf_error(RF_ERR_ARG, "backward: call rf_model_tp_enable_training first");
     if (tp->T <= 0) return rf_error(RF_ERR_ARG, "backward: no forward pass to differentiate");
-    RF_TRY(rf_model_tp_enable_training(tp)); /* the staging of sync_save, once */
+    RF_TRY(rf__tp_reserve_sync(tp));
     grad_bufs g = {0};
     RF_TRY(reserve_grads(tp, &g));
     sync_save(tp);
     RF_TRY(head_backward(tp, &g, dlogp, dentropy, dvalues));
     const rf_model_config *c = &tp->cfg;
-    int T = tp->T, C = c->hidden_size;
+    int T = tp->T, C = c->hidden_size, L = c->num_hidden_layers;
     m->k->zero(g.dx, sizeof(float) * (size_t)T * C);
     m->k->rmsnorm_backward(g.dx, GRAD(m, m->norm), g.dln, tp->x_final, m->norm, tp->rstd_f, T, C);
-    for (int l = c->num_hidden_layers - 1; l >= 0; l--) {
+    tp_ready r = ready_init(tp);
+    RF_TRY(ready(tp, &r, layer_start(tp, L), 0));
+    for (int l = L - 1; l >= 0; l--) {
         RF_TRY(mlp_backward(tp, l, &g));
+        RF_TRY(ready(tp, &r, (size_t)(m->layers[l].ln2 - m->params), 0));
         RF_TRY(attn_backward(tp, l, &g));
+        RF_TRY(ready(tp, &r, layer_start(tp, l), 0));
     }
     embed_backward(tp, g.dx, T);
-    return sync_finish(tp);
+    RF_TRY(sync_finish(tp));
+    return ready(tp, &r, 0, 1);
 }
 
 /* ---- KV-cache decoding ---- */

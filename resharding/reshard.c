@@ -505,6 +505,8 @@ rf_status rf_reshard_run(rf_reshard *x, const float *src, float *dst, int64_t ve
     return RF_OK;
 }
 
+int rf_reshard_peers(const rf_reshard *x) { return x->n_peers; }
+
 int rf_reshard_in_place_peers(const rf_reshard *x) {
     int n = 0;
     for (int i = 0; i < x->n_peers; i++) n += x->shm_in[i] || x->shm_out[i];

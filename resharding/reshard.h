@@ -76,6 +76,9 @@ rf_status rf_reshard_run(rf_reshard *x, const float *src, float *dst, int64_t ve
  * rf_reshard_run: pairs on one host whose sender's source buffer is shareable (common/shm.h). */
 int rf_reshard_in_place_peers(const rf_reshard *x);
 
+/* How many other ranks this rank exchanges with in the plan. */
+int rf_reshard_peers(const rf_reshard *x);
+
 /* rf_reshard_init + run + free. */
 rf_status rf_reshard_execute(const rf_reshard_plan *plan, rf_comm *c, const float *src, float *dst,
                              int64_t version, const rf_reshard_opts *opts);

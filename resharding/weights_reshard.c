@@ -25,7 +25,7 @@ typedef struct announce {
 struct rf_weights_rs {
     rf_param_table pt;
     rf_comm *c;
-    int tp, gen_tp, n_rollout, me; /* n_rollout: rollout ranks (gen_tp per rollout worker) */
+    int tp, dp, gen_tp, n_train, n_rollout, me; /* n_train = tp x dp; n_rollout: rollout ranks (gen_tp per worker) */
     int train;              /* 1 on a training rank */
     int t, side_tp;         /* shard held here of this side's layout (tp or gen_tp shards) */
     rf_shard *shards;       /* (pt.n_views) shard t of this side's layout */
@@ -38,18 +38,19 @@ struct rf_weights_rs {
     int told;               /* rank 0: the transfer path was logged */
 };
 
-rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, int gen_tp, rf_comm *c,
+rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, int dp, int gen_tp, rf_comm *c,
                              size_t bucket_bytes, double timeout_s) {
     *out = NULL;
-    int size = rf_comm_size(c);
-    if (tp < 1 || gen_tp < 1 || size <= tp || (size - tp) % gen_tp != 0)
-        return rf_error(RF_ERR_ARG, "weights by resharding: %d training ranks and %d rollout ranks (%d per rollout worker) "
-                        "in a communicator of %d", tp, size - tp, gen_tp, size);
+    int size = rf_comm_size(c), n_train = tp * dp;
+    if (tp < 1 || dp < 1 || gen_tp < 1 || size <= n_train || (size - n_train) % gen_tp != 0)
+        return rf_error(RF_ERR_ARG, "weights by resharding: %d x %d training ranks and %d rollout ranks (%d per rollout worker) "
+                        "in a communicator of %d", dp, tp, size - n_train, gen_tp, size);
     rf_weights_rs *x = calloc(1, sizeof *x);
     if (!x) return rf_error(RF_ERR_NOMEM, "out of memory");
-    x->pt = *pt, x->c = c, x->tp = tp, x->gen_tp = gen_tp, x->n_rollout = size - tp, x->me = rf_comm_rank(c);
-    x->train = x->me < tp;
-    x->t = x->train ? x->me : (x->me - tp) % gen_tp;
+    x->pt = *pt, x->c = c, x->tp = tp, x->dp = dp, x->gen_tp = gen_tp, x->n_train = n_train;
+    x->n_rollout = size - n_train, x->me = rf_comm_rank(c);
+    x->train = x->me < n_train;
+    x->t = x->train ? x->me % tp : (x->me - n_train) % gen_tp;
     x->side_tp = x->train ? tp : gen_tp;
     x->timeout_s = timeout_s;
     x->shards = calloc((size_t)pt->n_views, sizeof *x->shards);
@@ -58,7 +59,7 @@ rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int 
     for (int i = 0; i < pt->n_views; i++) x->full_floats = pt->views[i].offset + pt->views[i].numel;
     size_t n_local = 0;
     if (st == RF_OK) st = rf_layout_shards(pt, x->side_tp, x->t, x->shards, &n_local);
-    rf_layout src = {tp, 1, 0, NULL}, dst = {gen_tp, x->n_rollout / gen_tp, tp, NULL};
+    rf_layout src = {tp, dp, 0, NULL}, dst = {gen_tp, x->n_rollout / gen_tp, n_train, NULL};
     if (st == RF_OK) st = rf_reshard_plan_make(&x->plan, pt, &src, &dst, bucket_bytes, size);
     rf_reshard_opts o = {.timeout_s = timeout_s};
     if (st == RF_OK) st = rf_reshard_init(&x->ex, x->plan, c, &o);
@@ -124,7 +125,7 @@ static rf_status announcements_done(rf_weights_rs *x) {
     for (int i = 0; i < x->n_rollout; i++) {
         if (!x->req[i]) continue;
         char what[96];
-        snprintf(what, sizeof what, "announcing weights to world rank %d", rf_comm_world_rank(x->c, x->tp + i));
+        snprintf(what, sizeof what, "announcing weights to world rank %d", rf_comm_world_rank(x->c, x->n_train + i));
         rf_status st = rf_comm_wait(x->req[i], x->timeout_s, what);
         rf_comm_req_free(x->req[i]);
         x->req[i] = NULL;
@@ -135,24 +136,25 @@ static rf_status announcements_done(rf_weights_rs *x) {
 
 rf_status rf_weights_rs_send(rf_weights_rs *x, const float *local, int64_t version, uint32_t checksum) {
     if (!x->train) return rf_error(RF_ERR_ARG, "weights by resharding: a rollout worker cannot send weights");
-    if (x->t == 0) {
+    if (x->me == 0) {
         RF_TRY(announcements_done(x));
         x->sent = (announce){MAGIC, checksum, version, x->full_floats, x->plan->id, 0};
         for (int i = 0; i < x->n_rollout; i++) {
-            rf_status st = rf_comm_isend(x->c, &x->sent, sizeof x->sent, x->tp + i, RF_WEIGHTS_TAG, &x->req[i]);
+            rf_status st = rf_comm_isend(x->c, &x->sent, sizeof x->sent, x->n_train + i, RF_WEIGHTS_TAG, &x->req[i]);
             if (st != RF_OK)
                 return rf_error_wrap(st, "announcing weights version %lld to world rank %d", (long long)version,
-                                     rf_comm_world_rank(x->c, x->tp + i));
+                                     rf_comm_world_rank(x->c, x->n_train + i));
         }
     }
     RF_TRY(rf_reshard_run(x->ex, local, NULL, version));
-    if (x->t == 0 && !x->told) { /* once: how the weights travel */
+    if (x->me == 0 && !x->told) { /* once: how the weights travel */
         x->told = 1;
         int in_place = rf_reshard_in_place_peers(x->ex);
-        rf_log_info("weights to %d rollout worker(s): %d read training shard 0 in place (same host, one copy), %d through messages",
-                    x->n_rollout, in_place, x->n_rollout - in_place);
+        int peers = rf_reshard_peers(x->ex);
+        rf_log_info("weights: training rank 0 sends to %d rollout rank(s): %d read its shard in place (same host, one copy), %d "
+                    "through messages", peers, in_place, peers - in_place);
     }
-    return x->t == 0 ? announcements_done(x) : RF_OK;
+    return x->me == 0 ? announcements_done(x) : RF_OK;
 }
 
 int rf_weights_rs_pending(rf_weights_rs *x) {
@@ -186,7 +188,7 @@ rf_status rf_weights_rs_receive(rf_weights_rs *x, float *local, rf_comm *gtc, in
     else RF_TRY(rf_weights_rs_checksum(x, gtc, local, x->timeout_s, &crc));
     if (crc != a.checksum)
         return rf_error(RF_ERR_FORMAT, "weights version %lld assembled from %d training shards at world rank %d: CRC-32C "
-                        "%08x, announced as %08x", (long long)a.version, x->tp, rf_comm_world_rank(x->c, x->me), crc,
+                        "%08x, announced as %08x", (long long)a.version, x->n_train, rf_comm_world_rank(x->c, x->me), crc,
                         a.checksum);
     *version = a.version, *checksum = crc;
     return RF_OK;

@@ -5,11 +5,14 @@
  * resharding planner and executor (resharding/plan.h, reshard.h). What
  * resharding/weights_sync.h does for identical layouts (T = G = 1).
  *
- * One communicator c holds both sides: ranks 0 .. T-1 the training shards (rank t shard t),
- * ranks T .. T+R*G-1 the R rollout workers' ranks (rollout worker d's shard g at rank
- * T + d*G + g). Every rank of c builds the same plan from the actor's parameter table (no
- * communication); a rollout rank receives each block from the training rank that holds it
- * (replicated tensors spread over the training ranks, rf_reshard_plan_make).
+ * One communicator c holds both sides: ranks 0 .. D*T-1 the training shards of D data-parallel
+ * replicas (rank r holds shard r % T of replica r / T; D = 1 without data parallelism), ranks
+ * D*T .. D*T+R*G-1 the R rollout workers' ranks (rollout worker d's shard g at rank
+ * D*T + d*G + g). Every rank of c builds the same plan from the actor's parameter table (no
+ * communication); a rollout rank receives each block from a training rank that holds it, the
+ * planner spreading the senders over the replicas and shards (rf_reshard_plan_make: the holder
+ * with the fewest bytes to send so far). The replicas hold the same bits (data parallelism), so
+ * any of them may send a block.
  *
  * A transfer of version v:
  *   1. the training ranks agree on the checksum of the whole parameter buffer
@@ -17,7 +20,7 @@
  *      over the training group joins them. The same allgather carries each rank's CRC-32C of
  *      its replicated tensors, which must agree: rollout workers take those from different
  *      training ranks.
- *   2. training rank 0 sends every rollout worker an announcement (version, checksum, size;
+ *   2. training rank 0 (replica 0's shard 0) sends every rollout worker an announcement (version, checksum, size;
  *      tag RF_WEIGHTS_TAG, as weights_sync's header), without waiting;
  *   3. every training rank runs the plan (rf_weights_rs_send): it returns once every rollout
  *      worker has its blocks (the executor's hello, buckets and per-bucket CRC-32C);
@@ -55,12 +58,13 @@ typedef struct rf_weights_rs rf_weights_rs;
 #define RF_WEIGHTS_RS_BUCKET ((size_t)16 << 20)
 
 /* Plans the transfer for the model whose parameters pt describes (the whole model's names and
- * shapes, the same on every rank) from T = tp training ranks to the (size(c) - tp) / gen_tp
- * rollout workers of gen_tp ranks each, in buckets of bucket_bytes, and prepares this rank's
- * part. timeout_s bounds each exchange. RF_ERR_ARG when c has no rollout worker, a rollout
- * rank count gen_tp does not divide, or tp or gen_tp does not fit the model (the layout's
- * checks). Free with rf_weights_rs_free (NULL is fine). No communication. */
-rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, int gen_tp, rf_comm *c,
+ * shapes, the same on every rank) from dp replicas of tp training ranks to the
+ * (size(c) - tp x dp) / gen_tp rollout workers of gen_tp ranks each, in buckets of
+ * bucket_bytes, and prepares this rank's part. timeout_s bounds each exchange. RF_ERR_ARG when c
+ * has no rollout worker, gen_tp does not divide the rollout ranks, or tp or gen_tp does not fit
+ * the model (the layout's checks). Free with rf_weights_rs_free (NULL is fine). No
+ * communication. */
+rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, int dp, int gen_tp, rf_comm *c,
                              size_t bucket_bytes, double timeout_s);
 void rf_weights_rs_free(rf_weights_rs *x);
 
@@ -68,16 +72,17 @@ void rf_weights_rs_free(rf_weights_rs *x);
  * starting: async.startup_timeout; then async.peer_timeout). */
 void rf_weights_rs_set_timeout(rf_weights_rs *x, double timeout_s);
 
-/* The ranks of one side's group, all together over tpc (the training ranks, or one rollout
- * worker's gen_tp ranks: rank t of tpc holds shard t): the CRC-32C of the whole parameter
- * buffer whose shard t is `local` (the layout's local buffer, rf_layout_shards), identical on
- * every rank. One allgather of 8 bytes per rank, bounded by timeout_s; RF_ERR_INTERNAL when
- * the replicated tensors differ between the ranks. */
+/* The ranks of one side's group, all together over tpc (a training replica's tp ranks, or one
+ * rollout worker's gen_tp ranks: rank t of tpc holds shard t): the CRC-32C of the whole
+ * parameter buffer whose shard t is `local` (the layout's local buffer, rf_layout_shards),
+ * identical on every rank. One allgather of 8 bytes per rank, bounded by timeout_s;
+ * RF_ERR_INTERNAL when the replicated tensors differ between the ranks. */
 rf_status rf_weights_rs_checksum(rf_weights_rs *x, rf_comm *tpc, const float *local, double timeout_s,
                                  uint32_t *checksum);
 
-/* Training ranks, all together: moves `local` (this rank's shard) as `version` to every rollout
- * worker, rank 0 announcing version and checksum (rf_weights_rs_checksum's) first. Returns when
+/* Training ranks (of every replica), all together: moves `local` (this rank's shard) as
+ * `version` to every rollout worker, rank 0 announcing version and checksum
+ * (rf_weights_rs_checksum's) first. Returns when
  * every rollout worker has its copy. */
 rf_status rf_weights_rs_send(rf_weights_rs *x, const float *local, int64_t version, uint32_t checksum);
 

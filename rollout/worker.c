@@ -105,7 +105,8 @@ static rf_status weights_in_open(weights_in *in, const worker *w, rf_comm *wcomm
         return rf_error(RF_ERR_UNSUPPORTED, "weights by resharding need the model in host memory (model.device = \"cpu\")");
     rf_param_table pt = w->tp ? (rf_param_table){&w->tp->cfg, w->tp->full_views, w->tp->n_full_views}
                               : rf_param_table_of(w->m);
-    return rf_weights_rs_init(&in->rs, &pt, r->placement.actor.tp, w->tp ? w->tp->tp : 1, wcomm, RF_WEIGHTS_RS_BUCKET,
+    int dp = r->placement.actor.tp > 1 ? r->placement.actor.dp : 1; /* with tp 1 only DP rank 0 sends */
+    return rf_weights_rs_init(&in->rs, &pt, r->placement.actor.tp, dp, w->tp ? w->tp->tp : 1, wcomm, RF_WEIGHTS_RS_BUCKET,
                               r->async.peer_timeout);
 }
 

@@ -11,7 +11,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/crc32c.h"
 #include "common/util.h"
+#include "model/model.h"
 #include "test_util.h"
 
 /* Writes <dir>/r.toml: the recipe, validation every val_every steps, then `extra` (more TOML
@@ -57,6 +59,39 @@ static inline int rf_test_run_recipe(char **out, const char *dir, const char *rl
     return rf_test_sh(out, "cd %s && %s run r.toml %s --set logging.dir=%s/%s", dir, rlflow, args, dir, run);
 }
 
+/* `rlflow run r.toml <args> --set logging.dir=<dir>/<run>` (np = 0), or the same under a
+ * hand-started `mpirun -np <np>` (the MPI job's size against the recipe), must fail with
+ * `want` in its output (printed when not). */
+static inline void rf_test_refused(const char *dir, const char *rlflow, int np, const char *run, const char *args,
+                                   const char *want) {
+    char *out = NULL, mpi[64] = "";
+    if (np > 0) snprintf(mpi, sizeof mpi, "mpirun -np %d --oversubscribe %s", np, geteuid() == 0 ? "--allow-run-as-root" : "");
+    int rc = rf_test_sh(&out, "cd %s && %s %s run r.toml %s --set logging.dir=%s/%s", dir, mpi, rlflow, args, dir, run);
+    CHECK(rc != 0);
+    CHECK(out && strstr(out, want) != NULL);
+    if (!out || !strstr(out, want)) fprintf(stderr, "want \"%s\" in:\n%s\n", want, out ? out : "");
+    free(out);
+}
+
+/* Runs r.toml under a user's `mpirun -np np` and checks that it fails with `want` (the world
+ * size against the recipe's layout). */
+static inline void rf_test_wrong_size(const char *dir, const char *rlflow, int np, const char *want) {
+    rf_test_refused(dir, rlflow, np, "size", "", want);
+}
+
+/* The refusals of a tensor-parallel recipe (r.toml with [placement.actor] tp = 2 on line 40)
+ * before mpirun starts: tp = 3 does not divide the tiny model's 4 heads; tp in a colocated run,
+ * named where the recipe sets it. */
+static inline void rf_test_tp_refusals(const char *dir, const char *rlflow) {
+    char want[1024];
+    snprintf(want, sizeof want, "error: --set: placement.actor.tp = 3 does not divide the 4 attention heads of model.path "
+                                "\"%s/sft\" (tensor parallelism splits whole heads)", dir);
+    rf_test_refused(dir, rlflow, 0, "heads", "--set placement.actor.tp=3", want);
+    rf_test_refused(dir, rlflow, 0, "colocated", "--set placement.mode=colocated --set async.max_staleness=0",
+                    "error: r.toml:40:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism in "
+                    "colocated runs; placement.mode = \"split\" trains on placement.actor.tp ranks)");
+}
+
 /* 1 when the file at path holds needle. */
 static inline int rf_test_file_has(const char *path, const char *needle) {
     char *text;
@@ -76,7 +111,7 @@ static inline int rf_test_file_has(const char *path, const char *needle) {
  * in the error (`named`, e.g. "error: training worker (rank 1 on "), the collective that gave up
  * naming the ranks waited for (`waited`, e.g. ": world rank 1 waited 10 s for world rank"), and
  * run_status.json saying error. Prints the error line. rf_test_peer_killed: a training peer at
- * world rank 2, noticed by the training worker. */
+ * world_rank, noticed by the training worker. */
 static inline void rf_test_peer_killed_at(const char *dir, const char *rlflow, const char *who, int world_rank,
                                           const char *named, const char *waited) {
     char *out, p[512];
@@ -110,23 +145,11 @@ static inline void rf_test_peer_killed_at(const char *dir, const char *rlflow, c
     CHECK(rf_test_file_has(p, "\"status\":\"error\""));
 }
 
-static inline void rf_test_peer_killed(const char *dir, const char *rlflow, const char *who, const char *waited) {
-    rf_test_peer_killed_at(dir, rlflow, who, 2, "error: training worker (rank 1 on ", waited);
+static inline void rf_test_peer_killed(const char *dir, const char *rlflow, const char *who, int world_rank,
+                                       const char *waited) {
+    rf_test_peer_killed_at(dir, rlflow, who, world_rank, "error: training worker (rank 1 on ", waited);
 }
 
-/* `rlflow run r.toml <args> --set logging.dir=<dir>/<run>` (np = 0), or the same under a
- * hand-started `mpirun -np <np>` (the MPI job's size against the recipe), must fail with
- * `want` in its output (printed when not). */
-static inline void rf_test_refused(const char *dir, const char *rlflow, int np, const char *run, const char *args,
-                                   const char *want) {
-    char *out = NULL, mpi[64] = "";
-    if (np > 0) snprintf(mpi, sizeof mpi, "mpirun -np %d --oversubscribe %s", np, geteuid() == 0 ? "--allow-run-as-root" : "");
-    int rc = rf_test_sh(&out, "cd %s && %s %s run r.toml %s --set logging.dir=%s/%s", dir, mpi, rlflow, args, dir, run);
-    CHECK(rc != 0);
-    CHECK(out && strstr(out, want) != NULL);
-    if (!out || !strstr(out, want)) fprintf(stderr, "want \"%s\" in:\n%s\n", want, out ? out : "");
-    free(out);
-}
 
 /* Metric `name` at `step` of <dir>/<run>/metrics.jsonl (the last line of that step), NAN when
  * absent. */
@@ -151,6 +174,35 @@ static double rf_test_metric_mean(const char *dir, const char *run, const char *
     double s = 0;
     for (int k = from; k <= to; k++) s += rf_test_metric(dir, run, k, name);
     return s / (to - from + 1);
+}
+
+/* The hexadecimal CRC-32C after `prefix` in text, or -1. */
+static inline long rf_test_crc_after(const char *text, const char *prefix) {
+    const char *at = text ? strstr(text, prefix) : NULL;
+    return at ? strtol(at + strlen(prefix), NULL, 16) : -1;
+}
+
+/* A number of <dir>/<run>/<step dir>/trainer_state.json, or -1. */
+static inline double rf_test_trainer_state(const char *dir, const char *run, const char *step, const char *key) {
+    char p[512], *text = NULL;
+    snprintf(p, sizeof p, "%s/%s/%s/trainer_state.json", dir, run, step);
+    if (rf_read_file(p, &text, NULL) != RF_OK) return -1;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    const cJSON *v = cJSON_GetObjectItem(j, key);
+    double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    cJSON_Delete(j);
+    return x;
+}
+
+/* CRC-32C of the flat parameter buffer of the model saved in d (what a rollout worker holding
+ * it would report), or -1. */
+static inline long rf_test_saved_crc(const char *d) {
+    rf_model *m = NULL;
+    if (rf_model_load(&m, d, rf_cpu_kernels(), 0) != RF_OK) return -1;
+    long crc = (long)rf_crc32c(m->params, m->n_params * sizeof(float));
+    rf_model_free(m);
+    return crc;
 }
 
 #endif

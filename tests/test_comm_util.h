@@ -43,24 +43,26 @@ static inline int rf_test_mpirun_self(int np, double limit_s, const char *extra_
     return rc;
 }
 
-/* After the single-process checks: runs this program under mpirun with each of the n rank
- * counts nps (each run a check) and returns the test's exit code (77, skipped, when mpirun is
- * missing and nothing failed). */
-static inline int rf_test_finish_under_mpirun(const char *name, const int *nps, int n) {
-    if (!rf_test_have_mpirun()) {
-        printf("%s: mpirun not found (apt-get install openmpi-bin): the multi-rank checks skipped\n", name);
-        rf_test_finish(name);
-        return rf_test_failed ? 1 : 77;
-    }
-    for (int i = 0; i < n; i++) CHECK(rf_test_mpirun_self(nps[i], 300, NULL) == 0);
-    return rf_test_finish(name);
-}
-
-/* Under mpirun: the world communicator, or NULL after printing why (name: the test's). */
+/* Under mpirun: MPI's world, or NULL after printing why not (name: the test's). */
 static inline rf_comm *rf_test_mpi_world(int *argc, char ***argv, const char *name) {
     rf_comm *world = NULL;
-    if (rf_comm_world(argc, argv, &world) != RF_OK) fprintf(stderr, "%s: %s\n", name, rf_error_message());
-    return world;
+    if (rf_comm_world(argc, argv, &world) == RF_OK) return world;
+    fprintf(stderr, "%s: %s\n", name, rf_error_message());
+    return NULL;
+}
+
+/* The MPI part of an update test: under mpirun with np[0], np[1], ... ranks (the ranks share
+ * the cores: one thread each, idle threads asleep), each run's exit code a check; skipped with
+ * a note without mpirun. Returns the test's exit code (rf_test_finish). */
+static inline int rf_test_mpi_part(const char *name, const int *np, int n) {
+    if (!rf_test_have_mpirun()) {
+        printf("%s: MPI part skipped: mpirun not found (apt-get install openmpi-bin)\n", name);
+        return rf_test_finish(name);
+    }
+    setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    for (int i = 0; i < n; i++) CHECK(rf_test_mpirun_self(np[i], 300, NULL) == 0);
+    return rf_test_finish(name);
 }
 
 /* Under mpirun: sums the failed checks over c's ranks; rank 0 prints the totals. Returns the

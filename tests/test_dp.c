@@ -96,19 +96,6 @@ static rf_update_opts update_opts(rf_loss_agg agg) {
 
 /* ---- one process ---- */
 
-typedef struct hook_log {
-    size_t off[64], n[64];
-    int count;
-    rf_status fail_at; /* return an error at the call with this index (0 = never) */
-} hook_log;
-
-static rf_status log_range(void *ctx, size_t off, size_t n) {
-    hook_log *h = ctx;
-    if (h->count < 64) h->off[h->count] = off, h->n[h->count] = n;
-    h->count++;
-    return h->fail_at && h->count == (int)h->fail_at ? rf_error(RF_ERR_IO, "hook stops at %d", h->count) : RF_OK;
-}
-
 static void run_backward(rf_model *m) {
     int32_t tok[9] = {1, 5, 9, 3, 7, 2, 8, 4, 6}, tgt[9] = {5, 9, 3, 7, 2, 8, 4, 6, 1}, cu[3] = {0, 4, 9};
     rf_batch b = {2, 9, tok, NULL, cu};
@@ -123,25 +110,20 @@ static void run_backward(rf_model *m) {
     if (st != RF_OK && !strstr(rf_error_message(), "hook stops")) CHECK_OK(st);
 }
 
+static void backward_pass(void *m) { run_backward(m); }
+
 static void backward_hook(void) {
     rf_model *m = rf_test_tiny_model(11, 0);
-    float *plain = malloc(sizeof(float) * m->n_params);
-    run_backward(m);
-    memcpy(plain, m->grads, sizeof(float) * m->n_params);
-    hook_log h = {0};
-    rf_model_set_grad_hook(m, log_range, &h);
-    run_backward(m);
-    CHECK(memcmp(plain, m->grads, sizeof(float) * m->n_params) == 0);
+    rf_test_hook_log h;
+    rf_test_hook_pass(m, backward_pass, m, &h);
     int L = m->cfg.num_hidden_layers;
     CHECK(h.count == 2 * L + 2);
     CHECK(h.off[0] + h.n[0] == m->n_params);
-    int contiguous = 1;
-    for (int i = 1; i < h.count && i < 64; i++) contiguous &= h.off[i] + h.n[i] == h.off[i - 1];
-    CHECK(contiguous);
+    CHECK(rf_test_hook_contiguous(&h));
     CHECK(h.off[h.count - 1] == 0 && h.n[h.count - 1] == (size_t)m->cfg.vocab_size * m->cfg.hidden_size);
     CHECK(h.off[1] == (size_t)(m->layers[L - 1].ln2 - m->params));
     CHECK(h.off[2] == (size_t)(m->layers[L - 1].ln1 - m->params));
-    h = (hook_log){.fail_at = 2};
+    h = (rf_test_hook_log){.fail_at = 2};
     int32_t tok[3] = {1, 2, 3}, cu[2] = {0, 3};
     rf_batch b = {1, 3, tok, NULL, cu};
     float lp[3], d[3] = {1, 1, 1};
@@ -151,7 +133,6 @@ static void backward_hook(void) {
     CHECK(h.count == 2);
     rf_model_set_grad_hook(m, NULL, NULL);
     CHECK(m->grad_ready == NULL && m->grad_ready_ctx == NULL);
-    free(plain);
     rf_model_free(m);
 }
 

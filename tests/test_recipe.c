@@ -203,9 +203,15 @@ static void parallel_layouts(void) {
         {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ntp = 2\n",
          ":7:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism on CUDA: the vocabulary-parallel log-prob "
          "kernels and NCCL between the shards are not written yet)"},
-        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\ndp = 2\n",
-         ":4:1: placement.actor.tp = 2 with placement.actor.dp = 2 (TMP:5:1) is not implemented yet (tensor and data "
-         "parallelism together; set one of them to 1)"},
+        {"[placement.actor]\ntp = 2\ndp = 2\n", ":2:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism "
+                                                 "in colocated runs; placement.mode = \"split\" trains on placement.actor.tp ranks)"},
+        {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ndp = 2\ntp = 2\n",
+         ":8:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism on CUDA: the vocabulary-parallel log-prob "
+         "kernels and NCCL between the shards are not written yet)"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\ndp = 2\n[placement.critic]\ntp = 2\n",
+         ":7:1: placement.critic.tp = 2 is not implemented yet (layouts of their own"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\ndp = 2\nzero = 2\n",
+         ":6:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
         {"[placement.rollout]\ntp = 4\n", ":2:1: placement.rollout.tp = 4 is not implemented yet (tensor parallelism of generation "
                                           "in colocated runs; placement.mode = \"split\" runs each rollout worker on "
                                           "placement.rollout.tp ranks)"},
@@ -235,6 +241,11 @@ static void parallel_layouts(void) {
         CHECK_ERR(rf__reject_unimplemented(&r), RF_ERR_UNSUPPORTED, want);
         rf_recipe_free(&r);
     }
+    /* tensor and data parallelism together in a split run on the CPU, with ZeRO-1 */
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\ndp = 2\nzero = 1\n"),
+                            NULL, 0));
+    CHECK_OK(rf__reject_unimplemented(&r));
+    rf_recipe_free(&r);
     /* the critic's and reference's layouts as built are accepted when spelled out */
     CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\n"
                                             "[placement.critic]\ndp = 2\ntp = 1\n[placement.reference]\ndp = 1\n"), NULL, 0));

@@ -241,5 +241,5 @@ int main(int argc, char **argv) {
     check_shape(1, rf_comm_single());
     printf("test_rollout_tp: one process: %ld tokens compared, largest log-prob difference %.3g\n", g_tokens, g_max_dlp);
     static const int nps[] = {2, 4};
-    return rf_test_finish_under_mpirun("test_rollout_tp", nps, 2);
+    return rf_test_mpi_part("test_rollout_tp", nps, 2);
 }

@@ -214,13 +214,8 @@ static void reward_model_split(void) {
 }
 
 static void wrong_size(void) {
-    char *out;
-    int rc = rf_test_sh(&out, "cd %s && mpirun -np 2 --oversubscribe %s %s run r.toml --set logging.dir=%s/size", dir,
-                        geteuid() == 0 ? "--allow-run-as-root" : "", rlflow, dir);
-    CHECK(rc != 0);
-    CHECK(strstr(out, "this MPI job has 2 ranks; the recipe needs 3 (controller, training worker and placement.rollout_ranks = 1 rollout workers)") != NULL);
-    if (!strstr(out, "needs 3")) fprintf(stderr, "%s\n", out);
-    free(out);
+    rf_test_wrong_size(dir, rlflow, 2, "this MPI job has 2 ranks; the recipe needs 3 (controller, training worker and "
+                                       "placement.rollout_ranks = 1 rollout workers)");
 }
 
 int main(void) {

@@ -86,19 +86,12 @@ static void zero_checkpoint_resume(void) {
 /* A peer killed mid-run: rank 1's next collective gives up after async.peer_timeout (10 s)
  * naming world rank 2, and the run stops. */
 static void peer_killed(void) {
-    rf_test_peer_killed(dir, rlflow, "data-parallel rank 1 of 2", ": world rank 1 waited 10 s for world rank 2 (a rank is gone or stuck)");
+    rf_test_peer_killed(dir, rlflow, "data-parallel rank 1 of 2", 2, ": world rank 1 waited 10 s for world rank 2 (a rank is gone or stuck)");
 }
 
 static void wrong_size(void) {
-    char *out;
-    int rc = rf_test_sh(&out, "cd %s && mpirun -np 3 --oversubscribe %s %s run r.toml --set logging.dir=%s/size", dir,
-                        geteuid() == 0 ? "--allow-run-as-root" : "", rlflow, dir);
-    CHECK(rc != 0);
-    const char *want = "this MPI job has 3 ranks; the recipe needs 4 (controller, placement.actor.dp = 2 training "
-                       "workers and placement.rollout_ranks = 1 rollout workers)";
-    CHECK(strstr(out, want) != NULL);
-    if (!strstr(out, want)) fprintf(stderr, "%s\n", out);
-    free(out);
+    rf_test_wrong_size(dir, rlflow, 3, "this MPI job has 3 ranks; the recipe needs 4 (controller, placement.actor.dp = 2 "
+                                       "training workers and placement.rollout_ranks = 1 rollout workers)");
 }
 
 int main(void) {

@@ -36,9 +36,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/crc32c.h"
 #include "common/util.h"
-#include "model/model.h"
 #include "test_shell.h"
 #include "run_util.h"
 #include "test_util.h"
@@ -49,35 +47,6 @@ static double g_tp1_end = NAN; /* mean reward over steps 101-120 of the tp = 1 r
 
 static double mean_of(const char *run, const char *name, int from, int to) {
     return rf_test_metric_mean(dir, run, name, from, to);
-}
-
-/* The hexadecimal CRC-32C after `prefix` in text, or -1. */
-static long crc_after(const char *text, const char *prefix) {
-    const char *at = text ? strstr(text, prefix) : NULL;
-    return at ? strtol(at + strlen(prefix), NULL, 16) : -1;
-}
-
-/* A number of <run dir>/<step dir>/trainer_state.json, or -1. */
-static double trainer_state(const char *run, const char *step, const char *key) {
-    char p[512], *text = NULL;
-    snprintf(p, sizeof p, "%s/%s/%s/trainer_state.json", dir, run, step);
-    if (rf_read_file(p, &text, NULL) != RF_OK) return -1;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    const cJSON *v = cJSON_GetObjectItem(j, key);
-    double x = cJSON_IsNumber(v) ? v->valuedouble : -1;
-    cJSON_Delete(j);
-    return x;
-}
-
-/* CRC-32C of the flat parameter buffer of the model saved in d (what a rollout worker holding
- * it would report), or -1. */
-static long saved_crc(const char *d) {
-    rf_model *m = NULL;
-    if (rf_model_load(&m, d, rf_cpu_kernels(), 0) != RF_OK) return -1;
-    long crc = (long)rf_crc32c(m->params, m->n_params * sizeof(float));
-    rf_model_free(m);
-    return crc;
 }
 
 static void learns_like_tp1(void) {
@@ -96,13 +65,13 @@ static void learns_like_tp1(void) {
     CHECK(strstr(out, "training worker: weights version 0 (CRC-32C ") != NULL);
     CHECK(strstr(out, ") resharded from 2 shards to the rollout workers") != NULL);
     /* the rollout worker reads the shards in place (one host) */
-    CHECK(strstr(out, "weights to 1 rollout worker(s): 1 read training shard 0 in place (same host, one copy), 0 through messages") != NULL);
+    CHECK(strstr(out, "weights: training rank 0 sends to 1 rollout rank(s): 1 read its shard in place (same host, one copy), 0 through messages") != NULL);
     CHECK(strstr(out, "validation at version 120: accuracy") != NULL);
     if (rc || !strstr(out, "tensor-parallel rank 1 of 2 ready")) fprintf(stderr, "%s\n", out);
     /* the checkpoint of step 20 is the weights served as version 20 */
-    long sent = crc_after(out, "checkpoint of step 20 gathered from 2 shards (the weights sent as version 20, CRC-32C ");
+    long sent = rf_test_crc_after(out, "checkpoint of step 20 gathered from 2 shards (the weights sent as version 20, CRC-32C ");
     snprintf(p, sizeof p, "%s/tp2/step_000020/actor", dir);
-    long saved = saved_crc(p);
+    long saved = rf_test_saved_crc(p);
     printf("version 20: CRC-32C sent %08lx, of the checkpoint %08lx\n", sent, saved);
     CHECK(sent >= 0 && saved == sent);
     free(out);
@@ -185,64 +154,43 @@ static void ppo_checkpoint_resume(void) {
     CHECK(rc == 0);
     CHECK(strstr(out, "rank 1: training worker, tensor-parallel rank 0 of 2 (actor shard 0 of 2, critic)") != NULL);
     if (rc) fprintf(stderr, "%s\n", out);
-    long saved = crc_after(out, "checkpoint of step 20 gathered from 2 shards (the weights sent as version 20, CRC-32C ");
+    long saved = rf_test_crc_after(out, "checkpoint of step 20 gathered from 2 shards (the weights sent as version 20, CRC-32C ");
     free(out);
     const char *parts[] = {"actor_optim", "critic_optim", "critic"};
     for (int i = 0; i < 3; i++) {
         snprintf(p, sizeof p, "%s/ppo/step_000020/%s/model.safetensors", dir, parts[i]);
         CHECK(rf_file_exists(p));
     }
-    CHECK(trainer_state("ppo", "step_000020", "actor_optimizer_steps") == 20);
-    CHECK(trainer_state("ppo", "step_000020", "critic_optimizer_steps") == 20);
+    CHECK(rf_test_trainer_state(dir, "ppo", "step_000020", "actor_optimizer_steps") == 20);
+    CHECK(rf_test_trainer_state(dir, "ppo", "step_000020", "critic_optimizer_steps") == 20);
     rc = rf_test_run_recipe(&out, dir, rlflow, "ppo", a30);
     CHECK(rc == 0);
     CHECK(strstr(out, "resumed at step 20") != NULL);
-    long resumed = crc_after(out, "training worker: weights version 20 (CRC-32C ");
+    long resumed = rf_test_crc_after(out, "training worker: weights version 20 (CRC-32C ");
     printf("PPO tp = 2: checkpoint of step 20 CRC-32C %08lx, first weights after --resume %08lx\n", saved, resumed);
     CHECK(saved >= 0 && resumed == saved);
     if (rc) fprintf(stderr, "%s\n", out);
     free(out);
     /* the shards' optimizer step came back from the checkpoint (10 if it had started over) */
-    CHECK(trainer_state("ppo", "step_000030", "actor_optimizer_steps") == 30);
-    CHECK(trainer_state("ppo", "step_000030", "critic_optimizer_steps") == 30);
+    CHECK(rf_test_trainer_state(dir, "ppo", "step_000030", "actor_optimizer_steps") == 30);
+    CHECK(rf_test_trainer_state(dir, "ppo", "step_000030", "critic_optimizer_steps") == 30);
     CHECK(rf_test_metric(dir, "ppo", 30, "critic/value_loss") >= 0);
 }
 
 /* A TP peer killed mid-run: rank 1's next collective gives up after async.peer_timeout (10 s)
  * naming world rank 2, and the run stops. */
 static void peer_killed(void) {
-    rf_test_peer_killed(dir, rlflow, "tensor-parallel rank 1 of 2", ": world rank 1 waited 10 s for world rank");
+    rf_test_peer_killed(dir, rlflow, "tensor-parallel rank 1 of 2", 2, ": world rank 1 waited 10 s for world rank");
     char p[512];
     snprintf(p, sizeof p, "%s/kill.log", dir);
     CHECK(rf_test_file_has(p, "world rank 2"));
 }
 
 static void refusals(void) {
-    char *out, want[1024];
-    /* before mpirun starts: the model's heads */
-    int rc = rf_test_run_recipe(&out, dir, rlflow, "heads", "--set placement.actor.tp=3");
-    CHECK(rc != 0);
-    snprintf(want, sizeof want, "error: --set: placement.actor.tp = 3 does not divide the 4 attention heads of model.path "
-                                "\"%s/sft\" (tensor parallelism splits whole heads)", dir);
-    CHECK(strstr(out, want) != NULL);
-    if (!strstr(out, want)) fprintf(stderr, "%s\n", out);
-    free(out);
-    /* colocated: named where the recipe sets it (r.toml's [placement.actor] tp = 2, line 40) */
-    rc = rf_test_run_recipe(&out, dir, rlflow, "colocated", "--set placement.mode=colocated --set async.max_staleness=0");
-    CHECK(rc != 0);
-    snprintf(want, sizeof want, "error: r.toml:40:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism in "
-                                "colocated runs; placement.mode = \"split\" trains on placement.actor.tp ranks)");
-    CHECK(strstr(out, want) != NULL);
-    if (!strstr(out, want)) fprintf(stderr, "%s\n", out);
-    free(out);
-    rc = rf_test_sh(&out, "cd %s && mpirun -np 3 --oversubscribe %s %s run r.toml --set logging.dir=%s/size", dir,
-                    geteuid() == 0 ? "--allow-run-as-root" : "", rlflow, dir);
-    CHECK(rc != 0);
-    const char *size = "this MPI job has 3 ranks; the recipe needs 4 (controller, placement.actor.tp = 2 training "
-                       "workers and placement.rollout_ranks = 1 rollout workers)";
-    CHECK(strstr(out, size) != NULL);
-    if (!strstr(out, size)) fprintf(stderr, "%s\n", out);
-    free(out);
+    char want[1024];
+    rf_test_tp_refusals(dir, rlflow);
+    rf_test_wrong_size(dir, rlflow, 3, "this MPI job has 3 ranks; the recipe needs 4 (controller, placement.actor.tp = 2 training "
+                                       "workers and placement.rollout_ranks = 1 rollout workers)");
     /* generation's tp: the heads, colocated runs, the MPI job's size */
     snprintf(want, sizeof want, "error: --set: placement.rollout.tp = 3 does not divide the 4 attention heads of "
                                 "model.path \"%s/sft\" (tensor parallelism splits whole heads)", dir);

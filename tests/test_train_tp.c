@@ -12,7 +12,8 @@
  *     the slice of the whole model's; statistics (loss, grad norm, tokens, steps) the same;
  *     replicated tensors bit-identical on every rank;
  *   - weights by resharding (resharding/weights_reshard.h): training ranks 0 .. T-1 (T = 2 and 3
- *     on 4 ranks, 1 on 2 ranks) send two versions to the other ranks, which poll for them as a
+ *     on 4 ranks, 1 on 2 ranks; and on 4 ranks D = 2 and 3 replicas of T = 1) send two versions
+ *     to the other ranks, which poll for them as a
  *     rollout worker does: the buffer assembled equals the whole model bit for bit, its
  *     CRC-32C equals the checksum the training ranks computed from the shards, the version is
  *     the one sent; a replicated tensor changed on one training rank is refused by the
@@ -69,30 +70,6 @@ static rf_update_opts update_opts(rf_loss_agg agg) {
     return uo;
 }
 
-/* max over views of |shard - slice of whole| / max |whole|. */
-static double shard_diff(const rf_model_tp *tp, const rf_model *whole) {
-    float *local = malloc(sizeof(float) * tp->m->n_params);
-    rf_param_table pt = {&tp->cfg, tp->full_views, tp->n_full_views};
-    rf_layout_extract(&pt, tp->shards, whole->params, local);
-    double d = 0, mx = 0;
-    for (size_t i = 0; i < tp->m->n_params; i++) d = fmax(d, fabs((double)tp->m->params[i] - local[i]));
-    for (size_t i = 0; i < whole->n_params; i++) mx = fmax(mx, fabs((double)whole->params[i]));
-    free(local);
-    return d / mx;
-}
-
-/* CRC-32C of the replicated tensors, the same on every rank of c. */
-static int replicated_same(rf_comm *c, const rf_model_tp *tp) {
-    uint32_t crc = 0, *all = malloc(sizeof(uint32_t) * (size_t)tp->tp);
-    for (int i = 0; i < tp->m->n_views; i++)
-        if (tp->shards[i].split == RF_SPLIT_REPLICATED)
-            crc = rf_crc32c_extend(crc, tp->m->params + tp->m->views[i].offset, tp->m->views[i].numel * sizeof(float));
-    int same = rf_comm_allgather(c, &crc, all, sizeof crc, T_OK, "replicated checksums") == RF_OK;
-    for (int r = 0; same && r < tp->tp; r++) same = all[r] == crc;
-    free(all);
-    return same;
-}
-
 static void tp_equals_one_rank(rf_comm *c, rf_loss_agg agg) {
     rf_model *ref = rf_test_tiny_model(5, 0), *init = rf_test_tiny_model(5, 0);
     rf_train_sample s[NS];
@@ -133,11 +110,11 @@ static void tp_equals_one_rank(rf_comm *c, rf_loss_agg agg) {
     double moved = 0, mx = 0;
     for (size_t i = 0; i < ref->n_params; i++)
         moved = fmax(moved, fabs((double)ref->params[i] - init->params[i])), mx = fmax(mx, fabs((double)init->params[i]));
-    double d = shard_diff(tp, ref);
+    double d = rf_test_shard_diff(tp, ref);
     CHECK(moved / mx > 1e-3);
     CHECK(d < 1e-5);
     CHECK(tp->m->opt_step == ref->opt_step);
-    CHECK(replicated_same(c, tp));
+    CHECK(rf_test_replicated_same(c, tp));
     if (g_rank == 0 || !(d < 1e-5))
         printf("rank %d, tp %d, agg %d: parameters moved %.3g, shards vs whole model %.3g (max grad norm %.3g)\n", g_rank,
                tp->tp, (int)agg, moved / mx, d, max_norm);
@@ -165,14 +142,15 @@ static void receive_shard(rf_weights_rs *x, rf_model_tp *gtp, rf_comm *gc, const
     free(shard);
 }
 
-/* Training ranks 0 .. T-1 (group tpc) send versions 1 and 2 of a model (changed in between) to
- * the rollout ranks T .. size-1 of world, whole models (G = 1) or rollout workers of G ranks
- * each holding a shard. 12 query / 3 k/v heads of 4 (T 3 splits them). */
-static void weights_by_resharding(rf_comm *world, int T, int G) {
-    int train = g_rank < T;
+/* Training ranks 0 .. D*T-1 (D replicas of T shards, each replica a group tpc) send versions 1
+ * and 2 of a model (changed in between) to the rollout ranks D*T .. size-1 of world, whole
+ * models (G = 1) or rollout workers of G ranks each holding a shard. 12 query / 3 k/v heads of
+ * 4 (T 3 splits them). */
+static void weights_by_resharding(rf_comm *world, int T, int D, int G) {
+    int train = g_rank < T * D;
     rf_comm *tpc = NULL, *gc = NULL;
-    CHECK_OK(rf_comm_split(world, train ? 0 : 1, g_rank, &tpc));
-    CHECK_OK(rf_comm_split(world, train ? 0 : 1 + (g_rank - T) / G, g_rank, &gc));
+    CHECK_OK(rf_comm_split(world, train ? g_rank / T : D, g_rank, &tpc));
+    CHECK_OK(rf_comm_split(world, train ? 0 : 1 + (g_rank - T * D) / G, g_rank, &gc));
     rf_model_config c;
     RF_ASSERT(rf_config_preset(&c, "tiny", 50) == RF_OK);
     c.num_attention_heads = 12, c.num_key_value_heads = 3, c.head_dim = 4;
@@ -181,7 +159,7 @@ static void weights_by_resharding(rf_comm *world, int T, int G) {
     rf_model_init_random(whole, 9, 0.2f);
     rf_param_table pt = rf_param_table_of(whole);
     rf_weights_rs *x = NULL;
-    CHECK_OK(rf_weights_rs_init(&x, &pt, T, G, world, 4096, T_OK));
+    CHECK_OK(rf_weights_rs_init(&x, &pt, T, D, G, world, 4096, T_OK));
     rf_model_tp *tp = NULL;
     if (train || G > 1) CHECK_OK(rf_model_tp_init(&tp, &whole->cfg, rf_cpu_kernels(), train ? tpc : gc, T_OK));
     float *got = calloc(whole->n_params, sizeof(float));
@@ -209,7 +187,7 @@ static void weights_by_resharding(rf_comm *world, int T, int G) {
         }
     }
     /* a replicated tensor that differs on the last training rank: refused before sending */
-    if (train && T > 1) {
+    if (train && T > 1 && D == 1) {
         if (g_rank == T - 1) tp->m->params[tp->m->views[tp->m->n_views - 1].offset] += 1.0f; /* model.norm.weight */
         uint32_t crc = 0;
         char want[160];
@@ -228,21 +206,22 @@ static void weights_by_resharding(rf_comm *world, int T, int G) {
 }
 
 static int under_mpi(int argc, char **argv) {
-    rf_comm *world = NULL;
-    if (rf_comm_world(&argc, &argv, &world) != RF_OK) {
-        fprintf(stderr, "test_train_tp: %s\n", rf_error_message());
-        return 1;
-    }
+    rf_comm *world = rf_test_mpi_world(&argc, &argv, "test_train_tp");
+    if (!world) return 1;
     g_rank = rf_comm_rank(world), g_size = rf_comm_size(world);
     for (int agg = 0; agg < 4; agg++) tp_equals_one_rank(world, (rf_loss_agg)agg);
     /* 2 ranks: 1 training rank and 1 rollout worker; 4: 2 and 2 (replicated tensors from
-     * either training rank), then 3 and 1 (an odd number of parts), then tensor-parallel
-     * rollout workers: 2 training ranks and one worker of 2 ranks, 1 and one of 3 */
-    weights_by_resharding(world, g_size / 2, 1);
+     * either training rank), then 3 and 1 (an odd number of parts); tensor-parallel rollout
+     * workers: 2 training ranks and one worker of 2 ranks, 1 and one of 3; data-parallel replicas
+     * holding the same bits, the senders spread over them: 2 replicas of 1 shard to 2 rollout
+     * workers, 3 replicas to 1 */
+    weights_by_resharding(world, g_size / 2, 1, 1);
     if (g_size == 4) {
-        weights_by_resharding(world, 3, 1);
-        weights_by_resharding(world, 2, 2); /* one rollout worker of 2 ranks (k/v heads replicated) */
-        weights_by_resharding(world, 1, 3); /* of 3 ranks from a whole actor (k/v heads split) */
+        weights_by_resharding(world, 3, 1, 1);
+        weights_by_resharding(world, 2, 1, 2); /* one rollout worker of 2 ranks (k/v heads replicated) */
+        weights_by_resharding(world, 1, 1, 3); /* of 3 ranks from a whole actor (k/v heads split) */
+        weights_by_resharding(world, 1, 2, 1);
+        weights_by_resharding(world, 1, 3, 1);
     }
     int rc = rf_test_mpi_finish(world, "test_train_tp");
     rf_comm_finalize();
@@ -256,14 +235,6 @@ int main(int argc, char **argv) {
     g_rank = 0, g_size = 1;
     tp_equals_one_rank(one, RF_AGG_TOKEN_MEAN);
     rf_comm_free(one);
-    if (!rf_test_have_mpirun()) {
-        printf("test_train_tp: MPI part skipped: mpirun not found (apt-get install openmpi-bin)\n");
-        return rf_test_finish("test_train_tp");
-    }
-    /* ranks share the 2 cores: one thread each, idle threads asleep */
-    setenv("OMP_NUM_THREADS", "1", 1);
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    CHECK(rf_test_mpirun_self(2, 300, NULL) == 0);
-    CHECK(rf_test_mpirun_self(4, 300, NULL) == 0);
-    return rf_test_finish("test_train_tp");
+    const int np[] = {2, 4};
+    return rf_test_mpi_part("test_train_tp", np, 2);
 }

@@ -23,11 +23,13 @@ typedef struct dp_bucket {
 typedef struct dp_seg {
     size_t p, s, n; /* offset in params, offset in the shard buffers, floats */
     int no_decay;
+    int view;       /* index of the view in the model */
 } dp_seg;
 
 struct rf_dp {
     rf_comm *c;
     rf_model *m;
+    rf_model_tp *tp;     /* tensor parallel: m is tp->m, this rank's shard (rf_dp_init_tp) */
     rf_dp_opts o;
     int rank, size;
     dp_bucket *b;
@@ -46,6 +48,7 @@ struct rf_dp {
 };
 
 rf_model *rf_dp_model(const rf_dp *dp) { return dp->m; }
+rf_model_tp *rf_dp_tp(const rf_dp *dp) { return dp->tp; }
 void rf_dp_set_timeout(rf_dp *dp, double timeout_s) { dp->o.timeout_s = timeout_s > 0 ? timeout_s : 30; }
 int rf_dp_rank(const rf_dp *dp) { return dp->rank; }
 int rf_dp_size(const rf_dp *dp) { return dp->size; }
@@ -93,7 +96,7 @@ static rf_status make_segments(rf_dp *dp) {
             size_t lo = v->offset > a ? v->offset : a, hi = v->offset + v->numel < e ? v->offset + v->numel : e;
             if (lo >= hi) continue;
             dp->seg[dp->nseg++] = (dp_seg){lo, dp->b[k].so + (lo - (dp->b[k].lo + (size_t)dp->rank * dp->b[k].blk)),
-                                          hi - lo, v->no_decay};
+                                          hi - lo, v->no_decay, i};
         }
     }
     return RF_OK;
@@ -207,6 +210,12 @@ rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o) 
     }
     rf_model_set_grad_hook(m, dp_ready, dp);
     *out = dp;
+    return RF_OK;
+}
+
+rf_status rf_dp_init_tp(rf_dp **out, rf_comm *c, rf_model_tp *tp, const rf_dp_opts *o) {
+    RF_TRY(rf_dp_init(out, c, tp->m, o));
+    (*out)->tp = tp;
     return RF_OK;
 }
 
@@ -328,11 +337,15 @@ rf_status rf_dp_sync_grads(rf_dp *dp) {
 /* ---- optimizer ---- */
 
 /* ZeRO-1: the global squared norm from each shard's sum of squares; a double sent as two
- * floats (high part and remainder) keeps its precision through the float allreduce. */
+ * floats (high part and remainder) keeps its precision through the float allreduce. With
+ * tensor parallelism the sum is the TP shard's (its replicated tensors counted on TP rank 0
+ * only), then summed over the TP group. */
 static rf_status global_sumsq(rf_dp *dp, double *out) {
     const rf_kernels *k = dp->m->k;
     double local = 0;
-    for (int i = 0; i < dp->nseg; i++) local += k->sum_squares(dp->sg + dp->seg[i].s, dp->seg[i].n);
+    for (int i = 0; i < dp->nseg; i++)
+        if (!dp->tp || dp->tp->t == 0 || !rf_model_tp_replicated(dp->tp, dp->seg[i].view))
+            local += k->sum_squares(dp->sg + dp->seg[i].s, dp->seg[i].n);
     float *parts = malloc(sizeof(float) * 2 * (size_t)dp->size), mine[2];
     if (!parts) return rf_error(RF_ERR_NOMEM, "out of memory");
     mine[0] = (float)local, mine[1] = (float)(local - (double)mine[0]);
@@ -342,6 +355,7 @@ static rf_status global_sumsq(rf_dp *dp, double *out) {
     for (int r = 0; r < dp->size; r++) sum += (double)parts[2 * r] + (double)parts[2 * r + 1];
     free(parts);
     *out = sum;
+    if (st == RF_OK && dp->tp) st = rf_model_tp_sum(dp->tp, sum, out, "allgather of the gradient norm");
     return st;
 }
 
@@ -367,8 +381,9 @@ static rf_status zero_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm,
 }
 
 rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm, float *lr_used) {
-    if (!dp->o.zero) return rf_optim_step(dp->m, o, grad_norm, lr_used);
-    return zero_step(dp, o, grad_norm, lr_used);
+    if (!dp->tp) return dp->o.zero ? zero_step(dp, o, grad_norm, lr_used) : rf_optim_step(dp->m, o, grad_norm, lr_used);
+    RF_TRY(dp->o.zero ? zero_step(dp, o, grad_norm, lr_used) : rf_optim_step_tp(dp->tp, o, grad_norm, lr_used));
+    return rf_model_tp_bcast_replicated(dp->tp, dp->m->params, "broadcast of the replicated parameters");
 }
 
 rf_status rf_dp_gather_optimizer(rf_dp *dp) {

@@ -35,6 +35,7 @@
 
 #include "comm/comm.h"
 #include "model/model.h"
+#include "model/model_tp.h"
 #include "trainer/optim.h"
 
 #define RF_DP_BUCKET_DEFAULT ((size_t)4 << 20) /* floats: 16 MB buckets */
@@ -69,6 +70,17 @@ typedef struct rf_dp_stats {
  * training buffers, a device model on a host communicator), RF_ERR_NOMEM, comm's errors. */
 rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o);
 
+/* Data parallelism of one shard of a tensor-parallel model (a tp x dp grid, Megatron-LM's
+ * layout): c holds the ranks that hold the same shard (the same TP rank of every DP replica),
+ * and each replica's TP group is tp's. rf_dp_init on tp->m (its backward hook is called by
+ * rf_model_tp_backward), plus: the gradient norm for clipping is the whole model's (the
+ * shard's sum of squares of the DP-summed gradient, summed over the TP group with replicated
+ * tensors counted once; ZeRO-1: over the DP shards first), and after each optimizer step the
+ * replicated tensors are copied from TP rank 0 (rf_model_tp_bcast_replicated), since each TP
+ * position sums its gradients over its own DP group. Every rank of the grid calls
+ * rf_dp_optim_step together. tp must outlive the rf_dp. Errors as rf_dp_init. */
+rf_status rf_dp_init_tp(rf_dp **out, rf_comm *c, rf_model_tp *tp, const rf_dp_opts *o);
+
 /* Removes the hook and frees what rf_dp_init allocated (with ZeRO-1 the model is left without
  * AdamW moments). Buckets still in flight (after an error) are released at once, which leaves
  * the communicator failed. NULL is fine. */
@@ -79,6 +91,7 @@ void rf_dp_free(rf_dp *dp);
 void rf_dp_set_timeout(rf_dp *dp, double timeout_s);
 
 rf_model *rf_dp_model(const rf_dp *dp);
+rf_model_tp *rf_dp_tp(const rf_dp *dp); /* NULL unless made by rf_dp_init_tp */
 int rf_dp_rank(const rf_dp *dp);
 int rf_dp_size(const rf_dp *dp);
 int rf_dp_zero(const rf_dp *dp);

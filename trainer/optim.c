@@ -18,6 +18,13 @@ rf_status rf_optim_step(rf_model *m, const rf_optim_opts *o, double *grad_norm, 
     return rf_optim_step_norm(m, o, norm, lr_used);
 }
 
+rf_status rf_optim_step_tp(rf_model_tp *tp, const rf_optim_opts *o, double *grad_norm, float *lr_used) {
+    double sumsq = 0;
+    RF_TRY(rf_model_tp_grad_sumsq(tp, &sumsq));
+    *grad_norm = sqrt(sumsq);
+    return rf_optim_step_norm(tp->m, o, *grad_norm, lr_used);
+}
+
 rf_status rf_optim_step_norm(rf_model *m, const rf_optim_opts *o, double norm, float *lr_used) {
     const rf_kernels *k = m->k;
     if (!isfinite(norm))

@@ -5,6 +5,7 @@
 #define RF_OPTIM_H
 
 #include "model/model.h"
+#include "model/model_tp.h"
 
 typedef struct rf_optim_opts {
     float lr, min_lr_ratio;
@@ -27,5 +28,10 @@ rf_status rf_optim_step(rf_model *m, const rf_optim_opts *o, double *grad_norm, 
  * model's, rf_model_tp_grad_sumsq), so that every shard clips by the same factor. Same
  * errors. */
 rf_status rf_optim_step_norm(rf_model *m, const rf_optim_opts *o, double norm, float *lr_used);
+
+/* rf_optim_step on this rank's shard tp->m of a tensor-parallel model: the norm is the whole
+ * model's (rf_model_tp_grad_sumsq, one allgather over the group; every rank of the group calls
+ * it), AdamW runs on the shard. Same errors, and comm's. */
+rf_status rf_optim_step_tp(rf_model_tp *tp, const rf_optim_opts *o, double *grad_norm, float *lr_used);
 
 #endif

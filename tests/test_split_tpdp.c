@@ -1,0 +1,164 @@
+/* Split runs with data and tensor parallelism together (placement.actor.dp = 2, tp = 2: two
+ * replicas of two shards, tp varying fastest) end to end under mpirun (rlflow starts it): a
+ * controller, four training ranks and a rollout worker as six processes on the 1-digit
+ * arithmetic task (tests/run_util.h).
+ *   - tp 2 x dp 2 learns like one training rank: over 120 GRPO steps with k = 1 the training
+ *     reward rises (mean of steps 101-120 above steps 1-20 by a margin) in both runs and the
+ *     grid ends within 0.15 of the single rank; every rank trained (the layout is logged, each
+ *     peer says it is ready, perf/dp_wait_s and perf/tp_comm_s are reported), the weights were
+ *     resharded from the shards of both replicas (the planner spreads each rollout worker's
+ *     blocks over them; the controller checks every version's checksum);
+ *     the checkpoint of step 20, gathered from replica 0's shards, holds exactly the weights
+ *     sent as version 20; run_status.json says ok;
+ *   - PPO with ZeRO-1 (each shard's AdamW moments sharded over its DP group; the critic whole on
+ *     each replica's first rank, data parallel over them): 20 steps with checkpoints, then
+ *     --resume to step 30: the first weights after --resume have the checkpoint's CRC-32C and
+ *     the optimizer step counts go on from 20;
+ *   - replica 1's first rank (world rank 3) killed (SIGKILL) mid-run: `rlflow run` fails within
+ *     seconds of async.peer_timeout naming the collective that waited and world rank 3;
+ *   - refusals with their exact messages: tp = 3 does not divide the heads (with dp = 2); tp and
+ *     dp in a colocated run; an MPI job of the wrong size.
+ * Skips (77) when mpirun is not installed. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "test_shell.h"
+#include "run_util.h"
+#include "test_util.h"
+
+static const char *rlflow;
+static char dir[256];
+
+static double mean_of(const char *run, const char *name, int from, int to) {
+    return rf_test_metric_mean(dir, run, name, from, to);
+}
+
+/* The lines of the layout and of every rank ready. */
+static void check_layout(const char *out) {
+    const char *want[] = {
+        "split run: 6 processes (controller, 4 training workers: 2 data-parallel replicas of 2 tensor-parallel ranks, 1 "
+        "rollout workers)",
+        "rank 1: training worker, data-parallel replica 0 of 2, tensor-parallel rank 0 of 2 (actor shard 0 of 2)",
+        "rank 2: training worker, data-parallel replica 0 of 2, tensor-parallel rank 1 of 2 (actor shard 1 of 2)",
+        "rank 3: training worker, data-parallel replica 1 of 2, tensor-parallel rank 0 of 2 (actor shard 0 of 2)",
+        "rank 4: training worker, data-parallel replica 1 of 2, tensor-parallel rank 1 of 2 (actor shard 1 of 2)",
+        "rank 5: rollout worker 0",
+        "training worker: 2 data-parallel replicas of 2 tensor-parallel ranks, actor",
+        "training worker: tensor-parallel rank 1 of 2 of data-parallel replica 0 of 2 ready (world rank 2, pid ",
+        "training worker: data-parallel rank 1 of 2 ready (world rank 3, pid ",
+        "training worker: tensor-parallel rank 1 of 2 of data-parallel replica 1 of 2 ready (world rank 4, pid ",
+        ") resharded from 2 shards of every data-parallel replica to the rollout workers",
+        "validation at version 120: accuracy"};
+    int all = 1;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        int has = strstr(out, want[i]) != NULL;
+        if (!has) fprintf(stderr, "missing: %s\n", want[i]);
+        CHECK(has);
+        all &= has;
+    }
+    if (!all) fprintf(stderr, "%s\n", out);
+}
+
+static void learns_like_one_rank(void) {
+    char *out, p[512];
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "one", "--set placement.actor.tp=1 --set placement.actor.dp=1");
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    rc = rf_test_run_recipe(&out, dir, rlflow, "grid", "");
+    CHECK(rc == 0);
+    check_layout(out);
+    long sent = rf_test_crc_after(out, "checkpoint of step 20 gathered from 2 shards (the weights sent as version 20, CRC-32C ");
+    snprintf(p, sizeof p, "%s/grid/step_000020/actor", dir);
+    long saved = rf_test_saved_crc(p);
+    printf("version 20: CRC-32C sent %08lx, of the checkpoint %08lx\n", sent, saved);
+    CHECK(sent >= 0 && saved == sent);
+    free(out);
+    double a1 = mean_of("one", "reward/mean", 1, 20), b1 = mean_of("one", "reward/mean", 101, 120);
+    double a2 = mean_of("grid", "reward/mean", 1, 20), b2 = mean_of("grid", "reward/mean", 101, 120);
+    printf("mean reward steps 1-20 -> 101-120: tp 1 x dp 1 %.3f -> %.3f, tp 2 x dp 2 %.3f -> %.3f\n", a1, b1, a2, b2);
+    const char *runs[] = {"one", "grid"};
+    for (int i = 0; i < 2; i++) {
+        printf("mean reward per 20 steps, %s:", runs[i]);
+        for (int k = 1; k <= 120; k += 20) printf(" %.3f", mean_of(runs[i], "reward/mean", k, k + 19));
+        printf(" (step time %.1f ms)\n", 1e3 * mean_of(runs[i], "perf/step_s", 21, 120));
+    }
+    CHECK(b1 > a1 + 0.08);
+    CHECK(b2 > a2 + 0.08);
+    CHECK(fabs(b2 - b1) < 0.15);
+    double wait = rf_test_metric(dir, "grid", 60, "perf/dp_wait_s"), comm = rf_test_metric(dir, "grid", 60, "perf/tp_comm_s");
+    CHECK(wait >= 0 && wait < 5);
+    CHECK(comm > 0 && comm < 5);
+    snprintf(p, sizeof p, "%s/grid/run_status.json", dir);
+    CHECK(rf_test_file_has(p, "\"status\":\"ok\""));
+}
+
+/* PPO with ZeRO-1 over the grid: checkpoint at 20 (moments gathered over each DP group, then
+ * the shards over replica 0's TP group), resume to 30. */
+static void zero_ppo_checkpoint_resume(void) {
+    char *out, p[512];
+    const char *args = "--set algorithm.name=ppo --set placement.actor.zero=1 --set logging.val_every=0";
+    char a20[256], a30[256];
+    snprintf(a20, sizeof a20, "%s --set train.steps=20", args);
+    snprintf(a30, sizeof a30, "%s --set train.steps=30 --resume", args);
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "zero", a20);
+    CHECK(rc == 0);
+    CHECK(strstr(out, "2 data-parallel replicas of 2 tensor-parallel ranks (ZeRO-1: optimizer state sharded per shard), "
+                      "actor (and the critic on the replicas' first ranks)") != NULL);
+    CHECK(strstr(out, "rank 3: training worker, data-parallel replica 1 of 2, tensor-parallel rank 0 of 2 (actor shard 0 of "
+                      "2, critic)") != NULL);
+    if (rc) fprintf(stderr, "%s\n", out);
+    long saved = rf_test_crc_after(out, "checkpoint of step 20 gathered from 2 shards (the weights sent as version 20, CRC-32C ");
+    free(out);
+    const char *parts[] = {"actor_optim", "critic_optim", "critic"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/zero/step_000020/%s/model.safetensors", dir, parts[i]);
+        CHECK(rf_file_exists(p));
+    }
+    CHECK(rf_test_trainer_state(dir, "zero", "step_000020", "actor_optimizer_steps") == 20);
+    rc = rf_test_run_recipe(&out, dir, rlflow, "zero", a30);
+    CHECK(rc == 0);
+    CHECK(strstr(out, "resumed at step 20") != NULL);
+    long resumed = rf_test_crc_after(out, "training worker: weights version 20 (CRC-32C ");
+    printf("PPO, ZeRO-1, tp 2 x dp 2: checkpoint of step 20 CRC-32C %08lx, first weights after --resume %08lx\n", saved,
+           resumed);
+    CHECK(saved >= 0 && resumed == saved);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    CHECK(rf_test_trainer_state(dir, "zero", "step_000030", "actor_optimizer_steps") == 30);
+    CHECK(rf_test_trainer_state(dir, "zero", "step_000030", "critic_optimizer_steps") == 30);
+    CHECK(rf_test_metric(dir, "zero", 30, "critic/value_loss") >= 0);
+}
+
+/* Replica 1's first rank killed: rank 1's next collective with it (the batch's shares, or a
+ * gradient bucket of its TP position) gives up after async.peer_timeout (10 s) naming world
+ * rank 3, and the run stops. */
+static void peer_killed(void) {
+    rf_test_peer_killed(dir, rlflow, "data-parallel rank 1 of 2", 3, ": world rank 1 waited 10 s for world rank 3");
+}
+
+static void refusals(void) {
+    rf_test_tp_refusals(dir, rlflow);
+    rf_test_wrong_size(dir, rlflow, 5, "this MPI job has 5 ranks; the recipe needs 6 (controller, placement.actor.dp x "
+                                       "placement.actor.tp = 2 x 2 training workers and placement.rollout_ranks = 1 rollout "
+                                       "workers)");
+}
+
+int main(void) {
+    int start = rf_test_split_start("test_split_tpdp", &rlflow, dir, sizeof dir);
+    if (start) return start;
+    rf_test_write_recipe(dir, 60, "[async]\nmax_staleness = 1\npeer_timeout = 10\n"
+                                  "[placement]\nmode = \"split\"\nrollout_ranks = 1\n"
+                                  "[placement.actor]\ntp = 2\ndp = 2\n");
+    learns_like_one_rank();
+    zero_ppo_checkpoint_resume();
+    peer_killed();
+    refusals();
+    rf_test_sh(NULL, "rm -rf %s", dir);
+    return rf_test_finish("test_split_tpdp");
+}
