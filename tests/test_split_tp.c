@@ -88,8 +88,8 @@ static void learns_like_tp1(void) {
     printf("\nmean reward per 20 steps, tp = 2:");
     for (int k = 1; k <= 120; k += 20) printf(" %.3f", mean_of("tp2", "reward/mean", k, k + 19));
     printf("\n");
-    CHECK(b1 > a1 + 0.08);
-    CHECK(b2 > a2 + 0.08);
+    CHECK(b1 > a1 + RF_TEST_MIN_RISE);
+    CHECK(b2 > a2 + RF_TEST_MIN_RISE);
     CHECK(fabs(b2 - b1) < 0.15);
     double comm = rf_test_metric(dir, "tp2", 60, "perf/tp_comm_s");
     CHECK(comm > 0 && comm < 5);
@@ -123,7 +123,7 @@ static void rollout_tp_learns(int train_tp) {
            "per 20 steps:", train_tp, a, b, g_tp1_end);
     for (int k = 1; k <= 120; k += 20) printf(" %.3f", mean_of(run, "reward/mean", k, k + 19));
     printf("\n");
-    CHECK(b > a + 0.08);
+    CHECK(b > a + RF_TEST_MIN_RISE);
     CHECK(fabs(b - g_tp1_end) < 0.15);
     snprintf(p, sizeof p, "%s/%s/run_status.json", dir, run);
     CHECK(rf_test_file_has(p, "\"status\":\"ok\""));
