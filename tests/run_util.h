@@ -184,6 +184,27 @@ static double rf_test_metric_mean(const char *dir, const char *run, const char *
     return s / (to - from + 1);
 }
 
+/* Checks that run `run` of dir (made by rf_test_run_recipe with `args`) learned: the mean
+ * training reward over steps 101-120 exceeds that over steps 1-20 by RF_TEST_MIN_RISE. The runs
+ * are asynchronous and differ from one to the next (which samples a batch holds depends on
+ * timing); now and then one stalls for tens of steps under load (0.303 -> 0.362 once, where
+ * its recipe's runs rise 0.10-0.14), so a run that falls short is repeated once as
+ * "<run>_again", which must then learn: a change that stops learning fails both. *a, *b: the
+ * two means of the run that counts. */
+static inline void rf_test_learned(const char *dir, const char *rlflow, const char *run, const char *args, double *a,
+                                   double *b) {
+    *a = rf_test_metric_mean(dir, run, "reward/mean", 1, 20), *b = rf_test_metric_mean(dir, run, "reward/mean", 101, 120);
+    if (*b > *a + RF_TEST_MIN_RISE) return;
+    char again[128], *out = NULL;
+    snprintf(again, sizeof again, "%s_again", run);
+    printf("%s: mean reward %.3f -> %.3f, a rise under %.2f: running it again as %s\n", run, *a, *b, RF_TEST_MIN_RISE, again);
+    CHECK(rf_test_run_recipe(&out, dir, rlflow, again, args) == 0);
+    free(out);
+    *a = rf_test_metric_mean(dir, again, "reward/mean", 1, 20), *b = rf_test_metric_mean(dir, again, "reward/mean", 101, 120);
+    printf("%s: mean reward %.3f -> %.3f\n", again, *a, *b);
+    CHECK(*b > *a + RF_TEST_MIN_RISE);
+}
+
 /* The hexadecimal CRC-32C after `prefix` in text, or -1. */
 static inline long rf_test_crc_after(const char *text, const char *prefix) {
     const char *at = text ? strstr(text, prefix) : NULL;

@@ -82,14 +82,14 @@ static void learns_like_tp1(void) {
     double a1 = mean_of("tp1", "reward/mean", 1, 20), b1 = mean_of("tp1", "reward/mean", 101, 120);
     double a2 = mean_of("tp2", "reward/mean", 1, 20), b2 = mean_of("tp2", "reward/mean", 101, 120);
     printf("mean reward steps 1-20 -> 101-120: tp = 1 %.3f -> %.3f, tp = 2 %.3f -> %.3f\n", a1, b1, a2, b2);
-    g_tp1_end = b1;
     printf("mean reward per 20 steps, tp = 1:");
     for (int k = 1; k <= 120; k += 20) printf(" %.3f", mean_of("tp1", "reward/mean", k, k + 19));
     printf("\nmean reward per 20 steps, tp = 2:");
     for (int k = 1; k <= 120; k += 20) printf(" %.3f", mean_of("tp2", "reward/mean", k, k + 19));
     printf("\n");
-    CHECK(b1 > a1 + RF_TEST_MIN_RISE);
-    CHECK(b2 > a2 + RF_TEST_MIN_RISE);
+    rf_test_learned(dir, rlflow, "tp1", "--set placement.actor.tp=1", &a1, &b1);
+    rf_test_learned(dir, rlflow, "tp2", "", &a2, &b2);
+    g_tp1_end = b1;
     CHECK(fabs(b2 - b1) < 0.15);
     double comm = rf_test_metric(dir, "tp2", 60, "perf/tp_comm_s");
     CHECK(comm > 0 && comm < 5);
@@ -123,7 +123,7 @@ static void rollout_tp_learns(int train_tp) {
            "per 20 steps:", train_tp, a, b, g_tp1_end);
     for (int k = 1; k <= 120; k += 20) printf(" %.3f", mean_of(run, "reward/mean", k, k + 19));
     printf("\n");
-    CHECK(b > a + RF_TEST_MIN_RISE);
+    rf_test_learned(dir, rlflow, run, args, &a, &b);
     CHECK(fabs(b - g_tp1_end) < 0.15);
     snprintf(p, sizeof p, "%s/%s/run_status.json", dir, run);
     CHECK(rf_test_file_has(p, "\"status\":\"ok\""));

@@ -88,8 +88,8 @@ static void learns_like_one_rank(void) {
         for (int k = 1; k <= 120; k += 20) printf(" %.3f", mean_of(runs[i], "reward/mean", k, k + 19));
         printf(" (step time %.1f ms)\n", 1e3 * mean_of(runs[i], "perf/step_s", 21, 120));
     }
-    CHECK(b1 > a1 + RF_TEST_MIN_RISE);
-    CHECK(b2 > a2 + RF_TEST_MIN_RISE);
+    rf_test_learned(dir, rlflow, "one", "--set placement.actor.tp=1 --set placement.actor.dp=1", &a1, &b1);
+    rf_test_learned(dir, rlflow, "grid", "", &a2, &b2);
     CHECK(fabs(b2 - b1) < 0.15);
     double wait = rf_test_metric(dir, "grid", 60, "perf/dp_wait_s"), comm = rf_test_metric(dir, "grid", 60, "perf/tp_comm_s");
     CHECK(wait >= 0 && wait < 5);
