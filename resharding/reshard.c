@@ -13,6 +13,7 @@
 #define HELLO_MAGIC 0x52464853u  /* "RFHS" */
 #define BUCKET_MAGIC 0x52464842u /* "RFHB" */
 #define DONE_MAGIC 0x52464844u   /* "RFHD" */
+#define DONE_TAG 23               /* a reader's "done" (rf_comm_isend: apart from the buckets' messages) */
 #define NO_STAGE ((size_t)-1)
 #define DEPTH 2 /* buckets in flight: while one is checked, the next is already posted */
 
@@ -33,6 +34,7 @@ typedef struct bucket_header {
 typedef struct pair {
     int peer, send;
     int pi;            /* index of peer in x->peers */
+    uint32_t got_crc;  /* read in place: the CRC-32C of what was copied in this bucket */
     bucket_header hdr; /* sent, or received */
 } pair;
 
@@ -64,6 +66,9 @@ struct rf_reshard {
     uint8_t *shm_in, *shm_out;
     int32_t *answers_in, *answers_out;
     rf_shm_map *maps;      /* (n_peers) kept between runs while the peer's buffer stays */
+    rf_comm_req **done_req; /* (n_peers) "done" sent to / awaited from peer i */
+    uint32_t done_msg;
+    int32_t *done_in;
     float *send_stage[DEPTH], *recv_stage[DEPTH]; /* bucket b uses [b % DEPTH] */
     rf_comm_p2p *ops;      /* room for the largest bucket's exchange */
     int max_ops;
@@ -166,7 +171,10 @@ static rf_status prepare(rf_reshard *x) {
     x->sends_to = calloc(np, 1), x->recvs_from = calloc(np, 1), x->shm_in = calloc(np, 1), x->shm_out = calloc(np, 1);
     x->answers_in = calloc(np, sizeof(int32_t)), x->answers_out = calloc(np, sizeof(int32_t));
     x->maps = calloc(np, sizeof(rf_shm_map));
-    if (!x->sends_to || !x->recvs_from || !x->shm_in || !x->shm_out || !x->answers_in || !x->answers_out || !x->maps)
+    x->done_req = calloc(np, sizeof(rf_comm_req *)), x->done_in = calloc(np, sizeof(int32_t));
+    x->done_msg = DONE_MAGIC;
+    if (!x->sends_to || !x->recvs_from || !x->shm_in || !x->shm_out || !x->answers_in || !x->answers_out || !x->maps ||
+        !x->done_req || !x->done_in)
         return rf_error(RF_ERR_NOMEM, "out of memory");
     for (int k = 0; k < x->n_mine; k++) {
         const rf_reshard_move *m = &p->moves[x->mine[k]];
@@ -222,6 +230,8 @@ void rf_reshard_free(rf_reshard *x) {
     if (!x) return;
     free(x->mine), free(x->stage), free(x->pair_of);
     for (int i = 0; x->maps && i < x->n_peers; i++) rf_shm_map_close(&x->maps[i]);
+    for (int i = 0; x->done_req && i < x->n_peers; i++) rf_comm_req_free(x->done_req[i]);
+    free(x->done_req), free(x->done_in);
     free(x->maps), free(x->sends_to), free(x->recvs_from), free(x->shm_in), free(x->shm_out);
     free(x->answers_in), free(x->answers_out);
     free(x->buckets), free(x->pairs), free(x->peers), free(x->hellos_in);
@@ -293,7 +303,9 @@ static rf_status agree_single_copy(rf_reshard *x, const hello *mine, int64_t ver
     if (n == 0) return RF_OK;
     char what[96];
     snprintf(what, sizeof what, "resharding version %lld (single-copy answers)", (long long)version);
-    RF_TRY(rf_comm_sendrecv(x->c, x->ops, n, x->o.timeout_s, what));
+    /* twice the bound: a reader may still be in its hello with a third rank that is gone, and
+     * should be the one to name it */
+    RF_TRY(rf_comm_sendrecv(x->c, x->ops, n, 2 * x->o.timeout_s, what));
     for (int i = 0; i < x->n_peers; i++) {
         x->shm_in[i] = x->recvs_from[i] && x->hellos_in[i].offer && x->answers_out[i] == 1;
         x->shm_out[i] = x->sends_to[i] && mine->offer && x->answers_in[i] == 1;
@@ -301,23 +313,39 @@ static rf_status agree_single_copy(rf_reshard *x, const hello *mine, int64_t ver
     return RF_OK;
 }
 
-/* Receivers that read in place tell their senders they are done: a sender's buffer must not
- * change (or be freed) before. */
-static rf_status finish_single_copy(rf_reshard *x, int64_t version) {
-    uint32_t done = DONE_MAGIC;
-    int n = 0;
-    for (int i = 0; i < x->n_peers; i++) {
-        if (x->shm_in[i]) x->ops[n++] = (rf_comm_p2p){&done, sizeof done, x->peers[i], 1};
-        if (x->shm_out[i]) x->answers_in[i] = 0, x->ops[n++] = (rf_comm_p2p){&x->answers_in[i], sizeof(int32_t), x->peers[i], 0};
-    }
-    if (n == 0) return RF_OK;
-    char what[96];
-    snprintf(what, sizeof what, "resharding version %lld (waiting for readers of this rank's weights)", (long long)version);
-    RF_TRY(rf_comm_sendrecv(x->c, x->ops, n, x->o.timeout_s, what));
+/* Requests of the "done" exchange left from a run that failed. */
+static void forget_done(rf_reshard *x) {
+    for (int i = 0; i < x->n_peers; i++) rf_comm_req_free(x->done_req[i]), x->done_req[i] = NULL;
+}
+
+/* Senders whose source this rank reads in place are told "done" as soon as all of it has been
+ * copied (read_in_place), and post their receive of it; before returning, a sender waits for
+ * every reader's "done" (its buffer must not change or go before), bounded by twice the
+ * exchanges' bound: a reader stuck on a third rank reports that rank first. */
+static rf_status post_done_receives(rf_reshard *x) {
     for (int i = 0; i < x->n_peers; i++)
-        if (x->shm_out[i] && (uint32_t)x->answers_in[i] != DONE_MAGIC)
+        if (x->shm_out[i]) RF_TRY(rf_comm_irecv(x->c, &x->done_in[i], sizeof(int32_t), x->peers[i], DONE_TAG, &x->done_req[i]));
+    return RF_OK;
+}
+
+static rf_status finish_single_copy(rf_reshard *x, int64_t version) {
+    char what[160];
+    for (int i = 0; i < x->n_peers; i++) {
+        if (!x->done_req[i]) continue;
+        double bound = x->shm_out[i] ? 2 * x->o.timeout_s : x->o.timeout_s;
+        snprintf(what, sizeof what, "resharding version %lld (%s)", (long long)version,
+                 x->shm_out[i] ? "waiting for a reader of this rank's weights" : "telling a sender its weights were read");
+        rf_status st = rf_comm_wait(x->done_req[i], bound, what);
+        rf_comm_req_free(x->done_req[i]), x->done_req[i] = NULL;
+        if (st != RF_OK && x->shm_out[i])
+            return rf_error(RF_ERR_IO, "resharding version %lld: world rank %d waited %g s for world rank %d to finish reading its "
+                            "weights in place (a rank is gone or stuck, or waits for another)", (long long)version,
+                            world(x, x->me), bound, world(x, x->peers[i]));
+        RF_TRY(st);
+        if (x->shm_out[i] && (uint32_t)x->done_in[i] != DONE_MAGIC)
             return rf_error(RF_ERR_FORMAT, "resharding version %lld: world rank %d ended its in-place read with %08x", (long long)version,
-                            world(x, x->peers[i]), (unsigned)x->answers_in[i]);
+                            world(x, x->peers[i]), (unsigned)x->done_in[i]);
+    }
     return RF_OK;
 }
 
@@ -390,6 +418,31 @@ static void pair_params(const rf_reshard *x, const bucket *bk, int j, char *out,
     }
 }
 
+/* Copies everything this rank reads in place, every bucket, straight from the senders' buffers
+ * (the CRC-32C of each bucket's part computed in the same pass, kept for the bucket's header),
+ * then tells each such sender "done" at once: the data is there since the hello, and a sender
+ * need not wait for this rank's other exchanges. */
+static rf_status read_in_place(rf_reshard *x, float *dst) {
+    for (int b = 0; b < x->n_buckets; b++) {
+        const bucket *bk = &x->buckets[b];
+        for (int j = bk->first_pair; j < bk->first_pair + bk->n_pairs; j++) {
+            if (x->pairs[j].send || !x->shm_in[x->pairs[j].pi]) continue;
+            const float *src = peer_src(x, x->pairs[j].pi);
+            uint32_t crc = 0;
+            for (int k = bk->first; k < bk->last; k++) {
+                if (x->pair_of[k] != j) continue;
+                const rf_reshard_move *m = &x->p->moves[x->mine[k]];
+                if (x->o.no_verify) copy_runs(dst + m->dst_off, m->dst_stride, src + m->src_off, m->src_stride, m->n_runs, m->run);
+                else crc = copy_runs_crc(crc, dst + m->dst_off, m->dst_stride, src + m->src_off, m->src_stride, m->n_runs, m->run);
+            }
+            x->pairs[j].got_crc = crc;
+        }
+    }
+    for (int i = 0; i < x->n_peers; i++)
+        if (x->shm_in[i]) RF_TRY(rf_comm_isend(x->c, &x->done_msg, sizeof x->done_msg, x->peers[i], DONE_TAG, &x->done_req[i]));
+    return RF_OK;
+}
+
 /* Checks what arrived against the headers, then unpacks strided receives. Returns the first
  * problem (RF_ERR_FORMAT) without stopping. */
 static rf_status finish_receives(rf_reshard *x, const bucket *bk, const float *rstage, float *dst, int64_t version) {
@@ -403,10 +456,8 @@ static rf_status finish_receives(rf_reshard *x, const bucket *bk, const float *r
             if (x->pair_of[k] != j) continue;
             const rf_reshard_move *m = &x->p->moves[x->mine[k]];
             int in_place = x->shm_in[x->pairs[j].pi], staged = x->stage[k] != NO_STAGE && !in_place;
-            if (in_place) { /* the copy from the peer's buffer, checksummed as it is made */
-                const float *from = peer_src(x, x->pairs[j].pi) + m->src_off;
-                if (x->o.no_verify) copy_runs(dst + m->dst_off, m->dst_stride, from, m->src_stride, m->n_runs, m->run);
-                else crc = copy_runs_crc(crc, dst + m->dst_off, m->dst_stride, from, m->src_stride, m->n_runs, m->run);
+            if (in_place) { /* copied by read_in_place */
+                crc = x->pairs[j].got_crc;
                 bytes += move_floats(m) * sizeof(float), n++;
                 continue;
             }
@@ -472,7 +523,10 @@ rf_status rf_reshard_run(rf_reshard *x, const float *src, float *dst, int64_t ve
     hello mine = {HELLO_MAGIC, x->p->id, version, 0, 0, {0}};
     if (x->need_src && !x->o.no_shm && rf_shm_lookup(src, sizeof(float) * x->src_extent, &mine.src)) mine.offer = 1;
     RF_TRY(say_hello(x, version, &mine));
+    forget_done(x);
     RF_TRY(agree_single_copy(x, &mine, version));
+    RF_TRY(post_done_receives(x));
+    RF_TRY(read_in_place(x, dst));
     const char *corrupt_env = getenv("RF_TEST_RESHARD_CORRUPT"); /* test hook: damage this bucket's checksums */
     int corrupt = corrupt_env && *corrupt_env ? atoi(corrupt_env) : -1;
     rf_status first = RF_OK;

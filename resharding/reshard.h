@@ -23,11 +23,14 @@
  *   - Single copy on one host: when a sender's source buffer is shareable memory
  *     (rf_shm_alloc, or a model after rf_model_share_params) it offers it in its hello; a
  *     receiver on the same host maps it (once, kept between runs) and answers yes, and then
- *     copies its moves straight from the sender's buffer into its destination, computing the
- *     CRC-32C in the same pass (rf_crc32c_copy); only the bucket headers travel. A receiver
- *     that cannot map the buffer answers no and the pair goes through messages as above.
- *     Before returning, each sender waits for every in-place reader's "done", so the buffer
- *     may change again once rf_reshard_run returns. The CPU counterpart of CUDA IPC handles:
+ *     copies all its moves straight from the sender's buffer into its destination at once
+ *     (before any bucket), computing each bucket's CRC-32C in the same pass (rf_crc32c_copy),
+ *     and tells that sender "done"; only the bucket headers travel, and each is checked against
+ *     the CRC kept for it. A receiver that cannot map the buffer answers no and the pair goes
+ *     through messages as above. Before returning, each sender waits for every in-place
+ *     reader's "done", so the buffer may change again once rf_reshard_run returns. A sender's
+ *     waits on its readers (their answers, their "done") are bounded by twice timeout_s: a
+ *     reader stuck on a third rank that is gone names that rank first. The CPU counterpart of CUDA IPC handles:
  *     MPI's own single copy between processes (CMA) runs at about half of memcpy here, the
  *     read in place at memcpy speed (docs/scaling.md).
  *   - Each exchange is bounded by timeout_s (RF_ERR_IO from comm naming the ranks).
