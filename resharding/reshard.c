@@ -67,6 +67,7 @@ struct rf_reshard {
     int32_t *answers_in, *answers_out;
     rf_shm_map *maps;      /* (n_peers) kept between runs while the peer's buffer stays */
     rf_comm_req **done_req; /* (n_peers) "done" sent to / awaited from peer i */
+    uint8_t *map_refused;  /* (n_peers) peer i's buffer could not be mapped: messages from then on */
     uint32_t done_msg;
     int32_t *done_in;
     float *send_stage[DEPTH], *recv_stage[DEPTH]; /* bucket b uses [b % DEPTH] */
@@ -172,9 +173,10 @@ static rf_status prepare(rf_reshard *x) {
     x->answers_in = calloc(np, sizeof(int32_t)), x->answers_out = calloc(np, sizeof(int32_t));
     x->maps = calloc(np, sizeof(rf_shm_map));
     x->done_req = calloc(np, sizeof(rf_comm_req *)), x->done_in = calloc(np, sizeof(int32_t));
+    x->map_refused = calloc(np, 1);
     x->done_msg = DONE_MAGIC;
     if (!x->sends_to || !x->recvs_from || !x->shm_in || !x->shm_out || !x->answers_in || !x->answers_out || !x->maps ||
-        !x->done_req || !x->done_in)
+        !x->done_req || !x->done_in || !x->map_refused)
         return rf_error(RF_ERR_NOMEM, "out of memory");
     for (int k = 0; k < x->n_mine; k++) {
         const rf_reshard_move *m = &p->moves[x->mine[k]];
@@ -231,7 +233,7 @@ void rf_reshard_free(rf_reshard *x) {
     free(x->mine), free(x->stage), free(x->pair_of);
     for (int i = 0; x->maps && i < x->n_peers; i++) rf_shm_map_close(&x->maps[i]);
     for (int i = 0; x->done_req && i < x->n_peers; i++) rf_comm_req_free(x->done_req[i]);
-    free(x->done_req), free(x->done_in);
+    free(x->done_req), free(x->done_in), free(x->map_refused);
     free(x->maps), free(x->sends_to), free(x->recvs_from), free(x->shm_in), free(x->shm_out);
     free(x->answers_in), free(x->answers_out);
     free(x->buckets), free(x->pairs), free(x->peers), free(x->hellos_in);
@@ -279,7 +281,9 @@ static int map_peer(rf_reshard *x, int i) {
         m->ref.fd == want->fd && m->ref.region == want->region)
         return 1;
     rf_shm_map_close(m);
+    if (x->map_refused[i]) return 0; /* refused once: messages from then on, said once */
     if (rf_shm_map_open(m, want) == RF_OK) return 1;
+    x->map_refused[i] = 1;
     rf_log_warn("resharding: world rank %d copies from world rank %d through messages: %s", world(x, x->me),
                 world(x, x->peers[i]), rf_error_message());
     return 0;
@@ -292,7 +296,7 @@ static rf_status agree_single_copy(rf_reshard *x, const hello *mine, int64_t ver
     for (int i = 0; i < x->n_peers; i++) {
         x->shm_in[i] = x->shm_out[i] = 0;
         if (x->recvs_from[i] && x->hellos_in[i].offer) {
-            x->answers_out[i] = map_peer(x, i);
+            x->answers_out[i] = !x->o.no_shm && map_peer(x, i);
             x->ops[n++] = (rf_comm_p2p){&x->answers_out[i], sizeof(int32_t), x->peers[i], 1};
         }
         if (x->sends_to[i] && mine->offer) {

@@ -54,7 +54,8 @@ typedef struct rf_reshard rf_reshard;
 typedef struct rf_reshard_opts {
     double timeout_s; /* bound of each exchange (hello, every bucket); <= 0: 60 s */
     int no_verify;    /* 1: no CRC-32C of the data (plans and versions are still checked) */
-    int no_shm;       /* 1: never read a peer's source buffer in place (always through comm) */
+    int no_shm;       /* 1: neither offer this rank's source for reading in place nor read a
+                         peer's (decline its offer): always through comm */
 } rf_reshard_opts;
 
 /* Prepares this rank's part of `plan` (borrowed: it must outlive the executor) over c (its size

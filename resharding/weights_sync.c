@@ -45,6 +45,7 @@ struct rf_weights_tx {
 struct rf_weights_rx {
     float *buf;       /* the message path's receive buffer, made on first use */
     rf_shm_map map;   /* the sender's stage, mapped on the first offer and kept */
+    int map_refused;  /* it could not be mapped: messages from then on (said once) */
     rf_comm *c;
     int src;
     int in_place;     /* read offered stages in place (default 1) */
@@ -241,7 +242,9 @@ static int rx_map(rf_weights_rx *rx, const rf_shm_ref *ref) {
         had->region == ref->region)
         return 1;
     rf_shm_map_close(&rx->map);
+    if (rx->map_refused) return 0;
     if (rf_shm_map_open(&rx->map, ref) == RF_OK) return 1;
+    rx->map_refused = 1;
     rf_log_warn("weights from rank %d come through messages: %s", rx->src, rf_error_message());
     return 0;
 }

@@ -234,6 +234,17 @@ static void refusals(rf_comm *world) {
     CHECK_OK(rf_reshard_run(x, shared, dst, 11));
     CHECK(rf_reshard_in_place_peers(x) == 0);
     rf_reshard_free(x);
+    /* rank 0 offers, the last rank declines (no_shm on the reader's side): it gets messages,
+     * the others read in place; every destination bit for bit */
+    rf_reshard_opts decline = {.no_shm = rank == size - 1};
+    float *want_dst = local_of(&b, rank, g_m->params, &ne);
+    CHECK_OK(rf_reshard_init(&x, p, world, &decline));
+    memset(dst, 0, sizeof(float) * ne);
+    CHECK_OK(rf_reshard_run(x, shared, dst, 12));
+    CHECK(memcmp(dst, want_dst, sizeof(float) * ne) == 0);
+    CHECK(rf_reshard_in_place_peers(x) == (rank == 0 ? size - 2 : rank == size - 1 ? 0 : 1));
+    rf_reshard_free(x);
+    free(want_dst);
     if (rank == 0) setenv("RF_TEST_RESHARD_CORRUPT", "0", 1);
     rf_shm_free(shared);
     rf_reshard_opts nv = {.no_verify = 1};
