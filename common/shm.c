@@ -170,6 +170,15 @@ rf_status rf_shm_map_open(rf_shm_map *m, const rf_shm_ref *ref) {
     return RF_OK;
 }
 
+rf_status rf_shm_map_keep(rf_shm_map *m, const rf_shm_ref *ref) {
+    const rf_shm_ref *had = &m->ref;
+    if (m->base && had->host == ref->host && had->inode == ref->inode && had->pid == ref->pid && had->fd == ref->fd &&
+        had->region == ref->region)
+        return RF_OK;
+    rf_shm_map_close(m);
+    return rf_shm_map_open(m, ref);
+}
+
 void rf_shm_map_close(rf_shm_map *m) {
     if (m->base) munmap((void *)m->base, m->bytes);
     memset(m, 0, sizeof *m);

@@ -58,4 +58,9 @@ typedef struct rf_shm_map {
 rf_status rf_shm_map_open(rf_shm_map *m, const rf_shm_ref *ref);
 void rf_shm_map_close(rf_shm_map *m);
 
+/* Keeps m when it already maps the allocation `ref` describes (same owner, file and size; the
+ * range's offset may differ), else closes it and maps that one (rf_shm_map_open). For
+ * receivers that map a peer's buffer once and reuse it every transfer. */
+rf_status rf_shm_map_keep(rf_shm_map *m, const rf_shm_ref *ref);
+
 #endif

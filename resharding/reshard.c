@@ -275,14 +275,8 @@ static rf_status say_hello(rf_reshard *x, int64_t version, hello *mine) {
 
 /* 1 when peer i's mapping (kept from an earlier run, or made now) is the buffer it offers. */
 static int map_peer(rf_reshard *x, int i) {
-    const rf_shm_ref *want = &x->hellos_in[i].src;
-    rf_shm_map *m = &x->maps[i];
-    if (m->base && m->ref.host == want->host && m->ref.inode == want->inode && m->ref.pid == want->pid &&
-        m->ref.fd == want->fd && m->ref.region == want->region)
-        return 1;
-    rf_shm_map_close(m);
     if (x->map_refused[i]) return 0; /* refused once: messages from then on, said once */
-    if (rf_shm_map_open(m, want) == RF_OK) return 1;
+    if (rf_shm_map_keep(&x->maps[i], &x->hellos_in[i].src) == RF_OK) return 1;
     x->map_refused[i] = 1;
     rf_log_warn("resharding: world rank %d copies from world rank %d through messages: %s", world(x, x->me),
                 world(x, x->peers[i]), rf_error_message());

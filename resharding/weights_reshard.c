@@ -25,7 +25,7 @@ typedef struct announce {
 struct rf_weights_rs {
     rf_param_table pt;
     rf_comm *c;
-    int tp, dp, gen_tp, n_train, n_rollout, me; /* n_train = tp x dp; n_rollout: rollout ranks (gen_tp per worker) */
+    int tp, gen_tp, n_train, n_rollout, me; /* n_train = tp x dp; n_rollout: rollout ranks (gen_tp per worker) */
     int train;              /* 1 on a training rank */
     int t, side_tp;         /* shard held here of this side's layout (tp or gen_tp shards) */
     rf_shard *shards;       /* (pt.n_views) shard t of this side's layout */
@@ -47,7 +47,7 @@ rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int 
                         "in a communicator of %d", dp, tp, size - n_train, gen_tp, size);
     rf_weights_rs *x = calloc(1, sizeof *x);
     if (!x) return rf_error(RF_ERR_NOMEM, "out of memory");
-    x->pt = *pt, x->c = c, x->tp = tp, x->dp = dp, x->gen_tp = gen_tp, x->n_train = n_train;
+    x->pt = *pt, x->c = c, x->tp = tp, x->gen_tp = gen_tp, x->n_train = n_train;
     x->n_rollout = size - n_train, x->me = rf_comm_rank(c);
     x->train = x->me < n_train;
     x->t = x->train ? x->me % tp : (x->me - n_train) % gen_tp;
@@ -188,7 +188,7 @@ rf_status rf_weights_rs_receive(rf_weights_rs *x, float *local, rf_comm *gtc, in
     else RF_TRY(rf_weights_rs_checksum(x, gtc, local, x->timeout_s, &crc));
     if (crc != a.checksum)
         return rf_error(RF_ERR_FORMAT, "weights version %lld assembled from %d training shards at world rank %d: CRC-32C "
-                        "%08x, announced as %08x", (long long)a.version, x->n_train, rf_comm_world_rank(x->c, x->me), crc,
+                        "%08x, announced as %08x", (long long)a.version, x->tp, rf_comm_world_rank(x->c, x->me), crc,
                         a.checksum);
     *version = a.version, *checksum = crc;
     return RF_OK;

@@ -237,13 +237,8 @@ static rf_status rx_reply(rf_weights_rx *rx, int32_t answer, const char *what) {
 
 /* 1 when the sender's stage is mapped here (kept from an earlier version or mapped now). */
 static int rx_map(rf_weights_rx *rx, const rf_shm_ref *ref) {
-    const rf_shm_ref *had = &rx->map.ref;
-    if (rx->map.base && had->host == ref->host && had->inode == ref->inode && had->pid == ref->pid && had->fd == ref->fd &&
-        had->region == ref->region)
-        return 1;
-    rf_shm_map_close(&rx->map);
-    if (rx->map_refused) return 0;
-    if (rf_shm_map_open(&rx->map, ref) == RF_OK) return 1;
+    if (rx->map_refused) return 0; /* refused once: messages from then on, said once */
+    if (rf_shm_map_keep(&rx->map, ref) == RF_OK) return 1;
     rx->map_refused = 1;
     rf_log_warn("weights from rank %d come through messages: %s", rx->src, rf_error_message());
     return 0;

@@ -318,6 +318,15 @@ static void shm_alone(void) {
     CHECK(m.base && seen[0] == 100.0f && seen[49] == 149.0f);
     a[100] = -1; /* one memory: the mapping sees the change */
     CHECK(m.base && seen[0] == -1.0f);
+    /* kept while the same allocation is described (another offset into it), remapped else */
+    const void *base = m.base;
+    rf_shm_ref other = ref;
+    other.offset = 0;
+    CHECK_OK(rf_shm_map_keep(&m, &other));
+    CHECK(m.base == base);
+    rf_shm_ref gone = ref;
+    gone.inode += 1;
+    CHECK(rf_shm_map_keep(&m, &gone) == RF_ERR_IO && m.base == NULL);
     rf_shm_map_close(&m);
     rf_shm_ref bad = ref;
     bad.inode += 1;

@@ -24,6 +24,7 @@
 #include "resharding/layout.h"
 #include "resharding/shard_crc.h"
 #include "test_util.h"
+#include "tp_shapes.h"
 
 static void zeros_match(void) {
     size_t lens[] = {0, 1, 3, 4, 7, 64, 4096, 100003};
@@ -33,25 +34,6 @@ static void zeros_match(void) {
         for (size_t j = 0; j < sizeof starts / sizeof starts[0]; j++)
             CHECK(rf_crc32c_zeros(starts[j], lens[i]) == rf_crc32c_extend(starts[j], z, lens[i]));
     free(z);
-}
-
-typedef enum { SHAPE_GQA, SHAPE_QWEN3, SHAPE_CRITIC } shape;
-
-static rf_model_config config_of(shape s) {
-    rf_model_config c;
-    RF_ASSERT(rf_config_preset(&c, "tiny", s == SHAPE_QWEN3 ? 61 : 97) == RF_OK);
-    c.hidden_size = 24, c.num_hidden_layers = 2;
-    if (s == SHAPE_QWEN3) {
-        c.arch = RF_ARCH_QWEN3, c.qk_norm = 1, c.qkv_bias = 0;
-        c.num_attention_heads = 12, c.num_key_value_heads = 3, c.head_dim = 4;
-        c.intermediate_size = 30, c.tie_word_embeddings = 1;
-    } else {
-        c.arch = RF_ARCH_LLAMA, c.qkv_bias = 1, c.o_bias = 1;
-        c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 6;
-        c.intermediate_size = 40, c.tie_word_embeddings = 0;
-        c.value_head = s == SHAPE_CRITIC;
-    }
-    return c;
 }
 
 static int find(const rf_param_view *v, int n, const char *name) {
