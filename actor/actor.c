@@ -165,11 +165,20 @@ static rf_status val_fn(const rf__net *net, micro *mb, rf_train_sample *s, const
     return st;
 }
 
-rf_status rf_critic_values(rf_model *critic, rf_train_sample *s, int n, int max_tokens, float **out) {
+static rf_status values(const rf__net *net, rf_train_sample *s, int n, int max_tokens, float **out) {
     int *idx = rf__identity(n);
     if (!idx) return rf_error(RF_ERR_NOMEM, "out of memory");
-    rf__net net = {critic, NULL};
-    rf_status st = rf__for_each_micro(&net, s, idx, n, max_tokens, val_fn, out);
+    rf_status st = rf__for_each_micro(net, s, idx, n, max_tokens, val_fn, out);
     free(idx);
     return st;
+}
+
+rf_status rf_critic_values(rf_model *critic, rf_train_sample *s, int n, int max_tokens, float **out) {
+    rf__net net = {critic, NULL};
+    return values(&net, s, n, max_tokens, out);
+}
+
+rf_status rf_critic_values_tp(rf_model_tp *tp, rf_train_sample *s, int n, int max_tokens, float **out) {
+    rf__net net = {tp->m, tp};
+    return values(&net, s, n, max_tokens, out);
 }

@@ -46,6 +46,9 @@ rf_status rf_actor_logprobs_tp(rf_model_tp *tp, rf_train_sample *s, int n, int m
 /* Critic values of each response token (value at the position that predicts it). */
 rf_status rf_critic_values(rf_model *critic, rf_train_sample *s, int n, int max_tokens, float **out);
 
+/* rf_critic_values on a tensor-parallel critic (every rank of the group, the same samples). */
+rf_status rf_critic_values_tp(rf_model_tp *tp, rf_train_sample *s, int n, int max_tokens, float **out);
+
 typedef struct rf_update_opts {
     rf_pg_opts pg;
     rf_loss_agg agg;

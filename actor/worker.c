@@ -60,40 +60,102 @@ rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample 
     return RF_OK;
 }
 
-static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
+int rf__worker_has_critic(const tworker *w) {
+    rf_adv_kind kind;
+    return rf_adv_kind_parse(w->r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE;
+}
+
+int rf__worker_has_ref(const tworker *w) {
+    int dp, tp;
+    rf_recipe_role_layout(w->r, 0, &dp, &tp);
+    return rf_recipe_reference_enabled(w->r) && w->replica < dp;
+}
+
+rf_status rf__worker_score(tworker *w, rf_train_sample *s, int n, int flags) {
     const rf_recipe *r = w->r;
+    if (n == 0) return RF_OK; /* an empty share: every rank of the replica has it */
+    float **ptrs = malloc(sizeof(float *) * (size_t)n);
+    if (!ptrs) return rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status st = RF_OK;
+    if (flags & RF_SCORE_REF) {
+        for (int i = 0; i < n; i++) ptrs[i] = s[i].ref_logp;
+        float inv_temp = 1.0f / (float)r->rollout.temperature;
+        if (w->ref_tp) st = rf_actor_logprobs_tp(w->ref_tp, s, n, r->train.micro_batch_tokens, inv_temp, ptrs, NULL);
+        else if (w->ref) st = rf_actor_logprobs(w->ref, s, n, r->train.micro_batch_tokens, inv_temp, ptrs, NULL);
+        else st = rf_error(RF_ERR_ARG, "scoring: no reference on this rank");
+    }
+    if (st == RF_OK && (flags & RF_SCORE_VALUES)) {
+        for (int i = 0; i < n; i++) ptrs[i] = s[i].values;
+        if (w->critic_tp) st = rf_critic_values_tp(w->critic_tp, s, n, r->train.micro_batch_tokens, ptrs);
+        else if (w->critic) st = rf_critic_values(w->critic, s, n, r->train.micro_batch_tokens, ptrs);
+        else st = rf_error(RF_ERR_ARG, "scoring: no critic on this rank");
+    }
+    free(ptrs);
+    return st;
+}
+
+rf_status rf__worker_score_share(tworker *w, const Rlflow__TrainBatch *b, size_t lo, size_t hi, rf_train_sample *s,
+                                 int flags) {
+    if (w->tpc && rf__tp_split_flags(w, flags)) {
+        uint8_t *buf = NULL;
+        uint64_t bytes = 0;
+        RF_TRY(rf__worker_pack_part(b, lo, hi, &buf, &bytes));
+        rf_status st = rf__tp_score_share(w, buf, bytes, flags);
+        free(buf);
+        RF_TRY(st);
+    }
+    return rf__worker_score(w, s, (int)(hi - lo), flags);
+}
+
+/* Scored over the replicas (each its share), or by replica 0 alone when a model asked for is
+ * not on all of them (the reference with placement.reference.dp = 1). */
+static int score_spread(const tworker *w, int flags) {
+    int dp, tp;
+    rf_recipe_role_layout(w->r, 0, &dp, &tp);
+    return w->dpc && flags && (!(flags & RF_SCORE_REF) || dp == rf_comm_size(w->dpc));
+}
+
+/* The first ScoreRequest: where its passes ran. */
+static void log_score_layout(const tworker *w, int flags) {
+    int spread = score_spread(w, flags), split = w->tpc ? rf__tp_split_flags(w, flags) : 0;
+    char what[64];
+    snprintf(what, sizeof what, "%s%s%s", flags & RF_SCORE_REF ? "reference log-probs" : "",
+             flags == (RF_SCORE_REF | RF_SCORE_VALUES) ? " and " : "", flags & RF_SCORE_VALUES ? "values" : "");
+    char tps[96] = "";
+    if (split)
+        snprintf(tps, sizeof tps, ", %s split over %d tensor-parallel ranks", split == flags ? "all" :
+                 split == RF_SCORE_REF ? "the reference" : "the critic", rf_comm_size(w->tpc));
+    rf_log_info("training worker: scoring %s on %d data-parallel replica%s%s", what, spread ? rf_comm_size(w->dpc) : 1,
+                spread && rf_comm_size(w->dpc) > 1 ? "s (token-balanced shares)" : "", tps);
+}
+
+static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
     int n = (int)q->n_samples;
     rf_train_sample *s = NULL;
     RF_TRY(unpack(q->samples, q->n_samples, &s));
-    float **ptrs = malloc(sizeof(float *) * (size_t)(n ? n : 1));
     Rlflow__FloatSeq *ref = calloc((size_t)(n ? n : 1), sizeof *ref), *val = calloc((size_t)(n ? n : 1), sizeof *val);
     Rlflow__FloatSeq **refp = malloc(sizeof *refp * (size_t)(n ? n : 1)), **valp = malloc(sizeof *valp * (size_t)(n ? n : 1));
-    rf_status st = ptrs && ref && val && refp && valp ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status st = ref && val && refp && valp ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     Rlflow__ScoreResponse resp = RLFLOW__SCORE_RESPONSE__INIT;
     resp.request_id = q->request_id;
-    if (st == RF_OK && q->want_ref_logp) {
-        if (!w->ref) st = rf_error(RF_ERR_ARG, "ScoreRequest asks for reference log-probs, the recipe has no reference");
-        for (int i = 0; st == RF_OK && i < n; i++) ptrs[i] = s[i].ref_logp;
-        if (st == RF_OK)
-            st = rf_actor_logprobs(w->ref, s, n, r->train.micro_batch_tokens, 1.0f / (float)r->rollout.temperature, ptrs, NULL);
-        for (int i = 0; st == RF_OK && i < n; i++) {
-            rlflow__float_seq__init(&ref[i]);
-            ref[i].n_v = (size_t)s[i].n_resp, ref[i].v = s[i].ref_logp;
-            refp[i] = &ref[i];
-        }
-        resp.n_ref_logp = st == RF_OK ? (size_t)n : 0, resp.ref_logp = refp;
+    int flags = (q->want_ref_logp ? RF_SCORE_REF : 0) | (q->want_values ? RF_SCORE_VALUES : 0);
+    if (st == RF_OK && q->want_ref_logp && !rf_recipe_reference_enabled(w->r))
+        st = rf_error(RF_ERR_ARG, "ScoreRequest asks for reference log-probs, the recipe has no reference");
+    if (st == RF_OK && q->want_values && !rf__worker_has_critic(w))
+        st = rf_error(RF_ERR_ARG, "ScoreRequest asks for values, the recipe has no critic");
+    Rlflow__TrainBatch b = RLFLOW__TRAIN_BATCH__INIT;
+    b.n_samples = q->n_samples, b.samples = q->samples;
+    if (st == RF_OK && flags)
+        st = score_spread(w, flags) ? rf__dp_score(w, &b, s, flags) : rf__worker_score_share(w, &b, 0, (size_t)n, s, flags);
+    if (st == RF_OK && flags && w->scored++ == 0) log_score_layout(w, flags);
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        rlflow__float_seq__init(&ref[i]), rlflow__float_seq__init(&val[i]);
+        ref[i].n_v = val[i].n_v = (size_t)s[i].n_resp;
+        ref[i].v = s[i].ref_logp, val[i].v = s[i].values;
+        refp[i] = &ref[i], valp[i] = &val[i];
     }
-    if (st == RF_OK && q->want_values) {
-        if (!w->critic) st = rf_error(RF_ERR_ARG, "ScoreRequest asks for values, the recipe has no critic");
-        for (int i = 0; st == RF_OK && i < n; i++) ptrs[i] = s[i].values;
-        if (st == RF_OK) st = rf_critic_values(w->critic, s, n, r->train.micro_batch_tokens, ptrs);
-        for (int i = 0; st == RF_OK && i < n; i++) {
-            rlflow__float_seq__init(&val[i]);
-            val[i].n_v = (size_t)s[i].n_resp, val[i].v = s[i].values;
-            valp[i] = &val[i];
-        }
-        resp.n_values = st == RF_OK ? (size_t)n : 0, resp.values = valp;
-    }
+    if (st == RF_OK && q->want_ref_logp) resp.n_ref_logp = (size_t)n, resp.ref_logp = refp;
+    if (st == RF_OK && q->want_values) resp.n_values = (size_t)n, resp.values = valp;
     float *rm = NULL;
     if (st == RF_OK && q->want_rm_score) {
         rm = malloc(sizeof(float) * (size_t)(n ? n : 1));
@@ -103,7 +165,7 @@ static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
         resp.n_rm_scores = st == RF_OK ? (size_t)n : 0, resp.rm_scores = rm;
     }
     if (st == RF_OK) st = rf_msg_link_send(w->link, RF_MSG_SCORE_RESPONSE, &resp.base);
-    free(ptrs), free(ref), free(val), free(refp), free(valp), free(rm);
+    free(ref), free(val), free(refp), free(valp), free(rm);
     samples_free(s, n);
     return st;
 }
@@ -240,7 +302,9 @@ rf_status rf__worker_update(tworker *w, rf_train_sample *s, int n, float kl_coef
     double ta = rf_time_now();
     if (st == RF_OK && go) st = rf_actor_update(w->tp ? w->tp->m : w->actor, &ao, &uo, s, n, as);
     *actor_s = rf_time_now() - ta;
-    if (st == RF_OK && w->critic && go) st = rf_critic_update(w->critic, &co, &uc, s, n, cs);
+    uc.tp = w->critic_tp; /* the critic split like the actor: this rank's shard */
+    rf_model *critic = w->critic_tp ? w->critic_tp->m : w->critic;
+    if (st == RF_OK && critic && go) st = rf_critic_update(critic, &co, &uc, s, n, cs);
     return st;
 }
 
@@ -265,7 +329,7 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
     if (st != RF_OK) return st;
     w->version++;
     RF_TRY(publish_weights(w));
-    rf__update_metrics(w->metrics, r, &as, w->critic ? &cs : NULL);
+    rf__update_metrics(w->metrics, r, &as, rf__worker_has_critic(w) ? &cs : NULL);
     rf_metrics_set(w->metrics, "perf/train_tokens_per_s", (double)as.tokens / fmax(ta, 1e-9));
     rf_metrics_set(w->metrics, "perf/prox_s", tp);
     rf_metrics_set(w->metrics, "perf/weights_mb", (double)actor_floats(w) * 4.0 / 1e6);
@@ -308,15 +372,16 @@ static rf_status checkpoint(tworker *w, const Rlflow__CheckpointRequest *q) {
         st = rf_error(RF_ERR_FORMAT, "CheckpointRequest for step %lld, the actor is at %d", (long long)q->step, w->version);
     /* ZeRO-1: the peers' shards of the optimizer state are gathered for the files; tensor
      * parallelism: the whole actor, for as long as the files take */
-    rf_model *whole = NULL;
+    rf_model *whole = NULL, *critic = NULL;
     if (st == RF_OK && w->dpc) st = rf__dp_checkpoint_begin(w);
-    if (st == RF_OK && w->tpc) st = rf__tp_gather(w, &whole);
+    if (st == RF_OK && w->tpc) st = rf__tp_gather(w, &whole, &critic);
     if (st == RF_OK)
-        st = rf_checkpoint_save(r->logging.dir, whole ? whole : w->actor, w->critic, r->model.path, &cs, r->checkpoint.keep);
+        st = rf_checkpoint_save(r->logging.dir, whole ? whole : w->actor, critic ? critic : w->critic, r->model.path, &cs,
+                                r->checkpoint.keep);
     if (st == RF_OK && whole)
         rf_log_info("training worker: checkpoint of step %d gathered from %d shards (the weights sent as version %d, CRC-32C %08x)",
                     w->version, w->tp->tp, w->version, w->crc);
-    rf_model_free(whole);
+    rf_model_free(whole), rf_model_free(critic);
     if (w->dpc) rf__dp_checkpoint_end(w);
     d.seconds = rf_time_now() - t;
     d.error = st == RF_OK ? "" : (char *)rf_error_message();

@@ -1,7 +1,8 @@
 /* Data parallelism of the training worker (placement.actor.dp > 1): the controller talks to
  * DP rank 0 only; rank 0 hands each DP peer its share of every TrainBatch over comm, and all
  * of them update together (trainer/data_parallel.h sums their gradients); rank 0 alone scores,
- * checkpoints and sends weights to the rollout workers.
+ * checkpoints and sends weights to the rollout workers; scoring is shared out like training
+ * when the models it needs are on every replica.
  *
  * Rank 0 drives the peers with commands, a broadcast over the DP communicator:
  *   NOP         a keep-alive while rank 0 is idle (peers give up on a silent rank 0);
@@ -9,7 +10,10 @@
  *               message holding its samples (the same fields as the controller's), and every
  *               rank runs rf__worker_update; `arg` is the whole batch's sample count;
  *   CHECKPOINT  ZeRO-1: the optimizer shards are gathered for rank 0's checkpoint;
- *   STOP        the run is over (`arg` 1: on an error, and the peers stop with one).
+ *   STOP        the run is over (`arg` 1: on an error, and the peers stop with one);
+ *   SCORE       a ScoreRequest's samples shared out as TRAIN's (a TrainBatch each); every rank
+ *               scores its share (`arg`: the RF_SCORE_* flags; worker_internal.h) and sends
+ *               rank 0 the results, per sample its reference log-probs then its values.
  * Shares are contiguous runs of the batch with about equal token counts.
  *
  * With tensor parallelism too (worker_internal.h), the DP ranks are the replicas' leaders: each
@@ -27,7 +31,7 @@
 #include "controller/advantages.h"
 #include "controller/run_internal.h"
 
-enum { DP_NOP = 1, DP_TRAIN, DP_CHECKPOINT, DP_STOP };
+enum { DP_NOP = 1, DP_TRAIN, DP_CHECKPOINT, DP_STOP, DP_SCORE };
 
 typedef struct dp_cmd {
     int32_t cmd;
@@ -50,14 +54,15 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
     if (st == RF_OK && w->tp)
         st = rf_comm_bcast(w->dpc, &v, sizeof v, 0, r->async.startup_timeout, "receiving the version from replica 0");
     w->version = (int)v;
-    if (st == RF_OK && w->critic) st = rf_dp_init(&w->dp_critic, w->dpc, w->critic, &o);
+    if (st == RF_OK && w->critic_tp) st = rf_dp_init_tp(&w->dp_critic, w->dpc, w->critic_tp, &o);
+    else if (st == RF_OK && w->critic) st = rf_dp_init(&w->dp_critic, w->dpc, w->critic, &o);
     if (st != RF_OK) return st;
     rf_dp_set_timeout(w->dp_actor, r->async.peer_timeout);
     if (w->dp_critic) rf_dp_set_timeout(w->dp_critic, r->async.peer_timeout);
     if (rank == 0 && w->tpc && rf_comm_rank(w->tpc) == 0)
         rf_log_info("training worker: %d data-parallel replicas of %d tensor-parallel ranks%s, %s", size,
                     rf_comm_size(w->tpc), r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded per shard)" : "",
-                    w->critic ? "actor (and the critic on the replicas' first ranks)" : "actor");
+                    w->critic_tp ? "actor and critic" : w->critic ? "actor (and the critic on the replicas' first ranks)" : "actor");
     else if (rank == 0 && !w->tpc)
         rf_log_info("training worker: data parallel over %d ranks%s, %s", size,
                     r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded)" : "",
@@ -107,26 +112,77 @@ static void shares(const Rlflow__TrainBatch *b, int size, size_t *bound) {
     bound[size] = b->n_samples;
 }
 
-rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo, size_t *hi) {
+/* Tells the peers `cmd` (with arg) and sends each its share of b; bound (size + 1) gets the
+ * shares' sample boundaries. */
+static rf_status scatter(rf__tworker *w, int cmd, int64_t arg, const Rlflow__TrainBatch *b, size_t *bound) {
     int size = rf_comm_size(w->dpc);
     double t = w->r->async.peer_timeout;
-    size_t *bound = calloc((size_t)size + 1, sizeof *bound);
     uint64_t *bytes = calloc((size_t)size, sizeof *bytes);
     uint8_t **buf = calloc((size_t)size, sizeof *buf);
     rf_comm_p2p *ops = calloc((size_t)size, sizeof *ops);
-    rf_status st = bound && bytes && buf && ops ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status st = bytes && buf && ops ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     if (st == RF_OK) shares(b, size, bound);
     /* every share packed before the peers are told: a failure here leaves them waiting for
      * the next command, not half-way through this one */
     for (int q = 1; st == RF_OK && q < size; q++) st = rf__worker_pack_part(b, bound[q], bound[q + 1], &buf[q], &bytes[q]);
-    if (st == RF_OK) st = send_cmd(w, DP_TRAIN, (int64_t)b->n_samples, t);
+    if (st == RF_OK) st = send_cmd(w, cmd, arg, t);
     for (int q = 1; q < size; q++) ops[q - 1] = (rf_comm_p2p){&bytes[q], sizeof bytes[q], q, 1};
     if (st == RF_OK) st = rf_comm_sendrecv(w->dpc, ops, size - 1, t, "sending the data-parallel ranks their shares");
     for (int q = 1; q < size; q++) ops[q - 1] = (rf_comm_p2p){buf[q], bytes[q], q, 1};
     if (st == RF_OK) st = rf_comm_sendrecv(w->dpc, ops, size - 1, t, "sending the data-parallel ranks their shares");
-    if (st == RF_OK) *lo = bound[0], *hi = bound[1];
     for (int q = 0; buf && q < size; q++) free(buf[q]);
-    free(bound), free(bytes), free(buf), free(ops);
+    free(bytes), free(buf), free(ops);
+    return st;
+}
+
+rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo, size_t *hi) {
+    size_t *bound = calloc((size_t)rf_comm_size(w->dpc) + 1, sizeof *bound);
+    rf_status st = bound ? scatter(w, DP_TRAIN, (int64_t)b->n_samples, b, bound) : rf_error(RF_ERR_NOMEM, "out of memory");
+    if (st == RF_OK) *lo = bound[0], *hi = bound[1];
+    free(bound);
+    return st;
+}
+
+/* Floats of the scores of samples s (n) for flags: per sample its reference log-probs then its
+ * values. */
+static size_t score_floats(const rf_train_sample *s, int n, int flags) {
+    size_t per = (size_t)((flags & RF_SCORE_REF) != 0) + (size_t)((flags & RF_SCORE_VALUES) != 0), f = 0;
+    for (int i = 0; i < n; i++) f += per * (size_t)s[i].n_resp;
+    return f;
+}
+
+/* Copies the scores of s (n) to buf (to_buf) or from it. */
+static void score_copy(rf_train_sample *s, int n, int flags, float *buf, int to_buf) {
+    for (int i = 0; i < n; i++) {
+        size_t k = (size_t)s[i].n_resp * sizeof(float);
+        float *f[2] = {flags & RF_SCORE_REF ? s[i].ref_logp : NULL, flags & RF_SCORE_VALUES ? s[i].values : NULL};
+        for (int j = 0; j < 2; j++) {
+            if (!f[j]) continue;
+            if (to_buf) memcpy(buf, f[j], k);
+            else memcpy(f[j], buf, k);
+            buf += s[i].n_resp;
+        }
+    }
+}
+
+rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sample *s, int flags) {
+    int size = rf_comm_size(w->dpc);
+    size_t *bound = calloc((size_t)size + 1, sizeof *bound);
+    float **got = calloc((size_t)size, sizeof *got);
+    rf_comm_p2p *ops = calloc((size_t)size, sizeof *ops);
+    rf_status st = bound && got && ops ? scatter(w, DP_SCORE, flags, b, bound) : rf_error(RF_ERR_NOMEM, "out of memory");
+    if (st == RF_OK) st = rf__worker_score_share(w, b, bound[0], bound[1], s, flags);
+    for (int q = 1; st == RF_OK && q < size; q++) {
+        size_t f = score_floats(s + bound[q], (int)(bound[q + 1] - bound[q]), flags);
+        got[q] = malloc(sizeof(float) * (f ? f : 1));
+        if (!got[q]) st = rf_error(RF_ERR_NOMEM, "out of memory for %zu scores", f);
+        ops[q - 1] = (rf_comm_p2p){got[q], sizeof(float) * f, q, 0};
+    }
+    if (st == RF_OK)
+        st = rf_comm_sendrecv(w->dpc, ops, size - 1, w->r->async.peer_timeout, "receiving the data-parallel ranks' scores");
+    for (int q = 1; st == RF_OK && q < size; q++) score_copy(s + bound[q], (int)(bound[q + 1] - bound[q]), flags, got[q], 0);
+    for (int q = 0; got && q < size; q++) free(got[q]);
+    free(bound), free(got), free(ops);
     return st;
 }
 
@@ -144,21 +200,56 @@ void rf__dp_checkpoint_end(rf__tworker *w) {
 
 /* ---- the peers ---- */
 
+/* Receives this rank's share of a batch (caller frees *buf). */
+static rf_status recv_share(rf__tworker *w, uint8_t **buf, uint64_t *bytes) {
+    double t = w->r->async.peer_timeout;
+    *buf = NULL, *bytes = 0;
+    rf_comm_p2p op = {bytes, sizeof *bytes, 0, 0};
+    RF_TRY(rf_comm_sendrecv(w->dpc, &op, 1, t, "receiving this rank's share of the batch"));
+    *buf = malloc(*bytes ? *bytes : 1);
+    if (!*buf) return rf_error(RF_ERR_NOMEM, "out of memory for a share of %llu bytes", (unsigned long long)*bytes);
+    op = (rf_comm_p2p){*buf, *bytes, 0, 0};
+    return rf_comm_sendrecv(w->dpc, &op, 1, t, "receiving this rank's share of the batch");
+}
+
 /* Receives this rank's share and trains on it with the others (with tensor parallelism: with
  * its TP peers, after handing them the share). */
 static rf_status peer_train(rf__tworker *w, int64_t n_batch) {
     double t = w->r->async.peer_timeout;
+    uint8_t *buf = NULL;
     uint64_t bytes = 0;
-    rf_comm_p2p op = {&bytes, sizeof bytes, 0, 0};
-    RF_TRY(rf_comm_sendrecv(w->dpc, &op, 1, t, "receiving this rank's share of the batch"));
-    uint8_t *buf = malloc(bytes ? bytes : 1);
-    if (!buf) return rf_error(RF_ERR_NOMEM, "out of memory for a share of %llu bytes", (unsigned long long)bytes);
-    op = (rf_comm_p2p){buf, bytes, 0, 0};
-    rf_status st = rf_comm_sendrecv(w->dpc, &op, 1, t, "receiving this rank's share of the batch");
+    rf_status st = recv_share(w, &buf, &bytes);
     if (st == RF_OK && w->tpc) st = rf__tp_share(w, buf, bytes, n_batch > 0);
     if (st == RF_OK) st = rf__worker_peer_update(w, buf, bytes, "this rank's share of the batch", n_batch > 0);
     /* tensor parallelism: this replica's shards go to the rollout workers with the others' */
     if (st == RF_OK && w->tpc) st = rf__tp_publish(w, t, NULL);
+    free(buf);
+    return st;
+}
+
+/* Receives this rank's share of the samples to score, scores it (with its TP peers when a
+ * split model takes part) and sends rank 0 the results. */
+static rf_status peer_score(rf__tworker *w, int flags) {
+    uint8_t *buf = NULL;
+    uint64_t bytes = 0;
+    rf_status st = recv_share(w, &buf, &bytes);
+    Rlflow__TrainBatch *b = st == RF_OK ? rlflow__train_batch__unpack(NULL, bytes, buf) : NULL;
+    if (st == RF_OK && !b) st = rf_error(RF_ERR_FORMAT, "this rank's share of the samples to score does not parse");
+    rf_train_sample *s = NULL;
+    int n = b ? (int)b->n_samples : 0;
+    if (st == RF_OK) st = rf__worker_unpack(b->samples, b->n_samples, &s);
+    if (st == RF_OK) st = rf__worker_score_share(w, b, 0, (size_t)n, s, flags);
+    size_t f = st == RF_OK ? score_floats(s, n, flags) : 0;
+    float *out = st == RF_OK ? malloc(sizeof(float) * (f ? f : 1)) : NULL;
+    if (st == RF_OK && !out) st = rf_error(RF_ERR_NOMEM, "out of memory for %zu scores", f);
+    if (st == RF_OK) {
+        score_copy(s, n, flags, out, 1);
+        rf_comm_p2p op = {out, sizeof(float) * f, 0, 1};
+        st = rf_comm_sendrecv(w->dpc, &op, 1, w->r->async.peer_timeout, "sending data-parallel rank 0 this rank's scores");
+    }
+    free(out);
+    if (s) rf__worker_samples_free(s, n);
+    if (b) rlflow__train_batch__free_unpacked(b, NULL);
     free(buf);
     return st;
 }
@@ -174,6 +265,7 @@ static rf_status peer_serve(rf__tworker *w) {
         switch (c.cmd) {
         case DP_NOP: RF_TRY(rf__tp_keepalive(w)); break;
         case DP_TRAIN: RF_TRY(peer_train(w, c.arg)); break;
+        case DP_SCORE: RF_TRY(peer_score(w, (int)c.arg)); break;
         case DP_CHECKPOINT:
             if (w->tpc) RF_TRY(rf__tp_checkpoint_peers(w));
             RF_TRY(rf_dp_gather_optimizer(w->dp_actor));
@@ -201,6 +293,9 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
     }
+    /* the reference on every replica (placement.reference.dp = placement.actor.dp) */
+    if (st == RF_OK && rf__worker_has_ref(&w))
+        st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
     if (tpc) st = rf__tp_setup(&w, st);
     st = rf__dp_setup(&w, st);
     if (st == RF_OK)
@@ -214,6 +309,6 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
     if (st != RF_OK) rf__tp_stop(&w, 1);
     rf__dp_free(&w);
     rf__tp_free(&w);
-    rf_model_free(w.actor), rf_model_free(w.critic);
+    rf_model_free(w.actor), rf_model_free(w.critic), rf_model_free(w.ref);
     return st;
 }

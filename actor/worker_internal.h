@@ -11,8 +11,14 @@
  * (worker_tp.c); every rank's DP group (dpc) holds the ranks of its TP position, and the
  * actor's gradients are summed over it (rf_dp_init_tp). Every replica sends weights (each
  * rollout worker's blocks spread over the replicas by the planner); replica 0 alone gathers
- * checkpoints; the critic, reference and reward model are whole on the leaders
- * (the critic data parallel over them), as with tensor parallelism alone. */
+ * checkpoints.
+ *
+ * The critic and the reference sit on the same grid (rf_recipe_role_layout): the critic on
+ * every replica, the reference on the first ref_dp; in each replica either whole on the leader
+ * (tp 1) or split over its TP group like the actor (critic_tp, ref_tp). A ScoreRequest is split
+ * over the replicas when every model it asks for is on all of them (token-balanced shares, as
+ * training), else replica 0 scores it alone; within a replica the TP peers take part in the
+ * passes of the split models. The reward model is whole on rank 1. */
 #ifndef RF_ACTOR_WORKER_INTERNAL_H
 #define RF_ACTOR_WORKER_INTERNAL_H
 
@@ -31,7 +37,8 @@ typedef struct rf__tworker {
     const rf_recipe *r;
     const rf_kernels *k;
     rf_msg_link *link;   /* DP rank 0 only */
-    rf_model *actor, *ref, *critic; /* actor: NULL with tensor parallelism (tp->m is the shard) */
+    rf_model *actor, *ref, *critic; /* whole models; NULL where the shards below hold them (and
+                                       the actor with tensor parallelism: tp->m is the shard) */
     rf_reward_model *rm; /* reward.model, when the recipe has one (DP rank 0) */
     rf_metrics *metrics; /* no files: collects one update's metrics for TrainStats */
     rf_weights_tx *tx;
@@ -60,7 +67,24 @@ typedef struct rf__tworker {
     int tp_serving;      /* TP rank 0: the peers wait for commands (after the first weights,
                             or at once in replicas other than 0) */
     uint32_t crc;        /* checksum of the weights last sent */
+    /* the critic and the reference split like the actor (placement.critic.tp /
+     * placement.reference.tp = placement.actor.tp > 1): this rank's shards, else NULL */
+    rf_model_tp *critic_tp, *ref_tp;
+    int scored;          /* rank 1: ScoreRequests answered (the first one's layout is logged) */
 } rf__tworker;
+
+/* What a score pass computes: reference log-probs, critic values. */
+enum { RF_SCORE_REF = 1, RF_SCORE_VALUES = 2 };
+
+/* This rank's part of scoring samples s (n; their ref_logp / values filled), for the models in
+ * `flags` it holds: whole ones alone, split ones with every TP rank of its replica (which call
+ * it with the same samples and the split models' flags). */
+rf_status rf__worker_score(rf__tworker *w, rf_train_sample *s, int n, int flags);
+
+/* A replica leader's share of a score pass, samples [lo, hi) of b unpacked in s: the TP peers
+ * get the share when a split model takes part (rf__tp_score_share), then rf__worker_score. */
+rf_status rf__worker_score_share(rf__tworker *w, const Rlflow__TrainBatch *b, size_t lo, size_t hi,
+                                 rf_train_sample *s, int flags);
 
 /* The TrainSamples of a message as rf_train_samples (tokens and per-token arrays copied). */
 rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample **out);
@@ -83,6 +107,10 @@ rf_status rf__worker_agree_to_start(rf__tworker *w, rf_comm *c, rf_status loaded
 rf_status rf__worker_peer_update(rf__tworker *w, const uint8_t *buf, size_t bytes, const char *what,
                                  int train);
 
+/* Whether this rank's replica holds the critic / the reference (rank 1's always does). */
+int rf__worker_has_critic(const rf__tworker *w);
+int rf__worker_has_ref(const rf__tworker *w);
+
 /* ---- data parallelism (actor/worker_dp.c) ---- */
 
 /* Sets up data parallelism of the loaded actor (and critic) over w->dpc: every DP rank calls it
@@ -93,6 +121,10 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded);
 
 /* DP rank 0: sends every peer its share of batch b and returns its own samples [*lo, *hi). */
 rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo, size_t *hi);
+
+/* DP rank 0: scores the samples of b (s: them unpacked) over the replicas, each its share
+ * (rf__worker_score_share; the peers send theirs back), filling s's ref_logp / values. */
+rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sample *s, int flags);
 
 /* DP rank 0: a keep-alive for the peers when it has sent them nothing for a while (they give
  * up on a rank 0 silent for async.peer_timeout). */
@@ -117,7 +149,9 @@ void rf__dp_free(rf__tworker *w);
  * failed every rank returns an error). Each rank then holds its shard in w->tp (rank 0 frees
  * the whole actor and sets w->actor = NULL), the version is rank 0's, and w->wrs is ready
  * (every replica sends weights over w->wcomm). A leader of a replica other than 0 has no whole
- * actor: its group's shards stay zero until rf__dp_setup copies replica 0's. */
+ * actor: its group's shards stay zero until rf__dp_setup copies replica 0's. The critic and
+ * the reference the recipe splits are cut from the leader's whole ones the same way (into
+ * w->critic_tp, w->ref_tp; the leader frees the whole ones). */
 rf_status rf__tp_setup(rf__tworker *w, rf_status loaded);
 
 /* Every TP rank, together: the checksum of the new weights (the whole buffer's CRC-32C, from
@@ -139,6 +173,13 @@ rf_status rf__tp_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int t
 /* Samples [lo, hi) of b packed as a TrainBatch with b's other fields (caller frees *buf). */
 rf_status rf__worker_pack_part(const Rlflow__TrainBatch *b, size_t lo, size_t hi, uint8_t **buf, uint64_t *bytes);
 
+/* TP rank 0: the TP peers score the packed TrainBatch buf (bytes) with it, for the split
+ * models among `flags`; returns at once when none of them is split. */
+rf_status rf__tp_score_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int flags);
+
+/* The flags of `flags` whose models are split over the TP group here. */
+int rf__tp_split_flags(const rf__tworker *w, int flags);
+
 /* A leader of a replica other than 0, around its part of a checkpoint (ZeRO-1): tells its TP
  * peers, whose optimizer shards are gathered with the other replicas'. */
 rf_status rf__tp_checkpoint_peers(rf__tworker *w);
@@ -147,8 +188,9 @@ rf_status rf__tp_checkpoint_peers(rf__tworker *w);
 rf_status rf__tp_keepalive(rf__tworker *w);
 
 /* TP rank 0: gathers the shards (parameters, AdamW moments, step) into a whole actor for a
- * checkpoint (the peers take part on command). Caller frees *full with rf_model_free. */
-rf_status rf__tp_gather(rf__tworker *w, rf_model **full);
+ * checkpoint, and the critic's into *critic when it is split (else *critic = NULL); the peers
+ * take part on command. Caller frees both with rf_model_free. */
+rf_status rf__tp_gather(rf__tworker *w, rf_model **full, rf_model **critic);
 
 /* TP rank 0: tells the peers the run is over (bounded; best effort); failed as rf__dp_stop. */
 void rf__tp_stop(rf__tworker *w, int failed);

@@ -14,7 +14,10 @@
  *   CHECKPOINT  the shards (parameters, AdamW moments) are gathered whole on rank 0 (`arg`:
  *               the version, checked); with ZeRO-1 over data-parallel replicas each rank's
  *               optimizer shards are gathered over its DP group first;
- *   STOP        the run is over (`arg` 1: on an error, and the peers stop with one).
+ *   STOP        the run is over (`arg` 1: on an error, and the peers stop with one);
+ *   SCORE       then the packed TrainBatch (`arg` bytes) by broadcast; every rank runs the
+ *               passes of the split critic or reference (`train`: the RF_SCORE_* flags) with
+ *               rank 0, which keeps the results.
  *
  * Moving whole models in and out of shards uses the resharding planner and executor over the
  * TP communicator (layout tp 1 on rank 0 <-> tp T on ranks 0 .. T-1): at the start rank 0's
@@ -40,7 +43,7 @@
 #include "resharding/plan.h"
 #include "resharding/reshard.h"
 
-enum { TP_NOP = 1, TP_TRAIN, TP_CHECKPOINT, TP_STOP };
+enum { TP_NOP = 1, TP_TRAIN, TP_CHECKPOINT, TP_STOP, TP_SCORE };
 
 typedef struct tp_cmd {
     int32_t cmd;
@@ -55,26 +58,71 @@ static rf_param_table table_of(const rf_model_tp *tp) {
     return pt;
 }
 
-/* Scatters (to_shards) rank 0's whole actor `full` into every rank's shard, or gathers the
- * shards into it: parameters and both AdamW moments. Every TP rank calls it; full is NULL on
- * the peers. */
-static rf_status move_state(rf__tworker *w, int to_shards, rf_model *full, double timeout_s) {
-    rf_param_table pt = table_of(w->tp);
-    int T = w->tp->tp;
+/* Scatters (to_shards) rank 0's whole model `full` into every rank's shard of tp (the actor,
+ * the critic or the reference), or gathers the shards into it: parameters, and both AdamW
+ * moments when the shards have them. Every TP rank calls it; full is NULL on the peers. */
+static rf_status move_state(rf__tworker *w, rf_model_tp *tp, int to_shards, rf_model *full, double timeout_s) {
+    rf_param_table pt = table_of(tp);
+    int T = tp->tp;
     rf_layout whole = {1, 1, 0, NULL}, shards = {T, 1, 0, NULL};
     rf_reshard_plan *p = NULL;
     RF_TRY(rf_reshard_plan_make(&p, &pt, to_shards ? &whole : &shards, to_shards ? &shards : &whole, BUCKET_BYTES, T));
     rf_reshard_opts o = {.timeout_s = timeout_s};
     rf_reshard *x = NULL;
     rf_status st = rf_reshard_init(&x, p, w->tpc, &o);
-    rf_model *m = w->tp->m;
+    rf_model *m = tp->m;
     float *fb[3] = {full ? full->params : NULL, full ? full->opt_m : NULL, full ? full->opt_v : NULL};
     float *sb[3] = {m->params, m->opt_m, m->opt_v};
-    for (int i = 0; st == RF_OK && i < 3; i++)
+    for (int i = 0; st == RF_OK && i < (m->opt_m ? 3 : 1); i++)
         st = to_shards ? rf_reshard_run(x, fb[i], sb[i], w->version) : rf_reshard_run(x, sb[i], fb[i], w->version);
     rf_reshard_free(x);
     rf_reshard_plan_free(p);
     return st;
+}
+
+/* Splits the critic or the reference (`whole`: the leader's loaded model, NULL on the peers)
+ * over the TP group into *out: the shape and optimizer step from the leader, the shards cut by
+ * move_state; the leader frees its whole model. */
+static rf_status role_setup(rf__tworker *w, rf_model **whole, rf_model_tp **out, int train, const char *name) {
+    const rf_recipe *r = w->r;
+    struct {
+        rf_model_config cfg;
+        int64_t step;
+    } hdr;
+    memset(&hdr, 0, sizeof hdr);
+    if (*whole) hdr.cfg = (*whole)->cfg, hdr.step = (*whole)->opt_step;
+    char what[96];
+    snprintf(what, sizeof what, "tensor-parallel training ranks receiving the %s's shape", name);
+    RF_TRY(rf_comm_bcast(w->tpc, &hdr, sizeof hdr, 0, r->async.startup_timeout, what));
+    rf_status st = rf_model_tp_init(out, &hdr.cfg, w->k, w->tpc, r->async.peer_timeout);
+    if (st == RF_OK && train) st = rf_model_tp_enable_training(*out);
+    if (st != RF_OK) st = rf_error_wrap(st, "the %s's shard", name);
+    snprintf(what, sizeof what, "tensor-parallel (%s)", name);
+    RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, what));
+    (*out)->m->opt_step = (int)hdr.step;
+    RF_TRY(move_state(w, *out, 1, *whole, r->async.startup_timeout));
+    rf_model_free(*whole);
+    *whole = NULL;
+    return RF_OK;
+}
+
+/* The critic and the reference of this replica, split when the recipe splits them. */
+static rf_status roles_setup(rf__tworker *w) {
+    int dp, tp, leader = rf_comm_rank(w->tpc) == 0;
+    rf_recipe_role_layout(w->r, 1, &dp, &tp);
+    int critic = rf__worker_has_critic(w), ref = rf__worker_has_ref(w);
+    /* the leader holds both whole (loaded like the actor); a missing one fails every rank in
+     * role_setup (a zero shape) */
+    if (critic && tp > 1) RF_TRY(role_setup(w, &w->critic, &w->critic_tp, 1, "critic"));
+    rf_recipe_role_layout(w->r, 0, &dp, &tp);
+    if (ref && tp > 1) RF_TRY(role_setup(w, &w->ref, &w->ref_tp, 0, "reference"));
+    if (leader && w->replica == 0 && (w->critic_tp || w->ref_tp))
+        rf_log_info("training worker: %s%s%s split over the %d tensor-parallel ranks of %s (shards of %zu%s%zu parameters "
+                    "here)", w->critic_tp ? "critic" : "", w->critic_tp && w->ref_tp ? " and " : "",
+                    w->ref_tp ? "reference" : "", w->tp->tp, w->dpc ? "each replica holding them" : "the training worker",
+                    w->critic_tp ? w->critic_tp->m->n_params : w->ref_tp->m->n_params, w->critic_tp && w->ref_tp ? " and " : "",
+                    w->critic_tp && w->ref_tp ? w->ref_tp->m->n_params : (size_t)0);
+    return RF_OK;
 }
 
 rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
@@ -100,9 +148,10 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     RF_TRY(rf_comm_bcast(w->tpc, vs, sizeof vs, 0, r->async.startup_timeout,
                          "tensor-parallel training ranks receiving the version"));
     w->version = (int)vs[0], w->tp->m->opt_step = (int)vs[1];
-    if (vs[2]) RF_TRY(move_state(w, 1, rank == 0 ? w->actor : NULL, r->async.startup_timeout));
+    if (vs[2]) RF_TRY(move_state(w, w->tp, 1, rank == 0 ? w->actor : NULL, r->async.startup_timeout));
     rf_model_free(w->actor); /* rank 0: the shards hold it now */
     w->actor = NULL;
+    RF_TRY(roles_setup(w));
     rf_param_table pt = table_of(w->tp);
     int D = w->dpc ? rf_comm_size(w->dpc) : 1; /* every replica sends (the planner spreads the senders) */
     RF_TRY(rf_weights_rs_init(&w->wrs, &pt, T, D, r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
@@ -117,8 +166,8 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
 
 void rf__tp_free(rf__tworker *w) {
     rf_weights_rs_free(w->wrs);
-    rf_model_tp_free(w->tp);
-    w->wrs = NULL, w->tp = NULL;
+    rf_model_tp_free(w->tp), rf_model_tp_free(w->critic_tp), rf_model_tp_free(w->ref_tp);
+    w->wrs = NULL, w->tp = w->critic_tp = w->ref_tp = NULL;
 }
 
 rf_status rf__rs_whole_setup(rf__tworker *w) {
@@ -170,27 +219,52 @@ rf_status rf__tp_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int t
     return rf_comm_bcast(w->tpc, (void *)buf, bytes, 0, t, "sending the tensor-parallel ranks the batch");
 }
 
+int rf__tp_split_flags(const rf__tworker *w, int flags) {
+    return (w->ref_tp ? flags & RF_SCORE_REF : 0) | (w->critic_tp ? flags & RF_SCORE_VALUES : 0);
+}
+
+rf_status rf__tp_score_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int flags) {
+    int split = rf__tp_split_flags(w, flags);
+    if (!split) return RF_OK;
+    double t = w->r->async.peer_timeout;
+    RF_TRY(send_cmd(w, TP_SCORE, split, (int64_t)bytes, t));
+    return rf_comm_bcast(w->tpc, (void *)buf, bytes, 0, t, "sending the tensor-parallel ranks the samples to score");
+}
+
 rf_status rf__tp_checkpoint_peers(rf__tworker *w) {
     return send_cmd(w, TP_CHECKPOINT, 0, w->version, w->r->async.peer_timeout);
 }
 
-rf_status rf__tp_gather(rf__tworker *w, rf_model **out) {
+/* A whole model of tp's shape with AdamW moments (no gradients: not trained), for gathering. */
+static rf_status whole_of(rf__tworker *w, const rf_model_tp *tp, rf_model **out, const char *name) {
     *out = NULL;
     rf_model *full = NULL;
-    RF_TRY(rf_model_init(&full, &w->tp->cfg, w->k));
+    RF_TRY(rf_model_init(&full, &tp->cfg, w->k));
     size_t bytes = full->n_params * sizeof(float);
-    full->opt_m = w->k->alloc(bytes), full->opt_v = w->k->alloc(bytes); /* no gradients: not trained */
-    rf_status st = full->opt_m && full->opt_v ? RF_OK
-                                              : rf_error(RF_ERR_NOMEM, "out of memory for the whole actor's optimizer state (%zu MB)", 2 * bytes >> 20);
-    if (st == RF_OK) st = rf__tp_checkpoint_peers(w);
-    if (st == RF_OK) st = move_state(w, 0, full, w->r->async.peer_timeout);
-    full->opt_step = w->tp->m->opt_step;
-    if (st != RF_OK) {
+    full->opt_m = w->k->alloc(bytes), full->opt_v = w->k->alloc(bytes);
+    if (!full->opt_m || !full->opt_v) {
         rf_model_free(full);
-        return st;
+        return rf_error(RF_ERR_NOMEM, "out of memory for the whole %s's optimizer state (%zu MB)", name, 2 * bytes >> 20);
     }
+    full->opt_step = tp->m->opt_step;
     *out = full;
     return RF_OK;
+}
+
+rf_status rf__tp_gather(rf__tworker *w, rf_model **out, rf_model **critic) {
+    *out = *critic = NULL;
+    /* both allocated before the peers are told: a failure here leaves them waiting for the
+     * next command */
+    rf_status st = whole_of(w, w->tp, out, "actor");
+    if (st == RF_OK && w->critic_tp) st = whole_of(w, w->critic_tp, critic, "critic");
+    if (st == RF_OK) st = rf__tp_checkpoint_peers(w);
+    if (st == RF_OK) st = move_state(w, w->tp, 0, *out, w->r->async.peer_timeout);
+    if (st == RF_OK && w->critic_tp) st = move_state(w, w->critic_tp, 0, *critic, w->r->async.peer_timeout);
+    if (st != RF_OK) {
+        rf_model_free(*out), rf_model_free(*critic);
+        *out = *critic = NULL;
+    }
+    return st;
 }
 
 /* ---- the peers ---- */
@@ -208,14 +282,34 @@ static rf_status peer_train(rf__tworker *w, int64_t bytes, int train) {
 }
 
 /* A checkpoint: ZeRO-1's optimizer shards gathered over the DP group, then (replica 0) the
- * shards gathered whole on rank 0. */
+ * shards of the actor (and of a split critic) gathered whole on rank 0. */
 static rf_status peer_checkpoint(rf__tworker *w, int64_t version) {
     if (version != w->version)
         return rf_error(RF_ERR_FORMAT, "tensor-parallel rank 0 checkpoints version %lld, this rank is at %d",
                         (long long)version, w->version);
     rf_status st = w->dp_actor ? rf_dp_gather_optimizer(w->dp_actor) : RF_OK;
-    if (st == RF_OK && w->replica == 0) st = move_state(w, 0, NULL, w->r->async.peer_timeout);
+    if (st == RF_OK && w->dp_critic) st = rf_dp_gather_optimizer(w->dp_critic);
+    if (st == RF_OK && w->replica == 0) st = move_state(w, w->tp, 0, NULL, w->r->async.peer_timeout);
+    if (st == RF_OK && w->replica == 0 && w->critic_tp) st = move_state(w, w->critic_tp, 0, NULL, w->r->async.peer_timeout);
     if (w->dp_actor) rf_dp_release_optimizer(w->dp_actor);
+    if (w->dp_critic) rf_dp_release_optimizer(w->dp_critic);
+    return st;
+}
+
+/* Scores the batch with rank 0: the passes of the split models in `flags`. */
+static rf_status peer_score(rf__tworker *w, int64_t bytes, int flags) {
+    uint8_t *buf = malloc(bytes ? (size_t)bytes : 1);
+    if (!buf) return rf_error(RF_ERR_NOMEM, "out of memory for %lld bytes of samples", (long long)bytes);
+    rf_status st = rf_comm_bcast(w->tpc, buf, (size_t)bytes, 0, w->r->async.peer_timeout,
+                                 "receiving the samples to score from the training worker (tensor-parallel rank 0)");
+    Rlflow__TrainBatch *b = st == RF_OK ? rlflow__train_batch__unpack(NULL, (size_t)bytes, buf) : NULL;
+    if (st == RF_OK && !b) st = rf_error(RF_ERR_FORMAT, "the samples to score from tensor-parallel rank 0 do not parse");
+    rf_train_sample *s = NULL;
+    if (st == RF_OK) st = rf__worker_unpack(b->samples, b->n_samples, &s);
+    if (st == RF_OK) st = rf__worker_score(w, s, (int)b->n_samples, flags);
+    if (s) rf__worker_samples_free(s, (int)b->n_samples);
+    if (b) rlflow__train_batch__free_unpacked(b, NULL);
+    free(buf);
     return st;
 }
 
@@ -230,6 +324,7 @@ static rf_status peer_serve(rf__tworker *w) {
         case TP_NOP: break;
         case TP_TRAIN: RF_TRY(peer_train(w, c.arg, c.train)); break;
         case TP_CHECKPOINT: RF_TRY(peer_checkpoint(w, c.arg)); break;
+        case TP_SCORE: RF_TRY(peer_score(w, c.arg, c.train)); break;
         case TP_STOP:
             return c.arg ? rf_error(RF_ERR_IO, "the training worker (tensor-parallel rank 0) stopped the run on an error")
                          : RF_OK;

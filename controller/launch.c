@@ -259,27 +259,39 @@ static rf_status check_size(const rf_recipe *r, int size) {
                     size, need, dp, workers);
 }
 
+/* The critic and the reference held by training rank (replica d, TP rank t): ", critic" or
+ * ", critic shard t of T" and the same for the reference (rf_recipe_role_layout). */
+static const char *roles_at(const rf_recipe *r, int d, int t, char *buf, size_t cap) {
+    int critic = strcmp(r->algorithm.name, "ppo") == 0 || strcmp(r->algorithm.name, "gae") == 0;
+    int held[2] = {critic, rf_recipe_reference_enabled(r)};
+    const char *name[2] = {"critic", "reference"};
+    size_t n = 0;
+    buf[0] = 0;
+    for (int k = 1; k >= 0; k--) { /* the reference first */
+        int dp, tp;
+        rf_recipe_role_layout(r, k == 0, &dp, &tp);
+        if (!held[k] || d >= dp || (tp == 1 && t > 0) || n >= cap) continue;
+        if (tp > 1) n += (size_t)snprintf(buf + n, cap - n, ", %s shard %d of %d", name[k], t, tp);
+        else n += (size_t)snprintf(buf + n, cap - n, ", %s", name[k]);
+    }
+    return buf;
+}
+
 /* The rank table the controller prints (ranks 1 .. n_train, then the rollout workers). */
 static void log_layout(const rf_recipe *r, int size) {
     int dp = r->placement.actor.dp, tp = r->placement.actor.tp, n_train = train_ranks(r);
-    int critic = strcmp(r->algorithm.name, "ppo") == 0 || strcmp(r->algorithm.name, "gae") == 0;
-    const char *ref = rf_recipe_reference_enabled(r) ? ", reference" : "", *cr = critic ? ", critic" : "";
-    if (tp > 1 && dp > 1)
-        rf_log_info("  rank 1: training worker, data-parallel replica 0 of %d, tensor-parallel rank 0 of %d (actor shard 0 "
-                    "of %d%s%s)", dp, tp, tp, ref, cr);
-    else if (tp > 1)
-        rf_log_info("  rank 1: training worker, tensor-parallel rank 0 of %d (actor shard 0 of %d%s%s)", tp, tp, ref, cr);
-    else if (dp > 1)
-        rf_log_info("  rank 1: training worker, data-parallel rank 0 of %d (actor%s%s)", dp, ref, cr);
-    else
-        rf_log_info("  rank 1: training worker (actor%s%s)", ref, cr);
-    for (int i = 2; i <= n_train; i++) {
+    char roles[128];
+    for (int i = 1; i <= n_train; i++) {
         int d = (i - 1) / tp, t = (i - 1) % tp;
+        roles_at(r, d, t, roles, sizeof roles);
         if (tp > 1 && dp > 1)
             rf_log_info("  rank %d: training worker, data-parallel replica %d of %d, tensor-parallel rank %d of %d (actor "
-                        "shard %d of %d%s)", i, d, dp, t, tp, t, tp, t == 0 ? cr : "");
-        else if (tp > 1) rf_log_info("  rank %d: training worker, tensor-parallel rank %d of %d (actor shard %d of %d)", i, i - 1, tp, i - 1, tp);
-        else rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s)", i, i - 1, dp, cr);
+                        "shard %d of %d%s)", i, d, dp, t, tp, t, tp, roles);
+        else if (tp > 1)
+            rf_log_info("  rank %d: training worker, tensor-parallel rank %d of %d (actor shard %d of %d%s)", i, t, tp, t, tp,
+                        roles);
+        else if (dp > 1) rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s)", i, d, dp, roles);
+        else rf_log_info("  rank %d: training worker (actor%s)", i, roles);
     }
     int gtp = r->placement.rollout.tp;
     for (int i = 1 + n_train; i < size; i++) {

@@ -54,8 +54,8 @@ static const struct { const char *name, *doc; } SECTIONS[] = {
     {"placement", "Where roles run."},
     {"placement.actor", "Parallel layout of the training roles (the actor, and the critic on the same ranks); docs/scaling.md."},
     {"placement.rollout", "Parallel layout of each rollout worker."},
-    {"placement.critic", "Parallel layout of the critic: today always the actor's ranks and layout."},
-    {"placement.reference", "Parallel layout of the reference policy: today always whole on the first training rank."},
+    {"placement.critic", "Parallel layout of the critic on the training ranks: on every data-parallel replica, whole on its first rank or split like the actor (docs/scaling.md)."},
+    {"placement.reference", "Parallel layout of the reference policy on the training ranks: on the first or every data-parallel replica, whole on its first rank or split like the actor (docs/scaling.md)."},
 };
 #define N_SECTIONS (sizeof SECTIONS / sizeof SECTIONS[0])
 
@@ -185,15 +185,15 @@ static const rkey KEYS[] = {
     {"placement", "mpirun", T_STR, AT(placement.mpirun), "\"mpirun\"", NULL, "split: the MPI launcher `rlflow run` starts the processes with when it is not already under mpirun."},
 
     {"placement.actor", "dp", T_INT, AT(placement.actor.dp), "1", NULL, "Data-parallel training ranks (MPI ranks 1..dp of a split run; the rollout workers follow them): each trains on its share of every batch and the gradients are summed over them, so an optimizer step equals one rank's on the same samples (with train.mini_batches > 1 each mini-batch takes a part of every rank's share). With placement.actor.tp > 1 too, dp replicas of tp ranks each (dp x tp training ranks, tp varying fastest: training rank i is shard i % tp of replica i / tp); each shard's gradients are summed over its replicas. dp > 1 needs placement.mode = \"split\" and the CPU (docs/scaling.md)."},
-    {"placement.actor", "tp", T_INT, AT(placement.actor.tp), "1", NULL, "Tensor-parallel ranks of the actor (MPI ranks 1..tp of a split run; the rollout workers follow them): each holds one shard (attention heads, MLP rows, vocabulary rows; norms whole), all train on every whole batch (with placement.actor.dp > 1: on their replica's share) together, and their shards are resharded into each rollout worker's whole copy after every step (from replica 0). The reference, critic and reward model stay whole on rank 1 (the critic: on each replica's first rank). Must divide the model's attention heads; tp > 1 needs placement.mode = \"split\" and the CPU (docs/scaling.md)."},
+    {"placement.actor", "tp", T_INT, AT(placement.actor.tp), "1", NULL, "Tensor-parallel ranks of the actor (MPI ranks 1..tp of a split run; the rollout workers follow them): each holds one shard (attention heads, MLP rows, vocabulary rows; norms whole), all train on every whole batch (with placement.actor.dp > 1: on their replica's share) together, and their shards are resharded into each rollout worker's whole copy after every step (from replica 0). The critic and the reference follow the actor's layout unless [placement.critic] / [placement.reference] say otherwise; the reward model stays whole on rank 1. Must divide the model's attention heads; tp > 1 needs placement.mode = \"split\" and the CPU (docs/scaling.md)."},
     {"placement.actor", "zero", T_INT, AT(placement.actor.zero), "0", NULL, "ZeRO stage of the training roles' optimizer state: 0 = every data-parallel rank holds all of it; 1 = sharded across the placement.actor.dp ranks (gradients reduce-scattered, AdamW on each rank's shard, parameters allgathered; needs dp > 1; with placement.actor.tp > 1 each tensor-parallel shard's state is sharded over its dp replicas). Stages 2 and 3 are refused (not implemented)."},
 
     {"placement.rollout", "tp", T_INT, AT(placement.rollout.tp), "1", NULL, "Tensor-parallel ranks per rollout worker (MPI ranks after the training ranks, tp consecutive ranks per rollout worker): each holds one shard of the policy and a KV cache of its own k/v heads; the first runs the engine (scheduler, sampling, the controller's link) and drives the others step by step, and the weights are resharded from the training layout into every rank's shard. Must divide the model's attention heads; tp > 1 needs placement.mode = \"split\" and the CPU (docs/scaling.md)."},
     {"placement.rollout", "replicas", T_INT, AT(placement.rollout.replicas), "0", NULL, "Rollout workers (generation replicas, each a whole copy of the policy); the same count as placement.rollout_ranks, which it sets (giving both with different values is an error); 0 = placement.rollout_ranks."},
-    {"placement.critic", "dp", T_INT, AT(placement.critic.dp), "0", NULL, "Data-parallel ranks of the critic; 0 = placement.actor.dp (the critic trains on the actor's ranks). Any other layout is refused (not implemented)."},
-    {"placement.critic", "tp", T_INT, AT(placement.critic.tp), "0", NULL, "Tensor-parallel ranks of the critic; 0 = as built (1: the critic is whole on each data-parallel rank; with placement.actor.tp > 1 on the first rank of each data-parallel replica). Any other value is refused (not implemented)."},
-    {"placement.reference", "dp", T_INT, AT(placement.reference.dp), "0", NULL, "Data-parallel ranks of the reference policy; 0 = as built (whole, on the first training rank). Any other value is refused (not implemented)."},
-    {"placement.reference", "tp", T_INT, AT(placement.reference.tp), "0", NULL, "Tensor-parallel ranks of the reference policy; 0 = as built (whole, on the first training rank). Any other value is refused (not implemented)."},
+    {"placement.critic", "dp", T_INT, AT(placement.critic.dp), "0", NULL, "Data-parallel replicas of the critic; 0 = placement.actor.dp, the only value this build carries out (the critic trains on every replica's share of the batch, its gradients summed over the replicas, ZeRO-1 as placement.actor.zero); any other value is refused (not implemented)."},
+    {"placement.critic", "tp", T_INT, AT(placement.critic.tp), "0", NULL, "Tensor-parallel ranks of the critic in each replica; 0 = placement.actor.tp. 1: the critic is whole on the first rank of each replica; placement.actor.tp: split over the replica's ranks like the actor (value head whole on each), trained tensor parallel, gathered whole for checkpoints. Other values are refused (not implemented). Must divide the critic model's attention heads."},
+    {"placement.reference", "dp", T_INT, AT(placement.reference.dp), "0", NULL, "Data-parallel replicas holding the reference policy; 0 = placement.actor.dp. 1: the first replica alone computes the reference log-probs of every scored batch; placement.actor.dp: every replica holds it and a scored batch is split over the replicas (token-balanced shares, as training). Other values are refused (not implemented)."},
+    {"placement.reference", "tp", T_INT, AT(placement.reference.tp), "0", NULL, "Tensor-parallel ranks of the reference policy in each replica holding it; 0 = placement.actor.tp. 1: whole on the replica's first rank; placement.actor.tp: split over the replica's ranks like the actor (vocabulary-parallel log-probs). Other values are refused (not implemented). Must divide the reference model's attention heads."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 _Static_assert(sizeof KEYS / sizeof KEYS[0] <= RF_RECIPE_MAX_KEYS, "raise RF_RECIPE_MAX_KEYS");
@@ -789,6 +789,13 @@ rf_status rf_recipe_validate(const rf_recipe *r) {
         return invalid(r, "placement.actor.zero", "shards the optimizer state across data-parallel "
                        "ranks and needs placement.actor.dp > 1 (with one rank it holds all of it)");
     return validate_external(r);
+}
+
+void rf_recipe_role_layout(const rf_recipe *r, int critic, int *dp, int *tp) {
+    int d = critic ? r->placement.critic.dp : r->placement.reference.dp;
+    int t = critic ? r->placement.critic.tp : r->placement.reference.tp;
+    *dp = d > 0 ? d : r->placement.actor.dp;
+    *tp = t > 0 ? t : r->placement.actor.tp;
 }
 
 int rf_recipe_reference_enabled(const rf_recipe *r) {

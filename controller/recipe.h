@@ -133,7 +133,7 @@ typedef struct rf_recipe {
                              set, the recipe's loader copies it there) */
         } rollout;        /* [placement.rollout] */
         struct {
-            int dp, tp;   /* 0: the actor's (placement.actor); other layouts are refused */
+            int dp, tp;   /* 0: the actor's (placement.actor); see rf_recipe_role_layout */
         } critic, reference; /* [placement.critic], [placement.reference] */
     } placement;
 
@@ -181,6 +181,12 @@ const char *rf_recipe_where(const rf_recipe *r, const char *key, char *buf, size
  * "WHERE: placement.mode = "split" is not implemented yet (WHY)". RF_ERR_ARG for a key that is
  * not in the schema. */
 rf_status rf_recipe_reject_unimplemented(const rf_recipe *r, const char *key, const char *why);
+
+/* The layout of the critic (critic = 1) or the reference (0) on the training ranks, zeros
+ * resolved to the actor's: *dp replicas of the actor's hold it (replicas 0 .. *dp - 1), each
+ * split over *tp ranks (1: whole on the replica's first rank). Which layouts a build carries
+ * out is checked when a run starts (controller/run_setup.c). */
+void rf_recipe_role_layout(const rf_recipe *r, int critic, int *dp, int *tp);
 
 /* reference.enabled resolved: "auto" means on when algorithm.kl_coef > 0. */
 int rf_recipe_reference_enabled(const rf_recipe *r);

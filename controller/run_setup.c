@@ -120,22 +120,37 @@ static rf_status reject_actor_tp(const rf_recipe *r, int split) {
 
 /* One tensor-parallel key (placement.actor.tp or placement.rollout.tp, value tp) against the
  * model's shape: the layout's rules (resharding/layout.h). */
-static rf_status check_tp_key(const rf_recipe *r, const char *key, int tp, const rf_model_config *cfg) {
+static rf_status check_tp_key(const rf_recipe *r, const char *key, int tp, const rf_model_config *cfg,
+                              const char *path_key, const char *path) {
     rf_layout l = {tp, 1, 0, NULL};
     if (tp <= 1 || rf_layout_check(&l, cfg, tp, "tensor-parallel layout") == RF_OK) return RF_OK;
     char where[512];
     rf_recipe_where(r, key, where, sizeof where);
     if (cfg->num_attention_heads % tp != 0)
-        return rf_error(RF_ERR_ARG, "%s: %s = %d does not divide the %d attention heads of model.path "
+        return rf_error(RF_ERR_ARG, "%s: %s = %d does not divide the %d attention heads of %s "
                         "\"%s\" (tensor parallelism splits whole heads)", where, key, tp, cfg->num_attention_heads,
-                        r->model.path);
+                        path_key, path);
     return rf_error(RF_ERR_ARG, "%s: %s = %d is more than the vocabulary (%d) or the intermediate size "
-                    "(%d) of model.path \"%s\"", where, key, tp, cfg->vocab_size, cfg->intermediate_size, r->model.path);
+                    "(%d) of %s \"%s\"", where, key, tp, cfg->vocab_size, cfg->intermediate_size, path_key, path);
 }
 
 rf_status rf__check_tp_model(const rf_recipe *r, const rf_model_config *cfg) {
-    RF_TRY(check_tp_key(r, "placement.actor.tp", r->placement.actor.tp, cfg));
-    return check_tp_key(r, "placement.rollout.tp", r->placement.rollout.tp, cfg);
+    RF_TRY(check_tp_key(r, "placement.actor.tp", r->placement.actor.tp, cfg, "model.path", r->model.path));
+    return check_tp_key(r, "placement.rollout.tp", r->placement.rollout.tp, cfg, "model.path", r->model.path);
+}
+
+/* A split critic or reference against its own model (critic.path / reference.path, when set). */
+static rf_status check_role_tp(const rf_recipe *r, int critic) {
+    int dp, tp;
+    rf_recipe_role_layout(r, critic, &dp, &tp);
+    const char *own = critic ? r->critic.path : r->reference.path;
+    if (tp <= 1 || !own[0]) return RF_OK;
+    char p[4096];
+    rf_model_config cfg;
+    rf_path_join(p, sizeof p, own, "config.json");
+    RF_TRY(rf_config_load(&cfg, p));
+    return check_tp_key(r, critic ? "placement.critic.tp" : "placement.reference.tp", tp, &cfg,
+                        critic ? "critic.path" : "reference.path", own);
 }
 
 rf_status rf__check_tp_model_path(const rf_recipe *r) {
@@ -144,7 +159,9 @@ rf_status rf__check_tp_model_path(const rf_recipe *r) {
     rf_model_config cfg;
     rf_path_join(p, sizeof p, r->model.path, "config.json");
     RF_TRY(rf_config_load(&cfg, p));
-    return rf__check_tp_model(r, &cfg);
+    RF_TRY(rf__check_tp_model(r, &cfg));
+    RF_TRY(check_role_tp(r, 1));
+    return check_role_tp(r, 0);
 }
 
 /* Tensor parallelism of generation: split runs on the CPU (the tensor-parallel model runs on the
@@ -165,16 +182,32 @@ static rf_status reject_rollout_tp(const rf_recipe *r, int split) {
 /* Parallel layouts this build does not carry out ([placement.actor], [placement.rollout]). */
 static rf_status reject_layouts(const rf_recipe *r, int split) {
     RF_TRY(reject_actor_tp(r, split));
-    const struct { const char *key; int v, same; } own[] = {
-        {"placement.critic.dp", r->placement.critic.dp, r->placement.actor.dp},
-        {"placement.critic.tp", r->placement.critic.tp, 1},
-        {"placement.reference.dp", r->placement.reference.dp, 1},
-        {"placement.reference.tp", r->placement.reference.tp, 1}};
-    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
-        if (own[i].v != 0 && own[i].v != own[i].same)
-            return rf_recipe_reject_unimplemented(r, own[i].key, "layouts of their own for the critic and the "
-                                                  "reference; the critic trains on the actor's ranks, the reference "
-                                                  "runs whole on the first training rank");
+    /* the critic and the reference: the actor's layout, or whole on each replica's first rank
+     * (the reference: on replica 0 alone too) */
+    int D = r->placement.actor.dp, T = r->placement.actor.tp;
+    char why[256];
+    for (int critic = 0; critic < 2; critic++) {
+        int dp, tp;
+        rf_recipe_role_layout(r, critic, &dp, &tp);
+        const char *name = critic ? "critic" : "reference";
+        char key[64];
+        snprintf(key, sizeof key, "placement.%s.dp", name);
+        if (dp != D && (critic || dp != 1)) {
+            if (critic)
+                snprintf(why, sizeof why, "a critic on other data-parallel replicas than the actor's; it trains on every "
+                         "replica's share (placement.actor.dp = %d)", D);
+            else
+                snprintf(why, sizeof why, "a reference on other replicas than the first (1) or all of the actor's "
+                         "(placement.actor.dp = %d)", D);
+            return rf_recipe_reject_unimplemented(r, key, why);
+        }
+        snprintf(key, sizeof key, "placement.%s.tp", name);
+        if (tp != 1 && tp != T) {
+            snprintf(why, sizeof why, "other tensor-parallel layouts than whole (1) or the actor's (placement.actor.tp "
+                     "= %d) for the %s", T, name);
+            return rf_recipe_reject_unimplemented(r, key, why);
+        }
+    }
     RF_TRY(reject_rollout_tp(r, split));
     if (r->placement.actor.zero > 1)
         return rf_recipe_reject_unimplemented(r, "placement.actor.zero", "ZeRO stages 2 and 3; stage 1 shards the "

@@ -208,8 +208,9 @@ static void parallel_layouts(void) {
         {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ndp = 2\ntp = 2\n",
          ":8:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism on CUDA: the vocabulary-parallel log-prob "
          "kernels and NCCL between the shards are not written yet)"},
-        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\ndp = 2\n[placement.critic]\ntp = 2\n",
-         ":7:1: placement.critic.tp = 2 is not implemented yet (layouts of their own"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 4\ndp = 2\n[placement.critic]\ntp = 2\n",
+         ":7:1: placement.critic.tp = 2 is not implemented yet (other tensor-parallel layouts than whole (1) or the actor's "
+         "(placement.actor.tp = 4) for the critic)"},
         {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\ndp = 2\nzero = 2\n",
          ":6:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
         {"[placement.rollout]\ntp = 4\n", ":2:1: placement.rollout.tp = 4 is not implemented yet (tensor parallelism of generation "
@@ -220,11 +221,15 @@ static void parallel_layouts(void) {
          "path is not tensor parallel (the tensor-parallel model runs on the CPU kernels only))"},
         {"[placement.actor]\ndp = 2\nzero = 2\n", ":3:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
         {"[placement]\nmode = \"split\"\n[placement.critic]\ndp = 2\n", ":4:1: placement.critic.dp = 2 is not implemented yet "
-         "(layouts of their own for the critic and the reference; the critic trains on the actor's ranks, the reference "
-         "runs whole on the first training rank)"},
-        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\n[placement.critic]\ntp = 2\n",
-         ":6:1: placement.critic.tp = 2 is not implemented yet (layouts of their own"},
-        {"[placement.reference]\ntp = 2\n", ":2:1: placement.reference.tp = 2 is not implemented yet (layouts of their own"},
+         "(a critic on other data-parallel replicas than the actor's; it trains on every replica's share "
+         "(placement.actor.dp = 1))"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\n[placement.critic]\ndp = 1\n",
+         ":6:1: placement.critic.dp = 1 is not implemented yet (a critic on other data-parallel replicas than the actor's"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ndp = 4\n[placement.reference]\ndp = 2\n",
+         ":6:1: placement.reference.dp = 2 is not implemented yet (a reference on other replicas than the first (1) or all "
+         "of the actor's (placement.actor.dp = 4))"},
+        {"[placement.reference]\ntp = 2\n", ":2:1: placement.reference.tp = 2 is not implemented yet (other tensor-parallel "
+         "layouts than whole (1) or the actor's (placement.actor.tp = 1) for the reference)"},
         {"[placement.actor]\ndp = 2\n", ":2:1: placement.actor.dp = 2 is not implemented yet (data parallelism in colocated runs"},
         {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ndp = 2\n",
          ":7:1: placement.actor.dp = 2 is not implemented yet (data parallelism on CUDA"},
@@ -246,10 +251,24 @@ static void parallel_layouts(void) {
                             NULL, 0));
     CHECK_OK(rf__reject_unimplemented(&r));
     rf_recipe_free(&r);
-    /* the critic's and reference's layouts as built are accepted when spelled out */
-    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\n"
+    /* the critic's and reference's layouts: whole on the replicas' first ranks or split like the
+     * actor, the reference on the first replica or all; zeros are the actor's */
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\ntp = 2\n"
                                             "[placement.critic]\ndp = 2\ntp = 1\n[placement.reference]\ndp = 1\n"), NULL, 0));
     CHECK_OK(rf__reject_unimplemented(&r));
+    int ldp, ltp;
+    rf_recipe_role_layout(&r, 1, &ldp, &ltp);
+    CHECK(ldp == 2 && ltp == 1);
+    rf_recipe_role_layout(&r, 0, &ldp, &ltp);
+    CHECK(ldp == 1 && ltp == 2);
+    rf_recipe_free(&r);
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\ntp = 2\n"
+                                            "[placement.critic]\ntp = 2\n[placement.reference]\ndp = 2\ntp = 1\n"), NULL, 0));
+    CHECK_OK(rf__reject_unimplemented(&r));
+    rf_recipe_role_layout(&r, 1, &ldp, &ltp);
+    CHECK(ldp == 2 && ltp == 2);
+    rf_recipe_role_layout(&r, 0, &ldp, &ltp);
+    CHECK(ldp == 2 && ltp == 1);
     rf_recipe_free(&r);
     /* placement.rollout.replicas is placement.rollout_ranks by another name */
     CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.rollout]\nreplicas = 3\n"), NULL, 0));

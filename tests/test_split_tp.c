@@ -143,10 +143,11 @@ static void rollout_peer_killed(void) {
                                   "[placement.actor]\ntp = 2\n");
 }
 
-/* PPO (critic whole on rank 1) at tp = 2: checkpoint at 20, resume to 30. */
+/* PPO (the critic whole on rank 1: placement.critic.tp = 1) at tp = 2: checkpoint at 20,
+ * resume to 30. test_split_tpdp.c runs the critic split like the actor. */
 static void ppo_checkpoint_resume(void) {
     char *out, p[512];
-    const char *args = "--set algorithm.name=ppo --set logging.val_every=0";
+    const char *args = "--set algorithm.name=ppo --set logging.val_every=0 --set placement.critic.tp=1";
     char a20[256], a30[256];
     snprintf(a20, sizeof a20, "%s --set train.steps=20", args);
     snprintf(a30, sizeof a30, "%s --set train.steps=30 --resume", args);
