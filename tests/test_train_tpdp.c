@@ -221,6 +221,9 @@ static void critic_equals_one_rank(const grid *g, int zero) {
     CHECK_OK(rf_dp_init_tp(&dp, g->dpc, tp, &o));
     rf_optim_opts oo = optim(0.01f);
     oo.grad_clip = 0.05f, oo.lr = 0.03f; /* large enough that the values move past the clip range */
+    oo.eps = 1e-4f; /* clipped from a norm near 30 the gradients come near eps = 1e-6, where AdamW's
+                       lr * g / (|g| + eps) magnifies rounding: 3.8e-5 from one rank at -O2 and
+                       1.2e-4 at -O0 with eps = 1e-6 */
     rf_update_opts uo = update_opts(RF_AGG_TOKEN_MEAN, 1); /* mini-batches of shares are not one rank's */
     uo.value_clip = 0.2f;
     int lo, hi;
@@ -240,13 +243,13 @@ static void critic_equals_one_rank(const grid *g, int zero) {
         if (k == 1) CHECK(sr.value_clipfrac > 0);
     }
     CHECK(max_norm > oo.grad_clip);
-    /* 1e-5 at lr 3e-3 elsewhere; lr here is 10x: AdamW turns the rounding differences of small
-     * gradients into steps of up to lr, so the bound scales with it */
+    /* 1e-5 at lr 3e-3 elsewhere; lr here is 10x, and what rounding the step magnifies grows with
+     * it: measured 4.7e-6 at -O2, 7.2e-6 at -O0 */
     double d = rf_test_shard_diff(tp, ref);
-    CHECK(d < 1e-4);
+    CHECK(d < 5e-5);
     CHECK(rf_test_replicated_same(g->tpc, tp)); /* the value head among them */
     CHECK(same_bits(g->dpc, tp->m->params, tp->m->n_params));
-    if (g_rank == 0 || !(d < 1e-4))
+    if (g_rank == 0 || !(d < 5e-5))
         printf("rank %d: critic split over tp %d x dp %d, zero %d: values vs whole %.3g (max |v| %.3g), after 2 updates "
                "vs one rank %.3g (max grad norm %.3g)\n", g_rank, TP, g->dp, zero, dv, vmax, d, max_norm);
     rf_dp_free(dp);
