@@ -15,7 +15,13 @@
  *    tokens at temperature 1, continuous batching over the paged cache), tokens per second:
  *    the whole-model engine (rf_rollout_init) against the tensor-parallel one
  *    (rollout/rollout_tp.h: rank 0 drives the others' steps) at tp = 1 and tp = the ranks,
- *    with the ratios to the whole model's rate and to tp = 1 (measured first, in one process).
+ *    with the ratios to the whole model's rate and to tp = 1 (measured first, in one process);
+ *  - score: the passes of a PPO ScoreRequest with a KL term on the batch (64 prompt and 64
+ *    response tokens per sequence): the reference policy's log-probs and the critic's values
+ *    (rf_actor_logprobs and rf_critic_values, micro-batches of 512 tokens), milliseconds per
+ *    batch: one rank with both models whole, tp ranks with both split (the _tp passes), and dp
+ *    replicas of tp ranks each scoring its half of the sequences, as the training worker shares
+ *    out a request, with the ratio to one rank's time.
  * Times are measured, never asserted.
  * One process uses all the machine's threads (OpenMP); under mpirun each of the np ranks gets
  * threads / np of them, so all use the same cores. Model: the "small" preset (4 layers,
@@ -32,6 +38,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "actor/actor.h"
 #include "comm/comm.h"
 #include "common/rng.h"
 #include "common/util.h"
@@ -51,6 +58,7 @@
 
 static int g_reps = 5, g_np = 2, g_dp = 2;
 static double g_ref_whole, g_ref_tp; /* train_step ms of one rank and of tp, for the ratios */
+static double g_ref_score;           /* score ms of one rank, likewise */
 static double g_base_tok_s; /* the whole-model engine's rate, handed to the ranks under mpirun */
 static double g_tp1_tok_s;  /* the tensor-parallel engine's at tp = 1, likewise */
 static const char *g_preset = "small";
@@ -63,16 +71,19 @@ static const char *g_preset = "small";
         }                                                                                     \
     } while (0)
 
-static rf_model *whole(void) {
+/* The benchmark's model; value_head = 1: a critic of the same shape. */
+static rf_model *whole_of(int value_head) {
     rf_model_config c;
     DIE(rf_config_preset(&c, g_preset, VOCAB));
-    c.tie_word_embeddings = 0;
+    c.tie_word_embeddings = 0, c.value_head = value_head;
     rf_model *m;
     DIE(rf_model_init(&m, &c, rf_cpu_kernels()));
     rf_model_init_random(m, 1, 0.02f);
     DIE(rf_model_enable_training(m));
     return m;
 }
+
+static rf_model *whole(void) { return whole_of(0); }
 
 typedef struct batch_data {
     int32_t tok[NS * LEN], tgt[NS * LEN], cu[NS + 1];
@@ -297,6 +308,78 @@ static void report(rf_comm *c, const char *what, const char *model, double ms, d
     fflush(stdout);
 }
 
+/* ---- score ---- */
+
+/* The batch's sequences as samples: the first PROMPT tokens the prompt, the rest the response. */
+static rf_train_sample *score_samples(const batch_data *d) {
+    rf_train_sample *s = calloc(NS, sizeof *s);
+    if (!s) DIE(RF_ERR_NOMEM);
+    for (int i = 0; i < NS; i++) {
+        s[i].tokens = malloc(sizeof(int32_t) * LEN);
+        if (!s[i].tokens) DIE(RF_ERR_NOMEM);
+        memcpy(s[i].tokens, d->tok + (size_t)i * LEN, sizeof(int32_t) * LEN);
+        s[i].n_prompt = PROMPT, s[i].n_resp = LEN - PROMPT;
+        DIE(rf_train_sample_alloc(&s[i]));
+    }
+    return s;
+}
+
+static void score_samples_free(rf_train_sample *s) {
+    for (int i = 0; i < NS; i++) rf_train_sample_free(&s[i]), free(s[i].tokens);
+    free(s);
+}
+
+/* Milliseconds per batch (median, barrier to barrier over c) of reference log-probs and critic
+ * values for sequences [lo, hi): whole models (ref, critic) or split ones (rt, ct). */
+static double time_score(rf_model *ref, rf_model *critic, rf_model_tp *rt, rf_model_tp *ct, rf_comm *c,
+                         rf_train_sample *s, int lo, int hi) {
+    float *lp[NS], *v[NS];
+    for (int i = lo; i < hi; i++) lp[i - lo] = s[i].ref_logp, v[i - lo] = s[i].values;
+    double t[33];
+    for (int i = 0; i <= g_reps; i++) { /* the first a warm-up */
+        DIE(rf_comm_barrier(c, 60, "bench"));
+        double t0 = rf_time_now();
+        if (rt) {
+            DIE(rf_actor_logprobs_tp(rt, s + lo, hi - lo, 512, 1.0f, lp, NULL));
+            DIE(rf_critic_values_tp(ct, s + lo, hi - lo, 512, v));
+        } else {
+            DIE(rf_actor_logprobs(ref, s + lo, hi - lo, 512, 1.0f, lp, NULL));
+            DIE(rf_critic_values(critic, s + lo, hi - lo, 512, v));
+        }
+        DIE(rf_comm_barrier(c, 60, "bench"));
+        t[i] = rf_time_now() - t0;
+    }
+    return 1e3 * median(t + 1, g_reps);
+}
+
+static rf_model_tp *tp_model(rf_model *m, rf_comm *c);
+
+/* One score line: the passes over c (tp: the ranks of one replica, dp replicas of them), each
+ * replica on its share of the sequences. */
+static void run_score(rf_comm *c, rf_comm *tpc, int tp, int dp, int d) {
+    batch_data *data = calloc(1, sizeof *data);
+    if (!data) DIE(RF_ERR_NOMEM);
+    make_batch(data);
+    rf_train_sample *s = score_samples(data);
+    rf_model *ref = whole_of(0), *critic = whole_of(1);
+    rf_model_tp *rt = tpc ? tp_model(ref, tpc) : NULL, *ct = tpc ? tp_model(critic, tpc) : NULL;
+    double ms = time_score(ref, critic, rt, ct, c, s, NS * d / dp, NS * (d + 1) / dp);
+    if (!tpc) g_ref_score = ms;
+    if (rf_comm_rank(c) == 0) {
+        printf("{\"bench\": \"score\", \"model\": \"%s\", \"ranks\": %d, \"tp\": %d, \"dp\": %d, "
+               "\"threads_per_rank\": %d, \"preset\": \"%s\", \"sequences\": %d, \"tokens\": %d, "
+               "\"ms_per_batch\": %.2f", !tpc ? "whole" : dp > 1 ? "tp x dp" : "tp", rf_comm_size(c), tp, dp,
+               omp_get_max_threads(), g_preset, NS, NS * LEN, ms);
+        if (tpc && g_ref_score > 0) printf(", \"ratio_vs_one_rank\": %.3f", ms / g_ref_score);
+        printf("}\n");
+        fflush(stdout);
+    }
+    rf_model_tp_free(rt), rf_model_tp_free(ct);
+    rf_model_free(ref), rf_model_free(critic);
+    score_samples_free(s);
+    free(data);
+}
+
 static void run(rf_comm *c) {
     rf_model *m = whole();
     batch_data *d = calloc(1, sizeof *d);
@@ -325,6 +408,8 @@ static void run(rf_comm *c) {
     rf_model_tp_free(tp);
     rf_model_free(m);
     free(d);
+    if (rf_comm_size(c) == 1) run_score(c, NULL, 1, 1, 0);
+    else run_score(c, c, rf_comm_size(c), 1, 0);
 }
 
 /* tp x dp over the world (rank = d * tp + t): replica d trains on its part of the sequences. */
@@ -348,6 +433,7 @@ static void run_grid(rf_comm *world) {
     rf_model_tp_free(t);
     rf_model_free(m);
     free(data);
+    run_score(world, tpc, tp, dp, d);
     rf_comm_free(tpc), rf_comm_free(dpc);
 }
 
@@ -383,6 +469,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--base-tok-s") && i + 1 < argc) g_base_tok_s = atof(argv[++i]);
         else if (!strcmp(argv[i], "--tp1-tok-s") && i + 1 < argc) g_tp1_tok_s = atof(argv[++i]);
         else if (!strcmp(argv[i], "--ref") && i + 2 < argc) g_ref_whole = atof(argv[++i]), g_ref_tp = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--ref-score") && i + 1 < argc) g_ref_score = atof(argv[++i]);
     }
     if (g_reps < 1 || g_reps > 32) g_reps = 5;
     if (rf_comm_launched_by_mpi()) {
@@ -396,9 +483,10 @@ int main(int argc, char **argv) {
     run(rf_comm_single());
     char extra[256];
     double tp_ms = 0;
-    snprintf(extra, sizeof extra, "--ref %.4f 0 --base-tok-s %.1f --tp1-tok-s %.1f", g_ref_whole, g_base_tok_s, g_tp1_tok_s);
+    snprintf(extra, sizeof extra, "--ref %.4f 0 --ref-score %.4f --base-tok-s %.1f --tp1-tok-s %.1f", g_ref_whole,
+             g_ref_score, g_base_tok_s, g_tp1_tok_s);
     if (mpirun_self(g_np, extra, &tp_ms)) return 1;
     if (g_dp <= 1) return 0;
-    snprintf(extra, sizeof extra, "--ref %.4f %.4f", g_ref_whole, tp_ms);
+    snprintf(extra, sizeof extra, "--ref %.4f %.4f --ref-score %.4f", g_ref_whole, tp_ms, g_ref_score);
     return mpirun_self(g_np * g_dp, extra, NULL);
 }
