@@ -405,6 +405,242 @@ rf_status rf_model_tp_greedy(rf_model_tp *tp, const float *logits, int n, int32_
     return st;
 }
 
+/* ---- sampling from slices ---- */
+
+/* A row's whole-vocabulary figures, from every rank's greedy_part (the same on every rank). */
+typedef struct row_stats {
+    float inv_temp;
+    int sorted;   /* top-k / top-p: drawn from candidates */
+    int32_t best; /* the argmax id (lowest on ties) */
+    float max;    /* its logit */
+    double lse;   /* log-sum-exp at inv_temp */
+} row_stats;
+
+static _Thread_local const float *t_slice;
+static int by_logit_desc(const void *a, const void *b) {
+    float x = t_slice[*(const int32_t *)a], y = t_slice[*(const int32_t *)b];
+    if (x != y) return x > y ? -1 : 1;
+    return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+/* A candidate of a top-k / top-p row: its logit and whole-vocabulary id. */
+typedef struct cand {
+    float z;
+    int32_t id;
+} cand;
+
+static int cand_desc(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->z != y->z) return x->z > y->z ? -1 : 1;
+    return x->id - y->id;
+}
+
+/* This rank's candidates of row z (Vl logits) into out: its slice sorted by logit, cut to
+ * top_k, and to where the slice's own mass reaches top_p (a token of the whole nucleus has
+ * less mass above it in its slice than in the whole row, so the nucleus's tokens of this slice
+ * are all among these; a margin covers rounding). idx: Vl ints of scratch. Returns the count. */
+static int slice_candidates(const rf_model_tp *tp, const float *z, const rf_sampling *s, double lse, int32_t *idx,
+                            cand *out) {
+    int n = tp->Vl;
+    for (int j = 0; j < n; j++) idx[j] = j;
+    t_slice = z;
+    qsort(idx, (size_t)n, sizeof *idx, by_logit_desc);
+    if (s->top_k > 0 && s->top_k < n) n = s->top_k;
+    if (s->top_p < 1.0f) {
+        double cum = 0, it = 1.0 / s->temperature;
+        for (int i = 0; i < n; i++) {
+            cum += exp((double)z[idx[i]] * it - lse);
+            if (cum >= (double)s->top_p + 1e-6) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) out[i] = (cand){z[idx[i]], tp->v0 + idx[i]};
+    return n;
+}
+
+/* A pick of a draw in id order: the id (-1 on the ranks that do not hold it) and log-prob. */
+typedef struct pick {
+    int32_t id;
+    float logp;
+} pick;
+
+/* The draws in id order: each rank walks its slice for the draws whose point of the cumulative
+ * distribution falls in it (the slices' masses from the row statistics), then the picks are
+ * gathered. */
+static rf_status draw_in_order(rf_model_tp *tp, const float *logits, const row_stats *rs, const greedy_part *all,
+                               int n_rows, const rf_draw *draws, int n_draws, int32_t *tokens, float *logp) {
+    int T = tp->tp, me = tp->t, n = 0;
+    for (int i = 0; i < n_draws; i++) n += !draws[i].s.greedy && !rs[draws[i].row].sorted;
+    if (!n) return RF_OK;
+    pick *mine = malloc(sizeof *mine * (size_t)n), *got = malloc(sizeof *got * (size_t)n * T);
+    rf_status st = mine && got ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0, k = 0; st == RF_OK && i < n_draws; i++) {
+        const rf_draw *d = &draws[i];
+        const row_stats *r = &rs[d->row];
+        if (d->s.greedy || r->sorted) continue;
+        double mass[64], total = 0, *m = T <= 64 ? mass : malloc(sizeof(double) * T);
+        if (!m) {
+            st = rf_error(RF_ERR_NOMEM, "out of memory");
+            break;
+        }
+        for (int q = 0; q < T; q++) { /* the slice's sum of exp(z * it - lse) */
+            const greedy_part *p = &all[(size_t)q * n_rows + d->row];
+            total += m[q] = p->sum * exp((double)p->max * r->inv_temp - r->lse);
+        }
+        double target = d->u * total, before = 0;
+        int owner = T - 1;
+        for (int q = 0; q < T; q++) {
+            if (target < before + m[q]) {
+                owner = q;
+                break;
+            }
+            if (q < T - 1) before += m[q];
+        }
+        mine[k] = (pick){-1, 0.0f};
+        if (owner == me) {
+            const float *z = logits + (size_t)d->row * tp->Vl;
+            int j = 0;
+            double cum = before;
+            for (; j < tp->Vl; j++) {
+                cum += exp((double)z[j] * r->inv_temp - r->lse);
+                if (target < cum) break;
+            }
+            if (j == tp->Vl) j = tp->Vl - 1; /* rounding past the slice's end: its last id */
+            mine[k] = (pick){tp->v0 + j, (float)((double)z[j] * r->inv_temp - r->lse)};
+        }
+        if (m != mass) free(m);
+        k++;
+    }
+    if (st == RF_OK) st = rf__tp_allgather(tp, mine, got, sizeof *mine * (size_t)n, "allgather of sampled tokens");
+    for (int i = 0, k = 0; st == RF_OK && i < n_draws; i++) {
+        if (draws[i].s.greedy || rs[draws[i].row].sorted) continue;
+        for (int q = 0; q < T; q++)
+            if (got[(size_t)q * n + k].id >= 0) tokens[i] = got[(size_t)q * n + k].id, logp[i] = got[(size_t)q * n + k].logp;
+        k++;
+    }
+    free(mine), free(got);
+    return st;
+}
+
+/* The draws of top-k / top-p rows: every rank's candidates of each such row gathered (padded
+ * to the largest rank's count), merged in logit order and drawn from. */
+static rf_status draw_sorted(rf_model_tp *tp, const float *logits, const row_stats *rs, int n_rows,
+                             const rf_draw *draws, int n_draws, int32_t *tokens, float *logp) {
+    int T = tp->tp, n_sorted = 0;
+    for (int r = 0; r < n_rows; r++) n_sorted += rs[r].sorted;
+    if (!n_sorted) return RF_OK;
+    size_t cap = (size_t)n_sorted * tp->Vl;
+    cand *mine = malloc(sizeof *mine * (cap ? cap : 1)), *all = NULL, *merged = NULL;
+    int32_t *idx = malloc(sizeof *idx * (size_t)tp->Vl), *counts = malloc(sizeof *counts * (size_t)n_rows),
+            *every = malloc(sizeof *every * (size_t)n_rows * T);
+    float *mz = NULL;
+    int32_t *mid = NULL;
+    rf_status st = mine && idx && counts && every ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    size_t used = 0;
+    for (int r = 0; st == RF_OK && r < n_rows; r++) {
+        counts[r] = 0;
+        if (!rs[r].sorted) continue;
+        const rf_draw *d = NULL;
+        for (int i = 0; i < n_draws && !d; i++)
+            if (draws[i].row == r) d = &draws[i];
+        counts[r] = slice_candidates(tp, logits + (size_t)r * tp->Vl, &d->s, rs[r].lse, idx, mine + used);
+        used += (size_t)counts[r];
+    }
+    if (st == RF_OK) st = rf__tp_allgather(tp, counts, every, sizeof *counts * (size_t)n_rows, "allgather of candidate counts");
+    size_t width = 0, most = 0; /* the widest rank's candidates; the most of one row */
+    for (int q = 0; st == RF_OK && q < T; q++) {
+        size_t sum = 0;
+        for (int r = 0; r < n_rows; r++) {
+            sum += (size_t)every[(size_t)q * n_rows + r];
+            size_t row_all = 0;
+            for (int x = 0; x < T; x++) row_all += (size_t)every[(size_t)x * n_rows + r];
+            most = row_all > most ? row_all : most;
+        }
+        width = sum > width ? sum : width;
+    }
+    if (st == RF_OK) {
+        cand *padded = realloc(mine, sizeof *mine * (width ? width : 1));
+        all = malloc(sizeof *all * (width ? width : 1) * T);
+        merged = malloc(sizeof *merged * (most ? most : 1));
+        mz = malloc(sizeof *mz * (most ? most : 1)), mid = malloc(sizeof *mid * (most ? most : 1));
+        if (padded) mine = padded;
+        if (!padded || !all || !merged || !mz || !mid) st = rf_error(RF_ERR_NOMEM, "out of memory");
+        else memset(mine + used, 0, sizeof *mine * (width - used));
+    }
+    if (st == RF_OK) st = rf__tp_allgather(tp, mine, all, sizeof *mine * width, "allgather of sampling candidates");
+    size_t *at = st == RF_OK ? calloc((size_t)T, sizeof *at) : NULL; /* each rank's next candidate */
+    if (st == RF_OK && !at) st = rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int r = 0; st == RF_OK && r < n_rows; r++) {
+        if (!rs[r].sorted) continue;
+        int n = 0;
+        for (int q = 0; q < T; q++) {
+            int c = every[(size_t)q * n_rows + r];
+            memcpy(merged + n, all + (size_t)q * width + at[q], sizeof *merged * (size_t)c);
+            n += c, at[q] += (size_t)c;
+        }
+        qsort(merged, (size_t)n, sizeof *merged, cand_desc);
+        for (int i = 0; i < n; i++) mz[i] = merged[i].z, mid[i] = merged[i].id;
+        for (int i = 0; i < n_draws; i++) {
+            if (draws[i].row != r) continue;
+            int k = rf_sample_sorted(mz, n, &draws[i].s, rs[r].lse, draws[i].u);
+            tokens[i] = mid[k], logp[i] = (float)((double)mz[k] * rs[r].inv_temp - rs[r].lse);
+        }
+    }
+    free(at), free(mine), free(all), free(merged), free(mz), free(mid), free(idx), free(counts), free(every);
+    return st;
+}
+
+rf_status rf_model_tp_sample(rf_model_tp *tp, const float *logits, int n_rows, const rf_draw *draws, int n_draws,
+                             int32_t *tokens, float *logp) {
+    for (int i = 0; i < n_draws; i++)
+        if (draws[i].row < 0 || draws[i].row >= n_rows)
+            return rf_error(RF_ERR_ARG, "sampling from slices: draw %d is from row %d of %d", i, draws[i].row, n_rows);
+    size_t R = (size_t)(n_rows > 0 ? n_rows : 1);
+    row_stats *rs = calloc(R, sizeof *rs);
+    greedy_part *mine = calloc(R, sizeof *mine), *all = malloc(sizeof *all * R * (size_t)tp->tp);
+    rf_status st = rs && mine && all ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int r = 0; st == RF_OK && r < n_rows; r++) rs[r].inv_temp = 1.0f;
+    for (int i = 0; st == RF_OK && i < n_draws; i++) { /* a row's temperature and kind: its draws' */
+        const rf_sampling *s = &draws[i].s;
+        rs[draws[i].row].inv_temp = s->greedy ? 1.0f : 1.0f / s->temperature;
+        rs[draws[i].row].sorted = rf_sampling_sorted(s);
+    }
+    for (int r = 0; st == RF_OK && r < n_rows; r++) { /* the slice's max, its first id, sum exp((z - max) * it) */
+        const float *z = logits + (size_t)r * tp->Vl;
+        int best = 0;
+        for (int j = 1; j < tp->Vl; j++)
+            if (z[j] > z[best]) best = j;
+        double sum = 0;
+        for (int j = 0; j < tp->Vl; j++) sum += exp((double)(z[j] - z[best]) * rs[r].inv_temp);
+        mine[r] = (greedy_part){z[best], tp->v0 + best, sum};
+    }
+    if (st == RF_OK) st = rf__tp_allgather(tp, mine, all, sizeof *mine * (size_t)n_rows, "allgather of row statistics");
+    for (int r = 0; st == RF_OK && r < n_rows; r++) {
+        int best = 0; /* ranks hold increasing ids: the first of equal maxima is the lowest id */
+        for (int q = 1; q < tp->tp; q++)
+            if (all[(size_t)q * n_rows + r].max > all[(size_t)best * n_rows + r].max) best = q;
+        float M = all[(size_t)best * n_rows + r].max;
+        double S = 0;
+        for (int q = 0; q < tp->tp; q++) {
+            const greedy_part *p = &all[(size_t)q * n_rows + r];
+            S += p->sum * exp((double)(p->max - M) * rs[r].inv_temp);
+        }
+        rs[r].best = all[(size_t)best * n_rows + r].id, rs[r].max = M;
+        rs[r].lse = (double)M * rs[r].inv_temp + log(S);
+    }
+    for (int i = 0; st == RF_OK && i < n_draws; i++)
+        if (draws[i].s.greedy) {
+            const row_stats *r = &rs[draws[i].row];
+            tokens[i] = r->best, logp[i] = (float)((double)r->max * r->inv_temp - r->lse);
+        }
+    if (st == RF_OK) st = draw_in_order(tp, logits, rs, all, n_rows, draws, n_draws, tokens, logp);
+    if (st == RF_OK) st = draw_sorted(tp, logits, rs, n_rows, draws, n_draws, tokens, logp);
+    free(rs), free(mine), free(all);
+    return st;
+}
+
 rf_status rf_model_tp_gather_logits(rf_model_tp *tp, const float *logits, int n, float *full) {
     int V = tp->cfg.vocab_size, W = (V + tp->tp - 1) / tp->tp; /* the widest slice */
     size_t row = (size_t)n * W;

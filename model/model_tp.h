@@ -62,6 +62,7 @@
 
 #include "comm/comm.h"
 #include "model/model.h"
+#include "model/sampler.h"
 #include "resharding/layout.h"
 #include "rollout/kv_pool.h"
 
@@ -248,6 +249,20 @@ rf_status rf_model_tp_decode_paged(rf_model_tp *tp, rf_kv_pool *pool, const rf_p
  * every rank. */
 rf_status rf_model_tp_greedy(rf_model_tp *tp, const float *logits, int n, int32_t *tokens,
                              float *logp);
+
+/* Sampling from each rank's slice (n_rows, Vl) of n_rows rows of logits, without whole rows:
+ * draw i (draws[i]: its row, sampling and uniform) gives tokens[i] and logp[i] as rf_sample_u
+ * on the whole row gives them, up to the rounding of the row's log-sum-exp (summed per slice).
+ * Every rank calls it with the same draws (a row may be drawn from several times; every draw
+ * of a row must have the same temperature) and gets the same tokens. Collectives: one
+ * allgather of each row's (max, sum, argmax) per rank; for draws in id order (no top-k, no
+ * top-p) one allgather of each rank's pick, made by the rank whose slice holds the draw's
+ * point of the cumulative distribution; for top-k / top-p rows, one allgather of each rank's
+ * candidate count and one of the candidates themselves (its top-k, and the part of the nucleus
+ * it can hold), merged and drawn from as rf_sample_sorted. RF_ERR_ARG for a row outside
+ * [0, n_rows); comm's errors. */
+rf_status rf_model_tp_sample(rf_model_tp *tp, const float *logits, int n_rows, const rf_draw *draws, int n_draws,
+                             int32_t *tokens, float *logp);
 
 /* Gathers the slices (n, Vl) of every rank into whole rows full (n, V) on every rank (for
  * samplers that need the whole distribution, rf_sample). One allgather of n x ceil(V/tp). */

@@ -31,52 +31,63 @@ static int by_key_desc(const void *a, const void *b) {
     return *(const int32_t *)a - *(const int32_t *)b; /* ties: lower id first, deterministic */
 }
 
-/* Candidate ids sorted by logit, cut to top-k, and to the top-p nucleus. Returns the count. */
-static int candidates(const float *z, int V, const rf_sampling *s, float inv_temp, double lse,
-                      int32_t *ids) {
-    int n = V;
-    for (int j = 0; j < V; j++) ids[j] = j;
-    t_keys = z;
-    qsort(ids, (size_t)V, sizeof(int32_t), by_key_desc);
+int rf_sampling_sorted(const rf_sampling *s) { return !s->greedy && (s->top_k > 0 || s->top_p < 1.0f); }
+
+int rf_sample_sorted(const float *z, int n, const rf_sampling *s, double lse, double u) {
+    float inv_temp = 1.0f / s->temperature;
     if (s->top_k > 0 && s->top_k < n) n = s->top_k;
     if (s->top_p < 1.0f) {
         double cum = 0;
         for (int i = 0; i < n; i++) {
-            cum += exp((double)z[ids[i]] * inv_temp - lse);
+            cum += exp((double)z[i] * inv_temp - lse);
             if (cum >= s->top_p) {
                 n = i + 1;
                 break;
             }
         }
     }
-    return n;
+    double total = 0, cum = 0;
+    for (int i = 0; i < n; i++) total += exp((double)z[i] * inv_temp - lse);
+    u *= total;
+    for (int i = 0; i < n; i++) {
+        cum += exp((double)z[i] * inv_temp - lse);
+        if (u < cum) return i;
+    }
+    return n - 1;
 }
 
-int32_t rf_sample(const float *z, int V, const rf_sampling *s, rf_rng *rng, float *logp,
-                  float *work) {
+int32_t rf_sample_u(const float *z, int V, const rf_sampling *s, double u, float *logp, float *work) {
     float inv_temp = s->greedy ? 1.0f : 1.0f / s->temperature, m;
     double lse = lse_scaled(z, V, inv_temp, &m);
     int32_t pick = 0;
     if (s->greedy) {
         for (int j = 1; j < V; j++)
             if (z[j] > z[pick]) pick = j;
-    } else {
+    } else if (rf_sampling_sorted(s)) { /* every id sorted by logit, then cut and drawn */
         int32_t *ids = (int32_t *)work;
-        int n = (s->top_k > 0 || s->top_p < 1.0f) ? candidates(z, V, s, inv_temp, lse, ids) : V;
-        int sorted = n < V || s->top_k > 0 || s->top_p < 1.0f;
-        double total = 0;
-        for (int i = 0; i < n; i++) total += exp((double)z[sorted ? ids[i] : i] * inv_temp - lse);
-        double u = (double)rf_rng_uniform(rng) * total, cum = 0;
-        pick = sorted ? ids[n - 1] : n - 1;
-        for (int i = 0; i < n; i++) {
-            int32_t id = sorted ? ids[i] : i;
-            cum += exp((double)z[id] * inv_temp - lse);
+        float *zs = work + V;
+        for (int j = 0; j < V; j++) ids[j] = j;
+        t_keys = z;
+        qsort(ids, (size_t)V, sizeof(int32_t), by_key_desc);
+        for (int j = 0; j < V; j++) zs[j] = z[ids[j]];
+        pick = ids[rf_sample_sorted(zs, V, s, lse, u)];
+    } else { /* the whole vocabulary in id order */
+        double total = 0, cum = 0;
+        for (int j = 0; j < V; j++) total += exp((double)z[j] * inv_temp - lse);
+        u *= total;
+        pick = V - 1;
+        for (int j = 0; j < V; j++) {
+            cum += exp((double)z[j] * inv_temp - lse);
             if (u < cum) {
-                pick = id;
+                pick = j;
                 break;
             }
         }
     }
     if (logp) *logp = (float)((double)z[pick] * inv_temp - lse);
     return pick;
+}
+
+int32_t rf_sample(const float *z, int V, const rf_sampling *s, rf_rng *rng, float *logp, float *work) {
+    return rf_sample_u(z, V, s, s->greedy ? 0.0 : (double)rf_rng_uniform(rng), logp, work);
 }

@@ -24,4 +24,28 @@ rf_status rf_sampling_validate(const rf_sampling *s);
 int32_t rf_sample(const float *logits, int V, const rf_sampling *s, rf_rng *rng, float *logp,
                   float *work);
 
+/* rf_sample with its uniform draw given: u in [0, 1) (rf_sample draws it from rng, once, when
+ * not greedy; greedy ignores u). */
+int32_t rf_sample_u(const float *logits, int V, const rf_sampling *s, double u, float *logp,
+                    float *work);
+
+/* 1 when s samples from candidates sorted by logit (top-k or top-p on), 0 when from the whole
+ * vocabulary in id order (or greedy). The two draw different tokens for the same u. */
+int rf_sampling_sorted(const rf_sampling *s);
+
+/* The sorted draw of rf_sample_u: the logits z (n) of n candidates sorted by logit descending
+ * (lower id first on ties), holding at least the top-k and the top-p nucleus of the
+ * whole distribution, whose log-sum-exp at inv_temp = 1 / temperature is lse. Cuts them to
+ * top_k and to the nucleus and returns the index (into z) of the candidate drawn with
+ * u, as rf_sample_u does on the whole row (the vocabulary-parallel sampler of model_tp.h merges
+ * the ranks' candidates into this). */
+int rf_sample_sorted(const float *z, int n, const rf_sampling *s, double lse, double u);
+
+/* One draw from row `row` of a batch of logits rows, under s with the uniform u (rf_sample_u). */
+typedef struct rf_draw {
+    int32_t row;
+    rf_sampling s;
+    double u;
+} rf_draw;
+
 #endif

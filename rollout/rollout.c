@@ -43,7 +43,7 @@ static void whole_copy(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows) {
 rf_status rf_rollout_init(rf_rollout **out, rf_model *m, const rf_rollout_opts *opts) {
     *out = NULL;
     if (!m->lm_head) return rf_error(RF_ERR_ARG, "rollout: the model has a value head, not an LM head");
-    rf_rollout_model mc = {&m->cfg, m, whole_pool_init, whole_decode, whole_copy};
+    rf_rollout_model mc = {&m->cfg, m, whole_pool_init, whole_decode, whole_copy, NULL};
     return rf_rollout_init_model(out, &mc, opts);
 }
 
@@ -63,7 +63,13 @@ rf_status rf_rollout_init_model(rf_rollout **out, const rf_rollout_model *mc, co
     e->row = calloc(R, sizeof *e->row);
     e->logits = malloc(sizeof(float) * R * V);
     e->work = malloc(sizeof(float) * 2 * V);
-    if (s == RF_OK && (!e->running || !e->batch || !e->row || !e->logits || !e->work))
+    int drawn = 1; /* the draws' buffers, when the model draws */
+    if (mc->decode_sample) {
+        e->draws = malloc(sizeof *e->draws * R), e->picks = malloc(sizeof *e->picks * R);
+        e->pick_logp = malloc(sizeof *e->pick_logp * R), e->capture = malloc(sizeof *e->capture * R);
+        drawn = e->draws && e->picks && e->pick_logp && e->capture;
+    }
+    if (s == RF_OK && (!e->running || !e->batch || !e->row || !e->logits || !e->work || !drawn))
         s = rf_error(RF_ERR_NOMEM, "rollout: out of memory for %d running sequences", o.max_running);
     if (s != RF_OK) {
         rf_rollout_free(e);
@@ -114,6 +120,7 @@ void rf_rollout_free(rf_rollout *e) {
     free(e->tokens);
     free(e->logits);
     free(e->work);
+    free(e->draws), free(e->picks), free(e->pick_logp), free(e->capture);
     free(e);
 }
 

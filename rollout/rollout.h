@@ -80,6 +80,7 @@ typedef struct rf_rollout_stats {
     int64_t preemptions;
     int64_t samples_finished;
     int64_t prefix_blocks_shared; /* block references shared instead of prefilled again */
+    int64_t prefix_joins;         /* samples started from a retained prefix, without a model call */
     int64_t cow_copies;           /* shared blocks copied before an append */
     int peak_blocks_used;
     int running, waiting;         /* sequences now */
@@ -93,11 +94,20 @@ typedef struct rf_rollout_model {
     void *ctx;                  /* passed back to the functions below; borrowed */
     /* Makes the engine's pool of n_blocks blocks of block_size positions. */
     rf_status (*pool_init)(void *ctx, rf_kv_pool *p, int n_blocks, int block_size);
-    /* rf_model_decode_paged's contract: whole rows of logits (n, cfg->vocab_size). */
+    /* rf_model_decode_paged's contract: whole rows of logits (n, cfg->vocab_size), from which
+     * the engine samples. NULL when decode_sample is given. */
     rf_status (*decode)(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n,
                         const int32_t *tokens, float *logits);
     /* Copy on write (rf_kv_pool_copy's contract); it runs before the step's decode call. */
     void (*copy)(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows);
+    /* Optional, in place of decode, for a model that samples from logits it holds in parts
+     * (tensor parallelism): the step's model call as decode, then the step's n_draws draws
+     * (draw i from row draws[i].row into picks[i], logp[i], as rf_sample_u gives them), and
+     * the whole logits of rows capture[0 .. n_capture) into whole (n_capture, V), kept for
+     * samples that start later from a retained prefix. */
+    rf_status (*decode_sample)(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n, const int32_t *tokens,
+                               const rf_draw *draws, int n_draws, int32_t *picks, float *logp,
+                               const int *capture, int n_capture, float *whole);
 } rf_rollout_model;
 
 /* Creates an engine generating with model m (borrowed: m must outlive the engine and is driven

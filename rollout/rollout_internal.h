@@ -69,6 +69,12 @@ struct rf_rollout {
     int tokens_cap;
     float *logits;           /* (max_running, V) */
     float *work;             /* (2 V) sampler scratch */
+    /* with mc.decode_sample: the step's draws (one per running sequence in a model row, in
+       running order), their picks, and the rows to capture (max_running each) */
+    rf_draw *draws;
+    int32_t *picks;
+    float *pick_logp;
+    int *capture;
     rf_rollout_stats stats;
 };
 

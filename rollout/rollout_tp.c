@@ -17,9 +17,13 @@ typedef struct cmd_head {
     uint32_t magic;
     int32_t cmd;
     int32_t n_rows, n_copies; /* CMD_STEP */
+    int32_t n_draws, n_capture; /* CMD_STEP */
     int64_t n_ints;           /* CMD_STEP: payload int32s */
     int64_t arg;              /* the caller's; CMD_POOL: n_blocks << 32 | block_size */
 } cmd_head;
+
+/* int32 words of a step's payload holding one draw */
+#define DRAW_INTS (sizeof(rf_draw) / sizeof(int32_t))
 
 struct rf_rollout_tp {
     rf_model_tp *tp;
@@ -33,8 +37,14 @@ struct rf_rollout_tp {
     size_t cap_ints;
     rf_paged_seq *seqs;       /* (cap_seqs) peers: the step's rows */
     size_t cap_seqs;
-    float *slice, *full;      /* (n, Vl) this rank's logits; (n, V) peers' gathered rows */
+    float *slice, *full;      /* (n, Vl) this rank's logits; peers: (n_capture, V) captured rows */
     size_t cap_slice, cap_full;
+    float *cap_rows;          /* (n_capture, Vl) this rank's slices of the captured rows */
+    size_t cap_cap_rows;
+    rf_draw *draws;           /* peers: (cap_draws) a step's draws, and their picks */
+    int32_t *picks;
+    float *pick_logp;
+    size_t cap_draws, cap_picks, cap_logp;
     rf_status st;             /* rank 0: a copy that could not be queued, reported at the next step */
 };
 
@@ -57,7 +67,8 @@ rf_status rf_rollout_tp_init(rf_rollout_tp **out, rf_model_tp *tp, double timeou
 void rf_rollout_tp_free(rf_rollout_tp *g) {
     if (!g) return;
     rf_kv_pool_free(&g->pool);
-    free(g->copies), free(g->ints), free(g->seqs), free(g->slice), free(g->full);
+    free(g->copies), free(g->ints), free(g->seqs), free(g->slice), free(g->full), free(g->cap_rows);
+    free(g->draws), free(g->picks), free(g->pick_logp);
     free(g);
 }
 
@@ -81,12 +92,34 @@ rf_status rf_rollout_tp_keepalive(rf_rollout_tp *g) {
     return rf_rollout_tp_send(g, CMD_NOP, 0);
 }
 
-/* Every rank: this rank's slice of the step's logits, gathered into whole rows `full`. */
+/* A step's draws and the rows whose whole logits rank 0 keeps. */
+typedef struct step_draws {
+    const rf_draw *draws;
+    int n_draws;
+    int32_t *picks;
+    float *logp;
+    const int *capture;
+    int n_capture;
+    float *whole; /* (n_capture, V) */
+} step_draws;
+
+/* Every rank: the step on this rank's heads and vocabulary rows, the draws made from the
+ * slices of the logits (rf_model_tp_sample), and the captured rows gathered whole. */
 static rf_status run_step(rf_rollout_tp *g, rf_kv_pool *p, const rf_paged_seq *seqs, int n,
-                          const int32_t *tokens, float *full) {
-    RF_TRY(grow((void **)&g->slice, &g->cap_slice, (size_t)n * g->tp->Vl, sizeof(float)));
+                          const int32_t *tokens, const step_draws *d) {
+    size_t Vl = (size_t)g->tp->Vl;
+    RF_TRY(grow((void **)&g->slice, &g->cap_slice, (size_t)n * Vl, sizeof(float)));
     RF_TRY(rf_model_tp_decode_paged(g->tp, p, seqs, n, tokens, g->slice));
-    return rf_model_tp_gather_logits(g->tp, g->slice, n, full);
+    RF_TRY(rf_model_tp_sample(g->tp, g->slice, n, d->draws, d->n_draws, d->picks, d->logp));
+    if (!d->n_capture) return RF_OK;
+    RF_TRY(grow((void **)&g->cap_rows, &g->cap_cap_rows, (size_t)d->n_capture * Vl, sizeof(float)));
+    for (int i = 0; i < d->n_capture; i++) {
+        if (d->capture[i] < 0 || d->capture[i] >= n)
+            return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: a captured row %d of a step of %d rows",
+                            d->capture[i], n);
+        memcpy(g->cap_rows + (size_t)i * Vl, g->slice + (size_t)d->capture[i] * Vl, sizeof(float) * Vl);
+    }
+    return rf_model_tp_gather_logits(g->tp, g->cap_rows, d->n_capture, d->whole);
 }
 
 /* The engine's pool: rank 0's own, then the peers make theirs of the same blocks. */
@@ -110,10 +143,10 @@ static void engine_copy(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows) 
 }
 
 /* The step's payload: queued copies (dst, src, rows), each row's (n_cached, n_new, blocks),
- * the block tables, the tokens. */
+ * the block tables, the tokens, the captured rows, the draws. */
 static rf_status pack_step(rf_rollout_tp *g, const rf_kv_pool *p, const rf_paged_seq *seqs, int n,
-                           const int32_t *tokens, cmd_head *h) {
-    size_t n_ints = 3 * (size_t)g->n_copies + 3 * (size_t)n, T = 0;
+                           const int32_t *tokens, const step_draws *d, cmd_head *h) {
+    size_t n_ints = 3 * (size_t)g->n_copies + 3 * (size_t)n + (size_t)d->n_capture + DRAW_INTS * (size_t)d->n_draws, T = 0;
     for (int i = 0; i < n; i++) {
         n_ints += (size_t)rf_kv_pool_blocks_for(p, seqs[i].n_cached + seqs[i].n_new) + (size_t)seqs[i].n_new;
         T += (size_t)seqs[i].n_new;
@@ -129,22 +162,29 @@ static rf_status pack_step(rf_rollout_tp *g, const rf_kv_pool *p, const rf_paged
         w += nb;
     }
     memcpy(w, tokens, sizeof(int32_t) * T);
-    *h = (cmd_head){.cmd = CMD_STEP, .n_rows = n, .n_copies = g->n_copies, .n_ints = (int64_t)n_ints};
+    w += T;
+    if (d->n_capture) memcpy(w, d->capture, sizeof(int32_t) * (size_t)d->n_capture);
+    w += d->n_capture;
+    if (d->n_draws) memcpy(w, d->draws, sizeof(rf_draw) * (size_t)d->n_draws);
+    *h = (cmd_head){.cmd = CMD_STEP, .n_rows = n, .n_copies = g->n_copies, .n_draws = d->n_draws,
+                    .n_capture = d->n_capture, .n_ints = (int64_t)n_ints};
     g->n_copies = 0;
     return RF_OK;
 }
 
-/* The step's model call: the peers get the step, then every rank runs it. */
-static rf_status engine_decode(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n,
-                               const int32_t *tokens, float *logits) {
+/* The step's model call and draws: the peers get the step, then every rank runs it. */
+static rf_status engine_decode_sample(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n, const int32_t *tokens,
+                                      const rf_draw *draws, int n_draws, int32_t *picks, float *logp,
+                                      const int *capture, int n_capture, float *whole) {
     rf_rollout_tp *g = ctx;
     RF_TRY(g->st);
+    step_draws d = {draws, n_draws, picks, logp, capture, n_capture, whole};
     cmd_head h;
-    RF_TRY(pack_step(g, p, seqs, n, tokens, &h));
+    RF_TRY(pack_step(g, p, seqs, n, tokens, &d, &h));
     RF_TRY(send_head(g, &h));
     RF_TRY(rf_comm_bcast(g->tp->comm, g->ints, sizeof(int32_t) * (size_t)h.n_ints, 0, g->timeout_s,
                          "rollout tensor parallelism: sending a step to the group"));
-    return run_step(g, p, seqs, n, tokens, logits);
+    return run_step(g, p, seqs, n, tokens, &d);
 }
 
 rf_status rf_rollout_tp_engine(rf_rollout_tp *g, const rf_rollout_opts *o, rf_rollout **e) {
@@ -152,7 +192,7 @@ rf_status rf_rollout_tp_engine(rf_rollout_tp *g, const rf_rollout_opts *o, rf_ro
     if (g->tp->t != 0)
         return rf_error(RF_ERR_ARG, "rollout tensor parallelism: the engine runs on rank 0 of the group, not %d", g->tp->t);
     if (!g->tp->m->lm_head) return rf_error(RF_ERR_ARG, "rollout: the model has a value head, not an LM head");
-    rf_rollout_model mc = {&g->tp->cfg, g, engine_pool_init, engine_decode, engine_copy};
+    rf_rollout_model mc = {&g->tp->cfg, g, engine_pool_init, NULL, engine_copy, engine_decode_sample};
     return rf_rollout_init_model(e, &mc, o);
 }
 
@@ -176,14 +216,23 @@ static rf_status serve_step(rf_rollout_tp *g, const cmd_head *h) {
     RF_TRY(rf_comm_bcast(g->tp->comm, g->ints, sizeof(int32_t) * (size_t)h->n_ints, 0, g->timeout_s,
                          "rollout tensor parallelism: receiving a step from tensor-parallel rank 0"));
     RF_TRY(grow((void **)&g->seqs, &g->cap_seqs, (size_t)n, sizeof *g->seqs));
-    RF_TRY(grow((void **)&g->full, &g->cap_full, (size_t)n * g->tp->cfg.vocab_size, sizeof(float)));
+    RF_TRY(grow((void **)&g->full, &g->cap_full, (size_t)h->n_capture * g->tp->cfg.vocab_size, sizeof(float)));
+    size_t nd = (size_t)h->n_draws;
+    RF_TRY(grow((void **)&g->draws, &g->cap_draws, nd, sizeof *g->draws));
+    RF_TRY(grow((void **)&g->picks, &g->cap_picks, nd, sizeof *g->picks));
+    RF_TRY(grow((void **)&g->pick_logp, &g->cap_logp, nd, sizeof *g->pick_logp));
     const int32_t *r = g->ints;
     for (int i = 0; i < h->n_copies; i++, r += 3) rf_kv_pool_copy(&g->pool, r[0], r[1], r[2]);
+    size_t T = 0;
     for (int i = 0; i < n; i++) {
         g->seqs[i] = (rf_paged_seq){r + 3, r[0], r[1]};
+        T += (size_t)r[1];
         r += 3 + r[2];
     }
-    return run_step(g, &g->pool, g->seqs, n, r, g->full);
+    const int32_t *tokens = r, *capture = r + T;
+    memcpy(g->draws, capture + h->n_capture, sizeof(rf_draw) * nd); /* aligned for its double */
+    step_draws d = {g->draws, h->n_draws, g->picks, g->pick_logp, capture, h->n_capture, g->full};
+    return run_step(g, &g->pool, g->seqs, n, tokens, &d);
 }
 
 rf_status rf_rollout_tp_serve(rf_rollout_tp *g, rf_rollout_tp_handler handler, void *ctx) {

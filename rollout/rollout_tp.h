@@ -7,10 +7,12 @@
  *   pool     rank 0 makes its pool and tells the peers to make theirs, of the same blocks;
  *   copy     a copy on write is done at once on rank 0 and queued for the peers;
  *   decode   rank 0 broadcasts the step (the queued copies, each row's cached and new
- *            counts and block table, the packed tokens), every rank runs
- *            rf_model_tp_decode_paged on its heads and vocabulary rows, and the slices of the
- *            logits are gathered (rf_model_tp_gather_logits) so that rank 0 samples from whole
- *            rows as the whole-model engine does.
+ *            counts and block table, the packed tokens, the rows to capture, the draws: each
+ *            running sequence's row, sampling and uniform), every rank runs
+ *            rf_model_tp_decode_paged on its heads and vocabulary rows, and the group draws
+ *            from the slices of the logits (rf_model_tp_sample: the same tokens as the
+ *            whole-model engine's rf_sample on whole rows); captured rows (a prompt's logits
+ *            kept for its samples that start later) are gathered whole.
  *
  * Block ids mean the same on every rank: the bookkeeping (free list, references) lives in the
  * engine on rank 0 alone, the peers only hold memory. The other ranks loop in

@@ -140,6 +140,7 @@ static int join_prefix(rf_rollout *e, int *top) {
         memcpy(e->logits + (size_t)e->row[i] * V, r->first_logits, sizeof(float) * V);
     }
     e->stats.prefix_blocks_shared += (int64_t)k * r->n_prefix;
+    e->stats.prefix_joins += k;
     if ((r->n_unstarted -= k) == 0) rf__rollout_drop_prefix(e, r);
     return k;
 }
@@ -201,13 +202,13 @@ static int is_stop_id(const ro_request *r, int32_t t) {
     return 0;
 }
 
-/* Samples s's next token from its logits row and decides whether s is finished (the rules of
- * rf_generate: a stop id, then a stop string, then max_new_tokens). */
-static rf_status sample_one(rf_rollout *e, ro_seq *s, const float *logits, int *done) {
+/* Samples s's next token from its logits row (NULL: the model drew it, t with log-prob lp) and
+ * decides whether s is finished (the rules of rf_generate: a stop id, then a stop string, then
+ * max_new_tokens). */
+static rf_status sample_one(rf_rollout *e, ro_seq *s, const float *logits, int32_t t, float lp, int *done) {
     const ro_request *r = s->req;
     int g = s->n_tokens - r->prompt_len, stopped = 0;
-    float lp;
-    int32_t t = rf_sample(logits, (int)e->V, &r->sampling, &s->rng, &lp, e->work);
+    if (logits) t = rf_sample(logits, (int)e->V, &r->sampling, &s->rng, &lp, e->work);
     s->tokens[s->n_tokens++] = t;
     s->logprobs[g] = lp;
     s->versions[g] = e->version;
@@ -220,14 +221,18 @@ static rf_status sample_one(rf_rollout *e, ro_seq *s, const float *logits, int *
     return RF_OK;
 }
 
-/* Samples every running sequence, delivering each finished one at once (streaming). */
-static rf_status sample_all(rf_rollout *e) {
+/* Samples every running sequence, delivering each finished one at once (streaming). With
+ * mc.decode_sample, the sequences in the step's n_rows model rows take the model's picks. */
+static rf_status sample_all(rf_rollout *e, int n_rows) {
     size_t V = e->V;
     rf_status st = RF_OK;
-    for (int i = 0; st == RF_OK && i < e->n_running; i++) {
+    for (int i = 0, k = 0; st == RF_OK && i < e->n_running; i++) {
         ro_seq *s = e->running[i];
         int done = 0;
-        st = sample_one(e, s, e->logits + (size_t)e->row[i] * V, &done);
+        if (e->mc.decode_sample && e->row[i] < n_rows)
+            st = sample_one(e, s, NULL, e->picks[k], e->pick_logp[k], &done), k++;
+        else
+            st = sample_one(e, s, e->logits + (size_t)e->row[i] * V, 0, 0.0f, &done);
         if (st == RF_OK && done) {
             rf__rollout_deliver(e, s);
             e->running[i] = NULL;
@@ -240,6 +245,24 @@ static rf_status sample_all(rf_rollout *e) {
     return st;
 }
 
+/* The model's step with its draws (mc.decode_sample): one draw per running sequence in a model
+ * row, in running order, its uniform taken from the sequence's generator as rf_sample takes it;
+ * the captured rows' whole logits land in e->logits rows 0, 1, ... in the order of e->retained
+ * (joined sequences' rows are above the model rows, out of their way). */
+static rf_status decode_and_draw(rf_rollout *e, int n_rows) {
+    int n = 0, n_capture = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        ro_seq *s = e->running[i];
+        if (e->row[i] >= n_rows) continue;
+        const rf_sampling *sp = &s->req->sampling;
+        e->draws[n++] = (rf_draw){e->row[i], *sp, sp->greedy ? 0.0 : (double)rf_rng_uniform(&s->rng)};
+    }
+    for (ro_request *r = e->retained; r; r = r->next_retained)
+        if (r->capture_row >= 0) e->capture[n_capture++] = r->capture_row;
+    return e->mc.decode_sample(e->mc.ctx, &e->pool, e->batch, n_rows, e->tokens, e->draws, n, e->picks,
+                               e->pick_logp, e->capture, n_capture, e->logits);
+}
+
 rf_status rf_rollout_step(rf_rollout *e) {
     if (rf_rollout_idle(e)) return RF_OK;
     RF_TRY(reserve_decode(e));
@@ -248,17 +271,19 @@ rf_status rf_rollout_step(rf_rollout *e) {
     if (e->n_running == 0)
         return rf_error(RF_ERR_INTERNAL, "rollout: nothing could be scheduled (%d running, %d "
                         "waiting, %d free blocks)", e->n_running, e->n_waiting, e->pool.n_free);
-    if (n_rows > 0)
-        RF_TRY(e->mc.decode(e->mc.ctx, &e->pool, e->batch, n_rows, e->tokens, e->logits));
+    if (n_rows > 0 && e->mc.decode_sample) RF_TRY(decode_and_draw(e, n_rows));
+    else if (n_rows > 0) RF_TRY(e->mc.decode(e->mc.ctx, &e->pool, e->batch, n_rows, e->tokens, e->logits));
     size_t V = e->V;
+    int n_capture = 0;
     for (ro_request *r = e->retained; r; r = r->next_retained)
-        if (r->capture_row >= 0) {
-            memcpy(r->first_logits, e->logits + (size_t)r->capture_row * V, sizeof(float) * V);
+        if (r->capture_row >= 0) { /* decode_and_draw: the whole rows in rows 0, 1, ... in this order */
+            size_t at = e->mc.decode_sample ? (size_t)n_capture++ : (size_t)r->capture_row;
+            memcpy(r->first_logits, e->logits + at * V, sizeof(float) * V);
             r->capture_row = -1;
         }
     for (int i = 0; i < e->n_running; i++) e->running[i]->n_cached = e->running[i]->n_tokens;
     e->stats.steps++;
-    return sample_all(e);
+    return sample_all(e, n_rows);
 }
 
 rf_status rf_rollout_run_until_idle(rf_rollout *e) {

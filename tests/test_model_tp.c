@@ -244,6 +244,53 @@ static void generation(rf_model *ref, rf_model_tp *tp, const char *name) {
     free(lg), free(lg_tp), free(gathered);
 }
 
+/* Sampling from slices (rf_model_tp_sample) against rf_sample_u on whole rows: made-up logits
+ * (a spread row, a peaked one, one whose maxima tie across the slices, a flat one) under every
+ * kind of sampling, 24 draws a row spread over [0, 1): the same tokens, log-probs within 1e-6. */
+static void sampling_from_slices(rf_model_tp *tp, const char *name) {
+    enum { R = 4, D = 24 };
+    int V = tp->cfg.vocab_size;
+    float *whole = malloc(sizeof(float) * R * V), *slices = malloc(sizeof(float) * R * tp->Vl),
+          *work = malloc(sizeof(float) * 2 * V);
+    rf_rng rng;
+    rf_rng_seed(&rng, 11);
+    for (int j = 0; j < V; j++) {
+        whole[j] = 2.0f * (rf_rng_uniform(&rng) - 0.5f);
+        whole[V + j] = 12.0f * (rf_rng_uniform(&rng) - 0.5f);
+        whole[2 * V + j] = j % 7 == 3 ? 2.0f : (float)(j % 5) * 0.1f;
+        whole[3 * V + j] = 0.0f;
+    }
+    for (int r = 0; r < R; r++) memcpy(slices + (size_t)r * tp->Vl, whole + (size_t)r * V + tp->v0, sizeof(float) * tp->Vl);
+    const rf_sampling kinds[] = {{1, 1.0f, 0, 1.0f},   {0, 1.0f, 0, 1.0f},  {0, 0.7f, 0, 1.0f},
+                                 {0, 1.3f, 5, 1.0f},   {0, 1.0f, 0, 0.9f},  {0, 0.8f, 20, 0.7f},
+                                 {0, 1.0f, V + 5, 1.0f}, {0, 1.0f, 0, 0.3f}, {0, 2.0f, 1, 1.0f}};
+    int n_kinds = (int)(sizeof kinds / sizeof *kinds), same = 1, lp_ok = 1;
+    rf_draw draws[R * D];
+    int32_t tok[R * D];
+    float lp[R * D];
+    for (int k = 0; k < n_kinds; k++) {
+        for (int r = 0; r < R; r++)
+            for (int d = 0; d < D; d++)
+                draws[r * D + d] = (rf_draw){r, kinds[(k + r) % n_kinds], d == D - 1 ? 0.9999999 : (d + 0.37) / D};
+        CHECK_OK(rf_model_tp_sample(tp, slices, R, draws, R * D, tok, lp));
+        for (int i = 0; i < R * D; i++) {
+            float want_lp;
+            int32_t want = rf_sample_u(whole + (size_t)draws[i].row * V, V, &draws[i].s, draws[i].u, &want_lp, work);
+            if (tok[i] != want || !(fabs(lp[i] - want_lp) <= 1e-6)) {
+                fprintf(stderr, "%s tp%d: row %d (temperature %g, top_k %d, top_p %g, greedy %d) u %.7f: token %d "
+                        "logp %.9g, whole row %d %.9g\n", name, tp->tp, draws[i].row, draws[i].s.temperature,
+                        draws[i].s.top_k, draws[i].s.top_p, draws[i].s.greedy, draws[i].u, tok[i], lp[i], want, want_lp);
+                same &= tok[i] == want, lp_ok &= fabs(lp[i] - want_lp) <= 1e-6;
+            }
+        }
+    }
+    CHECK(same);
+    CHECK(lp_ok);
+    draws[0].row = R;
+    CHECK_ERR(rf_model_tp_sample(tp, slices, R, draws, 1, tok, lp), RF_ERR_ARG, "draw 0 is from row 4 of 4");
+    free(whole), free(slices), free(work);
+}
+
 /* Buffers of another shard, of the whole model, or of the wrong size are refused; this
  * rank's own (cut by the layout) is taken. */
 static void shard_refusals(rf_model *ref, rf_model_tp *tp) {
@@ -284,6 +331,7 @@ static void check_shape(shape s, rf_comm *g) {
     compare_grads(ref, tp, shape_name[s]);
     sensitivity(ref, tp, shape_name[s]);
     if (!ref->score) generation(ref, tp, shape_name[s]);
+    if (!ref->score) sampling_from_slices(tp, shape_name[s]);
     if (tp->tp > 1) shard_refusals(ref, tp);
     rf_model_tp_free(tp);
     rf_model_free(ref);

@@ -92,28 +92,38 @@ static void submit_all(rf_rollout *e) {
 
 /* Small blocks and pool: shared prompt blocks are copied on write and sequences preempted. */
 static const rf_rollout_opts g_opts = {.block_size = 4, .n_blocks = 14, .max_running = 6, .max_batch_tokens = 40};
+/* Room in the pool but 3 running at most: groups are admitted in parts, and the late samples
+ * start from the retained prefix's whole logits (captured from the slices) without a model call. */
+static const rf_rollout_opts g_roomy = {.block_size = 4, .n_blocks = 64, .max_running = 3, .max_batch_tokens = 40};
+
+/* What each pool must exercise: copies on write and preemption, or samples joining a prefix. */
+static void check_stats(rf_rollout *e, const rf_rollout_opts *o) {
+    rf_rollout_stats st;
+    rf_rollout_get_stats(e, &st);
+    if (o == &g_opts) CHECK(st.cow_copies > 0 && st.preemptions > 0);
+    else CHECK(st.prefix_joins > 0);
+}
 
 /* Group rank 0: the whole-model engine's samples. */
-static void run_whole(rf_model *m, kept *out) {
+static void run_whole(rf_model *m, const rf_rollout_opts *o, kept *out) {
     rf_rollout *e = NULL;
-    CHECK_OK(rf_rollout_init(&e, m, &g_opts));
+    CHECK_OK(rf_rollout_init(&e, m, o));
     rf_rollout_set_callback(e, keep, out);
     submit_all(e);
     CHECK_OK(rf_rollout_run_until_idle(e));
-    rf_rollout_stats st;
-    rf_rollout_get_stats(e, &st);
-    CHECK(st.cow_copies > 0 && st.preemptions > 0); /* the pool is small enough to exercise both */
+    check_stats(e, o);
     rf_rollout_free(e);
 }
 
 /* Group rank 0: the tensor-parallel engine's samples; the peers stop after it. */
-static void run_tp(rf_rollout_tp *g, kept *out) {
+static void run_tp(rf_rollout_tp *g, const rf_rollout_opts *o, kept *out) {
     rf_rollout *e = NULL;
-    CHECK_OK(rf_rollout_tp_engine(g, &g_opts, &e));
+    CHECK_OK(rf_rollout_tp_engine(g, o, &e));
     if (e) {
         rf_rollout_set_callback(e, keep, out);
         submit_all(e);
         CHECK_OK(rf_rollout_run_until_idle(e));
+        check_stats(e, o);
     }
     rf_rollout_free(e);
     CHECK_OK(rf_rollout_tp_send(g, RF_ROLLOUT_TP_STOP, 0));
@@ -150,13 +160,16 @@ static void check_shape(int qwen3, rf_comm *g) {
     CHECK_OK(rf_model_tp_set_full(tp, m->params));
     CHECK_OK(rf_rollout_tp_init(&grp, tp, 60));
     if (rf_comm_rank(g) == 0) {
-        kept *want = calloc(N_REQ * MAX_SAMPLES, sizeof *want), *got = calloc(N_REQ * MAX_SAMPLES, sizeof *got);
-        run_whole(m, want);
-        run_tp(grp, got);
-        compare(got, want, name, rf_comm_size(g));
-        free(want), free(got);
+        for (int pool = 0; pool < 2; pool++) {
+            const rf_rollout_opts *o = pool ? &g_roomy : &g_opts;
+            kept *want = calloc(N_REQ * MAX_SAMPLES, sizeof *want), *got = calloc(N_REQ * MAX_SAMPLES, sizeof *got);
+            run_whole(m, o, want);
+            run_tp(grp, o, got);
+            compare(got, want, name, rf_comm_size(g));
+            free(want), free(got);
+        }
     } else {
-        CHECK_OK(rf_rollout_tp_serve(grp, NULL, NULL));
+        for (int pool = 0; pool < 2; pool++) CHECK_OK(rf_rollout_tp_serve(grp, NULL, NULL));
     }
     rf_rollout_tp_free(grp);
     rf_model_tp_free(tp);
