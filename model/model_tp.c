@@ -416,13 +416,6 @@ typedef struct row_stats {
     double lse;   /* log-sum-exp at inv_temp */
 } row_stats;
 
-static _Thread_local const float *t_slice;
-static int by_logit_desc(const void *a, const void *b) {
-    float x = t_slice[*(const int32_t *)a], y = t_slice[*(const int32_t *)b];
-    if (x != y) return x > y ? -1 : 1;
-    return *(const int32_t *)a - *(const int32_t *)b;
-}
-
 /* A candidate of a top-k / top-p row: its logit and whole-vocabulary id. */
 typedef struct cand {
     float z;
@@ -435,27 +428,13 @@ static int cand_desc(const void *a, const void *b) {
     return x->id - y->id;
 }
 
-/* This rank's candidates of row z (Vl logits) into out: its slice sorted by logit, cut to
- * top_k, and to where the slice's own mass reaches top_p (a token of the whole nucleus has
- * less mass above it in its slice than in the whole row, so the nucleus's tokens of this slice
- * are all among these; a margin covers rounding). idx: Vl ints of scratch. Returns the count. */
+/* This rank's candidates of row z (Vl logits) into out (rf_sample_candidates on the slice: its
+ * top-k, and enough of its largest logits that their mass passes top_p; a token of the whole
+ * row's nucleus has less mass above it in its slice than in the row, so the nucleus's tokens of
+ * this slice are all among them). idx: Vl ints, scratch: Vl floats. Returns the count. */
 static int slice_candidates(const rf_model_tp *tp, const float *z, const rf_sampling *s, double lse, int32_t *idx,
-                            cand *out) {
-    int n = tp->Vl;
-    for (int j = 0; j < n; j++) idx[j] = j;
-    t_slice = z;
-    qsort(idx, (size_t)n, sizeof *idx, by_logit_desc);
-    if (s->top_k > 0 && s->top_k < n) n = s->top_k;
-    if (s->top_p < 1.0f) {
-        double cum = 0, it = 1.0 / s->temperature;
-        for (int i = 0; i < n; i++) {
-            cum += exp((double)z[idx[i]] * it - lse);
-            if (cum >= (double)s->top_p + 1e-6) {
-                n = i + 1;
-                break;
-            }
-        }
-    }
+                            float *scratch, cand *out) {
+    int n = rf_sample_candidates(z, tp->Vl, s, lse, idx, scratch);
     for (int i = 0; i < n; i++) out[i] = (cand){z[idx[i]], tp->v0 + idx[i]};
     return n;
 }
@@ -535,9 +514,9 @@ static rf_status draw_sorted(rf_model_tp *tp, const float *logits, const row_sta
     cand *mine = malloc(sizeof *mine * (cap ? cap : 1)), *all = NULL, *merged = NULL;
     int32_t *idx = malloc(sizeof *idx * (size_t)tp->Vl), *counts = malloc(sizeof *counts * (size_t)n_rows),
             *every = malloc(sizeof *every * (size_t)n_rows * T);
-    float *mz = NULL;
+    float *mz = NULL, *scratch = malloc(sizeof *scratch * (size_t)tp->Vl);
     int32_t *mid = NULL;
-    rf_status st = mine && idx && counts && every ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status st = mine && idx && counts && every && scratch ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     size_t used = 0;
     for (int r = 0; st == RF_OK && r < n_rows; r++) {
         counts[r] = 0;
@@ -545,7 +524,7 @@ static rf_status draw_sorted(rf_model_tp *tp, const float *logits, const row_sta
         const rf_draw *d = NULL;
         for (int i = 0; i < n_draws && !d; i++)
             if (draws[i].row == r) d = &draws[i];
-        counts[r] = slice_candidates(tp, logits + (size_t)r * tp->Vl, &d->s, rs[r].lse, idx, mine + used);
+        counts[r] = slice_candidates(tp, logits + (size_t)r * tp->Vl, &d->s, rs[r].lse, idx, scratch, mine + used);
         used += (size_t)counts[r];
     }
     if (st == RF_OK) st = rf__tp_allgather(tp, counts, every, sizeof *counts * (size_t)n_rows, "allgather of candidate counts");
@@ -588,7 +567,7 @@ static rf_status draw_sorted(rf_model_tp *tp, const float *logits, const row_sta
             tokens[i] = mid[k], logp[i] = (float)((double)mz[k] * rs[r].inv_temp - rs[r].lse);
         }
     }
-    free(at), free(mine), free(all), free(merged), free(mz), free(mid), free(idx), free(counts), free(every);
+    free(at), free(mine), free(all), free(merged), free(mz), free(mid), free(idx), free(counts), free(every), free(scratch);
     return st;
 }
 

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 rf_status rf_sampling_validate(const rf_sampling *s) {
     if (s->greedy) return RF_OK;
@@ -14,13 +15,13 @@ rf_status rf_sampling_validate(const rf_sampling *s) {
     return RF_OK;
 }
 
-/* log-sum-exp of logits * inv_temp, in double */
-static double lse_scaled(const float *z, int V, float inv_temp, float *max_out) {
+/* log-sum-exp of logits * inv_temp, in double; *sum_out: sum of exp((z - max) * inv_temp). */
+static double lse_scaled(const float *z, int V, float inv_temp, float *max_out, double *sum_out) {
     float m = -INFINITY;
     for (int j = 0; j < V; j++) m = z[j] > m ? z[j] : m;
     double s = 0;
     for (int j = 0; j < V; j++) s += exp((double)(z[j] - m) * inv_temp);
-    *max_out = m;
+    *max_out = m, *sum_out = s;
     return (double)m * inv_temp + log(s);
 }
 
@@ -32,6 +33,51 @@ static int by_key_desc(const void *a, const void *b) {
 }
 
 int rf_sampling_sorted(const rf_sampling *s) { return !s->greedy && (s->top_k > 0 || s->top_p < 1.0f); }
+
+/* The k-th largest of x (n of them, reordered), 1 <= k <= n: quickselect. */
+static float kth_largest(float *x, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        float pivot = x[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) { /* larger values to the left */
+            while (x[i] > pivot) i++;
+            while (x[j] < pivot) j--;
+            if (i <= j) {
+                float t = x[i];
+                x[i] = x[j], x[j] = t;
+                i++, j--;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else return x[want]; /* between the two parts: equal to the pivot */
+    }
+    return x[want];
+}
+
+int rf_sample_candidates(const float *z, int V, const rf_sampling *s, double lse, int32_t *ids, float *scratch) {
+    int cap = s->top_k > 0 && s->top_k < V ? s->top_k : V; /* top-k: never more are needed */
+    int k = s->top_p < 1.0f && cap > 64 ? 64 : cap, n;
+    double it = 1.0 / s->temperature;
+    for (;;) { /* the tokens at or above the k-th largest logit, k growing until they suffice */
+        memcpy(scratch, z, sizeof(float) * (size_t)V);
+        float tau = kth_largest(scratch, V, k);
+        double mass = 0;
+        n = 0;
+        for (int j = 0; j < V; j++)
+            if (z[j] >= tau) ids[n++] = j;
+        for (int i = 0; i < n; i++) mass += exp((double)z[ids[i]] * it - lse);
+        /* enough: the whole top-k (ties included), or past top_p with a margin for the order of
+         * the sums, or everything */
+        if (n >= cap || (s->top_p < 1.0f && mass >= (double)s->top_p + 1e-6) || k >= V) break;
+        k = k > V / 4 ? V : 4 * k;
+        k = k < cap ? k : cap;
+    }
+    t_keys = z;
+    qsort(ids, (size_t)n, sizeof(int32_t), by_key_desc);
+    return n;
+}
 
 int rf_sample_sorted(const float *z, int n, const rf_sampling *s, double lse, double u) {
     float inv_temp = 1.0f / s->temperature;
@@ -58,22 +104,19 @@ int rf_sample_sorted(const float *z, int n, const rf_sampling *s, double lse, do
 
 int32_t rf_sample_u(const float *z, int V, const rf_sampling *s, double u, float *logp, float *work) {
     float inv_temp = s->greedy ? 1.0f : 1.0f / s->temperature, m;
-    double lse = lse_scaled(z, V, inv_temp, &m);
+    double sum, lse = lse_scaled(z, V, inv_temp, &m, &sum);
     int32_t pick = 0;
     if (s->greedy) {
         for (int j = 1; j < V; j++)
             if (z[j] > z[pick]) pick = j;
-    } else if (rf_sampling_sorted(s)) { /* every id sorted by logit, then cut and drawn */
+    } else if (rf_sampling_sorted(s)) { /* the top candidates sorted by logit, then cut and drawn */
         int32_t *ids = (int32_t *)work;
         float *zs = work + V;
-        for (int j = 0; j < V; j++) ids[j] = j;
-        t_keys = z;
-        qsort(ids, (size_t)V, sizeof(int32_t), by_key_desc);
-        for (int j = 0; j < V; j++) zs[j] = z[ids[j]];
-        pick = ids[rf_sample_sorted(zs, V, s, lse, u)];
-    } else { /* the whole vocabulary in id order */
-        double total = 0, cum = 0;
-        for (int j = 0; j < V; j++) total += exp((double)z[j] * inv_temp - lse);
+        int n = rf_sample_candidates(z, V, s, lse, ids, zs);
+        for (int i = 0; i < n; i++) zs[i] = z[ids[i]];
+        pick = ids[rf_sample_sorted(zs, n, s, lse, u)];
+    } else { /* the whole vocabulary in id order; its total (1 but for rounding) from the sum */
+        double total = sum * exp((double)m * inv_temp - lse), cum = 0;
         u *= total;
         pick = V - 1;
         for (int j = 0; j < V; j++) {

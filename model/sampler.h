@@ -41,6 +41,13 @@ int rf_sampling_sorted(const rf_sampling *s);
  * the ranks' candidates into this). */
 int rf_sample_sorted(const float *z, int n, const rf_sampling *s, double lse, double u);
 
+/* The candidates of a top-k / top-p draw from logits z (V) whose log-sum-exp at 1 / temperature
+ * is lse: ids (V of room) of the largest logits, sorted by logit descending and lower id first,
+ * at least the top_k of them (ties included) or, with top_p < 1, enough that their mass passes
+ * top_p; rf_sample_sorted cuts them exactly. Found by selection, not by sorting the whole row.
+ * scratch: V floats. Returns the count. */
+int rf_sample_candidates(const float *z, int V, const rf_sampling *s, double lse, int32_t *ids, float *scratch);
+
 /* One draw from row `row` of a batch of logits rows, under s with the uniform u (rf_sample_u). */
 typedef struct rf_draw {
     int32_t row;

@@ -1,5 +1,6 @@
 /* The rollout engine's API: construction, requests and their copies, delivery of finished
  * samples. The scheduler step itself is in rollout/scheduler.c. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,12 +63,14 @@ rf_status rf_rollout_init_model(rf_rollout **out, const rf_rollout_model *mc, co
     e->batch = calloc(R, sizeof *e->batch);
     e->row = calloc(R, sizeof *e->row);
     e->logits = malloc(sizeof(float) * R * V);
-    e->work = malloc(sizeof(float) * 2 * V);
-    int drawn = 1; /* the draws' buffers, when the model draws */
+    e->n_work = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
+    e->work = malloc(sizeof(float) * 2 * V * (size_t)e->n_work);
+    e->picks = malloc(sizeof *e->picks * R), e->pick_logp = malloc(sizeof *e->pick_logp * R);
+    int drawn = e->picks && e->pick_logp; /* and the draws' buffers, when the model draws */
     if (mc->decode_sample) {
-        e->draws = malloc(sizeof *e->draws * R), e->picks = malloc(sizeof *e->picks * R);
-        e->pick_logp = malloc(sizeof *e->pick_logp * R), e->capture = malloc(sizeof *e->capture * R);
-        drawn = e->draws && e->picks && e->pick_logp && e->capture;
+        e->draws = malloc(sizeof *e->draws * R), e->draw_picks = malloc(sizeof *e->draw_picks * R);
+        e->draw_logp = malloc(sizeof *e->draw_logp * R), e->capture = malloc(sizeof *e->capture * R);
+        drawn = drawn && e->draws && e->draw_picks && e->draw_logp && e->capture;
     }
     if (s == RF_OK && (!e->running || !e->batch || !e->row || !e->logits || !e->work || !drawn))
         s = rf_error(RF_ERR_NOMEM, "rollout: out of memory for %d running sequences", o.max_running);
@@ -120,7 +123,7 @@ void rf_rollout_free(rf_rollout *e) {
     free(e->tokens);
     free(e->logits);
     free(e->work);
-    free(e->draws), free(e->picks), free(e->pick_logp), free(e->capture);
+    free(e->picks), free(e->pick_logp), free(e->draws), free(e->draw_picks), free(e->draw_logp), free(e->capture);
     free(e);
 }
 

@@ -68,12 +68,15 @@ struct rf_rollout {
     int32_t *tokens;         /* (tokens_cap) packed input tokens */
     int tokens_cap;
     float *logits;           /* (max_running, V) */
-    float *work;             /* (2 V) sampler scratch */
+    float *work;             /* (n_work, 2 V) sampler scratch, one per thread */
+    int n_work;
+    int32_t *picks;          /* (max_running) each running sequence's next token, */
+    float *pick_logp;        /* its log-prob */
     /* with mc.decode_sample: the step's draws (one per running sequence in a model row, in
        running order), their picks, and the rows to capture (max_running each) */
     rf_draw *draws;
-    int32_t *picks;
-    float *pick_logp;
+    int32_t *draw_picks;
+    float *draw_logp;
     int *capture;
     rf_rollout_stats stats;
 };

@@ -9,6 +9,7 @@
  * nothing extra, and a newly admitted sequence produces its first token in the step that
  * admits it. A step's tokens stay within max_batch_tokens, except that a prompt longer than
  * the budget is admitted when nothing else is in the step (otherwise it could never run). */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -202,13 +203,11 @@ static int is_stop_id(const ro_request *r, int32_t t) {
     return 0;
 }
 
-/* Samples s's next token from its logits row (NULL: the model drew it, t with log-prob lp) and
- * decides whether s is finished (the rules of rf_generate: a stop id, then a stop string, then
- * max_new_tokens). */
-static rf_status sample_one(rf_rollout *e, ro_seq *s, const float *logits, int32_t t, float lp, int *done) {
+/* Appends s's next token t (log-prob lp) and decides whether s is finished (the rules of
+ * rf_generate: a stop id, then a stop string, then max_new_tokens). */
+static rf_status take_token(rf_rollout *e, ro_seq *s, int32_t t, float lp, int *done) {
     const ro_request *r = s->req;
     int g = s->n_tokens - r->prompt_len, stopped = 0;
-    if (logits) t = rf_sample(logits, (int)e->V, &r->sampling, &s->rng, &lp, e->work);
     s->tokens[s->n_tokens++] = t;
     s->logprobs[g] = lp;
     s->versions[g] = e->version;
@@ -221,18 +220,31 @@ static rf_status sample_one(rf_rollout *e, ro_seq *s, const float *logits, int32
     return RF_OK;
 }
 
-/* Samples every running sequence, delivering each finished one at once (streaming). With
- * mc.decode_sample, the sequences in the step's n_rows model rows take the model's picks. */
-static rf_status sample_all(rf_rollout *e, int n_rows) {
+/* Draws the next token of every running sequence the model did not draw for (with
+ * mc.decode_sample, those in the step's n_rows model rows) from its whole logits row, in
+ * parallel: each sequence has its own generator, each thread its own scratch, so the tokens do
+ * not depend on the threads. */
+static void draw_rows(rf_rollout *e, int n_rows) {
+    int n = e->n_running, by_model = e->mc.decode_sample != NULL;
     size_t V = e->V;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(e->n_work) if (n > 1)
+    for (int i = 0; i < n; i++) {
+        if (by_model && e->row[i] < n_rows) continue;
+        ro_seq *s = e->running[i];
+        float *work = e->work + 2 * V * (size_t)omp_get_thread_num();
+        e->picks[i] = rf_sample(e->logits + (size_t)e->row[i] * V, (int)V, &s->req->sampling, &s->rng,
+                                &e->pick_logp[i], work);
+    }
+}
+
+/* Takes every running sequence's drawn token, delivering each finished one at once (streaming). */
+static rf_status sample_all(rf_rollout *e, int n_rows) {
     rf_status st = RF_OK;
-    for (int i = 0, k = 0; st == RF_OK && i < e->n_running; i++) {
+    draw_rows(e, n_rows);
+    for (int i = 0; st == RF_OK && i < e->n_running; i++) {
         ro_seq *s = e->running[i];
         int done = 0;
-        if (e->mc.decode_sample && e->row[i] < n_rows)
-            st = sample_one(e, s, NULL, e->picks[k], e->pick_logp[k], &done), k++;
-        else
-            st = sample_one(e, s, e->logits + (size_t)e->row[i] * V, 0, 0.0f, &done);
+        st = take_token(e, s, e->picks[i], e->pick_logp[i], &done);
         if (st == RF_OK && done) {
             rf__rollout_deliver(e, s);
             e->running[i] = NULL;
@@ -259,8 +271,11 @@ static rf_status decode_and_draw(rf_rollout *e, int n_rows) {
     }
     for (ro_request *r = e->retained; r; r = r->next_retained)
         if (r->capture_row >= 0) e->capture[n_capture++] = r->capture_row;
-    return e->mc.decode_sample(e->mc.ctx, &e->pool, e->batch, n_rows, e->tokens, e->draws, n, e->picks,
-                               e->pick_logp, e->capture, n_capture, e->logits);
+    RF_TRY(e->mc.decode_sample(e->mc.ctx, &e->pool, e->batch, n_rows, e->tokens, e->draws, n, e->draw_picks,
+                               e->draw_logp, e->capture, n_capture, e->logits));
+    for (int i = 0, k = 0; i < e->n_running; i++)
+        if (e->row[i] < n_rows) e->picks[i] = e->draw_picks[k], e->pick_logp[i] = e->draw_logp[k], k++;
+    return RF_OK;
 }
 
 rf_status rf_rollout_step(rf_rollout *e) {

@@ -3,6 +3,7 @@
  * log softmax(z / T), seeds reproduce; generation stops at EOS ids and stop strings, honours
  * max_new_tokens, and a sequence's output does not depend on the rest of the batch. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,6 +17,72 @@ static void softmax(const float *z, int V, float T, double *p) {
     for (int j = 0; j < V; j++) m = z[j] / T > m ? z[j] / T : m;
     for (int j = 0; j < V; j++) s += p[j] = exp(z[j] / T - m);
     for (int j = 0; j < V; j++) p[j] /= s;
+}
+
+/* The draw by sorting the whole row (no selection): ids by logit descending, lower id first,
+ * cut to top_k, cut at the first place the mass reaches top_p, drawn with u over the rest. */
+static const float *g_keys;
+static int desc(const void *a, const void *b) {
+    float x = g_keys[*(const int32_t *)a], y = g_keys[*(const int32_t *)b];
+    return x != y ? (x > y ? -1 : 1) : *(const int32_t *)a - *(const int32_t *)b;
+}
+
+static int32_t by_sorting(const float *z, int V, const rf_sampling *s, double u) {
+    double it = 1.0 / s->temperature, m = -INFINITY, sum = 0;
+    for (int j = 0; j < V; j++) m = fmax(m, (double)z[j]);
+    for (int j = 0; j < V; j++) sum += exp(((double)z[j] - m) * it);
+    double lse = m * it + log(sum), cum = 0, total = 0;
+    int32_t *ids = malloc(sizeof *ids * (size_t)V);
+    for (int j = 0; j < V; j++) ids[j] = j;
+    g_keys = z;
+    qsort(ids, (size_t)V, sizeof *ids, desc);
+    int n = s->top_k > 0 && s->top_k < V ? s->top_k : V;
+    for (int i = 0; s->top_p < 1.0f && i < n; i++)
+        if ((cum += exp((double)z[ids[i]] * it - lse)) >= s->top_p) n = i + 1;
+    for (int i = 0; i < n; i++) total += exp((double)z[ids[i]] * it - lse);
+    int32_t pick = ids[n - 1];
+    cum = 0;
+    for (int i = 0; i < n; i++)
+        if (u * total < (cum += exp((double)z[ids[i]] * it - lse))) {
+            pick = ids[i];
+            break;
+        }
+    free(ids);
+    return pick;
+}
+
+/* rf_sample_u's top-k / top-p draw (candidates by selection) against sorting the whole row:
+ * rows of 1000 logits (spread, peaked, many ties, flat) and of 3, every kind of cut, 40 draws
+ * each: the same token every time. */
+static void sampler_selection(void) {
+    enum { V = 1000 };
+    float *z = malloc(sizeof(float) * V), *work = malloc(sizeof(float) * 2 * V);
+    const rf_sampling kinds[] = {{0, 1.0f, 1, 1.0f},    {0, 1.0f, 5, 1.0f},     {0, 0.7f, 50, 1.0f},
+                                 {0, 1.0f, 999, 1.0f},  {0, 1.0f, 1000, 1.0f},  {0, 1.0f, 1500, 1.0f},
+                                 {0, 1.0f, 0, 0.01f},   {0, 1.3f, 0, 0.5f},     {0, 1.0f, 0, 0.9f},
+                                 {0, 1.0f, 0, 0.999f},  {0, 0.8f, 40, 0.95f},   {0, 2.0f, 300, 0.999f}};
+    int same = 1, draws = 0;
+    rf_rng r;
+    rf_rng_seed(&r, 9);
+    for (int row = 0; row < 5; row++) {
+        int n = row == 4 ? 3 : V;
+        for (int j = 0; j < n; j++)
+            z[j] = row == 0 ? 4.0f * rf_rng_uniform(&r) : row == 1 ? (j % 97 == 5 ? 12.0f : rf_rng_uniform(&r))
+                 : row == 2 ? (float)(j % 4) : row == 3 ? 0.0f : (float)j;
+        for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
+            for (int d = 0; d < 40; d++) {
+                double u = (d + 0.5) / 40;
+                float lp;
+                int32_t got = rf_sample_u(z, n, &kinds[k], u, &lp, work), want = by_sorting(z, n, &kinds[k], u);
+                if (got != want)
+                    fprintf(stderr, "row %d, top_k %d, top_p %g, u %g: %d, by sorting %d\n", row, kinds[k].top_k,
+                            kinds[k].top_p, u, got, want);
+                same &= got == want, draws++;
+            }
+    }
+    CHECK(same);
+    CHECK(draws == 5 * 12 * 40);
+    free(z), free(work);
 }
 
 static void sampler_distribution(void) {
@@ -142,6 +209,7 @@ static void generation(void) {
 
 int main(void) {
     sampler_distribution();
+    sampler_selection();
     generation();
     return rf_test_finish("test_generate");
 }
