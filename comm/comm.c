@@ -36,6 +36,22 @@ int rf_comm_world_rank(const rf_comm *c, int r) {
     return r >= 0 && r < c->size ? c->world[r] : -1;
 }
 
+static int *g_nodes, g_n_nodes; /* rf_comm_set_nodes */
+
+rf_status rf_comm_set_nodes(const int *node, int n) {
+    int *copy = malloc(sizeof *copy * (size_t)(n > 0 ? n : 1));
+    if (!copy) return rf_error(RF_ERR_NOMEM, "out of memory");
+    if (n > 0) memcpy(copy, node, sizeof *copy * (size_t)n);
+    free(g_nodes);
+    g_nodes = copy, g_n_nodes = n;
+    return RF_OK;
+}
+
+int rf_comm_node(const rf_comm *c, int r) {
+    int w = rf_comm_world_rank(c, r);
+    return w >= 0 && w < g_n_nodes ? g_nodes[w] : -1;
+}
+
 void rf_comm_free(rf_comm *c) {
     if (!c || c->owned_by_lib) return;
     c->ops->free(c);

@@ -86,6 +86,13 @@ const char *rf_comm_backend_name(const rf_comm *c);
 /* The MPI_COMM_WORLD rank of rank r of c (r itself for the single back end). */
 int rf_comm_world_rank(const rf_comm *c, int r);
 
+/* The machine of each world rank: node[w] for world rank w < n (equal numbers: one machine),
+ * as the launcher found it (host names gathered at the start); copied. Set it on every rank,
+ * the same table. Planners use it to keep bytes on a machine (resharding/plan.h). RF_ERR_NOMEM. */
+rf_status rf_comm_set_nodes(const int *node, int n);
+/* The machine number of rank r of c; -1 when not set (or r out of range). */
+int rf_comm_node(const rf_comm *c, int r);
+
 /* Splits c by color (ranks with equal color form one communicator, ordered by key, then by
  * rank in c); a rank passing color < 0 gets *out = NULL. Collective over c. The new
  * communicator has c's back end (a NCCL one is bootstrapped over the split of its MPI

@@ -205,9 +205,17 @@ static rf_status pick_endpoint(const rf_recipe *r, rf_comm *world, char *bind_ep
     if (!hosts) return rf_error(RF_ERR_NOMEM, "out of memory");
     gethostname(me, sizeof me - 1);
     rf_status st = rf_comm_allgather(world, me, hosts, HOST_LEN, r->async.startup_timeout, "gathering host names");
-    int one_host = 1;
-    for (int i = 1; st == RF_OK && i < rf_comm_size(world); i++)
+    int one_host = 1, n = rf_comm_size(world), *node = calloc((size_t)n, sizeof *node);
+    if (st == RF_OK && !node) st = rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 1; st == RF_OK && i < n; i++)
         if (strcmp(hosts + (size_t)i * HOST_LEN, hosts) != 0) one_host = 0;
+    for (int i = 0; st == RF_OK && i < n; i++) { /* a machine's number: its first rank's */
+        node[i] = i;
+        for (int j = 0; j < i && node[i] == i; j++)
+            if (strcmp(hosts + (size_t)i * HOST_LEN, hosts + (size_t)j * HOST_LEN) == 0) node[i] = node[j];
+    }
+    if (st == RF_OK) st = rf_comm_set_nodes(node, n); /* the weights' planner keeps bytes on a machine */
+    free(node);
     if (st == RF_OK) {
         if (r->placement.endpoint[0]) {
             snprintf(bind_ep, HOST_LEN, "%s", r->placement.endpoint);

@@ -60,7 +60,12 @@ rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int 
     size_t n_local = 0;
     if (st == RF_OK) st = rf_layout_shards(pt, x->side_tp, x->t, x->shards, &n_local);
     rf_layout src = {tp, dp, 0, NULL}, dst = {gen_tp, x->n_rollout / gen_tp, n_train, NULL};
-    if (st == RF_OK) st = rf_reshard_plan_make(&x->plan, pt, &src, &dst, bucket_bytes, size);
+    /* the machines of the ranks, when the launcher told them: a piece several replicas hold is
+       sent from one on the receiver's machine */
+    int *node = st == RF_OK ? malloc(sizeof *node * (size_t)size) : NULL, told = node != NULL;
+    for (int r = 0; told && r < size; r++) told = (node[r] = rf_comm_node(c, r)) >= 0;
+    if (st == RF_OK) st = rf_reshard_plan_make_nodes(&x->plan, pt, &src, &dst, bucket_bytes, size, told ? node : NULL);
+    free(node);
     rf_reshard_opts o = {.timeout_s = timeout_s};
     if (st == RF_OK) st = rf_reshard_init(&x->ex, x->plan, c, &o);
     if (st != RF_OK) {
@@ -70,6 +75,8 @@ rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int 
     *out = x;
     return RF_OK;
 }
+
+const rf_reshard_plan *rf_weights_rs_plan(const rf_weights_rs *x) { return x->plan; }
 
 void rf_weights_rs_free(rf_weights_rs *x) {
     if (!x) return;

@@ -50,6 +50,7 @@
 
 #include "comm/comm.h"
 #include "resharding/layout.h"
+#include "resharding/plan.h"
 
 typedef struct rf_weights_rs rf_weights_rs;
 
@@ -67,6 +68,11 @@ typedef struct rf_weights_rs rf_weights_rs;
 rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, int dp, int gen_tp, rf_comm *c,
                              size_t bucket_bytes, double timeout_s);
 void rf_weights_rs_free(rf_weights_rs *x);
+
+/* The plan (its moves, rf_reshard_plan_bytes). Made knowing each rank's machine when the
+ * launcher set them (rf_comm_set_nodes): a piece several training replicas hold goes to a
+ * rollout rank from a replica on its machine when there is one. */
+const rf_reshard_plan *rf_weights_rs_plan(const rf_weights_rs *x);
 
 /* Changes the bound of later exchanges (a first transfer waits for rollout workers still
  * starting: async.startup_timeout; then async.peer_timeout). */

@@ -150,8 +150,9 @@ static void receive_shard(rf_weights_rs *x, rf_model_tp *gtp, rf_comm *gc, const
 /* Training ranks 0 .. D*T-1 (D replicas of T shards, each replica a group tpc) send versions 1
  * and 2 of a model (changed in between) to the rollout ranks D*T .. size-1 of world, whole
  * models (G = 1) or rollout workers of G ranks each holding a shard. 12 query / 3 k/v heads of
- * 4 (T 3 splits them). */
-static void weights_by_resharding(rf_comm *world, int T, int D, int G) {
+ * 4 (T 3 splits them). nodes (NULL: not told): the machine of each world rank, as the launcher
+ * sets them; then every byte must go between ranks of one machine where the replicas allow. */
+static void weights_by_resharding(rf_comm *world, int T, int D, int G, const int *nodes) {
     int train = g_rank < T * D;
     rf_comm *tpc = NULL, *gc = NULL;
     CHECK_OK(rf_comm_split(world, train ? g_rank / T : D, g_rank, &tpc));
@@ -164,7 +165,19 @@ static void weights_by_resharding(rf_comm *world, int T, int D, int G) {
     rf_model_init_random(whole, 9, 0.2f);
     rf_param_table pt = rf_param_table_of(whole);
     rf_weights_rs *x = NULL;
+    if (nodes) CHECK_OK(rf_comm_set_nodes(nodes, g_size));
     CHECK_OK(rf_weights_rs_init(&x, &pt, T, D, G, world, 4096, T_OK));
+    if (nodes) CHECK_OK(rf_comm_set_nodes(NULL, 0));
+    size_t across = 0, sent = 0; /* bytes between machines, bytes sent */
+    const rf_reshard_plan *p = x ? rf_weights_rs_plan(x) : NULL;
+    for (int i = 0; p && i < p->n_moves; i++) {
+        const rf_reshard_move *m = &p->moves[i];
+        size_t bytes = (size_t)(m->n_runs * m->run) * sizeof(float);
+        if (m->src_rank != m->dst_rank) sent += bytes;
+        if (nodes && nodes[m->src_rank] != nodes[m->dst_rank]) across += bytes;
+    }
+    CHECK(sent > 0);
+    if (nodes) CHECK(across == 0);
     rf_model_tp *tp = NULL;
     if (train || G > 1) CHECK_OK(rf_model_tp_init(&tp, &whole->cfg, rf_cpu_kernels(), train ? tpc : gc, T_OK));
     float *got = calloc(whole->n_params, sizeof(float));
@@ -220,13 +233,17 @@ static int under_mpi(int argc, char **argv) {
      * workers: 2 training ranks and one worker of 2 ranks, 1 and one of 3; data-parallel replicas
      * holding the same bits, the senders spread over them: 2 replicas of 1 shard to 2 rollout
      * workers, 3 replicas to 1 */
-    weights_by_resharding(world, g_size / 2, 1, 1);
+    weights_by_resharding(world, g_size / 2, 1, 1, NULL);
     if (g_size == 4) {
-        weights_by_resharding(world, 3, 1, 1);
-        weights_by_resharding(world, 2, 1, 2); /* one rollout worker of 2 ranks (k/v heads replicated) */
-        weights_by_resharding(world, 1, 1, 3); /* of 3 ranks from a whole actor (k/v heads split) */
-        weights_by_resharding(world, 1, 2, 1);
-        weights_by_resharding(world, 1, 3, 1);
+        weights_by_resharding(world, 3, 1, 1, NULL);
+        weights_by_resharding(world, 2, 1, 2, NULL); /* one rollout worker of 2 ranks (k/v heads replicated) */
+        weights_by_resharding(world, 1, 1, 3, NULL); /* of 3 ranks from a whole actor (k/v heads split) */
+        weights_by_resharding(world, 1, 2, 1, NULL);
+        weights_by_resharding(world, 1, 3, 1, NULL);
+        /* two machines of a replica and a rollout worker each, crossed (the least-loaded choice alone
+         * sends worker 0 its weights from the other machine): each worker's from its own */
+        const int two_machines[4] = {1, 0, 0, 1};
+        weights_by_resharding(world, 1, 2, 1, two_machines);
     }
     int rc = rf_test_mpi_finish(world, "test_train_tp");
     rf_comm_finalize();
