@@ -363,51 +363,29 @@ static int slice_start(const rf_model_tp *tp, int r) {
     return (int)((int64_t)tp->cfg.vocab_size * r / tp->tp);
 }
 
-/* One rank's view of one row for the greedy choice. */
-typedef struct greedy_part {
+/* One rank's figures of one row of logits (its slice). */
+typedef struct slice_part {
     float max;   /* largest logit of the slice */
     int32_t id;  /* its whole-vocabulary id (the lowest on ties) */
-    double sum;  /* sum exp(z - max) over the slice */
-} greedy_part;
+    double sum;  /* sum of exp((z - max) * inv_temp) over the slice */
+} slice_part;
 
 rf_status rf_model_tp_greedy(rf_model_tp *tp, const float *logits, int n, int32_t *tokens,
                              float *logp) {
-    greedy_part *mine = calloc((size_t)(n > 0 ? n : 1), sizeof *mine),
-                *all = malloc(sizeof *all * (size_t)(n > 0 ? n : 1) * (size_t)tp->tp);
-    if (!mine || !all) {
-        free(mine), free(all);
-        return rf_error(RF_ERR_NOMEM, "out of memory");
-    }
-    for (int i = 0; i < n; i++) {
-        const float *z = logits + (size_t)i * tp->Vl;
-        int pick = 0;
-        for (int j = 1; j < tp->Vl; j++)
-            if (z[j] > z[pick]) pick = j;
-        double s = 0.0;
-        for (int j = 0; j < tp->Vl; j++) s += exp((double)(z[j] - z[pick]));
-        mine[i] = (greedy_part){z[pick], tp->v0 + pick, s};
-    }
-    rf_status st = rf__tp_allgather(tp, mine, all, sizeof *mine * (size_t)n, "allgather of greedy candidates");
-    for (int i = 0; st == RF_OK && i < n; i++) {
-        int best = 0; /* ranks hold increasing ids: the first of equal maxima is the lowest id */
-        for (int r = 1; r < tp->tp; r++)
-            if (all[(size_t)r * n + i].max > all[(size_t)best * n + i].max) best = r;
-        float M = all[(size_t)best * n + i].max;
-        double S = 0.0;
-        for (int r = 0; r < tp->tp; r++) {
-            const greedy_part *p = &all[(size_t)r * n + i];
-            S += p->sum * exp((double)p->max - (double)M);
-        }
-        tokens[i] = all[(size_t)best * n + i].id;
-        if (logp) logp[i] = (float)-log(S); /* z[pick] - (M + log S) with z[pick] = M */
-    }
-    free(mine), free(all);
+    size_t m = (size_t)(n > 0 ? n : 1);
+    rf_draw *d = malloc(sizeof *d * m);
+    float *lp = logp ? logp : malloc(sizeof *lp * m);
+    rf_status st = d && lp ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == RF_OK && i < n; i++) d[i] = (rf_draw){i, {1, 1.0f, 0, 1.0f}, 0.0};
+    if (st == RF_OK) st = rf_model_tp_sample(tp, logits, n, d, n, tokens, lp);
+    free(d);
+    if (lp != logp) free(lp);
     return st;
 }
 
 /* ---- sampling from slices ---- */
 
-/* A row's whole-vocabulary figures, from every rank's greedy_part (the same on every rank). */
+/* A row's whole-vocabulary figures, from every rank's slice_part (the same on every rank). */
 typedef struct row_stats {
     float inv_temp;
     int sorted;   /* top-k / top-p: drawn from candidates */
@@ -448,7 +426,7 @@ typedef struct pick {
 /* The draws in id order: each rank walks its slice for the draws whose point of the cumulative
  * distribution falls in it (the slices' masses from the row statistics), then the picks are
  * gathered. */
-static rf_status draw_in_order(rf_model_tp *tp, const float *logits, const row_stats *rs, const greedy_part *all,
+static rf_status draw_in_order(rf_model_tp *tp, const float *logits, const row_stats *rs, const slice_part *all,
                                int n_rows, const rf_draw *draws, int n_draws, int32_t *tokens, float *logp) {
     int T = tp->tp, me = tp->t, n = 0;
     for (int i = 0; i < n_draws; i++) n += !draws[i].s.greedy && !rs[draws[i].row].sorted;
@@ -465,7 +443,7 @@ static rf_status draw_in_order(rf_model_tp *tp, const float *logits, const row_s
             break;
         }
         for (int q = 0; q < T; q++) { /* the slice's sum of exp(z * it - lse) */
-            const greedy_part *p = &all[(size_t)q * n_rows + d->row];
+            const slice_part *p = &all[(size_t)q * n_rows + d->row];
             total += m[q] = p->sum * exp((double)p->max * r->inv_temp - r->lse);
         }
         double target = d->u * total, before = 0;
@@ -578,7 +556,7 @@ rf_status rf_model_tp_sample(rf_model_tp *tp, const float *logits, int n_rows, c
             return rf_error(RF_ERR_ARG, "sampling from slices: draw %d is from row %d of %d", i, draws[i].row, n_rows);
     size_t R = (size_t)(n_rows > 0 ? n_rows : 1);
     row_stats *rs = calloc(R, sizeof *rs);
-    greedy_part *mine = calloc(R, sizeof *mine), *all = malloc(sizeof *all * R * (size_t)tp->tp);
+    slice_part *mine = calloc(R, sizeof *mine), *all = malloc(sizeof *all * R * (size_t)tp->tp);
     rf_status st = rs && mine && all ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int r = 0; st == RF_OK && r < n_rows; r++) rs[r].inv_temp = 1.0f;
     for (int i = 0; st == RF_OK && i < n_draws; i++) { /* a row's temperature and kind: its draws' */
@@ -593,7 +571,7 @@ rf_status rf_model_tp_sample(rf_model_tp *tp, const float *logits, int n_rows, c
             if (z[j] > z[best]) best = j;
         double sum = 0;
         for (int j = 0; j < tp->Vl; j++) sum += exp((double)(z[j] - z[best]) * rs[r].inv_temp);
-        mine[r] = (greedy_part){z[best], tp->v0 + best, sum};
+        mine[r] = (slice_part){z[best], tp->v0 + best, sum};
     }
     if (st == RF_OK) st = rf__tp_allgather(tp, mine, all, sizeof *mine * (size_t)n_rows, "allgather of row statistics");
     for (int r = 0; st == RF_OK && r < n_rows; r++) {
@@ -603,7 +581,7 @@ rf_status rf_model_tp_sample(rf_model_tp *tp, const float *logits, int n_rows, c
         float M = all[(size_t)best * n_rows + r].max;
         double S = 0;
         for (int q = 0; q < tp->tp; q++) {
-            const greedy_part *p = &all[(size_t)q * n_rows + r];
+            const slice_part *p = &all[(size_t)q * n_rows + r];
             S += p->sum * exp((double)(p->max - M) * rs[r].inv_temp);
         }
         rs[r].best = all[(size_t)best * n_rows + r].id, rs[r].max = M;
