@@ -461,7 +461,7 @@ static rf_status draw_in_order(rf_model_tp *tp, const float *logits, const row_s
             int j = 0;
             double cum = before;
             for (; j < tp->Vl; j++) {
-                cum += exp((double)z[j] * r->inv_temp - r->lse);
+                cum += (double)expf((float)((double)z[j] * r->inv_temp - r->lse));
                 if (target < cum) break;
             }
             if (j == tp->Vl) j = tp->Vl - 1; /* rounding past the slice's end: its last id */
@@ -570,7 +570,7 @@ rf_status rf_model_tp_sample(rf_model_tp *tp, const float *logits, int n_rows, c
         for (int j = 1; j < tp->Vl; j++)
             if (z[j] > z[best]) best = j;
         double sum = 0;
-        for (int j = 0; j < tp->Vl; j++) sum += exp((double)(z[j] - z[best]) * rs[r].inv_temp);
+        for (int j = 0; j < tp->Vl; j++) sum += (double)expf((z[j] - z[best]) * rs[r].inv_temp);
         mine[r] = (slice_part){z[best], tp->v0 + best, sum};
     }
     if (st == RF_OK) st = rf__tp_allgather(tp, mine, all, sizeof *mine * (size_t)n_rows, "allgather of row statistics");
