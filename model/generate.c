@@ -1,5 +1,6 @@
 #include "model/generate.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,8 +57,10 @@ static rf_status update_text(const rf_tokenizer *tok, const rf_gen_params *p, rf
 typedef struct gen_state {
     int *slots, *active;
     rf_rng *rng;
-    float *logits, *work;
-    int32_t *next;
+    float *logits, *work; /* work: (n_work, 2 V) the sampler's scratch, one per thread */
+    int n_work;
+    int32_t *next, *pick;
+    float *pick_lp;
 } gen_state;
 
 static rf_status state_init(gen_state *g, int n, int V) {
@@ -65,9 +68,12 @@ static rf_status state_init(gen_state *g, int n, int V) {
     g->active = calloc((size_t)n, sizeof(int));
     g->rng = calloc((size_t)n, sizeof(rf_rng));
     g->logits = malloc(sizeof(float) * (size_t)n * V);
-    g->work = malloc(sizeof(float) * 2 * (size_t)V);
+    g->n_work = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
+    g->work = malloc(sizeof(float) * 2 * (size_t)V * (size_t)g->n_work);
     g->next = calloc((size_t)n, sizeof(int32_t));
-    if (!g->slots || !g->active || !g->rng || !g->logits || !g->work || !g->next)
+    g->pick = calloc((size_t)n, sizeof(int32_t));
+    g->pick_lp = calloc((size_t)n, sizeof(float));
+    if (!g->slots || !g->active || !g->rng || !g->logits || !g->work || !g->next || !g->pick || !g->pick_lp)
         return rf_error(RF_ERR_NOMEM, "generate: out of memory for %d sequences", n);
     return RF_OK;
 }
@@ -79,6 +85,8 @@ static void state_free(gen_state *g) {
     free(g->logits);
     free(g->work);
     free(g->next);
+    free(g->pick);
+    free(g->pick_lp);
 }
 
 /* Samples one token for each sequence listed in ids (n_ids) from rows of g->logits, appends it
@@ -88,11 +96,16 @@ static rf_status sample_step(rf_model *m, const rf_tokenizer *tok, const rf_gen_
                              int *n_active) {
     int V = m->cfg.vocab_size;
     *n_active = 0;
+    /* the draws in parallel (each sequence its own generator, each thread its own scratch) */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(g->n_work) if (n_ids > 1)
+    for (int r = 0; r < n_ids; r++)
+        g->pick[r] = rf_sample(g->logits + (size_t)r * V, V, &p->sampling, &g->rng[ids[r]], &g->pick_lp[r],
+                               g->work + 2 * (size_t)V * (size_t)omp_get_thread_num());
     for (int r = 0; r < n_ids; r++) {
         int i = ids[r];
         rf_gen_output *o = &out[i];
-        float lp;
-        int32_t t = rf_sample(g->logits + (size_t)r * V, V, &p->sampling, &g->rng[i], &lp, g->work);
+        float lp = g->pick_lp[r];
+        int32_t t = g->pick[r];
         o->tokens[o->n_tokens] = t;
         o->logprobs[o->n_tokens++] = lp;
         int stopped = 0;
