@@ -50,6 +50,8 @@ rf_status rf_rollout_init(rf_rollout **out, rf_model *m, const rf_rollout_opts *
 
 rf_status rf_rollout_init_model(rf_rollout **out, const rf_rollout_model *mc, const rf_rollout_opts *opts) {
     *out = NULL;
+    if (!mc->decode == !mc->decode_sample)
+        return rf_error(RF_ERR_ARG, "rollout: the model must give exactly one of decode and decode_sample");
     rf_rollout_opts o = opts ? *opts : (rf_rollout_opts){0};
     opts_defaults(&o);
     RF_TRY(opts_check(&o));

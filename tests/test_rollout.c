@@ -433,6 +433,9 @@ static void errors(rf_model *m) {
     CHECK_ERR(rf_rollout_init(&e, m, &(rf_rollout_opts){.max_running = 8, .max_batch_tokens = 4}),
               RF_ERR_ARG, "exceeds max_batch_tokens");
     CHECK_ERR(rf_rollout_init(&e, m, &(rf_rollout_opts){.n_blocks = -1}), RF_ERR_ARG, "must be >= 1");
+    rf_rollout_model none = {&m->cfg, m, NULL, NULL, NULL, NULL}; /* neither model call */
+    CHECK_ERR(rf_rollout_init_model(&e, &none, NULL), RF_ERR_ARG, "exactly one of decode and decode_sample");
+    CHECK(e == NULL);
     CHECK_OK(rf_rollout_init(&e, m, &(rf_rollout_opts){.block_size = 4, .n_blocks = 4}));
     int32_t p[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, bad_tok[2] = {1, 300};
     rf_rollout_request ok = {p, 6, 1, {0, 1.0f, 0, 1.0f}, 10, 0, NULL, 0, {0}, 0}, q;
