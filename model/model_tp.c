@@ -406,17 +406,6 @@ static int cand_desc(const void *a, const void *b) {
     return x->id - y->id;
 }
 
-/* This rank's candidates of row z (Vl logits) into out (rf_sample_candidates on the slice: its
- * top-k, and enough of its largest logits that their mass passes top_p; a token of the whole
- * row's nucleus has less mass above it in its slice than in the row, so the nucleus's tokens of
- * this slice are all among them). idx: Vl ints, scratch: Vl floats. Returns the count. */
-static int slice_candidates(const rf_model_tp *tp, const float *z, const rf_sampling *s, double lse, int32_t *idx,
-                            float *scratch, cand *out) {
-    int n = rf_sample_candidates(z, tp->Vl, s, lse, idx, scratch);
-    for (int i = 0; i < n; i++) out[i] = (cand){z[idx[i]], tp->v0 + idx[i]};
-    return n;
-}
-
 /* A pick of a draw in id order: the id (-1 on the ranks that do not hold it) and log-prob. */
 typedef struct pick {
     int32_t id;
@@ -488,8 +477,8 @@ static rf_status draw_sorted(rf_model_tp *tp, const float *logits, const row_sta
     int T = tp->tp, n_sorted = 0;
     for (int r = 0; r < n_rows; r++) n_sorted += rs[r].sorted;
     if (!n_sorted) return RF_OK;
-    size_t cap = (size_t)n_sorted * tp->Vl;
-    cand *mine = malloc(sizeof *mine * (cap ? cap : 1)), *all = NULL, *merged = NULL;
+    size_t cap = 1024; /* mine's room, grown as the rows' candidates come */
+    cand *mine = malloc(sizeof *mine * cap), *all = NULL, *merged = NULL;
     int32_t *idx = malloc(sizeof *idx * (size_t)tp->Vl), *counts = malloc(sizeof *counts * (size_t)n_rows),
             *every = malloc(sizeof *every * (size_t)n_rows * T);
     float *mz = NULL, *scratch = malloc(sizeof *scratch * (size_t)tp->Vl);
@@ -502,8 +491,23 @@ static rf_status draw_sorted(rf_model_tp *tp, const float *logits, const row_sta
         const rf_draw *d = NULL;
         for (int i = 0; i < n_draws && !d; i++)
             if (draws[i].row == r) d = &draws[i];
-        counts[r] = slice_candidates(tp, logits + (size_t)r * tp->Vl, &d->s, rs[r].lse, idx, scratch, mine + used);
-        used += (size_t)counts[r];
+        /* this rank's candidates: rf_sample_candidates on the slice (its top-k, and enough of its
+         * largest logits that their mass passes top_p: a token of the whole row's nucleus has
+         * less mass above it in its slice than in the row, so the nucleus's tokens of this slice
+         * are all among them) */
+        const float *z = logits + (size_t)r * tp->Vl;
+        int n = counts[r] = rf_sample_candidates(z, tp->Vl, &d->s, rs[r].lse, idx, scratch);
+        if (used + (size_t)n > cap) {
+            size_t want = 2 * (used + (size_t)n);
+            cand *bigger = realloc(mine, sizeof *mine * want);
+            if (!bigger) {
+                st = rf_error(RF_ERR_NOMEM, "out of memory");
+                break;
+            }
+            mine = bigger, cap = want;
+        }
+        for (int i = 0; i < n; i++) mine[used + (size_t)i] = (cand){z[idx[i]], tp->v0 + idx[i]};
+        used += (size_t)n;
     }
     if (st == RF_OK) st = rf__tp_allgather(tp, counts, every, sizeof *counts * (size_t)n_rows, "allgather of candidate counts");
     size_t width = 0, most = 0; /* the widest rank's candidates; the most of one row */
@@ -518,7 +522,7 @@ static rf_status draw_sorted(rf_model_tp *tp, const float *logits, const row_sta
         width = sum > width ? sum : width;
     }
     if (st == RF_OK) {
-        cand *padded = realloc(mine, sizeof *mine * (width ? width : 1));
+        cand *padded = width > cap ? realloc(mine, sizeof *mine * width) : mine;
         all = malloc(sizeof *all * (width ? width : 1) * T);
         merged = malloc(sizeof *merged * (most ? most : 1));
         mz = malloc(sizeof *mz * (most ? most : 1)), mid = malloc(sizeof *mid * (most ? most : 1));
