@@ -191,6 +191,53 @@ static void cross_logprob(int T, int C, int V, float inv_temp) {
     free(dent), free(dh1), free(dh2), free(dw1), free(dw2);
 }
 
+/* The vocabulary-parallel partials and backward over one slice [v0, v0 + Vl) of a vocabulary
+ * of V (targets anywhere in V, some in the slice), both back ends from the same inputs; the
+ * backward from the CPU's whole-row lse and entropy so that only it differs. */
+static void cross_logprob_vp(int T, int C, int V, int v0, int Vl, float inv_temp) {
+    size_t nh = (size_t)T * C, nw = (size_t)Vl * C;
+    float *h = fnormal(nh, 1.0f), *w = fnormal(nw, 0.2f);
+    int32_t *tg = xmalloc(IB(T));
+    for (int t = 0; t < T; t++) tg[t] = (int32_t)(rf_rng_u64(&g_rng) % (uint64_t)V);
+    tg[0] = v0, tg[T - 1] = v0 + Vl - 1; /* the slice's first and last ids */
+    float *p1[4], *p2[4];
+    for (int i = 0; i < 4; i++) p1[i] = fnew(T), p2[i] = fnew(T);
+    const rf_kernels *K[2] = {g_cpu, g_gpu};
+    for (int b = 0; b < 2; b++) {
+        float **p = b ? p2 : p1, *d[4];
+        for (int i = 0; i < 4; i++) d[i] = put(K[b], p[i], FB(T));
+        float *d_h = put(K[b], h, FB(nh)), *d_w = put(K[b], w, FB(nw));
+        int32_t *d_tg = put(K[b], tg, IB(T));
+        K[b]->logprob_vp_partials(d[0], d[1], d[2], d[3], d_h, d_w, d_tg, T, C, Vl, v0, inv_temp);
+        for (int i = 0; i < 4; i++) get(K[b], p[i], d[i], FB(T));
+        get(K[b], NULL, d_h, 0), get(K[b], NULL, d_w, 0), get(K[b], NULL, d_tg, 0);
+    }
+    check_arr_f("logprob_vp_partials max", p2[0], p1[0], T, 2 * tol_red(C));
+    check_arr_f("logprob_vp_partials sum of exp", p2[1], p1[1], T, 2 * tol_red(C + Vl));
+    check_arr_f("logprob_vp_partials sum of exp x (z - max)", p2[2], p1[2], T, 2 * tol_red(C + Vl));
+    check_arr_f("logprob_vp_partials target logit", p2[3], p1[3], T, 2 * tol_red(C));
+    /* a whole-row lse and entropy as the tensor-parallel model would combine them */
+    float *lse = fnew(T), *ent = fnew(T);
+    for (int t = 0; t < T; t++) lse[t] = p1[0][t] + logf(p1[1][t]) + 0.5f, ent[t] = 1.5f;
+    float *dlp = fnormal(T, 1.0f), *dent = fnormal(T, 1.0f);
+    float *dh1 = fconst(nh, 1e3f), *dh2 = fconst(nh, 1e3f), *dw1 = fnormal(nw, 1.0f), *dw2 = fcopy(dw1, nw);
+    for (int b = 0; b < 2; b++) {
+        float *dh = b ? dh2 : dh1, *dw = b ? dw2 : dw1;
+        float *d_dh = put(K[b], dh, FB(nh)), *d_dw = put(K[b], dw, FB(nw)), *d_dlp = put(K[b], dlp, FB(T));
+        float *d_dent = put(K[b], dent, FB(T)), *d_lse = put(K[b], lse, FB(T)), *d_ent = put(K[b], ent, FB(T));
+        float *d_h = put(K[b], h, FB(nh)), *d_w = put(K[b], w, FB(nw));
+        int32_t *d_tg = put(K[b], tg, IB(T));
+        K[b]->logprob_vp_backward(d_dh, d_dw, d_dlp, d_dent, d_lse, d_ent, d_h, d_w, d_tg, T, C, Vl, v0, inv_temp);
+        get(K[b], dh, d_dh, FB(nh)), get(K[b], dw, d_dw, FB(nw));
+        get(K[b], NULL, d_dlp, 0), get(K[b], NULL, d_dent, 0), get(K[b], NULL, d_lse, 0), get(K[b], NULL, d_ent, 0);
+        get(K[b], NULL, d_h, 0), get(K[b], NULL, d_w, 0), get(K[b], NULL, d_tg, 0);
+    }
+    check_arr_f("logprob_vp_backward dh", dh2, dh1, nh, 2 * TOL_GRAD);
+    check_arr_f("logprob_vp_backward dw", dw2, dw1, nw, 2 * TOL_GRAD);
+    for (int i = 0; i < 4; i++) free(p1[i]), free(p2[i]);
+    free(h), free(w), free(tg), free(lse), free(ent), free(dlp), free(dent), free(dh1), free(dh2), free(dw1), free(dw2);
+}
+
 static void cross_adamw(size_t n) {
     float *p1 = fnormal(n, 1.0f), *p2 = fcopy(p1, n), *m1 = fnew(n), *m2 = fnew(n);
     float *v1 = fnew(n), *v2 = fnew(n);
@@ -225,6 +272,8 @@ static void run_cross_suite(uint64_t seed) {
     cross_swiglu(100003);
     cross_logprob(300, 64, 1000, 0.7f);
     cross_logprob(5, 64, 1000, 1.0f);
+    cross_logprob_vp(300, 64, 1000, 500, 250, 0.7f); /* rank 2 of 4 */
+    cross_logprob_vp(5, 64, 1000, 0, 334, 1.0f);     /* rank 0 of 3 */
     cross_adamw(100003);
 }
 

@@ -114,8 +114,8 @@ static const rf_kernels cuda_table = {
     /* .adamw = */ rf_cuda_adamw,
     /* .paged_kv_write = */ rf_cuda_paged_kv_write,
     /* .paged_attention_forward = */ rf_cuda_paged_attention_forward,
-    /* .logprob_vp_partials = */ NULL, /* not written yet: no tensor parallelism on CUDA */
-    /* .logprob_vp_backward = */ NULL,
+    /* .logprob_vp_partials = */ rf_cuda_logprob_vp_partials,
+    /* .logprob_vp_backward = */ rf_cuda_logprob_vp_backward,
 };
 /* C++ has no designated initialisers before C++20, hence the positional table above; this
  * catches a field added to rf_kernels without a matching entry here. */

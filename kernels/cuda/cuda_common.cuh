@@ -164,6 +164,12 @@ void rf_cuda_logprob_forward(float *logp, float *entropy, const float *h, const 
 void rf_cuda_logprob_backward(float *dh, float *dw, const float *dlogp, const float *dentropy,
                               const float *h, const float *w, const int32_t *targets, int T,
                               int C, int V, float inv_temp);
+void rf_cuda_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float *ztgt, const float *h,
+                                 const float *w, const int32_t *targets, int T, int C, int Vl, int v0,
+                                 float inv_temp);
+void rf_cuda_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const float *dentropy, const float *lse,
+                                 const float *entropy, const float *h, const float *w, const int32_t *targets, int T,
+                                 int C, int Vl, int v0, float inv_temp);
 
 /* cuda_paged.cu */
 void rf_cuda_paged_kv_write(float *k_pool, float *v_pool, const float *k, const float *v,

@@ -15,9 +15,9 @@
 
 #define RF_LOGPROB_THREADS 512 /* threads per row block: V is large (32k..150k) */
 
-/* Log-sum-exp and entropy of logits row zr (V), for the whole block; the CPU chunk_logits
- * reduction: H = lse - sum p z = log(sum) - sum e (z - m) / sum, with e = exp(z - m). */
-static __device__ void row_stats(const float *zr, int V, float *lse, float *ent) {
+/* The sums of logits row zr (V), for the whole block (every thread gets them): m = max z,
+ * sum = sum e, wsum = sum e (z - m), with e = exp(z - m); rf_cpu_row_softmax_stats on the GPU. */
+static __device__ void row_sums(const float *zr, int V, float *m_out, double *sum_out, double *wsum_out) {
     __shared__ float fshared[32];
     __shared__ double dshared[32];
     float m = -INFINITY;
@@ -30,10 +30,30 @@ static __device__ void row_stats(const float *zr, int V, float *lse, float *ent)
         sum += (double)e;
         wsum += (double)(e * (zr[j] - m));
     }
-    sum = rf__block_sum(sum, dshared);
-    wsum = rf__block_sum(wsum, dshared);
+    *m_out = m;
+    *sum_out = rf__block_sum(sum, dshared);
+    *wsum_out = rf__block_sum(wsum, dshared);
+}
+
+/* Log-sum-exp and entropy of logits row zr (V), for the whole block; the CPU chunk_logits
+ * reduction: H = lse - sum p z = log(sum) - sum e (z - m) / sum, with e = exp(z - m). */
+static __device__ void row_stats(const float *zr, int V, float *lse, float *ent) {
+    float m;
+    double sum, wsum;
+    row_sums(zr, V, &m, &sum, &wsum);
     *lse = m + (float)log(sum);
     *ent = (float)(log(sum) - wsum / sum);
+}
+
+/* z row zr (V) becomes dL/d(raw logits) = inv_temp * dL/dz, given the row's lse and entropy
+ * (over the whole vocabulary) and its target column tgt (outside [0, V): none here). The
+ * caller's reads of the row must be done (a barrier) before. */
+static __device__ void row_dlogits(float *zr, int V, float lse, float ent, int tgt, float dl, float de,
+                                   float inv_temp) {
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float lp = zr[j] - lse;
+        zr[j] = inv_temp * rf_logprob_dlogit(expf(lp), lp, ent, j == tgt, dl, de);
+    }
 }
 
 /* One block per row r of the chunk: logp[r] = z[r, target] - lse, entropy[r] = H. */
@@ -58,12 +78,34 @@ static __global__ void logprob_backward_kernel(float *z, const float *dlogp,
     float *zr = z + (size_t)r * V;
     float lse, ent;
     row_stats(zr, V, &lse, &ent);
-    float dl = dlogp ? dlogp[r] : 0.0f, de = dentropy ? dentropy[r] : 0.0f;
-    int tgt = targets[r];
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float lp = zr[j] - lse;
-        zr[j] = inv_temp * rf_logprob_dlogit(expf(lp), lp, ent, j == tgt, dl, de);
+    row_dlogits(zr, V, lse, ent, targets[r], dlogp ? dlogp[r] : 0.0f, dentropy ? dentropy[r] : 0.0f, inv_temp);
+}
+
+/* Vocabulary-parallel partials, one block per row of the chunk (rf_cpu_logprob_vp_partials):
+ * this slice's max, sum of exp, sum of exp times (z - max), and the target's logit when the
+ * target is in [v0, v0 + Vl). */
+static __global__ void logprob_vp_partials_kernel(float *lmax, float *sumexp, float *zsum, float *ztgt,
+                                                  const float *z, const int32_t *targets, int Vl, int v0) {
+    int r = blockIdx.x;
+    const float *zr = z + (size_t)r * Vl;
+    float m;
+    double sum, wsum;
+    row_sums(zr, Vl, &m, &sum, &wsum);
+    if (threadIdx.x == 0) {
+        int tgt = targets[r] - v0;
+        lmax[r] = m, sumexp[r] = (float)sum, zsum[r] = (float)wsum;
+        ztgt[r] = tgt >= 0 && tgt < Vl ? zr[tgt] : 0.0f;
     }
+}
+
+/* Vocabulary-parallel backward, one block per row: the slice's dL/d(raw logits) from the whole
+ * vocabulary's lse and entropy (no reads of other columns, so no barrier is needed). */
+static __global__ void logprob_vp_backward_kernel(float *z, const float *dlogp, const float *dentropy,
+                                                  const float *lse, const float *entropy, const int32_t *targets,
+                                                  int Vl, int v0, float inv_temp) {
+    int r = blockIdx.x;
+    row_dlogits(z + (size_t)r * Vl, Vl, lse[r], entropy[r], targets[r] - v0, dlogp ? dlogp[r] : 0.0f,
+                dentropy ? dentropy[r] : 0.0f, inv_temp);
 }
 
 /* Scratch of RF_LOGPROB_CHUNK * V floats on the stream; NULL after recording a failure. */
@@ -86,6 +128,46 @@ void rf_cuda_logprob_forward(float *logp, float *entropy, const float *h, const 
         logprob_forward_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
             logp + t0, entropy ? entropy + t0 : NULL, z, targets + t0, V);
         if (!RF_CUDA_LAUNCH_CHECK()) break;
+    }
+    RF_CUDA_CHECK(cudaFreeAsync(z, rf__cuda.stream));
+}
+
+void rf_cuda_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float *ztgt, const float *h,
+                                 const float *w, const int32_t *targets, int T, int C, int Vl, int v0,
+                                 float inv_temp) {
+    RF_CUDA_GUARD();
+    if (T <= 0) return;
+    float *z = chunk_scratch(Vl);
+    if (!z) return;
+    for (int t0 = 0; t0 < T; t0 += RF_LOGPROB_CHUNK) {
+        int n = T - t0 < RF_LOGPROB_CHUNK ? T - t0 : RF_LOGPROB_CHUNK;
+        /* z (n, Vl) = inv_temp * h[t0:t0+n] (n, C) @ w (Vl, C)^T: this rank's slice */
+        if (!rf__cuda_gemm_xwt(z, h + (size_t)t0 * C, w, n, C, Vl, inv_temp, 0.0f)) break;
+        logprob_vp_partials_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
+            lmax + t0, sumexp + t0, zsum + t0, ztgt + t0, z, targets + t0, Vl, v0);
+        if (!RF_CUDA_LAUNCH_CHECK()) break;
+    }
+    RF_CUDA_CHECK(cudaFreeAsync(z, rf__cuda.stream));
+}
+
+void rf_cuda_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const float *dentropy, const float *lse,
+                                 const float *entropy, const float *h, const float *w, const int32_t *targets, int T,
+                                 int C, int Vl, int v0, float inv_temp) {
+    RF_CUDA_GUARD();
+    if (T <= 0) return;
+    float *z = chunk_scratch(Vl);
+    if (!z) return;
+    for (int t0 = 0; t0 < T; t0 += RF_LOGPROB_CHUNK) {
+        int n = T - t0 < RF_LOGPROB_CHUNK ? T - t0 : RF_LOGPROB_CHUNK;
+        const float *hc = h + (size_t)t0 * C;
+        if (!rf__cuda_gemm_xwt(z, hc, w, n, C, Vl, inv_temp, 0.0f)) break;
+        logprob_vp_backward_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
+            z, dlogp ? dlogp + t0 : NULL, dentropy ? dentropy + t0 : NULL, lse + t0, entropy + t0, targets + t0,
+            Vl, v0, inv_temp);
+        if (!RF_CUDA_LAUNCH_CHECK()) break;
+        /* dh (n, C) = dz (n, Vl) @ w (Vl, C), this slice's share; dw (Vl, C) += dz^T @ h */
+        if (!rf__cuda_gemm_xw(dh + (size_t)t0 * C, z, w, n, C, Vl, 1.0f, 0.0f)) break;
+        if (dw && !rf__cuda_gemm_xtw(dw, z, hc, n, C, Vl, 1.0f, 1.0f)) break;
     }
     RF_CUDA_CHECK(cudaFreeAsync(z, rf__cuda.stream));
 }
