@@ -70,6 +70,8 @@ typedef struct rf__tworker {
     /* the critic and the reference split like the actor (placement.critic.tp /
      * placement.reference.tp = placement.actor.tp > 1): this rank's shards, else NULL */
     rf_model_tp *critic_tp, *ref_tp;
+    rf_comm *critic_comm, *ref_comm; /* their groups when smaller than the replica's (the first
+                                        ranks of tpc; NULL on the others and when whole-sized) */
     int scored;          /* rank 1: ScoreRequests answered (the first one's layout is logged) */
 } rf__tworker;
 

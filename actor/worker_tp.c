@@ -69,7 +69,7 @@ static rf_status move_state(rf__tworker *w, rf_model_tp *tp, int to_shards, rf_m
     RF_TRY(rf_reshard_plan_make(&p, &pt, to_shards ? &whole : &shards, to_shards ? &shards : &whole, BUCKET_BYTES, T));
     rf_reshard_opts o = {.timeout_s = timeout_s};
     rf_reshard *x = NULL;
-    rf_status st = rf_reshard_init(&x, p, w->tpc, &o);
+    rf_status st = rf_reshard_init(&x, p, tp->comm, &o); /* the model's group: the replica's, or its first ranks */
     rf_model *m = tp->m;
     float *fb[3] = {full ? full->params : NULL, full ? full->opt_m : NULL, full ? full->opt_v : NULL};
     float *sb[3] = {m->params, m->opt_m, m->opt_v};
@@ -81,9 +81,10 @@ static rf_status move_state(rf__tworker *w, rf_model_tp *tp, int to_shards, rf_m
 }
 
 /* Splits the critic or the reference (`whole`: the leader's loaded model, NULL on the peers)
- * over the TP group into *out: the shape and optimizer step from the leader, the shards cut by
- * move_state; the leader frees its whole model. */
-static rf_status role_setup(rf__tworker *w, rf_model **whole, rf_model_tp **out, int train, const char *name) {
+ * over group g (the replica's TP group or its first ranks) into *out: the shape and optimizer
+ * step from the leader, the shards cut by move_state; the leader frees its whole model. */
+static rf_status role_setup(rf__tworker *w, rf_comm *g, rf_model **whole, rf_model_tp **out, int train,
+                            const char *name) {
     const rf_recipe *r = w->r;
     struct {
         rf_model_config cfg;
@@ -93,12 +94,12 @@ static rf_status role_setup(rf__tworker *w, rf_model **whole, rf_model_tp **out,
     if (*whole) hdr.cfg = (*whole)->cfg, hdr.step = (*whole)->opt_step;
     char what[96];
     snprintf(what, sizeof what, "tensor-parallel training ranks receiving the %s's shape", name);
-    RF_TRY(rf_comm_bcast(w->tpc, &hdr, sizeof hdr, 0, r->async.startup_timeout, what));
-    rf_status st = rf_model_tp_init(out, &hdr.cfg, w->k, w->tpc, r->async.peer_timeout);
+    RF_TRY(rf_comm_bcast(g, &hdr, sizeof hdr, 0, r->async.startup_timeout, what));
+    rf_status st = rf_model_tp_init(out, &hdr.cfg, w->k, g, r->async.peer_timeout);
     if (st == RF_OK && train) st = rf_model_tp_enable_training(*out);
     if (st != RF_OK) st = rf_error_wrap(st, "the %s's shard", name);
     snprintf(what, sizeof what, "tensor-parallel (%s)", name);
-    RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, what));
+    RF_TRY(rf__worker_agree_to_start(w, g, st, what));
     (*out)->m->opt_step = (int)hdr.step;
     RF_TRY(move_state(w, *out, 1, *whole, r->async.startup_timeout));
     rf_model_free(*whole);
@@ -106,22 +107,38 @@ static rf_status role_setup(rf__tworker *w, rf_model **whole, rf_model_tp **out,
     return RF_OK;
 }
 
+/* One role split over the first tp of the replica's T ranks: the group (the replica's own when
+ * tp = T; a split of it, kept in *keep, when smaller: collective over tpc, NULL on the ranks
+ * past tp, which then hold nothing of the role), then the shards. */
+static rf_status role_split(rf__tworker *w, int tp, rf_comm **keep, rf_model **whole, rf_model_tp **out, int train,
+                            const char *name) {
+    int t = rf_comm_rank(w->tpc);
+    rf_comm *g = w->tpc;
+    if (tp < rf_comm_size(w->tpc)) {
+        RF_TRY(rf_comm_split(w->tpc, t < tp ? 0 : -1, t, keep));
+        g = *keep;
+    }
+    return g ? role_setup(w, g, whole, out, train, name) : RF_OK;
+}
+
 /* The critic and the reference of this replica, split when the recipe splits them. */
 static rf_status roles_setup(rf__tworker *w) {
-    int dp, tp, leader = rf_comm_rank(w->tpc) == 0;
-    rf_recipe_role_layout(w->r, 1, &dp, &tp);
+    int dp, ctp, rtp, leader = rf_comm_rank(w->tpc) == 0;
+    rf_recipe_role_layout(w->r, 1, &dp, &ctp);
+    rf_recipe_role_layout(w->r, 0, &dp, &rtp);
     int critic = rf__worker_has_critic(w), ref = rf__worker_has_ref(w);
     /* the leader holds both whole (loaded like the actor); a missing one fails every rank in
      * role_setup (a zero shape) */
-    if (critic && tp > 1) RF_TRY(role_setup(w, &w->critic, &w->critic_tp, 1, "critic"));
-    rf_recipe_role_layout(w->r, 0, &dp, &tp);
-    if (ref && tp > 1) RF_TRY(role_setup(w, &w->ref, &w->ref_tp, 0, "reference"));
-    if (leader && w->replica == 0 && (w->critic_tp || w->ref_tp))
-        rf_log_info("training worker: %s%s%s split over the %d tensor-parallel ranks of %s (shards of %zu%s%zu parameters "
-                    "here)", w->critic_tp ? "critic" : "", w->critic_tp && w->ref_tp ? " and " : "",
-                    w->ref_tp ? "reference" : "", w->tp->tp, w->dpc ? "each replica holding them" : "the training worker",
-                    w->critic_tp ? w->critic_tp->m->n_params : w->ref_tp->m->n_params, w->critic_tp && w->ref_tp ? " and " : "",
-                    w->critic_tp && w->ref_tp ? w->ref_tp->m->n_params : (size_t)0);
+    if (critic && ctp > 1) RF_TRY(role_split(w, ctp, &w->critic_comm, &w->critic, &w->critic_tp, 1, "critic"));
+    if (ref && rtp > 1) RF_TRY(role_split(w, rtp, &w->ref_comm, &w->ref, &w->ref_tp, 0, "reference"));
+    if (!leader || w->replica != 0) return RF_OK;
+    for (int c = 1; c >= 0; c--) {
+        const rf_model_tp *m = c ? w->critic_tp : w->ref_tp;
+        if (m)
+            rf_log_info("training worker: %s split over %s%d tensor-parallel ranks of %s (a shard of %zu parameters "
+                        "here)", c ? "critic" : "reference", m->tp < w->tp->tp ? "the first " : "the ", m->tp,
+                        w->dpc ? "each replica holding it" : "the training worker", m->m->n_params);
+    }
     return RF_OK;
 }
 
@@ -167,7 +184,9 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
 void rf__tp_free(rf__tworker *w) {
     rf_weights_rs_free(w->wrs);
     rf_model_tp_free(w->tp), rf_model_tp_free(w->critic_tp), rf_model_tp_free(w->ref_tp);
+    rf_comm_free(w->critic_comm), rf_comm_free(w->ref_comm);
     w->wrs = NULL, w->tp = w->critic_tp = w->ref_tp = NULL;
+    w->critic_comm = w->ref_comm = NULL;
 }
 
 rf_status rf__rs_whole_setup(rf__tworker *w) {
@@ -306,7 +325,9 @@ static rf_status peer_score(rf__tworker *w, int64_t bytes, int flags) {
     if (st == RF_OK && !b) st = rf_error(RF_ERR_FORMAT, "the samples to score from tensor-parallel rank 0 do not parse");
     rf_train_sample *s = NULL;
     if (st == RF_OK) st = rf__worker_unpack(b->samples, b->n_samples, &s);
-    if (st == RF_OK) st = rf__worker_score(w, s, (int)b->n_samples, flags);
+    /* the passes of the models this rank holds a shard of (a role on fewer ranks skips these) */
+    flags = rf__tp_split_flags(w, flags);
+    if (st == RF_OK && flags) st = rf__worker_score(w, s, (int)b->n_samples, flags);
     if (s) rf__worker_samples_free(s, (int)b->n_samples);
     if (b) rlflow__train_batch__free_unpacked(b, NULL);
     free(buf);

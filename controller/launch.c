@@ -278,7 +278,7 @@ static const char *roles_at(const rf_recipe *r, int d, int t, char *buf, size_t 
     for (int k = 1; k >= 0; k--) { /* the reference first */
         int dp, tp;
         rf_recipe_role_layout(r, k == 0, &dp, &tp);
-        if (!held[k] || d >= dp || (tp == 1 && t > 0) || n >= cap) continue;
+        if (!held[k] || d >= dp || t >= tp || n >= cap) continue; /* on the first tp ranks of a replica */
         if (tp > 1) n += (size_t)snprintf(buf + n, cap - n, ", %s shard %d of %d", name[k], t, tp);
         else n += (size_t)snprintf(buf + n, cap - n, ", %s", name[k]);
     }

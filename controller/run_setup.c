@@ -113,8 +113,9 @@ static rf_status reject_actor_tp(const rf_recipe *r, int split) {
         return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism in colocated runs; "
                                               "placement.mode = \"split\" trains on placement.actor.tp ranks");
     if (strcmp(r->model.device, "cpu") != 0)
-        return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism on CUDA: the vocabulary-parallel "
-                                              "log-prob kernels and NCCL between the shards are not written yet");
+        return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism on CUDA: the shards' "
+                                              "collectives would go over NCCL, which the training workers do not set up "
+                                              "yet");
     return RF_OK;
 }
 
@@ -182,8 +183,8 @@ static rf_status reject_rollout_tp(const rf_recipe *r, int split) {
 /* Parallel layouts this build does not carry out ([placement.actor], [placement.rollout]). */
 static rf_status reject_layouts(const rf_recipe *r, int split) {
     RF_TRY(reject_actor_tp(r, split));
-    /* the critic and the reference: the actor's layout, or whole on each replica's first rank
-     * (the reference: on replica 0 alone too) */
+    /* the critic and the reference: on the actor's replicas (the reference: on replica 0 alone
+     * too), split over the first tp ranks of each, tp dividing the actor's (1: whole) */
     int D = r->placement.actor.dp, T = r->placement.actor.tp;
     char why[256];
     for (int critic = 0; critic < 2; critic++) {
@@ -202,9 +203,9 @@ static rf_status reject_layouts(const rf_recipe *r, int split) {
             return rf_recipe_reject_unimplemented(r, key, why);
         }
         snprintf(key, sizeof key, "placement.%s.tp", name);
-        if (tp != 1 && tp != T) {
-            snprintf(why, sizeof why, "other tensor-parallel layouts than whole (1) or the actor's (placement.actor.tp "
-                     "= %d) for the %s", T, name);
+        if (tp < 1 || T % tp != 0) {
+            snprintf(why, sizeof why, "a %s tensor-parallel size that does not divide the actor's (placement.actor.tp "
+                     "= %d): the %s's shards live on the first ranks of each replica", name, T, name);
             return rf_recipe_reject_unimplemented(r, key, why);
         }
     }

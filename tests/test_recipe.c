@@ -201,16 +201,19 @@ static void parallel_layouts(void) {
         {"[placement.actor]\ntp = 2\n", ":2:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism in colocated "
                                         "runs; placement.mode = \"split\" trains on placement.actor.tp ranks)"},
         {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ntp = 2\n",
-         ":7:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism on CUDA: the vocabulary-parallel log-prob "
-         "kernels and NCCL between the shards are not written yet)"},
+         ":7:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism on CUDA: the shards' collectives would "
+         "go over NCCL, which the training workers do not set up yet)"},
         {"[placement.actor]\ntp = 2\ndp = 2\n", ":2:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism "
                                                  "in colocated runs; placement.mode = \"split\" trains on placement.actor.tp ranks)"},
         {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ndp = 2\ntp = 2\n",
-         ":8:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism on CUDA: the vocabulary-parallel log-prob "
-         "kernels and NCCL between the shards are not written yet)"},
-        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 4\ndp = 2\n[placement.critic]\ntp = 2\n",
-         ":7:1: placement.critic.tp = 2 is not implemented yet (other tensor-parallel layouts than whole (1) or the actor's "
-         "(placement.actor.tp = 4) for the critic)"},
+         ":8:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism on CUDA: the shards' collectives would "
+         "go over NCCL, which the training workers do not set up yet)"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 4\ndp = 2\n[placement.critic]\ntp = 3\n",
+         ":7:1: placement.critic.tp = 3 is not implemented yet (a critic tensor-parallel size that does not divide the "
+         "actor's (placement.actor.tp = 4): the critic's shards live on the first ranks of each replica)"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\n[placement.reference]\ntp = 4\n",
+         ":6:1: placement.reference.tp = 4 is not implemented yet (a reference tensor-parallel size that does not divide "
+         "the actor's (placement.actor.tp = 2): the reference's shards live on the first ranks of each replica)"},
         {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\ndp = 2\nzero = 2\n",
          ":6:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
         {"[placement.rollout]\ntp = 4\n", ":2:1: placement.rollout.tp = 4 is not implemented yet (tensor parallelism of generation "
@@ -228,8 +231,9 @@ static void parallel_layouts(void) {
         {"[placement]\nmode = \"split\"\n[placement.actor]\ndp = 4\n[placement.reference]\ndp = 2\n",
          ":6:1: placement.reference.dp = 2 is not implemented yet (a reference on other replicas than the first (1) or all "
          "of the actor's (placement.actor.dp = 4))"},
-        {"[placement.reference]\ntp = 2\n", ":2:1: placement.reference.tp = 2 is not implemented yet (other tensor-parallel "
-         "layouts than whole (1) or the actor's (placement.actor.tp = 1) for the reference)"},
+        {"[placement.reference]\ntp = 2\n", ":2:1: placement.reference.tp = 2 is not implemented yet (a reference "
+         "tensor-parallel size that does not divide the actor's (placement.actor.tp = 1): the reference's shards live on "
+         "the first ranks of each replica)"},
         {"[placement.actor]\ndp = 2\n", ":2:1: placement.actor.dp = 2 is not implemented yet (data parallelism in colocated runs"},
         {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ndp = 2\n",
          ":7:1: placement.actor.dp = 2 is not implemented yet (data parallelism on CUDA"},
@@ -252,7 +256,8 @@ static void parallel_layouts(void) {
     CHECK_OK(rf__reject_unimplemented(&r));
     rf_recipe_free(&r);
     /* the critic's and reference's layouts: whole on the replicas' first ranks or split like the
-     * actor, the reference on the first replica or all; zeros are the actor's */
+     * actor (or over fewer of its ranks, below), the reference on the first replica or all;
+     * zeros are the actor's */
     CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\ntp = 2\n"
                                             "[placement.critic]\ndp = 2\ntp = 1\n[placement.reference]\ndp = 1\n"), NULL, 0));
     CHECK_OK(rf__reject_unimplemented(&r));
@@ -269,6 +274,13 @@ static void parallel_layouts(void) {
     CHECK(ldp == 2 && ltp == 2);
     rf_recipe_role_layout(&r, 0, &ldp, &ltp);
     CHECK(ldp == 2 && ltp == 1);
+    rf_recipe_free(&r);
+    /* on the first ranks of each replica: a tp dividing the actor's */
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ntp = 4\n"
+                                            "[placement.critic]\ntp = 2\n[placement.reference]\ntp = 1\n"), NULL, 0));
+    CHECK_OK(rf__reject_unimplemented(&r));
+    rf_recipe_role_layout(&r, 1, &ldp, &ltp);
+    CHECK(ldp == 1 && ltp == 2);
     rf_recipe_free(&r);
     /* placement.rollout.replicas is placement.rollout_ranks by another name */
     CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.rollout]\nreplicas = 3\n"), NULL, 0));

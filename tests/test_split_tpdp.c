@@ -124,7 +124,8 @@ static void zero_ppo_checkpoint_resume(void) {
         "shard 0 of 2, critic shard 0 of 2)",
         "rank 4: training worker, data-parallel replica 1 of 2, tensor-parallel rank 1 of 2 (actor shard 1 of 2, reference "
         "shard 1 of 2, critic shard 1 of 2)",
-        "training worker: critic and reference split over the 2 tensor-parallel ranks of each replica holding them",
+        "training worker: critic split over the 2 tensor-parallel ranks of each replica holding it",
+        "training worker: reference split over the 2 tensor-parallel ranks of each replica holding it",
         "training worker: scoring reference log-probs and values on 2 data-parallel replicas (token-balanced shares), all "
         "split over 2 tensor-parallel ranks",
         "checkpoint of step 20 gathered from 2 shards"};
