@@ -122,9 +122,12 @@ static void log_score_layout(const tworker *w, int flags) {
     snprintf(what, sizeof what, "%s%s%s", flags & RF_SCORE_REF ? "reference log-probs" : "",
              flags == (RF_SCORE_REF | RF_SCORE_VALUES) ? " and " : "", flags & RF_SCORE_VALUES ? "values" : "");
     char tps[96] = "";
-    if (split)
+    int rt = split & RF_SCORE_REF ? w->ref_tp->tp : 0, ct = split & RF_SCORE_VALUES ? w->critic_tp->tp : 0;
+    if (rt && ct && rt != ct)
+        snprintf(tps, sizeof tps, ", the reference split over %d and the critic over %d tensor-parallel ranks", rt, ct);
+    else if (split)
         snprintf(tps, sizeof tps, ", %s split over %d tensor-parallel ranks", split == flags ? "all" :
-                 split == RF_SCORE_REF ? "the reference" : "the critic", rf_comm_size(w->tpc));
+                 split == RF_SCORE_REF ? "the reference" : "the critic", rt ? rt : ct);
     rf_log_info("training worker: scoring %s on %d data-parallel replica%s%s", what, spread ? rf_comm_size(w->dpc) : 1,
                 spread && rf_comm_size(w->dpc) > 1 ? "s (token-balanced shares)" : "", tps);
 }
