@@ -115,66 +115,14 @@ static float *chunk_scratch(int V) {
     return RF_CUDA_CHECK(cudaMallocAsync((void **)&z, bytes, rf__cuda.stream)) ? z : NULL;
 }
 
-void rf_cuda_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
-                             const int32_t *targets, int T, int C, int V, float inv_temp) {
-    RF_CUDA_GUARD();
-    if (T <= 0) return;
-    float *z = chunk_scratch(V);
-    if (!z) return;
-    for (int t0 = 0; t0 < T; t0 += RF_LOGPROB_CHUNK) {
-        int n = T - t0 < RF_LOGPROB_CHUNK ? T - t0 : RF_LOGPROB_CHUNK;
-        /* z (n, V) = inv_temp * h[t0:t0+n] (n, C) @ w (V, C)^T */
-        if (!rf__cuda_gemm_xwt(z, h + (size_t)t0 * C, w, n, C, V, inv_temp, 0.0f)) break;
-        logprob_forward_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
-            logp + t0, entropy ? entropy + t0 : NULL, z, targets + t0, V);
-        if (!RF_CUDA_LAUNCH_CHECK()) break;
-    }
-    RF_CUDA_CHECK(cudaFreeAsync(z, rf__cuda.stream));
-}
-
-void rf_cuda_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float *ztgt, const float *h,
-                                 const float *w, const int32_t *targets, int T, int C, int Vl, int v0,
-                                 float inv_temp) {
-    RF_CUDA_GUARD();
-    if (T <= 0) return;
-    float *z = chunk_scratch(Vl);
-    if (!z) return;
-    for (int t0 = 0; t0 < T; t0 += RF_LOGPROB_CHUNK) {
-        int n = T - t0 < RF_LOGPROB_CHUNK ? T - t0 : RF_LOGPROB_CHUNK;
-        /* z (n, Vl) = inv_temp * h[t0:t0+n] (n, C) @ w (Vl, C)^T: this rank's slice */
-        if (!rf__cuda_gemm_xwt(z, h + (size_t)t0 * C, w, n, C, Vl, inv_temp, 0.0f)) break;
-        logprob_vp_partials_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
-            lmax + t0, sumexp + t0, zsum + t0, ztgt + t0, z, targets + t0, Vl, v0);
-        if (!RF_CUDA_LAUNCH_CHECK()) break;
-    }
-    RF_CUDA_CHECK(cudaFreeAsync(z, rf__cuda.stream));
-}
-
-void rf_cuda_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const float *dentropy, const float *lse,
-                                 const float *entropy, const float *h, const float *w, const int32_t *targets, int T,
-                                 int C, int Vl, int v0, float inv_temp) {
-    RF_CUDA_GUARD();
-    if (T <= 0) return;
-    float *z = chunk_scratch(Vl);
-    if (!z) return;
-    for (int t0 = 0; t0 < T; t0 += RF_LOGPROB_CHUNK) {
-        int n = T - t0 < RF_LOGPROB_CHUNK ? T - t0 : RF_LOGPROB_CHUNK;
-        const float *hc = h + (size_t)t0 * C;
-        if (!rf__cuda_gemm_xwt(z, hc, w, n, C, Vl, inv_temp, 0.0f)) break;
-        logprob_vp_backward_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
-            z, dlogp ? dlogp + t0 : NULL, dentropy ? dentropy + t0 : NULL, lse + t0, entropy + t0, targets + t0,
-            Vl, v0, inv_temp);
-        if (!RF_CUDA_LAUNCH_CHECK()) break;
-        /* dh (n, C) = dz (n, Vl) @ w (Vl, C), this slice's share; dw (Vl, C) += dz^T @ h */
-        if (!rf__cuda_gemm_xw(dh + (size_t)t0 * C, z, w, n, C, Vl, 1.0f, 0.0f)) break;
-        if (dw && !rf__cuda_gemm_xtw(dw, z, hc, n, C, Vl, 1.0f, 1.0f)) break;
-    }
-    RF_CUDA_CHECK(cudaFreeAsync(z, rf__cuda.stream));
-}
-
-void rf_cuda_logprob_backward(float *dh, float *dw, const float *dlogp, const float *dentropy,
-                              const float *h, const float *w, const int32_t *targets, int T,
-                              int C, int V, float inv_temp) {
+/* The pass every entry point makes: for each chunk of up to RF_LOGPROB_CHUNK tokens, the
+ * logits z (n, V) = inv_temp * h[t0:t0+n] (n, C) @ w (V, C)^T, then row_pass(z, t0, n) (one
+ * kernel launch over the chunk's rows; false on a failed launch), then, for a backward (dh not
+ * NULL), dh (n, C) = dz (n, V) @ w (V, C) and dw (V, C) += dz^T (V, n) @ h (n, C). V is the
+ * whole vocabulary or this rank's slice of it. */
+template <typename RowPass>
+static void chunked(const float *h, const float *w, int T, int C, int V, float inv_temp, float *dh, float *dw,
+                    RowPass row_pass) {
     RF_CUDA_GUARD();
     if (T <= 0) return;
     float *z = chunk_scratch(V);
@@ -183,13 +131,49 @@ void rf_cuda_logprob_backward(float *dh, float *dw, const float *dlogp, const fl
         int n = T - t0 < RF_LOGPROB_CHUNK ? T - t0 : RF_LOGPROB_CHUNK;
         const float *hc = h + (size_t)t0 * C;
         if (!rf__cuda_gemm_xwt(z, hc, w, n, C, V, inv_temp, 0.0f)) break;
-        logprob_backward_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
-            z, dlogp ? dlogp + t0 : NULL, dentropy ? dentropy + t0 : NULL, targets + t0, V,
-            inv_temp);
-        if (!RF_CUDA_LAUNCH_CHECK()) break;
-        /* dh (n, C) = dz (n, V) @ w (V, C); dw (V, C) += dz^T (V, n) @ h (n, C) */
-        if (!rf__cuda_gemm_xw(dh + (size_t)t0 * C, z, w, n, C, V, 1.0f, 0.0f)) break;
-        if (dw && !rf__cuda_gemm_xtw(dw, z, hc, n, C, V, 1.0f, 1.0f)) break;
+        if (!row_pass(z, t0, n)) break;
+        if (dh && !rf__cuda_gemm_xw(dh + (size_t)t0 * C, z, w, n, C, V, 1.0f, 0.0f)) break;
+        if (dh && dw && !rf__cuda_gemm_xtw(dw, z, hc, n, C, V, 1.0f, 1.0f)) break;
     }
     RF_CUDA_CHECK(cudaFreeAsync(z, rf__cuda.stream));
+}
+
+void rf_cuda_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
+                             const int32_t *targets, int T, int C, int V, float inv_temp) {
+    chunked(h, w, T, C, V, inv_temp, NULL, NULL, [=](float *z, int t0, int n) {
+        logprob_forward_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
+            logp + t0, entropy ? entropy + t0 : NULL, z, targets + t0, V);
+        return RF_CUDA_LAUNCH_CHECK();
+    });
+}
+
+void rf_cuda_logprob_backward(float *dh, float *dw, const float *dlogp, const float *dentropy,
+                              const float *h, const float *w, const int32_t *targets, int T,
+                              int C, int V, float inv_temp) {
+    chunked(h, w, T, C, V, inv_temp, dh, dw, [=](float *z, int t0, int n) {
+        logprob_backward_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
+            z, dlogp ? dlogp + t0 : NULL, dentropy ? dentropy + t0 : NULL, targets + t0, V, inv_temp);
+        return RF_CUDA_LAUNCH_CHECK();
+    });
+}
+
+void rf_cuda_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float *ztgt, const float *h,
+                                 const float *w, const int32_t *targets, int T, int C, int Vl, int v0,
+                                 float inv_temp) {
+    chunked(h, w, T, C, Vl, inv_temp, NULL, NULL, [=](float *z, int t0, int n) {
+        logprob_vp_partials_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
+            lmax + t0, sumexp + t0, zsum + t0, ztgt + t0, z, targets + t0, Vl, v0);
+        return RF_CUDA_LAUNCH_CHECK();
+    });
+}
+
+void rf_cuda_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const float *dentropy, const float *lse,
+                                 const float *entropy, const float *h, const float *w, const int32_t *targets, int T,
+                                 int C, int Vl, int v0, float inv_temp) {
+    chunked(h, w, T, C, Vl, inv_temp, dh, dw, [=](float *z, int t0, int n) {
+        logprob_vp_backward_kernel<<<n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(
+            z, dlogp ? dlogp + t0 : NULL, dentropy ? dentropy + t0 : NULL, lse + t0, entropy + t0, targets + t0, Vl, v0,
+            inv_temp);
+        return RF_CUDA_LAUNCH_CHECK();
+    });
 }
