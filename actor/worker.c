@@ -261,19 +261,30 @@ static rf_status share_with_tp(tworker *w, const Rlflow__TrainBatch *b, size_t l
     return st;
 }
 
+rf_status rf__worker_unpack_packed(const uint8_t *buf, size_t bytes, const char *what, Rlflow__TrainBatch **b,
+                                   rf_train_sample **s) {
+    *s = NULL;
+    *b = rlflow__train_batch__unpack(NULL, bytes, buf);
+    if (!*b) return rf_error(RF_ERR_FORMAT, "%s did not decode", what);
+    return rf__worker_unpack((*b)->samples, (*b)->n_samples, s);
+}
+
+void rf__worker_packed_free(Rlflow__TrainBatch *b, rf_train_sample *s) {
+    if (s) rf__worker_samples_free(s, (int)b->n_samples);
+    if (b) rlflow__train_batch__free_unpacked(b, NULL);
+}
+
 rf_status rf__worker_peer_update(tworker *w, const uint8_t *buf, size_t bytes, const char *what, int train) {
-    Rlflow__TrainBatch *b = rlflow__train_batch__unpack(NULL, bytes, buf);
-    rf_status st = b ? RF_OK : rf_error(RF_ERR_FORMAT, "%s did not decode", what);
+    Rlflow__TrainBatch *b = NULL;
     rf_train_sample *s = NULL;
+    rf_status st = rf__worker_unpack_packed(buf, bytes, what, &b, &s);
     int n = b ? (int)b->n_samples : 0;
-    if (st == RF_OK) st = rf__worker_unpack(b->samples, b->n_samples, &s);
     rf_update_stats as = {0}, cs = {0};
     double tp, ta;
     if (st == RF_OK) w->version = (int)b->policy_version;
     if (st == RF_OK && (train < 0 ? n > 0 : train)) st = rf__worker_update(w, s, n, b->kl_coef, &as, &cs, &tp, &ta);
     if (st == RF_OK) w->version++;
-    rf__worker_samples_free(s, n); /* NULL when unpacking failed */
-    if (b) rlflow__train_batch__free_unpacked(b, NULL);
+    rf__worker_packed_free(b, s);
     return st;
 }
 

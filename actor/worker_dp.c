@@ -233,11 +233,10 @@ static rf_status peer_score(rf__tworker *w, int flags) {
     uint8_t *buf = NULL;
     uint64_t bytes = 0;
     rf_status st = recv_share(w, &buf, &bytes);
-    Rlflow__TrainBatch *b = st == RF_OK ? rlflow__train_batch__unpack(NULL, bytes, buf) : NULL;
-    if (st == RF_OK && !b) st = rf_error(RF_ERR_FORMAT, "this rank's share of the samples to score does not parse");
+    Rlflow__TrainBatch *b = NULL;
     rf_train_sample *s = NULL;
+    if (st == RF_OK) st = rf__worker_unpack_packed(buf, bytes, "this rank's share of the samples to score", &b, &s);
     int n = b ? (int)b->n_samples : 0;
-    if (st == RF_OK) st = rf__worker_unpack(b->samples, b->n_samples, &s);
     if (st == RF_OK) st = rf__worker_score_share(w, b, 0, (size_t)n, s, flags);
     size_t f = st == RF_OK ? score_floats(s, n, flags) : 0;
     float *out = st == RF_OK ? malloc(sizeof(float) * (f ? f : 1)) : NULL;
@@ -248,8 +247,7 @@ static rf_status peer_score(rf__tworker *w, int flags) {
         st = rf_comm_sendrecv(w->dpc, &op, 1, w->r->async.peer_timeout, "sending data-parallel rank 0 this rank's scores");
     }
     free(out);
-    if (s) rf__worker_samples_free(s, n);
-    if (b) rlflow__train_batch__free_unpacked(b, NULL);
+    rf__worker_packed_free(b, s);
     free(buf);
     return st;
 }

@@ -15,7 +15,8 @@
  *
  * The critic and the reference sit on the same grid (rf_recipe_role_layout): the critic on
  * every replica, the reference on the first ref_dp; in each replica either whole on the leader
- * (tp 1) or split over its TP group like the actor (critic_tp, ref_tp). A ScoreRequest is split
+ * (tp 1) or split like the actor over the first tp of its TP ranks (critic_tp, ref_tp; a group
+ * split from the replica's when tp is smaller than the actor's). A ScoreRequest is split
  * over the replicas when every model it asks for is on all of them (token-balanced shares, as
  * training), else replica 0 scores it alone; within a replica the TP peers take part in the
  * passes of the split models. The reward model is whole on rank 1. */
@@ -67,8 +68,8 @@ typedef struct rf__tworker {
     int tp_serving;      /* TP rank 0: the peers wait for commands (after the first weights,
                             or at once in replicas other than 0) */
     uint32_t crc;        /* checksum of the weights last sent */
-    /* the critic and the reference split like the actor (placement.critic.tp /
-     * placement.reference.tp = placement.actor.tp > 1): this rank's shards, else NULL */
+    /* the critic and the reference split over the first placement.critic.tp /
+     * placement.reference.tp (> 1) ranks of the replica: this rank's shards, else NULL */
     rf_model_tp *critic_tp, *ref_tp;
     rf_comm *critic_comm, *ref_comm; /* their groups when smaller than the replica's (the first
                                         ranks of tpc; NULL on the others and when whole-sized) */
@@ -87,6 +88,12 @@ rf_status rf__worker_score(rf__tworker *w, rf_train_sample *s, int n, int flags)
  * get the share when a split model takes part (rf__tp_score_share), then rf__worker_score. */
 rf_status rf__worker_score_share(rf__tworker *w, const Rlflow__TrainBatch *b, size_t lo, size_t hi,
                                  rf_train_sample *s, int flags);
+
+/* A packed TrainBatch (buf, bytes; `what` names it in errors) decoded into *b and its samples
+ * into *s; free both with rf__worker_packed_free (also after an error: what was made). */
+rf_status rf__worker_unpack_packed(const uint8_t *buf, size_t bytes, const char *what, Rlflow__TrainBatch **b,
+                                   rf_train_sample **s);
+void rf__worker_packed_free(Rlflow__TrainBatch *b, rf_train_sample *s);
 
 /* The TrainSamples of a message as rf_train_samples (tokens and per-token arrays copied). */
 rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample **out);

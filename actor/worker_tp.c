@@ -2,8 +2,8 @@
  * over T ranks (model/model_tp.h, the layout rules of resharding/layout.h); the controller
  * talks to TP rank 0 only. Tensor parallelism splits the model, not the data: rank 0 hands
  * every peer the whole TrainBatch, and all of them run the same update, each on its shard
- * (rf_actor_update with uo.tp). The reference, the critic and the reward model stay whole
- * models on rank 0, as with one training worker.
+ * (rf_actor_update with uo.tp). The critic and the reference are whole on rank 0 or split over
+ * the first of the T ranks (roles_setup); the reward model stays whole on rank 0.
  *
  * Rank 0 drives the peers with commands, a broadcast over the TP communicator (as
  * actor/worker_dp.c does for data parallelism):
@@ -321,15 +321,13 @@ static rf_status peer_score(rf__tworker *w, int64_t bytes, int flags) {
     if (!buf) return rf_error(RF_ERR_NOMEM, "out of memory for %lld bytes of samples", (long long)bytes);
     rf_status st = rf_comm_bcast(w->tpc, buf, (size_t)bytes, 0, w->r->async.peer_timeout,
                                  "receiving the samples to score from the training worker (tensor-parallel rank 0)");
-    Rlflow__TrainBatch *b = st == RF_OK ? rlflow__train_batch__unpack(NULL, (size_t)bytes, buf) : NULL;
-    if (st == RF_OK && !b) st = rf_error(RF_ERR_FORMAT, "the samples to score from tensor-parallel rank 0 do not parse");
+    Rlflow__TrainBatch *b = NULL;
     rf_train_sample *s = NULL;
-    if (st == RF_OK) st = rf__worker_unpack(b->samples, b->n_samples, &s);
+    if (st == RF_OK) st = rf__worker_unpack_packed(buf, (size_t)bytes, "the samples to score from tensor-parallel rank 0", &b, &s);
     /* the passes of the models this rank holds a shard of (a role on fewer ranks skips these) */
     flags = rf__tp_split_flags(w, flags);
     if (st == RF_OK && flags) st = rf__worker_score(w, s, (int)b->n_samples, flags);
-    if (s) rf__worker_samples_free(s, (int)b->n_samples);
-    if (b) rlflow__train_batch__free_unpacked(b, NULL);
+    rf__worker_packed_free(b, s);
     free(buf);
     return st;
 }

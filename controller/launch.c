@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/msg.h"
 #include "common/util.h"
+#include "controller/advantages.h"
 #include "controller/controller.h"
 #include "controller/launch.h"
 #include "controller/run_internal.h"
@@ -197,25 +198,31 @@ static rf_status split_comms(rf_comm *world, int dp, int tp, int gtp, rf_comm **
     return st;
 }
 
-/* The controller's endpoint: the recipe's, or tcp on loopback (one machine) or on rank 0's
- * host name (several), with a free port. */
-static rf_status pick_endpoint(const rf_recipe *r, rf_comm *world, char *bind_ep) {
-    char *hosts = calloc((size_t)rf_comm_size(world), HOST_LEN);
-    char me[HOST_LEN] = "";
-    if (!hosts) return rf_error(RF_ERR_NOMEM, "out of memory");
+/* Every rank's machine from the host names gathered over world: a machine's number is its
+ * first rank's (rf_comm_set_nodes, for the weights' planner); *one_host when all are rank 0's. */
+static rf_status number_machines(const rf_recipe *r, rf_comm *world, int *one_host) {
+    int n = rf_comm_size(world), *node = calloc((size_t)n, sizeof *node);
+    char *hosts = calloc((size_t)n, HOST_LEN), me[HOST_LEN] = "";
+    rf_status st = hosts && node ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     gethostname(me, sizeof me - 1);
-    rf_status st = rf_comm_allgather(world, me, hosts, HOST_LEN, r->async.startup_timeout, "gathering host names");
-    int one_host = 1, n = rf_comm_size(world), *node = calloc((size_t)n, sizeof *node);
-    if (st == RF_OK && !node) st = rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int i = 1; st == RF_OK && i < n; i++)
-        if (strcmp(hosts + (size_t)i * HOST_LEN, hosts) != 0) one_host = 0;
-    for (int i = 0; st == RF_OK && i < n; i++) { /* a machine's number: its first rank's */
+    if (st == RF_OK) st = rf_comm_allgather(world, me, hosts, HOST_LEN, r->async.startup_timeout, "gathering host names");
+    *one_host = 1;
+    for (int i = 0; st == RF_OK && i < n; i++) {
         node[i] = i;
         for (int j = 0; j < i && node[i] == i; j++)
             if (strcmp(hosts + (size_t)i * HOST_LEN, hosts + (size_t)j * HOST_LEN) == 0) node[i] = node[j];
+        *one_host &= node[i] == 0;
     }
-    if (st == RF_OK) st = rf_comm_set_nodes(node, n); /* the weights' planner keeps bytes on a machine */
-    free(node);
+    if (st == RF_OK) st = rf_comm_set_nodes(node, n);
+    free(node), free(hosts);
+    return st;
+}
+
+/* The controller's endpoint: the recipe's, or tcp on loopback (one machine) or on rank 0's
+ * host name (several), with a free port. */
+static rf_status pick_endpoint(const rf_recipe *r, rf_comm *world, char *bind_ep) {
+    int one_host;
+    rf_status st = number_machines(r, world, &one_host);
     if (st == RF_OK) {
         if (r->placement.endpoint[0]) {
             snprintf(bind_ep, HOST_LEN, "%s", r->placement.endpoint);
@@ -225,7 +232,6 @@ static rf_status pick_endpoint(const rf_recipe *r, rf_comm *world, char *bind_ep
             snprintf(bind_ep, HOST_LEN, "tcp://*:*");
         }
     }
-    free(hosts);
     return st;
 }
 
@@ -270,7 +276,8 @@ static rf_status check_size(const rf_recipe *r, int size) {
 /* The critic and the reference held by training rank (replica d, TP rank t): ", critic" or
  * ", critic shard t of T" and the same for the reference (rf_recipe_role_layout). */
 static const char *roles_at(const rf_recipe *r, int d, int t, char *buf, size_t cap) {
-    int critic = strcmp(r->algorithm.name, "ppo") == 0 || strcmp(r->algorithm.name, "gae") == 0;
+    rf_adv_kind kind;
+    int critic = rf_adv_kind_parse(r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE;
     int held[2] = {critic, rf_recipe_reference_enabled(r)};
     const char *name[2] = {"critic", "reference"};
     size_t n = 0;

@@ -412,6 +412,11 @@ typedef struct pick {
     float logp;
 } pick;
 
+/* A slice's share of its row's probability: its sum of exp(z * inv_temp - lse). */
+static double slice_mass(const slice_part *p, const row_stats *r) {
+    return p->sum * exp((double)p->max * r->inv_temp - r->lse);
+}
+
 /* The draws in id order: each rank walks its slice for the draws whose point of the cumulative
  * distribution falls in it (the slices' masses from the row statistics), then the picks are
  * gathered. */
@@ -426,23 +431,14 @@ static rf_status draw_in_order(rf_model_tp *tp, const float *logits, const row_s
         const rf_draw *d = &draws[i];
         const row_stats *r = &rs[d->row];
         if (d->s.greedy || r->sorted) continue;
-        double mass[64], total = 0, *m = T <= 64 ? mass : malloc(sizeof(double) * T);
-        if (!m) {
-            st = rf_error(RF_ERR_NOMEM, "out of memory");
-            break;
-        }
-        for (int q = 0; q < T; q++) { /* the slice's sum of exp(z * it - lse) */
-            const slice_part *p = &all[(size_t)q * n_rows + d->row];
-            total += m[q] = p->sum * exp((double)p->max * r->inv_temp - r->lse);
-        }
-        double target = d->u * total, before = 0;
-        int owner = T - 1;
-        for (int q = 0; q < T; q++) {
-            if (target < before + m[q]) {
-                owner = q;
-                break;
-            }
-            if (q < T - 1) before += m[q];
+        double total = 0, before = 0;
+        for (int q = 0; q < T; q++) total += slice_mass(&all[(size_t)q * n_rows + d->row], r);
+        double target = d->u * total;
+        int owner = 0; /* the slice the draw's point falls in (the last, past rounding) */
+        for (; owner < T - 1; owner++) {
+            double m = slice_mass(&all[(size_t)owner * n_rows + d->row], r);
+            if (target < before + m) break;
+            before += m;
         }
         mine[k] = (pick){-1, 0.0f};
         if (owner == me) {
@@ -456,7 +452,6 @@ static rf_status draw_in_order(rf_model_tp *tp, const float *logits, const row_s
             if (j == tp->Vl) j = tp->Vl - 1; /* rounding past the slice's end: its last id */
             mine[k] = (pick){tp->v0 + j, (float)((double)z[j] * r->inv_temp - r->lse)};
         }
-        if (m != mass) free(m);
         k++;
     }
     if (st == RF_OK) st = rf__tp_allgather(tp, mine, got, sizeof *mine * (size_t)n, "allgather of sampled tokens");

@@ -70,9 +70,8 @@ rf_status rf_rollout_init_model(rf_rollout **out, const rf_rollout_model *mc, co
     e->picks = malloc(sizeof *e->picks * R), e->pick_logp = malloc(sizeof *e->pick_logp * R);
     int drawn = e->picks && e->pick_logp; /* and the draws' buffers, when the model draws */
     if (mc->decode_sample) {
-        e->draws = malloc(sizeof *e->draws * R), e->draw_picks = malloc(sizeof *e->draw_picks * R);
-        e->draw_logp = malloc(sizeof *e->draw_logp * R), e->capture = malloc(sizeof *e->capture * R);
-        drawn = drawn && e->draws && e->draw_picks && e->draw_logp && e->capture;
+        e->draws = malloc(sizeof *e->draws * R), e->capture = malloc(sizeof *e->capture * R);
+        drawn = drawn && e->draws && e->capture;
     }
     if (s == RF_OK && (!e->running || !e->batch || !e->row || !e->logits || !e->work || !drawn))
         s = rf_error(RF_ERR_NOMEM, "rollout: out of memory for %d running sequences", o.max_running);
@@ -125,7 +124,7 @@ void rf_rollout_free(rf_rollout *e) {
     free(e->tokens);
     free(e->logits);
     free(e->work);
-    free(e->picks), free(e->pick_logp), free(e->draws), free(e->draw_picks), free(e->draw_logp), free(e->capture);
+    free(e->picks), free(e->pick_logp), free(e->draws), free(e->capture);
     free(e);
 }
 

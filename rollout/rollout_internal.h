@@ -73,10 +73,8 @@ struct rf_rollout {
     int32_t *picks;          /* (max_running) each running sequence's next token, */
     float *pick_logp;        /* its log-prob */
     /* with mc.decode_sample: the step's draws (one per running sequence in a model row, in
-       running order), their picks, and the rows to capture (max_running each) */
+       running order) and the rows to capture (max_running each) */
     rf_draw *draws;
-    int32_t *draw_picks;
-    float *draw_logp;
     int *capture;
     rf_rollout_stats stats;
 };

@@ -271,10 +271,11 @@ static rf_status decode_and_draw(rf_rollout *e, int n_rows) {
     }
     for (ro_request *r = e->retained; r; r = r->next_retained)
         if (r->capture_row >= 0) e->capture[n_capture++] = r->capture_row;
-    RF_TRY(e->mc.decode_sample(e->mc.ctx, &e->pool, e->batch, n_rows, e->tokens, e->draws, n, e->draw_picks,
-                               e->draw_logp, e->capture, n_capture, e->logits));
-    for (int i = 0, k = 0; i < e->n_running; i++)
-        if (e->row[i] < n_rows) e->picks[i] = e->draw_picks[k], e->pick_logp[i] = e->draw_logp[k], k++;
+    RF_TRY(e->mc.decode_sample(e->mc.ctx, &e->pool, e->batch, n_rows, e->tokens, e->draws, n, e->picks,
+                               e->pick_logp, e->capture, n_capture, e->logits));
+    /* draw k's pick to its sequence's place, from the last: k <= the sequence's index */
+    for (int i = e->n_running - 1, k = n - 1; i >= 0; i--)
+        if (e->row[i] < n_rows) e->picks[i] = e->picks[k], e->pick_logp[i] = e->pick_logp[k], k--;
     return RF_OK;
 }
 

@@ -184,6 +184,19 @@ static double rf_test_metric_mean(const char *dir, const char *run, const char *
     return s / (to - from + 1);
 }
 
+/* Every line of want (n) appears in out (a run's output; NULL: none does): each one checked,
+ * the missing ones printed. Returns 1 when all do. */
+static inline int rf_test_has_all(const char *out, const char **want, size_t n) {
+    int all = 1;
+    for (size_t i = 0; i < n; i++) {
+        int has = out && strstr(out, want[i]) != NULL;
+        if (!has) fprintf(stderr, "missing: %s\n", want[i]);
+        CHECK(has);
+        all &= has;
+    }
+    return all;
+}
+
 /* Two synchronous 3-step PPO runs with a KL term (async.max_staleness = 0: the same samples)
  * whose critic and reference are laid out differently (`what`, for the printout) must score
  * alike: at step 1 the same mean reward, the value loss within 1e-5 and the KL to the reference

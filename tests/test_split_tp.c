@@ -206,11 +206,7 @@ static void roles_on_fewer_ranks(void) {
         "training worker: critic split over the first 2 tensor-parallel ranks of the training worker",
         "training worker: reference split over the first 2 tensor-parallel ranks of the training worker",
         "training worker: scoring reference log-probs and values on 1 data-parallel replica, all split over"};
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        int has = out && strstr(out, want[i]) != NULL;
-        if (!has) fprintf(stderr, "missing: %s\n", want[i]);
-        CHECK(has);
-    }
+    rf_test_has_all(out, want, sizeof want / sizeof want[0]);
     if (rc) fprintf(stderr, "%s\n", out);
     free(out);
     rc = rf_test_run_recipe(&out, dir, rlflow, "whole3", whole);

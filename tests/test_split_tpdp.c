@@ -59,13 +59,7 @@ static void check_layout(const char *out) {
         "training worker: tensor-parallel rank 1 of 2 of data-parallel replica 1 of 2 ready (world rank 4, pid ",
         ") resharded from 2 shards of every data-parallel replica to the rollout workers",
         "validation at version 120: accuracy"};
-    int all = 1;
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        int has = strstr(out, want[i]) != NULL;
-        if (!has) fprintf(stderr, "missing: %s\n", want[i]);
-        CHECK(has);
-        all &= has;
-    }
+    int all = rf_test_has_all(out, want, sizeof want / sizeof want[0]);
     if (!all) fprintf(stderr, "%s\n", out);
 }
 
@@ -129,11 +123,7 @@ static void zero_ppo_checkpoint_resume(void) {
         "training worker: scoring reference log-probs and values on 2 data-parallel replicas (token-balanced shares), all "
         "split over 2 tensor-parallel ranks",
         "checkpoint of step 20 gathered from 2 shards"};
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        int has = strstr(out, want[i]) != NULL;
-        if (!has) fprintf(stderr, "missing: %s\n", want[i]);
-        CHECK(has);
-    }
+    rf_test_has_all(out, want, sizeof want / sizeof want[0]);
     if (rc) fprintf(stderr, "%s\n", out);
     long saved = rf_test_crc_after(out, "checkpoint of step 20 gathered from 2 shards (the weights sent as version 20, CRC-32C ");
     free(out);
