@@ -62,8 +62,14 @@ rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample 
 
 int rf__worker_has_critic(const tworker *w) {
     rf_adv_kind kind;
-    return rf_adv_kind_parse(w->r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE;
+    int dp, tp;
+    rf_recipe_role_layout(w->r, 1, &dp, &tp);
+    return rf_adv_kind_parse(w->r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE && w->replica < dp;
 }
+
+/* The critic on replica 0 alone of several (placement.critic.dp = 1): trained by rank 1 on the
+ * whole batch, not on the replicas' shares. */
+static int critic_on_rank1_alone(const tworker *w) { return w->dpc && (w->critic || w->critic_tp) && !w->dp_critic; }
 
 int rf__worker_has_ref(const tworker *w) {
     int dp, tp;
@@ -108,11 +114,13 @@ rf_status rf__worker_score_share(tworker *w, const Rlflow__TrainBatch *b, size_t
 }
 
 /* Scored over the replicas (each its share), or by replica 0 alone when a model asked for is
- * not on all of them (the reference with placement.reference.dp = 1). */
+ * not on all of them (placement.reference.dp or placement.critic.dp = 1). */
 static int score_spread(const tworker *w, int flags) {
-    int dp, tp;
-    rf_recipe_role_layout(w->r, 0, &dp, &tp);
-    return w->dpc && flags && (!(flags & RF_SCORE_REF) || dp == rf_comm_size(w->dpc));
+    int rdp, cdp, tp;
+    rf_recipe_role_layout(w->r, 0, &rdp, &tp);
+    rf_recipe_role_layout(w->r, 1, &cdp, &tp);
+    int size = w->dpc ? rf_comm_size(w->dpc) : 1;
+    return w->dpc && flags && (!(flags & RF_SCORE_REF) || rdp == size) && (!(flags & RF_SCORE_VALUES) || cdp == size);
 }
 
 /* The first ScoreRequest: where its passes ran. */
@@ -292,9 +300,8 @@ rf_status rf__worker_update(tworker *w, rf_train_sample *s, int n, float kl_coef
                             rf_update_stats *cs, double *prox_s, double *actor_s) {
     const rf_recipe *r = w->r;
     rf_update_opts uo = rf__update_opts(r, kl_coef, w->kl_est, w->agg, w->version, 0);
-    rf_update_opts uc = rf__update_opts(r, kl_coef, w->kl_est, w->agg, w->version, 1);
-    rf_optim_opts ao = rf__optim_opts(r, 0), co = rf__optim_opts(r, 1);
-    uo.dp = w->dp_actor, uc.dp = w->dp_critic;
+    rf_optim_opts ao = rf__optim_opts(r, 0);
+    uo.dp = w->dp_actor;
     /* proximal log-probs: the current policy's, recomputed when the objective or several
      * updates need them; otherwise equal to the behaviour log-probs */
     int recompute = (uo.pg.decoupled && !uo.prox_from_forward) || r->train.ppo_epochs > 1 || r->train.mini_batches > 1;
@@ -316,10 +323,17 @@ rf_status rf__worker_update(tworker *w, rf_train_sample *s, int n, float kl_coef
     double ta = rf_time_now();
     if (st == RF_OK && go) st = rf_actor_update(w->tp ? w->tp->m : w->actor, &ao, &uo, s, n, as);
     *actor_s = rf_time_now() - ta;
+    if (st == RF_OK && go && !critic_on_rank1_alone(w)) st = rf__worker_critic_update(w, s, n, kl_coef, cs);
+    return st;
+}
+
+rf_status rf__worker_critic_update(tworker *w, rf_train_sample *s, int n, float kl_coef, rf_update_stats *cs) {
+    rf_update_opts uc = rf__update_opts(w->r, kl_coef, w->kl_est, w->agg, w->version, 1);
+    rf_optim_opts co = rf__optim_opts(w->r, 1);
+    uc.dp = w->dp_critic;
     uc.tp = w->critic_tp; /* the critic split like the actor: this rank's shard */
     rf_model *critic = w->critic_tp ? w->critic_tp->m : w->critic;
-    if (st == RF_OK && critic && go) st = rf_critic_update(critic, &co, &uc, s, n, cs);
-    return st;
+    return critic ? rf_critic_update(critic, &co, &uc, s, n, cs) : RF_OK;
 }
 
 static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
@@ -339,6 +353,8 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
     double tp = 0, ta = 0, wait0 = w->dp_actor ? rf_dp_get_stats(w->dp_actor)->wait_s : 0;
     double comm0 = w->tp ? w->tp->comm_s : 0;
     if (st == RF_OK && n > 0) st = rf__worker_update(w, s + lo, (int)(hi - lo), b->kl_coef, &as, &cs, &tp, &ta);
+    /* the critic on this replica alone: the whole batch */
+    if (st == RF_OK && n > 0 && critic_on_rank1_alone(w)) st = rf__worker_critic_update(w, s, n, b->kl_coef, &cs);
     samples_free(s, n);
     if (st != RF_OK) return st;
     w->version++;

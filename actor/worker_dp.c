@@ -54,19 +54,25 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
     if (st == RF_OK && w->tp)
         st = rf_comm_bcast(w->dpc, &v, sizeof v, 0, r->async.startup_timeout, "receiving the version from replica 0");
     w->version = (int)v;
-    if (st == RF_OK && w->critic_tp) st = rf_dp_init_tp(&w->dp_critic, w->dpc, w->critic_tp, &o);
-    else if (st == RF_OK && w->critic) st = rf_dp_init(&w->dp_critic, w->dpc, w->critic, &o);
+    /* the critic data parallel when every replica holds it (placement.critic.dp = 1: rank 1
+     * trains it alone, on whole batches) */
+    int cdp, ctp;
+    rf_recipe_role_layout(r, 1, &cdp, &ctp);
+    if (st == RF_OK && cdp == size && w->critic_tp) st = rf_dp_init_tp(&w->dp_critic, w->dpc, w->critic_tp, &o);
+    else if (st == RF_OK && cdp == size && w->critic) st = rf_dp_init(&w->dp_critic, w->dpc, w->critic, &o);
     if (st != RF_OK) return st;
     rf_dp_set_timeout(w->dp_actor, r->async.peer_timeout);
     if (w->dp_critic) rf_dp_set_timeout(w->dp_critic, r->async.peer_timeout);
     if (rank == 0 && w->tpc && rf_comm_rank(w->tpc) == 0)
         rf_log_info("training worker: %d data-parallel replicas of %d tensor-parallel ranks%s, %s", size,
                     rf_comm_size(w->tpc), r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded per shard)" : "",
-                    w->critic_tp ? "actor and critic" : w->critic ? "actor (and the critic on the replicas' first ranks)" : "actor");
+                    !w->dp_critic ? (w->critic || w->critic_tp ? "actor (the critic on replica 0 alone, on whole batches)" : "actor")
+                    : w->critic_tp ? "actor and critic" : "actor (and the critic on the replicas' first ranks)");
     else if (rank == 0 && !w->tpc)
         rf_log_info("training worker: data parallel over %d ranks%s, %s", size,
                     r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded)" : "",
-                    w->critic ? "actor and critic" : "actor");
+                    w->dp_critic ? "actor and critic" : w->critic ? "actor (the critic on rank 1 alone, on whole batches)"
+                                                                  : "actor");
     w->last_cmd = rf_time_now();
     return RF_OK;
 }
@@ -287,7 +293,7 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
     if (st == RF_OK && !tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0); /* tp: shards, from replica 0 */
     if (st == RF_OK && !tpc) st = rf_model_enable_training(w.actor);
-    if (st == RF_OK && kind == RF_ADV_GAE) {
+    if (st == RF_OK && kind == RF_ADV_GAE && rf__worker_has_critic(&w)) { /* placement.critic.dp replicas */
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
     }

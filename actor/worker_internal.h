@@ -13,8 +13,9 @@
  * rollout worker's blocks spread over the replicas by the planner); replica 0 alone gathers
  * checkpoints.
  *
- * The critic and the reference sit on the same grid (rf_recipe_role_layout): the critic on
- * every replica, the reference on the first ref_dp; in each replica either whole on the leader
+ * The critic and the reference sit on the same grid (rf_recipe_role_layout): each on every
+ * replica or on replica 0 alone (a critic there is whole on rank 1 and trained on whole
+ * batches, not data parallel); in each replica either whole on the leader
  * (tp 1) or split like the actor over the first tp of its TP ranks (critic_tp, ref_tp; a group
  * split from the replica's when tp is smaller than the actor's). A ScoreRequest is split
  * over the replicas when every model it asks for is on all of them (token-balanced shares, as
@@ -115,6 +116,10 @@ rf_status rf__worker_agree_to_start(rf__tworker *w, rf_comm *c, rf_status loaded
  * (-1: when the batch holds samples), and counts the new version. */
 rf_status rf__worker_peer_update(rf__tworker *w, const uint8_t *buf, size_t bytes, const char *what,
                                  int train);
+
+/* The critic's update on samples s (n) of this rank (its share, or the whole batch when the
+ * critic is on replica 0 alone): data parallel and tensor parallel as it is laid out. */
+rf_status rf__worker_critic_update(rf__tworker *w, rf_train_sample *s, int n, float kl_coef, rf_update_stats *cs);
 
 /* Whether this rank's replica holds the critic / the reference (rank 1's always does). */
 int rf__worker_has_critic(const rf__tworker *w);

@@ -224,10 +224,14 @@ static void parallel_layouts(void) {
          "path is not tensor parallel (the tensor-parallel model runs on the CPU kernels only))"},
         {"[placement.actor]\ndp = 2\nzero = 2\n", ":3:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
         {"[placement]\nmode = \"split\"\n[placement.critic]\ndp = 2\n", ":4:1: placement.critic.dp = 2 is not implemented yet "
-         "(a critic on other data-parallel replicas than the actor's; it trains on every replica's share "
-         "(placement.actor.dp = 1))"},
-        {"[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\n[placement.critic]\ndp = 1\n",
-         ":6:1: placement.critic.dp = 1 is not implemented yet (a critic on other data-parallel replicas than the actor's"},
+         "(a critic on other replicas than the first (1) or all of the actor's (placement.actor.dp = 1))"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ndp = 4\n[placement.critic]\ndp = 2\n",
+         ":6:1: placement.critic.dp = 2 is not implemented yet (a critic on other replicas than the first (1) or all of "
+         "the actor's (placement.actor.dp = 4))"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\ntp = 2\n[placement.critic]\ndp = 1\n",
+         ":7:1: placement.critic.dp = 1 is not implemented yet (a critic on the first replica alone split over "
+         "tensor-parallel ranks: it trains on whole batches, which only the first training rank holds; set "
+         "placement.critic.tp = 1 (whole on that rank))"},
         {"[placement]\nmode = \"split\"\n[placement.actor]\ndp = 4\n[placement.reference]\ndp = 2\n",
          ":6:1: placement.reference.dp = 2 is not implemented yet (a reference on other replicas than the first (1) or all "
          "of the actor's (placement.actor.dp = 4))"},
@@ -274,6 +278,15 @@ static void parallel_layouts(void) {
     CHECK(ldp == 2 && ltp == 2);
     rf_recipe_role_layout(&r, 0, &ldp, &ltp);
     CHECK(ldp == 2 && ltp == 1);
+    rf_recipe_free(&r);
+    /* the critic on the first replica alone: whole there */
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\ntp = 2\n"
+                                            "[placement.critic]\ndp = 1\ntp = 1\n"), NULL, 0));
+    CHECK_OK(rf__reject_unimplemented(&r));
+    rf_recipe_free(&r);
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\n"
+                                            "[placement.critic]\ndp = 1\n"), NULL, 0));
+    CHECK_OK(rf__reject_unimplemented(&r));
     rf_recipe_free(&r);
     /* on the first ranks of each replica: a tp dividing the actor's */
     CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"split\"\n[placement.actor]\ntp = 4\n"

@@ -7,6 +7,8 @@
  *     is ready, perf/dp_wait_s is reported), run_status.json says ok;
  *   - ZeRO-1 with PPO (actor and critic sharded): 20 steps with a checkpoint whose optimizer
  *     state is whole (gathered from both ranks), then --resume to step 30;
+ *   - the critic on the first replica alone (placement.critic.dp = 1; trained by rank 1 on whole
+ *     batches) scores and trains like the data-parallel one: 3 synchronous PPO steps each;
  *   - a data-parallel peer killed (SIGKILL) mid-run: `rlflow run` fails within seconds of
  *     async.peer_timeout naming the collective that waited (mostly a gradient bucket's
  *     allreduce) and the lost world rank;
@@ -83,6 +85,39 @@ static void zero_checkpoint_resume(void) {
     CHECK(rf_test_metric(dir, "zero", 30, "critic/value_loss") >= 0);
 }
 
+/* The critic on rank 1 alone against the critic on both replicas: 3 synchronous PPO steps with a
+ * KL term (the same samples) give the same rewards, value loss and KL; the rank table and the
+ * log say where the critic is; then a checkpoint at step 3 resumed to 4. */
+static void critic_on_rank1(void) {
+    const char *args = "--set algorithm.name=ppo --set algorithm.kl_coef=0.01 --set logging.val_every=0 "
+                       "--set train.steps=3 --set async.max_staleness=0";
+    char one[400], *out = NULL;
+    snprintf(one, sizeof one, "%s --set placement.critic.dp=1", args);
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "critic1", one);
+    CHECK(rc == 0);
+    const char *want[] = {"rank 1: training worker, data-parallel rank 0 of 2 (actor, reference, critic)",
+                          "rank 2: training worker, data-parallel rank 1 of 2 (actor, reference)",
+                          "data parallel over 2 ranks, actor (the critic on rank 1 alone, on whole batches)",
+                          "training worker: scoring reference log-probs and values on 1 data-parallel replica"};
+    rf_test_has_all(out, want, sizeof want / sizeof want[0]);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    rc = rf_test_run_recipe(&out, dir, rlflow, "critic2", args);
+    CHECK(rc == 0);
+    CHECK(out && strstr(out, "training worker: scoring reference log-probs and values on 2 data-parallel replicas"));
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    rf_test_same_scores(dir, "critic1", "critic2", "critic on rank 1 / on both replicas");
+    CHECK(rf_test_trainer_state(dir, "critic1", "step_000003", "critic_optimizer_steps") == 3);
+    rc = rf_test_run_recipe(&out, dir, rlflow, "critic1", "--set algorithm.name=ppo --set algorithm.kl_coef=0.01 "
+                            "--set logging.val_every=0 --set train.steps=4 --set placement.critic.dp=1 --resume");
+    CHECK(rc == 0);
+    CHECK(out && strstr(out, "resumed at step 3"));
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    CHECK(rf_test_trainer_state(dir, "critic1", "step_000004", "critic_optimizer_steps") == 4);
+}
+
 /* A peer killed mid-run: rank 1's next collective gives up after async.peer_timeout (10 s)
  * naming world rank 2, and the run stops. */
 static void peer_killed(void) {
@@ -102,6 +137,7 @@ int main(void) {
                                   "[placement.actor]\ndp = 2\n");
     learns_like_dp1();
     zero_checkpoint_resume();
+    critic_on_rank1();
     peer_killed();
     wrong_size();
     rf_test_sh(NULL, "rm -rf %s", dir);
