@@ -394,24 +394,22 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
 static rf_status checkpoint(tworker *w, const Rlflow__CheckpointRequest *q) {
     const rf_recipe *r = w->r;
     double t = rf_time_now();
-    rf_ckpt_state cs = {(int)q->step, {q->data_epoch, (int)q->data_index}, q->kl_coef, q->best_val};
+    rf_ckpt_state cs = {.step = (int)q->step, .pos = {q->data_epoch, (int)q->data_index}, .kl_beta = q->kl_coef,
+                        .best_val = q->best_val};
     Rlflow__CheckpointDone d = RLFLOW__CHECKPOINT_DONE__INIT;
     d.step = q->step;
     rf_status st = RF_OK;
     if (q->step != w->version)
         st = rf_error(RF_ERR_FORMAT, "CheckpointRequest for step %lld, the actor is at %d", (long long)q->step, w->version);
     /* ZeRO-1: the peers' shards of the optimizer state are gathered for the files; tensor
-     * parallelism: the whole actor, for as long as the files take */
-    rf_model *whole = NULL, *critic = NULL;
+     * parallelism: each tensor gathered from the shards as it is written */
     if (st == RF_OK && w->dpc) st = rf__dp_checkpoint_begin(w);
-    if (st == RF_OK && w->tpc) st = rf__tp_gather(w, &whole, &critic);
-    if (st == RF_OK)
-        st = rf_checkpoint_save(r->logging.dir, whole ? whole : w->actor, critic ? critic : w->critic, r->model.path, &cs,
-                                r->checkpoint.keep);
-    if (st == RF_OK && whole)
-        rf_log_info("training worker: checkpoint of step %d gathered from %d shards (the weights sent as version %d, CRC-32C %08x)",
-                    w->version, w->tp->tp, w->version, w->crc);
-    rf_model_free(whole), rf_model_free(critic);
+    if (st == RF_OK && w->tpc) st = rf__tp_checkpoint_save(w, &cs);
+    else if (st == RF_OK)
+        st = rf_checkpoint_save(r->logging.dir, w->actor, w->critic, r->model.path, &cs, r->checkpoint.keep);
+    if (st == RF_OK && w->tpc)
+        rf_log_info("training worker: checkpoint of step %d gathered from %d shards (the weights sent as version %d, "
+                    "CRC-32C %08x), tensor by tensor", w->version, w->tp->tp, w->version, w->crc);
     if (w->dpc) rf__dp_checkpoint_end(w);
     d.seconds = rf_time_now() - t;
     d.error = st == RF_OK ? "" : (char *)rf_error_message();
@@ -470,21 +468,23 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     rf_status st = rf_adv_kind_parse(r->algorithm.name, &kind);
     if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
-    if (st == RF_OK) st = rf_model_load(&w.actor, r->model.path, w.k, 0);
-    if (st == RF_OK) st = rf_model_enable_training(w.actor);
-    if (st == RF_OK && rf_recipe_reference_enabled(r))
+    /* whole here unless split over tensor-parallel ranks (then every rank reads its shards) */
+    if (st == RF_OK && !w.tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0);
+    if (st == RF_OK && !w.tpc) st = rf_model_enable_training(w.actor);
+    if (st == RF_OK && rf_recipe_reference_enabled(r) && !rf__worker_role_split(&w, 0))
         st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
-    if (st == RF_OK && kind == RF_ADV_GAE) {
+    if (st == RF_OK && kind == RF_ADV_GAE && !rf__worker_role_split(&w, 1)) {
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
     }
     if (st == RF_OK && r->reward.model[0]) st = rf_reward_model_open(&w.rm, r->reward.model, w.k);
     if (st == RF_OK && resume) {
-        rf_ckpt_state cs;
-        st = rf_checkpoint_load(r->logging.dir, w.actor, w.critic, &cs);
-        w.version = cs.step;
+        rf_ckpt_state cs = {0};
+        st = rf_checkpoint_load(r->logging.dir, w.actor, w.critic, &cs); /* the whole ones, and the state */
+        if (st == RF_OK && w.tpc) st = rf_checkpoint_latest(r->logging.dir, w.ckpt_dir, sizeof w.ckpt_dir);
+        w.version = cs.step, w.actor_steps = cs.actor_opt_steps, w.critic_steps = cs.critic_opt_steps;
     }
-    /* tensor parallel: the actor is cut into shards (this rank keeps shard 0) */
+    /* tensor parallel: every rank reads its shards (this rank shard 0) */
     if (w.tpc) st = rf__tp_setup(&w, st);
     /* data parallel: the peers (with tp: every replica's shards) start from this rank's state
      * (they stop too if it failed) */

@@ -293,12 +293,13 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
     if (st == RF_OK && !tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0); /* tp: shards, from replica 0 */
     if (st == RF_OK && !tpc) st = rf_model_enable_training(w.actor);
-    if (st == RF_OK && kind == RF_ADV_GAE && rf__worker_has_critic(&w)) { /* placement.critic.dp replicas */
+    if (st == RF_OK && kind == RF_ADV_GAE && rf__worker_has_critic(&w) && !rf__worker_role_split(&w, 1)) {
+        /* placement.critic.dp replicas (split: rf__tp_setup reads the shards) */
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
     }
     /* the reference on every replica (placement.reference.dp = placement.actor.dp) */
-    if (st == RF_OK && rf__worker_has_ref(&w))
+    if (st == RF_OK && rf__worker_has_ref(&w) && !rf__worker_role_split(&w, 0))
         st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
     if (tpc) st = rf__tp_setup(&w, st);
     st = rf__dp_setup(&w, st);

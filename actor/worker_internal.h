@@ -33,6 +33,7 @@
 #include "resharding/weights_reshard.h"
 #include "resharding/weights_sync.h"
 #include "reward/reward.h"
+#include "trainer/checkpoint.h"
 #include "trainer/data_parallel.h"
 
 typedef struct rf__tworker {
@@ -75,6 +76,10 @@ typedef struct rf__tworker {
     rf_comm *critic_comm, *ref_comm; /* their groups when smaller than the replica's (the first
                                         ranks of tpc; NULL on the others and when whole-sized) */
     int scored;          /* rank 1: ScoreRequests answered (the first one's layout is logged) */
+    /* resuming (world rank 1): the checkpoint's directory, from which the split models' shards
+     * are read, and its optimizer steps; ckpt_dir empty on a fresh start and on the peers */
+    char ckpt_dir[4200];
+    int actor_steps, critic_steps;
 } rf__tworker;
 
 /* What a score pass computes: reference log-probs, critic values. */
@@ -121,6 +126,10 @@ rf_status rf__worker_peer_update(rf__tworker *w, const uint8_t *buf, size_t byte
  * critic is on replica 0 alone): data parallel and tensor parallel as it is laid out. */
 rf_status rf__worker_critic_update(rf__tworker *w, rf_train_sample *s, int n, float kl_coef, rf_update_stats *cs);
 
+/* Whether the critic (critic 1) or the reference (0) is split over tensor-parallel ranks here:
+ * then no rank loads it whole (rf__tp_setup reads the shards). */
+int rf__worker_role_split(const rf__tworker *w, int critic);
+
 /* Whether this rank's replica holds the critic / the reference (rank 1's always does). */
 int rf__worker_has_critic(const rf__tworker *w);
 int rf__worker_has_ref(const rf__tworker *w);
@@ -158,14 +167,15 @@ void rf__dp_free(rf__tworker *w);
 
 /* ---- tensor parallelism (actor/worker_tp.c) ---- */
 
-/* Every TP rank, after loading: rank 0 passes its whole actor (loaded, resumed: parameters,
- * AdamW moments and step), the peers NULL; `loaded` is the rank's status so far (when any rank
- * failed every rank returns an error). Each rank then holds its shard in w->tp (rank 0 frees
- * the whole actor and sets w->actor = NULL), the version is rank 0's, and w->wrs is ready
- * (every replica sends weights over w->wcomm). A leader of a replica other than 0 has no whole
- * actor: its group's shards stay zero until rf__dp_setup copies replica 0's. The critic and
- * the reference the recipe splits are cut from the leader's whole ones the same way (into
- * w->critic_tp, w->ref_tp; the leader frees the whole ones). */
+/* Every TP rank, after loading what it holds whole: `loaded` is the rank's status so far (when
+ * any rank failed every rank returns an error). Each rank of replica 0 then reads its own
+ * shard of the actor from the files (rf_model_tp_load: the model directory, or with
+ * w->ckpt_dir set on rank 0 the checkpoint's parameters and AdamW moments; no rank holds the
+ * whole actor), and the critic and the reference the recipe splits the same way; the version
+ * and optimizer steps are rank 0's, and w->wrs is ready (every replica sends weights over
+ * w->wcomm). A replica other than 0 reads its split reference and critic from their model
+ * directories; its actor shards stay zero until rf__dp_setup copies replica 0's (and the
+ * critic's, when data parallel). */
 rf_status rf__tp_setup(rf__tworker *w, rf_status loaded);
 
 /* Every TP rank, together: the checksum of the new weights (the whole buffer's CRC-32C, from
@@ -201,10 +211,11 @@ rf_status rf__tp_checkpoint_peers(rf__tworker *w);
 /* TP rank 0: a keep-alive for idle peers (as rf__dp_keepalive). */
 rf_status rf__tp_keepalive(rf__tworker *w);
 
-/* TP rank 0: gathers the shards (parameters, AdamW moments, step) into a whole actor for a
- * checkpoint, and the critic's into *critic when it is split (else *critic = NULL); the peers
- * take part on command. Caller frees both with rf_model_free. */
-rf_status rf__tp_gather(rf__tworker *w, rf_model **full, rf_model **critic);
+/* TP rank 0 of replica 0: writes the checkpoint of state cs (rf_checkpoint_save_roles): the
+ * actor's and a split critic's tensors gathered from the shards one at a time as the files are
+ * written (the peers told, and their blocks sent as asked: rank 0 holds one whole tensor at a
+ * time), a whole critic from w->critic. With ZeRO-1, after rf__dp_checkpoint_begin. */
+rf_status rf__tp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs);
 
 /* TP rank 0: tells the peers the run is over (bounded; best effort); failed as rf__dp_stop. */
 void rf__tp_stop(rf__tworker *w, int failed);

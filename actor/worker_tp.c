@@ -11,19 +11,21 @@
  *   TRAIN       then the packed TrainBatch (`arg` bytes) by broadcast; every rank updates its
  *               shard (`train`: as rf__worker_peer_update's), and all of them send the new
  *               weights to the rollout workers (rf__tp_publish);
- *   CHECKPOINT  the shards (parameters, AdamW moments) are gathered whole on rank 0 (`arg`:
- *               the version, checked); with ZeRO-1 over data-parallel replicas each rank's
- *               optimizer shards are gathered over its DP group first;
+ *   CHECKPOINT  rank 0 writes the checkpoint's files tensor by tensor, asking the peers for
+ *               each (a broadcast naming the model, part and tensor) and gathering its blocks
+ *               (`arg`: the version, checked); with ZeRO-1 over data-parallel replicas each
+ *               rank's optimizer shards are gathered over its DP group first;
  *   STOP        the run is over (`arg` 1: on an error, and the peers stop with one);
  *   SCORE       then the packed TrainBatch (`arg` bytes) by broadcast; every rank runs the
  *               passes of the split critic or reference (`train`: the RF_SCORE_* flags) with
  *               rank 0, which keeps the results.
  *
- * Moving whole models in and out of shards uses the resharding planner and executor over the
- * TP communicator (layout tp 1 on rank 0 <-> tp T on ranks 0 .. T-1): at the start rank 0's
- * loaded (or resumed) actor is scattered, and rank 0 frees it; a checkpoint gathers it again
- * for as long as the files take to write. Weights go to the rollout workers the same way,
- * from the T shards to each whole copy (resharding/weights_reshard.h).
+ * No rank holds a split model whole: at the start every rank reads its own shards from the
+ * files (rf_model_tp_load: the model directory, or the checkpoint resumed from), and a
+ * checkpoint is written by rank 0 one tensor at a time, each gathered from the shards as the
+ * writer reaches it (rank 0 holds one tensor more than its shards). Weights go to the rollout
+ * workers by the resharding planner and executor, from the T shards to each whole copy
+ * (resharding/weights_reshard.h).
  *
  * With data parallelism too (worker_internal.h) each replica is such a group, led by its TP
  * rank 0; every replica sends weights (the planner spreads the blocks over the replicas that
@@ -40,8 +42,7 @@
 #include "common/util.h"
 #include "controller/advantages.h"
 #include "controller/run_internal.h"
-#include "resharding/plan.h"
-#include "resharding/reshard.h"
+#include "trainer/checkpoint.h"
 
 enum { TP_NOP = 1, TP_TRAIN, TP_CHECKPOINT, TP_STOP, TP_SCORE };
 
@@ -51,95 +52,120 @@ typedef struct tp_cmd {
     int64_t arg;
 } tp_cmd;
 
-#define BUCKET_BYTES ((size_t)16 << 20)
-
 static rf_param_table table_of(const rf_model_tp *tp) {
     rf_param_table pt = {&tp->cfg, tp->full_views, tp->n_full_views};
     return pt;
 }
 
-/* Scatters (to_shards) rank 0's whole model `full` into every rank's shard of tp (the actor,
- * the critic or the reference), or gathers the shards into it: parameters, and both AdamW
- * moments when the shards have them. Every TP rank calls it; full is NULL on the peers. */
-static rf_status move_state(rf__tworker *w, rf_model_tp *tp, int to_shards, rf_model *full, double timeout_s) {
-    rf_param_table pt = table_of(tp);
-    int T = tp->tp;
-    rf_layout whole = {1, 1, 0, NULL}, shards = {T, 1, 0, NULL};
-    rf_reshard_plan *p = NULL;
-    RF_TRY(rf_reshard_plan_make(&p, &pt, to_shards ? &whole : &shards, to_shards ? &shards : &whole, BUCKET_BYTES, T));
-    rf_reshard_opts o = {.timeout_s = timeout_s};
-    rf_reshard *x = NULL;
-    rf_status st = rf_reshard_init(&x, p, tp->comm, &o); /* the model's group: the replica's, or its first ranks */
-    rf_model *m = tp->m;
-    float *fb[3] = {full ? full->params : NULL, full ? full->opt_m : NULL, full ? full->opt_v : NULL};
-    float *sb[3] = {m->params, m->opt_m, m->opt_v};
-    for (int i = 0; st == RF_OK && i < (m->opt_m ? 3 : 1); i++)
-        st = to_shards ? rf_reshard_run(x, fb[i], sb[i], w->version) : rf_reshard_run(x, sb[i], fb[i], w->version);
-    rf_reshard_free(x);
-    rf_reshard_plan_free(p);
-    return st;
+/* This rank's shards of tp read from files (model/model_tp_io.c): from the model directory
+ * `dir`, or (ckpt) parameters and AdamW moments of role `role` of the checkpoint in `dir`. */
+static rf_status load_shards(rf_model_tp *tp, const char *dir, int ckpt, const char *role) {
+    if (!ckpt) return rf_model_tp_load(tp, dir, NULL, NULL);
+    float *dst[3] = {NULL, tp->m->opt_m, tp->m->opt_v};
+    for (int part = 0; part < 3; part++) {
+        char p[4300];
+        const char *suffix = rf_checkpoint_part(dir, role, part, p, sizeof p);
+        rf_status st = rf_model_tp_load(tp, p, dst[part], suffix);
+        if (st != RF_OK) return rf_error_wrap(st, "resuming from %s", dir);
+    }
+    return RF_OK;
 }
 
-/* Splits the critic or the reference (`whole`: the leader's loaded model, NULL on the peers)
- * over group g (the replica's TP group or its first ranks) into *out: the shape and optimizer
- * step from the leader, the shards cut by move_state; the leader frees its whole model. */
-static rf_status role_setup(rf__tworker *w, rf_comm *g, rf_model **whole, rf_model_tp **out, int train,
-                            const char *name) {
+/* Where group g's shards of a role come from, as its leader (rank 0 of g) says: the whole
+ * model's shape, the optimizer step, and the directory. */
+typedef struct shard_src {
+    rf_model_config cfg;
+    int64_t step;
+    int32_t ckpt;      /* 1: dir is a checkpoint (parameters and moments); 0: a model directory */
+    char dir[4200];
+} shard_src;
+
+/* The leader's shard_src for the critic or the reference: its model directory (config.json
+ * read here, with a value head for the critic), or the checkpoint the run resumes from. */
+static rf_status role_src(const rf__tworker *w, int critic, shard_src *src) {
     const rf_recipe *r = w->r;
-    struct {
-        rf_model_config cfg;
-        int64_t step;
-    } hdr;
-    memset(&hdr, 0, sizeof hdr);
-    if (*whole) hdr.cfg = (*whole)->cfg, hdr.step = (*whole)->opt_step;
+    const char *path = critic ? r->critic.path : r->reference.path;
+    if (!path[0]) path = r->model.path;
+    char p[4096];
+    rf_path_join(p, sizeof p, path, "config.json");
+    RF_TRY(rf_config_load(&src->cfg, p));
+    if (critic) src->cfg.value_head = 1;
+    src->ckpt = critic && w->ckpt_dir[0] && w->replica == 0; /* other replicas take replica 0's */
+    snprintf(src->dir, sizeof src->dir, "%s", src->ckpt ? w->ckpt_dir : path);
+    src->step = src->ckpt ? w->critic_steps : 0;
+    return RF_OK;
+}
+
+/* Splits the critic or the reference over group g (the replica's TP group or its first
+ * ranks) into *out: the leader says where from (role_src), every rank reads its own shards. */
+static rf_status role_setup(rf__tworker *w, rf_comm *g, rf_model_tp **out, int critic) {
+    const rf_recipe *r = w->r;
+    const char *name = critic ? "critic" : "reference";
+    shard_src src;
+    memset(&src, 0, sizeof src);
     char what[96];
-    snprintf(what, sizeof what, "tensor-parallel training ranks receiving the %s's shape", name);
-    RF_TRY(rf_comm_bcast(g, &hdr, sizeof hdr, 0, r->async.startup_timeout, what));
-    rf_status st = rf_model_tp_init(out, &hdr.cfg, w->k, g, r->async.peer_timeout);
-    if (st == RF_OK && train) st = rf_model_tp_enable_training(*out);
+    snprintf(what, sizeof what, "tensor-parallel (%s's config)", name);
+    RF_TRY(rf__worker_agree_to_start(w, g, rf_comm_rank(g) == 0 ? role_src(w, critic, &src) : RF_OK, what));
+    snprintf(what, sizeof what, "tensor-parallel training ranks receiving where the %s is", name);
+    RF_TRY(rf_comm_bcast(g, &src, sizeof src, 0, r->async.startup_timeout, what));
+    rf_status st = rf_model_tp_init(out, &src.cfg, w->k, g, r->async.peer_timeout);
+    if (st == RF_OK && critic) st = rf_model_tp_enable_training(*out);
+    if (st == RF_OK) st = load_shards(*out, src.dir, src.ckpt, name);
     if (st != RF_OK) st = rf_error_wrap(st, "the %s's shard", name);
     snprintf(what, sizeof what, "tensor-parallel (%s)", name);
     RF_TRY(rf__worker_agree_to_start(w, g, st, what));
-    (*out)->m->opt_step = (int)hdr.step;
-    RF_TRY(move_state(w, *out, 1, *whole, r->async.startup_timeout));
-    rf_model_free(*whole);
-    *whole = NULL;
+    (*out)->m->opt_step = (int)src.step;
     return RF_OK;
 }
 
 /* One role split over the first tp of the replica's T ranks: the group (the replica's own when
  * tp = T; a split of it, kept in *keep, when smaller: collective over tpc, NULL on the ranks
  * past tp, which then hold nothing of the role), then the shards. */
-static rf_status role_split(rf__tworker *w, int tp, rf_comm **keep, rf_model **whole, rf_model_tp **out, int train,
-                            const char *name) {
+static rf_status role_split(rf__tworker *w, int tp, rf_comm **keep, rf_model_tp **out, int critic) {
     int t = rf_comm_rank(w->tpc);
     rf_comm *g = w->tpc;
     if (tp < rf_comm_size(w->tpc)) {
         RF_TRY(rf_comm_split(w->tpc, t < tp ? 0 : -1, t, keep));
         g = *keep;
     }
-    return g ? role_setup(w, g, whole, out, train, name) : RF_OK;
+    return g ? role_setup(w, g, out, critic) : RF_OK;
+}
+
+int rf__worker_role_split(const rf__tworker *w, int critic) {
+    int dp, tp;
+    rf_recipe_role_layout(w->r, critic, &dp, &tp);
+    return w->tpc && tp > 1;
 }
 
 /* The critic and the reference of this replica, split when the recipe splits them. */
 static rf_status roles_setup(rf__tworker *w) {
-    int dp, ctp, rtp, leader = rf_comm_rank(w->tpc) == 0;
-    rf_recipe_role_layout(w->r, 1, &dp, &ctp);
-    rf_recipe_role_layout(w->r, 0, &dp, &rtp);
-    int critic = rf__worker_has_critic(w), ref = rf__worker_has_ref(w);
-    /* the leader holds both whole (loaded like the actor); a missing one fails every rank in
-     * role_setup (a zero shape) */
-    if (critic && ctp > 1) RF_TRY(role_split(w, ctp, &w->critic_comm, &w->critic, &w->critic_tp, 1, "critic"));
-    if (ref && rtp > 1) RF_TRY(role_split(w, rtp, &w->ref_comm, &w->ref, &w->ref_tp, 0, "reference"));
+    int leader = rf_comm_rank(w->tpc) == 0;
+    for (int c = 1; c >= 0; c--) {
+        int dp, tp, has = c ? rf__worker_has_critic(w) : rf__worker_has_ref(w);
+        rf_recipe_role_layout(w->r, c, &dp, &tp);
+        if (has && tp > 1)
+            RF_TRY(role_split(w, tp, c ? &w->critic_comm : &w->ref_comm, c ? &w->critic_tp : &w->ref_tp, c));
+    }
     if (!leader || w->replica != 0) return RF_OK;
     for (int c = 1; c >= 0; c--) {
         const rf_model_tp *m = c ? w->critic_tp : w->ref_tp;
         if (m)
             rf_log_info("training worker: %s split over %s%d tensor-parallel ranks of %s (a shard of %zu parameters "
-                        "here)", c ? "critic" : "reference", m->tp < w->tp->tp ? "the first " : "the ", m->tp,
-                        w->dpc ? "each replica holding it" : "the training worker", m->m->n_params);
+                        "here, read from the files)", c ? "critic" : "reference", m->tp < w->tp->tp ? "the first " : "the ",
+                        m->tp, w->dpc ? "each replica holding it" : "the training worker", m->m->n_params);
     }
     return RF_OK;
+}
+
+/* TP rank 0's shard_src for the actor: the model directory, or the checkpoint resumed from
+ * (cfg unused: every rank reads config.json itself). */
+static shard_src actor_src(const rf__tworker *w) {
+    shard_src src;
+    memset(&src, 0, sizeof src);
+    src.ckpt = w->ckpt_dir[0] != 0;
+    snprintf(src.dir, sizeof src.dir, "%s", src.ckpt ? w->ckpt_dir : w->r->model.path);
+    src.step = src.ckpt ? w->actor_steps : 0;
+    return src;
 }
 
 rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
@@ -147,35 +173,35 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     int T = rf_comm_size(w->tpc), rank = rf_comm_rank(w->tpc);
     rf_model_config cfg;
     rf_status st = loaded;
-    if (st == RF_OK && w->actor) {
-        cfg = w->actor->cfg;
-    } else if (st == RF_OK) { /* the peers read only the model's shape */
-        char p[4096];
-        rf_path_join(p, sizeof p, r->model.path, "config.json");
-        st = rf_config_load(&cfg, p);
-    }
+    char p[4096];
+    rf_path_join(p, sizeof p, r->model.path, "config.json");
+    if (st == RF_OK) st = rf_config_load(&cfg, p); /* every rank reads the shape */
     if (st == RF_OK) st = rf_model_tp_init(&w->tp, &cfg, w->k, w->tpc, r->async.peer_timeout);
     if (st == RF_OK) st = rf_model_tp_enable_training(w->tp);
     /* rollout workers on this host read the shards in place (resharding/reshard.h) */
     if (st == RF_OK) st = rf_model_share_params(w->tp->m);
     RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, "tensor-parallel"));
-    /* rank 0's version and optimizer step (a resumed run's), and whether it holds a whole actor
-     * (replicas other than 0 take replica 0's shards later: rf__dp_setup) */
-    int64_t vs[3] = {w->version, w->actor ? w->actor->opt_step : 0, w->actor != NULL};
-    RF_TRY(rf_comm_bcast(w->tpc, vs, sizeof vs, 0, r->async.startup_timeout,
+    /* rank 0's version and where the shards come from (a resumed run's checkpoint) */
+    shard_src src = actor_src(w);
+    int64_t version = w->version;
+    RF_TRY(rf_comm_bcast(w->tpc, &src, sizeof src, 0, r->async.startup_timeout,
+                         "tensor-parallel training ranks receiving where the actor is"));
+    RF_TRY(rf_comm_bcast(w->tpc, &version, sizeof version, 0, r->async.startup_timeout,
                          "tensor-parallel training ranks receiving the version"));
-    w->version = (int)vs[0], w->tp->m->opt_step = (int)vs[1];
-    if (vs[2]) RF_TRY(move_state(w, w->tp, 1, rank == 0 ? w->actor : NULL, r->async.startup_timeout));
-    rf_model_free(w->actor); /* rank 0: the shards hold it now */
-    w->actor = NULL;
+    w->version = (int)version, w->tp->m->opt_step = (int)src.step;
+    /* replica 0's ranks each read their shards; the other replicas take replica 0's later
+     * (rf__dp_setup) */
+    st = w->replica == 0 ? load_shards(w->tp, src.dir, src.ckpt, "actor") : RF_OK;
+    RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, "tensor-parallel (the actor's shards)"));
     RF_TRY(roles_setup(w));
     rf_param_table pt = table_of(w->tp);
     int D = w->dpc ? rf_comm_size(w->dpc) : 1; /* every replica sends (the planner spreads the senders) */
     RF_TRY(rf_weights_rs_init(&w->wrs, &pt, T, D, r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
                               r->async.startup_timeout));
     if (rank == 0 && w->replica == 0)
-        rf_log_info("training worker: tensor parallel over %d ranks (actor shards: %zu of %zu parameters here), "
-                    "weights to %d rollout workers by resharding", T, w->tp->m->n_params, w->tp->full_params,
+        rf_log_info("training worker: tensor parallel over %d ranks (actor shards: %zu of %zu parameters here, "
+                    "each rank reading its own from %s), weights to %d rollout workers by resharding", T,
+                    w->tp->m->n_params, w->tp->full_params, src.dir,
                     (rf_comm_size(w->wcomm) - T * D) / r->placement.rollout.tp);
     w->last_cmd = rf_time_now();
     return RF_OK;
@@ -254,35 +280,110 @@ rf_status rf__tp_checkpoint_peers(rf__tworker *w) {
     return send_cmd(w, TP_CHECKPOINT, 0, w->version, w->r->async.peer_timeout);
 }
 
-/* A whole model of tp's shape with AdamW moments (no gradients: not trained), for gathering. */
-static rf_status whole_of(rf__tworker *w, const rf_model_tp *tp, rf_model **out, const char *name) {
-    *out = NULL;
-    rf_model *full = NULL;
-    RF_TRY(rf_model_init(&full, &tp->cfg, w->k));
-    size_t bytes = full->n_params * sizeof(float);
-    full->opt_m = w->k->alloc(bytes), full->opt_v = w->k->alloc(bytes);
-    if (!full->opt_m || !full->opt_v) {
-        rf_model_free(full);
-        return rf_error(RF_ERR_NOMEM, "out of memory for the whole %s's optimizer state (%zu MB)", name, 2 * bytes >> 20);
+/* What rank 0 asks for next while a checkpoint is written: part `part` (0 parameters, 1 and 2
+ * the AdamW moments) of parameter `view` of the actor (model 0) or the split critic (1);
+ * model -1: the files are done (or failed on rank 0). */
+typedef struct ckpt_ask {
+    int32_t model, part, view;
+} ckpt_ask;
+
+static float *part_of(const rf_model_tp *tp, int part) {
+    return part == 0 ? tp->m->params : part == 1 ? tp->m->opt_m : tp->m->opt_v;
+}
+
+/* Copies a row-major block (rows r0..r1, cols c0..c1 of a full_cols-wide tensor) into it. */
+static void place_block(float *dst, const rf_shard *b, const float *src) {
+    size_t w = (size_t)(b->c1 - b->c0);
+    for (int64_t r = b->r0; r < b->r1; r++)
+        memcpy(dst + (size_t)r * (size_t)b->full_cols + (size_t)b->c0, src + (size_t)(r - b->r0) * w, w * sizeof(float));
+}
+
+/* One tensor of tp gathered whole on rank 0 of its group into dst (numel floats; NULL on the
+ * others, which send their blocks). Replicated tensors are rank 0's own. Host memory (the
+ * tensor-parallel model runs on the CPU back end). `all` (rank 0): every rank's shard table,
+ * (tp x n_full_views). */
+static rf_status gather_tensor(const rf_model_tp *tp, const rf_shard *all, int part, int view, float *dst,
+                               double timeout_s) {
+    const rf_shard *own = &tp->shards[view];
+    const float *mine = part_of(tp, part) + own->offset;
+    size_t n_mine = (size_t)(own->r1 - own->r0) * (size_t)(own->c1 - own->c0);
+    if (own->split == RF_SPLIT_REPLICATED) {
+        if (tp->t == 0) memcpy(dst, mine, n_mine * sizeof(float));
+        return RF_OK;
     }
-    full->opt_step = tp->m->opt_step;
-    *out = full;
+    char what[RF_MAX_NAME + 64];
+    snprintf(what, sizeof what, "gathering %s for a checkpoint", tp->full_views[view].name);
+    if (tp->t != 0) {
+        rf_comm_p2p op = {(void *)mine, n_mine * sizeof(float), 0, 1};
+        return rf_comm_sendrecv(tp->comm, &op, 1, timeout_s, what);
+    }
+    rf_comm_p2p *ops = calloc((size_t)tp->tp, sizeof *ops);
+    float *stage = malloc(tp->full_views[view].numel * sizeof(float));
+    rf_status st = ops && stage ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory %s", what);
+    size_t at = 0;
+    for (int s = 1; st == RF_OK && s < tp->tp; s++) {
+        const rf_shard *b = &all[(size_t)s * (size_t)tp->n_full_views + (size_t)view];
+        size_t n = (size_t)(b->r1 - b->r0) * (size_t)(b->c1 - b->c0);
+        ops[s - 1] = (rf_comm_p2p){stage + at, n * sizeof(float), s, 0};
+        at += n;
+    }
+    if (st == RF_OK) st = rf_comm_sendrecv(tp->comm, ops, tp->tp - 1, timeout_s, what);
+    if (st == RF_OK) {
+        place_block(dst, own, mine);
+        for (int s = 1; s < tp->tp; s++) place_block(dst, &all[(size_t)s * (size_t)tp->n_full_views + (size_t)view], ops[s - 1].buf);
+    }
+    free(ops), free(stage);
+    return st;
+}
+
+/* Rank 0's side of a checkpoint's tensors: each one asked of the peers, then gathered. */
+typedef struct tp_role {
+    rf__tworker *w;
+    rf_model_tp *tp;
+    int model;     /* 0 actor, 1 critic (ckpt_ask) */
+    rf_shard *all; /* (tp x n_full_views) every rank's shards */
+} tp_role;
+
+static rf_status ask(rf__tworker *w, ckpt_ask a) {
+    return rf_comm_bcast(w->tpc, &a, sizeof a, 0, w->r->async.peer_timeout,
+                         "asking the tensor-parallel ranks for a checkpoint's next tensor");
+}
+
+static rf_status tp_role_tensor(void *ctx, int part, int view, float *dst) {
+    tp_role *c = ctx;
+    RF_TRY(ask(c->w, (ckpt_ask){c->model, part, view}));
+    return gather_tensor(c->tp, c->all, part, view, dst, c->w->r->async.peer_timeout);
+}
+
+/* A split model as a checkpoint role (c->all allocated here; free it after). */
+static rf_status tp_role_init(tp_role *c, rf__tworker *w, rf_model_tp *tp, int model, rf_ckpt_role *out) {
+    *c = (tp_role){w, tp, model, calloc((size_t)tp->tp * (size_t)tp->n_full_views, sizeof(rf_shard))};
+    if (!c->all) return rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_param_table pt = table_of(tp);
+    for (int s = 0; s < tp->tp; s++) {
+        size_t n;
+        RF_TRY(rf_layout_shards(&pt, tp->tp, s, c->all + (size_t)s * (size_t)tp->n_full_views, &n));
+    }
+    *out = (rf_ckpt_role){&tp->cfg, tp->full_views, tp->n_full_views, tp->m->opt_step, 1, tp_role_tensor, c};
     return RF_OK;
 }
 
-rf_status rf__tp_gather(rf__tworker *w, rf_model **out, rf_model **critic) {
-    *out = *critic = NULL;
-    /* both allocated before the peers are told: a failure here leaves them waiting for the
-     * next command */
-    rf_status st = whole_of(w, w->tp, out, "actor");
-    if (st == RF_OK && w->critic_tp) st = whole_of(w, w->critic_tp, critic, "critic");
+rf_status rf__tp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs) {
+    const rf_recipe *r = w->r;
+    tp_role ac = {0}, cc = {0};
+    rf_ckpt_role a, c;
+    const rf_ckpt_role *critic = NULL;
+    rf_status st = tp_role_init(&ac, w, w->tp, 0, &a);
+    if (st == RF_OK && w->critic_tp) st = tp_role_init(&cc, w, w->critic_tp, 1, &c), critic = &c;
+    else if (st == RF_OK && w->critic) c = rf_checkpoint_role_of(w->critic), critic = &c; /* whole here */
+    /* the peers are told only once nothing can fail before the first ask */
     if (st == RF_OK) st = rf__tp_checkpoint_peers(w);
-    if (st == RF_OK) st = move_state(w, w->tp, 0, *out, w->r->async.peer_timeout);
-    if (st == RF_OK && w->critic_tp) st = move_state(w, w->critic_tp, 0, *critic, w->r->async.peer_timeout);
-    if (st != RF_OK) {
-        rf_model_free(*out), rf_model_free(*critic);
-        *out = *critic = NULL;
+    if (st == RF_OK) {
+        st = rf_checkpoint_save_roles(r->logging.dir, &a, critic, r->model.path, cs, r->checkpoint.keep);
+        rf_status done = ask(w, (ckpt_ask){-1, 0, 0}); /* also after a failed write: the peers go on */
+        if (st == RF_OK) st = done;
     }
+    free(ac.all), free(cc.all);
     return st;
 }
 
@@ -301,15 +402,23 @@ static rf_status peer_train(rf__tworker *w, int64_t bytes, int train) {
 }
 
 /* A checkpoint: ZeRO-1's optimizer shards gathered over the DP group, then (replica 0) the
- * shards of the actor (and of a split critic) gathered whole on rank 0. */
+ * blocks of the actor's (and a split critic's) tensors sent to rank 0 as it writes them. */
 static rf_status peer_checkpoint(rf__tworker *w, int64_t version) {
     if (version != w->version)
         return rf_error(RF_ERR_FORMAT, "tensor-parallel rank 0 checkpoints version %lld, this rank is at %d",
                         (long long)version, w->version);
     rf_status st = w->dp_actor ? rf_dp_gather_optimizer(w->dp_actor) : RF_OK;
     if (st == RF_OK && w->dp_critic) st = rf_dp_gather_optimizer(w->dp_critic);
-    if (st == RF_OK && w->replica == 0) st = move_state(w, w->tp, 0, NULL, w->r->async.peer_timeout);
-    if (st == RF_OK && w->replica == 0 && w->critic_tp) st = move_state(w, w->critic_tp, 0, NULL, w->r->async.peer_timeout);
+    /* replica 0: send the blocks rank 0 asks for until it says the files are done */
+    for (ckpt_ask a = {0, 0, 0}; st == RF_OK && w->replica == 0;) {
+        st = rf_comm_bcast(w->tpc, &a, sizeof a, 0, 2 * w->r->async.peer_timeout,
+                           "waiting for tensor-parallel rank 0 to ask for a checkpoint's next tensor");
+        if (st != RF_OK || a.model < 0) break;
+        rf_model_tp *tp = a.model ? w->critic_tp : w->tp; /* NULL: the critic is not on this rank */
+        if (a.part < 0 || a.part > 2 || a.view < 0 || (tp && a.view >= tp->n_full_views))
+            st = rf_error(RF_ERR_FORMAT, "tensor-parallel rank 0 asked for part %d of tensor %d", a.part, a.view);
+        else if (tp) st = gather_tensor(tp, NULL, a.part, a.view, NULL, w->r->async.peer_timeout);
+    }
     if (w->dp_actor) rf_dp_release_optimizer(w->dp_actor);
     if (w->dp_critic) rf_dp_release_optimizer(w->dp_critic);
     return st;

@@ -23,7 +23,7 @@ static rf_status validate_now(rf_run *run, double *acc) {
 
 static rf_status save(rf_run *run) {
     const rf_recipe *r = run->r;
-    rf_ckpt_state st = {run->step, run->pos, run->kl.beta, run->best_val};
+    rf_ckpt_state st = {.step = run->step, .pos = run->pos, .kl_beta = run->kl.beta, .best_val = run->best_val};
     double t = rf_time_now();
     RF_TRY(rf_checkpoint_save(r->logging.dir, run->actor, run->critic, r->model.path, &st, r->checkpoint.keep));
     rf_log_info("checkpoint: %s/step_%06d (%.2f s)", r->logging.dir, run->step, rf_time_now() - t);

@@ -17,6 +17,7 @@
 #include "common/rng.h"
 #include "kernels/kernels.h"
 #include "model/config.h"
+#include "model/safetensors.h"
 
 #define RF_MAX_NAME 96
 
@@ -152,6 +153,24 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
  * with `prefix`/`suffix` the tensor names are prefix + view name + suffix and the values go to
  * `dst` (n_params floats on the back end, e.g. optimizer moments) instead of the parameters. */
 rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const char *suffix);
+
+/* Tensors in an opened checkpoint (st, of directory dir) that model m does not use would be
+ * silently dropped: RF_ERR_UNSUPPORTED naming the tensor and its file, except lm_head.weight
+ * next to tied embeddings (transformers ignores it too), an LM head when m has a value head (a
+ * critic initialised from a policy) and rotary inv_freq buffers. Only names and m->cfg are
+ * read, so a tensor-parallel shard (model_tp.h) is checked with the same call. */
+rf_status rf_model_check_unused(const rf_model *m, const rf_safetensors *st, const char *dir);
+
+/* Writes config.json for cfg into dir (created if needed), atomically. */
+rf_status rf_model_save_config(const rf_model_config *cfg, const char *dir);
+
+/* Writes tensors of the parameter table views (n_views; whole shapes) into dir as safetensors
+ * (rf_st_write_dir_fill: F32, or BF16 when bf16; files of at most max_shard_bytes, 0 = one),
+ * each named view name + suffix, its data made by fill(ctx, view index, dst) when the writer
+ * reaches it: for models whose tensors are not in one buffer here (tensor-parallel shards
+ * gathered one tensor at a time). No config.json (rf_model_save_config). */
+rf_status rf_model_save_views(const rf_param_view *views, int n_views, const char *dir, const char *suffix, int bf16,
+                              size_t max_shard_bytes, rf_st_fill_fn fill, void *ctx);
 
 /* Writes `src` (n_params floats on the back end) as safetensors in dir, each view named
  * view name + suffix (F32). Used for optimizer moments in checkpoints. */

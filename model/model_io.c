@@ -24,10 +24,7 @@ static rf_status read_params(const rf_model *m, const rf_safetensors *st, float 
     return RF_OK;
 }
 
-/* Tensors in the checkpoint that the model does not use would be silently dropped: refuse,
- * except lm_head.weight next to tied embeddings (transformers ignores it too) and an LM head
- * when a value head was asked for (a critic initialised from a policy). */
-static rf_status check_unused(const rf_model *m, const rf_safetensors *st, const char *dir) {
+rf_status rf_model_check_unused(const rf_model *m, const rf_safetensors *st, const char *dir) {
     for (int i = 0; i < rf_st_count(st); i++) {
         const rf_st_tensor *t = rf_st_at(st, i);
         if (rf_model_find(m, t->name)) continue;
@@ -57,7 +54,7 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
         host = calloc(m->n_params, sizeof(float));
         s = host ? RF_OK : rf_error(RF_ERR_NOMEM, "%s: out of memory for %zu parameters", dir, m->n_params);
     }
-    if (s == RF_OK) s = check_unused(m, st, dir);
+    if (s == RF_OK) s = rf_model_check_unused(m, st, dir);
     if (s == RF_OK) s = read_params(m, st, host, dir);
     if (s == RF_OK) k->to_device(m->params, host, m->n_params * sizeof(float));
     free(host);
@@ -87,45 +84,57 @@ rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const c
     return s;
 }
 
-/* Host copy of a back-end buffer as safetensors entries named view + suffix. */
-static rf_status write_views(const rf_model *m, const float *src, const char *dir,
-                             const char *suffix, int bf16, size_t max_shard_bytes) {
-    float *host = malloc(m->n_params * sizeof(float));
-    rf_st_entry *e = calloc((size_t)m->n_views, sizeof *e);
-    char (*names)[RF_MAX_NAME + 32] = calloc((size_t)m->n_views, sizeof *names);
-    if (!host || !e || !names) {
-        free(host), free(e), free(names);
-        return rf_error(RF_ERR_NOMEM, "out of memory saving %s", dir);
-    }
-    m->k->to_host(host, src, m->n_params * sizeof(float));
-    for (int i = 0; i < m->n_views; i++) {
-        const rf_param_view *v = &m->views[i];
+rf_status rf_model_save_views(const rf_param_view *views, int n_views, const char *dir, const char *suffix, int bf16,
+                              size_t max_shard_bytes, rf_st_fill_fn fill, void *ctx) {
+    rf_st_entry *e = calloc((size_t)n_views + 1, sizeof *e);
+    char (*names)[RF_MAX_NAME + 32] = calloc((size_t)n_views + 1, sizeof *names);
+    rf_status s = e && names ? rf_mkdirs(dir) : rf_error(RF_ERR_NOMEM, "out of memory saving %s", dir);
+    for (int i = 0; s == RF_OK && i < n_views; i++) {
+        const rf_param_view *v = &views[i];
         snprintf(names[i], sizeof names[i], "%s%s", v->name, suffix ? suffix : "");
         e[i].name = names[i];
-        e[i].data = host + v->offset;
         e[i].ndim = v->ndim;
         e[i].shape[0] = v->shape[0];
         e[i].shape[1] = v->shape[1];
     }
-    rf_status s = rf_st_write_dir(dir, e, m->n_views, bf16 ? RF_DTYPE_BF16 : RF_DTYPE_F32, max_shard_bytes);
-    free(host), free(e), free(names);
+    if (s == RF_OK)
+        s = rf_st_write_dir_fill(dir, e, n_views, bf16 ? RF_DTYPE_BF16 : RF_DTYPE_F32, max_shard_bytes, fill, ctx);
+    free(e), free(names);
     return s;
+}
+
+/* A view of a back-end buffer, copied to the host as the writer reaches it. */
+typedef struct buffer_src {
+    const rf_model *m;
+    const float *src; /* (n_params) on the back end */
+} buffer_src;
+
+static rf_status fill_from_buffer(void *ctx, int i, float *dst) {
+    const buffer_src *b = ctx;
+    const rf_param_view *v = &b->m->views[i];
+    b->m->k->to_host(dst, b->src + v->offset, v->numel * sizeof(float));
+    return RF_OK;
 }
 
 rf_status rf_model_save_buffer(const rf_model *m, const float *src, const char *dir,
                                const char *suffix) {
-    RF_TRY(rf_mkdirs(dir));
-    return write_views(m, src, dir, suffix, 0, 0);
+    buffer_src b = {m, src};
+    return rf_model_save_views(m->views, m->n_views, dir, suffix, 0, 0, fill_from_buffer, &b);
 }
 
-rf_status rf_model_save(const rf_model *m, const char *dir, int bf16, size_t max_shard_bytes) {
+rf_status rf_model_save_config(const rf_model_config *cfg, const char *dir) {
     RF_TRY(rf_mkdirs(dir));
     char path[4096];
-    char *json = rf_config_to_json(&m->cfg);
+    char *json = rf_config_to_json(cfg);
     if (!json) return rf_error(RF_ERR_NOMEM, "out of memory serialising config");
     rf_path_join(path, sizeof path, dir, "config.json");
     rf_status s = rf_write_file_atomic(path, json, strlen(json));
     free(json);
-    RF_TRY(s);
-    return write_views(m, m->params, dir, NULL, bf16, max_shard_bytes);
+    return s;
+}
+
+rf_status rf_model_save(const rf_model *m, const char *dir, int bf16, size_t max_shard_bytes) {
+    RF_TRY(rf_model_save_config(&m->cfg, dir));
+    buffer_src b = {m, m->params};
+    return rf_model_save_views(m->views, m->n_views, dir, NULL, bf16, max_shard_bytes, fill_from_buffer, &b);
 }

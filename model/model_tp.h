@@ -48,9 +48,7 @@
  * Data parallelism over a tp x dp grid (trainer/data_parallel.h, rf_dp_init_tp) hooks the
  * backward pass of tp->m like a whole model's.
  *
- * Not here yet (docs/scaling.md): loading a checkpoint shard by shard (rf_model_tp_set_full cuts from the whole model),
- * sequence parallelism, sampling other than greedy without gathering the logits
- * (rf_model_tp_gather_logits). Split runs train the actor with it (placement.actor.tp;
+ * Not here yet (docs/scaling.md): sequence parallelism. Split runs train the actor with it (placement.actor.tp;
  * actor/worker_tp.c) and generate with it (placement.rollout.tp; rollout/rollout_tp.h).
  *
  * Threads: one thread uses a rf_model_tp and its communicator (comm.h). */
@@ -154,6 +152,17 @@ void rf_model_tp_free(rf_model_tp *tp);
 /* Cuts this rank's shard out of the whole model's flat parameter buffer (full_params floats,
  * host memory, in rf_model_init's order) into m->params. RF_ERR_NOMEM. */
 rf_status rf_model_tp_set_full(rf_model_tp *tp, const float *full);
+
+/* Reads this rank's shard from the Hugging Face model directory `dir` (safetensors, single or
+ * sharded; F32, BF16 or F16, converted exactly as rf_model_load converts) without reading the
+ * rest: only the blocks this rank holds are converted, so the rank's memory is its shard's.
+ * Into tp->m->params when dst is NULL, else into dst (tp->m->n_params floats on the back end,
+ * e.g. an AdamW moment), each tensor named view name + suffix. With no suffix a missing
+ * score.weight starts at zero and tensors the model does not use are refused, as
+ * rf_model_load does; the shapes in the files must be the whole model's. Errors (naming the
+ * file and tensor): RF_ERR_IO, RF_ERR_FORMAT, RF_ERR_UNSUPPORTED, RF_ERR_NOMEM. No
+ * communication: each rank of the group calls it for itself. Implemented in model_tp_io.c. */
+rf_status rf_model_tp_load(rf_model_tp *tp, const char *dir, float *dst, const char *suffix);
 
 /* Takes a local buffer laid out by `shards` (n_views of them, rf_layout_shards; n_floats
  * floats, host memory: e.g. what resharding delivered) as this rank's parameters. RF_ERR_ARG

@@ -646,8 +646,9 @@ const rf_st_tensor *rf_st_find(const rf_safetensors *st, const char *name) {
     return i >= 0 ? &st->tensors[i] : NULL;
 }
 
-rf_status rf_st_read_f32(const rf_safetensors *st, const char *name, float *dst,
-                         const int64_t *expect_shape, int expect_ndim) {
+/* Tensor `name` of st with the shape the caller expects (expect_shape NULL: any). */
+static rf_status find_shaped(const rf_safetensors *st, const char *name, const int64_t *expect_shape,
+                             int expect_ndim, const rf_st_tensor **out) {
     const rf_st_tensor *t = rf_st_find(st, name);
     if (!t)
         return rf_error(RF_ERR_FORMAT, "%s: tensor \"%s\" not found", st ? st->origin : "?",
@@ -661,7 +662,33 @@ rf_status rf_st_read_f32(const rf_safetensors *st, const char *name, float *dst,
                         "expected %s", t->file, t->name, fmt_shape(got, sizeof got, t->shape, t->ndim),
                         rf_dtype_name(t->dtype), fmt_shape(want, sizeof want, expect_shape, wn));
     }
+    *out = t;
+    return RF_OK;
+}
+
+rf_status rf_st_read_f32(const rf_safetensors *st, const char *name, float *dst,
+                         const int64_t *expect_shape, int expect_ndim) {
+    const rf_st_tensor *t;
+    RF_TRY(find_shaped(st, name, expect_shape, expect_ndim, &t));
     rf_dtype_to_f32(dst, t->data, t->dtype, t->nbytes / rf_dtype_size(t->dtype));
+    return RF_OK;
+}
+
+rf_status rf_st_read_block_f32(const rf_safetensors *st, const char *name, float *dst,
+                               const int64_t *expect_shape, int expect_ndim, int64_t r0, int64_t r1,
+                               int64_t c0, int64_t c1) {
+    const rf_st_tensor *t;
+    RF_TRY(find_shaped(st, name, expect_shape, expect_ndim, &t));
+    int64_t rows = t->ndim > 0 ? t->shape[0] : 1, cols = 1;
+    for (int d = 1; d < t->ndim; d++) cols *= t->shape[d];
+    if (r0 < 0 || r1 < r0 || r1 > rows || c0 < 0 || c1 < c0 || c1 > cols)
+        return rf_error(RF_ERR_ARG, "%s: tensor \"%s\" is (%lld, %lld): no block rows [%lld, %lld) x "
+                        "cols [%lld, %lld) in it", t->file, t->name, (long long)rows, (long long)cols,
+                        (long long)r0, (long long)r1, (long long)c0, (long long)c1);
+    size_t es = rf_dtype_size(t->dtype), w = (size_t)(c1 - c0);
+    const unsigned char *src = t->data;
+    for (int64_t r = r0; r < r1; r++)
+        rf_dtype_to_f32(dst + (size_t)(r - r0) * w, src + ((size_t)r * (size_t)cols + (size_t)c0) * es, t->dtype, w);
     return RF_OK;
 }
 
@@ -676,6 +703,9 @@ typedef struct wr_ctx {
     int *shard;           /* (n) shard index of each entry */
     int *by_name;         /* (n) entry indices sorted by name */
     int n_shards;
+    rf_st_fill_fn fill;   /* or NULL: the entries' data */
+    void *fill_ctx;
+    float *scratch;       /* with fill: the largest entry's floats */
 } wr_ctx;
 
 typedef struct name_idx {
@@ -699,7 +729,7 @@ static rf_status sort_by_name(const rf_st_entry *e, int n, int *order) {
     return RF_OK;
 }
 
-static rf_status check_entry(const rf_st_entry *e, int i, rf_dtype dtype, size_t *nbytes) {
+static rf_status check_entry(const rf_st_entry *e, int i, rf_dtype dtype, int fill, size_t *nbytes) {
     if (!e->name || !*e->name || strcmp(e->name, "__metadata__") == 0 ||
         !utf8_valid(e->name, strlen(e->name)))
         return rf_error(RF_ERR_ARG, "safetensors entry %d: name must be non-empty UTF-8 and not "
@@ -715,14 +745,14 @@ static rf_status check_entry(const rf_st_entry *e, int i, rf_dtype dtype, size_t
     uint64_t b = shape_bytes(e->shape, e->ndim, 4, &overflow);
     if (overflow || b > (uint64_t)ST_MAX_INT || b > SIZE_MAX)
         return rf_error(RF_ERR_ARG, "tensor \"%s\": too large", e->name);
-    if (b && !e->data) return rf_error(RF_ERR_ARG, "tensor \"%s\": data is NULL", e->name);
+    if (b && !e->data && !fill) return rf_error(RF_ERR_ARG, "tensor \"%s\": data is NULL", e->name);
     *nbytes = (size_t)(b / 4 * rf_dtype_size(dtype));
     return RF_OK;
 }
 
 /* Validates entries, sorts names, rejects duplicates. */
 static rf_status wr_prepare(wr_ctx *c) {
-    for (int i = 0; i < c->n; i++) RF_TRY(check_entry(&c->e[i], i, c->dtype, &c->nbytes[i]));
+    for (int i = 0; i < c->n; i++) RF_TRY(check_entry(&c->e[i], i, c->dtype, c->fill != NULL, &c->nbytes[i]));
     RF_TRY(sort_by_name(c->e, c->n, c->by_name));
     for (int i = 1; i < c->n; i++)
         if (strcmp(c->e[c->by_name[i - 1]].name, c->e[c->by_name[i]].name) == 0)
@@ -794,16 +824,22 @@ static rf_status write_all(int fd, const void *data, size_t len, const char *pat
     return RF_OK;
 }
 
-/* Streams one tensor, converting from f32 in chunks so no full copy is ever built. */
-static rf_status write_tensor(int fd, const rf_st_entry *e, size_t nbytes, rf_dtype dtype,
-                              const char *tmp) {
-    if (dtype == RF_DTYPE_F32) return write_all(fd, e->data, nbytes, tmp);
+/* Streams entry i, converting from f32 in chunks so no full copy is ever built (with a fill
+ * function: produced into the scratch buffer first). */
+static rf_status write_tensor(const wr_ctx *c, int fd, int i, const char *tmp) {
+    size_t nbytes = c->nbytes[i];
+    const float *data = c->e[i].data;
+    if (c->fill && nbytes) {
+        RF_TRY(c->fill(c->fill_ctx, i, c->scratch));
+        data = c->scratch;
+    }
+    if (c->dtype == RF_DTYPE_F32) return write_all(fd, data, nbytes, tmp);
     enum { CHUNK = 16384 };
     uint16_t buf[CHUNK];
     size_t n = nbytes / 2;
-    for (size_t i = 0; i < n; i += CHUNK) {
-        size_t m = n - i < CHUNK ? n - i : CHUNK;
-        rf_dtype_from_f32(buf, e->data + i, dtype, m);
+    for (size_t k = 0; k < n; k += CHUNK) {
+        size_t m = n - k < CHUNK ? n - k : CHUNK;
+        rf_dtype_from_f32(buf, data + k, c->dtype, m);
         RF_TRY(write_all(fd, buf, m * 2, tmp));
     }
     return RF_OK;
@@ -825,7 +861,7 @@ static rf_status wr_file(const wr_ctx *c, const char *name, const int *idx, int 
     }
     if (s == RF_OK) s = write_all(fd, h.p, h.len, tmp);
     for (int j = 0; j < k && s == RF_OK; j++)
-        s = write_tensor(fd, &c->e[idx[j]], c->nbytes[idx[j]], c->dtype, tmp);
+        s = write_tensor(c, fd, idx[j], tmp);
     if (s == RF_OK && fsync(fd) != 0)
         s = rf_error(RF_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
     if (fd >= 0 && close(fd) != 0 && s == RF_OK)
@@ -933,16 +969,28 @@ static void fsync_dir(const char *dir) {
     close(fd);
 }
 
-rf_status rf_st_write_dir(const char *dir, const rf_st_entry *entries, int n, rf_dtype dtype,
-                          size_t max_shard_bytes) {
+/* The largest entry's floats, for a fill function's scratch buffer. */
+static float *wr_scratch(const wr_ctx *c) {
+    size_t most = 1;
+    for (int i = 0; i < c->n; i++) {
+        size_t f = c->nbytes[i] / rf_dtype_size(c->dtype);
+        if (f > most) most = f;
+    }
+    return malloc(most * sizeof(float));
+}
+
+rf_status rf_st_write_dir_fill(const char *dir, const rf_st_entry *entries, int n, rf_dtype dtype,
+                               size_t max_shard_bytes, rf_st_fill_fn fill, void *ctx) {
     if (!dir || n < 0 || (n > 0 && !entries) || rf_dtype_size(dtype) == 0)
         return rf_error(RF_ERR_ARG, "rf_st_write_dir: invalid arguments");
-    wr_ctx c = {.dir = dir, .e = entries, .n = n, .dtype = dtype};
+    wr_ctx c = {.dir = dir, .e = entries, .n = n, .dtype = dtype, .fill = fill, .fill_ctx = ctx};
     c.nbytes = rf_calloc((size_t)n + 1, sizeof *c.nbytes);
     c.shard = rf_calloc((size_t)n + 1, sizeof *c.shard);
     c.by_name = rf_calloc((size_t)n + 1, sizeof *c.by_name);
     rf_status s = c.nbytes && c.shard && c.by_name ? RF_OK : RF_ERR_NOMEM;
     if (s == RF_OK) s = wr_prepare(&c);
+    if (s == RF_OK && fill && !(c.scratch = wr_scratch(&c)))
+        s = rf_error(RF_ERR_NOMEM, "%s: out of memory for the largest tensor", dir);
     if (s == RF_OK) s = rf_mkdirs(dir);
     if (s == RF_OK) {
         wr_assign_shards(&c, max_shard_bytes);
@@ -954,5 +1002,11 @@ rf_status rf_st_write_dir(const char *dir, const rf_st_entry *entries, int n, rf
     free(c.nbytes);
     free(c.shard);
     free(c.by_name);
+    free(c.scratch);
     return s;
+}
+
+rf_status rf_st_write_dir(const char *dir, const rf_st_entry *entries, int n, rf_dtype dtype,
+                          size_t max_shard_bytes) {
+    return rf_st_write_dir_fill(dir, entries, n, dtype, max_shard_bytes, NULL, NULL);
 }

@@ -68,6 +68,15 @@ const rf_st_tensor *rf_st_find(const rf_safetensors *st, const char *name);
 rf_status rf_st_read_f32(const rf_safetensors *st, const char *name, float *dst,
                          const int64_t *expect_shape, int expect_ndim);
 
+/* Copies the block rows [r0, r1) x cols [c0, c1) of tensor `name`, seen as a matrix (shape[0],
+ * product of the other dimensions; a 1-D tensor is (n, 1)), into dst ((r1 - r0) x (c1 - c0)
+ * floats, row-major) as f32: one rank's shard of a tensor without reading the rest. Shape
+ * check and errors as rf_st_read_f32; RF_ERR_ARG (naming the file and tensor) for a block
+ * outside the tensor. Threads: as rf_st_read_f32. */
+rf_status rf_st_read_block_f32(const rf_safetensors *st, const char *name, float *dst,
+                               const int64_t *expect_shape, int expect_ndim, int64_t r0, int64_t r1,
+                               int64_t c0, int64_t c1);
+
 /* One tensor to write: data is f32 in host memory, (shape) row-major; the caller owns it. */
 typedef struct rf_st_entry {
     const char *name;
@@ -89,5 +98,17 @@ typedef struct rf_st_entry {
  * writing shards). Errors: RF_ERR_ARG (bad entry, duplicate name), RF_ERR_IO. */
 rf_status rf_st_write_dir(const char *dir, const rf_st_entry *entries, int n, rf_dtype dtype,
                           size_t max_shard_bytes);
+
+/* Produces entry i's data (its numel floats, row-major) into dst when the writer reaches it. */
+typedef rf_status (*rf_st_fill_fn)(void *ctx, int i, float *dst);
+
+/* rf_st_write_dir with the data made on demand: entries' data are ignored (may be NULL), and
+ * fill(ctx, i, dst) is called once for every non-empty entry i, in the order the files are
+ * written (by shard, then by name), with a scratch buffer the size of the largest entry: the
+ * only copy of tensor data the writer holds, so a model gathered tensor by tensor (from shards
+ * on other ranks) is written without ever being whole in memory. An error from fill stops
+ * the write (no partial file is left under its final name) and is returned. */
+rf_status rf_st_write_dir_fill(const char *dir, const rf_st_entry *entries, int n, rf_dtype dtype,
+                               size_t max_shard_bytes, rf_st_fill_fn fill, void *ctx);
 
 #endif

@@ -14,6 +14,8 @@
  *     whole model's gradient (replicated ones whole), the gradient norm too;
  *   - generation: prefill + greedy decode, tokens identical and log-probs and logits close;
  *   - that the checks can fail: a changed weight in one rank's shard moves the log-probs;
+ *   - shards read straight from Hugging Face files (F32, BF16 over several files, moments)
+ *     equal the cut of the whole model bit for bit; bad files are refused naming the tensor;
  *   - refusals: tp not dividing the attention heads, a buffer of another shard or another size,
  *     a back end without the vocabulary-parallel kernels, a cache of the wrong heads.
  * Without mpirun: the parameter table without buffers, the vocabulary-parallel kernels on
@@ -30,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/comm.h"
 #include "common/rng.h"
@@ -315,6 +318,93 @@ static void shard_refusals(rf_model *ref, rf_model_tp *tp) {
     free(own), free(other), free(buf);
 }
 
+/* Reads the shard of model directory dir into tp (dst NULL: the parameters) and compares it
+ * bit for bit with this rank's cut (rf_layout_extract) of `full` (the whole buffer the files
+ * hold, as fp32). */
+static void same_as_cut(rf_model_tp *tp, const char *dir, float *dst, const char *suffix, const float *full,
+                        const char *what) {
+    rf_param_table pt = {&tp->cfg, tp->full_views, tp->n_full_views};
+    float *cut = malloc(sizeof(float) * tp->m->n_params);
+    rf_layout_extract(&pt, tp->shards, full, cut);
+    memset(dst ? dst : tp->m->params, 0xff, sizeof(float) * tp->m->n_params); /* NaNs: nothing left unread */
+    CHECK_OK(rf_model_tp_load(tp, dir, dst, suffix));
+    int same = memcmp(cut, dst ? dst : tp->m->params, sizeof(float) * tp->m->n_params) == 0;
+    if (!same) fprintf(stderr, "shard from files (%s, tp %d, rank %d): differs from the cut\n", what, tp->tp, tp->t);
+    CHECK(same);
+    free(cut);
+}
+
+/* Shards read straight from Hugging Face files (rf_model_tp_load) equal the cut of the whole
+ * model: F32 in one file, BF16 over several files (the values rounded as rf_model_load rounds
+ * them), moments under a suffix; a critic from a policy's files has a zero value head; a
+ * missing tensor, a wrong shape and an unused tensor are refused naming them. Every rank
+ * writes its own copy (its directory, then removed). */
+static void shard_files(rf_model *ref, rf_model_tp *tp, shape s) {
+    char dir[256], sub[300];
+    snprintf(dir, sizeof dir, "/tmp/rf_tp_load_%d_%d_XXXXXX", (int)getpid(), tp->t);
+    if (!mkdtemp(dir)) {
+        CHECK(0);
+        return;
+    }
+    const char *name = shape_name[s];
+    snprintf(sub, sizeof sub, "%s/f32", dir);
+    CHECK_OK(rf_model_save(ref, sub, 0, 0));
+    same_as_cut(tp, sub, NULL, NULL, ref->params, name);
+    /* bf16 in shards of ~2 KB: blocks cross file boundaries of the index */
+    snprintf(sub, sizeof sub, "%s/bf16", dir);
+    CHECK_OK(rf_model_save(ref, sub, 1, 2048));
+    char idx[400];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", sub);
+    CHECK(rf_file_exists(idx));
+    rf_model *rounded = NULL;
+    CHECK_OK(rf_model_load(&rounded, sub, rf_cpu_kernels(), ref->score != NULL));
+    if (rounded) same_as_cut(tp, sub, NULL, NULL, rounded->params, name);
+    rf_model_free(rounded);
+    /* a moment buffer under its checkpoint suffix */
+    float *mom = malloc(sizeof(float) * ref->n_params), *dst = malloc(sizeof(float) * tp->m->n_params);
+    for (size_t i = 0; i < ref->n_params; i++) mom[i] = (float)i * 1e-3f - 0.5f;
+    snprintf(sub, sizeof sub, "%s/moments", dir);
+    CHECK_OK(rf_model_save_buffer(ref, mom, sub, ".exp_avg"));
+    same_as_cut(tp, sub, dst, ".exp_avg", mom, name);
+    CHECK_ERR(rf_model_tp_load(tp, sub, dst, ".exp_avg_sq"), RF_ERR_FORMAT, "not found");
+    if (ref->score) { /* a critic from a policy's files: the value head starts at zero */
+        rf_model_config pc = ref->cfg;
+        pc.value_head = 0;
+        rf_model *policy = NULL;
+        CHECK_OK(rf_model_init(&policy, &pc, rf_cpu_kernels()));
+        rf_model_init_random(policy, 11, 0.3f); /* with an LM head, which the critic has not */
+        snprintf(sub, sizeof sub, "%s/policy", dir);
+        CHECK_OK(rf_model_save(policy, sub, 0, 0));
+        float *want = calloc(ref->n_params, sizeof(float)); /* by name; score.weight zero */
+        for (int i = 0; i < ref->n_views; i++) {
+            const rf_param_view *v = &ref->views[i], *pv = rf_model_find(policy, v->name);
+            if (pv) memcpy(want + v->offset, policy->params + pv->offset, sizeof(float) * v->numel);
+        }
+        same_as_cut(tp, sub, NULL, NULL, want, "critic from a policy");
+        free(want);
+        rf_model_free(policy);
+    } else { /* a tensor of another shape; a tensor the model does not use */
+        rf_model_config bc = ref->cfg;
+        bc.intermediate_size += 2;
+        rf_model *other = NULL;
+        CHECK_OK(rf_model_init(&other, &bc, rf_cpu_kernels()));
+        snprintf(sub, sizeof sub, "%s/other", dir);
+        CHECK_OK(rf_model_save(other, sub, 0, 0));
+        CHECK_ERR(rf_model_tp_load(tp, sub, NULL, NULL), RF_ERR_FORMAT, "model.layers.0.mlp.gate_proj.weight\": shape [");
+        rf_model_free(other);
+        rf_model_config vc = ref->cfg;
+        vc.value_head = 1;
+        CHECK_OK(rf_model_init(&other, &vc, rf_cpu_kernels()));
+        snprintf(sub, sizeof sub, "%s/extra", dir);
+        CHECK_OK(rf_model_save(other, sub, 0, 0));
+        CHECK_ERR(rf_model_tp_load(tp, sub, NULL, NULL), RF_ERR_UNSUPPORTED, "tensor \"score.weight\"");
+        rf_model_free(other);
+    }
+    CHECK_OK(rf_remove_tree(dir));
+    free(mom), free(dst);
+    CHECK_OK(rf_model_tp_set_full(tp, ref->params)); /* as the other checks had it */
+}
+
 /* Every check above for one shape on the group g. */
 static void check_shape(shape s, rf_comm *g) {
     rf_model *ref = whole_model(s);
@@ -324,6 +414,7 @@ static void check_shape(shape s, rf_comm *g) {
         rf_model_free(ref);
         return;
     }
+    shard_files(ref, tp, s);
     CHECK_OK(rf_model_tp_set_full(tp, ref->params));
     CHECK_OK(rf_model_tp_enable_training(tp));
     forward_backward(ref, tp, shape_name[s], 3, 13, tok1, tgt1, cu1, 1);

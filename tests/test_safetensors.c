@@ -235,6 +235,37 @@ static void test_round_trip(rf_dtype dtype) {
     rf_st_close(st);
 }
 
+/* rf_st_read_block_f32: blocks of a 3-D F16 tensor (seen as 4 x 6) and of a 1-D one equal the
+ * same elements of the whole read; a block outside the tensor and a wrong shape are refused. */
+static void test_read_block(void) {
+    char dir[512];
+    path_in(dir, sizeof dir, "block");
+    float a[24], v[5];
+    fill(a, 24, 3), fill(v, 5, 4);
+    rf_st_entry e[] = {{"a", a, 3, {4, 2, 3}}, {"v", v, 1, {5}}};
+    CHECK_OK(rf_st_write_dir(dir, e, 2, RF_DTYPE_F16, 0));
+    rf_safetensors *st = NULL;
+    CHECK_OK(rf_st_open_dir(&st, dir));
+    if (!st) return;
+    float whole[24], got[24];
+    CHECK_OK(rf_st_read_f32(st, "a", whole, e[0].shape, 3));
+    CHECK_OK(rf_st_read_block_f32(st, "a", got, e[0].shape, 3, 1, 3, 2, 5));
+    int bad = 0;
+    for (int r = 1; r < 3; r++)
+        for (int c = 2; c < 5; c++) bad += bits(got[(r - 1) * 3 + (c - 2)]) != bits(whole[r * 6 + c]);
+    CHECK(bad == 0);
+    CHECK_OK(rf_st_read_f32(st, "v", whole, NULL, 0));
+    CHECK_OK(rf_st_read_block_f32(st, "v", got, NULL, 0, 2, 5, 0, 1));
+    CHECK(bits(got[0]) == bits(whole[2]) && bits(got[2]) == bits(whole[4]));
+    CHECK_ERR(rf_st_read_block_f32(st, "a", got, NULL, 0, 0, 5, 0, 1), RF_ERR_ARG,
+              "tensor \"a\" is (4, 6): no block rows [0, 5) x cols [0, 1) in it");
+    CHECK_ERR(rf_st_read_block_f32(st, "v", got, NULL, 0, 0, 1, 1, 2), RF_ERR_ARG, "no block");
+    int64_t wrong[1] = {6};
+    CHECK_ERR(rf_st_read_block_f32(st, "v", got, wrong, 1, 0, 1, 0, 1), RF_ERR_FORMAT, "does not match the expected [6]");
+    CHECK_ERR(rf_st_read_block_f32(st, "w", got, NULL, 0, 0, 1, 0, 1), RF_ERR_FORMAT, "tensor \"w\" not found");
+    rf_st_close(st);
+}
+
 /* The byte layout the Python library writes, spelled out for a tiny file. */
 static void test_exact_bytes(void) {
     char dir[512], path[600];
@@ -665,6 +696,7 @@ int main(void) {
     test_round_trip(RF_DTYPE_F32);
     test_round_trip(RF_DTYPE_BF16);
     test_round_trip(RF_DTYPE_F16);
+    test_read_block();
     test_exact_bytes();
     test_sharded();
     test_many();

@@ -28,21 +28,33 @@ rf_status rf_copy_tokenizer_files(const char *src_dir, const char *dst_dir) {
     return RF_OK;
 }
 
-/* Saves a model and its optimizer moments under dir/<name> and dir/<name>_optim. */
-static rf_status save_role(const char *dir, const char *name, const rf_model *m, const char *tok_dir) {
-    char p[4096], q[4096];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    RF_TRY(rf_model_save(m, p, 0, 0));
-    if (tok_dir) RF_TRY(rf_copy_tokenizer_files(tok_dir, p));
-    if (!m->opt_m) return RF_OK;
-    snprintf(q, sizeof q, "%s/%s_optim", dir, name);
-    RF_TRY(rf_model_save_buffer(m, m->opt_m, q, ".exp_avg"));
-    snprintf(q, sizeof q, "%s/%s_optim/moments2", dir, name);
-    return rf_model_save_buffer(m, m->opt_v, q, ".exp_avg_sq");
+/* One part of a role, as the safetensors writer asks for its tensors. */
+typedef struct part_src {
+    const rf_ckpt_role *role;
+    int part;
+} part_src;
+
+static rf_status fill_part(void *ctx, int view, float *dst) {
+    const part_src *p = ctx;
+    return p->role->tensor(p->role->ctx, p->part, view, dst);
 }
 
-static rf_status write_state(const char *dir, const rf_ckpt_state *st, const rf_model *actor,
-                             const rf_model *critic) {
+/* Saves a role's model (config, tensors, tokenizer files) under dir/<name> and its optimizer
+ * moments under dir/<name>_optim (rf_checkpoint_part). */
+static rf_status save_role(const char *dir, const char *name, const rf_ckpt_role *role, const char *tok_dir) {
+    for (int part = 0; part < (role->moments ? 3 : 1); part++) {
+        char p[4200];
+        const char *suffix = rf_checkpoint_part(dir, name, part, p, sizeof p);
+        if (part == 0) RF_TRY(rf_model_save_config(role->cfg, p));
+        part_src src = {role, part};
+        RF_TRY(rf_model_save_views(role->views, role->n_views, p, suffix, 0, 0, fill_part, &src));
+        if (part == 0 && tok_dir) RF_TRY(rf_copy_tokenizer_files(tok_dir, p));
+    }
+    return RF_OK;
+}
+
+static rf_status write_state(const char *dir, const rf_ckpt_state *st, const rf_ckpt_role *actor,
+                             const rf_ckpt_role *critic) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "step", st->step);
     cJSON_AddNumberToObject(j, "actor_optimizer_steps", actor->opt_step);
@@ -95,8 +107,8 @@ static void prune(const char *run_dir, int keep) {
     }
 }
 
-rf_status rf_checkpoint_save(const char *run_dir, const rf_model *actor, const rf_model *critic,
-                             const char *tokenizer_dir, const rf_ckpt_state *st, int keep) {
+rf_status rf_checkpoint_save_roles(const char *run_dir, const rf_ckpt_role *actor, const rf_ckpt_role *critic,
+                                   const char *tokenizer_dir, const rf_ckpt_state *st, int keep) {
     char final[4096], tmp[4200], latest[4096], name[64];
     snprintf(name, sizeof name, "step_%06d", st->step);
     rf_path_join(final, sizeof final, run_dir, name);
@@ -116,15 +128,41 @@ rf_status rf_checkpoint_save(const char *run_dir, const rf_model *actor, const r
     return RF_OK;
 }
 
+/* A whole model's tensor: a view of its parameters or moments, copied to the host. */
+static rf_status whole_tensor(void *ctx, int part, int view, float *dst) {
+    const rf_model *m = ctx;
+    const float *buf = part == 0 ? m->params : part == 1 ? m->opt_m : m->opt_v;
+    const rf_param_view *v = &m->views[view];
+    m->k->to_host(dst, buf + v->offset, v->numel * sizeof(float));
+    return RF_OK;
+}
+
+rf_ckpt_role rf_checkpoint_role_of(const rf_model *m) {
+    rf_ckpt_role r = {&m->cfg, m->views, m->n_views, m->opt_step, m->opt_m != NULL, whole_tensor, (void *)m};
+    return r;
+}
+
+rf_status rf_checkpoint_save(const char *run_dir, const rf_model *actor, const rf_model *critic,
+                             const char *tokenizer_dir, const rf_ckpt_state *st, int keep) {
+    rf_ckpt_role a = rf_checkpoint_role_of(actor), c = critic ? rf_checkpoint_role_of(critic) : a;
+    return rf_checkpoint_save_roles(run_dir, &a, critic ? &c : NULL, tokenizer_dir, st, keep);
+}
+
+const char *rf_checkpoint_part(const char *ckpt_dir, const char *role, int part, char *path, size_t cap) {
+    static const char *fmt[3] = {"%s/%s", "%s/%s_optim", "%s/%s_optim/moments2"};
+    static const char *suffix[3] = {NULL, ".exp_avg", ".exp_avg_sq"};
+    snprintf(path, cap, fmt[part], ckpt_dir, role);
+    return suffix[part];
+}
+
 static rf_status load_role(const char *dir, const char *name, rf_model *m) {
-    char p[4096];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    RF_TRY(rf_model_load_params(m, p, NULL, NULL));
-    if (!m->opt_m) return RF_OK;
-    snprintf(p, sizeof p, "%s/%s_optim", dir, name);
-    RF_TRY(rf_model_load_params(m, p, m->opt_m, ".exp_avg"));
-    snprintf(p, sizeof p, "%s/%s_optim/moments2", dir, name);
-    return rf_model_load_params(m, p, m->opt_v, ".exp_avg_sq");
+    float *dst[3] = {NULL, m->opt_m, m->opt_v};
+    for (int part = 0; part < (m->opt_m ? 3 : 1); part++) {
+        char p[4200];
+        const char *suffix = rf_checkpoint_part(dir, name, part, p, sizeof p);
+        RF_TRY(rf_model_load_params(m, p, dst[part], suffix));
+    }
+    return RF_OK;
 }
 
 static rf_status get_num(const cJSON *j, const char *key, const char *path, double *out) {
@@ -150,6 +188,7 @@ static rf_status read_state(const char *dir, rf_ckpt_state *st, rf_model *actor,
     cJSON_Delete(j);
     RF_TRY(s);
     st->step = (int)v[0];
+    st->actor_opt_steps = (int)v[1], st->critic_opt_steps = (int)v[2];
     if (actor) actor->opt_step = (int)v[1];
     if (critic) critic->opt_step = (int)v[2];
     st->pos.epoch = (int)v[3], st->pos.index = (int)v[4];
@@ -157,16 +196,22 @@ static rf_status read_state(const char *dir, rf_ckpt_state *st, rf_model *actor,
     return RF_OK;
 }
 
-rf_status rf_checkpoint_load(const char *run_dir, rf_model *actor, rf_model *critic,
-                             rf_ckpt_state *st) {
-    char latest[4096], *name = NULL, dir[4200];
+rf_status rf_checkpoint_latest(const char *run_dir, char *dir, size_t cap) {
+    char latest[4096], *name = NULL;
     rf_path_join(latest, sizeof latest, run_dir, "latest");
     if (!rf_file_exists(latest))
         return rf_error(RF_ERR_IO, "%s: no checkpoint to resume from", latest);
     RF_TRY(rf_read_file(latest, &name, NULL));
     name[strcspn(name, "\r\n")] = '\0';
-    snprintf(dir, sizeof dir, "%s/%s", run_dir, name);
+    snprintf(dir, cap, "%s/%s", run_dir, name);
     free(name);
+    return RF_OK;
+}
+
+rf_status rf_checkpoint_load(const char *run_dir, rf_model *actor, rf_model *critic,
+                             rf_ckpt_state *st) {
+    char dir[4200];
+    RF_TRY(rf_checkpoint_latest(run_dir, dir, sizeof dir));
     rf_status s = actor ? load_role(dir, "actor", actor) : RF_OK;
     if (s == RF_OK && critic) s = load_role(dir, "critic", critic);
     if (s == RF_OK) s = read_state(dir, st, actor, critic);

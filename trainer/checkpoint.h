@@ -19,6 +19,8 @@ typedef struct rf_ckpt_state {
     rf_dataset_pos pos;
     float kl_beta;
     double best_val;
+    int actor_opt_steps, critic_opt_steps; /* filled by rf_checkpoint_load; rf_checkpoint_save
+                                              takes them from the models */
 } rf_ckpt_state;
 
 /* Saves a checkpoint for st->step; tokenizer files are copied from tokenizer_dir; keeps the
@@ -26,11 +28,46 @@ typedef struct rf_ckpt_state {
 rf_status rf_checkpoint_save(const char *run_dir, const rf_model *actor, const rf_model *critic,
                              const char *tokenizer_dir, const rf_ckpt_state *st, int keep);
 
+/* One role's tensors for rf_checkpoint_save_roles, wherever they are: the whole model's config
+ * and parameter table, its optimizer step, and tensor(ctx, part, view, dst), which makes part
+ * `part` (0 the parameters; 1 and 2 the first and second AdamW moments, when `moments`) of
+ * parameter `view` in full into dst (its numel floats, host memory). It is called once per
+ * tensor, parts in order, as the files are written (by name within a part). */
+typedef struct rf_ckpt_role {
+    const rf_model_config *cfg;
+    const rf_param_view *views; /* (n_views) */
+    int n_views;
+    int opt_step;
+    int moments;
+    rf_status (*tensor)(void *ctx, int part, int view, float *dst);
+    void *ctx;
+} rf_ckpt_role;
+
+/* A whole model as a role (borrowed: m must outlive the role). */
+rf_ckpt_role rf_checkpoint_role_of(const rf_model *m);
+
+/* rf_checkpoint_save for roles whose tensors are made on demand (a model held as
+ * tensor-parallel shards, gathered tensor by tensor: no rank holds it whole). Files, layout and
+ * atomicity as rf_checkpoint_save; an error from a role's tensor function stops the save and
+ * leaves the last good checkpoint. */
+rf_status rf_checkpoint_save_roles(const char *run_dir, const rf_ckpt_role *actor, const rf_ckpt_role *critic,
+                                   const char *tokenizer_dir, const rf_ckpt_state *st, int keep);
+
 /* Loads the newest checkpoint into existing actor (and critic) models and fills st (actor and
  * critic NULL: the run state only).
  * RF_ERR_IO naming run_dir/latest when there is none. */
 rf_status rf_checkpoint_load(const char *run_dir, rf_model *actor, rf_model *critic,
                              rf_ckpt_state *st);
+
+/* The newest complete checkpoint's directory (run_dir/step_NNNNNN, from run_dir/latest) in
+ * dir (cap bytes). RF_ERR_IO naming run_dir/latest when there is none. */
+rf_status rf_checkpoint_latest(const char *run_dir, char *dir, size_t cap);
+
+/* Where part `part` of role `role` ("actor", "critic") of the checkpoint in ckpt_dir is: 0 the
+ * model, 1 the first AdamW moments, 2 the second; the directory goes to path (cap bytes) and
+ * the suffix of its tensor names (after the parameter's name) is returned (static). For a
+ * reader of shards (model_tp.h's rf_model_tp_load). */
+const char *rf_checkpoint_part(const char *ckpt_dir, const char *role, int part, char *path, size_t cap);
 
 /* Copies tokenizer.json, tokenizer_config.json, generation_config.json (those present) from
  * src_dir to dst_dir. */
