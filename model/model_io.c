@@ -10,6 +10,17 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 
+/* Where tensors are converted before they reach dst (n_params floats on m's back end): dst
+ * itself in host memory (the CPU back end), else a host buffer the caller frees. */
+static rf_status staging(const rf_model *m, float *dst, float **host, const char *dir) {
+    if (strcmp(m->k->name, "cpu") == 0) {
+        *host = dst;
+        return RF_OK;
+    }
+    *host = calloc(m->n_params ? m->n_params : 1, sizeof(float));
+    return *host ? RF_OK : rf_error(RF_ERR_NOMEM, "%s: out of memory for %zu parameters", dir, m->n_params);
+}
+
 /* Reads every parameter view from st into the host staging buffer. */
 static rf_status read_params(const rf_model *m, const rf_safetensors *st, float *host,
                              const char *dir) {
@@ -50,14 +61,11 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
     rf_model *m = NULL;
     float *host = NULL;
     rf_status s = rf_model_init(&m, &cfg, k);
-    if (s == RF_OK) {
-        host = calloc(m->n_params, sizeof(float));
-        s = host ? RF_OK : rf_error(RF_ERR_NOMEM, "%s: out of memory for %zu parameters", dir, m->n_params);
-    }
+    if (s == RF_OK) s = staging(m, m->params, &host, dir);
     if (s == RF_OK) s = rf_model_check_unused(m, st, dir);
     if (s == RF_OK) s = read_params(m, st, host, dir);
-    if (s == RF_OK) k->to_device(m->params, host, m->n_params * sizeof(float));
-    free(host);
+    if (s == RF_OK && host != m->params) k->to_device(m->params, host, m->n_params * sizeof(float));
+    if (host != m->params) free(host);
     rf_st_close(st);
     if (s != RF_OK) {
         rf_model_free(m);
@@ -70,16 +78,16 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
 rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const char *suffix) {
     rf_safetensors *st = NULL;
     RF_TRY(rf_st_open_dir(&st, dir));
-    float *host = malloc(m->n_params * sizeof(float));
-    rf_status s = host ? RF_OK : rf_error(RF_ERR_NOMEM, "%s: out of memory", dir);
+    float *host = NULL, *to = dst ? dst : m->params;
+    rf_status s = staging(m, to, &host, dir);
     for (int i = 0; s == RF_OK && i < m->n_views; i++) {
         const rf_param_view *v = &m->views[i];
         char name[RF_MAX_NAME + 32];
         snprintf(name, sizeof name, "%s%s", v->name, suffix ? suffix : "");
         s = rf_st_read_f32(st, name, host + v->offset, v->shape, v->ndim);
     }
-    if (s == RF_OK) m->k->to_device(dst ? dst : m->params, host, m->n_params * sizeof(float));
-    free(host);
+    if (s == RF_OK && host != to) m->k->to_device(to, host, m->n_params * sizeof(float));
+    if (host != to) free(host);
     rf_st_close(st);
     return s;
 }

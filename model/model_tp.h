@@ -159,7 +159,9 @@ rf_status rf_model_tp_set_full(rf_model_tp *tp, const float *full);
  * Into tp->m->params when dst is NULL, else into dst (tp->m->n_params floats on the back end,
  * e.g. an AdamW moment), each tensor named view name + suffix. With no suffix a missing
  * score.weight starts at zero and tensors the model does not use are refused, as
- * rf_model_load does; the shapes in the files must be the whole model's. Errors (naming the
+ * rf_model_load does; the shapes in the files must be the whole model's. On the CPU back end
+ * the blocks are converted straight into place (after an error the buffer may hold some of
+ * them). Errors (naming the
  * file and tensor): RF_ERR_IO, RF_ERR_FORMAT, RF_ERR_UNSUPPORTED, RF_ERR_NOMEM. No
  * communication: each rank of the group calls it for itself. Implemented in model_tp_io.c. */
 rf_status rf_model_tp_load(rf_model_tp *tp, const char *dir, float *dst, const char *suffix);

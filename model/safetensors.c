@@ -5,6 +5,7 @@
  * by dtype, largest first, then name; we write one dtype), header padded with spaces to a
  * multiple of 8 so the data buffer starts 8-byte aligned. Sharding and the index follow
  * huggingface_hub.split_state_dict_into_shards_factory and transformers' save_pretrained. */
+#define _DEFAULT_SOURCE /* madvise */
 #define _POSIX_C_SOURCE 200809L
 #include "model/safetensors.h"
 
@@ -666,11 +667,22 @@ static rf_status find_shaped(const rf_safetensors *st, const char *name, const i
     return RF_OK;
 }
 
+/* Drops the pages of t's data from this process's view of the mapping once it has been
+ * converted: a reader's memory is then what it converted, not the files too (the pages are
+ * clean and stay in the page cache; reading t again maps them back). Best effort. */
+static void release_pages(const rf_st_tensor *t) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)t->data, b = a + t->nbytes;
+    if (!t->nbytes || !page) return;
+    a &= ~(page - 1), b = (b + page - 1) & ~(page - 1); /* inside the mapping: it is page-granular */
+    (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 rf_status rf_st_read_f32(const rf_safetensors *st, const char *name, float *dst,
                          const int64_t *expect_shape, int expect_ndim) {
     const rf_st_tensor *t;
     RF_TRY(find_shaped(st, name, expect_shape, expect_ndim, &t));
     rf_dtype_to_f32(dst, t->data, t->dtype, t->nbytes / rf_dtype_size(t->dtype));
+    release_pages(t);
     return RF_OK;
 }
 
@@ -689,6 +701,7 @@ rf_status rf_st_read_block_f32(const rf_safetensors *st, const char *name, float
     const unsigned char *src = t->data;
     for (int64_t r = r0; r < r1; r++)
         rf_dtype_to_f32(dst + (size_t)(r - r0) * w, src + ((size_t)r * (size_t)cols + (size_t)c0) * es, t->dtype, w);
+    release_pages(t);
     return RF_OK;
 }
 

@@ -64,7 +64,10 @@ const rf_st_tensor *rf_st_find(const rf_safetensors *st, const char *name);
  * expect_shape[expect_ndim] is the shape the caller requires (expect_shape NULL: any shape;
  * the caller must then size dst from rf_st_find). Errors: RF_ERR_FORMAT when the tensor is
  * missing (naming it and the file or directory) or its shape differs (naming the file, the
- * tensor, and both shapes). Threads: st is read-only here, so concurrent calls are safe. */
+ * tensor, and both shapes). The tensor's pages of the mapping are released afterwards
+ * (madvise MADV_DONTNEED: clean pages, still in the page cache), so reading a model costs the
+ * memory of what was converted, not of the files as well. Threads: st is read-only here, so
+ * concurrent calls are safe. */
 rf_status rf_st_read_f32(const rf_safetensors *st, const char *name, float *dst,
                          const int64_t *expect_shape, int expect_ndim);
 
