@@ -4,10 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 # python3-zmq and python3-protobuf: the Python reward-program client (reward/clients/python) and
-# its tests; rlflow itself does not need them.
+# its tests; iproute2: the test that simulates two machines (tests/test_split_machines.c, network
+# namespaces); rlflow itself does not need them.
 pkgs="build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libpcre2-dev libunistring-dev\
       libzmq3-dev protobuf-c-compiler libprotobuf-c-dev openmpi-bin libopenmpi-dev\
-      python3-zmq python3-protobuf"
+      python3-zmq python3-protobuf iproute2"
 missing=""
 for p in $pkgs; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

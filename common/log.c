@@ -2,25 +2,35 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "common/util.h"
 
+/* One line, prefix + message + newline, in one write: stderr is unbuffered, and under mpirun
+ * the lines of several ranks would otherwise interleave mid-line. Longer lines are cut. */
+static void emit(const char *prefix, const char *fmt, va_list ap) {
+    char buf[16384];
+    size_t p = strlen(prefix), room = sizeof buf - p - 1;
+    memcpy(buf, prefix, p);
+    int n = vsnprintf(buf + p, room, fmt, ap);
+    size_t len = p + (n < 0 ? 0 : (size_t)n < room ? (size_t)n : room - 1);
+    buf[len++] = '\n';
+    fwrite(buf, 1, len, stderr);
+}
+
 void rf_log_info(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    emit("", fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 void rf_log_warn(const char *fmt, ...) {
     va_list ap;
-    fputs("warning: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    emit("warning: ", fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 void rf_log_status(rf_status s) {

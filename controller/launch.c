@@ -199,8 +199,9 @@ static rf_status split_comms(rf_comm *world, int dp, int tp, int gtp, rf_comm **
 }
 
 /* Every rank's machine from the host names gathered over world: a machine's number is its
- * first rank's (rf_comm_set_nodes, for the weights' planner); *one_host when all are rank 0's. */
-static rf_status number_machines(const rf_recipe *r, rf_comm *world, int *one_host) {
+ * first rank's (rf_comm_set_nodes, for the weights' planner); *one_host when all are rank 0's.
+ * Several machines: *hosts_out keeps the names (HOST_LEN each, by rank; the caller frees). */
+static rf_status number_machines(const rf_recipe *r, rf_comm *world, int *one_host, char **hosts_out) {
     int n = rf_comm_size(world), *node = calloc((size_t)n, sizeof *node);
     char *hosts = calloc((size_t)n, HOST_LEN), me[HOST_LEN] = "";
     rf_status st = hosts && node ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
@@ -214,15 +215,16 @@ static rf_status number_machines(const rf_recipe *r, rf_comm *world, int *one_ho
         *one_host &= node[i] == 0;
     }
     if (st == RF_OK) st = rf_comm_set_nodes(node, n);
+    if (st == RF_OK && !*one_host) *hosts_out = hosts, hosts = NULL;
     free(node), free(hosts);
     return st;
 }
 
 /* The controller's endpoint: the recipe's, or tcp on loopback (one machine) or on rank 0's
  * host name (several), with a free port. */
-static rf_status pick_endpoint(const rf_recipe *r, rf_comm *world, char *bind_ep) {
+static rf_status pick_endpoint(const rf_recipe *r, rf_comm *world, char *bind_ep, char **hosts) {
     int one_host;
-    rf_status st = number_machines(r, world, &one_host);
+    rf_status st = number_machines(r, world, &one_host, hosts);
     if (st == RF_OK) {
         if (r->placement.endpoint[0]) {
             snprintf(bind_ep, HOST_LEN, "%s", r->placement.endpoint);
@@ -292,29 +294,40 @@ static const char *roles_at(const rf_recipe *r, int d, int t, char *buf, size_t 
     return buf;
 }
 
-/* The rank table the controller prints (ranks 1 .. n_train, then the rollout workers). */
-static void log_layout(const rf_recipe *r, int size) {
+/* " on HOST" for rank i when the ranks are on several machines (hosts: their names), else "". */
+static const char *on_host(const char *hosts, int i, char *buf, size_t cap) {
+    if (!hosts) return "";
+    snprintf(buf, cap, " on %.200s", hosts + (size_t)i * HOST_LEN);
+    return buf;
+}
+
+/* The rank table the controller prints (ranks 1 .. n_train, then the rollout workers); with
+ * hosts (several machines) each line ends with the rank's host. */
+static void log_layout(const rf_recipe *r, int size, const char *hosts) {
     int dp = r->placement.actor.dp, tp = r->placement.actor.tp, n_train = train_ranks(r);
-    char roles[128];
+    char roles[400], at[220];
     for (int i = 1; i <= n_train; i++) {
         int d = (i - 1) / tp, t = (i - 1) % tp;
-        roles_at(r, d, t, roles, sizeof roles);
+        roles_at(r, d, t, roles, 128);
+        strncat(roles, ")", sizeof roles - strlen(roles) - 1);
+        strncat(roles, on_host(hosts, i, at, sizeof at), sizeof roles - strlen(roles) - 1);
         if (tp > 1 && dp > 1)
             rf_log_info("  rank %d: training worker, data-parallel replica %d of %d, tensor-parallel rank %d of %d (actor "
-                        "shard %d of %d%s)", i, d, dp, t, tp, t, tp, roles);
+                        "shard %d of %d%s", i, d, dp, t, tp, t, tp, roles);
         else if (tp > 1)
-            rf_log_info("  rank %d: training worker, tensor-parallel rank %d of %d (actor shard %d of %d%s)", i, t, tp, t, tp,
+            rf_log_info("  rank %d: training worker, tensor-parallel rank %d of %d (actor shard %d of %d%s", i, t, tp, t, tp,
                         roles);
-        else if (dp > 1) rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s)", i, d, dp, roles);
-        else rf_log_info("  rank %d: training worker (actor%s)", i, roles);
+        else if (dp > 1) rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s", i, d, dp, roles);
+        else rf_log_info("  rank %d: training worker (actor%s", i, roles);
     }
     int gtp = r->placement.rollout.tp;
     for (int i = 1 + n_train; i < size; i++) {
         if (gtp > 1)
-            rf_log_info("  rank %d: rollout worker %d, tensor-parallel rank %d of %d%s", i, (i - 1 - n_train) / gtp,
-                        (i - 1 - n_train) % gtp, gtp, (i - 1 - n_train) % gtp == 0 ? " (engine, talks to the controller)" : "");
+            rf_log_info("  rank %d: rollout worker %d, tensor-parallel rank %d of %d%s%s", i, (i - 1 - n_train) / gtp,
+                        (i - 1 - n_train) % gtp, gtp, (i - 1 - n_train) % gtp == 0 ? " (engine, talks to the controller)" : "",
+                        on_host(hosts, i, at, sizeof at));
         else
-            rf_log_info("  rank %d: rollout worker %d", i, i - 1 - n_train);
+            rf_log_info("  rank %d: rollout worker %d%s", i, i - 1 - n_train, on_host(hosts, i, at, sizeof at));
     }
 }
 
@@ -332,7 +345,8 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         if (st == RF_OK) st = rf__ensure_model(r);
         if (st == RF_OK) st = rf__check_tp_model_path(r);
     }
-    rf_status st2 = pick_endpoint(r, world, bind_ep);
+    char *hosts = NULL; /* several machines: every rank's host name */
+    rf_status st2 = pick_endpoint(r, world, bind_ep, &hosts);
     if (st == RF_OK) st = st2;
     if (rank == 0 && st == RF_OK) {
         rf_msg_server_config sc = {.accept_role = 0, .peer_timeout_s = r->async.peer_timeout};
@@ -342,6 +356,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     /* rank 0 sends the endpoint, or "" when it failed (every rank then stops) */
     if (rank == 0 && st != RF_OK) ep[0] = '\0';
     rf_status bst = rf_comm_bcast(world, ep, HOST_LEN, 0, r->async.startup_timeout, "receiving the controller's endpoint");
+    if (st != RF_OK || bst != RF_OK || !ep[0]) free(hosts);
     if (st != RF_OK) {
         rf_msg_server_close(srv, NULL);
         return st;
@@ -351,13 +366,16 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     /* weights travel between the training worker and the rollout workers only; gradients
      * between the training workers */
     rf_comm *wcomm = NULL, *dpc = NULL, *tpc = NULL, *gcomm = NULL;
-    RF_TRY(split_comms(world, dp, tp, gtp, &wcomm, &dpc, &tpc, &gcomm));
+    st = split_comms(world, dp, tp, gtp, &wcomm, &dpc, &tpc, &gcomm);
+    if (st != RF_OK || rank != 0) free(hosts), hosts = NULL;
+    RF_TRY(st);
     char host[HOST_LEN] = "";
     gethostname(host, sizeof host - 1);
     if (rank == 0) {
         rf_log_info("split run on %d ranks, controller at %s", size, ep);
         rf_log_info("  rank 0: controller (%s, pid %d)", host, (int)getpid());
-        log_layout(r, size);
+        log_layout(r, size, hosts);
+        free(hosts);
         st = rf_controller_main(r, resume, srv, n_rollout);
         if (st != RF_OK) {
             char why[1200];

@@ -36,6 +36,7 @@ struct rf_weights_rs {
     announce sent;          /* rank 0: what the requests below carry */
     rf_comm_req **req;      /* (n_rollout) rank 0: announcements in flight */
     int told;               /* rank 0: the transfer path was logged */
+    size_t bytes, across;   /* a version's bytes sent between ranks, and of them between machines */
 };
 
 rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, int dp, int gen_tp, rf_comm *c,
@@ -65,6 +66,13 @@ rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int 
     int *node = st == RF_OK ? malloc(sizeof *node * (size_t)size) : NULL, told = node != NULL;
     for (int r = 0; told && r < size; r++) told = (node[r] = rf_comm_node(c, r)) >= 0;
     if (st == RF_OK) st = rf_reshard_plan_make_nodes(&x->plan, pt, &src, &dst, bucket_bytes, size, told ? node : NULL);
+    for (int i = 0; st == RF_OK && i < x->plan->n_moves; i++) {
+        const rf_reshard_move *m = &x->plan->moves[i];
+        size_t b = (size_t)m->n_runs * (size_t)m->run * sizeof(float);
+        if (m->src_rank == m->dst_rank) continue;
+        x->bytes += b;
+        if (told && node[m->src_rank] != node[m->dst_rank]) x->across += b;
+    }
     free(node);
     rf_reshard_opts o = {.timeout_s = timeout_s};
     if (st == RF_OK) st = rf_reshard_init(&x->ex, x->plan, c, &o);
@@ -159,7 +167,8 @@ rf_status rf_weights_rs_send(rf_weights_rs *x, const float *local, int64_t versi
         int in_place = rf_reshard_in_place_peers(x->ex);
         int peers = rf_reshard_peers(x->ex);
         rf_log_info("weights: training rank 0 sends to %d rollout rank(s): %d read its shard in place (same host, one copy), %d "
-                    "through messages", peers, in_place, peers - in_place);
+                    "through messages; a version moves %.1f MB between ranks, %.1f MB of it between machines", peers, in_place,
+                    peers - in_place, x->bytes / 1e6, x->across / 1e6);
     }
     return x->me == 0 ? announcements_done(x) : RF_OK;
 }
