@@ -195,8 +195,8 @@ rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sam
 rf_status rf__dp_checkpoint_begin(rf__tworker *w) {
     if (!w->dp_actor || !rf_dp_zero(w->dp_actor)) return RF_OK;
     RF_TRY(send_cmd(w, DP_CHECKPOINT, 0, w->r->async.peer_timeout));
-    RF_TRY(rf_dp_gather_optimizer(w->dp_actor));
-    return w->dp_critic ? rf_dp_gather_optimizer(w->dp_critic) : RF_OK;
+    RF_TRY(rf_dp_gather_optimizer(w->dp_actor, 0));
+    return w->dp_critic ? rf_dp_gather_optimizer(w->dp_critic, 0) : RF_OK;
 }
 
 void rf__dp_checkpoint_end(rf__tworker *w) {
@@ -272,8 +272,8 @@ static rf_status peer_serve(rf__tworker *w) {
         case DP_SCORE: RF_TRY(peer_score(w, (int)c.arg)); break;
         case DP_CHECKPOINT:
             if (w->tpc) RF_TRY(rf__tp_checkpoint_peers(w));
-            RF_TRY(rf_dp_gather_optimizer(w->dp_actor));
-            if (w->dp_critic) RF_TRY(rf_dp_gather_optimizer(w->dp_critic));
+            RF_TRY(rf_dp_gather_optimizer(w->dp_actor, 0));
+            if (w->dp_critic) RF_TRY(rf_dp_gather_optimizer(w->dp_critic, 0));
             rf__dp_checkpoint_end(w);
             break;
         case DP_STOP:

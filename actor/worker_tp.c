@@ -407,8 +407,8 @@ static rf_status peer_checkpoint(rf__tworker *w, int64_t version) {
     if (version != w->version)
         return rf_error(RF_ERR_FORMAT, "tensor-parallel rank 0 checkpoints version %lld, this rank is at %d",
                         (long long)version, w->version);
-    rf_status st = w->dp_actor ? rf_dp_gather_optimizer(w->dp_actor) : RF_OK;
-    if (st == RF_OK && w->dp_critic) st = rf_dp_gather_optimizer(w->dp_critic);
+    rf_status st = w->dp_actor ? rf_dp_gather_optimizer(w->dp_actor, 0) : RF_OK;
+    if (st == RF_OK && w->dp_critic) st = rf_dp_gather_optimizer(w->dp_critic, 0);
     /* replica 0: send the blocks rank 0 asks for until it says the files are done */
     for (ckpt_ask a = {0, 0, 0}; st == RF_OK && w->replica == 0;) {
         st = rf_comm_bcast(w->tpc, &a, sizeof a, 0, 2 * w->r->async.peer_timeout,

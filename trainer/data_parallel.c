@@ -127,6 +127,29 @@ static rf_status gather_buckets(rf_dp *dp, const float *shard, float *full, cons
     return RF_OK;
 }
 
+/* gather_buckets onto rank 0 alone (full NULL on the others, which send their blocks). */
+static rf_status gather_buckets_root(rf_dp *dp, const float *shard, float *full, const char *what) {
+    const rf_kernels *k = dp->m->k;
+    rf_comm_p2p *ops = calloc((size_t)dp->size, sizeof *ops);
+    rf_status st = ops ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == RF_OK && i < dp->nb; i++) {
+        const dp_bucket *b = &dp->b[i];
+        const float *mine = shard + b->so;
+        if (dp->rank != 0) {
+            ops[0] = (rf_comm_p2p){(void *)mine, sizeof(float) * b->blk, 0, 1};
+            st = rf_comm_sendrecv(dp->c, ops, 1, dp->o.timeout_s, what);
+            continue;
+        }
+        float *dst = padded(dp, i) ? dp->pad : full + b->lo;
+        for (int r = 1; r < dp->size; r++) ops[r - 1] = (rf_comm_p2p){dst + (size_t)r * b->blk, sizeof(float) * b->blk, r, 0};
+        k->copy(dst, mine, sizeof(float) * b->blk);
+        st = rf_comm_sendrecv(dp->c, ops, dp->size - 1, dp->o.timeout_s, what);
+        if (st == RF_OK && dst == dp->pad) k->copy(full + b->lo, dp->pad, sizeof(float) * (b->hi - b->lo));
+    }
+    free(ops);
+    return st;
+}
+
 /* Reduce-scatters every bucket of `full` into shard (blocking; no overlap). */
 static rf_status scatter_buckets(rf_dp *dp, const float *full, float *shard, const char *what) {
     const rf_kernels *k = dp->m->k;
@@ -386,14 +409,21 @@ rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm,
     return rf_model_tp_bcast_replicated(dp->tp, dp->m->params, "broadcast of the replicated parameters");
 }
 
-rf_status rf_dp_gather_optimizer(rf_dp *dp) {
+rf_status rf_dp_gather_optimizer(rf_dp *dp, int everywhere) {
     rf_model *m = dp->m;
     if (!dp->o.zero || m->opt_m) return RF_OK;
     size_t bytes = sizeof(float) * m->n_params;
-    m->opt_m = m->k->alloc(bytes), m->opt_v = m->k->alloc(bytes);
-    rf_status st = m->opt_m && m->opt_v ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for the optimizer state");
-    if (st == RF_OK) st = gather_buckets(dp, dp->sm, m->opt_m, "allgather of the optimizer state");
-    if (st == RF_OK) st = gather_buckets(dp, dp->sv, m->opt_v, "allgather of the optimizer state");
+    rf_status st = RF_OK;
+    if (everywhere || dp->rank == 0) {
+        m->opt_m = m->k->alloc(bytes), m->opt_v = m->k->alloc(bytes);
+        st = m->opt_m && m->opt_v ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for the optimizer state");
+    }
+    for (int i = 0; i < 2 && st == RF_OK; i++) {
+        const float *shard = i ? dp->sv : dp->sm;
+        float *full = i ? m->opt_v : m->opt_m;
+        st = everywhere ? gather_buckets(dp, shard, full, "allgather of the optimizer state")
+                        : gather_buckets_root(dp, shard, full, "gathering the optimizer state on rank 0");
+    }
     if (st != RF_OK) rf_dp_release_optimizer(dp);
     return st;
 }

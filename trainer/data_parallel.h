@@ -122,9 +122,10 @@ rf_status rf_dp_sync_grads(rf_dp *dp);
 rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm, float *lr_used);
 
 /* ZeRO-1: gathers the whole AdamW moments into m->opt_m / m->opt_v (allocated here) on every
- * rank, for a checkpoint; rf_dp_release_optimizer frees them again. Plain DP: nothing to do
- * (the model holds them). Collective. */
-rf_status rf_dp_gather_optimizer(rf_dp *dp);
+ * rank (everywhere = 1), or on rank 0 alone (0: the others send their shards and allocate
+ * nothing; a checkpoint needs them on the rank that writes it only); rf_dp_release_optimizer
+ * frees them again. Plain DP: nothing to do (the model holds them). Collective. */
+rf_status rf_dp_gather_optimizer(rf_dp *dp, int everywhere);
 void rf_dp_release_optimizer(rf_dp *dp);
 
 #endif
