@@ -233,6 +233,34 @@ static void init_broadcasts(rf_comm *c) {
     rf_model_free(m), rf_model_free(ref);
 }
 
+/* A resumed optimizer state (rank 0's moments and step, different moments elsewhere) reaches
+ * every rank: plain DP holds rank 0's moments, ZeRO-1 its blocks of them (gathered again: rank
+ * 0's bits), with the padded last bucket (7 ranks' worth of floats do not divide it). */
+static void init_shares_moments(rf_comm *c, int zero) {
+    rf_model *m = rf_test_tiny_model(100, 0);
+    CHECK_OK(rf_model_enable_training(m));
+    size_t n = m->n_params;
+    float *want_m = malloc(sizeof(float) * n), *want_v = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) {
+        want_m[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f, want_v[i] = (float)(i % 977) * 1e-6f;
+        m->opt_m[i] = g_rank ? 7.0f : want_m[i], m->opt_v[i] = g_rank ? 7.0f : want_v[i];
+    }
+    m->opt_step = g_rank ? 0 : 42;
+    rf_dp *dp = NULL;
+    rf_dp_opts o = {.bucket_floats = 7001, .timeout_s = T_OK, .zero = zero};
+    CHECK_OK(rf_dp_init(&dp, c, m, &o));
+    if (dp) CHECK_OK(rf_dp_gather_optimizer(dp, 1));
+    CHECK(m->opt_step == 42);
+    int same = m->opt_m && m->opt_v && memcmp(m->opt_m, want_m, sizeof(float) * n) == 0 &&
+               memcmp(m->opt_v, want_v, sizeof(float) * n) == 0;
+    if (!same) fprintf(stderr, "rank %d: zero %d: the moments after rf_dp_init are not rank 0's\n", g_rank, zero);
+    CHECK(same);
+    if (dp) rf_dp_release_optimizer(dp);
+    rf_dp_free(dp);
+    free(want_m), free(want_v);
+    rf_model_free(m);
+}
+
 /* Every rank's parameters are the same bits: their checksums gathered. */
 static int same_on_every_rank(rf_comm *c, const rf_model *m) {
     uint64_t h = 1469598103934665603ull, *all = malloc(sizeof(uint64_t) * (size_t)g_size);
@@ -455,6 +483,8 @@ static int under_mpi(int argc, char **argv) {
     g_rank = rf_comm_rank(world), g_size = rf_comm_size(world);
     started_collectives(world);
     init_broadcasts(world);
+    init_shares_moments(world, 0);
+    init_shares_moments(world, 1);
     for (int agg = 0; agg < 4; agg++) dp_equals_one_rank(world, (rf_loss_agg)agg, 0, 0);
     dp_equals_one_rank(world, RF_AGG_TOKEN_MEAN, 1, 0);
     dp_equals_one_rank(world, RF_AGG_SEQ_MEAN_TOKEN_SUM, 0, 1);

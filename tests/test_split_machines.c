@@ -23,6 +23,7 @@
 #include "common/util.h"
 #include "test_shell.h"
 #include "run_util.h"
+#include "test_comm_util.h"
 #include "test_util.h"
 
 static const char *rlflow;
@@ -81,9 +82,11 @@ static void remove_machines(void) {
 /* `rlflow run r.toml <args>` under mpirun on nodeA with `hosts` (mpirun's placement options),
  * logging into dir/<run>; its output into *out. */
 static int run_on_machines(char **out, const char *hosts, int np, const char *run, const char *args) {
-    return rf_test_sh(out, "cd %s && timeout 600 %s/enter.sh nodeA mpirun %s %s -np %d %s run r.toml %s "
+    /* sanitizer builds: the ranks without leak detection (test_comm_util.h), on nodeB too (-x) */
+    return rf_test_sh(out, "cd %s && " RF_TEST_MPI_ENV "timeout 600 %s/enter.sh nodeA mpirun %s %s %s -np %d %s run r.toml %s "
                            "--set logging.dir=%s/%s",
-                      dir, dir, mpirun_opts, hosts, np, rlflow, args, dir, run);
+                      dir, dir, mpirun_opts, RF_TEST_MPI_ENV[0] ? "-x ASAN_OPTIONS" : "", hosts, np, rlflow, args, dir,
+                      run);
 }
 
 static void expect_all(const char *what, const char *out, const char **want, size_t n) {

@@ -40,8 +40,8 @@ struct rf_dp {
     rf_dp_stats st;
     /* ZeRO-1 */
     size_t shard_n;      /* floats of the shard buffers: sum of blk */
-    float *sg, *sm, *sv; /* (shard_n) summed gradients, AdamW moments */
-    float *stmp;         /* (shard_n) staging of parameters for the allgather */
+    float *sg, *sm, *sv; /* (shard_n) summed gradients (after the step: the staging of the
+                            updated parameters for their allgather), AdamW moments */
     float *pad;          /* (size * blk of the last bucket) staging of the padded bucket */
     dp_seg *seg;
     int nseg;
@@ -150,20 +150,33 @@ static rf_status gather_buckets_root(rf_dp *dp, const float *shard, float *full,
     return st;
 }
 
-/* Reduce-scatters every bucket of `full` into shard (blocking; no overlap). */
-static rf_status scatter_buckets(rf_dp *dp, const float *full, float *shard, const char *what) {
+/* Rank 0's `full` (n_params floats; NULL on the others) cut into every rank's shard: block r of
+ * each bucket sent to rank r (the padded bucket through the staging buffer: zeros past its
+ * end). Blocking, bucket by bucket. */
+static rf_status scatter_buckets_root(rf_dp *dp, const float *full, float *shard, const char *what) {
     const rf_kernels *k = dp->m->k;
-    for (int i = 0; i < dp->nb; i++) {
+    rf_comm_p2p *ops = calloc((size_t)dp->size, sizeof *ops);
+    rf_status st = ops ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == RF_OK && i < dp->nb; i++) {
         const dp_bucket *b = &dp->b[i];
+        if (dp->rank != 0) {
+            ops[0] = (rf_comm_p2p){shard + b->so, sizeof(float) * b->blk, 0, 0};
+            st = rf_comm_sendrecv(dp->c, ops, 1, dp->o.timeout_s, what);
+            continue;
+        }
         const float *src = full + b->lo;
         if (padded(dp, i)) {
             k->zero(dp->pad, sizeof(float) * b->blk * (size_t)dp->size);
             k->copy(dp->pad, full + b->lo, sizeof(float) * (b->hi - b->lo));
             src = dp->pad;
         }
-        RF_TRY(rf_comm_reduce_scatter(dp->c, src, shard + b->so, b->blk, dp->o.timeout_s, what));
+        for (int r = 1; r < dp->size; r++)
+            ops[r - 1] = (rf_comm_p2p){(void *)(src + (size_t)r * b->blk), sizeof(float) * b->blk, r, 1};
+        k->copy(shard + b->so, src, sizeof(float) * b->blk);
+        st = rf_comm_sendrecv(dp->c, ops, dp->size - 1, dp->o.timeout_s, what);
     }
-    return RF_OK;
+    free(ops);
+    return st;
 }
 
 /* ---- set-up ---- */
@@ -174,16 +187,18 @@ static rf_status alloc_zero(rf_dp *dp) {
     size_t pad = 0;
     for (int i = 0; i < dp->nb; i++)
         if (padded(dp, i)) pad = dp->b[i].blk * (size_t)dp->size;
-    dp->sg = k->alloc(bytes), dp->sm = k->alloc(bytes), dp->sv = k->alloc(bytes), dp->stmp = k->alloc(bytes);
+    /* the gradient shard (sg) comes after the whole moments are freed (share_moments) */
+    dp->sm = k->alloc(bytes), dp->sv = k->alloc(bytes);
     dp->pad = k->alloc(sizeof(float) * (pad ? pad : 1));
-    if (!dp->sg || !dp->sm || !dp->sv || !dp->stmp || !dp->pad)
+    if (!dp->sm || !dp->sv || !dp->pad)
         return rf_error(RF_ERR_NOMEM, "out of memory for the ZeRO-1 shard (%zu floats)", dp->shard_n);
     return make_segments(dp);
 }
 
-/* Rank 0's moments to every rank: broadcast (plain) or each rank its shard (ZeRO-1: a
- * reduce-scatter of rank 0's values against zeros from the others, exact since x + 0 = x), and
- * the model's whole moments freed. */
+/* Rank 0's moments to every rank: broadcast (plain) or each rank its shard (ZeRO-1: rank 0
+ * sends each rank its blocks), and the model's whole moments freed (ZeRO-1: the peers' before
+ * their shards were allocated, rf_dp_init), then the gradient shard allocated: no rank holds
+ * the whole moments and the shards together but rank 0, while it sends. */
 static rf_status share_moments(rf_dp *dp) {
     rf_model *m = dp->m;
     size_t bytes = sizeof(float) * m->n_params;
@@ -192,15 +207,12 @@ static rf_status share_moments(rf_dp *dp) {
         RF_TRY(rf_comm_bcast(dp->c, m->opt_m, bytes, 0, dp->o.timeout_s, what));
         return rf_comm_bcast(dp->c, m->opt_v, bytes, 0, dp->o.timeout_s, what);
     }
-    if (dp->rank != 0) {
-        m->k->zero(m->opt_m, bytes);
-        m->k->zero(m->opt_v, bytes);
-    }
-    RF_TRY(scatter_buckets(dp, m->opt_m, dp->sm, what));
-    RF_TRY(scatter_buckets(dp, m->opt_v, dp->sv, what));
+    RF_TRY(scatter_buckets_root(dp, m->opt_m, dp->sm, what));
+    RF_TRY(scatter_buckets_root(dp, m->opt_v, dp->sv, what));
     m->k->free(m->opt_m), m->k->free(m->opt_v);
     m->opt_m = m->opt_v = NULL;
-    return RF_OK;
+    dp->sg = m->k->alloc(sizeof(float) * (dp->shard_n ? dp->shard_n : 1));
+    return dp->sg ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for the ZeRO-1 gradient shard (%zu floats)", dp->shard_n);
 }
 
 static rf_status dp_ready(void *ctx, size_t offset, size_t n);
@@ -219,6 +231,10 @@ rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o) 
     dp->rank = rf_comm_rank(c), dp->size = rf_comm_size(c);
     if (dp->o.timeout_s <= 0) dp->o.timeout_s = 30;
     rf_status st = make_buckets(dp);
+    if (st == RF_OK && dp->o.zero && dp->rank != 0) { /* never read: rank 0's are scattered */
+        m->k->free(m->opt_m), m->k->free(m->opt_v);
+        m->opt_m = m->opt_v = NULL;
+    }
     if (st == RF_OK && dp->o.zero) st = alloc_zero(dp);
     /* every rank starts from DP rank 0's state */
     if (st == RF_OK)
@@ -249,7 +265,7 @@ void rf_dp_free(rf_dp *dp) {
     /* buckets still in flight (an error between arming and the sync) are released; a
      * collective abandoned half-way leaves the communicator failed */
     for (int i = 0; dp->b && i < dp->nb; i++) rf_comm_group_wait(dp->b[i].g, 0);
-    k->free(dp->sg), k->free(dp->sm), k->free(dp->sv), k->free(dp->stmp), k->free(dp->pad);
+    k->free(dp->sg), k->free(dp->sm), k->free(dp->sv), k->free(dp->pad);
     free(dp->b), free(dp->seg);
     free(dp);
 }
@@ -399,8 +415,9 @@ static rf_status zero_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm,
                  o->eps, s->no_decay ? 0.0f : o->weight_decay, step);
     }
     if (lr_used) *lr_used = lr;
-    to_shard(dp, m->params, dp->stmp);
-    return gather_buckets(dp, dp->stmp, m->params, "allgather of updated parameters");
+    /* the summed gradients are spent: their buffer stages the updated shard */
+    to_shard(dp, m->params, dp->sg);
+    return gather_buckets(dp, dp->sg, m->params, "allgather of updated parameters");
 }
 
 rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm, float *lr_used) {
