@@ -401,16 +401,16 @@ static rf_status checkpoint(tworker *w, const Rlflow__CheckpointRequest *q) {
     rf_status st = RF_OK;
     if (q->step != w->version)
         st = rf_error(RF_ERR_FORMAT, "CheckpointRequest for step %lld, the actor is at %d", (long long)q->step, w->version);
-    /* ZeRO-1: the peers' shards of the optimizer state are gathered for the files; tensor
-     * parallelism: each tensor gathered from the shards as it is written */
+    /* tensor parallelism: each tensor gathered from the shards as it is written; ZeRO-1: each
+     * moment tensor (or shard block) from the DP group's blocks (the peers told first) */
     if (st == RF_OK && w->dpc) st = rf__dp_checkpoint_begin(w);
     if (st == RF_OK && w->tpc) st = rf__tp_checkpoint_save(w, &cs);
+    else if (st == RF_OK && rf__dp_zero_moments(w, 0)) st = rf__dp_checkpoint_save(w, &cs);
     else if (st == RF_OK)
         st = rf_checkpoint_save(r->logging.dir, w->actor, w->critic, r->model.path, &cs, r->checkpoint.keep);
     if (st == RF_OK && w->tpc)
         rf_log_info("training worker: checkpoint of step %d gathered from %d shards (the weights sent as version %d, "
                     "CRC-32C %08x), tensor by tensor", w->version, w->tp->tp, w->version, w->crc);
-    if (w->dpc) rf__dp_checkpoint_end(w);
     d.seconds = rf_time_now() - t;
     d.error = st == RF_OK ? "" : (char *)rf_error_message();
     rf_status sst = rf_msg_link_send(w->link, RF_MSG_CHECKPOINT_DONE, &d.base);

@@ -192,16 +192,84 @@ rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sam
     return st;
 }
 
-rf_status rf__dp_checkpoint_begin(rf__tworker *w) {
-    if (!w->dp_actor || !rf_dp_zero(w->dp_actor)) return RF_OK;
-    RF_TRY(send_cmd(w, DP_CHECKPOINT, 0, w->r->async.peer_timeout));
-    RF_TRY(rf_dp_gather_optimizer(w->dp_actor, 0));
-    return w->dp_critic ? rf_dp_gather_optimizer(w->dp_critic, 0) : RF_OK;
+/* ---- ZeRO-1 checkpoints: the moments gathered one range (a tensor, or a shard's block of it)
+ * at a time onto the DP rank 0 that writes them; the peers send as asked ---- */
+
+typedef struct dp_ask {
+    int32_t model, part; /* 0 actor, 1 critic; 1 or 2: the first or second moment; model -1: done */
+    int64_t a, n;        /* floats [a, a + n) of the model's buffer */
+} dp_ask;
+
+int rf__dp_zero_moments(const rf__tworker *w, int model) {
+    const rf_dp *dp = model ? w->dp_critic : w->dp_actor;
+    return dp && rf_dp_zero(dp);
 }
 
-void rf__dp_checkpoint_end(rf__tworker *w) {
-    if (w->dp_actor) rf_dp_release_optimizer(w->dp_actor);
-    if (w->dp_critic) rf_dp_release_optimizer(w->dp_critic);
+rf_status rf__dp_checkpoint_begin(rf__tworker *w) {
+    if (!rf__dp_zero_moments(w, 0)) return RF_OK;
+    return send_cmd(w, DP_CHECKPOINT, 0, w->r->async.peer_timeout);
+}
+
+rf_status rf__dp_moments(rf__tworker *w, int model, int part, size_t a, size_t n, float *dst) {
+    dp_ask q = {model, part, (int64_t)a, (int64_t)n};
+    RF_TRY(rf_comm_bcast(w->dpc, &q, sizeof q, 0, w->r->async.peer_timeout,
+                         "asking the data-parallel ranks for a checkpoint's optimizer state"));
+    return rf_dp_moment_range(model ? w->dp_critic : w->dp_actor, part, a, n, dst);
+}
+
+rf_status rf__dp_moments_done(rf__tworker *w) {
+    if (!rf__dp_zero_moments(w, 0)) return RF_OK;
+    dp_ask q = {-1, 0, 0, 0};
+    return rf_comm_bcast(w->dpc, &q, sizeof q, 0, w->r->async.peer_timeout,
+                         "telling the data-parallel ranks the checkpoint is written");
+}
+
+/* A whole model whose moments are ZeRO-1 shards, as a checkpoint role: the parameters from
+ * here, each moment tensor gathered from the DP group (host memory: data parallelism runs on
+ * the CPU back end). */
+typedef struct zero_role {
+    rf__tworker *w;
+    const rf_model *m;
+    int model;
+} zero_role;
+
+static rf_status zero_tensor(void *ctx, int part, int view, float *dst) {
+    const zero_role *z = ctx;
+    const rf_param_view *v = &z->m->views[view];
+    if (part == 0) {
+        z->m->k->to_host(dst, z->m->params + v->offset, v->numel * sizeof(float));
+        return RF_OK;
+    }
+    return rf__dp_moments(z->w, z->model, part, v->offset, v->numel, dst);
+}
+
+rf_status rf__dp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs) {
+    const rf_recipe *r = w->r;
+    zero_role za = {w, w->actor, 0}, zc = {w, w->critic, 1};
+    rf_ckpt_role a = {&w->actor->cfg, w->actor->views, w->actor->n_views, w->actor->opt_step, 1, zero_tensor, &za}, c;
+    const rf_ckpt_role *critic = NULL;
+    if (w->critic && rf__dp_zero_moments(w, 1))
+        c = (rf_ckpt_role){&w->critic->cfg, w->critic->views, w->critic->n_views, w->critic->opt_step, 1, zero_tensor, &zc},
+        critic = &c;
+    else if (w->critic) c = rf_checkpoint_role_of(w->critic), critic = &c; /* on rank 1 alone, whole */
+    rf_status st = rf_checkpoint_save_roles(r->logging.dir, &a, critic, r->model.path, cs, r->checkpoint.keep);
+    rf_status done = rf__dp_moments_done(w); /* also after a failed write: the peers go on */
+    return st != RF_OK ? st : done;
+}
+
+rf_status rf__dp_moments_serve(rf__tworker *w) {
+    for (;;) {
+        dp_ask q;
+        RF_TRY(rf_comm_bcast(w->dpc, &q, sizeof q, 0, 2 * w->r->async.peer_timeout,
+                             "waiting for data-parallel rank 0 to ask for a checkpoint's optimizer state"));
+        if (q.model < 0) return RF_OK;
+        rf_dp *dp = q.model ? w->dp_critic : w->dp_actor;
+        if (!dp || q.a < 0 || q.n < 0)
+            return rf_error(RF_ERR_FORMAT, "data-parallel rank 0 asked for floats [%lld, %lld) of model %d's moment %d, "
+                            "which this rank does not hold", (long long)q.a, (long long)(q.a + q.n), (int)q.model,
+                            (int)q.part);
+        RF_TRY(rf_dp_moment_range(dp, q.part, (size_t)q.a, (size_t)q.n, NULL));
+    }
 }
 
 /* ---- the peers ---- */
@@ -270,11 +338,9 @@ static rf_status peer_serve(rf__tworker *w) {
         case DP_NOP: RF_TRY(rf__tp_keepalive(w)); break;
         case DP_TRAIN: RF_TRY(peer_train(w, c.arg)); break;
         case DP_SCORE: RF_TRY(peer_score(w, (int)c.arg)); break;
-        case DP_CHECKPOINT:
+        case DP_CHECKPOINT: /* ZeRO-1: this replica's blocks of the moments, as asked */
             if (w->tpc) RF_TRY(rf__tp_checkpoint_peers(w));
-            RF_TRY(rf_dp_gather_optimizer(w->dp_actor, 0));
-            if (w->dp_critic) RF_TRY(rf_dp_gather_optimizer(w->dp_critic, 0));
-            rf__dp_checkpoint_end(w);
+            RF_TRY(rf__dp_moments_serve(w));
             break;
         case DP_STOP:
             rf__tp_stop(w, c.arg != 0);

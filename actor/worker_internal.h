@@ -153,10 +153,21 @@ rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sam
  * up on a rank 0 silent for async.peer_timeout). */
 rf_status rf__dp_keepalive(rf__tworker *w);
 
-/* DP rank 0 and peers, around a checkpoint: with ZeRO-1 the optimizer state is gathered first
- * (rank 0 tells the peers), and released after. */
+/* ZeRO-1 checkpoints: no rank gathers the whole moments. DP rank 0 tells the peers
+ * (rf__dp_checkpoint_begin: with tensor parallelism every replica's leader tells its TP
+ * peers), then asks for each range it writes (rf__dp_moments: floats [a, a + n) of moment part
+ * 1 or 2 of the actor, model 0, or the critic, 1, into dst), and says when the files are done
+ * (rf__dp_moments_done); the peers send their blocks of each range until then
+ * (rf__dp_moments_serve). rf__dp_zero_moments: whether the model's moments are sharded. */
+int rf__dp_zero_moments(const rf__tworker *w, int model);
 rf_status rf__dp_checkpoint_begin(rf__tworker *w);
-void rf__dp_checkpoint_end(rf__tworker *w);
+rf_status rf__dp_moments(rf__tworker *w, int model, int part, size_t a, size_t n, float *dst);
+rf_status rf__dp_moments_done(rf__tworker *w);
+rf_status rf__dp_moments_serve(rf__tworker *w);
+
+/* DP rank 0 without tensor parallelism, with ZeRO-1 (after rf__dp_checkpoint_begin): writes the
+ * checkpoint of state cs with the moments gathered tensor by tensor, then tells the peers. */
+rf_status rf__dp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs);
 
 /* DP rank 0: tells the peers the run is over (bounded; a peer that is gone is not waited for);
  * failed: it ended on an error, and the peers then stop with one too (so that they do not wait

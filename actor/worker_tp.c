@@ -14,7 +14,8 @@
  *   CHECKPOINT  rank 0 writes the checkpoint's files tensor by tensor, asking the peers for
  *               each (a broadcast naming the model, part and tensor) and gathering its blocks
  *               (`arg`: the version, checked); with ZeRO-1 over data-parallel replicas each
- *               rank's optimizer shards are gathered over its DP group first;
+ *               rank gathers its block of a moment from its DP group as it is asked for it
+ *               (rf__dp_moments), so no rank holds whole moments;
  *   STOP        the run is over (`arg` 1: on an error, and the peers stop with one);
  *   SCORE       then the packed TrainBatch (`arg` bytes) by broadcast; every rank runs the
  *               passes of the split critic or reference (`train`: the RF_SCORE_* flags) with
@@ -298,41 +299,52 @@ static void place_block(float *dst, const rf_shard *b, const float *src) {
         memcpy(dst + (size_t)r * (size_t)b->full_cols + (size_t)b->c0, src + (size_t)(r - b->r0) * w, w * sizeof(float));
 }
 
-/* One tensor of tp gathered whole on rank 0 of its group into dst (numel floats; NULL on the
- * others, which send their blocks). Replicated tensors are rank 0's own. Host memory (the
- * tensor-parallel model runs on the CPU back end). `all` (rank 0): every rank's shard table,
- * (tp x n_full_views). */
-static rf_status gather_tensor(const rf_model_tp *tp, const rf_shard *all, int part, int view, float *dst,
-                               double timeout_s) {
+/* One tensor (part `part` of parameter `view`) of the actor (model 0) or critic (1), tp, gathered
+ * whole on rank 0 of its group into dst (numel floats; NULL on the others, which send their
+ * blocks). Replicated tensors are rank 0's own. With ZeRO-1 a rank's block of a moment is first
+ * gathered from its DP group (rf__dp_moments: this rank is replica 0's, their DP rank 0). Host
+ * memory (the tensor-parallel model runs on the CPU back end). `all` (rank 0): every rank's
+ * shard table, (tp x n_full_views). */
+static rf_status gather_tensor(rf__tworker *w, const rf_model_tp *tp, int model, const rf_shard *all, int part,
+                               int view, float *dst) {
+    double timeout_s = w->r->async.peer_timeout;
     const rf_shard *own = &tp->shards[view];
-    const float *mine = part_of(tp, part) + own->offset;
     size_t n_mine = (size_t)(own->r1 - own->r0) * (size_t)(own->c1 - own->c0);
-    if (own->split == RF_SPLIT_REPLICATED) {
-        if (tp->t == 0) memcpy(dst, mine, n_mine * sizeof(float));
-        return RF_OK;
-    }
+    int split = own->split != RF_SPLIT_REPLICATED;
+    if (!split && tp->t != 0) return RF_OK;
+    float *zero = NULL; /* ZeRO-1: this rank's block of the moment, from its DP group */
+    const float *mine = part > 0 && rf__dp_zero_moments(w, model) ? NULL : part_of(tp, part) + own->offset;
+    if (!mine && !(zero = malloc(sizeof(float) * (n_mine ? n_mine : 1))))
+        return rf_error(RF_ERR_NOMEM, "out of memory for a block of %zu floats", n_mine);
+    rf_status st = mine ? RF_OK : rf__dp_moments(w, model, part, own->offset, n_mine, zero);
+    if (zero) mine = zero;
     char what[RF_MAX_NAME + 64];
     snprintf(what, sizeof what, "gathering %s for a checkpoint", tp->full_views[view].name);
-    if (tp->t != 0) {
+    if (st != RF_OK || !split) {
+        if (st == RF_OK) memcpy(dst, mine, n_mine * sizeof(float));
+    } else if (tp->t != 0) {
         rf_comm_p2p op = {(void *)mine, n_mine * sizeof(float), 0, 1};
-        return rf_comm_sendrecv(tp->comm, &op, 1, timeout_s, what);
+        st = rf_comm_sendrecv(tp->comm, &op, 1, timeout_s, what);
+    } else {
+        rf_comm_p2p *ops = calloc((size_t)tp->tp, sizeof *ops);
+        float *stage = malloc(tp->full_views[view].numel * sizeof(float));
+        st = ops && stage ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory %s", what);
+        size_t at = 0;
+        for (int s = 1; st == RF_OK && s < tp->tp; s++) {
+            const rf_shard *b = &all[(size_t)s * (size_t)tp->n_full_views + (size_t)view];
+            size_t n = (size_t)(b->r1 - b->r0) * (size_t)(b->c1 - b->c0);
+            ops[s - 1] = (rf_comm_p2p){stage + at, n * sizeof(float), s, 0};
+            at += n;
+        }
+        if (st == RF_OK) st = rf_comm_sendrecv(tp->comm, ops, tp->tp - 1, timeout_s, what);
+        if (st == RF_OK) {
+            place_block(dst, own, mine);
+            for (int s = 1; s < tp->tp; s++)
+                place_block(dst, &all[(size_t)s * (size_t)tp->n_full_views + (size_t)view], ops[s - 1].buf);
+        }
+        free(ops), free(stage);
     }
-    rf_comm_p2p *ops = calloc((size_t)tp->tp, sizeof *ops);
-    float *stage = malloc(tp->full_views[view].numel * sizeof(float));
-    rf_status st = ops && stage ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory %s", what);
-    size_t at = 0;
-    for (int s = 1; st == RF_OK && s < tp->tp; s++) {
-        const rf_shard *b = &all[(size_t)s * (size_t)tp->n_full_views + (size_t)view];
-        size_t n = (size_t)(b->r1 - b->r0) * (size_t)(b->c1 - b->c0);
-        ops[s - 1] = (rf_comm_p2p){stage + at, n * sizeof(float), s, 0};
-        at += n;
-    }
-    if (st == RF_OK) st = rf_comm_sendrecv(tp->comm, ops, tp->tp - 1, timeout_s, what);
-    if (st == RF_OK) {
-        place_block(dst, own, mine);
-        for (int s = 1; s < tp->tp; s++) place_block(dst, &all[(size_t)s * (size_t)tp->n_full_views + (size_t)view], ops[s - 1].buf);
-    }
-    free(ops), free(stage);
+    free(zero);
     return st;
 }
 
@@ -352,7 +364,7 @@ static rf_status ask(rf__tworker *w, ckpt_ask a) {
 static rf_status tp_role_tensor(void *ctx, int part, int view, float *dst) {
     tp_role *c = ctx;
     RF_TRY(ask(c->w, (ckpt_ask){c->model, part, view}));
-    return gather_tensor(c->tp, c->all, part, view, dst, c->w->r->async.peer_timeout);
+    return gather_tensor(c->w, c->tp, c->model, c->all, part, view, dst);
 }
 
 /* A split model as a checkpoint role (c->all allocated here; free it after). */
@@ -375,12 +387,13 @@ rf_status rf__tp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs) {
     const rf_ckpt_role *critic = NULL;
     rf_status st = tp_role_init(&ac, w, w->tp, 0, &a);
     if (st == RF_OK && w->critic_tp) st = tp_role_init(&cc, w, w->critic_tp, 1, &c), critic = &c;
-    else if (st == RF_OK && w->critic) c = rf_checkpoint_role_of(w->critic), critic = &c; /* whole here */
+    else if (st == RF_OK && w->critic) c = rf_checkpoint_role_of(w->critic), critic = &c; /* whole here, on rank 1 alone */
     /* the peers are told only once nothing can fail before the first ask */
     if (st == RF_OK) st = rf__tp_checkpoint_peers(w);
     if (st == RF_OK) {
         st = rf_checkpoint_save_roles(r->logging.dir, &a, critic, r->model.path, cs, r->checkpoint.keep);
         rf_status done = ask(w, (ckpt_ask){-1, 0, 0}); /* also after a failed write: the peers go on */
+        if (done == RF_OK) done = rf__dp_moments_done(w); /* ZeRO-1: this rank's DP group too */
         if (st == RF_OK) st = done;
     }
     free(ac.all), free(cc.all);
@@ -401,27 +414,27 @@ static rf_status peer_train(rf__tworker *w, int64_t bytes, int train) {
     return st == RF_OK ? rf__tp_publish(w, t, NULL) : st;
 }
 
-/* A checkpoint: ZeRO-1's optimizer shards gathered over the DP group, then (replica 0) the
- * blocks of the actor's (and a split critic's) tensors sent to rank 0 as it writes them. */
+/* A checkpoint: (replica 0) the blocks of the actor's (and a split critic's) tensors sent to
+ * rank 0 as it writes them, with ZeRO-1 each moment block first gathered from this rank's DP
+ * group; (other replicas) the DP group's blocks sent as replica 0's rank asks. */
 static rf_status peer_checkpoint(rf__tworker *w, int64_t version) {
     if (version != w->version)
         return rf_error(RF_ERR_FORMAT, "tensor-parallel rank 0 checkpoints version %lld, this rank is at %d",
                         (long long)version, w->version);
-    rf_status st = w->dp_actor ? rf_dp_gather_optimizer(w->dp_actor, 0) : RF_OK;
-    if (st == RF_OK && w->dp_critic) st = rf_dp_gather_optimizer(w->dp_critic, 0);
+    /* another replica: only ZeRO-1's blocks of the moments, to replica 0's rank at this position */
+    if (w->replica != 0) return rf__dp_zero_moments(w, 0) ? rf__dp_moments_serve(w) : RF_OK;
     /* replica 0: send the blocks rank 0 asks for until it says the files are done */
-    for (ckpt_ask a = {0, 0, 0}; st == RF_OK && w->replica == 0;) {
+    rf_status st = RF_OK;
+    for (ckpt_ask a = {0, 0, 0}; st == RF_OK;) {
         st = rf_comm_bcast(w->tpc, &a, sizeof a, 0, 2 * w->r->async.peer_timeout,
                            "waiting for tensor-parallel rank 0 to ask for a checkpoint's next tensor");
         if (st != RF_OK || a.model < 0) break;
         rf_model_tp *tp = a.model ? w->critic_tp : w->tp; /* NULL: the critic is not on this rank */
         if (a.part < 0 || a.part > 2 || a.view < 0 || (tp && a.view >= tp->n_full_views))
             st = rf_error(RF_ERR_FORMAT, "tensor-parallel rank 0 asked for part %d of tensor %d", a.part, a.view);
-        else if (tp) st = gather_tensor(tp, NULL, a.part, a.view, NULL, w->r->async.peer_timeout);
+        else if (tp) st = gather_tensor(w, tp, a.model, NULL, a.part, a.view, NULL);
     }
-    if (w->dp_actor) rf_dp_release_optimizer(w->dp_actor);
-    if (w->dp_critic) rf_dp_release_optimizer(w->dp_critic);
-    return st;
+    return st == RF_OK ? rf__dp_moments_done(w) : st;
 }
 
 /* Scores the batch with rank 0: the passes of the split models in `flags`. */

@@ -242,6 +242,42 @@ static inline void rf_test_learned(const char *dir, const char *rlflow, const ch
     CHECK(*b > *a + RF_TEST_MIN_RISE);
 }
 
+/* The AdamW moments of `role` ("actor", "critic") in checkpoint `step` of runs a and b of dir
+ * agree within tol of their largest magnitude (ZeRO-1, gathered tensor by tensor, against plain
+ * data parallelism on the same samples: the gradients are summed in another order, so they
+ * differ by rounding; a wrong block would be off by its whole size). Prints the difference. */
+static inline void rf_test_same_moments(const char *dir, const char *a, const char *b, const char *step, const char *role,
+                                        double tol) {
+    static const char *part[2] = {"%s/%s/%s/%s_optim", "%s/%s/%s/%s_optim/moments2"};
+    for (int k = 0; k < 2; k++) {
+        char pa[512], pb[512];
+        snprintf(pa, sizeof pa, part[k], dir, a, step, role);
+        snprintf(pb, sizeof pb, part[k], dir, b, step, role);
+        rf_safetensors *sa = NULL, *sb = NULL;
+        CHECK_OK(rf_st_open_dir(&sa, pa));
+        CHECK_OK(rf_st_open_dir(&sb, pb));
+        double most = 0, diff = 0;
+        int n = rf_st_count(sa), same_names = sa && sb && n == rf_st_count(sb) && n > 0;
+        for (int i = 0; same_names && i < n; i++) {
+            const rf_st_tensor *t = rf_st_at(sa, i);
+            size_t numel = t->nbytes / 4;
+            float *x = malloc(sizeof(float) * (numel + 1)), *y = malloc(sizeof(float) * (numel + 1));
+            same_names = rf_st_read_f32(sa, t->name, x, t->shape, t->ndim) == RF_OK &&
+                         rf_st_read_f32(sb, t->name, y, t->shape, t->ndim) == RF_OK;
+            for (size_t j = 0; same_names && j < numel; j++) {
+                most = fmax(most, fabs((double)y[j]));
+                diff = fmax(diff, fabs((double)x[j] - (double)y[j]));
+            }
+            free(x), free(y);
+        }
+        printf("%s %s, %s / %s at %s: largest difference %.3g of largest magnitude %.3g\n", role,
+               k ? "exp_avg_sq" : "exp_avg", a, b, step, diff, most);
+        CHECK(same_names);
+        CHECK(most > 0 && diff <= tol * most);
+        rf_st_close(sa), rf_st_close(sb);
+    }
+}
+
 /* The hexadecimal CRC-32C after `prefix` in text, or -1. */
 static inline long rf_test_crc_after(const char *text, const char *prefix) {
     const char *at = text ? strstr(text, prefix) : NULL;

@@ -166,7 +166,7 @@ static void single_rank_dp(void) {
     double d = rel_diff(z->params, a->params, a->n_params);
     CHECK(d < 1e-5);
     if (!(d < 1e-5)) fprintf(stderr, "ZeRO-1 on one rank: %g\n", d);
-    CHECK_OK(rf_dp_gather_optimizer(dz, 1));
+    CHECK_OK(rf_dp_gather_optimizer(dz));
     CHECK(z->opt_m && rel_diff(z->opt_m, a->opt_m, a->n_params) < 1e-5);
     rf_dp_release_optimizer(dz);
     CHECK(z->opt_m == NULL);
@@ -249,7 +249,7 @@ static void init_shares_moments(rf_comm *c, int zero) {
     rf_dp *dp = NULL;
     rf_dp_opts o = {.bucket_floats = 7001, .timeout_s = T_OK, .zero = zero};
     CHECK_OK(rf_dp_init(&dp, c, m, &o));
-    if (dp) CHECK_OK(rf_dp_gather_optimizer(dp, 1));
+    if (dp) CHECK_OK(rf_dp_gather_optimizer(dp));
     CHECK(m->opt_step == 42);
     int same = m->opt_m && m->opt_v && memcmp(m->opt_m, want_m, sizeof(float) * n) == 0 &&
                memcmp(m->opt_v, want_v, sizeof(float) * n) == 0;
@@ -342,25 +342,31 @@ static void zero_equals_plain(rf_comm *c) {
     }
     double d = rel_diff(z->params, p->params, p->n_params);
     CHECK(d < 1e-5);
-    CHECK_OK(rf_dp_gather_optimizer(dz, 1));
+    CHECK_OK(rf_dp_gather_optimizer(dz));
     double dm = z->opt_m ? rel_diff(z->opt_m, p->opt_m, p->n_params) : 1;
     double dv = z->opt_v ? rel_diff(z->opt_v, p->opt_v, p->n_params) : 1;
     CHECK(dm < 1e-5 && dv < 1e-4);
     if (g_rank == 0 || !(d < 1e-5 && dm < 1e-5 && dv < 1e-4))
         printf("rank %d of %d: ZeRO-1 vs plain DP: parameters %.3g, exp_avg %.3g, exp_avg_sq %.3g\n", g_rank, g_size,
                d, dm, dv);
-    /* onto rank 0 alone (a checkpoint's): the same bits there, nothing allocated elsewhere */
-    float *all_m = malloc(sizeof(float) * z->n_params), *all_v = malloc(sizeof(float) * z->n_params);
-    if (z->opt_m) memcpy(all_m, z->opt_m, sizeof(float) * z->n_params), memcpy(all_v, z->opt_v, sizeof(float) * z->n_params);
+    /* ranges onto rank 0 (a checkpoint's tensors): the same bits as the whole gather; one float,
+     * within one block, across blocks and buckets, the padded end, everything, nothing */
+    size_t n = z->n_params;
+    float *all_m = malloc(sizeof(float) * n), *all_v = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+    if (z->opt_m) memcpy(all_m, z->opt_m, sizeof(float) * n), memcpy(all_v, z->opt_v, sizeof(float) * n);
     rf_dp_release_optimizer(dz);
-    CHECK_OK(rf_dp_gather_optimizer(dz, 0));
-    if (g_rank == 0)
-        CHECK(z->opt_m && z->opt_v && memcmp(z->opt_m, all_m, sizeof(float) * z->n_params) == 0 &&
-              memcmp(z->opt_v, all_v, sizeof(float) * z->n_params) == 0);
-    else
-        CHECK(z->opt_m == NULL && z->opt_v == NULL);
-    free(all_m), free(all_v);
-    rf_dp_release_optimizer(dz);
+    const size_t range[][2] = {{0, 1}, {10, 100}, {13990, 30}, {5, 40000}, {n - 333, 333}, {0, n}, {77, 0}};
+    for (size_t i = 0; i < sizeof range / sizeof range[0]; i++)
+        for (int which = 1; which <= 2; which++) {
+            memset(got, 0xff, sizeof(float) * n);
+            CHECK_OK(rf_dp_moment_range(dz, which, range[i][0], range[i][1], g_rank == 0 ? got : NULL));
+            if (g_rank == 0)
+                CHECK(memcmp(got, (which == 1 ? all_m : all_v) + range[i][0], sizeof(float) * range[i][1]) == 0);
+        }
+    CHECK(z->opt_m == NULL);
+    CHECK_ERR(rf_dp_moment_range(dz, 1, n - 1, 2, got), RF_ERR_ARG, "floats [");
+    CHECK_ERR(rf_dp_moment_range(dp, 1, 0, 1, got), RF_ERR_ARG, "without ZeRO-1");
+    free(all_m), free(all_v), free(got);
     CHECK(same_on_every_rank(c, z));
     const rf_dp_stats *st = rf_dp_get_stats(dz);
     CHECK(st->syncs == 8 && st->buckets == 8 * 7);

@@ -284,7 +284,7 @@ static void zero_equals_plain(const grid *g) {
         CHECK_CLOSE(y.grad_norm, x.grad_norm, 0, 1e-4);
     }
     CHECK(b->m->opt_m == NULL); /* still sharded after backward passes */
-    CHECK_OK(rf_dp_gather_optimizer(pb, 1));
+    CHECK_OK(rf_dp_gather_optimizer(pb));
     size_t n = a->m->n_params;
     double dp_ = rel_diff(b->m->params, a->m->params, n), dm = rel_diff(b->m->opt_m, a->m->opt_m, n),
            dv = rel_diff(b->m->opt_v, a->m->opt_v, n);

@@ -127,29 +127,6 @@ static rf_status gather_buckets(rf_dp *dp, const float *shard, float *full, cons
     return RF_OK;
 }
 
-/* gather_buckets onto rank 0 alone (full NULL on the others, which send their blocks). */
-static rf_status gather_buckets_root(rf_dp *dp, const float *shard, float *full, const char *what) {
-    const rf_kernels *k = dp->m->k;
-    rf_comm_p2p *ops = calloc((size_t)dp->size, sizeof *ops);
-    rf_status st = ops ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int i = 0; st == RF_OK && i < dp->nb; i++) {
-        const dp_bucket *b = &dp->b[i];
-        const float *mine = shard + b->so;
-        if (dp->rank != 0) {
-            ops[0] = (rf_comm_p2p){(void *)mine, sizeof(float) * b->blk, 0, 1};
-            st = rf_comm_sendrecv(dp->c, ops, 1, dp->o.timeout_s, what);
-            continue;
-        }
-        float *dst = padded(dp, i) ? dp->pad : full + b->lo;
-        for (int r = 1; r < dp->size; r++) ops[r - 1] = (rf_comm_p2p){dst + (size_t)r * b->blk, sizeof(float) * b->blk, r, 0};
-        k->copy(dst, mine, sizeof(float) * b->blk);
-        st = rf_comm_sendrecv(dp->c, ops, dp->size - 1, dp->o.timeout_s, what);
-        if (st == RF_OK && dst == dp->pad) k->copy(full + b->lo, dp->pad, sizeof(float) * (b->hi - b->lo));
-    }
-    free(ops);
-    return st;
-}
-
 /* Rank 0's `full` (n_params floats; NULL on the others) cut into every rank's shard: block r of
  * each bucket sent to rank r (the padded bucket through the staging buffer: zeros past its
  * end). Blocking, bucket by bucket. */
@@ -207,8 +184,10 @@ static rf_status share_moments(rf_dp *dp) {
         RF_TRY(rf_comm_bcast(dp->c, m->opt_m, bytes, 0, dp->o.timeout_s, what));
         return rf_comm_bcast(dp->c, m->opt_v, bytes, 0, dp->o.timeout_s, what);
     }
-    RF_TRY(scatter_buckets_root(dp, m->opt_m, dp->sm, what));
-    RF_TRY(scatter_buckets_root(dp, m->opt_v, dp->sv, what));
+    if (m->opt_step > 0) { /* else the shards are zero already (rf_dp_init) */
+        RF_TRY(scatter_buckets_root(dp, m->opt_m, dp->sm, what));
+        RF_TRY(scatter_buckets_root(dp, m->opt_v, dp->sv, what));
+    }
     m->k->free(m->opt_m), m->k->free(m->opt_v);
     m->opt_m = m->opt_v = NULL;
     dp->sg = m->k->alloc(sizeof(float) * (dp->shard_n ? dp->shard_n : 1));
@@ -231,17 +210,19 @@ rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o) 
     dp->rank = rf_comm_rank(c), dp->size = rf_comm_size(c);
     if (dp->o.timeout_s <= 0) dp->o.timeout_s = 30;
     rf_status st = make_buckets(dp);
-    if (st == RF_OK && dp->o.zero && dp->rank != 0) { /* never read: rank 0's are scattered */
+    /* every rank starts from DP rank 0's state */
+    if (st == RF_OK)
+        st = rf_comm_bcast(c, &m->opt_step, sizeof m->opt_step, 0, dp->o.timeout_s, "broadcasting the optimizer step");
+    /* ZeRO-1: whole moments are never read but rank 0's after a step (a resumed run's), which
+     * share_moments scatters; before any step they are zero, as the shards start */
+    if (st == RF_OK && dp->o.zero && (dp->rank != 0 || m->opt_step == 0)) {
         m->k->free(m->opt_m), m->k->free(m->opt_v);
         m->opt_m = m->opt_v = NULL;
     }
     if (st == RF_OK && dp->o.zero) st = alloc_zero(dp);
-    /* every rank starts from DP rank 0's state */
     if (st == RF_OK)
         st = rf_comm_bcast(c, m->params, sizeof(float) * m->n_params, 0, dp->o.timeout_s,
                            "broadcasting DP rank 0's parameters");
-    if (st == RF_OK)
-        st = rf_comm_bcast(c, &m->opt_step, sizeof m->opt_step, 0, dp->o.timeout_s, "broadcasting the optimizer step");
     if (st == RF_OK) st = share_moments(dp);
     if (st != RF_OK) {
         rf_dp_free(dp);
@@ -426,22 +407,43 @@ rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm,
     return rf_model_tp_bcast_replicated(dp->tp, dp->m->params, "broadcast of the replicated parameters");
 }
 
-rf_status rf_dp_gather_optimizer(rf_dp *dp, int everywhere) {
+rf_status rf_dp_gather_optimizer(rf_dp *dp) {
     rf_model *m = dp->m;
     if (!dp->o.zero || m->opt_m) return RF_OK;
     size_t bytes = sizeof(float) * m->n_params;
-    rf_status st = RF_OK;
-    if (everywhere || dp->rank == 0) {
-        m->opt_m = m->k->alloc(bytes), m->opt_v = m->k->alloc(bytes);
-        st = m->opt_m && m->opt_v ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for the optimizer state");
-    }
-    for (int i = 0; i < 2 && st == RF_OK; i++) {
-        const float *shard = i ? dp->sv : dp->sm;
-        float *full = i ? m->opt_v : m->opt_m;
-        st = everywhere ? gather_buckets(dp, shard, full, "allgather of the optimizer state")
-                        : gather_buckets_root(dp, shard, full, "gathering the optimizer state on rank 0");
-    }
+    m->opt_m = m->k->alloc(bytes), m->opt_v = m->k->alloc(bytes);
+    rf_status st = m->opt_m && m->opt_v ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for the optimizer state");
+    if (st == RF_OK) st = gather_buckets(dp, dp->sm, m->opt_m, "allgather of the optimizer state");
+    if (st == RF_OK) st = gather_buckets(dp, dp->sv, m->opt_v, "allgather of the optimizer state");
     if (st != RF_OK) rf_dp_release_optimizer(dp);
+    return st;
+}
+
+rf_status rf_dp_moment_range(rf_dp *dp, int which, size_t a, size_t n, float *dst) {
+    const float *shard = which == 1 ? dp->sm : dp->sv;
+    if (!dp->o.zero || (which != 1 && which != 2) || a + n > dp->m->n_params)
+        return rf_error(RF_ERR_ARG, "rf_dp_moment_range: moment %d, floats [%zu, %zu) of %zu%s", which, a, a + n,
+                        dp->m->n_params, dp->o.zero ? "" : " without ZeRO-1");
+    /* the pieces: bucket by bucket, rank by rank, [x0, x1) of rank r's block inside [a, a + n) */
+    int cap = 0, k = 0;
+    for (int i = 0; i < dp->nb; i++) cap += dp->b[i].lo < a + n && dp->b[i].hi > a ? dp->size : 0;
+    rf_comm_p2p *ops = calloc((size_t)cap + 1, sizeof *ops);
+    if (!ops) return rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < dp->nb; i++) {
+        const dp_bucket *b = &dp->b[i];
+        for (int r = 0; r < dp->size; r++) {
+            size_t lo = b->lo + (size_t)r * b->blk, hi = lo + b->blk < b->hi ? lo + b->blk : b->hi;
+            size_t x0 = lo > a ? lo : a, x1 = hi < a + n ? hi : a + n;
+            if (x0 >= x1 || (dp->rank != 0 && r != dp->rank)) continue;
+            const float *src = shard + b->so + (x0 - lo);
+            size_t bytes = sizeof(float) * (x1 - x0);
+            if (dp->rank != 0) ops[k++] = (rf_comm_p2p){(void *)src, bytes, 0, 1};
+            else if (r != 0) ops[k++] = (rf_comm_p2p){dst + (x0 - a), bytes, r, 0};
+            else dp->m->k->copy(dst + (x0 - a), src, bytes);
+        }
+    }
+    rf_status st = rf_comm_sendrecv(dp->c, ops, k, dp->o.timeout_s, "gathering the optimizer state on rank 0");
+    free(ops);
     return st;
 }
 

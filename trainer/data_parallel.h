@@ -122,10 +122,17 @@ rf_status rf_dp_sync_grads(rf_dp *dp);
 rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm, float *lr_used);
 
 /* ZeRO-1: gathers the whole AdamW moments into m->opt_m / m->opt_v (allocated here) on every
- * rank (everywhere = 1), or on rank 0 alone (0: the others send their shards and allocate
- * nothing; a checkpoint needs them on the rank that writes it only); rf_dp_release_optimizer
- * frees them again. Plain DP: nothing to do (the model holds them). Collective. */
-rf_status rf_dp_gather_optimizer(rf_dp *dp, int everywhere);
+ * rank, to inspect them (tests); rf_dp_release_optimizer frees them again. Checkpoints take
+ * them a tensor at a time instead (rf_dp_moment_range). Plain DP: nothing to do (the model
+ * holds them). Collective. */
+rf_status rf_dp_gather_optimizer(rf_dp *dp);
+
+/* ZeRO-1: floats [a, a + n) of the first (which = 1) or second (2) AdamW moment (offsets into
+ * the model's whole buffer) gathered onto rank 0 into dst (n floats on the back end; NULL on
+ * the others, which send their blocks of the range): one tensor of a checkpoint at a time, so
+ * no rank ever holds the whole moments. Every rank calls it with the same which, a, n.
+ * RF_ERR_ARG without ZeRO-1 or for a range outside the buffer. Collective. */
+rf_status rf_dp_moment_range(rf_dp *dp, int which, size_t a, size_t n, float *dst);
 void rf_dp_release_optimizer(rf_dp *dp);
 
 #endif
