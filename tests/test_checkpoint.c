@@ -1,0 +1,122 @@
+/* Checkpoints (trainer/checkpoint.h), in one process:
+ *   - a whole actor and critic with AdamW moments saved and loaded back: parameters, both
+ *     moments, optimizer steps and the run state (step, data position, KL coefficient and best
+ *     score as exact floats) come back bit for bit;
+ *   - roles whose tensors are made on demand (rf_checkpoint_save_roles, as the tensor-parallel
+ *     and ZeRO-1 training ranks write them) give byte-identical files to the whole models', and
+ *     each tensor is asked for once per part;
+ *   - a role whose tensor function fails part-way: the save returns that error, and the last
+ *     good checkpoint stays the newest (`latest` unchanged, no directory for the failed step),
+ *     then a later save succeeds. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "test_util.h"
+#include "train_util.h"
+#include "trainer/checkpoint.h"
+
+static char dir[256];
+
+static void fill_moments(rf_model *m, float scale) {
+    for (size_t i = 0; i < m->n_params; i++) {
+        m->opt_m[i] = scale * ((float)(i % 101) - 50.0f), m->opt_v[i] = scale * (float)(i % 37) * 1e-3f;
+    }
+}
+
+static int same_model(const rf_model *a, const rf_model *b) {
+    size_t n = sizeof(float) * a->n_params;
+    return a->n_params == b->n_params && memcmp(a->params, b->params, n) == 0 && memcmp(a->opt_m, b->opt_m, n) == 0 &&
+           memcmp(a->opt_v, b->opt_v, n) == 0 && a->opt_step == b->opt_step;
+}
+
+static int same_file(const char *a, const char *b) {
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    int same = rf_read_file(a, &x, &nx) == RF_OK && rf_read_file(b, &y, &ny) == RF_OK && nx == ny && memcmp(x, y, nx) == 0;
+    free(x), free(y);
+    return same;
+}
+
+/* A whole model's tensors handed out one at a time, counting the calls; failing at call fail_at. */
+typedef struct counting {
+    rf_ckpt_role inner;
+    int calls, fail_at;
+} counting;
+
+static rf_status counted_tensor(void *ctx, int part, int view, float *dst) {
+    counting *c = ctx;
+    if (++c->calls == c->fail_at) return rf_error(RF_ERR_IO, "tensor %d of part %d could not be gathered", view, part);
+    return c->inner.tensor(c->inner.ctx, part, view, dst);
+}
+
+static rf_ckpt_role counted(counting *c) {
+    rf_ckpt_role r = c->inner;
+    r.tensor = counted_tensor, r.ctx = c;
+    return r;
+}
+
+int main(void) {
+    snprintf(dir, sizeof dir, "/tmp/rf_ckpt_XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    char run[300], other[300], p[600], q[600];
+    snprintf(run, sizeof run, "%s/run", dir);
+    snprintf(other, sizeof other, "%s/roles", dir);
+    rf_model *actor = rf_test_tiny_model(1, 0), *critic = rf_test_tiny_model(2, 1);
+    fill_moments(actor, 0.01f), fill_moments(critic, -0.02f);
+    actor->opt_step = 7, critic->opt_step = 5;
+    rf_ckpt_state st = {.step = 10, .pos = {2, 345}, .kl_beta = 0.0123456789f, .best_val = 0.4375};
+    CHECK_OK(rf_checkpoint_save(run, actor, critic, NULL, &st, 0));
+
+    /* back bit for bit */
+    rf_model *a2 = rf_test_tiny_model(3, 0), *c2 = rf_test_tiny_model(4, 1);
+    rf_ckpt_state got = {0};
+    CHECK_OK(rf_checkpoint_load(run, a2, c2, &got));
+    CHECK(same_model(actor, a2) && same_model(critic, c2));
+    CHECK(got.step == 10 && got.pos.epoch == 2 && got.pos.index == 345 && got.kl_beta == st.kl_beta &&
+          got.best_val == st.best_val && got.actor_opt_steps == 7 && got.critic_opt_steps == 5);
+    char latest[600];
+    CHECK_OK(rf_checkpoint_latest(run, latest, sizeof latest));
+    snprintf(p, sizeof p, "%s/step_000010", run);
+    CHECK(strcmp(latest, p) == 0);
+
+    /* tensors on demand: the same bytes, each asked for once per part */
+    counting ca = {rf_checkpoint_role_of(actor), 0, 0}, cc = {rf_checkpoint_role_of(critic), 0, 0};
+    rf_ckpt_role ra = counted(&ca), rc = counted(&cc);
+    CHECK_OK(rf_checkpoint_save_roles(other, &ra, &rc, NULL, &st, 0));
+    CHECK(ca.calls == 3 * actor->n_views && cc.calls == 3 * critic->n_views);
+    static const char *files[] = {"actor/model.safetensors", "actor/config.json", "actor_optim/model.safetensors",
+                                  "actor_optim/moments2/model.safetensors", "critic/model.safetensors",
+                                  "critic_optim/moments2/model.safetensors", "trainer_state.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(p, sizeof p, "%s/step_000010/%s", run, files[i]);
+        snprintf(q, sizeof q, "%s/step_000010/%s", other, files[i]);
+        int same = same_file(p, q);
+        if (!same) fprintf(stderr, "%s differs between the whole and the on-demand save\n", files[i]);
+        CHECK(same);
+    }
+
+    /* a failure part-way (a moment tensor of the critic) leaves step 10 the newest */
+    st.step = 20;
+    counting bad = {rf_checkpoint_role_of(critic), 0, critic->n_views + 3};
+    rf_ckpt_role rb = counted(&bad);
+    CHECK_ERR(rf_checkpoint_save_roles(run, &ra, &rb, NULL, &st, 0), RF_ERR_IO, "could not be gathered");
+    CHECK_OK(rf_checkpoint_latest(run, latest, sizeof latest));
+    snprintf(p, sizeof p, "%s/step_000010", run);
+    CHECK(strcmp(latest, p) == 0);
+    snprintf(p, sizeof p, "%s/step_000020", run);
+    CHECK(!rf_file_exists(p));
+    CHECK_OK(rf_checkpoint_load(run, a2, c2, &got));
+    CHECK(got.step == 10 && same_model(actor, a2));
+    /* and the next save goes through */
+    CHECK_OK(rf_checkpoint_save(run, actor, critic, NULL, &st, 0));
+    CHECK_OK(rf_checkpoint_latest(run, latest, sizeof latest));
+    CHECK(strcmp(latest, p) == 0);
+
+    rf_model_free(actor), rf_model_free(critic), rf_model_free(a2), rf_model_free(c2);
+    if (!rf_test_failed) rf_remove_tree(dir);
+    return rf_test_finish("test_checkpoint");
+}
