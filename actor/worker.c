@@ -471,9 +471,9 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     /* whole here unless split over tensor-parallel ranks (then every rank reads its shards) */
     if (st == RF_OK && !w.tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0);
     if (st == RF_OK && !w.tpc) st = rf_model_enable_training(w.actor);
-    if (st == RF_OK && rf_recipe_reference_enabled(r) && !rf__worker_role_split(&w, 0))
+    if (st == RF_OK && rf_recipe_reference_enabled(r) && !rf__worker_split_tp(&w, 0))
         st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
-    if (st == RF_OK && kind == RF_ADV_GAE && !rf__worker_role_split(&w, 1)) {
+    if (st == RF_OK && kind == RF_ADV_GAE && !rf__worker_split_tp(&w, 1)) {
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
     }

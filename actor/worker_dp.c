@@ -224,35 +224,27 @@ rf_status rf__dp_moments_done(rf__tworker *w) {
                          "telling the data-parallel ranks the checkpoint is written");
 }
 
-/* A whole model whose moments are ZeRO-1 shards, as a checkpoint role: the parameters from
- * here, each moment tensor gathered from the DP group (host memory: data parallelism runs on
- * the CPU back end). */
-typedef struct zero_role {
-    rf__tworker *w;
-    const rf_model *m;
-    int model;
-} zero_role;
-
 static rf_status zero_tensor(void *ctx, int part, int view, float *dst) {
-    const zero_role *z = ctx;
-    const rf_param_view *v = &z->m->views[view];
-    if (part == 0) {
-        z->m->k->to_host(dst, z->m->params + v->offset, v->numel * sizeof(float));
-        return RF_OK;
-    }
+    const rf__zero_role *z = ctx;
+    if (part == 0) return z->whole.tensor(z->whole.ctx, 0, view, dst);
+    const rf_param_view *v = &z->whole.views[view];
     return rf__dp_moments(z->w, z->model, part, v->offset, v->numel, dst);
+}
+
+rf_ckpt_role rf__dp_role_of(rf__tworker *w, const rf_model *m, int model, rf__zero_role *z) {
+    *z = (rf__zero_role){w, rf_checkpoint_role_of(m), model};
+    if (!rf__dp_zero_moments(w, model)) return z->whole;
+    rf_ckpt_role r = z->whole;
+    r.moments = 1, r.tensor = zero_tensor, r.ctx = z;
+    return r;
 }
 
 rf_status rf__dp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs) {
     const rf_recipe *r = w->r;
-    zero_role za = {w, w->actor, 0}, zc = {w, w->critic, 1};
-    rf_ckpt_role a = {&w->actor->cfg, w->actor->views, w->actor->n_views, w->actor->opt_step, 1, zero_tensor, &za}, c;
-    const rf_ckpt_role *critic = NULL;
-    if (w->critic && rf__dp_zero_moments(w, 1))
-        c = (rf_ckpt_role){&w->critic->cfg, w->critic->views, w->critic->n_views, w->critic->opt_step, 1, zero_tensor, &zc},
-        critic = &c;
-    else if (w->critic) c = rf_checkpoint_role_of(w->critic), critic = &c; /* on rank 1 alone, whole */
-    rf_status st = rf_checkpoint_save_roles(r->logging.dir, &a, critic, r->model.path, cs, r->checkpoint.keep);
+    rf__zero_role za, zc;
+    rf_ckpt_role a = rf__dp_role_of(w, w->actor, 0, &za), c = w->critic ? rf__dp_role_of(w, w->critic, 1, &zc) : a;
+    rf_status st = rf_checkpoint_save_roles(r->logging.dir, &a, w->critic ? &c : NULL, r->model.path, cs,
+                                            r->checkpoint.keep);
     rf_status done = rf__dp_moments_done(w); /* also after a failed write: the peers go on */
     return st != RF_OK ? st : done;
 }
@@ -359,13 +351,13 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
     if (st == RF_OK && !tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0); /* tp: shards, from replica 0 */
     if (st == RF_OK && !tpc) st = rf_model_enable_training(w.actor);
-    if (st == RF_OK && kind == RF_ADV_GAE && rf__worker_has_critic(&w) && !rf__worker_role_split(&w, 1)) {
+    if (st == RF_OK && kind == RF_ADV_GAE && rf__worker_has_critic(&w) && !rf__worker_split_tp(&w, 1)) {
         /* placement.critic.dp replicas (split: rf__tp_setup reads the shards) */
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
     }
     /* the reference on every replica (placement.reference.dp = placement.actor.dp) */
-    if (st == RF_OK && rf__worker_has_ref(&w) && !rf__worker_role_split(&w, 0))
+    if (st == RF_OK && rf__worker_has_ref(&w) && !rf__worker_split_tp(&w, 0))
         st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
     if (tpc) st = rf__tp_setup(&w, st);
     st = rf__dp_setup(&w, st);

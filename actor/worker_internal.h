@@ -126,9 +126,9 @@ rf_status rf__worker_peer_update(rf__tworker *w, const uint8_t *buf, size_t byte
  * critic is on replica 0 alone): data parallel and tensor parallel as it is laid out. */
 rf_status rf__worker_critic_update(rf__tworker *w, rf_train_sample *s, int n, float kl_coef, rf_update_stats *cs);
 
-/* Whether the critic (critic 1) or the reference (0) is split over tensor-parallel ranks here:
- * then no rank loads it whole (rf__tp_setup reads the shards). */
-int rf__worker_role_split(const rf__tworker *w, int critic);
+/* The tensor-parallel ranks the critic (critic 1) or the reference (0) is split over here, or 0
+ * when it is whole: a split one no rank loads whole (rf__tp_setup reads the shards). */
+int rf__worker_split_tp(const rf__tworker *w, int critic);
 
 /* Whether this rank's replica holds the critic / the reference (rank 1's always does). */
 int rf__worker_has_critic(const rf__tworker *w);
@@ -164,6 +164,20 @@ rf_status rf__dp_checkpoint_begin(rf__tworker *w);
 rf_status rf__dp_moments(rf__tworker *w, int model, int part, size_t a, size_t n, float *dst);
 rf_status rf__dp_moments_done(rf__tworker *w);
 rf_status rf__dp_moments_serve(rf__tworker *w);
+
+/* A whole model whose moments are ZeRO-1 shards, as a checkpoint role: its whole-model role
+ * (rf_checkpoint_role_of) for the parameters, each moment tensor gathered from the DP group
+ * (host memory: data parallelism runs on the CPU back end). */
+typedef struct rf__zero_role {
+    rf__tworker *w;
+    rf_ckpt_role whole;
+    int model;
+} rf__zero_role;
+
+/* DP rank 0: whole model m (`model` 0 the actor, 1 the critic) as a checkpoint role: with its
+ * moments from the DP group when they are ZeRO-1 shards (z, the caller's, holds that role's
+ * state and must outlive it), else as it is here. */
+rf_ckpt_role rf__dp_role_of(rf__tworker *w, const rf_model *m, int model, rf__zero_role *z);
 
 /* DP rank 0 without tensor parallelism, with ZeRO-1 (after rf__dp_checkpoint_begin): writes the
  * checkpoint of state cs with the moments gathered tensor by tensor, then tells the peers. */

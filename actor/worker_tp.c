@@ -132,20 +132,18 @@ static rf_status role_split(rf__tworker *w, int tp, rf_comm **keep, rf_model_tp 
     return g ? role_setup(w, g, out, critic) : RF_OK;
 }
 
-int rf__worker_role_split(const rf__tworker *w, int critic) {
+int rf__worker_split_tp(const rf__tworker *w, int critic) {
     int dp, tp;
     rf_recipe_role_layout(w->r, critic, &dp, &tp);
-    return w->tpc && tp > 1;
+    return w->tpc && tp > 1 ? tp : 0;
 }
 
 /* The critic and the reference of this replica, split when the recipe splits them. */
 static rf_status roles_setup(rf__tworker *w) {
     int leader = rf_comm_rank(w->tpc) == 0;
     for (int c = 1; c >= 0; c--) {
-        int dp, tp, has = c ? rf__worker_has_critic(w) : rf__worker_has_ref(w);
-        rf_recipe_role_layout(w->r, c, &dp, &tp);
-        if (has && tp > 1)
-            RF_TRY(role_split(w, tp, c ? &w->critic_comm : &w->ref_comm, c ? &w->critic_tp : &w->ref_tp, c));
+        int tp = rf__worker_split_tp(w, c), has = c ? rf__worker_has_critic(w) : rf__worker_has_ref(w);
+        if (has && tp) RF_TRY(role_split(w, tp, c ? &w->critic_comm : &w->ref_comm, c ? &w->critic_tp : &w->ref_tp, c));
     }
     if (!leader || w->replica != 0) return RF_OK;
     for (int c = 1; c >= 0; c--) {
@@ -383,11 +381,12 @@ static rf_status tp_role_init(tp_role *c, rf__tworker *w, rf_model_tp *tp, int m
 rf_status rf__tp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs) {
     const rf_recipe *r = w->r;
     tp_role ac = {0}, cc = {0};
+    rf__zero_role zc;
     rf_ckpt_role a, c;
     const rf_ckpt_role *critic = NULL;
     rf_status st = tp_role_init(&ac, w, w->tp, 0, &a);
     if (st == RF_OK && w->critic_tp) st = tp_role_init(&cc, w, w->critic_tp, 1, &c), critic = &c;
-    else if (st == RF_OK && w->critic) c = rf_checkpoint_role_of(w->critic), critic = &c; /* whole here, on rank 1 alone */
+    else if (st == RF_OK && w->critic) c = rf__dp_role_of(w, w->critic, 1, &zc), critic = &c; /* whole here (ZeRO-1: its moments from the DP group) */
     /* the peers are told only once nothing can fail before the first ask */
     if (st == RF_OK) st = rf__tp_checkpoint_peers(w);
     if (st == RF_OK) {

@@ -305,20 +305,19 @@ static const char *on_host(const char *hosts, int i, char *buf, size_t cap) {
  * hosts (several machines) each line ends with the rank's host. */
 static void log_layout(const rf_recipe *r, int size, const char *hosts) {
     int dp = r->placement.actor.dp, tp = r->placement.actor.tp, n_train = train_ranks(r);
-    char roles[400], at[220];
+    char roles[128], at[220];
     for (int i = 1; i <= n_train; i++) {
         int d = (i - 1) / tp, t = (i - 1) % tp;
-        roles_at(r, d, t, roles, 128);
-        strncat(roles, ")", sizeof roles - strlen(roles) - 1);
-        strncat(roles, on_host(hosts, i, at, sizeof at), sizeof roles - strlen(roles) - 1);
+        roles_at(r, d, t, roles, sizeof roles);
+        const char *on = on_host(hosts, i, at, sizeof at);
         if (tp > 1 && dp > 1)
             rf_log_info("  rank %d: training worker, data-parallel replica %d of %d, tensor-parallel rank %d of %d (actor "
-                        "shard %d of %d%s", i, d, dp, t, tp, t, tp, roles);
+                        "shard %d of %d%s)%s", i, d, dp, t, tp, t, tp, roles, on);
         else if (tp > 1)
-            rf_log_info("  rank %d: training worker, tensor-parallel rank %d of %d (actor shard %d of %d%s", i, t, tp, t, tp,
-                        roles);
-        else if (dp > 1) rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s", i, d, dp, roles);
-        else rf_log_info("  rank %d: training worker (actor%s", i, roles);
+            rf_log_info("  rank %d: training worker, tensor-parallel rank %d of %d (actor shard %d of %d%s)%s", i, t, tp, t,
+                        tp, roles, on);
+        else if (dp > 1) rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s)%s", i, d, dp, roles, on);
+        else rf_log_info("  rank %d: training worker (actor%s)%s", i, roles, on);
     }
     int gtp = r->placement.rollout.tp;
     for (int i = 1 + n_train; i < size; i++) {
@@ -356,7 +355,14 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     /* rank 0 sends the endpoint, or "" when it failed (every rank then stops) */
     if (rank == 0 && st != RF_OK) ep[0] = '\0';
     rf_status bst = rf_comm_bcast(world, ep, HOST_LEN, 0, r->async.startup_timeout, "receiving the controller's endpoint");
-    if (st != RF_OK || bst != RF_OK || !ep[0]) free(hosts);
+    char host[HOST_LEN] = "";
+    gethostname(host, sizeof host - 1);
+    if (rank == 0 && st == RF_OK && bst == RF_OK) {
+        rf_log_info("split run on %d ranks, controller at %s", size, ep);
+        rf_log_info("  rank 0: controller (%s, pid %d)", host, (int)getpid());
+        log_layout(r, size, hosts);
+    }
+    free(hosts);
     if (st != RF_OK) {
         rf_msg_server_close(srv, NULL);
         return st;
@@ -366,16 +372,8 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     /* weights travel between the training worker and the rollout workers only; gradients
      * between the training workers */
     rf_comm *wcomm = NULL, *dpc = NULL, *tpc = NULL, *gcomm = NULL;
-    st = split_comms(world, dp, tp, gtp, &wcomm, &dpc, &tpc, &gcomm);
-    if (st != RF_OK || rank != 0) free(hosts), hosts = NULL;
-    RF_TRY(st);
-    char host[HOST_LEN] = "";
-    gethostname(host, sizeof host - 1);
+    RF_TRY(split_comms(world, dp, tp, gtp, &wcomm, &dpc, &tpc, &gcomm));
     if (rank == 0) {
-        rf_log_info("split run on %d ranks, controller at %s", size, ep);
-        rf_log_info("  rank 0: controller (%s, pid %d)", host, (int)getpid());
-        log_layout(r, size, hosts);
-        free(hosts);
         st = rf_controller_main(r, resume, srv, n_rollout);
         if (st != RF_OK) {
             char why[1200];

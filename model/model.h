@@ -174,11 +174,6 @@ rf_status rf_model_save_config(const rf_model_config *cfg, const char *dir);
 rf_status rf_model_save_views(const rf_param_view *views, int n_views, const char *dir, const char *suffix, int bf16,
                               size_t max_shard_bytes, rf_st_fill_fn fill, void *ctx);
 
-/* Writes `src` (n_params floats on the back end) as safetensors in dir, each view named
- * view name + suffix (F32). Used for optimizer moments in checkpoints. */
-rf_status rf_model_save_buffer(const rf_model *m, const float *src, const char *dir,
-                               const char *suffix);
-
 /* Writes config.json and model.safetensors (or shards above max_shard_bytes) into `dir`. */
 rf_status rf_model_save(const rf_model *m, const char *dir, int bf16, size_t max_shard_bytes);
 

@@ -5,6 +5,12 @@
 #include "model/model.h"
 #include "rollout/kv_pool.h"
 
+/* Where n floats read from files are converted before they reach dst (n floats on back end
+ * k): dst itself when k works in host memory (the CPU back end), else a host buffer that
+ * rf__host_staging_done copies to dst (when ok) and frees. `what` names the data in errors. */
+rf_status rf__host_staging(const rf_kernels *k, float *dst, size_t n, float **host, const char *what);
+void rf__host_staging_done(const rf_kernels *k, float *dst, size_t n, float *host, int ok);
+
 /* Grows activation buffers to hold T tokens. */
 rf_status rf__model_reserve(rf_model *m, int T);
 

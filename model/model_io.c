@@ -8,17 +8,18 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "model/model.h"
+#include "model/model_internal.h"
 #include "model/safetensors.h"
 
-/* Where tensors are converted before they reach dst (n_params floats on m's back end): dst
- * itself in host memory (the CPU back end), else a host buffer the caller frees. */
-static rf_status staging(const rf_model *m, float *dst, float **host, const char *dir) {
-    if (strcmp(m->k->name, "cpu") == 0) {
-        *host = dst;
-        return RF_OK;
-    }
-    *host = calloc(m->n_params ? m->n_params : 1, sizeof(float));
-    return *host ? RF_OK : rf_error(RF_ERR_NOMEM, "%s: out of memory for %zu parameters", dir, m->n_params);
+rf_status rf__host_staging(const rf_kernels *k, float *dst, size_t n, float **host, const char *what) {
+    *host = strcmp(k->name, "cpu") == 0 ? dst : calloc(n ? n : 1, sizeof(float));
+    return *host ? RF_OK : rf_error(RF_ERR_NOMEM, "%s: out of memory for %zu parameters", what, n);
+}
+
+void rf__host_staging_done(const rf_kernels *k, float *dst, size_t n, float *host, int ok) {
+    if (host == dst) return;
+    if (ok && host) k->to_device(dst, host, n * sizeof(float));
+    free(host);
 }
 
 /* Reads every parameter view from st into the host staging buffer. */
@@ -61,11 +62,10 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
     rf_model *m = NULL;
     float *host = NULL;
     rf_status s = rf_model_init(&m, &cfg, k);
-    if (s == RF_OK) s = staging(m, m->params, &host, dir);
+    if (s == RF_OK) s = rf__host_staging(k, m->params, m->n_params, &host, dir);
     if (s == RF_OK) s = rf_model_check_unused(m, st, dir);
     if (s == RF_OK) s = read_params(m, st, host, dir);
-    if (s == RF_OK && host != m->params) k->to_device(m->params, host, m->n_params * sizeof(float));
-    if (host != m->params) free(host);
+    if (m) rf__host_staging_done(k, m->params, m->n_params, host, s == RF_OK);
     rf_st_close(st);
     if (s != RF_OK) {
         rf_model_free(m);
@@ -79,15 +79,14 @@ rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const c
     rf_safetensors *st = NULL;
     RF_TRY(rf_st_open_dir(&st, dir));
     float *host = NULL, *to = dst ? dst : m->params;
-    rf_status s = staging(m, to, &host, dir);
+    rf_status s = rf__host_staging(m->k, to, m->n_params, &host, dir);
     for (int i = 0; s == RF_OK && i < m->n_views; i++) {
         const rf_param_view *v = &m->views[i];
         char name[RF_MAX_NAME + 32];
         snprintf(name, sizeof name, "%s%s", v->name, suffix ? suffix : "");
         s = rf_st_read_f32(st, name, host + v->offset, v->shape, v->ndim);
     }
-    if (s == RF_OK && host != to) m->k->to_device(to, host, m->n_params * sizeof(float));
-    if (host != to) free(host);
+    rf__host_staging_done(m->k, to, m->n_params, host, s == RF_OK);
     rf_st_close(st);
     return s;
 }
@@ -122,12 +121,6 @@ static rf_status fill_from_buffer(void *ctx, int i, float *dst) {
     const rf_param_view *v = &b->m->views[i];
     b->m->k->to_host(dst, b->src + v->offset, v->numel * sizeof(float));
     return RF_OK;
-}
-
-rf_status rf_model_save_buffer(const rf_model *m, const float *src, const char *dir,
-                               const char *suffix) {
-    buffer_src b = {m, src};
-    return rf_model_save_views(m->views, m->n_views, dir, suffix, 0, 0, fill_from_buffer, &b);
 }
 
 rf_status rf_model_save_config(const rf_model_config *cfg, const char *dir) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "model/model_internal.h"
 #include "model/model_tp.h"
 #include "model/safetensors.h"
 
@@ -33,14 +34,11 @@ rf_status rf_model_tp_load(rf_model_tp *tp, const char *dir, float *dst, const c
     rf_safetensors *st = NULL;
     RF_TRY(rf_st_open_dir(&st, dir));
     size_t n = tp->m->n_params;
-    float *to = dst ? dst : tp->m->params;
-    /* host memory (the CPU back end): converted straight into place */
-    float *host = strcmp(tp->m->k->name, "cpu") == 0 ? to : malloc((n ? n : 1) * sizeof(float));
-    rf_status s = host ? RF_OK : rf_error(RF_ERR_NOMEM, "%s: out of memory for a shard of %zu parameters", dir, n);
+    float *host = NULL, *to = dst ? dst : tp->m->params;
+    rf_status s = rf__host_staging(tp->m->k, to, n, &host, dir); /* the CPU's: straight into place */
     if (s == RF_OK && !suffix) s = rf_model_check_unused(tp->m, st, dir);
     if (s == RF_OK) s = read_blocks(tp, st, host, dir, suffix);
-    if (s == RF_OK && host != to) tp->m->k->to_device(to, host, n * sizeof(float));
-    if (host != to) free(host);
+    rf__host_staging_done(tp->m->k, to, n, host, s == RF_OK);
     rf_st_close(st);
     return s;
 }

@@ -278,6 +278,24 @@ static inline void rf_test_same_moments(const char *dir, const char *a, const ch
     }
 }
 
+/* One synchronous step of `args` (async.max_staleness = 0: the same samples) with ZeRO-1 and
+ * without, as runs <name>_zero and <name>_plain: both exit 0 and their checkpoints' moments of
+ * the actor and the critic agree (rf_test_same_moments, 1e-4 of the largest). */
+static inline void rf_test_zero_like_plain(const char *dir, const char *rlflow, const char *name, const char *args) {
+    char a[1024], run[2][128], *out = NULL;
+    for (int zero = 0; zero < 2; zero++) {
+        snprintf(run[zero], sizeof run[zero], "%s_%s", name, zero ? "zero" : "plain");
+        snprintf(a, sizeof a, "%s --set train.steps=1 --set async.max_staleness=0 --set placement.actor.zero=%d", args,
+                 zero);
+        int rc = rf_test_run_recipe(&out, dir, rlflow, run[zero], a);
+        CHECK(rc == 0);
+        if (rc) fprintf(stderr, "%s\n", out);
+        free(out);
+    }
+    rf_test_same_moments(dir, run[1], run[0], "step_000001", "actor", 1e-4);
+    rf_test_same_moments(dir, run[1], run[0], "step_000001", "critic", 1e-4);
+}
+
 /* The hexadecimal CRC-32C after `prefix` in text, or -1. */
 static inline long rf_test_crc_after(const char *text, const char *prefix) {
     const char *at = text ? strstr(text, prefix) : NULL;

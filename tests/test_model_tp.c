@@ -334,6 +334,18 @@ static void same_as_cut(rf_model_tp *tp, const char *dir, float *dst, const char
     free(cut);
 }
 
+/* Tensor i of a whole-model buffer (m's views), for rf_model_save_views. */
+typedef struct buf_src {
+    const rf_model *m;
+    const float *buf;
+} buf_src;
+
+static rf_status fill_view(void *ctx, int i, float *dst) {
+    const buf_src *b = ctx;
+    memcpy(dst, b->buf + b->m->views[i].offset, sizeof(float) * b->m->views[i].numel);
+    return RF_OK;
+}
+
 /* Shards read straight from Hugging Face files (rf_model_tp_load) equal the cut of the whole
  * model: F32 in one file, BF16 over several files (the values rounded as rf_model_load rounds
  * them), moments under a suffix; a critic from a policy's files has a zero value head; a
@@ -364,7 +376,8 @@ static void shard_files(rf_model *ref, rf_model_tp *tp, shape s) {
     float *mom = malloc(sizeof(float) * ref->n_params), *dst = malloc(sizeof(float) * tp->m->n_params);
     for (size_t i = 0; i < ref->n_params; i++) mom[i] = (float)i * 1e-3f - 0.5f;
     snprintf(sub, sizeof sub, "%s/moments", dir);
-    CHECK_OK(rf_model_save_buffer(ref, mom, sub, ".exp_avg"));
+    buf_src moments = {ref, mom};
+    CHECK_OK(rf_model_save_views(ref->views, ref->n_views, sub, ".exp_avg", 0, 0, fill_view, &moments));
     same_as_cut(tp, sub, dst, ".exp_avg", mom, name);
     CHECK_ERR(rf_model_tp_load(tp, sub, dst, ".exp_avg_sq"), RF_ERR_FORMAT, "not found");
     if (ref->score) { /* a critic from a policy's files: the value head starts at zero */

@@ -110,15 +110,7 @@ static void critic_on_rank1(void) {
     rf_test_same_scores(dir, "critic1", "critic2", "critic on rank 1 / on both replicas");
     /* ZeRO-1's checkpoint (moments gathered a tensor at a time onto rank 1) against plain DP's,
      * after one step on the same samples */
-    char one_step[400];
-    snprintf(one_step, sizeof one_step, "%s --set train.steps=1", args);
-    CHECK(rf_test_run_recipe(&out, dir, rlflow, "plain1", one_step) == 0);
-    free(out);
-    snprintf(one_step, sizeof one_step, "%s --set train.steps=1 --set placement.actor.zero=1", args);
-    CHECK(rf_test_run_recipe(&out, dir, rlflow, "zero1", one_step) == 0);
-    free(out);
-    rf_test_same_moments(dir, "zero1", "plain1", "step_000001", "actor", 1e-4);
-    rf_test_same_moments(dir, "zero1", "plain1", "step_000001", "critic", 1e-4);
+    rf_test_zero_like_plain(dir, rlflow, "one", args);
     CHECK(rf_test_trainer_state(dir, "critic1", "step_000003", "critic_optimizer_steps") == 3);
     rc = rf_test_run_recipe(&out, dir, rlflow, "critic1", "--set algorithm.name=ppo --set algorithm.kl_coef=0.01 "
                             "--set logging.val_every=0 --set train.steps=4 --set placement.critic.dp=1 --resume");
