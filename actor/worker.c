@@ -67,10 +67,6 @@ int rf__worker_has_critic(const tworker *w) {
     return rf_adv_kind_parse(w->r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE && w->replica < dp;
 }
 
-/* The critic on replica 0 alone of several (placement.critic.dp = 1): trained by rank 1 on the
- * whole batch, not on the replicas' shares. */
-static int critic_on_rank1_alone(const tworker *w) { return w->dpc && (w->critic || w->critic_tp) && !w->dp_critic; }
-
 int rf__worker_has_ref(const tworker *w) {
     int dp, tp;
     rf_recipe_role_layout(w->r, 0, &dp, &tp);
@@ -113,19 +109,20 @@ rf_status rf__worker_score_share(tworker *w, const Rlflow__TrainBatch *b, size_t
     return rf__worker_score(w, s, (int)(hi - lo), flags);
 }
 
-/* Scored over the replicas (each its share), or by replica 0 alone when a model asked for is
- * not on all of them (placement.reference.dp or placement.critic.dp = 1). */
-static int score_spread(const tworker *w, int flags) {
-    int rdp, cdp, tp;
+/* The replicas a score pass is spread over (each its share): the first m, those holding every
+ * model asked for (placement.reference.dp, placement.critic.dp); 1: replica 0 alone. */
+static int score_replicas(const tworker *w, int flags) {
+    int rdp, cdp, tp, m = w->dpc ? rf_comm_size(w->dpc) : 1;
     rf_recipe_role_layout(w->r, 0, &rdp, &tp);
     rf_recipe_role_layout(w->r, 1, &cdp, &tp);
-    int size = w->dpc ? rf_comm_size(w->dpc) : 1;
-    return w->dpc && flags && (!(flags & RF_SCORE_REF) || rdp == size) && (!(flags & RF_SCORE_VALUES) || cdp == size);
+    if ((flags & RF_SCORE_REF) && rdp < m) m = rdp;
+    if ((flags & RF_SCORE_VALUES) && cdp < m) m = cdp;
+    return m;
 }
 
 /* The first ScoreRequest: where its passes ran. */
 static void log_score_layout(const tworker *w, int flags) {
-    int spread = score_spread(w, flags), split = w->tpc ? rf__tp_split_flags(w, flags) : 0;
+    int spread = score_replicas(w, flags), split = w->tpc ? rf__tp_split_flags(w, flags) : 0;
     char what[64];
     snprintf(what, sizeof what, "%s%s%s", flags & RF_SCORE_REF ? "reference log-probs" : "",
              flags == (RF_SCORE_REF | RF_SCORE_VALUES) ? " and " : "", flags & RF_SCORE_VALUES ? "values" : "");
@@ -136,8 +133,8 @@ static void log_score_layout(const tworker *w, int flags) {
     else if (split)
         snprintf(tps, sizeof tps, ", %s split over %d tensor-parallel ranks", split == flags ? "all" :
                  split == RF_SCORE_REF ? "the reference" : "the critic", rt ? rt : ct);
-    rf_log_info("training worker: scoring %s on %d data-parallel replica%s%s", what, spread ? rf_comm_size(w->dpc) : 1,
-                spread && rf_comm_size(w->dpc) > 1 ? "s (token-balanced shares)" : "", tps);
+    rf_log_info("training worker: scoring %s on %d data-parallel replica%s%s", what, spread,
+                spread > 1 ? "s (token-balanced shares)" : "", tps);
 }
 
 static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
@@ -156,8 +153,9 @@ static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
         st = rf_error(RF_ERR_ARG, "ScoreRequest asks for values, the recipe has no critic");
     Rlflow__TrainBatch b = RLFLOW__TRAIN_BATCH__INIT;
     b.n_samples = q->n_samples, b.samples = q->samples;
+    int m = score_replicas(w, flags);
     if (st == RF_OK && flags)
-        st = score_spread(w, flags) ? rf__dp_score(w, &b, s, flags) : rf__worker_score_share(w, &b, 0, (size_t)n, s, flags);
+        st = m > 1 ? rf__dp_score(w, &b, s, flags, m) : rf__worker_score_share(w, &b, 0, (size_t)n, s, flags);
     if (st == RF_OK && flags && w->scored++ == 0) log_score_layout(w, flags);
     for (int i = 0; st == RF_OK && i < n; i++) {
         rlflow__float_seq__init(&ref[i]), rlflow__float_seq__init(&val[i]);
@@ -259,12 +257,15 @@ rf_status rf__worker_pack_part(const Rlflow__TrainBatch *b, size_t lo, size_t hi
 }
 
 /* Tensor parallelism: the TP peers get the samples [lo, hi) this rank trains on (the whole
- * batch, or its DP share; with DP every rank trains whenever the batch has samples). */
-static rf_status share_with_tp(tworker *w, const Rlflow__TrainBatch *b, size_t lo, size_t hi) {
+ * batch, or its replica's shares; sh: the models' ranges in b; with DP every rank trains
+ * whenever the batch has samples). */
+static rf_status share_with_tp(tworker *w, const Rlflow__TrainBatch *b, size_t lo, size_t hi, const rf__share *sh) {
     uint8_t *buf = NULL;
     uint64_t bytes = 0;
     RF_TRY(rf__worker_pack_part(b, lo, hi, &buf, &bytes));
-    rf_status st = rf__tp_share(w, buf, bytes, w->dpc ? b->n_samples > 0 : -1);
+    int64_t o = (int64_t)lo;
+    rf__share rel = {sh->a_lo - o, sh->a_hi - o, sh->c_lo - o, sh->c_hi - o};
+    rf_status st = rf__tp_share(w, buf, bytes, w->dpc ? b->n_samples > 0 : -1, &rel);
     free(buf);
     return st;
 }
@@ -282,23 +283,47 @@ void rf__worker_packed_free(Rlflow__TrainBatch *b, rf_train_sample *s) {
     if (b) rlflow__train_batch__free_unpacked(b, NULL);
 }
 
-rf_status rf__worker_peer_update(tworker *w, const uint8_t *buf, size_t bytes, const char *what, int train) {
+/* Whether sh's ranges lie in a batch of n samples (they come from another rank). */
+static rf_status share_check(const rf__share *sh, int n, const char *what) {
+    if (sh->a_lo >= 0 && sh->a_lo <= sh->a_hi && sh->a_hi <= n && sh->c_lo >= 0 && sh->c_lo <= sh->c_hi && sh->c_hi <= n)
+        return RF_OK;
+    return rf_error(RF_ERR_FORMAT, "%s: the actor's samples [%lld, %lld) and the critic's [%lld, %lld) are not in its %d "
+                    "samples", what, (long long)sh->a_lo, (long long)sh->a_hi, (long long)sh->c_lo, (long long)sh->c_hi, n);
+}
+
+rf_status rf__worker_peer_update(tworker *w, const uint8_t *buf, size_t bytes, const char *what, int train,
+                                 const rf__share *sh) {
     Rlflow__TrainBatch *b = NULL;
     rf_train_sample *s = NULL;
     rf_status st = rf__worker_unpack_packed(buf, bytes, what, &b, &s);
     int n = b ? (int)b->n_samples : 0;
     rf_update_stats as = {0}, cs = {0};
     double tp, ta;
+    if (st == RF_OK) st = share_check(sh, n, what);
     if (st == RF_OK) w->version = (int)b->policy_version;
-    if (st == RF_OK && (train < 0 ? n > 0 : train)) st = rf__worker_update(w, s, n, b->kl_coef, &as, &cs, &tp, &ta);
+    if (st == RF_OK && (train < 0 ? n > 0 : train)) st = rf__worker_update(w, s, sh, b->kl_coef, &as, &cs, &tp, &ta);
     if (st == RF_OK) w->version++;
     rf__worker_packed_free(b, s);
     return st;
 }
 
-rf_status rf__worker_update(tworker *w, rf_train_sample *s, int n, float kl_coef, rf_update_stats *as,
+/* The critic's update on samples s (n; this rank's share of them), data parallel and tensor
+ * parallel as it is laid out; nothing where this rank holds no critic. */
+static rf_status critic_update(tworker *w, rf_train_sample *s, int n, float kl_coef, rf_update_stats *cs) {
+    rf_model *critic = w->critic_tp ? w->critic_tp->m : w->critic;
+    if (!critic || (n == 0 && !w->dp_critic)) return RF_OK; /* data parallel: every rank takes part */
+    rf_update_opts uc = rf__update_opts(w->r, kl_coef, w->kl_est, w->agg, w->version, 1);
+    rf_optim_opts co = rf__optim_opts(w->r, 1);
+    uc.dp = w->dp_critic;
+    uc.tp = w->critic_tp; /* the critic split like the actor: this rank's shard */
+    return rf_critic_update(critic, &co, &uc, s, n, cs);
+}
+
+rf_status rf__worker_update(tworker *w, rf_train_sample *base, const rf__share *sh, float kl_coef, rf_update_stats *as,
                             rf_update_stats *cs, double *prox_s, double *actor_s) {
     const rf_recipe *r = w->r;
+    rf_train_sample *s = base + sh->a_lo;
+    int n = (int)(sh->a_hi - sh->a_lo);
     rf_update_opts uo = rf__update_opts(r, kl_coef, w->kl_est, w->agg, w->version, 0);
     rf_optim_opts ao = rf__optim_opts(r, 0);
     uo.dp = w->dp_actor;
@@ -323,17 +348,8 @@ rf_status rf__worker_update(tworker *w, rf_train_sample *s, int n, float kl_coef
     double ta = rf_time_now();
     if (st == RF_OK && go) st = rf_actor_update(w->tp ? w->tp->m : w->actor, &ao, &uo, s, n, as);
     *actor_s = rf_time_now() - ta;
-    if (st == RF_OK && go && !critic_on_rank1_alone(w)) st = rf__worker_critic_update(w, s, n, kl_coef, cs);
+    if (st == RF_OK) st = critic_update(w, base + sh->c_lo, (int)(sh->c_hi - sh->c_lo), kl_coef, cs);
     return st;
-}
-
-rf_status rf__worker_critic_update(tworker *w, rf_train_sample *s, int n, float kl_coef, rf_update_stats *cs) {
-    rf_update_opts uc = rf__update_opts(w->r, kl_coef, w->kl_est, w->agg, w->version, 1);
-    rf_optim_opts co = rf__optim_opts(w->r, 1);
-    uc.dp = w->dp_critic;
-    uc.tp = w->critic_tp; /* the critic split like the actor: this rank's shard */
-    rf_model *critic = w->critic_tp ? w->critic_tp->m : w->critic;
-    return critic ? rf_critic_update(critic, &co, &uc, s, n, cs) : RF_OK;
 }
 
 static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
@@ -345,16 +361,16 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
     int n = (int)b->n_samples;
     rf_train_sample *s = NULL;
     RF_TRY(unpack(b->samples, b->n_samples, &s)); /* checks every sample, the peers' too */
-    /* data parallel: the peers (replicas) get their shares; this rank (replica) keeps [lo, hi) */
+    /* data parallel: the peers (replicas) get their shares; this rank (replica) keeps [lo, hi):
+     * the actor's share and the critic's (sh) */
     size_t lo = 0, hi = b->n_samples;
-    rf_status st = w->dpc ? rf__dp_scatter(w, b, &lo, &hi) : RF_OK;
-    if (st == RF_OK && w->tpc) st = share_with_tp(w, b, lo, hi);
+    rf__share sh = {0, n, 0, n};
+    rf_status st = w->dpc ? rf__dp_scatter(w, b, &lo, &hi, &sh) : RF_OK;
+    if (st == RF_OK && w->tpc) st = share_with_tp(w, b, lo, hi, &sh);
     rf_update_stats as = {0}, cs = {0};
     double tp = 0, ta = 0, wait0 = w->dp_actor ? rf_dp_get_stats(w->dp_actor)->wait_s : 0;
     double comm0 = w->tp ? w->tp->comm_s : 0;
-    if (st == RF_OK && n > 0) st = rf__worker_update(w, s + lo, (int)(hi - lo), b->kl_coef, &as, &cs, &tp, &ta);
-    /* the critic on this replica alone: the whole batch */
-    if (st == RF_OK && n > 0 && critic_on_rank1_alone(w)) st = rf__worker_critic_update(w, s, n, b->kl_coef, &cs);
+    if (st == RF_OK && n > 0) st = rf__worker_update(w, s, &sh, b->kl_coef, &as, &cs, &tp, &ta);
     samples_free(s, n);
     if (st != RF_OK) return st;
     w->version++;

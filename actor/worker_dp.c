@@ -6,15 +6,19 @@
  *
  * Rank 0 drives the peers with commands, a broadcast over the DP communicator:
  *   NOP         a keep-alive while rank 0 is idle (peers give up on a silent rank 0);
- *   TRAIN       then each peer receives the size and the bytes of its share, a TrainBatch
- *               message holding its samples (the same fields as the controller's), and every
- *               rank runs rf__worker_update; `arg` is the whole batch's sample count;
+ *   TRAIN       then each peer receives a share header (the size of its part and where the
+ *               actor's and the critic's samples lie in it) and the bytes of its part, a
+ *               TrainBatch message holding the samples spanning both shares (the same fields
+ *               as the controller's), and every rank runs rf__worker_update; `arg` is the
+ *               whole batch's sample count;
  *   CHECKPOINT  ZeRO-1: the optimizer shards are gathered for rank 0's checkpoint;
  *   STOP        the run is over (`arg` 1: on an error, and the peers stop with one);
- *   SCORE       a ScoreRequest's samples shared out as TRAIN's (a TrainBatch each); every rank
- *               scores its share (`arg`: the RF_SCORE_* flags; worker_internal.h) and sends
- *               rank 0 the results, per sample its reference log-probs then its values.
- * Shares are contiguous runs of the batch with about equal token counts.
+ *   SCORE       a ScoreRequest's samples shared out as TRAIN's (a TrainBatch each) over the
+ *               replicas holding the models asked for (the others get none); every rank scores
+ *               its share (`arg`: the RF_SCORE_* flags; worker_internal.h) and sends rank 0
+ *               the results, per sample its reference log-probs then its values.
+ * Shares are contiguous runs of the batch with about equal token counts: the actor's over all
+ * the replicas, the critic's over its placement.critic.dp.
  *
  * With tensor parallelism too (worker_internal.h), the DP ranks are the replicas' leaders: each
  * hands its TP peers its share and passes the other commands on (worker_tp.c), and the actor's
@@ -39,6 +43,55 @@ typedef struct dp_cmd {
     int64_t arg;
 } dp_cmd;
 
+/* What precedes a peer's part of a batch: its size, and each model's samples in it. */
+typedef struct dp_part {
+    uint64_t bytes;
+    rf__share sh;
+} dp_part;
+
+/* The replicas holding the critic (placement.critic.dp), or 0 without one. */
+static int critic_replicas(const rf__tworker *w) {
+    rf_adv_kind kind;
+    int cdp, ctp;
+    rf_recipe_role_layout(w->r, 1, &cdp, &ctp);
+    return rf_adv_kind_parse(w->r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE ? cdp : 0;
+}
+
+/* Whether this rank's TP position holds (a shard of) the critic in the replicas that have it:
+ * the critic's DP group is the ranks of that position. */
+static int critic_position(const rf__tworker *w) {
+    if (!critic_replicas(w)) return 0;
+    if (!w->tpc) return 1;
+    int t = rf_comm_rank(w->tpc), tp = rf__worker_split_tp(w, 1);
+    return tp ? t < tp : t == 0;
+}
+
+/* The critic's data parallelism over the first k = placement.critic.dp of the replicas (k > 1;
+ * its group a split of dpc when fewer than all): every rank of dpc takes part. */
+static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o) {
+    int k = critic_replicas(w), size = rf_comm_size(w->dpc);
+    if (k <= 1 || !critic_position(w)) return RF_OK;
+    rf_comm *g = w->dpc;
+    if (k < size) {
+        RF_TRY(rf_comm_split(w->dpc, w->replica < k ? 0 : -1, w->replica, &w->critic_dpc));
+        g = w->critic_dpc;
+    }
+    if (!g) return RF_OK; /* a replica past the critic's */
+    if (w->critic_tp) return rf_dp_init_tp(&w->dp_critic, g, w->critic_tp, o);
+    if (w->critic) return rf_dp_init(&w->dp_critic, g, w->critic, o);
+    return rf_error(RF_ERR_ARG, "data-parallel replica %d of the critic's %d holds no critic", w->replica, k);
+}
+
+/* How the critic is laid out, for the start-up log line. */
+static const char *critic_where(const rf__tworker *w, char *buf, size_t cap) {
+    int k = critic_replicas(w), size = rf_comm_size(w->dpc);
+    if (!k) snprintf(buf, cap, "actor");
+    else if (k == size) snprintf(buf, cap, "actor and critic%s", w->tpc && !w->critic_tp ? " (the critic on the replicas' first ranks)" : "");
+    else if (k == 1) snprintf(buf, cap, "actor (the critic on %s alone, on whole batches)", w->tpc ? "replica 0" : "rank 1");
+    else snprintf(buf, cap, "actor, and the critic over the first %d replicas (its own shares of each batch)", k);
+    return buf;
+}
+
 /* ---- both sides ---- */
 
 rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
@@ -54,32 +107,29 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
     if (st == RF_OK && w->tp)
         st = rf_comm_bcast(w->dpc, &v, sizeof v, 0, r->async.startup_timeout, "receiving the version from replica 0");
     w->version = (int)v;
-    /* the critic data parallel when every replica holds it (placement.critic.dp = 1: rank 1
-     * trains it alone, on whole batches) */
-    int cdp, ctp;
-    rf_recipe_role_layout(r, 1, &cdp, &ctp);
-    if (st == RF_OK && cdp == size && w->critic_tp) st = rf_dp_init_tp(&w->dp_critic, w->dpc, w->critic_tp, &o);
-    else if (st == RF_OK && cdp == size && w->critic) st = rf_dp_init(&w->dp_critic, w->dpc, w->critic, &o);
+    /* the critic data parallel over the replicas holding it when there are several
+     * (placement.critic.dp = 1: replica 0 trains it alone, on whole batches) */
+    if (st == RF_OK) st = critic_dp_setup(w, &o);
     if (st != RF_OK) return st;
     rf_dp_set_timeout(w->dp_actor, r->async.peer_timeout);
     if (w->dp_critic) rf_dp_set_timeout(w->dp_critic, r->async.peer_timeout);
+    char where[160];
     if (rank == 0 && w->tpc && rf_comm_rank(w->tpc) == 0)
         rf_log_info("training worker: %d data-parallel replicas of %d tensor-parallel ranks%s, %s", size,
                     rf_comm_size(w->tpc), r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded per shard)" : "",
-                    !w->dp_critic ? (w->critic || w->critic_tp ? "actor (the critic on replica 0 alone, on whole batches)" : "actor")
-                    : w->critic_tp ? "actor and critic" : "actor (and the critic on the replicas' first ranks)");
+                    critic_where(w, where, sizeof where));
     else if (rank == 0 && !w->tpc)
         rf_log_info("training worker: data parallel over %d ranks%s, %s", size,
-                    r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded)" : "",
-                    w->dp_critic ? "actor and critic" : w->critic ? "actor (the critic on rank 1 alone, on whole batches)"
-                                                                  : "actor");
+                    r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded)" : "", critic_where(w, where, sizeof where));
     w->last_cmd = rf_time_now();
     return RF_OK;
 }
 
 void rf__dp_free(rf__tworker *w) {
     rf_dp_free(w->dp_actor), rf_dp_free(w->dp_critic);
+    rf_comm_free(w->critic_dpc);
     w->dp_actor = w->dp_critic = NULL;
+    w->critic_dpc = NULL;
 }
 
 /* ---- DP rank 0 ---- */
@@ -105,46 +155,76 @@ void rf__dp_stop(rf__tworker *w, int failed) {
     else rf_error_clear();
 }
 
-/* Sample boundaries of the shares: bound (size + 1), about equal tokens each. */
-static void shares(const Rlflow__TrainBatch *b, int size, size_t *bound) {
+/* Sample boundaries of m shares of b with about equal tokens each, for `size` replicas: bound
+ * (size + 1); the replicas from m on get empty shares at the end. */
+static void shares(const Rlflow__TrainBatch *b, int m, int size, int64_t *bound) {
     size_t total = 0, acc = 0, i = 0;
     for (size_t k = 0; k < b->n_samples; k++) total += b->samples[k]->n_tokens;
     bound[0] = 0;
-    for (int q = 1; q < size; q++) {
-        /* share q starts at the first sample that begins at or past q / size of the tokens */
-        while (i < b->n_samples && acc * (size_t)size < total * (size_t)q) acc += b->samples[i++]->n_tokens;
-        bound[q] = i;
+    for (int q = 1; q < m; q++) {
+        /* share q starts at the first sample that begins at or past q / m of the tokens */
+        while (i < b->n_samples && acc * (size_t)m < total * (size_t)q) acc += b->samples[i++]->n_tokens;
+        bound[q] = (int64_t)i;
     }
-    bound[size] = b->n_samples;
+    for (int q = m; q <= size; q++) bound[q] = (int64_t)b->n_samples;
 }
 
-/* Tells the peers `cmd` (with arg) and sends each its share of b; bound (size + 1) gets the
- * shares' sample boundaries. */
-static rf_status scatter(rf__tworker *w, int cmd, int64_t arg, const Rlflow__TrainBatch *b, size_t *bound) {
-    int size = rf_comm_size(w->dpc);
+/* Replica q's part of the batch: the samples spanning its actor share [a[q], a[q + 1]) and its
+ * critic share (c: NULL without one), as *lo, *hi and sh (ranges in the whole batch). */
+static void part_of(const int64_t *a, const int64_t *c, int q, int64_t *lo, int64_t *hi, rf__share *sh) {
+    *sh = (rf__share){a[q], a[q + 1], a[q], a[q]};
+    if (c) sh->c_lo = c[q], sh->c_hi = c[q + 1];
+    *lo = sh->a_lo, *hi = sh->a_hi;
+    if (sh->c_hi > sh->c_lo) {
+        if (*hi == *lo) *lo = sh->c_lo, *hi = sh->c_hi;
+        if (sh->c_lo < *lo) *lo = sh->c_lo;
+        if (sh->c_hi > *hi) *hi = sh->c_hi;
+    }
+    if (sh->c_hi == sh->c_lo) sh->c_lo = sh->c_hi = *lo; /* empty, in the part */
+}
+
+/* Tells the peers `cmd` (with arg) and sends each its part of b: the actor's shares over the
+ * first m replicas (of size), with the critic's over its replicas when `critic` (training).
+ * *own: rank 0's part (ranges in b); bound (size + 1, or NULL): the actor's boundaries. */
+static rf_status scatter(rf__tworker *w, int cmd, int64_t arg, const Rlflow__TrainBatch *b, int m, int critic,
+                         int64_t *bound, int64_t *own_lo, int64_t *own_hi, rf__share *own) {
+    int size = rf_comm_size(w->dpc), k = critic ? critic_replicas(w) : 0;
     double t = w->r->async.peer_timeout;
-    uint64_t *bytes = calloc((size_t)size, sizeof *bytes);
+    dp_part *head = calloc((size_t)size, sizeof *head);
     uint8_t **buf = calloc((size_t)size, sizeof *buf);
     rf_comm_p2p *ops = calloc((size_t)size, sizeof *ops);
-    rf_status st = bytes && buf && ops ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-    if (st == RF_OK) shares(b, size, bound);
-    /* every share packed before the peers are told: a failure here leaves them waiting for
-     * the next command, not half-way through this one */
-    for (int q = 1; st == RF_OK && q < size; q++) st = rf__worker_pack_part(b, bound[q], bound[q + 1], &buf[q], &bytes[q]);
+    int64_t *cb = calloc((size_t)size + 1, sizeof *cb);
+    rf_status st = head && buf && ops && cb ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    if (st == RF_OK) shares(b, m, size, bound);
+    if (st == RF_OK && k) shares(b, k, size, cb);
+    /* every part packed before the peers are told: a failure here leaves them waiting for the
+     * next command, not half-way through this one */
+    for (int q = 0; st == RF_OK && q < size; q++) {
+        int64_t lo, hi;
+        part_of(bound, k ? cb : NULL, q, &lo, &hi, &head[q].sh);
+        if (q == 0) {
+            *own_lo = lo, *own_hi = hi, *own = head[0].sh;
+            continue;
+        }
+        head[q].sh = (rf__share){head[q].sh.a_lo - lo, head[q].sh.a_hi - lo, head[q].sh.c_lo - lo, head[q].sh.c_hi - lo};
+        st = rf__worker_pack_part(b, (size_t)lo, (size_t)hi, &buf[q], &head[q].bytes);
+    }
     if (st == RF_OK) st = send_cmd(w, cmd, arg, t);
-    for (int q = 1; q < size; q++) ops[q - 1] = (rf_comm_p2p){&bytes[q], sizeof bytes[q], q, 1};
+    for (int q = 1; q < size; q++) ops[q - 1] = (rf_comm_p2p){&head[q], sizeof head[q], q, 1};
     if (st == RF_OK) st = rf_comm_sendrecv(w->dpc, ops, size - 1, t, "sending the data-parallel ranks their shares");
-    for (int q = 1; q < size; q++) ops[q - 1] = (rf_comm_p2p){buf[q], bytes[q], q, 1};
+    for (int q = 1; q < size; q++) ops[q - 1] = (rf_comm_p2p){buf[q], head ? head[q].bytes : 0, q, 1};
     if (st == RF_OK) st = rf_comm_sendrecv(w->dpc, ops, size - 1, t, "sending the data-parallel ranks their shares");
     for (int q = 0; buf && q < size; q++) free(buf[q]);
-    free(bytes), free(buf), free(ops);
+    free(head), free(buf), free(ops), free(cb);
     return st;
 }
 
-rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo, size_t *hi) {
-    size_t *bound = calloc((size_t)rf_comm_size(w->dpc) + 1, sizeof *bound);
-    rf_status st = bound ? scatter(w, DP_TRAIN, (int64_t)b->n_samples, b, bound) : rf_error(RF_ERR_NOMEM, "out of memory");
-    if (st == RF_OK) *lo = bound[0], *hi = bound[1];
+rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo, size_t *hi, rf__share *sh) {
+    int size = rf_comm_size(w->dpc);
+    int64_t *bound = calloc((size_t)size + 1, sizeof *bound), l = 0, h = 0;
+    rf_status st = bound ? scatter(w, DP_TRAIN, (int64_t)b->n_samples, b, size, 1, bound, &l, &h, sh)
+                         : rf_error(RF_ERR_NOMEM, "out of memory");
+    *lo = (size_t)l, *hi = (size_t)h;
     free(bound);
     return st;
 }
@@ -171,13 +251,15 @@ static void score_copy(rf_train_sample *s, int n, int flags, float *buf, int to_
     }
 }
 
-rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sample *s, int flags) {
+rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sample *s, int flags, int m) {
     int size = rf_comm_size(w->dpc);
-    size_t *bound = calloc((size_t)size + 1, sizeof *bound);
+    int64_t *bound = calloc((size_t)size + 1, sizeof *bound), lo, hi;
     float **got = calloc((size_t)size, sizeof *got);
     rf_comm_p2p *ops = calloc((size_t)size, sizeof *ops);
-    rf_status st = bound && got && ops ? scatter(w, DP_SCORE, flags, b, bound) : rf_error(RF_ERR_NOMEM, "out of memory");
-    if (st == RF_OK) st = rf__worker_score_share(w, b, bound[0], bound[1], s, flags);
+    rf__share own;
+    rf_status st = bound && got && ops ? scatter(w, DP_SCORE, flags, b, m, 0, bound, &lo, &hi, &own)
+                                       : rf_error(RF_ERR_NOMEM, "out of memory");
+    if (st == RF_OK) st = rf__worker_score_share(w, b, (size_t)lo, (size_t)hi, s, flags);
     for (int q = 1; st == RF_OK && q < size; q++) {
         size_t f = score_floats(s + bound[q], (int)(bound[q + 1] - bound[q]), flags);
         got[q] = malloc(sizeof(float) * (f ? f : 1));
@@ -256,6 +338,7 @@ rf_status rf__dp_moments_serve(rf__tworker *w) {
                              "waiting for data-parallel rank 0 to ask for a checkpoint's optimizer state"));
         if (q.model < 0) return RF_OK;
         rf_dp *dp = q.model ? w->dp_critic : w->dp_actor;
+        if (q.model == 1 && !dp && w->replica >= critic_replicas(w)) continue; /* past the critic's replicas */
         if (!dp || q.a < 0 || q.n < 0)
             return rf_error(RF_ERR_FORMAT, "data-parallel rank 0 asked for floats [%lld, %lld) of model %d's moment %d, "
                             "which this rank does not hold", (long long)q.a, (long long)(q.a + q.n), (int)q.model,
@@ -266,27 +349,28 @@ rf_status rf__dp_moments_serve(rf__tworker *w) {
 
 /* ---- the peers ---- */
 
-/* Receives this rank's share of a batch (caller frees *buf). */
-static rf_status recv_share(rf__tworker *w, uint8_t **buf, uint64_t *bytes) {
+/* Receives this rank's part of a batch (caller frees *buf) and where its shares lie in it. */
+static rf_status recv_share(rf__tworker *w, uint8_t **buf, dp_part *head) {
     double t = w->r->async.peer_timeout;
-    *buf = NULL, *bytes = 0;
-    rf_comm_p2p op = {bytes, sizeof *bytes, 0, 0};
+    *buf = NULL;
+    memset(head, 0, sizeof *head);
+    rf_comm_p2p op = {head, sizeof *head, 0, 0};
     RF_TRY(rf_comm_sendrecv(w->dpc, &op, 1, t, "receiving this rank's share of the batch"));
-    *buf = malloc(*bytes ? *bytes : 1);
-    if (!*buf) return rf_error(RF_ERR_NOMEM, "out of memory for a share of %llu bytes", (unsigned long long)*bytes);
-    op = (rf_comm_p2p){*buf, *bytes, 0, 0};
+    *buf = malloc(head->bytes ? head->bytes : 1);
+    if (!*buf) return rf_error(RF_ERR_NOMEM, "out of memory for a share of %llu bytes", (unsigned long long)head->bytes);
+    op = (rf_comm_p2p){*buf, head->bytes, 0, 0};
     return rf_comm_sendrecv(w->dpc, &op, 1, t, "receiving this rank's share of the batch");
 }
 
-/* Receives this rank's share and trains on it with the others (with tensor parallelism: with
- * its TP peers, after handing them the share). */
+/* Receives this rank's part and trains on it with the others (with tensor parallelism: with
+ * its TP peers, after handing them the part). */
 static rf_status peer_train(rf__tworker *w, int64_t n_batch) {
     double t = w->r->async.peer_timeout;
     uint8_t *buf = NULL;
-    uint64_t bytes = 0;
-    rf_status st = recv_share(w, &buf, &bytes);
-    if (st == RF_OK && w->tpc) st = rf__tp_share(w, buf, bytes, n_batch > 0);
-    if (st == RF_OK) st = rf__worker_peer_update(w, buf, bytes, "this rank's share of the batch", n_batch > 0);
+    dp_part head;
+    rf_status st = recv_share(w, &buf, &head);
+    if (st == RF_OK && w->tpc) st = rf__tp_share(w, buf, head.bytes, n_batch > 0, &head.sh);
+    if (st == RF_OK) st = rf__worker_peer_update(w, buf, head.bytes, "this rank's share of the batch", n_batch > 0, &head.sh);
     /* tensor parallelism: this replica's shards go to the rollout workers with the others' */
     if (st == RF_OK && w->tpc) st = rf__tp_publish(w, t, NULL);
     free(buf);
@@ -297,11 +381,11 @@ static rf_status peer_train(rf__tworker *w, int64_t n_batch) {
  * split model takes part) and sends rank 0 the results. */
 static rf_status peer_score(rf__tworker *w, int flags) {
     uint8_t *buf = NULL;
-    uint64_t bytes = 0;
-    rf_status st = recv_share(w, &buf, &bytes);
+    dp_part head;
+    rf_status st = recv_share(w, &buf, &head);
     Rlflow__TrainBatch *b = NULL;
     rf_train_sample *s = NULL;
-    if (st == RF_OK) st = rf__worker_unpack_packed(buf, bytes, "this rank's share of the samples to score", &b, &s);
+    if (st == RF_OK) st = rf__worker_unpack_packed(buf, head.bytes, "this rank's share of the samples to score", &b, &s);
     int n = b ? (int)b->n_samples : 0;
     if (st == RF_OK) st = rf__worker_score_share(w, b, 0, (size_t)n, s, flags);
     size_t f = st == RF_OK ? score_floats(s, n, flags) : 0;

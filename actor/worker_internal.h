@@ -13,13 +13,16 @@
  * rollout worker's blocks spread over the replicas by the planner); replica 0 alone gathers
  * checkpoints.
  *
- * The critic and the reference sit on the same grid (rf_recipe_role_layout): each on every
- * replica or on replica 0 alone (a critic there is whole on rank 1 and trained on whole
- * batches, not data parallel); in each replica either whole on the leader
- * (tp 1) or split like the actor over the first tp of its TP ranks (critic_tp, ref_tp; a group
- * split from the replica's when tp is smaller than the actor's). A ScoreRequest is split
- * over the replicas when every model it asks for is on all of them (token-balanced shares, as
- * training), else replica 0 scores it alone; within a replica the TP peers take part in the
+ * The critic and the reference sit on the same grid (rf_recipe_role_layout): each on the first
+ * dp of the D replicas (placement.critic.dp / placement.reference.dp, 1 .. D); in each of them
+ * either whole on the leader (tp 1) or split like the actor over the first tp of its TP ranks
+ * (critic_tp, ref_tp; a group split from the replica's when tp is smaller than the actor's).
+ * A batch is shared out twice: the actor's D token-balanced shares, and the critic's over its
+ * own dp replicas (the whole batch when dp = 1); each replica receives the samples spanning
+ * both of its shares and where each lies (rf__share), and trains the critic data parallel
+ * over its replicas (critic_dpc) when there are several. A ScoreRequest is split over the
+ * first m replicas, m the fewest that hold a model it asks for (token-balanced shares, as
+ * training; m = 1: replica 0 scores it alone); within a replica the TP peers take part in the
  * passes of the split models. The reward model is whole on rank 1. */
 #ifndef RF_ACTOR_WORKER_INTERNAL_H
 #define RF_ACTOR_WORKER_INTERNAL_H
@@ -59,7 +62,9 @@ typedef struct rf__tworker {
                             position, one per replica), or NULL */
     int replica;         /* tp x dp: this rank's DP replica (0: it sends weights and
                             checkpoints); 0 otherwise */
-    rf_dp *dp_actor, *dp_critic;
+    rf_dp *dp_actor, *dp_critic; /* dp_critic: over critic_dpc, when the critic is on several replicas */
+    rf_comm *critic_dpc; /* the DP ranks of the replicas holding the critic, when fewer than all of
+                            them and more than one (a split of dpc; else NULL: dpc itself) */
     double last_cmd;     /* DP or TP rank 0: when it last sent its peers a command */
     /* tensor parallelism (placement.actor.tp > 1): the actor only; the reference, critic and
      * reward model are whole models on TP rank 0 */
@@ -81,6 +86,12 @@ typedef struct rf__tworker {
     char ckpt_dir[4200];
     int actor_steps, critic_steps;
 } rf__tworker;
+
+/* The samples of a batch (or of a replica's part of it) each model trains on: the actor
+ * [a_lo, a_hi), the critic [c_lo, c_hi) (empty where this rank holds no critic). */
+typedef struct rf__share {
+    int64_t a_lo, a_hi, c_lo, c_hi;
+} rf__share;
 
 /* What a score pass computes: reference log-probs, critic values. */
 enum { RF_SCORE_REF = 1, RF_SCORE_VALUES = 2 };
@@ -105,10 +116,11 @@ void rf__worker_packed_free(Rlflow__TrainBatch *b, rf_train_sample *s);
 rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample **out);
 void rf__worker_samples_free(rf_train_sample *s, int n);
 
-/* The models' share of a batch: proximal log-probs, the actor's update and the critic's, each
- * data parallel when w has DP state (then every DP rank calls it, with its share, possibly
- * empty; the statistics are the whole batch's). prox_s / actor_s: seconds spent. */
-rf_status rf__worker_update(rf__tworker *w, rf_train_sample *s, int n, float kl_coef,
+/* The models' shares of a batch (samples s, sh's ranges in it): proximal log-probs, the
+ * actor's update and the critic's, each data parallel when w has DP state for it (then every
+ * rank of its DP group calls it, with its share, possibly empty; the statistics are the whole
+ * batch's). prox_s / actor_s: seconds spent. */
+rf_status rf__worker_update(rf__tworker *w, rf_train_sample *s, const rf__share *sh, float kl_coef,
                             rf_update_stats *as, rf_update_stats *cs, double *prox_s, double *actor_s);
 
 /* Every rank of c (the DP or TP group; `kind` "data-parallel" or "tensor-parallel") says
@@ -117,14 +129,11 @@ rf_status rf__worker_update(rf__tworker *w, rf_train_sample *s, int n, float kl_
 rf_status rf__worker_agree_to_start(rf__tworker *w, rf_comm *c, rf_status loaded, const char *kind);
 
 /* A peer's (DP or TP rank > 0) update from a packed TrainBatch in buf (bytes; `what` names it
- * in errors): unpacks it, takes the policy version, runs rf__worker_update when `train` is 1
- * (-1: when the batch holds samples), and counts the new version. */
+ * in errors; sh: each model's samples in it): unpacks it, takes the policy version, runs
+ * rf__worker_update when `train` is 1 (-1: when the batch holds samples), and counts the new
+ * version. */
 rf_status rf__worker_peer_update(rf__tworker *w, const uint8_t *buf, size_t bytes, const char *what,
-                                 int train);
-
-/* The critic's update on samples s (n) of this rank (its share, or the whole batch when the
- * critic is on replica 0 alone): data parallel and tensor parallel as it is laid out. */
-rf_status rf__worker_critic_update(rf__tworker *w, rf_train_sample *s, int n, float kl_coef, rf_update_stats *cs);
+                                 int train, const rf__share *sh);
 
 /* The tensor-parallel ranks the critic (critic 1) or the reference (0) is split over here, or 0
  * when it is whole: a split one no rank loads whole (rf__tp_setup reads the shards). */
@@ -142,12 +151,14 @@ int rf__worker_has_ref(const rf__tworker *w);
  * They all start from rank 0's state. */
 rf_status rf__dp_setup(rf__tworker *w, rf_status loaded);
 
-/* DP rank 0: sends every peer its share of batch b and returns its own samples [*lo, *hi). */
-rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo, size_t *hi);
+/* DP rank 0: sends every peer its shares of batch b (the actor's and the critic's) and returns
+ * its own: the samples [*lo, *hi) spanning them, and *sh, each model's range in b. */
+rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo, size_t *hi, rf__share *sh);
 
-/* DP rank 0: scores the samples of b (s: them unpacked) over the replicas, each its share
- * (rf__worker_score_share; the peers send theirs back), filling s's ref_logp / values. */
-rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sample *s, int flags);
+/* DP rank 0: scores the samples of b (s: them unpacked) over the first m replicas, each its
+ * share (rf__worker_score_share; the peers send theirs back; the others get none), filling
+ * s's ref_logp / values. */
+rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sample *s, int flags, int m);
 
 /* DP rank 0: a keep-alive for the peers when it has sent them nothing for a while (they give
  * up on a rank 0 silent for async.peer_timeout). */
@@ -215,9 +226,9 @@ rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)
 rf_status rf__rs_whole_setup(rf__tworker *w);
 
 /* TP rank 0: sends every peer the packed TrainBatch buf (bytes) they train on with rank 0 (the
- * whole batch, or with data parallelism the replica's share); `train` is
- * rf__worker_peer_update's. */
-rf_status rf__tp_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int train);
+ * whole batch, or with data parallelism the replica's shares), sh: each model's samples in it;
+ * `train` is rf__worker_peer_update's. */
+rf_status rf__tp_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int train, const rf__share *sh);
 
 /* Samples [lo, hi) of b packed as a TrainBatch with b's other fields (caller frees *buf). */
 rf_status rf__worker_pack_part(const Rlflow__TrainBatch *b, size_t lo, size_t hi, uint8_t **buf, uint64_t *bytes);

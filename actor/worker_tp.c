@@ -51,6 +51,7 @@ typedef struct tp_cmd {
     int32_t cmd;
     int32_t train; /* TRAIN: rf__worker_peer_update's `train` */
     int64_t arg;
+    rf__share sh;  /* TRAIN: the actor's and the critic's samples in the batch */
 } tp_cmd;
 
 static rf_param_table table_of(const rf_model_tp *tp) {
@@ -235,10 +236,14 @@ rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)
 
 /* ---- TP rank 0 ---- */
 
-static rf_status send_cmd(rf__tworker *w, int cmd, int train, int64_t arg, double timeout_s) {
-    tp_cmd c = {cmd, train, arg};
+static rf_status send_cmd_share(rf__tworker *w, int cmd, int train, int64_t arg, const rf__share *sh, double timeout_s) {
+    tp_cmd c = {cmd, train, arg, sh ? *sh : (rf__share){0, 0, 0, 0}};
     w->last_cmd = rf_time_now();
     return rf_comm_bcast(w->tpc, &c, sizeof c, 0, timeout_s, "sending a command to the tensor-parallel training ranks");
+}
+
+static rf_status send_cmd(rf__tworker *w, int cmd, int train, int64_t arg, double timeout_s) {
+    return send_cmd_share(w, cmd, train, arg, NULL, timeout_s);
 }
 
 rf_status rf__tp_keepalive(rf__tworker *w) {
@@ -257,9 +262,9 @@ void rf__tp_stop(rf__tworker *w, int failed) {
     else rf_error_clear();
 }
 
-rf_status rf__tp_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int train) {
+rf_status rf__tp_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int train, const rf__share *sh) {
     double t = w->r->async.peer_timeout;
-    RF_TRY(send_cmd(w, TP_TRAIN, train, (int64_t)bytes, t));
+    RF_TRY(send_cmd_share(w, TP_TRAIN, train, (int64_t)bytes, sh, t));
     return rf_comm_bcast(w->tpc, (void *)buf, bytes, 0, t, "sending the tensor-parallel ranks the batch");
 }
 
@@ -401,14 +406,15 @@ rf_status rf__tp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs) {
 
 /* ---- the peers ---- */
 
-/* Receives the whole batch (with data parallelism: the replica's share) and trains this rank's
- * shard on it with the others, then sends the new weights with them (and the other replicas). */
-static rf_status peer_train(rf__tworker *w, int64_t bytes, int train) {
+/* Receives the whole batch (with data parallelism: the replica's shares) and trains this
+ * rank's shards on it with the others (sh: the actor's and the critic's samples), then sends
+ * the new weights with them (and the other replicas). */
+static rf_status peer_train(rf__tworker *w, int64_t bytes, int train, const rf__share *sh) {
     double t = w->r->async.peer_timeout;
     uint8_t *buf = malloc(bytes ? (size_t)bytes : 1);
     if (!buf) return rf_error(RF_ERR_NOMEM, "out of memory for a batch of %lld bytes", (long long)bytes);
     rf_status st = rf_comm_bcast(w->tpc, buf, (size_t)bytes, 0, t, "receiving the batch from the training worker (tensor-parallel rank 0)");
-    if (st == RF_OK) st = rf__worker_peer_update(w, buf, (size_t)bytes, "the batch from tensor-parallel rank 0", train);
+    if (st == RF_OK) st = rf__worker_peer_update(w, buf, (size_t)bytes, "the batch from tensor-parallel rank 0", train, sh);
     free(buf);
     return st == RF_OK ? rf__tp_publish(w, t, NULL) : st;
 }
@@ -462,7 +468,7 @@ static rf_status peer_serve(rf__tworker *w) {
                              "waiting for a command from the training worker (tensor-parallel rank 0)"));
         switch (c.cmd) {
         case TP_NOP: break;
-        case TP_TRAIN: RF_TRY(peer_train(w, c.arg, c.train)); break;
+        case TP_TRAIN: RF_TRY(peer_train(w, c.arg, c.train, &c.sh)); break;
         case TP_CHECKPOINT: RF_TRY(peer_checkpoint(w, c.arg)); break;
         case TP_SCORE: RF_TRY(peer_score(w, c.arg, c.train)); break;
         case TP_STOP:

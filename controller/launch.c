@@ -437,11 +437,19 @@ rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv) {
     RF_TRY(rf_comm_init(&argc, &argv, &world));
     rf_status st = run_rank(r, resume, world);
     if (st != RF_OK) {
-        /* report now, naming the rank; MPI_Finalize waits for every rank, and one may be gone:
-         * bounded */
+        /* report now, naming the rank. The ranks that failed meet at a barrier, bounded: a
+         * rank that is still busy (waiting for a controller that is gone, say, or gone itself)
+         * would keep the job alive, so then the job is aborted; MPI_Finalize waits for every
+         * rank: bounded too */
         rf_log_status(st);
         rf_error_clear(); /* reported */
         fflush(stdout), fflush(stderr);
+        if (rf_comm_barrier(world, 5.0, "the ranks ending the run on an error") != RF_OK) {
+            rf_log_warn("rank %d: not every rank ended within 5 s of the error (one is gone or still busy); stopping "
+                        "the MPI job", rf_comm_rank(world));
+            rf_error_clear();
+            rf_comm_abort(1);
+        }
         signal(SIGALRM, exit_now);
         alarm(5);
     }

@@ -183,26 +183,20 @@ static rf_status reject_rollout_tp(const rf_recipe *r, int split) {
 /* Parallel layouts this build does not carry out ([placement.actor], [placement.rollout]). */
 static rf_status reject_layouts(const rf_recipe *r, int split) {
     RF_TRY(reject_actor_tp(r, split));
-    /* the critic and the reference: on all the actor's replicas or on replica 0 alone, split
-     * over the first tp ranks of each, tp dividing the actor's (1: whole); a critic on replica 0
-     * alone trains on whole batches, which only rank 1 holds: whole there */
+    /* the critic and the reference: on the first dp of the actor's replicas, split over the
+     * first tp ranks of each, tp dividing the actor's (1: whole) */
     int D = r->placement.actor.dp, T = r->placement.actor.tp;
     char why[256];
     for (int critic = 0; critic < 2; critic++) {
         int dp, tp;
         rf_recipe_role_layout(r, critic, &dp, &tp);
         const char *name = critic ? "critic" : "reference";
-        char key[64];
+        char key[64], where[512];
         snprintf(key, sizeof key, "placement.%s.dp", name);
-        if (dp != D && dp != 1) {
-            snprintf(why, sizeof why, "a %s on other replicas than the first (1) or all of the actor's "
-                     "(placement.actor.dp = %d)", name, D);
-            return rf_recipe_reject_unimplemented(r, key, why);
-        }
-        if (critic && dp == 1 && D > 1 && tp != 1)
-            return rf_recipe_reject_unimplemented(r, key, "a critic on the first replica alone split over tensor-parallel "
-                                                  "ranks: it trains on whole batches, which only the first training "
-                                                  "rank holds; set placement.critic.tp = 1 (whole on that rank)");
+        if (dp > D)
+            return rf_error(RF_ERR_ARG, "%s: %s = %d is more than placement.actor.dp = %d (the %s is held by the first "
+                            "%s of the actor's data-parallel replicas)", rf_recipe_where(r, key, where, sizeof where),
+                            key, dp, D, name, key);
         snprintf(key, sizeof key, "placement.%s.tp", name);
         if (tp < 1 || T % tp != 0) {
             snprintf(why, sizeof why, "a %s tensor-parallel size that does not divide the actor's (placement.actor.tp "

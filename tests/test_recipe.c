@@ -223,18 +223,6 @@ static void parallel_layouts(void) {
          ":7:1: placement.rollout.tp = 2 is not implemented yet (tensor parallelism of generation on CUDA: the CUDA model "
          "path is not tensor parallel (the tensor-parallel model runs on the CPU kernels only))"},
         {"[placement.actor]\ndp = 2\nzero = 2\n", ":3:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
-        {"[placement]\nmode = \"split\"\n[placement.critic]\ndp = 2\n", ":4:1: placement.critic.dp = 2 is not implemented yet "
-         "(a critic on other replicas than the first (1) or all of the actor's (placement.actor.dp = 1))"},
-        {"[placement]\nmode = \"split\"\n[placement.actor]\ndp = 4\n[placement.critic]\ndp = 2\n",
-         ":6:1: placement.critic.dp = 2 is not implemented yet (a critic on other replicas than the first (1) or all of "
-         "the actor's (placement.actor.dp = 4))"},
-        {"[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\ntp = 2\n[placement.critic]\ndp = 1\n",
-         ":7:1: placement.critic.dp = 1 is not implemented yet (a critic on the first replica alone split over "
-         "tensor-parallel ranks: it trains on whole batches, which only the first training rank holds; set "
-         "placement.critic.tp = 1 (whole on that rank))"},
-        {"[placement]\nmode = \"split\"\n[placement.actor]\ndp = 4\n[placement.reference]\ndp = 2\n",
-         ":6:1: placement.reference.dp = 2 is not implemented yet (a reference on other replicas than the first (1) or all "
-         "of the actor's (placement.actor.dp = 4))"},
         {"[placement.reference]\ntp = 2\n", ":2:1: placement.reference.tp = 2 is not implemented yet (a reference "
          "tensor-parallel size that does not divide the actor's (placement.actor.tp = 1): the reference's shards live on "
          "the first ranks of each replica)"},
@@ -252,6 +240,33 @@ static void parallel_layouts(void) {
             snprintf(tmp, sizeof want - (size_t)(tmp - want), "%s%s", tmp_path, rest);
         }
         CHECK_ERR(rf__reject_unimplemented(&r), RF_ERR_UNSUPPORTED, want);
+        rf_recipe_free(&r);
+    }
+    /* a role on more replicas than the actor has: a wrong value, not a missing feature */
+    struct { const char *text, *want; } too_many[] = {
+        {"[placement]\nmode = \"split\"\n[placement.critic]\ndp = 2\n", ":4:1: placement.critic.dp = 2 is more than "
+         "placement.actor.dp = 1 (the critic is held by the first placement.critic.dp of the actor's data-parallel replicas)"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\ntp = 2\n[placement.reference]\ndp = 3\n",
+         ":7:1: placement.reference.dp = 3 is more than placement.actor.dp = 2 (the reference is held by the first "
+         "placement.reference.dp of the actor's data-parallel replicas)"},
+    };
+    for (size_t i = 0; i < sizeof too_many / sizeof too_many[0]; i++) {
+        CHECK_OK(rf_recipe_load(&r, recipe_file(too_many[i].text), NULL, 0));
+        char want[512];
+        snprintf(want, sizeof want, "%s%s", tmp_path, too_many[i].want);
+        CHECK_ERR(rf__reject_unimplemented(&r), RF_ERR_ARG, want);
+        rf_recipe_free(&r);
+    }
+    /* the critic and the reference on some of the actor's replicas (the first dp), the critic
+     * on the first replica alone split over its tensor-parallel ranks */
+    const char *fewer[] = {
+        "[placement]\nmode = \"split\"\n[placement.actor]\ndp = 4\n[placement.critic]\ndp = 2\n[placement.reference]\ndp = 3\n",
+        "[placement]\nmode = \"split\"\n[placement.actor]\ndp = 3\ntp = 2\n[placement.critic]\ndp = 2\n",
+        "[placement]\nmode = \"split\"\n[placement.actor]\ndp = 2\ntp = 2\n[placement.critic]\ndp = 1\n",
+    };
+    for (size_t i = 0; i < sizeof fewer / sizeof fewer[0]; i++) {
+        CHECK_OK(rf_recipe_load(&r, recipe_file(fewer[i]), NULL, 0));
+        CHECK_OK(rf__reject_unimplemented(&r));
         rf_recipe_free(&r);
     }
     /* tensor and data parallelism together in a split run on the CPU, with ZeRO-1 */

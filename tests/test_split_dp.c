@@ -12,6 +12,8 @@
  *   - a data-parallel peer killed (SIGKILL) mid-run: `rlflow run` fails within seconds of
  *     async.peer_timeout naming the collective that waited (mostly a gradient bucket's
  *     allreduce) and the lost world rank;
+ *   - --resume without a finished checkpoint stops every rank within seconds (under 60 s; the
+ *     rollout worker waiting for the controller that stopped used to keep the job alive);
  *   - an MPI job of the wrong size is refused with the exact error.
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
@@ -127,6 +129,24 @@ static void peer_killed(void) {
     rf_test_peer_killed(dir, rlflow, "data-parallel rank 1 of 2", 2, ": world rank 1 waited 10 s for world rank 2 (a rank is gone or stuck)");
 }
 
+/* --resume with no finished checkpoint (a save that did not complete): every rank stops
+ * naming it, within seconds; the rollout worker, waiting for a controller that is gone, does
+ * not keep the MPI job alive (it did, for async.startup_timeout = 600 s). */
+static void resume_without_checkpoint(void) {
+    char *out = NULL, want[512];
+    rf_test_sh(NULL, "mkdir -p %s/nockpt/step_000020.tmp", dir);
+    double t = rf_time_now();
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "nockpt", "--set train.steps=30 --resume");
+    t = rf_time_now() - t;
+    printf("--resume without a checkpoint: exit %d after %.1f s\n", rc, t);
+    snprintf(want, sizeof want, "error: %s/nockpt/latest: no checkpoint to resume from", dir);
+    CHECK(rc != 0);
+    CHECK(out && strstr(out, want) != NULL);
+    CHECK(t < 60);
+    if (!out || !strstr(out, want)) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+}
+
 static void wrong_size(void) {
     rf_test_wrong_size(dir, rlflow, 3, "this MPI job has 3 ranks; the recipe needs 4 (controller, placement.actor.dp = 2 "
                                        "training workers and placement.rollout_ranks = 1 rollout workers)");
@@ -142,6 +162,7 @@ int main(void) {
     zero_checkpoint_resume();
     critic_on_rank1();
     peer_killed();
+    resume_without_checkpoint();
     wrong_size();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_dp");

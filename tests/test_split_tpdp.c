@@ -19,6 +19,8 @@
  *     with the critic and the reference split, and with both whole on replica 0's first rank:
  *     at step 1 the same reward, a KL to the generating policy below 1e-6 in both, the same
  *     value loss within 1e-5 of it; at step 2 (when the samples agree) the same within 1e-4;
+ *     and the same with the critic split over replica 0's ranks alone (placement.critic.dp = 1:
+ *     trained there on whole batches), resumed from its checkpoint at 3 to 4;
  *   - replica 1's first rank (world rank 3) killed (SIGKILL) mid-run: `rlflow run` fails within
  *     seconds of async.peer_timeout naming the collective that waited and world rank 3;
  *   - refusals with their exact messages: tp = 3 does not divide the heads (with dp = 2); tp and
@@ -150,6 +152,32 @@ static void zero_ppo_checkpoint_resume(void) {
     if (rc) fprintf(stderr, "%s\n", out);
     free(out);
     rf_test_same_scores(dir, "split3", "whole3", "critic and reference split / whole");
+    /* the critic on replica 0 alone, split over its two ranks: trained there on whole batches
+     * (the TP peer gets them with its actor share), then resumed from its checkpoint */
+    char r0[480];
+    snprintf(r0, sizeof r0, "%s --set train.steps=3 --set async.max_staleness=0 --set placement.critic.dp=1", args);
+    rc = rf_test_run_recipe(&out, dir, rlflow, "critic_r0", r0);
+    CHECK(rc == 0);
+    const char *want_r0[] = {
+        "rank 2: training worker, data-parallel replica 0 of 2, tensor-parallel rank 1 of 2 (actor shard 1 of 2, reference "
+        "shard 1 of 2, critic shard 1 of 2)",
+        "rank 3: training worker, data-parallel replica 1 of 2, tensor-parallel rank 0 of 2 (actor shard 0 of 2, reference "
+        "shard 0 of 2)",
+        "2 data-parallel replicas of 2 tensor-parallel ranks (ZeRO-1: optimizer state sharded per shard), actor (the "
+        "critic on replica 0 alone, on whole batches)",
+        "training worker: scoring reference log-probs and values on 1 data-parallel replica, all split over 2 "
+        "tensor-parallel ranks"};
+    rf_test_has_all(out, want_r0, sizeof want_r0 / sizeof want_r0[0]);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    rf_test_same_scores(dir, "critic_r0", "split3", "critic split on replica 0 alone / on both replicas");
+    snprintf(r0, sizeof r0, "%s --set train.steps=4 --set async.max_staleness=0 --set placement.critic.dp=1 --resume", args);
+    rc = rf_test_run_recipe(&out, dir, rlflow, "critic_r0", r0);
+    CHECK(rc == 0);
+    CHECK(out && strstr(out, "resumed at step 3"));
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    CHECK(rf_test_trainer_state(dir, "critic_r0", "step_000004", "critic_optimizer_steps") == 4);
     /* ZeRO-1's checkpoint over the grid (each moment block gathered from its DP group as the
      * shards are gathered, a tensor at a time) against plain's, after one step on the same
      * samples */
