@@ -472,6 +472,16 @@ static rf_status serve(tworker *w) {
     }
 }
 
+/* Both AdamW moments of whole model m from role `role` of the checkpoint in dir. */
+static rf_status load_moments(const char *dir, const char *role, rf_model *m) {
+    rf_ckpt_moments cm;
+    RF_TRY(rf_checkpoint_moments_open(&cm, dir, role, m));
+    rf_status st = rf_checkpoint_moments_read(&cm, 1, 0, m->n_params, m->opt_m);
+    if (st == RF_OK) st = rf_checkpoint_moments_read(&cm, 2, 0, m->n_params, m->opt_v);
+    rf_checkpoint_moments_close(&cm);
+    return st == RF_OK ? RF_OK : rf_error_wrap(st, "resuming from %s", dir);
+}
+
 rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int resume,
                                rf_comm *wcomm, const int *rollout, int n_rollout, rf_comm *dpc,
                                rf_comm *tpc) {
@@ -495,9 +505,17 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     }
     if (st == RF_OK && r->reward.model[0]) st = rf_reward_model_open(&w.rm, r->reward.model, w.k);
     if (st == RF_OK && resume) {
+        /* the whole models' parameters and the state; their moments here unless ZeRO-1 shards
+         * them, when every DP rank reads its own blocks (rf__dp_setup): no rank holds them whole */
         rf_ckpt_state cs = {0};
-        st = rf_checkpoint_load(r->logging.dir, w.actor, w.critic, &cs); /* the whole ones, and the state */
-        if (st == RF_OK && w.tpc) st = rf_checkpoint_latest(r->logging.dir, w.ckpt_dir, sizeof w.ckpt_dir);
+        int zr[2] = {rf__dp_zero_reads(&w, 0), rf__dp_zero_reads(&w, 1)};
+        if (!zr[0] && !zr[1]) st = rf_checkpoint_load(r->logging.dir, w.actor, w.critic, &cs);
+        if (st == RF_OK) st = rf_checkpoint_latest(r->logging.dir, w.ckpt_dir, sizeof w.ckpt_dir);
+        if (st == RF_OK && (zr[0] || zr[1])) { /* data parallel: host memory */
+            st = rf_checkpoint_load_params(r->logging.dir, w.actor, w.critic, &cs, w.ckpt_dir, sizeof w.ckpt_dir);
+            if (st == RF_OK && w.actor && !zr[0]) st = load_moments(w.ckpt_dir, "actor", w.actor);
+            if (st == RF_OK && w.critic && !zr[1]) st = load_moments(w.ckpt_dir, "critic", w.critic);
+        }
         w.version = cs.step, w.actor_steps = cs.actor_opt_steps, w.critic_steps = cs.critic_opt_steps;
     }
     /* tensor parallel: every rank reads its shards (this rank shard 0) */

@@ -66,9 +66,34 @@ static int critic_position(const rf__tworker *w) {
     return tp ? t < tp : t == 0;
 }
 
+int rf__dp_zero_reads(const rf__tworker *w, int model) {
+    if (!w->dpc || w->r->placement.actor.zero != 1) return 0;
+    return model ? critic_replicas(w) > 1 && !rf__worker_split_tp(w, 1) : !w->tpc;
+}
+
+/* Data parallelism of whole model m (`model` 0 the actor, 1 the critic) over g with options o;
+ * resuming with ZeRO-1 (ckpt: the checkpoint's directory, "" on a fresh start) every rank
+ * reads its own blocks of the moments from the checkpoint. */
+static rf_status dp_whole(rf__tworker *w, rf_dp **out, rf_comm *g, rf_model *m, int model, const char *ckpt,
+                          rf_dp_opts o) {
+    rf_ckpt_moments cm;
+    int read = ckpt[0] && rf__dp_zero_reads(w, model);
+    rf_status st = read ? rf_checkpoint_moments_open(&cm, ckpt, model ? "critic" : "actor", m) : RF_OK;
+    if (read && st == RF_OK) o.moments = rf_checkpoint_moments_read, o.moments_ctx = &cm;
+    /* a rank that could not open the files still takes part, failing its read (every rank then
+     * fails, naming it) */
+    if (read && st != RF_OK) o.moments = NULL;
+    if (st == RF_OK || read) {
+        rf_status ist = rf_dp_init(out, g, m, &o);
+        if (st == RF_OK) st = ist;
+    }
+    if (read && o.moments) rf_checkpoint_moments_close(&cm);
+    return st;
+}
+
 /* The critic's data parallelism over the first k = placement.critic.dp of the replicas (k > 1;
  * its group a split of dpc when fewer than all): every rank of dpc takes part. */
-static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o) {
+static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o, const char *ckpt) {
     int k = critic_replicas(w), size = rf_comm_size(w->dpc);
     if (k <= 1 || !critic_position(w)) return RF_OK;
     rf_comm *g = w->dpc;
@@ -78,7 +103,7 @@ static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o) {
     }
     if (!g) return RF_OK; /* a replica past the critic's */
     if (w->critic_tp) return rf_dp_init_tp(&w->dp_critic, g, w->critic_tp, o);
-    if (w->critic) return rf_dp_init(&w->dp_critic, g, w->critic, o);
+    if (w->critic) return dp_whole(w, &w->dp_critic, g, w->critic, 1, ckpt, *o);
     return rf_error(RF_ERR_ARG, "data-parallel replica %d of the critic's %d holds no critic", w->replica, k);
 }
 
@@ -101,7 +126,15 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
     rf_status st;
     /* set-up waits for rank 0's checkpoint loading: the start-up bound; later, the peers' */
     rf_dp_opts o = {.zero = r->placement.actor.zero, .timeout_s = r->async.startup_timeout};
-    st = w->tp ? rf_dp_init_tp(&w->dp_actor, w->dpc, w->tp, &o) : rf_dp_init(&w->dp_actor, w->dpc, w->actor, &o);
+    /* ZeRO-1: the checkpoint resumed from (rank 0's; "" on a fresh start), from which every rank
+     * reads its blocks of the whole models' moments */
+    char ckpt[sizeof w->ckpt_dir] = "";
+    if (rank == 0) snprintf(ckpt, sizeof ckpt, "%s", w->ckpt_dir);
+    st = o.zero ? rf_comm_bcast(w->dpc, ckpt, sizeof ckpt, 0, r->async.startup_timeout,
+                                "receiving the checkpoint's directory from data-parallel rank 0")
+                : RF_OK;
+    if (st == RF_OK)
+        st = w->tp ? rf_dp_init_tp(&w->dp_actor, w->dpc, w->tp, &o) : dp_whole(w, &w->dp_actor, w->dpc, w->actor, 0, ckpt, o);
     /* with tensor parallelism the version comes from replica 0 too (the peers have none yet) */
     int64_t v = w->version;
     if (st == RF_OK && w->tp)
@@ -109,7 +142,7 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
     w->version = (int)v;
     /* the critic data parallel over the replicas holding it when there are several
      * (placement.critic.dp = 1: replica 0 trains it alone, on whole batches) */
-    if (st == RF_OK) st = critic_dp_setup(w, &o);
+    if (st == RF_OK) st = critic_dp_setup(w, &o, ckpt);
     if (st != RF_OK) return st;
     rf_dp_set_timeout(w->dp_actor, r->async.peer_timeout);
     if (w->dp_critic) rf_dp_set_timeout(w->dp_critic, r->async.peer_timeout);

@@ -5,6 +5,10 @@
  *   - roles whose tensors are made on demand (rf_checkpoint_save_roles, as the tensor-parallel
  *     and ZeRO-1 training ranks write them) give byte-identical files to the whole models', and
  *     each tensor is asked for once per part;
+ *   - a checkpoint's moments read a range at a time (as ZeRO-1 ranks read their blocks) equal
+ *     the saved buffer bit for bit for ranges inside rows, across tensors, whole and empty
+ *     (F32), and a BF16 model over several files equals rf_model_load's rounding; a range past
+ *     the buffer is refused; the parameters-only load leaves the moments alone;
  *   - a role whose tensor function fails part-way: the save returns that error, and the last
  *     good checkpoint stays the newest (`latest` unchanged, no directory for the failed step),
  *     then a later save succeeds. */
@@ -59,6 +63,65 @@ static rf_ckpt_role counted(counting *c) {
     return r;
 }
 
+/* Ranges of a checkpoint's moments (rf_checkpoint_moments_read, on rf_model_read_range) equal
+ * the whole buffer's: a float, runs starting and ending inside rows, across tensors, all of
+ * it, none; then the same from BF16 files of ~2 KB each (a model's parameters, saved and read
+ * as rf_model_load rounds them); a range past the buffer is refused. Plus the parameters-only
+ * load: the parameters and the state, the moments left alone. */
+static void moment_ranges(const char *run, const rf_model *actor) {
+    char ckpt[600];
+    CHECK_OK(rf_checkpoint_latest(run, ckpt, sizeof ckpt));
+    rf_ckpt_moments cm;
+    CHECK_OK(rf_checkpoint_moments_open(&cm, ckpt, "actor", actor));
+    size_t n = actor->n_params, row = (size_t)actor->cfg.hidden_size;
+    float *got = malloc(sizeof(float) * (n + 1));
+    size_t ranges[][2] = {{0, n}, {0, 1}, {n - 1, 1}, {3, row}, {row - 1, 2}, {5, 3 * row + 7}, {n / 3, n / 2},
+                          {n / 2, 0}, {actor->views[1].offset - 3, 10}, {actor->views[2].offset + 1, row * 2}};
+    int all_same = 1;
+    for (size_t k = 0; k < sizeof ranges / sizeof ranges[0]; k++) {
+        size_t a = ranges[k][0], c = ranges[k][1];
+        for (int which = 1; which <= 2; which++) {
+            got[c] = -1.0f;
+            CHECK_OK(rf_checkpoint_moments_read(&cm, which, a, c, got));
+            const float *want = (which == 1 ? actor->opt_m : actor->opt_v) + a;
+            int same = memcmp(got, want, sizeof(float) * c) == 0 && got[c] == -1.0f;
+            if (!same) fprintf(stderr, "moment %d, floats [%zu, %zu): not the saved ones\n", which, a, a + c);
+            all_same &= same;
+        }
+    }
+    CHECK(all_same);
+    CHECK_ERR(rf_checkpoint_moments_read(&cm, 1, n - 2, 3, got), RF_ERR_ARG, "floats [");
+    rf_checkpoint_moments_close(&cm);
+    /* BF16 over several files */
+    char bf[600];
+    snprintf(bf, sizeof bf, "%s/bf16", dir);
+    CHECK_OK(rf_model_save(actor, bf, 1, 2048));
+    rf_model *rounded = NULL;
+    rf_safetensors *st = NULL;
+    CHECK_OK(rf_model_load(&rounded, bf, rf_cpu_kernels(), 0));
+    CHECK_OK(rf_st_open_dir(&st, bf));
+    all_same = rounded && st;
+    for (size_t k = 0; all_same && k < sizeof ranges / sizeof ranges[0]; k++) {
+        size_t a = ranges[k][0], c = ranges[k][1];
+        CHECK_OK(rf_model_read_range(actor->views, actor->n_views, st, NULL, a, c, got));
+        all_same = memcmp(got, rounded->params + a, sizeof(float) * c) == 0;
+        if (!all_same) fprintf(stderr, "bf16: floats [%zu, %zu): not rf_model_load's\n", a, a + c);
+    }
+    CHECK(all_same);
+    rf_st_close(st);
+    rf_model_free(rounded);
+    /* parameters and state only */
+    rf_model *a3 = rf_test_tiny_model(9, 0);
+    fill_moments(a3, 3.0f);
+    rf_ckpt_state got_st = {0};
+    char d[600];
+    CHECK_OK(rf_checkpoint_load_params(run, a3, NULL, &got_st, d, sizeof d));
+    CHECK(strcmp(d, ckpt) == 0 && got_st.actor_opt_steps == actor->opt_step);
+    CHECK(memcmp(a3->params, actor->params, sizeof(float) * n) == 0 && a3->opt_m[5] == 3.0f * (5.0f - 50.0f));
+    rf_model_free(a3);
+    free(got);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/rf_ckpt_XXXXXX");
     if (!mkdtemp(dir)) return 1;
@@ -82,6 +145,8 @@ int main(void) {
     CHECK_OK(rf_checkpoint_latest(run, latest, sizeof latest));
     snprintf(p, sizeof p, "%s/step_000010", run);
     CHECK(strcmp(latest, p) == 0);
+
+    moment_ranges(run, actor);
 
     /* tensors on demand: the same bytes, each asked for once per part */
     counting ca = {rf_checkpoint_role_of(actor), 0, 0}, cc = {rf_checkpoint_role_of(critic), 0, 0};

@@ -9,7 +9,10 @@
  * Under `mpirun --oversubscribe` with 2 and 4 ranks:
  *   - comm's started collectives: several allreduces and reduce-scatters in flight at once,
  *     results exact (small integers), rf_comm_group_test reaches 1;
- *   - rf_dp_init: ranks that start from different weights all hold DP rank 0's;
+ *   - rf_dp_init: ranks that start from different weights all hold DP rank 0's; a resumed
+ *     optimizer state reaches every rank (plain: rank 0's moments; ZeRO-1: rank 0 sends each
+ *     rank its blocks, or each rank reads its own from rank 0's checkpoint files, bit for bit
+ *     rank 0's and its whole moments freed; a rank failing to read fails every rank, naming it);
  *   - DP equals one rank on the combined batch: each rank runs the single-rank update on the
  *     whole batch as the reference, then the DP update on its share (shares uneven; on 4 ranks
  *     one rank has none). Parameters after 6 optimizer steps (3 updates x 2 epochs) agree
@@ -49,6 +52,7 @@
 #include "test_comm_util.h"
 #include "test_util.h"
 #include "train_util.h"
+#include "trainer/checkpoint.h"
 #include "trainer/data_parallel.h"
 
 #define T_OK 60.0
@@ -259,6 +263,76 @@ static void init_shares_moments(rf_comm *c, int zero) {
     rf_dp_free(dp);
     free(want_m), free(want_v);
     rf_model_free(m);
+}
+
+/* A source of moments that fails on one rank (its file unreadable, say). */
+static rf_status failing_src(void *ctx, int which, size_t a, size_t n, float *dst) {
+    (void)ctx, (void)which, (void)dst;
+    return rf_error(RF_ERR_FORMAT, "moments [%zu, %zu): planted failure", a, a + n);
+}
+
+/* ZeRO-1 resumed from a checkpoint's files: rank 0 saves its moments (rf_checkpoint_save, as a
+ * run does), then every rank reads its own blocks through rf_checkpoint_moments_read; gathered
+ * again they are rank 0's bits, and rank 0's model moments are never read (set to 7 before
+ * rf_dp_init, as on the others). A rank whose read fails makes every rank fail, naming it. */
+static void init_reads_moments(rf_comm *c) {
+    rf_model *m = rf_test_tiny_model(100, 0);
+    CHECK_OK(rf_model_enable_training(m));
+    size_t n = m->n_params;
+    float *want_m = malloc(sizeof(float) * n), *want_v = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++)
+        want_m[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f, want_v[i] = (float)(i % 977) * 1e-6f;
+    char run[64] = "";
+    if (g_rank == 0) {
+        snprintf(run, sizeof run, "/tmp/rf_dp_ckpt_XXXXXX");
+        CHECK(mkdtemp(run) != NULL);
+        memcpy(m->opt_m, want_m, sizeof(float) * n), memcpy(m->opt_v, want_v, sizeof(float) * n);
+        m->opt_step = 42;
+        rf_ckpt_state cs = {.step = 5};
+        CHECK_OK(rf_checkpoint_save(run, m, NULL, NULL, &cs, 0));
+    }
+    CHECK_OK(rf_comm_bcast(c, run, sizeof run, 0, T_OK, "the checkpoint's run directory"));
+    char dir[4200];
+    CHECK_OK(rf_checkpoint_latest(run, dir, sizeof dir));
+    for (size_t i = 0; i < n; i++) m->opt_m[i] = m->opt_v[i] = 7.0f;
+    m->opt_step = g_rank ? 0 : 42;
+    rf_ckpt_moments cm;
+    CHECK_OK(rf_checkpoint_moments_open(&cm, dir, "actor", m));
+    rf_dp *dp = NULL;
+    rf_dp_opts o = {.bucket_floats = 7001, .timeout_s = T_OK, .zero = 1, .moments = rf_checkpoint_moments_read,
+                    .moments_ctx = &cm};
+    CHECK_OK(rf_dp_init(&dp, c, m, &o));
+    CHECK(m->opt_m == NULL); /* the whole moments freed on every rank, rank 0's too */
+    if (dp) CHECK_OK(rf_dp_gather_optimizer(dp));
+    CHECK(m->opt_step == 42);
+    int same = m->opt_m && m->opt_v && memcmp(m->opt_m, want_m, sizeof(float) * n) == 0 &&
+               memcmp(m->opt_v, want_v, sizeof(float) * n) == 0;
+    if (!same) fprintf(stderr, "rank %d: the moments read from %s are not rank 0's\n", g_rank, dir);
+    CHECK(same);
+    if (dp) rf_dp_release_optimizer(dp);
+    rf_dp_free(dp);
+    rf_model_free(m);
+    /* the last rank fails to read: every rank returns an error */
+    m = rf_test_tiny_model(100, 0);
+    CHECK_OK(rf_model_enable_training(m));
+    m->opt_step = 42;
+    if (g_rank == g_size - 1) o.moments = failing_src;
+    dp = NULL;
+    rf_status st = rf_dp_init(&dp, c, m, &o);
+    char want[160];
+    if (g_rank == g_size - 1) snprintf(want, sizeof want, "reading this rank's optimizer state: moments [");
+    else snprintf(want, sizeof want, "ZeRO-1: DP rank %d (world rank %d) could not read its optimizer state", g_size - 1,
+                  g_size - 1);
+    CHECK(st != RF_OK && dp == NULL && strstr(rf_error_message(), want) != NULL);
+    if (st == RF_OK || !strstr(rf_error_message(), want)) fprintf(stderr, "rank %d: want \"%s\", got \"%s\"\n", g_rank, want, rf_error_message());
+    rf_dp_free(dp);
+    rf_model_free(m);
+    rf_checkpoint_moments_close(&cm);
+    CHECK_OK(rf_comm_barrier(c, T_OK, "the checkpoint read"));
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf %s", run);
+    if (g_rank == 0 && system(rm) != 0) fprintf(stderr, "could not remove %s\n", run);
+    free(want_m), free(want_v);
 }
 
 /* Every rank's parameters are the same bits: their checksums gathered. */
@@ -491,6 +565,7 @@ static int under_mpi(int argc, char **argv) {
     init_broadcasts(world);
     init_shares_moments(world, 0);
     init_shares_moments(world, 1);
+    init_reads_moments(world);
     for (int agg = 0; agg < 4; agg++) dp_equals_one_rank(world, (rf_loss_agg)agg, 0, 0);
     dp_equals_one_rank(world, RF_AGG_TOKEN_MEAN, 1, 0);
     dp_equals_one_rank(world, RF_AGG_SEQ_MEAN_TOKEN_SUM, 0, 1);

@@ -155,9 +155,9 @@ const char *rf_checkpoint_part(const char *ckpt_dir, const char *role, int part,
     return suffix[part];
 }
 
-static rf_status load_role(const char *dir, const char *name, rf_model *m) {
+static rf_status load_role(const char *dir, const char *name, rf_model *m, int moments) {
     float *dst[3] = {NULL, m->opt_m, m->opt_v};
-    for (int part = 0; part < (m->opt_m ? 3 : 1); part++) {
+    for (int part = 0; part < (m->opt_m && moments ? 3 : 1); part++) {
         char p[4200];
         const char *suffix = rf_checkpoint_part(dir, name, part, p, sizeof p);
         RF_TRY(rf_model_load_params(m, p, dst[part], suffix));
@@ -208,12 +208,48 @@ rf_status rf_checkpoint_latest(const char *run_dir, char *dir, size_t cap) {
     return RF_OK;
 }
 
+static rf_status load(const char *run_dir, rf_model *actor, rf_model *critic, rf_ckpt_state *st, int moments,
+                      char *dir, size_t cap) {
+    RF_TRY(rf_checkpoint_latest(run_dir, dir, cap));
+    rf_status s = actor ? load_role(dir, "actor", actor, moments) : RF_OK;
+    if (s == RF_OK && critic) s = load_role(dir, "critic", critic, moments);
+    if (s == RF_OK) s = read_state(dir, st, actor, critic);
+    return s == RF_OK ? RF_OK : rf_error_wrap(s, "resuming from %s", dir);
+}
+
 rf_status rf_checkpoint_load(const char *run_dir, rf_model *actor, rf_model *critic,
                              rf_ckpt_state *st) {
     char dir[4200];
-    RF_TRY(rf_checkpoint_latest(run_dir, dir, sizeof dir));
-    rf_status s = actor ? load_role(dir, "actor", actor) : RF_OK;
-    if (s == RF_OK && critic) s = load_role(dir, "critic", critic);
-    if (s == RF_OK) s = read_state(dir, st, actor, critic);
-    return s == RF_OK ? RF_OK : rf_error_wrap(s, "resuming from %s", dir);
+    return load(run_dir, actor, critic, st, 1, dir, sizeof dir);
+}
+
+rf_status rf_checkpoint_load_params(const char *run_dir, rf_model *actor, rf_model *critic, rf_ckpt_state *st,
+                                    char *dir, size_t cap) {
+    return load(run_dir, actor, critic, st, 0, dir, cap);
+}
+
+rf_status rf_checkpoint_moments_open(rf_ckpt_moments *cm, const char *ckpt_dir, const char *role, const rf_model *m) {
+    memset(cm, 0, sizeof *cm);
+    cm->m = m;
+    for (int k = 0; k < 2; k++) {
+        char p[4300];
+        cm->suffix[k] = rf_checkpoint_part(ckpt_dir, role, k + 1, p, sizeof p);
+        rf_status s = rf_st_open_dir(&cm->st[k], p);
+        if (s != RF_OK) {
+            rf_checkpoint_moments_close(cm);
+            return rf_error_wrap(s, "resuming from %s", ckpt_dir);
+        }
+    }
+    return RF_OK;
+}
+
+rf_status rf_checkpoint_moments_read(void *ctx, int which, size_t a, size_t n, float *dst) {
+    const rf_ckpt_moments *cm = ctx;
+    if (which < 1 || which > 2) return rf_error(RF_ERR_ARG, "AdamW moment %d", which);
+    return rf_model_read_range(cm->m->views, cm->m->n_views, cm->st[which - 1], cm->suffix[which - 1], a, n, dst);
+}
+
+void rf_checkpoint_moments_close(rf_ckpt_moments *cm) {
+    rf_st_close(cm->st[0]), rf_st_close(cm->st[1]);
+    cm->st[0] = cm->st[1] = NULL;
 }

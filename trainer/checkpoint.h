@@ -59,6 +59,27 @@ rf_status rf_checkpoint_save_roles(const char *run_dir, const rf_ckpt_role *acto
 rf_status rf_checkpoint_load(const char *run_dir, rf_model *actor, rf_model *critic,
                              rf_ckpt_state *st);
 
+/* rf_checkpoint_load without the AdamW moments (the parameters and the run state; st's
+ * optimizer step counts included), and the checkpoint's directory in dir (cap bytes): for
+ * ZeRO-1 ranks that each read their own blocks of the moments (rf_checkpoint_moments_*). */
+rf_status rf_checkpoint_load_params(const char *run_dir, rf_model *actor, rf_model *critic, rf_ckpt_state *st,
+                                    char *dir, size_t cap);
+
+/* A role's AdamW moments in a checkpoint, read a range at a time: the files of both moments
+ * opened once; the tensors laid out as model m's views (m must outlive it). */
+typedef struct rf_ckpt_moments {
+    rf_safetensors *st[2];
+    const char *suffix[2];
+    const rf_model *m;
+} rf_ckpt_moments;
+
+rf_status rf_checkpoint_moments_open(rf_ckpt_moments *cm, const char *ckpt_dir, const char *role, const rf_model *m);
+
+/* Floats [a, a + n) of moment `which` (1, 2) of the model's buffer into host dst
+ * (rf_dp_moment_src; ctx an rf_ckpt_moments). Errors name the file and tensor. */
+rf_status rf_checkpoint_moments_read(void *ctx, int which, size_t a, size_t n, float *dst);
+void rf_checkpoint_moments_close(rf_ckpt_moments *cm);
+
 /* The newest complete checkpoint's directory (run_dir/step_NNNNNN, from run_dir/latest) in
  * dir (cap bytes). RF_ERR_IO naming run_dir/latest when there is none. */
 rf_status rf_checkpoint_latest(const char *run_dir, char *dir, size_t cap);

@@ -184,7 +184,7 @@ static rf_status share_moments(rf_dp *dp) {
         RF_TRY(rf_comm_bcast(dp->c, m->opt_m, bytes, 0, dp->o.timeout_s, what));
         return rf_comm_bcast(dp->c, m->opt_v, bytes, 0, dp->o.timeout_s, what);
     }
-    if (m->opt_step > 0) { /* else the shards are zero already (rf_dp_init) */
+    if (m->opt_step > 0 && !dp->o.moments) { /* else the shards are zero already or read (rf_dp_init) */
         RF_TRY(scatter_buckets_root(dp, m->opt_m, dp->sm, what));
         RF_TRY(scatter_buckets_root(dp, m->opt_v, dp->sv, what));
     }
@@ -195,6 +195,36 @@ static rf_status share_moments(rf_dp *dp) {
 }
 
 static rf_status dp_ready(void *ctx, size_t offset, size_t n);
+
+/* ZeRO-1, resuming: this rank's blocks of both moments read through o.moments, a segment (a
+ * run of one tensor) at a time, straight into the shards; every rank learns whether all read
+ * theirs. */
+static rf_status read_moments(rf_dp *dp) {
+    rf_status st = RF_OK;
+    if (dp->m->k != rf_cpu_kernels())
+        st = rf_error(RF_ERR_UNSUPPORTED, "ZeRO-1: reading the optimizer state into device shards");
+    for (int i = 0; st == RF_OK && i < dp->nseg; i++) {
+        const dp_seg *g = &dp->seg[i];
+        st = dp->o.moments(dp->o.moments_ctx, 1, g->p, g->n, dp->sm + g->s);
+        if (st == RF_OK) st = dp->o.moments(dp->o.moments_ctx, 2, g->p, g->n, dp->sv + g->s);
+    }
+    char own[1024];
+    snprintf(own, sizeof own, "%s", rf_error_message());
+    int bad = st != RF_OK, *all = calloc((size_t)dp->size, sizeof *all);
+    if (!all) return st != RF_OK ? st : rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status gst = rf_comm_allgather(dp->c, &bad, all, sizeof bad, dp->o.timeout_s,
+                                      "ZeRO-1: agreeing that every rank read its optimizer state");
+    int failed = -1;
+    for (int r = 0; gst == RF_OK && r < dp->size && failed < 0; r++)
+        if (all[r]) failed = r;
+    free(all);
+    if (st != RF_OK) return rf_error(st, "ZeRO-1: reading this rank's optimizer state: %s", own);
+    if (gst != RF_OK) return gst;
+    if (failed >= 0)
+        return rf_error(RF_ERR_IO, "ZeRO-1: DP rank %d (world rank %d) could not read its optimizer state; its message "
+                        "says why", failed, rf_comm_world_rank(dp->c, failed));
+    return RF_OK;
+}
 
 rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o) {
     *out = NULL;
@@ -214,12 +244,14 @@ rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o) 
     if (st == RF_OK)
         st = rf_comm_bcast(c, &m->opt_step, sizeof m->opt_step, 0, dp->o.timeout_s, "broadcasting the optimizer step");
     /* ZeRO-1: whole moments are never read but rank 0's after a step (a resumed run's), which
-     * share_moments scatters; before any step they are zero, as the shards start */
-    if (st == RF_OK && dp->o.zero && (dp->rank != 0 || m->opt_step == 0)) {
+     * share_moments scatters, unless every rank reads its own blocks; before any step they are
+     * zero, as the shards start */
+    if (st == RF_OK && dp->o.zero && (dp->rank != 0 || m->opt_step == 0 || dp->o.moments)) {
         m->k->free(m->opt_m), m->k->free(m->opt_v);
         m->opt_m = m->opt_v = NULL;
     }
     if (st == RF_OK && dp->o.zero) st = alloc_zero(dp);
+    if (st == RF_OK && dp->o.zero && dp->o.moments && m->opt_step > 0) st = read_moments(dp);
     if (st == RF_OK)
         st = rf_comm_bcast(c, m->params, sizeof(float) * m->n_params, 0, dp->o.timeout_s,
                            "broadcasting DP rank 0's parameters");

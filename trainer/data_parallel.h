@@ -42,12 +42,21 @@
 
 typedef struct rf_dp rf_dp;
 
+/* Floats [a, a + n) of AdamW moment `which` (1 or 2) of a whole model's buffer into host
+ * dst: where a resumed ZeRO-1 run's ranks read their blocks (a checkpoint's files). */
+typedef rf_status (*rf_dp_moment_src)(void *ctx, int which, size_t a, size_t n, float *dst);
+
 typedef struct rf_dp_opts {
     size_t bucket_floats; /* bucket size; 0 = RF_DP_BUCKET_DEFAULT */
     int zero;             /* 0 plain DP (allreduce), 1 ZeRO-1 */
     int defer;            /* 1: start every bucket after the backward pass (no overlap): the
                              baseline benchmarks compare with */
     double timeout_s;     /* bound of every collective (a rank that is gone: RF_ERR_IO) */
+    rf_dp_moment_src moments; /* ZeRO-1 (host memory), resuming: every rank reads its own blocks
+                                 of the moments through it (moments_ctx, this rank's) instead of
+                                 taking them from rank 0's model, whose whole moments are then
+                                 never read; NULL: from rank 0 */
+    void *moments_ctx;
 } rf_dp_opts;
 
 typedef struct rf_dp_stats {
@@ -64,8 +73,9 @@ typedef struct rf_dp_stats {
 
 /* Sets up data parallelism for model m (training enabled) over the ranks of c: collective over
  * c. Every rank takes DP rank 0's parameters, optimizer step count and AdamW moments (plain:
- * broadcast; ZeRO-1: each rank its shard, then the model's whole moments are freed), so a run
- * resumed on rank 0 alone continues everywhere. Installs m's backward hook (removed by
+ * broadcast; ZeRO-1: each rank its shard, sent by rank 0 or read by each rank through
+ * o->moments, then the model's whole moments are freed), so a run resumed on rank 0 alone
+ * continues everywhere; when a rank fails to read its blocks every rank returns an error. Installs m's backward hook (removed by
  * rf_dp_free). c and m stay the caller's and must outlive the rf_dp. Errors: RF_ERR_ARG (no
  * training buffers, a device model on a host communicator), RF_ERR_NOMEM, comm's errors. */
 rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o);
