@@ -237,6 +237,25 @@ static void init_broadcasts(rf_comm *c) {
     rf_model_free(m), rf_model_free(ref);
 }
 
+/* rf_dp_init of m with o: afterwards (the moments gathered again with ZeRO-1) every rank holds
+ * optimizer step 42 and the moments want_m / want_v bit for bit (`how` names the way, in a
+ * failure's message). */
+static void init_gives_moments(rf_comm *c, rf_model *m, const rf_dp_opts *o, const float *want_m, const float *want_v,
+                               const char *how) {
+    size_t n = m->n_params;
+    rf_dp *dp = NULL;
+    CHECK_OK(rf_dp_init(&dp, c, m, o));
+    if (o->zero) CHECK(m->opt_m == NULL); /* the whole moments freed on every rank */
+    if (dp) CHECK_OK(rf_dp_gather_optimizer(dp));
+    CHECK(m->opt_step == 42);
+    int same = m->opt_m && m->opt_v && memcmp(m->opt_m, want_m, sizeof(float) * n) == 0 &&
+               memcmp(m->opt_v, want_v, sizeof(float) * n) == 0;
+    if (!same) fprintf(stderr, "rank %d: the moments %s are not rank 0's\n", g_rank, how);
+    CHECK(same);
+    if (dp) rf_dp_release_optimizer(dp);
+    rf_dp_free(dp);
+}
+
 /* A resumed optimizer state (rank 0's moments and step, different moments elsewhere) reaches
  * every rank: plain DP holds rank 0's moments, ZeRO-1 its blocks of them (gathered again: rank
  * 0's bits), with the padded last bucket (7 ranks' worth of floats do not divide it). */
@@ -250,17 +269,8 @@ static void init_shares_moments(rf_comm *c, int zero) {
         m->opt_m[i] = g_rank ? 7.0f : want_m[i], m->opt_v[i] = g_rank ? 7.0f : want_v[i];
     }
     m->opt_step = g_rank ? 0 : 42;
-    rf_dp *dp = NULL;
     rf_dp_opts o = {.bucket_floats = 7001, .timeout_s = T_OK, .zero = zero};
-    CHECK_OK(rf_dp_init(&dp, c, m, &o));
-    if (dp) CHECK_OK(rf_dp_gather_optimizer(dp));
-    CHECK(m->opt_step == 42);
-    int same = m->opt_m && m->opt_v && memcmp(m->opt_m, want_m, sizeof(float) * n) == 0 &&
-               memcmp(m->opt_v, want_v, sizeof(float) * n) == 0;
-    if (!same) fprintf(stderr, "rank %d: zero %d: the moments after rf_dp_init are not rank 0's\n", g_rank, zero);
-    CHECK(same);
-    if (dp) rf_dp_release_optimizer(dp);
-    rf_dp_free(dp);
+    init_gives_moments(c, m, &o, want_m, want_v, zero ? "sent by rank 0 (ZeRO-1)" : "broadcast");
     free(want_m), free(want_v);
     rf_model_free(m);
 }
@@ -298,26 +308,18 @@ static void init_reads_moments(rf_comm *c) {
     m->opt_step = g_rank ? 0 : 42;
     rf_ckpt_moments cm;
     CHECK_OK(rf_checkpoint_moments_open(&cm, dir, "actor", m));
-    rf_dp *dp = NULL;
     rf_dp_opts o = {.bucket_floats = 7001, .timeout_s = T_OK, .zero = 1, .moments = rf_checkpoint_moments_read,
                     .moments_ctx = &cm};
-    CHECK_OK(rf_dp_init(&dp, c, m, &o));
-    CHECK(m->opt_m == NULL); /* the whole moments freed on every rank, rank 0's too */
-    if (dp) CHECK_OK(rf_dp_gather_optimizer(dp));
-    CHECK(m->opt_step == 42);
-    int same = m->opt_m && m->opt_v && memcmp(m->opt_m, want_m, sizeof(float) * n) == 0 &&
-               memcmp(m->opt_v, want_v, sizeof(float) * n) == 0;
-    if (!same) fprintf(stderr, "rank %d: the moments read from %s are not rank 0's\n", g_rank, dir);
-    CHECK(same);
-    if (dp) rf_dp_release_optimizer(dp);
-    rf_dp_free(dp);
+    init_gives_moments(c, m, &o, want_m, want_v, "read from the checkpoint's files");
     rf_model_free(m);
     /* the last rank fails to read: every rank returns an error */
+    rf_checkpoint_moments_close(&cm);
     m = rf_test_tiny_model(100, 0);
     CHECK_OK(rf_model_enable_training(m));
+    CHECK_OK(rf_checkpoint_moments_open(&cm, dir, "actor", m)); /* the views of this model */
     m->opt_step = 42;
     if (g_rank == g_size - 1) o.moments = failing_src;
-    dp = NULL;
+    rf_dp *dp = NULL;
     rf_status st = rf_dp_init(&dp, c, m, &o);
     char want[160];
     if (g_rank == g_size - 1) snprintf(want, sizeof want, "reading this rank's optimizer state: moments [");
