@@ -475,7 +475,7 @@ static rf_status serve(tworker *w) {
 /* Both AdamW moments of whole model m from role `role` of the checkpoint in dir. */
 static rf_status load_moments(const char *dir, const char *role, rf_model *m) {
     rf_ckpt_moments cm;
-    RF_TRY(rf_checkpoint_moments_open(&cm, dir, role, m));
+    RF_TRY(rf_checkpoint_moments_open(&cm, dir, role, m, NULL));
     rf_status st = rf_checkpoint_moments_read(&cm, 1, 0, m->n_params, m->opt_m);
     if (st == RF_OK) st = rf_checkpoint_moments_read(&cm, 2, 0, m->n_params, m->opt_v);
     rf_checkpoint_moments_close(&cm);
@@ -530,6 +530,16 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
                                .capacity = 1, .name = "train", .timeout_s = r->async.startup_timeout};
     if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);
     if (st == RF_OK) st = serve(&w);
+    if (st != RF_OK && !w.link) {
+        /* failed before connecting: connect only to say why (the controller would otherwise
+         * wait async.startup_timeout for this worker); best effort, a few seconds at most (a
+         * controller that is up answers at once; one that stopped never does) */
+        char keep[1024];
+        snprintf(keep, sizeof keep, "%s", rf_error_message());
+        cc.timeout_s = fmin(r->async.peer_timeout, 5.0);
+        if (rf_msg_link_open(&w.link, &cc, r->async.peer_timeout) != RF_OK) w.link = NULL;
+        rf_error(st, "%s", keep);
+    }
     if (st != RF_OK && w.link) {
         /* tell the controller why, so that it can stop the run naming us */
         Rlflow__Error e = RLFLOW__ERROR__INIT;

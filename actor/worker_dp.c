@@ -68,26 +68,32 @@ static int critic_position(const rf__tworker *w) {
 
 int rf__dp_zero_reads(const rf__tworker *w, int model) {
     if (!w->dpc || w->r->placement.actor.zero != 1) return 0;
-    return model ? critic_replicas(w) > 1 && !rf__worker_split_tp(w, 1) : !w->tpc;
+    return model ? critic_replicas(w) > 1 : 1;
 }
 
-/* Data parallelism of whole model m (`model` 0 the actor, 1 the critic) over g with options o;
- * resuming with ZeRO-1 (ckpt: the checkpoint's directory, "" on a fresh start) every rank
- * reads its own blocks of the moments from the checkpoint. */
-static rf_status dp_whole(rf__tworker *w, rf_dp **out, rf_comm *g, rf_model *m, int model, const char *ckpt,
-                          rf_dp_opts o) {
+/* A source of moments that fails: a rank that could not open the checkpoint's files still
+ * takes part in rf_dp_init, failing its read, so that every rank fails naming it. */
+static rf_status unreadable(void *ctx, int which, size_t a, size_t n, float *dst) {
+    (void)which, (void)a, (void)n, (void)dst;
+    return rf_error(RF_ERR_IO, "%s", (const char *)ctx);
+}
+
+/* Data parallelism over g with options o of whole model m or shard tp (the other NULL;
+ * `model` 0 the actor, 1 the critic); resuming with ZeRO-1 (ckpt: the checkpoint's directory,
+ * "" on a fresh start) every rank reads its own blocks of the moments from the checkpoint. */
+static rf_status dp_model(rf__tworker *w, rf_dp **out, rf_comm *g, rf_model *m, rf_model_tp *tp, int model,
+                          const char *ckpt, rf_dp_opts o) {
     rf_ckpt_moments cm;
+    char why[1024] = "";
     int read = ckpt[0] && rf__dp_zero_reads(w, model);
-    rf_status st = read ? rf_checkpoint_moments_open(&cm, ckpt, model ? "critic" : "actor", m) : RF_OK;
+    rf_status st = read ? rf_checkpoint_moments_open(&cm, ckpt, model ? "critic" : "actor", m, tp) : RF_OK;
     if (read && st == RF_OK) o.moments = rf_checkpoint_moments_read, o.moments_ctx = &cm;
-    /* a rank that could not open the files still takes part, failing its read (every rank then
-     * fails, naming it) */
-    if (read && st != RF_OK) o.moments = NULL;
-    if (st == RF_OK || read) {
-        rf_status ist = rf_dp_init(out, g, m, &o);
-        if (st == RF_OK) st = ist;
+    if (read && st != RF_OK) {
+        snprintf(why, sizeof why, "%s", rf_error_message());
+        o.moments = unreadable, o.moments_ctx = why;
     }
-    if (read && o.moments) rf_checkpoint_moments_close(&cm);
+    st = tp ? rf_dp_init_tp(out, g, tp, &o) : rf_dp_init(out, g, m, &o);
+    if (read && !why[0]) rf_checkpoint_moments_close(&cm);
     return st;
 }
 
@@ -102,8 +108,7 @@ static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o, const char
         g = w->critic_dpc;
     }
     if (!g) return RF_OK; /* a replica past the critic's */
-    if (w->critic_tp) return rf_dp_init_tp(&w->dp_critic, g, w->critic_tp, o);
-    if (w->critic) return dp_whole(w, &w->dp_critic, g, w->critic, 1, ckpt, *o);
+    if (w->critic_tp || w->critic) return dp_model(w, &w->dp_critic, g, w->critic, w->critic_tp, 1, ckpt, *o);
     return rf_error(RF_ERR_ARG, "data-parallel replica %d of the critic's %d holds no critic", w->replica, k);
 }
 
@@ -134,7 +139,7 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
                                 "receiving the checkpoint's directory from data-parallel rank 0")
                 : RF_OK;
     if (st == RF_OK)
-        st = w->tp ? rf_dp_init_tp(&w->dp_actor, w->dpc, w->tp, &o) : dp_whole(w, &w->dp_actor, w->dpc, w->actor, 0, ckpt, o);
+        st = dp_model(w, &w->dp_actor, w->dpc, w->tp ? NULL : w->actor, w->tp, 0, ckpt, o);
     /* with tensor parallelism the version comes from replica 0 too (the peers have none yet) */
     int64_t v = w->version;
     if (st == RF_OK && w->tp)

@@ -164,9 +164,10 @@ rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sam
  * up on a rank 0 silent for async.peer_timeout). */
 rf_status rf__dp_keepalive(rf__tworker *w);
 
-/* Whether a resumed run's ranks read their own ZeRO-1 blocks of the whole model's moments
- * (`model` 0 the actor, 1 the critic) from the checkpoint in rf__dp_setup, so that rank 0 loads
- * only its parameters: ZeRO-1 shards them over a DP group. */
+/* Whether a resumed run's ranks read their own ZeRO-1 blocks of the moments of the actor
+ * (`model` 0) or the critic (1), whole or a tensor-parallel shard, from the checkpoint in
+ * rf__dp_setup, so that the ranks loading it read only its parameters: ZeRO-1 shards them over
+ * a DP group. */
 int rf__dp_zero_reads(const rf__tworker *w, int model);
 
 /* ZeRO-1 checkpoints: no rank gathers the whole moments. DP rank 0 tells the peers

@@ -60,11 +60,14 @@ static rf_param_table table_of(const rf_model_tp *tp) {
 }
 
 /* This rank's shards of tp read from files (model/model_tp_io.c): from the model directory
- * `dir`, or (ckpt) parameters and AdamW moments of role `role` of the checkpoint in `dir`. */
-static rf_status load_shards(rf_model_tp *tp, const char *dir, int ckpt, const char *role) {
+ * `dir`, or (ckpt) parameters and AdamW moments of role `role` of the checkpoint in `dir`
+ * (the moments left to ZeRO-1 when it reads them, rf__dp_zero_reads: `model` 0 the actor, 1
+ * the critic). */
+static rf_status load_shards(const rf__tworker *w, rf_model_tp *tp, const char *dir, int ckpt, int model) {
     if (!ckpt) return rf_model_tp_load(tp, dir, NULL, NULL);
+    const char *role = model ? "critic" : "actor";
     float *dst[3] = {NULL, tp->m->opt_m, tp->m->opt_v};
-    for (int part = 0; part < 3; part++) {
+    for (int part = 0; part < (rf__dp_zero_reads(w, model) ? 1 : 3); part++) {
         char p[4300];
         const char *suffix = rf_checkpoint_part(dir, role, part, p, sizeof p);
         rf_status st = rf_model_tp_load(tp, p, dst[part], suffix);
@@ -112,7 +115,7 @@ static rf_status role_setup(rf__tworker *w, rf_comm *g, rf_model_tp **out, int c
     RF_TRY(rf_comm_bcast(g, &src, sizeof src, 0, r->async.startup_timeout, what));
     rf_status st = rf_model_tp_init(out, &src.cfg, w->k, g, r->async.peer_timeout);
     if (st == RF_OK && critic) st = rf_model_tp_enable_training(*out);
-    if (st == RF_OK) st = load_shards(*out, src.dir, src.ckpt, name);
+    if (st == RF_OK) st = load_shards(w, *out, src.dir, src.ckpt, critic);
     if (st != RF_OK) st = rf_error_wrap(st, "the %s's shard", name);
     snprintf(what, sizeof what, "tensor-parallel (%s)", name);
     RF_TRY(rf__worker_agree_to_start(w, g, st, what));
@@ -191,7 +194,9 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     w->version = (int)version, w->tp->m->opt_step = (int)src.step;
     /* replica 0's ranks each read their shards; the other replicas take replica 0's later
      * (rf__dp_setup) */
-    st = w->replica == 0 ? load_shards(w->tp, src.dir, src.ckpt, "actor") : RF_OK;
+    st = w->replica == 0 ? load_shards(w, w->tp, src.dir, src.ckpt, 0) : RF_OK;
+    /* replica 0's ranks are the DP groups' rank 0: where the checkpoint is (ZeRO-1 reads) */
+    if (src.ckpt) snprintf(w->ckpt_dir, sizeof w->ckpt_dir, "%s", src.dir);
     RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, "tensor-parallel (the actor's shards)"));
     RF_TRY(roles_setup(w));
     rf_param_table pt = table_of(w->tp);

@@ -437,19 +437,20 @@ rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv) {
     RF_TRY(rf_comm_init(&argc, &argv, &world));
     rf_status st = run_rank(r, resume, world);
     if (st != RF_OK) {
-        /* report now, naming the rank. The ranks that failed meet at a barrier, bounded: a
-         * rank that is still busy (waiting for a controller that is gone, say, or gone itself)
-         * would keep the job alive, so then the job is aborted; MPI_Finalize waits for every
-         * rank: bounded too */
+        /* report now, naming the rank. The ranks that failed meet at a barrier, bounded: when
+         * the controller's run failed, a rank still busy 5 s later (waiting for the controller
+         * that stopped, say, or gone) would keep the job alive, so the controller then aborts
+         * the job (the ranks' errors reach it before it fails, or are printed by then); another
+         * rank goes on to MPI_Finalize, bounded too */
         rf_log_status(st);
         rf_error_clear(); /* reported */
         fflush(stdout), fflush(stderr);
-        if (rf_comm_barrier(world, 5.0, "the ranks ending the run on an error") != RF_OK) {
-            rf_log_warn("rank %d: not every rank ended within 5 s of the error (one is gone or still busy); stopping "
-                        "the MPI job", rf_comm_rank(world));
-            rf_error_clear();
+        if (rf_comm_barrier(world, 5.0, "the ranks ending the run on an error") != RF_OK && rf_comm_rank(world) == 0) {
+            rf_log_warn("not every rank ended within 5 s of the run's error (one is gone or still busy); stopping the "
+                        "MPI job");
             rf_comm_abort(1);
         }
+        rf_error_clear();
         signal(SIGALRM, exit_now);
         alarm(5);
     }

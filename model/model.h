@@ -156,14 +156,6 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
  * an error the buffer may hold some of them. */
 rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const char *suffix);
 
-/* Floats [a, a + n) of a flat buffer laid out by views (n_views; each the tensor view name +
- * suffix of st, row-major) read from st into host dst (n floats), converted to f32; a range
- * may span several tensors and begin or end inside a row, and nothing else of the tensors is
- * read: one rank's block of a checkpoint's optimizer moments (ZeRO-1). Floats of the range
- * no view covers are left as they are. Errors: rf_st_read_block_f32's, naming the file and
- * tensor; RF_ERR_ARG for a range past the last view. */
-rf_status rf_model_read_range(const rf_param_view *views, int n_views, const rf_safetensors *st, const char *suffix,
-                              size_t a, size_t n, float *dst);
 
 /* Tensors in an opened checkpoint (st, of directory dir) that model m does not use would be
  * silently dropped: RF_ERR_UNSUPPORTED naming the tensor and its file, except lm_head.weight

@@ -91,36 +91,6 @@ rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const c
     return s;
 }
 
-rf_status rf_model_read_range(const rf_param_view *views, int n_views, const rf_safetensors *st, const char *suffix,
-                              size_t a, size_t n, float *dst) {
-    size_t end = 0;
-    for (int i = 0; i < n_views; i++)
-        if (views[i].offset + views[i].numel > end) end = views[i].offset + views[i].numel;
-    if (a + n > end || a + n < a)
-        return rf_error(RF_ERR_ARG, "floats [%zu, %zu) of a buffer of %zu", a, a + n, end);
-    for (int i = 0; i < n_views; i++) {
-        const rf_param_view *v = &views[i];
-        size_t lo = v->offset > a ? v->offset : a, hi = v->offset + v->numel < a + n ? v->offset + v->numel : a + n;
-        if (lo >= hi) continue;
-        char name[RF_MAX_NAME + 32];
-        snprintf(name, sizeof name, "%s%s", v->name, suffix ? suffix : "");
-        /* the tensor as a matrix (rows, cols), as rf_st_read_block_f32 sees it; elements
-         * [e, f) of it: a partial first row, whole rows, a partial last row */
-        int64_t cols = v->ndim > 1 ? v->shape[1] : 1;
-        int64_t e = (int64_t)(lo - v->offset), f = (int64_t)(hi - v->offset);
-        float *out = dst + (lo - a);
-        while (e < f) {
-            int64_t r = e / cols, c = e % cols, r1, c1;
-            if (c != 0 || f - e < cols) r1 = r + 1, c1 = f - r * cols < cols ? f - r * cols : cols; /* within row r */
-            else r1 = f / cols, c1 = cols, c = 0;                                                   /* whole rows */
-            RF_TRY(rf_st_read_block_f32(st, name, out, v->shape, v->ndim, r, r1, c, c1));
-            int64_t got = (r1 - r) * (c1 - c);
-            out += got, e += got;
-        }
-    }
-    return RF_OK;
-}
-
 rf_status rf_model_save_views(const rf_param_view *views, int n_views, const char *dir, const char *suffix, int bf16,
                               size_t max_shard_bytes, rf_st_fill_fn fill, void *ctx) {
     rf_st_entry *e = calloc((size_t)n_views + 1, sizeof *e);

@@ -166,6 +166,17 @@ rf_status rf_model_tp_set_full(rf_model_tp *tp, const float *full);
  * communication: each rank of the group calls it for itself. Implemented in model_tp_io.c. */
 rf_status rf_model_tp_load(rf_model_tp *tp, const char *dir, float *dst, const char *suffix);
 
+/* Floats [a, a + n) of a flat buffer read from st into host dst (n floats), converted to f32:
+ * the buffer of a whole model laid out by views (n_views; shards NULL), or of a
+ * tensor-parallel rank's shard (shards: the block of each view held, rf_model_tp's), each
+ * view the tensor view name + suffix of st with the whole tensor's shape. A range may span
+ * several tensors and begin or end inside a row; nothing else is read: one rank's ZeRO-1
+ * block of a checkpoint's optimizer moments. Floats of the range no view covers are left as
+ * they are. Errors: rf_st_read_block_f32's, naming the file and tensor; RF_ERR_ARG for a range
+ * past the buffer. Implemented in model_tp_io.c. */
+rf_status rf_model_read_range(const rf_param_view *views, int n_views, const rf_shard *shards, const rf_safetensors *st,
+                              const char *suffix, size_t a, size_t n, float *dst);
+
 /* Takes a local buffer laid out by `shards` (n_views of them, rf_layout_shards; n_floats
  * floats, host memory: e.g. what resharding delivered) as this rank's parameters. RF_ERR_ARG
  * when the buffer is not this rank's shard: another table, another size, or a parameter whose

@@ -72,7 +72,7 @@ static void moment_ranges(const char *run, const rf_model *actor) {
     char ckpt[600];
     CHECK_OK(rf_checkpoint_latest(run, ckpt, sizeof ckpt));
     rf_ckpt_moments cm;
-    CHECK_OK(rf_checkpoint_moments_open(&cm, ckpt, "actor", actor));
+    CHECK_OK(rf_checkpoint_moments_open(&cm, ckpt, "actor", actor, NULL));
     size_t n = actor->n_params, row = (size_t)actor->cfg.hidden_size;
     float *got = malloc(sizeof(float) * (n + 1));
     size_t ranges[][2] = {{0, n}, {0, 1}, {n - 1, 1}, {3, row}, {row - 1, 2}, {5, 3 * row + 7}, {n / 3, n / 2},
@@ -103,7 +103,7 @@ static void moment_ranges(const char *run, const rf_model *actor) {
     all_same = rounded && st;
     for (size_t k = 0; all_same && k < sizeof ranges / sizeof ranges[0]; k++) {
         size_t a = ranges[k][0], c = ranges[k][1];
-        CHECK_OK(rf_model_read_range(actor->views, actor->n_views, st, NULL, a, c, got));
+        CHECK_OK(rf_model_read_range(actor->views, actor->n_views, NULL, st, NULL, a, c, got));
         all_same = memcmp(got, rounded->params + a, sizeof(float) * c) == 0;
         if (!all_same) fprintf(stderr, "bf16: floats [%zu, %zu): not rf_model_load's\n", a, a + c);
     }

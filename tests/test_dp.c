@@ -307,7 +307,7 @@ static void init_reads_moments(rf_comm *c) {
     for (size_t i = 0; i < n; i++) m->opt_m[i] = m->opt_v[i] = 7.0f;
     m->opt_step = g_rank ? 0 : 42;
     rf_ckpt_moments cm;
-    CHECK_OK(rf_checkpoint_moments_open(&cm, dir, "actor", m));
+    CHECK_OK(rf_checkpoint_moments_open(&cm, dir, "actor", m, NULL));
     rf_dp_opts o = {.bucket_floats = 7001, .timeout_s = T_OK, .zero = 1, .moments = rf_checkpoint_moments_read,
                     .moments_ctx = &cm};
     init_gives_moments(c, m, &o, want_m, want_v, "read from the checkpoint's files");
@@ -316,7 +316,7 @@ static void init_reads_moments(rf_comm *c) {
     rf_checkpoint_moments_close(&cm);
     m = rf_test_tiny_model(100, 0);
     CHECK_OK(rf_model_enable_training(m));
-    CHECK_OK(rf_checkpoint_moments_open(&cm, dir, "actor", m)); /* the views of this model */
+    CHECK_OK(rf_checkpoint_moments_open(&cm, dir, "actor", m, NULL)); /* the views of this model */
     m->opt_step = 42;
     if (g_rank == g_size - 1) o.moments = failing_src;
     rf_dp *dp = NULL;

@@ -14,7 +14,8 @@
  *     whole model's gradient (replicated ones whole), the gradient norm too;
  *   - generation: prefill + greedy decode, tokens identical and log-probs and logits close;
  *   - that the checks can fail: a changed weight in one rank's shard moves the log-probs;
- *   - shards read straight from Hugging Face files (F32, BF16 over several files, moments)
+ *   - shards read straight from Hugging Face files (F32, BF16 over several files, moments;
+ *     ranges of a shard's moments, as ZeRO-1 ranks read their blocks)
  *     equal the cut of the whole model bit for bit; bad files are refused naming the tensor;
  *   - refusals: tp not dividing the attention heads, a buffer of another shard or another size,
  *     a back end without the vocabulary-parallel kernels, a cache of the wrong heads.
@@ -346,6 +347,32 @@ static rf_status fill_view(void *ctx, int i, float *dst) {
     return RF_OK;
 }
 
+/* Ranges of this rank's shard buffer read from the files (rf_model_read_range with the shard
+ * table, as ZeRO-1 ranks read their blocks of a tensor-parallel shard's moments) equal the
+ * same floats of the whole shard read (want): one float, runs starting and ending inside a
+ * block's rows, across tensors, all, none; past the end refused. */
+static void shard_ranges(rf_model_tp *tp, const char *dir, const float *want, const char *name) {
+    rf_safetensors *st = NULL;
+    CHECK_OK(rf_st_open_dir(&st, dir));
+    size_t n = tp->m->n_params, q = tp->shards[1].offset;
+    size_t ranges[][2] = {{0, n}, {0, 1}, {n - 1, 1}, {3, 17}, {q > 2 ? q - 2 : 0, 5}, {n / 3, n / 2}, {7, 0},
+                          {q + 1, n - q - 1}};
+    float *got = malloc(sizeof(float) * (n + 1));
+    int all = st != NULL;
+    for (size_t k = 0; all && k < sizeof ranges / sizeof ranges[0]; k++) {
+        size_t a = ranges[k][0], c = ranges[k][1];
+        got[c] = -1.0f;
+        CHECK_OK(rf_model_read_range(tp->full_views, tp->n_full_views, tp->shards, st, ".exp_avg", a, c, got));
+        all = memcmp(got, want + a, sizeof(float) * c) == 0 && got[c] == -1.0f;
+        if (!all) fprintf(stderr, "%s, shard %d: floats [%zu, %zu) of the shard differ\n", name, tp->t, a, a + c);
+    }
+    CHECK(all);
+    CHECK_ERR(rf_model_read_range(tp->full_views, tp->n_full_views, tp->shards, st, ".exp_avg", n - 1, 2, got), RF_ERR_ARG,
+              "floats [");
+    free(got);
+    rf_st_close(st);
+}
+
 /* Shards read straight from Hugging Face files (rf_model_tp_load) equal the cut of the whole
  * model: F32 in one file, BF16 over several files (the values rounded as rf_model_load rounds
  * them), moments under a suffix; a critic from a policy's files has a zero value head; a
@@ -379,6 +406,7 @@ static void shard_files(rf_model *ref, rf_model_tp *tp, shape s) {
     buf_src moments = {ref, mom};
     CHECK_OK(rf_model_save_views(ref->views, ref->n_views, sub, ".exp_avg", 0, 0, fill_view, &moments));
     same_as_cut(tp, sub, dst, ".exp_avg", mom, name);
+    shard_ranges(tp, sub, dst, name);
     CHECK_ERR(rf_model_tp_load(tp, sub, dst, ".exp_avg_sq"), RF_ERR_FORMAT, "not found");
     if (ref->score) { /* a critic from a policy's files: the value head starts at zero */
         rf_model_config pc = ref->cfg;

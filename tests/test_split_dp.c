@@ -13,7 +13,9 @@
  *     async.peer_timeout naming the collective that waited (mostly a gradient bucket's
  *     allreduce) and the lost world rank;
  *   - --resume without a finished checkpoint stops every rank within seconds (under 60 s; the
- *     rollout worker waiting for the controller that stopped used to keep the job alive);
+ *     rollout worker waiting for the controller that stopped used to keep the job alive); so
+ *     does --resume with a cut moment file (the training ranks fail before connecting; the
+ *     controller's error names the file);
  *   - an MPI job of the wrong size is refused with the exact error.
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
@@ -147,6 +149,29 @@ static void resume_without_checkpoint(void) {
     free(out);
 }
 
+/* --resume from a checkpoint whose critic moments are cut short (ZeRO-1: every rank reads its
+ * blocks): both training ranks fail before the training worker has connected; it connects to
+ * say why, so the run stops within seconds naming the file (the controller waited
+ * async.startup_timeout for it before). */
+static void resume_bad_moments(void) {
+    char *out = NULL, want[512];
+    rf_test_sh(NULL, "rm -rf %s/badm && cp -r %s/zero %s/badm && truncate -s 100 %s/badm/step_000030/critic_optim/model.safetensors",
+               dir, dir, dir, dir);
+    double t = rf_time_now();
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "badm", "--set placement.actor.zero=1 --set algorithm.name=ppo "
+                                "--set train.steps=40 --set logging.val_every=0 --resume");
+    t = rf_time_now() - t;
+    printf("--resume with a cut moment file: exit %d after %.1f s\n", rc, t);
+    snprintf(want, sizeof want, "%s/badm/step_000030/critic_optim/model.safetensors: ", dir);
+    CHECK(rc != 0);
+    CHECK(out && strstr(out, "error: training worker (rank 1 on ") && strstr(out, want));
+    char *last = out ? strstr(out, "\nerror: actor worker 'train'") : NULL; /* the run's error, from the controller */
+    CHECK(last && strstr(last, want));
+    CHECK(t < 60);
+    if (!last || !strstr(last, want)) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+}
+
 static void wrong_size(void) {
     rf_test_wrong_size(dir, rlflow, 3, "this MPI job has 3 ranks; the recipe needs 4 (controller, placement.actor.dp = 2 "
                                        "training workers and placement.rollout_ranks = 1 rollout workers)");
@@ -163,6 +188,7 @@ int main(void) {
     critic_on_rank1();
     peer_killed();
     resume_without_checkpoint();
+    resume_bad_moments();
     wrong_size();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_dp");

@@ -228,9 +228,10 @@ rf_status rf_checkpoint_load_params(const char *run_dir, rf_model *actor, rf_mod
     return load(run_dir, actor, critic, st, 0, dir, cap);
 }
 
-rf_status rf_checkpoint_moments_open(rf_ckpt_moments *cm, const char *ckpt_dir, const char *role, const rf_model *m) {
+rf_status rf_checkpoint_moments_open(rf_ckpt_moments *cm, const char *ckpt_dir, const char *role, const rf_model *m,
+                                     const rf_model_tp *tp) {
     memset(cm, 0, sizeof *cm);
-    cm->m = m;
+    cm->m = m, cm->tp = tp;
     for (int k = 0; k < 2; k++) {
         char p[4300];
         cm->suffix[k] = rf_checkpoint_part(ckpt_dir, role, k + 1, p, sizeof p);
@@ -246,7 +247,10 @@ rf_status rf_checkpoint_moments_open(rf_ckpt_moments *cm, const char *ckpt_dir, 
 rf_status rf_checkpoint_moments_read(void *ctx, int which, size_t a, size_t n, float *dst) {
     const rf_ckpt_moments *cm = ctx;
     if (which < 1 || which > 2) return rf_error(RF_ERR_ARG, "AdamW moment %d", which);
-    return rf_model_read_range(cm->m->views, cm->m->n_views, cm->st[which - 1], cm->suffix[which - 1], a, n, dst);
+    if (cm->tp)
+        return rf_model_read_range(cm->tp->full_views, cm->tp->n_full_views, cm->tp->shards, cm->st[which - 1],
+                                   cm->suffix[which - 1], a, n, dst);
+    return rf_model_read_range(cm->m->views, cm->m->n_views, NULL, cm->st[which - 1], cm->suffix[which - 1], a, n, dst);
 }
 
 void rf_checkpoint_moments_close(rf_ckpt_moments *cm) {

@@ -13,6 +13,7 @@
 
 #include "controller/dataset.h"
 #include "model/model.h"
+#include "model/model_tp.h"
 
 typedef struct rf_ckpt_state {
     int step;
@@ -66,16 +67,19 @@ rf_status rf_checkpoint_load_params(const char *run_dir, rf_model *actor, rf_mod
                                     char *dir, size_t cap);
 
 /* A role's AdamW moments in a checkpoint, read a range at a time: the files of both moments
- * opened once; the tensors laid out as model m's views (m must outlive it). */
+ * opened once; the buffer laid out as whole model m's (tp NULL) or as tensor-parallel shard
+ * tp's (m NULL); the model must outlive it. */
 typedef struct rf_ckpt_moments {
     rf_safetensors *st[2];
     const char *suffix[2];
     const rf_model *m;
+    const rf_model_tp *tp;
 } rf_ckpt_moments;
 
-rf_status rf_checkpoint_moments_open(rf_ckpt_moments *cm, const char *ckpt_dir, const char *role, const rf_model *m);
+rf_status rf_checkpoint_moments_open(rf_ckpt_moments *cm, const char *ckpt_dir, const char *role, const rf_model *m,
+                                     const rf_model_tp *tp);
 
-/* Floats [a, a + n) of moment `which` (1, 2) of the model's buffer into host dst
+/* Floats [a, a + n) of moment `which` (1, 2) of the model's (or shard's) buffer into host dst
  * (rf_dp_moment_src; ctx an rf_ckpt_moments). Errors name the file and tensor. */
 rf_status rf_checkpoint_moments_read(void *ctx, int which, size_t a, size_t n, float *dst);
 void rf_checkpoint_moments_close(rf_ckpt_moments *cm);
