@@ -132,7 +132,7 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
     /* set-up waits for rank 0's checkpoint loading: the start-up bound; later, the peers' */
     rf_dp_opts o = {.zero = r->placement.actor.zero, .timeout_s = r->async.startup_timeout};
     /* ZeRO-1: the checkpoint resumed from (rank 0's; "" on a fresh start), from which every rank
-     * reads its blocks of the whole models' moments */
+     * reads its blocks of the moments (of its whole model or its tensor-parallel shard) */
     char ckpt[sizeof w->ckpt_dir] = "";
     if (rank == 0) snprintf(ckpt, sizeof ckpt, "%s", w->ckpt_dir);
     st = o.zero ? rf_comm_bcast(w->dpc, ckpt, sizeof ckpt, 0, r->async.startup_timeout,
@@ -223,7 +223,8 @@ static void part_of(const int64_t *a, const int64_t *c, int q, int64_t *lo, int6
 
 /* Tells the peers `cmd` (with arg) and sends each its part of b: the actor's shares over the
  * first m replicas (of size), with the critic's over its replicas when `critic` (training).
- * *own: rank 0's part (ranges in b); bound (size + 1, or NULL): the actor's boundaries. */
+ * *own_lo, *own_hi, *own: rank 0's part (ranges in b); bound (size + 1): the actor's share
+ * boundaries. */
 static rf_status scatter(rf__tworker *w, int cmd, int64_t arg, const Rlflow__TrainBatch *b, int m, int critic,
                          int64_t *bound, int64_t *own_lo, int64_t *own_hi, rf__share *own) {
     int size = rf_comm_size(w->dpc), k = critic ? critic_replicas(w) : 0;
