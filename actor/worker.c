@@ -60,12 +60,14 @@ rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample 
     return RF_OK;
 }
 
-int rf__worker_has_critic(const tworker *w) {
+int rf__worker_critic_replicas(const tworker *w) {
     rf_adv_kind kind;
     int dp, tp;
     rf_recipe_role_layout(w->r, 1, &dp, &tp);
-    return rf_adv_kind_parse(w->r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE && w->replica < dp;
+    return rf_adv_kind_parse(w->r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE ? dp : 0;
 }
+
+int rf__worker_has_critic(const tworker *w) { return w->replica < rf__worker_critic_replicas(w); }
 
 int rf__worker_has_ref(const tworker *w) {
     int dp, tp;
@@ -226,19 +228,10 @@ static rf_status publish_weights(tworker *w) {
 }
 
 rf_status rf__worker_agree_to_start(tworker *w, rf_comm *c, rf_status loaded, const char *kind) {
-    int size = rf_comm_size(c), bad = loaded != RF_OK;
-    int *flags = calloc((size_t)size, sizeof(int));
-    if (!flags) return loaded != RF_OK ? loaded : rf_error(RF_ERR_NOMEM, "out of memory");
-    char own[1024], what[96];
-    snprintf(own, sizeof own, "%s", rf_error_message());
+    char what[96];
     snprintf(what, sizeof what, "%s training ranks agreeing to start", kind);
-    rf_status st = rf_comm_allgather(c, &bad, flags, sizeof bad, w->r->async.startup_timeout, what);
-    int failed = -1;
-    for (int q = 0; st == RF_OK && q < size && failed < 0; q++)
-        if (flags[q]) failed = q;
-    free(flags);
-    if (loaded != RF_OK) return rf_error(loaded, "%s", own);
-    if (st != RF_OK) return st;
+    int failed;
+    RF_TRY(rf_comm_agree(c, loaded, w->r->async.startup_timeout, what, &failed));
     if (failed >= 0)
         return rf_error(RF_ERR_IO, "%s rank %d (world rank %d) could not start; its message says why", kind, failed,
                         rf_comm_world_rank(c, failed));
@@ -472,16 +465,6 @@ static rf_status serve(tworker *w) {
     }
 }
 
-/* Both AdamW moments of whole model m from role `role` of the checkpoint in dir. */
-static rf_status load_moments(const char *dir, const char *role, rf_model *m) {
-    rf_ckpt_moments cm;
-    RF_TRY(rf_checkpoint_moments_open(&cm, dir, role, m, NULL));
-    rf_status st = rf_checkpoint_moments_read(&cm, 1, 0, m->n_params, m->opt_m);
-    if (st == RF_OK) st = rf_checkpoint_moments_read(&cm, 2, 0, m->n_params, m->opt_v);
-    rf_checkpoint_moments_close(&cm);
-    return st == RF_OK ? RF_OK : rf_error_wrap(st, "resuming from %s", dir);
-}
-
 rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int resume,
                                rf_comm *wcomm, const int *rollout, int n_rollout, rf_comm *dpc,
                                rf_comm *tpc) {
@@ -508,14 +491,8 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
         /* the whole models' parameters and the state; their moments here unless ZeRO-1 shards
          * them, when every DP rank reads its own blocks (rf__dp_setup): no rank holds them whole */
         rf_ckpt_state cs = {0};
-        int zr[2] = {rf__dp_zero_reads(&w, 0), rf__dp_zero_reads(&w, 1)};
-        if (!zr[0] && !zr[1]) st = rf_checkpoint_load(r->logging.dir, w.actor, w.critic, &cs);
-        if (st == RF_OK) st = rf_checkpoint_latest(r->logging.dir, w.ckpt_dir, sizeof w.ckpt_dir);
-        if (st == RF_OK && (zr[0] || zr[1])) { /* data parallel: host memory */
-            st = rf_checkpoint_load_params(r->logging.dir, w.actor, w.critic, &cs, w.ckpt_dir, sizeof w.ckpt_dir);
-            if (st == RF_OK && w.actor && !zr[0]) st = load_moments(w.ckpt_dir, "actor", w.actor);
-            if (st == RF_OK && w.critic && !zr[1]) st = load_moments(w.ckpt_dir, "critic", w.critic);
-        }
+        int moments = (rf__dp_zero_reads(&w, 0) ? 0 : 1) | (rf__dp_zero_reads(&w, 1) ? 0 : 2);
+        st = rf_checkpoint_load_parts(r->logging.dir, w.actor, w.critic, moments, &cs, w.ckpt_dir, sizeof w.ckpt_dir);
         w.version = cs.step, w.actor_steps = cs.actor_opt_steps, w.critic_steps = cs.critic_opt_steps;
     }
     /* tensor parallel: every rank reads its shards (this rank shard 0) */

@@ -49,18 +49,10 @@ typedef struct dp_part {
     rf__share sh;
 } dp_part;
 
-/* The replicas holding the critic (placement.critic.dp), or 0 without one. */
-static int critic_replicas(const rf__tworker *w) {
-    rf_adv_kind kind;
-    int cdp, ctp;
-    rf_recipe_role_layout(w->r, 1, &cdp, &ctp);
-    return rf_adv_kind_parse(w->r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE ? cdp : 0;
-}
-
 /* Whether this rank's TP position holds (a shard of) the critic in the replicas that have it:
  * the critic's DP group is the ranks of that position. */
 static int critic_position(const rf__tworker *w) {
-    if (!critic_replicas(w)) return 0;
+    if (!rf__worker_critic_replicas(w)) return 0;
     if (!w->tpc) return 1;
     int t = rf_comm_rank(w->tpc), tp = rf__worker_split_tp(w, 1);
     return tp ? t < tp : t == 0;
@@ -68,7 +60,7 @@ static int critic_position(const rf__tworker *w) {
 
 int rf__dp_zero_reads(const rf__tworker *w, int model) {
     if (!w->dpc || w->r->placement.actor.zero != 1) return 0;
-    return model ? critic_replicas(w) > 1 : 1;
+    return model ? rf__worker_critic_replicas(w) > 1 : 1;
 }
 
 /* A source of moments that fails: a rank that could not open the checkpoint's files still
@@ -100,7 +92,7 @@ static rf_status dp_model(rf__tworker *w, rf_dp **out, rf_comm *g, rf_model *m, 
 /* The critic's data parallelism over the first k = placement.critic.dp of the replicas (k > 1;
  * its group a split of dpc when fewer than all): every rank of dpc takes part. */
 static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o, const char *ckpt) {
-    int k = critic_replicas(w), size = rf_comm_size(w->dpc);
+    int k = rf__worker_critic_replicas(w), size = rf_comm_size(w->dpc);
     if (k <= 1 || !critic_position(w)) return RF_OK;
     rf_comm *g = w->dpc;
     if (k < size) {
@@ -114,7 +106,7 @@ static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o, const char
 
 /* How the critic is laid out, for the start-up log line. */
 static const char *critic_where(const rf__tworker *w, char *buf, size_t cap) {
-    int k = critic_replicas(w), size = rf_comm_size(w->dpc);
+    int k = rf__worker_critic_replicas(w), size = rf_comm_size(w->dpc);
     if (!k) snprintf(buf, cap, "actor");
     else if (k == size) snprintf(buf, cap, "actor and critic%s", w->tpc && !w->critic_tp ? " (the critic on the replicas' first ranks)" : "");
     else if (k == 1) snprintf(buf, cap, "actor (the critic on %s alone, on whole batches)", w->tpc ? "replica 0" : "rank 1");
@@ -227,7 +219,7 @@ static void part_of(const int64_t *a, const int64_t *c, int q, int64_t *lo, int6
  * boundaries. */
 static rf_status scatter(rf__tworker *w, int cmd, int64_t arg, const Rlflow__TrainBatch *b, int m, int critic,
                          int64_t *bound, int64_t *own_lo, int64_t *own_hi, rf__share *own) {
-    int size = rf_comm_size(w->dpc), k = critic ? critic_replicas(w) : 0;
+    int size = rf_comm_size(w->dpc), k = critic ? rf__worker_critic_replicas(w) : 0;
     double t = w->r->async.peer_timeout;
     dp_part *head = calloc((size_t)size, sizeof *head);
     uint8_t **buf = calloc((size_t)size, sizeof *buf);
@@ -377,7 +369,7 @@ rf_status rf__dp_moments_serve(rf__tworker *w) {
                              "waiting for data-parallel rank 0 to ask for a checkpoint's optimizer state"));
         if (q.model < 0) return RF_OK;
         rf_dp *dp = q.model ? w->dp_critic : w->dp_actor;
-        if (q.model == 1 && !dp && w->replica >= critic_replicas(w)) continue; /* past the critic's replicas */
+        if (q.model == 1 && !dp && !rf__worker_has_critic(w)) continue; /* past the critic's replicas */
         if (!dp || q.a < 0 || q.n < 0)
             return rf_error(RF_ERR_FORMAT, "data-parallel rank 0 asked for floats [%lld, %lld) of model %d's moment %d, "
                             "which this rank does not hold", (long long)q.a, (long long)(q.a + q.n), (int)q.model,

@@ -139,6 +139,9 @@ rf_status rf__worker_peer_update(rf__tworker *w, const uint8_t *buf, size_t byte
  * when it is whole: a split one no rank loads whole (rf__tp_setup reads the shards). */
 int rf__worker_split_tp(const rf__tworker *w, int critic);
 
+/* The replicas holding the critic (placement.critic.dp; the first ones), 0 without a critic. */
+int rf__worker_critic_replicas(const rf__tworker *w);
+
 /* Whether this rank's replica holds the critic / the reference (rank 1's always does). */
 int rf__worker_has_critic(const rf__tworker *w);
 int rf__worker_has_ref(const rf__tworker *w);

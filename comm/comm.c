@@ -164,6 +164,21 @@ rf_status rf_comm_allgather(rf_comm *c, const void *in, void *out, size_t bytes,
     return c->ops->allgather(c, in, out, bytes, timeout_s, what);
 }
 
+rf_status rf_comm_agree(rf_comm *c, rf_status mine, double timeout_s, const char *what, int *failed) {
+    int size = rf_comm_size(c), bad = mine != RF_OK;
+    char own[1024];
+    snprintf(own, sizeof own, "%s", rf_error_message());
+    *failed = -1;
+    int *flags = calloc((size_t)size, sizeof(int));
+    if (!flags) return mine != RF_OK ? mine : rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status st = rf_comm_allgather(c, &bad, flags, sizeof bad, timeout_s, what);
+    for (int q = 0; st == RF_OK && q < size && *failed < 0; q++)
+        if (flags[q]) *failed = q;
+    free(flags);
+    if (mine != RF_OK) return rf_error(mine, "%s", own);
+    return st;
+}
+
 rf_status rf_comm_bcast(rf_comm *c, void *buf, size_t bytes, int root, double timeout_s,
                         const char *what) {
     what = WHAT(what);

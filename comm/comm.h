@@ -120,6 +120,12 @@ rf_status rf_comm_reduce_scatter(rf_comm *c, const float *in, float *out, size_t
 rf_status rf_comm_allgather(rf_comm *c, const void *in, void *out, size_t bytes,
                             double timeout_s, const char *what);
 
+/* Whether every rank of c succeeded at a step: each passes its own status `mine`. A rank that
+ * failed gets `mine` back with its message; the others get comm's error when the exchange
+ * failed, else RF_OK with *failed the first rank that failed (-1: none), for the caller to
+ * name. Collective. */
+rf_status rf_comm_agree(rf_comm *c, rf_status mine, double timeout_s, const char *what, int *failed);
+
 /* Broadcasts bytes of buf from root to every rank (in place). */
 rf_status rf_comm_bcast(rf_comm *c, void *buf, size_t bytes, int root, double timeout_s,
                         const char *what);

@@ -156,7 +156,6 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
  * an error the buffer may hold some of them. */
 rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const char *suffix);
 
-
 /* Tensors in an opened checkpoint (st, of directory dir) that model m does not use would be
  * silently dropped: RF_ERR_UNSUPPORTED naming the tensor and its file, except lm_head.weight
  * next to tied embeddings (transformers ignores it too), an LM head when m has a value head (a

@@ -208,11 +208,11 @@ rf_status rf_checkpoint_latest(const char *run_dir, char *dir, size_t cap) {
     return RF_OK;
 }
 
-static rf_status load(const char *run_dir, rf_model *actor, rf_model *critic, rf_ckpt_state *st, int moments,
-                      char *dir, size_t cap) {
+rf_status rf_checkpoint_load_parts(const char *run_dir, rf_model *actor, rf_model *critic, int moments,
+                                   rf_ckpt_state *st, char *dir, size_t cap) {
     RF_TRY(rf_checkpoint_latest(run_dir, dir, cap));
-    rf_status s = actor ? load_role(dir, "actor", actor, moments) : RF_OK;
-    if (s == RF_OK && critic) s = load_role(dir, "critic", critic, moments);
+    rf_status s = actor ? load_role(dir, "actor", actor, moments & 1) : RF_OK;
+    if (s == RF_OK && critic) s = load_role(dir, "critic", critic, moments & 2);
     if (s == RF_OK) s = read_state(dir, st, actor, critic);
     return s == RF_OK ? RF_OK : rf_error_wrap(s, "resuming from %s", dir);
 }
@@ -220,12 +220,7 @@ static rf_status load(const char *run_dir, rf_model *actor, rf_model *critic, rf
 rf_status rf_checkpoint_load(const char *run_dir, rf_model *actor, rf_model *critic,
                              rf_ckpt_state *st) {
     char dir[4200];
-    return load(run_dir, actor, critic, st, 1, dir, sizeof dir);
-}
-
-rf_status rf_checkpoint_load_params(const char *run_dir, rf_model *actor, rf_model *critic, rf_ckpt_state *st,
-                                    char *dir, size_t cap) {
-    return load(run_dir, actor, critic, st, 0, dir, cap);
+    return rf_checkpoint_load_parts(run_dir, actor, critic, 3, st, dir, sizeof dir);
 }
 
 rf_status rf_checkpoint_moments_open(rf_ckpt_moments *cm, const char *ckpt_dir, const char *role, const rf_model *m,

@@ -60,11 +60,12 @@ rf_status rf_checkpoint_save_roles(const char *run_dir, const rf_ckpt_role *acto
 rf_status rf_checkpoint_load(const char *run_dir, rf_model *actor, rf_model *critic,
                              rf_ckpt_state *st);
 
-/* rf_checkpoint_load without the AdamW moments (the parameters and the run state; st's
- * optimizer step counts included), and the checkpoint's directory in dir (cap bytes): for
- * ZeRO-1 ranks that each read their own blocks of the moments (rf_checkpoint_moments_*). */
-rf_status rf_checkpoint_load_params(const char *run_dir, rf_model *actor, rf_model *critic, rf_ckpt_state *st,
-                                    char *dir, size_t cap);
+/* rf_checkpoint_load choosing whose AdamW moments are loaded: the actor's with moments & 1,
+ * the critic's with moments & 2 (the others are left to ZeRO-1 ranks that each read their own
+ * blocks, rf_checkpoint_moments_*); the parameters and the run state always (st's optimizer
+ * step counts included). The checkpoint's directory goes to dir (cap bytes). */
+rf_status rf_checkpoint_load_parts(const char *run_dir, rf_model *actor, rf_model *critic, int moments,
+                                   rf_ckpt_state *st, char *dir, size_t cap);
 
 /* A role's AdamW moments in a checkpoint, read a range at a time: the files of both moments
  * opened once; the buffer laid out as whole model m's (tp NULL) or as tensor-parallel shard

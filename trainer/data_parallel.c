@@ -208,18 +208,9 @@ static rf_status read_moments(rf_dp *dp) {
         st = dp->o.moments(dp->o.moments_ctx, 1, g->p, g->n, dp->sm + g->s);
         if (st == RF_OK) st = dp->o.moments(dp->o.moments_ctx, 2, g->p, g->n, dp->sv + g->s);
     }
-    char own[1024];
-    snprintf(own, sizeof own, "%s", rf_error_message());
-    int bad = st != RF_OK, *all = calloc((size_t)dp->size, sizeof *all);
-    if (!all) return st != RF_OK ? st : rf_error(RF_ERR_NOMEM, "out of memory");
-    rf_status gst = rf_comm_allgather(dp->c, &bad, all, sizeof bad, dp->o.timeout_s,
-                                      "ZeRO-1: agreeing that every rank read its optimizer state");
-    int failed = -1;
-    for (int r = 0; gst == RF_OK && r < dp->size && failed < 0; r++)
-        if (all[r]) failed = r;
-    free(all);
-    if (st != RF_OK) return rf_error(st, "ZeRO-1: reading this rank's optimizer state: %s", own);
-    if (gst != RF_OK) return gst;
+    if (st != RF_OK) st = rf_error_wrap(st, "ZeRO-1: reading this rank's optimizer state");
+    int failed;
+    RF_TRY(rf_comm_agree(dp->c, st, dp->o.timeout_s, "ZeRO-1: agreeing that every rank read its optimizer state", &failed));
     if (failed >= 0)
         return rf_error(RF_ERR_IO, "ZeRO-1: DP rank %d (world rank %d) could not read its optimizer state; its message "
                         "says why", failed, rf_comm_world_rank(dp->c, failed));
