@@ -471,7 +471,7 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     tworker w = {.r = r, .wcomm = wcomm, .rollout = rollout, .n_rollout = n_rollout,
                  .delay_ms = rf_test_delay_ms("RF_TEST_DELAY_TRAIN_MS"), .dpc = dpc, .tpc = tpc};
     rf_rng_seed(&w.delay_rng, 0x2545f4914f6cdd1dull);
-    w.k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(0) : rf_cpu_kernels();
+    w.k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(RF_CUDA_ANY) : rf_cpu_kernels();
     if (!w.k) return rf_error(RF_ERR_NODEVICE, "model.device = \"cuda\"");
     rf_adv_kind kind;
     rf_status st = rf_adv_kind_parse(r->algorithm.name, &kind);

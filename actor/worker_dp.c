@@ -89,6 +89,30 @@ static rf_status dp_model(rf__tworker *w, rf_dp **out, rf_comm *g, rf_model *m, 
     return st;
 }
 
+/* The communicator a model's gradients are reduced over: g itself for a host model; for a
+ * CUDA one a NCCL communicator over g's ranks (*dev, owned by w), after checking that no two
+ * of them share a device (NCCL refuses that). Collective over g. */
+static rf_status grad_comm(rf__tworker *w, rf_comm *g, rf_comm **dev, rf_comm **out) {
+    *out = g;
+    if (w->k == rf_cpu_kernels()) return RF_OK;
+    double t = w->r->async.startup_timeout;
+    int n = rf_comm_size(g), me[2] = {rf_comm_node(g, rf_comm_rank(g)), rf_cuda_current_device()};
+    int *all = malloc(sizeof me * (size_t)n);
+    rf_status st = all ? rf_comm_allgather(g, me, all, sizeof me, t, "gathering the data-parallel ranks' CUDA devices")
+                       : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == RF_OK && i < n; i++)
+        for (int j = 0; st == RF_OK && j < i; j++)
+            if (all[2 * i] == all[2 * j] && all[2 * i + 1] == all[2 * j + 1])
+                st = rf_error(RF_ERR_ARG, "data parallelism on CUDA: world ranks %d and %d would share CUDA device %d "
+                              "of one machine (NCCL needs a device per rank; each machine's ranks take its visible "
+                              "devices in turn): give the run more GPUs or fewer ranks",
+                              rf_comm_world_rank(g, j), rf_comm_world_rank(g, i), all[2 * i + 1]);
+    free(all);
+    if (st == RF_OK) st = rf_comm_nccl(g, rf_cuda_current_device(), t, dev);
+    *out = *dev;
+    return st;
+}
+
 /* The critic's data parallelism over the first k = placement.critic.dp of the replicas (k > 1;
  * its group a split of dpc when fewer than all): every rank of dpc takes part. */
 static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o, const char *ckpt) {
@@ -100,6 +124,7 @@ static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o, const char
         g = w->critic_dpc;
     }
     if (!g) return RF_OK; /* a replica past the critic's */
+    RF_TRY(grad_comm(w, g, &w->critic_dev, &g));
     if (w->critic_tp || w->critic) return dp_model(w, &w->dp_critic, g, w->critic, w->critic_tp, 1, ckpt, *o);
     return rf_error(RF_ERR_ARG, "data-parallel replica %d of the critic's %d holds no critic", w->replica, k);
 }
@@ -130,8 +155,9 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
     st = o.zero ? rf_comm_bcast(w->dpc, ckpt, sizeof ckpt, 0, r->async.startup_timeout,
                                 "receiving the checkpoint's directory from data-parallel rank 0")
                 : RF_OK;
-    if (st == RF_OK)
-        st = dp_model(w, &w->dp_actor, w->dpc, w->tp ? NULL : w->actor, w->tp, 0, ckpt, o);
+    rf_comm *g = NULL;
+    if (st == RF_OK) st = grad_comm(w, w->dpc, &w->dp_dev, &g);
+    if (st == RF_OK) st = dp_model(w, &w->dp_actor, g, w->tp ? NULL : w->actor, w->tp, 0, ckpt, o);
     /* with tensor parallelism the version comes from replica 0 too (the peers have none yet) */
     int64_t v = w->version;
     if (st == RF_OK && w->tp)
@@ -157,9 +183,10 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
 
 void rf__dp_free(rf__tworker *w) {
     rf_dp_free(w->dp_actor), rf_dp_free(w->dp_critic);
+    rf_comm_free(w->dp_dev), rf_comm_free(w->critic_dev);
     rf_comm_free(w->critic_dpc);
     w->dp_actor = w->dp_critic = NULL;
-    w->critic_dpc = NULL;
+    w->critic_dpc = w->dp_dev = w->critic_dev = NULL;
 }
 
 /* ---- DP rank 0 ---- */
@@ -459,9 +486,10 @@ static rf_status peer_serve(rf__tworker *w) {
 }
 
 rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_comm *wcomm) {
-    rf__tworker w = {.r = r, .dpc = dpc, .tpc = tpc, .wcomm = wcomm, .k = rf_cpu_kernels(), .replica = rf_comm_rank(dpc)};
+    rf__tworker w = {.r = r, .dpc = dpc, .tpc = tpc, .wcomm = wcomm, .replica = rf_comm_rank(dpc)};
+    w.k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(RF_CUDA_ANY) : rf_cpu_kernels();
     rf_adv_kind kind;
-    rf_status st = rf_adv_kind_parse(r->algorithm.name, &kind);
+    rf_status st = w.k ? rf_adv_kind_parse(r->algorithm.name, &kind) : rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"cuda\"");
     if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
     if (st == RF_OK && !tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0); /* tp: shards, from replica 0 */

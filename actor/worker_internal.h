@@ -65,6 +65,9 @@ typedef struct rf__tworker {
     rf_dp *dp_actor, *dp_critic; /* dp_critic: over critic_dpc, when the critic is on several replicas */
     rf_comm *critic_dpc; /* the DP ranks of the replicas holding the critic, when fewer than all of
                             them and more than one (a split of dpc; else NULL: dpc itself) */
+    rf_comm *dp_dev, *critic_dev; /* model.device = "cuda": NCCL communicators over dpc and the
+                            critic's group, which dp_actor and dp_critic reduce over (dpc
+                            carries the host messages: shares, commands, scores) */
     double last_cmd;     /* DP or TP rank 0: when it last sent its peers a command */
     /* tensor parallelism (placement.actor.tp > 1): the actor only; the reference, critic and
      * reward model are whole models on TP rank 0 */

@@ -31,6 +31,12 @@ int rf_comm_rank(const rf_comm *c) { return c->rank; }
 int rf_comm_size(const rf_comm *c) { return c->size; }
 rf_comm_kind rf_comm_backend(const rf_comm *c) { return c->kind; }
 const char *rf_comm_backend_name(const rf_comm *c) { return c->ops->name; }
+#ifdef RLFLOW_HAVE_NCCL
+int rf_comm_nccl_built(void) { return 1; }
+#else
+int rf_comm_nccl_built(void) { return 0; }
+#endif
+rf_comm *rf_comm_host(rf_comm *c) { return c && c->ops->host ? c->ops->host(c) : c; }
 
 int rf_comm_world_rank(const rf_comm *c, int r) {
     return r >= 0 && r < c->size ? c->world[r] : -1;
@@ -373,6 +379,7 @@ static const rf_comm_ops single_ops = {
     "single", single_allreduce, single_reduce_scatter, single_allgather, single_bcast,
     single_barrier, single_sendrecv_start, single_group_wait, single_split, single_free,
     NULL, NULL, NULL, /* non-blocking collectives: reduced at the start */
+    NULL,             /* host: host memory already */
 };
 
 static rf_status single_split(rf_comm *c, int color, int key, rf_comm **out) {

@@ -71,6 +71,9 @@ rf_comm *rf_comm_single(void);
  * does not exist. */
 rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out);
 
+/* 1 when this build has the NCCL back end (RLFLOW_HAVE_NCCL), else 0. */
+int rf_comm_nccl_built(void);
+
 /* Finalizes MPI (after every communicator and request is freed). Nothing when MPI was not
  * initialised. */
 void rf_comm_finalize(void);
@@ -83,6 +86,12 @@ int rf_comm_size(const rf_comm *c);
 rf_comm_kind rf_comm_backend(const rf_comm *c);
 /* "single", "mpi" or "nccl". */
 const char *rf_comm_backend_name(const rf_comm *c);
+/* The host-memory communicator over c's ranks (the same rank numbers), for small exchanges of
+ * host data beside a device communicator's collectives (counts, norms, flags): c itself for
+ * the single and MPI back ends; a NCCL communicator's own MPI duplicate (owned by c: not
+ * freed by the caller, valid while c is). */
+rf_comm *rf_comm_host(rf_comm *c);
+
 /* The MPI_COMM_WORLD rank of rank r of c (r itself for the single back end). */
 int rf_comm_world_rank(const rf_comm *c, int r);
 
@@ -195,15 +204,16 @@ void rf_comm_req_free(rf_comm_req *req);
  * the blocking collective's does; after a timeout the communicator has failed, as there.
  * Progress: MPI moves a started collective forward only inside MPI calls, so a caller that
  * computes should call rf_comm_group_test now and then; the single back end reduces at the
- * start; NCCL has no non-blocking form here yet: the blocking collective runs at the start
- * (bounded by timeout_s), and the group is complete when returned. */
+ * start; NCCL enqueues the collective on the communicator's stream and returns (the caller's
+ * own stream must have finished writing `in`: rf_kernels.sync), the GPU runs it while the
+ * caller goes on, and the wait polls the stream (several in flight run in order on it). */
 rf_status rf_comm_allreduce_start(rf_comm *c, const float *in, float *out, size_t n,
                                   double timeout_s, const char *what, rf_comm_group **g);
 rf_status rf_comm_reduce_scatter_start(rf_comm *c, const float *in, float *out, size_t n,
                                        double timeout_s, const char *what, rf_comm_group **g);
 
 /* Progresses a started group (collective or send/recv) without waiting: 1 when it has
- * completed, 0 when not yet (always 0 for a NCCL send/recv group: its wait tells), -1 on an
+ * completed, 0 when not yet (NCCL: once its stream has run everything enqueued so far), -1 on an
  * error (message set; the communicator has failed). It must still be waited for. */
 int rf_comm_group_test(rf_comm_group *g);
 

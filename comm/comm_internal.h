@@ -28,6 +28,7 @@ typedef struct rf_comm_ops {
     rf_status (*reduce_scatter_start)(rf_comm *c, const float *in, float *out, size_t n,
                                       rf_comm_group *g);
     int (*group_test)(rf_comm_group *g); /* 1 done, 0 not yet, -1 error; NULL: 0 */
+    rf_comm *(*host)(rf_comm *c); /* rf_comm_host; NULL: c itself (host memory already) */
 } rf_comm_ops;
 
 struct rf_comm {

@@ -396,6 +396,7 @@ static const rf_comm_ops mpi_ops = {
     "mpi", mpi_allreduce, mpi_reduce_scatter, mpi_allgather, mpi_bcast,
     mpi_barrier, mpi_sendrecv_start, mpi_group_wait, mpi_split, mpi_free,
     mpi_allreduce_start, mpi_reduce_scatter_start, mpi_group_test,
+    NULL, /* host: host memory already */
 };
 
 /* ---- single transfers ---- */

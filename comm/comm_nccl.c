@@ -146,6 +146,57 @@ static rf_status nccl_group_wait(rf_comm_group *g, double timeout_s) {
     return finish(g->c, launched, g->peer, g->n, timeout_s, g->what);
 }
 
+/* ---- started collectives: enqueued on the stream and left to run; the wait is finish()'s ---- */
+
+/* Keeps what the enqueueing call said for the wait. A non-blocking communicator may answer
+ * ncclInProgress before the operation is on the stream: that is waited out here (bounded by
+ * the communicator's own timeout), so that the next NCCL call finds the communicator free. */
+static rf_status keep_started(rf_comm_group *g, ncclResult_t launched) {
+    rf_comm *c = g->c;
+    nccl_state *s = st_of(c);
+    if (launched == ncclInProgress) {
+        double deadline = rf_time_now() + s->timeout_s;
+        int polls = 0, ready;
+        while ((ready = comm_state(c, g->what)) == 0 && rf_time_now() < deadline) rf__comm_backoff(&polls);
+        if (ready < 0) return RF_ERR_IO;
+        launched = ready ? ncclSuccess : ncclInProgress; /* still in progress: the wait times out */
+    }
+    ncclResult_t *kept = malloc(sizeof *kept);
+    if (!kept) return rf_error(RF_ERR_NOMEM, "out of memory");
+    *kept = launched;
+    g->impl = kept;
+    return RF_OK;
+}
+
+static rf_status nccl_allreduce_start(rf_comm *c, const float *in, float *out, size_t n, rf_comm_group *g) {
+    nccl_state *s = st_of(c);
+    return keep_started(g, ncclAllReduce(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream));
+}
+
+static rf_status nccl_reduce_scatter_start(rf_comm *c, const float *in, float *out, size_t n, rf_comm_group *g) {
+    nccl_state *s = st_of(c);
+    return keep_started(g, ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream));
+}
+
+/* 1 when the stream has run everything enqueued so far (this operation and those before it),
+ * 0 not yet, -1 on an error (the communicator given up, message set). */
+static int nccl_group_test(rf_comm_group *g) {
+    rf_comm *c = g->c;
+    ncclResult_t launched = g->impl ? *(ncclResult_t *)g->impl : ncclSuccess;
+    if (launched != ncclSuccess && launched != ncclInProgress) {
+        nccl_error(c, launched, g->what);
+        return -1;
+    }
+    int ready = comm_state(c, g->what);
+    if (ready <= 0) return ready;
+    cudaError_t e = cudaStreamQuery(st_of(c)->stream);
+    if (e == cudaSuccess) return 1;
+    if (e == cudaErrorNotReady) return 0;
+    rf_error(RF_ERR_IO, "%s: CUDA error on world rank %d: %s", g->what, c->world[c->rank], cudaGetErrorString(e));
+    give_up(c, RF_ERR_IO);
+    return -1;
+}
+
 /* ---- communicators ---- */
 
 static void nccl_free(rf_comm *c) {
@@ -245,8 +296,13 @@ static rf_status nccl_split(rf_comm *c, int color, int key, rf_comm **out) {
     return st;
 }
 
+/* Host-memory exchanges over the same ranks: the MPI (or single) duplicate that bootstraps
+ * splits. Its rank numbers are this communicator's (nccl_make). */
+static rf_comm *nccl_host(rf_comm *c) { return st_of(c)->boot; }
+
 static const rf_comm_ops nccl_ops = {
     "nccl", nccl_allreduce, nccl_reduce_scatter, nccl_allgather, nccl_bcast,
     nccl_barrier, nccl_sendrecv_start, nccl_group_wait, nccl_split, nccl_free,
-    NULL, NULL, NULL, /* non-blocking collectives: the blocking ones at the start (comm.h) */
+    nccl_allreduce_start, nccl_reduce_scatter_start, nccl_group_test,
+    nccl_host,
 };

@@ -20,6 +20,7 @@
 #include "controller/controller.h"
 #include "controller/launch.h"
 #include "controller/run_internal.h"
+#include "kernels/kernels.h"
 #include "rollout/worker.h"
 
 #define HOST_LEN 256
@@ -330,6 +331,19 @@ static void log_layout(const rf_recipe *r, int size, const char *hosts) {
     }
 }
 
+/* model.device = "cuda": the device this rank's role starts on. Each machine's worker ranks
+ * (not the controller, rank 0, which uses none) take its visible devices in turn, by world
+ * rank; more ranks than devices share them (data parallelism then refuses: grad_comm in
+ * actor/worker_dp.c). */
+static void select_gpu(const rf_recipe *r, rf_comm *world, const char *host) {
+    int rank = rf_comm_rank(world), n = rf_cuda_device_count();
+    if (rank == 0 || strcmp(r->model.device, "cuda") != 0 || n <= 0) return;
+    int slot = 0, node = rf_comm_node(world, rank);
+    for (int j = 1; j < rank; j++) slot += rf_comm_node(world, j) == node;
+    rf_cuda_select_device(slot % n);
+    rf_log_info("  rank %d (%s): CUDA device %d of %d", rank, host, slot % n, n);
+}
+
 static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     int rank = rf_comm_rank(world), size = rf_comm_size(world), dp = r->placement.actor.dp;
     int tp = r->placement.actor.tp, n_train = train_ranks(r), gtp = r->placement.rollout.tp;
@@ -369,6 +383,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     }
     if (bst != RF_OK) return bst;
     if (!ep[0]) return rf_error(RF_ERR_IO, "the controller (rank 0) could not start; its message says why");
+    select_gpu(r, world, host);
     /* weights travel between the training worker and the rollout workers only; gradients
      * between the training workers */
     rf_comm *wcomm = NULL, *dpc = NULL, *tpc = NULL, *gcomm = NULL;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "controller/run_internal.h"
@@ -211,9 +212,13 @@ static rf_status reject_layouts(const rf_recipe *r, int split) {
     if (r->placement.actor.dp > 1 && !split)
         return rf_recipe_reject_unimplemented(r, "placement.actor.dp", "data parallelism in colocated runs; "
                                               "placement.mode = \"split\" trains on placement.actor.dp ranks");
-    if (r->placement.actor.dp > 1 && strcmp(r->model.device, "cpu") != 0)
-        return rf_recipe_reject_unimplemented(r, "placement.actor.dp", "data parallelism on CUDA: the gradients "
-                                              "would be reduced over NCCL, which the training workers do not set up yet");
+    if (r->placement.actor.dp > 1 && strcmp(r->model.device, "cuda") == 0 && !rf_comm_nccl_built()) {
+        char where[512];
+        return rf_error(RF_ERR_UNSUPPORTED, "%s: placement.actor.dp = %d with model.device = \"cuda\" reduces the "
+                        "gradients over NCCL, which this build lacks (CMake found no nccl.h and libnccl: install "
+                        "NCCL and rebuild)", rf_recipe_where(r, "placement.actor.dp", where, sizeof where),
+                        r->placement.actor.dp);
+    }
     return RF_OK;
 }
 

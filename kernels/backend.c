@@ -8,4 +8,8 @@ const rf_kernels *rf_cuda_kernels(int device) {
     rf_error(RF_ERR_NODEVICE, "rlflow was built without the CUDA back end (RLFLOW_CUDA=OFF or nvcc not found)");
     return NULL;
 }
+
+void rf_cuda_select_device(int device) { (void)device; }
+int rf_cuda_device_count(void) { return 0; }
+int rf_cuda_current_device(void) { return -1; }
 #endif

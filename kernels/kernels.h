@@ -165,8 +165,23 @@ struct rf_kernels {
 const rf_kernels *rf_cpu_kernels(void);
 
 /* The CUDA back end on `device`: NULL when rlflow was built without CUDA or no GPU is
- * present (message recorded saying which). */
+ * present (message recorded saying which). One device per process: the first call picks it.
+ * RF_CUDA_ANY: the device already picked, or the one rf_cuda_select_device named (0 by
+ * default). */
+#define RF_CUDA_ANY (-1)
 const rf_kernels *rf_cuda_kernels(int device);
+
+/* The device RF_CUDA_ANY starts on (default 0): a split run's launcher picks each rank's
+ * before its role starts the back end. Nothing without CUDA. */
+void rf_cuda_select_device(int device);
+
+/* CUDA devices this process sees (CUDA_VISIBLE_DEVICES applies); 0 without the CUDA back end
+ * or without a GPU. */
+int rf_cuda_device_count(void);
+
+/* The device the CUDA back end runs on; -1 before rf_cuda_kernels has started it (or
+ * without CUDA). */
+int rf_cuda_current_device(void);
 
 /* Most token rows whose logits logprob_forward/backward hold at once (a back end may use
  * fewer for large vocabularies). */

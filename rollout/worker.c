@@ -291,7 +291,7 @@ rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int r
                                  rf_comm *wcomm, rf_comm *gcomm, int train_rank) {
     worker w = {.r = r, .rank = rank, .version = -1, .t0 = rf_time_now(),
                 .gcomm = gcomm && rf_comm_size(gcomm) > 1 ? gcomm : NULL};
-    const rf_kernels *k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(0) : rf_cpu_kernels();
+    const rf_kernels *k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(RF_CUDA_ANY) : rf_cpu_kernels();
     if (!k) return rf_error(RF_ERR_NODEVICE, "model.device = \"cuda\"");
     char host[256] = "";
     gethostname(host, sizeof host - 1);

@@ -1,7 +1,8 @@
 /* comm's NCCL back end on CUDA devices: the same hand-worked results as test_comm, with device
  * buffers.
  *   - one process on device 0 (a NCCL communicator of one rank made from the single one):
- *     allreduce, reduce-scatter, allgather, broadcast, barrier, send/recv to self, split;
+ *     allreduce, reduce-scatter, allgather, broadcast, barrier, started (non-blocking)
+ *     allreduces and reduce-scatters in flight together, send/recv to self, split;
  *   - with two or more devices, under mpirun with one rank per device (up to 4): the same
  *     collectives across ranks, an all-to-all through grouped send/recv, a split by parity,
  *     and a timeout (one rank never joins an allreduce: the others fail with the exact message
@@ -81,6 +82,41 @@ static void collectives(rf_comm *c) {
 }
 
 /* Every rank sends (src, dst, k) twice to every rank, itself included. */
+/* Started collectives: two allreduces and a reduce-scatter in flight at once on the stream,
+ * tested until done, then waited for; the results exact (small integers). */
+static void started(rf_comm *c) {
+    int rank = rf_comm_rank(c), size = rf_comm_size(c);
+    enum { N = 3000 };
+    float *h = malloc(sizeof(float) * 2 * N), *rs = malloc(sizeof(float) * N * (size_t)size), *o = malloc(sizeof(float) * 2 * N);
+    for (int i = 0; i < 2 * N; i++) h[i] = (float)((rank + 1) * (i % 7));
+    for (int i = 0; i < N * size; i++) rs[i] = (float)(i / N + rank); /* block q: q + rank */
+    float *da = dev(h, 2 * N), *drs = dev(rs, N * (size_t)size), *dout = dev(NULL, N);
+    rf_comm_group *g[3] = {0};
+    CHECK_OK(rf_comm_allreduce_start(c, da, da, N, T_OK, "allreduce 1", &g[0]));
+    CHECK_OK(rf_comm_reduce_scatter_start(c, drs, dout, N, T_OK, "reduce-scatter", &g[1]));
+    CHECK_OK(rf_comm_allreduce_start(c, da + N, da + N, N, T_OK, "allreduce 2", &g[2]));
+    int done = 0;
+    double t0 = rf_time_now();
+    while (!done && rf_time_now() - t0 < 10) {
+        done = 1;
+        for (int i = 0; i < 3; i++) {
+            int t = rf_comm_group_test(g[i]);
+            CHECK(t >= 0);
+            done &= t == 1;
+        }
+    }
+    CHECK(done);
+    for (int i = 0; i < 3; i++) CHECK_OK(rf_comm_group_wait(g[i], T_OK));
+    back(o, da, 2 * N);
+    int bad = 0;
+    for (int i = 0; i < 2 * N; i++) bad += o[i] != (float)(size * (size + 1) / 2 * (i % 7));
+    back(o, dout, N);
+    for (int i = 0; i < N; i++) bad += o[i] != (float)(size * rank + size * (size - 1) / 2);
+    CHECK(bad == 0);
+    cudaFree(da), cudaFree(drs), cudaFree(dout);
+    free(h), free(rs), free(o);
+}
+
 static void all_to_all(rf_comm *c) {
     int rank = rf_comm_rank(c), size = rf_comm_size(c);
     if (size < 1) return;
@@ -160,6 +196,7 @@ static int under_mpi(int argc, char **argv) {
     if (nc) {
         CHECK(rf_comm_size(nc) == rf_comm_size(world) && rf_comm_rank(nc) == rf_comm_rank(world));
         collectives(nc);
+        started(nc);
         all_to_all(nc);
         split(nc);
         timeout(nc, world);
@@ -182,6 +219,7 @@ int main(int argc, char **argv) {
     if (c) {
         CHECK(rf_comm_backend(c) == RF_COMM_NCCL && rf_comm_size(c) == 1);
         collectives(c);
+        started(c);
         all_to_all(c);
         split(c);
         rf_comm_free(c);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "comm/comm.h"
 #include "common/util.h"
 #include "controller/recipe.h"
 #include "controller/run_internal.h"
@@ -227,8 +228,6 @@ static void parallel_layouts(void) {
          "tensor-parallel size that does not divide the actor's (placement.actor.tp = 1): the reference's shards live on "
          "the first ranks of each replica)"},
         {"[placement.actor]\ndp = 2\n", ":2:1: placement.actor.dp = 2 is not implemented yet (data parallelism in colocated runs"},
-        {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ndp = 2\n",
-         ":7:1: placement.actor.dp = 2 is not implemented yet (data parallelism on CUDA"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         CHECK_OK(rf_recipe_load(&r, recipe_file(refused[i].text), NULL, 0));
@@ -242,6 +241,18 @@ static void parallel_layouts(void) {
         CHECK_ERR(rf__reject_unimplemented(&r), RF_ERR_UNSUPPORTED, want);
         rf_recipe_free(&r);
     }
+    /* data parallelism on CUDA: over NCCL where the build has it, else refused saying so */
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\n"
+                                            "device = \"cuda\"\n[placement.actor]\ndp = 2\nzero = 1\n"), NULL, 0));
+    if (rf_comm_nccl_built()) {
+        CHECK_OK(rf__reject_unimplemented(&r));
+    } else {
+        char want[512];
+        snprintf(want, sizeof want, "%s:7:1: placement.actor.dp = 2 with model.device = \"cuda\" reduces the gradients "
+                 "over NCCL, which this build lacks", tmp_path);
+        CHECK_ERR(rf__reject_unimplemented(&r), RF_ERR_UNSUPPORTED, want);
+    }
+    rf_recipe_free(&r);
     /* a role on more replicas than the actor has: a wrong value, not a missing feature */
     struct { const char *text, *want; } too_many[] = {
         {"[placement]\nmode = \"split\"\n[placement.critic]\ndp = 2\n", ":4:1: placement.critic.dp = 2 is more than "

@@ -27,7 +27,8 @@ typedef struct dp_seg {
 } dp_seg;
 
 struct rf_dp {
-    rf_comm *c;
+    rf_comm *c;          /* the model's memory: gradients, parameters, moments */
+    rf_comm *h;          /* host memory over the same ranks (rf_comm_host(c)): counts, norms */
     rf_model *m;
     rf_model_tp *tp;     /* tensor parallel: m is tp->m, this rank's shard (rf_dp_init_tp) */
     rf_dp_opts o;
@@ -200,17 +201,24 @@ static rf_status dp_ready(void *ctx, size_t offset, size_t n);
  * run of one tensor) at a time, straight into the shards; every rank learns whether all read
  * theirs. */
 static rf_status read_moments(rf_dp *dp) {
-    rf_status st = RF_OK;
-    if (dp->m->k != rf_cpu_kernels())
-        st = rf_error(RF_ERR_UNSUPPORTED, "ZeRO-1: reading the optimizer state into device shards");
+    const rf_kernels *k = dp->m->k;
+    int device = k != rf_cpu_kernels();
+    size_t most = 0; /* a device shard: each segment through host staging */
+    for (int i = 0; device && i < dp->nseg; i++) most = dp->seg[i].n > most ? dp->seg[i].n : most;
+    float *stage = device ? malloc(sizeof(float) * (most ? most : 1)) : NULL;
+    rf_status st = !device || stage ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for %zu floats", most);
     for (int i = 0; st == RF_OK && i < dp->nseg; i++) {
         const dp_seg *g = &dp->seg[i];
-        st = dp->o.moments(dp->o.moments_ctx, 1, g->p, g->n, dp->sm + g->s);
-        if (st == RF_OK) st = dp->o.moments(dp->o.moments_ctx, 2, g->p, g->n, dp->sv + g->s);
+        for (int which = 1; st == RF_OK && which <= 2; which++) {
+            float *dst = (which == 1 ? dp->sm : dp->sv) + g->s;
+            st = dp->o.moments(dp->o.moments_ctx, which, g->p, g->n, device ? stage : dst);
+            if (st == RF_OK && device) k->to_device(dst, stage, sizeof(float) * g->n);
+        }
     }
+    free(stage);
     if (st != RF_OK) st = rf_error_wrap(st, "ZeRO-1: reading this rank's optimizer state");
     int failed;
-    RF_TRY(rf_comm_agree(dp->c, st, dp->o.timeout_s, "ZeRO-1: agreeing that every rank read its optimizer state", &failed));
+    RF_TRY(rf_comm_agree(dp->h, st, dp->o.timeout_s, "ZeRO-1: agreeing that every rank read its optimizer state", &failed));
     if (failed >= 0)
         return rf_error(RF_ERR_IO, "ZeRO-1: DP rank %d (world rank %d) could not read its optimizer state; its message "
                         "says why", failed, rf_comm_world_rank(dp->c, failed));
@@ -227,13 +235,13 @@ rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o) 
                         rf_comm_backend_name(c), device ? "device" : "host");
     rf_dp *dp = calloc(1, sizeof *dp);
     if (!dp) return rf_error(RF_ERR_NOMEM, "out of memory");
-    dp->c = c, dp->m = m, dp->o = *o;
+    dp->c = c, dp->h = rf_comm_host(c), dp->m = m, dp->o = *o;
     dp->rank = rf_comm_rank(c), dp->size = rf_comm_size(c);
     if (dp->o.timeout_s <= 0) dp->o.timeout_s = 30;
     rf_status st = make_buckets(dp);
     /* every rank starts from DP rank 0's state */
     if (st == RF_OK)
-        st = rf_comm_bcast(c, &m->opt_step, sizeof m->opt_step, 0, dp->o.timeout_s, "broadcasting the optimizer step");
+        st = rf_comm_bcast(dp->h, &m->opt_step, sizeof m->opt_step, 0, dp->o.timeout_s, "broadcasting the optimizer step");
     /* ZeRO-1: whole moments are never read but rank 0's after a step (a resumed run's), which
      * share_moments scatters, unless every rank reads its own blocks; before any step they are
      * zero, as the shards start */
@@ -283,7 +291,7 @@ rf_status rf_dp_sum(rf_dp *dp, const long *in, long *out, int n, const char *wha
     if (!f) return rf_error(RF_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++)
         for (int d = 0; d < 3; d++) f[3 * i + d] = (float)((in[i] >> (12 * d)) & 4095);
-    rf_status st = rf_comm_allreduce(dp->c, f, f, 3 * (size_t)n, dp->o.timeout_s, what);
+    rf_status st = rf_comm_allreduce(dp->h, f, f, 3 * (size_t)n, dp->o.timeout_s, what);
     for (int i = 0; st == RF_OK && i < n; i++)
         out[i] = (long)f[3 * i] + ((long)f[3 * i + 1] << 12) + ((long)f[3 * i + 2] << 24);
     free(f);
@@ -291,7 +299,7 @@ rf_status rf_dp_sum(rf_dp *dp, const long *in, long *out, int n, const char *wha
 }
 
 rf_status rf_dp_allgather(rf_dp *dp, const void *in, void *out, size_t bytes, const char *what) {
-    return rf_comm_allgather(dp->c, in, out, bytes, dp->o.timeout_s, what);
+    return rf_comm_allgather(dp->h, in, out, bytes, dp->o.timeout_s, what);
 }
 
 /* ---- buckets ---- */
@@ -392,7 +400,7 @@ static rf_status global_sumsq(rf_dp *dp, double *out) {
     float *parts = malloc(sizeof(float) * 2 * (size_t)dp->size), mine[2];
     if (!parts) return rf_error(RF_ERR_NOMEM, "out of memory");
     mine[0] = (float)local, mine[1] = (float)(local - (double)mine[0]);
-    rf_status st = rf_comm_allgather(dp->c, mine, parts, sizeof mine, dp->o.timeout_s,
+    rf_status st = rf_comm_allgather(dp->h, mine, parts, sizeof mine, dp->o.timeout_s,
                                      "allgather of the gradient norm");
     double sum = 0;
     for (int r = 0; r < dp->size; r++) sum += (double)parts[2 * r] + (double)parts[2 * r + 1];
@@ -452,6 +460,13 @@ rf_status rf_dp_moment_range(rf_dp *dp, int which, size_t a, size_t n, float *ds
     for (int i = 0; i < dp->nb; i++) cap += dp->b[i].lo < a + n && dp->b[i].hi > a ? dp->size : 0;
     rf_comm_p2p *ops = calloc((size_t)cap + 1, sizeof *ops);
     if (!ops) return rf_error(RF_ERR_NOMEM, "out of memory");
+    /* a device model: rank 0 gathers the range on the device, then copies it to dst */
+    const rf_kernels *kn = dp->m->k;
+    float *host = dst;
+    if (dp->rank == 0 && kn != rf_cpu_kernels() && !(dst = kn->alloc(sizeof(float) * (n ? n : 1)))) {
+        free(ops);
+        return rf_error(RF_ERR_NOMEM, "out of device memory for %zu floats of the optimizer state", n);
+    }
     for (int i = 0; i < dp->nb; i++) {
         const dp_bucket *b = &dp->b[i];
         for (int r = 0; r < dp->size; r++) {
@@ -466,6 +481,10 @@ rf_status rf_dp_moment_range(rf_dp *dp, int which, size_t a, size_t n, float *ds
         }
     }
     rf_status st = rf_comm_sendrecv(dp->c, ops, k, dp->o.timeout_s, "gathering the optimizer state on rank 0");
+    if (dst != host) {
+        if (st == RF_OK) kn->to_host(host, dst, sizeof(float) * n);
+        kn->free(dst);
+    }
     free(ops);
     return st;
 }

@@ -25,7 +25,11 @@
  * n_params / size floats each, plus a gradient shard and a staging shard of the same size.
  *
  * Back ends: the communicator's memory must be the model's (MPI or single with the CPU
- * kernels; NCCL with CUDA ones, where the buckets are reduced at their start: comm.h).
+ * kernels; NCCL with CUDA ones, whose buckets run on the NCCL stream while backward goes on
+ * on the kernels' stream: comm.h). Host data (counts, norms, statistics, agreement) goes over
+ * rf_comm_host of it (for NCCL, its MPI duplicate); a resumed ZeRO-1 shard is read through
+ * host staging and moment ranges come back to rank 0's host memory. The same code runs on
+ * both; the CUDA side has been compiled but never run (tests/test_dp_cuda.c).
  *
  * Threads: one thread uses a rf_dp, its communicator and its model (comm.h's rule). */
 #ifndef RF_DATA_PARALLEL_H
@@ -111,7 +115,7 @@ const rf_dp_stats *rf_dp_get_stats(const rf_dp *dp);
  * (in == out allowed). Collective. */
 rf_status rf_dp_sum(rf_dp *dp, const long *in, long *out, int n, const char *what);
 
-/* Gathers `bytes` from every rank into out (size, bytes). Collective. */
+/* Gathers `bytes` of host memory from every rank into out (size, bytes). Collective. */
 rf_status rf_dp_allgather(rf_dp *dp, const void *in, void *out, size_t bytes, const char *what);
 
 /* The next backward pass of m is the last of this mini-batch on this rank: its buckets are
@@ -138,8 +142,8 @@ rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm,
 rf_status rf_dp_gather_optimizer(rf_dp *dp);
 
 /* ZeRO-1: floats [a, a + n) of the first (which = 1) or second (2) AdamW moment (offsets into
- * the model's whole buffer) gathered onto rank 0 into dst (n floats on the back end; NULL on
- * the others, which send their blocks of the range): one tensor of a checkpoint at a time, so
+ * the model's whole buffer) gathered onto rank 0 into dst (n floats of host memory, whatever
+ * the back end; NULL on the others, which send their blocks of the range): one tensor of a checkpoint at a time, so
  * no rank ever holds the whole moments. Every rank calls it with the same which, a, n.
  * RF_ERR_ARG without ZeRO-1 or for a range outside the buffer. Collective. */
 rf_status rf_dp_moment_range(rf_dp *dp, int which, size_t a, size_t n, float *dst);

@@ -160,6 +160,10 @@ fail:
     return 0;
 }
 
+static int g_selected; /* rf_cuda_select_device: where RF_CUDA_ANY starts */
+
+extern "C" void rf_cuda_select_device(int device) { g_selected = device; }
+
 /* The CUDA back end on `device`. The first successful call picks the device and creates the
  * back end's one stream and cuBLAS handle, which live until the process exits; later calls
  * with the same device return the same table, and a different device is refused (one device
@@ -168,6 +172,7 @@ fail:
  * is out of range, RF_ERR_CUDA when the runtime or cuBLAS fails to start, RF_ERR_UNSUPPORTED
  * for a second device; NULL then. */
 extern "C" const rf_kernels *rf_cuda_kernels(int device) {
+    if (device == RF_CUDA_ANY) device = rf__cuda.initialised ? rf__cuda.device : g_selected;
     if (rf__cuda.initialised) {
         if (device == rf__cuda.device) return &cuda_table;
         rf_error(RF_ERR_UNSUPPORTED,
@@ -194,3 +199,14 @@ extern "C" const rf_kernels *rf_cuda_kernels(int device) {
     }
     return cuda_init(device) ? &cuda_table : NULL;
 }
+
+extern "C" int rf_cuda_device_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
+extern "C" int rf_cuda_current_device(void) { return rf__cuda.initialised ? rf__cuda.device : -1; }
