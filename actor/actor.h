@@ -27,6 +27,8 @@ typedef struct rf_train_sample {
     char *text;        /* decoded response (rewards); owned, may be NULL */
     float *token_rewards; /* (n_resp) per-token rewards from reward programs (weighted) added at
                              their tokens by GAE and REINFORCE++; owned, NULL: none */
+    float rm_score;    /* the reward model's score of the whole sequence (a training worker
+                          scoring for the controller; unweighted) */
 } rf_train_sample;
 
 /* Allocates the per-token arrays of s (tokens must be set); frees them. */

@@ -95,6 +95,13 @@ rf_status rf__worker_score(tworker *w, rf_train_sample *s, int n, int flags) {
         else st = rf_error(RF_ERR_ARG, "scoring: no critic on this rank");
     }
     free(ptrs);
+    if (st == RF_OK && (flags & RF_SCORE_RM)) {
+        float *sc = malloc(sizeof(float) * (size_t)n);
+        st = !sc ? rf_error(RF_ERR_NOMEM, "out of memory")
+             : w->rm ? rf__reward_model_scores(w->rm, s, n, sc) : rf_error(RF_ERR_ARG, "scoring: no reward model on this rank");
+        for (int i = 0; st == RF_OK && i < n; i++) s[i].rm_score = sc[i];
+        free(sc);
+    }
     return st;
 }
 
@@ -112,22 +119,31 @@ rf_status rf__worker_score_share(tworker *w, const Rlflow__TrainBatch *b, size_t
 }
 
 /* The replicas a score pass is spread over (each its share): the first m, those holding every
- * model asked for (placement.reference.dp, placement.critic.dp); 1: replica 0 alone. */
+ * model asked for (placement.reference.dp, placement.critic.dp, placement.reward.dp); 1:
+ * replica 0 alone. */
 static int score_replicas(const tworker *w, int flags) {
-    int rdp, cdp, tp, m = w->dpc ? rf_comm_size(w->dpc) : 1;
+    int rdp, cdp, tp, m = w->dpc ? rf_comm_size(w->dpc) : 1, wdp = rf_recipe_reward_dp(w->r);
     rf_recipe_role_layout(w->r, 0, &rdp, &tp);
     rf_recipe_role_layout(w->r, 1, &cdp, &tp);
     if ((flags & RF_SCORE_REF) && rdp < m) m = rdp;
     if ((flags & RF_SCORE_VALUES) && cdp < m) m = cdp;
+    if ((flags & RF_SCORE_RM) && wdp < m) m = wdp;
     return m;
 }
 
 /* The first ScoreRequest: where its passes ran. */
 static void log_score_layout(const tworker *w, int flags) {
     int spread = score_replicas(w, flags), split = w->tpc ? rf__tp_split_flags(w, flags) : 0;
-    char what[64];
-    snprintf(what, sizeof what, "%s%s%s", flags & RF_SCORE_REF ? "reference log-probs" : "",
-             flags == (RF_SCORE_REF | RF_SCORE_VALUES) ? " and " : "", flags & RF_SCORE_VALUES ? "values" : "");
+    const char *part[3] = {flags & RF_SCORE_REF ? "reference log-probs" : NULL,
+                           flags & RF_SCORE_VALUES ? "values" : NULL, flags & RF_SCORE_RM ? "reward-model scores" : NULL};
+    char what[96] = "";
+    int k = 0, count = (part[0] != NULL) + (part[1] != NULL) + (part[2] != NULL);
+    for (int i = 0; i < 3; i++) {
+        if (!part[i]) continue;
+        k++;
+        size_t at = strlen(what);
+        snprintf(what + at, sizeof what - at, "%s%s", k == 1 ? "" : k == count ? " and " : ", ", part[i]);
+    }
     char tps[96] = "";
     int rt = split & RF_SCORE_REF ? w->ref_tp->tp : 0, ct = split & RF_SCORE_VALUES ? w->critic_tp->tp : 0;
     if (rt && ct && rt != ct)
@@ -148,11 +164,14 @@ static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
     rf_status st = ref && val && refp && valp ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     Rlflow__ScoreResponse resp = RLFLOW__SCORE_RESPONSE__INIT;
     resp.request_id = q->request_id;
-    int flags = (q->want_ref_logp ? RF_SCORE_REF : 0) | (q->want_values ? RF_SCORE_VALUES : 0);
+    int flags = (q->want_ref_logp ? RF_SCORE_REF : 0) | (q->want_values ? RF_SCORE_VALUES : 0) |
+                (q->want_rm_score ? RF_SCORE_RM : 0);
     if (st == RF_OK && q->want_ref_logp && !rf_recipe_reference_enabled(w->r))
         st = rf_error(RF_ERR_ARG, "ScoreRequest asks for reference log-probs, the recipe has no reference");
     if (st == RF_OK && q->want_values && !rf__worker_has_critic(w))
         st = rf_error(RF_ERR_ARG, "ScoreRequest asks for values, the recipe has no critic");
+    if (st == RF_OK && q->want_rm_score && !w->rm)
+        st = rf_error(RF_ERR_ARG, "ScoreRequest asks for reward-model scores, the recipe has no reward.model");
     Rlflow__TrainBatch b = RLFLOW__TRAIN_BATCH__INIT;
     b.n_samples = q->n_samples, b.samples = q->samples;
     int m = score_replicas(w, flags);
@@ -170,9 +189,8 @@ static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
     float *rm = NULL;
     if (st == RF_OK && q->want_rm_score) {
         rm = malloc(sizeof(float) * (size_t)(n ? n : 1));
-        if (!w->rm) st = rf_error(RF_ERR_ARG, "ScoreRequest asks for reward-model scores, the recipe has no reward.model");
-        else if (!rm) st = rf_error(RF_ERR_NOMEM, "out of memory");
-        else st = rf__reward_model_scores(w->rm, s, n, rm);
+        if (!rm) st = rf_error(RF_ERR_NOMEM, "out of memory");
+        for (int i = 0; rm && i < n; i++) rm[i] = s[i].rm_score;
         resp.n_rm_scores = st == RF_OK ? (size_t)n : 0, resp.rm_scores = rm;
     }
     if (st == RF_OK) st = rf_msg_link_send(w->link, RF_MSG_SCORE_RESPONSE, &resp.base);

@@ -16,7 +16,8 @@
  *   SCORE       a ScoreRequest's samples shared out as TRAIN's (a TrainBatch each) over the
  *               replicas holding the models asked for (the others get none); every rank scores
  *               its share (`arg`: the RF_SCORE_* flags; worker_internal.h) and sends rank 0
- *               the results, per sample its reference log-probs then its values.
+ *               the results, per sample its reference log-probs, its values, then its
+ *               reward-model score (those asked for).
  * Shares are contiguous runs of the batch with about equal token counts: the actor's over all
  * the replicas, the critic's over its placement.critic.dp.
  *
@@ -291,11 +292,12 @@ rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo
  * values. */
 static size_t score_floats(const rf_train_sample *s, int n, int flags) {
     size_t per = (size_t)((flags & RF_SCORE_REF) != 0) + (size_t)((flags & RF_SCORE_VALUES) != 0), f = 0;
-    for (int i = 0; i < n; i++) f += per * (size_t)s[i].n_resp;
+    for (int i = 0; i < n; i++) f += per * (size_t)s[i].n_resp + ((flags & RF_SCORE_RM) != 0);
     return f;
 }
 
-/* Copies the scores of s (n) to buf (to_buf) or from it. */
+/* Copies the scores of s (n) to buf (to_buf) or from it: per sample the reference log-probs,
+ * the values, the reward-model score (those in flags). */
 static void score_copy(rf_train_sample *s, int n, int flags, float *buf, int to_buf) {
     for (int i = 0; i < n; i++) {
         size_t k = (size_t)s[i].n_resp * sizeof(float);
@@ -305,6 +307,11 @@ static void score_copy(rf_train_sample *s, int n, int flags, float *buf, int to_
             if (to_buf) memcpy(buf, f[j], k);
             else memcpy(f[j], buf, k);
             buf += s[i].n_resp;
+        }
+        if (flags & RF_SCORE_RM) {
+            if (to_buf) *buf = s[i].rm_score;
+            else s[i].rm_score = *buf;
+            buf++;
         }
     }
 }
@@ -502,6 +509,9 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
     /* the reference on every replica (placement.reference.dp = placement.actor.dp) */
     if (st == RF_OK && rf__worker_has_ref(&w) && !rf__worker_split_tp(&w, 0))
         st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
+    /* the reward model whole on the first placement.reward.dp replicas' first ranks */
+    if (st == RF_OK && r->reward.model[0] && w.replica < rf_recipe_reward_dp(r))
+        st = rf_reward_model_open(&w.rm, r->reward.model, w.k);
     if (tpc) st = rf__tp_setup(&w, st);
     st = rf__dp_setup(&w, st);
     if (st == RF_OK)
@@ -516,5 +526,6 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
     rf__dp_free(&w);
     rf__tp_free(&w);
     rf_model_free(w.actor), rf_model_free(w.critic), rf_model_free(w.ref);
+    rf_reward_model_close(w.rm);
     return st;
 }

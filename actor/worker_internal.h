@@ -97,7 +97,7 @@ typedef struct rf__share {
 } rf__share;
 
 /* What a score pass computes: reference log-probs, critic values. */
-enum { RF_SCORE_REF = 1, RF_SCORE_VALUES = 2 };
+enum { RF_SCORE_REF = 1, RF_SCORE_VALUES = 2, RF_SCORE_RM = 4 /* reward-model scores */ };
 
 /* This rank's part of scoring samples s (n; their ref_logp / values filled), for the models in
  * `flags` it holds: whole ones alone, split ones with every TP rank of its replica (which call

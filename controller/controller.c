@@ -27,6 +27,7 @@ typedef struct group {
     int n, n_done, worker;  /* worker: index into ctl.rw */
     int min_version;
     int scoring;            /* a ScoreRequest is out */
+    double score_sent;      /* when it was sent (rf_time_now) */
     struct group *next, *prev; /* the live list */
     struct group *hnext;    /* the request-id hash chain */
 } group;
@@ -64,6 +65,7 @@ typedef struct ctl {
     uint32_t crc_of[VERSION_RING];
     double announced_at[VERSION_RING]; /* when the WeightsUpdate arrived */
     double weights_latency, weights_load;
+    double score_wait; int score_n; /* ScoreRequest round trips answered since the last step */
     int batch_out;        /* a TrainBatch is at the training worker */
     double batch_sent_at, train_busy, train_busy0;
     double mean_kl;
@@ -252,7 +254,7 @@ static rf_status send_score(ctl *c, group *g) {
     q.want_ref_logp = want_ref, q.want_values = want_val, q.want_rm_score = want_rm;
     rf_status st = rf_msg_server_send(c->srv, c->train_peer, RF_MSG_SCORE_REQUEST, &q.base);
     free(ts), free(tp);
-    g->scoring = 1;
+    g->scoring = 1, g->score_sent = rf_time_now();
     return st;
 }
 
@@ -393,6 +395,7 @@ static rf_status on_score(ctl *c, const Rlflow__ScoreResponse *m) {
         }
     }
     g->scoring = 0;
+    c->score_wait += rf_time_now() - g->score_sent, c->score_n++;
     return group_scored(c, g);
 }
 
@@ -526,6 +529,8 @@ static rf_status on_train_stats(ctl *c, const Rlflow__TrainStats *m) {
     rf_metrics_set(c->run.metrics, "idle/rollout", c->n_rw ? idle / c->n_rw : 0);
     rf_metrics_set(c->run.metrics, "perf/weights_latency_s", c->weights_latency);
     rf_metrics_set(c->run.metrics, "perf/weights_load_s", c->weights_load);
+    if (c->score_n) rf_metrics_set(c->run.metrics, "perf/score_latency_s", c->score_wait / c->score_n);
+    c->score_wait = 0, c->score_n = 0;
     c->train_busy0 = c->train_busy, c->gen_tokens = 0, c->last_step_at = now;
     int last = c->run.step == r->train.steps;
     if (last || c->run.step % r->logging.every == 0) rf__console(&c->run);

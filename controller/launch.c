@@ -292,6 +292,8 @@ static const char *roles_at(const rf_recipe *r, int d, int t, char *buf, size_t 
         if (tp > 1) n += (size_t)snprintf(buf + n, cap - n, ", %s shard %d of %d", name[k], t, tp);
         else n += (size_t)snprintf(buf + n, cap - n, ", %s", name[k]);
     }
+    if (r->reward.model[0] && d < rf_recipe_reward_dp(r) && t == 0 && n < cap) /* whole on the replica's first rank */
+        snprintf(buf + n, cap - n, ", reward model");
     return buf;
 }
 

@@ -56,6 +56,7 @@ static const struct { const char *name, *doc; } SECTIONS[] = {
     {"placement.rollout", "Parallel layout of each rollout worker."},
     {"placement.critic", "Parallel layout of the critic on the training ranks: on the first or every data-parallel replica, whole on its first rank or split over its first tp ranks (docs/scaling.md)."},
     {"placement.reference", "Parallel layout of the reference policy on the training ranks: on the first or every data-parallel replica, whole on its first rank or split over its first tp ranks (docs/scaling.md)."},
+    {"placement.reward", "Where the reward model (reward.model) scores in split runs: whole on the first rank of the first dp data-parallel replicas (docs/scaling.md)."},
 };
 #define N_SECTIONS (sizeof SECTIONS / sizeof SECTIONS[0])
 
@@ -185,7 +186,7 @@ static const rkey KEYS[] = {
     {"placement", "mpirun", T_STR, AT(placement.mpirun), "\"mpirun\"", NULL, "split: the MPI launcher `rlflow run` starts the processes with when it is not already under mpirun."},
 
     {"placement.actor", "dp", T_INT, AT(placement.actor.dp), "1", NULL, "Data-parallel training ranks (MPI ranks 1..dp of a split run; the rollout workers follow them): each trains on its share of every batch and the gradients are summed over them, so an optimizer step equals one rank's on the same samples (with train.mini_batches > 1 each mini-batch takes a part of every rank's share). With placement.actor.tp > 1 too, dp replicas of tp ranks each (dp x tp training ranks, tp varying fastest: training rank i is shard i % tp of replica i / tp); each shard's gradients are summed over its replicas. dp > 1 needs placement.mode = \"split\"; with model.device = \"cuda\" (tp = 1) the gradients are reduced over NCCL, each machine's ranks taking its visible GPUs in turn, one per training rank (docs/scaling.md)."},
-    {"placement.actor", "tp", T_INT, AT(placement.actor.tp), "1", NULL, "Tensor-parallel ranks of the actor (MPI ranks 1..tp of a split run; the rollout workers follow them): each holds one shard (attention heads, MLP rows, vocabulary rows; norms whole), all train on every whole batch (with placement.actor.dp > 1: on their replica's share) together, and their shards are resharded into each rollout worker's whole copy after every step (from replica 0). The critic and the reference follow the actor's layout unless [placement.critic] / [placement.reference] say otherwise; the reward model stays whole on rank 1. Must divide the model's attention heads; tp > 1 needs placement.mode = \"split\" and the CPU (docs/scaling.md)."},
+    {"placement.actor", "tp", T_INT, AT(placement.actor.tp), "1", NULL, "Tensor-parallel ranks of the actor (MPI ranks 1..tp of a split run; the rollout workers follow them): each holds one shard (attention heads, MLP rows, vocabulary rows; norms whole), all train on every whole batch (with placement.actor.dp > 1: on their replica's share) together, and their shards are resharded into each rollout worker's whole copy after every step (from replica 0). The critic and the reference follow the actor's layout unless [placement.critic] / [placement.reference] say otherwise; the reward model is whole on each replica's first rank ([placement.reward]). Must divide the model's attention heads; tp > 1 needs placement.mode = \"split\" and the CPU (docs/scaling.md)."},
     {"placement.actor", "zero", T_INT, AT(placement.actor.zero), "0", NULL, "ZeRO stage of the training roles' optimizer state: 0 = every data-parallel rank holds all of it; 1 = sharded across the placement.actor.dp ranks (gradients reduce-scattered, AdamW on each rank's shard, parameters allgathered; needs dp > 1; with placement.actor.tp > 1 each tensor-parallel shard's state is sharded over its dp replicas). Stages 2 and 3 are refused (not implemented)."},
 
     {"placement.rollout", "tp", T_INT, AT(placement.rollout.tp), "1", NULL, "Tensor-parallel ranks per rollout worker (MPI ranks after the training ranks, tp consecutive ranks per rollout worker): each holds one shard of the policy and a KV cache of its own k/v heads; the first runs the engine (scheduler, sampling, the controller's link) and drives the others step by step, and the weights are resharded from the training layout into every rank's shard. Must divide the model's attention heads; tp > 1 needs placement.mode = \"split\" and the CPU (docs/scaling.md)."},
@@ -194,6 +195,7 @@ static const rkey KEYS[] = {
     {"placement.critic", "tp", T_INT, AT(placement.critic.tp), "0", NULL, "Tensor-parallel ranks of the critic in each replica; 0 = placement.actor.tp. 1: the critic is whole on the first rank of each replica; a larger value dividing placement.actor.tp: split over the replica's first tp ranks like the actor (value head whole on each; the other ranks hold none of it), trained tensor parallel, gathered tensor by tensor for checkpoints (the files those of a whole critic). Values that do not divide placement.actor.tp are refused (not implemented). Must divide the critic model's attention heads."},
     {"placement.reference", "dp", T_INT, AT(placement.reference.dp), "0", NULL, "Data-parallel replicas holding the reference policy, 1 .. placement.actor.dp; 0 = placement.actor.dp. The first dp replicas hold it, and a scored batch is split over them (token-balanced shares, as training; over the fewer of the critic's and the reference's when both are asked for). 1: the first replica alone computes the reference log-probs of every scored batch."},
     {"placement.reference", "tp", T_INT, AT(placement.reference.tp), "0", NULL, "Tensor-parallel ranks of the reference policy in each replica holding it; 0 = placement.actor.tp. 1: whole on the replica's first rank; a larger value dividing placement.actor.tp: split over the replica's first tp ranks like the actor (vocabulary-parallel log-probs). Values that do not divide placement.actor.tp are refused (not implemented). Must divide the reference model's attention heads."},
+    {"placement.reward", "dp", T_INT, AT(placement.reward.dp), "0", NULL, "Data-parallel replicas holding the reward model (reward.model) in split runs, 1 .. placement.actor.dp; 0 = placement.actor.dp. Each of the first dp replicas loads it whole on its first rank, and a scored batch is split over them in token-balanced shares (with the reference or the critic asked for too: over the fewest replicas holding every model asked for). 1: the first replica alone scores every batch. Colocated runs score on the one process."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 _Static_assert(sizeof KEYS / sizeof KEYS[0] <= RF_RECIPE_MAX_KEYS, "raise RF_RECIPE_MAX_KEYS");
@@ -274,6 +276,7 @@ static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RA
     {"placement.critic.tp", 0, 1024, 0, 0},
     {"placement.reference.dp", 0, 1024, 0, 0},
     {"placement.reference.tp", 0, 1024, 0, 0},
+    {"placement.reward.dp", 0, 1024, 0, 0},
 };
 
 /* ------------------------------------------------------------------ fields */
@@ -796,6 +799,10 @@ void rf_recipe_role_layout(const rf_recipe *r, int critic, int *dp, int *tp) {
     int t = critic ? r->placement.critic.tp : r->placement.reference.tp;
     *dp = d > 0 ? d : r->placement.actor.dp;
     *tp = t > 0 ? t : r->placement.actor.tp;
+}
+
+int rf_recipe_reward_dp(const rf_recipe *r) {
+    return r->placement.reward.dp > 0 ? r->placement.reward.dp : r->placement.actor.dp;
 }
 
 int rf_recipe_reference_enabled(const rf_recipe *r) {

@@ -135,6 +135,9 @@ typedef struct rf_recipe {
         struct {
             int dp, tp;   /* 0: the actor's (placement.actor); see rf_recipe_role_layout */
         } critic, reference; /* [placement.critic], [placement.reference] */
+        struct {
+            int dp;       /* 0: the actor's; see rf_recipe_reward_dp */
+        } reward;         /* [placement.reward] */
     } placement;
 
     /* Provenance, for messages: the file read (NULL when none) and, per schema key, where its
@@ -187,6 +190,10 @@ rf_status rf_recipe_reject_unimplemented(const rf_recipe *r, const char *key, co
  * split over *tp ranks (1: whole on the replica's first rank). Which layouts a build carries
  * out is checked when a run starts (controller/run_setup.c). */
 void rf_recipe_role_layout(const rf_recipe *r, int critic, int *dp, int *tp);
+
+/* The data-parallel replicas holding the reward model (reward.model), placement.reward.dp
+ * with 0 resolved to placement.actor.dp: replicas 0 .. dp - 1, whole on each one's first rank. */
+int rf_recipe_reward_dp(const rf_recipe *r);
 
 /* reference.enabled resolved: "auto" means on when algorithm.kl_coef > 0. */
 int rf_recipe_reference_enabled(const rf_recipe *r);

@@ -205,6 +205,12 @@ static rf_status reject_layouts(const rf_recipe *r, int split) {
             return rf_recipe_reject_unimplemented(r, key, why);
         }
     }
+    if (r->placement.reward.dp > D) {
+        char where[512];
+        return rf_error(RF_ERR_ARG, "%s: placement.reward.dp = %d is more than placement.actor.dp = %d (the reward model "
+                        "is held by the first placement.reward.dp of the actor's data-parallel replicas)",
+                        rf_recipe_where(r, "placement.reward.dp", where, sizeof where), r->placement.reward.dp, D);
+    }
     RF_TRY(reject_rollout_tp(r, split));
     if (r->placement.actor.zero > 1)
         return rf_recipe_reject_unimplemented(r, "placement.actor.zero", "ZeRO stages 2 and 3; stage 1 shards the "

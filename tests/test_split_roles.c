@@ -13,7 +13,11 @@
  *     more), and ZeRO-1 (the critic's moments sharded over its 2 replicas) against plain;
  *   - a ZeRO-1 run with the critic on 2 of 3 replicas checkpointed at step 3, then --resume to
  *     4: the optimizer step counts go on from 3;
- *   - a critic on more replicas than the actor has is refused with the exact error.
+ *   - a reward model on 3, 2 and 1 of the 3 replicas (placement.reward.dp): one synchronous step
+ *     gives the same reward within 1e-5 (far from the rule's accuracy: the model's scores count),
+ *     the rank table and the scoring line say where it is;
+ *   - a critic or a reward model on more replicas than the actor has is refused with the exact
+ *     error.
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -99,11 +103,54 @@ static void zero_resume(void) {
     CHECK(rf_test_metric(dir, "zero", 4, "critic/value_loss") > 0);
 }
 
+/* A reward model (tests/data/reward_model, weight 100: its scores dominate the reward) on all 3
+ * replicas, on 2 and on replica 0 alone: the same rewards in the first synchronous step (the
+ * same samples, each sequence scored once wherever it lands), far from the rule's accuracy. */
+static void reward_model_replicas(void) {
+    const char *src = getenv("RF_SOURCE_DIR");
+    if (!src) {
+        printf("test_split_roles: reward model part skipped (needs RF_SOURCE_DIR)\n");
+        return;
+    }
+    const char *run[3] = {"rm3", "rm2", "rm1"}, *dp[3] = {"3", "2", "1"};
+    const char *where[3] = {"training worker: scoring reference log-probs, values and reward-model scores on 3 "
+                            "data-parallel replicas (token-balanced shares)",
+                            "training worker: scoring reference log-probs, values and reward-model scores on 2 "
+                            "data-parallel replicas (token-balanced shares)",
+                            "training worker: scoring reference log-probs, values and reward-model scores on 1 "
+                            "data-parallel replica"};
+    const char *rank3[3] = {"rank 3: training worker, data-parallel rank 2 of 3 (actor, reference, critic, reward model)",
+                            "rank 3: training worker, data-parallel rank 2 of 3 (actor, reference, critic)",
+                            "rank 3: training worker, data-parallel rank 2 of 3 (actor, reference, critic)"};
+    for (int i = 0; i < 3; i++) {
+        char args[1024], *out = NULL;
+        snprintf(args, sizeof args, PPO " --set train.steps=1 --set reward.model=%s/tests/data/reward_model "
+                 "--set reward.model_weight=100 --set placement.reward.dp=%s", src, dp[i]);
+        int rc = rf_test_run_recipe(&out, dir, rlflow, run[i], args);
+        CHECK(rc == 0);
+        CHECK(out && strstr(out, where[i]) && strstr(out, rank3[i]));
+        CHECK(out && strstr(out, "rank 1: training worker, data-parallel rank 0 of 3 (actor, reference, critic, reward model)"));
+        if (rc || !out || !strstr(out, where[i]) || !strstr(out, rank3[i])) fprintf(stderr, "%s\n", out ? out : "");
+        free(out);
+    }
+    double r3 = rf_test_metric(dir, "rm3", 1, "reward/mean"), acc = rf_test_metric(dir, "rm3", 1, "reward/accuracy");
+    for (int i = 1; i < 3; i++) {
+        double r = rf_test_metric(dir, run[i], 1, "reward/mean");
+        printf("reward model on %s of 3 replicas: step-1 reward %.7f (on 3: %.7f; accuracy %.4f)\n", dp[i], r, r3, acc);
+        CHECK(fabs(r - r3) <= 1e-5 * fabs(r3));
+        CHECK(rf_test_metric(dir, run[i], 1, "reward/accuracy") == acc);
+    }
+    CHECK(fabs(r3 - acc) > 0.1); /* the reward model's share of the reward */
+}
+
 static void refused(void) {
     char want[600];
     snprintf(want, sizeof want, "error: --set: placement.critic.dp = 4 is more than placement.actor.dp = 3 "
              "(the critic is held by the first placement.critic.dp of the actor's data-parallel replicas)");
     rf_test_refused(dir, rlflow, 0, "refused", PPO " --set placement.critic.dp=4", want);
+    snprintf(want, sizeof want, "error: --set: placement.reward.dp = 4 is more than placement.actor.dp = 3 "
+             "(the reward model is held by the first placement.reward.dp of the actor's data-parallel replicas)");
+    rf_test_refused(dir, rlflow, 0, "refused_rm", PPO " --set placement.reward.dp=4", want);
 }
 
 int main(void) {
@@ -115,6 +162,7 @@ int main(void) {
     fewer_replicas_score_alike();
     critic_moments();
     zero_resume();
+    reward_model_replicas();
     refused();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_roles");
