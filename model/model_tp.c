@@ -9,7 +9,8 @@
 #include "common/util.h"
 #include "model/model_tp_internal.h"
 
-rf_status rf__tp_allreduce(rf_model_tp *tp, float *x, size_t n, const char *what, int layer) {
+/* The sum of x over c (the group's own communicator, or its host one). */
+static rf_status allreduce_on(rf_model_tp *tp, rf_comm *c, float *x, size_t n, const char *what, int layer) {
     if (tp->tp == 1) return RF_OK;
     char w[160];
     if (layer >= 0)
@@ -17,17 +18,25 @@ rf_status rf__tp_allreduce(rf_model_tp *tp, float *x, size_t n, const char *what
     else
         snprintf(w, sizeof w, "tensor parallelism: %s", what);
     double t0 = rf_time_now();
-    rf_status s = rf_comm_allreduce(tp->comm, x, x, n, tp->timeout_s, w);
+    rf_status s = rf_comm_allreduce(c, x, x, n, tp->timeout_s, w);
     tp->comm_s += rf_time_now() - t0;
     tp->n_collectives++;
     return s;
+}
+
+rf_status rf__tp_allreduce(rf_model_tp *tp, float *x, size_t n, const char *what, int layer) {
+    return allreduce_on(tp, tp->comm, x, n, what, layer);
+}
+
+rf_status rf__tp_allreduce_host(rf_model_tp *tp, float *x, size_t n, const char *what) {
+    return allreduce_on(tp, rf_comm_host(tp->comm), x, n, what, -1);
 }
 
 rf_status rf__tp_allgather(rf_model_tp *tp, const void *in, void *out, size_t bytes, const char *what) {
     char w[160];
     snprintf(w, sizeof w, "tensor parallelism: %s", what);
     double t0 = rf_time_now();
-    rf_status s = rf_comm_allgather(tp->comm, in, out, bytes, tp->timeout_s, w);
+    rf_status s = rf_comm_allgather(rf_comm_host(tp->comm), in, out, bytes, tp->timeout_s, w);
     tp->comm_s += rf_time_now() - t0;
     tp->n_collectives++;
     return s;
@@ -108,10 +117,13 @@ static rf_status check_support(const rf_kernels *k, rf_comm *comm) {
     if (!k->logprob_vp_partials || !k->logprob_vp_backward)
         return rf_error(RF_ERR_UNSUPPORTED, "tensor-parallel model: the %s back end has no "
                         "vocabulary-parallel log-prob kernels (logprob_vp_partials) yet", k->name);
-    if (strcmp(k->name, "cpu") != 0 || rf_comm_backend(comm) == RF_COMM_NCCL)
-        return rf_error(RF_ERR_UNSUPPORTED, "tensor-parallel model: runs on the cpu back end over "
-                        "an mpi or single communicator so far, not %s kernels over %s", k->name,
-                        rf_comm_backend_name(comm));
+    /* the group's collectives move the back end's memory: host kernels over MPI (or one rank),
+     * device kernels over NCCL (or one rank, nothing to move) */
+    int device = strcmp(k->name, "cpu") != 0, nccl = rf_comm_backend(comm) == RF_COMM_NCCL;
+    if (device ? !nccl && rf_comm_size(comm) > 1 : nccl)
+        return rf_error(RF_ERR_ARG, "tensor-parallel model: %s kernels cannot share activations over the %s "
+                        "communicator (%s)", k->name, rf_comm_backend_name(comm),
+                        device ? "device memory goes over nccl" : "host memory goes over mpi");
     return RF_OK;
 }
 

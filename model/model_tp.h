@@ -41,9 +41,11 @@
  * greedy tokens) are then identical on every rank. Every collective is bounded by timeout_s
  * (comm.h: a rank that is gone gives RF_ERR_IO naming it; the communicator is then failed).
  *
- * Back ends: so far the CPU kernels over an MPI or single-rank communicator (host memory).
- * The CUDA back end lacks the vocabulary-parallel log-prob kernels (kernels.h) and the
- * per-token statistics are combined on the host; rf_model_tp_init refuses other pairings.
+ * Back ends: the CPU kernels over an MPI or single-rank communicator, or the CUDA kernels over
+ * a NCCL one (the same code: activations, gradients and parameters move over the communicator;
+ * the per-token statistics of the log-probs and of sampling are combined in host memory over
+ * rf_comm_host of it). rf_model_tp_init refuses other pairings. The CUDA pairing has been
+ * compiled, never run (tests/test_model_tp_cuda.c).
  *
  * Data parallelism over a tp x dp grid (trainer/data_parallel.h, rf_dp_init_tp) hooks the
  * backward pass of tp->m like a whole model's.

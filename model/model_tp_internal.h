@@ -8,7 +8,10 @@
  * `what` names it in errors ("tensor parallelism: <what>"); layer >= 0 adds "of layer N". */
 rf_status rf__tp_allreduce(rf_model_tp *tp, float *x, size_t n, const char *what, int layer);
 
-/* rf_comm_allgather over the group, counted in tp->comm_s. */
+/* The same for x in host memory (per-token statistics), over rf_comm_host of the group. */
+rf_status rf__tp_allreduce_host(rf_model_tp *tp, float *x, size_t n, const char *what);
+
+/* rf_comm_allgather of host memory over the group (rf_comm_host), counted in tp->comm_s. */
 rf_status rf__tp_allgather(rf_model_tp *tp, const void *in, void *out, size_t bytes, const char *what);
 
 /* Floats of tp->host per token: the log-prob combination's arrays (model_tp_pass.c). */

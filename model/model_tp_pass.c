@@ -220,7 +220,7 @@ static rf_status combine_partials(rf_model_tp *tp, const float *part, float *log
         red[T + t] = (float)(f * (zsum[t] + sumexp[t] * d));
         red[2 * T + t] = ztgt[t]; /* zero on every rank but the target's */
     }
-    RF_TRY(rf__tp_allreduce(tp, red, 3 * (size_t)T, "allreduce of the log-prob sums", -1));
+    RF_TRY(rf__tp_allreduce_host(tp, red, 3 * (size_t)T, "allreduce of the log-prob sums"));
     for (int t = 0; t < T; t++) {
         double S = red[t], W = red[T + t];
         tp->lse[t] = (float)(M[t] + log(S));

@@ -486,6 +486,14 @@ static void init_refusals(rf_comm *g) {
     k.logprob_vp_partials = NULL;
     CHECK_ERR(rf_model_tp_init(&m, &c, &k, g, 60), RF_ERR_UNSUPPORTED, "vocabulary-parallel");
     CHECK(m == NULL);
+    if (tp > 1) { /* device kernels (by name) over MPI: the activations would be device pointers */
+        k = *rf_cpu_kernels();
+        k.name = "cuda";
+        CHECK_ERR(rf_model_tp_init(&m, &c, &k, g, 60), RF_ERR_ARG,
+                  "tensor-parallel model: cuda kernels cannot share activations over the mpi communicator "
+                  "(device memory goes over nccl)");
+        CHECK(m == NULL);
+    }
 }
 
 static void all_checks(rf_comm *g) {
