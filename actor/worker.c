@@ -256,6 +256,14 @@ rf_status rf__worker_agree_to_start(tworker *w, rf_comm *c, rf_status loaded, co
     return RF_OK;
 }
 
+rf_status rf__worker_dev_comm(tworker *w, rf_comm *g, const char *why, rf_comm **dev, rf_comm **out) {
+    *out = g;
+    if (w->k == rf_cpu_kernels()) return RF_OK;
+    rf_status st = rf_comm_nccl(g, rf_cuda_current_device(), w->r->async.startup_timeout, dev);
+    *out = *dev;
+    return st == RF_OK ? RF_OK : rf_error_wrap(st, "%s on CUDA", why);
+}
+
 rf_status rf__worker_pack_part(const Rlflow__TrainBatch *b, size_t lo, size_t hi, uint8_t **buf, uint64_t *bytes) {
     Rlflow__TrainBatch sub = *b;
     sub.n_samples = hi - lo;

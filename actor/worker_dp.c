@@ -90,30 +90,6 @@ static rf_status dp_model(rf__tworker *w, rf_dp **out, rf_comm *g, rf_model *m, 
     return st;
 }
 
-/* The communicator a model's gradients are reduced over: g itself for a host model; for a
- * CUDA one a NCCL communicator over g's ranks (*dev, owned by w), after checking that no two
- * of them share a device (NCCL refuses that). Collective over g. */
-static rf_status grad_comm(rf__tworker *w, rf_comm *g, rf_comm **dev, rf_comm **out) {
-    *out = g;
-    if (w->k == rf_cpu_kernels()) return RF_OK;
-    double t = w->r->async.startup_timeout;
-    int n = rf_comm_size(g), me[2] = {rf_comm_node(g, rf_comm_rank(g)), rf_cuda_current_device()};
-    int *all = malloc(sizeof me * (size_t)n);
-    rf_status st = all ? rf_comm_allgather(g, me, all, sizeof me, t, "gathering the data-parallel ranks' CUDA devices")
-                       : rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int i = 0; st == RF_OK && i < n; i++)
-        for (int j = 0; st == RF_OK && j < i; j++)
-            if (all[2 * i] == all[2 * j] && all[2 * i + 1] == all[2 * j + 1])
-                st = rf_error(RF_ERR_ARG, "data parallelism on CUDA: world ranks %d and %d would share CUDA device %d "
-                              "of one machine (NCCL needs a device per rank; each machine's ranks take its visible "
-                              "devices in turn): give the run more GPUs or fewer ranks",
-                              rf_comm_world_rank(g, j), rf_comm_world_rank(g, i), all[2 * i + 1]);
-    free(all);
-    if (st == RF_OK) st = rf_comm_nccl(g, rf_cuda_current_device(), t, dev);
-    *out = *dev;
-    return st;
-}
-
 /* The critic's data parallelism over the first k = placement.critic.dp of the replicas (k > 1;
  * its group a split of dpc when fewer than all): every rank of dpc takes part. */
 static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o, const char *ckpt) {
@@ -125,7 +101,7 @@ static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o, const char
         g = w->critic_dpc;
     }
     if (!g) return RF_OK; /* a replica past the critic's */
-    RF_TRY(grad_comm(w, g, &w->critic_dev, &g));
+    RF_TRY(rf__worker_dev_comm(w, g, "data parallelism", &w->critic_dev, &g));
     if (w->critic_tp || w->critic) return dp_model(w, &w->dp_critic, g, w->critic, w->critic_tp, 1, ckpt, *o);
     return rf_error(RF_ERR_ARG, "data-parallel replica %d of the critic's %d holds no critic", w->replica, k);
 }
@@ -157,7 +133,7 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
                                 "receiving the checkpoint's directory from data-parallel rank 0")
                 : RF_OK;
     rf_comm *g = NULL;
-    if (st == RF_OK) st = grad_comm(w, w->dpc, &w->dp_dev, &g);
+    if (st == RF_OK) st = rf__worker_dev_comm(w, w->dpc, "data parallelism", &w->dp_dev, &g);
     if (st == RF_OK) st = dp_model(w, &w->dp_actor, g, w->tp ? NULL : w->actor, w->tp, 0, ckpt, o);
     /* with tensor parallelism the version comes from replica 0 too (the peers have none yet) */
     int64_t v = w->version;

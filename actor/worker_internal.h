@@ -68,6 +68,13 @@ typedef struct rf__tworker {
     rf_comm *dp_dev, *critic_dev; /* model.device = "cuda": NCCL communicators over dpc and the
                             critic's group, which dp_actor and dp_critic reduce over (dpc
                             carries the host messages: shares, commands, scores) */
+    rf_comm *tp_dev, *critic_tp_dev, *ref_tp_dev; /* model.device = "cuda": NCCL communicators
+                            the split actor, critic and reference compute over (tpc and the
+                            roles' groups carry the host messages); the roles' only when
+                            their group is smaller than tpc (else tp_dev) */
+    float *wstage;       /* model.device = "cuda": a host copy (shared memory) of the parameters
+                            the rollout workers take by resharding, refreshed before each
+                            transfer; NULL on the CPU (they read the model's own) */
     double last_cmd;     /* DP or TP rank 0: when it last sent its peers a command */
     /* tensor parallelism (placement.actor.tp > 1): the actor only; the reference, critic and
      * reward model are whole models on TP rank 0 */
@@ -130,6 +137,12 @@ rf_status rf__worker_update(rf__tworker *w, rf_train_sample *s, const rf__share 
  * whether it loaded (`loaded`): RF_OK when all did; else this rank's own error, or one naming
  * the first rank of c that failed. Bounded by async.startup_timeout. */
 rf_status rf__worker_agree_to_start(rf__tworker *w, rf_comm *c, rf_status loaded, const char *kind);
+
+/* The communicator a model's collectives go over among g's ranks: g itself for a host model;
+ * for a CUDA one a NCCL communicator over g's ranks (*dev, which the caller keeps and frees;
+ * rf_comm_nccl refuses two ranks on one device of a machine; `why`, e.g. "data parallelism",
+ * names the feature in errors). Collective over g. */
+rf_status rf__worker_dev_comm(rf__tworker *w, rf_comm *g, const char *why, rf_comm **dev, rf_comm **out);
 
 /* A peer's (DP or TP rank > 0) update from a packed TrainBatch in buf (bytes; `what` names it
  * in errors; sh: each model's samples in it): unpacks it, takes the policy version, runs

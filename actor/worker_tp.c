@@ -40,6 +40,7 @@
 #include "actor/worker.h"
 #include "actor/worker_internal.h"
 #include "common/log.h"
+#include "common/shm.h"
 #include "common/util.h"
 #include "controller/advantages.h"
 #include "controller/run_internal.h"
@@ -103,7 +104,7 @@ static rf_status role_src(const rf__tworker *w, int critic, shard_src *src) {
 
 /* Splits the critic or the reference over group g (the replica's TP group or its first
  * ranks) into *out: the leader says where from (role_src), every rank reads its own shards. */
-static rf_status role_setup(rf__tworker *w, rf_comm *g, rf_model_tp **out, int critic) {
+static rf_status role_setup(rf__tworker *w, rf_comm *g, rf_comm *dev, rf_model_tp **out, int critic) {
     const rf_recipe *r = w->r;
     const char *name = critic ? "critic" : "reference";
     shard_src src;
@@ -113,7 +114,7 @@ static rf_status role_setup(rf__tworker *w, rf_comm *g, rf_model_tp **out, int c
     RF_TRY(rf__worker_agree_to_start(w, g, rf_comm_rank(g) == 0 ? role_src(w, critic, &src) : RF_OK, what));
     snprintf(what, sizeof what, "tensor-parallel training ranks receiving where the %s is", name);
     RF_TRY(rf_comm_bcast(g, &src, sizeof src, 0, r->async.startup_timeout, what));
-    rf_status st = rf_model_tp_init(out, &src.cfg, w->k, g, r->async.peer_timeout);
+    rf_status st = rf_model_tp_init(out, &src.cfg, w->k, dev, r->async.peer_timeout);
     if (st == RF_OK && critic) st = rf_model_tp_enable_training(*out);
     if (st == RF_OK) st = load_shards(w, *out, src.dir, src.ckpt, critic);
     if (st != RF_OK) st = rf_error_wrap(st, "the %s's shard", name);
@@ -125,15 +126,18 @@ static rf_status role_setup(rf__tworker *w, rf_comm *g, rf_model_tp **out, int c
 
 /* One role split over the first tp of the replica's T ranks: the group (the replica's own when
  * tp = T; a split of it, kept in *keep, when smaller: collective over tpc, NULL on the ranks
- * past tp, which then hold nothing of the role), then the shards. */
-static rf_status role_split(rf__tworker *w, int tp, rf_comm **keep, rf_model_tp **out, int critic) {
+ * past tp, which then hold nothing of the role), then the shards. On CUDA the shards compute
+ * over NCCL: tp_dev, or a NCCL communicator of the smaller group (*keep_dev). */
+static rf_status role_split(rf__tworker *w, int tp, rf_comm **keep, rf_comm **keep_dev, rf_model_tp **out,
+                            int critic) {
     int t = rf_comm_rank(w->tpc);
-    rf_comm *g = w->tpc;
+    rf_comm *g = w->tpc, *dev = w->tp_dev ? w->tp_dev : w->tpc;
     if (tp < rf_comm_size(w->tpc)) {
         RF_TRY(rf_comm_split(w->tpc, t < tp ? 0 : -1, t, keep));
         g = *keep;
+        if (g) RF_TRY(rf__worker_dev_comm(w, g, "tensor parallelism", keep_dev, &dev));
     }
-    return g ? role_setup(w, g, out, critic) : RF_OK;
+    return g ? role_setup(w, g, dev, out, critic) : RF_OK;
 }
 
 int rf__worker_split_tp(const rf__tworker *w, int critic) {
@@ -147,7 +151,9 @@ static rf_status roles_setup(rf__tworker *w) {
     int leader = rf_comm_rank(w->tpc) == 0;
     for (int c = 1; c >= 0; c--) {
         int tp = rf__worker_split_tp(w, c), has = c ? rf__worker_has_critic(w) : rf__worker_has_ref(w);
-        if (has && tp) RF_TRY(role_split(w, tp, c ? &w->critic_comm : &w->ref_comm, c ? &w->critic_tp : &w->ref_tp, c));
+        if (has && tp)
+            RF_TRY(role_split(w, tp, c ? &w->critic_comm : &w->ref_comm, c ? &w->critic_tp_dev : &w->ref_tp_dev,
+                              c ? &w->critic_tp : &w->ref_tp, c));
     }
     if (!leader || w->replica != 0) return RF_OK;
     for (int c = 1; c >= 0; c--) {
@@ -171,6 +177,21 @@ static shard_src actor_src(const rf__tworker *w) {
     return src;
 }
 
+/* Where the rollout workers read m's parameters from: the buffer itself (host memory, moved
+ * into shared memory), or on CUDA a host copy in shared memory (w->wstage, refreshed before
+ * each transfer: weights_of). */
+static rf_status share_weights(rf__tworker *w, rf_model *m) {
+    if (m->k == rf_cpu_kernels()) return rf_model_share_params(m);
+    return rf_shm_alloc((void **)&w->wstage, sizeof(float) * (m->n_params ? m->n_params : 1), "the staged weights");
+}
+
+/* The parameters to send (host memory): m's own, or their host copy made now. */
+static float *weights_of(rf__tworker *w, rf_model *m) {
+    if (!w->wstage) return m->params;
+    m->k->to_host(w->wstage, m->params, sizeof(float) * m->n_params);
+    return w->wstage;
+}
+
 rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     const rf_recipe *r = w->r;
     int T = rf_comm_size(w->tpc), rank = rf_comm_rank(w->tpc);
@@ -179,10 +200,16 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     char p[4096];
     rf_path_join(p, sizeof p, r->model.path, "config.json");
     if (st == RF_OK) st = rf_config_load(&cfg, p); /* every rank reads the shape */
-    if (st == RF_OK) st = rf_model_tp_init(&w->tp, &cfg, w->k, w->tpc, r->async.peer_timeout);
+    rf_comm *g = w->tpc; /* the shards' collectives: over NCCL on CUDA */
+    if (w->k != rf_cpu_kernels()) {
+        RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, "tensor-parallel"));
+        RF_TRY(rf__worker_dev_comm(w, w->tpc, "tensor parallelism", &w->tp_dev, &g));
+    }
+    if (st == RF_OK) st = rf_model_tp_init(&w->tp, &cfg, w->k, g, r->async.peer_timeout);
     if (st == RF_OK) st = rf_model_tp_enable_training(w->tp);
-    /* rollout workers on this host read the shards in place (resharding/reshard.h) */
-    if (st == RF_OK) st = rf_model_share_params(w->tp->m);
+    /* rollout workers on this host read the shards in place (resharding/reshard.h): the
+     * model's own buffer, or on CUDA its host copy */
+    if (st == RF_OK) st = share_weights(w, w->tp->m);
     RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, "tensor-parallel"));
     /* rank 0's version and where the shards come from (a resumed run's checkpoint) */
     shard_src src = actor_src(w);
@@ -215,16 +242,18 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
 void rf__tp_free(rf__tworker *w) {
     rf_weights_rs_free(w->wrs);
     rf_model_tp_free(w->tp), rf_model_tp_free(w->critic_tp), rf_model_tp_free(w->ref_tp);
+    rf_comm_free(w->tp_dev), rf_comm_free(w->critic_tp_dev), rf_comm_free(w->ref_tp_dev);
     rf_comm_free(w->critic_comm), rf_comm_free(w->ref_comm);
+    if (w->wstage) rf_shm_free(w->wstage);
     w->wrs = NULL, w->tp = w->critic_tp = w->ref_tp = NULL;
+    w->tp_dev = w->critic_tp_dev = w->ref_tp_dev = NULL;
     w->critic_comm = w->ref_comm = NULL;
+    w->wstage = NULL;
 }
 
 rf_status rf__rs_whole_setup(rf__tworker *w) {
     rf_param_table pt = rf_param_table_of(w->actor);
-    if (strcmp(w->k->name, "cpu") != 0)
-        return rf_error(RF_ERR_UNSUPPORTED, "weights by resharding need the actor in host memory (model.device = \"cpu\")");
-    RF_TRY(rf_model_share_params(w->actor)); /* rollout ranks on this host read it in place */
+    RF_TRY(share_weights(w, w->actor)); /* rollout ranks on this host read it in place */
     return rf_weights_rs_init(&w->wrs, &pt, 1, 1, w->r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
                               w->r->async.startup_timeout);
 }
@@ -232,7 +261,7 @@ rf_status rf__rs_whole_setup(rf__tworker *w) {
 rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)(rf__tworker *w)) {
     /* without tensor parallelism of the actor: the whole actor is the one shard */
     rf_comm *tpc = w->tp ? w->tpc : rf_comm_single();
-    float *local = w->tp ? w->tp->m->params : w->actor->params;
+    float *local = weights_of(w, w->tp ? w->tp->m : w->actor);
     RF_TRY(rf_weights_rs_checksum(w->wrs, tpc, local, timeout_s, &w->crc));
     if (announce) RF_TRY(announce(w));
     rf_weights_rs_set_timeout(w->wrs, timeout_s);
@@ -310,9 +339,9 @@ static void place_block(float *dst, const rf_shard *b, const float *src) {
 /* One tensor (part `part` of parameter `view`) of the actor (model 0) or critic (1), tp, gathered
  * whole on rank 0 of its group into dst (numel floats; NULL on the others, which send their
  * blocks). Replicated tensors are rank 0's own. With ZeRO-1 a rank's block of a moment is first
- * gathered from its DP group (rf__dp_moments: this rank is replica 0's, their DP rank 0). Host
- * memory (the tensor-parallel model runs on the CPU back end). `all` (rank 0): every rank's
- * shard table, (tp x n_full_views). */
+ * gathered from its DP group (rf__dp_moments: this rank is replica 0's, their DP rank 0). Over
+ * host memory (a CUDA shard's block is copied to the host first, and goes over rf_comm_host of
+ * the group). `all` (rank 0): every rank's shard table, (tp x n_full_views). */
 static rf_status gather_tensor(rf__tworker *w, const rf_model_tp *tp, int model, const rf_shard *all, int part,
                                int view, float *dst) {
     double timeout_s = w->r->async.peer_timeout;
@@ -320,19 +349,23 @@ static rf_status gather_tensor(rf__tworker *w, const rf_model_tp *tp, int model,
     size_t n_mine = (size_t)(own->r1 - own->r0) * (size_t)(own->c1 - own->c0);
     int split = own->split != RF_SPLIT_REPLICATED;
     if (!split && tp->t != 0) return RF_OK;
-    float *zero = NULL; /* ZeRO-1: this rank's block of the moment, from its DP group */
+    /* ZeRO-1: this rank's block of the moment, from its DP group; a CUDA shard's: its copy */
+    float *zero = NULL;
     const float *mine = part > 0 && rf__dp_zero_moments(w, model) ? NULL : part_of(tp, part) + own->offset;
-    if (!mine && !(zero = malloc(sizeof(float) * (n_mine ? n_mine : 1))))
+    int device = tp->m->k != rf_cpu_kernels();
+    if ((!mine || device) && !(zero = malloc(sizeof(float) * (n_mine ? n_mine : 1))))
         return rf_error(RF_ERR_NOMEM, "out of memory for a block of %zu floats", n_mine);
     rf_status st = mine ? RF_OK : rf__dp_moments(w, model, part, own->offset, n_mine, zero);
+    if (mine && device) tp->m->k->to_host(zero, mine, sizeof(float) * n_mine);
     if (zero) mine = zero;
+    rf_comm *c = rf_comm_host(tp->comm);
     char what[RF_MAX_NAME + 64];
     snprintf(what, sizeof what, "gathering %s for a checkpoint", tp->full_views[view].name);
     if (st != RF_OK || !split) {
         if (st == RF_OK) memcpy(dst, mine, n_mine * sizeof(float));
     } else if (tp->t != 0) {
         rf_comm_p2p op = {(void *)mine, n_mine * sizeof(float), 0, 1};
-        st = rf_comm_sendrecv(tp->comm, &op, 1, timeout_s, what);
+        st = rf_comm_sendrecv(c, &op, 1, timeout_s, what);
     } else {
         rf_comm_p2p *ops = calloc((size_t)tp->tp, sizeof *ops);
         float *stage = malloc(tp->full_views[view].numel * sizeof(float));
@@ -344,7 +377,7 @@ static rf_status gather_tensor(rf__tworker *w, const rf_model_tp *tp, int model,
             ops[s - 1] = (rf_comm_p2p){stage + at, n * sizeof(float), s, 0};
             at += n;
         }
-        if (st == RF_OK) st = rf_comm_sendrecv(tp->comm, ops, tp->tp - 1, timeout_s, what);
+        if (st == RF_OK) st = rf_comm_sendrecv(c, ops, tp->tp - 1, timeout_s, what);
         if (st == RF_OK) {
             place_block(dst, own, mine);
             for (int s = 1; s < tp->tp; s++)
@@ -485,9 +518,9 @@ static rf_status peer_serve(rf__tworker *w) {
 }
 
 rf_status rf_train_tp_peer_main(const rf_recipe *r, rf_comm *tpc, rf_comm *wcomm, rf_comm *dpc) {
-    rf__tworker w = {.r = r, .tpc = tpc, .wcomm = wcomm, .dpc = dpc, .k = rf_cpu_kernels(),
-                     .replica = dpc ? rf_comm_rank(dpc) : 0};
-    rf_status st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
+    rf__tworker w = {.r = r, .tpc = tpc, .wcomm = wcomm, .dpc = dpc, .replica = dpc ? rf_comm_rank(dpc) : 0};
+    w.k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(RF_CUDA_ANY) : rf_cpu_kernels();
+    rf_status st = w.k ? rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg) : rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"cuda\"");
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
     st = rf__tp_setup(&w, st);
     if (dpc) st = rf__dp_setup(&w, st);

@@ -68,7 +68,8 @@ rf_comm *rf_comm_single(void);
  * that never joins: RF_ERR_IO naming the ranks). The new communicator keeps a duplicate of
  * `from` for bootstrapping its splits; timeout_s also bounds those. Caller frees it with
  * rf_comm_free. RF_ERR_UNSUPPORTED when this build has no NCCL, RF_ERR_NODEVICE when `device`
- * does not exist. */
+ * does not exist, RF_ERR_ARG (on every rank, naming both world ranks, the device and the host)
+ * when two ranks of one machine pass the same device: NCCL does not allow that. */
 rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out);
 
 /* 1 when this build has the NCCL back end (RLFLOW_HAVE_NCCL), else 0. */

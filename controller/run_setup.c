@@ -105,19 +105,23 @@ rf_status rf__load_rewards(rf_run *run) {
     return RF_OK;
 }
 
-/* Tensor parallelism of the training roles: split runs on the CPU (with data parallelism or
- * without). */
+/* A parallel layout on CUDA needs NCCL: refused naming the key in builds without it. */
+static rf_status need_nccl(const rf_recipe *r, const char *key, int value, const char *what) {
+    if (strcmp(r->model.device, "cuda") != 0 || rf_comm_nccl_built()) return RF_OK;
+    char where[512];
+    return rf_error(RF_ERR_UNSUPPORTED, "%s: %s = %d with model.device = \"cuda\" %s over NCCL, which this build "
+                    "lacks (CMake found no nccl.h and libnccl: install NCCL and rebuild)",
+                    rf_recipe_where(r, key, where, sizeof where), key, value, what);
+}
+
+/* Tensor parallelism of the training roles: split runs (with data parallelism or without). */
 static rf_status reject_actor_tp(const rf_recipe *r, int split) {
     int tp = r->placement.actor.tp;
     if (tp == 1) return RF_OK;
     if (!split)
         return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism in colocated runs; "
                                               "placement.mode = \"split\" trains on placement.actor.tp ranks");
-    if (strcmp(r->model.device, "cpu") != 0)
-        return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism on CUDA: the shards' "
-                                              "collectives would go over NCCL, which the training workers do not set up "
-                                              "yet");
-    return RF_OK;
+    return need_nccl(r, "placement.actor.tp", tp, "computes the shards");
 }
 
 /* One tensor-parallel key (placement.actor.tp or placement.rollout.tp, value tp) against the
@@ -166,19 +170,14 @@ rf_status rf__check_tp_model_path(const rf_recipe *r) {
     return check_role_tp(r, 0);
 }
 
-/* Tensor parallelism of generation: split runs on the CPU (the tensor-parallel model runs on the
- * CPU kernels). */
+/* Tensor parallelism of generation: split runs. */
 static rf_status reject_rollout_tp(const rf_recipe *r, int split) {
     if (r->placement.rollout.tp == 1) return RF_OK;
     if (!split)
         return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "tensor parallelism of generation in colocated "
                                               "runs; placement.mode = \"split\" runs each rollout worker on "
                                               "placement.rollout.tp ranks");
-    if (strcmp(r->model.device, "cpu") != 0)
-        return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "tensor parallelism of generation on CUDA: the "
-                                              "CUDA model path is not tensor parallel (the tensor-parallel model runs on "
-                                              "the CPU kernels only)");
-    return RF_OK;
+    return need_nccl(r, "placement.rollout.tp", r->placement.rollout.tp, "computes each rollout worker's shards");
 }
 
 /* Parallel layouts this build does not carry out ([placement.actor], [placement.rollout]). */
@@ -218,13 +217,7 @@ static rf_status reject_layouts(const rf_recipe *r, int split) {
     if (r->placement.actor.dp > 1 && !split)
         return rf_recipe_reject_unimplemented(r, "placement.actor.dp", "data parallelism in colocated runs; "
                                               "placement.mode = \"split\" trains on placement.actor.dp ranks");
-    if (r->placement.actor.dp > 1 && strcmp(r->model.device, "cuda") == 0 && !rf_comm_nccl_built()) {
-        char where[512];
-        return rf_error(RF_ERR_UNSUPPORTED, "%s: placement.actor.dp = %d with model.device = \"cuda\" reduces the "
-                        "gradients over NCCL, which this build lacks (CMake found no nccl.h and libnccl: install "
-                        "NCCL and rebuild)", rf_recipe_where(r, "placement.actor.dp", where, sizeof where),
-                        r->placement.actor.dp);
-    }
+    if (r->placement.actor.dp > 1) RF_TRY(need_nccl(r, "placement.actor.dp", r->placement.actor.dp, "reduces the gradients"));
     return RF_OK;
 }
 

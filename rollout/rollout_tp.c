@@ -78,7 +78,7 @@ void rf_rollout_tp_free(rf_rollout_tp *g) {
 static rf_status send_head(rf_rollout_tp *g, cmd_head *h) {
     h->magic = MAGIC;
     g->last_cmd = rf_time_now();
-    return rf_comm_bcast(g->tp->comm, h, sizeof *h, 0, g->timeout_s,
+    return rf_comm_bcast(rf_comm_host(g->tp->comm), h, sizeof *h, 0, g->timeout_s,
                          "rollout tensor parallelism: sending a command to the group");
 }
 
@@ -182,7 +182,7 @@ static rf_status engine_decode_sample(void *ctx, rf_kv_pool *p, const rf_paged_s
     cmd_head h;
     RF_TRY(pack_step(g, p, seqs, n, tokens, &d, &h));
     RF_TRY(send_head(g, &h));
-    RF_TRY(rf_comm_bcast(g->tp->comm, g->ints, sizeof(int32_t) * (size_t)h.n_ints, 0, g->timeout_s,
+    RF_TRY(rf_comm_bcast(rf_comm_host(g->tp->comm), g->ints, sizeof(int32_t) * (size_t)h.n_ints, 0, g->timeout_s,
                          "rollout tensor parallelism: sending a step to the group"));
     return run_step(g, p, seqs, n, tokens, &d);
 }
@@ -200,7 +200,7 @@ rf_status rf_rollout_tp_engine(rf_rollout_tp *g, const rf_rollout_opts *o, rf_ro
 
 /* A peer: the next command header from rank 0, waiting at most 2 x the bound. */
 static rf_status recv_head(rf_rollout_tp *g, cmd_head *h) {
-    RF_TRY(rf_comm_bcast(g->tp->comm, h, sizeof *h, 0, 2 * g->timeout_s,
+    RF_TRY(rf_comm_bcast(rf_comm_host(g->tp->comm), h, sizeof *h, 0, 2 * g->timeout_s,
                          "rollout tensor parallelism: waiting for a command from tensor-parallel rank 0"));
     if (h->magic != MAGIC)
         return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: a command from world rank %d is not one "
@@ -213,7 +213,7 @@ static rf_status serve_step(rf_rollout_tp *g, const cmd_head *h) {
     if (!g->pool.kc) return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: a step before the pool was made");
     int n = h->n_rows;
     RF_TRY(grow((void **)&g->ints, &g->cap_ints, (size_t)h->n_ints, sizeof(int32_t)));
-    RF_TRY(rf_comm_bcast(g->tp->comm, g->ints, sizeof(int32_t) * (size_t)h->n_ints, 0, g->timeout_s,
+    RF_TRY(rf_comm_bcast(rf_comm_host(g->tp->comm), g->ints, sizeof(int32_t) * (size_t)h->n_ints, 0, g->timeout_s,
                          "rollout tensor parallelism: receiving a step from tensor-parallel rank 0"));
     RF_TRY(grow((void **)&g->seqs, &g->cap_seqs, (size_t)n, sizeof *g->seqs));
     RF_TRY(grow((void **)&g->full, &g->cap_full, (size_t)h->n_capture * g->tp->cfg.vocab_size, sizeof(float)));

@@ -23,7 +23,8 @@ typedef struct worker {
     rf_model *m;           /* the whole model (G = 1), or the shard's (tp->m) */
     rf_model_tp *tp;       /* G > 1: this rank's shard */
     rf_rollout_tp *g;      /* G > 1: the group */
-    rf_comm *gcomm;        /* G > 1: the group's communicator */
+    rf_comm *gcomm;        /* G > 1: the group's communicator (host messages) */
+    rf_comm *gdev;         /* G > 1 on CUDA: NCCL over the group, which the shards compute over */
     rf_tokenizer *tok;
     rf_rollout *e;
     int32_t *eos;
@@ -96,13 +97,14 @@ static rf_status weights_loaded(worker *w) {
 typedef struct weights_in {
     rf_weights_rx *rx;
     rf_weights_rs *rs;
+    float *stage; /* resharding into a CUDA model: the host buffer it lands in, then uploaded */
 } weights_in;
 
 static rf_status weights_in_open(weights_in *in, const worker *w, rf_comm *wcomm, int train_rank) {
     const rf_recipe *r = w->r;
     if (r->placement.actor.tp <= 1 && !w->tp) return rf_weights_rx_init(&in->rx, wcomm, w->m, train_rank);
-    if (strcmp(w->m->k->name, "cpu") != 0)
-        return rf_error(RF_ERR_UNSUPPORTED, "weights by resharding need the model in host memory (model.device = \"cpu\")");
+    if (w->m->k != rf_cpu_kernels() && !(in->stage = malloc(sizeof(float) * (w->m->n_params ? w->m->n_params : 1))))
+        return rf_error(RF_ERR_NOMEM, "out of memory for %zu floats of weights", w->m->n_params);
     rf_param_table pt = w->tp ? (rf_param_table){&w->tp->cfg, w->tp->full_views, w->tp->n_full_views}
                               : rf_param_table_of(w->m);
     int dp = r->placement.actor.tp > 1 ? r->placement.actor.dp : 1; /* with tp 1 only DP rank 0 sends */
@@ -113,6 +115,15 @@ static rf_status weights_in_open(weights_in *in, const worker *w, rf_comm *wcomm
 static void weights_in_close(weights_in *in) {
     rf_weights_rx_free(in->rx);
     rf_weights_rs_free(in->rs);
+    free(in->stage);
+}
+
+/* Where resharded weights land (host memory): the model's buffer, or the staging one. */
+static float *weights_dst(const weights_in *in, const worker *w) { return in->stage ? in->stage : w->m->params; }
+
+/* After weights landed in the staging buffer: into the device model. */
+static void weights_upload(const weights_in *in, const worker *w) {
+    if (in->stage) w->m->k->to_device(w->m->params, in->stage, sizeof(float) * w->m->n_params);
 }
 
 /* G > 1, every rank of the group before a transfer: a rank that is gone is named here. Inside
@@ -124,7 +135,11 @@ static rf_status group_present(const worker *w) {
 
 static rf_status weights_poll(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
     if (in->rx) return rf_weights_rx_poll(in->rx, w->m, arrived, version, crc);
-    if (!w->g) return rf_weights_rs_poll(in->rs, w->m->params, arrived, version, crc); /* in place, host memory */
+    if (!w->g) { /* in place, host memory */
+        RF_TRY(rf_weights_rs_poll(in->rs, weights_dst(in, w), arrived, version, crc));
+        if (*arrived) weights_upload(in, w);
+        return RF_OK;
+    }
     *arrived = 0;
     int t = rf_weights_rs_pending(in->rs);
     if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from the training ranks");
@@ -132,7 +147,8 @@ static rf_status weights_poll(weights_in *in, const worker *w, int *arrived, int
     /* the group's other ranks receive their shards at the same time */
     RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, 0));
     RF_TRY(group_present(w));
-    RF_TRY(rf_weights_rs_receive(in->rs, w->m->params, w->gcomm, version, crc));
+    RF_TRY(rf_weights_rs_receive(in->rs, weights_dst(in, w), w->gcomm, version, crc));
+    weights_upload(in, w);
     *arrived = 1;
     return RF_OK;
 }
@@ -218,7 +234,13 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     rf_model_config cfg;
     rf_path_join(p, sizeof p, w->r->model.path, "config.json");
     RF_TRY(rf_config_load(&cfg, p));
-    RF_TRY(rf_model_tp_init(&w->tp, &cfg, k, w->gcomm, w->r->async.peer_timeout));
+    rf_comm *c = w->gcomm; /* on CUDA the shards compute over NCCL */
+    if (k != rf_cpu_kernels()) {
+        rf_status st = rf_comm_nccl(w->gcomm, rf_cuda_current_device(), w->r->async.startup_timeout, &w->gdev);
+        if (st != RF_OK) return rf_error_wrap(st, "rollout tensor parallelism on CUDA");
+        c = w->gdev;
+    }
+    RF_TRY(rf_model_tp_init(&w->tp, &cfg, k, c, w->r->async.peer_timeout));
     w->m = w->tp->m;
     return rf_rollout_tp_init(&w->g, w->tp, w->r->async.peer_timeout);
 }
@@ -249,7 +271,9 @@ static rf_status peer_command(void *ctx, int cmd, int64_t arg) {
     if (cmd != RF_ROLLOUT_TP_WEIGHTS)
         return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: unknown command %d from rank 0 of the group", cmd);
     RF_TRY(group_present(p->w));
-    return rf_weights_rs_receive(p->in.rs, p->w->m->params, p->w->gcomm, &version, &crc);
+    RF_TRY(rf_weights_rs_receive(p->in.rs, weights_dst(&p->in, p->w), p->w->gcomm, &version, &crc));
+    weights_upload(&p->in, p->w);
+    return RF_OK;
 }
 
 /* A peer's whole life: its shard, its part of the weights transfers, rank 0's commands. */
@@ -283,6 +307,7 @@ static void worker_free(worker *w) {
     rf_rollout_tp_free(w->g);
     if (w->tp) rf_model_tp_free(w->tp);
     else rf_model_free(w->m);
+    rf_comm_free(w->gdev);
     rf_tokenizer_free(w->tok);
     free(w->eos);
 }

@@ -6,7 +6,8 @@
  *   - with two or more devices, under mpirun with one rank per device (up to 4): the same
  *     collectives across ranks, an all-to-all through grouped send/recv, a split by parity,
  *     and a timeout (one rank never joins an allreduce: the others fail with the exact message
- *     within the bound, the NCCL communicator is aborted and refuses further work).
+ *     within the bound, the NCCL communicator is aborted and refuses further work); every
+ *     rank asking for device 0 is refused on every rank, naming the first two.
  * Skips (77) without NCCL in the build or without a CUDA device. Not yet run on a GPU: the
  * machines this was written on have none (docs/architecture.md). */
 #define _POSIX_C_SOURCE 200809L
@@ -202,6 +203,10 @@ static int under_mpi(int argc, char **argv) {
         timeout(nc, world);
         rf_comm_free(nc);
     }
+    /* every rank on device 0: refused on every rank, naming ranks 0 and 1 */
+    rf_comm *dup = NULL;
+    CHECK_ERR(rf_comm_nccl(world, 0, T_OK, &dup), RF_ERR_ARG, "a NCCL communicator: world ranks 0 and 1 would both use CUDA device 0 of");
+    CHECK(dup == NULL);
     int rc = rf_test_mpi_finish(world, "test_comm_nccl_cuda");
     rf_comm_finalize();
     return rc;

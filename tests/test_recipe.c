@@ -201,14 +201,8 @@ static void parallel_layouts(void) {
     struct { const char *text, *want; } refused[] = {
         {"[placement.actor]\ntp = 2\n", ":2:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism in colocated "
                                         "runs; placement.mode = \"split\" trains on placement.actor.tp ranks)"},
-        {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ntp = 2\n",
-         ":7:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism on CUDA: the shards' collectives would "
-         "go over NCCL, which the training workers do not set up yet)"},
         {"[placement.actor]\ntp = 2\ndp = 2\n", ":2:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism "
                                                  "in colocated runs; placement.mode = \"split\" trains on placement.actor.tp ranks)"},
-        {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.actor]\ndp = 2\ntp = 2\n",
-         ":8:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism on CUDA: the shards' collectives would "
-         "go over NCCL, which the training workers do not set up yet)"},
         {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 4\ndp = 2\n[placement.critic]\ntp = 3\n",
          ":7:1: placement.critic.tp = 3 is not implemented yet (a critic tensor-parallel size that does not divide the "
          "actor's (placement.actor.tp = 4): the critic's shards live on the first ranks of each replica)"},
@@ -220,9 +214,6 @@ static void parallel_layouts(void) {
         {"[placement.rollout]\ntp = 4\n", ":2:1: placement.rollout.tp = 4 is not implemented yet (tensor parallelism of generation "
                                           "in colocated runs; placement.mode = \"split\" runs each rollout worker on "
                                           "placement.rollout.tp ranks)"},
-        {"[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n[placement.rollout]\ntp = 2\n",
-         ":7:1: placement.rollout.tp = 2 is not implemented yet (tensor parallelism of generation on CUDA: the CUDA model "
-         "path is not tensor parallel (the tensor-parallel model runs on the CPU kernels only))"},
         {"[placement.actor]\ndp = 2\nzero = 2\n", ":3:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
         {"[placement.reference]\ntp = 2\n", ":2:1: placement.reference.tp = 2 is not implemented yet (a reference "
          "tensor-parallel size that does not divide the actor's (placement.actor.tp = 1): the reference's shards live on "
@@ -241,18 +232,31 @@ static void parallel_layouts(void) {
         CHECK_ERR(rf__reject_unimplemented(&r), RF_ERR_UNSUPPORTED, want);
         rf_recipe_free(&r);
     }
-    /* data parallelism on CUDA: over NCCL where the build has it, else refused saying so */
-    CHECK_OK(rf_recipe_load(&r, recipe_file("[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\n"
-                                            "device = \"cuda\"\n[placement.actor]\ndp = 2\nzero = 1\n"), NULL, 0));
-    if (rf_comm_nccl_built()) {
-        CHECK_OK(rf__reject_unimplemented(&r));
-    } else {
-        char want[512];
-        snprintf(want, sizeof want, "%s:7:1: placement.actor.dp = 2 with model.device = \"cuda\" reduces the gradients "
-                 "over NCCL, which this build lacks", tmp_path);
-        CHECK_ERR(rf__reject_unimplemented(&r), RF_ERR_UNSUPPORTED, want);
+    /* data and tensor parallelism on CUDA: over NCCL where the build has it, else refused saying
+     * so, naming the key */
+    struct { const char *layout, *want; } on_cuda[] = {
+        {"[placement.actor]\ndp = 2\nzero = 1\n", ":7:1: placement.actor.dp = 2 with model.device = \"cuda\" reduces "
+         "the gradients over NCCL, which this build lacks"},
+        {"[placement.actor]\ntp = 2\n", ":7:1: placement.actor.tp = 2 with model.device = \"cuda\" computes the shards "
+         "over NCCL, which this build lacks"},
+        {"[placement.actor]\ndp = 2\ntp = 2\n", ":8:1: placement.actor.tp = 2 with model.device = \"cuda\" computes the "
+         "shards over NCCL, which this build lacks"},
+        {"[placement.rollout]\ntp = 2\n", ":7:1: placement.rollout.tp = 2 with model.device = \"cuda\" computes each "
+         "rollout worker's shards over NCCL, which this build lacks"},
+    };
+    for (size_t i = 0; i < sizeof on_cuda / sizeof on_cuda[0]; i++) {
+        char text[512], want[512];
+        snprintf(text, sizeof text, "[model]\ndevice = \"cuda\"\n[placement]\nmode = \"split\"\ndevice = \"cuda\"\n%s",
+                 on_cuda[i].layout);
+        CHECK_OK(rf_recipe_load(&r, recipe_file(text), NULL, 0));
+        if (rf_comm_nccl_built()) {
+            CHECK_OK(rf__reject_unimplemented(&r));
+        } else {
+            snprintf(want, sizeof want, "%s%s", tmp_path, on_cuda[i].want);
+            CHECK_ERR(rf__reject_unimplemented(&r), RF_ERR_UNSUPPORTED, want);
+        }
+        rf_recipe_free(&r);
     }
-    rf_recipe_free(&r);
     /* a role on more replicas than the actor has: a wrong value, not a missing feature */
     struct { const char *text, *want; } too_many[] = {
         {"[placement]\nmode = \"split\"\n[placement.critic]\ndp = 2\n", ":4:1: placement.critic.dp = 2 is more than "
