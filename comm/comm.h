@@ -29,9 +29,12 @@
  * rf_comm_sendrecv pairs the k-th send from A to B with the k-th receive on B from A (both
  * within one call: a send and its receive must be in the calls that go together on both ranks).
  *
- * NCCL streams: a NCCL communicator runs on a stream of its own; an operation returns once its
- * result is in place (the stream has been synchronised), so the caller must have finished
- * writing the input on its own stream first (rf_kernels.sync).
+ * NCCL streams: a NCCL communicator runs on a stream of its own. Each operation is ordered on
+ * the device after the work already queued on the CUDA back end's stream (kernels.h,
+ * rf_cuda_stream; an event the NCCL stream waits for), so inputs written by kernels need no
+ * synchronisation by the caller; buffers written by other streams or plain CUDA calls must be
+ * complete first. A blocking operation returns once its result is in place (the NCCL stream
+ * has been synchronised); a started one once it is queued (rf_comm_group_wait finishes it).
  *
  * Threads: MPI is initialised with MPI_THREAD_FUNNELED; only the thread that called
  * rf_comm_init / rf_comm_world may call these functions. A communicator is used by one thread.
@@ -205,9 +208,10 @@ void rf_comm_req_free(rf_comm_req *req);
  * the blocking collective's does; after a timeout the communicator has failed, as there.
  * Progress: MPI moves a started collective forward only inside MPI calls, so a caller that
  * computes should call rf_comm_group_test now and then; the single back end reduces at the
- * start; NCCL enqueues the collective on the communicator's stream and returns (the caller's
- * own stream must have finished writing `in`: rf_kernels.sync), the GPU runs it while the
- * caller goes on, and the wait polls the stream (several in flight run in order on it). */
+ * start; NCCL enqueues the collective on the communicator's stream (after the kernels queued
+ * so far: see "NCCL streams") and returns, the GPU runs it while the caller goes on queuing
+ * kernels that do not touch `in` or `out`, and the wait polls the stream (several in flight
+ * run in order on it). */
 rf_status rf_comm_allreduce_start(rf_comm *c, const float *in, float *out, size_t n,
                                   double timeout_s, const char *what, rf_comm_group **g);
 rf_status rf_comm_reduce_scatter_start(rf_comm *c, const float *in, float *out, size_t n,

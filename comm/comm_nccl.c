@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "comm/comm_internal.h"
+#include "kernels/kernels.h"
 #include "common/util.h"
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
@@ -29,12 +30,25 @@ typedef struct nccl_state {
     int device;
     rf_comm *boot;       /* (owned) duplicate of the MPI / single communicator: splits */
     float *scratch;      /* (1) device: barriers are an allreduce of one float */
+    cudaEvent_t queued;  /* marks the kernels' stream: each operation waits for it (after_kernels) */
     double timeout_s;    /* bounds bootstrapping splits */
 } nccl_state;
 
 static const rf_comm_ops nccl_ops;
 
 static nccl_state *st_of(rf_comm *c) { return c->impl; }
+
+/* Orders what is enqueued next on the communicator's stream after everything already queued on
+ * the CUDA back end's stream (kernels.h: rf_cuda_stream), on the device: an operation reads
+ * what the kernels before it wrote without the caller synchronising, and kernels queued after
+ * the call run on alongside it (the overlap of gradient buckets with backward). Nothing when
+ * the back end has not started (buffers written by plain CUDA calls, as in comm's tests). */
+static void after_kernels(rf_comm *c) {
+    nccl_state *s = st_of(c);
+    cudaStream_t ks = (cudaStream_t)rf_cuda_stream();
+    if (!ks || ks == s->stream) return;
+    if (cudaEventRecord(s->queued, ks) == cudaSuccess) cudaStreamWaitEvent(s->stream, s->queued, 0);
+}
 
 /* Aborts the NCCL communicator (once) and marks c failed with the current message. */
 static rf_status give_up(rf_comm *c, rf_status code) {
@@ -99,23 +113,27 @@ static rf_status finish(rf_comm *c, ncclResult_t launched, const int *peers, int
 static rf_status nccl_allreduce(rf_comm *c, const float *in, float *out, size_t n, double timeout_s,
                                 const char *what) {
     nccl_state *s = st_of(c);
+    after_kernels(c);
     return finish(c, ncclAllReduce(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream), NULL, 0, timeout_s, what);
 }
 
 static rf_status nccl_reduce_scatter(rf_comm *c, const float *in, float *out, size_t n, double timeout_s,
                                      const char *what) {
     nccl_state *s = st_of(c);
+    after_kernels(c);
     return finish(c, ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream), NULL, 0, timeout_s, what);
 }
 
 static rf_status nccl_allgather(rf_comm *c, const void *in, void *out, size_t bytes, double timeout_s,
                                 const char *what) {
     nccl_state *s = st_of(c);
+    after_kernels(c);
     return finish(c, ncclAllGather(in, out, bytes, ncclUint8, s->nc, s->stream), NULL, 0, timeout_s, what);
 }
 
 static rf_status nccl_bcast(rf_comm *c, void *buf, size_t bytes, int root, double timeout_s, const char *what) {
     nccl_state *s = st_of(c);
+    after_kernels(c);
     return finish(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, s->nc, s->stream), NULL, 0, timeout_s, what);
 }
 
@@ -130,6 +148,7 @@ static rf_status nccl_sendrecv_start(rf_comm *c, const rf_comm_p2p *ops, int n, 
     nccl_state *s = st_of(c);
     ncclResult_t *launched = malloc(sizeof *launched);
     if (!launched) return rf_error(RF_ERR_NOMEM, "out of memory");
+    after_kernels(c);
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++)
         r = ops[i].send ? ncclSend(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, s->nc, s->stream)
@@ -171,11 +190,13 @@ static rf_status keep_started(rf_comm_group *g, ncclResult_t launched) {
 
 static rf_status nccl_allreduce_start(rf_comm *c, const float *in, float *out, size_t n, rf_comm_group *g) {
     nccl_state *s = st_of(c);
+    after_kernels(c);
     return keep_started(g, ncclAllReduce(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream));
 }
 
 static rf_status nccl_reduce_scatter_start(rf_comm *c, const float *in, float *out, size_t n, rf_comm_group *g) {
     nccl_state *s = st_of(c);
+    after_kernels(c);
     return keep_started(g, ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream));
 }
 
@@ -222,6 +243,7 @@ static void nccl_free(rf_comm *c) {
         else ncclCommAbort(s->nc);
     }
     if (s->scratch) cudaFree(s->scratch);
+    if (s->queued) cudaEventDestroy(s->queued);
     if (s->stream) cudaStreamDestroy(s->stream);
     rf_comm_free(s->boot);
     free(s);
@@ -254,6 +276,7 @@ static rf_status nccl_make(rf_comm *boot, int device, double timeout_s, rf_comm 
     cudaError_t ce = cudaSetDevice(device);
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
     if (ce == cudaSuccess) ce = cudaMalloc((void **)&s->scratch, sizeof(float));
+    if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&s->queued, cudaEventDisableTiming);
     if (ce != cudaSuccess) {
         s->boot = NULL; /* stays the caller's on failure */
         nccl_free(c);

@@ -10,6 +10,7 @@ const rf_kernels *rf_cuda_kernels(int device) {
 }
 
 void rf_cuda_select_device(int device) { (void)device; }
+void *rf_cuda_stream(void) { return NULL; }
 int rf_cuda_device_count(void) { return 0; }
 int rf_cuda_current_device(void) { return -1; }
 #endif

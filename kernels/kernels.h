@@ -171,6 +171,11 @@ const rf_kernels *rf_cpu_kernels(void);
 #define RF_CUDA_ANY (-1)
 const rf_kernels *rf_cuda_kernels(int device);
 
+/* The CUDA back end's stream (a cudaStream_t), on which every op is queued in order; NULL
+ * before rf_cuda_kernels has started the back end (or without CUDA). comm's NCCL back end
+ * orders its operations after the work queued here (comm.h). */
+void *rf_cuda_stream(void);
+
 /* The device RF_CUDA_ANY starts on (default 0): a split run's launcher picks each rank's
  * before its role starts the back end. Nothing without CUDA. */
 void rf_cuda_select_device(int device);

@@ -308,7 +308,8 @@ static rf_status start_bucket(rf_dp *dp, int i, int early) {
     dp_bucket *b = &dp->b[i];
     rf_model *m = dp->m;
     char what[96];
-    m->k->sync(); /* a device back end: the bucket's gradients have been written */
+    /* a device back end: NCCL waits on the device for the kernels queued so far (comm.h), the
+     * bucket's gradients and the padded staging below among them; the host goes on */
     if (!dp->o.zero) {
         snprintf(what, sizeof what, "allreduce of gradient bucket %d of %d", i + 1, dp->nb);
         RF_TRY(rf_comm_allreduce_start(dp->c, m->grads + b->lo, m->grads + b->lo, b->hi - b->lo,

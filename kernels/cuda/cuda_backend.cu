@@ -210,3 +210,5 @@ extern "C" int rf_cuda_device_count(void) {
 }
 
 extern "C" int rf_cuda_current_device(void) { return rf__cuda.initialised ? rf__cuda.device : -1; }
+
+extern "C" void *rf_cuda_stream(void) { return rf__cuda.initialised ? (void *)rf__cuda.stream : NULL; }
