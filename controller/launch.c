@@ -337,13 +337,23 @@ static void log_layout(const rf_recipe *r, int size, const char *hosts) {
  * (not the controller, rank 0, which uses none) take its visible devices in turn, by world
  * rank; more ranks than devices share them (data parallelism then refuses: grad_comm in
  * actor/worker_dp.c). */
+int rf_launch_gpu_of(const int *node, int rank, int n_devices) {
+    if (rank <= 0 || n_devices < 1) return -1;
+    int slot = 0;
+    for (int j = 1; j < rank; j++) slot += node[j] == node[rank];
+    return slot % n_devices;
+}
+
 static void select_gpu(const rf_recipe *r, rf_comm *world, const char *host) {
-    int rank = rf_comm_rank(world), n = rf_cuda_device_count();
+    int rank = rf_comm_rank(world), size = rf_comm_size(world), n = rf_cuda_device_count();
     if (rank == 0 || strcmp(r->model.device, "cuda") != 0 || n <= 0) return;
-    int slot = 0, node = rf_comm_node(world, rank);
-    for (int j = 1; j < rank; j++) slot += rf_comm_node(world, j) == node;
-    rf_cuda_select_device(slot % n);
-    rf_log_info("  rank %d (%s): CUDA device %d of %d", rank, host, slot % n, n);
+    int *node = malloc(sizeof(int) * (size_t)size);
+    if (!node) return; /* the back end then starts on device 0 */
+    for (int j = 0; j < size; j++) node[j] = rf_comm_node(world, j);
+    int gpu = rf_launch_gpu_of(node, rank, n);
+    free(node);
+    rf_cuda_select_device(gpu);
+    rf_log_info("  rank %d (%s): CUDA device %d of %d", rank, host, gpu, n);
 }
 
 static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {

@@ -26,4 +26,10 @@
  * with the thread's message cleared. */
 rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv);
 
+/* model.device = "cuda": the GPU of world rank `rank` (> 0) when node[i] is the machine of
+ * world rank i (rf_comm_set_nodes' numbers) and its machine shows n_devices GPUs: the worker
+ * ranks of each machine (not the controller, rank 0) take its GPUs in turn, by world rank;
+ * -1 for rank 0 or n_devices < 1. */
+int rf_launch_gpu_of(const int *node, int rank, int n_devices);
+
 #endif
