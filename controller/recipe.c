@@ -92,7 +92,7 @@ static const rkey KEYS[] = {
     {"rollout", "stop", T_STRS, AT(rollout.stop), "[]", NULL, "Strings that end a response (besides EOS)."},
     {"rollout", "max_running", T_INT, AT(rollout.max_running), "64", NULL, "Sequences in the running batch of the generation engine."},
     {"rollout", "kv_block_size", T_INT, AT(rollout.kv_block_size), "16", NULL, "Tokens per paged KV-cache block."},
-    {"rollout", "kv_blocks", T_INT, AT(rollout.kv_blocks), "4096", NULL, "KV-cache blocks in the pool."},
+    {"rollout", "kv_blocks", T_INT, AT(rollout.kv_blocks), "4096", NULL, "KV-cache blocks in the pool (rollout.kv_block_size tokens each); they bound how many tokens the running sequences hold. On the CPU only the blocks ever used are resident (docs/rollout.md)."},
 
     {"algorithm", "name", T_ENUM, AT(algorithm.name), "\"grpo\"", ALGOS, "Advantage estimator: PPO (GAE with a critic), GRPO, Dr. GRPO, RLOO or REINFORCE++."},
     {"algorithm", "gamma", T_FLOAT, AT(algorithm.gamma), "1.0", NULL, "Discount (PPO, REINFORCE++)."},

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/util.h"
 #include "kernels/cpu/cpu_internal.h"
@@ -10,17 +11,46 @@
 
 #define RF_OMP_MIN 4096 /* below this many elements a parallel region costs more than it saves */
 
+/* Allocations are 64-byte aligned and zero-filled. Large ones (CPU_MAP_MIN and up) are fresh
+ * anonymous mappings, whose pages the kernel hands out zeroed when first touched: a buffer
+ * sized for the worst case (the KV-cache pool, activations for the longest batch) costs
+ * resident memory only for what is used. Small ones come from malloc and are cleared. A header
+ * of 64 bytes before the block says which, and the mapping's length. */
+#define CPU_MAP_MIN ((size_t)1 << 20)
+#define CPU_HEAD 64
+typedef struct cpu_head {
+    size_t len;  /* the mapping's bytes (header included); 0: from posix_memalign */
+    void *base;  /* what to free or unmap */
+} cpu_head;
+
 static void *cpu_alloc(size_t bytes) {
-    void *p = NULL;
-    size_t n = (bytes + 63) / 64 * 64;
-    if (posix_memalign(&p, 64, n ? n : 64) != 0) {
+    size_t n = (bytes + 63) / 64 * 64 + CPU_HEAD;
+    void *base = NULL;
+    size_t len = 0;
+    if (n >= CPU_MAP_MIN) {
+        base = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) base = NULL;
+        else len = n;
+    } else if (posix_memalign(&base, 64, n) == 0) {
+        memset(base, 0, n);
+    } else {
+        base = NULL;
+    }
+    if (!base) {
         rf_error(RF_ERR_NOMEM, "cpu: out of memory allocating %zu bytes", bytes);
         return NULL;
     }
-    memset(p, 0, n);
-    return p;
+    cpu_head *h = base;
+    h->len = len, h->base = base;
+    return (char *)base + CPU_HEAD;
 }
-static void cpu_free(void *p) { free(p); }
+
+static void cpu_free(void *p) {
+    if (!p) return;
+    const cpu_head *h = (const cpu_head *)((char *)p - CPU_HEAD);
+    if (h->len) munmap(h->base, h->len);
+    else free(h->base);
+}
 static void cpu_memcpy(void *dst, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
 }
