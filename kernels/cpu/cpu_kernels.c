@@ -1,6 +1,7 @@
 /* The CPU reference back end: elementwise ops, normalisation, RoPE, embedding, optimizer,
  * memory, and the rf_kernels table that gathers every CPU op. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -16,7 +17,11 @@
  * sized for the worst case (the KV-cache pool, activations for the longest batch) costs
  * resident memory only for what is used. Small ones come from malloc and are cleared. A header
  * of 64 bytes before the block says which, and the mapping's length. */
+#ifdef __SANITIZE_ADDRESS__
+#define CPU_MAP_MIN SIZE_MAX /* AddressSanitizer builds: every block from malloc, with red zones */
+#else
 #define CPU_MAP_MIN ((size_t)1 << 20)
+#endif
 #define CPU_HEAD 64
 typedef struct cpu_head {
     size_t len;  /* the mapping's bytes (header included); 0: from posix_memalign */
