@@ -425,7 +425,7 @@ static void test_memory(const rf_kernels *K) {
     }
 }
 
-#ifdef __linux__
+#if defined(__linux__) && !defined(__SANITIZE_ADDRESS__)
 /* Resident pages of this process (/proc/self/statm), -1 when unreadable. */
 static long resident_pages(void) {
     FILE *f = fopen("/proc/self/statm", "r");
