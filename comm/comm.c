@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "comm/comm_internal.h"
+#include "kernels/cuda_module.h"
 #include "common/util.h"
 
 /* ---- communicators ---- */
@@ -394,10 +395,15 @@ static rf_comm g_single = {&single_ops, RF_COMM_SINGLE, 0, 1, &g_single_world, 1
 
 rf_comm *rf_comm_single(void) { return &g_single; }
 
-#ifndef RLFLOW_HAVE_NCCL
+/* The NCCL back end lives in the CUDA module (kernels/cuda_module.h), opened on first use. */
 rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out) {
-    (void)from, (void)device, (void)timeout_s;
     *out = NULL;
+#ifdef RLFLOW_HAVE_NCCL
+    const rf_cuda_module *m = rf__cuda_module();
+    if (!m) return rf_error_wrap(RF_ERR_NODEVICE, "a NCCL communicator");
+    if (m->comm_nccl) return m->comm_nccl(from, device, timeout_s, out);
+#else
+    (void)from, (void)device, (void)timeout_s;
+#endif
     return rf_error(RF_ERR_UNSUPPORTED, "the NCCL back end of comm is not in this build (CUDA and NCCL were not found when it was configured)");
 }
-#endif

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "comm/comm_internal.h"
+#include "kernels/cuda_module.h"
 #include "kernels/kernels.h"
 #include "common/util.h"
 
@@ -320,7 +321,8 @@ static rf_status distinct_devices(rf_comm *boot, int device, double timeout_s) {
     return st;
 }
 
-rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out) {
+/* rf_comm_nccl (comm.h), reached through the CUDA module (kernels/cuda_module.h). */
+rf_status rf__comm_nccl_impl(rf_comm *from, int device, double timeout_s, rf_comm **out) {
     *out = NULL;
     if (!from || from->kind == RF_COMM_NCCL)
         return rf_error(RF_ERR_ARG, "a NCCL communicator is made from an MPI or single one");

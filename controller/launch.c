@@ -345,8 +345,10 @@ int rf_launch_gpu_of(const int *node, int rank, int n_devices) {
 }
 
 static void select_gpu(const rf_recipe *r, rf_comm *world, const char *host) {
-    int rank = rf_comm_rank(world), size = rf_comm_size(world), n = rf_cuda_device_count();
-    if (rank == 0 || strcmp(r->model.device, "cuda") != 0 || n <= 0) return;
+    int rank = rf_comm_rank(world), size = rf_comm_size(world);
+    if (rank == 0 || strcmp(r->model.device, "cuda") != 0) return; /* CPU runs never open the CUDA module */
+    int n = rf_cuda_device_count();
+    if (n <= 0) return;
     int *node = malloc(sizeof(int) * (size_t)size);
     if (!node) return; /* the back end then starts on device 0 */
     for (int j = 0; j < size; j++) node[j] = rf_comm_node(world, j);

@@ -1,16 +1,104 @@
-/* Back-end selection. In a build without CUDA, rf_cuda_kernels reports that plainly so that
- * callers (tests, `--device cuda`) can skip or refuse with a clear message. */
-#include "kernels/kernels.h"
+/* Back-end selection. The CUDA back end is a module opened at run time (kernels/cuda_module.h):
+ * this file finds and opens it on the first request for CUDA and forwards to it. In a build
+ * without CUDA every request says so plainly, so that callers (tests, `--device cuda`) can
+ * skip or refuse with a clear message. */
+#define _POSIX_C_SOURCE 200809L
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/cuda_module.h"
+
+static int g_selected; /* rf_cuda_select_device: where RF_CUDA_ANY starts */
+
+void rf_cuda_select_device(int device) { g_selected = device; }
 
 #ifndef RLFLOW_HAVE_CUDA
-const rf_kernels *rf_cuda_kernels(int device) {
-    (void)device;
+
+const rf_cuda_module *rf__cuda_module(void) {
     rf_error(RF_ERR_NODEVICE, "rlflow was built without the CUDA back end (RLFLOW_CUDA=OFF or nvcc not found)");
     return NULL;
 }
 
-void rf_cuda_select_device(int device) { (void)device; }
-void *rf_cuda_stream(void) { return NULL; }
-int rf_cuda_device_count(void) { return 0; }
-int rf_cuda_current_device(void) { return -1; }
+static const rf_cuda_module *loaded(void) { return NULL; }
+
+#else
+
+static const rf_cuda_module *g_module;
+static int g_tried;
+static char g_why[1024]; /* why the module could not be opened (repeated on later calls) */
+
+/* Opens path and checks the module's table; NULL with the reason in g_why. */
+static const rf_cuda_module *open_module(const char *path) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(g_why, sizeof g_why, "cannot open %s: %s", path, e ? e : "unknown error");
+        return NULL;
+    }
+    rf_cuda_module_entry_fn entry;
+    *(void **)&entry = dlsym(h, "rf__cuda_module_entry");
+    const rf_cuda_module *m = entry ? entry() : NULL;
+    if (!m || m->abi != RF_CUDA_MODULE_ABI) {
+        snprintf(g_why, sizeof g_why, "%s is not rlflow's CUDA module of this version (%s)", path,
+                 !entry ? "no rf__cuda_module_entry" : !m ? "no table" : "another ABI");
+        dlclose(h);
+        return NULL;
+    }
+    return m; /* stays open for the life of the process */
+}
+
+const rf_cuda_module *rf__cuda_module(void) {
+    if (!g_tried) {
+        g_tried = 1;
+        const char *env = getenv("RLFLOW_CUDA_MODULE");
+        if (env && env[0]) {
+            g_module = open_module(env);
+        } else {
+            /* the build's own module, else one next to the running program (an installed copy) */
+            g_module = open_module(RF_CUDA_MODULE_PATH);
+            char self[4096], why[1024];
+            ssize_t n = readlink("/proc/self/exe", self, sizeof self - 64);
+            if (!g_module && n > 0) {
+                snprintf(why, sizeof why, "%s", g_why);
+                self[n] = '\0';
+                char *slash = strrchr(self, '/');
+                if (slash) {
+                    strcpy(slash + 1, "librlflow_cuda.so");
+                    g_module = open_module(self);
+                }
+                if (!g_module) snprintf(g_why, sizeof g_why, "%s", why); /* the build path's reason */
+            }
+        }
+    }
+    if (!g_module)
+        rf_error(RF_ERR_NODEVICE, "cuda: the CUDA back end module could not be loaded: %s (set RLFLOW_CUDA_MODULE to "
+                 "its path)", g_why);
+    return g_module;
+}
+
+static const rf_cuda_module *loaded(void) { return g_module; }
+
 #endif
+
+const rf_kernels *rf_cuda_kernels(int device) {
+    const rf_cuda_module *m = rf__cuda_module();
+    if (!m) return NULL;
+    if (device == RF_CUDA_ANY) device = m->current_device() >= 0 ? m->current_device() : g_selected;
+    return m->kernels(device);
+}
+
+int rf_cuda_device_count(void) {
+    const rf_cuda_module *m = rf__cuda_module();
+    if (!m) {
+        rf_error_clear();
+        return 0;
+    }
+    return m->device_count();
+}
+
+/* Neither opens the module: before it is open the back end has not started. */
+int rf_cuda_current_device(void) { return loaded() ? loaded()->current_device() : -1; }
+void *rf_cuda_stream(void) { return loaded() ? loaded()->stream() : NULL; }

@@ -134,6 +134,27 @@ static void errors(void) {
     CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --device tpu", rlflow, dir) == 1);
     CHECK(strstr(out, "--device: expected \"cpu\" or \"cuda\"") != NULL);
     free(out);
+    /* the CUDA back end is a module opened on demand (docs/cuda.md): a CPU command never opens
+     * it (the dynamic loader's log), a CUDA one does, and one that is not there is named */
+    CHECK(rf_test_sh(&out, "LD_DEBUG=files %s generate --model %s/tiny --prompt x --max-new-tokens 2 2>&1 | "
+                     "grep -c 'file=[^ ]*librlflow_cuda'", rlflow, dir) == 1);
+    CHECK(out && atoi(out) == 0);
+    free(out);
+#ifdef RLFLOW_HAVE_CUDA
+    rf_test_sh(&out, "LD_DEBUG=files %s generate --model %s/tiny --prompt x --device cuda 2>&1 | "
+               "grep -c 'file=[^ ]*librlflow_cuda'", rlflow, dir);
+    CHECK(out && atoi(out) >= 1);
+    free(out);
+#endif
+    CHECK(rf_test_sh(&out, "RLFLOW_CUDA_MODULE=%s/no_such_module.so %s generate --model %s/tiny --prompt x --device cuda",
+                     dir, rlflow, dir) == 1);
+#ifdef RLFLOW_HAVE_CUDA
+    CHECK(strstr(out, "--device cuda: cuda: the CUDA back end module could not be loaded: cannot open ") != NULL &&
+          strstr(out, "no_such_module.so") != NULL);
+#else
+    CHECK(strstr(out, "--device cuda: rlflow was built without the CUDA back end") != NULL);
+#endif
+    free(out);
     CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --max-new-tokens 5000", rlflow, dir) == 1);
     CHECK(strstr(out, "exceeds the model's limit of 2048") != NULL);
     free(out);

@@ -11,7 +11,8 @@
  *     the last checkpoint is intact, and --resume finishes the run from it;
  *   - reward programs in C and Python score the samples; the C one crashes mid-run and the run
  *     goes on;
- *   - an MPI job of the wrong size is refused with the exact error.
+ *   - an MPI job of the wrong size is refused with the exact error;
+ *   - no rank of a CPU run opens the CUDA module.
  * Without mpirun too: the GPU each world rank takes with model.device = "cuda" (one machine
  * and two, fewer GPUs than ranks). Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
@@ -224,6 +225,18 @@ static void gpu_choice(void) {
     CHECK(rf_launch_gpu_of(one, 1, 0) == -1);
 }
 
+/* A CPU split run never opens the CUDA module (docs/cuda.md): the dynamic loader's log
+ * (LD_DEBUG=files) of every rank names rlflow's core library and not the module. */
+static void cpu_run_skips_cuda(void) {
+    char *out = NULL;
+    int rc = rf_test_sh(&out, "cd %s && LD_DEBUG=files %s run r.toml --set train.steps=1 --set logging.val_every=0 "
+                        "--set logging.dir=%s/nocuda 2>&1 | grep -o 'file=[^ ]*librlflow_[a-z]*' | sort -u", dir, rlflow, dir);
+    CHECK(rc == 0 && out && strstr(out, "librlflow_core") != NULL);
+    CHECK(out && strstr(out, "librlflow_cuda") == NULL);
+    if (!out || !strstr(out, "librlflow_core") || strstr(out, "librlflow_cuda")) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+}
+
 static void wrong_size(void) {
     rf_test_wrong_size(dir, rlflow, 2, "this MPI job has 2 ranks; the recipe needs 3 (controller, training worker and "
                                        "placement.rollout_ranks = 1 rollout workers)");
@@ -241,6 +254,7 @@ int main(void) {
     worker_killed();
     reward_programs();
     reward_model_split();
+    cpu_run_skips_cuda();
     wrong_size();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split");

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda_module.h"
 
 rf__cuda_state rf__cuda;
 
@@ -160,19 +161,14 @@ fail:
     return 0;
 }
 
-static int g_selected; /* rf_cuda_select_device: where RF_CUDA_ANY starts */
-
-extern "C" void rf_cuda_select_device(int device) { g_selected = device; }
-
-/* The CUDA back end on `device`. The first successful call picks the device and creates the
- * back end's one stream and cuBLAS handle, which live until the process exits; later calls
- * with the same device return the same table, and a different device is refused (one device
- * per process: multi-GPU runs use one process per GPU). Not thread-safe: call it from one
- * thread before using the table. Errors: RF_ERR_NODEVICE when no GPU is visible or `device`
- * is out of range, RF_ERR_CUDA when the runtime or cuBLAS fails to start, RF_ERR_UNSUPPORTED
- * for a second device; NULL then. */
-extern "C" const rf_kernels *rf_cuda_kernels(int device) {
-    if (device == RF_CUDA_ANY) device = rf__cuda.initialised ? rf__cuda.device : g_selected;
+/* The CUDA back end on `device` (>= 0; kernels/backend.c resolves RF_CUDA_ANY). The first
+ * successful call picks the device and creates the back end's one stream and cuBLAS handle,
+ * which live until the process exits; later calls with the same device return the same table,
+ * and a different device is refused (one device per process: multi-GPU runs use one process
+ * per GPU). Not thread-safe: call it from one thread before using the table. Errors:
+ * RF_ERR_NODEVICE when no GPU is visible or `device` is out of range, RF_ERR_CUDA when the
+ * runtime or cuBLAS fails to start, RF_ERR_UNSUPPORTED for a second device; NULL then. */
+static const rf_kernels *cuda_kernels(int device) {
     if (rf__cuda.initialised) {
         if (device == rf__cuda.device) return &cuda_table;
         rf_error(RF_ERR_UNSUPPORTED,
@@ -200,7 +196,7 @@ extern "C" const rf_kernels *rf_cuda_kernels(int device) {
     return cuda_init(device) ? &cuda_table : NULL;
 }
 
-extern "C" int rf_cuda_device_count(void) {
+static int cuda_device_count(void) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -209,6 +205,20 @@ extern "C" int rf_cuda_device_count(void) {
     return count;
 }
 
-extern "C" int rf_cuda_current_device(void) { return rf__cuda.initialised ? rf__cuda.device : -1; }
+static int cuda_current_device(void) { return rf__cuda.initialised ? rf__cuda.device : -1; }
 
-extern "C" void *rf_cuda_stream(void) { return rf__cuda.initialised ? (void *)rf__cuda.stream : NULL; }
+static void *cuda_stream(void) { return rf__cuda.initialised ? (void *)rf__cuda.stream : NULL; }
+
+static const rf_cuda_module cuda_module = {
+    RF_CUDA_MODULE_ABI, cuda_kernels, cuda_device_count, cuda_current_device, cuda_stream,
+#ifdef RLFLOW_HAVE_NCCL
+    rf__comm_nccl_impl,
+#else
+    NULL,
+#endif
+};
+
+/* The module's entry point (kernels/cuda_module.h), looked up by the loader. */
+extern "C" __attribute__((visibility("default"))) const rf_cuda_module *rf__cuda_module_entry(void) {
+    return &cuda_module;
+}
