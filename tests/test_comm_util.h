@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "kernels/kernels.h"
 #include "test_shell.h"
 #include "test_util.h"
 
@@ -41,6 +42,15 @@ static inline int rf_test_mpirun_self(int np, double limit_s, const char *extra_
     printf("---- mpirun -np %d: exit code %d\n%s", np, rc, out ? out : "");
     free(out);
     return rc;
+}
+
+/* The CUDA back end on device 0 for a test run outside MPI, or NULL after printing the skip
+ * line with the reason (no CUDA in the build, no GPU, the module not loadable): the test then
+ * exits 77. */
+static inline const rf_kernels *rf_test_gpu_or_skip(const char *name) {
+    const rf_kernels *gpu = rf_cuda_kernels(0);
+    if (!gpu) printf("%s: skipped: %s\n", name, rf_error_message());
+    return gpu;
 }
 
 /* Under mpirun: MPI's world, or NULL after printing why not (name: the test's). */

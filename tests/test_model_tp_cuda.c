@@ -166,11 +166,8 @@ static int under_mpi(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (rf_comm_launched_by_mpi()) return under_mpi(argc, argv);
-    const rf_kernels *gpu = rf_cuda_kernels(0);
-    if (!gpu) {
-        printf("test_model_tp_cuda: skipped: %s\n", rf_error_message());
-        return 77;
-    }
+    const rf_kernels *gpu = rf_test_gpu_or_skip("test_model_tp_cuda");
+    if (!gpu) return 77;
     rf_comm *nc = NULL;
     CHECK_OK(rf_comm_nccl(rf_comm_single(), 0, 60, &nc));
     if (nc) all_shapes(nc, gpu);
