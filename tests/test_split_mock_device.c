@@ -1,0 +1,95 @@
+/* Split runs with model.device = "cuda" on the CPU, through the stand-in CUDA module
+ * (tests/mock_cuda_module.c, RLFLOW_CUDA_MODULE, set by CMake): every host-side step of the CUDA
+ * paths runs (each rank's device, the NCCL communicators of the data- and tensor-parallel
+ * groups and of the rollout workers' groups, weights staged through host copies, ZeRO-1 state
+ * read into and gathered from device shards), with the CPU kernels doing the arithmetic. So a
+ * run on "cuda" must score and train like the same run on the CPU.
+ *   - PPO with a KL term, 3 synchronous steps, dp 2 (plain): the same rewards, value loss
+ *     within 1e-5 and KL within 1e-4 as on the CPU, and each rank's device in the log;
+ *   - tp 2 x dp 2 with ZeRO-1 and generation tp 2 (7 processes), the same against the CPU, a
+ *     checkpoint at step 3 resumed to 4;
+ *   - one GPU for two training ranks of one machine: refused at the start, naming both ranks.
+ * Skips (77) without the stand-in module or without mpirun. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "test_shell.h"
+#include "run_util.h"
+#include "test_util.h"
+
+static const char *rlflow;
+static char dir[256];
+
+#define PPO "--set algorithm.name=ppo --set algorithm.kl_coef=0.01 --set logging.val_every=0 " \
+            "--set async.max_staleness=0 --set train.steps=3 --set checkpoint.every=3"
+#define ON_GPU "--set model.device=cuda --set placement.device=cuda"
+
+/* The same layout on the CPU (run a) and on the stand-in GPUs (run b): the same scores. */
+static void same_as_cpu(const char *a, const char *b, const char *layout, const char **want, int n_want) {
+    char args[1024], *out = NULL;
+    snprintf(args, sizeof args, PPO " %s", layout);
+    int rc = rf_test_run_recipe(&out, dir, rlflow, a, args);
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+    snprintf(args, sizeof args, PPO " %s " ON_GPU, layout);
+    rc = rf_test_run_recipe(&out, dir, rlflow, b, args);
+    CHECK(rc == 0);
+    rf_test_has_all(out, want, n_want);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+    rf_test_same_scores(dir, a, b, layout);
+}
+
+static void data_parallel(void) {
+    const char *want[] = {"rank 1 (", "): CUDA device 0 of 8", "rank 2 (", "): CUDA device 1 of 8",
+                          "rank 3 (", "): CUDA device 2 of 8",
+                          "training worker: data parallel over 2 ranks, actor and critic"};
+    same_as_cpu("dp_cpu", "dp_gpu", "--set placement.actor.dp=2", want, (int)(sizeof want / sizeof *want));
+}
+
+static void grid_and_resume(void) {
+    const char *layout = "--set placement.actor.dp=2 --set placement.actor.tp=2 --set placement.actor.zero=1 "
+                         "--set placement.rollout.tp=2";
+    const char *want[] = {"): CUDA device 5 of 8", "training worker: 2 data-parallel replicas of 2 tensor-parallel ranks"};
+    same_as_cpu("grid_cpu", "grid_gpu", layout, want, (int)(sizeof want / sizeof *want));
+    char args[1024], *out = NULL;
+    snprintf(args, sizeof args, PPO " %s " ON_GPU " --set train.steps=4 --resume", layout);
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "grid_gpu", args);
+    CHECK(rc == 0);
+    CHECK(out && strstr(out, "resumed at step 3"));
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+    CHECK(rf_test_trainer_state(dir, "grid_gpu", "step_000004", "actor_optimizer_steps") == 4);
+    CHECK(rf_test_trainer_state(dir, "grid_gpu", "step_000004", "critic_optimizer_steps") == 4);
+}
+
+static void one_gpu_for_two(void) {
+    char *out = NULL;
+    int rc = rf_test_sh(&out, "cd %s && RF_MOCK_GPUS=1 %s run r.toml " PPO " " ON_GPU " --set placement.actor.dp=2 "
+                        "--set logging.dir=%s/one_gpu", dir, rlflow, dir);
+    CHECK(rc != 0);
+    CHECK(out && strstr(out, "data parallelism on CUDA: a NCCL communicator: world ranks 1 and 2 would both use CUDA "
+                             "device 0 of"));
+    if (!out || !strstr(out, "would both use CUDA device 0")) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+}
+
+int main(void) {
+    if (!getenv("RLFLOW_CUDA_MODULE")) {
+        printf("test_split_mock_device: skipped: RLFLOW_CUDA_MODULE is not set (CMake sets it to the stand-in "
+               "module in builds with CUDA)\n");
+        return 77;
+    }
+    int start = rf_test_split_start("test_split_mock_device", &rlflow, dir, sizeof dir);
+    if (start) return start;
+    rf_test_write_recipe(dir, 60, "[async]\npeer_timeout = 30\n[placement]\nmode = \"split\"\nrollout_ranks = 1\n");
+    data_parallel();
+    grid_and_resume();
+    one_gpu_for_two();
+    rf_test_sh(NULL, "rm -rf %s", dir);
+    return rf_test_finish("test_split_mock_device");
+}
