@@ -8,6 +8,7 @@
  *     within 1e-5 and KL within 1e-4 as on the CPU, and each rank's device in the log;
  *   - tp 2 x dp 2 with ZeRO-1 and generation tp 2 (7 processes), the same against the CPU, a
  *     checkpoint at step 3 resumed to 4;
+ *   - a colocated GRPO run on "cuda": the CPU run's rewards and gradient norms bit for bit;
  *   - one GPU for two training ranks of one machine: refused at the start, naming both ranks.
  * Skips (77) without the stand-in module or without mpirun. */
 #define _POSIX_C_SOURCE 200809L
@@ -67,6 +68,28 @@ static void grid_and_resume(void) {
     CHECK(rf_test_trainer_state(dir, "grid_gpu", "step_000004", "critic_optimizer_steps") == 4);
 }
 
+/* A colocated GRPO run on "cuda" (one process: the generation engine and the update on the
+ * device, weights handed over in place) against the CPU: the same rewards and gradient norms
+ * bit for bit (the same CPU kernels do the arithmetic). */
+static void colocated(void) {
+    const char *runs[2] = {"colo_cpu", "colo_gpu"}, *extra[2] = {"", ON_GPU};
+    for (int i = 0; i < 2; i++) {
+        char args[512], *out = NULL;
+        snprintf(args, sizeof args, "--set placement.mode=colocated --set train.steps=3 --set logging.val_every=0 %s",
+                 extra[i]);
+        int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
+        CHECK(rc == 0);
+        if (rc) fprintf(stderr, "%s\n", out ? out : "");
+        free(out);
+    }
+    for (int step = 1; step <= 3; step++) {
+        double ra = rf_test_metric(dir, "colo_cpu", step, "reward/mean"), rb = rf_test_metric(dir, "colo_gpu", step, "reward/mean");
+        double ga = rf_test_metric(dir, "colo_cpu", step, "actor/grad_norm"), gb = rf_test_metric(dir, "colo_gpu", step, "actor/grad_norm");
+        printf("colocated step %d: reward %.6f / %.6f, grad norm %.10f / %.10f\n", step, ra, rb, ga, gb);
+        CHECK(ra == rb && ga == gb && ga > 0);
+    }
+}
+
 static void one_gpu_for_two(void) {
     char *out = NULL;
     int rc = rf_test_sh(&out, "cd %s && RF_MOCK_GPUS=1 %s run r.toml " PPO " " ON_GPU " --set placement.actor.dp=2 "
@@ -89,6 +112,7 @@ int main(void) {
     rf_test_write_recipe(dir, 60, "[async]\npeer_timeout = 30\n[placement]\nmode = \"split\"\nrollout_ranks = 1\n");
     data_parallel();
     grid_and_resume();
+    colocated();
     one_gpu_for_two();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_mock_device");
