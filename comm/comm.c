@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/comm_internal.h"
 #include "kernels/cuda_module.h"
@@ -394,6 +395,30 @@ static int g_single_world = 0;
 static rf_comm g_single = {&single_ops, RF_COMM_SINGLE, 0, 1, &g_single_world, 1, "", NULL};
 
 rf_comm *rf_comm_single(void) { return &g_single; }
+
+/* ---- device communicators ---- */
+
+typedef struct placed {
+    char host[64];
+    int32_t device;
+} placed;
+
+rf_status rf__comm_distinct_devices(rf_comm *boot, int device, double timeout_s) {
+    placed me, *all = calloc((size_t)boot->size, sizeof *all);
+    if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
+    memset(&me, 0, sizeof me);
+    gethostname(me.host, sizeof me.host - 1);
+    me.device = device;
+    rf_status st = rf_comm_allgather(boot, &me, all, sizeof me, timeout_s, "gathering the ranks' CUDA devices");
+    for (int i = 0; st == RF_OK && i < boot->size; i++)
+        for (int j = 0; st == RF_OK && j < i; j++)
+            if (all[i].device == all[j].device && strcmp(all[i].host, all[j].host) == 0)
+                st = rf_error(RF_ERR_ARG, "a NCCL communicator: world ranks %d and %d would both use CUDA device %d of "
+                              "%.63s (NCCL needs a device per rank: give the job more GPUs or fewer ranks per machine)",
+                              rf_comm_world_rank(boot, j), rf_comm_world_rank(boot, i), (int)all[i].device, all[i].host);
+    free(all);
+    return st;
+}
 
 /* The NCCL back end lives in the CUDA module (kernels/cuda_module.h), opened on first use. */
 rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out) {

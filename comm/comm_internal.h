@@ -66,6 +66,12 @@ rf_status rf__comm_timeout(rf_comm *c, const int *ranks, int n, double timeout_s
 /* The same naming every other rank of c. */
 rf_status rf__comm_timeout_all(rf_comm *c, double timeout_s, const char *what);
 
+/* Every rank's host name and `device` over c (host memory): two ranks on one device of one
+ * machine are refused with RF_ERR_ARG naming both world ranks, the device and the host (NCCL
+ * does not allow a device twice in a communicator). Collective; the same verdict on every
+ * rank. For the NCCL back end and its stand-in (tests/mock_cuda_module.c). */
+rf_status rf__comm_distinct_devices(rf_comm *c, int device, double timeout_s);
+
 /* Marks c failed with the current error message (later operations refuse at once). */
 void rf__comm_mark_failed(rf_comm *c);
 

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "comm/comm_internal.h"
 #include "kernels/cuda_module.h"
@@ -296,31 +295,6 @@ static rf_status nccl_make(rf_comm *boot, int device, double timeout_s, rf_comm 
     return RF_OK;
 }
 
-/* Every rank's host name and device over boot: two ranks on one device of one machine are
- * refused (NCCL does not allow a device twice in a communicator), naming both. Collective; the
- * same verdict on every rank. */
-typedef struct placed {
-    char host[64];
-    int32_t device;
-} placed;
-
-static rf_status distinct_devices(rf_comm *boot, int device, double timeout_s) {
-    placed me, *all = calloc((size_t)boot->size, sizeof *all);
-    if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
-    memset(&me, 0, sizeof me);
-    gethostname(me.host, sizeof me.host - 1);
-    me.device = device;
-    rf_status st = rf_comm_allgather(boot, &me, all, sizeof me, timeout_s, "gathering the ranks' CUDA devices");
-    for (int i = 0; st == RF_OK && i < boot->size; i++)
-        for (int j = 0; st == RF_OK && j < i; j++)
-            if (all[i].device == all[j].device && strcmp(all[i].host, all[j].host) == 0)
-                st = rf_error(RF_ERR_ARG, "a NCCL communicator: world ranks %d and %d would both use CUDA device %d of "
-                              "%.63s (NCCL needs a device per rank: give the job more GPUs or fewer ranks per machine)",
-                              rf_comm_world_rank(boot, j), rf_comm_world_rank(boot, i), (int)all[i].device, all[i].host);
-    free(all);
-    return st;
-}
-
 /* rf_comm_nccl (comm.h), reached through the CUDA module (kernels/cuda_module.h). */
 rf_status rf__comm_nccl_impl(rf_comm *from, int device, double timeout_s, rf_comm **out) {
     *out = NULL;
@@ -332,7 +306,7 @@ rf_status rf__comm_nccl_impl(rf_comm *from, int device, double timeout_s, rf_com
                         rf_comm_world_rank(from, from->rank), device, n);
     rf_comm *boot = NULL;
     RF_TRY(rf_comm_split(from, 0, from->rank, &boot));
-    rf_status st = distinct_devices(boot, device, timeout_s);
+    rf_status st = rf__comm_distinct_devices(boot, device, timeout_s);
     if (st == RF_OK) st = nccl_make(boot, device, timeout_s, out);
     if (st != RF_OK) rf_comm_free(boot);
     return st;

@@ -199,11 +199,6 @@ static rf_status wrap(rf_comm *inner, rf_comm **out) {
     return RF_OK;
 }
 
-typedef struct placed {
-    char host[64];
-    int32_t device;
-} placed;
-
 static rf_status mock_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out) {
     *out = NULL;
     if (!from || rf_comm_backend(from) == RF_COMM_NCCL)
@@ -213,20 +208,7 @@ static rf_status mock_comm_nccl(rf_comm *from, int device, double timeout_s, rf_
                         rf_comm_world_rank(from, rf_comm_rank(from)), device, mock_device_count());
     rf_comm *dup = NULL;
     RF_TRY(rf_comm_split(from, 0, rf_comm_rank(from), &dup));
-    int size = rf_comm_size(dup);
-    placed me, *all = calloc((size_t)size, sizeof *all);
-    memset(&me, 0, sizeof me);
-    gethostname(me.host, sizeof me.host - 1);
-    me.device = device;
-    rf_status st = all ? rf_comm_allgather(dup, &me, all, sizeof me, timeout_s, "gathering the ranks' CUDA devices")
-                       : rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int i = 0; st == RF_OK && i < size; i++)
-        for (int j = 0; st == RF_OK && j < i; j++)
-            if (all[i].device == all[j].device && strcmp(all[i].host, all[j].host) == 0)
-                st = rf_error(RF_ERR_ARG, "a NCCL communicator: world ranks %d and %d would both use CUDA device %d of "
-                              "%.63s (NCCL needs a device per rank: give the job more GPUs or fewer ranks per machine)",
-                              rf_comm_world_rank(dup, j), rf_comm_world_rank(dup, i), (int)all[i].device, all[i].host);
-    free(all);
+    rf_status st = rf__comm_distinct_devices(dup, device, timeout_s);
     if (st != RF_OK) {
         rf_comm_free(dup);
         return st;

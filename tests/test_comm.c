@@ -12,7 +12,9 @@
  *   - timeouts: for each collective and for send/recv, one rank never posts its part; the others
  *     fail with RF_ERR_IO and the exact message naming the operation and the ranks waited for,
  *     within the bound, and the communicator then refuses further work at once;
- *   - single transfers (isend/irecv/wait) keep working, and say UNSUPPORTED off MPI.
+ *   - single transfers (isend/irecv/wait) keep working, and say UNSUPPORTED off MPI;
+ *   - devices for a NCCL communicator: one per rank is fine, one for all is refused on every
+ *     rank naming ranks 0 and 1.
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -23,6 +25,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "comm/comm_internal.h"
 #include "common/util.h"
 #include "test_comm_util.h"
 #include "test_util.h"
@@ -353,6 +356,14 @@ static void single_transfers(rf_comm *c) {
     }
 }
 
+/* Devices for a NCCL communicator (rf__comm_distinct_devices): one each is fine; the same one
+ * on every rank (one machine) fails on every rank, naming the first two. */
+static void distinct_devices(rf_comm *c) {
+    CHECK_OK(rf__comm_distinct_devices(c, rf_comm_rank(c), 10));
+    CHECK_ERR(rf__comm_distinct_devices(c, 3, 10), RF_ERR_ARG,
+              "a NCCL communicator: world ranks 0 and 1 would both use CUDA device 3 of ");
+}
+
 static int under_mpi(int argc, char **argv) {
     rf_comm *world = NULL;
     rf_status st = rf_comm_world(&argc, &argv, &world);
@@ -368,6 +379,7 @@ static int under_mpi(int argc, char **argv) {
     sendrecv(world);
     subcomms(world);
     single_transfers(world);
+    distinct_devices(world);
     one_timeout(world, 0, "allreduce of gradients");
     one_timeout(world, 1, "reduce-scatter of gradients");
     one_timeout(world, 2, "allgather of parameters");
