@@ -33,11 +33,14 @@ int rf_comm_rank(const rf_comm *c) { return c->rank; }
 int rf_comm_size(const rf_comm *c) { return c->size; }
 rf_comm_kind rf_comm_backend(const rf_comm *c) { return c->kind; }
 const char *rf_comm_backend_name(const rf_comm *c) { return c->ops->name; }
+int rf_comm_nccl_built(void) {
 #ifdef RLFLOW_HAVE_NCCL
-int rf_comm_nccl_built(void) { return 1; }
+    return 1;
 #else
-int rf_comm_nccl_built(void) { return 0; }
+    const char *env = getenv("RLFLOW_CUDA_MODULE"); /* a module named at run time: the CPU stand-in */
+    return env && env[0];
 #endif
+}
 rf_comm *rf_comm_host(rf_comm *c) { return c && c->ops->host ? c->ops->host(c) : c; }
 
 int rf_comm_world_rank(const rf_comm *c, int r) {
@@ -423,12 +426,10 @@ rf_status rf__comm_distinct_devices(rf_comm *boot, int device, double timeout_s)
 /* The NCCL back end lives in the CUDA module (kernels/cuda_module.h), opened on first use. */
 rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out) {
     *out = NULL;
-#ifdef RLFLOW_HAVE_NCCL
-    const rf_cuda_module *m = rf__cuda_module();
-    if (!m) return rf_error_wrap(RF_ERR_NODEVICE, "a NCCL communicator");
-    if (m->comm_nccl) return m->comm_nccl(from, device, timeout_s, out);
-#else
-    (void)from, (void)device, (void)timeout_s;
-#endif
+    if (rf_comm_nccl_built()) {
+        const rf_cuda_module *m = rf__cuda_module();
+        if (!m) return rf_error_wrap(RF_ERR_NODEVICE, "a NCCL communicator");
+        if (m->comm_nccl) return m->comm_nccl(from, device, timeout_s, out);
+    }
     return rf_error(RF_ERR_UNSUPPORTED, "the NCCL back end of comm is not in this build (CUDA and NCCL were not found when it was configured)");
 }

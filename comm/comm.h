@@ -75,7 +75,8 @@ rf_comm *rf_comm_single(void);
  * when two ranks of one machine pass the same device: NCCL does not allow that. */
 rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out);
 
-/* 1 when this build has the NCCL back end (RLFLOW_HAVE_NCCL), else 0. */
+/* 1 when NCCL can be used: this build has the NCCL back end (RLFLOW_HAVE_NCCL), or
+ * RLFLOW_CUDA_MODULE names a CUDA module at run time (the CPU stand-in of the tests); else 0. */
 int rf_comm_nccl_built(void);
 
 /* Finalizes MPI (after every communicator and request is freed). Nothing when MPI was not

@@ -1,7 +1,8 @@
 /* Back-end selection. The CUDA back end is a module opened at run time (kernels/cuda_module.h):
  * this file finds and opens it on the first request for CUDA and forwards to it. In a build
  * without CUDA every request says so plainly, so that callers (tests, `--device cuda`) can
- * skip or refuse with a clear message. */
+ * skip or refuse with a clear message, unless RLFLOW_CUDA_MODULE names a module (the CPU
+ * stand-in of tests/mock_cuda_module.c runs in any build). */
 #define _POSIX_C_SOURCE 200809L
 #include <dlfcn.h>
 #include <stdio.h>
@@ -15,20 +16,9 @@ static int g_selected; /* rf_cuda_select_device: where RF_CUDA_ANY starts */
 
 void rf_cuda_select_device(int device) { g_selected = device; }
 
-#ifndef RLFLOW_HAVE_CUDA
-
-const rf_cuda_module *rf__cuda_module(void) {
-    rf_error(RF_ERR_NODEVICE, "rlflow was built without the CUDA back end (RLFLOW_CUDA=OFF or nvcc not found)");
-    return NULL;
-}
-
-static const rf_cuda_module *loaded(void) { return NULL; }
-
-#else
-
 static const rf_cuda_module *g_module;
 static int g_tried;
-static char g_why[1024]; /* why the module could not be opened (repeated on later calls) */
+static char g_why[1024]; /* why no module could be opened (repeated on later calls) */
 
 /* Opens path and checks the module's table; NULL with the reason in g_why. */
 static const rf_cuda_module *open_module(const char *path) {
@@ -50,38 +40,48 @@ static const rf_cuda_module *open_module(const char *path) {
     return m; /* stays open for the life of the process */
 }
 
-const rf_cuda_module *rf__cuda_module(void) {
-    if (!g_tried) {
-        g_tried = 1;
-        const char *env = getenv("RLFLOW_CUDA_MODULE");
-        if (env && env[0]) {
-            g_module = open_module(env);
-        } else {
-            /* the build's own module, else one next to the running program (an installed copy) */
-            g_module = open_module(RF_CUDA_MODULE_PATH);
-            char self[4096], why[1024];
-            ssize_t n = readlink("/proc/self/exe", self, sizeof self - 64);
-            if (!g_module && n > 0) {
-                snprintf(why, sizeof why, "%s", g_why);
-                self[n] = '\0';
-                char *slash = strrchr(self, '/');
-                if (slash) {
-                    strcpy(slash + 1, "librlflow_cuda.so");
-                    g_module = open_module(self);
-                }
-                if (!g_module) snprintf(g_why, sizeof g_why, "%s", why); /* the build path's reason */
-            }
+/* $RLFLOW_CUDA_MODULE, else (builds with CUDA) the build's own module, else one next to the
+ * running program (an installed copy). */
+static const rf_cuda_module *find_module(void) {
+    const char *env = getenv("RLFLOW_CUDA_MODULE");
+    if (env && env[0]) return open_module(env);
+#ifdef RF_CUDA_MODULE_PATH
+    const rf_cuda_module *m = open_module(RF_CUDA_MODULE_PATH);
+    if (m) return m;
+    char why[1024], self[4096];
+    snprintf(why, sizeof why, "%s", g_why);
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 64);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            strcpy(slash + 1, "librlflow_cuda.so");
+            if ((m = open_module(self)) != NULL) return m;
         }
     }
-    if (!g_module)
-        rf_error(RF_ERR_NODEVICE, "cuda: the CUDA back end module could not be loaded: %s (set RLFLOW_CUDA_MODULE to "
-                 "its path)", g_why);
-    return g_module;
+    snprintf(g_why, sizeof g_why, "%s", why); /* the build path's reason */
+    return NULL;
+#else
+    snprintf(g_why, sizeof g_why, "rlflow was built without the CUDA back end (RLFLOW_CUDA=OFF or nvcc not found)");
+    return NULL;
+#endif
+}
+
+const rf_cuda_module *rf__cuda_module(void) {
+    if (!g_tried) g_tried = 1, g_module = find_module();
+    if (g_module) return g_module;
+#ifdef RF_CUDA_MODULE_PATH
+    rf_error(RF_ERR_NODEVICE, "cuda: the CUDA back end module could not be loaded: %s (set RLFLOW_CUDA_MODULE to "
+             "its path)", g_why);
+#else
+    const char *env = getenv("RLFLOW_CUDA_MODULE");
+    if (env && env[0]) rf_error(RF_ERR_NODEVICE, "cuda: the CUDA back end module could not be loaded: %s", g_why);
+    else rf_error(RF_ERR_NODEVICE, "%s", g_why);
+#endif
+    return NULL;
 }
 
 static const rf_cuda_module *loaded(void) { return g_module; }
-
-#endif
 
 const rf_kernels *rf_cuda_kernels(int device) {
     const rf_cuda_module *m = rf__cuda_module();
