@@ -97,6 +97,10 @@ static void bench_prefill(rf_model *m) {
     for (int i = 0; i < B * L; i++) tok[i] = i % V;
     for (int b = 0; b < B; b++) slots[b] = b, counts[b] = L;
     float *logits = malloc(sizeof(float) * B * V);
+    /* one untimed pass first, then the cache emptied: the timed one finds its memory touched, as
+     * a serving engine's long-lived cache is (the CPU back end maps large buffers lazily) */
+    RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK);
+    for (int b = 0; b < B; b++) kv.len[b] = 0;
     double t0 = rf_time_now();
     RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK);
     double el = rf_time_now() - t0;
