@@ -8,6 +8,8 @@
  *     within 1e-5 and KL within 1e-4 as on the CPU, and each rank's device in the log;
  *   - tp 2 x dp 2 with ZeRO-1 and generation tp 2 (7 processes), the same against the CPU, a
  *     checkpoint at step 3 resumed to 4;
+ *   - the critic and the reference split over 2 of the actor's 4 tensor-parallel ranks, and the
+ *     critic on 2 of 3 replicas: the same against the CPU;
  *   - a colocated GRPO run on "cuda": the CPU run's rewards and gradient norms bit for bit;
  *   - one GPU for two training ranks of one machine: refused at the start, naming both ranks.
  * Skips (77) without the stand-in module or without mpirun. */
@@ -68,6 +70,17 @@ static void grid_and_resume(void) {
     CHECK(rf_test_trainer_state(dir, "grid_gpu", "step_000004", "critic_optimizer_steps") == 4);
 }
 
+/* The critic and the reference on layouts of their own: split over 2 of the actor's 4
+ * tensor-parallel ranks (their own NCCL group), and the critic on 2 of 3 replicas (its own DP
+ * group). */
+static void own_layouts(void) {
+    const char *want_tp[] = {"training worker: critic split over the first 2 tensor-parallel ranks"};
+    same_as_cpu("roles_tp_cpu", "roles_tp_gpu", "--set placement.actor.tp=4 --set placement.critic.tp=2 "
+                "--set placement.reference.tp=2", want_tp, 1);
+    const char *want_dp[] = {"training worker: data parallel over 3 ranks, actor, and the critic over the first 2 replicas"};
+    same_as_cpu("roles_dp_cpu", "roles_dp_gpu", "--set placement.actor.dp=3 --set placement.critic.dp=2", want_dp, 1);
+}
+
 /* A colocated GRPO run on "cuda" (one process: the generation engine and the update on the
  * device, weights handed over in place) against the CPU: the same rewards and gradient norms
  * bit for bit (the same CPU kernels do the arithmetic). */
@@ -112,6 +125,7 @@ int main(void) {
     rf_test_write_recipe(dir, 60, "[async]\npeer_timeout = 30\n[placement]\nmode = \"split\"\nrollout_ranks = 1\n");
     data_parallel();
     grid_and_resume();
+    own_layouts();
     colocated();
     one_gpu_for_two();
     rf_test_sh(NULL, "rm -rf %s", dir);
