@@ -144,13 +144,36 @@ static void log_score_layout(const tworker *w, int flags) {
         size_t at = strlen(what);
         snprintf(what + at, sizeof what - at, "%s%s", k == 1 ? "" : k == count ? " and " : ", ", part[i]);
     }
-    char tps[96] = "";
-    int rt = split & RF_SCORE_REF ? w->ref_tp->tp : 0, ct = split & RF_SCORE_VALUES ? w->critic_tp->tp : 0;
-    if (rt && ct && rt != ct)
-        snprintf(tps, sizeof tps, ", the reference split over %d and the critic over %d tensor-parallel ranks", rt, ct);
-    else if (split)
-        snprintf(tps, sizeof tps, ", %s split over %d tensor-parallel ranks", split == flags ? "all" :
-                 split == RF_SCORE_REF ? "the reference" : "the critic", rt ? rt : ct);
+    /* which of them are split, over how many ranks */
+    const char *names[3] = {"the reference", "the critic", "the reward model"};
+    int tpn[3] = {split & RF_SCORE_REF ? w->ref_tp->tp : 0, split & RF_SCORE_VALUES ? w->critic_tp->tp : 0,
+                  split & RF_SCORE_RM ? rf_reward_model_split(w->rm) : 0};
+    int n_split = 0, same = 1, first = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!tpn[i]) continue;
+        if (n_split == 0) first = i;
+        else if (tpn[i] != tpn[first]) same = 0;
+        n_split++;
+    }
+    char tps[160] = "";
+    size_t at = 0;
+    if (n_split && same && split == flags) {
+        snprintf(tps, sizeof tps, ", all split over %d tensor-parallel ranks", tpn[first]);
+    } else {
+        for (int i = 0, k = 0; i < 3 && at < sizeof tps; i++) {
+            if (!tpn[i]) continue;
+            k++;
+            const char *sep = k == 1 ? ", " : k == n_split ? " and " : ", ";
+            if (same) /* "the reference and the critic split over 2 ..." */
+                at += (size_t)snprintf(tps + at, sizeof tps - at, "%s%s%s", sep, names[i], k == n_split ? " split over" : "");
+            else
+                at += (size_t)snprintf(tps + at, sizeof tps - at, "%s%s%s %d", sep, names[i], k == 1 ? " split over" : " over",
+                                       tpn[i]);
+        }
+        if (n_split && at < sizeof tps)
+            snprintf(tps + at, sizeof tps - at, same ? " %d tensor-parallel ranks" : " tensor-parallel ranks",
+                     tpn[first]);
+    }
     rf_log_info("training worker: scoring %s on %d data-parallel replica%s%s", what, spread,
                 spread > 1 ? "s (token-balanced shares)" : "", tps);
 }
@@ -512,7 +535,7 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
     }
-    if (st == RF_OK && r->reward.model[0]) st = rf_reward_model_open(&w.rm, r->reward.model, w.k);
+    if (st == RF_OK && r->reward.model[0] && !rf__worker_rm_tp(&w)) st = rf_reward_model_open(&w.rm, r->reward.model, w.k);
     if (st == RF_OK && resume) {
         /* the whole models' parameters and the state; their moments here unless ZeRO-1 shards
          * them, when every DP rank reads its own blocks (rf__dp_setup): no rank holds them whole */

@@ -486,7 +486,7 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
     if (st == RF_OK && rf__worker_has_ref(&w) && !rf__worker_split_tp(&w, 0))
         st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
     /* the reward model whole on the first placement.reward.dp replicas' first ranks */
-    if (st == RF_OK && r->reward.model[0] && w.replica < rf_recipe_reward_dp(r))
+    if (st == RF_OK && r->reward.model[0] && w.replica < rf_recipe_reward_dp(r) && !rf__worker_rm_tp(&w))
         st = rf_reward_model_open(&w.rm, r->reward.model, w.k);
     if (tpc) st = rf__tp_setup(&w, st);
     st = rf__dp_setup(&w, st);

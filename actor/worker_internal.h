@@ -90,6 +90,9 @@ typedef struct rf__tworker {
     rf_model_tp *critic_tp, *ref_tp;
     rf_comm *critic_comm, *ref_comm; /* their groups when smaller than the replica's (the first
                                         ranks of tpc; NULL on the others and when whole-sized) */
+    rf_comm *rm_comm, *rm_tp_dev; /* the reward model split over placement.reward.tp ranks: its
+                            group when smaller than tpc, and its NCCL one on CUDA (rm holds the
+                            shard, rf_reward_model_open_tp) */
     int scored;          /* rank 1: ScoreRequests answered (the first one's layout is logged) */
     /* resuming (world rank 1): the checkpoint's directory, from which the split models' shards
      * are read, and its optimizer steps; ckpt_dir empty on a fresh start and on the peers */
@@ -154,6 +157,10 @@ rf_status rf__worker_peer_update(rf__tworker *w, const uint8_t *buf, size_t byte
 /* The tensor-parallel ranks the critic (critic 1) or the reference (0) is split over here, or 0
  * when it is whole: a split one no rank loads whole (rf__tp_setup reads the shards). */
 int rf__worker_split_tp(const rf__tworker *w, int critic);
+
+/* The tensor-parallel ranks the reward model is split over here (placement.reward.tp > 1 with
+ * tensor parallelism and a reward.model), or 0 when it is whole on the replica's first rank. */
+int rf__worker_rm_tp(const rf__tworker *w);
 
 /* The replicas holding the critic (placement.critic.dp; the first ones), 0 without a critic. */
 int rf__worker_critic_replicas(const rf__tworker *w);

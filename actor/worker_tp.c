@@ -140,6 +140,27 @@ static rf_status role_split(rf__tworker *w, int tp, rf_comm **keep, rf_comm **ke
     return g ? role_setup(w, g, dev, out, critic) : RF_OK;
 }
 
+int rf__worker_rm_tp(const rf__tworker *w) {
+    return w->tpc && w->r->reward.model[0] && w->r->placement.reward.tp > 1 ? w->r->placement.reward.tp : 0;
+}
+
+/* The reward model split over the first placement.reward.tp ranks of a replica holding it
+ * (placement.reward.dp): each of them reads its shard of reward.model's files. */
+static rf_status rm_split(rf__tworker *w) {
+    int tp = rf__worker_rm_tp(w), t = rf_comm_rank(w->tpc);
+    if (!tp || w->replica >= rf_recipe_reward_dp(w->r)) return RF_OK;
+    rf_comm *g = w->tpc, *dev = w->tp_dev ? w->tp_dev : w->tpc;
+    if (tp < rf_comm_size(w->tpc)) {
+        RF_TRY(rf_comm_split(w->tpc, t < tp ? 0 : -1, t, &w->rm_comm));
+        g = w->rm_comm;
+        if (g) RF_TRY(rf__worker_dev_comm(w, g, "tensor parallelism", &w->rm_tp_dev, &dev));
+    }
+    if (!g) return RF_OK;
+    rf_status st = rf_reward_model_open_tp(&w->rm, w->r->reward.model, w->k, dev, w->r->async.peer_timeout);
+    if (st != RF_OK) st = rf_error_wrap(st, "the reward model's shard");
+    return rf__worker_agree_to_start(w, g, st, "tensor-parallel (reward model)");
+}
+
 int rf__worker_split_tp(const rf__tworker *w, int critic) {
     int dp, tp;
     rf_recipe_role_layout(w->r, critic, &dp, &tp);
@@ -155,7 +176,12 @@ static rf_status roles_setup(rf__tworker *w) {
             RF_TRY(role_split(w, tp, c ? &w->critic_comm : &w->ref_comm, c ? &w->critic_tp_dev : &w->ref_tp_dev,
                               c ? &w->critic_tp : &w->ref_tp, c));
     }
+    RF_TRY(rm_split(w));
     if (!leader || w->replica != 0) return RF_OK;
+    if (rf_reward_model_split(w->rm))
+        rf_log_info("training worker: reward model split over %s%d tensor-parallel ranks of %s (read from the files)",
+                    rf_reward_model_split(w->rm) < w->tp->tp ? "the first " : "the ", rf_reward_model_split(w->rm),
+                    w->dpc ? "each replica holding it" : "the training worker");
     for (int c = 1; c >= 0; c--) {
         const rf_model_tp *m = c ? w->critic_tp : w->ref_tp;
         if (m)
@@ -241,6 +267,12 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
 
 void rf__tp_free(rf__tworker *w) {
     rf_weights_rs_free(w->wrs);
+    if (rf_reward_model_split(w->rm)) {
+        rf_reward_model_close(w->rm);
+        w->rm = NULL;
+    }
+    rf_comm_free(w->rm_tp_dev), rf_comm_free(w->rm_comm);
+    w->rm_tp_dev = w->rm_comm = NULL;
     rf_model_tp_free(w->tp), rf_model_tp_free(w->critic_tp), rf_model_tp_free(w->ref_tp);
     rf_comm_free(w->tp_dev), rf_comm_free(w->critic_tp_dev), rf_comm_free(w->ref_tp_dev);
     rf_comm_free(w->critic_comm), rf_comm_free(w->ref_comm);
@@ -303,7 +335,8 @@ rf_status rf__tp_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int t
 }
 
 int rf__tp_split_flags(const rf__tworker *w, int flags) {
-    return (w->ref_tp ? flags & RF_SCORE_REF : 0) | (w->critic_tp ? flags & RF_SCORE_VALUES : 0);
+    return (w->ref_tp ? flags & RF_SCORE_REF : 0) | (w->critic_tp ? flags & RF_SCORE_VALUES : 0) |
+           (rf_reward_model_split(w->rm) ? flags & RF_SCORE_RM : 0);
 }
 
 rf_status rf__tp_score_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int flags) {

@@ -292,8 +292,11 @@ static const char *roles_at(const rf_recipe *r, int d, int t, char *buf, size_t 
         if (tp > 1) n += (size_t)snprintf(buf + n, cap - n, ", %s shard %d of %d", name[k], t, tp);
         else n += (size_t)snprintf(buf + n, cap - n, ", %s", name[k]);
     }
-    if (r->reward.model[0] && d < rf_recipe_reward_dp(r) && t == 0 && n < cap) /* whole on the replica's first rank */
-        snprintf(buf + n, cap - n, ", reward model");
+    int rtp = r->placement.reward.tp; /* whole on the replica's first rank, or split over its first rtp */
+    if (r->reward.model[0] && d < rf_recipe_reward_dp(r) && n < cap) {
+        if (rtp > 1 && t < rtp) snprintf(buf + n, cap - n, ", reward model shard %d of %d", t, rtp);
+        else if (rtp <= 1 && t == 0) snprintf(buf + n, cap - n, ", reward model");
+    }
     return buf;
 }
 

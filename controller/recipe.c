@@ -56,7 +56,7 @@ static const struct { const char *name, *doc; } SECTIONS[] = {
     {"placement.rollout", "Parallel layout of each rollout worker."},
     {"placement.critic", "Parallel layout of the critic on the training ranks: on the first or every data-parallel replica, whole on its first rank or split over its first tp ranks (docs/scaling.md)."},
     {"placement.reference", "Parallel layout of the reference policy on the training ranks: on the first or every data-parallel replica, whole on its first rank or split over its first tp ranks (docs/scaling.md)."},
-    {"placement.reward", "Where the reward model (reward.model) scores in split runs: whole on the first rank of the first dp data-parallel replicas (docs/scaling.md)."},
+    {"placement.reward", "Where the reward model (reward.model) scores in split runs: on the first dp data-parallel replicas, whole on each one's first rank or split over its first tp ranks (docs/scaling.md)."},
 };
 #define N_SECTIONS (sizeof SECTIONS / sizeof SECTIONS[0])
 
@@ -196,6 +196,7 @@ static const rkey KEYS[] = {
     {"placement.reference", "dp", T_INT, AT(placement.reference.dp), "0", NULL, "Data-parallel replicas holding the reference policy, 1 .. placement.actor.dp; 0 = placement.actor.dp. The first dp replicas hold it, and a scored batch is split over them (token-balanced shares, as training; over the fewer of the critic's and the reference's when both are asked for). 1: the first replica alone computes the reference log-probs of every scored batch."},
     {"placement.reference", "tp", T_INT, AT(placement.reference.tp), "0", NULL, "Tensor-parallel ranks of the reference policy in each replica holding it; 0 = placement.actor.tp. 1: whole on the replica's first rank; a larger value dividing placement.actor.tp: split over the replica's first tp ranks like the actor (vocabulary-parallel log-probs). Values that do not divide placement.actor.tp are refused (not implemented). Must divide the reference model's attention heads."},
     {"placement.reward", "dp", T_INT, AT(placement.reward.dp), "0", NULL, "Data-parallel replicas holding the reward model (reward.model) in split runs, 1 .. placement.actor.dp; 0 = placement.actor.dp. Each of the first dp replicas loads it whole on its first rank, and a scored batch is split over them in token-balanced shares (with the reference or the critic asked for too: over the fewest replicas holding every model asked for). 1: the first replica alone scores every batch. Colocated runs score on the one process."},
+    {"placement.reward", "tp", T_INT, AT(placement.reward.tp), "1", NULL, "Tensor-parallel ranks of the reward model in each replica holding it: 1 = whole on the replica's first rank; a larger value dividing placement.actor.tp: split over the replica's first tp ranks (each reads its shard of reward.model's files; they score every share together). Must divide the reward model's attention heads. Values that do not divide placement.actor.tp are refused (not implemented)."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 _Static_assert(sizeof KEYS / sizeof KEYS[0] <= RF_RECIPE_MAX_KEYS, "raise RF_RECIPE_MAX_KEYS");
@@ -277,6 +278,7 @@ static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RA
     {"placement.reference.dp", 0, 1024, 0, 0},
     {"placement.reference.tp", 0, 1024, 0, 0},
     {"placement.reward.dp", 0, 1024, 0, 0},
+    {"placement.reward.tp", 1, 1024, 0, 0},
 };
 
 /* ------------------------------------------------------------------ fields */

@@ -137,6 +137,7 @@ typedef struct rf_recipe {
         } critic, reference; /* [placement.critic], [placement.reference] */
         struct {
             int dp;       /* 0: the actor's; see rf_recipe_reward_dp */
+            int tp;       /* tensor-parallel ranks of each replica holding it (1: whole) */
         } reward;         /* [placement.reward] */
     } placement;
 

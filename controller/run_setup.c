@@ -167,7 +167,11 @@ rf_status rf__check_tp_model_path(const rf_recipe *r) {
     RF_TRY(rf_config_load(&cfg, p));
     RF_TRY(rf__check_tp_model(r, &cfg));
     RF_TRY(check_role_tp(r, 1));
-    return check_role_tp(r, 0);
+    RF_TRY(check_role_tp(r, 0));
+    if (r->placement.reward.tp <= 1 || !r->reward.model[0]) return RF_OK;
+    rf_path_join(p, sizeof p, r->reward.model, "config.json");
+    RF_TRY(rf_config_load(&cfg, p));
+    return check_tp_key(r, "placement.reward.tp", r->placement.reward.tp, &cfg, "reward.model", r->reward.model);
 }
 
 /* Tensor parallelism of generation: split runs. */
@@ -203,6 +207,11 @@ static rf_status reject_layouts(const rf_recipe *r, int split) {
                      "= %d): the %s's shards live on the first ranks of each replica", name, T, name);
             return rf_recipe_reject_unimplemented(r, key, why);
         }
+    }
+    if (r->placement.reward.tp > 1 && T % r->placement.reward.tp != 0) {
+        snprintf(why, sizeof why, "a reward-model tensor-parallel size that does not divide the actor's "
+                 "(placement.actor.tp = %d): the reward model's shards live on the first ranks of each replica", T);
+        return rf_recipe_reject_unimplemented(r, "placement.reward.tp", why);
     }
     if (r->placement.reward.dp > D) {
         char where[512];

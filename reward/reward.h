@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "comm/comm.h"
 #include "common/status.h"
 #include "kernels/kernels.h"
 #include "model/tokenizer.h"
@@ -136,11 +137,22 @@ typedef struct rf_reward_model rf_reward_model;
 rf_status rf_reward_model_open(rf_reward_model **rm, const char *dir, const rf_kernels *k);
 void rf_reward_model_close(rf_reward_model *rm);
 
+/* The same reward model split over the ranks of `group` (tensor parallel, model/model_tp.h:
+ * each rank reads its shard of the files; the communicator's memory the kernels'). Every rank
+ * of the group then calls rf_reward_model_score with the same sequences, and each gets every
+ * score. rf_model_tp_init's errors besides rf_reward_model_open's (a tp that does not divide
+ * the heads). Collective over group. */
+rf_status rf_reward_model_open_tp(rf_reward_model **rm, const char *dir, const rf_kernels *k,
+                                  rf_comm *group, double timeout_s);
+
+/* The tensor-parallel ranks rm is split over; 0 when whole. */
+int rf_reward_model_split(const rf_reward_model *rm);
+
 /* The model's own tokenizer (owned by rm): responses from a policy with another vocabulary
  * must be decoded and re-encoded with it. */
 const rf_tokenizer *rf_reward_model_tokenizer(const rf_reward_model *rm);
 
-/* The model (owned by rm), e.g. for its config. */
+/* The model (owned by rm), e.g. for its config; NULL when split (rf_reward_model_open_tp). */
 const struct rf_model *rf_reward_model_model(const rf_reward_model *rm);
 
 /* Scores n full token sequences (prompt + response; seqs[i] has lens[i] >= 1 tokens) into

@@ -8,6 +8,7 @@
 
 #include "common/util.h"
 #include "model/model.h"
+#include "model/model_tp.h"
 #include "model/safetensors.h"
 #include "reward/reward.h"
 
@@ -15,7 +16,8 @@
 #define RF_RM_CHUNK_TOKENS 8192
 
 struct rf_reward_model {
-    rf_model *m;
+    rf_model *m;       /* whole, or NULL when split */
+    rf_model_tp *tp;   /* this rank's shard when split over tensor-parallel ranks */
     rf_tokenizer *tok;
     int pad_id;        /* config.json pad_token_id, -1 when absent */
 };
@@ -72,8 +74,37 @@ rf_status rf_reward_model_open(rf_reward_model **rm, const char *dir, const rf_k
     return RF_OK;
 }
 
+rf_status rf_reward_model_open_tp(rf_reward_model **rm, const char *dir, const rf_kernels *k, rf_comm *group,
+                                  double timeout_s) {
+    *rm = NULL;
+    rf_reward_model *r = calloc(1, sizeof *r);
+    if (!r) return rf_error(RF_ERR_NOMEM, "out of memory for reward model %s", dir);
+    rf_model_config cfg;
+    char path[4096];
+    rf_path_join(path, sizeof path, dir, "config.json");
+    rf_status s = read_rm_config(dir, &r->pad_id);
+    if (s == RF_OK) s = check_score_weight(dir);
+    if (s == RF_OK) s = rf_config_load(&cfg, path);
+    if (s == RF_OK) {
+        cfg.value_head = 1;
+        s = rf_model_tp_init(&r->tp, &cfg, k, group, timeout_s);
+    }
+    if (s == RF_OK) s = rf_model_tp_load(r->tp, dir, NULL, NULL);
+    if (s == RF_OK && (s = rf_tokenizer_load_dir(&r->tok, dir)) != RF_OK)
+        rf_error_wrap(s, "reward model %s", dir);
+    if (s != RF_OK) {
+        rf_reward_model_close(r);
+        return s;
+    }
+    *rm = r;
+    return RF_OK;
+}
+
+int rf_reward_model_split(const rf_reward_model *rm) { return rm && rm->tp ? rm->tp->tp : 0; }
+
 void rf_reward_model_close(rf_reward_model *rm) {
     if (!rm) return;
+    rf_model_tp_free(rm->tp);
     rf_model_free(rm->m);
     rf_tokenizer_free(rm->tok);
     free(rm);
@@ -106,8 +137,13 @@ static rf_status score_chunk(rf_reward_model *rm, const int32_t *const *seqs, co
             cu[i - a + 1] = cu[i - a] + lens[i];
         }
         rf_batch batch = {b - a, T, tok, NULL, cu};
-        s = rf_model_forward(rm->m, &batch);
-        if (s == RF_OK) s = rf_model_values(rm->m, values);
+        if (rm->tp) { /* every rank of the group, the same sequences */
+            s = rf_model_tp_forward(rm->tp, &batch);
+            if (s == RF_OK) s = rf_model_tp_values(rm->tp, values);
+        } else {
+            s = rf_model_forward(rm->m, &batch);
+            if (s == RF_OK) s = rf_model_values(rm->m, values);
+        }
         for (int i = a; s == RF_OK && i < b; i++)
             scores[i] = values[cu[i - a] + pooled_index(seqs[i], lens[i], rm->pad_id)];
     }

@@ -219,6 +219,9 @@ static void parallel_layouts(void) {
          "tensor-parallel size that does not divide the actor's (placement.actor.tp = 1): the reference's shards live on "
          "the first ranks of each replica)"},
         {"[placement.actor]\ndp = 2\n", ":2:1: placement.actor.dp = 2 is not implemented yet (data parallelism in colocated runs"},
+        {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 4\n[placement.reward]\ntp = 3\n",
+         ":6:1: placement.reward.tp = 3 is not implemented yet (a reward-model tensor-parallel size that does not divide "
+         "the actor's (placement.actor.tp = 4): the reward model's shards live on the first ranks of each replica)"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         CHECK_OK(rf_recipe_load(&r, recipe_file(refused[i].text), NULL, 0));

@@ -8,8 +8,8 @@
  *     within 1e-5 and KL within 1e-4 as on the CPU, and each rank's device in the log;
  *   - tp 2 x dp 2 with ZeRO-1 and generation tp 2 (7 processes), the same against the CPU, a
  *     checkpoint at step 3 resumed to 4;
- *   - the critic and the reference split over 2 of the actor's 4 tensor-parallel ranks, and the
- *     critic on 2 of 3 replicas: the same against the CPU;
+ *   - the critic and the reference split over 2 of the actor's 4 tensor-parallel ranks, the
+ *     critic on 2 of 3 replicas, and a reward model split over 2 ranks: the same against the CPU;
  *   - a colocated GRPO run on "cuda": the CPU run's rewards and gradient norms bit for bit;
  *   - one GPU for two training ranks of one machine: refused at the start, naming both ranks.
  * Skips (77) without the stand-in module or without mpirun. */
@@ -79,6 +79,14 @@ static void own_layouts(void) {
                 "--set placement.reference.tp=2", want_tp, 1);
     const char *want_dp[] = {"training worker: data parallel over 3 ranks, actor, and the critic over the first 2 replicas"};
     same_as_cpu("roles_dp_cpu", "roles_dp_gpu", "--set placement.actor.dp=3 --set placement.critic.dp=2", want_dp, 1);
+    /* a reward model (weight 100: its scores dominate the reward) split over both ranks */
+    const char *src = getenv("RF_SOURCE_DIR");
+    if (!src) return;
+    char layout[1024];
+    snprintf(layout, sizeof layout, "--set placement.actor.tp=2 --set reward.model=%s/tests/data/reward_model "
+             "--set reward.model_weight=100 --set placement.reward.tp=2", src);
+    const char *want_rm[] = {"training worker: reward model split over the 2 tensor-parallel ranks"};
+    same_as_cpu("rm_tp_cpu", "rm_tp_gpu", layout, want_rm, 1);
 }
 
 /* A colocated GRPO run on "cuda" (one process: the generation engine and the update on the
