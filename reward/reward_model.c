@@ -57,13 +57,23 @@ static rf_status check_score_weight(const char *dir) {
     return RF_OK;
 }
 
-rf_status rf_reward_model_open(rf_reward_model **rm, const char *dir, const rf_kernels *k) {
+/* Opens the model whole (group NULL) or split over group's ranks. */
+static rf_status open_rm(rf_reward_model **rm, const char *dir, const rf_kernels *k, rf_comm *group, double timeout_s) {
     *rm = NULL;
     rf_reward_model *r = calloc(1, sizeof *r);
     if (!r) return rf_error(RF_ERR_NOMEM, "out of memory for reward model %s", dir);
     rf_status s = read_rm_config(dir, &r->pad_id);
     if (s == RF_OK) s = check_score_weight(dir);
-    if (s == RF_OK) s = rf_model_load(&r->m, dir, k, 1);
+    if (s == RF_OK && !group) s = rf_model_load(&r->m, dir, k, 1);
+    if (s == RF_OK && group) {
+        rf_model_config cfg;
+        char path[4096];
+        rf_path_join(path, sizeof path, dir, "config.json");
+        s = rf_config_load(&cfg, path);
+        cfg.value_head = 1;
+        if (s == RF_OK) s = rf_model_tp_init(&r->tp, &cfg, k, group, timeout_s);
+        if (s == RF_OK) s = rf_model_tp_load(r->tp, dir, NULL, NULL);
+    }
     if (s == RF_OK && (s = rf_tokenizer_load_dir(&r->tok, dir)) != RF_OK)
         rf_error_wrap(s, "reward model %s", dir);
     if (s != RF_OK) {
@@ -74,30 +84,14 @@ rf_status rf_reward_model_open(rf_reward_model **rm, const char *dir, const rf_k
     return RF_OK;
 }
 
+rf_status rf_reward_model_open(rf_reward_model **rm, const char *dir, const rf_kernels *k) {
+    return open_rm(rm, dir, k, NULL, 0);
+}
+
 rf_status rf_reward_model_open_tp(rf_reward_model **rm, const char *dir, const rf_kernels *k, rf_comm *group,
                                   double timeout_s) {
-    *rm = NULL;
-    rf_reward_model *r = calloc(1, sizeof *r);
-    if (!r) return rf_error(RF_ERR_NOMEM, "out of memory for reward model %s", dir);
-    rf_model_config cfg;
-    char path[4096];
-    rf_path_join(path, sizeof path, dir, "config.json");
-    rf_status s = read_rm_config(dir, &r->pad_id);
-    if (s == RF_OK) s = check_score_weight(dir);
-    if (s == RF_OK) s = rf_config_load(&cfg, path);
-    if (s == RF_OK) {
-        cfg.value_head = 1;
-        s = rf_model_tp_init(&r->tp, &cfg, k, group, timeout_s);
-    }
-    if (s == RF_OK) s = rf_model_tp_load(r->tp, dir, NULL, NULL);
-    if (s == RF_OK && (s = rf_tokenizer_load_dir(&r->tok, dir)) != RF_OK)
-        rf_error_wrap(s, "reward model %s", dir);
-    if (s != RF_OK) {
-        rf_reward_model_close(r);
-        return s;
-    }
-    *rm = r;
-    return RF_OK;
+    if (!group) return rf_error(RF_ERR_ARG, "reward model %s: no tensor-parallel group", dir);
+    return open_rm(rm, dir, k, group, timeout_s);
 }
 
 int rf_reward_model_split(const rf_reward_model *rm) { return rm && rm->tp ? rm->tp->tp : 0; }
