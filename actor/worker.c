@@ -63,7 +63,7 @@ rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample 
 int rf__worker_critic_replicas(const tworker *w) {
     rf_adv_kind kind;
     int dp, tp;
-    rf_recipe_role_layout(w->r, 1, &dp, &tp);
+    rf_recipe_role_layout(w->r, RF_ROLE_CRITIC, &dp, &tp);
     return rf_adv_kind_parse(w->r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE ? dp : 0;
 }
 
@@ -71,8 +71,14 @@ int rf__worker_has_critic(const tworker *w) { return w->replica < rf__worker_cri
 
 int rf__worker_has_ref(const tworker *w) {
     int dp, tp;
-    rf_recipe_role_layout(w->r, 0, &dp, &tp);
+    rf_recipe_role_layout(w->r, RF_ROLE_REFERENCE, &dp, &tp);
     return rf_recipe_reference_enabled(w->r) && w->replica < dp;
+}
+
+int rf__worker_has_rm(const tworker *w) {
+    int dp, tp;
+    rf_recipe_role_layout(w->r, RF_ROLE_REWARD, &dp, &tp);
+    return w->r->reward.model[0] && w->replica < dp;
 }
 
 rf_status rf__worker_score(tworker *w, rf_train_sample *s, int n, int flags) {
@@ -122,57 +128,61 @@ rf_status rf__worker_score_share(tworker *w, const Rlflow__TrainBatch *b, size_t
  * model asked for (placement.reference.dp, placement.critic.dp, placement.reward.dp); 1:
  * replica 0 alone. */
 static int score_replicas(const tworker *w, int flags) {
-    int rdp, cdp, tp, m = w->dpc ? rf_comm_size(w->dpc) : 1, wdp = rf_recipe_reward_dp(w->r);
-    rf_recipe_role_layout(w->r, 0, &rdp, &tp);
-    rf_recipe_role_layout(w->r, 1, &cdp, &tp);
-    if ((flags & RF_SCORE_REF) && rdp < m) m = rdp;
-    if ((flags & RF_SCORE_VALUES) && cdp < m) m = cdp;
-    if ((flags & RF_SCORE_RM) && wdp < m) m = wdp;
+    int m = w->dpc ? rf_comm_size(w->dpc) : 1;
+    for (int role = RF_ROLE_REFERENCE; role <= RF_ROLE_REWARD; role++) {
+        int dp, tp;
+        rf_recipe_role_layout(w->r, role, &dp, &tp);
+        if ((flags & (1 << role)) && dp < m) m = dp;
+    }
     return m;
 }
 
-/* The first ScoreRequest: where its passes ran. */
+/* items[0..n) (NULL ones skipped) joined into buf as "a", "a and b", "a, b and c". */
+static void join_words(char *buf, size_t cap, const char *const *items, int n) {
+    int count = 0, k = 0;
+    for (int i = 0; i < n; i++) count += items[i] != NULL;
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (!items[i]) continue;
+        size_t at = strlen(buf);
+        k++;
+        snprintf(buf + at, cap - at, "%s%s", k == 1 ? "" : k == count ? " and " : ", ", items[i]);
+    }
+}
+
+/* The first ScoreRequest: where its passes ran, and which models were split over how many
+ * tensor-parallel ranks ("all split over 2", "the critic split over 2", "the reference split
+ * over 2 and the critic over 4"). */
 static void log_score_layout(const tworker *w, int flags) {
     int spread = score_replicas(w, flags), split = w->tpc ? rf__tp_split_flags(w, flags) : 0;
-    const char *part[3] = {flags & RF_SCORE_REF ? "reference log-probs" : NULL,
-                           flags & RF_SCORE_VALUES ? "values" : NULL, flags & RF_SCORE_RM ? "reward-model scores" : NULL};
-    char what[96] = "";
-    int k = 0, count = (part[0] != NULL) + (part[1] != NULL) + (part[2] != NULL);
-    for (int i = 0; i < 3; i++) {
-        if (!part[i]) continue;
-        k++;
-        size_t at = strlen(what);
-        snprintf(what + at, sizeof what - at, "%s%s", k == 1 ? "" : k == count ? " and " : ", ", part[i]);
-    }
-    /* which of them are split, over how many ranks */
-    const char *names[3] = {"the reference", "the critic", "the reward model"};
+    static const char *const asked[3] = {"reference log-probs", "values", "reward-model scores"};
+    static const char *const names[3] = {"the reference", "the critic", "the reward model"};
     int tpn[3] = {split & RF_SCORE_REF ? w->ref_tp->tp : 0, split & RF_SCORE_VALUES ? w->critic_tp->tp : 0,
                   split & RF_SCORE_RM ? rf_reward_model_split(w->rm) : 0};
-    int n_split = 0, same = 1, first = 0;
+    const char *what_items[3], *split_items[3];
+    char per[3][64], what[96], tps[192] = "";
+    int first = -1, same = 1;
     for (int i = 0; i < 3; i++) {
+        what_items[i] = flags & (1 << i) ? asked[i] : NULL;
+        split_items[i] = NULL;
         if (!tpn[i]) continue;
-        if (n_split == 0) first = i;
-        else if (tpn[i] != tpn[first]) same = 0;
-        n_split++;
+        if (first < 0) first = i;
+        same &= tpn[i] == tpn[first];
     }
-    char tps[160] = "";
-    size_t at = 0;
-    if (n_split && same && split == flags) {
+    join_words(what, sizeof what, what_items, 3);
+    if (first >= 0 && same && split == flags) {
         snprintf(tps, sizeof tps, ", all split over %d tensor-parallel ranks", tpn[first]);
-    } else {
-        for (int i = 0, k = 0; i < 3 && at < sizeof tps; i++) {
-            if (!tpn[i]) continue;
-            k++;
-            const char *sep = k == 1 ? ", " : k == n_split ? " and " : ", ";
-            if (same) /* "the reference and the critic split over 2 ..." */
-                at += (size_t)snprintf(tps + at, sizeof tps - at, "%s%s%s", sep, names[i], k == n_split ? " split over" : "");
-            else
-                at += (size_t)snprintf(tps + at, sizeof tps - at, "%s%s%s %d", sep, names[i], k == 1 ? " split over" : " over",
-                                       tpn[i]);
-        }
-        if (n_split && at < sizeof tps)
-            snprintf(tps + at, sizeof tps - at, same ? " %d tensor-parallel ranks" : " tensor-parallel ranks",
-                     tpn[first]);
+    } else if (first >= 0) {
+        for (int i = 0; i < 3; i++) /* "the reference and the critic split over 2", or each its own count */
+            if (tpn[i]) {
+                if (same) snprintf(per[i], sizeof per[i], "%s", names[i]);
+                else snprintf(per[i], sizeof per[i], "%s %s %d", names[i], i == first ? "split over" : "over", tpn[i]);
+                split_items[i] = per[i];
+            }
+        char list[160];
+        join_words(list, sizeof list, split_items, 3);
+        if (same) snprintf(tps, sizeof tps, ", %s split over %d tensor-parallel ranks", list, tpn[first]);
+        else snprintf(tps, sizeof tps, ", %s tensor-parallel ranks", list);
     }
     rf_log_info("training worker: scoring %s on %d data-parallel replica%s%s", what, spread,
                 spread > 1 ? "s (token-balanced shares)" : "", tps);
@@ -280,10 +290,7 @@ rf_status rf__worker_agree_to_start(tworker *w, rf_comm *c, rf_status loaded, co
 }
 
 rf_status rf__worker_dev_comm(tworker *w, rf_comm *g, const char *why, rf_comm **dev, rf_comm **out) {
-    *out = g;
-    if (w->k == rf_cpu_kernels()) return RF_OK;
-    rf_status st = rf_comm_nccl(g, rf_cuda_current_device(), w->r->async.startup_timeout, dev);
-    *out = *dev;
+    rf_status st = rf_comm_for(g, w->k, w->r->async.startup_timeout, dev, out);
     return st == RF_OK ? RF_OK : rf_error_wrap(st, "%s on CUDA", why);
 }
 
@@ -520,8 +527,8 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     tworker w = {.r = r, .wcomm = wcomm, .rollout = rollout, .n_rollout = n_rollout,
                  .delay_ms = rf_test_delay_ms("RF_TEST_DELAY_TRAIN_MS"), .dpc = dpc, .tpc = tpc};
     rf_rng_seed(&w.delay_rng, 0x2545f4914f6cdd1dull);
-    w.k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(RF_CUDA_ANY) : rf_cpu_kernels();
-    if (!w.k) return rf_error(RF_ERR_NODEVICE, "model.device = \"cuda\"");
+    w.k = rf_kernels_for(r->model.device);
+    if (!w.k) return rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
     rf_adv_kind kind;
     rf_status st = rf_adv_kind_parse(r->algorithm.name, &kind);
     if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
@@ -529,13 +536,14 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     /* whole here unless split over tensor-parallel ranks (then every rank reads its shards) */
     if (st == RF_OK && !w.tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0);
     if (st == RF_OK && !w.tpc) st = rf_model_enable_training(w.actor);
-    if (st == RF_OK && rf_recipe_reference_enabled(r) && !rf__worker_split_tp(&w, 0))
+    if (st == RF_OK && rf_recipe_reference_enabled(r) && !rf__worker_split_tp(&w, RF_ROLE_REFERENCE))
         st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
-    if (st == RF_OK && kind == RF_ADV_GAE && !rf__worker_split_tp(&w, 1)) {
+    if (st == RF_OK && kind == RF_ADV_GAE && !rf__worker_split_tp(&w, RF_ROLE_CRITIC)) {
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
     }
-    if (st == RF_OK && r->reward.model[0] && !rf__worker_rm_tp(&w)) st = rf_reward_model_open(&w.rm, r->reward.model, w.k);
+    if (st == RF_OK && rf__worker_has_rm(&w) && !rf__worker_split_tp(&w, RF_ROLE_REWARD))
+        st = rf_reward_model_open(&w.rm, r->reward.model, w.k);
     if (st == RF_OK && resume) {
         /* the whole models' parameters and the state; their moments here unless ZeRO-1 shards
          * them, when every DP rank reads its own blocks (rf__dp_setup): no rank holds them whole */

@@ -55,7 +55,7 @@ typedef struct dp_part {
 static int critic_position(const rf__tworker *w) {
     if (!rf__worker_critic_replicas(w)) return 0;
     if (!w->tpc) return 1;
-    int t = rf_comm_rank(w->tpc), tp = rf__worker_split_tp(w, 1);
+    int t = rf_comm_rank(w->tpc), tp = rf__worker_split_tp(w, RF_ROLE_CRITIC);
     return tp ? t < tp : t == 0;
 }
 
@@ -470,23 +470,24 @@ static rf_status peer_serve(rf__tworker *w) {
 
 rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_comm *wcomm) {
     rf__tworker w = {.r = r, .dpc = dpc, .tpc = tpc, .wcomm = wcomm, .replica = rf_comm_rank(dpc)};
-    w.k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(RF_CUDA_ANY) : rf_cpu_kernels();
+    w.k = rf_kernels_for(r->model.device);
     rf_adv_kind kind;
-    rf_status st = w.k ? rf_adv_kind_parse(r->algorithm.name, &kind) : rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"cuda\"");
+    rf_status st = w.k ? rf_adv_kind_parse(r->algorithm.name, &kind)
+                       : rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
     if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
     if (st == RF_OK && !tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0); /* tp: shards, from replica 0 */
     if (st == RF_OK && !tpc) st = rf_model_enable_training(w.actor);
-    if (st == RF_OK && kind == RF_ADV_GAE && rf__worker_has_critic(&w) && !rf__worker_split_tp(&w, 1)) {
+    if (st == RF_OK && kind == RF_ADV_GAE && rf__worker_has_critic(&w) && !rf__worker_split_tp(&w, RF_ROLE_CRITIC)) {
         /* placement.critic.dp replicas (split: rf__tp_setup reads the shards) */
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
     }
-    /* the reference on every replica (placement.reference.dp = placement.actor.dp) */
-    if (st == RF_OK && rf__worker_has_ref(&w) && !rf__worker_split_tp(&w, 0))
+    /* the reference on the first placement.reference.dp replicas */
+    if (st == RF_OK && rf__worker_has_ref(&w) && !rf__worker_split_tp(&w, RF_ROLE_REFERENCE))
         st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
     /* the reward model whole on the first placement.reward.dp replicas' first ranks */
-    if (st == RF_OK && r->reward.model[0] && w.replica < rf_recipe_reward_dp(r) && !rf__worker_rm_tp(&w))
+    if (st == RF_OK && rf__worker_has_rm(&w) && !rf__worker_split_tp(&w, RF_ROLE_REWARD))
         st = rf_reward_model_open(&w.rm, r->reward.model, w.k);
     if (tpc) st = rf__tp_setup(&w, st);
     st = rf__dp_setup(&w, st);

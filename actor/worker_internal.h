@@ -23,7 +23,8 @@
  * over its replicas (critic_dpc) when there are several. A ScoreRequest is split over the
  * first m replicas, m the fewest that hold a model it asks for (token-balanced shares, as
  * training; m = 1: replica 0 scores it alone); within a replica the TP peers take part in the
- * passes of the split models. The reward model is whole on rank 1. */
+ * passes of the split models. The reward model sits on the grid the same way
+ * ([placement.reward]: whole on each replica's leader, or split over its first tp ranks). */
 #ifndef RF_ACTOR_WORKER_INTERNAL_H
 #define RF_ACTOR_WORKER_INTERNAL_H
 
@@ -45,7 +46,7 @@ typedef struct rf__tworker {
     rf_msg_link *link;   /* DP rank 0 only */
     rf_model *actor, *ref, *critic; /* whole models; NULL where the shards below hold them (and
                                        the actor with tensor parallelism: tp->m is the shard) */
-    rf_reward_model *rm; /* reward.model, when the recipe has one (DP rank 0) */
+    rf_reward_model *rm; /* reward.model, on the replicas holding it: whole, or this rank's shard */
     rf_metrics *metrics; /* no files: collects one update's metrics for TrainStats */
     rf_weights_tx *tx;
     rf_comm *wcomm;
@@ -76,8 +77,8 @@ typedef struct rf__tworker {
                             the rollout workers take by resharding, refreshed before each
                             transfer; NULL on the CPU (they read the model's own) */
     double last_cmd;     /* DP or TP rank 0: when it last sent its peers a command */
-    /* tensor parallelism (placement.actor.tp > 1): the actor only; the reference, critic and
-     * reward model are whole models on TP rank 0 */
+    /* tensor parallelism (placement.actor.tp > 1): the actor's shard; the reference, critic
+     * and reward model are whole on TP rank 0 or split over the first ranks (below) */
     rf_comm *tpc;        /* the TP ranks (training worker ranks 1 .. tp; with dp those of this
                             rank's replica), or NULL */
     rf_model_tp *tp;     /* this rank's shard of the actor */
@@ -106,10 +107,15 @@ typedef struct rf__share {
     int64_t a_lo, a_hi, c_lo, c_hi;
 } rf__share;
 
-/* What a score pass computes: reference log-probs, critic values. */
-enum { RF_SCORE_REF = 1, RF_SCORE_VALUES = 2, RF_SCORE_RM = 4 /* reward-model scores */ };
+/* What a score pass computes: reference log-probs, critic values, reward-model scores; one
+ * bit per model (RF_ROLE_*). */
+enum {
+    RF_SCORE_REF = 1 << RF_ROLE_REFERENCE,
+    RF_SCORE_VALUES = 1 << RF_ROLE_CRITIC,
+    RF_SCORE_RM = 1 << RF_ROLE_REWARD,
+};
 
-/* This rank's part of scoring samples s (n; their ref_logp / values filled), for the models in
+/* This rank's part of scoring samples s (n; their ref_logp / values / rm_score filled), for the models in
  * `flags` it holds: whole ones alone, split ones with every TP rank of its replica (which call
  * it with the same samples and the split models' flags). */
 rf_status rf__worker_score(rf__tworker *w, rf_train_sample *s, int n, int flags);
@@ -154,20 +160,19 @@ rf_status rf__worker_dev_comm(rf__tworker *w, rf_comm *g, const char *why, rf_co
 rf_status rf__worker_peer_update(rf__tworker *w, const uint8_t *buf, size_t bytes, const char *what,
                                  int train, const rf__share *sh);
 
-/* The tensor-parallel ranks the critic (critic 1) or the reference (0) is split over here, or 0
- * when it is whole: a split one no rank loads whole (rf__tp_setup reads the shards). */
-int rf__worker_split_tp(const rf__tworker *w, int critic);
-
-/* The tensor-parallel ranks the reward model is split over here (placement.reward.tp > 1 with
- * tensor parallelism and a reward.model), or 0 when it is whole on the replica's first rank. */
-int rf__worker_rm_tp(const rf__tworker *w);
+/* The tensor-parallel ranks `role` (RF_ROLE_*: the reference, the critic, the reward model) is
+ * split over here, or 0 when it is whole: a split one no rank loads whole (rf__tp_setup reads
+ * the shards). */
+int rf__worker_split_tp(const rf__tworker *w, int role);
 
 /* The replicas holding the critic (placement.critic.dp; the first ones), 0 without a critic. */
 int rf__worker_critic_replicas(const rf__tworker *w);
 
-/* Whether this rank's replica holds the critic / the reference (rank 1's always does). */
+/* Whether this rank's replica holds the critic / the reference / the reward model (rank 1's
+ * always does when the recipe has it). */
 int rf__worker_has_critic(const rf__tworker *w);
 int rf__worker_has_ref(const rf__tworker *w);
+int rf__worker_has_rm(const rf__tworker *w);
 
 /* ---- data parallelism (actor/worker_dp.c) ---- */
 

@@ -124,50 +124,49 @@ static rf_status role_setup(rf__tworker *w, rf_comm *g, rf_comm *dev, rf_model_t
     return RF_OK;
 }
 
-/* One role split over the first tp of the replica's T ranks: the group (the replica's own when
- * tp = T; a split of it, kept in *keep, when smaller: collective over tpc, NULL on the ranks
- * past tp, which then hold nothing of the role), then the shards. On CUDA the shards compute
- * over NCCL: tp_dev, or a NCCL communicator of the smaller group (*keep_dev). */
-static rf_status role_split(rf__tworker *w, int tp, rf_comm **keep, rf_comm **keep_dev, rf_model_tp **out,
-                            int critic) {
+/* The group a role split over the first tp of the replica's T ranks computes in: *g the
+ * replica's own when tp = T, else a split of it (kept in *keep; collective over tpc; NULL on the
+ * ranks past tp, which then hold nothing of the role); *dev the communicator its shards'
+ * collectives use (on CUDA tp_dev, or a NCCL one of the smaller group, kept in *keep_dev). */
+static rf_status first_ranks(rf__tworker *w, int tp, rf_comm **keep, rf_comm **keep_dev, rf_comm **g, rf_comm **dev) {
     int t = rf_comm_rank(w->tpc);
-    rf_comm *g = w->tpc, *dev = w->tp_dev ? w->tp_dev : w->tpc;
-    if (tp < rf_comm_size(w->tpc)) {
-        RF_TRY(rf_comm_split(w->tpc, t < tp ? 0 : -1, t, keep));
-        g = *keep;
-        if (g) RF_TRY(rf__worker_dev_comm(w, g, "tensor parallelism", keep_dev, &dev));
-    }
-    return g ? role_setup(w, g, dev, out, critic) : RF_OK;
+    *g = w->tpc, *dev = w->tp_dev ? w->tp_dev : w->tpc;
+    if (tp == rf_comm_size(w->tpc)) return RF_OK;
+    RF_TRY(rf_comm_split(w->tpc, t < tp ? 0 : -1, t, keep));
+    *g = *keep;
+    return *g ? rf__worker_dev_comm(w, *g, "tensor parallelism", keep_dev, dev) : RF_OK;
 }
 
-int rf__worker_rm_tp(const rf__tworker *w) {
-    return w->tpc && w->r->reward.model[0] && w->r->placement.reward.tp > 1 ? w->r->placement.reward.tp : 0;
+/* The critic or the reference split over the first tp ranks of the replica: the group, then
+ * the shards. */
+static rf_status role_split(rf__tworker *w, int tp, rf_comm **keep, rf_comm **keep_dev, rf_model_tp **out,
+                            int critic) {
+    rf_comm *g, *dev;
+    RF_TRY(first_ranks(w, tp, keep, keep_dev, &g, &dev));
+    return g ? role_setup(w, g, dev, out, critic) : RF_OK;
 }
 
 /* The reward model split over the first placement.reward.tp ranks of a replica holding it
  * (placement.reward.dp): each of them reads its shard of reward.model's files. */
 static rf_status rm_split(rf__tworker *w) {
-    int tp = rf__worker_rm_tp(w), t = rf_comm_rank(w->tpc);
-    if (!tp || w->replica >= rf_recipe_reward_dp(w->r)) return RF_OK;
-    rf_comm *g = w->tpc, *dev = w->tp_dev ? w->tp_dev : w->tpc;
-    if (tp < rf_comm_size(w->tpc)) {
-        RF_TRY(rf_comm_split(w->tpc, t < tp ? 0 : -1, t, &w->rm_comm));
-        g = w->rm_comm;
-        if (g) RF_TRY(rf__worker_dev_comm(w, g, "tensor parallelism", &w->rm_tp_dev, &dev));
-    }
+    int tp = rf__worker_split_tp(w, RF_ROLE_REWARD);
+    if (!tp || !rf__worker_has_rm(w)) return RF_OK;
+    rf_comm *g, *dev;
+    RF_TRY(first_ranks(w, tp, &w->rm_comm, &w->rm_tp_dev, &g, &dev));
     if (!g) return RF_OK;
     rf_status st = rf_reward_model_open_tp(&w->rm, w->r->reward.model, w->k, dev, w->r->async.peer_timeout);
     if (st != RF_OK) st = rf_error_wrap(st, "the reward model's shard");
     return rf__worker_agree_to_start(w, g, st, "tensor-parallel (reward model)");
 }
 
-int rf__worker_split_tp(const rf__tworker *w, int critic) {
+int rf__worker_split_tp(const rf__tworker *w, int role) {
     int dp, tp;
-    rf_recipe_role_layout(w->r, critic, &dp, &tp);
+    rf_recipe_role_layout(w->r, role, &dp, &tp);
     return w->tpc && tp > 1 ? tp : 0;
 }
 
-/* The critic and the reference of this replica, split when the recipe splits them. */
+/* The critic, the reference and the reward model of this replica, split when the recipe splits
+ * them. */
 static rf_status roles_setup(rf__tworker *w) {
     int leader = rf_comm_rank(w->tpc) == 0;
     for (int c = 1; c >= 0; c--) {
@@ -552,8 +551,9 @@ static rf_status peer_serve(rf__tworker *w) {
 
 rf_status rf_train_tp_peer_main(const rf_recipe *r, rf_comm *tpc, rf_comm *wcomm, rf_comm *dpc) {
     rf__tworker w = {.r = r, .tpc = tpc, .wcomm = wcomm, .dpc = dpc, .replica = dpc ? rf_comm_rank(dpc) : 0};
-    w.k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(RF_CUDA_ANY) : rf_cpu_kernels();
-    rf_status st = w.k ? rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg) : rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"cuda\"");
+    w.k = rf_kernels_for(r->model.device);
+    rf_status st = w.k ? rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg)
+                       : rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
     st = rf__tp_setup(&w, st);
     if (dpc) st = rf__dp_setup(&w, st);

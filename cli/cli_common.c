@@ -13,15 +13,10 @@ int rf_cli_fail(rf_status s) {
 }
 
 rf_status rf_cli_backend(const char *device, const rf_kernels **out) {
-    if (!device || strcmp(device, "cpu") == 0) {
-        *out = rf_cpu_kernels();
-        return RF_OK;
-    }
-    if (strcmp(device, "cuda") == 0) {
-        *out = rf_cuda_kernels(0);
-        return *out ? RF_OK : rf_error_wrap(RF_ERR_NODEVICE, "--device cuda");
-    }
-    return rf_error(RF_ERR_ARG, "--device: expected \"cpu\" or \"cuda\", got \"%s\"", device);
+    *out = rf_kernels_for(device);
+    if (*out) return RF_OK;
+    int cuda = strcmp(device, "cuda") == 0; /* NULL is the CPU's, which always starts */
+    return rf_error_wrap(cuda ? RF_ERR_NODEVICE : RF_ERR_ARG, "--device%s", cuda ? " cuda" : "");
 }
 
 rf_status rf_cli_open(const char *dir, const char *device, rf_model **m, rf_tokenizer **tok) {

@@ -423,6 +423,14 @@ rf_status rf__comm_distinct_devices(rf_comm *boot, int device, double timeout_s)
     return st;
 }
 
+rf_status rf_comm_for(rf_comm *g, const rf_kernels *k, double timeout_s, rf_comm **dev, rf_comm **out) {
+    *out = g;
+    if (k == rf_cpu_kernels()) return RF_OK;
+    RF_TRY(rf_comm_nccl(g, rf_cuda_current_device(), timeout_s, dev));
+    *out = *dev;
+    return RF_OK;
+}
+
 /* The NCCL back end lives in the CUDA module (kernels/cuda_module.h), opened on first use. */
 rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out) {
     *out = NULL;

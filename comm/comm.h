@@ -75,6 +75,12 @@ rf_comm *rf_comm_single(void);
  * when two ranks of one machine pass the same device: NCCL does not allow that. */
 rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **out);
 
+/* The communicator for the memory of back end k (kernels/kernels.h) over g's ranks: g itself
+ * for the CPU kernels; for device kernels a NCCL communicator made from g on the back end's
+ * device (rf_comm_nccl; *dev, which the caller frees). Collective over g. */
+struct rf_kernels;
+rf_status rf_comm_for(rf_comm *g, const struct rf_kernels *k, double timeout_s, rf_comm **dev, rf_comm **out);
+
 /* 1 when NCCL can be used: this build has the NCCL back end (RLFLOW_HAVE_NCCL), or
  * RLFLOW_CUDA_MODULE names a CUDA module at run time (the CPU stand-in of the tests); else 0. */
 int rf_comm_nccl_built(void);

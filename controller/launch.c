@@ -276,26 +276,21 @@ static rf_status check_size(const rf_recipe *r, int size) {
                     size, need, dp, workers);
 }
 
-/* The critic and the reference held by training rank (replica d, TP rank t): ", critic" or
- * ", critic shard t of T" and the same for the reference (rf_recipe_role_layout). */
+/* The reference, the critic and the reward model held by training rank (replica d, TP rank
+ * t): ", critic" or ", critic shard t of T" and the same for the others (rf_recipe_role_layout). */
 static const char *roles_at(const rf_recipe *r, int d, int t, char *buf, size_t cap) {
     rf_adv_kind kind;
     int critic = rf_adv_kind_parse(r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE;
-    int held[2] = {critic, rf_recipe_reference_enabled(r)};
-    const char *name[2] = {"critic", "reference"};
+    int held[3] = {rf_recipe_reference_enabled(r), critic, r->reward.model[0] != '\0'};
+    const char *name[3] = {"reference", "critic", "reward model"};
     size_t n = 0;
     buf[0] = 0;
-    for (int k = 1; k >= 0; k--) { /* the reference first */
+    for (int role = RF_ROLE_REFERENCE; role <= RF_ROLE_REWARD; role++) {
         int dp, tp;
-        rf_recipe_role_layout(r, k == 0, &dp, &tp);
-        if (!held[k] || d >= dp || t >= tp || n >= cap) continue; /* on the first tp ranks of a replica */
-        if (tp > 1) n += (size_t)snprintf(buf + n, cap - n, ", %s shard %d of %d", name[k], t, tp);
-        else n += (size_t)snprintf(buf + n, cap - n, ", %s", name[k]);
-    }
-    int rtp = r->placement.reward.tp; /* whole on the replica's first rank, or split over its first rtp */
-    if (r->reward.model[0] && d < rf_recipe_reward_dp(r) && n < cap) {
-        if (rtp > 1 && t < rtp) snprintf(buf + n, cap - n, ", reward model shard %d of %d", t, rtp);
-        else if (rtp <= 1 && t == 0) snprintf(buf + n, cap - n, ", reward model");
+        rf_recipe_role_layout(r, role, &dp, &tp);
+        if (!held[role] || d >= dp || t >= tp || n >= cap) continue; /* on the first tp ranks of a replica */
+        if (tp > 1) n += (size_t)snprintf(buf + n, cap - n, ", %s shard %d of %d", name[role], t, tp);
+        else n += (size_t)snprintf(buf + n, cap - n, ", %s", name[role]);
     }
     return buf;
 }
@@ -338,8 +333,8 @@ static void log_layout(const rf_recipe *r, int size, const char *hosts) {
 
 /* model.device = "cuda": the device this rank's role starts on. Each machine's worker ranks
  * (not the controller, rank 0, which uses none) take its visible devices in turn, by world
- * rank; more ranks than devices share them (data parallelism then refuses: grad_comm in
- * actor/worker_dp.c). */
+ * rank; more ranks than devices share them (a NCCL communicator over two of them is then
+ * refused: rf_comm_nccl). */
 int rf_launch_gpu_of(const int *node, int rank, int n_devices) {
     if (rank <= 0 || n_devices < 1) return -1;
     int slot = 0;

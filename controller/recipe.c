@@ -192,11 +192,11 @@ static const rkey KEYS[] = {
     {"placement.rollout", "tp", T_INT, AT(placement.rollout.tp), "1", NULL, "Tensor-parallel ranks per rollout worker (MPI ranks after the training ranks, tp consecutive ranks per rollout worker): each holds one shard of the policy and a KV cache of its own k/v heads; the first runs the engine (scheduler, sampling, the controller's link) and drives the others step by step, and the weights are resharded from the training layout into every rank's shard. Must divide the model's attention heads; tp > 1 needs placement.mode = \"split\"; on CUDA the shards compute over NCCL (docs/scaling.md)."},
     {"placement.rollout", "replicas", T_INT, AT(placement.rollout.replicas), "0", NULL, "Rollout workers (generation replicas, each a whole copy of the policy); the same count as placement.rollout_ranks, which it sets (giving both with different values is an error); 0 = placement.rollout_ranks."},
     {"placement.critic", "dp", T_INT, AT(placement.critic.dp), "0", NULL, "Data-parallel replicas holding the critic, 1 .. placement.actor.dp; 0 = placement.actor.dp. The first dp replicas hold it: a batch is split over them in token-balanced shares of its own (the actor's shares are over all the replicas), the critic is trained data parallel over them (gradients summed, ZeRO-1 as placement.actor.zero), and values are computed on them. 1: the first replica alone trains it on whole batches and computes every batch's values."},
-    {"placement.critic", "tp", T_INT, AT(placement.critic.tp), "0", NULL, "Tensor-parallel ranks of the critic in each replica; 0 = placement.actor.tp. 1: the critic is whole on the first rank of each replica; a larger value dividing placement.actor.tp: split over the replica's first tp ranks like the actor (value head whole on each; the other ranks hold none of it), trained tensor parallel, gathered tensor by tensor for checkpoints (the files those of a whole critic). Values that do not divide placement.actor.tp are refused (not implemented). Must divide the critic model's attention heads."},
+    {"placement.critic", "tp", T_INT, AT(placement.critic.tp), "0", NULL, "Tensor-parallel ranks of the critic in each replica; 0 = placement.actor.tp. 1: the critic is whole on the first rank of each replica; a larger value dividing placement.actor.tp: split over the replica's first tp ranks like the actor (value head whole on each; the other ranks hold none of it), trained tensor parallel, gathered tensor by tensor for checkpoints (the files those of a whole critic). Values that do not divide placement.actor.tp are refused when the run starts, with an error naming the key (the shards live on the first ranks of each replica). Must divide the critic model's attention heads."},
     {"placement.reference", "dp", T_INT, AT(placement.reference.dp), "0", NULL, "Data-parallel replicas holding the reference policy, 1 .. placement.actor.dp; 0 = placement.actor.dp. The first dp replicas hold it, and a scored batch is split over them (token-balanced shares, as training; over the fewer of the critic's and the reference's when both are asked for). 1: the first replica alone computes the reference log-probs of every scored batch."},
-    {"placement.reference", "tp", T_INT, AT(placement.reference.tp), "0", NULL, "Tensor-parallel ranks of the reference policy in each replica holding it; 0 = placement.actor.tp. 1: whole on the replica's first rank; a larger value dividing placement.actor.tp: split over the replica's first tp ranks like the actor (vocabulary-parallel log-probs). Values that do not divide placement.actor.tp are refused (not implemented). Must divide the reference model's attention heads."},
+    {"placement.reference", "tp", T_INT, AT(placement.reference.tp), "0", NULL, "Tensor-parallel ranks of the reference policy in each replica holding it; 0 = placement.actor.tp. 1: whole on the replica's first rank; a larger value dividing placement.actor.tp: split over the replica's first tp ranks like the actor (vocabulary-parallel log-probs). Values that do not divide placement.actor.tp are refused when the run starts, with an error naming the key (the shards live on the first ranks of each replica). Must divide the reference model's attention heads."},
     {"placement.reward", "dp", T_INT, AT(placement.reward.dp), "0", NULL, "Data-parallel replicas holding the reward model (reward.model) in split runs, 1 .. placement.actor.dp; 0 = placement.actor.dp. Each of the first dp replicas loads it whole on its first rank, and a scored batch is split over them in token-balanced shares (with the reference or the critic asked for too: over the fewest replicas holding every model asked for). 1: the first replica alone scores every batch. Colocated runs score on the one process."},
-    {"placement.reward", "tp", T_INT, AT(placement.reward.tp), "1", NULL, "Tensor-parallel ranks of the reward model in each replica holding it: 1 = whole on the replica's first rank; a larger value dividing placement.actor.tp: split over the replica's first tp ranks (each reads its shard of reward.model's files; they score every share together). Must divide the reward model's attention heads. Values that do not divide placement.actor.tp are refused (not implemented)."},
+    {"placement.reward", "tp", T_INT, AT(placement.reward.tp), "1", NULL, "Tensor-parallel ranks of the reward model in each replica holding it: 1 = whole on the replica's first rank; a larger value dividing placement.actor.tp: split over the replica's first tp ranks (each reads its shard of reward.model's files; they score every share together). Must divide the reward model's attention heads. Values that do not divide placement.actor.tp are refused when the run starts, with an error naming the key (the shards live on the first ranks of each replica)."},
 };
 #define N_KEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 _Static_assert(sizeof KEYS / sizeof KEYS[0] <= RF_RECIPE_MAX_KEYS, "raise RF_RECIPE_MAX_KEYS");
@@ -796,15 +796,13 @@ rf_status rf_recipe_validate(const rf_recipe *r) {
     return validate_external(r);
 }
 
-void rf_recipe_role_layout(const rf_recipe *r, int critic, int *dp, int *tp) {
-    int d = critic ? r->placement.critic.dp : r->placement.reference.dp;
-    int t = critic ? r->placement.critic.tp : r->placement.reference.tp;
+void rf_recipe_role_layout(const rf_recipe *r, int role, int *dp, int *tp) {
+    int d = role == RF_ROLE_REWARD ? r->placement.reward.dp : role == RF_ROLE_CRITIC ? r->placement.critic.dp
+                                                                                     : r->placement.reference.dp;
+    int t = role == RF_ROLE_REWARD ? r->placement.reward.tp : role == RF_ROLE_CRITIC ? r->placement.critic.tp
+                                                                                     : r->placement.reference.tp;
     *dp = d > 0 ? d : r->placement.actor.dp;
     *tp = t > 0 ? t : r->placement.actor.tp;
-}
-
-int rf_recipe_reward_dp(const rf_recipe *r) {
-    return r->placement.reward.dp > 0 ? r->placement.reward.dp : r->placement.actor.dp;
 }
 
 int rf_recipe_reference_enabled(const rf_recipe *r) {

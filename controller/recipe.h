@@ -136,7 +136,7 @@ typedef struct rf_recipe {
             int dp, tp;   /* 0: the actor's (placement.actor); see rf_recipe_role_layout */
         } critic, reference; /* [placement.critic], [placement.reference] */
         struct {
-            int dp;       /* 0: the actor's; see rf_recipe_reward_dp */
+            int dp;       /* 0: the actor's; see rf_recipe_role_layout */
             int tp;       /* tensor-parallel ranks of each replica holding it (1: whole) */
         } reward;         /* [placement.reward] */
     } placement;
@@ -186,15 +186,15 @@ const char *rf_recipe_where(const rf_recipe *r, const char *key, char *buf, size
  * not in the schema. */
 rf_status rf_recipe_reject_unimplemented(const rf_recipe *r, const char *key, const char *why);
 
-/* The layout of the critic (critic = 1) or the reference (0) on the training ranks, zeros
- * resolved to the actor's: *dp replicas of the actor's hold it (replicas 0 .. *dp - 1), each
- * split over *tp ranks (1: whole on the replica's first rank). Which layouts a build carries
- * out is checked when a run starts (controller/run_setup.c). */
-void rf_recipe_role_layout(const rf_recipe *r, int critic, int *dp, int *tp);
+/* The models that sit on the actor's grid beside it ([placement.reference], [placement.critic],
+ * [placement.reward]). */
+enum { RF_ROLE_REFERENCE = 0, RF_ROLE_CRITIC = 1, RF_ROLE_REWARD = 2 };
 
-/* The data-parallel replicas holding the reward model (reward.model), placement.reward.dp
- * with 0 resolved to placement.actor.dp: replicas 0 .. dp - 1, whole on each one's first rank. */
-int rf_recipe_reward_dp(const rf_recipe *r);
+/* The layout of `role` (RF_ROLE_*) on the training ranks, zeros resolved to the actor's: *dp
+ * replicas of the actor's hold it (replicas 0 .. *dp - 1), each split over *tp ranks (1: whole
+ * on the replica's first rank; the reward model's tp defaults to 1, the others' to the actor's).
+ * Which layouts a build carries out is checked when a run starts (controller/run_setup.c). */
+void rf_recipe_role_layout(const rf_recipe *r, int role, int *dp, int *tp);
 
 /* reference.enabled resolved: "auto" means on when algorithm.kl_coef > 0. */
 int rf_recipe_reference_enabled(const rf_recipe *r);

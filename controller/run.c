@@ -37,12 +37,8 @@ static rf_status setup(rf_run *run, const rf_recipe *r, int resume) {
     RF_TRY(rf_adv_kind_parse(r->algorithm.name, &run->adv_kind));
     RF_TRY(rf_loss_agg_parse(r->algorithm.loss_agg, &run->agg));
     RF_TRY(rf_kl_est_parse(r->algorithm.kl_estimator, &run->kl_est));
-    if (strcmp(r->model.device, "cuda") == 0) {
-        run->k = rf_cuda_kernels(0);
-        if (!run->k) return rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"cuda\"");
-    } else {
-        run->k = rf_cpu_kernels();
-    }
+    run->k = rf_kernels_for(r->model.device);
+    if (!run->k) return rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
     RF_TRY(rf__ensure_data(r));
     RF_TRY(rf__ensure_model(r));
     RF_TRY(rf__load_roles(run));

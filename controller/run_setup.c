@@ -145,18 +145,29 @@ rf_status rf__check_tp_model(const rf_recipe *r, const rf_model_config *cfg) {
     return check_tp_key(r, "placement.rollout.tp", r->placement.rollout.tp, cfg, "model.path", r->model.path);
 }
 
-/* A split critic or reference against its own model (critic.path / reference.path, when set). */
-static rf_status check_role_tp(const rf_recipe *r, int critic) {
+/* The models on the actor's grid (RF_ROLE_*): names in messages, their keys, their own model. */
+static const struct {
+    const char *name, *adj, *section, *path_key;
+} k_roles[3] = {{"reference", "reference", "placement.reference", "reference.path"},
+                {"critic", "critic", "placement.critic", "critic.path"},
+                {"reward model", "reward-model", "placement.reward", "reward.model"}};
+
+static const char *role_path(const rf_recipe *r, int role) {
+    return role == RF_ROLE_REWARD ? r->reward.model : role == RF_ROLE_CRITIC ? r->critic.path : r->reference.path;
+}
+
+/* A split role against its own model (reference.path, critic.path, reward.model, when set). */
+static rf_status check_role_tp(const rf_recipe *r, int role) {
     int dp, tp;
-    rf_recipe_role_layout(r, critic, &dp, &tp);
-    const char *own = critic ? r->critic.path : r->reference.path;
+    rf_recipe_role_layout(r, role, &dp, &tp);
+    const char *own = role_path(r, role);
     if (tp <= 1 || !own[0]) return RF_OK;
-    char p[4096];
+    char p[4096], key[64];
     rf_model_config cfg;
     rf_path_join(p, sizeof p, own, "config.json");
     RF_TRY(rf_config_load(&cfg, p));
-    return check_tp_key(r, critic ? "placement.critic.tp" : "placement.reference.tp", tp, &cfg,
-                        critic ? "critic.path" : "reference.path", own);
+    snprintf(key, sizeof key, "%s.tp", k_roles[role].section);
+    return check_tp_key(r, key, tp, &cfg, k_roles[role].path_key, own);
 }
 
 rf_status rf__check_tp_model_path(const rf_recipe *r) {
@@ -166,12 +177,9 @@ rf_status rf__check_tp_model_path(const rf_recipe *r) {
     rf_path_join(p, sizeof p, r->model.path, "config.json");
     RF_TRY(rf_config_load(&cfg, p));
     RF_TRY(rf__check_tp_model(r, &cfg));
-    RF_TRY(check_role_tp(r, 1));
-    RF_TRY(check_role_tp(r, 0));
-    if (r->placement.reward.tp <= 1 || !r->reward.model[0]) return RF_OK;
-    rf_path_join(p, sizeof p, r->reward.model, "config.json");
-    RF_TRY(rf_config_load(&cfg, p));
-    return check_tp_key(r, "placement.reward.tp", r->placement.reward.tp, &cfg, "reward.model", r->reward.model);
+    RF_TRY(check_role_tp(r, RF_ROLE_CRITIC));
+    RF_TRY(check_role_tp(r, RF_ROLE_REFERENCE));
+    return check_role_tp(r, RF_ROLE_REWARD);
 }
 
 /* Tensor parallelism of generation: split runs. */
@@ -187,37 +195,26 @@ static rf_status reject_rollout_tp(const rf_recipe *r, int split) {
 /* Parallel layouts this build does not carry out ([placement.actor], [placement.rollout]). */
 static rf_status reject_layouts(const rf_recipe *r, int split) {
     RF_TRY(reject_actor_tp(r, split));
-    /* the critic and the reference: on the first dp of the actor's replicas, split over the
-     * first tp ranks of each, tp dividing the actor's (1: whole) */
+    /* the reference, the critic and the reward model: on the first dp of the actor's replicas,
+     * split over the first tp ranks of each, tp dividing the actor's (1: whole) */
     int D = r->placement.actor.dp, T = r->placement.actor.tp;
     char why[256];
-    for (int critic = 0; critic < 2; critic++) {
+    for (int role = RF_ROLE_REFERENCE; role <= RF_ROLE_REWARD; role++) {
         int dp, tp;
-        rf_recipe_role_layout(r, critic, &dp, &tp);
-        const char *name = critic ? "critic" : "reference";
+        rf_recipe_role_layout(r, role, &dp, &tp);
+        const char *name = k_roles[role].name;
         char key[64], where[512];
-        snprintf(key, sizeof key, "placement.%s.dp", name);
+        snprintf(key, sizeof key, "%s.dp", k_roles[role].section);
         if (dp > D)
             return rf_error(RF_ERR_ARG, "%s: %s = %d is more than placement.actor.dp = %d (the %s is held by the first "
                             "%s of the actor's data-parallel replicas)", rf_recipe_where(r, key, where, sizeof where),
                             key, dp, D, name, key);
-        snprintf(key, sizeof key, "placement.%s.tp", name);
+        snprintf(key, sizeof key, "%s.tp", k_roles[role].section);
         if (tp < 1 || T % tp != 0) {
             snprintf(why, sizeof why, "a %s tensor-parallel size that does not divide the actor's (placement.actor.tp "
-                     "= %d): the %s's shards live on the first ranks of each replica", name, T, name);
+                     "= %d): the %s's shards live on the first ranks of each replica", k_roles[role].adj, T, name);
             return rf_recipe_reject_unimplemented(r, key, why);
         }
-    }
-    if (r->placement.reward.tp > 1 && T % r->placement.reward.tp != 0) {
-        snprintf(why, sizeof why, "a reward-model tensor-parallel size that does not divide the actor's "
-                 "(placement.actor.tp = %d): the reward model's shards live on the first ranks of each replica", T);
-        return rf_recipe_reject_unimplemented(r, "placement.reward.tp", why);
-    }
-    if (r->placement.reward.dp > D) {
-        char where[512];
-        return rf_error(RF_ERR_ARG, "%s: placement.reward.dp = %d is more than placement.actor.dp = %d (the reward model "
-                        "is held by the first placement.reward.dp of the actor's data-parallel replicas)",
-                        rf_recipe_where(r, "placement.reward.dp", where, sizeof where), r->placement.reward.dp, D);
     }
     RF_TRY(reject_rollout_tp(r, split));
     if (r->placement.actor.zero > 1)

@@ -102,3 +102,10 @@ int rf_cuda_device_count(void) {
 /* Neither opens the module: before it is open the back end has not started. */
 int rf_cuda_current_device(void) { return loaded() ? loaded()->current_device() : -1; }
 void *rf_cuda_stream(void) { return loaded() ? loaded()->stream() : NULL; }
+
+const rf_kernels *rf_kernels_for(const char *device) {
+    if (!device || strcmp(device, "cpu") == 0) return rf_cpu_kernels();
+    if (strcmp(device, "cuda") == 0) return rf_cuda_kernels(RF_CUDA_ANY);
+    rf_error(RF_ERR_ARG, "expected \"cpu\" or \"cuda\", got \"%s\"", device);
+    return NULL;
+}

@@ -176,6 +176,11 @@ const rf_kernels *rf_cuda_kernels(int device);
  * orders its operations after the work queued here (comm.h). */
 void *rf_cuda_stream(void);
 
+/* The back end a recipe's or a command's device names: "cpu" (or NULL) the CPU one, "cuda" the
+ * CUDA one (RF_CUDA_ANY). NULL with the reason recorded: RF_ERR_NODEVICE for "cuda" where it
+ * cannot start, RF_ERR_ARG for another name. */
+const rf_kernels *rf_kernels_for(const char *device);
+
 /* The device RF_CUDA_ANY starts on (default 0): a split run's launcher picks each rank's
  * before its role starts the back end. Nothing without CUDA. */
 void rf_cuda_select_device(int device);

@@ -234,12 +234,9 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     rf_model_config cfg;
     rf_path_join(p, sizeof p, w->r->model.path, "config.json");
     RF_TRY(rf_config_load(&cfg, p));
-    rf_comm *c = w->gcomm; /* on CUDA the shards compute over NCCL */
-    if (k != rf_cpu_kernels()) {
-        rf_status st = rf_comm_nccl(w->gcomm, rf_cuda_current_device(), w->r->async.startup_timeout, &w->gdev);
-        if (st != RF_OK) return rf_error_wrap(st, "rollout tensor parallelism on CUDA");
-        c = w->gdev;
-    }
+    rf_comm *c; /* on CUDA the shards compute over NCCL */
+    rf_status st = rf_comm_for(w->gcomm, k, w->r->async.startup_timeout, &w->gdev, &c);
+    if (st != RF_OK) return rf_error_wrap(st, "rollout tensor parallelism on CUDA");
     RF_TRY(rf_model_tp_init(&w->tp, &cfg, k, c, w->r->async.peer_timeout));
     w->m = w->tp->m;
     return rf_rollout_tp_init(&w->g, w->tp, w->r->async.peer_timeout);
@@ -316,8 +313,8 @@ rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int r
                                  rf_comm *wcomm, rf_comm *gcomm, int train_rank) {
     worker w = {.r = r, .rank = rank, .version = -1, .t0 = rf_time_now(),
                 .gcomm = gcomm && rf_comm_size(gcomm) > 1 ? gcomm : NULL};
-    const rf_kernels *k = strcmp(r->model.device, "cuda") == 0 ? rf_cuda_kernels(RF_CUDA_ANY) : rf_cpu_kernels();
-    if (!k) return rf_error(RF_ERR_NODEVICE, "model.device = \"cuda\"");
+    const rf_kernels *k = rf_kernels_for(r->model.device);
+    if (!k) return rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     if (w.gcomm && rf_comm_rank(w.gcomm) > 0) {

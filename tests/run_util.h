@@ -197,6 +197,39 @@ static inline int rf_test_has_all(const char *out, const char **want, size_t n) 
     return all;
 }
 
+/* The test reward model (tests/data/reward_model, weight 100: its scores dominate the reward)
+ * on n layouts: r.toml for one synchronous step with `base` and extra[i] as run runs[i]; each
+ * output holds want[i * n_want .. + n_want), and every run's step-1 reward equals the first's
+ * within 1e-5 (the same samples, each sequence scored once wherever it lands) with the same
+ * rule accuracy, far from it (the model's scores count). `test` names the skip when
+ * RF_SOURCE_DIR is not set. */
+static inline void rf_test_rm_layouts(const char *test, const char *dir, const char *rlflow, const char *base, int n,
+                                      const char *const *runs, const char *const *extra, const char **want, int n_want) {
+    const char *src = getenv("RF_SOURCE_DIR");
+    if (!src) {
+        printf("%s: reward model part skipped (needs RF_SOURCE_DIR)\n", test);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        char args[1024], *out = NULL;
+        snprintf(args, sizeof args, "%s --set train.steps=1 --set reward.model=%s/tests/data/reward_model "
+                 "--set reward.model_weight=100 %s", base, src, extra[i]);
+        int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
+        CHECK(rc == 0);
+        if (!rf_test_has_all(out, want + (size_t)i * (size_t)n_want, (size_t)n_want) || rc)
+            fprintf(stderr, "%s\n", out ? out : "");
+        free(out);
+    }
+    double r0 = rf_test_metric(dir, runs[0], 1, "reward/mean"), acc = rf_test_metric(dir, runs[0], 1, "reward/accuracy");
+    for (int i = 1; i < n; i++) {
+        double r = rf_test_metric(dir, runs[i], 1, "reward/mean");
+        printf("reward model, %s: step-1 reward %.7f (%s: %.7f; accuracy %.4f)\n", extra[i], r, extra[0], r0, acc);
+        CHECK(fabs(r - r0) <= 1e-5 * fabs(r0));
+        CHECK(rf_test_metric(dir, runs[i], 1, "reward/accuracy") == acc);
+    }
+    CHECK(fabs(r0 - acc) > 0.1); /* the reward model's share of the reward */
+}
+
 /* Two synchronous 3-step PPO runs with a KL term (async.max_staleness = 0: the same samples)
  * whose critic and reference are laid out differently (`what`, for the printout) must score
  * alike: at step 1 the same mean reward, the value loss within 1e-5 and the KL to the reference

@@ -203,47 +203,30 @@ static void zero_ppo_checkpoint_resume(void) {
     CHECK(rf_test_metric(dir, "zero", 30, "critic/value_loss") >= 0);
 }
 
+/* A reward model whole on each replica's first rank against split over both ranks of each
+ * replica (placement.reward.tp = 2): the same step-1 reward, and the rank table and the
+ * scoring line say where it is. */
+static void reward_model_split(void) {
+    const char *runs[2] = {"rm_whole", "rm_split"};
+    const char *extra[2] = {"--set placement.reward.tp=1", "--set placement.reward.tp=2"};
+    const char *want[4] = {
+        "rank 2: training worker, data-parallel replica 0 of 2, tensor-parallel rank 1 of 2 (actor shard 1 of 2, "
+        "reference shard 1 of 2)",
+        "training worker: scoring reference log-probs and reward-model scores on 2 data-parallel replicas "
+        "(token-balanced shares), the reference split over 2 tensor-parallel ranks",
+        "rank 4: training worker, data-parallel replica 1 of 2, tensor-parallel rank 1 of 2 (actor shard 1 of 2, "
+        "reference shard 1 of 2, reward model shard 1 of 2)",
+        "training worker: scoring reference log-probs and reward-model scores on 2 data-parallel replicas "
+        "(token-balanced shares), all split over 2 tensor-parallel ranks"};
+    rf_test_rm_layouts("test_split_tpdp", dir, rlflow,
+                       "--set algorithm.kl_coef=0.01 --set logging.val_every=0 --set async.max_staleness=0", 2, runs,
+                       extra, want, 2);
+}
+
 /* Replica 1's first rank killed: the run stops after async.peer_timeout (10 s) naming world
  * rank 3. Who notices depends on where the kill lands: rank 1 in its next collective with it
  * (the batch's shares, or a gradient bucket of its TP position), or the rollout worker in a
  * weights transfer from it. */
-/* A reward model (tests/data/reward_model, weight 100) whole on each replica's first rank
- * against split over both ranks of each replica (placement.reward.tp = 2): one synchronous
- * step gives the same reward within 1e-5 (far from the rule's accuracy), and the rank table
- * and the scoring line say where it is. */
-static void reward_model_split(void) {
-    const char *src = getenv("RF_SOURCE_DIR");
-    if (!src) {
-        printf("test_split_tpdp: reward model part skipped (needs RF_SOURCE_DIR)\n");
-        return;
-    }
-    const char *run[2] = {"rm_whole", "rm_split"}, *tp[2] = {"1", "2"};
-    const char *want[2][2] = {
-        {"rank 2: training worker, data-parallel replica 0 of 2, tensor-parallel rank 1 of 2 (actor shard 1 of 2, "
-         "reference shard 1 of 2)",
-         "training worker: scoring reference log-probs and reward-model scores on 2 data-parallel replicas "
-         "(token-balanced shares), the reference split over 2 tensor-parallel ranks"},
-        {"rank 4: training worker, data-parallel replica 1 of 2, tensor-parallel rank 1 of 2 (actor shard 1 of 2, "
-         "reference shard 1 of 2, reward model shard 1 of 2)",
-         "training worker: scoring reference log-probs and reward-model scores on 2 data-parallel replicas "
-         "(token-balanced shares), all split over 2 tensor-parallel ranks"}};
-    for (int i = 0; i < 2; i++) {
-        char args[1024], *out = NULL;
-        snprintf(args, sizeof args, "--set algorithm.kl_coef=0.01 --set logging.val_every=0 --set async.max_staleness=0 "
-                 "--set train.steps=1 --set reward.model=%s/tests/data/reward_model --set reward.model_weight=100 "
-                 "--set placement.reward.tp=%s", src, tp[i]);
-        int rc = rf_test_run_recipe(&out, dir, rlflow, run[i], args);
-        CHECK(rc == 0);
-        rf_test_has_all(out, want[i], 2);
-        if (rc) fprintf(stderr, "%s\n", out ? out : "");
-        free(out);
-    }
-    double a = rf_test_metric(dir, "rm_whole", 1, "reward/mean"), b = rf_test_metric(dir, "rm_split", 1, "reward/mean");
-    double acc = rf_test_metric(dir, "rm_whole", 1, "reward/accuracy");
-    printf("reward model whole / split over 2 ranks: step-1 reward %.7f / %.7f (accuracy %.4f)\n", a, b, acc);
-    CHECK(fabs(a - b) <= 1e-5 * fabs(a) && fabs(a - acc) > 0.1);
-}
-
 static void peer_killed(void) {
     rf_test_peer_killed_at(dir, rlflow, "data-parallel rank 1 of 2", 3, "error: ", " waited 10 s for world rank 3 (a rank is gone or stuck)");
 }
