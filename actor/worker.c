@@ -564,23 +564,8 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
                                .capacity = 1, .name = "train", .timeout_s = r->async.startup_timeout};
     if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);
     if (st == RF_OK) st = serve(&w);
-    if (st != RF_OK && !w.link) {
-        /* failed before connecting: connect only to say why (the controller would otherwise
-         * wait async.startup_timeout for this worker); best effort, a few seconds at most (a
-         * controller that is up answers at once; one that stopped never does) */
-        char keep[1024];
-        snprintf(keep, sizeof keep, "%s", rf_error_message());
-        cc.timeout_s = fmin(r->async.peer_timeout, 5.0);
-        if (rf_msg_link_open(&w.link, &cc, r->async.peer_timeout) != RF_OK) w.link = NULL;
-        rf_error(st, "%s", keep);
-    }
-    if (st != RF_OK && w.link) {
-        /* tell the controller why, so that it can stop the run naming us */
-        Rlflow__Error e = RLFLOW__ERROR__INIT;
-        e.code = st, e.message = (char *)rf_error_message();
-        rf_msg_link_send(w.link, RF_MSG_ERROR, &e.base);
-    }
-    if (w.link) rf_msg_link_flush(w.link, 5.0);
+    if (st != RF_OK) rf_msg_link_tell_error(&w.link, &cc, r->async.peer_timeout, st);
+    else if (w.link) rf_msg_link_flush(w.link, 5.0);
     if (w.dp_actor) rf__dp_stop(&w, st != RF_OK);
     rf__tp_stop(&w, st != RF_OK);
     rf__dp_free(&w);

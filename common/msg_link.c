@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -267,4 +268,21 @@ void rf_msg_link_close(rf_msg_link *l) {
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->cv);
     free(l);
+}
+
+void rf_msg_link_tell_error(rf_msg_link **l, const rf_msg_client_config *cfg, double peer_timeout_s, rf_status st) {
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", rf_error_message());
+    if (!*l) {
+        rf_msg_client_config brief = *cfg;
+        brief.timeout_s = peer_timeout_s < 5.0 ? peer_timeout_s : 5.0;
+        if (rf_msg_link_open(l, &brief, peer_timeout_s) != RF_OK) *l = NULL;
+    }
+    if (*l) {
+        Rlflow__Error e = RLFLOW__ERROR__INIT;
+        e.code = st, e.message = keep;
+        rf_msg_link_send(*l, RF_MSG_ERROR, &e.base);
+        rf_msg_link_flush(*l, 5.0);
+    }
+    rf_error(st, "%s", keep);
 }

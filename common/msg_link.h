@@ -33,6 +33,14 @@ int rf_msg_link_shutdown_seen(rf_msg_link *l);
 /* Waits (at most timeout_s) until every queued message has been handed to ZeroMQ. */
 rf_status rf_msg_link_flush(rf_msg_link *l, double timeout_s);
 
+/* A worker that failed (st, message recorded) tells the controller why, so that the run stops
+ * naming it: an Error on *l, then a flush (5 s at most). A worker that failed before it
+ * connected (*l NULL) first connects as cfg says only for this, waiting at most
+ * min(peer_timeout_s, 5) s (a controller that is up answers at once; one that stopped never
+ * does), else the controller would wait async.startup_timeout for it. Best effort; the
+ * recorded message is kept. */
+void rf_msg_link_tell_error(rf_msg_link **l, const rf_msg_client_config *cfg, double peer_timeout_s, rf_status st);
+
 /* Stops the thread, sends what is queued (bounded linger), closes. NULL is fine. */
 void rf_msg_link_close(rf_msg_link *l);
 

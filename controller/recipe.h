@@ -51,6 +51,7 @@ typedef struct rf_recipe {
         int top_k, max_new_tokens;
         rf_str_list stop;
         int max_running, kv_block_size, kv_blocks;
+        double kv_memory_fraction;
     } rollout;
     struct {
         const char *name; /* "ppo" | "grpo" | "dr_grpo" | "rloo" | "reinforce_pp" */

@@ -3,6 +3,7 @@
 #define RF_RUN_INTERNAL_H
 
 #include "controller/run.h"
+#include "rollout/rollout_tp.h"
 
 rf_status rf__ensure_data(const rf_recipe *r);
 rf_status rf__ensure_model(const rf_recipe *r);
@@ -17,6 +18,11 @@ rf_status rf__check_tp_model(const rf_recipe *r, const rf_model_config *cfg);
 rf_status rf__check_tp_model_path(const rf_recipe *r);
 /* The rollout engine over the actor, sized by [rollout]. */
 rf_status rf__start_rollout(rf_run *run);
+/* A rollout engine sized by the recipe's [rollout] (colocated: rollout.kv_memory_fraction's
+ * colocated default) over model m, or over tensor-parallel group g when not NULL; a pool
+ * that does not fit is an error naming the keys that size it. */
+rf_status rf__rollout_engine(const rf_recipe *r, int colocated, rf_model *m, rf_rollout_tp *g,
+                             const rf_tokenizer *tok, rf_rollout **e);
 void rf__run_free(rf_run *run);
 
 /* logging.dir, the metrics sinks and <logging.dir>/recipe.toml (the effective recipe). */

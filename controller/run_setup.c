@@ -281,11 +281,25 @@ rf_status rf__open_logging(rf_run *run) {
     return RF_OK;
 }
 
-rf_status rf__start_rollout(rf_run *run) {
-    const rf_recipe *r = run->r;
+rf_status rf__rollout_engine(const rf_recipe *r, int colocated, rf_model *m, rf_rollout_tp *g,
+                             const rf_tokenizer *tok, rf_rollout **e) {
+    double fraction = r->rollout.kv_memory_fraction > 0 ? r->rollout.kv_memory_fraction : colocated ? 0.5 : 0.9;
+    int prompt = r->data.max_prompt_tokens;
     rf_rollout_opts o = {.block_size = r->rollout.kv_block_size, .n_blocks = r->rollout.kv_blocks,
-                         .max_running = r->rollout.max_running, .tok = run->tok};
-    return rf_rollout_init(&run->engine, run->actor, &o);
+                         .max_running = r->rollout.max_running, .tok = tok, .mem_fraction = fraction,
+                         .max_seq_len = prompt > 0 ? prompt + r->rollout.max_new_tokens : 0};
+    rf_status st = g ? rf_rollout_tp_engine(g, &o, e) : rf_rollout_init(e, m, &o);
+    if (st == RF_ERR_NOMEM && o.n_blocks == 0)
+        return rf_error_wrap(st, "rollout.kv_blocks = 0 (sized from memory), rollout.kv_memory_fraction = %g%s: raise "
+                             "it, lower rollout.max_running, data.max_prompt_tokens or rollout.max_new_tokens, or set "
+                             "rollout.kv_blocks", fraction, r->rollout.kv_memory_fraction > 0 ? "" : " (its default)");
+    if (st == RF_ERR_NOMEM)
+        return rf_error_wrap(st, "rollout.kv_blocks = %d: lower it, or set 0 to size the pool from memory", o.n_blocks);
+    return st;
+}
+
+rf_status rf__start_rollout(rf_run *run) {
+    return rf__rollout_engine(run->r, 1, run->actor, NULL, run->tok, &run->engine);
 }
 
 void rf__run_free(rf_run *run) {

@@ -43,6 +43,9 @@ struct rf_kernels {
     void (*copy)(void *dst, const void *src, size_t bytes);         /* device to device */
     void (*zero)(void *p, size_t bytes);
     void (*sync)(void);
+    /* The device's free and total memory in bytes (CPU: MemAvailable and MemTotal of
+     * /proc/meminfo); 0 on success, -1 with the message recorded. */
+    int (*mem_info)(size_t *free_bytes, size_t *total_bytes);
 
     /* ---- elementwise ---- */
     /* a[i] += b[i] */

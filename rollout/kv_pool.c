@@ -1,6 +1,7 @@
 /* Block pool of the paged KV cache: device memory plus a host free list and reference counts. */
 #include "rollout/kv_pool.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +34,12 @@ rf_status rf_kv_pool_init_heads(rf_kv_pool *p, const rf_kernels *k, int n_layers
     for (int i = 0; i < n_blocks; i++) p->free_ids[i] = n_blocks - 1 - i; /* block 0 on top */
     p->n_free = n_blocks;
     return RF_OK;
+}
+
+int rf_kv_pool_fit(size_t block_bytes, size_t free_bytes, double fraction, int want, int least) {
+    double fit = block_bytes ? floor(fraction * (double)free_bytes / (double)block_bytes) : (double)want;
+    int n = fit >= want ? want : (int)fit;
+    return n < least ? -1 : n;
 }
 
 void rf_kv_pool_free(rf_kv_pool *p) {

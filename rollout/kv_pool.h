@@ -38,6 +38,11 @@ rf_status rf_kv_pool_init_heads(rf_kv_pool *p, const rf_kernels *k, int n_layers
                                 int n_blocks, int block_size);
 void rf_kv_pool_free(rf_kv_pool *p);
 
+/* The size of a pool sized from memory: `want` blocks (enough for the longest load) when
+ * fraction x free_bytes holds that many of block_bytes each, else as many as it holds; -1
+ * when it holds fewer than `least` (one longest sequence). */
+int rf_kv_pool_fit(size_t block_bytes, size_t free_bytes, double fraction, int want, int least);
+
 /* Takes a free block with one reference; -1 when none is free. Lowest ids are handed out
  * first after init, so runs are reproducible. */
 int rf_kv_pool_alloc(rf_kv_pool *p);

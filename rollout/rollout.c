@@ -1,28 +1,68 @@
 /* The rollout engine's API: construction, requests and their copies, delivery of finished
  * samples. The scheduler step itself is in rollout/scheduler.c. */
+#include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/util.h"
 #include "rollout/rollout_internal.h"
 
 static void opts_defaults(rf_rollout_opts *o) {
     if (o->block_size == 0) o->block_size = 16;
-    if (o->n_blocks == 0) o->n_blocks = 1024;
     if (o->max_running == 0) o->max_running = 64;
     if (o->max_batch_tokens == 0) o->max_batch_tokens = 2048;
+    if (o->mem_fraction == 0) o->mem_fraction = 0.9;
 }
 
 static rf_status opts_check(const rf_rollout_opts *o) {
-    if (o->block_size < 1 || o->n_blocks < 1 || o->max_running < 1 || o->max_batch_tokens < 1)
-        return rf_error(RF_ERR_ARG, "rollout: block_size (%d), n_blocks (%d), max_running (%d) "
-                        "and max_batch_tokens (%d) must be >= 1 (0 = default)", o->block_size,
-                        o->n_blocks, o->max_running, o->max_batch_tokens);
+    if (o->block_size < 1 || o->n_blocks < 0 || o->max_running < 1 || o->max_batch_tokens < 1 || o->max_seq_len < 0)
+        return rf_error(RF_ERR_ARG, "rollout: block_size (%d), max_running (%d) and max_batch_tokens (%d) must be "
+                        ">= 1, n_blocks (%d) and max_seq_len (%d) >= 0 (0 = default)", o->block_size, o->max_running,
+                        o->max_batch_tokens, o->n_blocks, o->max_seq_len);
+    if (!(o->mem_fraction > 0 && o->mem_fraction <= 1))
+        return rf_error(RF_ERR_ARG, "rollout: mem_fraction (%g) must be in (0, 1]", o->mem_fraction);
     if (o->max_running > o->max_batch_tokens)
         return rf_error(RF_ERR_ARG, "rollout: max_running (%d) exceeds max_batch_tokens (%d): a "
                         "decode step would not fit the token budget", o->max_running,
                         o->max_batch_tokens);
+    return RF_OK;
+}
+
+static double mb(size_t bytes) { return (double)bytes / (1 << 20); }
+
+/* o->n_blocks = 0: enough blocks for max_running sequences of the longest length, as many as
+ * mem_fraction of the back end's free memory holds when fewer (the scheduler then preempts),
+ * refused when that is not one sequence. */
+static rf_status size_pool(const rf_rollout_model *mc, rf_rollout_opts *o) {
+    int limit = rf_config_max_seq(mc->cfg);
+    int len = o->max_seq_len > 0 && o->max_seq_len < limit ? o->max_seq_len : limit;
+    int per_seq = (len + o->block_size - 1) / o->block_size;
+    int want = (int)((int64_t)per_seq * o->max_running > INT32_MAX / 2 ? INT32_MAX / 2 : (int64_t)per_seq * o->max_running);
+    size_t block_bytes = 2 * sizeof(float) * (size_t)mc->cfg->num_hidden_layers * (size_t)o->block_size *
+                         (size_t)mc->kv_heads * (size_t)mc->cfg->head_dim;
+    size_t free_b = 0, total_b = 0;
+    if (mc->k->mem_info(&free_b, &total_b) != 0)
+        return rf_error_wrap(RF_ERR_NODEVICE, "rollout: sizing the KV cache from %s memory", mc->k->name);
+    int n = rf_kv_pool_fit(block_bytes, free_b, o->mem_fraction, want, per_seq);
+    if (n < 0)
+        return rf_error(RF_ERR_NOMEM, "rollout: KV cache sized from memory: %.3g%% of the %.1f MB free on %s holds "
+                        "%.0f blocks of %d positions (%.2f MB each), fewer than the %d that one sequence of %d "
+                        "positions needs", 100 * o->mem_fraction, mb(free_b), mc->k->name,
+                        floor(o->mem_fraction * (double)free_b / (double)block_bytes), o->block_size, mb(block_bytes),
+                        per_seq, len);
+    o->n_blocks = n;
+    if (n == want)
+        rf_log_info("KV cache: %d blocks of %d positions, %.0f MB on %s: %d running sequences of up to %d positions "
+                    "(%.3g%% of the %.1f MB free would hold more)", n, o->block_size, mb(block_bytes * (size_t)n),
+                    mc->k->name, o->max_running, len, 100 * o->mem_fraction, mb(free_b));
+    else
+        rf_log_info("KV cache: %d blocks of %d positions, %.0f MB on %s: %.3g%% of the %.1f MB free; %d running "
+                    "sequences of up to %d positions would need %d (sequences beyond wait or are preempted)", n,
+                    o->block_size, mb(block_bytes * (size_t)n), mc->k->name, 100 * o->mem_fraction, mb(free_b),
+                    o->max_running, len, want);
     return RF_OK;
 }
 
@@ -44,7 +84,8 @@ static void whole_copy(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows) {
 rf_status rf_rollout_init(rf_rollout **out, rf_model *m, const rf_rollout_opts *opts) {
     *out = NULL;
     if (!m->lm_head) return rf_error(RF_ERR_ARG, "rollout: the model has a value head, not an LM head");
-    rf_rollout_model mc = {&m->cfg, m, whole_pool_init, whole_decode, whole_copy, NULL};
+    rf_rollout_model mc = {.cfg = &m->cfg, .ctx = m, .k = m->k, .kv_heads = m->cfg.num_key_value_heads,
+                           .pool_init = whole_pool_init, .decode = whole_decode, .copy = whole_copy};
     return rf_rollout_init_model(out, &mc, opts);
 }
 
@@ -55,6 +96,7 @@ rf_status rf_rollout_init_model(rf_rollout **out, const rf_rollout_model *mc, co
     rf_rollout_opts o = opts ? *opts : (rf_rollout_opts){0};
     opts_defaults(&o);
     RF_TRY(opts_check(&o));
+    if (o.n_blocks == 0) RF_TRY(size_pool(mc, &o));
     rf_rollout *e = rf_calloc(1, sizeof *e);
     if (!e) return RF_ERR_NOMEM;
     e->mc = *mc, e->o = o;
@@ -138,6 +180,7 @@ int rf_rollout_idle(const rf_rollout *e) { return e->n_running == 0 && e->n_wait
 
 void rf_rollout_get_stats(const rf_rollout *e, rf_rollout_stats *s) {
     *s = e->stats;
+    s->pool_blocks = e->pool.n_blocks;
     s->peak_blocks_used = e->pool.peak_used;
     s->running = e->n_running, s->waiting = e->n_waiting;
 }

@@ -33,7 +33,13 @@ typedef struct rf_rollout rf_rollout;
 
 typedef struct rf_rollout_opts {
     int block_size;          /* positions per KV block; 0 = 16 */
-    int n_blocks;            /* blocks in the pool, bounds KV memory; 0 = 1024 */
+    int n_blocks;            /* blocks in the pool, bounds KV memory; 0 = sized from memory:
+                                enough for max_running sequences of max_seq_len positions, at
+                                most mem_fraction of the back end's free memory (measured when
+                                the engine is made, after the model is loaded) */
+    int max_seq_len;         /* the longest sequence (prompt + response) requests will have,
+                                for n_blocks = 0; 0 = the model's position limit */
+    double mem_fraction;     /* for n_blocks = 0, in (0, 1]; 0 = 0.9 */
     int max_running;         /* sequences in a step at most; 0 = 64 */
     int max_batch_tokens;    /* tokens per model call at most (decode + prefill); 0 = 2048.
                                 A prompt longer than this is prefilled alone in its step. */
@@ -73,6 +79,7 @@ typedef struct rf_rollout_sample {
 typedef void (*rf_rollout_callback)(void *ctx, const rf_rollout_sample *s);
 
 typedef struct rf_rollout_stats {
+    int pool_blocks;              /* blocks in the KV pool */
     int64_t steps;                /* rf_rollout_step iterations that did work */
     int64_t tokens_generated;     /* sampled tokens */
     int64_t prefill_tokens;       /* prompt (and recomputed) tokens run through the model */
@@ -92,6 +99,8 @@ typedef struct rf_rollout_stats {
 typedef struct rf_rollout_model {
     const rf_model_config *cfg; /* the whole model's: vocabulary and position limit */
     void *ctx;                  /* passed back to the functions below; borrowed */
+    const rf_kernels *k;        /* the back end holding the pool (its free memory sizes it) */
+    int kv_heads;               /* k/v heads a block holds (a tensor-parallel rank's share) */
     /* Makes the engine's pool of n_blocks blocks of block_size positions. */
     rf_status (*pool_init)(void *ctx, rf_kv_pool *p, int n_blocks, int block_size);
     /* rf_model_decode_paged's contract: whole rows of logits (n, cfg->vocab_size), from which
@@ -111,9 +120,10 @@ typedef struct rf_rollout_model {
 } rf_rollout_model;
 
 /* Creates an engine generating with model m (borrowed: m must outlive the engine and is driven
- * by it during steps) and a KV pool of o->n_blocks blocks on m's back end. o may be NULL
- * (defaults). Errors: RF_ERR_ARG for negative sizes, a model without an LM head, or
- * max_running > max_batch_tokens; RF_ERR_NOMEM. Free with rf_rollout_free. */
+ * by it during steps) and a KV pool of o->n_blocks blocks on m's back end (sized from memory
+ * when 0, logged). o may be NULL (defaults). Errors: RF_ERR_ARG for negative sizes, a model
+ * without an LM head, or max_running > max_batch_tokens; RF_ERR_NOMEM, also when a pool sized
+ * from memory would not hold one sequence of max_seq_len positions. Free with rf_rollout_free. */
 rf_status rf_rollout_init(rf_rollout **e, rf_model *m, const rf_rollout_opts *o);
 /* The same over any model behind mc (copied; mc->ctx and mc->cfg borrowed, outliving the
  * engine). */

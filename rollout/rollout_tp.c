@@ -192,7 +192,8 @@ rf_status rf_rollout_tp_engine(rf_rollout_tp *g, const rf_rollout_opts *o, rf_ro
     if (g->tp->t != 0)
         return rf_error(RF_ERR_ARG, "rollout tensor parallelism: the engine runs on rank 0 of the group, not %d", g->tp->t);
     if (!g->tp->m->lm_head) return rf_error(RF_ERR_ARG, "rollout: the model has a value head, not an LM head");
-    rf_rollout_model mc = {&g->tp->cfg, g, engine_pool_init, NULL, engine_copy, engine_decode_sample};
+    rf_rollout_model mc = {.cfg = &g->tp->cfg, .ctx = g, .k = g->tp->m->k, .kv_heads = g->tp->KVA,
+                           .pool_init = engine_pool_init, .copy = engine_copy, .decode_sample = engine_decode_sample};
     return rf_rollout_init_model(e, &mc, o);
 }
 

@@ -248,9 +248,7 @@ static rf_status engine_open(worker *w, const rf_kernels *k) {
     RF_TRY(w->gcomm ? tp_open(w, k) : rf_model_load(&w->m, r->model.path, k, 0));
     RF_TRY(rf_tokenizer_load_dir(&w->tok, r->model.path));
     RF_TRY(rf__eos_ids(r->model.path, w->m, w->tok, &w->eos, &w->n_eos));
-    rf_rollout_opts o = {.block_size = r->rollout.kv_block_size, .n_blocks = r->rollout.kv_blocks,
-                         .max_running = r->rollout.max_running, .tok = w->tok};
-    return w->g ? rf_rollout_tp_engine(w->g, &o, &w->e) : rf_rollout_init(&w->e, w->m, &o);
+    return rf__rollout_engine(r, 0, w->m, w->g, w->tok, &w->e);
 }
 
 /* A peer (tensor-parallel rank > 0): its weights and the command it serves. */
@@ -336,13 +334,7 @@ rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int r
     }
     st = stop_peers(&w, st);
     if (st != RF_OK) st = rf_error_wrap(st, "rollout worker %d on %s", rank, host);
-    if (st != RF_OK && w.link) {
-        /* tell the controller why, so that it stops the run naming us */
-        Rlflow__Error e = RLFLOW__ERROR__INIT;
-        e.code = st, e.message = (char *)rf_error_message();
-        rf_msg_link_send(w.link, RF_MSG_ERROR, &e.base);
-        rf_msg_link_flush(w.link, 5.0);
-    }
+    if (st != RF_OK) rf_msg_link_tell_error(&w.link, &cc, r->async.peer_timeout, st);
     worker_free(&w);
     return st;
 }

@@ -9,6 +9,8 @@
  *                 writes that memory as the CPU back end would; to_device/to_host/copy are
  *                 memcpy. So a value that never crossed to or from the "device" (a missing
  *                 upload or download) shows as a wrong result, as it would on a GPU.
+ *                 mem_info reports RF_MOCK_GPU_MEMORY bytes (default 16 GiB) less those
+ *                 allocated.
  *   devices       RF_MOCK_GPUS of them (default 8); one per process, as the real back end.
  *   NCCL          a communicator of kind RF_COMM_NCCL over a duplicate of the MPI (or single)
  *                 one it is made from: every buffer handed to it must lie in "device" memory
@@ -65,6 +67,16 @@ static void dev_free(void *p) {
     abort();
 }
 
+/* The device's memory: $RF_MOCK_GPU_MEMORY bytes (default 16 GiB), less the blocks allocated
+ * (a real device's free memory drops the same way as buffers are made). */
+static int dev_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    const char *env = getenv("RF_MOCK_GPU_MEMORY");
+    size_t total = env ? (size_t)strtoull(env, NULL, 10) : (size_t)16 << 30, used = 0;
+    for (size_t i = 0; i < g_n_blocks; i++) used += g_blocks[i].n;
+    *total_bytes = total, *free_bytes = used < total ? total - used : 0;
+    return 0;
+}
+
 /* 1 when [p, p + bytes) lies inside one device block. */
 static int on_device(const void *p, size_t bytes) {
     const char *c = p;
@@ -94,7 +106,7 @@ static const rf_kernels *mock_kernels(int device) {
     if (g_device < 0) {
         g_table = *rf_cpu_kernels();
         g_table.name = "cuda";
-        g_table.alloc = dev_alloc, g_table.free = dev_free;
+        g_table.alloc = dev_alloc, g_table.free = dev_free, g_table.mem_info = dev_mem_info;
         g_device = device;
     }
     return &g_table;

@@ -42,7 +42,7 @@ static void load_fails(const char *text, const char *const *ov, int n_ov, rf_sta
 static void defaults(void) {
     rf_recipe r;
     CHECK_OK(rf_recipe_load(&r, NULL, NULL, 0));
-    CHECK(r.rollout.n == 8 && r.rollout.prompts_per_step == 16 && r.rollout.kv_blocks == 4096);
+    CHECK(r.rollout.n == 8 && r.rollout.prompts_per_step == 16 && r.rollout.kv_blocks == 0 && r.rollout.kv_memory_fraction == 0);
     CHECK(strcmp(r.algorithm.name, "grpo") == 0 && strcmp(r.algorithm.kl_estimator, "k3") == 0);
     CHECK(r.train.lr == 1e-5 && r.train.eps == 1e-8 && r.train.beta2 == 0.999);
     CHECK(r.model.path && strcmp(r.model.path, "") == 0 && strcmp(r.model.device, "cpu") == 0);

@@ -7,6 +7,8 @@
  *  - the n samples of one prompt share its KV blocks (one prefill, references = n, copy on
  *    write of the partially filled last block) and still equal n independent rf_generate runs;
  *  - a pool too small for the batch forces preemption, and the outputs do not change;
+ *  - a pool sized from memory: the longest load when the budget holds it, the budget's blocks
+ *    when not (generation still finishes), refused below one sequence;
  *  - continuous batching admits a queued request as soon as a running one finishes;
  *  - policy versions are recorded per token; errors are clear. */
 #define _POSIX_C_SOURCE 200809L
@@ -368,6 +370,81 @@ static void preemption_keeps_outputs(rf_model *m) {
     collector_free(&col);
 }
 
+/* The back end's free memory as the pool sizing sees it (a CPU table with mem_info replaced). */
+static size_t g_free_bytes;
+static int g_mem_fails;
+static int fake_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    if (g_mem_fails) {
+        rf_error(RF_ERR_CUDA, "fake: the device is gone");
+        return -1;
+    }
+    *free_bytes = g_free_bytes, *total_bytes = 2 * g_free_bytes;
+    return 0;
+}
+
+/* n_blocks = 0: max_running sequences of max_seq_len positions when the memory budget holds
+ * them, as many blocks as the budget holds when it does not (generation then preempts and
+ * still finishes), refused when that is not one sequence; the model's position limit without
+ * max_seq_len. */
+static void pool_sized_from_memory(rf_model *m) {
+    rf_kernels fake = *m->k;
+    fake.mem_info = fake_mem_info;
+    const rf_kernels *cpu = m->k;
+    m->k = &fake;
+    size_t block = 2 * sizeof(float) * (size_t)m->cfg.num_hidden_layers * 4 * (size_t)m->cfg.num_key_value_heads *
+                   (size_t)m->cfg.head_dim;
+    rf_rollout_opts o = {.block_size = 4, .max_running = 6, .max_seq_len = 30, .mem_fraction = 0.5};
+    rf_rollout *e = NULL;
+    rf_rollout_stats st;
+    g_free_bytes = (size_t)1 << 40; /* room for all: 6 sequences x ceil(30 / 4) blocks */
+    CHECK_OK(rf_rollout_init(&e, m, &o));
+    rf_rollout_get_stats(e, &st);
+    CHECK(st.pool_blocks == 6 * 8);
+    rf_rollout_free(e);
+    g_free_bytes = 25 * block + block / 2; /* half of it holds 12.75 blocks */
+    CHECK_OK(rf_rollout_init(&e, m, &o));
+    rf_rollout_get_stats(e, &st);
+    CHECK(st.pool_blocks == 12);
+    rf_rollout_free(e);
+    rf_gen_params gp = {.sampling = {0, 1.0f, 0, 1.0f}, .max_new_tokens = 8, .seed = 5};
+    collector col = {0};
+    CHECK_OK(run_engine(m, &o, &gp, 3, &col, &st));
+    CHECK(st.pool_blocks == 12 && col.delivered == 3 * N_PROMPTS && st.peak_blocks_used <= 12 && st.preemptions > 0);
+    printf("pool sized from memory: 12 blocks, %lld preemptions, peak %d\n", (long long)st.preemptions,
+           st.peak_blocks_used);
+    collector_free(&col);
+    g_free_bytes = 16 * block - 1, o.mem_fraction = 1; /* all of it: 15.99 blocks, 15 */
+    CHECK_OK(rf_rollout_init(&e, m, &o));
+    rf_rollout_get_stats(e, &st);
+    CHECK(st.pool_blocks == 15);
+    rf_rollout_free(e);
+    g_free_bytes = 8 * block - 1; /* 7.99 blocks: one sequence needs 8 */
+    char want[256];
+    snprintf(want, sizeof want, "of the 0.0 MB free on cpu holds 7 blocks of 4 positions (%.2f MB each), fewer than the "
+             "8 that one sequence of 30 positions needs", (double)block / (1 << 20));
+    CHECK_ERR(rf_rollout_init(&e, m, &o), RF_ERR_NOMEM, want);
+    CHECK(e == NULL);
+    o.max_seq_len = 0; /* the model's limit */
+    g_free_bytes = (size_t)1 << 40;
+    CHECK_OK(rf_rollout_init(&e, m, &o));
+    rf_rollout_get_stats(e, &st);
+    CHECK(st.pool_blocks == 6 * ((rf_config_max_seq(&m->cfg) + 3) / 4));
+    rf_rollout_free(e);
+    g_mem_fails = 1;
+    CHECK_ERR(rf_rollout_init(&e, m, &o), RF_ERR_NODEVICE, "sizing the KV cache from cpu memory");
+    g_mem_fails = 0;
+    o.mem_fraction = 1.5;
+    CHECK_ERR(rf_rollout_init(&e, m, &o), RF_ERR_ARG, "mem_fraction (1.5) must be in (0, 1]");
+    o.n_blocks = 12; /* given: no sizing, mem_fraction unused but still checked */
+    o.mem_fraction = 0.5, g_mem_fails = 1;
+    CHECK_OK(rf_rollout_init(&e, m, &o));
+    rf_rollout_get_stats(e, &st);
+    CHECK(st.pool_blocks == 12);
+    rf_rollout_free(e);
+    g_mem_fails = 0;
+    m->k = cpu;
+}
+
 /* max_running = 2 and three requests: the third joins as soon as the first finishes, while
  * the second is still running; samples are delivered one at a time, as they finish. */
 static void continuous_batching_admits_on_finish(rf_model *m) {
@@ -432,8 +509,8 @@ static void errors(rf_model *m) {
     rf_rollout *e = NULL;
     CHECK_ERR(rf_rollout_init(&e, m, &(rf_rollout_opts){.max_running = 8, .max_batch_tokens = 4}),
               RF_ERR_ARG, "exceeds max_batch_tokens");
-    CHECK_ERR(rf_rollout_init(&e, m, &(rf_rollout_opts){.n_blocks = -1}), RF_ERR_ARG, "must be >= 1");
-    rf_rollout_model none = {&m->cfg, m, NULL, NULL, NULL, NULL}; /* neither model call */
+    CHECK_ERR(rf_rollout_init(&e, m, &(rf_rollout_opts){.n_blocks = -1}), RF_ERR_ARG, "n_blocks (-1) and max_seq_len (0) >= 0");
+    rf_rollout_model none = {.cfg = &m->cfg, .ctx = m, .k = m->k, .kv_heads = 1}; /* neither model call */
     CHECK_ERR(rf_rollout_init_model(&e, &none, NULL), RF_ERR_ARG, "exactly one of decode and decode_sample");
     CHECK(e == NULL);
     CHECK_OK(rf_rollout_init(&e, m, &(rf_rollout_opts){.block_size = 4, .n_blocks = 4}));
@@ -479,6 +556,7 @@ int main(void) {
     group_shares_prompt_blocks(m);
     group_split_by_max_running(m);
     preemption_keeps_outputs(m);
+    pool_sized_from_memory(m);
     continuous_batching_admits_on_finish(m);
     versions_per_token(m);
     errors(m);

@@ -11,6 +11,8 @@
  *   - the critic and the reference split over 2 of the actor's 4 tensor-parallel ranks, the
  *     critic on 2 of 3 replicas, and a reward model split over 2 ranks: the same against the CPU;
  *   - a colocated GRPO run on "cuda": the CPU run's rewards and gradient norms bit for bit;
+ *   - the rollout worker's KV cache sized from the device's free memory: the longest load, or
+ *     what the budget holds (same rewards and gradient norms), or refused at once;
  *   - one GPU for two training ranks of one machine: refused at the start, naming both ranks.
  * Skips (77) without the stand-in module or without mpirun. */
 #define _POSIX_C_SOURCE 200809L
@@ -111,6 +113,48 @@ static void colocated(void) {
     }
 }
 
+/* The rollout worker's KV cache sized from its device's free memory (rollout.kv_blocks = 0):
+ * with 16 GiB, the longest load (64 sequences of 256 + 6 positions, 17 blocks each); on a
+ * device of RF_MOCK_GPU_MEMORY bytes where 90% of what the model leaves holds fewer, that many
+ * blocks, and the run gets the same rewards and gradient norms (within 1e-5: preempted
+ * sequences are recomputed by a prefill, whose behaviour log-probs differ by rounding); with too little for one
+ * sequence, refused naming the key, at once (the worker fails before it connects: it connects
+ * to say why, where the controller used to wait async.startup_timeout for it). */
+static void kv_from_device_memory(void) {
+    const char *runs[3] = {"kv_roomy", "kv_tight", "kv_none"};
+    const char *mem[3] = {"", "RF_MOCK_GPU_MEMORY=740000", "RF_MOCK_GPU_MEMORY=550000"};
+    const char *want[3][2] = {
+        {"KV cache: 1088 blocks of 16 positions", " on cuda: 64 running sequences of up to 262 positions (90% of the "},
+        {" on cuda: 90% of the ", "; 64 running sequences of up to 262 positions would need 1088 (sequences beyond"},
+        {"error: rollout worker 0 on ", ": rollout.kv_blocks = 0 (sized from memory), rollout.kv_memory_fraction = 0.9 (its "
+         "default): raise it, lower rollout.max_running, data.max_prompt_tokens or rollout.max_new_tokens, or set "
+         "rollout.kv_blocks: rollout: KV cache sized from memory: 90% of the "}};
+    for (int i = 0; i < 3; i++) {
+        char *out = NULL;
+        double t0 = rf_time_now();
+        int rc = rf_test_sh(&out, "cd %s && %s %s run r.toml --set async.max_staleness=0 --set train.steps=2 "
+                            "--set logging.val_every=0 " ON_GPU " --set logging.dir=%s/%s", dir, mem[i], rlflow, dir, runs[i]);
+        double took = rf_time_now() - t0;
+        CHECK(i < 2 ? rc == 0 : rc != 0);
+        int has = rf_test_has_all(out, want[i], 2);
+        if (i == 2) {
+            has &= out && strstr(out, " free on cuda holds ") && strstr(out, "fewer than the 17 that one sequence of 262 positions needs");
+            CHECK(has);
+            printf("kv_none: refused in %.1f s\n", took);
+            CHECK(took < 120); /* not async.startup_timeout (600 s) */
+        }
+        if (rc != (i == 2) || !has) fprintf(stderr, "%s\n", out ? out : "");
+        free(out);
+    }
+    for (int step = 1; step <= 2; step++) {
+        double ra = rf_test_metric(dir, "kv_roomy", step, "reward/mean"), rb = rf_test_metric(dir, "kv_tight", step, "reward/mean");
+        double ga = rf_test_metric(dir, "kv_roomy", step, "actor/grad_norm"), gb = rf_test_metric(dir, "kv_tight", step, "actor/grad_norm");
+        printf("KV cache of the longest load / of the budget, step %d: reward %.6f / %.6f, grad norm %.10f / %.10f\n", step,
+               ra, rb, ga, gb);
+        CHECK(ra == rb && ga > 0 && fabs(ga - gb) <= 1e-5 * ga);
+    }
+}
+
 static void one_gpu_for_two(void) {
     char *out = NULL;
     int rc = rf_test_sh(&out, "cd %s && RF_MOCK_GPUS=1 %s run r.toml " PPO " " ON_GPU " --set placement.actor.dp=2 "
@@ -135,6 +179,7 @@ int main(void) {
     grid_and_resume();
     own_layouts();
     colocated();
+    kv_from_device_memory();
     one_gpu_for_two();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_mock_device");

@@ -1,7 +1,9 @@
 /* The CPU reference back end: elementwise ops, normalisation, RoPE, embedding, optimizer,
  * memory, and the rf_kernels table that gathers every CPU op. */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -63,6 +65,27 @@ static void cpu_zero(void *p, size_t bytes) {
     if (bytes) memset(p, 0, bytes);
 }
 static void cpu_sync(void) {}
+
+static int cpu_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) {
+        rf_error(RF_ERR_IO, "cpu: cannot read /proc/meminfo: %s", strerror(errno));
+        return -1;
+    }
+    char line[256];
+    unsigned long long avail = 0, total = 0, kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = kb;
+        else if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) total = kb;
+    }
+    fclose(f);
+    if (!total) {
+        rf_error(RF_ERR_FORMAT, "cpu: /proc/meminfo has no MemTotal line");
+        return -1;
+    }
+    *free_bytes = (size_t)(avail ? avail : total) * 1024, *total_bytes = (size_t)total * 1024;
+    return 0;
+}
 
 static void cpu_add_inplace(float *a, const float *b, size_t n) {
 #pragma omp parallel for if (n > RF_OMP_MIN)
@@ -182,6 +205,7 @@ static const rf_kernels cpu_table = {
     .copy = cpu_memcpy,
     .zero = cpu_zero,
     .sync = cpu_sync,
+    .mem_info = cpu_mem_info,
     .add_inplace = cpu_add_inplace,
     .scale = cpu_scale,
     .sum_squares = cpu_sum_squares,

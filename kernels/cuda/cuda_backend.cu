@@ -80,6 +80,11 @@ void rf_cuda_zero(void *p, size_t bytes) {
     if (bytes) RF_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, rf__cuda.stream));
 }
 
+int rf_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    RF_CUDA_GUARD(-1);
+    return RF_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes)) ? 0 : -1;
+}
+
 void rf_cuda_sync(void) {
     RF_CUDA_GUARD();
     RF_CUDA_CHECK(cudaStreamSynchronize(rf__cuda.stream));
@@ -96,6 +101,7 @@ static const rf_kernels cuda_table = {
     /* .copy = */ rf_cuda_copy,
     /* .zero = */ rf_cuda_zero,
     /* .sync = */ rf_cuda_sync,
+    /* .mem_info = */ rf_cuda_mem_info,
     /* .add_inplace = */ rf_cuda_add_inplace,
     /* .scale = */ rf_cuda_scale,
     /* .sum_squares = */ rf_cuda_sum_squares,
@@ -120,7 +126,7 @@ static const rf_kernels cuda_table = {
 };
 /* C++ has no designated initialisers before C++20, hence the positional table above; this
  * catches a field added to rf_kernels without a matching entry here. */
-static_assert(sizeof(rf_kernels) == 29 * sizeof(void *), "rf_kernels changed: update cuda_table");
+static_assert(sizeof(rf_kernels) == 30 * sizeof(void *), "rf_kernels changed: update cuda_table");
 
 /* Creates the stream, the cuBLAS handle bound to it, and the reduction scratch. On failure
  * everything created so far is released and the state stays uninitialised. */

@@ -112,6 +112,7 @@ void rf_cuda_to_host(void *host_dst, const void *src, size_t bytes);
 void rf_cuda_copy(void *dst, const void *src, size_t bytes);
 void rf_cuda_zero(void *p, size_t bytes);
 void rf_cuda_sync(void);
+int rf_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
 /* cuda_elementwise.cu */
 void rf_cuda_add_inplace(float *a, const float *b, size_t n);
