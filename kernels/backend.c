@@ -40,27 +40,22 @@ static const rf_cuda_module *open_module(const char *path) {
     return m; /* stays open for the life of the process */
 }
 
-/* $RLFLOW_CUDA_MODULE, else (builds with CUDA) the build's own module, else one next to the
- * running program (an installed copy). */
+/* $RLFLOW_CUDA_MODULE, else (builds with CUDA) one next to the running program (the build
+ * tree's) or in ../<libdir> (an installed tree: bin/rlflow, lib/librlflow_cuda.so), else the
+ * build's own path (a program elsewhere, the tests' helpers). */
 static const rf_cuda_module *find_module(void) {
     const char *env = getenv("RLFLOW_CUDA_MODULE");
     if (env && env[0]) return open_module(env);
 #ifdef RF_CUDA_MODULE_PATH
-    const rf_cuda_module *m = open_module(RF_CUDA_MODULE_PATH);
-    if (m) return m;
-    char why[1024], self[4096];
-    snprintf(why, sizeof why, "%s", g_why);
+    static const char *const beside[] = {"librlflow_cuda.so", "../" RF_INSTALL_LIBDIR "/librlflow_cuda.so"};
+    char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 64);
-    if (n > 0) {
-        self[n] = '\0';
-        char *slash = strrchr(self, '/');
-        if (slash) {
-            strcpy(slash + 1, "librlflow_cuda.so");
-            if ((m = open_module(self)) != NULL) return m;
-        }
+    char *slash = n > 0 ? (self[n] = '\0', strrchr(self, '/')) : NULL;
+    for (size_t i = 0; slash && i < sizeof beside / sizeof *beside; i++) {
+        strcpy(slash + 1, beside[i]);
+        if (access(self, F_OK) == 0) return open_module(self); /* present: its own reason if it fails */
     }
-    snprintf(g_why, sizeof g_why, "%s", why); /* the build path's reason */
-    return NULL;
+    return open_module(RF_CUDA_MODULE_PATH);
 #else
     snprintf(g_why, sizeof g_why, "rlflow was built without the CUDA back end (RLFLOW_CUDA=OFF or nvcc not found)");
     return NULL;

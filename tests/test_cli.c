@@ -1,7 +1,7 @@
 /* End-to-end checks of the rlflow command as a user runs it: init-model, inspect, generate
  * (greedy determinism, seeded sampling, JSON output) and score, whose log-probs must equal the
  * behaviour log-probs that generation reported for the same tokens; plus the exact errors for
- * bad input. */
+ * bad input, and an installed tree (cmake --install) that runs where it is moved. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -171,6 +171,36 @@ static void errors(void) {
     free(out);
 }
 
+/* cmake --install into a prefix, the tree then moved: the installed rlflow loads the
+ * installed librlflow_core (a RUNPATH relative to itself) and, with CUDA, the installed CUDA
+ * module, not the build tree's; the examples and the Python reward client are installed. */
+static void installed(void) {
+    const char *cmake = getenv("RF_CMAKE"), *build = getenv("RF_BUILD_DIR");
+    if (!cmake || !build) {
+        printf("installed: skipped: RF_CMAKE and RF_BUILD_DIR not set\n");
+        return;
+    }
+    char *out = NULL;
+    int rc = rf_test_sh(&out, "'%s' --install '%s' --prefix %s/inst >/dev/null && mv %s/inst %s/moved", cmake, build, dir,
+                        dir, dir);
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+    CHECK(rf_test_sh(&out, "LD_DEBUG=files %s/moved/bin/rlflow generate --model %s/tiny --prompt x --max-new-tokens 2 "
+                     "2>&1 | grep -c 'needed by %s/moved/bin/../lib/librlflow_core.so '", dir, dir, dir) == 0);
+    CHECK(out && atoi(out) >= 1);
+    free(out);
+    CHECK(rf_test_sh(&out, "ls %s/moved/share/rlflow/examples/grpo.toml %s/moved/share/rlflow/reward/clients/python/rlflow_reward.py "
+                     "%s/moved/share/doc/rlflow/recipes.md %s/moved/share/rlflow/proto/rlflow.proto", dir, dir, dir, dir) == 0);
+    free(out);
+#ifdef RLFLOW_HAVE_CUDA
+    rf_test_sh(&out, "env -u RLFLOW_CUDA_MODULE LD_DEBUG=files %s/moved/bin/rlflow generate --model %s/tiny --prompt x "
+               "--device cuda 2>&1 | grep -c 'file=%s/moved/bin/../lib/librlflow_cuda.so '", dir, dir, dir);
+    CHECK(out && atoi(out) >= 1);
+    free(out);
+#endif
+}
+
 int main(void) {
     rlflow = getenv("RF_RLFLOW");
     if (!rlflow) {
@@ -183,6 +213,7 @@ int main(void) {
     generate_and_score();
     prompts_file();
     errors();
+    installed();
     char *out;
     rf_test_sh(&out, "rm -rf %s", dir);
     free(out);
