@@ -63,9 +63,10 @@ struct rf_kernels {
     void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int T, int C, int OC);
 
-    /* ---- embedding: out (T, C) = wte[tokens[t]] ---- */
+    /* ---- embedding: out (T, C) = wte[tokens[t]]; a negative id gives a zero row (on a
+     * vocabulary-parallel rank, a token outside its slice) ---- */
     void (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, int T, int C);
-    /* dwte (V, C) += scatter of dout (T, C) by tokens. */
+    /* dwte (V, C) += scatter of dout (T, C) by tokens; negative ids add nothing. */
     void (*embedding_backward)(float *dwte, const float *dout, const int32_t *tokens, int T,
                                int C);
 
@@ -162,6 +163,16 @@ struct rf_kernels {
                                 const float *lse, const float *entropy, const float *h,
                                 const float *w, const int32_t *targets, int T, int C, int Vl,
                                 int v0, float inv_temp);
+
+    /* ---- grouped-query heads of a tensor-parallel rank whose query heads h0 .. h0 + H - 1
+     * (of the whole model's) do not split evenly over its KV k/v heads: local query head i
+     * attends over local k/v head (h0 + i) / group - h0 / group, group = the whole model's
+     * query heads per k/v head ---- */
+    /* dst (T, H, D): each query head's copy of its k/v head's row of src (T, KV, D). */
+    void (*heads_expand)(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group);
+    /* The transpose: dst (T, KV, D) = for each k/v head the sum, over its query heads in
+     * order, of their rows of src (T, H, D); overwritten. */
+    void (*heads_reduce)(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group);
 };
 
 /* The CPU back end (always present). Static storage; never freed. */

@@ -185,7 +185,7 @@ void rf_model_tp_free(rf_model_tp *tp) {
     free(tp->kv_of);
     free(tp->sync_views);
     free(tp->acts);
-    free(tp->tokens);
+    free(tp->tokens), free(tp->local);
     free(tp->host);
     free(tp->lse);
     free(tp->ent);
@@ -254,12 +254,13 @@ static size_t layer_floats(const rf_model_tp *tp) {
 
 static rf_status reserve_host(rf_model_tp *tp, int T) {
     if (T <= tp->host_cap) return RF_OK;
-    free(tp->tokens), free(tp->host), free(tp->lse), free(tp->ent);
+    free(tp->tokens), free(tp->local), free(tp->host), free(tp->lse), free(tp->ent);
     tp->tokens = malloc(sizeof(int32_t) * (size_t)T);
+    tp->local = malloc(sizeof(int32_t) * (size_t)T);
     tp->host = malloc(sizeof(float) * RF_TP_HOST_PER_TOKEN(tp) * (size_t)T);
     tp->lse = malloc(sizeof(float) * (size_t)T);
     tp->ent = malloc(sizeof(float) * (size_t)T);
-    tp->host_cap = tp->tokens && tp->host && tp->lse && tp->ent ? T : 0;
+    tp->host_cap = tp->tokens && tp->local && tp->host && tp->lse && tp->ent ? T : 0;
     return tp->host_cap ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for %d tokens", T);
 }
 
@@ -270,7 +271,7 @@ rf_status rf__tp_reserve(rf_model_tp *tp, int T) {
     const rf_kernels *k = tp->m->k;
     size_t t = (size_t)T, C = c->hidden_size, D = c->head_dim, H = tp->H, KV = tp->KV, F = tp->F;
     k->free(tp->act_mem);
-    tp->act_mem = k->alloc(t * (layer_floats(tp) * c->num_hidden_layers + 2 * C + 1) * sizeof(float));
+    tp->act_mem = k->alloc(t * (layer_floats(tp) * c->num_hidden_layers + 2 * C + 2) * sizeof(float));
     tp->act_cap = tp->act_mem ? T : 0;
     if (!tp->act_mem) return rf_error(RF_ERR_NOMEM, "out of memory for activations of %d tokens", T);
     float *p = tp->act_mem;
@@ -290,6 +291,7 @@ rf_status rf__tp_reserve(rf_model_tp *tp, int T) {
         a->gate = TAKE(t * F), a->up = TAKE(t * F), a->act = TAKE(t * F);
     }
     tp->x_final = TAKE(t * C), tp->h = TAKE(t * C), tp->rstd_f = TAKE(t);
+    tp->d_local = (int32_t *)TAKE(t); /* sizeof(int32_t) == sizeof(float) */
 #undef TAKE
     return RF_OK;
 }

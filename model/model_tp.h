@@ -124,11 +124,14 @@ typedef struct rf_model_tp {
     float *x_final;           /* (T, C) */
     float *h;                 /* (T, C) after the final norm */
     float *rstd_f;            /* (T) */
+    int32_t *d_local;         /* (T) on the back end: the tokens' rows in this rank's vocabulary
+                                 slice, -1 outside it (the embedding's ids) */
     float *gmem;              /* backward buffers, gmem_cap tokens */
     int gmem_cap;
     float *sync_mem;          /* (2 * sync_floats) on the back end */
     int T, n_seq;             /* shape of the last forward; T = 0 after decoding */
     int32_t *tokens;          /* (T) host copy of the last forward's / decode's tokens */
+    int32_t *local;           /* (T) host: d_local's values */
     float *host;              /* per-token host scratch (host_cap tokens) */
     int host_cap;
     float *lse, *ent;         /* (T) host: whole-vocabulary log-sum-exp and entropy of the last

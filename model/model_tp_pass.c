@@ -24,46 +24,40 @@ typedef struct tp_decode {
 /* ---- embedding (vocabulary-parallel) ---- */
 
 /* x (T, C) = rows of this rank's vocabulary slice for its tokens, zeros elsewhere, summed
- * over the group. */
+ * over the group (one upload of the tokens' slice rows, -1 outside it, and one kernel). */
 static rf_status embed_forward(rf_model_tp *tp, float *x, int T) {
     const rf_kernels *k = tp->m->k;
-    size_t C = tp->cfg.hidden_size;
-    k->zero(x, sizeof(float) * (size_t)T * C);
     for (int t = 0; t < T; t++) {
         int r = tp->tokens[t] - tp->v0;
-        if (r >= 0 && r < tp->Vl) k->copy(x + t * C, tp->m->wte + r * C, sizeof(float) * C);
+        tp->local[t] = r >= 0 && r < tp->Vl ? r : -1;
     }
-    return rf__tp_allreduce(tp, x, (size_t)T * C, "allreduce of the embedding", -1);
+    k->to_device(tp->d_local, tp->local, sizeof(int32_t) * (size_t)T);
+    k->embedding_forward(x, tp->d_local, tp->m->wte, T, tp->cfg.hidden_size);
+    return rf__tp_allreduce(tp, x, (size_t)T * tp->cfg.hidden_size, "allreduce of the embedding", -1);
 }
 
-/* dwte rows of this rank's slice += dx (T, C) rows of its tokens (dx is whole everywhere). */
+/* dwte rows of this rank's slice += dx (T, C) rows of its tokens (dx is whole everywhere); the
+ * ids embed_forward uploaded. */
 static void embed_backward(rf_model_tp *tp, const float *dx, int T) {
     rf_model *m = tp->m;
-    size_t C = tp->cfg.hidden_size;
-    for (int t = 0; t < T; t++) {
-        int r = tp->tokens[t] - tp->v0;
-        if (r >= 0 && r < tp->Vl) m->k->add_inplace(GRAD(m, m->wte) + r * C, dx + t * C, C);
-    }
+    m->k->embedding_backward(GRAD(m, m->wte), dx, tp->d_local, T, tp->cfg.hidden_size);
 }
 
 /* ---- one layer ---- */
 
-/* Copies each local query head's k/v head into its own slot: dst (T, H, D) from src (T, KV, D). */
+/* Copies each local query head's k/v head into its own slot: dst (T, H, D) from src (T, KV, D)
+ * (kv_of's map). */
 static void expand_heads(const rf_model_tp *tp, float *dst, const float *src, int T) {
-    size_t D = tp->cfg.head_dim;
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < tp->H; i++)
-            tp->m->k->copy(dst + ((size_t)t * tp->H + i) * D, src + ((size_t)t * tp->KV + tp->kv_of[i]) * D,
-                           sizeof(float) * D);
+    const rf_model_config *c = &tp->cfg;
+    tp->m->k->heads_expand(dst, src, T, tp->H, tp->KV, c->head_dim, tp->h0,
+                           c->num_attention_heads / c->num_key_value_heads);
 }
 
 /* The transpose of expand_heads: dst (T, KV, D) = sums of src (T, H, D) per k/v head. */
 static void reduce_heads(const rf_model_tp *tp, float *dst, const float *src, int T) {
-    size_t D = tp->cfg.head_dim;
-    tp->m->k->zero(dst, sizeof(float) * (size_t)T * tp->KV * D);
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < tp->H; i++)
-            tp->m->k->add_inplace(dst + ((size_t)t * tp->KV + tp->kv_of[i]) * D, src + ((size_t)t * tp->H + i) * D, D);
+    const rf_model_config *c = &tp->cfg;
+    tp->m->k->heads_reduce(dst, src, T, tp->H, tp->KV, c->head_dim, tp->h0,
+                           c->num_attention_heads / c->num_key_value_heads);
 }
 
 /* This rank's q heads and k/v heads: projections (k/v from rows kv_row0.. of the local

@@ -55,11 +55,11 @@ static rf_status size_pool(const rf_rollout_model *mc, rf_rollout_opts *o) {
                         per_seq, len);
     o->n_blocks = n;
     if (n == want)
-        rf_log_info("KV cache: %d blocks of %d positions, %.0f MB on %s: %d running sequences of up to %d positions "
+        rf_log_info("KV cache: %d blocks of %d positions, %.1f MB on %s: %d running sequences of up to %d positions "
                     "(%.3g%% of the %.1f MB free would hold more)", n, o->block_size, mb(block_bytes * (size_t)n),
                     mc->k->name, o->max_running, len, 100 * o->mem_fraction, mb(free_b));
     else
-        rf_log_info("KV cache: %d blocks of %d positions, %.0f MB on %s: %.3g%% of the %.1f MB free; %d running "
+        rf_log_info("KV cache: %d blocks of %d positions, %.1f MB on %s: %.3g%% of the %.1f MB free; %d running "
                     "sequences of up to %d positions would need %d (sequences beyond wait or are preempted)", n,
                     o->block_size, mb(block_bytes * (size_t)n), mc->k->name, 100 * o->mem_fraction, mb(free_b),
                     o->max_running, len, want);

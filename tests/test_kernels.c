@@ -383,6 +383,10 @@ static void test_table(const rf_kernels *K) {
     CHECK(K->attention_forward && K->attention_backward);
     CHECK(K->swiglu_forward && K->swiglu_backward);
     CHECK(K->logprob_forward && K->logprob_backward && K->adamw);
+    CHECK(K->mem_info && K->heads_expand && K->heads_reduce);
+    CHECK(K->paged_kv_write && K->paged_attention_forward && K->logprob_vp_partials && K->logprob_vp_backward);
+    size_t free_b = 0, total_b = 0;
+    CHECK(K->mem_info(&free_b, &total_b) == 0 && total_b > 0 && free_b <= total_b);
 }
 
 /* alloc is zero-filled; to_device/to_host round-trip; copy is device to device and leaves
@@ -585,11 +589,70 @@ static void test_embedding_case(const rf_kernels *K, const int32_t *tokens, int 
     free(dout_d);
 }
 
+/* Negative ids (a vocabulary-parallel rank's tokens outside its slice): zero rows forward, no
+ * gradient backward; the other rows as usual. */
+static void test_embedding_masked(const rf_kernels *K) {
+    enum { T = 6, V = 5, C = 7 };
+    static const int32_t tokens[T] = {2, -1, 4, -1, 0, 2};
+    float *wte = fnormal(V * C, 1.0f), *out = fconst(T * C, NAN), *want = fnew(T * C);
+    run_embedding_forward(K, out, tokens, wte, V, T, C);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) want[t * C + c] = tokens[t] < 0 ? 0.0f : wte[tokens[t] * C + c];
+    check_exact("embedding_forward, negative ids", out, want, T * C);
+    float *dout = fnormal(T * C, 1.0f), *dwte = fnormal(V * C, 1.0f), *dwant = fcopy(dwte, V * C);
+    run_embedding_backward(K, dwte, dout, tokens, V, T, C);
+    for (int t = 0; t < T; t++) /* serial, as the CPU adds; row 2's two adds in this order */
+        for (int c = 0; tokens[t] >= 0 && c < C; c++) dwant[tokens[t] * C + c] += dout[t * C + c];
+    check_arr_f("embedding_backward, negative ids", dwte, dwant, V * C, 2 * TOL_GRAD);
+    free(wte), free(out), free(want), free(dout), free(dwte), free(dwant);
+}
+
 static void test_embedding(const rf_kernels *K) {
     /* token 3 three times, 0 and 10 twice: the scatter must add, not store */
     static const int32_t tokens[9] = {3, 0, 3, 10, 5, 3, 0, 7, 10};
     test_embedding_case(K, tokens, 9, 11, 6);
     test_embedding_case(K, tokens + 3, 1, 11, 6); /* T = 1, last vocabulary row */
+    test_embedding_masked(K);
+}
+
+/* ------------------------------------------------------------------ grouped-query heads */
+
+/* Query heads h0 .. h0 + H - 1 of a model with `group` query heads per k/v head, against the
+ * map written out: expand copies exactly, and reduce (its transpose) sums in head order, so
+ * both are exact. */
+static void test_heads_case(const rf_kernels *K, int T, int H, int D, int h0, int group) {
+    int KV = (h0 + H - 1) / group - h0 / group + 1;
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KV * D;
+    float *src = fnormal(nk, 1.0f), *out = fconst(nq, NAN), *want = fnew(nq);
+    float *d_out = put(K, out, FB(nq)), *d_src = put(K, src, FB(nk));
+    K->heads_expand(d_out, d_src, T, H, KV, D, h0, group);
+    get(K, out, d_out, FB(nq)), get(K, NULL, d_src, 0);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < H; i++)
+            for (int d = 0; d < D; d++)
+                want[((size_t)t * H + i) * D + d] = src[((size_t)t * KV + (h0 + i) / group - h0 / group) * D + d];
+    char what[128];
+    snprintf(what, sizeof what, "heads_expand H=%d KV=%d h0=%d group=%d", H, KV, h0, group);
+    check_exact(what, out, want, nq);
+    float *g = fnormal(nq, 1.0f), *red = fconst(nk, NAN), *rwant = fnew(nk);
+    float *d_red = put(K, red, FB(nk)), *d_g = put(K, g, FB(nq));
+    K->heads_reduce(d_red, d_g, T, H, KV, D, h0, group);
+    get(K, red, d_red, FB(nk)), get(K, NULL, d_g, 0);
+    memset(rwant, 0, FB(nk));
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < H; i++)
+            for (int d = 0; d < D; d++)
+                rwant[((size_t)t * KV + (h0 + i) / group - h0 / group) * D + d] += g[((size_t)t * H + i) * D + d];
+    snprintf(what, sizeof what, "heads_reduce H=%d KV=%d h0=%d group=%d", H, KV, h0, group);
+    check_exact(what, red, rwant, nk);
+    free(src), free(out), free(want), free(g), free(red), free(rwant);
+}
+
+static void test_heads(const rf_kernels *K) {
+    test_heads_case(K, 5, 6, 4, 0, 4); /* 12 / 3 heads at tp 2, rank 0: k/v 0 0 0 0 1 1 */
+    test_heads_case(K, 3, 6, 4, 6, 4); /* rank 1: heads 6..11, k/v 1 1 2 2 2 2 */
+    test_heads_case(K, 2, 4, 8, 4, 3); /* 12 / 4 at tp 3, rank 1: heads 4..7, k/v 1 1 2 2 */
+    test_heads_case(K, 1, 1, 6, 7, 2); /* one head, T = 1 */
 }
 
 /* ------------------------------------------------------------------ rmsnorm */
@@ -1033,6 +1096,7 @@ static void run_kernel_suite(const rf_kernels *K, uint64_t seed) {
     test_elementwise(K);
     test_matmul(K);
     test_embedding(K);
+    test_heads(K);
     test_rmsnorm(K);
     test_rope(K);
     test_attention(K);

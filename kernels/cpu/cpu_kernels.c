@@ -107,14 +107,17 @@ static double cpu_sum_squares(const float *x, size_t n) {
 static void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T,
                                   int C) {
 #pragma omp parallel for if ((size_t)T * C > RF_OMP_MIN)
-    for (int t = 0; t < T; t++)
-        memcpy(out + (size_t)t * C, wte + (size_t)tokens[t] * C, sizeof(float) * (size_t)C);
+    for (int t = 0; t < T; t++) {
+        if (tokens[t] >= 0) memcpy(out + (size_t)t * C, wte + (size_t)tokens[t] * C, sizeof(float) * (size_t)C);
+        else memset(out + (size_t)t * C, 0, sizeof(float) * (size_t)C);
+    }
 }
 
 static void cpu_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T,
                                    int C) {
     /* Serial over tokens: repeated tokens add into the same row. */
     for (int t = 0; t < T; t++) {
+        if (tokens[t] < 0) continue;
         float *row = dwte + (size_t)tokens[t] * C;
         const float *d = dout + (size_t)t * C;
         for (int c = 0; c < C; c++) row[c] += d[c];
@@ -177,6 +180,26 @@ static void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, con
     for (size_t i = 0; i < n; i++) rf_swiglu_grad(gate[i], up[i], dout[i], dgate + i, dup + i);
 }
 
+static void cpu_heads_expand(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group) {
+#pragma omp parallel for if ((size_t)T * H * D > RF_OMP_MIN)
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < H; i++)
+            memcpy(dst + ((size_t)t * H + i) * D, src + ((size_t)t * KV + (h0 + i) / group - h0 / group) * D,
+                   sizeof(float) * (size_t)D);
+}
+
+static void cpu_heads_reduce(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group) {
+#pragma omp parallel for if ((size_t)T * H * D > RF_OMP_MIN)
+    for (int t = 0; t < T; t++) {
+        memset(dst + (size_t)t * KV * D, 0, sizeof(float) * (size_t)KV * D);
+        for (int i = 0; i < H; i++) {
+            float *o = dst + ((size_t)t * KV + (h0 + i) / group - h0 / group) * D;
+            const float *x = src + ((size_t)t * H + i) * D;
+            for (int d = 0; d < D; d++) o[d] += x[d];
+        }
+    }
+}
+
 static void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                       float beta1, float beta2, float eps, float weight_decay, int step) {
     float bc1 = (float)(1.0 - pow(beta1, step)), bc2 = (float)(1.0 - pow(beta2, step));
@@ -227,6 +250,8 @@ static const rf_kernels cpu_table = {
     .paged_attention_forward = rf_cpu_paged_attention_forward,
     .logprob_vp_partials = rf_cpu_logprob_vp_partials,
     .logprob_vp_backward = rf_cpu_logprob_vp_backward,
+    .heads_expand = cpu_heads_expand,
+    .heads_reduce = cpu_heads_reduce,
 };
 
 const rf_kernels *rf_cpu_kernels(void) { return &cpu_table; }

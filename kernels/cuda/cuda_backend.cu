@@ -123,10 +123,12 @@ static const rf_kernels cuda_table = {
     /* .paged_attention_forward = */ rf_cuda_paged_attention_forward,
     /* .logprob_vp_partials = */ rf_cuda_logprob_vp_partials,
     /* .logprob_vp_backward = */ rf_cuda_logprob_vp_backward,
+    /* .heads_expand = */ rf_cuda_heads_expand,
+    /* .heads_reduce = */ rf_cuda_heads_reduce,
 };
 /* C++ has no designated initialisers before C++20, hence the positional table above; this
  * catches a field added to rf_kernels without a matching entry here. */
-static_assert(sizeof(rf_kernels) == 30 * sizeof(void *), "rf_kernels changed: update cuda_table");
+static_assert(sizeof(rf_kernels) == 32 * sizeof(void *), "rf_kernels changed: update cuda_table");
 
 /* Creates the stream, the cuBLAS handle bound to it, and the reduction scratch. On failure
  * everything created so far is released and the state stays uninitialised. */

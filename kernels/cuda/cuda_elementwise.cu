@@ -78,7 +78,7 @@ static __global__ void embedding_forward_kernel(float *out, const int32_t *token
                                                 const float *wte, int T, int C) {
     RF_FOR_EACH(i, (size_t)T * C) {
         size_t t = i / C, c = i % C;
-        out[i] = wte[(size_t)tokens[t] * C + c];
+        out[i] = tokens[t] >= 0 ? wte[(size_t)tokens[t] * C + c] : 0.0f;
     }
 }
 
@@ -99,7 +99,7 @@ static __global__ void embedding_backward_kernel(float *dwte, const float *dout,
                                                  const int32_t *tokens, int T, int C) {
     RF_FOR_EACH(i, (size_t)T * C) {
         size_t t = i / C, c = i % C;
-        atomicAdd(dwte + (size_t)tokens[t] * C + c, dout[i]);
+        if (tokens[t] >= 0) atomicAdd(dwte + (size_t)tokens[t] * C + c, dout[i]);
     }
 }
 
@@ -110,6 +110,44 @@ void rf_cuda_embedding_backward(float *dwte, const float *dout, const int32_t *t
     if (n == 0) return;
     embedding_backward_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
         dwte, dout, tokens, T, C);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+/* ---- grouped-query heads of a tensor-parallel rank ---- */
+
+static __global__ void heads_expand_kernel(float *dst, const float *src, int T, int H, int KV, int D, int h0,
+                                           int group) {
+    RF_FOR_EACH(e, (size_t)T * H * D) {
+        size_t t = e / ((size_t)H * D), i = e / D % H, d = e % D;
+        dst[e] = src[((size_t)t * KV + (h0 + i) / group - h0 / group) * D + d];
+    }
+}
+
+void rf_cuda_heads_expand(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group) {
+    RF_CUDA_GUARD();
+    size_t n = (size_t)T * H * D;
+    if (n == 0) return;
+    heads_expand_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(dst, src, T, H, KV, D, h0, group);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+/* One thread per output element, summing its query heads in order: the CPU's order, no atomics. */
+static __global__ void heads_reduce_kernel(float *dst, const float *src, int T, int H, int KV, int D, int h0,
+                                           int group) {
+    RF_FOR_EACH(e, (size_t)T * KV * D) {
+        size_t t = e / ((size_t)KV * D), j = e / D % KV, d = e % D;
+        float acc = 0.0f;
+        for (int i = 0; i < H; i++)
+            if ((h0 + i) / group - h0 / group == (int)j) acc += src[((size_t)t * H + i) * D + d];
+        dst[e] = acc;
+    }
+}
+
+void rf_cuda_heads_reduce(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group) {
+    RF_CUDA_GUARD();
+    size_t n = (size_t)T * KV * D;
+    if (n == 0) return;
+    heads_reduce_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(dst, src, T, H, KV, D, h0, group);
     RF_CUDA_LAUNCH_CHECK();
 }
 
