@@ -42,7 +42,7 @@ int rf_cmd_run(int argc, char **argv) {
     int resume = 0, rc = load_recipe("run", argc, argv, &r, &resume);
     if (rc >= 0) return rc;
     rf_status s;
-    if (strcmp(r.placement.mode, "split") == 0) {
+    if (rf_recipe_multi_process(&r)) {
         /* argv - 2: the whole command line (main passes what follows "rlflow run") */
         s = rf_run_split(&r, resume, argc + 2, argv - 2);
         if (s && !rf_error_message()[0]) { /* already reported by the rank */

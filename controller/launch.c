@@ -100,7 +100,12 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     size_t off = 0;
     for (int i = 0; av[i] && off < sizeof line - 1; i++)
         off += (size_t)snprintf(line + off, sizeof line - off, "%s%s", i ? " " : "", av[i]);
-    if (r->placement.actor.dp > 1 && r->placement.actor.tp > 1)
+    if (rf_recipe_colocated_ranks(r))
+        rf_log_info("colocated run: %d processes (controller, %d training workers (placement.actor.dp x placement.actor.tp "
+                    "= %d x %d) and %d rollout workers%s on their devices, taking turns): %s", np, train_ranks(r),
+                    r->placement.actor.dp, r->placement.actor.tp, r->placement.rollout_ranks,
+                    r->placement.rollout.tp > 1 ? " of several tensor-parallel ranks" : "", line);
+    else if (r->placement.actor.dp > 1 && r->placement.actor.tp > 1)
         rf_log_info("split run: %d processes (controller, %d training workers: %d data-parallel replicas of %d "
                     "tensor-parallel ranks, %d rollout workers%s): %s", np, train_ranks(r), r->placement.actor.dp,
                     r->placement.actor.tp, r->placement.rollout_ranks, r->placement.rollout.tp > 1 ? " of several tensor-parallel ranks" : "", line);
@@ -164,10 +169,11 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
 /* Default threads: the training workers (dp or tp of them) an even share of the machine's cores,
  * all of them when there is one, each rollout worker an even share with the training workers
  * (OMP_WAIT_POLICY=PASSIVE: idle threads sleep, so a rollout worker waiting for prompts leaves
- * its cores to training). */
-static int default_threads(int n_rollout, int dp, int train) {
+ * its cores to training). Colocated (the two kinds take turns): each an even share among its
+ * own kind. */
+static int default_threads(const rf_recipe *r, int n_rollout, int dp, int train) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int share = train ? (int)(cores / dp) : (int)(cores / (dp + n_rollout));
+    int share = train || rf_recipe_colocated_ranks(r) ? (int)(cores / dp) : (int)(cores / (dp + n_rollout));
     return share < 1 ? 1 : share;
 }
 
@@ -256,6 +262,9 @@ static void advertised(const char *bound, char *out) {
 static rf_status check_size(const rf_recipe *r, int size) {
     int dp = r->placement.actor.dp, n_train = train_ranks(r), gtp = r->placement.rollout.tp;
     int want = 1 + n_train + rollout_procs(r);
+    if (rf_recipe_colocated_ranks(r) && size != want)
+        return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the colocated recipe needs %d (controller, %d training "
+                        "workers and as many rollout ranks on their devices)", size, want, n_train);
     char where[512];
     int fixed = strcmp(rf_recipe_where(r, "placement.rollout_ranks", where, sizeof where), "(default)") != 0;
     if (size >= 1 + n_train + gtp && (size - 1 - n_train) % gtp == 0 && (!fixed || size == want)) return RF_OK;
@@ -320,25 +329,29 @@ static void log_layout(const rf_recipe *r, int size, const char *hosts) {
         else if (dp > 1) rf_log_info("  rank %d: training worker, data-parallel rank %d of %d (actor%s)%s", i, d, dp, roles, on);
         else rf_log_info("  rank %d: training worker (actor%s)%s", i, roles, on);
     }
-    int gtp = r->placement.rollout.tp;
+    int gtp = r->placement.rollout.tp, colo = rf_recipe_colocated_ranks(r);
     for (int i = 1 + n_train; i < size; i++) {
+        char with[64] = "";
+        if (colo && !hosts) snprintf(with, sizeof with, ", on the devices of rank %d", i - n_train);
         if (gtp > 1)
-            rf_log_info("  rank %d: rollout worker %d, tensor-parallel rank %d of %d%s%s", i, (i - 1 - n_train) / gtp,
+            rf_log_info("  rank %d: rollout worker %d, tensor-parallel rank %d of %d%s%s%s", i, (i - 1 - n_train) / gtp,
                         (i - 1 - n_train) % gtp, gtp, (i - 1 - n_train) % gtp == 0 ? " (engine, talks to the controller)" : "",
-                        on_host(hosts, i, at, sizeof at));
+                        with, on_host(hosts, i, at, sizeof at));
         else
-            rf_log_info("  rank %d: rollout worker %d%s", i, i - 1 - n_train, on_host(hosts, i, at, sizeof at));
+            rf_log_info("  rank %d: rollout worker %d%s%s", i, i - 1 - n_train, with, on_host(hosts, i, at, sizeof at));
     }
 }
 
 /* model.device = "cuda": the device this rank's role starts on. Each machine's worker ranks
  * (not the controller, rank 0, which uses none) take its visible devices in turn, by world
  * rank; more ranks than devices share them (a NCCL communicator over two of them is then
- * refused: rf_comm_nccl). */
-int rf_launch_gpu_of(const int *node, int rank, int n_devices) {
+ * refused: rf_comm_nccl). first_rollout > 0 (a colocated run: world ranks from first_rollout
+ * on are rollout ranks): each kind takes the devices in turn on its own, so a machine's k-th
+ * rollout rank shares the k-th training rank's device. */
+int rf_launch_gpu_of(const int *node, int rank, int n_devices, int first_rollout) {
     if (rank <= 0 || n_devices < 1) return -1;
-    int slot = 0;
-    for (int j = 1; j < rank; j++) slot += node[j] == node[rank];
+    int from = first_rollout > 0 && rank >= first_rollout ? first_rollout : 1, slot = 0;
+    for (int j = from; j < rank; j++) slot += node[j] == node[rank];
     return slot % n_devices;
 }
 
@@ -350,7 +363,7 @@ static void select_gpu(const rf_recipe *r, rf_comm *world, const char *host) {
     int *node = malloc(sizeof(int) * (size_t)size);
     if (!node) return; /* the back end then starts on device 0 */
     for (int j = 0; j < size; j++) node[j] = rf_comm_node(world, j);
-    int gpu = rf_launch_gpu_of(node, rank, n);
+    int gpu = rf_launch_gpu_of(node, rank, n, rf_recipe_colocated_ranks(r) ? 1 + train_ranks(r) : 0);
     free(node);
     rf_cuda_select_device(gpu);
     rf_log_info("  rank %d (%s): CUDA device %d of %d", rank, host, gpu, n);
@@ -384,7 +397,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     char host[HOST_LEN] = "";
     gethostname(host, sizeof host - 1);
     if (rank == 0 && st == RF_OK && bst == RF_OK) {
-        rf_log_info("split run on %d ranks, controller at %s", size, ep);
+        rf_log_info("%s run on %d ranks, controller at %s", rf_recipe_colocated_ranks(r) ? "colocated" : "split", size, ep);
         rf_log_info("  rank 0: controller (%s, pid %d)", host, (int)getpid());
         log_layout(r, size, hosts);
     }
@@ -411,7 +424,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         }
         write_status(r, st);
     } else if (rank == 1) {
-        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout * gtp, n_train, 1));
+        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(r, n_rollout * gtp, n_train, 1));
         int *dst = malloc(sizeof(int) * (size_t)n_rollout);
         st = dst ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
         int n_wtrain = tp > 1 ? n_train : 1; /* training ranks in wcomm */
@@ -420,7 +433,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         free(dst);
         if (st != RF_OK) st = rf_error_wrap(st, "training worker (rank 1 on %s)", host);
     } else if (rank <= n_train) {
-        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(n_rollout * gtp, n_train, 1));
+        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(r, n_rollout * gtp, n_train, 1));
         int d = (rank - 1) / tp, t = (rank - 1) % tp;
         if (t > 0) {
             st = rf_train_tp_peer_main(r, tpc, wcomm, dpc);
@@ -436,7 +449,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         }
     } else {
         omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads
-                                                              : default_threads(n_rollout * gtp, n_train, 0));
+                                                              : default_threads(r, n_rollout * gtp, n_train, 0));
         st = rf_rollout_worker_main(r, ep, (rank - 1 - n_train) / gtp, wcomm, gcomm, 0);
     }
     rf_comm_free(gcomm);

@@ -178,19 +178,19 @@ static const rkey KEYS[] = {
     {"async", "peer_timeout", T_FLOAT, AT(async.peer_timeout), "30.0", NULL, "Seconds a worker (or the controller, seen from a worker) may stay silent before it is reported lost and the run stops."},
     {"async", "startup_timeout", T_FLOAT, AT(async.startup_timeout), "600.0", NULL, "Seconds to wait for every worker to connect (and, under a user's mpirun, for rank 0 to prepare data and model)."},
 
-    {"placement", "mode", T_ENUM, AT(placement.mode), "\"colocated\"", MODES, "colocated: roles share devices and alternate; split: rollout and training on separate devices."},
+    {"placement", "mode", T_ENUM, AT(placement.mode), "\"colocated\"", MODES, "colocated: roles share devices and alternate (one process; with placement.actor.dp x placement.actor.tp or placement.rollout.tp above 1, training ranks and one rollout rank on each of their devices under mpirun, taking turns); split: rollout and training on separate devices, at the same time (docs/deployment.md)."},
     {"placement", "device", T_ENUM, AT(placement.device), "\"cpu\"", DEVICES, "Device of the training roles."},
-    {"placement", "rollout_ranks", T_INT, AT(placement.rollout_ranks), "1", NULL, "split: rollout worker processes (each a whole copy of the policy). Under a user's mpirun, when not set: every rank past the controller and the training ranks."},
+    {"placement", "rollout_ranks", T_INT, AT(placement.rollout_ranks), "1", NULL, "split: rollout worker processes (each a whole copy of the policy, or placement.rollout.tp ranks of it). Under a user's mpirun, when not set: every rank past the controller and the training ranks. Colocated on several ranks: the training ranks / placement.rollout.tp, set by rlflow (another value is an error)."},
     {"placement", "rollout_threads", T_INT, AT(placement.rollout_threads), "0", NULL, "split: CPU threads per rollout worker; 0 = the machine's cores divided by (rollout_ranks + the training ranks, placement.actor.dp x placement.actor.tp)."},
     {"placement", "train_threads", T_INT, AT(placement.train_threads), "0", NULL, "split: CPU threads of each training worker (each data- and tensor-parallel rank); 0 = the machine's cores divided by the training ranks, placement.actor.dp x placement.actor.tp (idle threads sleep: OMP_WAIT_POLICY=PASSIVE)."},
     {"placement", "endpoint", T_STR, AT(placement.endpoint), "\"\"", NULL, "split: the controller's ZeroMQ endpoint for workers; \"\" = tcp on 127.0.0.1 when every rank is on one machine, else on rank 0's host name, a free port."},
     {"placement", "mpirun", T_STR, AT(placement.mpirun), "\"mpirun\"", NULL, "split: the MPI launcher `rlflow run` starts the processes with when it is not already under mpirun."},
 
-    {"placement.actor", "dp", T_INT, AT(placement.actor.dp), "1", NULL, "Data-parallel training ranks (MPI ranks 1..dp of a split run; the rollout workers follow them): each trains on its share of every batch and the gradients are summed over them, so an optimizer step equals one rank's on the same samples (with train.mini_batches > 1 each mini-batch takes a part of every rank's share). With placement.actor.tp > 1 too, dp replicas of tp ranks each (dp x tp training ranks, tp varying fastest: training rank i is shard i % tp of replica i / tp); each shard's gradients are summed over its replicas. dp > 1 needs placement.mode = \"split\"; with model.device = \"cuda\" the gradients are reduced over NCCL, each machine's ranks taking its visible GPUs in turn, one per training rank (docs/scaling.md)."},
-    {"placement.actor", "tp", T_INT, AT(placement.actor.tp), "1", NULL, "Tensor-parallel ranks of the actor (MPI ranks 1..tp of a split run; the rollout workers follow them): each holds one shard (attention heads, MLP rows, vocabulary rows; norms whole), all train on every whole batch (with placement.actor.dp > 1: on their replica's share) together, and their shards are resharded into each rollout worker's whole copy after every step (from replica 0). The critic and the reference follow the actor's layout unless [placement.critic] / [placement.reference] say otherwise; the reward model is whole on each replica's first rank ([placement.reward]). Must divide the model's attention heads; tp > 1 needs placement.mode = \"split\"; on CUDA the shards compute over NCCL (docs/scaling.md)."},
+    {"placement.actor", "dp", T_INT, AT(placement.actor.dp), "1", NULL, "Data-parallel training ranks (MPI ranks 1..dp; the rollout workers follow them): each trains on its share of every batch and the gradients are summed over them, so an optimizer step equals one rank's on the same samples (with train.mini_batches > 1 each mini-batch takes a part of every rank's share). With placement.actor.tp > 1 too, dp replicas of tp ranks each (dp x tp training ranks, tp varying fastest: training rank i is shard i % tp of replica i / tp); each shard's gradients are summed over its replicas. dp > 1 runs under mpirun: placement.mode = \"split\", or \"colocated\" with one rollout rank on each training rank's device; with model.device = \"cuda\" the gradients are reduced over NCCL, each machine's ranks taking its visible GPUs in turn, one per training rank (docs/scaling.md)."},
+    {"placement.actor", "tp", T_INT, AT(placement.actor.tp), "1", NULL, "Tensor-parallel ranks of the actor (MPI ranks 1..tp; the rollout workers follow them): each holds one shard (attention heads, MLP rows, vocabulary rows; norms whole), all train on every whole batch (with placement.actor.dp > 1: on their replica's share) together, and their shards are resharded into each rollout worker's whole copy after every step (from replica 0). The critic and the reference follow the actor's layout unless [placement.critic] / [placement.reference] say otherwise; the reward model is whole on each replica's first rank ([placement.reward]). Must divide the model's attention heads; tp > 1 runs under mpirun (placement.mode = \"split\", or \"colocated\" with the rollout ranks on the training ranks' devices); on CUDA the shards compute over NCCL (docs/scaling.md)."},
     {"placement.actor", "zero", T_INT, AT(placement.actor.zero), "0", NULL, "ZeRO stage of the training roles' optimizer state: 0 = every data-parallel rank holds all of it; 1 = sharded across the placement.actor.dp ranks (gradients reduce-scattered, AdamW on each rank's shard, parameters allgathered; needs dp > 1; with placement.actor.tp > 1 each tensor-parallel shard's state is sharded over its dp replicas). Stages 2 and 3 are refused (not implemented)."},
 
-    {"placement.rollout", "tp", T_INT, AT(placement.rollout.tp), "1", NULL, "Tensor-parallel ranks per rollout worker (MPI ranks after the training ranks, tp consecutive ranks per rollout worker): each holds one shard of the policy and a KV cache of its own k/v heads; the first runs the engine (scheduler, sampling, the controller's link) and drives the others step by step, and the weights are resharded from the training layout into every rank's shard. Must divide the model's attention heads; tp > 1 needs placement.mode = \"split\"; on CUDA the shards compute over NCCL (docs/scaling.md)."},
+    {"placement.rollout", "tp", T_INT, AT(placement.rollout.tp), "1", NULL, "Tensor-parallel ranks per rollout worker (MPI ranks after the training ranks, tp consecutive ranks per rollout worker): each holds one shard of the policy and a KV cache of its own k/v heads; the first runs the engine (scheduler, sampling, the controller's link) and drives the others step by step, and the weights are resharded from the training layout into every rank's shard. Must divide the model's attention heads; tp > 1 runs under mpirun (placement.mode = \"split\", or \"colocated\" with the rollout ranks on the training ranks' devices); on CUDA the shards compute over NCCL (docs/scaling.md)."},
     {"placement.rollout", "replicas", T_INT, AT(placement.rollout.replicas), "0", NULL, "Rollout workers (generation replicas, each a whole copy of the policy); the same count as placement.rollout_ranks, which it sets (giving both with different values is an error); 0 = placement.rollout_ranks."},
     {"placement.critic", "dp", T_INT, AT(placement.critic.dp), "0", NULL, "Data-parallel replicas holding the critic, 1 .. placement.actor.dp; 0 = placement.actor.dp. The first dp replicas hold it: a batch is split over them in token-balanced shares of its own (the actor's shares are over all the replicas), the critic is trained data parallel over them (gradients summed, ZeRO-1 as placement.actor.zero), and values are computed on them. 1: the first replica alone trains it on whole batches and computes every batch's values."},
     {"placement.critic", "tp", T_INT, AT(placement.critic.tp), "0", NULL, "Tensor-parallel ranks of the critic in each replica; 0 = placement.actor.tp. 1: the critic is whole on the first rank of each replica; a larger value dividing placement.actor.tp: split over the replica's first tp ranks like the actor (value head whole on each; the other ranks hold none of it), trained tensor parallel, gathered tensor by tensor for checkpoints (the files those of a whole critic). Values that do not divide placement.actor.tp are refused when the run starts, with an error naming the key (the shards live on the first ranks of each replica). Must divide the critic model's attention heads."},
@@ -698,6 +698,8 @@ static rf_status apply_override(rf_recipe *r, const char *ov) {
     return st;
 }
 
+static rf_status colocated_rollout_ranks(rf_recipe *r);
+
 static rf_status load_steps(rf_recipe *r, const char *path, const char *const *ov, int n_ov) {
     if (path) {
         rf_toml *doc;
@@ -722,6 +724,7 @@ static rf_status load_steps(rf_recipe *r, const char *path, const char *const *o
         r->placement.rollout_ranks = r->placement.rollout.replicas;
         r->where_[ranks] = r->where_[rep];
     }
+    if (rf_recipe_colocated_ranks(r)) RF_TRY(colocated_rollout_ranks(r));
     return rf_recipe_validate(r);
 }
 
@@ -805,6 +808,34 @@ void rf_recipe_role_layout(const rf_recipe *r, int role, int *dp, int *tp) {
                                                                                      : r->placement.reference.tp;
     *dp = d > 0 ? d : r->placement.actor.dp;
     *tp = t > 0 ? t : r->placement.actor.tp;
+}
+
+int rf_recipe_colocated_ranks(const rf_recipe *r) {
+    return strcmp(r->placement.mode, "colocated") == 0 &&
+           (r->placement.actor.dp * r->placement.actor.tp > 1 || r->placement.rollout.tp > 1);
+}
+
+int rf_recipe_multi_process(const rf_recipe *r) {
+    return strcmp(r->placement.mode, "split") == 0 || rf_recipe_colocated_ranks(r);
+}
+
+/* A colocated run on several ranks: one rollout rank on each training rank's device, so
+ * placement.rollout_ranks = training ranks / placement.rollout.tp. */
+static rf_status colocated_rollout_ranks(rf_recipe *r) {
+    int n_train = r->placement.actor.dp * r->placement.actor.tp, gtp = r->placement.rollout.tp;
+    int ranks = key_index("placement.rollout_ranks");
+    char where[600];
+    if (gtp < 1 || n_train % gtp != 0)
+        return rf_error(RF_ERR_ARG, "%s: placement.rollout.tp = %d does not divide the %d training ranks "
+                        "(placement.actor.dp x placement.actor.tp) of a colocated run, whose rollout ranks are on "
+                        "their devices", rf_recipe_where(r, "placement.rollout.tp", where, sizeof where), gtp, n_train);
+    if (r->where_[ranks].from != 0 && r->placement.rollout_ranks != n_train / gtp)
+        return rf_error(RF_ERR_ARG, "%s: placement.rollout_ranks = %d, but a colocated run has one rollout rank on each "
+                        "of its %d training ranks' devices: %d rollout workers of placement.rollout.tp = %d ranks (leave "
+                        "it unset)", rf_recipe_where(r, "placement.rollout_ranks", where, sizeof where),
+                        r->placement.rollout_ranks, n_train, n_train / gtp, gtp);
+    r->placement.rollout_ranks = n_train / gtp;
+    return RF_OK;
 }
 
 int rf_recipe_reference_enabled(const rf_recipe *r) {

@@ -197,6 +197,15 @@ enum { RF_ROLE_REFERENCE = 0, RF_ROLE_CRITIC = 1, RF_ROLE_REWARD = 2 };
  * Which layouts a build carries out is checked when a run starts (controller/run_setup.c). */
 void rf_recipe_role_layout(const rf_recipe *r, int role, int *dp, int *tp);
 
+/* placement.mode = "colocated" with a parallel layout (placement.actor.dp x placement.actor.tp
+ * or placement.rollout.tp above 1): training ranks and as many rollout ranks run as processes
+ * under mpirun, the rollout ranks on the training ranks' devices, taking turns with them
+ * (docs/deployment.md, "Colocated on several devices"). */
+int rf_recipe_colocated_ranks(const rf_recipe *r);
+/* The run is the message-driven controller and its workers under mpirun: split, or colocated
+ * on several ranks. */
+int rf_recipe_multi_process(const rf_recipe *r);
+
 /* reference.enabled resolved: "auto" means on when algorithm.kl_coef > 0. */
 int rf_recipe_reference_enabled(const rf_recipe *r);
 

@@ -90,8 +90,8 @@ rf_status rf__load_rewards(rf_run *run) {
     if (r->reward.weights.n > 16)
         return rf_error(RF_ERR_ARG, "reward.weights: at most 16 entries");
     RF_TRY(rf_reward_rules_init(&run->rules, &c));
-    /* split runs: the training worker hosts the reward model, not the controller */
-    if (r->reward.model[0] && strcmp(r->placement.mode, "split") != 0)
+    /* runs of several processes: the training worker hosts the reward model, not the controller */
+    if (r->reward.model[0] && !rf_recipe_multi_process(r))
         RF_TRY(rf_reward_model_open(&run->rm, r->reward.model, run->k));
     if (r->reward.external[0]) {
         rf_log_info("reward: waiting up to %.0f s for a reward program on %s", r->reward.external_timeout,
@@ -114,14 +114,10 @@ static rf_status need_nccl(const rf_recipe *r, const char *key, int value, const
                     rf_recipe_where(r, key, where, sizeof where), key, value, what);
 }
 
-/* Tensor parallelism of the training roles: split runs (with data parallelism or without). */
-static rf_status reject_actor_tp(const rf_recipe *r, int split) {
+/* Tensor parallelism of the training roles (with data parallelism or without). */
+static rf_status reject_actor_tp(const rf_recipe *r) {
     int tp = r->placement.actor.tp;
-    if (tp == 1) return RF_OK;
-    if (!split)
-        return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "tensor parallelism in colocated runs; "
-                                              "placement.mode = \"split\" trains on placement.actor.tp ranks");
-    return need_nccl(r, "placement.actor.tp", tp, "computes the shards");
+    return tp == 1 ? RF_OK : need_nccl(r, "placement.actor.tp", tp, "computes the shards");
 }
 
 /* One tensor-parallel key (placement.actor.tp or placement.rollout.tp, value tp) against the
@@ -182,19 +178,16 @@ rf_status rf__check_tp_model_path(const rf_recipe *r) {
     return check_role_tp(r, RF_ROLE_REWARD);
 }
 
-/* Tensor parallelism of generation: split runs. */
-static rf_status reject_rollout_tp(const rf_recipe *r, int split) {
+/* Tensor parallelism of generation. */
+static rf_status reject_rollout_tp(const rf_recipe *r) {
     if (r->placement.rollout.tp == 1) return RF_OK;
-    if (!split)
-        return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "tensor parallelism of generation in colocated "
-                                              "runs; placement.mode = \"split\" runs each rollout worker on "
-                                              "placement.rollout.tp ranks");
     return need_nccl(r, "placement.rollout.tp", r->placement.rollout.tp, "computes each rollout worker's shards");
 }
 
-/* Parallel layouts this build does not carry out ([placement.actor], [placement.rollout]). */
-static rf_status reject_layouts(const rf_recipe *r, int split) {
-    RF_TRY(reject_actor_tp(r, split));
+/* Parallel layouts this build does not carry out ([placement.actor], [placement.rollout]); a
+ * parallel layout makes a colocated run one of several processes (rf_recipe_colocated_ranks). */
+static rf_status reject_layouts(const rf_recipe *r) {
+    RF_TRY(reject_actor_tp(r));
     /* the reference, the critic and the reward model: on the first dp of the actor's replicas,
      * split over the first tp ranks of each, tp dividing the actor's (1: whole) */
     int D = r->placement.actor.dp, T = r->placement.actor.tp;
@@ -216,13 +209,10 @@ static rf_status reject_layouts(const rf_recipe *r, int split) {
             return rf_recipe_reject_unimplemented(r, key, why);
         }
     }
-    RF_TRY(reject_rollout_tp(r, split));
+    RF_TRY(reject_rollout_tp(r));
     if (r->placement.actor.zero > 1)
         return rf_recipe_reject_unimplemented(r, "placement.actor.zero", "ZeRO stages 2 and 3; stage 1 shards the "
                                               "optimizer state");
-    if (r->placement.actor.dp > 1 && !split)
-        return rf_recipe_reject_unimplemented(r, "placement.actor.dp", "data parallelism in colocated runs; "
-                                              "placement.mode = \"split\" trains on placement.actor.dp ranks");
     if (r->placement.actor.dp > 1) RF_TRY(need_nccl(r, "placement.actor.dp", r->placement.actor.dp, "reduces the gradients"));
     return RF_OK;
 }
@@ -230,8 +220,7 @@ static rf_status reject_layouts(const rf_recipe *r, int split) {
 /* Options that parse but that this build does not carry out are refused, naming where they
  * were set. */
 rf_status rf__reject_unimplemented(const rf_recipe *r) {
-    int split = strcmp(r->placement.mode, "split") == 0;
-    if (!split && r->async.max_staleness != 0) {
+    if (strcmp(r->placement.mode, "split") != 0 && r->async.max_staleness != 0) {
         char where[512];
         return rf_error(RF_ERR_UNSUPPORTED, "%s: async.max_staleness = %d needs placement.mode = \"split\" (colocated roles alternate: generation and training cannot overlap)",
                         rf_recipe_where(r, "async.max_staleness", where, sizeof where), r->async.max_staleness);
@@ -239,7 +228,7 @@ rf_status rf__reject_unimplemented(const rf_recipe *r) {
     if (strcmp(r->placement.device, r->model.device) != 0)
         return rf_error(RF_ERR_ARG, "placement.device (%s) and model.device (%s) differ",
                         r->placement.device, r->model.device);
-    return reject_layouts(r, split);
+    return reject_layouts(r);
 }
 
 /* The console columns of an RL step (a metric that is not set is skipped: clip in colocated

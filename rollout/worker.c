@@ -248,7 +248,7 @@ static rf_status engine_open(worker *w, const rf_kernels *k) {
     RF_TRY(w->gcomm ? tp_open(w, k) : rf_model_load(&w->m, r->model.path, k, 0));
     RF_TRY(rf_tokenizer_load_dir(&w->tok, r->model.path));
     RF_TRY(rf__eos_ids(r->model.path, w->m, w->tok, &w->eos, &w->n_eos));
-    return rf__rollout_engine(r, 0, w->m, w->g, w->tok, &w->e);
+    return rf__rollout_engine(r, rf_recipe_colocated_ranks(r), w->m, w->g, w->tok, &w->e);
 }
 
 /* A peer (tensor-parallel rank > 0): its weights and the command it serves. */

@@ -87,17 +87,17 @@ static inline void rf_test_wrong_size(const char *dir, const char *rlflow, int n
     rf_test_refused(dir, rlflow, np, "size", "", want);
 }
 
-/* The refusals of a tensor-parallel recipe (r.toml with [placement.actor] tp = 2 on line 40)
- * before mpirun starts: tp = 3 does not divide the tiny model's 4 heads; tp in a colocated run,
- * named where the recipe sets it. */
+/* The refusals of a tensor-parallel recipe (r.toml with [placement.actor] tp = 2) before
+ * mpirun starts: tp = 3 does not divide the tiny model's 4 heads; the recipe made colocated with
+ * its placement.rollout_ranks = 1 kept, where a colocated run has one rollout rank per training
+ * rank. */
 static inline void rf_test_tp_refusals(const char *dir, const char *rlflow) {
     char want[1024];
     snprintf(want, sizeof want, "error: --set: placement.actor.tp = 3 does not divide the 4 attention heads of model.path "
                                 "\"%s/sft\" (tensor parallelism splits whole heads)", dir);
     rf_test_refused(dir, rlflow, 0, "heads", "--set placement.actor.tp=3", want);
     rf_test_refused(dir, rlflow, 0, "colocated", "--set placement.mode=colocated --set async.max_staleness=0",
-                    "error: r.toml:40:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism in "
-                    "colocated runs; placement.mode = \"split\" trains on placement.actor.tp ranks)");
+                    ":1: placement.rollout_ranks = 1, but a colocated run has one rollout rank on each of its ");
 }
 
 /* 1 when the file at path holds needle. */

@@ -193,16 +193,31 @@ static void parallel_layouts(void) {
     CHECK_OK(rf_recipe_load(&r, recipe_file("placement.actor.dp = 2\n"), ov, 2));
     CHECK(r.placement.actor.dp == 4);
     rf_recipe_free(&r);
+    /* colocated with a parallel layout: one rollout rank on each training rank's device */
+    struct { const char *text; int ranks; } colo[] = {
+        {"[placement.actor]\ntp = 2\n", 2}, {"[placement.actor]\ntp = 2\ndp = 2\n", 4},
+        {"[placement.actor]\ndp = 2\n", 2}, {"[placement.actor]\ndp = 4\n[placement.rollout]\ntp = 2\n", 2}};
+    for (size_t i = 0; i < sizeof colo / sizeof colo[0]; i++) {
+        CHECK_OK(rf_recipe_load(&r, recipe_file(colo[i].text), NULL, 0));
+        CHECK(rf_recipe_colocated_ranks(&r) && rf_recipe_multi_process(&r) && r.placement.rollout_ranks == colo[i].ranks);
+        CHECK_OK(rf__reject_unimplemented(&r));
+        rf_recipe_free(&r);
+    }
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[placement]\nmode = \"colocated\"\n"), NULL, 0));
+    CHECK(!rf_recipe_colocated_ranks(&r) && !rf_recipe_multi_process(&r));
+    rf_recipe_free(&r);
+    load_fails("[placement.rollout]\ntp = 4\n", NULL, 0, RF_ERR_ARG,
+               ":2:1: placement.rollout.tp = 4 does not divide the 1 training ranks (placement.actor.dp x "
+               "placement.actor.tp) of a colocated run, whose rollout ranks are on their devices");
+    load_fails("[placement]\nrollout_ranks = 1\n[placement.actor]\ndp = 2\n", NULL, 0, RF_ERR_ARG,
+               ":2:1: placement.rollout_ranks = 1, but a colocated run has one rollout rank on each of its 2 training "
+               "ranks' devices: 2 rollout workers of placement.rollout.tp = 1 ranks (leave it unset)");
     load_fails("[placement.actor]\ndpp = 2\n", NULL, 0, RF_ERR_ARG,
                ":2:1: unknown key \"placement.actor.dpp\" (did you mean \"placement.actor.dp\"?)");
     load_fails("[placement.actor]\ndp = 0\n", NULL, 0, RF_ERR_ARG, ":2:1: placement.actor.dp = 0: must be in [1, 1024]");
     load_fails("[placement.actor]\nzero = 1\n", NULL, 0, RF_ERR_ARG,
                ":2:1: placement.actor.zero = 1: shards the optimizer state across data-parallel ranks and needs placement.actor.dp > 1");
     struct { const char *text, *want; } refused[] = {
-        {"[placement.actor]\ntp = 2\n", ":2:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism in colocated "
-                                        "runs; placement.mode = \"split\" trains on placement.actor.tp ranks)"},
-        {"[placement.actor]\ntp = 2\ndp = 2\n", ":2:1: placement.actor.tp = 2 is not implemented yet (tensor parallelism "
-                                                 "in colocated runs; placement.mode = \"split\" trains on placement.actor.tp ranks)"},
         {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 4\ndp = 2\n[placement.critic]\ntp = 3\n",
          ":7:1: placement.critic.tp = 3 is not implemented yet (a critic tensor-parallel size that does not divide the "
          "actor's (placement.actor.tp = 4): the critic's shards live on the first ranks of each replica)"},
@@ -211,14 +226,10 @@ static void parallel_layouts(void) {
          "the actor's (placement.actor.tp = 2): the reference's shards live on the first ranks of each replica)"},
         {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 2\ndp = 2\nzero = 2\n",
          ":6:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
-        {"[placement.rollout]\ntp = 4\n", ":2:1: placement.rollout.tp = 4 is not implemented yet (tensor parallelism of generation "
-                                          "in colocated runs; placement.mode = \"split\" runs each rollout worker on "
-                                          "placement.rollout.tp ranks)"},
         {"[placement.actor]\ndp = 2\nzero = 2\n", ":3:1: placement.actor.zero = 2 is not implemented yet (ZeRO stages 2 and 3"},
         {"[placement.reference]\ntp = 2\n", ":2:1: placement.reference.tp = 2 is not implemented yet (a reference "
          "tensor-parallel size that does not divide the actor's (placement.actor.tp = 1): the reference's shards live on "
          "the first ranks of each replica)"},
-        {"[placement.actor]\ndp = 2\n", ":2:1: placement.actor.dp = 2 is not implemented yet (data parallelism in colocated runs"},
         {"[placement]\nmode = \"split\"\n[placement.actor]\ntp = 4\n[placement.reward]\ntp = 3\n",
          ":6:1: placement.reward.tp = 3 is not implemented yet (a reward-model tensor-parallel size that does not divide "
          "the actor's (placement.actor.tp = 4): the reward model's shards live on the first ranks of each replica)"},

@@ -11,6 +11,8 @@
  *   - the critic and the reference split over 2 of the actor's 4 tensor-parallel ranks, the
  *     critic on 2 of 3 replicas, and a reward model split over 2 ranks: the same against the CPU;
  *   - a colocated GRPO run on "cuda": the CPU run's rewards and gradient norms bit for bit;
+ *   - a colocated run on two ranks: rollout ranks 3 and 4 on the devices of training ranks 1
+ *     and 2, the CPU run's step-1 reward and gradient norm;
  *   - the rollout worker's KV cache sized from the device's free memory: the longest load, or
  *     what the budget holds (same rewards and gradient norms), or refused at once;
  *   - one GPU for two training ranks of one machine: refused at the start, naming both ranks.
@@ -155,6 +157,39 @@ static void kv_from_device_memory(void) {
     }
 }
 
+/* The CUDA device a rank's log line names ("  rank R (host): CUDA device D of N"), -1 if none. */
+static int device_of(const char *out, int rank) {
+    char key[32];
+    snprintf(key, sizeof key, "  rank %d (", rank);
+    const char *p = out ? strstr(out, key) : NULL, *q = p ? strstr(p, "): CUDA device ") : NULL;
+    return q ? atoi(q + strlen("): CUDA device ")) : -1;
+}
+
+/* A colocated run on two ranks (dp 2): the rollout ranks take the training ranks' devices
+ * (rank 3 on rank 1's, rank 4 on rank 2's), and it trains like the CPU run. */
+static void colocated_ranks(void) {
+    const char *runs[2] = {"colo_dp_cpu", "colo_dp_gpu"}, *extra[2] = {"", ON_GPU};
+    for (int i = 0; i < 2; i++) {
+        char args[512], *out = NULL;
+        snprintf(args, sizeof args, "--set placement.mode=colocated --set async.max_staleness=0 --set placement.rollout_ranks=2 "
+                 "--set placement.actor.dp=2 --set train.steps=2 --set logging.val_every=0 %s", extra[i]);
+        int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
+        CHECK(rc == 0);
+        if (i == 1) {
+            int d[5];
+            for (int k = 1; k <= 4; k++) d[k] = device_of(out, k);
+            printf("colocated dp 2 on cuda: ranks 1-4 on devices %d %d %d %d\n", d[1], d[2], d[3], d[4]);
+            CHECK(d[1] == 0 && d[2] == 1 && d[3] == 0 && d[4] == 1);
+        }
+        if (rc) fprintf(stderr, "%s\n", out ? out : "");
+        free(out);
+    }
+    double ra = rf_test_metric(dir, runs[0], 1, "reward/mean"), rb = rf_test_metric(dir, runs[1], 1, "reward/mean");
+    double ga = rf_test_metric(dir, runs[0], 1, "actor/grad_norm"), gb = rf_test_metric(dir, runs[1], 1, "actor/grad_norm");
+    printf("colocated dp 2, cpu / cuda, step 1: reward %.6f / %.6f, grad norm %.10f / %.10f\n", ra, rb, ga, gb);
+    CHECK(ra == rb && ga > 0 && fabs(ga - gb) <= 1e-5 * ga);
+}
+
 static void one_gpu_for_two(void) {
     char *out = NULL;
     int rc = rf_test_sh(&out, "cd %s && RF_MOCK_GPUS=1 %s run r.toml " PPO " " ON_GPU " --set placement.actor.dp=2 "
@@ -179,6 +214,7 @@ int main(void) {
     grid_and_resume();
     own_layouts();
     colocated();
+    colocated_ranks();
     kv_from_device_memory();
     one_gpu_for_two();
     rf_test_sh(NULL, "rm -rf %s", dir);

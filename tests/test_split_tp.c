@@ -26,7 +26,7 @@
  *     seconds of async.peer_timeout naming the lost world rank (found by its rollout worker's
  *     rank 0 in a step, or by the training rank in a weights transfer);
  *   - refusals with their exact messages: tp = 3 does not divide the tiny model's 4 heads (for
- *     training and for generation); tp in a colocated run (both keys); an MPI job of the wrong
+ *     training and for generation); colocated layouts that cannot share devices (both keys); an MPI job of the wrong
  *     size (both layouts).
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
@@ -233,8 +233,8 @@ static void refusals(void) {
     rf_test_refused(dir, rlflow, 0, "gen_colocated",
                     "--set placement.mode=colocated --set async.max_staleness=0 --set placement.actor.tp=1 "
                     "--set placement.rollout.tp=2",
-                    "error: --set: placement.rollout.tp = 2 is not implemented yet (tensor parallelism of generation in "
-                    "colocated runs; placement.mode = \"split\" runs each rollout worker on placement.rollout.tp ranks)");
+                    "error: --set: placement.rollout.tp = 2 does not divide the 1 training ranks (placement.actor.dp x "
+                    "placement.actor.tp) of a colocated run, whose rollout ranks are on their devices");
     rf_test_refused(dir, rlflow, 4, "gen_size", "--set placement.rollout.tp=2",
                     "this MPI job has 4 ranks; the recipe needs 5 (controller, 2 training workers and "
                     "placement.rollout_ranks = 1 rollout workers of placement.rollout.tp = 2 ranks each)");

@@ -27,7 +27,7 @@
  *   - replica 1's first rank (world rank 3) killed (SIGKILL) mid-run: `rlflow run` fails within
  *     seconds of async.peer_timeout naming the collective that waited and world rank 3;
  *   - refusals with their exact messages: tp = 3 does not divide the heads (with dp = 2); tp and
- *     dp in a colocated run; an MPI job of the wrong size.
+ *     a colocated recipe keeping placement.rollout_ranks = 1; an MPI job of the wrong size.
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
