@@ -186,8 +186,8 @@ static void installed(void) {
     CHECK(rc == 0);
     if (rc) fprintf(stderr, "%s\n", out ? out : "");
     free(out);
-    CHECK(rf_test_sh(&out, "LD_DEBUG=files %s/moved/bin/rlflow generate --model %s/tiny --prompt x --max-new-tokens 2 "
-                     "2>&1 | grep -c 'needed by %s/moved/bin/../lib/librlflow_core.so '", dir, dir, dir) == 0);
+    CHECK(rf_test_sh(&out, "LD_DEBUG=libs %s/moved/bin/rlflow generate --model %s/tiny --prompt x --max-new-tokens 2 "
+                     "2>&1 | grep -c 'calling init: %s/moved/bin/../lib/librlflow_core.so$'", dir, dir, dir) == 0);
     CHECK(out && atoi(out) >= 1);
     free(out);
     CHECK(rf_test_sh(&out, "ls %s/moved/share/rlflow/examples/grpo.toml %s/moved/share/rlflow/reward/clients/python/rlflow_reward.py "
