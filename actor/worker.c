@@ -156,7 +156,6 @@ static void join_words(char *buf, size_t cap, const char *const *items, int n) {
 static void log_score_layout(const tworker *w, int flags) {
     int spread = score_replicas(w, flags), split = w->tpc ? rf__tp_split_flags(w, flags) : 0;
     static const char *const asked[3] = {"reference log-probs", "values", "reward-model scores"};
-    static const char *const names[3] = {"the reference", "the critic", "the reward model"};
     int tpn[3] = {split & RF_SCORE_REF ? w->ref_tp->tp : 0, split & RF_SCORE_VALUES ? w->critic_tp->tp : 0,
                   split & RF_SCORE_RM ? rf_reward_model_split(w->rm) : 0};
     const char *what_items[3], *split_items[3];
@@ -175,8 +174,9 @@ static void log_score_layout(const tworker *w, int flags) {
     } else if (first >= 0) {
         for (int i = 0; i < 3; i++) /* "the reference and the critic split over 2", or each its own count */
             if (tpn[i]) {
-                if (same) snprintf(per[i], sizeof per[i], "%s", names[i]);
-                else snprintf(per[i], sizeof per[i], "%s %s %d", names[i], i == first ? "split over" : "over", tpn[i]);
+                if (same) snprintf(per[i], sizeof per[i], "the %s", rf_recipe_role_name(i));
+                else snprintf(per[i], sizeof per[i], "the %s %s %d", rf_recipe_role_name(i), i == first ? "split over" : "over",
+                              tpn[i]);
                 split_items[i] = per[i];
             }
         char list[160];
@@ -287,11 +287,6 @@ rf_status rf__worker_agree_to_start(tworker *w, rf_comm *c, rf_status loaded, co
         return rf_error(RF_ERR_IO, "%s rank %d (world rank %d) could not start; its message says why", kind, failed,
                         rf_comm_world_rank(c, failed));
     return RF_OK;
-}
-
-rf_status rf__worker_dev_comm(tworker *w, rf_comm *g, const char *why, rf_comm **dev, rf_comm **out) {
-    rf_status st = rf_comm_for(g, w->k, w->r->async.startup_timeout, dev, out);
-    return st == RF_OK ? RF_OK : rf_error_wrap(st, "%s on CUDA", why);
 }
 
 rf_status rf__worker_pack_part(const Rlflow__TrainBatch *b, size_t lo, size_t hi, uint8_t **buf, uint64_t *bytes) {

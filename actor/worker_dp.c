@@ -101,7 +101,7 @@ static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o, const char
         g = w->critic_dpc;
     }
     if (!g) return RF_OK; /* a replica past the critic's */
-    RF_TRY(rf__worker_dev_comm(w, g, "data parallelism", &w->critic_dev, &g));
+    RF_TRY(rf_comm_for(g, w->k, "data parallelism", w->r->async.startup_timeout, &w->critic_dev, &g));
     if (w->critic_tp || w->critic) return dp_model(w, &w->dp_critic, g, w->critic, w->critic_tp, 1, ckpt, *o);
     return rf_error(RF_ERR_ARG, "data-parallel replica %d of the critic's %d holds no critic", w->replica, k);
 }
@@ -133,7 +133,7 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
                                 "receiving the checkpoint's directory from data-parallel rank 0")
                 : RF_OK;
     rf_comm *g = NULL;
-    if (st == RF_OK) st = rf__worker_dev_comm(w, w->dpc, "data parallelism", &w->dp_dev, &g);
+    if (st == RF_OK) st = rf_comm_for(w->dpc, w->k, "data parallelism", w->r->async.startup_timeout, &w->dp_dev, &g);
     if (st == RF_OK) st = dp_model(w, &w->dp_actor, g, w->tp ? NULL : w->actor, w->tp, 0, ckpt, o);
     /* with tensor parallelism the version comes from replica 0 too (the peers have none yet) */
     int64_t v = w->version;

@@ -147,12 +147,6 @@ rf_status rf__worker_update(rf__tworker *w, rf_train_sample *s, const rf__share 
  * the first rank of c that failed. Bounded by async.startup_timeout. */
 rf_status rf__worker_agree_to_start(rf__tworker *w, rf_comm *c, rf_status loaded, const char *kind);
 
-/* The communicator a model's collectives go over among g's ranks: g itself for a host model;
- * for a CUDA one a NCCL communicator over g's ranks (*dev, which the caller keeps and frees;
- * rf_comm_nccl refuses two ranks on one device of a machine; `why`, e.g. "data parallelism",
- * names the feature in errors). Collective over g. */
-rf_status rf__worker_dev_comm(rf__tworker *w, rf_comm *g, const char *why, rf_comm **dev, rf_comm **out);
-
 /* A peer's (DP or TP rank > 0) update from a packed TrainBatch in buf (bytes; `what` names it
  * in errors; sh: each model's samples in it): unpacks it, takes the policy version, runs
  * rf__worker_update when `train` is 1 (-1: when the batch holds samples), and counts the new

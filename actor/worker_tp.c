@@ -134,7 +134,7 @@ static rf_status first_ranks(rf__tworker *w, int tp, rf_comm **keep, rf_comm **k
     if (tp == rf_comm_size(w->tpc)) return RF_OK;
     RF_TRY(rf_comm_split(w->tpc, t < tp ? 0 : -1, t, keep));
     *g = *keep;
-    return *g ? rf__worker_dev_comm(w, *g, "tensor parallelism", keep_dev, dev) : RF_OK;
+    return *g ? rf_comm_for(*g, w->k, "tensor parallelism", w->r->async.startup_timeout, keep_dev, dev) : RF_OK;
 }
 
 /* The critic or the reference split over the first tp ranks of the replica: the group, then
@@ -228,7 +228,7 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     rf_comm *g = w->tpc; /* the shards' collectives: over NCCL on CUDA */
     if (w->k != rf_cpu_kernels()) {
         RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, "tensor-parallel"));
-        RF_TRY(rf__worker_dev_comm(w, w->tpc, "tensor parallelism", &w->tp_dev, &g));
+        RF_TRY(rf_comm_for(w->tpc, w->k, "tensor parallelism", w->r->async.startup_timeout, &w->tp_dev, &g));
     }
     if (st == RF_OK) st = rf_model_tp_init(&w->tp, &cfg, w->k, g, r->async.peer_timeout);
     if (st == RF_OK) st = rf_model_tp_enable_training(w->tp);

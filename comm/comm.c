@@ -423,10 +423,12 @@ rf_status rf__comm_distinct_devices(rf_comm *boot, int device, double timeout_s)
     return st;
 }
 
-rf_status rf_comm_for(rf_comm *g, const rf_kernels *k, double timeout_s, rf_comm **dev, rf_comm **out) {
+rf_status rf_comm_for(rf_comm *g, const rf_kernels *k, const char *what, double timeout_s, rf_comm **dev,
+                      rf_comm **out) {
     *out = g;
     if (k == rf_cpu_kernels()) return RF_OK;
-    RF_TRY(rf_comm_nccl(g, rf_cuda_current_device(), timeout_s, dev));
+    rf_status st = rf_comm_nccl(g, rf_cuda_current_device(), timeout_s, dev);
+    if (st != RF_OK) return rf_error_wrap(st, "%s on CUDA", what);
     *out = *dev;
     return RF_OK;
 }

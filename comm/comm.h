@@ -77,9 +77,11 @@ rf_status rf_comm_nccl(rf_comm *from, int device, double timeout_s, rf_comm **ou
 
 /* The communicator for the memory of back end k (kernels/kernels.h) over g's ranks: g itself
  * for the CPU kernels; for device kernels a NCCL communicator made from g on the back end's
- * device (rf_comm_nccl; *dev, which the caller frees). Collective over g. */
+ * device (rf_comm_nccl; *dev, which the caller frees), its errors wrapped as "<what> on CUDA"
+ * (what names the feature, e.g. "data parallelism"). Collective over g. */
 struct rf_kernels;
-rf_status rf_comm_for(rf_comm *g, const struct rf_kernels *k, double timeout_s, rf_comm **dev, rf_comm **out);
+rf_status rf_comm_for(rf_comm *g, const struct rf_kernels *k, const char *what, double timeout_s, rf_comm **dev,
+                      rf_comm **out);
 
 /* 1 when NCCL can be used: this build has the NCCL back end (RLFLOW_HAVE_NCCL), or
  * RLFLOW_CUDA_MODULE names a CUDA module at run time (the CPU stand-in of the tests); else 0. */

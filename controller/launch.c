@@ -297,15 +297,14 @@ static const char *roles_at(const rf_recipe *r, int d, int t, char *buf, size_t 
     rf_adv_kind kind;
     int critic = rf_adv_kind_parse(r->algorithm.name, &kind) == RF_OK && kind == RF_ADV_GAE;
     int held[3] = {rf_recipe_reference_enabled(r), critic, r->reward.model[0] != '\0'};
-    const char *name[3] = {"reference", "critic", "reward model"};
     size_t n = 0;
     buf[0] = 0;
     for (int role = RF_ROLE_REFERENCE; role <= RF_ROLE_REWARD; role++) {
         int dp, tp;
         rf_recipe_role_layout(r, role, &dp, &tp);
         if (!held[role] || d >= dp || t >= tp || n >= cap) continue; /* on the first tp ranks of a replica */
-        if (tp > 1) n += (size_t)snprintf(buf + n, cap - n, ", %s shard %d of %d", name[role], t, tp);
-        else n += (size_t)snprintf(buf + n, cap - n, ", %s", name[role]);
+        if (tp > 1) n += (size_t)snprintf(buf + n, cap - n, ", %s shard %d of %d", rf_recipe_role_name(role), t, tp);
+        else n += (size_t)snprintf(buf + n, cap - n, ", %s", rf_recipe_role_name(role));
     }
     return buf;
 }

@@ -810,6 +810,11 @@ void rf_recipe_role_layout(const rf_recipe *r, int role, int *dp, int *tp) {
     *tp = t > 0 ? t : r->placement.actor.tp;
 }
 
+const char *rf_recipe_role_name(int role) {
+    static const char *const names[3] = {"reference", "critic", "reward model"};
+    return role >= 0 && role < 3 ? names[role] : "?";
+}
+
 int rf_recipe_colocated_ranks(const rf_recipe *r) {
     return strcmp(r->placement.mode, "colocated") == 0 &&
            (r->placement.actor.dp * r->placement.actor.tp > 1 || r->placement.rollout.tp > 1);

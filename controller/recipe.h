@@ -197,6 +197,9 @@ enum { RF_ROLE_REFERENCE = 0, RF_ROLE_CRITIC = 1, RF_ROLE_REWARD = 2 };
  * Which layouts a build carries out is checked when a run starts (controller/run_setup.c). */
 void rf_recipe_role_layout(const rf_recipe *r, int role, int *dp, int *tp);
 
+/* The name of `role` (RF_ROLE_*) in messages: "reference", "critic", "reward model". */
+const char *rf_recipe_role_name(int role);
+
 /* placement.mode = "colocated" with a parallel layout (placement.actor.dp x placement.actor.tp
  * or placement.rollout.tp above 1): training ranks and as many rollout ranks run as processes
  * under mpirun, the rollout ranks on the training ranks' devices, taking turns with them

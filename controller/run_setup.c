@@ -141,12 +141,13 @@ rf_status rf__check_tp_model(const rf_recipe *r, const rf_model_config *cfg) {
     return check_tp_key(r, "placement.rollout.tp", r->placement.rollout.tp, cfg, "model.path", r->model.path);
 }
 
-/* The models on the actor's grid (RF_ROLE_*): names in messages, their keys, their own model. */
+/* The models on the actor's grid (RF_ROLE_*): adjectives in messages, their keys, their own
+ * model's key. */
 static const struct {
-    const char *name, *adj, *section, *path_key;
-} k_roles[3] = {{"reference", "reference", "placement.reference", "reference.path"},
-                {"critic", "critic", "placement.critic", "critic.path"},
-                {"reward model", "reward-model", "placement.reward", "reward.model"}};
+    const char *adj, *section, *path_key;
+} k_roles[3] = {{"reference", "placement.reference", "reference.path"},
+                {"critic", "placement.critic", "critic.path"},
+                {"reward-model", "placement.reward", "reward.model"}};
 
 static const char *role_path(const rf_recipe *r, int role) {
     return role == RF_ROLE_REWARD ? r->reward.model : role == RF_ROLE_CRITIC ? r->critic.path : r->reference.path;
@@ -195,7 +196,7 @@ static rf_status reject_layouts(const rf_recipe *r) {
     for (int role = RF_ROLE_REFERENCE; role <= RF_ROLE_REWARD; role++) {
         int dp, tp;
         rf_recipe_role_layout(r, role, &dp, &tp);
-        const char *name = k_roles[role].name;
+        const char *name = rf_recipe_role_name(role);
         char key[64], where[512];
         snprintf(key, sizeof key, "%s.dp", k_roles[role].section);
         if (dp > D)

@@ -76,8 +76,6 @@ const rf_cuda_module *rf__cuda_module(void) {
     return NULL;
 }
 
-static const rf_cuda_module *loaded(void) { return g_module; }
-
 const rf_kernels *rf_cuda_kernels(int device) {
     const rf_cuda_module *m = rf__cuda_module();
     if (!m) return NULL;
@@ -95,8 +93,8 @@ int rf_cuda_device_count(void) {
 }
 
 /* Neither opens the module: before it is open the back end has not started. */
-int rf_cuda_current_device(void) { return loaded() ? loaded()->current_device() : -1; }
-void *rf_cuda_stream(void) { return loaded() ? loaded()->stream() : NULL; }
+int rf_cuda_current_device(void) { return g_module ? g_module->current_device() : -1; }
+void *rf_cuda_stream(void) { return g_module ? g_module->stream() : NULL; }
 
 const rf_kernels *rf_kernels_for(const char *device) {
     if (!device || strcmp(device, "cpu") == 0) return rf_cpu_kernels();

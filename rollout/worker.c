@@ -235,8 +235,7 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     rf_path_join(p, sizeof p, w->r->model.path, "config.json");
     RF_TRY(rf_config_load(&cfg, p));
     rf_comm *c; /* on CUDA the shards compute over NCCL */
-    rf_status st = rf_comm_for(w->gcomm, k, w->r->async.startup_timeout, &w->gdev, &c);
-    if (st != RF_OK) return rf_error_wrap(st, "rollout tensor parallelism on CUDA");
+    RF_TRY(rf_comm_for(w->gcomm, k, "rollout tensor parallelism", w->r->async.startup_timeout, &w->gdev, &c));
     RF_TRY(rf_model_tp_init(&w->tp, &cfg, k, c, w->r->async.peer_timeout));
     w->m = w->tp->m;
     return rf_rollout_tp_init(&w->g, w->tp, w->r->async.peer_timeout);
