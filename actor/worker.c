@@ -159,7 +159,7 @@ static void log_score_layout(const tworker *w, int flags) {
     int tpn[3] = {split & RF_SCORE_REF ? w->ref_tp->tp : 0, split & RF_SCORE_VALUES ? w->critic_tp->tp : 0,
                   split & RF_SCORE_RM ? rf_reward_model_split(w->rm) : 0};
     const char *what_items[3], *split_items[3];
-    char per[3][64], what[96], tps[192] = "";
+    char per[3][64], what[96], tps[256] = "";
     int first = -1, same = 1;
     for (int i = 0; i < 3; i++) {
         what_items[i] = flags & (1 << i) ? asked[i] : NULL;
