@@ -266,7 +266,12 @@ static rf_status publish_weights(tworker *w) {
          * worker (the first transfer waits for workers still starting) */
         int first = !w->tp_serving;
         RF_TRY(rf__tp_publish(w, first ? w->r->async.startup_timeout : w->r->async.peer_timeout, announce));
-        if (first)
+        if (first && w->ho)
+            rf_log_info("training worker: weights version %d (CRC-32C %08x) handed to the rollout rank in each training "
+                        "rank's process (%s)", w->version, w->crc, rf_weights_rs_zero_copy(w->wrs) ?
+                        "identical layouts: zero-copy, the rollout ranks read the training shards" :
+                        "resharded in place from the training layout");
+        else if (first)
             rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards%s to the rollout workers",
                         w->version, w->crc, w->tp ? w->tp->tp : 1, w->tp && w->dpc ? " of every data-parallel replica" : "");
         w->tp_serving = 1;
@@ -381,6 +386,8 @@ rf_status rf__worker_update(tworker *w, rf_train_sample *base, const rf__share *
         if (!recompute) memcpy(s[i].prox_logp, s[i].behav_logp, sizeof(float) * (size_t)s[i].n_resp);
     }
     uo.tp = w->tp; /* tensor parallel: the actor is this rank's shard */
+    /* colocated: the rollout rank of this process reads these weights; its last step ends first */
+    if (st == RF_OK && w->ho) st = rf_handover_write_begin(w->ho, r->async.peer_timeout);
     double tp = rf_time_now();
     if (st == RF_OK && recompute)
         st = w->tp ? rf_actor_logprobs_tp(w->tp, s, n, r->train.micro_batch_tokens, uo.inv_temp, ptrs, NULL)
@@ -518,8 +525,8 @@ static rf_status serve(tworker *w) {
 
 rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int resume,
                                rf_comm *wcomm, const int *rollout, int n_rollout, rf_comm *dpc,
-                               rf_comm *tpc) {
-    tworker w = {.r = r, .wcomm = wcomm, .rollout = rollout, .n_rollout = n_rollout,
+                               rf_comm *tpc, rf_handover *ho) {
+    tworker w = {.r = r, .wcomm = wcomm, .rollout = rollout, .n_rollout = n_rollout, .ho = ho,
                  .delay_ms = rf_test_delay_ms("RF_TEST_DELAY_TRAIN_MS"), .dpc = dpc, .tpc = tpc};
     rf_rng_seed(&w.delay_rng, 0x2545f4914f6cdd1dull);
     w.k = rf_kernels_for(r->model.device);
@@ -554,7 +561,7 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     if (w.dpc) st = rf__dp_setup(&w, st);
     if (st == RF_OK) st = rf_metrics_open(&w.metrics, NULL, 0, 0);
     if (st == RF_OK && !w.tp)
-        st = r->placement.rollout.tp > 1 ? rf__rs_whole_setup(&w) : rf_weights_tx_init(&w.tx, w.actor);
+        st = r->placement.rollout.tp > 1 || ho ? rf__rs_whole_setup(&w) : rf_weights_tx_init(&w.tx, w.actor);
     rf_msg_client_config cc = {.endpoint = endpoint, .role = RLFLOW__ROLE__ROLE_ACTOR, .rank = 0,
                                .capacity = 1, .name = "train", .timeout_s = r->async.startup_timeout};
     if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);

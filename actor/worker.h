@@ -11,6 +11,7 @@
 
 #include "comm/comm.h"
 #include "controller/recipe.h"
+#include "resharding/handover.h"
 
 /* wcomm: the weights communicator; rollout workers are its ranks rollout[0..n_rollout-1].
  * resume: load the newest checkpoint of logging.dir first. dpc: with placement.actor.dp > 1,
@@ -21,10 +22,14 @@
  * and the shards go to the rollout workers by resharding, the training ranks being ranks
  * 0 .. tp-1 of wcomm and the rollout workers the ranks after them (rollout is then not used).
  * Both (a tp x dp grid, actor/worker_internal.h): tpc is replica 0's TP group and dpc the
- * replicas' first ranks; each replica's TP group trains on its share. */
+ * replicas' first ranks; each replica's TP group trains on its share.
+ * ho: a colocated run on several devices, where this process also runs a rollout rank
+ * (resharding/handover.h): wcomm then holds the training ranks only, every one of which hands
+ * each version to its own process's rollout rank (resharded in place over wcomm when the
+ * layouts differ; rollout is not used). NULL in split runs. The same for the peers below. */
 rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int resume,
                                rf_comm *wcomm, const int *rollout, int n_rollout, rf_comm *dpc,
-                               rf_comm *tpc);
+                               rf_comm *tpc, rf_handover *ho);
 
 /* A data-parallel peer (DP rank > 0 of dpc): loads the actor (and the critic) from the recipe,
  * takes DP rank 0's state, then trains on the shares rank 0 sends until rank 0 says the run is
@@ -33,7 +38,7 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
  * too, its replica's TP group, this rank its rank 0 (NULL: none): it holds shard 0 (replica
  * 0's, copied at the start), hands its TP peers its share of every batch, and sends its shard
  * of every version to the rollout workers with them over wcomm (as tp_peer_main). */
-rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_comm *wcomm);
+rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_comm *wcomm, rf_handover *ho);
 
 /* A tensor-parallel peer (TP rank > 0 of tpc): reads the model's shape from model.path, takes
  * its shard of TP rank 0's actor, sends its shard of every version to the rollout workers (over
@@ -43,6 +48,6 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
  * parallelism too, the ranks of this TP position (one per replica; NULL: none): the shard's
  * gradients are summed over it, and it starts from replica 0's shard; every replica sends its
  * shards over wcomm (rank i of the training ranks there). */
-rf_status rf_train_tp_peer_main(const rf_recipe *r, rf_comm *tpc, rf_comm *wcomm, rf_comm *dpc);
+rf_status rf_train_tp_peer_main(const rf_recipe *r, rf_comm *tpc, rf_comm *wcomm, rf_comm *dpc, rf_handover *ho);
 
 #endif

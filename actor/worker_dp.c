@@ -412,8 +412,9 @@ static rf_status peer_train(rf__tworker *w, int64_t n_batch) {
     rf_status st = recv_share(w, &buf, &head);
     if (st == RF_OK && w->tpc) st = rf__tp_share(w, buf, head.bytes, n_batch > 0, &head.sh);
     if (st == RF_OK) st = rf__worker_peer_update(w, buf, head.bytes, "this rank's share of the batch", n_batch > 0, &head.sh);
-    /* tensor parallelism: this replica's shards go to the rollout workers with the others' */
-    if (st == RF_OK && w->tpc) st = rf__tp_publish(w, t, NULL);
+    /* tensor parallelism: this replica's shards go to the rollout workers with the others';
+     * colocated: to this process's rollout rank */
+    if (st == RF_OK && (w->tpc || w->ho)) st = rf__tp_publish(w, t, NULL);
     free(buf);
     return st;
 }
@@ -468,8 +469,8 @@ static rf_status peer_serve(rf__tworker *w) {
     }
 }
 
-rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_comm *wcomm) {
-    rf__tworker w = {.r = r, .dpc = dpc, .tpc = tpc, .wcomm = wcomm, .replica = rf_comm_rank(dpc)};
+rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_comm *wcomm, rf_handover *ho) {
+    rf__tworker w = {.r = r, .dpc = dpc, .tpc = tpc, .wcomm = wcomm, .replica = rf_comm_rank(dpc), .ho = ho};
     w.k = rf_kernels_for(r->model.device);
     rf_adv_kind kind;
     rf_status st = w.k ? rf_adv_kind_parse(r->algorithm.name, &kind)
@@ -496,7 +497,9 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
                     rf_comm_size(dpc), rf_comm_world_rank(dpc, rf_comm_rank(dpc)), (int)getpid());
     /* tensor parallelism: the first weights, with every replica; then this replica's TP peers
      * wait for commands */
-    if (st == RF_OK && tpc) st = rf__tp_publish(&w, r->async.startup_timeout, NULL);
+    /* colocated without tensor parallelism: this replica's actor for its own process's rollout rank */
+    if (st == RF_OK && ho && !tpc) st = rf__rs_whole_setup(&w);
+    if (st == RF_OK && (tpc || ho)) st = rf__tp_publish(&w, r->async.startup_timeout, NULL);
     w.tp_serving = st == RF_OK && tpc;
     if (st == RF_OK) st = peer_serve(&w);
     if (st != RF_OK) rf__tp_stop(&w, 1);

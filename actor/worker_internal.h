@@ -34,6 +34,7 @@
 #include "controller/metrics.h"
 #include "controller/recipe.h"
 #include "model/model_tp.h"
+#include "resharding/handover.h"
 #include "resharding/weights_reshard.h"
 #include "resharding/weights_sync.h"
 #include "reward/reward.h"
@@ -86,6 +87,8 @@ typedef struct rf__tworker {
     int tp_serving;      /* TP rank 0: the peers wait for commands (after the first weights,
                             or at once in replicas other than 0) */
     uint32_t crc;        /* checksum of the weights last sent */
+    rf_handover *ho;     /* colocated on several devices: this process's rollout rank takes the
+                            weights here (w->wrs from rf_weights_rs_init_colocated), else NULL */
     /* the critic and the reference split over the first placement.critic.tp /
      * placement.reference.tp (> 1) ranks of the replica: this rank's shards, else NULL */
     rf_model_tp *critic_tp, *ref_tp;
@@ -253,7 +256,8 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded);
 rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)(rf__tworker *w));
 
 /* The whole actor's weights by resharding (placement.actor.tp = 1 with placement.rollout.tp >
- * 1: the rollout workers hold shards): w->wrs from the one training rank to the rollout ranks. */
+ * 1: the rollout workers hold shards): w->wrs from the one training rank to the rollout ranks.
+ * Colocated (w->ho): from every training rank to its own process's rollout rank. */
 rf_status rf__rs_whole_setup(rf__tworker *w);
 
 /* TP rank 0: sends every peer the packed TrainBatch buf (bytes) they train on with rank 0 (the

@@ -204,7 +204,7 @@ static shard_src actor_src(const rf__tworker *w) {
 
 /* Where the rollout workers read m's parameters from: the buffer itself (host memory, moved
  * into shared memory), or on CUDA a host copy in shared memory (w->wstage, refreshed before
- * each transfer: weights_of). */
+ * each transfer: weights_of, which the checksum reads too). */
 static rf_status share_weights(rf__tworker *w, rf_model *m) {
     if (m->k == rf_cpu_kernels()) return rf_model_share_params(m);
     return rf_shm_alloc((void **)&w->wstage, sizeof(float) * (m->n_params ? m->n_params : 1), "the staged weights");
@@ -215,6 +215,18 @@ static float *weights_of(rf__tworker *w, rf_model *m) {
     if (!w->wstage) return m->params;
     m->k->to_host(w->wstage, m->params, sizeof(float) * m->n_params);
     return w->wstage;
+}
+
+/* w->wrs for the actor (pt; the training layout dp x tp): to the rollout workers after the
+ * training ranks in w->wcomm (split runs), or colocated to the rollout rank in each training
+ * rank's process (w->wcomm: the training ranks alone). */
+static rf_status weights_out_init(rf__tworker *w, const rf_param_table *pt, int tp, int dp) {
+    const rf_recipe *r = w->r;
+    if (w->ho)
+        return rf_weights_rs_init_colocated(&w->wrs, pt, tp, dp, r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
+                                            r->async.startup_timeout);
+    return rf_weights_rs_init(&w->wrs, pt, tp, dp, r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
+                              r->async.startup_timeout);
 }
 
 rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
@@ -253,9 +265,12 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     RF_TRY(roles_setup(w));
     rf_param_table pt = table_of(w->tp);
     int D = w->dpc ? rf_comm_size(w->dpc) : 1; /* every replica sends (the planner spreads the senders) */
-    RF_TRY(rf_weights_rs_init(&w->wrs, &pt, T, D, r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
-                              r->async.startup_timeout));
-    if (rank == 0 && w->replica == 0)
+    RF_TRY(weights_out_init(w, &pt, T, D));
+    if (rank == 0 && w->replica == 0 && w->ho)
+        rf_log_info("training worker: tensor parallel over %d ranks (actor shards: %zu of %zu parameters here, "
+                    "each rank reading its own from %s), each handing its weights to its process's rollout rank", T,
+                    w->tp->m->n_params, w->tp->full_params, src.dir);
+    else if (rank == 0 && w->replica == 0)
         rf_log_info("training worker: tensor parallel over %d ranks (actor shards: %zu of %zu parameters here, "
                     "each rank reading its own from %s), weights to %d rollout workers by resharding", T,
                     w->tp->m->n_params, w->tp->full_params, src.dir,
@@ -285,17 +300,32 @@ void rf__tp_free(rf__tworker *w) {
 rf_status rf__rs_whole_setup(rf__tworker *w) {
     rf_param_table pt = rf_param_table_of(w->actor);
     RF_TRY(share_weights(w, w->actor)); /* rollout ranks on this host read it in place */
-    return rf_weights_rs_init(&w->wrs, &pt, 1, 1, w->r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
-                              w->r->async.startup_timeout);
+    return weights_out_init(w, &pt, 1, w->ho && w->dpc ? rf_comm_size(w->dpc) : 1);
+}
+
+/* Colocated: hands the version (its checksum w->crc) to this process's rollout rank, resharded
+ * into its buffer first unless the layouts are identical. The writer's hold on the weights
+ * (rf_handover_write_begin in the update) ends here. */
+static rf_status hand_over(rf__tworker *w, rf_model *m, const float *local) {
+    rf_status st = RF_OK;
+    if (!rf_weights_rs_zero_copy(w->wrs)) {
+        float *dst;
+        st = rf_handover_wait_dst(w->ho, w->r->async.startup_timeout, &dst);
+        if (st == RF_OK) st = rf_weights_rs_move(w->wrs, local, dst, w->version, w->crc);
+    }
+    if (st == RF_OK) rf_handover_publish(w->ho, w->version, w->crc, m->params);
+    return st;
 }
 
 rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)(rf__tworker *w)) {
     /* without tensor parallelism of the actor: the whole actor is the one shard */
     rf_comm *tpc = w->tp ? w->tpc : rf_comm_single();
-    float *local = weights_of(w, w->tp ? w->tp->m : w->actor);
+    rf_model *m = w->tp ? w->tp->m : w->actor;
+    float *local = weights_of(w, m);
     RF_TRY(rf_weights_rs_checksum(w->wrs, tpc, local, timeout_s, &w->crc));
     if (announce) RF_TRY(announce(w));
     rf_weights_rs_set_timeout(w->wrs, timeout_s);
+    if (w->ho) return hand_over(w, m, local);
     return rf_weights_rs_send(w->wrs, local, w->version, w->crc);
 }
 
@@ -549,8 +579,8 @@ static rf_status peer_serve(rf__tworker *w) {
     }
 }
 
-rf_status rf_train_tp_peer_main(const rf_recipe *r, rf_comm *tpc, rf_comm *wcomm, rf_comm *dpc) {
-    rf__tworker w = {.r = r, .tpc = tpc, .wcomm = wcomm, .dpc = dpc, .replica = dpc ? rf_comm_rank(dpc) : 0};
+rf_status rf_train_tp_peer_main(const rf_recipe *r, rf_comm *tpc, rf_comm *wcomm, rf_comm *dpc, rf_handover *ho) {
+    rf__tworker w = {.r = r, .tpc = tpc, .wcomm = wcomm, .dpc = dpc, .replica = dpc ? rf_comm_rank(dpc) : 0, .ho = ho};
     w.k = rf_kernels_for(r->model.device);
     rf_status st = w.k ? rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg)
                        : rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);

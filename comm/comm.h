@@ -38,6 +38,8 @@
  *
  * Threads: MPI is initialised with MPI_THREAD_FUNNELED; only the thread that called
  * rf_comm_init / rf_comm_world may call these functions. A communicator is used by one thread.
+ * rf_comm_init_threads asks for MPI_THREAD_MULTIPLE instead: then each thread may use
+ * communicators of its own (a colocated process's training and rollout ranks).
  */
 #ifndef RF_COMM_H
 #define RF_COMM_H
@@ -57,6 +59,10 @@ int rf_comm_launched_by_mpi(void);
 /* Initialises MPI (once) and returns the world communicator (owned by the library). Errors
  * (RF_ERR_IO) make MPI's own message part of ours. */
 rf_status rf_comm_init(int *argc, char ***argv, rf_comm **world);
+
+/* rf_comm_init with MPI_THREAD_MULTIPLE when multiple is 1 (before MPI is initialised):
+ * RF_ERR_UNSUPPORTED when the MPI library does not provide it. */
+rf_status rf_comm_init_threads(int *argc, char ***argv, int multiple, rf_comm **world);
 
 /* The world of this process: MPI's (rf_comm_init) when an MPI launcher started it, else the
  * single-rank communicator (MPI is not touched). Owned by the library. */

@@ -60,11 +60,16 @@ static rf_status map_world(rf_comm *c) {
     return rc == MPI_SUCCESS ? RF_OK : mpi_fail(rc, "MPI_Group_translate_ranks");
 }
 
-rf_status rf_comm_init(int *argc, char ***argv, rf_comm **world) {
+rf_status rf_comm_init(int *argc, char ***argv, rf_comm **world) { return rf_comm_init_threads(argc, argv, 0, world); }
+
+rf_status rf_comm_init_threads(int *argc, char ***argv, int multiple, rf_comm **world) {
     if (!g_inited) {
         int provided = 0, rank = 0, size = 1;
-        int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+        int rc = MPI_Init_thread(argc, argv, multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &provided);
         if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Init_thread");
+        if (multiple && provided < MPI_THREAD_MULTIPLE)
+            return rf_error(RF_ERR_UNSUPPORTED, "MPI_Init_thread: this MPI library does not provide MPI_THREAD_MULTIPLE "
+                            "(provided level %d), which a colocated run with placement.rollout.tp > 1 needs", provided);
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
         MPI_Comm_size(MPI_COMM_WORLD, &size);

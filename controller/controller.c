@@ -415,6 +415,10 @@ static void pack_sample(Rlflow__TrainSample *t, rf_train_sample *s, int group, i
 static rf_status try_train(ctl *c) {
     const rf_recipe *r = c->run.r;
     if (c->batch_out || c->run.step >= r->train.steps) return RF_OK;
+    /* colocated on several devices: the rollout ranks generate with the weights training is
+     * about to change (resharding/handover.h), so validation's greedy samples finish first, as
+     * the one-process loop validates before it trains */
+    if (c->val_out && rf_recipe_colocated_ranks(r)) return RF_OK;
     int P = r->rollout.prompts_per_step, n = r->rollout.n, cap = c->cap;
     void **taken = malloc(sizeof(void *) * (size_t)P), **stale = malloc(sizeof(void *) * (size_t)cap);
     if (!taken || !stale) {

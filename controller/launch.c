@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <omp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,8 +73,11 @@ static void forward_signal(int sig) {
 /* Training worker processes: dp data-parallel replicas of tp tensor-parallel ranks each. */
 static int train_ranks(const rf_recipe *r) { return r->placement.actor.dp * r->placement.actor.tp; }
 
-/* Rollout processes: placement.rollout.tp ranks per rollout worker. */
-static int rollout_procs(const rf_recipe *r) { return r->placement.rollout_ranks * r->placement.rollout.tp; }
+/* Rollout processes: placement.rollout.tp ranks per rollout worker; none in a colocated run,
+ * whose rollout ranks are threads of the training ranks' processes. */
+static int rollout_procs(const rf_recipe *r) {
+    return rf_recipe_colocated_ranks(r) ? 0 : r->placement.rollout_ranks * r->placement.rollout.tp;
+}
 
 static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     int np = 1 + train_ranks(r) + rollout_procs(r);
@@ -107,9 +111,9 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     for (int i = 0; av[i] && off < sizeof line - 1; i++)
         off += (size_t)snprintf(line + off, sizeof line - off, "%s%s", i ? " " : "", av[i]);
     if (rf_recipe_colocated_ranks(r))
-        rf_log_info("colocated run: %d processes (controller, %d training workers (placement.actor.dp x placement.actor.tp "
-                    "= %d x %d) and %d rollout workers%s on their devices, taking turns): %s", np, train_ranks(r),
-                    r->placement.actor.dp, r->placement.actor.tp, r->placement.rollout_ranks,
+        rf_log_info("colocated run: %d processes (controller, and %d training ranks (placement.actor.dp x placement.actor.tp "
+                    "= %d x %d), one per device, each also running a rank of the %d rollout workers%s, taking turns): %s",
+                    np, train_ranks(r), r->placement.actor.dp, r->placement.actor.tp, r->placement.rollout_ranks,
                     r->placement.rollout.tp > 1 ? " of several tensor-parallel ranks" : "", line);
     else if (r->placement.actor.dp > 1 && r->placement.actor.tp > 1)
         rf_log_info("split run: %d processes (controller, %d training workers: %d data-parallel replicas of %d "
@@ -194,16 +198,20 @@ static int default_threads(const rf_recipe *r, int n_rollout, int dp, int train)
  * training ranks), with tp > 1 each replica a TP group. With gtp > 1 (placement.rollout.tp)
  * every rollout rank receives its shard (rollout worker i's ranks together in the weights
  * communicator), and each rollout worker's gtp ranks have a communicator of their own. */
-static rf_status split_comms(rf_comm *world, int dp, int tp, int gtp, rf_comm **wcomm, rf_comm **dpc, rf_comm **tpc,
-                             rf_comm **gcomm) {
+static rf_status split_comms(rf_comm *world, int dp, int tp, int gtp, int colo, rf_comm **wcomm, rf_comm **dpc,
+                             rf_comm **tpc, rf_comm **gcomm) {
     int rank = rf_comm_rank(world), n_train = dp * tp, train = rank >= 1 && rank <= n_train;
     *wcomm = *dpc = *tpc = *gcomm = NULL;
-    int in_weights = (rank >= 1 && rank <= (tp > 1 ? n_train : 1)) || rank > n_train;
+    /* colocated: the rollout ranks are threads of the training ranks' processes, the weights
+     * go between the training ranks alone (resharded in place), and rollout worker i's gtp
+     * ranks are training ranks 1 + i x gtp .. */
+    int in_weights = colo ? train : (rank >= 1 && rank <= (tp > 1 ? n_train : 1)) || rank > n_train;
+    int rollout_worker = colo ? (train ? (rank - 1) / gtp : -1) : rank > n_train ? (rank - 1 - n_train) / gtp : -1;
     RF_TRY(rf_comm_split(world, in_weights ? 1 : -1, rank, wcomm));
     rf_status st = RF_OK;
     if (dp > 1) st = rf_comm_split(world, train ? (rank - 1) % tp : -1, rank, dpc);
     if (st == RF_OK && tp > 1) st = rf_comm_split(world, train ? (rank - 1) / tp : -1, rank, tpc);
-    if (st == RF_OK && gtp > 1) st = rf_comm_split(world, rank > n_train ? 1 + (rank - 1 - n_train) / gtp : -1, rank, gcomm);
+    if (st == RF_OK && gtp > 1) st = rf_comm_split(world, rollout_worker >= 0 ? 1 + rollout_worker : -1, rank, gcomm);
     if (st != RF_OK) {
         rf_comm_free(*wcomm), rf_comm_free(*dpc), rf_comm_free(*tpc);
         *wcomm = *dpc = *tpc = NULL;
@@ -268,9 +276,10 @@ static void advertised(const char *bound, char *out) {
 static rf_status check_size(const rf_recipe *r, int size) {
     int dp = r->placement.actor.dp, n_train = train_ranks(r), gtp = r->placement.rollout.tp;
     int want = 1 + n_train + rollout_procs(r);
-    if (rf_recipe_colocated_ranks(r) && size != want)
-        return rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the colocated recipe needs %d (controller, %d training "
-                        "workers and as many rollout ranks on their devices)", size, want, n_train);
+    if (rf_recipe_colocated_ranks(r))
+        return size == want ? RF_OK
+                            : rf_error(RF_ERR_ARG, "this MPI job has %d ranks; the colocated recipe needs %d (controller and %d "
+                                       "training ranks, one per device, each also running a rollout rank)", size, want, n_train);
     char where[512];
     int fixed = strcmp(rf_recipe_where(r, "placement.rollout_ranks", where, sizeof where), "(default)") != 0;
     if (size >= 1 + n_train + gtp && (size - 1 - n_train) % gtp == 0 && (!fixed || size == want)) return RF_OK;
@@ -335,28 +344,31 @@ static void log_layout(const rf_recipe *r, int size, const char *hosts) {
         else rf_log_info("  rank %d: training worker (actor%s)%s", i, roles, on);
     }
     int gtp = r->placement.rollout.tp, colo = rf_recipe_colocated_ranks(r);
-    for (int i = 1 + n_train; i < size; i++) {
-        char with[64] = "";
-        if (colo && !hosts) snprintf(with, sizeof with, ", on the devices of rank %d", i - n_train);
+    /* colocated: rank i's second thread; else the ranks after the training ones */
+    for (int i = colo ? 1 : 1 + n_train; i < (colo ? 1 + n_train : size); i++) {
+        int j = colo ? i - 1 : i - 1 - n_train; /* this rank's place among the rollout ranks */
+        char who[64], how[128] = "";
+        snprintf(who, sizeof who, colo ? "rank %d, its rollout thread" : "rank %d", i);
+        if (colo)
+            snprintf(how, sizeof how, gtp == tp ? " (zero-copy: generates with this rank's actor %s)"
+                                                : " (its weights resharded in place from the training ranks)",
+                     tp > 1 ? "shard" : "weights");
         if (gtp > 1)
-            rf_log_info("  rank %d: rollout worker %d, tensor-parallel rank %d of %d%s%s%s", i, (i - 1 - n_train) / gtp,
-                        (i - 1 - n_train) % gtp, gtp, (i - 1 - n_train) % gtp == 0 ? " (engine, talks to the controller)" : "",
-                        with, on_host(hosts, i, at, sizeof at));
+            rf_log_info("  %s: rollout worker %d, tensor-parallel rank %d of %d%s%s%s", who, j / gtp, j % gtp, gtp,
+                        j % gtp == 0 ? " (engine, talks to the controller)" : "", how, on_host(hosts, i, at, sizeof at));
         else
-            rf_log_info("  rank %d: rollout worker %d%s%s", i, i - 1 - n_train, with, on_host(hosts, i, at, sizeof at));
+            rf_log_info("  %s: rollout worker %d%s%s", who, j, how, on_host(hosts, i, at, sizeof at));
     }
 }
 
-/* model.device = "cuda": the device this rank's role starts on. Each machine's worker ranks
+/* model.device = "cuda": the device this rank's roles start on. Each machine's worker ranks
  * (not the controller, rank 0, which uses none) take its visible devices in turn, by world
  * rank; more ranks than devices share them (a NCCL communicator over two of them is then
- * refused: rf_comm_nccl). first_rollout > 0 (a colocated run: world ranks from first_rollout
- * on are rollout ranks): each kind takes the devices in turn on its own, so a machine's k-th
- * rollout rank shares the k-th training rank's device. */
-int rf_launch_gpu_of(const int *node, int rank, int n_devices, int first_rollout) {
+ * refused: rf_comm_nccl). A colocated run's rollout ranks are threads of the training ranks. */
+int rf_launch_gpu_of(const int *node, int rank, int n_devices) {
     if (rank <= 0 || n_devices < 1) return -1;
-    int from = first_rollout > 0 && rank >= first_rollout ? first_rollout : 1, slot = 0;
-    for (int j = from; j < rank; j++) slot += node[j] == node[rank];
+    int slot = 0;
+    for (int j = 1; j < rank; j++) slot += node[j] == node[rank];
     return slot % n_devices;
 }
 
@@ -368,17 +380,99 @@ static void select_gpu(const rf_recipe *r, rf_comm *world, const char *host) {
     int *node = malloc(sizeof(int) * (size_t)size);
     if (!node) return; /* the back end then starts on device 0 */
     for (int j = 0; j < size; j++) node[j] = rf_comm_node(world, j);
-    int gpu = rf_launch_gpu_of(node, rank, n, rf_recipe_colocated_ranks(r) ? 1 + train_ranks(r) : 0);
+    int gpu = rf_launch_gpu_of(node, rank, n);
     free(node);
     rf_cuda_select_device(gpu);
     rf_log_info("  rank %d (%s): CUDA device %d of %d", rank, host, gpu, n);
+}
+
+/* World rank `rank`'s training role (1 .. dp x tp): the training worker (rank 1), a data-parallel
+ * replica's first rank, or a tensor-parallel peer. ho: colocated (rf_train_worker_main). */
+static rf_status training_rank(const rf_recipe *r, int resume, const char *ep, int rank, const char *host, int n_rollout,
+                               rf_comm *wcomm, rf_comm *dpc, rf_comm *tpc, rf_handover *ho) {
+    int dp = r->placement.actor.dp, tp = r->placement.actor.tp, gtp = r->placement.rollout.tp;
+    rf_status st;
+    if (rank == 1) {
+        int *dst = malloc(sizeof(int) * (size_t)n_rollout);
+        st = dst ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+        int n_wtrain = tp > 1 ? train_ranks(r) : 1; /* training ranks in wcomm */
+        for (int i = 0; dst && i < n_rollout; i++) dst[i] = n_wtrain + i * gtp; /* rollout workers' first ranks in wcomm */
+        if (st == RF_OK) st = rf_train_worker_main(r, ep, resume, wcomm, dst, n_rollout, dpc, tpc, ho);
+        free(dst);
+        return st != RF_OK ? rf_error_wrap(st, "training worker (rank 1 on %s)", host) : st;
+    }
+    int d = (rank - 1) / tp, t = (rank - 1) % tp;
+    if (t == 0) {
+        st = rf_train_peer_main(r, dpc, tpc, wcomm, ho);
+        return st != RF_OK ? rf_error_wrap(st, "training worker, data-parallel rank %d (rank %d on %s)", d, rank, host) : st;
+    }
+    st = rf_train_tp_peer_main(r, tpc, wcomm, dpc, ho);
+    if (st != RF_OK && dp > 1)
+        return rf_error_wrap(st, "training worker, tensor-parallel rank %d of data-parallel replica %d (rank %d on %s)", t,
+                             d, rank, host);
+    if (st != RF_OK) return rf_error_wrap(st, "training worker, tensor-parallel rank %d (rank %d on %s)", t, rank, host);
+    return st;
+}
+
+/* A colocated process's rollout rank, run in a thread of its own. */
+typedef struct rollout_thread {
+    const rf_recipe *r;
+    const char *ep;
+    int index, threads;
+    rf_comm *gcomm;
+    rf_handover *ho;
+    rf_status st;
+    char msg[1200];
+} rollout_thread;
+
+static void *rollout_thread_main(void *arg) {
+    rollout_thread *t = arg;
+    omp_set_num_threads(t->threads); /* OpenMP's thread count is per thread */
+    t->st = rf_rollout_worker_main(t->r, t->ep, t->index, NULL, t->gcomm, 0, t->ho);
+    if (t->st != RF_OK) {
+        snprintf(t->msg, sizeof t->msg, "%s", rf_error_message());
+        rf_handover_fail(t->ho, "the rollout rank of this process");
+    }
+    return NULL;
+}
+
+/* Colocated on several devices: training rank `rank` with a rollout rank of rollout worker
+ * (rank - 1) / gtp in a second thread of this process, the weights handed over between them
+ * (resharding/handover.h). Either one's failure wakes the other; the first error is returned. */
+static rf_status colocated_rank(const rf_recipe *r, int resume, const char *ep, int rank, const char *host,
+                                int n_rollout, rf_comm *wcomm, rf_comm *dpc, rf_comm *tpc, rf_comm *gcomm) {
+    rf_handover ho;
+    RF_TRY(rf_handover_init(&ho));
+    int gtp = r->placement.rollout.tp;
+    rollout_thread t = {.r = r, .ep = ep, .index = (rank - 1) / gtp, .gcomm = gcomm, .ho = &ho,
+                        .threads = r->placement.rollout_threads > 0 ? r->placement.rollout_threads
+                                                                    : default_threads(r, n_rollout * gtp, train_ranks(r), 0)};
+    pthread_t th;
+    if (pthread_create(&th, NULL, rollout_thread_main, &t) != 0) {
+        rf_handover_free(&ho);
+        return rf_error(RF_ERR_INTERNAL, "rank %d on %s: cannot start the rollout rank's thread", rank, host);
+    }
+    rf_status st = training_rank(r, resume, ep, rank, host, n_rollout, wcomm, dpc, tpc, &ho);
+    if (st != RF_OK) rf_handover_fail(&ho, "the training rank of this process");
+    char keep[1200];
+    snprintf(keep, sizeof keep, "%s", st != RF_OK ? rf_error_message() : "");
+    pthread_join(th, NULL);
+    rf_handover_free(&ho);
+    if (st != RF_OK) {
+        if (t.st != RF_OK && !strstr(t.msg, "weights handover: the training rank"))
+            rf_log_warn("rank %d on %s, its rollout thread: %s", rank, host, t.msg);
+        return rf_error(st, "%s", keep);
+    }
+    if (t.st != RF_OK) return rf_error(t.st, "%s", t.msg);
+    return RF_OK;
 }
 
 static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     int rank = rf_comm_rank(world), size = rf_comm_size(world), dp = r->placement.actor.dp;
     int tp = r->placement.actor.tp, n_train = train_ranks(r), gtp = r->placement.rollout.tp;
     RF_TRY(check_size(r, size));
-    int n_rollout = (size - 1 - n_train) / gtp; /* rollout workers (gtp ranks each) */
+    int colo = rf_recipe_colocated_ranks(r);
+    int n_rollout = (colo ? n_train : size - 1 - n_train) / gtp; /* rollout workers (gtp ranks each) */
     char bind_ep[HOST_LEN], ep[HOST_LEN] = "";
     rf_status st = RF_OK;
     rf_msg_server *srv = NULL;
@@ -417,7 +511,8 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     /* weights travel between the training worker and the rollout workers only; gradients
      * between the training workers */
     rf_comm *wcomm = NULL, *dpc = NULL, *tpc = NULL, *gcomm = NULL;
-    RF_TRY(split_comms(world, dp, tp, gtp, &wcomm, &dpc, &tpc, &gcomm));
+    RF_TRY(split_comms(world, dp, tp, gtp, colo, &wcomm, &dpc, &tpc, &gcomm));
+    int threads = r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(r, n_rollout * gtp, n_train, 1);
     if (rank == 0) {
         st = rf_controller_main(r, resume, srv, n_rollout);
         if (st != RF_OK) {
@@ -428,34 +523,16 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
             rf_msg_server_close(srv, RF_MSG_SHUTDOWN_DONE);
         }
         write_status(r, st);
-    } else if (rank == 1) {
-        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(r, n_rollout * gtp, n_train, 1));
-        int *dst = malloc(sizeof(int) * (size_t)n_rollout);
-        st = dst ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-        int n_wtrain = tp > 1 ? n_train : 1; /* training ranks in wcomm */
-        for (int i = 0; dst && i < n_rollout; i++) dst[i] = n_wtrain + i * gtp; /* rollout workers' first ranks in wcomm */
-        if (st == RF_OK) st = rf_train_worker_main(r, ep, resume, wcomm, dst, n_rollout, dpc, tpc);
-        free(dst);
-        if (st != RF_OK) st = rf_error_wrap(st, "training worker (rank 1 on %s)", host);
+    } else if (rank <= n_train && colo) {
+        omp_set_num_threads(threads);
+        st = colocated_rank(r, resume, ep, rank, host, n_rollout, wcomm, dpc, tpc, gcomm);
     } else if (rank <= n_train) {
-        omp_set_num_threads(r->placement.train_threads > 0 ? r->placement.train_threads : default_threads(r, n_rollout * gtp, n_train, 1));
-        int d = (rank - 1) / tp, t = (rank - 1) % tp;
-        if (t > 0) {
-            st = rf_train_tp_peer_main(r, tpc, wcomm, dpc);
-            if (st != RF_OK && dp > 1)
-                st = rf_error_wrap(st, "training worker, tensor-parallel rank %d of data-parallel replica %d (rank %d "
-                                   "on %s)", t, d, rank, host);
-            else if (st != RF_OK)
-                st = rf_error_wrap(st, "training worker, tensor-parallel rank %d (rank %d on %s)", t, rank, host);
-        } else {
-            st = rf_train_peer_main(r, dpc, tpc, wcomm);
-            if (st != RF_OK)
-                st = rf_error_wrap(st, "training worker, data-parallel rank %d (rank %d on %s)", d, rank, host);
-        }
+        omp_set_num_threads(threads);
+        st = training_rank(r, resume, ep, rank, host, n_rollout, wcomm, dpc, tpc, NULL);
     } else {
         omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads
                                                               : default_threads(r, n_rollout * gtp, n_train, 0));
-        st = rf_rollout_worker_main(r, ep, (rank - 1 - n_train) / gtp, wcomm, gcomm, 0);
+        st = rf_rollout_worker_main(r, ep, (rank - 1 - n_train) / gtp, wcomm, gcomm, 0, NULL);
     }
     rf_comm_free(gcomm);
     rf_comm_free(wcomm);
@@ -479,7 +556,8 @@ rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv) {
         execv("/proc/self/exe", argv);
     }
     rf_comm *world;
-    RF_TRY(rf_comm_init(&argc, &argv, &world));
+    /* colocated with rollout tensor parallelism: the rollout thread's group talks over MPI too */
+    RF_TRY(rf_comm_init_threads(&argc, &argv, rf_recipe_colocated_ranks(r) && r->placement.rollout.tp > 1, &world));
     rf_status st = run_rank(r, resume, world);
     if (st != RF_OK && rf_comm_rank(world) == 0 && !g_status_written) write_status(r, st); /* failed before the controller ran */
     if (st != RF_OK) {

@@ -29,9 +29,8 @@ rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv);
 /* model.device = "cuda": the GPU of world rank `rank` (> 0) when node[i] is the machine of
  * world rank i (rf_comm_set_nodes' numbers) and its machine shows n_devices GPUs: the worker
  * ranks of each machine (not the controller, rank 0) take its GPUs in turn, by world rank;
- * -1 for rank 0 or n_devices < 1. first_rollout > 0 (colocated runs): the training ranks
- * (1 .. first_rollout - 1) and the rollout ranks (first_rollout ..) each take them in turn,
- * so that a machine's k-th rollout rank is on its k-th training rank's GPU; 0: all in turn. */
-int rf_launch_gpu_of(const int *node, int rank, int n_devices, int first_rollout);
+ * -1 for rank 0 or n_devices < 1. (A colocated run's rollout ranks are threads of the training
+ * ranks' processes, on their GPUs.) */
+int rf_launch_gpu_of(const int *node, int rank, int n_devices);
 
 #endif

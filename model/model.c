@@ -80,7 +80,8 @@ static void bind_layer(rf_model *m, rf_layer_weights *w, const layer_offsets *lo
     w->wdown = at(m, lo->off[O_WD]);
 }
 
-rf_status rf_model_init(rf_model **out, const rf_model_config *cfg, const rf_kernels *k) {
+/* rf_model_init, with the parameters in `borrow` (NULL: allocated). */
+static rf_status model_init(rf_model **out, const rf_model_config *cfg, const rf_kernels *k, float *borrow) {
     *out = NULL;
     rf_model *m = rf_calloc(1, sizeof *m);
     if (!m) return RF_ERR_NOMEM;
@@ -104,7 +105,8 @@ rf_status rf_model_init(rf_model **out, const rf_model_config *cfg, const rf_ker
         o_score = add_view(m, "score.weight", 1, C, 0);
     else if (!cfg->tie_word_embeddings)
         o_head = add_view(m, "lm_head.weight", V, C, 0);
-    m->params = k->alloc(m->n_params * sizeof(float));
+    m->params = borrow ? borrow : k->alloc(m->n_params * sizeof(float));
+    m->params_shared = borrow ? 2 : 0;
     m->inv_freq = k->alloc(sizeof(float) * (size_t)(cfg->head_dim / 2));
     if (!m->params || !m->inv_freq) {
         free(lo);
@@ -125,12 +127,20 @@ rf_status rf_model_init(rf_model **out, const rf_model_config *cfg, const rf_ker
     return RF_OK;
 }
 
+rf_status rf_model_init(rf_model **out, const rf_model_config *cfg, const rf_kernels *k) {
+    return model_init(out, cfg, k, NULL);
+}
+
+rf_status rf_model_init_borrowed(rf_model **out, const rf_model_config *cfg, const rf_kernels *k, float *params) {
+    return model_init(out, cfg, k, params);
+}
+
 void rf_model_free(rf_model *m) {
     if (!m) return;
     const rf_kernels *k = m->k;
     if (k) {
-        if (m->params_shared) rf_shm_free(m->params);
-        else k->free(m->params);
+        if (m->params_shared == 1) rf_shm_free(m->params);
+        else if (!m->params_shared) k->free(m->params);
         k->free(m->grads);
         k->free(m->opt_m);
         k->free(m->opt_v);

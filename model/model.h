@@ -126,13 +126,20 @@ typedef struct rf_model {
     float logprob_inv_temp;
     rf_grad_ready_fn grad_ready; /* NULL: no hook (rf_model_set_grad_hook) */
     void *grad_ready_ctx;
-    int params_shared;        /* 1: params from rf_shm_alloc (rf_model_share_params) */
+    int params_shared;        /* 1: params from rf_shm_alloc (rf_model_share_params); 2:
+                                 another model's (rf_model_init_borrowed), not freed here */
 } rf_model;
 
 /* Allocates a model for `cfg` on back end `k` with parameters zeroed. Caller frees with
  * rf_model_free. */
 rf_status rf_model_init(rf_model **out, const rf_model_config *cfg, const rf_kernels *k);
 void rf_model_free(rf_model *m);
+
+/* rf_model_init over another model's parameter buffer (params: n_params floats on back end
+ * k, laid out for cfg; borrowed, it must outlive the model, which never frees it): a second
+ * view of the same weights with activations of its own (the rollout rank of a colocated
+ * process, resharding/handover.h). Writing the parameters through either model changes both. */
+rf_status rf_model_init_borrowed(rf_model **out, const rf_model_config *cfg, const rf_kernels *k, float *params);
 
 /* Moves the parameters (values kept) into memory other processes of this host can map
  * (common/shm.h), so a resharding that sends them to ranks of the same host lets those read them

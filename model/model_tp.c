@@ -127,7 +127,7 @@ static rf_status check_support(const rf_kernels *k, rf_comm *comm) {
     return RF_OK;
 }
 
-static rf_status setup(rf_model_tp *tp, const rf_kernels *k) {
+static rf_status setup(rf_model_tp *tp, const rf_kernels *k, float *borrow) {
     const rf_model_config *c = &tp->cfg;
     RF_TRY(rf_model_param_views(c, &tp->full_views, &tp->n_full_views, &tp->full_params));
     tp->shards = rf_calloc((size_t)tp->n_full_views, sizeof *tp->shards);
@@ -141,7 +141,7 @@ static rf_status setup(rf_model_tp *tp, const rf_kernels *k) {
     lc.num_key_value_heads = tp->kv_split ? c->num_key_value_heads / tp->tp : c->num_key_value_heads;
     lc.intermediate_size = tp->F;
     lc.vocab_size = tp->Vl;
-    RF_TRY(rf_model_init(&tp->m, &lc, k));
+    RF_TRY(borrow ? rf_model_init_borrowed(&tp->m, &lc, k, borrow) : rf_model_init(&tp->m, &lc, k));
     if (tp->m->n_params != n_floats)
         return rf_error(RF_ERR_INTERNAL, "tensor-parallel model: %zu local floats, the layout says %zu",
                         tp->m->n_params, n_floats);
@@ -153,6 +153,11 @@ static rf_status setup(rf_model_tp *tp, const rf_kernels *k) {
 
 rf_status rf_model_tp_init(rf_model_tp **out, const rf_model_config *cfg, const rf_kernels *k,
                            rf_comm *comm, double timeout_s) {
+    return rf_model_tp_init_borrowed(out, cfg, k, comm, timeout_s, NULL);
+}
+
+rf_status rf_model_tp_init_borrowed(rf_model_tp **out, const rf_model_config *cfg, const rf_kernels *k,
+                                    rf_comm *comm, double timeout_s, float *params) {
     *out = NULL;
     rf_layout lay = {.tp = rf_comm_size(comm), .dp = 1};
     RF_TRY(rf_layout_check(&lay, cfg, lay.tp, "tensor-parallel model"));
@@ -163,7 +168,7 @@ rf_status rf_model_tp_init(rf_model_tp **out, const rf_model_config *cfg, const 
     tp->comm = comm;
     tp->tp = lay.tp, tp->t = rf_comm_rank(comm);
     tp->timeout_s = timeout_s;
-    rf_status s = setup(tp, k);
+    rf_status s = setup(tp, k, params);
     if (s != RF_OK) {
         rf_model_tp_free(tp);
         return s;

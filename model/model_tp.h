@@ -152,6 +152,13 @@ typedef struct rf_model_tp {
  * CPU kernels over MPI or single; RF_ERR_NOMEM. Free with rf_model_tp_free. */
 rf_status rf_model_tp_init(rf_model_tp **out, const rf_model_config *cfg, const rf_kernels *k,
                            rf_comm *comm, double timeout_s);
+
+/* The same over another shard's parameter buffer (params: the local floats of shard
+ * rf_comm_rank(comm) of tp = rf_comm_size(comm), on back end k; borrowed, never freed here:
+ * rf_model_init_borrowed): the colocated rollout rank's view of the training shard it shares a
+ * process with (resharding/handover.h). */
+rf_status rf_model_tp_init_borrowed(rf_model_tp **out, const rf_model_config *cfg, const rf_kernels *k,
+                                    rf_comm *comm, double timeout_s, float *params);
 void rf_model_tp_free(rf_model_tp *tp);
 
 /* Cuts this rank's shard out of the whole model's flat parameter buffer (full_params floats,

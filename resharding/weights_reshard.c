@@ -37,35 +37,20 @@ struct rf_weights_rs {
     rf_comm_req **req;      /* (n_rollout) rank 0: announcements in flight */
     int told;               /* rank 0: the transfer path was logged */
     size_t bytes, across;   /* a version's bytes sent between ranks, and of them between machines */
+    int colocated;          /* rf_weights_rs_init_colocated: every rank on both sides */
+    int gt;                 /* colocated: the rollout shard this rank's process holds */
+    rf_shard *gshards;      /* colocated: (pt.n_views) shard gt of the rollout layout */
 };
 
-rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, int dp, int gen_tp, rf_comm *c,
-                             size_t bucket_bytes, double timeout_s) {
-    *out = NULL;
-    int size = rf_comm_size(c), n_train = tp * dp;
-    if (tp < 1 || dp < 1 || gen_tp < 1 || size <= n_train || (size - n_train) % gen_tp != 0)
-        return rf_error(RF_ERR_ARG, "weights by resharding: %d x %d training ranks and %d rollout ranks (%d per rollout worker) "
-                        "in a communicator of %d", dp, tp, size - n_train, gen_tp, size);
-    rf_weights_rs *x = calloc(1, sizeof *x);
-    if (!x) return rf_error(RF_ERR_NOMEM, "out of memory");
-    x->pt = *pt, x->c = c, x->tp = tp, x->gen_tp = gen_tp, x->n_train = n_train;
-    x->n_rollout = size - n_train, x->me = rf_comm_rank(c);
-    x->train = x->me < n_train;
-    x->t = x->train ? x->me % tp : (x->me - n_train) % gen_tp;
-    x->side_tp = x->train ? tp : gen_tp;
-    x->timeout_s = timeout_s;
-    x->shards = calloc((size_t)pt->n_views, sizeof *x->shards);
-    x->req = calloc((size_t)x->n_rollout, sizeof *x->req);
-    rf_status st = x->shards && x->req ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < pt->n_views; i++) x->full_floats = pt->views[i].offset + pt->views[i].numel;
-    size_t n_local = 0;
-    if (st == RF_OK) st = rf_layout_shards(pt, x->side_tp, x->t, x->shards, &n_local);
-    rf_layout src = {tp, dp, 0, NULL}, dst = {gen_tp, x->n_rollout / gen_tp, n_train, NULL};
-    /* the machines of the ranks, when the launcher told them: a piece several replicas hold is
-       sent from one on the receiver's machine */
-    int *node = st == RF_OK ? malloc(sizeof *node * (size_t)size) : NULL, told = node != NULL;
-    for (int r = 0; told && r < size; r++) told = (node[r] = rf_comm_node(c, r)) >= 0;
-    if (st == RF_OK) st = rf_reshard_plan_make_nodes(&x->plan, pt, &src, &dst, bucket_bytes, size, told ? node : NULL);
+/* The plan from src to dst over x->c (knowing the ranks' machines when the launcher told
+ * them: a piece several replicas hold is sent from one on the receiver's machine), its
+ * executor, and the bytes a version moves between ranks and machines. */
+static rf_status plan_and_executor(rf_weights_rs *x, const rf_layout *src, const rf_layout *dst, size_t bucket_bytes,
+                                   double timeout_s) {
+    int size = rf_comm_size(x->c);
+    int *node = malloc(sizeof *node * (size_t)size), told = node != NULL;
+    for (int r = 0; told && r < size; r++) told = (node[r] = rf_comm_node(x->c, r)) >= 0;
+    rf_status st = rf_reshard_plan_make_nodes(&x->plan, &x->pt, src, dst, bucket_bytes, size, told ? node : NULL);
     for (int i = 0; st == RF_OK && i < x->plan->n_moves; i++) {
         const rf_reshard_move *m = &x->plan->moves[i];
         size_t b = (size_t)m->n_runs * (size_t)m->run * sizeof(float);
@@ -75,12 +60,100 @@ rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int 
     }
     free(node);
     rf_reshard_opts o = {.timeout_s = timeout_s};
-    if (st == RF_OK) st = rf_reshard_init(&x->ex, x->plan, c, &o);
+    return st == RF_OK ? rf_reshard_init(&x->ex, x->plan, x->c, &o) : st;
+}
+
+/* x for pt over c with this rank's side (train), shard t of side_tp; the rest zero. */
+static rf_status alloc_x(rf_weights_rs **out, const rf_param_table *pt, rf_comm *c, int train, int t, int side_tp,
+                         int n_req) {
+    rf_weights_rs *x = calloc(1, sizeof *x);
+    if (!x) return rf_error(RF_ERR_NOMEM, "out of memory");
+    x->pt = *pt, x->c = c, x->me = rf_comm_rank(c), x->train = train, x->t = t, x->side_tp = side_tp;
+    x->shards = calloc((size_t)pt->n_views, sizeof *x->shards);
+    x->req = calloc((size_t)(n_req ? n_req : 1), sizeof *x->req);
+    *out = x;
+    if (!x->shards || !x->req) return rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < pt->n_views; i++) x->full_floats = pt->views[i].offset + pt->views[i].numel;
+    size_t n_local = 0;
+    return rf_layout_shards(pt, side_tp, t, x->shards, &n_local);
+}
+
+rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int tp, int dp, int gen_tp, rf_comm *c,
+                             size_t bucket_bytes, double timeout_s) {
+    *out = NULL;
+    int size = rf_comm_size(c), n_train = tp * dp, me = rf_comm_rank(c);
+    if (tp < 1 || dp < 1 || gen_tp < 1 || size <= n_train || (size - n_train) % gen_tp != 0)
+        return rf_error(RF_ERR_ARG, "weights by resharding: %d x %d training ranks and %d rollout ranks (%d per rollout worker) "
+                        "in a communicator of %d", dp, tp, size - n_train, gen_tp, size);
+    int train = me < n_train;
+    rf_weights_rs *x = NULL;
+    rf_status st = alloc_x(&x, pt, c, train, train ? me % tp : (me - n_train) % gen_tp, train ? tp : gen_tp, size - n_train);
+    if (st == RF_OK) {
+        x->tp = tp, x->gen_tp = gen_tp, x->n_train = n_train, x->n_rollout = size - n_train, x->timeout_s = timeout_s;
+        rf_layout src = {tp, dp, 0, NULL}, dst = {gen_tp, x->n_rollout / gen_tp, n_train, NULL};
+        st = plan_and_executor(x, &src, &dst, bucket_bytes, timeout_s);
+    }
     if (st != RF_OK) {
         rf_weights_rs_free(x);
         return st;
     }
     *out = x;
+    return RF_OK;
+}
+
+rf_status rf_weights_rs_init_colocated(rf_weights_rs **out, const rf_param_table *pt, int tp, int dp, int gen_tp,
+                                       rf_comm *c, size_t bucket_bytes, double timeout_s) {
+    *out = NULL;
+    int size = rf_comm_size(c), me = rf_comm_rank(c);
+    if (tp < 1 || dp < 1 || gen_tp < 1 || size != tp * dp || size % gen_tp != 0)
+        return rf_error(RF_ERR_ARG, "weights handed over in place: %d x %d training ranks, rollout workers of %d ranks, in "
+                        "a communicator of %d", dp, tp, gen_tp, size);
+    rf_weights_rs *x = NULL;
+    rf_status st = alloc_x(&x, pt, c, 1, me % tp, tp, 0);
+    if (st == RF_OK) {
+        x->tp = tp, x->gen_tp = gen_tp, x->n_train = size, x->colocated = 1, x->timeout_s = timeout_s;
+        x->gt = me % gen_tp;
+        x->gshards = calloc((size_t)pt->n_views, sizeof *x->gshards);
+        size_t n_local = 0;
+        st = x->gshards ? rf_layout_shards(pt, gen_tp, x->gt, x->gshards, &n_local) : rf_error(RF_ERR_NOMEM, "out of memory");
+    }
+    rf_layout src = {tp, dp, 0, NULL}, dst = {gen_tp, size / gen_tp, 0, NULL};
+    if (st == RF_OK) st = plan_and_executor(x, &src, &dst, bucket_bytes, timeout_s);
+    if (st != RF_OK) {
+        rf_weights_rs_free(x);
+        return st;
+    }
+    *out = x;
+    return RF_OK;
+}
+
+int rf_weights_rs_zero_copy(const rf_weights_rs *x) { return x->plan->zero_copy; }
+
+rf_status rf_weights_rs_move(rf_weights_rs *x, const float *local, float *dst, int64_t version, uint32_t checksum) {
+    if (!x->colocated) return rf_error(RF_ERR_ARG, "weights by resharding: rf_weights_rs_move is for colocated ranks");
+    if (x->plan->zero_copy) return RF_OK;
+    RF_TRY(rf_reshard_run(x->ex, local, dst, version));
+    /* every rollout worker's whole-model CRC-32C from its ranks' parts, against the training
+     * side's: one allgather over the colocated ranks */
+    int n = rf_comm_size(x->c);
+    uint32_t mine = rf_shard_crc32c_part(&x->pt, x->gshards, x->gt, dst), *all = malloc(sizeof mine * (size_t)n);
+    if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
+    rf_status st = rf_comm_allgather(x->c, &mine, all, sizeof mine, x->timeout_s,
+                                     "colocated ranks: allgather of the handed-over weights' checksum parts");
+    uint32_t crc = st == RF_OK ? rf_shard_crc32c_join(all + (x->me - x->gt), x->gen_tp, x->full_floats) : 0;
+    free(all);
+    RF_TRY(st);
+    if (crc != checksum)
+        return rf_error(RF_ERR_FORMAT, "weights version %lld gathered in place for the rollout rank at world rank %d: "
+                        "CRC-32C %08x, the training ranks' is %08x", (long long)version,
+                        rf_comm_world_rank(x->c, x->me), crc, checksum);
+    if (x->me == 0 && !x->told) {
+        x->told = 1;
+        int in_place = rf_reshard_in_place_peers(x->ex), peers = rf_reshard_peers(x->ex);
+        rf_log_info("weights: the training ranks reshard into their processes' rollout ranks: rank 0 exchanges with %d "
+                    "rank(s), %d in place (same host, one copy); a version moves %.1f MB between ranks", peers, in_place,
+                    x->bytes / 1e6);
+    }
     return RF_OK;
 }
 
@@ -91,7 +164,7 @@ void rf_weights_rs_free(rf_weights_rs *x) {
     for (int i = 0; x->req && i < x->n_rollout; i++) rf_comm_req_free(x->req[i]);
     rf_reshard_free(x->ex);
     rf_reshard_plan_free(x->plan);
-    free(x->shards), free(x->req);
+    free(x->shards), free(x->req), free(x->gshards);
     free(x);
 }
 

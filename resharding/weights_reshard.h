@@ -69,6 +69,25 @@ rf_status rf_weights_rs_init(rf_weights_rs **out, const rf_param_table *pt, int 
                              size_t bucket_bytes, double timeout_s);
 void rf_weights_rs_free(rf_weights_rs *x);
 
+/* Colocated runs on several devices (resharding/handover.h): the dp x tp training ranks of c
+ * (all of it, ranks as above) are also the rollout ranks, rollout worker w's shard g in the
+ * process of rank w x gen_tp + g, so the plan goes from the training layout to the generation
+ * layout over the same ranks. gen_tp = tp gives identical layouts: rf_weights_rs_zero_copy,
+ * and the rollout ranks read the training shards themselves. RF_ERR_ARG when c's size is not
+ * dp x tp or gen_tp does not divide it. rf_weights_rs_checksum works as on a training rank. */
+rf_status rf_weights_rs_init_colocated(rf_weights_rs **out, const rf_param_table *pt, int tp, int dp, int gen_tp,
+                                       rf_comm *c, size_t bucket_bytes, double timeout_s);
+
+/* 1 when the plan moves nothing (identical layouts). */
+int rf_weights_rs_zero_copy(const rf_weights_rs *x);
+
+/* Colocated, every rank together: moves version `version` from `local` (this rank's training
+ * shard, host memory) into `dst` (its process's rollout shard, host memory; the whole model
+ * when gen_tp = 1) and checks, with one allgather, that each rollout worker's shards make up
+ * the whole buffer whose CRC-32C is `checksum` (rf_weights_rs_checksum's): RF_ERR_FORMAT
+ * naming the rank and both checksums otherwise. Nothing to do for a zero-copy plan. */
+rf_status rf_weights_rs_move(rf_weights_rs *x, const float *local, float *dst, int64_t version, uint32_t checksum);
+
 /* The plan (its moves, rf_reshard_plan_bytes). Made knowing each rank's machine when the
  * launcher set them (rf_comm_set_nodes): a piece several training replicas hold goes to a
  * rollout rank from a replica on its machine when there is one. */

@@ -46,7 +46,24 @@ struct rf_rollout_tp {
     float *pick_logp;
     size_t cap_draws, cap_picks, cap_logp;
     rf_status st;             /* rank 0: a copy that could not be queued, reported at the next step */
+    rf_status (*guard_begin)(void *ctx); /* peers: around each step (rf_rollout_tp_set_guard) */
+    void (*guard_end)(void *ctx);
+    void *guard_ctx;
 };
+
+void rf_rollout_tp_set_guard(rf_rollout_tp *g, rf_status (*begin)(void *ctx), void (*end)(void *ctx), void *ctx) {
+    g->guard_begin = begin, g->guard_end = end, g->guard_ctx = ctx;
+}
+
+/* A peer's step, inside the guard when there is one. */
+static rf_status serve_step(rf_rollout_tp *g, const cmd_head *h);
+static rf_status guarded_step(rf_rollout_tp *g, const cmd_head *h) {
+    if (!g->guard_begin) return serve_step(g, h);
+    RF_TRY(g->guard_begin(g->guard_ctx));
+    rf_status st = serve_step(g, h);
+    g->guard_end(g->guard_ctx);
+    return st;
+}
 
 /* Grows *p to hold n elements of `size` bytes (contents kept). */
 static rf_status grow(void **p, size_t *cap, size_t n, size_t size) {
@@ -247,7 +264,7 @@ rf_status rf_rollout_tp_serve(rf_rollout_tp *g, rf_rollout_tp_handler handler, v
             rf_kv_pool_free(&g->pool);
             RF_TRY(rf_model_tp_kv_pool_init(g->tp, &g->pool, (int)(h.arg >> 32), (int)(h.arg & 0xffffffff)));
             break;
-        case CMD_STEP: RF_TRY(serve_step(g, &h)); break;
+        case CMD_STEP: RF_TRY(guarded_step(g, &h)); break;
         default:
             if (!handler)
                 return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: command %d from world rank %d has no handler",

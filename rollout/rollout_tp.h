@@ -60,6 +60,11 @@ rf_status rf_rollout_tp_send(rf_rollout_tp *g, int cmd, int64_t arg);
  * loop while idle). */
 rf_status rf_rollout_tp_keepalive(rf_rollout_tp *g);
 
+/* Peers: begin(ctx) before and end(ctx) after each step served (a colocated process's rollout
+ * rank reading the weights its training rank writes: resharding/handover.h); a begin that fails
+ * stops rf_rollout_tp_serve with its error. */
+void rf_rollout_tp_set_guard(rf_rollout_tp *g, rf_status (*begin)(void *ctx), void (*end)(void *ctx), void *ctx);
+
 /* Peers: follow rank 0's commands until it sends RF_ROLLOUT_TP_STOP (RF_OK) or something
  * fails: a command not heard within 2 x timeout_s, a collective of a step, the handler's error
  * (handler may be NULL when rank 0 sends only engine commands). */

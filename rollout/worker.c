@@ -11,6 +11,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "controller/run_internal.h"
+#include "resharding/handover.h"
 #include "resharding/weights_reshard.h"
 #include "resharding/weights_sync.h"
 #include "rollout/rollout.h"
@@ -33,6 +34,8 @@ typedef struct worker {
     uint32_t crc;
     double busy, t0, load_s;
     rf_status st; /* first failure inside the callback */
+    rf_handover *ho; /* colocated on several devices: the weights of this process's training rank */
+    int zero_copy;   /* ho with identical layouts: the model borrows the training shard's buffer */
 } worker;
 
 static Rlflow__FinishReason finish_reason(rf_finish f) {
@@ -97,11 +100,26 @@ static rf_status weights_loaded(worker *w) {
 typedef struct weights_in {
     rf_weights_rx *rx;
     rf_weights_rs *rs;
+    rf_handover *ho; /* colocated: handed over in this process (resharding/handover.h) */
     float *stage; /* resharding into a CUDA model: the host buffer it lands in, then uploaded */
 } weights_in;
 
+static float *weights_dst(const weights_in *in, const worker *w);
+
+/* Colocated: nothing to receive; with other layouts the training rank reshards into this
+ * rank's buffer (host memory: the model's own, or a stage uploaded to the device). */
+static rf_status handover_open(weights_in *in, const worker *w) {
+    in->ho = w->ho;
+    if (w->zero_copy) return RF_OK;
+    if (w->m->k != rf_cpu_kernels() && !(in->stage = malloc(sizeof(float) * (w->m->n_params ? w->m->n_params : 1))))
+        return rf_error(RF_ERR_NOMEM, "out of memory for %zu floats of weights", w->m->n_params);
+    rf_handover_offer_dst(w->ho, weights_dst(in, w));
+    return RF_OK;
+}
+
 static rf_status weights_in_open(weights_in *in, const worker *w, rf_comm *wcomm, int train_rank) {
     const rf_recipe *r = w->r;
+    if (w->ho) return handover_open(in, w);
     if (r->placement.actor.tp <= 1 && !w->tp) return rf_weights_rx_init(&in->rx, wcomm, w->m, train_rank);
     if (w->m->k != rf_cpu_kernels() && !(in->stage = malloc(sizeof(float) * (w->m->n_params ? w->m->n_params : 1))))
         return rf_error(RF_ERR_NOMEM, "out of memory for %zu floats of weights", w->m->n_params);
@@ -133,7 +151,27 @@ static rf_status group_present(const worker *w) {
     return rf_comm_barrier(w->gcomm, w->r->async.peer_timeout, "rollout tensor parallelism: the group meeting for new weights");
 }
 
+/* A peer's step guard (colocated: the weights are not being written meanwhile). */
+static rf_status step_begin(void *ho) { return rf_handover_read_begin(ho); }
+static void step_end(void *ho) { rf_handover_read_end(ho); }
+
+/* Colocated: a version the training rank of this process handed over (with G > 1 every rank of
+ * the group waits for its own, then they meet). */
+static rf_status handover_poll(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
+    *arrived = 0;
+    int64_t v = rf_handover_latest(in->ho, crc, NULL);
+    if (v <= w->version) return RF_OK;
+    if (w->g) {
+        RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, v));
+        RF_TRY(group_present(w));
+    }
+    weights_upload(in, w);
+    *version = v, *arrived = 1;
+    return RF_OK;
+}
+
 static rf_status weights_poll(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
+    if (in->ho) return handover_poll(in, w, arrived, version, crc);
     if (in->rx) return rf_weights_rx_poll(in->rx, w->m, arrived, version, crc);
     if (!w->g) { /* in place, host memory */
         RF_TRY(rf_weights_rs_poll(in->rs, weights_dst(in, w), arrived, version, crc));
@@ -219,7 +257,11 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
             rf_sleep(rf_rng_uniform(&delay_rng) * delay_ms * 1e-3);
         if (!rf_rollout_idle(w->e)) {
             double t = rf_time_now();
-            st = rf_rollout_step(w->e);
+            st = w->ho ? rf_handover_read_begin(w->ho) : RF_OK; /* colocated: the weights are not being written */
+            if (st == RF_OK) {
+                st = rf_rollout_step(w->e);
+                if (w->ho) rf_handover_read_end(w->ho);
+            }
             w->busy += rf_time_now() - t;
             if (st == RF_OK) st = w->st;
         }
@@ -228,7 +270,17 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
     return st;
 }
 
-/* G > 1: this rank's shard of the policy (zeros until the first weights) and its group. */
+/* Colocated with identical layouts: the training rank's parameter buffer (its shard's), once
+ * it has handed over its first version; NULL otherwise (the model has buffers of its own). */
+static rf_status borrowed_params(const worker *w, float **params) {
+    *params = NULL;
+    if (!w->zero_copy) return RF_OK;
+    uint32_t crc;
+    return rf_handover_wait_version(w->ho, 0, w->r->async.startup_timeout, "the rollout rank's model", &crc, params);
+}
+
+/* G > 1: this rank's shard of the policy (zeros until the first weights, or colocated with
+ * identical layouts the training shard itself) and its group. */
 static rf_status tp_open(worker *w, const rf_kernels *k) {
     char p[4096];
     rf_model_config cfg;
@@ -236,15 +288,32 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     RF_TRY(rf_config_load(&cfg, p));
     rf_comm *c; /* on CUDA the shards compute over NCCL */
     RF_TRY(rf_comm_for(w->gcomm, k, "rollout tensor parallelism", w->r->async.startup_timeout, &w->gdev, &c));
-    RF_TRY(rf_model_tp_init(&w->tp, &cfg, k, c, w->r->async.peer_timeout));
+    float *params;
+    RF_TRY(borrowed_params(w, &params));
+    RF_TRY(rf_model_tp_init_borrowed(&w->tp, &cfg, k, c, w->r->async.peer_timeout, params));
     w->m = w->tp->m;
-    return rf_rollout_tp_init(&w->g, w->tp, w->r->async.peer_timeout);
+    RF_TRY(rf_rollout_tp_init(&w->g, w->tp, w->r->async.peer_timeout));
+    if (w->ho) rf_rollout_tp_set_guard(w->g, step_begin, step_end, w->ho);
+    return RF_OK;
+}
+
+/* G = 1: the whole policy (read from the model directory, or colocated with identical layouts
+ * the training rank's own buffer). */
+static rf_status whole_open(worker *w, const rf_kernels *k) {
+    float *params;
+    RF_TRY(borrowed_params(w, &params));
+    if (!params) return rf_model_load(&w->m, w->r->model.path, k, 0);
+    char p[4096];
+    rf_model_config cfg;
+    rf_path_join(p, sizeof p, w->r->model.path, "config.json");
+    RF_TRY(rf_config_load(&cfg, p));
+    return rf_model_init_borrowed(&w->m, &cfg, k, params);
 }
 
 /* Rank 0 of the worker: the model (whole, or its shard), tokenizer, stop ids and the engine. */
 static rf_status engine_open(worker *w, const rf_kernels *k) {
     const rf_recipe *r = w->r;
-    RF_TRY(w->gcomm ? tp_open(w, k) : rf_model_load(&w->m, r->model.path, k, 0));
+    RF_TRY(w->gcomm ? tp_open(w, k) : whole_open(w, k));
     RF_TRY(rf_tokenizer_load_dir(&w->tok, r->model.path));
     RF_TRY(rf__eos_ids(r->model.path, w->m, w->tok, &w->eos, &w->n_eos));
     return rf__rollout_engine(r, rf_recipe_colocated_ranks(r), w->m, w->g, w->tok, &w->e);
@@ -261,9 +330,15 @@ static rf_status peer_command(void *ctx, int cmd, int64_t arg) {
     peer *p = ctx;
     int64_t version;
     uint32_t crc;
-    (void)arg;
     if (cmd != RF_ROLLOUT_TP_WEIGHTS)
         return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: unknown command %d from rank 0 of the group", cmd);
+    if (p->in.ho) { /* colocated: this rank's own training rank hands the version over */
+        RF_TRY(rf_handover_wait_version(p->in.ho, arg, p->w->r->async.peer_timeout, "rollout tensor parallelism", &crc,
+                                        NULL));
+        RF_TRY(group_present(p->w));
+        weights_upload(&p->in, p->w);
+        return RF_OK;
+    }
     RF_TRY(group_present(p->w));
     RF_TRY(rf_weights_rs_receive(p->in.rs, weights_dst(&p->in, p->w), p->w->gcomm, &version, &crc));
     weights_upload(&p->in, p->w);
@@ -307,9 +382,10 @@ static void worker_free(worker *w) {
 }
 
 rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int rank,
-                                 rf_comm *wcomm, rf_comm *gcomm, int train_rank) {
+                                 rf_comm *wcomm, rf_comm *gcomm, int train_rank, rf_handover *ho) {
     worker w = {.r = r, .rank = rank, .version = -1, .t0 = rf_time_now(),
-                .gcomm = gcomm && rf_comm_size(gcomm) > 1 ? gcomm : NULL};
+                .gcomm = gcomm && rf_comm_size(gcomm) > 1 ? gcomm : NULL, .ho = ho,
+                .zero_copy = ho && r->placement.rollout.tp == r->placement.actor.tp};
     const rf_kernels *k = rf_kernels_for(r->model.device);
     if (!k) return rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
     char host[256] = "";

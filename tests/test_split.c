@@ -216,20 +216,16 @@ static void reward_model_split(void) {
     CHECK(with_rm > 0.1);
 }
 
-/* rf_launch_gpu_of: each machine's worker ranks take its GPUs in turn; the controller none.
- * Colocated (rollout ranks from world rank 5 on, one machine of 4 GPUs; and two machines of
- * 2, training ranks 1-4 and rollout ranks 5-8 spread as mpirun fills them): each kind takes
- * the GPUs in turn on its own, a rollout rank on a training rank's GPU. */
+/* rf_launch_gpu_of: each machine's worker ranks take its GPUs in turn (one machine of 4 GPUs,
+ * and two machines of 2 with the ranks spread as mpirun fills them); the controller none. */
 static void gpu_choice(void) {
     const int one[6] = {0, 0, 0, 0, 0, 0}, two[7] = {0, 0, 0, 3, 3, 3, 3};
     const int want_one[6] = {-1, 0, 1, 2, 3, 0}, want_two[7] = {-1, 0, 1, 0, 1, 0, 1};
-    for (int r = 0; r < 6; r++) CHECK(rf_launch_gpu_of(one, r, 4, 0) == want_one[r]);
-    for (int r = 0; r < 7; r++) CHECK(rf_launch_gpu_of(two, r, 2, 0) == want_two[r]);
-    CHECK(rf_launch_gpu_of(one, 1, 0, 0) == -1);
-    const int colo[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0}, want_colo[9] = {-1, 0, 1, 2, 3, 0, 1, 2, 3};
-    const int colo2[9] = {0, 0, 0, 3, 3, 0, 0, 3, 3}, want_colo2[9] = {-1, 0, 1, 0, 1, 0, 1, 0, 1};
-    for (int r = 0; r < 9; r++) CHECK(rf_launch_gpu_of(colo, r, 4, 5) == want_colo[r]);
-    for (int r = 0; r < 9; r++) CHECK(rf_launch_gpu_of(colo2, r, 2, 5) == want_colo2[r]);
+    for (int r = 0; r < 6; r++) CHECK(rf_launch_gpu_of(one, r, 4) == want_one[r]);
+    for (int r = 0; r < 7; r++) CHECK(rf_launch_gpu_of(two, r, 2) == want_two[r]);
+    CHECK(rf_launch_gpu_of(one, 1, 0) == -1);
+    const int spread[9] = {0, 0, 0, 3, 3, 0, 0, 3, 3}, want_spread[9] = {-1, 0, 1, 0, 1, 2, 3, 2, 3};
+    for (int r = 0; r < 9; r++) CHECK(rf_launch_gpu_of(spread, r, 4) == want_spread[r]);
 }
 
 /* A CPU split run never opens the CUDA module (docs/cuda.md): the dynamic loader's log
