@@ -69,7 +69,7 @@ rf_status rf_handover_wait_dst(rf_handover *h, double timeout_s, float **dst) {
         if (!wait_until(h, deadline)) break;
     if (h->failed) st = failed(h);
     else if (!h->dst)
-        st = rf_error(RF_ERR_IO, "weights handover: the rollout rank of this process did not make its model within %.0f s",
+        st = rf_error(RF_ERR_IO, "weights handover: the rollout rank of this process did not make its model within %g s",
                       timeout_s);
     *dst = h->dst;
     pthread_mutex_unlock(&h->mu);
@@ -84,7 +84,7 @@ rf_status rf_handover_write_begin(rf_handover *h, double timeout_s) {
         if (!wait_until(h, deadline)) break;
     if (h->failed) st = failed(h);
     else if (h->readers > 0)
-        st = rf_error(RF_ERR_IO, "weights handover: the rollout rank of this process was still in a generation step %.0f s "
+        st = rf_error(RF_ERR_IO, "weights handover: the rollout rank of this process was still in a generation step %g s "
                       "after the training rank began its update", timeout_s);
     else h->writing = 1;
     pthread_mutex_unlock(&h->mu);
@@ -142,7 +142,7 @@ rf_status rf_handover_wait_version(rf_handover *h, int64_t v, double timeout_s, 
         st = failed(h);
     } else {
         st = rf_error(RF_ERR_IO, "%s: weights version %lld not handed over by the training rank of this process within "
-                      "%.0f s (it has %lld)", what, (long long)v, timeout_s, (long long)h->version);
+                      "%g s (it has %lld)", what, (long long)v, timeout_s, (long long)h->version);
     }
     pthread_mutex_unlock(&h->mu);
     return st;

@@ -21,6 +21,7 @@
  * behaviour), and a device buffer read directly by host code (both are host memory here). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,31 +39,40 @@ typedef struct block {
 
 static block *g_blocks;
 static size_t g_n_blocks, g_cap_blocks;
+/* the table is shared by a colocated process's two threads (training and rollout ranks) */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void *dev_alloc(size_t bytes) {
+    void *p = rf_cpu_kernels()->alloc(bytes ? bytes : 1); /* aligned and zeroed */
+    if (!p) return NULL;
+    pthread_mutex_lock(&g_mu);
     if (g_n_blocks == g_cap_blocks) {
         size_t cap = g_cap_blocks ? 2 * g_cap_blocks : 256;
         block *b = realloc(g_blocks, cap * sizeof *b);
         if (!b) {
+            pthread_mutex_unlock(&g_mu);
+            rf_cpu_kernels()->free(p);
             rf_error(RF_ERR_NOMEM, "mock cuda: out of memory");
             return NULL;
         }
         g_blocks = b, g_cap_blocks = cap;
     }
-    void *p = rf_cpu_kernels()->alloc(bytes ? bytes : 1); /* aligned and zeroed */
-    if (!p) return NULL;
     g_blocks[g_n_blocks++] = (block){p, bytes ? bytes : 1};
+    pthread_mutex_unlock(&g_mu);
     return p;
 }
 
 static void dev_free(void *p) {
     if (!p) return;
+    pthread_mutex_lock(&g_mu);
     for (size_t i = 0; i < g_n_blocks; i++)
         if (g_blocks[i].p == p) {
             g_blocks[i] = g_blocks[--g_n_blocks];
+            pthread_mutex_unlock(&g_mu);
             rf_cpu_kernels()->free(p);
             return;
         }
+    pthread_mutex_unlock(&g_mu);
     fprintf(stderr, "mock cuda: free of %p, which is not device memory\n", p);
     abort();
 }
@@ -72,7 +82,9 @@ static void dev_free(void *p) {
 static int dev_mem_info(size_t *free_bytes, size_t *total_bytes) {
     const char *env = getenv("RF_MOCK_GPU_MEMORY");
     size_t total = env ? (size_t)strtoull(env, NULL, 10) : (size_t)16 << 30, used = 0;
+    pthread_mutex_lock(&g_mu);
     for (size_t i = 0; i < g_n_blocks; i++) used += g_blocks[i].n;
+    pthread_mutex_unlock(&g_mu);
     *total_bytes = total, *free_bytes = used < total ? total - used : 0;
     return 0;
 }
@@ -81,9 +93,12 @@ static int dev_mem_info(size_t *free_bytes, size_t *total_bytes) {
 static int on_device(const void *p, size_t bytes) {
     const char *c = p;
     if (bytes == 0) return 1;
-    for (size_t i = 0; i < g_n_blocks; i++)
-        if (c >= g_blocks[i].p && c + bytes <= g_blocks[i].p + g_blocks[i].n) return 1;
-    return 0;
+    int found = 0;
+    pthread_mutex_lock(&g_mu);
+    for (size_t i = 0; i < g_n_blocks && !found; i++)
+        found = c >= g_blocks[i].p && c + bytes <= g_blocks[i].p + g_blocks[i].n;
+    pthread_mutex_unlock(&g_mu);
+    return found;
 }
 
 /* ---- kernels and devices ---- */

@@ -8,9 +8,11 @@
  * of each group runs the whole-model engine and the tensor-parallel one on the same requests
  * (GRPO groups sampled at temperature 0.9, with top-k / top-p, and greedy), with a pool small
  * enough to force copies on write of shared blocks and preemption; the other ranks serve.
- * Checks: every sample's tokens identical, behaviour log-probs within 1e-5 (absolute plus
- * relative: the ranks' partial sums change the last bits of the logits, ~1e-6; a wrong head or
- * slice is off by O(1)), finish reasons equal. Then, with 2 ranks, the bounds: a peer that never
+ * Checks: every sample's tokens identical, behaviour log-probs within 5e-5 (absolute plus
+ * relative: the ranks' partial sums change the last bits of the logits, ~1e-6 per step, and the
+ * differences grow along a sequence as they feed the cache: up to 1.15e-5 relative here with
+ * OpenBLAS 0.3.21's kernels; a wrong head or slice is off by O(1)), finish reasons equal.
+ * Then, with 2 ranks, the bounds: a peer that never
  * takes part stops rank 0's step, and a rank 0 that never sends stops the peer, each with the
  * communicator's message naming the missing rank after the bound. */
 #define _POSIX_C_SOURCE 200809L
@@ -29,7 +31,7 @@
 #include "test_comm_util.h"
 #include "test_util.h"
 
-#define TOL 1e-5
+#define TOL 5e-5
 #define T_SHORT 2.0
 #define MAX_NEW 12
 #define N_REQ 5

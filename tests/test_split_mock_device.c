@@ -11,8 +11,9 @@
  *   - the critic and the reference split over 2 of the actor's 4 tensor-parallel ranks, the
  *     critic on 2 of 3 replicas, and a reward model split over 2 ranks: the same against the CPU;
  *   - a colocated GRPO run on "cuda": the CPU run's rewards and gradient norms bit for bit;
- *   - a colocated run on two ranks: rollout ranks 3 and 4 on the devices of training ranks 1
- *     and 2, the CPU run's step-1 reward and gradient norm;
+ *   - colocated runs on two devices (dp 2 zero-copy, tp 2 resharded in place for whole-model
+ *     generation): a rollout thread on each training rank's device, the CPU run's step-1
+ *     reward and gradient norm;
  *   - the rollout worker's KV cache sized from the device's free memory: the longest load, or
  *     what the budget holds (same rewards and gradient norms), or refused at once;
  *   - one GPU for two training ranks of one machine: refused at the start, naming both ranks.
@@ -165,29 +166,36 @@ static int device_of(const char *out, int rank) {
     return q ? atoi(q + strlen("): CUDA device ")) : -1;
 }
 
-/* A colocated run on two ranks (dp 2): the rollout ranks take the training ranks' devices
- * (rank 3 on rank 1's, rank 4 on rank 2's), and it trains like the CPU run. */
+/* Colocated runs on two devices, a rollout thread in each training rank's process on its
+ * device: dp 2 (zero-copy: each rollout rank generates with its process's device buffer) and
+ * tp 2 with whole-model generation (resharded in place through host copies, uploaded to each
+ * rollout rank's device). Each trains like the CPU run. */
 static void colocated_ranks(void) {
-    const char *runs[2] = {"colo_dp_cpu", "colo_dp_gpu"}, *extra[2] = {"", ON_GPU};
-    for (int i = 0; i < 2; i++) {
-        char args[512], *out = NULL;
-        snprintf(args, sizeof args, "--set placement.mode=colocated --set async.max_staleness=0 --set placement.rollout_ranks=2 "
-                 "--set placement.actor.dp=2 --set train.steps=2 --set logging.val_every=0 %s", extra[i]);
-        int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
-        CHECK(rc == 0);
-        if (i == 1) {
-            int d[5];
-            for (int k = 1; k <= 4; k++) d[k] = device_of(out, k);
-            printf("colocated dp 2 on cuda: ranks 1-4 on devices %d %d %d %d\n", d[1], d[2], d[3], d[4]);
-            CHECK(d[1] == 0 && d[2] == 1 && d[3] == 0 && d[4] == 1);
+    const char *layouts[2] = {"--set placement.actor.dp=2", "--set placement.actor.tp=2"};
+    const char *tag[2] = {"dp", "tp"}, *how[2] = {"zero-copy", "resharded in place"};
+    for (int l = 0; l < 2; l++) {
+        char runs[2][32];
+        for (int i = 0; i < 2; i++) {
+            char args[512], *out = NULL;
+            snprintf(runs[i], sizeof runs[i], "colo_%s_%s", tag[l], i ? "gpu" : "cpu");
+            snprintf(args, sizeof args, "--set placement.mode=colocated --set async.max_staleness=0 --set placement.rollout_ranks=2 %s --set train.steps=2 "
+                     "--set logging.val_every=0 %s", layouts[l], i ? ON_GPU : "");
+            int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
+            CHECK(rc == 0);
+            if (i == 1) {
+                int d1 = device_of(out, 1), d2 = device_of(out, 2), d3 = device_of(out, 3);
+                printf("colocated %s 2 on cuda: ranks 1-2 on devices %d %d (rank 3: %d)\n", tag[l], d1, d2, d3);
+                CHECK(d1 == 0 && d2 == 1 && d3 == -1);
+                CHECK(out && strstr(out, how[l]));
+            }
+            if (rc) fprintf(stderr, "%s\n", out ? out : "");
+            free(out);
         }
-        if (rc) fprintf(stderr, "%s\n", out ? out : "");
-        free(out);
+        double ra = rf_test_metric(dir, runs[0], 1, "reward/mean"), rb = rf_test_metric(dir, runs[1], 1, "reward/mean");
+        double ga = rf_test_metric(dir, runs[0], 1, "actor/grad_norm"), gb = rf_test_metric(dir, runs[1], 1, "actor/grad_norm");
+        printf("colocated %s 2, cpu / cuda, step 1: reward %.6f / %.6f, grad norm %.10f / %.10f\n", tag[l], ra, rb, ga, gb);
+        CHECK(ra == rb && ga > 0 && fabs(ga - gb) <= 1e-5 * ga);
     }
-    double ra = rf_test_metric(dir, runs[0], 1, "reward/mean"), rb = rf_test_metric(dir, runs[1], 1, "reward/mean");
-    double ga = rf_test_metric(dir, runs[0], 1, "actor/grad_norm"), gb = rf_test_metric(dir, runs[1], 1, "actor/grad_norm");
-    printf("colocated dp 2, cpu / cuda, step 1: reward %.6f / %.6f, grad norm %.10f / %.10f\n", ra, rb, ga, gb);
-    CHECK(ra == rb && ga > 0 && fabs(ga - gb) <= 1e-5 * ga);
 }
 
 static void one_gpu_for_two(void) {

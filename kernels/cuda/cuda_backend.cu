@@ -173,12 +173,20 @@ fail:
  * successful call picks the device and creates the back end's one stream and cuBLAS handle,
  * which live until the process exits; later calls with the same device return the same table,
  * and a different device is refused (one device per process: multi-GPU runs use one process
- * per GPU). Not thread-safe: call it from one thread before using the table. Errors:
+ * per GPU). Not thread-safe: call it from one thread before using the table; another thread then
+ * calls it once (the same device) before its own first use. Errors:
  * RF_ERR_NODEVICE when no GPU is visible or `device` is out of range, RF_ERR_CUDA when the
  * runtime or cuBLAS fails to start, RF_ERR_UNSUPPORTED for a second device; NULL then. */
 static const rf_kernels *cuda_kernels(int device) {
     if (rf__cuda.initialised) {
-        if (device == rf__cuda.device) return &cuda_table;
+        if (device == rf__cuda.device) {
+            /* the current device is per host thread: a second thread of the process (a colocated
+             * rollout rank, resharding/handover.h) makes the back end's device its own */
+            cudaError_t e = cudaSetDevice(device);
+            if (e == cudaSuccess) return &cuda_table;
+            rf_error(RF_ERR_CUDA, "cuda: cudaSetDevice(%d) in another thread: %s", device, cudaGetErrorString(e));
+            return NULL;
+        }
         rf_error(RF_ERR_UNSUPPORTED,
                  "cuda: the back end already runs on device %d; one device per process "
                  "(asked for device %d)", rf__cuda.device, device);
