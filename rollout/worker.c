@@ -106,13 +106,19 @@ typedef struct weights_in {
 
 static float *weights_dst(const weights_in *in, const worker *w);
 
+/* A model on a device receives host weights into in->stage first (uploaded on arrival). */
+static rf_status stage_open(weights_in *in, const worker *w) {
+    if (w->m->k != rf_cpu_kernels() && !(in->stage = malloc(sizeof(float) * (w->m->n_params ? w->m->n_params : 1))))
+        return rf_error(RF_ERR_NOMEM, "out of memory for %zu floats of weights", w->m->n_params);
+    return RF_OK;
+}
+
 /* Colocated: nothing to receive; with other layouts the training rank reshards into this
  * rank's buffer (host memory: the model's own, or a stage uploaded to the device). */
 static rf_status handover_open(weights_in *in, const worker *w) {
     in->ho = w->ho;
     if (w->zero_copy) return RF_OK;
-    if (w->m->k != rf_cpu_kernels() && !(in->stage = malloc(sizeof(float) * (w->m->n_params ? w->m->n_params : 1))))
-        return rf_error(RF_ERR_NOMEM, "out of memory for %zu floats of weights", w->m->n_params);
+    RF_TRY(stage_open(in, w));
     rf_handover_offer_dst(w->ho, weights_dst(in, w));
     return RF_OK;
 }
@@ -121,8 +127,7 @@ static rf_status weights_in_open(weights_in *in, const worker *w, rf_comm *wcomm
     const rf_recipe *r = w->r;
     if (w->ho) return handover_open(in, w);
     if (r->placement.actor.tp <= 1 && !w->tp) return rf_weights_rx_init(&in->rx, wcomm, w->m, train_rank);
-    if (w->m->k != rf_cpu_kernels() && !(in->stage = malloc(sizeof(float) * (w->m->n_params ? w->m->n_params : 1))))
-        return rf_error(RF_ERR_NOMEM, "out of memory for %zu floats of weights", w->m->n_params);
+    RF_TRY(stage_open(in, w));
     rf_param_table pt = w->tp ? (rf_param_table){&w->tp->cfg, w->tp->full_views, w->tp->n_full_views}
                               : rf_param_table_of(w->m);
     int dp = r->placement.actor.tp > 1 ? r->placement.actor.dp : 1; /* with tp 1 only DP rank 0 sends */
