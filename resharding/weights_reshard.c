@@ -37,9 +37,9 @@ struct rf_weights_rs {
     rf_comm_req **req;      /* (n_rollout) rank 0: announcements in flight */
     int told;               /* rank 0: the transfer path was logged */
     size_t bytes, across;   /* a version's bytes sent between ranks, and of them between machines */
-    int colocated;          /* rf_weights_rs_init_colocated: every rank on both sides */
     int gt;                 /* colocated: the rollout shard this rank's process holds */
-    rf_shard *gshards;      /* colocated: (pt.n_views) shard gt of the rollout layout */
+    rf_shard *gshards;      /* rf_weights_rs_init_colocated (every rank on both sides):
+                               (pt.n_views) shard gt of the rollout layout; NULL otherwise */
 };
 
 /* The plan from src to dst over x->c (knowing the ranks' machines when the launcher told
@@ -111,7 +111,7 @@ rf_status rf_weights_rs_init_colocated(rf_weights_rs **out, const rf_param_table
     rf_weights_rs *x = NULL;
     rf_status st = alloc_x(&x, pt, c, 1, me % tp, tp, 0);
     if (st == RF_OK) {
-        x->tp = tp, x->gen_tp = gen_tp, x->n_train = size, x->colocated = 1, x->timeout_s = timeout_s;
+        x->tp = tp, x->gen_tp = gen_tp, x->n_train = size, x->timeout_s = timeout_s;
         x->gt = me % gen_tp;
         x->gshards = calloc((size_t)pt->n_views, sizeof *x->gshards);
         size_t n_local = 0;
@@ -130,7 +130,7 @@ rf_status rf_weights_rs_init_colocated(rf_weights_rs **out, const rf_param_table
 int rf_weights_rs_zero_copy(const rf_weights_rs *x) { return x->plan->zero_copy; }
 
 rf_status rf_weights_rs_move(rf_weights_rs *x, const float *local, float *dst, int64_t version, uint32_t checksum) {
-    if (!x->colocated) return rf_error(RF_ERR_ARG, "weights by resharding: rf_weights_rs_move is for colocated ranks");
+    if (!x->gshards) return rf_error(RF_ERR_ARG, "weights by resharding: rf_weights_rs_move is for colocated ranks");
     if (x->plan->zero_copy) return RF_OK;
     RF_TRY(rf_reshard_run(x->ex, local, dst, version));
     /* every rollout worker's whole-model CRC-32C from its ranks' parts, against the training

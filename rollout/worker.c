@@ -100,7 +100,6 @@ static rf_status weights_loaded(worker *w) {
 typedef struct weights_in {
     rf_weights_rx *rx;
     rf_weights_rs *rs;
-    rf_handover *ho; /* colocated: handed over in this process (resharding/handover.h) */
     float *stage; /* resharding into a CUDA model: the host buffer it lands in, then uploaded */
 } weights_in;
 
@@ -116,7 +115,6 @@ static rf_status stage_open(weights_in *in, const worker *w) {
 /* Colocated: nothing to receive; with other layouts the training rank reshards into this
  * rank's buffer (host memory: the model's own, or a stage uploaded to the device). */
 static rf_status handover_open(weights_in *in, const worker *w) {
-    in->ho = w->ho;
     if (w->zero_copy) return RF_OK;
     RF_TRY(stage_open(in, w));
     rf_handover_offer_dst(w->ho, weights_dst(in, w));
@@ -164,7 +162,7 @@ static void step_end(void *ho) { rf_handover_read_end(ho); }
  * the group waits for its own, then they meet). */
 static rf_status handover_poll(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
     *arrived = 0;
-    int64_t v = rf_handover_latest(in->ho, crc, NULL);
+    int64_t v = rf_handover_latest(w->ho, crc, NULL);
     if (v <= w->version) return RF_OK;
     if (w->g) {
         RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, v));
@@ -176,7 +174,7 @@ static rf_status handover_poll(weights_in *in, const worker *w, int *arrived, in
 }
 
 static rf_status weights_poll(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
-    if (in->ho) return handover_poll(in, w, arrived, version, crc);
+    if (w->ho) return handover_poll(in, w, arrived, version, crc);
     if (in->rx) return rf_weights_rx_poll(in->rx, w->m, arrived, version, crc);
     if (!w->g) { /* in place, host memory */
         RF_TRY(rf_weights_rs_poll(in->rs, weights_dst(in, w), arrived, version, crc));
@@ -284,13 +282,18 @@ static rf_status borrowed_params(const worker *w, float **params) {
     return rf_handover_wait_version(w->ho, 0, w->r->async.startup_timeout, "the rollout rank's model", &crc, params);
 }
 
+/* The policy's shape, from model.path's config.json. */
+static rf_status policy_config(const worker *w, rf_model_config *cfg) {
+    char p[4096];
+    rf_path_join(p, sizeof p, w->r->model.path, "config.json");
+    return rf_config_load(cfg, p);
+}
+
 /* G > 1: this rank's shard of the policy (zeros until the first weights, or colocated with
  * identical layouts the training shard itself) and its group. */
 static rf_status tp_open(worker *w, const rf_kernels *k) {
-    char p[4096];
     rf_model_config cfg;
-    rf_path_join(p, sizeof p, w->r->model.path, "config.json");
-    RF_TRY(rf_config_load(&cfg, p));
+    RF_TRY(policy_config(w, &cfg));
     rf_comm *c; /* on CUDA the shards compute over NCCL */
     RF_TRY(rf_comm_for(w->gcomm, k, "rollout tensor parallelism", w->r->async.startup_timeout, &w->gdev, &c));
     float *params;
@@ -308,10 +311,8 @@ static rf_status whole_open(worker *w, const rf_kernels *k) {
     float *params;
     RF_TRY(borrowed_params(w, &params));
     if (!params) return rf_model_load(&w->m, w->r->model.path, k, 0);
-    char p[4096];
     rf_model_config cfg;
-    rf_path_join(p, sizeof p, w->r->model.path, "config.json");
-    RF_TRY(rf_config_load(&cfg, p));
+    RF_TRY(policy_config(w, &cfg));
     return rf_model_init_borrowed(&w->m, &cfg, k, params);
 }
 
@@ -337,8 +338,8 @@ static rf_status peer_command(void *ctx, int cmd, int64_t arg) {
     uint32_t crc;
     if (cmd != RF_ROLLOUT_TP_WEIGHTS)
         return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: unknown command %d from rank 0 of the group", cmd);
-    if (p->in.ho) { /* colocated: this rank's own training rank hands the version over */
-        RF_TRY(rf_handover_wait_version(p->in.ho, arg, p->w->r->async.peer_timeout, "rollout tensor parallelism", &crc,
+    if (p->w->ho) { /* colocated: this rank's own training rank hands the version over */
+        RF_TRY(rf_handover_wait_version(p->w->ho, arg, p->w->r->async.peer_timeout, "rollout tensor parallelism", &crc,
                                         NULL));
         RF_TRY(group_present(p->w));
         weights_upload(&p->in, p->w);
