@@ -400,6 +400,10 @@ rf_status rf__worker_update(tworker *w, rf_train_sample *base, const rf__share *
     if (st == RF_OK && go) st = rf_actor_update(w->tp ? w->tp->m : w->actor, &ao, &uo, s, n, as);
     *actor_s = rf_time_now() - ta;
     if (st == RF_OK) st = critic_update(w, base + sh->c_lo, (int)(sh->c_hi - sh->c_lo), kl_coef, cs);
+    if (w->ho && rf_recipe_free_kv_cache(r)) { /* colocated: the workspaces go back, for the KV cache */
+        rf_model_trim(w->actor), rf_model_trim(w->critic), rf_model_trim(w->ref);
+        rf_model_tp_trim(w->tp), rf_model_tp_trim(w->critic_tp), rf_model_tp_trim(w->ref_tp);
+    }
     return st;
 }
 

@@ -52,6 +52,7 @@ typedef struct rf_recipe {
         rf_str_list stop;
         int max_running, kv_block_size, kv_blocks;
         double kv_memory_fraction;
+        const char *free_kv_cache; /* "auto" | "on" | "off": rf_recipe_free_kv_cache */
     } rollout;
     struct {
         const char *name; /* "ppo" | "grpo" | "dr_grpo" | "rloo" | "reinforce_pp" */
@@ -208,6 +209,9 @@ int rf_recipe_colocated_ranks(const rf_recipe *r);
 /* The run is the message-driven controller and its workers under mpirun: split, or colocated
  * on several ranks. */
 int rf_recipe_multi_process(const rf_recipe *r);
+
+/* rollout.free_kv_cache resolved: "auto" means on in colocated runs (one process or several). */
+int rf_recipe_free_kv_cache(const rf_recipe *r);
 
 /* reference.enabled resolved: "auto" means on when algorithm.kl_coef > 0. */
 int rf_recipe_reference_enabled(const rf_recipe *r);

@@ -80,7 +80,9 @@ static rf_status generate(rf_run *run, const rf_example *const *ex, int n_prompt
         for (int i = 0; i < r->rollout.stop.n && i < RF_MAX_STOP; i++) q.stop[q.n_stop++] = r->rollout.stop.v[i];
         st = rf_rollout_submit(run->engine, &q, (void *)(intptr_t)p, NULL);
     }
+    if (st == RF_OK) st = rf__rollout_resume(run->engine);
     if (st == RF_OK) st = rf_rollout_run_until_idle(run->engine);
+    if (st == RF_OK) st = rf__rollout_pause(r, run->engine, "rollout", &run->kv_release_logged);
     rf_rollout_set_callback(run->engine, NULL, NULL);
     *tokens += g.tokens;
     return st != RF_OK ? st : g.st;
@@ -381,6 +383,8 @@ rf_status rf__rl_step(rf_run *run) {
     pt.actor = rf_time_now() - t, t = rf_time_now();
     if (st == RF_OK && run->critic && b.n > 0) st = rf_critic_update(run->critic, &co, &uc, b.s, b.n, &cs);
     pt.critic_train = rf_time_now() - t;
+    if (rf_recipe_free_kv_cache(run->r)) /* training pauses: its workspaces go back, for the KV cache */
+        rf_model_trim(run->actor), rf_model_trim(run->critic), rf_model_trim(run->ref);
     if (st == RF_OK) {
         rf__batch_metrics(run->metrics, run->r, b.s, b.n);
         rf__update_metrics(run->metrics, run->r, &as, run->critic ? &cs : NULL);

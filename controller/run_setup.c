@@ -288,6 +288,26 @@ rf_status rf__rollout_engine(const rf_recipe *r, int colocated, rf_model *m, rf_
     return st;
 }
 
+rf_status rf__rollout_pause(const rf_recipe *r, rf_rollout *e, const char *who, int *logged) {
+    if (!rf_recipe_free_kv_cache(r) || !rf_kv_pool_held(rf_rollout_pool(e))) return RF_OK;
+    RF_TRY(rf_rollout_release_cache(e));
+    if (!*logged)
+        rf_log_info("%s: KV cache given back while generation pauses (rollout.free_kv_cache = \"%s\"): %.1f MB, "
+                    "allocated again when it resumes", who, r->rollout.free_kv_cache,
+                    (double)rf_kv_pool_bytes(rf_rollout_pool(e)) / (1 << 20));
+    *logged = 1;
+    return RF_OK;
+}
+
+rf_status rf__rollout_resume(rf_rollout *e) {
+    rf_status st = rf_rollout_acquire_cache(e);
+    if (st != RF_OK)
+        return rf_error_wrap(st, "rollout.free_kv_cache: the KV cache given back while generation paused does not fit "
+                             "the device again (training keeps its parameters, gradients and optimizer state on it): "
+                             "lower rollout.kv_memory_fraction or set rollout.kv_blocks");
+    return RF_OK;
+}
+
 rf_status rf__start_rollout(rf_run *run) {
     return rf__rollout_engine(run->r, 1, run->actor, NULL, run->tok, &run->engine);
 }

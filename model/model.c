@@ -156,6 +156,18 @@ void rf_model_free(rf_model *m) {
     free(m);
 }
 
+void rf_model_trim(rf_model *m) {
+    if (!m) return;
+    m->k->free(m->act_mem);
+    m->k->free(m->gmem);
+    m->k->free(m->dev_out);
+    m->k->free(m->ibuf);
+    m->act_mem = m->gmem = m->dev_out = NULL, m->ibuf = NULL;
+    m->act_cap = m->gmem_cap = m->ibuf_cap = 0, m->dev_out_cap = 0;
+    m->x_final = m->h = m->rstd_f = m->scratch = m->scratch2 = NULL;
+    m->T = 0, m->n_seq = 0;
+}
+
 void rf_model_init_random(rf_model *m, uint64_t seed, float std) {
     rf_rng rng;
     rf_rng_seed(&rng, seed);

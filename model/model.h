@@ -134,6 +134,11 @@ typedef struct rf_model {
  * rf_model_free. */
 rf_status rf_model_init(rf_model **out, const rf_model_config *cfg, const rf_kernels *k);
 void rf_model_free(rf_model *m);
+/* Gives the pass workspaces (activations, backward buffers, staging) back to the back end;
+ * they grow again with the next pass. Parameters, gradients and optimizer state stay. Between
+ * passes only: a backward needs a forward after it. A colocated run's phases use it to leave
+ * the device to each other (rollout.free_kv_cache). NULL is fine. */
+void rf_model_trim(rf_model *m);
 
 /* rf_model_init over another model's parameter buffer (params: n_params floats on back end
  * k, laid out for cfg; borrowed, it must outlive the model, which never frees it): a second

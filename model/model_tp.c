@@ -197,6 +197,16 @@ void rf_model_tp_free(rf_model_tp *tp) {
     free(tp);
 }
 
+void rf_model_tp_trim(rf_model_tp *tp) {
+    if (!tp) return;
+    tp->m->k->free(tp->act_mem);
+    tp->m->k->free(tp->gmem);
+    tp->act_mem = tp->gmem = NULL, tp->act_cap = tp->gmem_cap = 0;
+    tp->x_final = tp->h = tp->rstd_f = NULL, tp->d_local = NULL;
+    tp->T = 0, tp->n_seq = 0, tp->have_logprobs = 0;
+    rf_model_trim(tp->m);
+}
+
 rf_status rf_model_tp_set_full(rf_model_tp *tp, const float *full) {
     rf_param_table pt = {&tp->cfg, tp->full_views, tp->n_full_views};
     float *local = malloc(tp->m->n_params * sizeof(float));

@@ -160,6 +160,9 @@ rf_status rf_model_tp_init(rf_model_tp **out, const rf_model_config *cfg, const 
 rf_status rf_model_tp_init_borrowed(rf_model_tp **out, const rf_model_config *cfg, const rf_kernels *k,
                                     rf_comm *comm, double timeout_s, float *params);
 void rf_model_tp_free(rf_model_tp *tp);
+/* rf_model_trim for a shard: its activations and backward buffers given back (they grow again
+ * with the next pass); no communication. */
+void rf_model_tp_trim(rf_model_tp *tp);
 
 /* Cuts this rank's shard out of the whole model's flat parameter buffer (full_params floats,
  * host memory, in rf_model_init's order) into m->params. RF_ERR_NOMEM. */

@@ -21,20 +21,50 @@ rf_status rf_kv_pool_init_heads(rf_kv_pool *p, const rf_kernels *k, int n_layers
     p->k = k;
     p->n_blocks = n_blocks, p->block_size = block_size;
     p->n_layers = n_layers, p->KVH = KVH, p->D = D;
-    size_t n = (size_t)p->n_layers * n_blocks * block_size * p->KVH * p->D;
-    p->kc = p->k->alloc(n * sizeof(float));
-    p->vc = p->k->alloc(n * sizeof(float));
     p->ref = calloc((size_t)n_blocks, sizeof(int));
     p->free_ids = malloc(sizeof(int) * (size_t)n_blocks);
-    if (!p->kc || !p->vc || !p->ref || !p->free_ids) {
+    rf_status st = p->ref && p->free_ids ? rf_kv_pool_acquire(p)
+                                         : rf_error(RF_ERR_NOMEM, "kv pool: out of host memory for %d blocks", n_blocks);
+    if (st != RF_OK) {
         rf_kv_pool_free(p);
-        return rf_error(RF_ERR_NOMEM, "kv pool: out of memory for %d blocks of %d positions "
-                        "(%zu MB)", n_blocks, block_size, 2 * n * sizeof(float) >> 20);
+        return st;
     }
     for (int i = 0; i < n_blocks; i++) p->free_ids[i] = n_blocks - 1 - i; /* block 0 on top */
     p->n_free = n_blocks;
     return RF_OK;
 }
+
+/* Floats of k (or of v) in the pool. */
+static size_t pool_floats(const rf_kv_pool *p) {
+    return (size_t)p->n_layers * p->n_blocks * p->block_size * p->KVH * p->D;
+}
+
+rf_status rf_kv_pool_acquire(rf_kv_pool *p) {
+    if (p->kc) return RF_OK;
+    size_t n = pool_floats(p);
+    p->kc = p->k->alloc(n * sizeof(float));
+    p->vc = p->kc ? p->k->alloc(n * sizeof(float)) : NULL;
+    if (p->vc) return RF_OK;
+    p->k->free(p->kc);
+    p->kc = NULL;
+    return rf_error(RF_ERR_NOMEM, "kv pool: out of %s memory for %d blocks of %d positions (%zu MB)", p->k->name,
+                    p->n_blocks, p->block_size, rf_kv_pool_bytes(p) >> 20);
+}
+
+rf_status rf_kv_pool_release(rf_kv_pool *p) {
+    if (!p->kc) return RF_OK;
+    if (p->n_free != p->n_blocks)
+        return rf_error(RF_ERR_INTERNAL, "kv pool: releasing its memory while %d of its %d blocks are in use",
+                        p->n_blocks - p->n_free, p->n_blocks);
+    p->k->free(p->kc);
+    p->k->free(p->vc);
+    p->kc = p->vc = NULL;
+    return RF_OK;
+}
+
+int rf_kv_pool_held(const rf_kv_pool *p) { return p->kc != NULL; }
+
+size_t rf_kv_pool_bytes(const rf_kv_pool *p) { return 2 * pool_floats(p) * sizeof(float); }
 
 int rf_kv_pool_fit(size_t block_bytes, size_t free_bytes, double fraction, int want, int least) {
     double fit = block_bytes ? floor(fraction * (double)free_bytes / (double)block_bytes) : (double)want;

@@ -37,6 +37,18 @@ rf_status rf_kv_pool_init(rf_kv_pool *p, const rf_model *m, int n_blocks, int bl
 rf_status rf_kv_pool_init_heads(rf_kv_pool *p, const rf_kernels *k, int n_layers, int KVH, int D,
                                 int n_blocks, int block_size);
 void rf_kv_pool_free(rf_kv_pool *p);
+/* Gives the pool's k/v memory back to the back end while no block is in use (the bookkeeping
+ * stays: block ids, the free list, peak_used), so that something else may use the device
+ * meanwhile: a colocated run's training (verl's free_cache_engine). RF_ERR_INTERNAL naming the
+ * count while blocks are in use; nothing to do when already released. */
+rf_status rf_kv_pool_release(rf_kv_pool *p);
+/* Allocates a released pool's k/v memory again (its contents undefined: no block is in use);
+ * nothing to do when it holds it. RF_ERR_NOMEM naming the size in MB. */
+rf_status rf_kv_pool_acquire(rf_kv_pool *p);
+/* Whether the pool holds its k/v memory (made and not released). */
+int rf_kv_pool_held(const rf_kv_pool *p);
+/* Bytes of k/v memory the pool holds when held. */
+size_t rf_kv_pool_bytes(const rf_kv_pool *p);
 
 /* The size of a pool sized from memory: `want` blocks (enough for the longest load) when
  * fraction x free_bytes holds that many of block_bytes each, else as many as it holds; -1

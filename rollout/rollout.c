@@ -76,6 +76,13 @@ static rf_status whole_decode(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs
     return rf_model_decode_paged(ctx, p, seqs, n, tokens, logits);
 }
 
+/* The pool's memory and the model's decode workspace given back. */
+static rf_status whole_release(void *ctx, rf_kv_pool *p) {
+    RF_TRY(rf_kv_pool_release(p));
+    rf_model_trim(ctx);
+    return RF_OK;
+}
+
 static void whole_copy(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows) {
     (void)ctx;
     rf_kv_pool_copy(p, dst, src, n_rows);
@@ -85,7 +92,8 @@ rf_status rf_rollout_init(rf_rollout **out, rf_model *m, const rf_rollout_opts *
     *out = NULL;
     if (!m->lm_head) return rf_error(RF_ERR_ARG, "rollout: the model has a value head, not an LM head");
     rf_rollout_model mc = {.cfg = &m->cfg, .ctx = m, .k = m->k, .kv_heads = m->cfg.num_key_value_heads,
-                           .pool_init = whole_pool_init, .decode = whole_decode, .copy = whole_copy};
+                           .pool_init = whole_pool_init, .pool_release = whole_release, .decode = whole_decode,
+                           .copy = whole_copy};
     return rf_rollout_init_model(out, &mc, opts);
 }
 
@@ -177,6 +185,22 @@ void rf_rollout_set_callback(rf_rollout *e, rf_rollout_callback fn, void *ctx) {
 void rf_rollout_set_version(rf_rollout *e, int version) { e->version = version; }
 
 int rf_rollout_idle(const rf_rollout *e) { return e->n_running == 0 && e->n_waiting == 0; }
+
+rf_status rf_rollout_release_cache(rf_rollout *e) {
+    if (!rf_rollout_idle(e))
+        return rf_error(RF_ERR_ARG, "rollout: the KV cache cannot be released while sequences run (%d) or wait (%d)",
+                        e->n_running, e->n_waiting);
+    if (!rf_kv_pool_held(&e->pool)) return RF_OK;
+    RF_TRY(e->mc.pool_release(e->mc.ctx, &e->pool));
+    e->stats.cache_releases++;
+    return RF_OK;
+}
+
+rf_status rf_rollout_acquire_cache(rf_rollout *e) {
+    if (rf_kv_pool_held(&e->pool)) return RF_OK;
+    rf_status st = rf_kv_pool_acquire(&e->pool);
+    return st == RF_OK ? st : rf_error_wrap(st, "rollout: allocating the released KV cache again");
+}
 
 void rf_rollout_get_stats(const rf_rollout *e, rf_rollout_stats *s) {
     *s = e->stats;

@@ -89,6 +89,7 @@ typedef struct rf_rollout_stats {
     int64_t prefix_blocks_shared; /* block references shared instead of prefilled again */
     int64_t prefix_joins;         /* samples started from a retained prefix, without a model call */
     int64_t cow_copies;           /* shared blocks copied before an append */
+    int64_t cache_releases;       /* times the pool's memory was given back (rf_rollout_release_cache) */
     int peak_blocks_used;
     int running, waiting;         /* sequences now */
 } rf_rollout_stats;
@@ -109,6 +110,10 @@ typedef struct rf_rollout_model {
                         const int32_t *tokens, float *logits);
     /* Copy on write (rf_kv_pool_copy's contract); it runs before the step's decode call. */
     void (*copy)(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows);
+    /* Gives the pool's memory back while no block is in use (rf_kv_pool_release's contract),
+     * and the model's pass workspace (rf_model_trim); the engine's next step allocates the
+     * pool again (rf_kv_pool_acquire). */
+    rf_status (*pool_release)(void *ctx, rf_kv_pool *p);
     /* Optional, in place of decode, for a model that samples from logits it holds in parts
      * (tensor parallelism): the step's model call as decode, then the step's n_draws draws
      * (draw i from row draws[i].row into picks[i], logp[i], as rf_sample_u gives them), and
@@ -157,6 +162,16 @@ rf_status rf_rollout_run_until_idle(rf_rollout *e);
 
 /* 1 when nothing is running or waiting. */
 int rf_rollout_idle(const rf_rollout *e);
+
+/* Gives the KV pool's memory and the model's pass workspace back to the back end while the
+ * engine is idle, so that the device can serve something else until the next step with work
+ * allocates them again (verl's free_cache_engine, vLLM's sleep mode; in a colocated run,
+ * training). Nothing to do when already released. Errors: RF_ERR_ARG when sequences are
+ * running or waiting; the model's pool_release. */
+rf_status rf_rollout_release_cache(rf_rollout *e);
+/* Allocates a released KV pool again (rf_rollout_step does when it has work); nothing to do
+ * when it is held. RF_ERR_NOMEM naming the size. */
+rf_status rf_rollout_acquire_cache(rf_rollout *e);
 
 void rf_rollout_get_stats(const rf_rollout *e, rf_rollout_stats *s);
 

@@ -10,7 +10,7 @@
 #define MAGIC 0x52465254u /* "RFRT" */
 
 /* Commands beyond the public ones (rollout_tp.h). */
-enum { CMD_NOP = 100, CMD_POOL, CMD_STEP };
+enum { CMD_NOP = 100, CMD_POOL, CMD_STEP, CMD_RELEASE };
 
 /* What rank 0 broadcasts first for every command; a step's int32 payload follows it. */
 typedef struct cmd_head {
@@ -146,6 +146,15 @@ static rf_status engine_pool_init(void *ctx, rf_kv_pool *p, int n_blocks, int bl
     return rf_rollout_tp_send(g, CMD_POOL, (int64_t)n_blocks << 32 | (uint32_t)block_size);
 }
 
+/* The pool's memory and the shard's workspace given back on every rank; each allocates the
+ * pool again at its next step. */
+static rf_status engine_pool_release(void *ctx, rf_kv_pool *p) {
+    rf_rollout_tp *g = ctx;
+    RF_TRY(rf_kv_pool_release(p));
+    rf_model_tp_trim(g->tp);
+    return rf_rollout_tp_send(g, CMD_RELEASE, 0);
+}
+
 /* A copy on write: done here at once, queued for the peers' next step. */
 static void engine_copy(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows) {
     rf_rollout_tp *g = ctx;
@@ -210,7 +219,8 @@ rf_status rf_rollout_tp_engine(rf_rollout_tp *g, const rf_rollout_opts *o, rf_ro
         return rf_error(RF_ERR_ARG, "rollout tensor parallelism: the engine runs on rank 0 of the group, not %d", g->tp->t);
     if (!g->tp->m->lm_head) return rf_error(RF_ERR_ARG, "rollout: the model has a value head, not an LM head");
     rf_rollout_model mc = {.cfg = &g->tp->cfg, .ctx = g, .k = g->tp->m->k, .kv_heads = g->tp->KVA,
-                           .pool_init = engine_pool_init, .copy = engine_copy, .decode_sample = engine_decode_sample};
+                           .pool_init = engine_pool_init, .pool_release = engine_pool_release,
+                           .copy = engine_copy, .decode_sample = engine_decode_sample};
     return rf_rollout_init_model(e, &mc, o);
 }
 
@@ -228,7 +238,11 @@ static rf_status recv_head(rf_rollout_tp *g, cmd_head *h) {
 
 /* Receives a step's payload, applies its copies and runs it. */
 static rf_status serve_step(rf_rollout_tp *g, const cmd_head *h) {
-    if (!g->pool.kc) return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: a step before the pool was made");
+    if (!g->pool.n_blocks) return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: a step before the pool was made");
+    if (!rf_kv_pool_held(&g->pool)) { /* released (CMD_RELEASE) since the last step */
+        rf_status st = rf_kv_pool_acquire(&g->pool);
+        if (st != RF_OK) return rf_error_wrap(st, "rollout tensor parallelism: allocating the released KV cache again");
+    }
     int n = h->n_rows;
     RF_TRY(grow((void **)&g->ints, &g->cap_ints, (size_t)h->n_ints, sizeof(int32_t)));
     RF_TRY(rf_comm_bcast(rf_comm_host(g->tp->comm), g->ints, sizeof(int32_t) * (size_t)h->n_ints, 0, g->timeout_s,
@@ -265,6 +279,10 @@ rf_status rf_rollout_tp_serve(rf_rollout_tp *g, rf_rollout_tp_handler handler, v
             RF_TRY(rf_model_tp_kv_pool_init(g->tp, &g->pool, (int)(h.arg >> 32), (int)(h.arg & 0xffffffff)));
             break;
         case CMD_STEP: RF_TRY(guarded_step(g, &h)); break;
+        case CMD_RELEASE:
+            RF_TRY(rf_kv_pool_release(&g->pool));
+            rf_model_tp_trim(g->tp);
+            break;
         default:
             if (!handler)
                 return rf_error(RF_ERR_FORMAT, "rollout tensor parallelism: command %d from world rank %d has no handler",

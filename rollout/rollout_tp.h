@@ -5,6 +5,8 @@
  * worker does; only the engine's model calls differ (rf_rollout_model):
  *
  *   pool     rank 0 makes its pool and tells the peers to make theirs, of the same blocks;
+ *   release  rank 0 gives its pool's memory back and tells the peers to give theirs back
+ *            (rf_rollout_release_cache); each rank allocates it again at its next step;
  *   copy     a copy on write is done at once on rank 0 and queued for the peers;
  *   decode   rank 0 broadcasts the step (the queued copies, each row's cached and new
  *            counts and block table, the packed tokens, the rows to capture, the draws: each

@@ -281,6 +281,7 @@ static rf_status decode_and_draw(rf_rollout *e, int n_rows) {
 
 rf_status rf_rollout_step(rf_rollout *e) {
     if (rf_rollout_idle(e)) return RF_OK;
+    RF_TRY(rf_rollout_acquire_cache(e)); /* when released while idle (rf_rollout_release_cache) */
     RF_TRY(reserve_decode(e));
     int n_rows = 0;
     RF_TRY(build_batch(e, &n_rows));

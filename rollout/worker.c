@@ -36,6 +36,7 @@ typedef struct worker {
     rf_status st; /* first failure inside the callback */
     rf_handover *ho; /* colocated on several devices: the weights of this process's training rank */
     int zero_copy;   /* ho with identical layouts: the model borrows the training shard's buffer */
+    int kv_release_logged; /* rf__rollout_pause's first line logged */
 } worker;
 
 static Rlflow__FinishReason finish_reason(rf_finish f) {
@@ -260,13 +261,19 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
             rf_sleep(rf_rng_uniform(&delay_rng) * delay_ms * 1e-3);
         if (!rf_rollout_idle(w->e)) {
             double t = rf_time_now();
-            st = w->ho ? rf_handover_read_begin(w->ho) : RF_OK; /* colocated: the weights are not being written */
+            st = rf__rollout_resume(w->e);
+            if (st == RF_OK && w->ho) st = rf_handover_read_begin(w->ho); /* colocated: the weights are not being written */
             if (st == RF_OK) {
                 st = rf_rollout_step(w->e);
                 if (w->ho) rf_handover_read_end(w->ho);
             }
             w->busy += rf_time_now() - t;
             if (st == RF_OK) st = w->st;
+            if (st == RF_OK && rf_rollout_idle(w->e)) { /* generation pauses: the cache may go back */
+                char who[64];
+                snprintf(who, sizeof who, "rollout worker %d", w->rank);
+                st = rf__rollout_pause(r, w->e, who, &w->kv_release_logged);
+            }
         }
     }
     weights_in_close(&in);

@@ -42,22 +42,36 @@ static size_t g_n_blocks, g_cap_blocks;
 /* the table is shared by a colocated process's two threads (training and rollout ranks) */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
+static size_t g_used; /* bytes in g_blocks, and reserved by allocations under way */
+
+/* The device's memory: $RF_MOCK_GPU_MEMORY bytes (default 16 GiB). */
+static size_t dev_total(void) {
+    const char *env = getenv("RF_MOCK_GPU_MEMORY");
+    return env ? (size_t)strtoull(env, NULL, 10) : (size_t)16 << 30;
+}
+
+/* With RF_MOCK_GPU_STRICT=1, fails as cudaMalloc does when the blocks allocated and this one
+ * would exceed the device's memory (dev_total); without, only the free memory reported drops
+ * (a tight RF_MOCK_GPU_MEMORY then sizes a rollout device's KV cache without starving the
+ * other processes' devices). */
 static void *dev_alloc(size_t bytes) {
-    void *p = rf_cpu_kernels()->alloc(bytes ? bytes : 1); /* aligned and zeroed */
-    if (!p) return NULL;
+    size_t n = bytes ? bytes : 1;
     pthread_mutex_lock(&g_mu);
-    if (g_n_blocks == g_cap_blocks) {
+    const char *strict = getenv("RF_MOCK_GPU_STRICT");
+    int fits = !(strict && strcmp(strict, "1") == 0) || g_used + n <= dev_total();
+    if (fits) g_used += n; /* reserved */
+    pthread_mutex_unlock(&g_mu);
+    if (!fits) return NULL;
+    void *p = rf_cpu_kernels()->alloc(n); /* aligned and zeroed */
+    pthread_mutex_lock(&g_mu);
+    if (p && g_n_blocks == g_cap_blocks) {
         size_t cap = g_cap_blocks ? 2 * g_cap_blocks : 256;
         block *b = realloc(g_blocks, cap * sizeof *b);
-        if (!b) {
-            pthread_mutex_unlock(&g_mu);
-            rf_cpu_kernels()->free(p);
-            rf_error(RF_ERR_NOMEM, "mock cuda: out of memory");
-            return NULL;
-        }
-        g_blocks = b, g_cap_blocks = cap;
+        if (b) g_blocks = b, g_cap_blocks = cap;
+        else rf_cpu_kernels()->free(p), p = NULL;
     }
-    g_blocks[g_n_blocks++] = (block){p, bytes ? bytes : 1};
+    if (p) g_blocks[g_n_blocks++] = (block){p, n};
+    else g_used -= n;
     pthread_mutex_unlock(&g_mu);
     return p;
 }
@@ -67,6 +81,7 @@ static void dev_free(void *p) {
     pthread_mutex_lock(&g_mu);
     for (size_t i = 0; i < g_n_blocks; i++)
         if (g_blocks[i].p == p) {
+            g_used -= g_blocks[i].n;
             g_blocks[i] = g_blocks[--g_n_blocks];
             pthread_mutex_unlock(&g_mu);
             rf_cpu_kernels()->free(p);
@@ -77,13 +92,12 @@ static void dev_free(void *p) {
     abort();
 }
 
-/* The device's memory: $RF_MOCK_GPU_MEMORY bytes (default 16 GiB), less the blocks allocated
- * (a real device's free memory drops the same way as buffers are made). */
+/* That less the blocks allocated (a real device's free memory drops the same way as buffers
+ * are made). */
 static int dev_mem_info(size_t *free_bytes, size_t *total_bytes) {
-    const char *env = getenv("RF_MOCK_GPU_MEMORY");
-    size_t total = env ? (size_t)strtoull(env, NULL, 10) : (size_t)16 << 30, used = 0;
+    size_t total = dev_total();
     pthread_mutex_lock(&g_mu);
-    for (size_t i = 0; i < g_n_blocks; i++) used += g_blocks[i].n;
+    size_t used = g_used;
     pthread_mutex_unlock(&g_mu);
     *total_bytes = total, *free_bytes = used < total ? total - used : 0;
     return 0;

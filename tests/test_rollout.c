@@ -9,6 +9,9 @@
  *  - a pool too small for the batch forces preemption, and the outputs do not change;
  *  - a pool sized from memory: the longest load when the budget holds it, the budget's blocks
  *    when not (generation still finishes), refused below one sequence;
+ *  - the pool's memory given back while idle (and the model's workspace) is allocated again by
+ *    the next step with work, and the outputs do not change; refused while sequences run, an
+ *    allocation that fails is an error naming the size;
  *  - continuous batching admits a queued request as soon as a running one finishes;
  *  - policy versions are recorded per token; errors are clear. */
 #define _POSIX_C_SOURCE 200809L
@@ -445,6 +448,77 @@ static void pool_sized_from_memory(rf_model *m) {
     m->k = cpu;
 }
 
+/* A back end whose allocations fail while g_alloc_fails is set. */
+static int g_alloc_fails;
+static void *failing_alloc(size_t bytes) { return g_alloc_fails ? NULL : rf_cpu_kernels()->alloc(bytes); }
+
+/* Submits every prompt with n samples (user base round * N_PROMPTS * n + i * n). */
+static void submit_prompts(rf_rollout *e, const rf_gen_params *p, int n, int round) {
+    for (int i = 0; i < N_PROMPTS; i++) {
+        rf_rollout_request q = {g_prompts[i], g_lens[i], n, p->sampling, p->max_new_tokens, p->seed, NULL, 0, {0}, 0};
+        CHECK_OK(rf_rollout_submit(e, &q, (void *)(intptr_t)((round * N_PROMPTS + i) * n), NULL));
+    }
+}
+
+/* rf_rollout_release_cache between two rounds of the same requests: the second round's
+ * samples equal the first's bit for bit, the pool is allocated again by its first step, the
+ * model's workspace was given back; refused while a sequence runs; a failed allocation at the
+ * next step is RF_ERR_NOMEM naming the pool. */
+static void cache_release_keeps_outputs(rf_model *m) {
+    rf_kernels failing = *m->k;
+    failing.alloc = failing_alloc;
+    const rf_kernels *cpu = m->k;
+    m->k = &failing;
+    rf_gen_params gp = {.sampling = {0, 1.0f, 0, 1.0f}, .max_new_tokens = 12, .seed = 77};
+    rf_rollout *e = NULL;
+    CHECK_OK(rf_rollout_init(&e, m, &(rf_rollout_opts){.block_size = 4, .n_blocks = 40}));
+    collector col = {0};
+    rf_rollout_set_callback(e, collect, &col);
+    submit_prompts(e, &gp, 2, 0);
+    CHECK_OK(rf_rollout_run_until_idle(e));
+    const rf_kv_pool *pool = rf_rollout_pool(e);
+    CHECK(rf_kv_pool_held(pool) && m->act_mem != NULL);
+    CHECK_OK(rf_rollout_release_cache(e));
+    CHECK(!rf_kv_pool_held(pool) && m->act_mem == NULL && m->act_cap == 0);
+    CHECK_OK(rf_rollout_release_cache(e)); /* already released: nothing to do */
+    rf_rollout_stats st;
+    rf_rollout_get_stats(e, &st);
+    CHECK(st.cache_releases == 1 && st.pool_blocks == 40);
+    submit_prompts(e, &gp, 2, 1);
+    CHECK(!rf_kv_pool_held(pool)); /* submitting allocates nothing */
+    CHECK_OK(rf_rollout_step(e));
+    CHECK(rf_kv_pool_held(pool));
+    CHECK_ERR(rf_rollout_release_cache(e), RF_ERR_ARG,
+              "rollout: the KV cache cannot be released while sequences run (10) or wait (0)");
+    CHECK_OK(rf_rollout_run_until_idle(e));
+    CHECK(col.delivered == 4 * N_PROMPTS);
+    rf_gen_output *first = col.out, *second = col.out + 2 * N_PROMPTS;
+    CHECK(same_outputs(first, second, 2 * N_PROMPTS, 0));
+    CHECK_OK(rf_rollout_release_cache(e));
+    g_alloc_fails = 1;
+    submit_prompts(e, &gp, 1, 5);
+    char want[160];
+    snprintf(want, sizeof want, "rollout: allocating the released KV cache again: kv pool: out of cpu memory for 40 "
+             "blocks of 4 positions (%zu MB)", rf_kv_pool_bytes(pool) >> 20);
+    CHECK_ERR(rf_rollout_step(e), RF_ERR_NOMEM, want);
+    g_alloc_fails = 0;
+    rf_rollout_free(e);
+    collector_free(&col);
+    /* the pool alone: a release with a block in use is refused */
+    rf_kv_pool p;
+    CHECK_OK(rf_kv_pool_init(&p, m, 3, 4));
+    int b = rf_kv_pool_alloc(&p);
+    CHECK_ERR(rf_kv_pool_release(&p), RF_ERR_INTERNAL, "kv pool: releasing its memory while 1 of its 3 blocks are in use");
+    CHECK(rf_kv_pool_held(&p));
+    rf_kv_pool_unref(&p, b);
+    CHECK_OK(rf_kv_pool_release(&p));
+    CHECK_OK(rf_kv_pool_acquire(&p));
+    CHECK(rf_kv_pool_held(&p) && rf_kv_pool_alloc(&p) == b);
+    rf_kv_pool_free(&p);
+    m->k = cpu;
+    printf("KV cache released between two rounds: %d samples each, the same bit for bit\n", 2 * N_PROMPTS);
+}
+
 /* max_running = 2 and three requests: the third joins as soon as the first finishes, while
  * the second is still running; samples are delivered one at a time, as they finish. */
 static void continuous_batching_admits_on_finish(rf_model *m) {
@@ -557,6 +631,7 @@ int main(void) {
     group_split_by_max_running(m);
     preemption_keeps_outputs(m);
     pool_sized_from_memory(m);
+    cache_release_keeps_outputs(m);
     continuous_batching_admits_on_finish(m);
     versions_per_token(m);
     errors(m);

@@ -12,7 +12,8 @@
  * relative: the ranks' partial sums change the last bits of the logits, ~1e-6 per step, and the
  * differences grow along a sequence as they feed the cache: up to 1.15e-5 relative here with
  * OpenBLAS 0.3.21's kernels; a wrong head or slice is off by O(1)), finish reasons equal.
- * Then, with 2 ranks, the bounds: a peer that never
+ * Each tensor-parallel run is repeated after its KV cache is released on every rank and must
+ * give the same samples bit for bit. Then, with 2 ranks, the bounds: a peer that never
  * takes part stops rank 0's step, and a rank 0 that never sends stops the peer, each with the
  * communicator's message naming the missing rank after the bound. */
 #define _POSIX_C_SOURCE 200809L
@@ -117,7 +118,9 @@ static void run_whole(rf_model *m, const rf_rollout_opts *o, kept *out) {
     rf_rollout_free(e);
 }
 
-/* Group rank 0: the tensor-parallel engine's samples; the peers stop after it. */
+/* Group rank 0: the tensor-parallel engine's samples; then every rank's KV cache is released
+ * (rf_rollout_release_cache), the same requests run again and must give the same samples bit
+ * for bit (each rank allocates its pool again at the first step); the peers stop after it. */
 static void run_tp(rf_rollout_tp *g, const rf_rollout_opts *o, kept *out) {
     rf_rollout *e = NULL;
     CHECK_OK(rf_rollout_tp_engine(g, o, &e));
@@ -126,6 +129,20 @@ static void run_tp(rf_rollout_tp *g, const rf_rollout_opts *o, kept *out) {
         submit_all(e);
         CHECK_OK(rf_rollout_run_until_idle(e));
         check_stats(e, o);
+        CHECK_OK(rf_rollout_release_cache(e));
+        CHECK(!rf_kv_pool_held(rf_rollout_pool(e)));
+        kept *again = calloc(N_REQ * MAX_SAMPLES, sizeof *again);
+        rf_rollout_set_callback(e, keep, again);
+        submit_all(e);
+        CHECK_OK(rf_rollout_run_until_idle(e));
+        CHECK(rf_kv_pool_held(rf_rollout_pool(e)));
+        int same = 1;
+        for (int i = 0; i < N_REQ * MAX_SAMPLES; i++)
+            same &= again[i].seen == out[i].seen && again[i].n_tokens == out[i].n_tokens &&
+                    memcmp(again[i].tokens, out[i].tokens, sizeof(int32_t) * (size_t)out[i].n_tokens) == 0 &&
+                    memcmp(again[i].logprobs, out[i].logprobs, sizeof(float) * (size_t)out[i].n_tokens) == 0;
+        CHECK(same);
+        free(again);
     }
     rf_rollout_free(e);
     CHECK_OK(rf_rollout_tp_send(g, RF_ROLLOUT_TP_STOP, 0));
