@@ -210,7 +210,8 @@ int rf_recipe_colocated_ranks(const rf_recipe *r);
  * on several ranks. */
 int rf_recipe_multi_process(const rf_recipe *r);
 
-/* rollout.free_kv_cache resolved: "auto" means on in colocated runs (one process or several). */
+/* rollout.free_kv_cache resolved: "auto" means on in colocated runs (one process or several)
+ * on CUDA. */
 int rf_recipe_free_kv_cache(const rf_recipe *r);
 
 /* reference.enabled resolved: "auto" means on when algorithm.kl_coef > 0. */

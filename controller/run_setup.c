@@ -303,8 +303,8 @@ rf_status rf__rollout_resume(rf_rollout *e) {
     rf_status st = rf_rollout_acquire_cache(e);
     if (st != RF_OK)
         return rf_error_wrap(st, "rollout.free_kv_cache: the KV cache given back while generation paused does not fit "
-                             "the device again (training keeps its parameters, gradients and optimizer state on it): "
-                             "lower rollout.kv_memory_fraction or set rollout.kv_blocks");
+                             "the device again beside what training holds on it: lower rollout.kv_memory_fraction or "
+                             "set rollout.kv_blocks");
     return RF_OK;
 }
 

@@ -52,6 +52,16 @@ static void defaults(void) {
     CHECK(strcmp(r.logging.dir, "runs/default") == 0 && r.checkpoint.keep == 2);
     CHECK(strcmp(r.placement.mode, "colocated") == 0 && r.async.max_staleness == 0);
     CHECK(strcmp(r.reference.enabled, "auto") == 0 && !rf_recipe_reference_enabled(&r));
+    /* the KV cache goes back between phases in colocated runs on GPUs only, unless said */
+    CHECK(strcmp(r.rollout.free_kv_cache, "auto") == 0 && !rf_recipe_free_kv_cache(&r));
+    r.model.device = "cuda";
+    CHECK(rf_recipe_free_kv_cache(&r));
+    r.placement.mode = "split";
+    CHECK(!rf_recipe_free_kv_cache(&r));
+    r.rollout.free_kv_cache = "on";
+    CHECK(rf_recipe_free_kv_cache(&r));
+    r.placement.mode = "colocated", r.rollout.free_kv_cache = "off";
+    CHECK(!rf_recipe_free_kv_cache(&r));
     char where[64];
     CHECK(strcmp(rf_recipe_where(&r, "train.lr", where, sizeof where), "(default)") == 0);
     rf_recipe_free(&r);
@@ -131,6 +141,10 @@ static void wrong_types(void) {
     load_fails("[algorithm]\nname = \"grpoo\"\n", NULL, 0, RF_ERR_ARG,
                ":2:8: algorithm.name: \"grpoo\" is not allowed (allowed: \"ppo\", \"grpo\", "
                "\"dr_grpo\", \"rloo\", \"reinforce_pp\")");
+    load_fails("[rollout]\nfree_kv_cache = true\n", NULL, 0, RF_ERR_ARG,
+               ":2:17: rollout.free_kv_cache: expected a string, got a boolean");
+    load_fails("[rollout]\nfree_kv_cache = \"yes\"\n", NULL, 0, RF_ERR_ARG,
+               ":2:17: rollout.free_kv_cache: \"yes\" is not allowed (allowed: \"auto\", \"on\", \"off\")");
     load_fails("[reward]\nrules = [\"numeric\", \"vibes\"]\n", NULL, 0, RF_ERR_ARG,
                ":2:21: reward.rules: \"vibes\" is not allowed (allowed: \"numeric\", \"math\", "
                "\"format\", \"length\", \"overlong\")");

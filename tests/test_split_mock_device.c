@@ -16,6 +16,11 @@
  *     reward and gradient norm;
  *   - the rollout worker's KV cache sized from the device's free memory: the longest load, or
  *     what the budget holds (same rewards and gradient norms), or refused at once;
+ *   - colocated runs on a device that cannot hold the KV cache and training's workspaces at once
+ *     (RF_MOCK_GPU_STRICT: allocations beyond RF_MOCK_GPU_MEMORY fail): with
+ *     rollout.free_kv_cache = "off" training runs out of memory; with "auto" the cache is given
+ *     back while training runs and the run trains like one on a roomy device (one process, and
+ *     dp 2 with a rollout thread per device);
  *   - one GPU for two training ranks of one machine: refused at the start, naming both ranks.
  * Skips (77) without the stand-in module or without mpirun. */
 #define _POSIX_C_SOURCE 200809L
@@ -198,6 +203,43 @@ static void colocated_ranks(void) {
     }
 }
 
+/* One layout of kv_release: a run on a roomy device, then on a small one with the cache kept
+ * (out of memory) and given back (trains the same: rewards equal, gradient norms within 1e-5). */
+static void kv_release_case(const char *tag, const char *layout, const char *mem, const char *given_back) {
+    const char *cache[3] = {"auto", "off", "auto"};
+    char runs[3][64];
+    for (int i = 0; i < 3; i++) {
+        char *out = NULL;
+        snprintf(runs[i], sizeof runs[i], "kvrel_%s_%d", tag, i);
+        int rc = rf_test_sh(&out, "cd %s && %s%s %s run r.toml --set placement.mode=colocated --set async.max_staleness=0 "
+                            "--set train.steps=2 --set data.val='\"\"' --set checkpoint.every=0 %s " ON_GPU
+                            " --set rollout.free_kv_cache=%s --set logging.dir=%s/%s", dir,
+                            i ? "RF_MOCK_GPU_STRICT=1 " : "", i ? mem : "", rlflow, layout, cache[i], dir, runs[i]);
+        int ok = i == 1 ? rc != 0 && out && strstr(out, "error: ") && strstr(out, "out of memory for ")
+                        : rc == 0 && out && strstr(out, given_back);
+        CHECK(ok);
+        if (!ok) fprintf(stderr, "%s (free_kv_cache = %s, %s):\n%s\n", tag, cache[i], i ? mem : "roomy", out ? out : "");
+        free(out);
+    }
+    for (int step = 1; step <= 2; step++) {
+        double ra = rf_test_metric(dir, runs[0], step, "reward/mean"), rb = rf_test_metric(dir, runs[2], step, "reward/mean");
+        double ga = rf_test_metric(dir, runs[0], step, "actor/grad_norm"), gb = rf_test_metric(dir, runs[2], step, "actor/grad_norm");
+        printf("KV cache given back, %s, roomy / %s, step %d: reward %.6f / %.6f, grad norm %.10f / %.10f\n", tag, mem, step,
+               ra, rb, ga, gb);
+        CHECK(ra == rb && ga > 0 && fabs(ga - gb) <= 1e-5 * ga);
+    }
+}
+
+/* rollout.free_kv_cache on devices too small to keep the KV cache through training (sizes of
+ * the tiny model: one process trains in 16 MB only when the cache goes back, a dp 2 rank in
+ * 12 MB). */
+static void kv_release(void) {
+    kv_release_case("one", "", "RF_MOCK_GPU_MEMORY=16000000",
+                    "rollout: KV cache given back while generation pauses (rollout.free_kv_cache = \"auto\"): ");
+    kv_release_case("dp2", "--set placement.actor.dp=2 --set placement.rollout_ranks=2", "RF_MOCK_GPU_MEMORY=12000000",
+                    "rollout worker 1: KV cache given back while generation pauses (rollout.free_kv_cache = \"auto\"): ");
+}
+
 static void one_gpu_for_two(void) {
     char *out = NULL;
     int rc = rf_test_sh(&out, "cd %s && RF_MOCK_GPUS=1 %s run r.toml " PPO " " ON_GPU " --set placement.actor.dp=2 "
@@ -224,6 +266,7 @@ int main(void) {
     colocated();
     colocated_ranks();
     kv_from_device_memory();
+    kv_release();
     one_gpu_for_two();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_mock_device");
