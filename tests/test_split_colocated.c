@@ -13,7 +13,9 @@
  *     generation tp 1 (two whole-model rollout workers, gathered from the two shards) and dp 2
  *     with generation tp 2 (one rollout worker split over the two replicas' processes): the
  *     same step-1 reward, and the same rewards and gradient norms as the zero-copy run of the
- *     same training layout;
+ *     same training layout; these two give the KV cache and the pass workspaces back between
+ *     phases (rollout.free_kv_cache = "on", the zero-copy runs keep them: the CPU's default),
+ *     which must not change what they generate or learn;
  *   - under a user's mpirun of the wrong size: refused with the exact error.
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
@@ -69,11 +71,14 @@ int main(void) {
     const char *tp1[] = {"rank 2, its rollout thread: rollout worker 1 (its weights resharded in place from the training ranks)",
                          "resharded in place from the training layout",
                          "weights: the training ranks reshard into their processes' rollout ranks: rank 0 exchanges with 1 "
-                         "rank(s), 1 in place"};
-    run_ok("colo_tp_gen1", STEPS " --set placement.actor.tp=2", tp1, sizeof tp1 / sizeof *tp1);
+                         "rank(s), 1 in place",
+                         "rollout worker 1: KV cache given back while generation pauses (rollout.free_kv_cache = \"on\"): "};
+    run_ok("colo_tp_gen1", STEPS " --set placement.actor.tp=2 --set rollout.free_kv_cache=on", tp1, sizeof tp1 / sizeof *tp1);
     const char *dp2[] = {"rank 2, its rollout thread: rollout worker 0, tensor-parallel rank 1 of 2 (its weights resharded "
-                         "in place from the training ranks)"};
-    run_ok("colo_dp_gen2", STEPS " --set placement.actor.dp=2 --set placement.rollout.tp=2", dp2, sizeof dp2 / sizeof *dp2);
+                         "in place from the training ranks)",
+                         "rollout worker 0: KV cache given back while generation pauses (rollout.free_kv_cache = \"on\"): "};
+    run_ok("colo_dp_gen2", STEPS " --set placement.actor.dp=2 --set placement.rollout.tp=2 --set rollout.free_kv_cache=on",
+           dp2, sizeof dp2 / sizeof *dp2);
     double r1 = rf_test_metric(dir, "one", 1, "reward/mean");
     const char *runs[5] = {"colo_dp", "split_dp", "colo_tp", "colo_tp_gen1", "colo_dp_gen2"};
     for (int i = 0; i < 5; i++) {
