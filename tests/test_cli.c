@@ -173,7 +173,9 @@ static void errors(void) {
 
 /* cmake --install into a prefix, the tree then moved: the installed rlflow loads the
  * installed librlflow_core (a RUNPATH relative to itself) and, with CUDA, the installed CUDA
- * module, not the build tree's; the examples and the Python reward client are installed. */
+ * module, not the build tree's; the examples and the Python reward client are installed; the
+ * installed C example reward program builds against the moved tree alone (cc with the
+ * installed pkg-config file) and runs: with no rlflow to answer, it exits 3 naming the wait. */
 static void installed(void) {
     const char *cmake = getenv("RF_CMAKE"), *build = getenv("RF_BUILD_DIR");
     if (!cmake || !build) {
@@ -192,6 +194,16 @@ static void installed(void) {
     free(out);
     CHECK(rf_test_sh(&out, "ls %s/moved/share/rlflow/examples/grpo.toml %s/moved/share/rlflow/reward/clients/python/rlflow_reward.py "
                      "%s/moved/share/doc/rlflow/recipes.md %s/moved/share/rlflow/proto/rlflow.proto", dir, dir, dir, dir) == 0);
+    free(out);
+    if (rf_test_sh(NULL, "command -v cc >/dev/null && command -v pkg-config >/dev/null") != 0) {
+        printf("installed: the C reward client not built: cc or pkg-config missing\n");
+        return;
+    }
+    rc = rf_test_sh(&out, "cd %s && cc -o judge moved/share/rlflow/examples/reward/length_judge.c "
+                    "$(PKG_CONFIG_PATH=%s/moved/lib/pkgconfig pkg-config --cflags --libs rlflow-reward-client) "
+                    "-Wl,-rpath,%s/moved/lib 2>&1 && ./judge --connect tcp://127.0.0.1:9 --timeout 0.5 2>&1", dir, dir, dir);
+    CHECK(rc == 3 && out && strstr(out, "length_judge: rlflow at tcp://127.0.0.1:9 did not answer Hello within 0.5 s"));
+    if (rc != 3) fprintf(stderr, "installed C reward client (exit %d):\n%s\n", rc, out ? out : "");
     free(out);
 #ifdef RLFLOW_HAVE_CUDA
     rf_test_sh(&out, "env -u RLFLOW_CUDA_MODULE LD_DEBUG=files %s/moved/bin/rlflow generate --model %s/tiny --prompt x "
