@@ -27,6 +27,7 @@ typedef struct group {
     int n, n_done, worker;  /* worker: index into ctl.rw */
     int min_version;
     int scoring;            /* a ScoreRequest is out */
+    int score_deferred;     /* its ScoreRequest waits for generation to pause (ctl.turns) */
     double score_sent;      /* when it was sent (rf_time_now) */
     struct group *next, *prev; /* the live list */
     struct group *hnext;    /* the request-id hash chain */
@@ -66,6 +67,12 @@ typedef struct ctl {
     double announced_at[VERSION_RING]; /* when the WeightsUpdate arrived */
     double weights_latency, weights_load;
     double score_wait; int score_n; /* ScoreRequest round trips answered since the last step */
+    /* colocated on CUDA with generation tensor parallelism: generation and scoring take turns
+     * (score_turns), so the rollout and training threads never issue NCCL collectives on a
+     * device at once */
+    int turns;
+    int scores_out, scores_deferred; /* ScoreRequests out, and waiting for generation to pause */
+    int scores_held;                 /* ScoreRequests held back since the last step (metrics) */
     int batch_out;        /* a TrainBatch is at the training worker */
     double batch_sent_at, train_busy, train_busy0;
     double mean_kl;
@@ -132,6 +139,16 @@ static const char *peer_desc(ctl *c, int peer) {
 
 /* ---- generation ----------------------------------------------------------------------- */
 
+/* Groups (training and validation) some rollout worker is generating. */
+static int gen_in_flight(const ctl *c) {
+    int n = 0;
+    for (int i = 0; i < c->n_rw; i++) n += c->rw[i].groups;
+    return n;
+}
+
+/* With ctl.turns: no generation starts while a ScoreRequest is out or waiting. */
+static int scoring_has_turn(const ctl *c) { return c->turns && (c->scores_out > 0 || c->scores_deferred > 0); }
+
 static rf_status send_generate(ctl *c, group *g, int greedy) {
     const rf_recipe *r = c->run.r;
     int best = 0;
@@ -173,7 +190,7 @@ static group *new_group(ctl *c, const rf_example *ex, int n) {
 static rf_status admit(ctl *c) {
     const rf_recipe *r = c->run.r;
     int served = served_version(c);
-    if (served < 0 || c->run.step >= r->train.steps) return RF_OK;
+    if (served < 0 || c->run.step >= r->train.steps || scoring_has_turn(c)) return RF_OK;
     /* stop admitting once every batch still to train is covered */
     while (rf_buffer_can_admit(c->buf, served) &&
            rf_buffer_consumed(c->buf) + rf_buffer_depth(c->buf) + rf_buffer_in_flight(c->buf) <
@@ -203,7 +220,7 @@ static int val_due(const ctl *c, int v) {
 static rf_status start_validation(ctl *c) {
     const rf_recipe *r = c->run.r;
     int served = served_version(c);
-    if (c->val_out || served < 0 || !val_due(c, served)) return RF_OK;
+    if (c->val_out || served < 0 || !val_due(c, served) || scoring_has_turn(c)) return RF_OK;
     int n = rf_dataset_size(c->run.val);
     if (r->logging.val_size < n) n = r->logging.val_size;
     rf_dataset_pos p = {0, 0};
@@ -255,7 +272,19 @@ static rf_status send_score(ctl *c, group *g) {
     rf_status st = rf_msg_server_send(c->srv, c->train_peer, RF_MSG_SCORE_REQUEST, &q.base);
     free(ts), free(tp);
     g->scoring = 1, g->score_sent = rf_time_now();
+    c->scores_out++;
     return st;
+}
+
+/* ctl.turns: the ScoreRequests held back are sent once no group is generating. */
+static rf_status score_turns(ctl *c) {
+    if (!c->scores_deferred || gen_in_flight(c) > 0) return RF_OK;
+    for (group *g = c->live; g; g = g->next)
+        if (g->score_deferred) {
+            g->score_deferred = 0, c->scores_deferred--;
+            RF_TRY(send_score(c, g));
+        }
+    return RF_OK;
 }
 
 static int group_informative(const group *g) {
@@ -308,9 +337,13 @@ static rf_status group_scored(ctl *c, group *g) {
 static rf_status group_complete(ctl *c, group *g) {
     const rf_recipe *r = c->run.r;
     RF_TRY(external_reward(c, g));
-    if (rf_recipe_reference_enabled(r) || c->run.adv_kind == RF_ADV_GAE || r->reward.model[0])
-        return send_score(c, g);
-    return group_scored(c, g);
+    if (!rf_recipe_reference_enabled(r) && c->run.adv_kind != RF_ADV_GAE && !r->reward.model[0])
+        return group_scored(c, g);
+    if (c->turns && gen_in_flight(c) > 0) { /* sent by score_turns when generation pauses */
+        g->score_deferred = 1, c->scores_deferred++, c->scores_held++;
+        return RF_OK;
+    }
+    return send_score(c, g);
 }
 
 static uint32_t known_crc(const ctl *c, int64_t version, int *known) {
@@ -394,7 +427,7 @@ static rf_status on_score(ctl *c, const Rlflow__ScoreResponse *m) {
             s->reward += (float)c->run.r->reward.model_weight * m->rm_scores[i];
         }
     }
-    g->scoring = 0;
+    g->scoring = 0, c->scores_out--;
     c->score_wait += rf_time_now() - g->score_sent, c->score_n++;
     return group_scored(c, g);
 }
@@ -535,6 +568,8 @@ static rf_status on_train_stats(ctl *c, const Rlflow__TrainStats *m) {
     rf_metrics_set(c->run.metrics, "perf/weights_load_s", c->weights_load);
     if (c->score_n) rf_metrics_set(c->run.metrics, "perf/score_latency_s", c->score_wait / c->score_n);
     c->score_wait = 0, c->score_n = 0;
+    if (c->turns) rf_metrics_set(c->run.metrics, "perf/scores_held", c->scores_held);
+    c->scores_held = 0;
     c->train_busy0 = c->train_busy, c->gen_tokens = 0, c->last_step_at = now;
     int last = c->run.step == r->train.steps;
     if (last || c->run.step % r->logging.every == 0) rf__console(&c->run);
@@ -680,6 +715,10 @@ static rf_status loop(ctl *c) {
     RF_TRY(wait_for_workers(c));
     rf_log_info("controller: 1 training worker and %d rollout workers; staleness bound k = %d, buffer %d groups, batch %d groups x %d samples",
                 c->n_rw, r->async.max_staleness, c->cap, r->rollout.prompts_per_step, r->rollout.n);
+    c->turns = rf_recipe_colocated_ranks(r) && r->placement.rollout.tp > 1 && strcmp(r->model.device, "cuda") == 0;
+    if (c->turns)
+        rf_log_info("controller: generation and scoring take turns (colocated, placement.rollout.tp = %d on CUDA: the "
+                    "rollout and training threads' NCCL groups share each device)", r->placement.rollout.tp);
     c->run.t_start = c->last_step_at = rf_time_now();
     c->run.start_step = c->run.step;
     c->val_next = c->run.step == 0 ? 0 : c->run.step + 1;
@@ -687,6 +726,7 @@ static rf_status loop(ctl *c) {
         if (g_signal)
             return rf_error(RF_ERR_IO, "stopped by signal %d at step %d (mpirun stops every process when one of them fails: its message names the rank; the rank table is at the top of this log)",
                             (int)g_signal, c->run.step);
+        RF_TRY(score_turns(c));
         RF_TRY(start_validation(c));
         RF_TRY(admit(c));
         RF_TRY(try_train(c));

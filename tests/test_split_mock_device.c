@@ -12,8 +12,9 @@
  *     critic on 2 of 3 replicas, and a reward model split over 2 ranks: the same against the CPU;
  *   - a colocated GRPO run on "cuda": the CPU run's rewards and gradient norms bit for bit;
  *   - colocated runs on two devices (dp 2 zero-copy, tp 2 resharded in place for whole-model
- *     generation): a rollout thread on each training rank's device, the CPU run's step-1
- *     reward and gradient norm;
+ *     generation, tp 2 with generation tp 2 and a reference, whose scoring takes turns with
+ *     generation on CUDA): a rollout thread on each training rank's device, the CPU run's
+ *     rewards and gradient norms;
  *   - the rollout worker's KV cache sized from the device's free memory: the longest load, or
  *     what the budget holds (same rewards and gradient norms), or refused at once;
  *   - colocated runs on a device that cannot hold the KV cache and training's workspaces at once
@@ -172,34 +173,55 @@ static int device_of(const char *out, int rank) {
 }
 
 /* Colocated runs on two devices, a rollout thread in each training rank's process on its
- * device: dp 2 (zero-copy: each rollout rank generates with its process's device buffer) and
- * tp 2 with whole-model generation (resharded in place through host copies, uploaded to each
- * rollout rank's device). Each trains like the CPU run. */
+ * device: dp 2 (zero-copy: each rollout rank generates with its process's device buffer), tp 2
+ * with whole-model generation (resharded in place through host copies, uploaded to each
+ * rollout rank's device), and tp 2 with generation tp 2 and a reference (zero-copy; the two
+ * threads' NCCL groups share each device, so the controller has generation and the
+ * reference's scoring take turns, where the CPU run overlaps them). Each trains like the CPU
+ * run. */
 static void colocated_ranks(void) {
-    const char *layouts[2] = {"--set placement.actor.dp=2", "--set placement.actor.tp=2"};
-    const char *tag[2] = {"dp", "tp"}, *how[2] = {"zero-copy", "resharded in place"};
-    for (int l = 0; l < 2; l++) {
+    const char *layouts[3] = {"--set placement.actor.dp=2 --set placement.rollout_ranks=2",
+                              "--set placement.actor.tp=2 --set placement.rollout_ranks=2",
+                              "--set placement.actor.tp=2 --set placement.rollout.tp=2 --set algorithm.kl_coef=0.01"};
+    const char *tag[3] = {"dp", "tp", "tpg2"}, *how[3] = {"zero-copy", "resharded in place", "zero-copy"};
+    const char *turns = "controller: generation and scoring take turns (colocated, placement.rollout.tp = 2 on CUDA: "
+                        "the rollout and training threads' NCCL groups share each device)";
+    for (int l = 0; l < 3; l++) {
         char runs[2][32];
         for (int i = 0; i < 2; i++) {
             char args[512], *out = NULL;
             snprintf(runs[i], sizeof runs[i], "colo_%s_%s", tag[l], i ? "gpu" : "cpu");
-            snprintf(args, sizeof args, "--set placement.mode=colocated --set async.max_staleness=0 --set placement.rollout_ranks=2 %s --set train.steps=2 "
+            snprintf(args, sizeof args, "--set placement.mode=colocated --set async.max_staleness=0 %s --set train.steps=2 "
                      "--set logging.val_every=0 %s", layouts[l], i ? ON_GPU : "");
             int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
             CHECK(rc == 0);
+            int has_turns = out && strstr(out, turns) != NULL;
+            CHECK(has_turns == (l == 2 && i == 1)); /* on CUDA with generation tp > 1 only */
             if (i == 1) {
                 int d1 = device_of(out, 1), d2 = device_of(out, 2), d3 = device_of(out, 3);
                 printf("colocated %s 2 on cuda: ranks 1-2 on devices %d %d (rank 3: %d)\n", tag[l], d1, d2, d3);
                 CHECK(d1 == 0 && d2 == 1 && d3 == -1);
                 CHECK(out && strstr(out, how[l]));
             }
-            if (rc) fprintf(stderr, "%s\n", out ? out : "");
+            if (rc || has_turns != (l == 2 && i == 1)) fprintf(stderr, "%s\n", out ? out : "");
             free(out);
         }
-        double ra = rf_test_metric(dir, runs[0], 1, "reward/mean"), rb = rf_test_metric(dir, runs[1], 1, "reward/mean");
-        double ga = rf_test_metric(dir, runs[0], 1, "actor/grad_norm"), gb = rf_test_metric(dir, runs[1], 1, "actor/grad_norm");
-        printf("colocated %s 2, cpu / cuda, step 1: reward %.6f / %.6f, grad norm %.10f / %.10f\n", tag[l], ra, rb, ga, gb);
-        CHECK(ra == rb && ga > 0 && fabs(ga - gb) <= 1e-5 * ga);
+        for (int step = 1; step <= 2; step++) {
+            double ra = rf_test_metric(dir, runs[0], step, "reward/mean"), rb = rf_test_metric(dir, runs[1], step, "reward/mean");
+            double ga = rf_test_metric(dir, runs[0], step, "actor/grad_norm"), gb = rf_test_metric(dir, runs[1], step, "actor/grad_norm");
+            printf("colocated %s 2, cpu / cuda, step %d: reward %.6f / %.6f, grad norm %.10f / %.10f\n", tag[l], step, ra, rb,
+                   ga, gb);
+            CHECK(ra == rb && ga > 0 && fabs(ga - gb) <= 1e-5 * ga);
+        }
+        if (l == 2) {
+            double ka = rf_test_metric(dir, runs[0], 2, "actor/kl_ref"), kb = rf_test_metric(dir, runs[1], 2, "actor/kl_ref");
+            double held = rf_test_metric(dir, runs[1], 1, "perf/scores_held");
+            printf("colocated tpg2 2, cpu / cuda, step 2: kl_ref %.9g / %.9g; step 1: %.0f ScoreRequests held for "
+                   "generation to pause\n", ka, kb, held);
+            CHECK(ka > 0 && fabs(ka - kb) <= 1e-4 * ka);
+            CHECK(held >= 1 && held <= 16); /* groups that finished while others generated */
+            CHECK(isnan(rf_test_metric(dir, runs[0], 1, "perf/scores_held"))); /* the CPU run overlaps */
+        }
     }
 }
 
