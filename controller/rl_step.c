@@ -82,7 +82,7 @@ static rf_status generate(rf_run *run, const rf_example *const *ex, int n_prompt
     }
     if (st == RF_OK) st = rf__rollout_resume(run->engine);
     if (st == RF_OK) st = rf_rollout_run_until_idle(run->engine);
-    if (st == RF_OK) st = rf__rollout_pause(r, run->engine, "rollout", &run->kv_release_logged);
+    if (st == RF_OK) st = rf__rollout_pause(r, run->engine, -1);
     rf_rollout_set_callback(run->engine, NULL, NULL);
     *tokens += g.tokens;
     return st != RF_OK ? st : g.st;

@@ -31,7 +31,6 @@ typedef struct rf_run {
     const rf_kernels *k;
     rf_model *actor, *ref, *critic;
     rf_rollout *engine;    /* generation with the actor's weights (colocated: the same memory) */
-    int kv_release_logged; /* rf__rollout_pause's first line logged */
     rf_tokenizer *tok;
     rf_dataset *train, *val;
     rf_reward_rules *rules;

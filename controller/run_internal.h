@@ -24,9 +24,9 @@ rf_status rf__start_rollout(rf_run *run);
 rf_status rf__rollout_engine(const rf_recipe *r, int colocated, rf_model *m, rf_rollout_tp *g,
                              const rf_tokenizer *tok, rf_rollout **e);
 /* Generation has paused (engine e idle): with rollout.free_kv_cache resolved on, the KV
- * cache's memory is given back until e's next step; the first time (*logged = 0) a line
- * naming `who` and the MB is logged. */
-rf_status rf__rollout_pause(const rf_recipe *r, rf_rollout *e, const char *who, int *logged);
+ * cache's memory is given back until e's next step; the first release is logged, naming
+ * rollout worker `worker` (-1: the one-process run's engine) and the MB. */
+rf_status rf__rollout_pause(const rf_recipe *r, rf_rollout *e, int worker);
 /* Generation resumes on engine e: its KV cache allocated again when it was given back, and a
  * device without room for it an error naming the keys that size it. */
 rf_status rf__rollout_resume(rf_rollout *e);

@@ -288,14 +288,17 @@ rf_status rf__rollout_engine(const rf_recipe *r, int colocated, rf_model *m, rf_
     return st;
 }
 
-rf_status rf__rollout_pause(const rf_recipe *r, rf_rollout *e, const char *who, int *logged) {
+rf_status rf__rollout_pause(const rf_recipe *r, rf_rollout *e, int worker) {
     if (!rf_recipe_free_kv_cache(r) || !rf_kv_pool_held(rf_rollout_pool(e))) return RF_OK;
     RF_TRY(rf_rollout_release_cache(e));
-    if (!*logged)
-        rf_log_info("%s: KV cache given back while generation pauses (rollout.free_kv_cache = \"%s\"): %.1f MB, "
-                    "allocated again when it resumes", who, r->rollout.free_kv_cache,
-                    (double)rf_kv_pool_bytes(rf_rollout_pool(e)) / (1 << 20));
-    *logged = 1;
+    rf_rollout_stats s;
+    rf_rollout_get_stats(e, &s);
+    if (s.cache_releases > 1) return RF_OK; /* logged the first time */
+    char who[32] = "rollout";
+    if (worker >= 0) snprintf(who, sizeof who, "rollout worker %d", worker);
+    rf_log_info("%s: KV cache given back while generation pauses (rollout.free_kv_cache = \"%s\"): %.1f MB, "
+                "allocated again when it resumes", who, r->rollout.free_kv_cache,
+                (double)rf_kv_pool_bytes(rf_rollout_pool(e)) / (1 << 20));
     return RF_OK;
 }
 

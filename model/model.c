@@ -145,10 +145,7 @@ void rf_model_free(rf_model *m) {
         k->free(m->opt_m);
         k->free(m->opt_v);
         k->free(m->inv_freq);
-        k->free(m->act_mem);
-        k->free(m->ibuf);
-        k->free(m->gmem);
-        k->free(m->dev_out);
+        rf_model_trim(m);
     }
     free(m->views);
     free(m->layers);

@@ -180,8 +180,7 @@ rf_status rf_model_tp_init_borrowed(rf_model_tp **out, const rf_model_config *cf
 void rf_model_tp_free(rf_model_tp *tp) {
     if (!tp) return;
     if (tp->m) {
-        tp->m->k->free(tp->act_mem);
-        tp->m->k->free(tp->gmem);
+        rf_model_tp_trim(tp);
         tp->m->k->free(tp->sync_mem);
     }
     rf_model_free(tp->m);

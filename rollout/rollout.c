@@ -101,6 +101,8 @@ rf_status rf_rollout_init_model(rf_rollout **out, const rf_rollout_model *mc, co
     *out = NULL;
     if (!mc->decode == !mc->decode_sample)
         return rf_error(RF_ERR_ARG, "rollout: the model must give exactly one of decode and decode_sample");
+    if (!mc->pool_init || !mc->pool_release || !mc->copy)
+        return rf_error(RF_ERR_ARG, "rollout: the model must give pool_init, pool_release and copy");
     rf_rollout_opts o = opts ? *opts : (rf_rollout_opts){0};
     opts_defaults(&o);
     RF_TRY(opts_check(&o));

@@ -131,7 +131,8 @@ typedef struct rf_rollout_model {
  * from memory would not hold one sequence of max_seq_len positions. Free with rf_rollout_free. */
 rf_status rf_rollout_init(rf_rollout **e, rf_model *m, const rf_rollout_opts *o);
 /* The same over any model behind mc (copied; mc->ctx and mc->cfg borrowed, outliving the
- * engine). */
+ * engine). RF_ERR_ARG unless mc gives pool_init, pool_release, copy and exactly one of decode
+ * and decode_sample. */
 rf_status rf_rollout_init_model(rf_rollout **e, const rf_rollout_model *mc, const rf_rollout_opts *o);
 void rf_rollout_free(rf_rollout *e);
 

@@ -36,7 +36,6 @@ typedef struct worker {
     rf_status st; /* first failure inside the callback */
     rf_handover *ho; /* colocated on several devices: the weights of this process's training rank */
     int zero_copy;   /* ho with identical layouts: the model borrows the training shard's buffer */
-    int kv_release_logged; /* rf__rollout_pause's first line logged */
 } worker;
 
 static Rlflow__FinishReason finish_reason(rf_finish f) {
@@ -269,11 +268,7 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
             }
             w->busy += rf_time_now() - t;
             if (st == RF_OK) st = w->st;
-            if (st == RF_OK && rf_rollout_idle(w->e)) { /* generation pauses: the cache may go back */
-                char who[64];
-                snprintf(who, sizeof who, "rollout worker %d", w->rank);
-                st = rf__rollout_pause(r, w->e, who, &w->kv_release_logged);
-            }
+            if (st == RF_OK && rf_rollout_idle(w->e)) st = rf__rollout_pause(r, w->e, w->rank); /* the cache may go back */
         }
     }
     weights_in_close(&in);
