@@ -32,6 +32,11 @@ extern "C" {
 
 typedef struct rf_kernels rf_kernels;
 
+/* Operand precision of a back end's matrix products (model.precision): FP32 everywhere, or BF16
+ * operands with fp32 accumulation (weights, activations and gradients stay fp32 in memory; the
+ * back end rounds operands to bf16 inside its products). */
+typedef enum rf_precision { RF_PRECISION_FP32 = 0, RF_PRECISION_BF16 = 1 } rf_precision;
+
 struct rf_kernels {
     const char *name; /* "cpu" or "cuda" */
 
@@ -46,6 +51,16 @@ struct rf_kernels {
     /* The device's free and total memory in bytes (CPU: MemAvailable and MemTotal of
      * /proc/meminfo); 0 on success, -1 with the message recorded. */
     int (*mem_info)(size_t *free_bytes, size_t *total_bytes);
+
+    /* ---- precision (process-wide for this back end; not thread-safe against running ops) ---- */
+    /* Sets the operand precision of every matrix product from now on. RF_OK, or
+     * RF_ERR_UNSUPPORTED with the message recorded where the back end lacks it. */
+    rf_status (*set_precision)(rf_precision p);
+    rf_precision (*get_precision)(void);
+    /* Tells the back end that parameter memory was written (optimizer step, load, resharding):
+     * converted or reordered weight copies it keeps are stale from now on. Cheap; call after
+     * every such write. */
+    void (*weights_updated)(void);
 
     /* ---- elementwise ---- */
     /* a[i] += b[i] */

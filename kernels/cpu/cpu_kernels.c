@@ -219,6 +219,19 @@ void rf_cpu_paged_attention_forward(float *out, const float *q, const float *k_p
                                     const int32_t *k_len, int n_seq, int block_size, int H,
                                     int KVH, int D);
 
+static rf_precision g_precision = RF_PRECISION_FP32;
+
+static rf_status cpu_set_precision(rf_precision p) {
+    if (p != RF_PRECISION_FP32)
+        return rf_error(RF_ERR_UNSUPPORTED, "cpu: bf16 matrix products are not built yet");
+    g_precision = p;
+    return RF_OK;
+}
+
+static rf_precision cpu_get_precision(void) { return g_precision; }
+
+static void cpu_weights_updated(void) {}
+
 static const rf_kernels cpu_table = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -229,6 +242,9 @@ static const rf_kernels cpu_table = {
     .zero = cpu_zero,
     .sync = cpu_sync,
     .mem_info = cpu_mem_info,
+    .set_precision = cpu_set_precision,
+    .get_precision = cpu_get_precision,
+    .weights_updated = cpu_weights_updated,
     .add_inplace = cpu_add_inplace,
     .scale = cpu_scale,
     .sum_squares = cpu_sum_squares,

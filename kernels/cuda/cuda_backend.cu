@@ -90,6 +90,18 @@ void rf_cuda_sync(void) {
     RF_CUDA_CHECK(cudaStreamSynchronize(rf__cuda.stream));
 }
 
+/* ---- precision: fp32 only until the bf16 tensor-core path exists ---- */
+
+static rf_status rf_cuda_set_precision(rf_precision p) {
+    if (p != RF_PRECISION_FP32)
+        return rf_error(RF_ERR_UNSUPPORTED, "cuda: bf16 matrix products are not built yet");
+    return RF_OK;
+}
+
+static rf_precision rf_cuda_get_precision(void) { return RF_PRECISION_FP32; }
+
+static void rf_cuda_weights_updated(void) {}
+
 /* ---- the table ---- */
 
 static const rf_kernels cuda_table = {
@@ -102,6 +114,9 @@ static const rf_kernels cuda_table = {
     /* .zero = */ rf_cuda_zero,
     /* .sync = */ rf_cuda_sync,
     /* .mem_info = */ rf_cuda_mem_info,
+    /* .set_precision = */ rf_cuda_set_precision,
+    /* .get_precision = */ rf_cuda_get_precision,
+    /* .weights_updated = */ rf_cuda_weights_updated,
     /* .add_inplace = */ rf_cuda_add_inplace,
     /* .scale = */ rf_cuda_scale,
     /* .sum_squares = */ rf_cuda_sum_squares,
@@ -128,7 +143,7 @@ static const rf_kernels cuda_table = {
 };
 /* C++ has no designated initialisers before C++20, hence the positional table above; this
  * catches a field added to rf_kernels without a matching entry here. */
-static_assert(sizeof(rf_kernels) == 32 * sizeof(void *), "rf_kernels changed: update cuda_table");
+static_assert(sizeof(rf_kernels) == 35 * sizeof(void *), "rf_kernels changed: update cuda_table");
 
 /* Creates the stream, the cuBLAS handle bound to it, and the reduction scratch. On failure
  * everything created so far is released and the state stays uninitialised. */
