@@ -45,7 +45,9 @@ void *rf_cuda_alloc(size_t bytes) {
 
 /* cudaFree waits for the device, so work still queued that reads p finishes first. */
 void rf_cuda_free(void *p) {
-    if (p) RF_CUDA_CHECK(cudaFree(p));
+    if (!p) return;
+    rf__cuda_bf16_forget(p);
+    RF_CUDA_CHECK(cudaFree(p));
 }
 
 /* Synchronises after the copy so that, as on the CPU, host_src may be reused or freed on
@@ -53,6 +55,7 @@ void rf_cuda_free(void *p) {
 void rf_cuda_to_device(void *dst, const void *host_src, size_t bytes) {
     RF_CUDA_GUARD();
     if (!bytes) return;
+    rf__cuda_bf16_invalidate(dst, bytes);
     if (RF_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice,
                                       rf__cuda.stream)))
         RF_CUDA_CHECK(cudaStreamSynchronize(rf__cuda.stream));
@@ -70,6 +73,7 @@ void rf_cuda_to_host(void *host_dst, const void *src, size_t bytes) {
 
 void rf_cuda_copy(void *dst, const void *src, size_t bytes) {
     RF_CUDA_GUARD();
+    rf__cuda_bf16_invalidate(dst, bytes);
     if (bytes)
         RF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
                                       rf__cuda.stream));
@@ -77,6 +81,7 @@ void rf_cuda_copy(void *dst, const void *src, size_t bytes) {
 
 void rf_cuda_zero(void *p, size_t bytes) {
     RF_CUDA_GUARD();
+    rf__cuda_bf16_invalidate(p, bytes);
     if (bytes) RF_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, rf__cuda.stream));
 }
 
@@ -90,17 +95,15 @@ void rf_cuda_sync(void) {
     RF_CUDA_CHECK(cudaStreamSynchronize(rf__cuda.stream));
 }
 
-/* ---- precision: fp32 only until the bf16 tensor-core path exists ---- */
+/* ---- precision (the products themselves: cuda_matmul.cu) ---- */
 
-static rf_status rf_cuda_set_precision(rf_precision p) {
-    if (p != RF_PRECISION_FP32)
-        return rf_error(RF_ERR_UNSUPPORTED, "cuda: bf16 matrix products are not built yet");
-    return RF_OK;
-}
+static rf_status rf_cuda_set_precision(rf_precision p) { return rf__cuda_set_precision(p); }
 
-static rf_precision rf_cuda_get_precision(void) { return RF_PRECISION_FP32; }
+static rf_precision rf_cuda_get_precision(void) { return rf__cuda.precision; }
 
-static void rf_cuda_weights_updated(void) {}
+/* Writes through the table already mark the bf16 copies they touch stale; this covers writes
+ * made around it (NCCL into parameter memory, another library's kernels). */
+static void rf_cuda_weights_updated(void) { rf__cuda_bf16_invalidate_all(); }
 
 /* ---- the table ---- */
 
@@ -162,7 +165,7 @@ static int cuda_init(int device) {
     cublasStatus_t b;
     b = cublasCreate(&blas);
     if (b == CUBLAS_STATUS_SUCCESS) b = cublasSetStream(blas, stream);
-    /* Plain fp32 sgemm (no TF32): the back end must agree with the CPU one to fp32 rounding. */
+    /* The compute type of each product is chosen per call (cublasGemmEx, cuda_matmul.cu). */
     if (b == CUBLAS_STATUS_SUCCESS) b = cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH);
     if (b != CUBLAS_STATUS_SUCCESS) {
         rf_error(RF_ERR_CUDA, "cuda: creating the cuBLAS handle on device %d: %s", device,
@@ -175,6 +178,7 @@ static int cuda_init(int device) {
     rf__cuda.partials = partials;
     rf__cuda.failed = 0;
     rf__cuda.initialised = 1;
+    rf__cuda_set_precision(RF_PRECISION_FP32); /* reads RLFLOW_CUDA_TF32 */
     return 1;
 fail:
     if (blas) cublasDestroy(blas);

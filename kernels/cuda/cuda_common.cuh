@@ -31,6 +31,8 @@ struct rf__cuda_state {
     cublasHandle_t blas;  /* bound to `stream` */
     int failed;           /* sticky: set by the first failed call, never cleared */
     double *partials;     /* (RF_CUDA_REDUCE_BLOCKS + 1) device scratch for sum_squares */
+    rf_precision precision; /* operand precision of the matrix products (set_precision) */
+    int tf32;             /* fp32 products on TF32 tensor cores (RLFLOW_CUDA_TF32, default 1) */
 };
 extern rf__cuda_state rf__cuda;
 
@@ -149,6 +151,17 @@ int rf__cuda_gemm_xw(float *out, const float *x, const float *w, int T, int C, i
                      float alpha, float beta);
 int rf__cuda_gemm_xtw(float *out, const float *x, const float *y, int T, int C, int OC,
                       float alpha, float beta);
+
+/* Precision of the matrix products (cuda_matmul.cu). set_precision also re-reads
+ * RLFLOW_CUDA_TF32 ("0" = plain fp32 sgemm for precision fp32; anything else or unset = TF32). */
+rf_status rf__cuda_set_precision(rf_precision p);
+/* The bf16 weight copies: every write the back end makes to device memory calls
+ * rf__cuda_bf16_invalidate on the bytes it writes, so a copy made from them is remade before
+ * its next use; rf__cuda_bf16_forget when memory is freed; weights_updated drops validity of
+ * all copies (writes made outside the table: NCCL, a kernel of another library). */
+void rf__cuda_bf16_invalidate(const void *p, size_t bytes);
+void rf__cuda_bf16_forget(const void *p);
+void rf__cuda_bf16_invalidate_all(void);
 
 /* cuda_attention.cu */
 void rf_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,

@@ -21,6 +21,7 @@ static __global__ void add_inplace_kernel(float *a, const float *b, size_t n) {
 void rf_cuda_add_inplace(float *a, const float *b, size_t n) {
     RF_CUDA_GUARD();
     if (n == 0) return;
+    rf__cuda_bf16_invalidate(a, n * sizeof(float));
     add_inplace_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(a, b, n);
     RF_CUDA_LAUNCH_CHECK();
 }
@@ -32,6 +33,7 @@ static __global__ void scale_kernel(float *x, float s, size_t n) {
 void rf_cuda_scale(float *x, float s, size_t n) {
     RF_CUDA_GUARD();
     if (n == 0) return;
+    rf__cuda_bf16_invalidate(x, n * sizeof(float));
     scale_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(x, s, n);
     RF_CUDA_LAUNCH_CHECK();
 }
@@ -281,6 +283,7 @@ void rf_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n
                    float beta1, float beta2, float eps, float weight_decay, int step) {
     RF_CUDA_GUARD();
     if (n == 0) return;
+    rf__cuda_bf16_invalidate(param, n * sizeof(float)); /* its bf16 copies are remade at use */
     /* Bias corrections on the host in double, exactly as the CPU back end computes them. */
     float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
     float bc2 = (float)(1.0 - pow((double)beta2, (double)step));

@@ -1,4 +1,4 @@
-/* Matrix products on the GPU through cuBLAS sgemm (row-major, HF Linear weight layout): the
+/* Matrix products on the GPU through cuBLAS (cublasGemmEx: TF32, fp32 or bf16 operands; row-major, HF Linear weight layout): the
  * CUDA twin of kernels/cpu/cpu_matmul.c.
  *
  * Row-major <-> column-major. cuBLAS is column-major. A row-major (R, K) matrix with leading
@@ -23,24 +23,159 @@
  *     sgemm(N, T, m=C, n=OC, k=T, A=y, lda=C, B=x, ldb=OC, C=out, ldc=C)
  *
  * beta = 1 accumulates into out (dw +=, bias pre-filled), beta = 0 overwrites (dinp). */
+#include <cuda_bf16.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "kernels/cuda/cuda_common.cuh"
+
+/* ---- precision ----
+ * fp32: cublasGemmEx on fp32 operands with CUBLAS_COMPUTE_32F_FAST_TF32 (tensor cores, inputs
+ * rounded to TF32's 10-bit mantissa, fp32 accumulation) unless RLFLOW_CUDA_TF32=0, which gives
+ * plain fp32 (CUBLAS_COMPUTE_32F), the CPU back end's result to fp32 rounding.
+ * bf16: both operands rounded to bf16 (round to nearest even, __float2bfloat16_rn), products on
+ * tensor cores with CUBLAS_COMPUTE_32F (fp32 accumulation), fp32 output. A weight operand comes
+ * from a bf16 copy kept per weight tensor (the cache below), made once per update; an
+ * activation operand is converted into a scratch buffer at each call. */
+
+rf_status rf__cuda_set_precision(rf_precision p) {
+    if (p != RF_PRECISION_FP32 && p != RF_PRECISION_BF16)
+        return rf_error(RF_ERR_UNSUPPORTED, "cuda: unknown precision %d", (int)p);
+    const char *e = getenv("RLFLOW_CUDA_TF32");
+    rf__cuda.tf32 = !(e && strcmp(e, "0") == 0);
+    rf__cuda.precision = p;
+    return RF_OK;
+}
+
+/* One bf16 copy of a weight tensor (src, n floats). */
+typedef struct {
+    const float *src;
+    size_t n;
+    __nv_bfloat16 *copy; /* (n) device */
+    int valid;           /* 0: src was written since the copy was made */
+} bf16_entry;
+
+#define RF_BF16_CACHE_MAX 4096 /* weight tensors with a copy; more fall back to scratch */
+static bf16_entry g_cache[RF_BF16_CACHE_MAX];
+static int g_cache_n;
+/* Scratch for activation operands: two, since dw's product converts both of its operands. */
+static __nv_bfloat16 *g_scratch[2];
+static size_t g_scratch_n[2];
+
+void rf__cuda_bf16_invalidate(const void *p, size_t bytes) {
+    const char *a = (const char *)p, *b = a + bytes;
+    for (int i = 0; i < g_cache_n; i++) {
+        const char *s = (const char *)g_cache[i].src, *e = s + g_cache[i].n * sizeof(float);
+        if (s < b && a < e) g_cache[i].valid = 0;
+    }
+}
+
+void rf__cuda_bf16_invalidate_all(void) {
+    for (int i = 0; i < g_cache_n; i++) g_cache[i].valid = 0;
+}
+
+/* Freed memory may come back from a later alloc holding other data: copies made from p are
+ * released, and every other copy is marked stale (p's size is not known here, and a copy of a
+ * tensor inside p must not outlive it). */
+void rf__cuda_bf16_forget(const void *p) {
+    int w = 0;
+    for (int i = 0; i < g_cache_n; i++) {
+        if (g_cache[i].src == p) {
+            cudaFree(g_cache[i].copy);
+            continue;
+        }
+        g_cache[i].valid = 0;
+        g_cache[w++] = g_cache[i];
+    }
+    g_cache_n = w;
+}
+
+static __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+static int to_bf16(__nv_bfloat16 *dst, const float *src, size_t n) {
+    to_bf16_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(dst, src, n);
+    return RF_CUDA_LAUNCH_CHECK();
+}
+
+/* An activation operand (n floats) in bf16, in scratch buffer `which`; NULL after a failure. */
+static const __nv_bfloat16 *bf16_scratch(int which, const float *src, size_t n) {
+    if (g_scratch_n[which] < n) {
+        /* cudaFree waits for the device: no queued product still reads the old buffer */
+        if (g_scratch[which] && !RF_CUDA_CHECK(cudaFree(g_scratch[which]))) return NULL;
+        g_scratch[which] = NULL, g_scratch_n[which] = 0;
+        if (!RF_CUDA_CHECK(cudaMalloc((void **)&g_scratch[which], n * sizeof(__nv_bfloat16))))
+            return NULL;
+        g_scratch_n[which] = n;
+    }
+    return to_bf16(g_scratch[which], src, n) ? g_scratch[which] : NULL;
+}
+
+/* A weight operand (n floats) in bf16: its cached copy, remade when stale. */
+static const __nv_bfloat16 *bf16_weight(const float *src, size_t n, int spare) {
+    for (int i = 0; i < g_cache_n; i++) {
+        bf16_entry *e = &g_cache[i];
+        if (e->src != src || e->n != n) continue;
+        if (!e->valid) {
+            if (!to_bf16(e->copy, src, n)) return NULL;
+            e->valid = 1;
+        }
+        return e->copy;
+    }
+    if (g_cache_n == RF_BF16_CACHE_MAX) return bf16_scratch(spare, src, n);
+    __nv_bfloat16 *copy = NULL;
+    if (cudaMalloc((void **)&copy, n * sizeof(__nv_bfloat16)) != cudaSuccess) {
+        (void)cudaGetLastError(); /* out of memory for the copy: convert at each call instead */
+        return bf16_scratch(spare, src, n);
+    }
+    if (!to_bf16(copy, src, n)) {
+        cudaFree(copy);
+        return NULL;
+    }
+    g_cache[g_cache_n++] = (bf16_entry){src, n, copy, 1};
+    return copy;
+}
+
+/* Column-major C (m, n) = alpha op(A) op(B) + beta C (cuBLAS's convention; the row-major
+ * mapping is above). na, nb: the floats of A's and B's buffers; a_weight: A is a weight (its
+ * bf16 copy is cached), otherwise both are activations. */
+static int gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                const float *A, int lda, size_t na, int a_weight, const float *B, int ldb,
+                size_t nb, float beta, float *C, int ldc) {
+    if (rf__cuda.precision == RF_PRECISION_BF16) {
+        const __nv_bfloat16 *a = a_weight ? bf16_weight(A, na, 1) : bf16_scratch(1, A, na);
+        const __nv_bfloat16 *b = a ? bf16_scratch(0, B, nb) : NULL;
+        if (!a || !b) return 0;
+        return RF_CUBLAS_CHECK(cublasGemmEx(rf__cuda.blas, ta, tb, m, n, k, &alpha, a,
+                                            CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, C,
+                                            CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT));
+    }
+    cublasComputeType_t ct = rf__cuda.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    return RF_CUBLAS_CHECK(cublasGemmEx(rf__cuda.blas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F,
+                                        lda, B, CUDA_R_32F, ldb, &beta, C, CUDA_R_32F, ldc, ct,
+                                        CUBLAS_GEMM_DEFAULT));
+}
 
 int rf__cuda_gemm_xwt(float *out, const float *x, const float *w, int T, int C, int OC,
                       float alpha, float beta) {
-    return RF_CUBLAS_CHECK(cublasSgemm(rf__cuda.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, T, C, &alpha,
-                                       w, C, x, C, &beta, out, OC));
+    return gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, T, C, alpha, w, C, (size_t)OC * C, 1, x, C,
+                (size_t)T * C, beta, out, OC);
 }
 
 int rf__cuda_gemm_xw(float *out, const float *x, const float *w, int T, int C, int OC,
                      float alpha, float beta) {
-    return RF_CUBLAS_CHECK(cublasSgemm(rf__cuda.blas, CUBLAS_OP_N, CUBLAS_OP_N, C, T, OC, &alpha,
-                                       w, C, x, OC, &beta, out, C));
+    return gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, T, OC, alpha, w, C, (size_t)OC * C, 1, x, OC,
+                (size_t)T * OC, beta, out, C);
 }
 
 int rf__cuda_gemm_xtw(float *out, const float *x, const float *y, int T, int C, int OC,
                       float alpha, float beta) {
-    return RF_CUBLAS_CHECK(cublasSgemm(rf__cuda.blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, T, &alpha,
-                                       y, C, x, OC, &beta, out, C));
+    return gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, T, alpha, y, C, (size_t)T * C, 0, x, OC,
+                (size_t)T * OC, beta, out, C);
 }
 
 /* out (T, OC): every row = bias (then sgemm adds the product with beta = 1, as on the CPU). */
