@@ -9,9 +9,12 @@
  * Keys are visited one at a time with an online softmax (Milakov & Gimelshein 2018), so there
  * is no buffer sized by the sequence length and no length limit. Every output row is written
  * by exactly one warp: no atomics, deterministic. A tiled FlashAttention-2 kernel (Dao 2023)
- * would be much faster; this one is the reference to test it against. */
+ * (cuda_flash.cu) is the fast path for head dims up to 128; these kernels are the reference it
+ * is tested against, and the path for larger heads or RLFLOW_CUDA_ATTENTION=reference. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -80,6 +83,12 @@ static int attention_shapes_ok(const char *op, int H, int KVH, int D) {
     return rf__cuda_fail(op, detail, __FILE__, __LINE__);
 }
 
+int rf__cuda_attention_flash(int n_seq, int H, int KVH, int D) {
+    const char *e = getenv("RLFLOW_CUDA_ATTENTION");
+    if (e && strcmp(e, "reference") == 0) return 0;
+    return rf__cuda_flash_supported(n_seq, H, KVH, D);
+}
+
 static unsigned warp_blocks(size_t rows) {
     size_t b = (rows + RF_ATT_WARPS - 1) / RF_ATT_WARPS;
     return b > RF_CUDA_MAX_GRID ? RF_CUDA_MAX_GRID : (unsigned)b;
@@ -131,6 +140,10 @@ void rf_cuda_attention_forward(float *out, float *lse, const float *q, const flo
     RF_CUDA_GUARD();
     if (n_seq <= 0 || H <= 0) return;
     if (!attention_shapes_ok("attention_forward", H, KVH, D)) return;
+    if (rf__cuda_attention_flash(n_seq, H, KVH, D)) {
+        rf__cuda_flash_forward(out, lse, q, k, v, q_off, k_start, k_len, n_seq, H, KVH, D);
+        return;
+    }
     /* The number of query rows is q_off[n_seq], which lives on the device; a fixed grid that
      * loops grid-stride avoids reading it back (a synchronisation on every call). */
     attention_forward_kernel<<<RF_ATT_FWD_BLOCKS, 32 * RF_ATT_WARPS, 0, rf__cuda.stream>>>(
@@ -235,6 +248,11 @@ void rf_cuda_attention_backward(float *dq, float *dk, float *dv, const float *do
     RF_CUDA_GUARD();
     if (n_seq <= 0 || T <= 0 || H <= 0) return;
     if (!attention_shapes_ok("attention_backward", H, KVH, D)) return;
+    if (rf__cuda_attention_flash(n_seq, H, KVH, D)) {
+        rf__cuda_flash_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, n_seq, T, H,
+                                KVH, D);
+        return;
+    }
     cudaStream_t st = rf__cuda.stream;
     size_t q_rows = (size_t)T * H, kv_rows = (size_t)T * KVH;
     float *di = NULL; /* (T, H) scratch, stream-ordered so it needs no synchronisation */

@@ -172,6 +172,19 @@ void rf_cuda_attention_backward(float *dq, float *dk, float *dv, const float *do
                                 const float *out, const float *lse, const int32_t *cu_seqlens,
                                 int n_seq, int T, int H, int KVH, int D);
 
+/* cuda_flash.cu: the tiled (FlashAttention-2) kernels behind attention_forward/backward.
+ * rf__cuda_flash_supported: whether they take this shape (D <= RF_FLASH_MAX_D, grid limits);
+ * rf__cuda_attention_flash: whether the op should use them (the shape, and RLFLOW_CUDA_ATTENTION
+ * not "reference", read at each call so a test can compare both paths in one process). */
+int rf__cuda_flash_supported(int n_seq, int H, int KVH, int D);
+int rf__cuda_attention_flash(int n_seq, int H, int KVH, int D);
+void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float *k,
+                            const float *v, const int32_t *q_off, const int32_t *k_start,
+                            const int32_t *k_len, int n_seq, int H, int KVH, int D);
+void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                             const float *k, const float *v, const float *out, const float *lse,
+                             const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D);
+
 /* cuda_logprob.cu */
 void rf_cuda_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
                              const int32_t *targets, int T, int C, int V, float inv_temp);

@@ -1,0 +1,376 @@
+/* Tiled causal GQA attention over packed variable-length sequences: FlashAttention-2's
+ * algorithm (Dao 2023, Algorithms 1 and 2) on the GPU, the fast path of attention_forward and
+ * attention_backward for head dims up to RF_FLASH_MAX_D (cuda_attention.cu keeps the one-warp-
+ * per-row kernels as the reference and the path for larger heads).
+ *
+ * kernels/cpu/cpu_flash_ref.c is this file loop for loop in plain C (same tiles, same order,
+ * same online-softmax updates, same rounding at bf16), tested on every machine
+ * (tests/test_flash_ref.c); tests/test_kernels_cuda.c checks these kernels against it, against
+ * the reference kernels and against the CPU back end.
+ *
+ * Work split. A block of 4 warps owns one (sequence, head, tile of RF_FLASH_BR = 32 query rows)
+ * forward and in the dq pass, one (sequence, KV head, tile of RF_FLASH_BC = 32 key rows) in the
+ * dk/dv pass; each warp owns 8 of the tile's rows and keeps their accumulators in registers
+ * (lane d holds dims d, d + 32, ...). The other side's tiles are staged in shared memory, rows
+ * padded by one float so that lanes reading different rows hit different banks. A score is
+ * one lane's dot product over D (lane = the key, or the query, of the tile); probabilities are
+ * broadcast with __shfl_sync into the accumulations. Every output row is written by one warp:
+ * no atomics, deterministic.
+ *
+ * Precision: at bf16 (set_precision) q, k, v and dout are rounded to bf16 as they are loaded
+ * (__float2bfloat16_rn); scores, softmax statistics (m, l, lse, Di) and accumulators are fp32.
+ * The products run on CUDA cores (FMA), not tensor cores: the tiling, the single pass over K/V
+ * and the recomputation are FlashAttention-2's; an mma.sync/wgmma version of the same loops is
+ * the next step (docs/cuda.md). */
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/flash_ref.h"
+
+#define BR RF_FLASH_BR
+#define BC RF_FLASH_BC
+#define FWARPS 4
+#define ROWS_PER_WARP (BR / FWARPS) /* = BC / FWARPS = 8 */
+#define FTHREADS (32 * FWARPS)
+
+static_assert(BR == BC, "one warp layout serves query and key tiles");
+
+static __device__ inline float ld_round(float x, int bf16) {
+    return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
+}
+
+/* tile (BR or BC rows, padded row length ld) = rows 0..n-1 of src (row stride `stride`), zero
+ * past n; every thread of the block takes part. */
+static __device__ inline void load_tile(float *tile, const float *src, size_t stride, int n,
+                                        int D, int ld, int bf16) {
+    for (int idx = threadIdx.x; idx < BR * D; idx += blockDim.x) {
+        int r = idx / D, d = idx % D;
+        tile[r * ld + d] = r < n ? ld_round(src[(size_t)r * stride + d], bf16) : 0.0f;
+    }
+}
+
+static __device__ inline float sdot(const float *a, const float *b, int D) {
+    float s = 0.0f;
+    for (int d = 0; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+static size_t smem_bytes(int tiles, int D) { return sizeof(float) * (size_t)tiles * BR * (D + 1); }
+
+/* ---- forward ---- */
+
+/* grid (query tiles, stride gridDim.x; n_seq; H). NPL: head dims per lane (D <= 32 NPL). */
+template <int NPL>
+static __global__ void __launch_bounds__(FTHREADS)
+flash_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
+                     const int32_t *q_off, const int32_t *k_start, const int32_t *k_len, int H,
+                     int KVH, int D, int bf16) {
+    extern __shared__ float sm[];
+    int s = blockIdx.y, h = blockIdx.z, kvh = h / (H / KVH), ld = D + 1;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float *Q = sm, *K = Q + BR * ld, *V = K + BC * ld;
+    int qlen = q_off[s + 1] - q_off[s], klen = k_len[s], off = klen - qlen;
+    float scale = 1.0f / sqrtf((float)D);
+    size_t qs = (size_t)H * D, ks = (size_t)KVH * D;
+    const float *kb = k + ((size_t)k_start[s] * KVH + kvh) * D;
+    const float *vb = v + ((size_t)k_start[s] * KVH + kvh) * D;
+    for (int i0 = blockIdx.x * BR; i0 < qlen; i0 += gridDim.x * BR) {
+        int nr = min(BR, qlen - i0);
+        size_t row0 = (size_t)(q_off[s] + i0) * H + h;
+        __syncthreads(); /* the previous tile's readers are done */
+        load_tile(Q, q + row0 * D, qs, nr, D, ld, bf16);
+        float m[ROWS_PER_WARP], l[ROWS_PER_WARP], acc[ROWS_PER_WARP][NPL];
+#pragma unroll
+        for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+            m[rr] = -INFINITY, l[rr] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) acc[rr][i] = 0.0f;
+        }
+        int nkeys = min(i0 + nr + off, klen);
+        for (int j0 = 0; j0 < nkeys; j0 += BC) {
+            int nc = min(BC, klen - j0);
+            __syncthreads();
+            load_tile(K, kb + (size_t)j0 * ks, ks, nc, D, ld, bf16);
+            load_tile(V, vb + (size_t)j0 * ks, ks, nc, D, ld, bf16);
+            __syncthreads();
+#pragma unroll
+            for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+                int r = warp * ROWS_PER_WARP + rr;
+                if (r >= nr) continue; /* warp-uniform */
+                int c = lane, lim = i0 + r + off;
+                float sc = c < nc && j0 + c <= lim ? scale * sdot(Q + r * ld, K + c * ld, D)
+                                                  : -INFINITY;
+                float m_new = fmaxf(m[rr], rf__warp_max(sc));
+                if (m_new == -INFINITY) continue; /* nothing visible yet (warp-uniform) */
+                float corr = expf(m[rr] - m_new), p = expf(sc - m_new);
+                l[rr] = l[rr] * corr + rf__warp_sum(p);
+#pragma unroll
+                for (int i = 0; i < NPL; i++) acc[rr][i] *= corr;
+                for (int c2 = 0; c2 < nc; c2++) {
+                    float pc = __shfl_sync(0xffffffffu, p, c2);
+#pragma unroll
+                    for (int i = 0; i < NPL; i++) {
+                        int d = lane + 32 * i;
+                        if (d < D) acc[rr][i] += pc * V[c2 * ld + d];
+                    }
+                }
+                m[rr] = m_new;
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+            int r = warp * ROWS_PER_WARP + rr;
+            if (r >= nr) continue;
+            size_t row = row0 + (size_t)r * H;
+            float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) {
+                int d = lane + 32 * i;
+                if (d < D) out[row * D + d] = acc[rr][i] * inv;
+            }
+            if (lse && lane == 0) lse[row] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
+        }
+    }
+}
+
+/* Raises a kernel's dynamic shared memory limit once (above 48 KiB needs the opt-in). */
+template <typename F>
+static int allow_smem(F *kernel, size_t bytes) {
+    if (bytes <= 48 * 1024) return 1;
+    return RF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)bytes));
+}
+
+int rf__cuda_flash_supported(int n_seq, int H, int KVH, int D) {
+    return D >= 1 && D <= RF_FLASH_MAX_D && n_seq <= 65535 && H <= 65535 && KVH >= 1 &&
+           H % KVH == 0;
+}
+
+void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float *k,
+                            const float *v, const int32_t *q_off, const int32_t *k_start,
+                            const int32_t *k_len, int n_seq, int H, int KVH, int D) {
+    int bf16 = rf__cuda.precision == RF_PRECISION_BF16;
+    size_t sm = smem_bytes(3, D);
+    /* the query count lives on the device: enough tiles across x to fill the GPU when there are
+     * few (sequence, head) pairs; blocks stride over the tiles of their pair */
+    int pairs = n_seq * H, gx = 2048 / (pairs > 0 ? pairs : 1);
+    gx = gx < 1 ? 1 : gx > 64 ? 64 : gx;
+    dim3 grid((unsigned)gx, (unsigned)n_seq, (unsigned)H);
+    if (D <= 64) {
+        if (!allow_smem(flash_forward_kernel<2>, sm)) return;
+        flash_forward_kernel<2><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
+            out, lse, q, k, v, q_off, k_start, k_len, H, KVH, D, bf16);
+    } else {
+        if (!allow_smem(flash_forward_kernel<4>, sm)) return;
+        flash_forward_kernel<4><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
+            out, lse, q, k, v, q_off, k_start, k_len, H, KVH, D, bf16);
+    }
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+/* ---- backward (training layout: k_start = q_off = cu_seqlens, k_len = q_len) ---- */
+
+/* Di (rows) = dout . out per (query, head) row, dout rounded at bf16; one warp per row. */
+static __global__ void flash_di_kernel(float *di, const float *dout, const float *out,
+                                       const int32_t *cu_seqlens, int n_seq, int H, int D,
+                                       int bf16) {
+    int lane = threadIdx.x % 32;
+    size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    size_t n_warps = (size_t)gridDim.x * blockDim.x / 32, rows = (size_t)cu_seqlens[n_seq] * H;
+    for (size_t row = warp; row < rows; row += n_warps) {
+        float sacc = 0.0f;
+        for (int d = lane; d < D; d += 32) sacc += ld_round(dout[row * D + d], bf16) * out[row * D + d];
+        sacc = rf__warp_sum(sacc);
+        if (lane == 0) di[row] = sacc;
+    }
+}
+
+/* dk, dv of one key tile: grid (key tiles, stride gridDim.x; n_seq; KVH). Lane = query row of
+ * the staged query tile; each warp's 8 key rows accumulate in registers. */
+template <int NPL>
+static __global__ void __launch_bounds__(FTHREADS)
+flash_dkdv_kernel(float *dk, float *dv, const float *dout, const float *q, const float *k,
+                  const float *v, const float *lse, const float *di, const int32_t *cu_seqlens,
+                  int H, int KVH, int D, int bf16) {
+    extern __shared__ float sm[];
+    __shared__ float lse_s[BR], di_s[BR];
+    int s = blockIdx.y, kvh = blockIdx.z, group = H / KVH, ld = D + 1;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float *K = sm, *V = K + BC * ld, *Q = V + BC * ld, *dO = Q + BR * ld;
+    int off = cu_seqlens[s], L = cu_seqlens[s + 1] - off;
+    float scale = 1.0f / sqrtf((float)D);
+    size_t qs = (size_t)H * D, ks = (size_t)KVH * D;
+    for (int j0 = blockIdx.x * BC; j0 < L; j0 += gridDim.x * BC) {
+        int nc = min(BC, L - j0);
+        __syncthreads();
+        load_tile(K, k + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, D, ld, bf16);
+        load_tile(V, v + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, D, ld, bf16);
+        float dK[ROWS_PER_WARP][NPL], dV[ROWS_PER_WARP][NPL];
+#pragma unroll
+        for (int cc = 0; cc < ROWS_PER_WARP; cc++)
+#pragma unroll
+            for (int i = 0; i < NPL; i++) dK[cc][i] = dV[cc][i] = 0.0f;
+        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+            for (int i0 = j0 / BR * BR; i0 < L; i0 += BR) {
+                int nr = min(BR, L - i0);
+                size_t row0 = (size_t)(off + i0) * H + h;
+                __syncthreads();
+                load_tile(Q, q + row0 * D, qs, nr, D, ld, bf16);
+                load_tile(dO, dout + row0 * D, qs, nr, D, ld, bf16);
+                if (threadIdx.x < BR) {
+                    int r = threadIdx.x;
+                    lse_s[r] = r < nr ? lse[row0 + (size_t)r * H] : 0.0f;
+                    di_s[r] = r < nr ? di[row0 + (size_t)r * H] : 0.0f;
+                }
+                __syncthreads();
+#pragma unroll
+                for (int cc = 0; cc < ROWS_PER_WARP; cc++) {
+                    int c = warp * ROWS_PER_WARP + cc, r = lane;
+                    if (c >= nc) continue; /* warp-uniform */
+                    int ok = r < nr && j0 + c <= i0 + r;
+                    float p = 0.0f, ds = 0.0f;
+                    if (ok) {
+                        p = expf(scale * sdot(Q + r * ld, K + c * ld, D) - lse_s[r]);
+                        ds = p * (sdot(dO + r * ld, V + c * ld, D) - di_s[r]) * scale;
+                    }
+                    for (int r2 = 0; r2 < nr; r2++) {
+                        float pr = __shfl_sync(0xffffffffu, p, r2);
+                        float dsr = __shfl_sync(0xffffffffu, ds, r2);
+#pragma unroll
+                        for (int i = 0; i < NPL; i++) {
+                            int d = lane + 32 * i;
+                            if (d < D) {
+                                dV[cc][i] += pr * dO[r2 * ld + d];
+                                dK[cc][i] += dsr * Q[r2 * ld + d];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int cc = 0; cc < ROWS_PER_WARP; cc++) {
+            int c = warp * ROWS_PER_WARP + cc;
+            if (c >= nc) continue;
+            size_t row = ((size_t)(off + j0 + c) * KVH + kvh) * D;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) {
+                int d = lane + 32 * i;
+                if (d < D) dk[row + d] = dK[cc][i], dv[row + d] = dV[cc][i];
+            }
+        }
+    }
+}
+
+/* dq of one query tile: grid (query tiles, stride gridDim.x; n_seq; H). Lane = key row of the
+ * staged key tile; each warp's 8 query rows accumulate in registers. */
+template <int NPL>
+static __global__ void __launch_bounds__(FTHREADS)
+flash_dq_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
+                const float *lse, const float *di, const int32_t *cu_seqlens, int H, int KVH,
+                int D, int bf16) {
+    extern __shared__ float sm[];
+    int s = blockIdx.y, h = blockIdx.z, kvh = h / (H / KVH), ld = D + 1;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float *Q = sm, *dO = Q + BR * ld, *K = dO + BR * ld, *V = K + BC * ld;
+    int off = cu_seqlens[s], L = cu_seqlens[s + 1] - off;
+    float scale = 1.0f / sqrtf((float)D);
+    size_t qs = (size_t)H * D, ks = (size_t)KVH * D;
+    for (int i0 = blockIdx.x * BR; i0 < L; i0 += gridDim.x * BR) {
+        int nr = min(BR, L - i0);
+        size_t row0 = (size_t)(off + i0) * H + h;
+        __syncthreads();
+        load_tile(Q, q + row0 * D, qs, nr, D, ld, bf16);
+        load_tile(dO, dout + row0 * D, qs, nr, D, ld, bf16);
+        float dQ[ROWS_PER_WARP][NPL], lr[ROWS_PER_WARP], dr[ROWS_PER_WARP];
+#pragma unroll
+        for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+            int r = warp * ROWS_PER_WARP + rr;
+            lr[rr] = r < nr ? lse[row0 + (size_t)r * H] : 0.0f;
+            dr[rr] = r < nr ? di[row0 + (size_t)r * H] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) dQ[rr][i] = 0.0f;
+        }
+        for (int j0 = 0; j0 < i0 + nr; j0 += BC) {
+            int nc = min(BC, i0 + nr - j0);
+            __syncthreads();
+            load_tile(K, k + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, D, ld, bf16);
+            load_tile(V, v + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, D, ld, bf16);
+            __syncthreads();
+#pragma unroll
+            for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+                int r = warp * ROWS_PER_WARP + rr, c = lane;
+                if (r >= nr) continue;
+                float ds = 0.0f;
+                if (c < nc && j0 + c <= i0 + r) {
+                    float p = expf(scale * sdot(Q + r * ld, K + c * ld, D) - lr[rr]);
+                    ds = p * (sdot(dO + r * ld, V + c * ld, D) - dr[rr]) * scale;
+                }
+                for (int c2 = 0; c2 < nc; c2++) {
+                    float dsc = __shfl_sync(0xffffffffu, ds, c2);
+#pragma unroll
+                    for (int i = 0; i < NPL; i++) {
+                        int d = lane + 32 * i;
+                        if (d < D) dQ[rr][i] += dsc * K[c2 * ld + d];
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+            int r = warp * ROWS_PER_WARP + rr;
+            if (r >= nr) continue;
+            size_t row = row0 + (size_t)r * H;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) {
+                int d = lane + 32 * i;
+                if (d < D) dq[row * D + d] = dQ[rr][i];
+            }
+        }
+    }
+}
+
+template <int NPL>
+static void launch_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                            const float *k, const float *v, const float *lse, const float *di,
+                            const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D,
+                            int bf16) {
+    size_t sm = smem_bytes(4, D);
+    int gx = (T + BR - 1) / BR;
+    gx = gx < 1 ? 1 : gx > 64 ? 64 : gx; /* blocks stride over the tiles of their sequence */
+    if (!allow_smem(flash_dkdv_kernel<NPL>, sm) || !allow_smem(flash_dq_kernel<NPL>, sm)) return;
+    flash_dkdv_kernel<NPL><<<dim3(gx, n_seq, KVH), FTHREADS, sm, rf__cuda.stream>>>(
+        dk, dv, dout, q, k, v, lse, di, cu_seqlens, H, KVH, D, bf16);
+    if (!RF_CUDA_LAUNCH_CHECK()) return;
+    flash_dq_kernel<NPL><<<dim3(gx, n_seq, H), FTHREADS, sm, rf__cuda.stream>>>(
+        dq, dout, q, k, v, lse, di, cu_seqlens, H, KVH, D, bf16);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                             const float *k, const float *v, const float *out, const float *lse,
+                             const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D) {
+    int bf16 = rf__cuda.precision == RF_PRECISION_BF16;
+    cudaStream_t st = rf__cuda.stream;
+    size_t q_rows = (size_t)T * H, kv_bytes = sizeof(float) * (size_t)T * KVH * D;
+    /* rows past cu_seqlens[n_seq] (no sequence) read as zero gradients, as on the CPU */
+    if (!RF_CUDA_CHECK(cudaMemsetAsync(dk, 0, kv_bytes, st)) ||
+        !RF_CUDA_CHECK(cudaMemsetAsync(dv, 0, kv_bytes, st)))
+        return;
+    float *di = NULL; /* (T, H) scratch, stream-ordered */
+    if (!RF_CUDA_CHECK(cudaMallocAsync((void **)&di, sizeof(float) * q_rows, st))) return;
+    size_t blocks = (q_rows + FWARPS - 1) / FWARPS;
+    flash_di_kernel<<<blocks > RF_CUDA_MAX_GRID ? RF_CUDA_MAX_GRID : (unsigned)blocks, FTHREADS, 0,
+                      st>>>(di, dout, out, cu_seqlens, n_seq, H, D, bf16);
+    if (RF_CUDA_LAUNCH_CHECK()) {
+        if (D <= 64)
+            launch_backward<2>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH,
+                               D, bf16);
+        else
+            launch_backward<4>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH,
+                               D, bf16);
+    }
+    RF_CUDA_CHECK(cudaFreeAsync(di, st));
+}
