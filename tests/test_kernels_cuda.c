@@ -11,10 +11,20 @@
  * inequality): 2 tol_red(K) for forwards reducing over K terms, 2 TOL_ROPE / 2 TOL_ELEM for
  * elementwise math (device expf/cosf are within 2 ulp, no fast math), 2 TOL_GRAD for
  * gradients. Copies and single IEEE operations (embedding forward, add_inplace, scale) are
- * compared bit for bit. */
+ * compared bit for bit. Parts 1 and 2 run with RLFLOW_CUDA_TF32=0 (plain fp32 products).
+ *  3. precision: TF32 products (the fp32 default) within TF32's rounding of the CPU result;
+ *     bf16 products against the CPU on inputs rounded to bf16 beforehand (the products of bf16
+ *     numbers are exact in fp32, so only the summation order differs: 2 tol_red(K)); the bf16
+ *     weight copies remade after to_device, adamw and copy wrote the weight;
+ *  4. attention: the tiled kernels (cuda_flash.cu, the default for D <= 128) and the reference
+ *     kernels (RLFLOW_CUDA_ATTENTION=reference) against each other, and the tiled kernels
+ *     against their CPU mirror kernels/cpu/cpu_flash_ref.c in fp32 and bf16 (same tiles and
+ *     order: fp32 rounding only, 2 tol_red(D + L) forward, 2 TOL_GRAD backward). */
 #define RF_TEST_KERNELS_NO_MAIN
 /* One suite, written once against `const rf_kernels *`, shared with the CPU test. */
 #include "test_kernels.c"
+
+#include "kernels/flash_ref.h"
 
 static const rf_kernels *g_cpu, *g_gpu;
 
@@ -277,7 +287,203 @@ static void run_cross_suite(uint64_t seed) {
     cross_adamw(100003);
 }
 
+/* ---- part 3: precision ---- */
+
+static float *bf16_copy(const float *x, size_t n) {
+    float *y = fnew(n);
+    for (size_t i = 0; i < n; i++) y[i] = rf_round_bf16(x[i]);
+    return y;
+}
+
+/* Largest |a - b| / (|b| + rms(b)), printed so that a GPU run shows the margins it has. */
+static double rel_err(const float *a, const float *b, size_t n) {
+    double rms = 0.0, m = 0.0;
+    for (size_t i = 0; i < n; i++) rms += (double)b[i] * b[i];
+    rms = sqrt(rms / (double)(n ? n : 1));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / (fabs((double)b[i]) + rms);
+        m = d > m ? d : m;
+    }
+    return m;
+}
+
+/* TF32 rounds operands to a 10-bit mantissa (relative 2^-11 = 4.9e-4 each): a product is off
+ * by ~1e-3 relative, a sum over C random terms by ~1e-3 of the rms: 5e-3 leaves a margin of
+ * five. */
+static void cross_tf32(int T, int C, int OC) {
+    setenv("RLFLOW_CUDA_TF32", "1", 1);
+    CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
+    size_t ni = (size_t)T * C, nw = (size_t)OC * C, no = (size_t)T * OC;
+    float *inp = fnormal(ni, 1.0f), *w = fnormal(nw, 1.0f), *o1 = fnew(no), *o2 = fnew(no);
+    run_matmul_forward(g_cpu, o1, inp, w, NULL, T, C, OC);
+    run_matmul_forward(g_gpu, o2, inp, w, NULL, T, C, OC);
+    printf("tf32 matmul_forward (%d, %d, %d): max relative error %.3g (tolerance 5e-3)\n", T, C,
+           OC, rel_err(o2, o1, no));
+    check_arr_f("tf32 matmul_forward", o2, o1, no, 5e-3);
+    free(inp), free(w), free(o1), free(o2);
+    setenv("RLFLOW_CUDA_TF32", "0", 1);
+    CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
+}
+
+/* bf16 products: the CPU (fp32) on inputs rounded beforehand is the exact twin. */
+static void cross_bf16_matmul(int T, int C, int OC) {
+    size_t ni = (size_t)T * C, nw = (size_t)OC * C, no = (size_t)T * OC;
+    float *inp = fnormal(ni, 1.0f), *w = fnormal(nw, 1.0f), *bias = fnormal(OC, 1.0f);
+    float *dout = fnormal(no, 1.0f), *inp_r = bf16_copy(inp, ni), *w_r = bf16_copy(w, nw);
+    float *dout_r = bf16_copy(dout, no), *o1 = fnew(no), *o2 = fnew(no);
+    run_matmul_forward(g_cpu, o1, inp_r, w_r, bias, T, C, OC);
+    CHECK_OK(g_gpu->set_precision(RF_PRECISION_BF16));
+    CHECK(g_gpu->get_precision() == RF_PRECISION_BF16);
+    run_matmul_forward(g_gpu, o2, inp, w, bias, T, C, OC);
+    check_arr_f("bf16 matmul_forward", o2, o1, no, 2 * tol_red(C));
+    float *di1 = fnew(ni), *di2 = fnew(ni), *dw1 = fnormal(nw, 1.0f), *dw2 = fcopy(dw1, nw);
+    float *db1 = fnew(OC), *db2 = fnew(OC);
+    run_matmul_backward(g_gpu, di2, dw2, db2, dout, inp, w, T, C, OC);
+    CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
+    /* dbias sums dout in fp32 (no product): the CPU's from the unrounded dout */
+    run_matmul_backward(g_cpu, di1, dw1, NULL, dout_r, inp_r, w_r, T, C, OC);
+    run_matmul_backward(g_cpu, NULL, NULL, db1, dout, inp, w, T, C, OC);
+    check_arr_f("bf16 matmul_backward dinp", di2, di1, ni, 2 * tol_red(OC));
+    check_arr_f("bf16 matmul_backward dw", dw2, dw1, nw, 2 * tol_red(T));
+    check_arr_f("bf16 matmul_backward dbias", db2, db1, OC, 2 * tol_red(T));
+    free(inp), free(w), free(bias), free(dout), free(inp_r), free(w_r), free(dout_r);
+    free(o1), free(o2), free(di1), free(di2), free(dw1), free(dw2), free(db1), free(db2);
+}
+
+/* The bf16 copy of a weight follows every write to it: to_device, adamw, copy, and a write made
+ * around the table followed by weights_updated. A stale copy gives the old product. */
+static void cross_bf16_weight_cache(int T, int C, int OC) {
+    size_t ni = (size_t)T * C, nw = (size_t)OC * C, no = (size_t)T * OC;
+    float *inp = fnormal(ni, 1.0f), *w = fnormal(nw, 1.0f), *want = fnew(no), *got = fnew(no);
+    float *d_inp = put(g_gpu, inp, FB(ni)), *d_w = put(g_gpu, w, FB(nw)), *d_o = put(g_gpu, got, FB(no));
+    float *g = fnormal(nw, 1.0f), *d_g = put(g_gpu, g, FB(nw));
+    float *d_m = g_gpu->alloc(FB(nw)), *d_v = g_gpu->alloc(FB(nw)); /* zero-filled moments */
+    CHECK(d_m && d_v);
+    CHECK_OK(g_gpu->set_precision(RF_PRECISION_BF16));
+    float *inp_r = bf16_copy(inp, ni);
+    for (int round = 0; round < 4; round++) {
+        const char *what[4] = {"bf16 weight copy, first use", "after to_device", "after adamw",
+                               "after copy"};
+        if (round == 1) {
+            for (size_t i = 0; i < nw; i++) w[i] = -w[i] + 0.5f;
+            g_gpu->to_device(d_w, w, FB(nw));
+        } else if (round == 2) {
+            g_gpu->adamw(d_w, d_g, d_m, d_v, nw, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
+            g_gpu->to_host(w, d_w, FB(nw));
+        } else if (round == 3) {
+            g_gpu->copy(d_w, d_g, FB(nw));
+            memcpy(w, g, FB(nw));
+        }
+        g_gpu->matmul_forward(d_o, d_inp, d_w, NULL, T, C, OC);
+        g_gpu->to_host(got, d_o, FB(no));
+        float *w_r = bf16_copy(w, nw);
+        run_matmul_forward(g_cpu, want, inp_r, w_r, NULL, T, C, OC);
+        check_arr_f(what[round], got, want, no, 2 * tol_red(C));
+        free(w_r);
+    }
+    CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
+    g_gpu->free(d_inp), g_gpu->free(d_w), g_gpu->free(d_o), g_gpu->free(d_g), g_gpu->free(d_m);
+    g_gpu->free(d_v);
+    free(inp), free(w), free(want), free(got), free(g), free(inp_r);
+}
+
+/* The LM head in bf16: forward against the CPU on rounded h and w (exact twin); backward's
+ * dlogit is rounded to bf16 before its products, which no pre-rounding reproduces: within
+ * 2^-8 relative of the CPU's fp32 gradient, 1e-2 of the rms. */
+static void cross_bf16_logprob(int T, int C, int V) {
+    size_t nh = (size_t)T * C, nw = (size_t)V * C;
+    float *h = fnormal(nh, 1.0f), *w = fnormal(nw, 0.2f), *h_r = bf16_copy(h, nh), *w_r = bf16_copy(w, nw);
+    int32_t *tg = xmalloc(IB(T));
+    for (int t = 0; t < T; t++) tg[t] = (int32_t)(rf_rng_u64(&g_rng) % (uint64_t)V);
+    float *lp1 = fnew(T), *lp2 = fnew(T), *e1 = fnew(T), *e2 = fnew(T);
+    run_logprob_forward(g_cpu, lp1, e1, h_r, w_r, tg, T, C, V, 0.7f);
+    CHECK_OK(g_gpu->set_precision(RF_PRECISION_BF16));
+    run_logprob_forward(g_gpu, lp2, e2, h, w, tg, T, C, V, 0.7f);
+    check_arr_f("bf16 logprob_forward logp", lp2, lp1, T, 2 * tol_red(C + V));
+    check_arr_f("bf16 logprob_forward entropy", e2, e1, T, 2 * tol_red(C + V));
+    float *dlp = fnormal(T, 1.0f), *dh1 = fnew(nh), *dh2 = fnew(nh), *dw1 = fnew(nw), *dw2 = fnew(nw);
+    run_logprob_backward(g_gpu, dh2, dw2, dlp, NULL, h, w, tg, T, C, V, 0.7f);
+    CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
+    run_logprob_backward(g_cpu, dh1, dw1, dlp, NULL, h, w, tg, T, C, V, 0.7f);
+    printf("bf16 logprob_backward: max relative error dh %.3g dw %.3g (tolerance 1e-2)\n",
+           rel_err(dh2, dh1, nh), rel_err(dw2, dw1, nw));
+    check_arr_f("bf16 logprob_backward dh", dh2, dh1, nh, 1e-2);
+    check_arr_f("bf16 logprob_backward dw", dw2, dw1, nw, 1e-2);
+    free(h), free(w), free(h_r), free(w_r), free(tg), free(lp1), free(lp2), free(e1), free(e2);
+    free(dlp), free(dh1), free(dh2), free(dw1), free(dw2);
+}
+
+/* ---- part 4: tiled attention ---- */
+
+/* One path of the GPU's attention (reference kernels or tiled) at one precision. */
+static void gpu_attention(int reference, int bf16, float *o, float *l, float *dq, float *dk,
+                          float *dv, const float *dout, const float *q, const float *k,
+                          const float *v, const float *o_in, const float *l_in, const int32_t *cu,
+                          const int32_t *kl, int n_seq, int T, int H, int KVH, int D) {
+    if (reference) setenv("RLFLOW_CUDA_ATTENTION", "reference", 1);
+    CHECK_OK(g_gpu->set_precision(bf16 ? RF_PRECISION_BF16 : RF_PRECISION_FP32));
+    run_attention_forward(g_gpu, o, l, q, k, v, cu, cu, kl, n_seq, T, H, KVH, D);
+    run_attention_backward(g_gpu, dq, dk, dv, dout, q, k, v, o_in, l_in, cu, n_seq, T, H, KVH, D);
+    CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
+    unsetenv("RLFLOW_CUDA_ATTENTION");
+}
+
+static void cross_flash(const int *lens, int n_seq, int H, int KVH, int D) {
+    int32_t cu[16], kl[16];
+    int maxlen = 0;
+    cu[0] = 0;
+    for (int s = 0; s < n_seq; s++) {
+        cu[s + 1] = cu[s] + lens[s], kl[s] = lens[s];
+        maxlen = lens[s] > maxlen ? lens[s] : maxlen;
+    }
+    int T = cu[n_seq];
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D, nl = (size_t)T * H;
+    float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f), *dout = fnormal(nq, 1.0f);
+    double tf = 2 * tol_red(D + maxlen), tb = 2 * TOL_GRAD;
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        /* the tiled code's CPU mirror: out and lse, then gradients from them */
+        float *o0 = fnew(nq), *l0 = fnew(nl), *dq0 = fnew(nq), *dk0 = fnew(nk), *dv0 = fnew(nk);
+        rf_flash_ref_forward(o0, l0, q, k, v, cu, cu, kl, n_seq, H, KVH, D, bf16);
+        rf_flash_ref_backward(dq0, dk0, dv0, dout, q, k, v, o0, l0, cu, n_seq, T, H, KVH, D, bf16);
+        float *o = fnew(nq), *l = fnew(nl), *dq = fconst(nq, 1e3f), *dk = fconst(nk, 1e3f), *dv = fconst(nk, 1e3f);
+        for (int ref = 0; ref <= (bf16 ? 0 : 1); ref++) { /* the reference kernels are fp32 only */
+            gpu_attention(ref, bf16, o, l, dq, dk, dv, dout, q, k, v, o0, l0, cu, kl, n_seq, T, H, KVH, D);
+            char what[96];
+            const char *name = ref ? "reference kernels" : bf16 ? "flash bf16" : "flash fp32";
+            snprintf(what, sizeof what, "%s vs cpu_flash_ref: out", name);
+            check_arr_f(what, o, o0, nq, tf);
+            snprintf(what, sizeof what, "%s vs cpu_flash_ref: lse", name);
+            check_arr_f(what, l, l0, nl, tf);
+            snprintf(what, sizeof what, "%s vs cpu_flash_ref: dq", name);
+            check_arr_f(what, dq, dq0, nq, tb);
+            snprintf(what, sizeof what, "%s vs cpu_flash_ref: dk", name);
+            check_arr_f(what, dk, dk0, nk, tb);
+            snprintf(what, sizeof what, "%s vs cpu_flash_ref: dv", name);
+            check_arr_f(what, dv, dv0, nk, tb);
+        }
+        free(o0), free(l0), free(dq0), free(dk0), free(dv0), free(o), free(l), free(dq), free(dk), free(dv);
+    }
+    free(q), free(k), free(v), free(dout);
+}
+
+static void run_precision_and_flash_suite(uint64_t seed) {
+    static const int lens_a[5] = {1, 17, 70, 33, 100}, lens_b[4] = {31, 32, 33, 64};
+    g_be = "cuda precision and tiled attention";
+    rf_rng_seed(&g_rng, seed);
+    cross_tf32(70, 896, 130);
+    cross_bf16_matmul(70, 96, 130);
+    cross_bf16_matmul(1, 896, 64);
+    cross_bf16_weight_cache(9, 64, 48);
+    cross_bf16_logprob(300, 64, 1000);
+    cross_flash(lens_a, 5, 14, 2, 64);
+    cross_flash(lens_b, 4, 8, 8, 128);
+    cross_flash(lens_a, 1, 4, 1, 64);
+}
+
 int main(void) {
+    /* parts 1 and 2 hold the back end to fp32: plain fp32 products (read at start and by
+     * set_precision) */
+    setenv("RLFLOW_CUDA_TF32", "0", 1);
     g_gpu = rf_cuda_kernels(0);
     if (!g_gpu) {
         printf("test_kernels_cuda: skipped: %s\n", rf_error_message());
@@ -287,5 +493,6 @@ int main(void) {
     CHECK(g_gpu->name && strcmp(g_gpu->name, "cuda") == 0);
     run_kernel_suite(g_gpu, 20240611);
     run_cross_suite(777);
+    run_precision_and_flash_suite(4242);
     return rf_test_finish("test_kernels_cuda");
 }
