@@ -1,0 +1,309 @@
+/* Benchmarks of the compute core on the CUDA back end, printed as JSON lines in the format of
+ * bench/bench_model.c (train_step, prefill, decode at batch 1, 32 and 256), each measured
+ * against the device itself in the same run:
+ *  - bf16_peak: TFLOP/s of a large bf16 matmul through cublasLt (8192^3, bf16 operands, fp32
+ *    accumulation and output), the best of several: the tensor-core roofline;
+ *  - copy_bw: GB/s of a 2 GiB device-to-device cudaMemcpyAsync (read + write counted): the
+ *    memory roofline of decoding, which streams every weight once per step.
+ * Three model shapes: "25m" (the CPU bench's model), "qwen0.5b" (Qwen2.5-0.5B: C 896, F 4864,
+ * 24 layers, 14/2 heads, V 151936) and "7b" (Llama-2-7B: C 4096, F 11008, 32 layers, 32/32
+ * heads, V 32000, untied). Weights are random; the model runs at the precision given.
+ * Usage: bench_cuda [--quick] [--precision bf16|fp32] [--model 25m|qwen0.5b|7b|all]
+ * Exit 77 (and one JSON line saying why) where no GPU is present. Built only with CUDA. */
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "common/util.h"
+#include "model/model.h"
+
+#define CK(call)                                                                          \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "bench_cuda: %s: %s\n", #call, cudaGetErrorString(e_));      \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+#define CKL(call)                                                                         \
+    do {                                                                                  \
+        cublasStatus_t s_ = (call);                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
+            fprintf(stderr, "bench_cuda: %s: cublasLt status %d\n", #call, (int)s_);     \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+static double g_peak_tflops, g_bw; /* measured in this run */
+
+/* The bf16 tensor-core peak: D (N, N) fp32 = A (N, N) bf16 @ B (N, N) bf16 by cublasLt. */
+static double bf16_peak(int N, int reps) {
+    size_t n = (size_t)N * N;
+    void *a, *b, *d, *ws;
+    size_t ws_bytes = 64u << 20;
+    CK(cudaMalloc(&a, n * 2)); CK(cudaMalloc(&b, n * 2)); CK(cudaMalloc(&d, n * 4));
+    CK(cudaMalloc(&ws, ws_bytes));
+    CK(cudaMemset(a, 0x3c, n * 2)); CK(cudaMemset(b, 0x3c, n * 2)); /* bf16 0x3c3c ~ 0.0115 */
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    CKL(cublasLtCreate(&lt));
+    CKL(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t t = CUBLAS_OP_T;
+    CKL(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
+    CKL(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, N, N, N));
+    CKL(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, N, N, N));
+    CKL(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, N, N, N));
+    cublasLtMatmulPreference_t pref;
+    CKL(cublasLtMatmulPreferenceCreate(&pref));
+    CKL(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &ws_bytes, sizeof ws_bytes));
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    CKL(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heur, &found));
+    if (!found) {
+        fprintf(stderr, "bench_cuda: cublasLt found no bf16 algorithm for %d^3\n", N);
+        exit(1);
+    }
+    float alpha = 1.0f, beta = 0.0f;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    double best = 0.0;
+    for (int r = 0; r < reps + 1; r++) {
+        CK(cudaEventRecord(e0, 0));
+        CKL(cublasLtMatmul(lt, op, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heur.algo, ws,
+                           ws_bytes, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        double tf = 2.0 * N * N * (double)N / (ms * 1e-3) / 1e12;
+        if (r > 0 && tf > best) best = tf; /* the first call picks and loads its kernel */
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(op), cublasLtDestroy(lt);
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    CK(cudaFree(a)); CK(cudaFree(b)); CK(cudaFree(d)); CK(cudaFree(ws));
+    return best;
+}
+
+/* Device-to-device copy bandwidth, read + write counted, GB/s. */
+static double copy_bw(size_t bytes, int reps) {
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes)); CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes)); CK(cudaMemset(b, 2, bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    double best = 0.0;
+    for (int r = 0; r < reps + 1; r++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0.0f;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        double g = 2.0 * (double)bytes / (ms * 1e-3) / 1e9;
+        if (r > 0 && g > best) best = g;
+    }
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    CK(cudaFree(a)); CK(cudaFree(b));
+    return best;
+}
+
+/* One of the three shapes. */
+static void shape_config(rf_model_config *c, const char *name) {
+    if (strcmp(name, "25m") == 0) {
+        RF_ASSERT(rf_config_preset(c, "25m", 16384) == RF_OK);
+        return;
+    }
+    RF_ASSERT(rf_config_preset(c, "25m", 16384) == RF_OK); /* the common fields */
+    if (strcmp(name, "qwen0.5b") == 0) {
+        c->hidden_size = 896, c->intermediate_size = 4864, c->num_hidden_layers = 24;
+        c->num_attention_heads = 14, c->num_key_value_heads = 2, c->head_dim = 64;
+        c->vocab_size = 151936, c->rope_theta = 1e6f, c->max_position_embeddings = 32768;
+    } else { /* 7b */
+        c->arch = RF_ARCH_LLAMA;
+        snprintf(c->model_type, sizeof c->model_type, "llama");
+        c->hidden_size = 4096, c->intermediate_size = 11008, c->num_hidden_layers = 32;
+        c->num_attention_heads = 32, c->num_key_value_heads = 32, c->head_dim = 128;
+        c->vocab_size = 32000, c->tie_word_embeddings = 0, c->qkv_bias = 0;
+        c->max_position_embeddings = 4096, c->rms_norm_eps = 1e-5f;
+    }
+}
+
+/* Random weights without drawing billions of numbers on the host: one 16M-float block of
+ * N(0, 0.02) tiled over the parameters with device copies (speed does not depend on values). */
+static void fill_params(rf_model *m) {
+    const rf_kernels *k = m->k;
+    size_t blk = (size_t)1 << 24, n = m->n_params;
+    float *h = malloc(sizeof(float) * blk);
+    rf_rng r;
+    rf_rng_seed(&r, 1);
+    for (size_t i = 0; i < blk; i++) h[i] = 0.02f * rf_rng_normal(&r);
+    size_t first = n < blk ? n : blk;
+    k->to_device(m->params, h, sizeof(float) * first);
+    for (size_t off = first; off < n; off += blk)
+        k->copy(m->params + off, m->params, sizeof(float) * (n - off < blk ? n - off : blk));
+    k->weights_updated();
+    k->sync();
+    free(h);
+}
+
+static double weight_bytes(const rf_model *m) {
+    return (double)m->n_params * (m->k->get_precision() == RF_PRECISION_BF16 ? 2.0 : 4.0);
+}
+
+static void bench_train(rf_model *m, const char *shape, int B, int L, int reps) {
+    int T = B * L, V = m->cfg.vocab_size;
+    int32_t *tok = malloc(sizeof(int32_t) * T), *tgt = malloc(sizeof(int32_t) * T);
+    int32_t *cu = malloc(sizeof(int32_t) * (B + 1));
+    float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
+    rf_rng r;
+    rf_rng_seed(&r, 1);
+    for (int t = 0; t < T; t++) {
+        tok[t] = (int32_t)(rf_rng_u64(&r) % (uint64_t)V), tgt[t] = (int32_t)(rf_rng_u64(&r) % (uint64_t)V);
+        dlp[t] = -1.0f / T;
+    }
+    for (int b = 0; b <= B; b++) cu[b] = b * L;
+    rf_batch bt = {B, T, tok, NULL, cu};
+    RF_ASSERT(rf_model_enable_training(m) == RF_OK);
+    double best = 1e30;
+    for (int i = 0; i < reps + 1; i++) {
+        m->k->sync();
+        double t0 = rf_time_now();
+        rf_model_zero_grad(m);
+        RF_ASSERT(rf_model_forward(m, &bt) == RF_OK);
+        RF_ASSERT(rf_model_logprobs(m, tgt, 1.0f, lp, NULL) == RF_OK); /* synchronises */
+        RF_ASSERT(rf_model_backward(m, dlp, NULL, NULL) == RF_OK);
+        m->k->sync();
+        double el = rf_time_now() - t0;
+        if (i > 0 && el < best) best = el; /* the first run warms up allocations and kernels */
+    }
+    double tf = rf_model_train_flops_per_token(&m->cfg, L) * T / best / 1e12;
+    printf("{\"bench\":\"train_step\",\"device\":\"cuda\",\"model\":\"%s\",\"params\":%zu,"
+           "\"tokens\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"tflops\":%.2f,"
+           "\"bf16_peak_tflops\":%.1f,\"fraction_of_peak\":%.3f}\n",
+           shape, m->n_params, T, best, T / best, tf, g_peak_tflops, tf / g_peak_tflops);
+    fflush(stdout);
+    free(tok), free(tgt), free(cu), free(lp), free(dlp);
+}
+
+static void bench_prefill(rf_model *m, const char *shape, int B, int L) {
+    int V = m->cfg.vocab_size;
+    rf_kv_cache kv;
+    RF_ASSERT(rf_kv_cache_init(&kv, m, B, L) == RF_OK);
+    int32_t *tok = malloc(sizeof(int32_t) * B * L);
+    int *slots = malloc(sizeof(int) * B), *counts = malloc(sizeof(int) * B);
+    for (int i = 0; i < B * L; i++) tok[i] = i % V;
+    for (int b = 0; b < B; b++) slots[b] = b, counts[b] = L;
+    float *logits = malloc(sizeof(float) * B * (size_t)V);
+    RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK); /* warm-up */
+    for (int b = 0; b < B; b++) kv.len[b] = 0;
+    double t0 = rf_time_now();
+    RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK); /* logits: D2H */
+    double el = rf_time_now() - t0;
+    double tf = 2.0 * m->n_params * B * L / el / 1e12;
+    printf("{\"bench\":\"prefill\",\"device\":\"cuda\",\"model\":\"%s\",\"sequences\":%d,"
+           "\"prompt_len\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"tflops\":%.2f,"
+           "\"fraction_of_peak\":%.3f}\n", shape, B, L, el, B * L / el, tf, tf / g_peak_tflops);
+    fflush(stdout);
+    rf_kv_cache_free(&kv, m);
+    free(tok), free(slots), free(counts), free(logits);
+}
+
+static void bench_decode(rf_model *m, const char *shape, int B, int steps) {
+    int P = 16, V = m->cfg.vocab_size;
+    rf_kv_cache kv;
+    RF_ASSERT(rf_kv_cache_init(&kv, m, B, P + steps + 1) == RF_OK);
+    int32_t *tok = malloc(sizeof(int32_t) * B * P);
+    int *slots = malloc(sizeof(int) * B), *counts = malloc(sizeof(int) * B), *ones = malloc(sizeof(int) * B);
+    for (int i = 0; i < B * P; i++) tok[i] = (i * 31) % V;
+    for (int b = 0; b < B; b++) slots[b] = b, counts[b] = P, ones[b] = 1;
+    float *logits = malloc(sizeof(float) * B * (size_t)V);
+    RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK);
+    for (int b = 0; b < B; b++) tok[b] = b % V;
+    RF_ASSERT(rf_model_decode(m, &kv, slots, ones, B, tok, logits) == RF_OK); /* warm-up step */
+    double t0 = rf_time_now();
+    for (int s = 0; s < steps; s++) {
+        for (int b = 0; b < B; b++) tok[b] = (s * 7 + b) % V;
+        RF_ASSERT(rf_model_decode(m, &kv, slots, ones, B, tok, logits) == RF_OK);
+    }
+    double el = rf_time_now() - t0;
+    /* each step reads every weight once (at the precision its products use) */
+    double bw = weight_bytes(m) * steps / el / 1e9, tf = 2.0 * m->n_params * B * steps / el / 1e12;
+    printf("{\"bench\":\"decode\",\"device\":\"cuda\",\"model\":\"%s\",\"batch\":%d,\"steps\":%d,"
+           "\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"weight_gb_per_s\":%.1f,\"copy_gb_per_s\":%.1f,"
+           "\"fraction_of_bw\":%.3f,\"tflops\":%.2f,\"fraction_of_peak\":%.3f}\n",
+           shape, B, steps, el, (double)B * steps / el, bw, g_bw, bw / g_bw, tf, tf / g_peak_tflops);
+    fflush(stdout);
+    rf_kv_cache_free(&kv, m);
+    free(tok), free(slots), free(counts), free(ones), free(logits);
+}
+
+static void bench_shape(const rf_kernels *k, const char *shape, int quick) {
+    rf_model_config c;
+    shape_config(&c, shape);
+    rf_model *m;
+    if (rf_model_init(&m, &c, k) != RF_OK) {
+        printf("{\"bench\":\"model\",\"model\":\"%s\",\"error\":\"%s\"}\n", shape, rf_error_message());
+        return;
+    }
+    fill_params(m);
+    int big = strcmp(shape, "25m") != 0, steps = quick ? 8 : 32;
+    /* generation first (no gradients held yet), then training */
+    bench_prefill(m, shape, 8, big ? 1024 : 256);
+    bench_decode(m, shape, 1, steps);
+    bench_decode(m, shape, 32, steps);
+    bench_decode(m, shape, 256, steps);
+    bench_train(m, shape, big ? 4 : 8, big ? 1024 : 256, quick ? 1 : 3);
+    rf_model_free(m);
+}
+
+int main(int argc, char **argv) {
+    int quick = 0;
+    const char *prec = "bf16", *which = "all";
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) quick = 1;
+        else if (strcmp(argv[i], "--precision") == 0 && i + 1 < argc) prec = argv[++i];
+        else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) which = argv[++i];
+        else {
+            fprintf(stderr, "bench_cuda: unknown option \"%s\" (usage: bench_cuda [--quick] "
+                    "[--precision bf16|fp32] [--model 25m|qwen0.5b|7b|all])\n", argv[i]);
+            return 2;
+        }
+    }
+    if (strcmp(prec, "bf16") != 0 && strcmp(prec, "fp32") != 0) {
+        fprintf(stderr, "bench_cuda: --precision: \"%s\" is not bf16 or fp32\n", prec);
+        return 2;
+    }
+    if (strcmp(which, "all") && strcmp(which, "25m") && strcmp(which, "qwen0.5b") && strcmp(which, "7b")) {
+        fprintf(stderr, "bench_cuda: --model: \"%s\" is not 25m, qwen0.5b, 7b or all\n", which);
+        return 2;
+    }
+    const rf_kernels *k = rf_cuda_kernels(0);
+    if (!k) {
+        printf("{\"bench\":\"skipped\",\"reason\":\"%s\"}\n", rf_error_message());
+        return 77;
+    }
+    if (k->set_precision(strcmp(prec, "bf16") == 0 ? RF_PRECISION_BF16 : RF_PRECISION_FP32) != RF_OK) {
+        fprintf(stderr, "bench_cuda: %s\n", rf_error_message());
+        return 1;
+    }
+    g_peak_tflops = bf16_peak(8192, quick ? 3 : 10);
+    g_bw = copy_bw((size_t)2 << 30, quick ? 3 : 10);
+    printf("{\"bench\":\"bf16_peak\",\"m\":8192,\"n\":8192,\"k\":8192,\"tflops\":%.1f}\n", g_peak_tflops);
+    printf("{\"bench\":\"copy_bw\",\"bytes\":%zu,\"gb_per_s\":%.1f}\n", (size_t)2 << 30, g_bw);
+    printf("{\"bench\":\"config\",\"precision\":\"%s\",\"tf32\":\"%s\",\"attention\":\"%s\"}\n", prec,
+           getenv("RLFLOW_CUDA_TF32") ? getenv("RLFLOW_CUDA_TF32") : "default (on)",
+           getenv("RLFLOW_CUDA_ATTENTION") ? getenv("RLFLOW_CUDA_ATTENTION") : "flash");
+    fflush(stdout);
+    const char *shapes[3] = {"25m", "qwen0.5b", "7b"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(which, "all") == 0 || strcmp(which, shapes[i]) == 0) bench_shape(k, shapes[i], quick);
+    return 0;
+}
