@@ -43,6 +43,11 @@ static nccl_state *st_of(rf_comm *c) { return c->impl; }
  * what the kernels before it wrote without the caller synchronising, and kernels queued after
  * the call run on alongside it (the overlap of gradient buckets with backward). Nothing when
  * the back end has not started (buffers written by plain CUDA calls, as in comm's tests). */
+/* The CUDA back end's bf16 weight copies (kernels/cuda/cuda_matmul.cu) of memory a collective
+ * is about to overwrite are stale from now on: parameters gathered by ZeRO-1, broadcast to
+ * replicas, received by a rollout worker. */
+void rf__cuda_bf16_invalidate(const void *p, size_t bytes);
+
 static void after_kernels(rf_comm *c) {
     nccl_state *s = st_of(c);
     cudaStream_t ks = (cudaStream_t)rf_cuda_stream();
@@ -114,6 +119,7 @@ static rf_status nccl_allreduce(rf_comm *c, const float *in, float *out, size_t 
                                 const char *what) {
     nccl_state *s = st_of(c);
     after_kernels(c);
+    rf__cuda_bf16_invalidate(out, sizeof(float) * n);
     return finish(c, ncclAllReduce(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream), NULL, 0, timeout_s, what);
 }
 
@@ -121,6 +127,7 @@ static rf_status nccl_reduce_scatter(rf_comm *c, const float *in, float *out, si
                                      const char *what) {
     nccl_state *s = st_of(c);
     after_kernels(c);
+    rf__cuda_bf16_invalidate(out, sizeof(float) * n);
     return finish(c, ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream), NULL, 0, timeout_s, what);
 }
 
@@ -128,12 +135,14 @@ static rf_status nccl_allgather(rf_comm *c, const void *in, void *out, size_t by
                                 const char *what) {
     nccl_state *s = st_of(c);
     after_kernels(c);
+    rf__cuda_bf16_invalidate(out, bytes * (size_t)c->size);
     return finish(c, ncclAllGather(in, out, bytes, ncclUint8, s->nc, s->stream), NULL, 0, timeout_s, what);
 }
 
 static rf_status nccl_bcast(rf_comm *c, void *buf, size_t bytes, int root, double timeout_s, const char *what) {
     nccl_state *s = st_of(c);
     after_kernels(c);
+    rf__cuda_bf16_invalidate(buf, bytes);
     return finish(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, s->nc, s->stream), NULL, 0, timeout_s, what);
 }
 
@@ -149,6 +158,8 @@ static rf_status nccl_sendrecv_start(rf_comm *c, const rf_comm_p2p *ops, int n, 
     ncclResult_t *launched = malloc(sizeof *launched);
     if (!launched) return rf_error(RF_ERR_NOMEM, "out of memory");
     after_kernels(c);
+    for (int i = 0; i < n; i++)
+        if (!ops[i].send) rf__cuda_bf16_invalidate(ops[i].buf, ops[i].bytes);
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++)
         r = ops[i].send ? ncclSend(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, s->nc, s->stream)
@@ -191,12 +202,14 @@ static rf_status keep_started(rf_comm_group *g, ncclResult_t launched) {
 static rf_status nccl_allreduce_start(rf_comm *c, const float *in, float *out, size_t n, rf_comm_group *g) {
     nccl_state *s = st_of(c);
     after_kernels(c);
+    rf__cuda_bf16_invalidate(out, sizeof(float) * n);
     return keep_started(g, ncclAllReduce(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream));
 }
 
 static rf_status nccl_reduce_scatter_start(rf_comm *c, const float *in, float *out, size_t n, rf_comm_group *g) {
     nccl_state *s = st_of(c);
     after_kernels(c);
+    rf__cuda_bf16_invalidate(out, sizeof(float) * n);
     return keep_started(g, ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream));
 }
 

@@ -12,7 +12,9 @@
  * q, k, v, dout to bf16 as it loads them: it must then agree to the same fp32 tolerance with
  * the CPU attention run on inputs rounded beforehand (rounding is idempotent), and differ from
  * the unrounded result by bf16's 2^-8 relative rounding carried through the softmax (checked
- * within 5e-2, and shown to differ by more than fp32 rounding, so the rounding really happens). */
+ * within 5e-2, and shown to differ by more than fp32 rounding, so the rounding really happens).
+ * Also the split-K paged decoding (FlashDecoding) as the CUDA back end runs it, against the CPU
+ * back end's paged attention. */
 #define RF_TEST_KERNELS_NO_MAIN
 #include "test_kernels.c"
 
@@ -101,6 +103,27 @@ static void check_kvcache(int H, int KVH, int D) {
     free(q), free(k), free(v), free(o1), free(o2), free(l1), free(l2);
 }
 
+/* Split-K paged decoding against the CPU back end's paged attention: one-query sequences of 1,
+ * 5, 64, 65, 300 and 1500 keys (one chunk up to the full 16), and a prefill chunk of 4 queries
+ * (the unsplit path), keys gathered through shuffled block tables of block size 16. Both fp32:
+ * 2 tol_red(D + the longest key count). */
+static void check_paged_decode(int H, int KVH, int D) {
+    enum { NS = 7, BS = 16, MAXB = 96 };
+    static const int32_t qlen[NS] = {1, 1, 1, 1, 1, 1, 4}, klen[NS] = {1, 5, 64, 65, 300, 1500, 40};
+    int32_t q_off[NS + 1], bt[NS * MAXB];
+    int n_blocks = NS * MAXB;
+    q_off[0] = 0;
+    for (int s = 0; s < NS; s++) q_off[s + 1] = q_off[s] + qlen[s];
+    for (int b = 0; b < n_blocks; b++) bt[b] = (int32_t)((b * 389 + 11) % n_blocks); /* a permutation */
+    size_t rows = (size_t)n_blocks * BS, nq = (size_t)q_off[NS] * H * D;
+    float *kp = fnormal(rows * KVH * D, 1.0f), *vp = fnormal(rows * KVH * D, 1.0f), *q = fnormal(nq, 1.0f);
+    float *o1 = fnew(nq), *o2 = fnew(nq);
+    rf_cpu_kernels()->paged_attention_forward(o1, q, kp, vp, q_off, bt, MAXB, klen, NS, BS, H, KVH, D);
+    rf_flash_ref_paged_decode(o2, q, kp, vp, q_off, bt, MAXB, klen, NS, BS, H, KVH, D);
+    check_arr_f("split-K paged decode", o2, o1, nq, 2 * tol_red(D + 1500));
+    free(kp), free(vp), free(q), free(o1), free(o2);
+}
+
 /* bf16 rounding: ties to even, NaN and infinities kept. */
 static void check_round(void) {
     CHECK(rf_round_bf16(1.0f) == 1.0f);
@@ -124,5 +147,7 @@ int main(void) {
     }
     check_kvcache(14, 2, 64);
     check_kvcache(4, 4, 128);
+    check_paged_decode(14, 2, 64);
+    check_paged_decode(8, 8, 128);
     return rf_test_finish("test_flash_ref");
 }

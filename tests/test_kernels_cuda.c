@@ -19,7 +19,8 @@
  *  4. attention: the tiled kernels (cuda_flash.cu, the default for D <= 128) and the reference
  *     kernels (RLFLOW_CUDA_ATTENTION=reference) against each other, and the tiled kernels
  *     against their CPU mirror kernels/cpu/cpu_flash_ref.c in fp32 and bf16 (same tiles and
- *     order: fp32 rounding only, 2 tol_red(D + L) forward, 2 TOL_GRAD backward). */
+ *     order: fp32 rounding only, 2 tol_red(D + L) forward, 2 TOL_GRAD backward); the split-K
+ *     paged decoding against its CPU mirror, and the unsplit paged kernel against the CPU. */
 #define RF_TEST_KERNELS_NO_MAIN
 /* One suite, written once against `const rf_kernels *`, shared with the CPU test. */
 #include "test_kernels.c"
@@ -466,6 +467,40 @@ static void cross_flash(const int *lens, int n_seq, int H, int KVH, int D) {
     free(q), free(k), free(v), free(dout);
 }
 
+/* Paged decoding: the split-K kernels (one-query rows) and the unsplit kernel (a prefill chunk)
+ * against their CPU mirror rf_flash_ref_paged_decode (same split and order: fp32 rounding only),
+ * and with RLFLOW_CUDA_ATTENTION=reference (every row unsplit) against the CPU back end; both
+ * 2 tol_red(D + the longest key count). Contexts of 1 to 1500 keys, shuffled block tables. */
+static void cross_paged_decode(int H, int KVH, int D) {
+    enum { NS = 7, BS = 16, MAXB = 96 };
+    static const int32_t qlen[NS] = {1, 1, 1, 1, 1, 1, 4}, klen[NS] = {1, 5, 64, 65, 300, 1500, 40};
+    int32_t q_off[NS + 1], bt[NS * MAXB];
+    int n_blocks = NS * MAXB;
+    q_off[0] = 0;
+    for (int s = 0; s < NS; s++) q_off[s + 1] = q_off[s] + qlen[s];
+    for (int b = 0; b < n_blocks; b++) bt[b] = (int32_t)((b * 389 + 11) % n_blocks);
+    size_t rows = (size_t)n_blocks * BS, np = rows * KVH * D, nq = (size_t)q_off[NS] * H * D;
+    float *kp = fnormal(np, 1.0f), *vp = fnormal(np, 1.0f), *q = fnormal(nq, 1.0f);
+    float *o0 = fnew(nq), *o1 = fnew(nq), *o2 = fnew(nq);
+    rf_flash_ref_paged_decode(o0, q, kp, vp, q_off, bt, MAXB, klen, NS, BS, H, KVH, D);
+    g_cpu->paged_attention_forward(o1, q, kp, vp, q_off, bt, MAXB, klen, NS, BS, H, KVH, D);
+    float *d_kp = put(g_gpu, kp, FB(np)), *d_vp = put(g_gpu, vp, FB(np)), *d_q = put(g_gpu, q, FB(nq));
+    float *d_o = put(g_gpu, o2, FB(nq));
+    int32_t *d_qo = put(g_gpu, q_off, IB(NS + 1)), *d_bt = put(g_gpu, bt, IB(NS * MAXB));
+    int32_t *d_kl = put(g_gpu, klen, IB(NS));
+    for (int ref = 0; ref <= 1; ref++) {
+        if (ref) setenv("RLFLOW_CUDA_ATTENTION", "reference", 1);
+        g_gpu->paged_attention_forward(d_o, d_q, d_kp, d_vp, d_qo, d_bt, MAXB, d_kl, NS, BS, H, KVH, D);
+        g_gpu->to_host(o2, d_o, FB(nq));
+        unsetenv("RLFLOW_CUDA_ATTENTION");
+        check_arr_f(ref ? "paged attention, unsplit kernel, vs cpu" : "paged attention, split-K, vs cpu_flash_ref",
+                    o2, ref ? o1 : o0, nq, 2 * tol_red(D + 1500));
+    }
+    g_gpu->free(d_kp), g_gpu->free(d_vp), g_gpu->free(d_q), g_gpu->free(d_o), g_gpu->free(d_qo);
+    g_gpu->free(d_bt), g_gpu->free(d_kl);
+    free(kp), free(vp), free(q), free(o0), free(o1), free(o2);
+}
+
 static void run_precision_and_flash_suite(uint64_t seed) {
     static const int lens_a[5] = {1, 17, 70, 33, 100}, lens_b[4] = {31, 32, 33, 64};
     g_be = "cuda precision and tiled attention";
@@ -478,6 +513,8 @@ static void run_precision_and_flash_suite(uint64_t seed) {
     cross_flash(lens_a, 5, 14, 2, 64);
     cross_flash(lens_b, 4, 8, 8, 128);
     cross_flash(lens_a, 1, 4, 1, 64);
+    cross_paged_decode(14, 2, 64);
+    cross_paged_decode(8, 8, 128);
 }
 
 int main(void) {

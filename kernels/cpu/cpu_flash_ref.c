@@ -207,3 +207,80 @@ void rf_flash_ref_backward(float *dq, float *dk, float *dv, const float *dout, c
     }
     free(di);
 }
+
+/* ---- paged decoding, split-K ---- */
+
+/* A partial softmax: running max, sum of exp(score - m), unnormalised output. */
+typedef struct {
+    float m, l, acc[MD];
+} partial;
+
+static void partial_init(partial *p, int D) {
+    p->m = -INFINITY, p->l = 0.0f;
+    memset(p->acc, 0, sizeof(float) * (size_t)D);
+}
+
+/* One key into a partial (the online softmax of one key at a time). */
+static void partial_add(partial *p, float sc, const float *vj, int D) {
+    float m_new = fmaxf(p->m, sc), corr = expf(p->m - m_new), e = expf(sc - m_new);
+    p->l = p->l * corr + e;
+    for (int d = 0; d < D; d++) p->acc[d] = p->acc[d] * corr + e * vj[d];
+    p->m = m_new;
+}
+
+/* into = into (+) b, combining two partials; an empty one (m = -inf) adds nothing. */
+static void partial_merge(partial *into, const partial *b, int D) {
+    float m = fmaxf(into->m, b->m);
+    if (m == -INFINITY) return;
+    float ca = expf(into->m - m), cb = expf(b->m - m);
+    into->l = into->l * ca + b->l * cb;
+    for (int d = 0; d < D; d++) into->acc[d] = into->acc[d] * ca + b->acc[d] * cb;
+    into->m = m;
+}
+
+static const float *pool_row(const float *pool, const int32_t *bt, int j, int block_size, int KVH,
+                             int D, int kvh) {
+    return pool + (((size_t)bt[j / block_size] * block_size + j % block_size) * KVH + kvh) * D;
+}
+
+void rf_flash_ref_paged_decode(float *out, const float *q, const float *k_pool, const float *v_pool,
+                               const int32_t *q_off, const int32_t *block_table, int max_blocks,
+                               const int32_t *k_len, int n_seq, int block_size, int H, int KVH,
+                               int D) {
+    static __thread partial total, split, warp;
+    int group = H / KVH;
+    float scale = 1.0f / sqrtf((float)D);
+    for (int s = 0; s < n_seq; s++) {
+        int qlen = q_off[s + 1] - q_off[s];
+        const int32_t *bt = block_table + (size_t)s * max_blocks;
+        for (int i = 0; i < qlen; i++)
+            for (int h = 0; h < H; h++) {
+                size_t row = (size_t)(q_off[s] + i) * H + h;
+                const float *qr = q + row * D;
+                int nk = i + (k_len[s] - qlen) + 1, kvh = h / group;
+                partial_init(&total, D);
+                if (qlen > 1) { /* the unsplit kernel: keys in order */
+                    for (int j = 0; j < nk; j++)
+                        partial_add(&total, scale * dotf(qr, pool_row(k_pool, bt, j, block_size, KVH, D, kvh), D),
+                                    pool_row(v_pool, bt, j, block_size, KVH, D, kvh), D);
+                } else if (nk > 0) {
+                    int ns, chunk;
+                    rf_decode_split(nk, &ns, &chunk);
+                    for (int sp = 0; sp < ns; sp++) {
+                        int lo = sp * chunk, hi = lo + chunk < nk ? lo + chunk : nk;
+                        partial_init(&split, D);
+                        for (int w = 0; w < RF_DECODE_WARPS; w++) {
+                            partial_init(&warp, D);
+                            for (int j = lo + w; j < hi; j += RF_DECODE_WARPS)
+                                partial_add(&warp, scale * dotf(qr, pool_row(k_pool, bt, j, block_size, KVH, D, kvh), D),
+                                            pool_row(v_pool, bt, j, block_size, KVH, D, kvh), D);
+                            partial_merge(&split, &warp, D);
+                        }
+                        partial_merge(&total, &split, D);
+                    }
+                }
+                float inv = total.l > 0.0f ? 1.0f / total.l : 0.0f;
+                for (int d = 0; d < D; d++) out[row * D + d] = total.acc[d] * inv;
+            }
+    }
+}

@@ -17,6 +17,7 @@
 #define RF_CUDA_COMMON_CUH
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -157,11 +158,16 @@ int rf__cuda_gemm_xtw(float *out, const float *x, const float *y, int T, int C, 
 rf_status rf__cuda_set_precision(rf_precision p);
 /* The bf16 weight copies: every write the back end makes to device memory calls
  * rf__cuda_bf16_invalidate on the bytes it writes, so a copy made from them is remade before
- * its next use; rf__cuda_bf16_forget when memory is freed; weights_updated drops validity of
- * all copies (writes made outside the table: NCCL, a kernel of another library). */
-void rf__cuda_bf16_invalidate(const void *p, size_t bytes);
+ * its next use (comm/comm_nccl.c does the same for the buffers its collectives write);
+ * rf__cuda_bf16_forget when memory is freed; weights_updated drops validity of all copies
+ * (writes made outside the table and NCCL). */
+extern "C" void rf__cuda_bf16_invalidate(const void *p, size_t bytes); /* comm_nccl.c too */
 void rf__cuda_bf16_forget(const void *p);
 void rf__cuda_bf16_invalidate_all(void);
+/* For a kernel about to overwrite exactly the tensor p (n floats), e.g. AdamW on one weight:
+ * the bf16 copy of p when one exists, marked valid on the promise that the kernel writes it
+ * along with p (NULL when there is none); any other copy overlapping p is marked stale. */
+__nv_bfloat16 *rf__cuda_bf16_updated_by_writer(const float *p, size_t n);
 
 /* cuda_attention.cu */
 void rf_cuda_attention_forward(float *out, float *lse, const float *q, const float *k,

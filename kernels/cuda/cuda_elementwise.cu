@@ -4,6 +4,8 @@
  * back ends share one formula for each op. */
 #include <math.h>
 
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/kernel_math.h"
 
@@ -271,23 +273,28 @@ void rf_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const 
 
 /* ---- AdamW ---- */
 
-static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v,
-                                    size_t n, float lr, float beta1, float beta2, float eps,
-                                    float wd, float bc1, float bc2) {
-    RF_FOR_EACH(i, n)
-        param[i] = rf_adamw_elem(param[i], grad[i], m + i, v + i, lr, beta1, beta2, eps, wd, bc1,
-                                 bc2);
+/* AdamW over one tensor; when bf16 is not NULL it also writes the updated weight's bf16 copy
+ * (the one the bf16 products and the colocated rollout read), so no conversion pass follows. */
+static __global__ void adamw_kernel(float *param, __nv_bfloat16 *bf16, const float *grad,
+                                    float *m, float *v, size_t n, float lr, float beta1,
+                                    float beta2, float eps, float wd, float bc1, float bc2) {
+    RF_FOR_EACH(i, n) {
+        float p = rf_adamw_elem(param[i], grad[i], m + i, v + i, lr, beta1, beta2, eps, wd, bc1,
+                                bc2);
+        param[i] = p;
+        if (bf16) bf16[i] = __float2bfloat16_rn(p);
+    }
 }
 
 void rf_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                    float beta1, float beta2, float eps, float weight_decay, int step) {
     RF_CUDA_GUARD();
     if (n == 0) return;
-    rf__cuda_bf16_invalidate(param, n * sizeof(float)); /* its bf16 copies are remade at use */
+    __nv_bfloat16 *copy = rf__cuda_bf16_updated_by_writer(param, n);
     /* Bias corrections on the host in double, exactly as the CPU back end computes them. */
     float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
     float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
     adamw_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
-        param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+        param, copy, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
     RF_CUDA_LAUNCH_CHECK();
 }

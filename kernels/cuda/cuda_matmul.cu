@@ -24,6 +24,7 @@
  *
  * beta = 1 accumulates into out (dw +=, bias pre-filled), beta = 0 overwrites (dinp). */
 #include <cuda_bf16.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,13 +57,18 @@ typedef struct {
 } bf16_entry;
 
 #define RF_BF16_CACHE_MAX 4096 /* weight tensors with a copy; more fall back to scratch */
+/* The cache and the scratch are shared by the threads that use the back end (a colocated
+ * rollout thread and the training thread): g_lock guards them, and is held across a bf16
+ * product's conversions and its enqueue, so that another thread's conversion into the same
+ * scratch is queued after this product on the one stream. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static bf16_entry g_cache[RF_BF16_CACHE_MAX];
 static int g_cache_n;
 /* Scratch for activation operands: two, since dw's product converts both of its operands. */
 static __nv_bfloat16 *g_scratch[2];
 static size_t g_scratch_n[2];
 
-void rf__cuda_bf16_invalidate(const void *p, size_t bytes) {
+static void invalidate_locked(const void *p, size_t bytes) {
     const char *a = (const char *)p, *b = a + bytes;
     for (int i = 0; i < g_cache_n; i++) {
         const char *s = (const char *)g_cache[i].src, *e = s + g_cache[i].n * sizeof(float);
@@ -70,14 +76,36 @@ void rf__cuda_bf16_invalidate(const void *p, size_t bytes) {
     }
 }
 
+extern "C" void rf__cuda_bf16_invalidate(const void *p, size_t bytes) {
+    pthread_mutex_lock(&g_lock);
+    invalidate_locked(p, bytes);
+    pthread_mutex_unlock(&g_lock);
+}
+
+__nv_bfloat16 *rf__cuda_bf16_updated_by_writer(const float *p, size_t n) {
+    __nv_bfloat16 *copy = NULL;
+    pthread_mutex_lock(&g_lock);
+    invalidate_locked(p, n * sizeof(float));
+    for (int i = 0; i < g_cache_n && !copy; i++)
+        if (g_cache[i].src == p && g_cache[i].n == n) {
+            g_cache[i].valid = 1; /* the writer's kernel refreshes it */
+            copy = g_cache[i].copy;
+        }
+    pthread_mutex_unlock(&g_lock);
+    return copy;
+}
+
 void rf__cuda_bf16_invalidate_all(void) {
+    pthread_mutex_lock(&g_lock);
     for (int i = 0; i < g_cache_n; i++) g_cache[i].valid = 0;
+    pthread_mutex_unlock(&g_lock);
 }
 
 /* Freed memory may come back from a later alloc holding other data: copies made from p are
  * released, and every other copy is marked stale (p's size is not known here, and a copy of a
  * tensor inside p must not outlive it). */
 void rf__cuda_bf16_forget(const void *p) {
+    pthread_mutex_lock(&g_lock);
     int w = 0;
     for (int i = 0; i < g_cache_n; i++) {
         if (g_cache[i].src == p) {
@@ -88,6 +116,7 @@ void rf__cuda_bf16_forget(const void *p) {
         g_cache[w++] = g_cache[i];
     }
     g_cache_n = w;
+    pthread_mutex_unlock(&g_lock);
 }
 
 static __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n) {
@@ -146,13 +175,16 @@ static int gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                 const float *A, int lda, size_t na, int a_weight, const float *B, int ldb,
                 size_t nb, float beta, float *C, int ldc) {
     if (rf__cuda.precision == RF_PRECISION_BF16) {
+        pthread_mutex_lock(&g_lock);
         const __nv_bfloat16 *a = a_weight ? bf16_weight(A, na, 1) : bf16_scratch(1, A, na);
         const __nv_bfloat16 *b = a ? bf16_scratch(0, B, nb) : NULL;
-        if (!a || !b) return 0;
-        return RF_CUBLAS_CHECK(cublasGemmEx(rf__cuda.blas, ta, tb, m, n, k, &alpha, a,
-                                            CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, C,
-                                            CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT));
+        int ok = a && b &&
+                 RF_CUBLAS_CHECK(cublasGemmEx(rf__cuda.blas, ta, tb, m, n, k, &alpha, a,
+                                              CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, C,
+                                              CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT));
+        pthread_mutex_unlock(&g_lock);
+        return ok;
     }
     cublasComputeType_t ct = rf__cuda.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     return RF_CUBLAS_CHECK(cublasGemmEx(rf__cuda.blas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F,
