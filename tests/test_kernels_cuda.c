@@ -389,8 +389,10 @@ static void cross_bf16_weight_cache(int T, int C, int OC) {
 }
 
 /* The LM head in bf16: forward against the CPU on rounded h and w (exact twin); backward's
- * dlogit is rounded to bf16 before its products, which no pre-rounding reproduces: within
- * 2^-8 relative of the CPU's fp32 gradient, 1e-2 of the rms. */
+ * dlogit is rounded to bf16 before its products, which no pre-rounding reproduces. Against the
+ * CPU's fp32 gradient: three operands rounded by up to 2^-9 each put a random error of about
+ * sqrt(3) 2^-9 = 3.4e-3 of the rms on each element; the largest of ~10^5 elements is ~4.5 times
+ * that, 1.5e-2: tolerance 3e-2 (a wrong term is O(1)). */
 static void cross_bf16_logprob(int T, int C, int V) {
     size_t nh = (size_t)T * C, nw = (size_t)V * C;
     float *h = fnormal(nh, 1.0f), *w = fnormal(nw, 0.2f), *h_r = bf16_copy(h, nh), *w_r = bf16_copy(w, nw);
@@ -406,10 +408,10 @@ static void cross_bf16_logprob(int T, int C, int V) {
     run_logprob_backward(g_gpu, dh2, dw2, dlp, NULL, h, w, tg, T, C, V, 0.7f);
     CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
     run_logprob_backward(g_cpu, dh1, dw1, dlp, NULL, h, w, tg, T, C, V, 0.7f);
-    printf("bf16 logprob_backward: max relative error dh %.3g dw %.3g (tolerance 1e-2)\n",
+    printf("bf16 logprob_backward: max relative error dh %.3g dw %.3g (tolerance 3e-2)\n",
            rel_err(dh2, dh1, nh), rel_err(dw2, dw1, nw));
-    check_arr_f("bf16 logprob_backward dh", dh2, dh1, nh, 1e-2);
-    check_arr_f("bf16 logprob_backward dw", dw2, dw1, nw, 1e-2);
+    check_arr_f("bf16 logprob_backward dh", dh2, dh1, nh, 3e-2);
+    check_arr_f("bf16 logprob_backward dw", dw2, dw1, nw, 3e-2);
     free(h), free(w), free(h_r), free(w_r), free(tg), free(lp1), free(lp2), free(e1), free(e2);
     free(dlp), free(dh1), free(dh2), free(dw1), free(dw2);
 }
