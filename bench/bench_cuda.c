@@ -5,6 +5,8 @@
  *    accumulation and output), the best of several: the tensor-core roofline;
  *  - copy_bw: GB/s of a 2 GiB device-to-device cudaMemcpyAsync (read + write counted): the
  *    memory roofline of decoding, which streams every weight once per step.
+ *  - attention: one layer's attention forward and backward (tiled kernels, or the reference ones
+ *    with RLFLOW_CUDA_ATTENTION=reference) against the same layer's seven forward products.
  * Three model shapes: "25m" (the CPU bench's model), "qwen0.5b" (Qwen2.5-0.5B: C 896, F 4864,
  * 24 layers, 14/2 heads, V 151936) and "7b" (Llama-2-7B: C 4096, F 11008, 32 layers, 32/32
  * heads, V 32000, untied). Weights are random; the model runs at the precision given.
@@ -260,6 +262,87 @@ done:
     free(tok), free(slots), free(counts), free(ones), free(logits);
 }
 
+/* Seconds of the best of `reps` calls of fn(ctx) (after one warm-up), synchronised. */
+typedef void (*timed_fn)(const rf_kernels *k, void *ctx);
+static double best_time(const rf_kernels *k, timed_fn fn, void *ctx, int reps) {
+    double best = 1e30;
+    for (int r = 0; r < reps + 1; r++) {
+        k->sync();
+        double t0 = rf_time_now();
+        fn(k, ctx);
+        k->sync();
+        double el = rf_time_now() - t0;
+        if (r > 0 && el < best) best = el;
+    }
+    return best;
+}
+
+typedef struct {
+    const rf_model_config *c;
+    int n_seq, T;
+    float *q, *kk, *v, *out, *lse, *dout, *dq, *dk, *dv, *x, *y, *w;
+    int32_t *cu;
+} att_ctx;
+
+static void att_fwd(const rf_kernels *k, void *p) {
+    att_ctx *a = p;
+    k->attention_forward(a->out, a->lse, a->q, a->kk, a->v, a->cu, a->cu, a->cu + a->n_seq + 1,
+                         a->n_seq, a->c->num_attention_heads, a->c->num_key_value_heads, a->c->head_dim);
+}
+
+static void att_bwd(const rf_kernels *k, void *p) {
+    att_ctx *a = p;
+    k->attention_backward(a->dq, a->dk, a->dv, a->dout, a->q, a->kk, a->v, a->out, a->lse, a->cu,
+                          a->n_seq, a->T, a->c->num_attention_heads, a->c->num_key_value_heads,
+                          a->c->head_dim);
+}
+
+/* The seven products of one layer's forward (q, k, v, o, gate, up, down) on T tokens. */
+static void layer_matmuls(const rf_kernels *k, void *p) {
+    att_ctx *a = p;
+    int C = a->c->hidden_size, F = a->c->intermediate_size, T = a->T;
+    int HD = a->c->num_attention_heads * a->c->head_dim, KD = a->c->num_key_value_heads * a->c->head_dim;
+    int shapes[7][2] = {{C, HD}, {C, KD}, {C, KD}, {HD, C}, {C, F}, {C, F}, {F, C}};
+    for (int i = 0; i < 7; i++) k->matmul_forward(a->y, a->x, a->w, NULL, T, shapes[i][0], shapes[i][1]);
+}
+
+/* Attention forward and backward of one layer against the forward products of the same layer
+ * (the issue's target: attention forward within 1.5x of them), B sequences of L tokens. */
+static void bench_attention(const rf_kernels *k, const char *shape, const rf_model_config *c, int B,
+                            int L, int reps) {
+    int T = B * L, H = c->num_attention_heads, KVH = c->num_key_value_heads, D = c->head_dim;
+    int C = c->hidden_size, F = c->intermediate_size;
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D, big = (size_t)T * (F > H * D ? F : H * D);
+    att_ctx a = {c, B, T, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    float **bufs[] = {&a.q, &a.out, &a.dout, &a.dq, &a.kk, &a.v, &a.dk, &a.dv, &a.lse, &a.x, &a.y, &a.w};
+    size_t sizes[] = {nq, nq, nq, nq, nk, nk, nk, nk, (size_t)T * H, big, big, (size_t)F * (F > C ? F : C)};
+    int ok = 1;
+    for (int i = 0; i < 12; i++) ok = ok && (*bufs[i] = k->alloc(sizeof(float) * sizes[i])) != NULL;
+    int32_t *cu_h = malloc(sizeof(int32_t) * (2 * B + 1));
+    for (int b = 0; b <= B; b++) cu_h[b] = b * L;
+    for (int b = 0; b < B; b++) cu_h[B + 1 + b] = L;
+    ok = ok && (a.cu = k->alloc(sizeof(int32_t) * (2 * B + 1))) != NULL;
+    if (!ok) {
+        printf("{\"bench\":\"attention\",\"model\":\"%s\",\"error\":\"%s\"}\n", shape, rf_error_message());
+    } else {
+        k->to_device(a.cu, cu_h, sizeof(int32_t) * (2 * B + 1));
+        /* small values: softmax and its statistics finite whatever the path */
+        for (int i = 0; i < 12; i++) k->zero(*bufs[i], sizeof(float) * sizes[i]);
+        double fwd = best_time(k, att_fwd, &a, reps), bwd = best_time(k, att_bwd, &a, reps);
+        double mm = best_time(k, layer_matmuls, &a, reps);
+        const char *e = getenv("RLFLOW_CUDA_ATTENTION");
+        int flash = !(e && strcmp(e, "reference") == 0) && D <= 128;
+        printf("{\"bench\":\"attention\",\"device\":\"cuda\",\"model\":\"%s\",\"kernels\":\"%s\","
+               "\"sequences\":%d,\"seq_len\":%d,\"fwd_seconds\":%.5f,\"bwd_seconds\":%.5f,"
+               "\"layer_matmul_fwd_seconds\":%.5f,\"fwd_over_matmuls\":%.2f}\n", shape,
+               flash ? "tiled" : "reference", B, L, fwd, bwd, mm, fwd / mm);
+        fflush(stdout);
+    }
+    for (int i = 0; i < 12; i++) k->free(*bufs[i]);
+    k->free(a.cu);
+    free(cu_h);
+}
+
 static void bench_shape(const rf_kernels *k, const char *shape, int quick) {
     rf_model_config c;
     shape_config(&c, shape);
@@ -270,6 +353,7 @@ static void bench_shape(const rf_kernels *k, const char *shape, int quick) {
     }
     fill_params(m);
     int big = strcmp(shape, "25m") != 0, steps = quick ? 8 : 32;
+    bench_attention(k, shape, &c, big ? 4 : 8, big ? 1024 : 256, quick ? 2 : 5);
     /* generation first (no gradients held yet), then training */
     bench_prefill(m, shape, 8, big ? 1024 : 256);
     bench_decode(m, shape, 1, steps);
