@@ -158,7 +158,7 @@ int rf_cmd_generate(int argc, char **argv) {
         s = rf_error(RF_ERR_ARG, "generate needs --model and exactly one of --prompt, --prompts-file");
     if (s || a.help) {
         rf_args_usage("generate", "--model DIR (--prompt TEXT | --prompts-file FILE) [options]", opts, N_OPTS(opts));
-        return s ? rf_cli_fail(s) : 0;
+        return s ? rf_cli_usage_fail(s) : 0;
     }
     static char *texts[MAX_PROMPTS];
     int n = 0;
@@ -239,7 +239,7 @@ int rf_cmd_score(int argc, char **argv) {
     if (s == RF_OK && !(temperature > 0)) s = rf_error(RF_ERR_ARG, "--temperature must be > 0");
     if (s || help) {
         rf_args_usage("score", "--model DIR --prompt TEXT --response TEXT", opts, N_OPTS(opts));
-        return s ? rf_cli_fail(s) : 0;
+        return s ? rf_cli_usage_fail(s) : 0;
     }
     rf_model *m;
     rf_tokenizer *tok;

@@ -58,6 +58,35 @@ void rf_metrics_close(rf_metrics *m);
 const char *rf_metrics_jsonl_path(const rf_metrics *m);
 const char *rf_metrics_tb_path(const rf_metrics *m);
 
+/* ---- per-sample logs (logging.samples_every) ---- */
+
+#define RF_SAMPLE_MAX_COMPONENTS 8
+
+/* One logged sample: the prompt as the model saw it, the decoded response, the reference
+ * answer (NULL: none), its whole reward and that reward's parts. */
+typedef struct rf_sample_log {
+    const char *prompt, *response, *answer;
+    int group, index;       /* prompt's group in the batch, sample's place in its group */
+    int response_tokens;
+    double reward;          /* the whole reward the advantages used (sequence + per-token) */
+    double accuracy;        /* the rules' correctness, NAN when no rule judges it */
+    double advantage;       /* the advantage of the response's first token */
+    int n_components;
+    const char *component_names[RF_SAMPLE_MAX_COMPONENTS];
+    double components[RF_SAMPLE_MAX_COMPONENTS];
+} rf_sample_log;
+
+/* Writes n samples of `step`: one JSON object per sample appended to <dir>/samples.jsonl (when
+ * the jsonl sink is on; opened at the first call) with the fields step, time, group, index,
+ * prompt, response, answer, reward, accuracy, advantage, response_tokens, components
+ * (docs/metrics.md), and, when the TensorBoard sink is on, one text summary per sample (tag
+ * "samples/<i>", Markdown) in the event file. Each sink gets one write(2) per call.
+ * Errors: RF_ERR_IO naming the file; RF_ERR_NOMEM. */
+rf_status rf_metrics_samples(rf_metrics *m, int64_t step, const rf_sample_log *s, int n);
+
+/* Path of samples.jsonl (NULL before the first rf_metrics_samples or without the jsonl sink). */
+const char *rf_metrics_samples_path(const rf_metrics *m);
+
 /* ---- console ---- */
 
 /* One field of the console line: "<label> <value>[±<pm>]<unit>". */

@@ -169,6 +169,8 @@ static const rkey KEYS[] = {
     {"logging", "every", T_INT, AT(logging.every), "1", NULL, "Log metrics every this many steps."},
     {"logging", "val_every", T_INT, AT(logging.val_every), "10", NULL, "Validate every this many steps; 0 = never."},
     {"logging", "val_size", T_INT, AT(logging.val_size), "200", NULL, "Validation prompts used (the first ones of data.val)."},
+    {"logging", "samples_every", T_INT, AT(logging.samples_every), "0", NULL, "Every this many steps, log logging.samples_per_step of the step's training samples (prompt, response, answer, reward and its components, advantage) to samples.jsonl and as TensorBoard text (docs/metrics.md); 0 = never."},
+    {"logging", "samples_per_step", T_INT, AT(logging.samples_per_step), "4", NULL, "Samples logged at each logging.samples_every step: the first ones of the batch, at most its size (one response of each group in turn, then the second of each, ...)."},
     {"logging", "tensorboard", T_BOOL, AT(logging.tensorboard), "true", NULL, "Write TensorBoard event files."},
     {"logging", "jsonl", T_BOOL, AT(logging.jsonl), "true", NULL, "Write metrics.jsonl."},
 
@@ -264,6 +266,8 @@ static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RA
     {"logging.every", 1, INFINITY, 0, 1},
     {"logging.val_every", 0, INFINITY, 0, 1},
     {"logging.val_size", 0, INFINITY, 0, 1},
+    {"logging.samples_every", 0, INFINITY, 0, 1},
+    {"logging.samples_per_step", 1, INFINITY, 0, 1},
     {"checkpoint.every", 0, INFINITY, 0, 1},
     {"checkpoint.keep", 0, INFINITY, 0, 1},
     {"async.max_staleness", 0, INFINITY, 0, 1},
