@@ -26,26 +26,27 @@ static int run_file_kind(const char *name) {
     return 0;
 }
 
-/* Counts the logs (n_logs) and checkpoints (n_ckpt) in dir; the first of each named in
- * first_log / first_ckpt (64 bytes each). */
-static void survey(const char *dir, int *n_logs, int *n_ckpt, char *first_log, char *first_ckpt) {
-    *n_logs = *n_ckpt = 0;
-    first_log[0] = first_ckpt[0] = '\0';
+/* What a run left in dir: metrics.jsonl, samples.jsonl, event files, checkpoints. */
+typedef struct survey_t {
+    int metrics, samples, events, ckpts;
+} survey_t;
+
+static survey_t survey(const char *dir) {
+    survey_t v = {0, 0, 0, 0};
     DIR *d = opendir(dir);
-    if (!d) return;
+    if (!d) return v;
     for (struct dirent *e; (e = readdir(d));) {
         int k = run_file_kind(e->d_name);
-        if (k == 1 && (*n_logs)++ == 0) snprintf(first_log, 64, "%.63s", e->d_name);
-        if (k == 2 && (*n_ckpt)++ == 0) snprintf(first_ckpt, 64, "%.63s", e->d_name);
+        v.metrics += strcmp(e->d_name, "metrics.jsonl") == 0, v.samples += strcmp(e->d_name, "samples.jsonl") == 0;
+        v.events += k == 1 && strstr(e->d_name, "tfevents") != NULL, v.ckpts += k == 2;
     }
     closedir(d);
+    return v;
 }
 
 int rf_run_dir_has_run(const char *dir) {
-    int nl, nc;
-    char a[64], b[64];
-    survey(dir, &nl, &nc, a, b);
-    return nl + nc > 0;
+    survey_t v = survey(dir);
+    return v.metrics + v.samples + v.events + v.ckpts > 0;
 }
 
 /* Removes every file and checkpoint of a run in dir (run_file_kind > 0). */
@@ -216,15 +217,15 @@ rf_status rf_run_dir_prepare(const rf_recipe *r, int resume, int overwrite) {
     if (resume && overwrite) return rf_error(RF_ERR_ARG, "--resume and --overwrite exclude each other");
     if (resume) return rf_run_dir_has_run(dir) ? cut_back(dir) : RF_OK; /* none: the resume says so */
     if (overwrite) return remove_run(dir);
-    int nl, nc;
-    char log[64], ck[64];
-    survey(dir, &nl, &nc, log, ck);
-    if (nl + nc == 0) return RF_OK;
+    survey_t v = survey(dir);
+    if (v.metrics + v.samples + v.events + v.ckpts == 0) return RF_OK;
     char what[200];
-    if (nl && nc)
-        snprintf(what, sizeof what, "%s and %d more logs, %s and %d more checkpoints", log, nl - 1, ck, nc - 1);
-    else
-        snprintf(what, sizeof what, "%s%s", nl ? log : ck, (nl ? nl : nc) > 1 ? " and more" : "");
+    size_t n = 0;
+    if (v.metrics) n += (size_t)snprintf(what + n, sizeof what - n, "metrics.jsonl, ");
+    if (v.samples) n += (size_t)snprintf(what + n, sizeof what - n, "samples.jsonl, ");
+    if (v.events) n += (size_t)snprintf(what + n, sizeof what - n, "%d event file%s, ", v.events, v.events > 1 ? "s" : "");
+    if (v.ckpts) n += (size_t)snprintf(what + n, sizeof what - n, "%d checkpoint%s, ", v.ckpts, v.ckpts > 1 ? "s" : "");
+    what[n - 2] = '\0';
     return rf_error(RF_ERR_ARG, "logging.dir = \"%s\" holds a run already (%s): pass --resume to continue it, or "
                     "--overwrite to remove it and start afresh (or set logging.dir to another directory)", dir, what);
 }
