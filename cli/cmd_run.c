@@ -31,19 +31,21 @@ typedef struct run_flags {
     int resume, overwrite;
 } run_flags;
 
-/* Parses RECIPE [--set k=v]... (and, for `rlflow run` (flags not NULL), --resume and
- * --overwrite) into a loaded recipe. Returns -1 when loaded, else the exit code. */
+/* Parses RECIPE [--set k=v]... [--resume | --overwrite] into a loaded recipe. Returns -1 when
+ * loaded, else the exit code. */
 static int load_recipe(const char *cmd, int argc, char **argv, rf_recipe *r, run_flags *flags) {
     rf_opt_multi sets = {0};
-    int help = 0, res = 0, over = 0;
+    int help = 0, res = 0, over = 0, sft = strcmp(cmd, "sft") == 0;
     rf_opt opts[] = {
         {"set", RF_OPT_MULTI, &sets, "override a recipe key: --set section.key=value (repeatable, up to 64)", 0},
+        {"resume", RF_OPT_FLAG, &res, sft ? "continue from the newest checkpoint in <logging.dir>/sft_checkpoints"
+                                          : "continue from the newest checkpoint in logging.dir", 0},
+        {"overwrite", RF_OPT_FLAG, &over, sft ? "start afresh: remove the checkpoints in <logging.dir>/sft_checkpoints"
+                                              : "start afresh in a logging.dir that holds a run: remove its metrics, "
+                                                "samples, event files and checkpoints first", 0},
         {"help", RF_OPT_FLAG, &help, "show this help", 0},
-        {"resume", RF_OPT_FLAG, &res, "continue from the newest checkpoint in logging.dir", 0},
-        {"overwrite", RF_OPT_FLAG, &over, "start afresh in a logging.dir that holds a run: remove its metrics, "
-                                          "samples, event files and checkpoints first", 0},
     };
-    int n_opts = flags ? N_OPTS(opts) : 2; /* sft: no --resume, --overwrite */
+    int n_opts = N_OPTS(opts);
     const char *pos[1];
     int n_pos;
     rf_status s = rf_args_parse(argc, argv, opts, n_opts, pos, 1, &n_pos);
@@ -56,7 +58,7 @@ static int load_recipe(const char *cmd, int argc, char **argv, rf_recipe *r, run
     }
     s = rf_recipe_load(r, pos[0], sets.v, sets.n);
     if (s) return rf_cli_fail(s);
-    if (flags) flags->resume = res, flags->overwrite = over;
+    flags->resume = res, flags->overwrite = over;
     return -1; /* loaded: go on */
 }
 
@@ -71,7 +73,7 @@ static rf_status prepare_dir(const rf_recipe *r, const run_flags *f) {
         if (!rank) rank = getenv("PMI_RANK");
         if (rank && strcmp(rank, "0") != 0) return RF_OK;
     }
-    RF_TRY(rf_run_dir_prepare(r, f->resume, f->overwrite));
+    RF_TRY(rf_run_dir_prepare(r->logging.dir, "logging.dir =", f->resume, f->overwrite));
     setenv("RLFLOW_RUN_DIR_READY", "1", 1);
     return RF_OK;
 }
@@ -102,9 +104,10 @@ int rf_cmd_run(int argc, char **argv) {
 
 int rf_cmd_sft(int argc, char **argv) {
     rf_recipe r;
-    int rc = load_recipe("sft", argc, argv, &r, NULL);
+    run_flags f = {0};
+    int rc = load_recipe("sft", argc, argv, &r, &f);
     if (rc >= 0) return rc;
-    rf_status s = rf_sft_main(&r);
+    rf_status s = rf_sft_main(&r, f.resume, f.overwrite);
     rf_recipe_free(&r);
     return s ? rf_cli_fail(s) : 0;
 }

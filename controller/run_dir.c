@@ -212,8 +212,7 @@ static rf_status cut_back(const char *dir) {
     return s;
 }
 
-rf_status rf_run_dir_prepare(const rf_recipe *r, int resume, int overwrite) {
-    const char *dir = r->logging.dir;
+rf_status rf_run_dir_prepare(const char *dir, const char *label, int resume, int overwrite) {
     if (resume && overwrite) return rf_error(RF_ERR_ARG, "--resume and --overwrite exclude each other");
     if (resume) return rf_run_dir_has_run(dir) ? cut_back(dir) : RF_OK; /* none: the resume says so */
     if (overwrite) return remove_run(dir);
@@ -226,8 +225,8 @@ rf_status rf_run_dir_prepare(const rf_recipe *r, int resume, int overwrite) {
     if (v.events) n += (size_t)snprintf(what + n, sizeof what - n, "%d event file%s, ", v.events, v.events > 1 ? "s" : "");
     if (v.ckpts) n += (size_t)snprintf(what + n, sizeof what - n, "%d checkpoint%s, ", v.ckpts, v.ckpts > 1 ? "s" : "");
     what[n - 2] = '\0';
-    return rf_error(RF_ERR_ARG, "logging.dir = \"%s\" holds a run already (%s): pass --resume to continue it, or "
-                    "--overwrite to remove it and start afresh (or set logging.dir to another directory)", dir, what);
+    return rf_error(RF_ERR_ARG, "%s \"%s\" holds a run already (%s): pass --resume to continue it, or "
+                    "--overwrite to remove it and start afresh (or set logging.dir to another directory)", label, dir, what);
 }
 
 int rf_run_dir_val_before(const char *dir, double *acc) {

@@ -15,12 +15,14 @@
 #ifndef RF_RUN_DIR_H
 #define RF_RUN_DIR_H
 
-#include "controller/recipe.h"
+#include "common/status.h"
 
-/* Prepares r->logging.dir for `rlflow run` as above (resume and overwrite exclusive). Errors:
- * RF_ERR_ARG naming the directory and what it holds; RF_ERR_IO / RF_ERR_FORMAT naming a file
- * that could not be removed, read or rewritten. */
-rf_status rf_run_dir_prepare(const rf_recipe *r, int resume, int overwrite);
+/* Prepares dir (logging.dir for `rlflow run`; <logging.dir>/sft_checkpoints for `rlflow sft`)
+ * as above (resume and overwrite exclusive); label names it in the refusal ("logging.dir =").
+ * Errors: RF_ERR_ARG naming the directory and what
+ * it holds; RF_ERR_IO / RF_ERR_FORMAT naming a file that could not be removed, read or
+ * rewritten. */
+rf_status rf_run_dir_prepare(const char *dir, const char *label, int resume, int overwrite);
 
 /* 1 when dir holds a run (see above), 0 when not or when it does not exist. */
 int rf_run_dir_has_run(const char *dir);

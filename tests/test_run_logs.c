@@ -15,6 +15,9 @@
  *     component is the whole reward; the event file holds the text summaries; the split
  *     controller writes them too;
  *   - one-process runs write run_status.json (ok, and an error with its message);
+ *   - rlflow sft --resume ends with the weights and final loss of an uninterrupted run, bit for
+ *     bit; its checkpoints are refused as a run's are;
+ *   - relative paths in a recipe resolve against the current directory;
  *   - docs/metrics.md's table of metric names against what the runs log, both ways. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
@@ -280,6 +283,37 @@ static void status_on_error(void) {
     free(st);
 }
 
+/* rlflow sft --resume: a run cut off after its step-10 checkpoint and resumed ends with the
+ * weights of the uninterrupted 30-step run, byte for byte, and the same final loss (printed
+ * exactly, %a); the checkpoints refuse a second run without --resume or --overwrite. */
+static void sft_resume(void) {
+    char *a = NULL, *b = NULL, *out = NULL;
+    const char *sft = "--set sft.max_steps=30 --set sft.batch_size=16 --set checkpoint.every=10 --set checkpoint.keep=0";
+    CHECK(rf_test_sh(&a, "cd %s && %s sft r.toml %s --set logging.dir=sA", dir, rlflow, sft) == 0);
+    CHECK(rf_test_sh(NULL, "cd %s && mkdir sB && cp -r sA/sft_checkpoints sB/ && echo step_000010 > sB/sft_checkpoints/latest "
+                     "&& rm -r sB/sft_checkpoints/step_000020 sB/sft_checkpoints/step_000030", dir) == 0);
+    CHECK(rf_test_sh(&out, "cd %s && %s sft r.toml %s --set logging.dir=sB", dir, rlflow, sft) == 1);
+    CHECK(out && strstr(out, "error: the SFT checkpoint directory \"sB/sft_checkpoints\" holds a run already (1 checkpoint): "
+                        "pass --resume to continue it, or --overwrite"));
+    free(out);
+    CHECK(rf_test_sh(&b, "cd %s && %s sft r.toml %s --set logging.dir=sB --resume", dir, rlflow, sft) == 0);
+    CHECK(b && strstr(b, "sft: resumed at step 10 (data epoch 0, index 160)"));
+    const char *la = a ? strstr(a, "sft: final loss ") : NULL, *lb = b ? strstr(b, "sft: final loss ") : NULL;
+    CHECK(la && lb && strncmp(la, lb, (size_t)(strchr(la, ';') - la)) == 0);
+    if (la && lb) printf("uninterrupted:  %.60s\nresumed at 10: %.60s\n", la, lb);
+    CHECK(rf_test_sh(NULL, "cd %s && cmp sA/sft/model.safetensors sB/sft/model.safetensors", dir) == 0);
+    free(a), free(b);
+}
+
+/* Relative paths inside a recipe resolve against the current directory, not the recipe's. */
+static void relative_paths(void) {
+    char *out = NULL;
+    CHECK(rf_test_sh(&out, "cd %s && mkdir -p sub && cp r.toml sub/r.toml && %s run sub/r.toml --set train.steps=1 "
+                     "--set logging.val_every=0 --set logging.dir=rel", dir, rlflow) == 0);
+    free(out);
+    CHECK(rf_test_sh(NULL, "test -f %s/rel/metrics.jsonl && test ! -e %s/sub/rel", dir, dir) == 0);
+}
+
 /* ---- docs/metrics.md's names ---- */
 
 typedef struct doc_name {
@@ -416,6 +450,8 @@ int main(void) {
     resume_once();
     samples();
     status_on_error();
+    sft_resume();
+    relative_paths();
     metric_names();
     if (!getenv("RF_KEEP_TMP")) rf_test_sh(NULL, "rm -rf %s", dir);
     else printf("kept %s\n", dir);
