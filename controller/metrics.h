@@ -6,10 +6,11 @@
  *
  * JSON has no NaN or infinity: such values are written as null in metrics.jsonl (TensorBoard
  * gets the float NaN/inf itself). Names keep the order of their first rf_metrics_set in a step,
- * which is the key order of the JSON line. Resuming a run appends to metrics.jsonl and starts a
- * new event file; steps repeated after a resume appear twice in the JSONL (readers keep the
- * last line of a step); the first commit of each open marks a session start in the event file,
- * which tells TensorBoard to drop the orphaned points (docs/metrics.md).
+ * which is the key order of the JSON line. Opening never rewrites: metrics.jsonl is appended
+ * to and a new event file started. A resumed run's directory has been cut back to the
+ * checkpoint's step first (controller/run_dir.h), so each step is written once; the first
+ * commit of each open still marks a session start in the event file, which TensorBoard takes
+ * as a restart point (docs/metrics.md).
  *
  * An rf_metrics belongs to one thread (the controller's): no call is thread-safe. */
 #ifndef RF_METRICS_H
