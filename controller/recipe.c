@@ -165,7 +165,7 @@ static const rkey KEYS[] = {
     {"critic", "lr", T_FLOAT, AT(critic.lr), "1e-5", NULL, "Learning rate of the critic."},
     {"critic", "warmup_steps", T_INT, AT(critic.warmup_steps), "0", NULL, "Linear warm-up steps of the critic."},
 
-    {"logging", "dir", T_STR, AT(logging.dir), "\"runs/default\"", NULL, "Run directory: metrics, the effective recipe, checkpoints."},
+    {"logging", "dir", T_STR, AT(logging.dir), "\"runs/default\"", NULL, "Run directory: metrics, samples, TensorBoard files, the effective recipe, checkpoints, run_status.json. Relative to the current directory. A directory that already holds a run is refused unless `rlflow run` says --resume (continue it) or --overwrite (remove it first)."},
     {"logging", "every", T_INT, AT(logging.every), "1", NULL, "Log metrics every this many steps."},
     {"logging", "val_every", T_INT, AT(logging.val_every), "10", NULL, "Validate every this many steps; 0 = never."},
     {"logging", "val_size", T_INT, AT(logging.val_size), "200", NULL, "Validation prompts used (the first ones of data.val)."},
@@ -174,7 +174,7 @@ static const rkey KEYS[] = {
     {"logging", "tensorboard", T_BOOL, AT(logging.tensorboard), "true", NULL, "Write TensorBoard event files."},
     {"logging", "jsonl", T_BOOL, AT(logging.jsonl), "true", NULL, "Write metrics.jsonl."},
 
-    {"checkpoint", "every", T_INT, AT(checkpoint.every), "50", NULL, "Save every this many steps; 0 = only at the end."},
+    {"checkpoint", "every", T_INT, AT(checkpoint.every), "50", NULL, "Save every this many steps; 0 = only at the end. rlflow sft: every this many SFT steps, into <logging.dir>/sft_checkpoints (--resume continues from there)."},
     {"checkpoint", "keep", T_INT, AT(checkpoint.keep), "2", NULL, "Checkpoints kept (older ones are deleted); 0 = all."},
     {"checkpoint", "save_optimizer", T_BOOL, AT(checkpoint.save_optimizer), "true", NULL, "Save optimizer state too (needed to resume exactly)."},
 
