@@ -29,6 +29,8 @@ typedef struct rf_train_sample {
                              their tokens by GAE and REINFORCE++; owned, NULL: none */
     float rm_score;    /* the reward model's score of the whole sequence (a training worker
                           scoring for the controller; unweighted) */
+    float rule_reward;     /* the reward rules' part of reward (per-sample logs) */
+    float external_reward; /* reward programs' sequence score, weighted: their part of reward */
 } rf_train_sample;
 
 /* Allocates the per-token arrays of s (tokens must be set); frees them. */

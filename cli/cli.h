@@ -28,4 +28,8 @@ int rf_cli_eos_ids(const char *dir, const rf_model *m, const rf_tokenizer *tok, 
 /* Prints a failed status and returns exit code 1. */
 int rf_cli_fail(rf_status s);
 
+/* Prints a usage error (the command line itself is wrong: an unknown option, a missing or
+ * malformed value, a missing required argument) and returns exit code 2 (docs/cli.md). */
+int rf_cli_usage_fail(rf_status s);
+
 #endif

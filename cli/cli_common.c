@@ -12,6 +12,11 @@ int rf_cli_fail(rf_status s) {
     return 1;
 }
 
+int rf_cli_usage_fail(rf_status s) {
+    rf_log_status(s);
+    return 2;
+}
+
 rf_status rf_cli_backend(const char *device, const rf_kernels **out) {
     *out = rf_kernels_for(device);
     if (*out) return RF_OK;

@@ -40,7 +40,7 @@ int rf_cmd_data(int argc, char **argv) {
     rf_status s = rf_args_parse(argc, argv, opts, N_OPTS(opts), pos, 1, &n_pos);
     if (s || help || n_pos != 1) {
         rf_args_usage("data", "TASK [options]   (tasks: arith, countdown)", opts, N_OPTS(opts));
-        if (s) return rf_cli_fail(s);
+        if (s) return rf_cli_usage_fail(s);
         return help ? 0 : (fprintf(stderr, "error: name a task (%s)\n", rf_task_names()), 2);
     }
     char dir[4096];

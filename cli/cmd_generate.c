@@ -44,8 +44,23 @@ static rf_status render_prompt(const cJSON *v, const char *tmpl, const char *whe
     return s;
 }
 
-/* Reads prompts from a JSONL file: {"prompt": "..."} or {"prompt"|"messages": [...]}. */
-static rf_status read_prompts_file(const char *path, const char *tmpl, char **texts, int *n) {
+/* --answer-key: each prompt's answer (a string, or a number's JSON text), printed with --json. */
+static char *g_answers[MAX_PROMPTS];
+
+/* The answer of line j under key (where: file:line for errors) into g_answers[i]. */
+static rf_status take_answer(const cJSON *j, const char *key, const char *where, int i) {
+    const cJSON *a = cJSON_GetObjectItem(j, key);
+    if (!a) return rf_error(RF_ERR_FORMAT, "%s: missing \"%s\" (--answer-key)", where, key);
+    if (!cJSON_IsString(a) && !cJSON_IsNumber(a))
+        return rf_error(RF_ERR_FORMAT, "%s: \"%s\" must be a string or a number", where, key);
+    g_answers[i] = cJSON_IsString(a) ? strdup(a->valuestring) : cJSON_PrintUnformatted(a);
+    return g_answers[i] ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+}
+
+/* Reads prompts from a JSONL file: {"<key>": "..."} or {"<key>"|"messages": [...]}, key the
+ * --prompt-key ("prompt"); with --answer-key, each line's answer too. */
+static rf_status read_prompts_file(const char *path, const char *key, const char *akey, const char *tmpl,
+                                   char **texts, int *n) {
     char *data = NULL;
     RF_TRY(rf_read_file(path, &data, NULL));
     rf_status s = RF_OK;
@@ -59,12 +74,12 @@ static rf_status read_prompts_file(const char *path, const char *tmpl, char **te
         char where[4200];
         snprintf(where, sizeof where, "%s:%d", path, line);
         cJSON *j = cJSON_Parse(p);
-        const cJSON *v = j ? cJSON_GetObjectItem(j, "prompt") : NULL;
+        const cJSON *v = j ? cJSON_GetObjectItem(j, key) : NULL;
         if (!v && j) v = cJSON_GetObjectItem(j, "messages");
         if (!j || !cJSON_IsObject(j)) s = rf_error(RF_ERR_FORMAT, "%s: not a JSON object", where);
-        else if (!v) s = rf_error(RF_ERR_FORMAT, "%s: missing \"prompt\" (or \"messages\")", where);
+        else if (!v) s = rf_error(RF_ERR_FORMAT, "%s: missing \"%s\" (or \"messages\")", where, key);
         else if (*n >= MAX_PROMPTS) s = rf_error(RF_ERR_RANGE, "%s: more than %d prompts", where, MAX_PROMPTS);
-        else s = render_prompt(v, tmpl, where, &texts[(*n)++]);
+        else if (!akey || (s = take_answer(j, akey, where, *n)) == RF_OK) s = render_prompt(v, tmpl, where, &texts[(*n)++]);
         cJSON_Delete(j);
     }
     free(data);
@@ -80,6 +95,7 @@ static void print_result(const rf_gen_output *o, int index, const char *prompt, 
     cJSON *r = cJSON_CreateObject();
     cJSON_AddNumberToObject(r, "index", index);
     cJSON_AddStringToObject(r, "prompt", prompt);
+    if (g_answers[index]) cJSON_AddStringToObject(r, "answer", g_answers[index]);
     cJSON_AddStringToObject(r, "text", o->text ? o->text : "");
     cJSON_AddItemToObject(r, "tokens", cJSON_CreateIntArray(o->tokens, o->n_tokens));
     cJSON_AddItemToObject(r, "logprobs", cJSON_CreateFloatArray(o->logprobs, o->n_tokens));
@@ -91,7 +107,7 @@ static void print_result(const rf_gen_output *o, int index, const char *prompt, 
 }
 
 typedef struct gen_args {
-    const char *model, *prompt, *file, *tmpl, *device;
+    const char *model, *prompt, *file, *tmpl, *device, *prompt_key, *answer_key;
     int max_new, top_k, seed, greedy, json, help;
     float temperature, top_p;
     rf_opt_multi stop;
@@ -139,6 +155,8 @@ int rf_cmd_generate(int argc, char **argv) {
         {"model", RF_OPT_STR, &a.model, "model directory (Hugging Face layout; required)", 0},
         {"prompt", RF_OPT_STR, &a.prompt, "prompt text", 0},
         {"prompts-file", RF_OPT_STR, &a.file, "JSONL file of {\"prompt\": ...} lines", 0},
+        {"prompt-key", RF_OPT_STR, &a.prompt_key, "--prompts-file: field of the prompt (default prompt)", 0},
+        {"answer-key", RF_OPT_STR, &a.answer_key, "--prompts-file: field of an answer, printed with --json", 0},
         {"chat-template", RF_OPT_STR, &a.tmpl, "chatml | llama3: wrap prompts as a user turn", 0},
         {"max-new-tokens", RF_OPT_INT, &a.max_new, "tokens to generate at most (default 64)", 0},
         {"temperature", RF_OPT_FLOAT, &a.temperature, "sampling temperature (default 1.0)", 0},
@@ -156,14 +174,16 @@ int rf_cmd_generate(int argc, char **argv) {
     rf_status s = rf_args_parse(argc, argv, opts, N_OPTS(opts), pos, 0, &n_pos);
     if (s == RF_OK && !a.help && (!a.model || !a.prompt == !a.file))
         s = rf_error(RF_ERR_ARG, "generate needs --model and exactly one of --prompt, --prompts-file");
+    if (s == RF_OK && !a.help && !a.file && (a.prompt_key || a.answer_key))
+        s = rf_error(RF_ERR_ARG, "--%s applies to --prompts-file only", a.prompt_key ? "prompt-key" : "answer-key");
     if (s || a.help) {
         rf_args_usage("generate", "--model DIR (--prompt TEXT | --prompts-file FILE) [options]", opts, N_OPTS(opts));
-        return s ? rf_cli_fail(s) : 0;
+        return s ? rf_cli_usage_fail(s) : 0;
     }
     static char *texts[MAX_PROMPTS];
     int n = 0;
     if (a.file) {
-        s = read_prompts_file(a.file, a.tmpl, texts, &n);
+        s = read_prompts_file(a.file, a.prompt_key ? a.prompt_key : "prompt", a.answer_key, a.tmpl, texts, &n);
     } else {
         cJSON *v = cJSON_CreateString(a.prompt);
         s = render_prompt(v, a.tmpl, "--prompt", &texts[0]);
@@ -171,6 +191,7 @@ int rf_cmd_generate(int argc, char **argv) {
         n = s == RF_OK;
     }
     int rc = s ? rf_cli_fail(s) : run_generate(&a, texts, n);
+    for (int i = 0; i < MAX_PROMPTS; i++) free(g_answers[i]), g_answers[i] = NULL;
     for (int i = 0; i < n; i++) free(texts[i]);
     return rc;
 }
@@ -239,7 +260,7 @@ int rf_cmd_score(int argc, char **argv) {
     if (s == RF_OK && !(temperature > 0)) s = rf_error(RF_ERR_ARG, "--temperature must be > 0");
     if (s || help) {
         rf_args_usage("score", "--model DIR --prompt TEXT --response TEXT", opts, N_OPTS(opts));
-        return s ? rf_cli_fail(s) : 0;
+        return s ? rf_cli_usage_fail(s) : 0;
     }
     rf_model *m;
     rf_tokenizer *tok;

@@ -23,7 +23,7 @@ int rf_cmd_keygen(int argc, char **argv) {
     rf_status s = rf_args_parse(argc, argv, opts, N_OPTS(opts), NULL, 0, &n_pos);
     if (s || help || !out) {
         rf_args_usage("keygen", "--out PREFIX [--force]", opts, N_OPTS(opts));
-        if (s) return rf_cli_fail(s);
+        if (s) return rf_cli_usage_fail(s);
         return help ? 0 : (fprintf(stderr, "error: --out PREFIX is required\n"), 2);
     }
     rf_curve_key pub;

@@ -11,9 +11,22 @@
 
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
+/* A model directory already at `out` (config.json or model weights) is kept unless --force: a
+ * mistyped --out must not replace a trained model. */
+static rf_status refuse_overwrite(const char *out, int force) {
+    static const char *const files[] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+    for (size_t i = 0; !force && i < sizeof files / sizeof files[0]; i++) {
+        char p[4200];
+        rf_path_join(p, sizeof p, out, files[i]);
+        if (rf_file_exists(p))
+            return rf_error(RF_ERR_ARG, "%s: a model is there already (%s); pass --force to replace it", out, files[i]);
+    }
+    return RF_OK;
+}
+
 int rf_cmd_init_model(int argc, char **argv) {
     const char *preset = "tiny", *out = NULL, *arch = "qwen2";
-    int seed = 1, help = 0, bf16 = 0;
+    int seed = 1, help = 0, bf16 = 0, force = 0;
     float std = 0.02f;
     rf_opt opts[] = {
         {"preset", RF_OPT_STR, &preset, "tiny | small | 25m (default tiny)", 0},
@@ -22,6 +35,7 @@ int rf_cmd_init_model(int argc, char **argv) {
         {"seed", RF_OPT_INT, &seed, "initialisation seed (default 1)", 0},
         {"init-std", RF_OPT_FLOAT, &std, "std of the normal init (default 0.02)", 0},
         {"bf16", RF_OPT_FLAG, &bf16, "store weights as BF16 (default F32)", 0},
+        {"force", RF_OPT_FLAG, &force, "replace a model already in --out", 0},
         {"help", RF_OPT_FLAG, &help, "show this help", 0},
     };
     const char *pos[1];
@@ -29,7 +43,7 @@ int rf_cmd_init_model(int argc, char **argv) {
     rf_status s = rf_args_parse(argc, argv, opts, N_OPTS(opts), pos, 0, &n_pos);
     if (s || help || !out) {
         rf_args_usage("init-model", "--out DIR [options]", opts, N_OPTS(opts));
-        if (s) return rf_cli_fail(s);
+        if (s) return rf_cli_usage_fail(s);
         return help ? 0 : (fprintf(stderr, "error: --out is required\n"), 2);
     }
     rf_model_config cfg;
@@ -39,8 +53,9 @@ int rf_cmd_init_model(int argc, char **argv) {
     } else if (strcmp(arch, "llama") == 0) {
         cfg.arch = RF_ARCH_LLAMA, cfg.qkv_bias = 0;
     } else if (strcmp(arch, "qwen2") != 0) {
-        return rf_cli_fail(rf_error(RF_ERR_ARG, "--arch: expected qwen2, qwen3 or llama, got \"%s\"", arch));
+        return rf_cli_usage_fail(rf_error(RF_ERR_ARG, "--arch: expected qwen2, qwen3 or llama, got \"%s\"", arch));
     }
+    if ((s = refuse_overwrite(out, force))) return rf_cli_fail(s);
     snprintf(cfg.model_type, sizeof cfg.model_type, "%s", arch);
     cfg.eos_token_ids[0] = RF_BYTE_TOKENIZER_EOS, cfg.n_eos = 1;
     rf_model *m = NULL;
@@ -88,7 +103,7 @@ int rf_cmd_inspect(int argc, char **argv) {
     rf_status s = rf_args_parse(argc, argv, opts, N_OPTS(opts), pos, 1, &n_pos);
     if (s || help || n_pos != 1) {
         rf_args_usage("inspect", "DIR", opts, N_OPTS(opts));
-        return s ? rf_cli_fail(s) : help ? 0 : 2;
+        return s ? rf_cli_usage_fail(s) : help ? 0 : 2;
     }
     rf_model *m = NULL;
     rf_tokenizer *tok = NULL;

@@ -18,7 +18,7 @@ static void usage(void) {
           "  score       per-token log-probs and entropy of a response, as JSON\n"
           "  data        write a built-in task's train/val JSONL (arith, countdown)\n"
           "  keygen      write a CURVE key pair for reward endpoints and programs\n"
-          "run `rlflow <command> --help` for a command's options\n",
+          "run `rlflow <command> --help` for a command's options; `rlflow --version` for the version\n",
           stderr);
 }
 
@@ -30,6 +30,10 @@ int main(int argc, char **argv) {
      * chose; libgomp reads the policy when the program loads, so start again with it set. */
     if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0)
         execv("/proc/self/exe", argv); /* returns only on failure: go on as we are */
+    if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
+        printf("rlflow %s\n", RLFLOW_VERSION);
+        return 0;
+    }
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage();
         return argc < 2 ? 2 : 0;

@@ -388,6 +388,7 @@ static rf_status on_sample(ctl *c, int peer, const Rlflow__Sample *m) {
     s->text = rf_strdup(m->text);
     c->gen_tokens += nr;
     RF_TRY(rf_reward_rules_score(c->run.rules, m->text, nr, g->ex->answer, &s->reward, &s->accuracy));
+    s->rule_reward = s->reward;
     if (++g->n_done < g->n) return RF_OK;
     if (g->worker >= 0 && g->worker < c->n_rw) c->rw[g->worker].groups--;
     if (g->id < 0) { /* validation */
@@ -424,6 +425,7 @@ static rf_status on_score(ctl *c, const Rlflow__ScoreResponse *m) {
             if (!isfinite(m->rm_scores[i]))
                 return rf_error(RF_ERR_RANGE, "ScoreResponse %llu: the reward model scored sample %d %g",
                                 (unsigned long long)m->request_id, i, (double)m->rm_scores[i]);
+            s->rm_score = m->rm_scores[i];
             s->reward += (float)c->run.r->reward.model_weight * m->rm_scores[i];
         }
     }
@@ -469,7 +471,8 @@ static rf_status try_train(ctl *c) {
     rf_train_sample *s = calloc((size_t)(P * n), sizeof *s);
     Rlflow__TrainSample *ts = calloc((size_t)(P * n), sizeof *ts);
     Rlflow__TrainSample **tp = calloc((size_t)(P * n), sizeof *tp);
-    rf_status st = s && ts && tp ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    const rf_example **exs = calloc((size_t)P, sizeof *exs); /* each group's example (sample logs) */
+    rf_status st = s && ts && tp && exs ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     int hist[64] = {0}, max_st = 0;
     double st_sum = 0;
     for (int gi = 0; st == RF_OK && gi < P; gi++) {
@@ -484,6 +487,7 @@ static rf_status try_train(ctl *c) {
             hist[lag < 63 ? lag : 63]++, st_sum += lag;
             if (lag > max_st) max_st = lag;
         }
+        exs[gi] = g->ex;
         free(g->s);
         g->s = NULL;
         free(g);
@@ -512,6 +516,7 @@ static rf_status try_train(ctl *c) {
         rf__external_metrics(&c->run, mt);
         c->mean_kl = mean_kl;
         c->dyn_since_batch = 0;
+        st = rf__log_samples(&c->run, c->run.step + 1, s, exs, count);
         for (int i = 0; i < count; i++) {
             pack_sample(&ts[i], &s[i], s[i].group, has_ref && !r->algorithm.kl_in_reward, with_val);
             tp[i] = &ts[i];
@@ -519,11 +524,11 @@ static rf_status try_train(ctl *c) {
         Rlflow__TrainBatch b = RLFLOW__TRAIN_BATCH__INIT;
         b.batch_id = (uint64_t)c->run.step, b.policy_version = c->run.step;
         b.n_samples = (size_t)count, b.samples = tp, b.kl_coef = c->run.kl.beta;
-        st = rf_msg_server_send(c->srv, c->train_peer, RF_MSG_TRAIN_BATCH, &b.base);
+        if (st == RF_OK) st = rf_msg_server_send(c->srv, c->train_peer, RF_MSG_TRAIN_BATCH, &b.base);
         c->batch_out = 1, c->batch_sent_at = rf_time_now();
     }
     for (int i = 0; s && i < count; i++) rf_train_sample_free(&s[i]);
-    free(s), free(ts), free(tp);
+    free(s), free(ts), free(tp), free(exs);
     return st;
 }
 

@@ -32,15 +32,7 @@ static int g_status_written;
 
 static void write_status(const rf_recipe *r, rf_status st) {
     g_status_written = 1;
-    char p[4200];
-    snprintf(p, sizeof p, "%s/run_status.json", r->logging.dir);
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "status", st == RF_OK ? "ok" : "error");
-    cJSON_AddStringToObject(j, "message", st == RF_OK ? "" : rf_error_message());
-    char *text = cJSON_PrintUnformatted(j);
-    if (text) rf_write_file_atomic(p, text, strlen(text));
-    free(text);
-    cJSON_Delete(j);
+    rf__write_run_status(r, st);
 }
 
 static rf_status read_status(const rf_recipe *r, int mpirun_rc) {

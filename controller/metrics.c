@@ -24,6 +24,9 @@ struct rf_metrics {
     int jsonl_fd;       // -1 when off
     char jsonl_path[4096];
     rf_tb_writer *tb;   // NULL when off
+    char dir[4096];     // the sinks' directory ("" when none)
+    int samples_fd;     // <dir>/samples.jsonl, -1 until the first samples are written
+    char samples_path[4200];
     int tb_started;     // the SessionLog START of this open is written
 };
 
@@ -33,7 +36,8 @@ rf_status rf_metrics_open(rf_metrics **out, const char *dir, int jsonl, int tens
         return rf_error(RF_ERR_ARG, "metrics: a directory is needed for jsonl/tensorboard output");
     rf_metrics *m = rf_calloc(1, sizeof *m);
     if (!m) return RF_ERR_NOMEM;
-    m->jsonl_fd = -1;
+    m->jsonl_fd = -1, m->samples_fd = -1;
+    if (dir) snprintf(m->dir, sizeof m->dir, "%s", dir);
     rf_status s = RF_OK;
     if (jsonl) {
         s = rf_mkdirs(dir);
@@ -191,6 +195,120 @@ static rf_status rf__write_jsonl(rf_metrics *m, int64_t step, double now) {
     return s;
 }
 
+/* Writes all of b to fd (path for errors). */
+static rf_status rf__write_all(int fd, const char *path, const char *p, size_t left) {
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return rf_error(RF_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    return RF_OK;
+}
+
+/* One sample as a JSON line (field order as documented in docs/metrics.md). */
+static void rf__sample_json(rf__sb *b, int64_t step, double now, const rf_sample_log *x) {
+    rf__sb_printf(b, "{\"step\": %lld, \"time\": %.3f, \"group\": %d, \"index\": %d, \"prompt\": ", (long long)step,
+                  now, x->group, x->index);
+    rf__sb_json_string(b, x->prompt ? x->prompt : "");
+    rf__sb_printf(b, ", \"response\": ");
+    rf__sb_json_string(b, x->response ? x->response : "");
+    rf__sb_printf(b, ", \"answer\": ");
+    if (x->answer) rf__sb_json_string(b, x->answer);
+    else rf__sb_printf(b, "null");
+    rf__sb_printf(b, ", \"reward\": ");
+    rf__sb_json_number(b, x->reward);
+    rf__sb_printf(b, ", \"accuracy\": ");
+    rf__sb_json_number(b, x->accuracy);
+    rf__sb_printf(b, ", \"advantage\": ");
+    rf__sb_json_number(b, x->advantage);
+    rf__sb_printf(b, ", \"response_tokens\": %d, \"components\": {", x->response_tokens);
+    for (int k = 0; k < x->n_components && k < RF_SAMPLE_MAX_COMPONENTS; k++) {
+        rf__sb_printf(b, "%s", k ? ", " : "");
+        rf__sb_json_string(b, x->component_names[k]);
+        rf__sb_printf(b, ": ");
+        rf__sb_json_number(b, x->components[k]);
+    }
+    rf__sb_printf(b, "}}\n");
+}
+
+/* Text between Markdown code fences: a fence inside the text is broken up so it cannot close
+ * the block early. */
+static void rf__sb_fenced(rf__sb *b, const char *t) {
+    rf__sb_printf(b, "\n\n```\n");
+    for (const char *c = t ? t : ""; *c; c++) {
+        if (c[0] == '`' && c[1] == '`' && c[2] == '`') rf__sb_printf(b, "`\u200b");
+        else rf__sb_printf(b, "%c", *c);
+    }
+    rf__sb_printf(b, "\n```\n\n");
+}
+
+/* One sample as the Markdown of its TensorBoard text summary. */
+static void rf__sample_markdown(rf__sb *b, const rf_sample_log *x) {
+    rf__sb_printf(b, "**reward** %.4g", x->reward);
+    if (!isnan(x->accuracy)) rf__sb_printf(b, " | **accuracy** %.4g", x->accuracy);
+    rf__sb_printf(b, " | **advantage** %.4g | **tokens** %d", x->advantage, x->response_tokens);
+    for (int k = 0; k < x->n_components && k < RF_SAMPLE_MAX_COMPONENTS; k++)
+        rf__sb_printf(b, " | %s %.4g", x->component_names[k], x->components[k]);
+    rf__sb_printf(b, "\n\n**prompt**");
+    rf__sb_fenced(b, x->prompt);
+    rf__sb_printf(b, "**response**");
+    rf__sb_fenced(b, x->response);
+    if (x->answer) {
+        rf__sb_printf(b, "**answer**");
+        rf__sb_fenced(b, x->answer);
+    }
+}
+
+static rf_status rf__samples_tb(rf_metrics *m, int64_t step, double now, const rf_sample_log *s, int n) {
+    char **texts = calloc((size_t)n, sizeof *texts), **tags = calloc((size_t)n, sizeof *tags);
+    rf_status st = texts && tags ? RF_OK : rf_error(RF_ERR_NOMEM, "metrics: out of memory writing samples");
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        rf__sb b = {0};
+        rf__sample_markdown(&b, &s[i]);
+        texts[i] = b.p;
+        tags[i] = malloc(32);
+        if (b.oom || !b.p || !tags[i]) st = rf_error(RF_ERR_NOMEM, "metrics: out of memory writing samples");
+        else snprintf(tags[i], 32, "samples/%d", i);
+    }
+    if (st == RF_OK && !m->tb_started) {
+        st = rf_tb_writer_session_start(m->tb, step, now);
+        m->tb_started = st == RF_OK;
+    }
+    if (st == RF_OK) st = rf_tb_writer_text(m->tb, step, now, n, (const char *const *)tags, (const char *const *)texts);
+    for (int i = 0; i < n && texts && tags; i++) free(texts[i]), free(tags[i]);
+    free(texts), free(tags);
+    return st;
+}
+
+rf_status rf_metrics_samples(rf_metrics *m, int64_t step, const rf_sample_log *s, int n) {
+    if (n <= 0) return RF_OK;
+    double now = rf_tb_wall_time();
+    rf_status st = RF_OK;
+    if (m->jsonl_fd >= 0) {
+        if (m->samples_fd < 0) {
+            rf_path_join(m->samples_path, sizeof m->samples_path, m->dir, "samples.jsonl");
+            m->samples_fd = open(m->samples_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+            if (m->samples_fd < 0) return rf_error(RF_ERR_IO, "%s: cannot open: %s", m->samples_path, strerror(errno));
+        }
+        rf__sb b = {0};
+        for (int i = 0; i < n; i++) rf__sample_json(&b, step, now, &s[i]);
+        st = b.oom ? rf_error(RF_ERR_NOMEM, "%s: out of memory formatting step %lld", m->samples_path, (long long)step)
+                   : rf__write_all(m->samples_fd, m->samples_path, b.p, b.n);
+        free(b.p);
+    }
+    if (m->tb) {
+        rf_status t = rf__samples_tb(m, step, now, s, n);
+        if (st == RF_OK) st = t;
+    }
+    return st;
+}
+
+const char *rf_metrics_samples_path(const rf_metrics *m) { return m->samples_fd >= 0 ? m->samples_path : NULL; }
+
 static rf_status rf__write_tb(rf_metrics *m, int64_t step, double now) {
     const char **tags = malloc((size_t)m->n * sizeof *tags);
     double *values = malloc((size_t)m->n * sizeof *values);
@@ -239,6 +357,7 @@ void rf_metrics_close(rf_metrics *m) {
     rf__clear(m);
     free(m->items);
     if (m->jsonl_fd >= 0) close(m->jsonl_fd);
+    if (m->samples_fd >= 0) close(m->samples_fd);
     rf_tb_writer_close(m->tb);
     free(m);
 }

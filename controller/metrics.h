@@ -6,10 +6,11 @@
  *
  * JSON has no NaN or infinity: such values are written as null in metrics.jsonl (TensorBoard
  * gets the float NaN/inf itself). Names keep the order of their first rf_metrics_set in a step,
- * which is the key order of the JSON line. Resuming a run appends to metrics.jsonl and starts a
- * new event file; steps repeated after a resume appear twice in the JSONL (readers keep the
- * last line of a step); the first commit of each open marks a session start in the event file,
- * which tells TensorBoard to drop the orphaned points (docs/metrics.md).
+ * which is the key order of the JSON line. Opening never rewrites: metrics.jsonl is appended
+ * to and a new event file started. A resumed run's directory has been cut back to the
+ * checkpoint's step first (controller/run_dir.h), so each step is written once; the first
+ * commit of each open still marks a session start in the event file, which TensorBoard takes
+ * as a restart point (docs/metrics.md).
  *
  * An rf_metrics belongs to one thread (the controller's): no call is thread-safe. */
 #ifndef RF_METRICS_H
@@ -57,6 +58,35 @@ void rf_metrics_close(rf_metrics *m);
 /* Path of metrics.jsonl / of the current event file, or NULL when that sink is off. */
 const char *rf_metrics_jsonl_path(const rf_metrics *m);
 const char *rf_metrics_tb_path(const rf_metrics *m);
+
+/* ---- per-sample logs (logging.samples_every) ---- */
+
+#define RF_SAMPLE_MAX_COMPONENTS 8
+
+/* One logged sample: the prompt as the model saw it, the decoded response, the reference
+ * answer (NULL: none), its whole reward and that reward's parts. */
+typedef struct rf_sample_log {
+    const char *prompt, *response, *answer;
+    int group, index;       /* prompt's group in the batch, sample's place in its group */
+    int response_tokens;
+    double reward;          /* the whole reward the advantages used (sequence + per-token) */
+    double accuracy;        /* the rules' correctness, NAN when no rule judges it */
+    double advantage;       /* the advantage of the response's first token */
+    int n_components;
+    const char *component_names[RF_SAMPLE_MAX_COMPONENTS];
+    double components[RF_SAMPLE_MAX_COMPONENTS];
+} rf_sample_log;
+
+/* Writes n samples of `step`: one JSON object per sample appended to <dir>/samples.jsonl (when
+ * the jsonl sink is on; opened at the first call) with the fields step, time, group, index,
+ * prompt, response, answer, reward, accuracy, advantage, response_tokens, components
+ * (docs/metrics.md), and, when the TensorBoard sink is on, one text summary per sample (tag
+ * "samples/<i>", Markdown) in the event file. Each sink gets one write(2) per call.
+ * Errors: RF_ERR_IO naming the file; RF_ERR_NOMEM. */
+rf_status rf_metrics_samples(rf_metrics *m, int64_t step, const rf_sample_log *s, int n);
+
+/* Path of samples.jsonl (NULL before the first rf_metrics_samples or without the jsonl sink). */
+const char *rf_metrics_samples_path(const rf_metrics *m);
 
 /* ---- console ---- */
 

@@ -165,14 +165,16 @@ static const rkey KEYS[] = {
     {"critic", "lr", T_FLOAT, AT(critic.lr), "1e-5", NULL, "Learning rate of the critic."},
     {"critic", "warmup_steps", T_INT, AT(critic.warmup_steps), "0", NULL, "Linear warm-up steps of the critic."},
 
-    {"logging", "dir", T_STR, AT(logging.dir), "\"runs/default\"", NULL, "Run directory: metrics, the effective recipe, checkpoints."},
+    {"logging", "dir", T_STR, AT(logging.dir), "\"runs/default\"", NULL, "Run directory: metrics, samples, TensorBoard files, the effective recipe, checkpoints, run_status.json. Relative to the current directory. A directory that already holds a run is refused unless `rlflow run` says --resume (continue it) or --overwrite (remove it first)."},
     {"logging", "every", T_INT, AT(logging.every), "1", NULL, "Log metrics every this many steps."},
     {"logging", "val_every", T_INT, AT(logging.val_every), "10", NULL, "Validate every this many steps; 0 = never."},
     {"logging", "val_size", T_INT, AT(logging.val_size), "200", NULL, "Validation prompts used (the first ones of data.val)."},
+    {"logging", "samples_every", T_INT, AT(logging.samples_every), "0", NULL, "Every this many steps, log logging.samples_per_step of the step's training samples (prompt, response, answer, reward and its components, advantage) to samples.jsonl and as TensorBoard text (docs/metrics.md); 0 = never."},
+    {"logging", "samples_per_step", T_INT, AT(logging.samples_per_step), "4", NULL, "Samples logged at each logging.samples_every step: the first ones of the batch, at most its size (one response of each group in turn, then the second of each, ...)."},
     {"logging", "tensorboard", T_BOOL, AT(logging.tensorboard), "true", NULL, "Write TensorBoard event files."},
     {"logging", "jsonl", T_BOOL, AT(logging.jsonl), "true", NULL, "Write metrics.jsonl."},
 
-    {"checkpoint", "every", T_INT, AT(checkpoint.every), "50", NULL, "Save every this many steps; 0 = only at the end."},
+    {"checkpoint", "every", T_INT, AT(checkpoint.every), "50", NULL, "Save every this many steps; 0 = only at the end. rlflow sft: every this many SFT steps, into <logging.dir>/sft_checkpoints (--resume continues from there)."},
     {"checkpoint", "keep", T_INT, AT(checkpoint.keep), "2", NULL, "Checkpoints kept (older ones are deleted); 0 = all."},
     {"checkpoint", "save_optimizer", T_BOOL, AT(checkpoint.save_optimizer), "true", NULL, "Save optimizer state too (needed to resume exactly)."},
 
@@ -264,6 +266,8 @@ static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RA
     {"logging.every", 1, INFINITY, 0, 1},
     {"logging.val_every", 0, INFINITY, 0, 1},
     {"logging.val_size", 0, INFINITY, 0, 1},
+    {"logging.samples_every", 0, INFINITY, 0, 1},
+    {"logging.samples_per_step", 1, INFINITY, 0, 1},
     {"checkpoint.every", 0, INFINITY, 0, 1},
     {"checkpoint.keep", 0, INFINITY, 0, 1},
     {"async.max_staleness", 0, INFINITY, 0, 1},

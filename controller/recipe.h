@@ -112,6 +112,7 @@ typedef struct rf_recipe {
     struct {
         char *dir;
         int every, val_every, val_size, tensorboard, jsonl;
+        int samples_every, samples_per_step;
     } logging;
     struct {
         int every, keep, save_optimizer;

@@ -57,6 +57,7 @@ static void on_sample(void *ctx, const rf_rollout_sample *rs) {
     s->text = rf_strdup(rs->text ? rs->text : "");
     g->st = rf_reward_rules_score(g->run->rules, rs->text ? rs->text : "", s->n_resp,
                                   g->ex[p]->answer, &s->reward, &s->accuracy);
+    s->rule_reward = s->reward;
 }
 
 /* Rollout role: a generate request per prompt (n samples, sampling parameters, seed derived
@@ -103,7 +104,10 @@ static rf_status reward_model(rf_run *run, rf_train_sample *s, int n) {
     if (!run->rm) return RF_OK;
     float *sc = malloc(sizeof(float) * (size_t)(n ? n : 1));
     rf_status st = sc ? rf__reward_model_scores(run->rm, s, n, sc) : rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int i = 0; st == RF_OK && i < n; i++) s[i].reward += (float)run->r->reward.model_weight * sc[i];
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        s[i].rm_score = sc[i];
+        s[i].reward += (float)run->r->reward.model_weight * sc[i];
+    }
     free(sc);
     return st;
 }
@@ -112,6 +116,7 @@ rf_status rf__apply_external(rf_run *run, rf_train_sample *s, int n, const float
     float w = (float)run->r->reward.external_weight;
     for (int i = 0; i < n; i++) {
         s[i].reward += w * sc[i];
+        s[i].external_reward = w * sc[i];
         const float *v;
         int nt = rf_external_reward_token_rewards(run->ext, i, &v);
         if (nt == 0) continue;
@@ -298,6 +303,46 @@ rf_status rf__advantages(const rf_recipe *r, rf_adv_kind kind, float kl_beta, in
     return st;
 }
 
+/* The reward parts of sample x into l (those the run has). */
+static void sample_components(const rf_run *run, const rf_train_sample *x, rf_sample_log *l) {
+    const rf_recipe *r = run->r;
+    l->n_components = 0;
+    l->component_names[l->n_components] = "rules", l->components[l->n_components++] = x->rule_reward;
+    if (r->reward.model[0])
+        l->component_names[l->n_components] = "reward_model",
+        l->components[l->n_components++] = r->reward.model_weight * x->rm_score;
+    if (r->reward.external[0])
+        l->component_names[l->n_components] = "external", l->components[l->n_components++] = x->external_reward;
+    if (x->token_rewards) {
+        double t = 0;
+        for (int k = 0; k < x->n_resp; k++) t += x->token_rewards[k];
+        l->component_names[l->n_components] = "token_rewards", l->components[l->n_components++] = t;
+    }
+}
+
+rf_status rf__log_samples(rf_run *run, int step, const rf_train_sample *s, const rf_example *const *ex, int n) {
+    const rf_recipe *r = run->r;
+    int every = r->logging.samples_every, k = r->logging.samples_per_step;
+    if (every <= 0 || step % every != 0 || n <= 0) return RF_OK;
+    int per = r->rollout.n > 0 ? r->rollout.n : 1, groups = n / per;
+    if (k > n) k = n;
+    rf_sample_log *l = calloc((size_t)k, sizeof *l);
+    if (!l) return rf_error(RF_ERR_NOMEM, "out of memory logging samples");
+    for (int i = 0; i < k; i++) {
+        /* one response of each group in turn, then the second of each, ... */
+        int g = groups ? i % groups : 0, j = groups ? i / groups : i;
+        const rf_train_sample *x = &s[g * per + j];
+        l[i] = (rf_sample_log){.prompt = ex[g]->prompt_text, .response = x->text, .answer = ex[g]->answer,
+                               .group = g, .index = j, .response_tokens = x->n_resp,
+                               .reward = rf__total_reward(x), .accuracy = x->accuracy,
+                               .advantage = x->adv && x->n_resp ? x->adv[0] : NAN};
+        sample_components(run, x, &l[i]);
+    }
+    rf_status st = rf_metrics_samples(run->metrics, step, l, k);
+    free(l);
+    return st;
+}
+
 void rf__batch_metrics(rf_metrics *m, const rf_recipe *r, const rf_train_sample *samples, int count) {
     double rs = 0, rq = 0, acc = 0, len = 0, nacc = 0, clipped = 0;
     for (int i = 0; i < count; i++) {
@@ -401,6 +446,7 @@ rf_status rf__rl_step(rf_run *run) {
         rf_metrics_set(run->metrics, "perf/share_prox", pt.prox / total);
         rf_metrics_set(run->metrics, "perf/share_critic", (pt.critic + pt.critic_train) / total);
         rf_metrics_set(run->metrics, "perf/share_train", pt.actor / total);
+        st = rf__log_samples(run, run->step + 1, b.s, b.ex, b.n);
     }
     buf_free(&b);
     return st;

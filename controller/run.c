@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "controller/run_dir.h"
 #include "controller/run_internal.h"
 #include "trainer/checkpoint.h"
 
@@ -81,10 +82,14 @@ static rf_status loop(rf_run *run) {
         RF_TRY(rf_metrics_commit(run->metrics, run->step));
         if (last || (r->checkpoint.every > 0 && run->step % r->checkpoint.every == 0)) RF_TRY(save(run));
     }
-    if (!isnan(acc))
-        rf_log_info("validation accuracy: %s%.3f -> %.3f after %d steps (%.1f s)",
-                    isnan(acc0) ? "" : "", isnan(acc0) ? acc : acc0, acc, r->train.steps,
+    /* resumed: the accuracy before training is the first run's step-0 validation */
+    if (isnan(acc0) && run->start_step > 0 && !rf_run_dir_val_before(r->logging.dir, &acc0)) acc0 = NAN;
+    if (!isnan(acc) && !isnan(acc0))
+        rf_log_info("validation accuracy: %.3f -> %.3f after %d steps (%.1f s)", acc0, acc, r->train.steps,
                     rf_time_now() - run->t_start);
+    else if (!isnan(acc))
+        rf_log_info("validation accuracy: %.3f after %d steps (%.1f s; the accuracy before training is not in "
+                    "%s/metrics.jsonl)", acc, r->train.steps, rf_time_now() - run->t_start, r->logging.dir);
     return RF_OK;
 }
 
@@ -93,5 +98,6 @@ rf_status rf_run_main(const rf_recipe *r, int resume) {
     rf_status s = setup(&run, r, resume);
     if (s == RF_OK) s = loop(&run);
     rf__run_free(&run);
+    rf__write_run_status(r, s);
     return s;
 }

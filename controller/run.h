@@ -60,8 +60,12 @@ typedef struct rf_run {
 rf_status rf_run_main(const rf_recipe *r, int resume);
 
 /* `rlflow sft`: supervised fine-tuning of model.path (or a fresh init_preset model) on
- * data.train responses; writes the result to sft.out. */
-rf_status rf_sft_main(const rf_recipe *r);
+ * data.train responses; writes the result to sft.out. Checkpoints (weights, AdamW moments,
+ * step, data position) go to <logging.dir>/sft_checkpoints every checkpoint.every steps and at
+ * the end; resume = 1 continues from the newest one (exactly: the same final weights as an
+ * uninterrupted run); a checkpoint directory holding checkpoints is refused unless resume or
+ * overwrite (which removes them) is set (controller/run_dir.h). */
+rf_status rf_sft_main(const rf_recipe *r, int resume, int overwrite);
 
 /* Greedy accuracy of model m on the first n examples of ds (reward rules' accuracy). */
 rf_status rf_eval_accuracy(rf_model *m, const rf_tokenizer *tok, rf_dataset *ds, int n,

@@ -32,6 +32,11 @@ rf_status rf__rollout_pause(const rf_recipe *r, rf_rollout *e, int worker);
 rf_status rf__rollout_resume(rf_rollout *e);
 void rf__run_free(rf_run *run);
 
+/* <logging.dir>/run_status.json: how the run ended, {"status": "ok", "message": ""} or
+ * {"status": "error", "message": <the error>}, written atomically; one-process and split runs
+ * alike (docs/deployment.md). Best effort: a directory that cannot take it is not an error. */
+void rf__write_run_status(const rf_recipe *r, rf_status st);
+
 /* logging.dir, the metrics sinks and <logging.dir>/recipe.toml (the effective recipe). */
 rf_status rf__open_logging(rf_run *run);
 
@@ -79,6 +84,12 @@ rf_status rf__apply_external(rf_run *run, rf_train_sample *s, int n, const float
 /* Sets reward/external/rejected, /resent and /<component> (the mean of the batches' means)
  * from run->ext_acc on m, and resets it. Nothing without reward programs. */
 void rf__external_metrics(rf_run *run, rf_metrics *m);
+
+/* logging.samples_every: at a step it divides, logs logging.samples_per_step of the batch's n
+ * samples s (groups of rollout.n; ex: the example of each group) with rf_metrics_samples on
+ * run->metrics: one response of each group in turn. The same in the one-process loop and the
+ * split controller. */
+rf_status rf__log_samples(rf_run *run, int step, const rf_train_sample *s, const rf_example *const *ex, int n);
 
 /* reward/..., response/... metrics of a batch (reward/mean: rf__total_reward). */
 void rf__batch_metrics(rf_metrics *m, const rf_recipe *r, const rf_train_sample *samples, int count);

@@ -1,6 +1,7 @@
 /* Setting up a run from its recipe: data (generated when the recipe names a built-in task and
  * the files are missing), the policy (an SFT warm start built when asked and missing), the
  * reference and critic, tokenizer, datasets, reward rules and metrics. */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,6 +257,18 @@ void rf__console(const rf_run *run) {
                             run->step - run->start_step, k_console,
                             (int)(sizeof k_console / sizeof k_console[0]), line, sizeof line);
     rf_log_info("%s", line);
+}
+
+void rf__write_run_status(const rf_recipe *r, rf_status st) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/run_status.json", r->logging.dir);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "status", st == RF_OK ? "ok" : "error");
+    cJSON_AddStringToObject(j, "message", st == RF_OK ? "" : rf_error_message());
+    char *text = cJSON_PrintUnformatted(j);
+    if (text && rf_mkdirs(r->logging.dir) == RF_OK) rf_write_file_atomic(p, text, strlen(text));
+    free(text);
+    cJSON_Delete(j);
 }
 
 rf_status rf__open_logging(rf_run *run) {

@@ -1,6 +1,7 @@
 /* Supervised fine-tuning: the loss is the negative log-likelihood of the response tokens only
  * (the prompt is context), token-mean over each batch. Used by `rlflow sft` and to build the
  * warm start of the default recipe. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "controller/run_dir.h"
 #include "controller/run_internal.h"
 #include "model/byte_tokenizer.h"
 #include "trainer/checkpoint.h"
@@ -83,53 +85,83 @@ static rf_status sft_samples(const rf_tokenizer *tok, const rf_example *const *e
     return RF_OK;
 }
 
-/* Trains m on ds for the [sft] budget; prints progress, returns the last loss. */
+/* SFT checkpoints (rlflow sft): where, how often, how many kept; dir NULL: none (the warm start
+ * of rlflow run). st: where a resumed run starts (zero: from the beginning). */
+typedef struct sft_ckpt {
+    const char *dir;
+    int every, keep;
+    rf_ckpt_state st;
+} sft_ckpt;
+
+static rf_status sft_save(const sft_ckpt *ck, rf_model *m, const char *tok_dir, int step, rf_dataset_pos pos) {
+    rf_ckpt_state st = {.step = step, .pos = pos};
+    double t = rf_time_now();
+    RF_TRY(rf_checkpoint_save(ck->dir, m, NULL, tok_dir, &st, ck->keep));
+    rf_log_info("sft checkpoint: %s/step_%06d (%.2f s)", ck->dir, step, rf_time_now() - t);
+    return RF_OK;
+}
+
+/* Trains m on ds for the [sft] budget, from ck's step and data position; prints progress,
+ * saves checkpoints (ck->dir not NULL), returns the last loss. */
 static rf_status sft_train(const rf_recipe *r, rf_model *m, const rf_tokenizer *tok, rf_dataset *ds,
-                           int32_t eos, double *last_loss) {
+                           int32_t eos, const sft_ckpt *ck, const char *tok_dir, double *last_loss) {
     int bs = r->sft.batch_size, size = rf_dataset_size(ds);
     int steps = r->sft.max_steps > 0 ? r->sft.max_steps : (r->sft.epochs * size + bs - 1) / bs;
     rf_optim_opts oo = {.lr = (float)r->sft.lr, .warmup_steps = steps / 20, .total_steps = steps,
                         .cosine = 1, .min_lr_ratio = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f,
                         .eps = 1e-8f, .grad_clip = 1.0f};
-    rf_dataset_pos pos = {0, 0};
+    rf_dataset_pos pos = ck->st.pos;
     const rf_example **ex = calloc((size_t)bs, sizeof *ex);
     rf_train_sample *s = calloc((size_t)bs, sizeof *s);
     rf_status st = ex && s ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     double t0 = rf_time_now();
-    for (int step = 0; st == RF_OK && step < steps; step++) {
+    int start = ck->st.step;
+    if (start >= steps && st == RF_OK)
+        rf_log_info("sft: the checkpoint is at step %d of %d: nothing left to train", start, steps);
+    for (int step = start; st == RF_OK && step < steps; step++) {
         double gn;
         st = rf_dataset_next(ds, &pos, bs, ex);
         if (st == RF_OK) st = sft_samples(tok, ex, bs, eos, s);
         if (st == RF_OK) st = rf_sft_update(m, &oo, r->train.micro_batch_tokens, s, bs, last_loss, &gn);
         for (int i = 0; i < bs; i++) free(s[i].tokens), s[i].tokens = NULL;
+        int done = step + 1 - start;
         if (st == RF_OK && ((step + 1) % 50 == 0 || step + 1 == steps)) {
             double el = rf_time_now() - t0;
             char eta[32];
-            rf_metrics_format_duration(el / (step + 1) * (steps - step - 1), eta, sizeof eta);
+            rf_metrics_format_duration(el / done * (steps - step - 1), eta, sizeof eta);
             rf_log_info("sft step %d/%d | loss %.4f | grad norm %.3f | %.1f steps/s | ETA %s", step + 1,
-                        steps, *last_loss, gn, (step + 1) / el, eta);
+                        steps, *last_loss, gn, done / el, eta);
         }
+        if (st == RF_OK && ck->dir && (step + 1 == steps || (ck->every > 0 && (step + 1) % ck->every == 0)))
+            st = sft_save(ck, m, tok_dir, step + 1, pos);
     }
     free(ex), free(s);
     return st;
 }
 
 static rf_status sft_run(const rf_recipe *r, rf_model *m, const rf_tokenizer *tok, const char *out_dir,
-                         const char *tok_dir) {
+                         const char *tok_dir, sft_ckpt *ck) {
     rf_dataset *ds = NULL, *val = NULL;
     rf_dataset_opts o = {.prompt_key = r->data.prompt_key, .answer_key = r->data.answer_key,
                          .chat_template = r->data.chat_template, .require_response = 1,
                          .max_prompt_tokens = r->data.max_prompt_tokens, .seed = (uint64_t)r->data.seed};
     int32_t *eos = NULL;
     int n_eos = 0;
-    double loss = 0;
+    double loss = NAN;
     rf_status s = rf_dataset_load(&ds, r->data.train, &o, tok);
     if (s == RF_OK) s = rf__eos_ids(tok_dir, m, tok, &eos, &n_eos);
     if (s == RF_OK) s = rf_model_enable_training(m);
-    if (s == RF_OK) s = sft_train(r, m, tok, ds, n_eos ? eos[0] : -1, &loss);
+    if (s == RF_OK && ck->st.step > 0) {
+        /* resumed: the weights, AdamW moments and optimizer step of the newest checkpoint */
+        rf_ckpt_state st;
+        s = rf_checkpoint_load(ck->dir, m, NULL, &st);
+        if (s == RF_OK) ck->st = st, rf_log_info("sft: resumed at step %d (data epoch %d, index %d)", st.step,
+                                                 st.pos.epoch, st.pos.index);
+    }
+    if (s == RF_OK) s = sft_train(r, m, tok, ds, n_eos ? eos[0] : -1, ck, tok_dir, &loss);
     if (s == RF_OK) s = rf_model_save(m, out_dir, 0, 0);
     if (s == RF_OK) s = rf_copy_tokenizer_files(tok_dir, out_dir);
-    if (s == RF_OK) rf_log_info("sft: final loss %.4f; wrote %s", loss, out_dir);
+    if (s == RF_OK) rf_log_info("sft: final loss %.4f (%a); wrote %s", loss, loss, out_dir);
     free(eos);
     rf_dataset_free(ds), rf_dataset_free(val);
     return s;
@@ -144,18 +176,28 @@ rf_status rf__sft_build(const rf_recipe *r, const char *dir) {
     rf_tokenizer *tok = NULL;
     rf_status s = rf_model_load(&m, tmp_dir, rf_cpu_kernels(), 0);
     if (s == RF_OK) s = rf_tokenizer_load_dir(&tok, tmp_dir);
-    if (s == RF_OK) s = sft_run(r, m, tok, dir, tmp_dir);
+    sft_ckpt ck = {0};
+    if (s == RF_OK) s = sft_run(r, m, tok, dir, tmp_dir, &ck);
     rf_model_free(m);
     rf_tokenizer_free(tok);
     if (s == RF_OK) s = rf_remove_tree(tmp_dir);
     return s;
 }
 
-rf_status rf_sft_main(const rf_recipe *r) {
+rf_status rf_sft_main(const rf_recipe *r, int resume, int overwrite) {
     RF_TRY(rf__ensure_data(r));
-    char out[4096];
+    char out[4096], ck_dir[4200];
     if (r->sft.out[0]) snprintf(out, sizeof out, "%s", r->sft.out);
     else snprintf(out, sizeof out, "%s/sft", r->logging.dir);
+    snprintf(ck_dir, sizeof ck_dir, "%s/sft_checkpoints", r->logging.dir);
+    sft_ckpt ck = {.dir = ck_dir, .every = r->checkpoint.every, .keep = r->checkpoint.keep};
+    RF_TRY(rf_run_dir_prepare(ck_dir, "the SFT checkpoint directory", resume, overwrite));
+    if (resume) { /* the step now; the weights once the model is ready for training */
+        char latest[4400];
+        RF_TRY(rf_checkpoint_latest(ck_dir, latest, sizeof latest));
+        RF_TRY(rf_checkpoint_load(ck_dir, NULL, NULL, &ck.st));
+        if (ck.st.step <= 0) return rf_error(RF_ERR_FORMAT, "%s: a checkpoint at step %d", latest, ck.st.step);
+    }
     char cfg[4200];
     rf_path_join(cfg, sizeof cfg, r->model.path, "config.json");
     if (!rf_file_exists(cfg)) {
@@ -167,7 +209,7 @@ rf_status rf_sft_main(const rf_recipe *r) {
     rf_tokenizer *tok = NULL;
     rf_status s = rf_model_load(&m, r->model.path, rf_cpu_kernels(), 0);
     if (s == RF_OK) s = rf_tokenizer_load_dir(&tok, r->model.path);
-    if (s == RF_OK) s = sft_run(r, m, tok, out, r->model.path);
+    if (s == RF_OK) s = sft_run(r, m, tok, out, r->model.path, &ck);
     rf_model_free(m);
     rf_tokenizer_free(tok);
     return s;

@@ -205,6 +205,37 @@ rf_status rf_tb_writer_scalars(rf_tb_writer *w, int64_t step, double wall_time, 
     return s;
 }
 
+rf_status rf_tb_writer_text(rf_tb_writer *w, int64_t step, double wall_time, int n, const char *const *tags,
+                            const char *const *texts) {
+    for (int i = 0; i < n; i++)
+        if (!tags[i] || !*tags[i]) return rf_error(RF_ERR_ARG, "%s: text %d has an empty tag", w->path, i);
+    static const char plugin[] = "text";
+    rf__buf summary = {0}, value = {0}, tensor = {0}, meta = {0}, pd = {0}, ev = {0};
+    rf__pb_bytes(&pd, 1, plugin, sizeof plugin - 1);  // PluginData.plugin_name
+    rf__pb_bytes(&meta, 1, pd.p, pd.n);                // SummaryMetadata.plugin_data
+    for (int i = 0; i < n; i++) {
+        tensor.n = value.n = 0;
+        rf__pb_key(&tensor, 1, RF__WIRE_VARINT);              // TensorProto.dtype
+        rf__pb_varint(&tensor, 7);                            // DT_STRING
+        rf__pb_bytes(&tensor, 2, NULL, 0);                    // TensorProto.tensor_shape: {} (a scalar)
+        rf__pb_bytes(&tensor, 8, texts[i], strlen(texts[i])); // TensorProto.string_val
+        rf__pb_bytes(&value, 1, tags[i], strlen(tags[i]));    // Value.tag
+        rf__pb_bytes(&value, 8, tensor.p, tensor.n);          // Value.tensor
+        rf__pb_bytes(&value, 9, meta.p, meta.n);              // Value.metadata
+        rf__pb_bytes(&summary, 1, value.p, value.n);          // Summary.value (repeated)
+    }
+    rf__pb_double(&ev, 1, wall_time > 0 ? wall_time : rf_tb_wall_time());
+    if (step != 0) {
+        rf__pb_key(&ev, 2, RF__WIRE_VARINT);
+        rf__pb_varint(&ev, (uint64_t)step);
+    }
+    rf__pb_bytes(&ev, 5, summary.p, summary.n);
+    ev.oom |= summary.oom | value.oom | tensor.oom | meta.oom | pd.oom;
+    rf_status s = rf__write_event(w, &ev);
+    free(summary.p), free(value.p), free(tensor.p), free(meta.p), free(pd.p), free(ev.p);
+    return s;
+}
+
 rf_status rf_tb_writer_session_start(rf_tb_writer *w, int64_t step, double wall_time) {
     rf__buf session = {0}, ev = {0};
     rf__pb_key(&session, 1, RF__WIRE_VARINT);  // SessionLog.status

@@ -47,6 +47,15 @@ rf_status rf_tb_writer_open(rf_tb_writer **w, const char *logdir);
 rf_status rf_tb_writer_scalars(rf_tb_writer *w, int64_t step, double wall_time, int n,
                                const char *const *tags, const double *values);
 
+/* Writes one Event at `step` with n text summaries (tags[i] -> texts[i], UTF-8, Markdown as
+ * TensorBoard's text dashboard renders it): Summary.Value { tag = 1; TensorProto tensor = 8
+ * { dtype = DT_STRING (7); tensor_shape = {} (a scalar); string_val = texts[i] };
+ * SummaryMetadata metadata = 9 { plugin_data { plugin_name: "text" } } }, the layout of
+ * tensorboard/plugins/text/summary_v2.py (tensorboard/compat/proto/tensor.proto, summary.proto).
+ * One write(2), as rf_tb_writer_scalars. Errors: RF_ERR_IO; RF_ERR_ARG for an empty tag. */
+rf_status rf_tb_writer_text(rf_tb_writer *w, int64_t step, double wall_time, int n, const char *const *tags,
+                            const char *const *texts);
+
 /* Writes a SessionLog START event (Event.session_log = 7, SessionLog.status = 1) at `step`,
  * the first step this process will write. On a resumed run, TensorBoard's loaders then drop
  * every point with a step >= `step` read from earlier files of the directory: without it, the

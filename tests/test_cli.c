@@ -2,7 +2,7 @@
  * (greedy determinism, seeded sampling, JSON output) and score, whose log-probs must equal the
  * behaviour log-probs that generation reported for the same tokens; plus the exact errors for
  * bad input, and an installed tree (cmake --install) that runs where it is moved. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* memmem */
 #include <cjson/cJSON.h>
 #include <stdarg.h>
 #include <sys/wait.h>
@@ -125,7 +125,7 @@ static void errors(void) {
     CHECK(rf_test_sh(&out, "%s generate --model %s/none --prompt x", rlflow, dir) == 1);
     CHECK(strstr(out, "none/config.json: cannot open") != NULL);
     free(out);
-    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --temprature 1", rlflow, dir) == 1);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --temprature 1", rlflow, dir) == 2);
     CHECK(strstr(out, "unknown option \"--temprature\"") != NULL);
     free(out);
     CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --temperature 0", rlflow, dir) == 1);
@@ -169,6 +169,140 @@ static void errors(void) {
     CHECK(rf_test_sh(&out, "%s frobnicate", rlflow) == 2);
     CHECK(strstr(out, "unknown command \"frobnicate\"") != NULL);
     free(out);
+}
+
+/* Exit status 2 for every usage error (docs/cli.md), each with its message. */
+static void usage_errors(void) {
+    static const struct { const char *args, *want; } cases[] = {
+        {"run", "error: run needs a recipe file"},
+        {"sft", "error: sft needs a recipe file"},
+        {"run r.toml --frobnicate", "unknown option \"--frobnicate\" (see --help)"},
+        {"run r.toml --set train.steps", "--set train.steps: expected section.key=value"},
+        {"run r.toml --set =3", "--set =3: expected section.key=value"},
+        {"sft r.toml --set x", "--set x: expected section.key=value"},
+        {"run r.toml --resume --overwrite", "--resume and --overwrite exclude each other"},
+        {"run a.toml b.toml", "unexpected argument \"b.toml\""},
+        {"eval --model m", "eval needs --model and --data"},
+        {"eval --model m --data d --n x", "--n: expected an integer, got \"x\""},
+        {"data", "error: name a task"},
+        {"data arith --train many", "--train: expected an integer, got \"many\""},
+        {"generate --prompt x", "generate needs --model and exactly one of --prompt, --prompts-file"},
+        {"generate --model m --prompt x --prompt-key q", "--prompt-key applies to --prompts-file only"},
+        {"generate --model m --prompt x --max-new-tokens", "--max-new-tokens needs a value"},
+        {"score --model m", "score needs --model, --prompt and --response"},
+        {"init-model", "error: --out is required"},
+        {"init-model --out x --arch gpt5", "--arch: expected qwen2, qwen3 or llama, got \"gpt5\""},
+        {"init-model --out x --bf16=1", "--bf16 takes no value"},
+        {"inspect", "usage: rlflow inspect DIR"},
+        {"keygen", "error: --out PREFIX is required"},
+        {"frobnicate", "unknown command \"frobnicate\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        int rc = rf_test_sh(&out, "cd %s && %s %s", dir, rlflow, cases[i].args);
+        int ok = rc == 2 && out && strstr(out, cases[i].want);
+        CHECK(ok);
+        if (!ok) fprintf(stderr, "rlflow %s: exit %d, want 2 and \"%s\" in:\n%s\n", cases[i].args, rc, cases[i].want, out ? out : "");
+        free(out);
+    }
+}
+
+/* rlflow --version prints the project version of CMakeLists.txt. */
+static void version(void) {
+    const char *src = getenv("RF_SOURCE_DIR");
+    char p[512], *cm = NULL, *out = NULL, want[64] = "";
+    snprintf(p, sizeof p, "%s/CMakeLists.txt", src ? src : ".");
+    if (rf_read_file(p, &cm, NULL) == RF_OK) {
+        const char *v = strstr(cm, "project(rlflow VERSION ");
+        if (v) sscanf(v + strlen("project(rlflow VERSION "), "%30[0-9.]", want);
+    }
+    free(cm);
+    CHECK(want[0] != '\0');
+    CHECK(rf_test_sh(&out, "%s --version", rlflow) == 0);
+    char line[96];
+    snprintf(line, sizeof line, "rlflow %s\n", want);
+    CHECK(out && strcmp(out, line) == 0);
+    free(out);
+}
+
+/* init-model keeps a model already at --out unless --force. */
+static void init_model_force(void) {
+    char *out = NULL;
+    CHECK(rf_test_sh(&out, "cp %s/tiny/model.safetensors %s/before.st && %s init-model --preset tiny --out %s/tiny --seed 4",
+                     dir, dir, rlflow, dir) == 1);
+    char want[512];
+    snprintf(want, sizeof want, "error: %s/tiny: a model is there already (config.json); pass --force to replace it", dir);
+    CHECK(out && strstr(out, want));
+    free(out);
+    CHECK(rf_test_sh(NULL, "cmp -s %s/before.st %s/tiny/model.safetensors", dir, dir) == 0); /* untouched */
+    CHECK(rf_test_sh(&out, "%s init-model --preset tiny --out %s/tiny2 --seed 4 && %s init-model --preset tiny --out %s/tiny2 "
+                     "--seed 5 --force", rlflow, dir, rlflow, dir) == 0);
+    free(out);
+}
+
+/* eval and generate --prompts-file read other field names with --prompt-key / --answer-key. */
+static void prompt_keys(void) {
+    char path[512], *out = NULL;
+    snprintf(path, sizeof path, "%s/qa.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"question\": \"1+1=\", \"solution\": \"2\"}\n{\"question\": \"2+2=\", \"solution\": 4}\n", f);
+    fclose(f);
+    CHECK(rf_test_sh(&out, "%s eval --model %s/tiny --data %s --prompt-key question --answer-key solution --max-new-tokens 2",
+                     rlflow, dir, path) == 0);
+    cJSON *j = json_line(out, 0);
+    CHECK(j && cJSON_GetObjectItem(j, "n")->valueint == 2 && cJSON_IsNumber(cJSON_GetObjectItem(j, "accuracy")));
+    cJSON_Delete(j);
+    free(out);
+    CHECK(rf_test_sh(&out, "%s eval --model %s/tiny --data %s --max-new-tokens 2", rlflow, dir, path) == 1);
+    CHECK(out && strstr(out, "qa.jsonl:1: missing \"prompt\" (or \"messages\")"));
+    free(out);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompts-file %s --prompt-key question --answer-key solution "
+                     "--greedy --max-new-tokens 2 --json", rlflow, dir, path) == 0);
+    cJSON *j0 = json_line(out, 0), *j1 = json_line(out, 1);
+    CHECK(j0 && j1 && strcmp(cJSON_GetObjectItem(j0, "prompt")->valuestring, "1+1=") == 0 &&
+          strcmp(cJSON_GetObjectItem(j0, "answer")->valuestring, "2") == 0 &&
+          strcmp(cJSON_GetObjectItem(j1, "answer")->valuestring, "4") == 0);
+    cJSON_Delete(j0), cJSON_Delete(j1);
+    free(out);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompts-file %s --prompt-key question --answer-key answer --greedy",
+                     rlflow, dir, path) == 1);
+    CHECK(out && strstr(out, "qa.jsonl:1: missing \"answer\" (--answer-key)"));
+    free(out);
+}
+
+/* docs/cli.md documents every option each command's --help lists, in that command's section. */
+static void docs_cover_help(void) {
+    const char *src = getenv("RF_SOURCE_DIR");
+    char p[512], *doc = NULL;
+    snprintf(p, sizeof p, "%s/docs/cli.md", src ? src : ".");
+    if (!src || rf_read_file(p, &doc, NULL) != RF_OK) {
+        printf("docs check skipped: RF_SOURCE_DIR not set\n");
+        return;
+    }
+    static const char *cmds[] = {"run", "sft", "eval", "data", "init-model", "inspect", "generate", "score", "keygen"};
+    int checked = 0;
+    for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
+        char head[64], *out = NULL;
+        snprintf(head, sizeof head, "\n## rlflow %s", cmds[c]);
+        char *sec = strstr(doc, head), *end = sec ? strstr(sec + 1, "\n## ") : NULL;
+        CHECK(sec != NULL);
+        if (!sec) fprintf(stderr, "docs/cli.md has no section \"## rlflow %s\"\n", cmds[c]);
+        size_t len = sec ? (end ? (size_t)(end - sec) : strlen(sec)) : 0;
+        rf_test_sh(&out, "%s %s --help", rlflow, cmds[c]);
+        for (char *save = NULL, *line = out ? strtok_r(out, "\n", &save) : NULL; line; line = strtok_r(NULL, "\n", &save)) {
+            char name[64], want[80];
+            if (sscanf(line, "  --%63[a-z0-9-]", name) != 1 || strcmp(name, "help") == 0) continue; /* said once, at the top */
+            snprintf(want, sizeof want, "`--%s", name);
+            int has = sec && memmem(sec, len, want, strlen(want)) != NULL;
+            CHECK(has);
+            if (!has) fprintf(stderr, "docs/cli.md, rlflow %s: no %s`\n", cmds[c], want);
+            checked++;
+        }
+        free(out);
+    }
+    printf("docs/cli.md: %d options of %zu commands checked\n", checked, sizeof cmds / sizeof cmds[0]);
+    CHECK(checked > 40);
+    free(doc);
 }
 
 /* cmake --install into a prefix, the tree then moved: the installed rlflow loads the
@@ -225,6 +359,11 @@ int main(void) {
     generate_and_score();
     prompts_file();
     errors();
+    usage_errors();
+    version();
+    init_model_force();
+    prompt_keys();
+    docs_cover_help();
     installed();
     char *out;
     rf_test_sh(&out, "rm -rf %s", dir);

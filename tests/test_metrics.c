@@ -11,6 +11,7 @@
 #include "common/crc32c.h"
 #include "common/util.h"
 #include "controller/metrics.h"
+#include "controller/run_dir.h"
 #include "controller/tb_writer.h"
 #include "tests/test_util.h"
 
@@ -551,6 +552,89 @@ static void test_console_line(void) {
     CHECK(strcmp(d, "?") == 0);
 }
 
+/* rf_tb_writer_text writes, byte for byte, the Event worked out by hand from the protobuf
+ * encoding rules (tb_writer.h: TensorBoard's text-plugin layout), framed and CRC-checked. */
+static void test_text_summary_bytes(void) {
+    char dir[300], paths[2][512];
+    snprintf(dir, sizeof dir, "%s/text", g_tmp);
+    rf_tb_writer *w = NULL;
+    CHECK_OK(rf_tb_writer_open(&w, dir));
+    if (!w) return;
+    const char *tags[1] = {"t"}, *texts[1] = {"hi"};
+    CHECK_OK(rf_tb_writer_text(w, 3, 1.0, 1, tags, texts));
+    rf_tb_writer_close(w);
+    static const unsigned char want[] = {
+        0x09, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f, /* wall_time = 1.0 (field 1, fixed64) */
+        0x10, 0x03,                         /* step = 3 */
+        0x2a, 25,                           /* summary (field 5), 25 bytes */
+        0x0a, 23,                           /*   value (field 1), 23 bytes */
+        0x0a, 1, 't',                       /*     tag */
+        0x42, 8,                            /*     tensor (field 8) */
+        0x08, 0x07, 0x12, 0x00, 0x42, 2, 'h', 'i', /* dtype DT_STRING, shape {}, string_val "hi" */
+        0x4a, 8,                            /*     metadata (field 9) */
+        0x0a, 6, 0x0a, 4, 't', 'e', 'x', 't', /* plugin_data { plugin_name "text" } */
+    };
+    CHECK(find_event_files(dir, paths, 2) == 1);
+    char *buf = NULL;
+    size_t size = 0, off = 0, len = 0;
+    const unsigned char *data = NULL;
+    CHECK_OK(rf_read_file(paths[0], &buf, &size));
+    if (!buf) return;
+    CHECK(read_record((unsigned char *)buf, size, &off, &data, &len) == REC_OK); /* file_version */
+    CHECK(read_record((unsigned char *)buf, size, &off, &data, &len) == REC_OK);
+    CHECK(len == sizeof want && memcmp(data, want, sizeof want) == 0);
+    free(buf);
+}
+
+/* --resume cuts a run's logs back to the checkpoint's step: JSONL lines and event records with
+ * a later step go (the file_version and SessionLog START records of step 0/10 stay), a torn
+ * last line or record goes too, and a file with nothing to cut is left untouched. */
+static void test_cut_back(void) {
+    char dir[300], paths[2][512], p[400];
+    snprintf(dir, sizeof dir, "%s/cut", g_tmp);
+    rf_metrics *m = NULL;
+    write_steps(dir, 1, 0.0, &m); /* steps 10, 20, 30 */
+    rf_metrics_close(m);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(p, "a");
+    if (f) fputs("{\"step\": 40, \"ti", f), fclose(f); /* torn */
+    CHECK(find_event_files(dir, paths, 2) == 1);
+    f = fopen(paths[0], "a");
+    if (f) fputs("\x20\x00\x00", f), fclose(f); /* a torn record */
+    int dropped = -1;
+    CHECK_OK(rf_run_dir_cut_jsonl(p, 20, &dropped));
+    CHECK(dropped == 2);
+    char *text = NULL;
+    CHECK_OK(rf_read_file(p, &text, NULL));
+    CHECK(text && strstr(text, "\"step\": 10,") && strstr(text, "\"step\": 20,") && !strstr(text, "\"step\": 30") &&
+          !strstr(text, "\"step\": 40") && text[strlen(text) - 1] == '\n');
+    free(text);
+    CHECK_OK(rf_run_dir_cut_events(paths[0], 20, &dropped));
+    CHECK(dropped == 2); /* step 30's scalars and the torn record */
+    char *buf = NULL;
+    size_t size = 0, off = 0, len = 0;
+    const unsigned char *data = NULL;
+    CHECK_OK(rf_read_file(paths[0], &buf, &size));
+    int64_t steps[8];
+    int n = 0, r;
+    while (buf && n < 8 && (r = read_record((unsigned char *)buf, size, &off, &data, &len)) == REC_OK) {
+        event e;
+        CHECK(decode_event(data, len, &e) == 0);
+        steps[n++] = e.step;
+    }
+    CHECK(off == size);
+    /* file_version (0), SessionLog START (10), scalars of 10 and 20 */
+    CHECK(n == 4 && steps[0] == 0 && steps[1] == 10 && steps[2] == 10 && steps[3] == 20);
+    free(buf);
+    CHECK_OK(rf_run_dir_cut_jsonl(p, 20, &dropped));
+    CHECK(dropped == 0);
+    CHECK_OK(rf_run_dir_cut_events(paths[0], 20, &dropped));
+    CHECK(dropped == 0);
+    CHECK(rf_run_dir_has_run(dir) == 1);
+    snprintf(p, sizeof p, "%s/none", g_tmp);
+    CHECK(rf_run_dir_has_run(p) == 0);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/rf_metrics_XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
@@ -564,6 +648,8 @@ int main(void) {
     test_jsonl_special_values();
     test_resume_and_errors();
     test_console_line();
+    test_text_summary_bytes();
+    test_cut_back();
     if (!getenv("RF_KEEP_TMP")) {
         char cmd[400];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);

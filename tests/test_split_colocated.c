@@ -16,7 +16,8 @@
  *     same training layout; these two give the KV cache and the pass workspaces back between
  *     phases (rollout.free_kv_cache = "on", the zero-copy runs keep them: the CPU's default),
  *     which must not change what they generate or learn;
- *   - under a user's mpirun of the wrong size: refused with the exact error.
+ *   - under a user's mpirun of the wrong size: refused with the exact error;
+ *   - every run that ends well, the one-process one too, leaves run_status.json saying ok.
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -41,6 +42,11 @@ static void run_ok(const char *run, const char *args, const char **want, size_t 
     int has = rf_test_has_all(out, want, n_want);
     if (rc || !has) fprintf(stderr, "%s\n", out ? out : "");
     free(out);
+    /* one-process and several-device colocated runs write run_status.json as split runs do */
+    char p[512], *st = NULL;
+    snprintf(p, sizeof p, "%s/%s/run_status.json", dir, run);
+    CHECK(rf_read_file(p, &st, NULL) == RF_OK && strcmp(st, "{\"status\":\"ok\",\"message\":\"\"}") == 0);
+    free(st);
 }
 
 int main(void) {
