@@ -58,7 +58,9 @@ void rf_buffer_free(rf_buffer *b) {
     free(b);
 }
 
-void rf_buffer_resume_at(rf_buffer *b, int v) { b->consumed = (int64_t)v * b->P; }
+/* Admission ids go on from where the run stopped, as if it had not: a group's id seeds its
+ * sampling (controller.c), so a resumed run draws what the uninterrupted one would have. */
+void rf_buffer_resume_at(rf_buffer *b, int v) { b->consumed = b->next_id = (int64_t)v * b->P; }
 
 int rf_buffer_can_admit(const rf_buffer *b, int served) {
     if (b->pending >= b->cap) return 0;

@@ -622,14 +622,37 @@ static rf_status on_weights_loaded(ctl *c, int peer, const Rlflow__WeightsLoaded
     return RF_OK;
 }
 
+/* NULL when the run has a place for a worker of this role and rank (the training worker, rank
+ * 0; rollout workers 0 .. n_rollout_want - 1, each once), else why not. With CURVE only the
+ * run's own ranks get this far; a second worker with a rank already taken (a restarted rank, a
+ * misconfigured user's mpirun) is refused rather than trusted. */
+static const char *place_taken(const ctl *c, const rf_msg_peer_info *i) {
+    if (i->role == RLFLOW__ROLE__ROLE_ACTOR)
+        return i->rank != 0 ? "the training worker is rank 0" : c->train_peer >= 0 ? "the training worker has joined already" : NULL;
+    if (i->role != RLFLOW__ROLE__ROLE_ROLLOUT) return "a run's workers are a training worker and rollout workers";
+    if (i->rank < 0 || i->rank >= c->n_rollout_want) return "no rollout worker has that rank in this run";
+    for (int k = 0; k < c->n_rw; k++)
+        if (c->rw[k].rank == i->rank) return "a rollout worker of that rank has joined already";
+    return NULL;
+}
+
+/* Refuses a worker the run has no place for (an Error tells it why), logs it, and goes on. */
+static void refuse_worker(ctl *c, const rf_msg_event *ev, const char *why) {
+    char text[512];
+    snprintf(text, sizeof text, "refused: %s (%s); this run has 1 training and %d rollout workers", why, ev->info.desc,
+             c->n_rollout_want);
+    rf_log_warn("controller: %s", text);
+    rf_msg_server_drop(c->srv, ev->peer, RF_ERR_ARG, text, 0);
+}
+
 /* ---- the loop ------------------------------------------------------------------------- */
 
 static rf_status on_event(ctl *c, rf_msg_event *ev) {
     switch (ev->kind) {
     case RF_MSG_EV_NONE: return RF_OK;
-    case RF_MSG_EV_JOINED:
-        return rf_error(RF_ERR_FORMAT, "%s joined after the run started; this run expects exactly 1 training and %d rollout workers",
-                        ev->info.desc, c->n_rollout_want);
+    case RF_MSG_EV_JOINED: /* every place is taken: refused, the run goes on */
+        refuse_worker(c, ev, "joined after the run started");
+        return RF_OK;
     case RF_MSG_EV_REFUSED: rf_log_warn("%s", ev->text); return RF_OK;
     case RF_MSG_EV_LOST: {
         rollout_peer *p = find_rw(c, ev->peer);
@@ -677,10 +700,13 @@ static rf_status wait_for_workers(ctl *c) {
         RF_TRY(rf_msg_server_poll(c->srv, left < 0.5 ? left : 0.5, &ev));
         if (g_signal) return rf_error(RF_ERR_IO, "stopped by signal %d while waiting for workers", (int)g_signal);
         if (ev.kind == RF_MSG_EV_JOINED) {
-            rf_log_info("joined: %s", ev.info.desc);
-            if (ev.info.role == RLFLOW__ROLE__ROLE_ACTOR && c->train_peer < 0) {
+            const char *why = place_taken(c, &ev.info);
+            if (!why) rf_log_info("joined: %s", ev.info.desc);
+            if (why) {
+                refuse_worker(c, &ev, why);
+            } else if (ev.info.role == RLFLOW__ROLE__ROLE_ACTOR) {
                 c->train_peer = ev.peer;
-            } else if (ev.info.role == RLFLOW__ROLE__ROLE_ROLLOUT && c->n_rw < c->n_rollout_want) {
+            } else {
                 if (ev.peer >= c->n_peer_ids) {
                     int n = (ev.peer + 1) * 2;
                     int *m = realloc(c->rw_of_peer, sizeof(int) * (size_t)n);
@@ -690,8 +716,6 @@ static rf_status wait_for_workers(ctl *c) {
                 }
                 c->rw_of_peer[ev.peer] = c->n_rw;
                 c->rw[c->n_rw++] = (rollout_peer){.peer = ev.peer, .rank = ev.info.rank, .version = -1};
-            } else {
-                rf_msg_server_drop(c->srv, ev.peer, RF_ERR_ARG, "this run has no place for another worker of that role", 0);
             }
         } else if (ev.kind == RF_MSG_EV_MESSAGE) {
             rf_status st = on_event(c, &ev); /* e.g. the first WeightsUpdate */

@@ -270,6 +270,24 @@ static void advertised(const char *bound, char *out) {
     }
 }
 
+/* Rank 0: the controller's endpoint, with CURVE keys made for this run alone (ZeroMQ RFC 26):
+ * a key pair for the controller and one that every worker presents, handed to the ranks over
+ * MPI (never written anywhere), the only client key the endpoint admits. Any other client (no
+ * CURVE, another key) is refused by the handshake and logged (docs/deployment.md, "Trust"). */
+static rf_status open_controller(const rf_recipe *r, const char *bind_ep, rf_msg_server **srv, rf_msg_dial *dial) {
+    rf_curve_key server_secret;
+    rf_status st = rf_curve_keypair(dial->server_key, server_secret);
+    if (st == RF_OK) st = rf_curve_keypair(dial->public_key, dial->secret_key);
+    if (st != RF_OK) return rf_error_wrap(st, "making the run's CURVE keys for the workers' endpoint");
+    const char *clients[1] = {dial->public_key};
+    rf_msg_server_config sc = {.accept_role = 0, .peer_timeout_s = r->async.peer_timeout,
+                               .curve_secret_key = server_secret, .curve_clients = clients, .n_curve_clients = 1};
+    st = rf_msg_server_open(srv, bind_ep, &sc);
+    memset(server_secret, 0, sizeof server_secret);
+    if (st == RF_OK) advertised(rf_msg_server_endpoint(*srv), dial->endpoint);
+    return st;
+}
+
 /* The world size against the recipe's layout: controller, dp (or tp) training workers, rollout
  * workers of placement.rollout.tp ranks each. Under a user's mpirun, when
  * placement.rollout_ranks is not set, every rank past the training workers is a rollout rank. */
@@ -388,7 +406,7 @@ static void select_gpu(const rf_recipe *r, rf_comm *world, const char *host) {
 
 /* World rank `rank`'s training role (1 .. dp x tp): the training worker (rank 1), a data-parallel
  * replica's first rank, or a tensor-parallel peer. ho: colocated (rf_train_worker_main). */
-static rf_status training_rank(const rf_recipe *r, int resume, const char *ep, int rank, const char *host, int n_rollout,
+static rf_status training_rank(const rf_recipe *r, int resume, const rf_msg_dial *ep, int rank, const char *host, int n_rollout,
                                rf_comm *wcomm, rf_comm *dpc, rf_comm *tpc, rf_handover *ho) {
     int dp = r->placement.actor.dp, tp = r->placement.actor.tp, gtp = r->placement.rollout.tp;
     rf_status st;
@@ -417,7 +435,7 @@ static rf_status training_rank(const rf_recipe *r, int resume, const char *ep, i
 /* A colocated process's rollout rank, run in a thread of its own. */
 typedef struct rollout_thread {
     const rf_recipe *r;
-    const char *ep;
+    const rf_msg_dial *ep;
     int index, threads;
     rf_comm *gcomm;
     rf_handover *ho;
@@ -439,7 +457,7 @@ static void *rollout_thread_main(void *arg) {
 /* Colocated on several devices: training rank `rank` with a rollout rank of rollout worker
  * (rank - 1) / gtp in a second thread of this process, the weights handed over between them
  * (resharding/handover.h). Either one's failure wakes the other; the first error is returned. */
-static rf_status colocated_rank(const rf_recipe *r, int resume, const char *ep, int rank, const char *host,
+static rf_status colocated_rank(const rf_recipe *r, int resume, const rf_msg_dial *ep, int rank, const char *host,
                                 int n_rollout, rf_comm *wcomm, rf_comm *dpc, rf_comm *tpc, rf_comm *gcomm) {
     rf_handover ho;
     RF_TRY(rf_handover_init(&ho));
@@ -473,7 +491,9 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     RF_TRY(check_size(r, size));
     int colo = rf_recipe_colocated_ranks(r);
     int n_rollout = (colo ? n_train : size - 1 - n_train) / gtp; /* rollout workers (gtp ranks each) */
-    char bind_ep[HOST_LEN], ep[HOST_LEN] = "";
+    char bind_ep[HOST_LEN];
+    rf_msg_dial dial; /* rank 0 fills it, every rank receives it */
+    memset(&dial, 0, sizeof dial);
     rf_status st = RF_OK;
     rf_msg_server *srv = NULL;
     if (rank == 0) {
@@ -485,18 +505,16 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     char *hosts = NULL; /* several machines: every rank's host name */
     rf_status st2 = pick_endpoint(r, world, bind_ep, &hosts);
     if (st == RF_OK) st = st2;
-    if (rank == 0 && st == RF_OK) {
-        rf_msg_server_config sc = {.accept_role = 0, .peer_timeout_s = r->async.peer_timeout};
-        st = rf_msg_server_open(&srv, bind_ep, &sc);
-        if (st == RF_OK) advertised(rf_msg_server_endpoint(srv), ep);
-    }
-    /* rank 0 sends the endpoint, or "" when it failed (every rank then stops) */
-    if (rank == 0 && st != RF_OK) ep[0] = '\0';
-    rf_status bst = rf_comm_bcast(world, ep, HOST_LEN, 0, r->async.startup_timeout, "receiving the controller's endpoint");
+    if (rank == 0 && st == RF_OK) st = open_controller(r, bind_ep, &srv, &dial);
+    /* rank 0 sends the endpoint and the keys, or "" when it failed (every rank then stops) */
+    if (rank == 0 && st != RF_OK) memset(&dial, 0, sizeof dial);
+    rf_status bst = rf_comm_bcast(world, &dial, sizeof dial, 0, r->async.startup_timeout,
+                                  "receiving the controller's endpoint and keys");
     char host[HOST_LEN] = "";
     gethostname(host, sizeof host - 1);
     if (rank == 0 && st == RF_OK && bst == RF_OK) {
-        rf_log_info("%s run on %d ranks, controller at %s", rf_recipe_colocated_ranks(r) ? "colocated" : "split", size, ep);
+        rf_log_info("%s run on %d ranks, controller at %s (CURVE: only this run's ranks may connect)",
+                    rf_recipe_colocated_ranks(r) ? "colocated" : "split", size, dial.endpoint);
         rf_log_info("  rank 0: controller (%s, pid %d)", host, (int)getpid());
         log_layout(r, size, hosts);
     }
@@ -506,7 +524,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         return st;
     }
     if (bst != RF_OK) return bst;
-    if (!ep[0]) return rf_error(RF_ERR_IO, "the controller (rank 0) could not start; its message says why");
+    if (!dial.endpoint[0]) return rf_error(RF_ERR_IO, "the controller (rank 0) could not start; its message says why");
     select_gpu(r, world, host);
     /* weights travel between the training worker and the rollout workers only; gradients
      * between the training workers */
@@ -525,14 +543,14 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         write_status(r, st);
     } else if (rank <= n_train && colo) {
         omp_set_num_threads(threads);
-        st = colocated_rank(r, resume, ep, rank, host, n_rollout, wcomm, dpc, tpc, gcomm);
+        st = colocated_rank(r, resume, &dial, rank, host, n_rollout, wcomm, dpc, tpc, gcomm);
     } else if (rank <= n_train) {
         omp_set_num_threads(threads);
-        st = training_rank(r, resume, ep, rank, host, n_rollout, wcomm, dpc, tpc, NULL);
+        st = training_rank(r, resume, &dial, rank, host, n_rollout, wcomm, dpc, tpc, NULL);
     } else {
         omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads
                                                               : default_threads(r, n_rollout * gtp, n_train, 0));
-        st = rf_rollout_worker_main(r, ep, (rank - 1 - n_train) / gtp, wcomm, gcomm, 0, NULL);
+        st = rf_rollout_worker_main(r, &dial, (rank - 1 - n_train) / gtp, wcomm, gcomm, 0, NULL);
     }
     rf_comm_free(gcomm);
     rf_comm_free(wcomm);

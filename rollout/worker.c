@@ -389,7 +389,7 @@ static void worker_free(worker *w) {
     free(w->eos);
 }
 
-rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int rank,
+rf_status rf_rollout_worker_main(const rf_recipe *r, const rf_msg_dial *dial, int rank,
                                  rf_comm *wcomm, rf_comm *gcomm, int train_rank, rf_handover *ho) {
     worker w = {.r = r, .rank = rank, .version = -1, .t0 = rf_time_now(),
                 .gcomm = gcomm && rf_comm_size(gcomm) > 1 ? gcomm : NULL, .ho = ho,
@@ -405,9 +405,10 @@ rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int r
         worker_free(&w);
         return st;
     }
-    rf_msg_client_config cc = {.endpoint = endpoint, .role = RLFLOW__ROLE__ROLE_ROLLOUT, .rank = rank,
+    rf_msg_client_config cc = {.role = RLFLOW__ROLE__ROLE_ROLLOUT, .rank = rank,
                                .capacity = r->rollout.max_running, .name = "rollout",
                                .timeout_s = r->async.startup_timeout};
+    rf_msg_dial_apply(dial, &cc);
     rf_status st = engine_open(&w, k);
     if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);
     if (st == RF_OK) {
