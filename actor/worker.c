@@ -514,7 +514,7 @@ static rf_status serve(tworker *w) {
         case RF_MSG_SHUTDOWN: {
             const char *why = ((Rlflow__Shutdown *)m.pb)->reason;
             done = 1;
-            if (!why || strcmp(why, RF_MSG_SHUTDOWN_DONE) != 0)
+            if (!RF_MSG_SHUTDOWN_CLEAN(why))
                 st = rf_error(RF_ERR_IO, "the controller stopped the run: %s", why ? why : "");
             break;
         }

@@ -34,6 +34,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/curve.h"
 #include "common/status.h"
@@ -42,6 +43,14 @@
 /* The reason of the Shutdown that ends a run normally; any other reason means the run stopped
  * on an error (workers then exit with an error too). */
 #define RF_MSG_SHUTDOWN_DONE "the run is complete"
+
+/* The Shutdown reason when the run stopped on SIGINT / SIGTERM with its checkpoint written
+ * (controller/interrupt.h): workers end as cleanly as after RF_MSG_SHUTDOWN_DONE. */
+#define RF_MSG_SHUTDOWN_INTERRUPTED "the run was interrupted; its checkpoint is written"
+
+/* 1 when a Shutdown reason ends the run cleanly (DONE or INTERRUPTED). */
+#define RF_MSG_SHUTDOWN_CLEAN(why) \
+    ((why) && (!strcmp((why), RF_MSG_SHUTDOWN_DONE) || !strcmp((why), RF_MSG_SHUTDOWN_INTERRUPTED)))
 
 /* The protocol version this build speaks; bumped for any change a peer cannot ignore. */
 #define RF_PROTOCOL_VERSION 1

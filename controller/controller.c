@@ -1,6 +1,5 @@
 /* The controller's event loop for split runs. */
 #include <math.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 #include "common/util.h"
 #include "controller/buffer.h"
 #include "controller/controller.h"
+#include "controller/interrupt.h"
 #include "controller/run_internal.h"
 #include "trainer/checkpoint.h"
 
@@ -77,6 +77,9 @@ typedef struct ctl {
     double batch_sent_at, train_busy, train_busy0;
     double mean_kl;
     int ckpt_out;         /* CheckpointRequests not yet done */
+    int ckpt_last;        /* the step of the last CheckpointRequest (-1: none) */
+    int stop_ckpt;        /* SIGINT / SIGTERM: the stop's checkpoint is requested */
+    double last_progress; /* when the last step, sample, score or weights report came */
     /* validation */
     int val_version, val_next, val_out, val_n;
     double val_acc, val_len;
@@ -87,8 +90,9 @@ typedef struct ctl {
     int64_t dropped_dynamic, dyn_since_batch;
 } ctl;
 
-static volatile sig_atomic_t g_signal;
-static void on_signal(int sig) { g_signal = sig; }
+static int g_interrupted; /* the last rf_controller_main stopped on a signal, its checkpoint written */
+
+int rf_controller_interrupted(void) { return g_interrupted; }
 
 static void group_free(group *g) {
     if (!g) return;
@@ -541,7 +545,7 @@ static rf_status request_checkpoint(ctl *c) {
     Rlflow__CheckpointRequest q = RLFLOW__CHECKPOINT_REQUEST__INIT;
     q.step = c->run.step, q.data_epoch = p.epoch, q.data_index = p.index;
     q.kl_coef = c->run.kl.beta, q.best_val = c->run.best_val;
-    c->ckpt_out++;
+    c->ckpt_out++, c->ckpt_last = c->run.step;
     return rf_msg_server_send(c->srv, c->train_peer, RF_MSG_CHECKPOINT_REQUEST, &q.base);
 }
 
@@ -663,6 +667,7 @@ static rf_status on_event(ctl *c, rf_msg_event *ev) {
     case RF_MSG_EV_MESSAGE: break;
     }
     rf_msg *m = &ev->msg;
+    if (m->type != RF_MSG_HEARTBEAT && m->type != RF_MSG_ERROR) c->last_progress = rf_time_now();
     switch (m->type) {
     case RF_MSG_SAMPLE: return on_sample(c, ev->peer, (Rlflow__Sample *)m->pb);
     case RF_MSG_SCORE_RESPONSE: return on_score(c, (Rlflow__ScoreResponse *)m->pb);
@@ -698,7 +703,9 @@ static rf_status wait_for_workers(ctl *c) {
                             c->train_peer < 0 ? "no" : "the", c->n_rw, c->n_rollout_want);
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(c->srv, left < 0.5 ? left : 0.5, &ev));
-        if (g_signal) return rf_error(RF_ERR_IO, "stopped by signal %d while waiting for workers", (int)g_signal);
+        if (rf_interrupt_signal())
+            return rf_error(RF_ERR_IO, "interrupted (signal %d) while waiting for workers: no step taken, no checkpoint written",
+                            rf_interrupt_signal());
         if (ev.kind == RF_MSG_EV_JOINED) {
             const char *why = place_taken(c, &ev.info);
             if (!why) rf_log_info("joined: %s", ev.info.desc);
@@ -734,6 +741,64 @@ static int finished(const ctl *c) {
            (!c->run.val || c->final_val_done || r->logging.val_size == 0);
 }
 
+/* What each role is doing, for the progress bound's error: "training worker: ...; rollout
+ * worker 0 (pid P): ...". */
+static void describe_roles(ctl *c, char *out, size_t cap) {
+    size_t n = 0;
+    const rf_msg_peer_info *ti = rf_msg_server_peer(c->srv, c->train_peer);
+    if (c->batch_out)
+        n += (size_t)snprintf(out + n, cap - n, "training worker (pid %d): training the batch of step %d (sent %.0f s ago)",
+                              ti ? ti->pid : -1, c->run.step + 1, rf_time_now() - c->batch_sent_at);
+    else if (c->scores_out)
+        n += (size_t)snprintf(out + n, cap - n, "training worker (pid %d): scoring %d groups (reference, critic or reward model)",
+                              ti ? ti->pid : -1, c->scores_out);
+    else
+        n += (size_t)snprintf(out + n, cap - n, "training worker (pid %d): idle, waiting for a batch (the buffer holds %d of "
+                              "the %d groups a step takes, %d in flight)", ti ? ti->pid : -1, rf_buffer_depth(c->buf),
+                              c->run.r->rollout.prompts_per_step, rf_buffer_in_flight(c->buf));
+    if (c->ckpt_out && n < cap) n += (size_t)snprintf(out + n, cap - n, ", writing a checkpoint");
+    for (int i = 0; i < c->n_rw && n < cap; i++) {
+        const rf_msg_peer_info *pi = rf_msg_server_peer(c->srv, c->rw[i].peer);
+        if (c->rw[i].groups > 0)
+            n += (size_t)snprintf(out + n, cap - n, "; rollout worker %d (pid %d): generating %d groups with weights version %d",
+                                  c->rw[i].rank, pi ? pi->pid : -1, c->rw[i].groups, c->rw[i].version);
+        else
+            n += (size_t)snprintf(out + n, cap - n, "; rollout worker %d (pid %d): idle with weights version %d, waiting for "
+                                  "prompts (the controller admits none while the staleness bound k = %d holds them back: "
+                                  "the oldest version served is %d, at step %d)", c->rw[i].rank, pi ? pi->pid : -1,
+                                  c->rw[i].version, c->run.r->async.max_staleness, c->served, c->run.step);
+    }
+}
+
+/* async.progress_timeout: peers that answer heartbeats but bring no step, sample, score,
+ * weights report or checkpoint for that long stop the run, saying what each was doing. */
+static rf_status check_progress(ctl *c) {
+    double limit = c->run.r->async.progress_timeout, idle = rf_time_now() - c->last_progress;
+    if (!(limit > 0) || idle <= limit) return RF_OK;
+    char what[2048];
+    describe_roles(c, what, sizeof what);
+    return rf_error(RF_ERR_IO, "no progress for %.0f s (async.progress_timeout = %g; no step, sample, score or weights "
+                    "report while every worker answers heartbeats) at step %d: %s", idle, limit, c->run.step, what);
+}
+
+/* SIGINT / SIGTERM: no prompt is admitted nor batch sent any more; the batch at the training
+ * worker finishes (its step counts), then the checkpoint of the step reached is written (unless
+ * it is being written already). *stopped once it is done: the groups still generating are
+ * abandoned (the checkpoint's data position is the oldest of them, so a resumed run generates
+ * them again). */
+static rf_status stop_step(ctl *c, int *stopped) {
+    *stopped = 0;
+    if (c->batch_out) return RF_OK;
+    if (!c->stop_ckpt) {
+        rf_log_warn("interrupted (signal %d): step %d is done, writing its checkpoint (a second signal stops at once)",
+                    rf_interrupt_signal(), c->run.step);
+        c->stop_ckpt = 1;
+        if (c->ckpt_last != c->run.step) RF_TRY(request_checkpoint(c));
+    }
+    *stopped = c->ckpt_out == 0;
+    return RF_OK;
+}
+
 static rf_status loop(ctl *c) {
     const rf_recipe *r = c->run.r;
     RF_TRY(wait_for_workers(c));
@@ -743,17 +808,26 @@ static rf_status loop(ctl *c) {
     if (c->turns)
         rf_log_info("controller: generation and scoring take turns (colocated, placement.rollout.tp = %d on CUDA: the "
                     "rollout and training threads' NCCL groups share each device)", r->placement.rollout.tp);
-    c->run.t_start = c->last_step_at = rf_time_now();
+    c->run.t_start = c->last_step_at = c->last_progress = rf_time_now();
     c->run.start_step = c->run.step;
     c->val_next = c->run.step == 0 ? 0 : c->run.step + 1;
     while (!finished(c)) {
-        if (g_signal)
-            return rf_error(RF_ERR_IO, "stopped by signal %d at step %d (mpirun stops every process when one of them fails: its message names the rank; the rank table is at the top of this log)",
-                            (int)g_signal, c->run.step);
+        if (rf_interrupt_signal()) {
+            int stopped;
+            RF_TRY(stop_step(c, &stopped));
+            if (stopped) {
+                g_interrupted = 1;
+                return rf_error(RF_ERR_IO, "interrupted at step %d: checkpoint written to %s/step_%06d; resume with --resume",
+                                c->run.step, r->logging.dir, c->ckpt_last);
+            }
+        }
+        RF_TRY(check_progress(c));
         RF_TRY(score_turns(c));
-        RF_TRY(start_validation(c));
-        RF_TRY(admit(c));
-        RF_TRY(try_train(c));
+        if (!rf_interrupt_signal()) {
+            RF_TRY(start_validation(c));
+            RF_TRY(admit(c));
+            RF_TRY(try_train(c));
+        }
         if (finished(c)) break;
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(c->srv, 0.1, &ev));
@@ -806,14 +880,11 @@ rf_status rf_controller_main(const rf_recipe *r, int resume, rf_msg_server *srv,
     if (!c) return rf_error(RF_ERR_NOMEM, "out of memory");
     c->srv = srv, c->n_rollout_want = n_rollout, c->served = -1;
     for (int i = 0; i < VERSION_RING; i++) c->ver_of[i] = -1;
-    struct sigaction sa = {0}, old_int, old_term;
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    c->ckpt_last = -1;
+    g_interrupted = 0;
+    rf_interrupt_install();
     rf_status st = setup(c, r, resume);
     if (st == RF_OK) st = loop(c);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
     while (c->live) {
         group *g = c->live;
         c->live = g->next;

@@ -19,6 +19,7 @@
 #include "common/util.h"
 #include "controller/advantages.h"
 #include "controller/controller.h"
+#include "controller/interrupt.h"
 #include "controller/launch.h"
 #include "controller/run_internal.h"
 #include "kernels/kernels.h"
@@ -35,8 +36,10 @@ static void write_status(const rf_recipe *r, rf_status st) {
     char p[4200];
     snprintf(p, sizeof p, "%s/run_status.json", r->logging.dir);
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "status", st == RF_OK ? "ok" : "error");
+    int stopped = st != RF_OK && rf_controller_interrupted();
+    cJSON_AddStringToObject(j, "status", st == RF_OK ? "ok" : stopped ? "interrupted" : "error");
     cJSON_AddStringToObject(j, "message", st == RF_OK ? "" : rf_error_message());
+    if (stopped) cJSON_AddNumberToObject(j, "signal", rf_interrupt_signal());
     char *text = cJSON_PrintUnformatted(j);
     if (text) rf_write_file_atomic(p, text, strlen(text));
     free(text);
@@ -53,8 +56,15 @@ static rf_status read_status(const rf_recipe *r, int mpirun_rc) {
     free(text);
     const cJSON *s = cJSON_GetObjectItem(j, "status"), *m = cJSON_GetObjectItem(j, "message");
     rf_status st = RF_OK;
-    if (!cJSON_IsString(s)) st = rf_error(RF_ERR_FORMAT, "%s: no status", p);
-    else if (strcmp(s->valuestring, "ok") != 0)
+    const cJSON *sig = cJSON_GetObjectItem(j, "signal");
+    if (!cJSON_IsString(s)) {
+        st = rf_error(RF_ERR_FORMAT, "%s: no status", p);
+    } else if (!strcmp(s->valuestring, "interrupted")) {
+        /* rank 0 said where the checkpoint is; the exit status tells the signal */
+        rf_interrupt_note(cJSON_IsNumber(sig) ? sig->valueint : SIGINT);
+        rf_error_clear();
+        st = RF_ERR_IO;
+    } else if (strcmp(s->valuestring, "ok") != 0)
         st = rf_error(RF_ERR_IO, "%s", cJSON_IsString(m) ? m->valuestring : "the split run failed");
     cJSON_Delete(j);
     return st;
@@ -65,9 +75,21 @@ static void exit_now(int sig) {
     _exit(1);
 }
 
+/* The launcher's side of a graceful stop (controller/interrupt.h): mpirun runs in a process
+ * group of its own, so a Ctrl-C at the terminal reaches this process only (mpirun would kill
+ * the job on SIGINT); the first SIGINT / SIGTERM goes on to mpirun as SIGUSR1 / SIGUSR2, which
+ * it forwards to every rank (the controller rank then stops the run with a checkpoint), a
+ * second as SIGTERM (mpirun then kills the job; the ranks, signalled twice, end at once). */
 static pid_t g_child;
+static volatile sig_atomic_t g_forwarded;
 static void forward_signal(int sig) {
-    if (g_child > 0) kill(g_child, sig);
+    if (g_child <= 0) return;
+    if (g_forwarded++) {
+        kill(g_child, SIGTERM);
+        return;
+    }
+    rf_interrupt_note(sig);
+    kill(g_child, sig == SIGTERM ? SIGUSR2 : SIGUSR1);
 }
 
 /* Training worker processes: dp data-parallel replicas of tp tensor-parallel ranks each. */
@@ -144,6 +166,9 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     pid_t pid = fork();
     if (pid == 0) {
         close(fds[0]);
+        setpgid(0, 0); /* out of the terminal's process group: Ctrl-C reaches the launcher only */
+        int null = open("/dev/null", O_RDONLY); /* a background group must not read the terminal */
+        if (null >= 0) dup2(null, 0), close(null);
         execvp(av[0], av);
         int e = errno;
         ssize_t w = write(fds[1], &e, sizeof e);
@@ -159,7 +184,7 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     int exec_err = 0;
     ssize_t got = read(fds[0], &exec_err, sizeof exec_err);
     close(fds[0]);
-    g_child = pid;
+    g_child = pid, g_forwarded = 0;
     struct sigaction sa = {0}, oi, ot;
     sa.sa_handler = forward_signal;
     sigaction(SIGINT, &sa, &oi);
@@ -536,7 +561,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         if (st != RF_OK) {
             char why[1200];
             snprintf(why, sizeof why, "the run stopped on an error: %s", rf_error_message());
-            rf_msg_server_close(srv, why);
+            rf_msg_server_close(srv, rf_controller_interrupted() ? RF_MSG_SHUTDOWN_INTERRUPTED : why);
         } else {
             rf_msg_server_close(srv, RF_MSG_SHUTDOWN_DONE);
         }
@@ -573,12 +598,20 @@ rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv) {
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
         execv("/proc/self/exe", argv);
     }
+    /* every rank: a SIGINT / SIGTERM (or SIGUSR1 / SIGUSR2 forwarded by mpirun) asks for a
+     * stop; the controller rank makes it, the others wait for its Shutdown */
+    rf_interrupt_install();
     rf_comm *world;
     /* colocated with rollout tensor parallelism: the rollout thread's group talks over MPI too */
     RF_TRY(rf_comm_init_threads(&argc, &argv, rf_recipe_colocated_ranks(r) && r->placement.rollout.tp > 1, &world));
     rf_status st = run_rank(r, resume, world);
     if (st != RF_OK && rf_comm_rank(world) == 0 && !g_status_written) write_status(r, st); /* failed before the controller ran */
-    if (st != RF_OK) {
+    if (st != RF_OK && rf_comm_rank(world) == 0 && rf_controller_interrupted()) {
+        /* stopped on a signal with the checkpoint written: the workers end cleanly too */
+        rf_log_warn("%s", rf_error_message());
+        rf_error_clear();
+        fflush(stdout), fflush(stderr);
+    } else if (st != RF_OK) {
         /* report now, naming the rank. The ranks that failed meet at a barrier, bounded: when
          * the controller's run failed, a rank still busy 5 s later (waiting for the controller
          * that stopped, say, or gone) would keep the job alive, so the controller then aborts

@@ -248,7 +248,7 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
             else if (m.type == RF_MSG_SHUTDOWN) {
                 const char *why = ((Rlflow__Shutdown *)m.pb)->reason;
                 done = 1;
-                if (!why || strcmp(why, RF_MSG_SHUTDOWN_DONE) != 0)
+                if (!RF_MSG_SHUTDOWN_CLEAN(why))
                     st = rf_error(RF_ERR_IO, "the controller stopped the run: %s", why ? why : "");
             } else {
                 st = rf_error(RF_ERR_FORMAT, "the controller sent a rollout worker %s", rf_msg_type_name(m.type));
