@@ -93,6 +93,7 @@ rf_status rf_buffer_put(rf_buffer *b, void *group, int64_t id, int min_version) 
 }
 
 int rf_buffer_depth(const rf_buffer *b) { return b->n; }
+void *rf_buffer_at(const rf_buffer *b, int i) { return i >= 0 && i < b->n ? b->s[i].group : NULL; }
 int rf_buffer_in_flight(const rf_buffer *b) { return b->pending - b->n; }
 int64_t rf_buffer_consumed(const rf_buffer *b) { return b->consumed; }
 int64_t rf_buffer_stale_dropped(const rf_buffer *b) { return b->stale; }

@@ -531,12 +531,16 @@ static rf_status try_train(ctl *c) {
     return st;
 }
 
-/* The data position to resume from: the oldest prompt admitted and not yet trained on. */
+static void older_pos(rf_dataset_pos *p, const group *g) {
+    if (g->id >= 0 && (g->pos.epoch < p->epoch || (g->pos.epoch == p->epoch && g->pos.index < p->index))) *p = g->pos;
+}
+
+/* The data position to resume from: the oldest prompt admitted and not yet trained on, still
+ * generating or scoring (live) or complete in the buffer. */
 static rf_dataset_pos resume_pos(ctl *c) {
     rf_dataset_pos p = c->run.pos;
-    for (group *g = c->live; g; g = g->next)
-        if (g->id >= 0 && (g->pos.epoch < p.epoch || (g->pos.epoch == p.epoch && g->pos.index < p.index)))
-            p = g->pos;
+    for (group *g = c->live; g; g = g->next) older_pos(&p, g);
+    for (int i = 0; i < rf_buffer_depth(c->buf); i++) older_pos(&p, rf_buffer_at(c->buf, i));
     return p;
 }
 

@@ -67,6 +67,8 @@ static void on_sample(void *ctx, const rf_rollout_sample *rs) {
 
 static rf_status submit(worker *w, const Rlflow__GenerateRequest *g) {
     const rf_recipe *r = w->r;
+    /* test hook: take requests and never answer (heartbeats go on), for async.progress_timeout */
+    if (getenv("RF_TEST_ROLLOUT_STALL")) return RF_OK;
     rf_rollout_request q = {.prompt = g->prompt_ids, .prompt_len = (int)g->n_prompt_ids, .n = g->n,
                             .max_new_tokens = r->rollout.max_new_tokens,
                             .stop_ids = w->eos, .n_stop_ids = w->n_eos};
