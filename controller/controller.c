@@ -886,9 +886,10 @@ rf_status rf_controller_main(const rf_recipe *r, int resume, rf_msg_server *srv,
     for (int i = 0; i < VERSION_RING; i++) c->ver_of[i] = -1;
     c->ckpt_last = -1;
     g_interrupted = 0;
-    rf_interrupt_install();
+    int mine = rf_interrupt_install(); /* installed already for every rank of a run under mpirun */
     rf_status st = setup(c, r, resume);
     if (st == RF_OK) st = loop(c);
+    if (mine) rf_interrupt_restore();
     while (c->live) {
         group *g = c->live;
         c->live = g->next;

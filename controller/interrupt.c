@@ -23,8 +23,9 @@ static void on_signal(int sig) {
     g_sig = as_stop(sig);
 }
 
-void rf_interrupt_install(void) {
-    if (g_installed) return;
+int rf_interrupt_install(void) {
+    if (g_installed) return 0;
+    g_sig = 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -32,6 +33,7 @@ void rf_interrupt_install(void) {
     sigemptyset(&sa.sa_mask);
     for (int i = 0; i < 4; i++) sigaction(g_sigs[i], &sa, &g_old[i]);
     g_installed = 1;
+    return 1;
 }
 
 void rf_interrupt_restore(void) {

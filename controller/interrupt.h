@@ -15,8 +15,9 @@
 #ifndef RF_INTERRUPT_H
 #define RF_INTERRUPT_H
 
-/* Installs the handlers (SIGINT, SIGTERM, SIGUSR1, SIGUSR2). Idempotent. */
-void rf_interrupt_install(void);
+/* Installs the handlers (SIGINT, SIGTERM, SIGUSR1, SIGUSR2), with no stop asked for yet, and
+ * returns 1; returns 0 (and changes nothing) when they are installed already. */
+int rf_interrupt_install(void);
 
 /* Puts the previous handlers back (the flag keeps its value). */
 void rf_interrupt_restore(void);
