@@ -514,7 +514,7 @@ static rf_status serve(tworker *w) {
         case RF_MSG_SHUTDOWN: {
             const char *why = ((Rlflow__Shutdown *)m.pb)->reason;
             done = 1;
-            if (!why || strcmp(why, RF_MSG_SHUTDOWN_DONE) != 0)
+            if (!RF_MSG_SHUTDOWN_CLEAN(why))
                 st = rf_error(RF_ERR_IO, "the controller stopped the run: %s", why ? why : "");
             break;
         }
@@ -527,7 +527,7 @@ static rf_status serve(tworker *w) {
     }
 }
 
-rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int resume,
+rf_status rf_train_worker_main(const rf_recipe *r, const rf_msg_dial *dial, int resume,
                                rf_comm *wcomm, const int *rollout, int n_rollout, rf_comm *dpc,
                                rf_comm *tpc, rf_handover *ho) {
     tworker w = {.r = r, .wcomm = wcomm, .rollout = rollout, .n_rollout = n_rollout, .ho = ho,
@@ -566,8 +566,9 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     if (st == RF_OK) st = rf_metrics_open(&w.metrics, NULL, 0, 0);
     if (st == RF_OK && !w.tp)
         st = r->placement.rollout.tp > 1 || ho ? rf__rs_whole_setup(&w) : rf_weights_tx_init(&w.tx, w.actor);
-    rf_msg_client_config cc = {.endpoint = endpoint, .role = RLFLOW__ROLE__ROLE_ACTOR, .rank = 0,
+    rf_msg_client_config cc = {.role = RLFLOW__ROLE__ROLE_ACTOR, .rank = 0,
                                .capacity = 1, .name = "train", .timeout_s = r->async.startup_timeout};
+    rf_msg_dial_apply(dial, &cc);
     if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);
     if (st == RF_OK) st = serve(&w);
     if (st != RF_OK) rf_msg_link_tell_error(&w.link, &cc, r->async.peer_timeout, st);

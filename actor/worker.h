@@ -10,10 +10,12 @@
 #define RF_ACTOR_WORKER_H
 
 #include "comm/comm.h"
+#include "common/msg.h"
 #include "controller/recipe.h"
 #include "resharding/handover.h"
 
-/* wcomm: the weights communicator; rollout workers are its ranks rollout[0..n_rollout-1].
+/* dial: the controller's endpoint and the run's CURVE keys (common/msg.h). wcomm: the weights
+ * communicator; rollout workers are its ranks rollout[0..n_rollout-1].
  * resume: load the newest checkpoint of logging.dir first. dpc: with placement.actor.dp > 1,
  * the data-parallel training ranks, this one their rank 0 (NULL: it trains alone): it hands
  * every peer its share of each batch over dpc, and the update's statistics are the batch's.
@@ -27,7 +29,7 @@
  * (resharding/handover.h): wcomm then holds the training ranks only, every one of which hands
  * each version to its own process's rollout rank (resharded in place over wcomm when the
  * layouts differ; rollout is not used). NULL in split runs. The same for the peers below. */
-rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int resume,
+rf_status rf_train_worker_main(const rf_recipe *r, const rf_msg_dial *dial, int resume,
                                rf_comm *wcomm, const int *rollout, int n_rollout, rf_comm *dpc,
                                rf_comm *tpc, rf_handover *ho);
 

@@ -135,9 +135,11 @@ rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
     rf_comm *g = NULL;
     if (st == RF_OK) st = rf_comm_for(w->dpc, w->k, "data parallelism", w->r->async.startup_timeout, &w->dp_dev, &g);
     if (st == RF_OK) st = dp_model(w, &w->dp_actor, g, w->tp ? NULL : w->actor, w->tp, 0, ckpt, o);
-    /* with tensor parallelism the version comes from replica 0 too (the peers have none yet) */
+    /* the version comes from replica 0 too (the peers have none yet: on --resume rank 0 read
+     * it from the checkpoint), for the versions a colocated peer hands its rollout rank and
+     * its tensor-parallel ranks' shards */
     int64_t v = w->version;
-    if (st == RF_OK && w->tp)
+    if (st == RF_OK)
         st = rf_comm_bcast(w->dpc, &v, sizeof v, 0, r->async.startup_timeout, "receiving the version from replica 0");
     w->version = (int)v;
     /* the critic data parallel over the replicas holding it when there are several

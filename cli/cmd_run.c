@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "common/log.h"
 #include "comm/comm.h"
+#include "controller/interrupt.h"
 #include "controller/launch.h"
 #include "controller/run_dir.h"
 #include "controller/run.h"
@@ -93,12 +94,14 @@ int rf_cmd_run(int argc, char **argv) {
         s = rf_run_split(&r, f.resume, argc + 2, argv - 2);
         if (s && !rf_error_message()[0]) { /* already reported by the rank */
             rf_recipe_free(&r);
-            return 1;
+            return rf_interrupt_signal() ? rf_interrupt_exit_code() : 1;
         }
     } else {
         s = rf_run_main(&r, f.resume);
     }
     rf_recipe_free(&r);
+    /* stopped by SIGINT / SIGTERM: 130 / 143, the shell's convention */
+    if (s && rf_interrupt_signal()) return rf_cli_fail(s), rf_interrupt_exit_code();
     return s ? rf_cli_fail(s) : 0;
 }
 

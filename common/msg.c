@@ -944,3 +944,11 @@ rf_status rf_msg_client_connect(rf_msg_client **out, const rf_msg_client_config 
     *out = c;
     return RF_OK;
 }
+
+void rf_msg_dial_apply(const rf_msg_dial *d, rf_msg_client_config *cc) {
+    cc->endpoint = d->endpoint;
+    if (!d->server_key[0]) return;
+    cc->curve_server_key = d->server_key;
+    cc->curve_public_key = d->public_key;
+    cc->curve_secret_key = d->secret_key;
+}

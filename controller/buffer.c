@@ -58,7 +58,9 @@ void rf_buffer_free(rf_buffer *b) {
     free(b);
 }
 
-void rf_buffer_resume_at(rf_buffer *b, int v) { b->consumed = (int64_t)v * b->P; }
+/* Admission ids go on from where the run stopped, as if it had not: a group's id seeds its
+ * sampling (controller.c), so a resumed run draws what the uninterrupted one would have. */
+void rf_buffer_resume_at(rf_buffer *b, int v) { b->consumed = b->next_id = (int64_t)v * b->P; }
 
 int rf_buffer_can_admit(const rf_buffer *b, int served) {
     if (b->pending >= b->cap) return 0;
@@ -91,6 +93,7 @@ rf_status rf_buffer_put(rf_buffer *b, void *group, int64_t id, int min_version) 
 }
 
 int rf_buffer_depth(const rf_buffer *b) { return b->n; }
+void *rf_buffer_at(const rf_buffer *b, int i) { return i >= 0 && i < b->n ? b->s[i].group : NULL; }
 int rf_buffer_in_flight(const rf_buffer *b) { return b->pending - b->n; }
 int64_t rf_buffer_consumed(const rf_buffer *b) { return b->consumed; }
 int64_t rf_buffer_stale_dropped(const rf_buffer *b) { return b->stale; }

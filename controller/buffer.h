@@ -36,6 +36,9 @@ void rf_buffer_free(rf_buffer *b);
 /* A run resumed at version v: v batches count as consumed already. Call before admitting. */
 void rf_buffer_resume_at(rf_buffer *b, int v);
 
+/* The i-th buffered group (0 <= i < rf_buffer_depth), in id order; owned by the buffer. */
+void *rf_buffer_at(const rf_buffer *b, int i);
+
 /* 1 when one more group may be admitted while the rollout workers serve version `served`. */
 int rf_buffer_can_admit(const rf_buffer *b, int served);
 

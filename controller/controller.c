@@ -1,6 +1,5 @@
 /* The controller's event loop for split runs. */
 #include <math.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 #include "common/util.h"
 #include "controller/buffer.h"
 #include "controller/controller.h"
+#include "controller/interrupt.h"
 #include "controller/run_internal.h"
 #include "trainer/checkpoint.h"
 
@@ -77,6 +77,9 @@ typedef struct ctl {
     double batch_sent_at, train_busy, train_busy0;
     double mean_kl;
     int ckpt_out;         /* CheckpointRequests not yet done */
+    int ckpt_last;        /* the step of the last CheckpointRequest (-1: none) */
+    int stop_ckpt;        /* SIGINT / SIGTERM: the stop's checkpoint is requested */
+    double last_progress; /* when the last step, sample, score or weights report came */
     /* validation */
     int val_version, val_next, val_out, val_n;
     double val_acc, val_len;
@@ -87,8 +90,9 @@ typedef struct ctl {
     int64_t dropped_dynamic, dyn_since_batch;
 } ctl;
 
-static volatile sig_atomic_t g_signal;
-static void on_signal(int sig) { g_signal = sig; }
+static int g_interrupted; /* the last rf_controller_main stopped on a signal, its checkpoint written */
+
+int rf_controller_interrupted(void) { return g_interrupted; }
 
 static void group_free(group *g) {
     if (!g) return;
@@ -532,12 +536,16 @@ static rf_status try_train(ctl *c) {
     return st;
 }
 
-/* The data position to resume from: the oldest prompt admitted and not yet trained on. */
+static void older_pos(rf_dataset_pos *p, const group *g) {
+    if (g->id >= 0 && (g->pos.epoch < p->epoch || (g->pos.epoch == p->epoch && g->pos.index < p->index))) *p = g->pos;
+}
+
+/* The data position to resume from: the oldest prompt admitted and not yet trained on, still
+ * generating or scoring (live) or complete in the buffer. */
 static rf_dataset_pos resume_pos(ctl *c) {
     rf_dataset_pos p = c->run.pos;
-    for (group *g = c->live; g; g = g->next)
-        if (g->id >= 0 && (g->pos.epoch < p.epoch || (g->pos.epoch == p.epoch && g->pos.index < p.index)))
-            p = g->pos;
+    for (group *g = c->live; g; g = g->next) older_pos(&p, g);
+    for (int i = 0; i < rf_buffer_depth(c->buf); i++) older_pos(&p, rf_buffer_at(c->buf, i));
     return p;
 }
 
@@ -546,7 +554,7 @@ static rf_status request_checkpoint(ctl *c) {
     Rlflow__CheckpointRequest q = RLFLOW__CHECKPOINT_REQUEST__INIT;
     q.step = c->run.step, q.data_epoch = p.epoch, q.data_index = p.index;
     q.kl_coef = c->run.kl.beta, q.best_val = c->run.best_val;
-    c->ckpt_out++;
+    c->ckpt_out++, c->ckpt_last = c->run.step;
     return rf_msg_server_send(c->srv, c->train_peer, RF_MSG_CHECKPOINT_REQUEST, &q.base);
 }
 
@@ -627,14 +635,37 @@ static rf_status on_weights_loaded(ctl *c, int peer, const Rlflow__WeightsLoaded
     return RF_OK;
 }
 
+/* NULL when the run has a place for a worker of this role and rank (the training worker, rank
+ * 0; rollout workers 0 .. n_rollout_want - 1, each once), else why not. With CURVE only the
+ * run's own ranks get this far; a second worker with a rank already taken (a restarted rank, a
+ * misconfigured user's mpirun) is refused rather than trusted. */
+static const char *place_taken(const ctl *c, const rf_msg_peer_info *i) {
+    if (i->role == RLFLOW__ROLE__ROLE_ACTOR)
+        return i->rank != 0 ? "the training worker is rank 0" : c->train_peer >= 0 ? "the training worker has joined already" : NULL;
+    if (i->role != RLFLOW__ROLE__ROLE_ROLLOUT) return "a run's workers are a training worker and rollout workers";
+    if (i->rank < 0 || i->rank >= c->n_rollout_want) return "no rollout worker has that rank in this run";
+    for (int k = 0; k < c->n_rw; k++)
+        if (c->rw[k].rank == i->rank) return "a rollout worker of that rank has joined already";
+    return NULL;
+}
+
+/* Refuses a worker the run has no place for (an Error tells it why), logs it, and goes on. */
+static void refuse_worker(ctl *c, const rf_msg_event *ev, const char *why) {
+    char text[512];
+    snprintf(text, sizeof text, "refused: %s (%s); this run has 1 training and %d rollout workers", why, ev->info.desc,
+             c->n_rollout_want);
+    rf_log_warn("controller: %s", text);
+    rf_msg_server_drop(c->srv, ev->peer, RF_ERR_ARG, text, 0);
+}
+
 /* ---- the loop ------------------------------------------------------------------------- */
 
 static rf_status on_event(ctl *c, rf_msg_event *ev) {
     switch (ev->kind) {
     case RF_MSG_EV_NONE: return RF_OK;
-    case RF_MSG_EV_JOINED:
-        return rf_error(RF_ERR_FORMAT, "%s joined after the run started; this run expects exactly 1 training and %d rollout workers",
-                        ev->info.desc, c->n_rollout_want);
+    case RF_MSG_EV_JOINED: /* every place is taken: refused, the run goes on */
+        refuse_worker(c, ev, "joined after the run started");
+        return RF_OK;
     case RF_MSG_EV_REFUSED: rf_log_warn("%s", ev->text); return RF_OK;
     case RF_MSG_EV_LOST: {
         rollout_peer *p = find_rw(c, ev->peer);
@@ -645,6 +676,7 @@ static rf_status on_event(ctl *c, rf_msg_event *ev) {
     case RF_MSG_EV_MESSAGE: break;
     }
     rf_msg *m = &ev->msg;
+    if (m->type != RF_MSG_HEARTBEAT && m->type != RF_MSG_ERROR) c->last_progress = rf_time_now();
     switch (m->type) {
     case RF_MSG_SAMPLE: return on_sample(c, ev->peer, (Rlflow__Sample *)m->pb);
     case RF_MSG_SCORE_RESPONSE: return on_score(c, (Rlflow__ScoreResponse *)m->pb);
@@ -680,12 +712,17 @@ static rf_status wait_for_workers(ctl *c) {
                             c->train_peer < 0 ? "no" : "the", c->n_rw, c->n_rollout_want);
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(c->srv, left < 0.5 ? left : 0.5, &ev));
-        if (g_signal) return rf_error(RF_ERR_IO, "stopped by signal %d while waiting for workers", (int)g_signal);
+        if (rf_interrupt_signal())
+            return rf_error(RF_ERR_IO, "interrupted (signal %d) while waiting for workers: no step taken, no checkpoint written",
+                            rf_interrupt_signal());
         if (ev.kind == RF_MSG_EV_JOINED) {
-            rf_log_info("joined: %s", ev.info.desc);
-            if (ev.info.role == RLFLOW__ROLE__ROLE_ACTOR && c->train_peer < 0) {
+            const char *why = place_taken(c, &ev.info);
+            if (!why) rf_log_info("joined: %s", ev.info.desc);
+            if (why) {
+                refuse_worker(c, &ev, why);
+            } else if (ev.info.role == RLFLOW__ROLE__ROLE_ACTOR) {
                 c->train_peer = ev.peer;
-            } else if (ev.info.role == RLFLOW__ROLE__ROLE_ROLLOUT && c->n_rw < c->n_rollout_want) {
+            } else {
                 if (ev.peer >= c->n_peer_ids) {
                     int n = (ev.peer + 1) * 2;
                     int *m = realloc(c->rw_of_peer, sizeof(int) * (size_t)n);
@@ -695,8 +732,6 @@ static rf_status wait_for_workers(ctl *c) {
                 }
                 c->rw_of_peer[ev.peer] = c->n_rw;
                 c->rw[c->n_rw++] = (rollout_peer){.peer = ev.peer, .rank = ev.info.rank, .version = -1};
-            } else {
-                rf_msg_server_drop(c->srv, ev.peer, RF_ERR_ARG, "this run has no place for another worker of that role", 0);
             }
         } else if (ev.kind == RF_MSG_EV_MESSAGE) {
             rf_status st = on_event(c, &ev); /* e.g. the first WeightsUpdate */
@@ -715,6 +750,64 @@ static int finished(const ctl *c) {
            (!c->run.val || c->final_val_done || r->logging.val_size == 0);
 }
 
+/* What each role is doing, for the progress bound's error: "training worker: ...; rollout
+ * worker 0 (pid P): ...". */
+static void describe_roles(ctl *c, char *out, size_t cap) {
+    size_t n = 0;
+    const rf_msg_peer_info *ti = rf_msg_server_peer(c->srv, c->train_peer);
+    if (c->batch_out)
+        n += (size_t)snprintf(out + n, cap - n, "training worker (pid %d): training the batch of step %d (sent %.0f s ago)",
+                              ti ? ti->pid : -1, c->run.step + 1, rf_time_now() - c->batch_sent_at);
+    else if (c->scores_out)
+        n += (size_t)snprintf(out + n, cap - n, "training worker (pid %d): scoring %d groups (reference, critic or reward model)",
+                              ti ? ti->pid : -1, c->scores_out);
+    else
+        n += (size_t)snprintf(out + n, cap - n, "training worker (pid %d): idle, waiting for a batch (the buffer holds %d of "
+                              "the %d groups a step takes, %d in flight)", ti ? ti->pid : -1, rf_buffer_depth(c->buf),
+                              c->run.r->rollout.prompts_per_step, rf_buffer_in_flight(c->buf));
+    if (c->ckpt_out && n < cap) n += (size_t)snprintf(out + n, cap - n, ", writing a checkpoint");
+    for (int i = 0; i < c->n_rw && n < cap; i++) {
+        const rf_msg_peer_info *pi = rf_msg_server_peer(c->srv, c->rw[i].peer);
+        if (c->rw[i].groups > 0)
+            n += (size_t)snprintf(out + n, cap - n, "; rollout worker %d (pid %d): generating %d groups with weights version %d",
+                                  c->rw[i].rank, pi ? pi->pid : -1, c->rw[i].groups, c->rw[i].version);
+        else
+            n += (size_t)snprintf(out + n, cap - n, "; rollout worker %d (pid %d): idle with weights version %d, waiting for "
+                                  "prompts (the controller admits none while the staleness bound k = %d holds them back: "
+                                  "the oldest version served is %d, at step %d)", c->rw[i].rank, pi ? pi->pid : -1,
+                                  c->rw[i].version, c->run.r->async.max_staleness, c->served, c->run.step);
+    }
+}
+
+/* async.progress_timeout: peers that answer heartbeats but bring no step, sample, score,
+ * weights report or checkpoint for that long stop the run, saying what each was doing. */
+static rf_status check_progress(ctl *c) {
+    double limit = c->run.r->async.progress_timeout, idle = rf_time_now() - c->last_progress;
+    if (!(limit > 0) || idle <= limit) return RF_OK;
+    char what[2048];
+    describe_roles(c, what, sizeof what);
+    return rf_error(RF_ERR_IO, "no progress for %.0f s (async.progress_timeout = %g; no step, sample, score or weights "
+                    "report while every worker answers heartbeats) at step %d: %s", idle, limit, c->run.step, what);
+}
+
+/* SIGINT / SIGTERM: no prompt is admitted nor batch sent any more; the batch at the training
+ * worker finishes (its step counts), then the checkpoint of the step reached is written (unless
+ * it is being written already). *stopped once it is done: the groups still generating are
+ * abandoned (the checkpoint's data position is the oldest of them, so a resumed run generates
+ * them again). */
+static rf_status stop_step(ctl *c, int *stopped) {
+    *stopped = 0;
+    if (c->batch_out) return RF_OK;
+    if (!c->stop_ckpt) {
+        rf_log_warn("interrupted (signal %d): step %d is done, writing its checkpoint (a second signal stops at once)",
+                    rf_interrupt_signal(), c->run.step);
+        c->stop_ckpt = 1;
+        if (c->ckpt_last != c->run.step) RF_TRY(request_checkpoint(c));
+    }
+    *stopped = c->ckpt_out == 0;
+    return RF_OK;
+}
+
 static rf_status loop(ctl *c) {
     const rf_recipe *r = c->run.r;
     RF_TRY(wait_for_workers(c));
@@ -724,17 +817,26 @@ static rf_status loop(ctl *c) {
     if (c->turns)
         rf_log_info("controller: generation and scoring take turns (colocated, placement.rollout.tp = %d on CUDA: the "
                     "rollout and training threads' NCCL groups share each device)", r->placement.rollout.tp);
-    c->run.t_start = c->last_step_at = rf_time_now();
+    c->run.t_start = c->last_step_at = c->last_progress = rf_time_now();
     c->run.start_step = c->run.step;
     c->val_next = c->run.step == 0 ? 0 : c->run.step + 1;
     while (!finished(c)) {
-        if (g_signal)
-            return rf_error(RF_ERR_IO, "stopped by signal %d at step %d (mpirun stops every process when one of them fails: its message names the rank; the rank table is at the top of this log)",
-                            (int)g_signal, c->run.step);
+        if (rf_interrupt_signal()) {
+            int stopped;
+            RF_TRY(stop_step(c, &stopped));
+            if (stopped) {
+                g_interrupted = 1;
+                return rf_error(RF_ERR_IO, "interrupted at step %d: checkpoint written to %s/step_%06d; resume with --resume",
+                                c->run.step, r->logging.dir, c->ckpt_last);
+            }
+        }
+        RF_TRY(check_progress(c));
         RF_TRY(score_turns(c));
-        RF_TRY(start_validation(c));
-        RF_TRY(admit(c));
-        RF_TRY(try_train(c));
+        if (!rf_interrupt_signal()) {
+            RF_TRY(start_validation(c));
+            RF_TRY(admit(c));
+            RF_TRY(try_train(c));
+        }
         if (finished(c)) break;
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(c->srv, 0.1, &ev));
@@ -787,14 +889,12 @@ rf_status rf_controller_main(const rf_recipe *r, int resume, rf_msg_server *srv,
     if (!c) return rf_error(RF_ERR_NOMEM, "out of memory");
     c->srv = srv, c->n_rollout_want = n_rollout, c->served = -1;
     for (int i = 0; i < VERSION_RING; i++) c->ver_of[i] = -1;
-    struct sigaction sa = {0}, old_int, old_term;
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
+    c->ckpt_last = -1;
+    g_interrupted = 0;
+    int mine = rf_interrupt_install(); /* installed already for every rank of a run under mpirun */
     rf_status st = setup(c, r, resume);
     if (st == RF_OK) st = loop(c);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    if (mine) rf_interrupt_restore();
     while (c->live) {
         group *g = c->live;
         c->live = g->next;

@@ -20,4 +20,8 @@
  * run fails. Waits for 1 training worker and n_rollout rollout workers to join first. */
 rf_status rf_controller_main(const rf_recipe *r, int resume, rf_msg_server *srv, int n_rollout);
 
+/* 1 when the last rf_controller_main stopped on SIGINT / SIGTERM after writing the checkpoint
+ * of the step reached (controller/interrupt.h); its error then says where. */
+int rf_controller_interrupted(void);
+
 #endif

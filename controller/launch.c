@@ -19,6 +19,7 @@
 #include "common/util.h"
 #include "controller/advantages.h"
 #include "controller/controller.h"
+#include "controller/interrupt.h"
 #include "controller/launch.h"
 #include "controller/run_internal.h"
 #include "kernels/kernels.h"
@@ -45,8 +46,15 @@ static rf_status read_status(const rf_recipe *r, int mpirun_rc) {
     free(text);
     const cJSON *s = cJSON_GetObjectItem(j, "status"), *m = cJSON_GetObjectItem(j, "message");
     rf_status st = RF_OK;
-    if (!cJSON_IsString(s)) st = rf_error(RF_ERR_FORMAT, "%s: no status", p);
-    else if (strcmp(s->valuestring, "ok") != 0)
+    const cJSON *sig = cJSON_GetObjectItem(j, "signal");
+    if (!cJSON_IsString(s)) {
+        st = rf_error(RF_ERR_FORMAT, "%s: no status", p);
+    } else if (!strcmp(s->valuestring, "interrupted")) {
+        /* rank 0 said where the checkpoint is; the exit status tells the signal */
+        rf_interrupt_note(cJSON_IsNumber(sig) ? sig->valueint : SIGINT);
+        rf_error_clear();
+        st = RF_ERR_IO;
+    } else if (strcmp(s->valuestring, "ok") != 0)
         st = rf_error(RF_ERR_IO, "%s", cJSON_IsString(m) ? m->valuestring : "the split run failed");
     cJSON_Delete(j);
     return st;
@@ -57,9 +65,21 @@ static void exit_now(int sig) {
     _exit(1);
 }
 
+/* The launcher's side of a graceful stop (controller/interrupt.h): mpirun runs in a process
+ * group of its own, so a Ctrl-C at the terminal reaches this process only (mpirun would kill
+ * the job on SIGINT); the first SIGINT / SIGTERM goes on to mpirun as SIGUSR1 / SIGUSR2, which
+ * it forwards to every rank (the controller rank then stops the run with a checkpoint), a
+ * second as SIGTERM (mpirun then kills the job; the ranks, signalled twice, end at once). */
 static pid_t g_child;
+static volatile sig_atomic_t g_forwarded;
 static void forward_signal(int sig) {
-    if (g_child > 0) kill(g_child, sig);
+    if (g_child <= 0) return;
+    if (g_forwarded++) {
+        kill(g_child, SIGTERM);
+        return;
+    }
+    rf_interrupt_note(sig);
+    kill(g_child, sig == SIGTERM ? SIGUSR2 : SIGUSR1);
 }
 
 /* Training worker processes: dp data-parallel replicas of tp tensor-parallel ranks each. */
@@ -136,6 +156,9 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     pid_t pid = fork();
     if (pid == 0) {
         close(fds[0]);
+        setpgid(0, 0); /* out of the terminal's process group: Ctrl-C reaches the launcher only */
+        int null = open("/dev/null", O_RDONLY); /* a background group must not read the terminal */
+        if (null >= 0) dup2(null, 0), close(null);
         execvp(av[0], av);
         int e = errno;
         ssize_t w = write(fds[1], &e, sizeof e);
@@ -151,7 +174,7 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     int exec_err = 0;
     ssize_t got = read(fds[0], &exec_err, sizeof exec_err);
     close(fds[0]);
-    g_child = pid;
+    g_child = pid, g_forwarded = 0;
     struct sigaction sa = {0}, oi, ot;
     sa.sa_handler = forward_signal;
     sigaction(SIGINT, &sa, &oi);
@@ -260,6 +283,24 @@ static void advertised(const char *bound, char *out) {
     } else {
         snprintf(out, HOST_LEN, "%s", bound);
     }
+}
+
+/* Rank 0: the controller's endpoint, with CURVE keys made for this run alone (ZeroMQ RFC 26):
+ * a key pair for the controller and one that every worker presents, handed to the ranks over
+ * MPI (never written anywhere), the only client key the endpoint admits. Any other client (no
+ * CURVE, another key) is refused by the handshake and logged (docs/deployment.md, "Trust"). */
+static rf_status open_controller(const rf_recipe *r, const char *bind_ep, rf_msg_server **srv, rf_msg_dial *dial) {
+    rf_curve_key server_secret;
+    rf_status st = rf_curve_keypair(dial->server_key, server_secret);
+    if (st == RF_OK) st = rf_curve_keypair(dial->public_key, dial->secret_key);
+    if (st != RF_OK) return rf_error_wrap(st, "making the run's CURVE keys for the workers' endpoint");
+    const char *clients[1] = {dial->public_key};
+    rf_msg_server_config sc = {.accept_role = 0, .peer_timeout_s = r->async.peer_timeout,
+                               .curve_secret_key = server_secret, .curve_clients = clients, .n_curve_clients = 1};
+    st = rf_msg_server_open(srv, bind_ep, &sc);
+    memset(server_secret, 0, sizeof server_secret);
+    if (st == RF_OK) advertised(rf_msg_server_endpoint(*srv), dial->endpoint);
+    return st;
 }
 
 /* The world size against the recipe's layout: controller, dp (or tp) training workers, rollout
@@ -380,7 +421,7 @@ static void select_gpu(const rf_recipe *r, rf_comm *world, const char *host) {
 
 /* World rank `rank`'s training role (1 .. dp x tp): the training worker (rank 1), a data-parallel
  * replica's first rank, or a tensor-parallel peer. ho: colocated (rf_train_worker_main). */
-static rf_status training_rank(const rf_recipe *r, int resume, const char *ep, int rank, const char *host, int n_rollout,
+static rf_status training_rank(const rf_recipe *r, int resume, const rf_msg_dial *ep, int rank, const char *host, int n_rollout,
                                rf_comm *wcomm, rf_comm *dpc, rf_comm *tpc, rf_handover *ho) {
     int dp = r->placement.actor.dp, tp = r->placement.actor.tp, gtp = r->placement.rollout.tp;
     rf_status st;
@@ -409,7 +450,7 @@ static rf_status training_rank(const rf_recipe *r, int resume, const char *ep, i
 /* A colocated process's rollout rank, run in a thread of its own. */
 typedef struct rollout_thread {
     const rf_recipe *r;
-    const char *ep;
+    const rf_msg_dial *ep;
     int index, threads;
     rf_comm *gcomm;
     rf_handover *ho;
@@ -431,7 +472,7 @@ static void *rollout_thread_main(void *arg) {
 /* Colocated on several devices: training rank `rank` with a rollout rank of rollout worker
  * (rank - 1) / gtp in a second thread of this process, the weights handed over between them
  * (resharding/handover.h). Either one's failure wakes the other; the first error is returned. */
-static rf_status colocated_rank(const rf_recipe *r, int resume, const char *ep, int rank, const char *host,
+static rf_status colocated_rank(const rf_recipe *r, int resume, const rf_msg_dial *ep, int rank, const char *host,
                                 int n_rollout, rf_comm *wcomm, rf_comm *dpc, rf_comm *tpc, rf_comm *gcomm) {
     rf_handover ho;
     RF_TRY(rf_handover_init(&ho));
@@ -465,7 +506,9 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     RF_TRY(check_size(r, size));
     int colo = rf_recipe_colocated_ranks(r);
     int n_rollout = (colo ? n_train : size - 1 - n_train) / gtp; /* rollout workers (gtp ranks each) */
-    char bind_ep[HOST_LEN], ep[HOST_LEN] = "";
+    char bind_ep[HOST_LEN];
+    rf_msg_dial dial; /* rank 0 fills it, every rank receives it */
+    memset(&dial, 0, sizeof dial);
     rf_status st = RF_OK;
     rf_msg_server *srv = NULL;
     if (rank == 0) {
@@ -477,18 +520,16 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
     char *hosts = NULL; /* several machines: every rank's host name */
     rf_status st2 = pick_endpoint(r, world, bind_ep, &hosts);
     if (st == RF_OK) st = st2;
-    if (rank == 0 && st == RF_OK) {
-        rf_msg_server_config sc = {.accept_role = 0, .peer_timeout_s = r->async.peer_timeout};
-        st = rf_msg_server_open(&srv, bind_ep, &sc);
-        if (st == RF_OK) advertised(rf_msg_server_endpoint(srv), ep);
-    }
-    /* rank 0 sends the endpoint, or "" when it failed (every rank then stops) */
-    if (rank == 0 && st != RF_OK) ep[0] = '\0';
-    rf_status bst = rf_comm_bcast(world, ep, HOST_LEN, 0, r->async.startup_timeout, "receiving the controller's endpoint");
+    if (rank == 0 && st == RF_OK) st = open_controller(r, bind_ep, &srv, &dial);
+    /* rank 0 sends the endpoint and the keys, or "" when it failed (every rank then stops) */
+    if (rank == 0 && st != RF_OK) memset(&dial, 0, sizeof dial);
+    rf_status bst = rf_comm_bcast(world, &dial, sizeof dial, 0, r->async.startup_timeout,
+                                  "receiving the controller's endpoint and keys");
     char host[HOST_LEN] = "";
     gethostname(host, sizeof host - 1);
     if (rank == 0 && st == RF_OK && bst == RF_OK) {
-        rf_log_info("%s run on %d ranks, controller at %s", rf_recipe_colocated_ranks(r) ? "colocated" : "split", size, ep);
+        rf_log_info("%s run on %d ranks, controller at %s (CURVE: only this run's ranks may connect)",
+                    rf_recipe_colocated_ranks(r) ? "colocated" : "split", size, dial.endpoint);
         rf_log_info("  rank 0: controller (%s, pid %d)", host, (int)getpid());
         log_layout(r, size, hosts);
     }
@@ -498,7 +539,7 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         return st;
     }
     if (bst != RF_OK) return bst;
-    if (!ep[0]) return rf_error(RF_ERR_IO, "the controller (rank 0) could not start; its message says why");
+    if (!dial.endpoint[0]) return rf_error(RF_ERR_IO, "the controller (rank 0) could not start; its message says why");
     select_gpu(r, world, host);
     /* weights travel between the training worker and the rollout workers only; gradients
      * between the training workers */
@@ -510,21 +551,21 @@ static rf_status run_rank(const rf_recipe *r, int resume, rf_comm *world) {
         if (st != RF_OK) {
             char why[1200];
             snprintf(why, sizeof why, "the run stopped on an error: %s", rf_error_message());
-            rf_msg_server_close(srv, why);
+            rf_msg_server_close(srv, rf_controller_interrupted() ? RF_MSG_SHUTDOWN_INTERRUPTED : why);
         } else {
             rf_msg_server_close(srv, RF_MSG_SHUTDOWN_DONE);
         }
         write_status(r, st);
     } else if (rank <= n_train && colo) {
         omp_set_num_threads(threads);
-        st = colocated_rank(r, resume, ep, rank, host, n_rollout, wcomm, dpc, tpc, gcomm);
+        st = colocated_rank(r, resume, &dial, rank, host, n_rollout, wcomm, dpc, tpc, gcomm);
     } else if (rank <= n_train) {
         omp_set_num_threads(threads);
-        st = training_rank(r, resume, ep, rank, host, n_rollout, wcomm, dpc, tpc, NULL);
+        st = training_rank(r, resume, &dial, rank, host, n_rollout, wcomm, dpc, tpc, NULL);
     } else {
         omp_set_num_threads(r->placement.rollout_threads > 0 ? r->placement.rollout_threads
                                                               : default_threads(r, n_rollout * gtp, n_train, 0));
-        st = rf_rollout_worker_main(r, ep, (rank - 1 - n_train) / gtp, wcomm, gcomm, 0, NULL);
+        st = rf_rollout_worker_main(r, &dial, (rank - 1 - n_train) / gtp, wcomm, gcomm, 0, NULL);
     }
     rf_comm_free(gcomm);
     rf_comm_free(wcomm);
@@ -547,12 +588,20 @@ rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv) {
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
         execv("/proc/self/exe", argv);
     }
+    /* every rank: a SIGINT / SIGTERM (or SIGUSR1 / SIGUSR2 forwarded by mpirun) asks for a
+     * stop; the controller rank makes it, the others wait for its Shutdown */
+    rf_interrupt_install();
     rf_comm *world;
     /* colocated with rollout tensor parallelism: the rollout thread's group talks over MPI too */
     RF_TRY(rf_comm_init_threads(&argc, &argv, rf_recipe_colocated_ranks(r) && r->placement.rollout.tp > 1, &world));
     rf_status st = run_rank(r, resume, world);
     if (st != RF_OK && rf_comm_rank(world) == 0 && !g_status_written) write_status(r, st); /* failed before the controller ran */
-    if (st != RF_OK) {
+    if (st != RF_OK && rf_comm_rank(world) == 0 && rf_controller_interrupted()) {
+        /* stopped on a signal with the checkpoint written: the workers end cleanly too */
+        rf_log_warn("%s", rf_error_message());
+        rf_error_clear();
+        fflush(stdout), fflush(stderr);
+    } else if (st != RF_OK) {
         /* report now, naming the rank. The ranks that failed meet at a barrier, bounded: when
          * the controller's run failed, a rank still busy 5 s later (waiting for the controller
          * that stopped, say, or gone) would keep the job alive, so the controller then aborts

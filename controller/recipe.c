@@ -181,6 +181,7 @@ static const rkey KEYS[] = {
     {"async", "max_staleness", T_INT, AT(async.max_staleness), "0", NULL, "Policy versions a sample may lag behind the trainer (k): the trainer at version v takes only samples whose oldest token is at version >= v - k, and prompts are admitted only while their samples can still meet that bound; 0 = synchronous on-policy. k > 0 needs placement.mode = \"split\" and turns on the decoupled objective."},
     {"async", "buffer_groups", T_INT, AT(async.buffer_groups), "0", NULL, "Prompt groups admitted and not yet trained on, at most (in flight plus buffered); 0 = rollout.prompts_per_step * (max_staleness + 1)."},
     {"async", "peer_timeout", T_FLOAT, AT(async.peer_timeout), "30.0", NULL, "Seconds a worker (or the controller, seen from a worker) may stay silent before it is reported lost and the run stops."},
+    {"async", "progress_timeout", T_FLOAT, AT(async.progress_timeout), "1800.0", NULL, "Runs under mpirun (split, or colocated on several devices): seconds without a step, a sample, a score, a weights report or a checkpoint while every worker is alive (answering heartbeats) before the run stops with an error saying what each role was doing; longer than the slowest training step. 0: no bound."},
     {"async", "startup_timeout", T_FLOAT, AT(async.startup_timeout), "600.0", NULL, "Seconds to wait for every worker to connect (and, under a user's mpirun, for rank 0 to prepare data and model)."},
 
     {"placement", "mode", T_ENUM, AT(placement.mode), "\"colocated\"", MODES, "colocated: roles share devices and alternate (one process; with placement.actor.dp x placement.actor.tp or placement.rollout.tp above 1, one process per device under mpirun, each running a training rank and a rollout rank in two threads, taking turns: zero-copy when placement.rollout.tp = placement.actor.tp, else resharded in place); split: rollout and training on separate devices, at the same time (docs/deployment.md)."},
@@ -274,6 +275,7 @@ static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RA
     {"async.buffer_groups", 0, INFINITY, 0, 1},
     {"async.peer_timeout", 0, INFINITY, 1, 1},
     {"async.startup_timeout", 0, INFINITY, 1, 1},
+    {"async.progress_timeout", 0, INFINITY, 0, 1},
     {"placement.rollout_ranks", 1, 1024, 0, 0},
     {"placement.rollout_threads", 0, 1024, 0, 0},
     {"placement.train_threads", 0, 1024, 0, 0},

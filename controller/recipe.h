@@ -119,7 +119,7 @@ typedef struct rf_recipe {
     } checkpoint;
     struct {
         int max_staleness, buffer_groups;
-        double peer_timeout, startup_timeout;
+        double peer_timeout, startup_timeout, progress_timeout;
     } async;
     struct {
         const char *mode;   /* "colocated" | "split" */

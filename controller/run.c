@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "controller/run_dir.h"
+#include "controller/interrupt.h"
 #include "controller/run_internal.h"
 #include "trainer/checkpoint.h"
 
@@ -59,6 +60,14 @@ static rf_status setup(rf_run *run, const rf_recipe *r, int resume) {
     return rf__open_logging(run);
 }
 
+/* A stop asked for by SIGINT / SIGTERM (controller/interrupt.h), seen between two steps: the
+ * checkpoint of the step reached (unless it was just written), and the error that says so. */
+static rf_status stop_interrupted(rf_run *run, int saved) {
+    if (!saved) RF_TRY(save(run));
+    return rf_error(RF_ERR_IO, "interrupted at step %d: checkpoint written to %s/step_%06d; resume with --resume",
+                    run->step, run->r->logging.dir, run->step);
+}
+
 static rf_status loop(rf_run *run) {
     const rf_recipe *r = run->r;
     double acc0 = NAN, acc = NAN;
@@ -71,6 +80,7 @@ static rf_status loop(rf_run *run) {
     run->t_start = rf_time_now();
     run->start_step = run->step;
     while (run->step < r->train.steps) {
+        if (rf_interrupt_signal()) return stop_interrupted(run, 0);
         RF_TRY(rf__rl_step(run));
         run->step++;
         int last = run->step == r->train.steps;
@@ -80,7 +90,9 @@ static rf_status loop(rf_run *run) {
         }
         if (last || run->step % (r->logging.every > 0 ? r->logging.every : 1) == 0) rf__console(run);
         RF_TRY(rf_metrics_commit(run->metrics, run->step));
-        if (last || (r->checkpoint.every > 0 && run->step % r->checkpoint.every == 0)) RF_TRY(save(run));
+        int saved = last || (r->checkpoint.every > 0 && run->step % r->checkpoint.every == 0);
+        if (saved) RF_TRY(save(run));
+        if (!last && rf_interrupt_signal()) return stop_interrupted(run, saved);
     }
     /* resumed: the accuracy before training is the first run's step-0 validation */
     if (isnan(acc0) && run->start_step > 0 && !rf_run_dir_val_before(r->logging.dir, &acc0)) acc0 = NAN;
@@ -96,7 +108,13 @@ static rf_status loop(rf_run *run) {
 rf_status rf_run_main(const rf_recipe *r, int resume) {
     rf_run run;
     rf_status s = setup(&run, r, resume);
-    if (s == RF_OK) s = loop(&run);
+    /* from here on a Ctrl-C stops at the next step's end with a checkpoint (set-up, the SFT
+     * warm start included, stops at once as before) */
+    if (s == RF_OK) {
+        rf_interrupt_install();
+        s = loop(&run);
+        rf_interrupt_restore();
+    }
     rf__run_free(&run);
     rf__write_run_status(r, s);
     return s;

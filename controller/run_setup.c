@@ -10,6 +10,8 @@
 #include "comm/comm.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "controller/controller.h"
+#include "controller/interrupt.h"
 #include "controller/run_internal.h"
 #include "controller/tasks.h"
 #include "resharding/layout.h"
@@ -263,8 +265,11 @@ void rf__write_run_status(const rf_recipe *r, rf_status st) {
     char p[4200];
     snprintf(p, sizeof p, "%s/run_status.json", r->logging.dir);
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "status", st == RF_OK ? "ok" : "error");
+    /* stopped by SIGINT / SIGTERM with its checkpoint written (controller/interrupt.h) */
+    int stopped = st != RF_OK && (rf_controller_interrupted() || rf_interrupt_signal());
+    cJSON_AddStringToObject(j, "status", st == RF_OK ? "ok" : stopped ? "interrupted" : "error");
     cJSON_AddStringToObject(j, "message", st == RF_OK ? "" : rf_error_message());
+    if (stopped) cJSON_AddNumberToObject(j, "signal", rf_interrupt_signal());
     char *text = cJSON_PrintUnformatted(j);
     if (text && rf_mkdirs(r->logging.dir) == RF_OK) rf_write_file_atomic(p, text, strlen(text));
     free(text);

@@ -67,6 +67,8 @@ static void on_sample(void *ctx, const rf_rollout_sample *rs) {
 
 static rf_status submit(worker *w, const Rlflow__GenerateRequest *g) {
     const rf_recipe *r = w->r;
+    /* test hook: take requests and never answer (heartbeats go on), for async.progress_timeout */
+    if (getenv("RF_TEST_ROLLOUT_STALL")) return RF_OK;
     rf_rollout_request q = {.prompt = g->prompt_ids, .prompt_len = (int)g->n_prompt_ids, .n = g->n,
                             .max_new_tokens = r->rollout.max_new_tokens,
                             .stop_ids = w->eos, .n_stop_ids = w->n_eos};
@@ -248,7 +250,7 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
             else if (m.type == RF_MSG_SHUTDOWN) {
                 const char *why = ((Rlflow__Shutdown *)m.pb)->reason;
                 done = 1;
-                if (!why || strcmp(why, RF_MSG_SHUTDOWN_DONE) != 0)
+                if (!RF_MSG_SHUTDOWN_CLEAN(why))
                     st = rf_error(RF_ERR_IO, "the controller stopped the run: %s", why ? why : "");
             } else {
                 st = rf_error(RF_ERR_FORMAT, "the controller sent a rollout worker %s", rf_msg_type_name(m.type));
@@ -389,7 +391,7 @@ static void worker_free(worker *w) {
     free(w->eos);
 }
 
-rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int rank,
+rf_status rf_rollout_worker_main(const rf_recipe *r, const rf_msg_dial *dial, int rank,
                                  rf_comm *wcomm, rf_comm *gcomm, int train_rank, rf_handover *ho) {
     worker w = {.r = r, .rank = rank, .version = -1, .t0 = rf_time_now(),
                 .gcomm = gcomm && rf_comm_size(gcomm) > 1 ? gcomm : NULL, .ho = ho,
@@ -405,9 +407,10 @@ rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int r
         worker_free(&w);
         return st;
     }
-    rf_msg_client_config cc = {.endpoint = endpoint, .role = RLFLOW__ROLE__ROLE_ROLLOUT, .rank = rank,
+    rf_msg_client_config cc = {.role = RLFLOW__ROLE__ROLE_ROLLOUT, .rank = rank,
                                .capacity = r->rollout.max_running, .name = "rollout",
                                .timeout_s = r->async.startup_timeout};
+    rf_msg_dial_apply(dial, &cc);
     rf_status st = engine_open(&w, k);
     if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);
     if (st == RF_OK) {
