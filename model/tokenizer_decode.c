@@ -259,7 +259,7 @@ static rf_status rf__collect(const rf_tokenizer *t, const int32_t *ids, int n_id
         if (!s)
             return rf_error(RF_ERR_RANGE, "tokenizer decode: id %d at position %d is not in the "
                             "vocabulary of %s (size %d)", (int)id, i, t->path, t->n_ids);
-        if (skip_special && t->id_special[id]) continue;
+        if (skip_special && rf__id_tok(t, id)->special) continue;
         RF_TRY(rf__toks_push(l, s, n));
     }
     return RF_OK;
