@@ -649,13 +649,16 @@ static rf_status rf__index_added(rf_tokenizer *t) {
     return RF_OK;
 }
 
-const char *rf__id_text(const rf_tokenizer *t, int32_t id, size_t *len) {
-    const rf__tok *x = rf__id_tok(t, id);
-    *len = 0;
-    if (!x) return NULL;
+const char *rf__tok_text(const rf_tokenizer *t, const rf__tok *x, size_t *len) {
     if (x->added >= 0) return rf__added_text(&t->added[x->added], len);
     *len = x->len;
     return x->text;
+}
+
+const char *rf__id_text(const rf_tokenizer *t, int32_t id, size_t *len) {
+    const rf__tok *x = rf__id_tok(t, id);
+    *len = 0;
+    return x ? rf__tok_text(t, x, len) : NULL;
 }
 
 /* ---- normalizer ---- */

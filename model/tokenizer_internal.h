@@ -132,6 +132,9 @@ const char *rf__id_text(const rf_tokenizer *t, int32_t id, size_t *len);
 /* The slot of an id, NULL when no token has it (tokenizer.c). */
 const rf__tok *rf__id_tok(const rf_tokenizer *t, int32_t id);
 
+/* Text HF gives for a slot (rf__id_text without the lookup); NULL when it has none. */
+const char *rf__tok_text(const rf_tokenizer *t, const rf__tok *x, size_t *len);
+
 /* Maps (tokenizer.c). */
 rf_status rf__strmap_init(rf__strmap *m, uint32_t expect);
 void rf__strmap_free(rf__strmap *m);
