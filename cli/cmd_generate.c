@@ -88,15 +88,20 @@ static rf_status read_prompts_file(const char *path, const char *key, const char
 }
 
 static void print_result(const rf_gen_output *o, int index, const char *prompt, int json) {
+    /* Every byte of the text, NULs included (printf("%s") or a cJSON string would stop at
+     * the first one). */
     if (!json) {
-        printf("%s\n", o->text ? o->text : "");
+        if (o->text_len) fwrite(o->text, 1, o->text_len, stdout);
+        putchar('\n');
         return;
     }
     cJSON *r = cJSON_CreateObject();
     cJSON_AddNumberToObject(r, "index", index);
     cJSON_AddStringToObject(r, "prompt", prompt);
     if (g_answers[index]) cJSON_AddStringToObject(r, "answer", g_answers[index]);
-    cJSON_AddStringToObject(r, "text", o->text ? o->text : "");
+    char *quoted = rf_json_quote(o->text ? o->text : "", o->text_len);
+    cJSON_AddRawToObject(r, "text", quoted ? quoted : "\"\"");
+    free(quoted);
     cJSON_AddItemToObject(r, "tokens", cJSON_CreateIntArray(o->tokens, o->n_tokens));
     cJSON_AddItemToObject(r, "logprobs", cJSON_CreateFloatArray(o->logprobs, o->n_tokens));
     cJSON_AddStringToObject(r, "finish_reason", rf_finish_name(o->finish));

@@ -144,3 +144,27 @@ char *rf_strdup(const char *s) {
     if (d) memcpy(d, s, n);
     return d;
 }
+
+const char *rf_memfind(const char *hay, size_t n, const char *needle, size_t m) {
+    if (m == 0 || m > n) return NULL;
+    for (size_t i = 0; i + m <= n; i++)
+        if (hay[i] == needle[0] && memcmp(hay + i, needle, m) == 0) return hay + i;
+    return NULL;
+}
+
+char *rf_json_quote(const char *s, size_t n) {
+    char *o = malloc(n * 6 + 3), *p = o; /* "\u00XX" is the longest escape of one byte */
+    if (!o) return NULL;
+    *p++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n"
+                        : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
+        if (esc) p += sprintf(p, "%s", esc);
+        else if (c < 0x20 || c == 0x7f) p += sprintf(p, "\\u%04x", c);
+        else *p++ = (char)c;
+    }
+    *p++ = '"';
+    *p = '\0';
+    return o;
+}

@@ -44,4 +44,13 @@ void *rf_calloc(size_t n, size_t size);
 /* Duplicates a string (NULL for NULL). */
 char *rf_strdup(const char *s);
 
+/* First occurrence of needle[0..m) in hay[0..n), NULL when none (or m == 0). Works on bytes,
+ * so text with NULs inside (a decoded U+0000) is searched whole. */
+const char *rf_memfind(const char *hay, size_t n, const char *needle, size_t m);
+
+/* s[0..n) as a JSON string literal, quotes included: '"', '\\' and every control character
+ * escaped (NUL as \u0000), other bytes copied. Malloc'd, NUL-terminated; NULL when out of
+ * memory. */
+char *rf_json_quote(const char *s, size_t n);
+
 #endif

@@ -42,15 +42,18 @@ static rf_status update_text(const rf_tokenizer *tok, const rf_gen_params *p, rf
     rf_status s = rf_tokenizer_decode(tok, known, n, 1, &text, &len);
     free(known);
     RF_TRY(s);
+    /* The text may hold NULs (a token decoding to U+0000): search and cut by length. */
     for (int i = 0; i < p->n_stop; i++) {
-        char *hit = strstr(text, p->stop[i]);
+        const char *hit = rf_memfind(text, len, p->stop[i], strlen(p->stop[i]));
         if (hit) {
-            *hit = '\0';
+            len = (size_t)(hit - text);
+            text[len] = '\0';
             *stopped = 1;
         }
     }
     free(o->text);
     o->text = text;
+    o->text_len = len;
     return RF_OK;
 }
 

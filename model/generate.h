@@ -28,7 +28,9 @@ typedef struct rf_gen_output {
     int32_t *tokens;   /* (n_tokens) generated ids, including a final EOS; owned */
     float *logprobs;   /* (n_tokens) behaviour log-probs (see rf_sample); owned */
     int n_tokens;
-    char *text;        /* decoded text (special tokens skipped), cut before a stop string */
+    char *text;        /* decoded text (special tokens skipped), cut before a stop string;
+                          NUL-terminated but may hold NULs (a token decoding to U+0000) */
+    size_t text_len;   /* bytes in text: use it, not strlen */
     rf_finish finish;
 } rf_gen_output;
 

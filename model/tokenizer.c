@@ -254,18 +254,41 @@ static rf_status rf__onig_pattern(const rf_tokenizer *t, const char *where, cons
     return RF_OK;
 }
 
+/* A String pattern as a regex that matches exactly its text: ASCII punctuation and
+ * controls escaped, letters, digits and UTF-8 bytes kept (HF builds the same regex with
+ * regex::escape). PCRE2_LITERAL would do this, but PCRE2 refuses it together with PCRE2_UCP.
+ * *out is malloc'd. */
+static rf_status rf__literal_pattern(const rf_tokenizer *t, const char *s, char **out) {
+    size_t n = strlen(s), k = 0;
+    char *o = malloc(n * 6 + 1); /* "\x{hh}" is the longest spelling of one byte */
+    if (!o) return rf_error(RF_ERR_NOMEM, "%s: out of memory", t->path);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+            (c >= 'A' && c <= 'Z'))
+            o[k++] = (char)c;
+        else if (c > ' ' && c < 0x7f)
+            o[k++] = '\\', o[k++] = (char)c; /* a backslash before punctuation is literal */
+        else
+            k += (size_t)sprintf(o + k, "\\x{%02x}", c);
+    }
+    o[k] = '\0';
+    *out = o;
+    return RF_OK;
+}
+
+/* Compiles an Oniguruma-syntax pattern (as HF's regexes are written) with PCRE2; `literal`
+ * compiles a String pattern instead, matching its exact text. */
 static rf_status rf__compile(const rf_tokenizer *t, const char *where, const char *pattern,
-                             uint32_t extra, pcre2_code **out) {
+                             int literal, pcre2_code **out) {
     int err;
     PCRE2_SIZE off;
     char *rewritten = NULL;
-    if (!(extra & PCRE2_LITERAL)) {
-        RF_TRY(rf__onig_pattern(t, where, pattern, &rewritten));
-        pattern = rewritten;
-    }
+    RF_TRY(literal ? rf__literal_pattern(t, pattern, &rewritten)
+                   : rf__onig_pattern(t, where, pattern, &rewritten));
     /* UCP makes \p, \w, \d and POSIX classes Unicode-aware, as Oniguruma's are in HF. */
-    *out = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
-                         PCRE2_UTF | PCRE2_UCP | extra, &err, &off, NULL);
+    *out = pcre2_compile((PCRE2_SPTR)rewritten, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                         &err, &off, NULL);
     free(rewritten);
     if (!*out) {
         PCRE2_UCHAR msg[256];
@@ -279,37 +302,87 @@ static rf_status rf__compile(const rf_tokenizer *t, const char *where, const cha
 
 /* ---- model ---- */
 
-static rf_status rf__grow_ids(rf_tokenizer *t, int32_t id) {
-    if (id < t->n_ids) return RF_OK;
-    int n = id + 1;
-    char **tok = realloc(t->id_tok, (size_t)n * sizeof *tok);
-    if (tok) t->id_tok = tok;
-    uint32_t *len = realloc(t->id_len, (size_t)n * sizeof *len);
-    if (len) t->id_len = len;
-    uint8_t *sp = realloc(t->id_special, (size_t)n);
-    if (sp) t->id_special = sp;
-    int32_t *ad = realloc(t->id_added, (size_t)n * sizeof *ad);
-    if (ad) t->id_added = ad;
-    if (!tok || !len || !sp || !ad) return rf_error(RF_ERR_NOMEM, "%s: out of memory", t->path);
-    for (int i = t->n_ids; i < n; i++) {
-        t->id_tok[i] = NULL;
-        t->id_len[i] = 0;
-        t->id_special[i] = 0;
-        t->id_added[i] = -1;
+/* Open-addressing id -> slot map; grows at load factor 1/2. */
+static uint32_t rf__id_hash(int32_t id, uint32_t cap) {
+    return (uint32_t)(((uint64_t)(uint32_t)id * 0x9E3779B97F4A7C15ull) >> 32) & (cap - 1);
+}
+
+static int32_t rf__idmap_get(const rf__idmap *m, int32_t id) {
+    if (!m->cap) return -1;
+    for (uint32_t i = rf__id_hash(id, m->cap);; i = (i + 1) & (m->cap - 1)) {
+        if (m->keys[i] == id) return m->vals[i];
+        if (m->keys[i] < 0) return -1;
     }
-    t->n_ids = n;
+}
+
+static void rf__idmap_insert(rf__idmap *m, int32_t id, int32_t slot) {
+    uint32_t i = rf__id_hash(id, m->cap);
+    while (m->keys[i] >= 0) i = (i + 1) & (m->cap - 1);
+    m->keys[i] = id;
+    m->vals[i] = slot;
+    m->n++;
+}
+
+/* Adds a new id (not yet in the map). */
+static rf_status rf__idmap_add(rf_tokenizer *t, rf__idmap *m, int32_t id, int32_t slot) {
+    if ((m->n + 1) * 2 > m->cap) {
+        rf__idmap g = {rf__pow2_at_least(m->n + 1), 0, NULL, NULL};
+        g.keys = malloc(g.cap * sizeof *g.keys);
+        g.vals = malloc(g.cap * sizeof *g.vals);
+        if (!g.keys || !g.vals) {
+            free(g.keys);
+            free(g.vals);
+            return rf_error(RF_ERR_NOMEM, "%s: out of memory", t->path);
+        }
+        memset(g.keys, 0xff, g.cap * sizeof *g.keys);
+        for (uint32_t i = 0; i < m->cap; i++)
+            if (m->keys[i] >= 0) rf__idmap_insert(&g, m->keys[i], m->vals[i]);
+        free(m->keys);
+        free(m->vals);
+        *m = g;
+    }
+    rf__idmap_insert(m, id, slot);
     return RF_OK;
 }
 
+/* The slot of `id`, created empty when new. Tables grow with the number of distinct ids,
+ * never with their values: {"a": 0, "b": 1000000000} costs two slots. */
+static rf_status rf__slot_for(rf_tokenizer *t, int32_t id, rf__tok **out) {
+    int32_t k = rf__idmap_get(&t->slot_of, id);
+    if (k < 0) {
+        if (t->n_slots == t->cap_slots) {
+            int cap = t->cap_slots ? t->cap_slots * 2 : 256;
+            rf__tok *p = realloc(t->slots, (size_t)cap * sizeof *p);
+            if (!p) return rf_error(RF_ERR_NOMEM, "%s: out of memory", t->path);
+            t->slots = p;
+            t->cap_slots = cap;
+        }
+        k = t->n_slots;
+        RF_TRY(rf__idmap_add(t, &t->slot_of, id, k));
+        t->slots[t->n_slots++] = (rf__tok){NULL, 0, id, -1, 0};
+        if (id >= t->n_ids) t->n_ids = id + 1;
+    }
+    *out = &t->slots[k];
+    return RF_OK;
+}
+
+const rf__tok *rf__id_tok(const rf_tokenizer *t, int32_t id) {
+    int32_t k = id < 0 ? -1 : rf__idmap_get(&t->slot_of, id);
+    return k < 0 ? NULL : &t->slots[k];
+}
+
 /* Records the vocab text of an id (a duplicate id keeps its first text). */
-static rf_status rf__set_token(rf_tokenizer *t, int32_t id, const char *s, size_t n) {
-    RF_TRY(rf__grow_ids(t, id));
-    if (t->id_tok[id]) return RF_OK;
-    t->id_tok[id] = malloc(n + 1);
-    if (!t->id_tok[id]) return rf_error(RF_ERR_NOMEM, "%s: out of memory", t->path);
-    memcpy(t->id_tok[id], s, n);
-    t->id_tok[id][n] = '\0';
-    t->id_len[id] = (uint32_t)n;
+static rf_status rf__set_token(rf_tokenizer *t, int32_t id, const char *s, size_t n,
+                               rf__tok **out) {
+    rf__tok *x;
+    RF_TRY(rf__slot_for(t, id, &x));
+    *out = x;
+    if (x->text) return RF_OK;
+    x->text = malloc(n + 1);
+    if (!x->text) return rf_error(RF_ERR_NOMEM, "%s: out of memory", t->path);
+    memcpy(x->text, s, n);
+    x->text[n] = '\0';
+    x->len = (uint32_t)n;
     return RF_OK;
 }
 
@@ -319,15 +392,16 @@ static rf_status rf__load_vocab(rf_tokenizer *t, const cJSON *model) {
         return rf_error(RF_ERR_FORMAT, "%s: model.vocab: expected an object", t->path);
     RF_TRY(rf__strmap_init(&t->vocab, (uint32_t)cJSON_GetArraySize(vocab)));
     for (const cJSON *e = vocab->child; e; e = e->next) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e9 ||
+        /* Ids are u32 in HF; ours are int32 and max id + 1 must fit too. */
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > RF__MAX_ID ||
             e->valuedouble != (double)(int32_t)e->valuedouble)
-            return rf_error(RF_ERR_FORMAT, "%s: model.vocab[\"%s\"]: expected a non-negative "
-                            "integer id", t->path, e->string);
+            return rf_error(RF_ERR_FORMAT, "%s: model.vocab[\"%s\"]: expected an integer id "
+                            "in 0..%d", t->path, e->string, RF__MAX_ID);
         int32_t id = (int32_t)e->valuedouble;
-        size_t n = strlen(e->string);
-        RF_TRY(rf__set_token(t, id, e->string, n));
-        /* Keys point at the id table's copy so the map outlives the JSON tree. */
-        RF_TRY(rf__strmap_put(&t->vocab, t->id_tok[id], t->id_len[id], id));
+        rf__tok *x;
+        RF_TRY(rf__set_token(t, id, e->string, strlen(e->string), &x));
+        /* Keys point at the slot's copy so the map outlives the JSON tree. */
+        RF_TRY(rf__strmap_put(&t->vocab, x->text, x->len, id));
     }
     return RF_OK;
 }
@@ -414,12 +488,36 @@ static rf_status rf__load_bpe_options(rf_tokenizer *t, const cJSON *model) {
     return RF_OK;
 }
 
+/* A model without "type" (files written by tokenizers < 0.9, e.g. RoBERTa's and T5's): HF
+ * tries BPE, WordPiece, WordLevel, Unigram in turn (the untagged ModelWrapper), and each
+ * takes the first whose required fields are present. Returns NULL when none fits. */
+static const char *rf__model_type_from_fields(const cJSON *model) {
+    const cJSON *vocab = rf__opt(model, "vocab");
+    if (cJSON_IsArray(vocab)) return "Unigram";
+    if (!cJSON_IsObject(vocab)) return NULL;
+    if (cJSON_IsArray(rf__opt(model, "merges"))) return "BPE";
+    if (!rf__opt(model, "unk_token")) return NULL;
+    if (rf__opt(model, "continuing_subword_prefix") && rf__opt(model, "max_input_chars_per_word"))
+        return "WordPiece";
+    return "WordLevel";
+}
+
 static rf_status rf__load_model(rf_tokenizer *t, const cJSON *root) {
     const cJSON *model = rf__opt(root, "model");
     const char *type;
     if (!model) return rf_error(RF_ERR_FORMAT, "%s: model: missing", t->path);
-    RF_TRY(rf__get_type(t, model, "model", &type));
-    if (strcmp(type, "BPE") != 0) return rf__unsupported(t, "model", type, "BPE only");
+    if (cJSON_IsObject(model) && !rf__opt(model, "type")) {
+        type = rf__model_type_from_fields(model);
+        if (!type)
+            return rf_error(RF_ERR_FORMAT, "%s: model.type: missing, and the fields are those of "
+                            "no tokenizer model (BPE needs vocab and merges)", t->path);
+        if (strcmp(type, "BPE") != 0)
+            return rf_error(RF_ERR_UNSUPPORTED, "%s: model: a \"%s\" model (no \"type\"; told "
+                            "by its fields) is not supported (rlflow reads BPE)", t->path, type);
+    } else {
+        RF_TRY(rf__get_type(t, model, "model", &type));
+        if (strcmp(type, "BPE") != 0) return rf__unsupported(t, "model", type, "rlflow reads BPE");
+    }
     RF_TRY(rf__load_bpe_options(t, model));
     RF_TRY(rf__load_vocab(t, model));
     RF_TRY(rf__load_merges(t, model));
@@ -536,25 +634,31 @@ static const char *rf__added_text(const rf__added *a, size_t *len) {
 static rf_status rf__index_added(rf_tokenizer *t) {
     rf__assign_added_ids(t);
     for (int i = 0; i < t->n_added; i++) {
-        RF_TRY(rf__grow_ids(t, t->added[i].id));
-        t->id_added[t->added[i].id] = i;
+        rf__tok *x;
+        RF_TRY(rf__slot_for(t, t->added[i].id, &x));
+        x->added = i;
     }
-    for (int32_t id = 0; id < t->n_ids; id++) {
+    for (int k = 0; k < t->n_slots; k++) {
+        rf__tok *x = &t->slots[k];
         size_t n;
-        const char *s = rf__id_text(t, id, &n);
-        for (int k = 0; s && k < t->n_added && !t->id_special[id]; k++)
-            t->id_special[id] = t->added[k].special && t->added[k].len == n &&
-                                memcmp(t->added[k].content, s, n) == 0;
+        const char *s = rf__id_text(t, x->id, &n);
+        for (int a = 0; s && a < t->n_added && !x->special; a++)
+            x->special = t->added[a].special && t->added[a].len == n &&
+                         memcmp(t->added[a].content, s, n) == 0;
     }
     return RF_OK;
 }
 
+const char *rf__tok_text(const rf_tokenizer *t, const rf__tok *x, size_t *len) {
+    if (x->added >= 0) return rf__added_text(&t->added[x->added], len);
+    *len = x->len;
+    return x->text;
+}
+
 const char *rf__id_text(const rf_tokenizer *t, int32_t id, size_t *len) {
+    const rf__tok *x = rf__id_tok(t, id);
     *len = 0;
-    if (id < 0 || id >= t->n_ids) return NULL;
-    if (t->id_added[id] >= 0) return rf__added_text(&t->added[t->id_added[id]], len);
-    *len = t->id_len[id];
-    return t->id_tok[id];
+    return x ? rf__tok_text(t, x, len) : NULL;
 }
 
 /* ---- normalizer ---- */
@@ -641,7 +745,8 @@ static rf_status rf__load_split(rf_tokenizer *t, const cJSON *n, const char *whe
     char sub[256];
     snprintf(sub, sizeof sub, "%s.pattern", where);
     p->type = RF__PRE_SPLIT;
-    return rf__compile(t, sub, re ? re : s, re ? 0 : PCRE2_LITERAL, &p->re);
+    if (!re && !*s) return RF_OK; /* HF: an empty String pattern matches nothing (re = NULL) */
+    return rf__compile(t, sub, re ? re : s, !re, &p->re);
 }
 
 /* Reads replacement + prepend_scheme shared by the Metaspace pre-tokenizer and decoder.
@@ -792,9 +897,12 @@ static rf_status rf__template_special(rf_tokenizer *t, const cJSON *proc, const 
         return rf_error(RF_ERR_FORMAT, "%s: %s: special token \"%s\" has no special_tokens "
                         "entry with ids", t->path, where, name);
     for (const cJSON *e = ids->child; e; e = e->next) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= t->n_ids)
-            return rf_error(RF_ERR_FORMAT, "%s: %s: special token \"%s\" has an id outside the "
-                            "vocabulary", t->path, where, name);
+        size_t n;
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 2147483647.0 ||
+            e->valuedouble != (double)(int32_t)e->valuedouble ||
+            !rf__id_text(t, (int32_t)e->valuedouble, &n))
+            return rf_error(RF_ERR_FORMAT, "%s: %s: special token \"%s\" has an id that is "
+                            "neither in model.vocab nor an added token", t->path, where, name);
         int32_t id = (int32_t)e->valuedouble;
         RF_TRY(after ? rf__append_ids(t, &t->suffix, &t->n_suffix, &id, 1)
                      : rf__append_ids(t, &t->prefix, &t->n_prefix, &id, 1));
@@ -891,9 +999,11 @@ static rf_status rf__load_components(rf_tokenizer *t, const cJSON *root) {
         for (int i = 0; i < t->n_decs; i++)
             if (t->decs[i].type == RF__DEC_BYTELEVEL) t->byte_level = 1;
     }
-    if ((n = rf__opt(root, "post_processor"))) RF_TRY(rf__load_post(t, n, "post_processor"));
     RF_TRY(rf__normalize_added(t));
     RF_TRY(rf__index_added(t));
+    /* After the added tokens: a template may name one outside model.vocab (Llama-3's
+     * <|begin_of_text|> = 128000 past a 128000-entry vocab). */
+    if ((n = rf__opt(root, "post_processor"))) RF_TRY(rf__load_post(t, n, "post_processor"));
     return rf__index_all(t);
 }
 
@@ -1007,11 +1117,10 @@ rf_status rf_tokenizer_load_dir(rf_tokenizer **out, const char *dir) {
 
 void rf_tokenizer_free(rf_tokenizer *t) {
     if (!t) return;
-    for (int i = 0; i < t->n_ids; i++) free(t->id_tok[i]);
-    free(t->id_tok);
-    free(t->id_len);
-    free(t->id_special);
-    free(t->id_added);
+    for (int i = 0; i < t->n_slots; i++) free(t->slots[i].text);
+    free(t->slots);
+    free(t->slot_of.keys);
+    free(t->slot_of.vals);
     rf__strmap_free(&t->vocab);
     rf__strmap_free(&t->all);
     rf__pairmap_free(&t->merges);

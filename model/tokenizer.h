@@ -24,7 +24,8 @@ typedef struct rf_tokenizer rf_tokenizer;
 /* Loads a tokenizer.json. The caller owns *out (rf_tokenizer_free).
  * Errors: RF_ERR_IO (file unreadable) and RF_ERR_FORMAT (bad JSON, missing or mistyped field)
  * naming the file and the field; RF_ERR_UNSUPPORTED naming the field whose type we do not
- * implement (e.g. "model.type \"Unigram\" is not supported (BPE only)"). */
+ * implement (e.g. "model.type \"Unigram\" is not supported (rlflow reads BPE)"). Ids may be
+ * sparse: memory follows the number of tokens, not the largest id. */
 rf_status rf_tokenizer_load(rf_tokenizer **out, const char *path);
 
 /* Loads dir/tokenizer.json plus, when present, dir/tokenizer_config.json: bos_token and
@@ -43,12 +44,14 @@ rf_status rf_tokenizer_encode(const rf_tokenizer *t, const char *text, size_t le
 
 /* Decodes ids like HF decode(ids, skip_special_tokens=skip_special): the same decoder chain,
  * including U+FFFD for byte sequences that are not valid UTF-8 (e.g. a cut-off character).
- * *text is malloc'd and NUL-terminated, *len excludes the NUL; the caller frees it.
+ * *text is malloc'd and NUL-terminated, *len excludes the NUL; the caller frees it. The text
+ * itself may hold NULs (a token decoding to U+0000): use *len, not strlen.
  * Errors: RF_ERR_RANGE for an id outside the vocabulary (HF would silently drop it). */
 rf_status rf_tokenizer_decode(const rf_tokenizer *t, const int32_t *ids, int n_ids,
                               int skip_special, char **text, size_t *len);
 
-/* Max id + 1 over the model vocab and the added tokens. */
+/* Max id + 1 over the model vocab and the added tokens (what an embedding must cover; with
+ * sparse ids it can exceed the number of tokens by far). */
 int rf_tokenizer_vocab_size(const rf_tokenizer *t);
 
 /* Id of a vocab or added token string, -1 if absent. */

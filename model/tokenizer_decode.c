@@ -254,12 +254,13 @@ static rf_status rf__collect(const rf_tokenizer *t, const int32_t *ids, int n_id
                              int skip_special, rf__toks *l) {
     for (int i = 0; i < n_ids; i++) {
         int32_t id = ids[i];
-        size_t n;
-        const char *s = rf__id_text(t, id, &n);
+        const rf__tok *x = rf__id_tok(t, id);
+        size_t n = 0;
+        const char *s = x ? rf__tok_text(t, x, &n) : NULL;
         if (!s)
             return rf_error(RF_ERR_RANGE, "tokenizer decode: id %d at position %d is not in the "
                             "vocabulary of %s (size %d)", (int)id, i, t->path, t->n_ids);
-        if (skip_special && t->id_special[id]) continue;
+        if (skip_special && x->special) continue;
         RF_TRY(rf__toks_push(l, s, n));
     }
     return RF_OK;

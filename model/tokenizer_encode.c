@@ -448,7 +448,12 @@ typedef struct {
 
 static rf_status rf__split_piece(const rf__pretok *p, rf__scratch *sc, const char *s, size_t n,
                                  int first, rf__plist *out) {
-    RF_TRY(rf__regex_segments(p->re, sc->md, s, n, &sc->segs));
+    if (p->re) {
+        RF_TRY(rf__regex_segments(p->re, sc->md, s, n, &sc->segs));
+    } else { /* an empty String pattern: the whole piece is one non-match */
+        sc->segs.n = 0;
+        RF_TRY(rf__seg_push(&sc->segs, 0, n, 0));
+    }
     if (p->invert)
         for (int i = 0; i < sc->segs.n; i++) sc->segs.s[i].is_match = !sc->segs.s[i].is_match;
     rf__apply_behavior(p->behavior, &sc->segs);
@@ -519,9 +524,14 @@ static rf_status rf__pretok_one(const rf__pretok *p, rf__scratch *sc, const rf__
                                 rf__plist *out) {
     for (int i = 0; i < in->n; i++) {
         const rf__piece *q = &in->p[i];
+        if (q->added >= 0) {
+            RF_TRY(rf__push(out, "", 0, q->added, 0));
+            continue;
+        }
+        /* Only text pieces have bytes: when every piece is an added token the buffer is
+         * still NULL, and NULL + 0 is undefined. */
         const char *s = in->buf + q->off;
-        if (q->added >= 0) RF_TRY(rf__push(out, "", 0, q->added, 0));
-        else if (p->type == RF__PRE_SPLIT) RF_TRY(rf__split_piece(p, sc, s, q->len, q->first, out));
+        if (p->type == RF__PRE_SPLIT) RF_TRY(rf__split_piece(p, sc, s, q->len, q->first, out));
         else if (p->type == RF__PRE_BYTELEVEL) RF_TRY(rf__bytelevel_piece(p, sc, s, q->len, q->first, out));
         else RF_TRY(rf__metaspace_piece(p, s, q->len, q->first, out));
     }

@@ -70,13 +70,33 @@ typedef struct {
     char repl[8];           /* METASPACE */
 } rf__dec;
 
+/* Open-addressing map from a token id to its slot in rf_tokenizer.slots. */
+typedef struct {
+    uint32_t cap;           /* power of two (0 before the first id) */
+    uint32_t n;
+    int32_t *keys;          /* (cap) id, -1 = empty */
+    int32_t *vals;          /* (cap) slot */
+} rf__idmap;
+
+/* What one id stands for. */
+typedef struct {
+    char *text;             /* model vocab text, NULL when the id is only an added token */
+    uint32_t len;
+    int32_t id;
+    int32_t added;          /* index into added[], or -1: added text wins for an id */
+    uint8_t special;        /* 1 when decode(skip_special) drops the id */
+} rf__tok;
+
+#define RF__MAX_ID 2147483646 /* max id + 1 must fit an int */
+
 struct rf_tokenizer {
     char *path;             /* for error messages */
     int n_ids;              /* max id + 1 */
-    char **id_tok;          /* (n_ids) model vocab text, NULL for holes */
-    uint32_t *id_len;       /* (n_ids) */
-    int32_t *id_added;      /* (n_ids) index into added[], or -1: added text wins for an id */
-    uint8_t *id_special;    /* (n_ids) 1 when decode(skip_special) drops the id */
+    /* One slot per distinct id (vocab or added), so memory follows the token count however
+     * sparse the ids are (HF allows any u32 ids). */
+    rf__tok *slots;         /* (n_slots) */
+    int n_slots, cap_slots;
+    rf__idmap slot_of;      /* id -> index into slots */
     rf__strmap vocab;       /* model vocab: token -> id */
     rf__strmap all;         /* vocab and added tokens: token -> id (token_to_id) */
     rf__pairmap merges;
@@ -108,6 +128,12 @@ struct rf_tokenizer {
 /* Text HF gives for an id (added tokens first, the normalized form for normalized ones);
  * NULL when the id has none (tokenizer.c). */
 const char *rf__id_text(const rf_tokenizer *t, int32_t id, size_t *len);
+
+/* The slot of an id, NULL when no token has it (tokenizer.c). */
+const rf__tok *rf__id_tok(const rf_tokenizer *t, int32_t id);
+
+/* Text HF gives for a slot (rf__id_text without the lookup); NULL when it has none. */
+const char *rf__tok_text(const rf_tokenizer *t, const rf__tok *x, size_t *len);
 
 /* Maps (tokenizer.c). */
 rf_status rf__strmap_init(rf__strmap *m, uint32_t expect);

@@ -362,12 +362,14 @@ rf_status rf__rollout_update_text(rf_rollout *e, ro_seq *s, int *stopped) {
     rf_status st = rf_tokenizer_decode(tok, known, n, 1, &text, &len);
     free(known);
     RF_TRY(st);
+    /* by length: a NUL inside the text (U+0000) must not hide a later stop string */
     for (int i = 0; i < s->req->n_stop; i++) {
-        char *hit = strstr(text, s->req->stop[i]);
-        if (hit) *hit = '\0', *stopped = 1;
+        const char *hit = rf_memfind(text, len, s->req->stop[i], strlen(s->req->stop[i]));
+        if (hit) len = (size_t)(hit - text), text[len] = '\0', *stopped = 1;
     }
     free(s->text);
     s->text = text;
+    s->text_len = len;
     return RF_OK;
 }
 
@@ -375,7 +377,8 @@ void rf__rollout_deliver(rf_rollout *e, ro_seq *s) {
     ro_request *r = s->req;
     int P = r->prompt_len;
     rf_rollout_sample out = {r->id, s->index, r->user, r->prompt, P, s->tokens + P, s->logprobs,
-                             s->versions, s->n_tokens - P, s->text, s->finish, s->n_preempted};
+                             s->versions, s->n_tokens - P, s->text, s->text_len, s->finish,
+                             s->n_preempted};
     e->stats.samples_finished++;
     if (e->cb) e->cb(e->cb_ctx, &out);
     seq_drop(e, s);

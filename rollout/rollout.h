@@ -71,7 +71,10 @@ typedef struct rf_rollout_sample {
     const float *logprobs;   /* (n_tokens) behaviour log-probs (rf_sample's) */
     const int *versions;     /* (n_tokens) policy version current when each token was sampled */
     int n_tokens;
-    const char *text;        /* decoded, cut before a stop string; NULL without a tokenizer */
+    const char *text;        /* decoded, cut before a stop string; NULL without a tokenizer.
+                                NUL-terminated, but a token decoding to U+0000 puts NULs
+                                inside: text_len counts every byte */
+    size_t text_len;
     rf_finish finish;
     int n_preempted;         /* times this sample was preempted and recomputed */
 } rf_rollout_sample;

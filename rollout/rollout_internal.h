@@ -44,7 +44,8 @@ typedef struct ro_seq {
     int n_blocks, cap_blocks;
     uint64_t group;          /* consecutive waiting sequences of one group share a prefill */
     int n_preempted;
-    char *text;              /* decoded output (with a tokenizer) */
+    char *text;              /* decoded output (with a tokenizer); may hold NULs */
+    size_t text_len;         /* bytes in text */
     rf_finish finish;
 } ro_seq;
 

@@ -59,7 +59,9 @@ def rand_string(r):
 def variants():
     """(name, tokenizer.json text): the test files plus option variants."""
     out = []
-    for name in ["gpt2", "qwen2", "llama3", "llama2", "mistral"]:
+    for name in ["gpt2", "qwen2", "llama3", "llama2", "mistral", "llama3_layout",
+                 "split_merged_with_next", "split_merged_with_previous_invert",
+                 "split_contiguous", "split_removed", "split_meta", "sparse"]:
         with open(os.path.join(DATA, name + ".json"), encoding="utf-8") as f:
             out.append((name, f.read()))
     j = json.loads(dict(out)["gpt2"])
@@ -82,6 +84,10 @@ def variants():
                               "lstrip": False, "rstrip": False, "normalized": True,
                               "special": True})
     out.append(("qwen2-nfkc+normalized-special", json.dumps(j)))
+    j = json.loads(dict(out)["split_merged_with_next"])
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"String": "\u00e9\\s"}
+    j["pre_tokenizer"]["pretokenizers"][0]["invert"] = True
+    out.append(("split-string-utf8-backslash", json.dumps(j)))
     return out
 
 

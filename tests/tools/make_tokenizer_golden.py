@@ -3,7 +3,8 @@
 expectations with Hugging Face `tokenizers` (the reference implementation our C tokenizer
 must match token for token). Run from the repository root:
 
-    python3 tests/tools/make_tokenizer_golden.py
+    python3 tests/tools/make_tokenizer_golden.py        # everything
+    python3 tests/tools/make_tokenizer_golden.py edge   # only the edge-case files
 
 The C test (tests/test_tokenizer.c) reads only the committed outputs; it never needs Python.
 
@@ -188,6 +189,83 @@ def make_sentencepiece():
     return llama2, mistral
 
 
+def make_llama3_layout():
+    """Llama-3's real layout: model.vocab holds only the BPE pieces (ids 0..N-1) and the
+    special tokens are added tokens from N on, outside the vocab; the BOS template names
+    <|begin_of_text|> = N (128000 in Meta's files)."""
+    j = make_llama3()
+    specials = [t["content"] for t in j["added_tokens"]]
+    pieces = sorted((i, w) for w, i in j["model"]["vocab"].items() if w not in specials)
+    j["model"]["vocab"] = {w: k for k, (_, w) in enumerate(pieces)}
+    n = len(pieces)
+    for k, t in enumerate(j["added_tokens"]):
+        t["id"] = n + k
+    bos = j["post_processor"]["processors"][1]["special_tokens"]["<|begin_of_text|>"]
+    bos["ids"] = [n]
+    return j
+
+
+def make_split_base():
+    """A small byte-level BPE whose pre-tokenizer the Split variants replace. Trained with no
+    word split, so merges cross ". " and each behavior's pieces give different ids."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS + SPLIT_TEXTS * 3 + ["one. two. There. end. Hi. x. "] * 20,
+                            trainer)
+    return json.loads(tok.to_str())
+
+
+SPLIT_BEHAVIORS = ["removed", "isolated", "merged_with_previous", "merged_with_next", "contiguous"]
+
+# A literal with regex metacharacters: as a regex ". " would match any character + space.
+SPLIT_TEXTS = GOLDEN_TEXTS + [
+    "Hi. There. .. . x. ", "a. b.c. . ", ". . . ", "end. ", "x  y. z", ". ",
+    "f(a+b) (a+b)(a+b) a+b (a+bb)", "\u00e9. \u00e9.  \u3002. ",
+]
+
+
+def make_split_variants():
+    """(name, tokenizer.json) for Split with a String pattern: every behavior, both inverts,
+    a literal full of regex metacharacters, and the empty pattern (HF: no match)."""
+    base = make_split_base()
+    out = []
+    for beh in SPLIT_BEHAVIORS:
+        for inv in (False, True):
+            j = json.loads(json.dumps(base))
+            j["pre_tokenizer"] = json.loads(pre_tokenizers.Sequence([
+                pre_tokenizers.Split(". ", beh, invert=inv),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]).__getstate__())
+            out.append(("split_%s%s" % (beh, "_invert" if inv else ""), j))
+    for name, pat, beh, inv in [("split_meta", "(a+b)", "isolated", False),
+                                ("split_empty_invert", "", "removed", True)]:
+        j = json.loads(json.dumps(base))
+        j["pre_tokenizer"] = json.loads(pre_tokenizers.Sequence([
+            pre_tokenizers.Split(pat, beh, invert=inv),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]).__getstate__())
+        out.append((name, j))
+    return out
+
+
+def make_sparse():
+    """Ids far apart: {"a": 0, "b": 1000000000}. HF loads it; the C loader must not size
+    tables by the largest id (16 GB here)."""
+    return {"version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": 1000000001, "content": "<s>", "single_word": False,
+                              "lstrip": False, "rstrip": False, "normalized": False,
+                              "special": True}],
+            "normalizer": None, "pre_tokenizer": None, "post_processor": None, "decoder": None,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                      "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                      "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": {"a": 0, "b": 1000000000}, "merges": []}}
+
+
+SPARSE_TEXTS = GOLDEN_TEXTS + ["abba", "a", "b", "b<s>a", "<s>", "xyz ab"]
+
+
 def hexs(b):
     return b.hex() if b else "."
 
@@ -196,13 +274,13 @@ def ids_s(ids):
     return " ".join(map(str, ids)) if ids else "."
 
 
-def write_golden(name, j):
+def write_golden(name, j, texts=GOLDEN_TEXTS):
     text = json.dumps(j, ensure_ascii=False, separators=(",", ":"))
     with open(os.path.join(OUT, name + ".json"), "w", encoding="utf-8") as f:
         f.write(text)
     tok = Tokenizer.from_str(text)
     with open(os.path.join(OUT, name + ".golden.txt"), "w") as f:
-        for s in GOLDEN_TEXTS:
+        for s in texts:
             a = tok.encode(s, add_special_tokens=False).ids
             b = tok.encode(s, add_special_tokens=True).ids
             d = tok.decode(b, skip_special_tokens=False).encode()
@@ -225,6 +303,18 @@ def write_config_dir(name, j, config):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
+    # `edge` rebuilds only the edge-case files below, leaving the five trained tokenizers
+    # (and their goldens) as committed.
+    if sys.argv[1:] != ["edge"]:
+        write_main()
+    write_golden("llama3_layout", make_llama3_layout())
+    for name, j in make_split_variants():
+        write_golden(name, j, SPLIT_TEXTS)
+    write_golden("sparse", make_sparse(), SPARSE_TEXTS)
+    return 0
+
+
+def write_main():
     write_golden("qwen2", make_qwen2())
     write_golden("llama3", make_llama3())
     write_golden("gpt2", make_gpt2())
@@ -246,7 +336,6 @@ def main():
         json.dump(bad, f, separators=(",", ":"))
     with open(os.path.join(OUT, "malformed.json"), "w") as f:
         f.write('{"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0,}')
-    return 0
 
 
 if __name__ == "__main__":
