@@ -73,6 +73,25 @@ static int rules_need_answer(const rf_recipe *r) {
     return 0;
 }
 
+/* With the countdown rule every answer present must read "NUMBERS -> TARGET": a file made
+ * before the rule existed ("answer": "78") would otherwise score every sample 0. */
+static rf_status check_countdown_truths(const rf_recipe *r, const rf_dataset *ds, const char *path) {
+    int listed = 0;
+    for (int i = 0; i < r->reward.rules.n; i++) listed |= strcmp(r->reward.rules.v[i], "countdown") == 0;
+    for (int i = 0; listed && i < rf_dataset_size(ds); i++) {
+        const rf_example *e = rf_dataset_get(ds, i);
+        int64_t nums[64];
+        int n, target;
+        if (e->answer && !rf_countdown_truth_parse(e->answer, nums, 64, &n, &target))
+            return rf_error(RF_ERR_FORMAT, "%s:%d: \"%s\" (data.answer_key) = \"%.80s\" is not a countdown truth "
+                            "\"NUMBERS -> TARGET\" (\"3 7 25 50 -> 82\"), which the countdown rule reads; "
+                            "`rlflow data countdown` writes it (a file made by an older rlflow holds the target "
+                            "alone: delete it and the run makes it again)", path, e->line, r->data.answer_key,
+                            e->answer);
+    }
+    return RF_OK;
+}
+
 rf_status rf__load_data(rf_run *run) {
     const rf_recipe *r = run->r;
     rf_dataset_opts o = {.prompt_key = r->data.prompt_key, .answer_key = r->data.answer_key,
@@ -81,9 +100,11 @@ rf_status rf__load_data(rf_run *run) {
                          .max_prompt_tokens = r->data.max_prompt_tokens,
                          .no_shuffle = !r->data.shuffle, .seed = (uint64_t)r->data.seed};
     RF_TRY(rf_dataset_load(&run->train, r->data.train, &o, run->tok));
+    RF_TRY(check_countdown_truths(r, run->train, r->data.train));
     if (r->data.val[0]) {
         o.no_shuffle = 1;
         RF_TRY(rf_dataset_load(&run->val, r->data.val, &o, run->tok));
+        RF_TRY(check_countdown_truths(r, run->val, r->data.val));
     }
     return RF_OK;
 }

@@ -189,6 +189,17 @@ static void bad_recipes(void) {
     CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set logging.dir=%s/none --resume", dir, rlflow, dir) == 1);
     CHECK(strstr(out, "no checkpoint to resume from") != NULL);
     free(out);
+    /* a countdown file whose answers are the target alone (as older rlflow wrote them) */
+    CHECK(rf_test_sh(NULL, "printf '%%s\\n' '{\"prompt\": \"3 5 -> 8:\", \"answer\": \"3 5 -> 8\"}' "
+                     "'{\"prompt\": \"2 7 -> 14:\", \"answer\": \"14\"}' > %s/cd.jsonl", dir) == 0);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set data.task=countdown --set data.train=%s/cd.jsonl "
+                     "--set data.val= --set logging.dir=%s/cd", dir, rlflow, dir, dir) == 1);
+    char want[600];
+    snprintf(want, sizeof want, "%s/cd.jsonl:2: \"answer\" (data.answer_key) = \"14\" is not a countdown truth "
+             "\"NUMBERS -> TARGET\" (\"3 7 25 50 -> 82\"), which the countdown rule reads", dir);
+    CHECK(out && strstr(out, want) != NULL);
+    if (out && !strstr(out, want)) fprintf(stderr, "%s\n", out);
+    free(out);
 }
 
 int main(void) {
