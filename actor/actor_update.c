@@ -150,11 +150,12 @@ static rf_status mini_batch(const rf__net *net, const rf_optim_opts *oo, const r
 
 /* Data parallelism: adds the statistics of this rank's share (loc) over every rank into st. */
 static rf_status add_stats_over_ranks(rf_dp *dp, const rf_update_stats *loc, rf_update_stats *st) {
-    enum { NF = 14 };
+    enum { NF = 17 };
     const rf_pg_stats *p = &loc->pg;
     double mine[NF] = {p->loss, p->pg_loss, p->kl, p->entropy, p->clipped, p->ratio, p->is_weight,
                        p->is_truncated, p->approx_kl, (double)p->tokens, loc->value_loss,
-                       loc->value_clipfrac, (double)loc->tokens, p->is_weight_max};
+                       loc->value_clipfrac, (double)loc->tokens, p->is_masked, p->seqs,
+                       p->seqs_masked, p->is_weight_max};
     int size = rf_dp_size(dp);
     double *all = malloc(sizeof(double) * NF * (size_t)size), sum[NF] = {0};
     if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
@@ -169,7 +170,8 @@ static rf_status add_stats_over_ranks(rf_dp *dp, const rf_update_stats *loc, rf_
     g->ratio += sum[5], g->is_weight += sum[6], g->is_truncated += sum[7], g->approx_kl += sum[8];
     g->tokens += (long)sum[9], st->value_loss += sum[10], st->value_clipfrac += sum[11];
     st->tokens += (long)sum[12];
-    g->is_weight_max = fmax(g->is_weight_max, sum[13]);
+    g->is_masked += sum[13], g->seqs += sum[14], g->seqs_masked += sum[15];
+    g->is_weight_max = fmax(g->is_weight_max, sum[16]);
     st->grad_norm = loc->grad_norm, st->lr = loc->lr;
     st->optimizer_steps += loc->optimizer_steps;
     return RF_OK;

@@ -81,20 +81,83 @@ static float surrogate(const rf_pg_opts *o, float ratio, float adv, float *drati
     return loss;
 }
 
+/* Sequence-level quantities of one response: GSPO's ratio and mis-seq's weight. */
+typedef struct seq_terms {
+    float gspo_ratio; /* exp(mean_t (logp - prox)) */
+    float is_w;       /* exp(mean_t (prox - behav)) */
+    int keep;         /* mis-seq: is_low <= is_w <= is_high */
+} seq_terms;
+
+static seq_terms sequence_terms(const rf_pg_opts *o, int n, const float *logp, const float *prox,
+                                const float *behav) {
+    seq_terms s = {1.0f, 1.0f, 1};
+    double a = 0, b = 0;
+    for (int t = 0; t < n; t++) {
+        a += (double)logp[t] - prox[t];
+        if (o->decoupled && o->corr == RF_CORR_MIS_SEQ) b += (double)prox[t] - behav[t];
+    }
+    if (n > 0) s.gspo_ratio = (float)exp(a / n), s.is_w = (float)exp(b / n);
+    s.keep = s.is_w >= o->is_low && s.is_w <= o->is_high;
+    return s;
+}
+
+/* The rollout-correction weight of token t (1 when not decoupled). */
+static float correction_weight(const rf_pg_opts *o, const seq_terms *sq, float prox, float behav,
+                               rf_pg_stats *st) {
+    if (!o->decoupled) return 1.0f;
+    float raw = expf(prox - behav);
+    switch (o->corr) {
+    case RF_CORR_MIS_TOKEN: {
+        int keep = raw >= o->is_low && raw <= o->is_high;
+        st->is_masked += !keep;
+        return keep ? raw : 0.0f;
+    }
+    case RF_CORR_MIS_SEQ:
+        st->is_masked += !sq->keep;
+        return sq->keep ? sq->is_w : 0.0f;
+    case RF_CORR_TIS:
+    default:
+        st->is_truncated += raw > o->is_cap;
+        return raw < o->is_cap ? raw : o->is_cap;
+    }
+}
+
+/* The policy term of token t: its loss and d loss / d logp_t (before weights). */
+static float policy_term(const rf_pg_opts *o, const seq_terms *sq, float logp, float ratio,
+                         float adv, float *g, int *clipped) {
+    float dratio, pg;
+    switch (o->kind) {
+    case RF_PG_GSPO:
+        pg = surrogate(o, sq->gspo_ratio, adv, &dratio, clipped);
+        *g = dratio * sq->gspo_ratio; /* d s / d logp_t = s / n; the weights sum the n tokens */
+        return pg;
+    case RF_PG_CISPO: {
+        float lo = 1.0f - o->clip_low, hi = 1.0f + o->clip_high;
+        float c = ratio < lo ? lo : ratio > hi ? hi : ratio;
+        *clipped = c != ratio;
+        *g = -c * adv; /* the weight is a constant (stop-gradient) */
+        return -c * adv * logp;
+    }
+    case RF_PG_CLIP:
+    default:
+        pg = surrogate(o, ratio, adv, &dratio, clipped);
+        *g = dratio * ratio; /* d ratio / d logp = ratio */
+        return pg;
+    }
+}
+
 void rf_pg_loss(const rf_pg_opts *o, int n, const float *logp, const float *prox,
                 const float *behav, const float *ref, const float *entropy, const float *adv,
                 const float *w, float *dlogp, float *dentropy, rf_pg_stats *st) {
+    seq_terms sq = sequence_terms(o, n, logp, prox, behav);
+    st->seqs += 1;
+    st->seqs_masked += o->decoupled && o->corr == RF_CORR_MIS_SEQ && !sq.keep;
     for (int t = 0; t < n; t++) {
-        float ratio = expf(logp[t] - prox[t]), dratio;
+        float ratio = expf(logp[t] - prox[t]), dpg;
         int clipped;
-        float iw = 1.0f;
-        if (o->decoupled) {
-            float raw = expf(prox[t] - behav[t]);
-            iw = raw < o->is_cap ? raw : o->is_cap;
-            st->is_truncated += raw > o->is_cap;
-        }
-        float pg = surrogate(o, ratio, adv[t], &dratio, &clipped);
-        float loss = iw * pg, g = iw * dratio * ratio; /* d ratio / d logp = ratio */
+        float iw = correction_weight(o, &sq, prox[t], o->decoupled ? behav[t] : 0.0f, st);
+        float pg = policy_term(o, &sq, logp[t], ratio, adv[t], &dpg, &clipped);
+        float loss = iw * pg, g = iw * dpg;
         if (ref && o->kl_coef != 0.0f) {
             float dkl, kl = rf_kl_value(o->kl_est, logp[t], ref[t], &dkl);
             loss += o->kl_coef * kl;

@@ -2,7 +2,9 @@
  * log-prob, entropy and value, as ../shared/ALGORITHMS.md defines them: the clipped surrogate
  * (asymmetric clip, optional dual clip), the decoupled off-policy weight, KL to the reference
  * as a loss (k1/k2/k3), the entropy bonus, the clipped value loss, and the loss aggregation
- * modes. The model's backward takes the gradients these return. */
+ * modes; GSPO's sequence-level ratio and CISPO's clipped stop-gradient weight instead of the
+ * token clip; the rollout-correction weights (truncated IS, masked IS by token or sequence).
+ * The model's backward takes the gradients these return. */
 #ifndef RF_LOSSES_H
 #define RF_LOSSES_H
 
@@ -34,6 +36,25 @@ void rf_loss_weights(rf_loss_agg agg, const int *n_tokens, int n_seqs, int max_l
 void rf_loss_weights_of(rf_loss_agg agg, const int *n_tokens, int n_seqs, int max_len,
                         long total_tokens, long total_seqs, float *w);
 
+typedef enum rf_pg_kind {
+    RF_PG_CLIP = 0, /* PPO's clipped surrogate on each token's ratio */
+    RF_PG_GSPO,     /* GSPO (Zheng et al. 2025): the clipped surrogate on the sequence's ratio
+                       s = exp(mean_t (logp - prox)), in its token form: d loss_t / d logp_t =
+                       d surrogate / d s * s, which with any aggregation mode (equal weights
+                       within a sequence) is the exact gradient of sum_t w_t * surrogate(s) */
+    RF_PG_CISPO,    /* CISPO (MiniMax-M1, 2025): loss_t = -sg(clip(ratio_t, 1 - clip_low,
+                       1 + clip_high)) * adv_t * logp_t; every token keeps its gradient */
+} rf_pg_kind;
+
+/* The weight of the gap between the behaviour (generation) and proximal (training) log-probs,
+ * w = exp(prox - behav), when rf_pg_opts.decoupled is set. */
+typedef enum rf_is_corr {
+    RF_CORR_TIS = 0,   /* min(w_t, is_cap): truncated IS (AReaL's decoupled weight) */
+    RF_CORR_MIS_TOKEN, /* w_t when is_low <= w_t <= is_high, else 0: the token is dropped */
+    RF_CORR_MIS_SEQ,   /* w_seq = exp(mean_t (prox - behav)) on every token when is_low <=
+                          w_seq <= is_high, else 0: the whole sequence is dropped */
+} rf_is_corr;
+
 typedef struct rf_pg_opts {
     float clip_low, clip_high; /* epsilon_low, epsilon_high */
     float dual_clip;           /* c > 1 enables dual clip for negative advantages; 0 = off */
@@ -42,6 +63,11 @@ typedef struct rf_pg_opts {
     float kl_coef;             /* beta for KL as a loss (0 = off) */
     rf_kl_est kl_est;
     float entropy_coef;        /* alpha */
+    rf_pg_kind kind;           /* RF_PG_CLIP (0) unless set; clip_low / clip_high bound GSPO's
+                                  sequence ratio and CISPO's weight; dual_clip applies to clip
+                                  and gspo */
+    rf_is_corr corr;           /* with decoupled: which weight (RF_CORR_TIS when 0) */
+    float is_low, is_high;     /* masked IS: the range of weights kept */
 } rf_pg_opts;
 
 /* Statistics summed over tokens (divide by `tokens` for means). */
@@ -49,12 +75,17 @@ typedef struct rf_pg_stats {
     double loss, pg_loss, kl, entropy, clipped, ratio, is_weight, is_truncated, approx_kl;
     double is_weight_max;
     long tokens;
+    double is_masked;      /* tokens whose masked-IS weight was 0 (dropped) */
+    double seqs, seqs_masked; /* calls (sequences), and those mis-seq dropped */
 } rf_pg_stats;
 
-/* Policy-gradient loss over n tokens: logp (current), prox (proximal: the policy at the start
- * of this update), behav (behaviour, from generation; used when decoupled), ref (NULL unless
- * KL is a loss), entropy (current; NULL = no bonus), adv, w (aggregation weights). Outputs the
- * gradients dlogp and dentropy (NULL allowed when entropy is NULL) and accumulates stats. */
+/* Policy-gradient loss over the n tokens of one response: logp (current), prox (proximal: the
+ * policy at the start of this update), behav (behaviour, from generation; used when
+ * decoupled), ref (NULL unless KL is a loss), entropy (current; NULL = no bonus), adv, w
+ * (aggregation weights). Outputs the gradients dlogp and dentropy (NULL allowed when entropy
+ * is NULL) and accumulates stats. GSPO and mis-seq take sequence-level quantities over the n
+ * tokens, so a call must hold exactly one response there; the token-level losses accept any
+ * run of tokens. ../shared/ALGORITHMS.md defines each term. */
 void rf_pg_loss(const rf_pg_opts *o, int n, const float *logp, const float *prox,
                 const float *behav, const float *ref, const float *entropy, const float *adv,
                 const float *w, float *dlogp, float *dentropy, rf_pg_stats *st);

@@ -126,7 +126,7 @@ int rf_cmd_eval(int argc, char **argv) {
         {"answer-key", RF_OPT_STR, &akey, "field of the reference answer (default answer)", 0},
         {"n", RF_OPT_INT, &n, "evaluate the first N prompts (default all)", 0},
         {"max-new-tokens", RF_OPT_INT, &max_new, "generation limit (default 64)", 0},
-        {"rule", RF_OPT_MULTI, &rules, "correctness rule: numeric (default) or math", 0},
+        {"rule", RF_OPT_MULTI, &rules, "correctness rule: numeric (default), math, exact or countdown", 0},
         {"chat-template", RF_OPT_STR, &tmpl, "chatml | llama3 (default none)", 0},
         {"device", RF_OPT_STR, &device, "cpu | cuda (default cpu)", 0},
         {"help", RF_OPT_FLAG, &help, "show this help", 0},

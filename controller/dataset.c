@@ -14,6 +14,7 @@ struct rf_dataset {
     rf_example *ex; /* (n) in file order */
     int n, cap;
     int n_dropped;
+    int n_missing_answer; /* kept examples without the answer key */
     uint64_t seed;
     int no_shuffle;
     int *perm;      /* (n) order of epoch perm_epoch; NULL until first needed */
@@ -26,7 +27,7 @@ typedef struct load_ctx {
     int line;
     const rf_tokenizer *tok;
     int max_tokens;
-    int require_answer, require_response;
+    int require_answer, require_response, need_answer;
 } load_ctx;
 
 static const char *or_default(const char *s, const char *d) { return s && *s ? s : d; }
@@ -195,6 +196,34 @@ static rf_status load_lines(rf_dataset *ds, const load_ctx *c0, char *data, size
     return RF_OK;
 }
 
+/* The fields of example e as the file had them, for messages: "prompt", "id", "solution". */
+static void field_list(const load_ctx *c, const rf_example *e, char *buf, size_t cap) {
+    size_t n = (size_t)snprintf(buf, cap, "\"%s\"", c->prompt_key);
+    if (e->response && n < cap) n += (size_t)snprintf(buf + n, cap - n, ", \"%s\"", c->response_key);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, e->extra) {
+        if (n >= cap) break;
+        n += (size_t)snprintf(buf + n, cap - n, ", \"%s\"", it->string ? it->string : "?");
+    }
+}
+
+/* need_answer: none of the examples has the answer field is an error (every correctness
+ * reward would be 0); some without it are counted and logged. */
+static rf_status check_answers(rf_dataset *ds, const load_ctx *c) {
+    for (int i = 0; i < ds->n; i++) ds->n_missing_answer += ds->ex[i].answer == NULL;
+    if (!c->need_answer || ds->n_missing_answer == 0) return RF_OK;
+    if (ds->n_missing_answer == ds->n) {
+        char fields[512];
+        field_list(c, &ds->ex[0], fields, sizeof fields);
+        return rf_error(RF_ERR_FORMAT, "%s: no example has the field \"%s\" (data.answer_key) that the "
+                        "reward rules compare with; line %d has %s", c->path, c->answer_key, ds->ex[0].line,
+                        fields);
+    }
+    rf_log_warn("%s: %d of %d examples have no \"%s\" (data.answer_key): their correctness rewards are 0",
+                c->path, ds->n_missing_answer, ds->n, c->answer_key);
+    return RF_OK;
+}
+
 static rf_status check_opts(const load_ctx *c) {
     if (c->max_tokens > 0 && !c->tok)
         return rf_error(RF_ERR_ARG, "%s: max_prompt_tokens needs a tokenizer", c->path);
@@ -225,6 +254,7 @@ rf_status rf_dataset_load(rf_dataset **out, const char *path, const rf_dataset_o
         .max_tokens = o->max_prompt_tokens,
         .require_answer = o->require_answer,
         .require_response = o->require_response,
+        .need_answer = o->need_answer,
     };
     RF_TRY(check_opts(&c));
     char *data = NULL;
@@ -237,6 +267,7 @@ rf_status rf_dataset_load(rf_dataset **out, const char *path, const rf_dataset_o
     }
     ds->seed = o->seed, ds->no_shuffle = o->no_shuffle, ds->perm_epoch = -1;
     rf_status s = load_lines(ds, &c, data, len);
+    if (s == RF_OK) s = check_answers(ds, &c);
     free(data);
     if (s) {
         rf_dataset_free(ds);
@@ -257,6 +288,8 @@ void rf_dataset_free(rf_dataset *ds) {
 int rf_dataset_size(const rf_dataset *ds) { return ds->n; }
 
 int rf_dataset_n_dropped(const rf_dataset *ds) { return ds->n_dropped; }
+
+int rf_dataset_n_missing_answer(const rf_dataset *ds) { return ds->n_missing_answer; }
 
 const rf_example *rf_dataset_get(const rf_dataset *ds, int i) {
     return i >= 0 && i < ds->n ? &ds->ex[i] : NULL;

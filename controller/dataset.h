@@ -29,6 +29,9 @@ typedef struct rf_dataset_opts {
     int max_prompt_tokens;     /* > 0: drop longer prompts at load (needs a tokenizer); 0: keep all */
     int require_answer;        /* 1: a line without the answer key is an error (rule rewards) */
     int require_response;      /* 1: a line without the response key is an error (SFT) */
+    int need_answer;           /* 1: a file where no example has the answer key is an error
+                                  naming data.answer_key; some without it are counted
+                                  (rf_dataset_n_missing_answer) and logged as a warning */
     int no_shuffle;            /* 1: every epoch visits the file order */
     uint64_t seed;             /* shuffle seed */
 } rf_dataset_opts;
@@ -61,7 +64,9 @@ typedef struct rf_dataset rf_dataset;
  * owns *out (rf_dataset_free). `tok` is only used during the call.
  * Errors (messages name "path:line" and the field): RF_ERR_IO (unreadable file),
  * RF_ERR_FORMAT (invalid JSON, not an object, missing or mistyped prompt/answer/response, a
- * file with no examples), RF_ERR_ARG (chat messages without a template, unknown template,
+ * file with no examples, need_answer and no example with the answer key: "PATH: no example has
+ * the field "answer" (data.answer_key) that the reward rules compare with; line 1 has "prompt",
+ * "solution""), RF_ERR_ARG (chat messages without a template, unknown template,
  * max_prompt_tokens without a tokenizer), RF_ERR_RANGE (every prompt too long). */
 rf_status rf_dataset_load(rf_dataset **out, const char *path, const rf_dataset_opts *o,
                           const rf_tokenizer *tok);
@@ -74,6 +79,9 @@ int rf_dataset_size(const rf_dataset *ds);
 
 /* Prompts dropped at load for exceeding max_prompt_tokens. */
 int rf_dataset_n_dropped(const rf_dataset *ds);
+
+/* Kept examples without the answer key (counted whatever need_answer says). */
+int rf_dataset_n_missing_answer(const rf_dataset *ds);
 
 /* Example i in file order (0 <= i < size), NULL when out of range. Thread-safe. */
 const rf_example *rf_dataset_get(const rf_dataset *ds, int i);

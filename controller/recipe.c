@@ -11,6 +11,7 @@
 #include "common/curve.h"
 #include "common/toml.h"
 #include "common/util.h"
+#include "reward/reward.h"
 
 typedef enum { T_STR, T_INT, T_FLOAT, T_BOOL, T_ENUM, T_STRS, T_FLOATS } key_type;
 
@@ -32,7 +33,10 @@ static const char *const AGGS[] = {"token-mean", "seq-mean-token-sum", "seq-mean
                                    "seq-mean-token-sum-norm", NULL};
 static const char *const KL_ESTS[] = {"k1", "k2", "k3", NULL};
 static const char *const SCHEDULES[] = {"constant", "cosine", NULL};
-static const char *const RULES[] = {"numeric", "math", "format", "length", "overlong", NULL};
+static const char *const RULES[] = {"numeric", "math", "exact", "countdown", "format", "length",
+                                    "overlong", NULL};
+static const char *const PG_LOSSES[] = {"clip", "gspo", "cispo", NULL};
+static const char *const CORRECTIONS[] = {"none", "tis", "mis-token", "mis-seq", NULL};
 static const char *const TASKS[] = {"", "arith", "countdown", NULL};
 static const char *const AUTO_BOOL[] = {"auto", "true", "false", NULL};
 static const char *const MODES[] = {"colocated", "split", NULL};
@@ -120,7 +124,11 @@ static const rkey KEYS[] = {
     {"algorithm", "overlong_buffer", T_INT, AT(algorithm.overlong_buffer), "0", NULL, "DAPO overlong shaping: tokens before max_new_tokens where the penalty ramps up; 0 = off."},
     {"algorithm", "overlong_penalty", T_FLOAT, AT(algorithm.overlong_penalty), "1.0", NULL, "Penalty at max_new_tokens for overlong shaping."},
     {"algorithm", "decoupled", T_BOOL, AT(algorithm.decoupled), "false", NULL, "Decoupled PPO objective for off-policy samples (behaviour log-probs)."},
-    {"algorithm", "is_cap", T_FLOAT, AT(algorithm.is_cap), "5.0", NULL, "Cap of the truncated importance weight (decoupled objective)."},
+    {"algorithm", "is_cap", T_FLOAT, AT(algorithm.is_cap), "5.0", NULL, "Cap of the truncated importance weight (decoupled objective; rollout_correction = \"tis\")."},
+    {"algorithm", "policy_loss", T_ENUM, AT(algorithm.policy_loss), "\"clip\"", PG_LOSSES, "Policy loss: \"clip\" = PPO's clipped surrogate on each token's ratio; \"gspo\" = GSPO (Zheng et al. 2025): one ratio per sequence, exp of the mean over its tokens of the log ratio, clipped to [1 - clip_low, 1 + clip_high] for the whole sequence (the paper used clip_low = 3e-4, clip_high = 4e-4, with loss_agg = \"seq-mean-token-mean\"); \"cispo\" = CISPO (MiniMax-M1, 2025): -sg(clip(ratio, 1 - clip_low, 1 + clip_high)) * advantage * log-prob on every token, no token dropped from the gradient (clip_low = 1 leaves no lower bound, as the paper). Definitions: docs/training.md, \"Policy losses and rollout corrections\"."},
+    {"algorithm", "rollout_correction", T_ENUM, AT(algorithm.rollout_correction), "\"none\"", CORRECTIONS, "Correction for the gap between the generation log-probs (behaviour) and the training engine's (proximal), ratio = exp(prox - behav): \"tis\" weights each token by min(ratio, is_cap) (the same as decoupled = true); \"mis-token\" weights by the ratio and drops tokens whose ratio is outside [rollout_is_low, rollout_is_high]; \"mis-seq\" weights every token of a sequence by the sequence's ratio (exp of the mean log ratio over its tokens) and drops whole sequences outside the range. Dropped tokens keep their place in loss_agg's denominators. \"none\": no correction (unless decoupled = true or async.max_staleness > 0, which use \"tis\"). Metrics: actor/is_weight_mean, actor/is_weight_max, actor/is_truncated_frac (tis), actor/is_masked_frac and actor/is_masked_seq_frac (mis-seq) (docs/metrics.md)."},
+    {"algorithm", "rollout_is_low", T_FLOAT, AT(algorithm.rollout_is_low), "0.5", NULL, "Masked IS (rollout_correction = \"mis-token\" / \"mis-seq\"): lowest ratio kept, in [0, 1]."},
+    {"algorithm", "rollout_is_high", T_FLOAT, AT(algorithm.rollout_is_high), "2.0", NULL, "Masked IS: highest ratio kept, >= 1."},
 
     {"train", "steps", T_INT, AT(train.steps), "100", NULL, "Training steps (policy updates)."},
     {"train", "lr", T_FLOAT, AT(train.lr), "1e-5", NULL, "Peak learning rate of the policy."},
@@ -144,9 +152,10 @@ static const rkey KEYS[] = {
     {"sft", "out", T_STR, AT(sft.out), "\"\"", NULL, "Output model directory; \"\" = <logging.dir>/sft."},
     {"sft", "warm_start", T_BOOL, AT(sft.warm_start), "false", NULL, "rlflow run: when model.path holds no model, build it by SFT of a fresh model.init_preset model on data.train responses first."},
 
-    {"reward", "rules", T_STRS, AT(reward.rules), "[\"numeric\"]", RULES, "Built-in reward rules, summed with their weights."},
+    {"reward", "rules", T_STRS, AT(reward.rules), "[\"numeric\"]", RULES, "Built-in reward rules, summed with their weights (docs/rewards.md). Not set and data.task = \"countdown\": [\"countdown\"]. A correctness rule that cannot check the task is refused: numeric, math or exact with data.task = \"countdown\" (they would reward the bare target number), countdown with data.task = \"arith\"."},
     {"reward", "weights", T_FLOATS, AT(reward.weights), "[]", NULL, "One weight per rule; [] = all 1.0."},
     {"reward", "format_regex", T_STR, AT(reward.format_regex), "\"\"", NULL, "PCRE2 pattern a response must match for the format rule."},
+    {"reward", "answer_regex", T_STR, AT(reward.answer_regex), "\"\"", NULL, "PCRE2 pattern that extracts the answer the correctness rules (numeric, math, exact, countdown) read: its last match in the response, the first capture group (the whole match when it has none), e.g. \"<answer>(.*?)</answer>\". No match: those rules score 0. \"\" = each rule's own extraction (docs/rewards.md). A pattern PCRE2 refuses is an error naming this key and PCRE2's message."},
     {"reward", "length_target", T_INT, AT(reward.length_target), "0", NULL, "Length rule: target response length in tokens."},
     {"reward", "length_penalty", T_FLOAT, AT(reward.length_penalty), "0.0", NULL, "Length rule: penalty per token away from the target."},
     {"reward", "model", T_STR, AT(reward.model), "\"\"", NULL, "Reward model directory (ForSequenceClassification); \"\" = none."},
@@ -244,6 +253,8 @@ static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RA
     {"algorithm.overlong_buffer", 0, INFINITY, 0, 1},
     {"algorithm.overlong_penalty", 0, INFINITY, 0, 1},
     {"algorithm.is_cap", 0, INFINITY, 1, 1},
+    {"algorithm.rollout_is_low", 0, 1, 0, 0},
+    {"algorithm.rollout_is_high", 1, INFINITY, 0, 1},
     {"train.steps", 0, INFINITY, 0, 1},
     {"train.lr", 0, INFINITY, 0, 1},
     {"train.warmup_steps", 0, INFINITY, 0, 1},
@@ -709,6 +720,19 @@ static rf_status apply_override(rf_recipe *r, const char *ov) {
 
 static rf_status colocated_rollout_ranks(rf_recipe *r);
 
+/* data.task = "countdown" with reward.rules left at its default: the countdown rule (the
+ * default numeric rule would reward the bare target number). */
+static rf_status task_default_rules(rf_recipe *r) {
+    if (strcmp(r->data.task, "countdown") != 0 || r->where_[key_index("reward.rules")].from != 0)
+        return RF_OK;
+    rf_str_list *l = &r->reward.rules;
+    str_list_free(l);
+    if (!(l->v = rf_calloc(1, sizeof *l->v)) || !(l->v[0] = rf_strdup("countdown")))
+        return rf_error(RF_ERR_NOMEM, "out of memory");
+    l->n = 1;
+    return RF_OK;
+}
+
 static rf_status load_steps(rf_recipe *r, const char *path, const char *const *ov, int n_ov) {
     if (path) {
         rf_toml *doc;
@@ -734,6 +758,7 @@ static rf_status load_steps(rf_recipe *r, const char *path, const char *const *o
         r->where_[ranks] = r->where_[rep];
     }
     if (rf_recipe_colocated_ranks(r)) RF_TRY(colocated_rollout_ranks(r));
+    RF_TRY(task_default_rules(r));
     return rf_recipe_validate(r);
 }
 
@@ -796,6 +821,34 @@ static rf_status validate_external(const rf_recipe *r) {
     return RF_OK;
 }
 
+/* A correctness rule must be able to check the built-in task's answers. */
+static rf_status validate_task_rules(const rf_recipe *r) {
+    int countdown = strcmp(r->data.task, "countdown") == 0, arith = strcmp(r->data.task, "arith") == 0;
+    for (int i = 0; i < r->reward.rules.n; i++) {
+        const char *rule = r->reward.rules.v[i], *why = NULL;
+        if (countdown && (!strcmp(rule, "numeric") || !strcmp(rule, "math") || !strcmp(rule, "exact")))
+            why = "it would reward the bare target number, not an expression that reaches it; use "
+                  "\"countdown\" (or leave reward.rules unset)";
+        else if (arith && !strcmp(rule, "countdown"))
+            why = "arith answers are numbers, not \"NUMBERS -> TARGET\"; use \"numeric\"";
+        if (!why) continue;
+        char where[600], rule_text[1024];
+        snprintf(rule_text, sizeof rule_text, "\"%s\" cannot check data.task = \"%s\" (%s): %s", rule,
+                 r->data.task, rf_recipe_where(r, "data.task", where, sizeof where), why);
+        return invalid(r, "reward.rules", rule_text);
+    }
+    return RF_OK;
+}
+
+/* reward.answer_regex must compile (reward/rules.c compiles it the same way at run start). */
+static rf_status validate_answer_regex(const rf_recipe *r) {
+    if (!r->reward.answer_regex[0]) return RF_OK;
+    rf_status s = rf_reward_regex_check("reward.answer_regex", r->reward.answer_regex);
+    if (s == RF_OK) return RF_OK;
+    char where[600];
+    return rf_error_wrap(s, "%s", rf_recipe_where(r, "reward.answer_regex", where, sizeof where));
+}
+
 rf_status rf_recipe_validate(const rf_recipe *r) {
     for (size_t i = 0; i < sizeof RANGES / sizeof RANGES[0]; i++) RF_TRY(check_range(r, i));
     if (r->algorithm.dual_clip != 0 && r->algorithm.dual_clip <= 1)
@@ -804,6 +857,10 @@ rf_status rf_recipe_validate(const rf_recipe *r) {
         return invalid(r, "data.task_min_digits", "must be <= data.task_max_digits");
     if (r->reward.weights.n != 0 && r->reward.weights.n != r->reward.rules.n)
         return invalid(r, "reward.weights", "needs one weight per rule in reward.rules (or none)");
+    RF_TRY(validate_task_rules(r));
+    RF_TRY(validate_answer_regex(r));
+    if (r->algorithm.rollout_is_low >= r->algorithm.rollout_is_high)
+        return invalid(r, "algorithm.rollout_is_low", "must be below algorithm.rollout_is_high");
     if (r->placement.actor.zero == 1 && r->placement.actor.dp == 1)
         return invalid(r, "placement.actor.zero", "shards the optimizer state across data-parallel "
                        "ranks and needs placement.actor.dp > 1 (with one rank it holds all of it)");

@@ -70,6 +70,9 @@ typedef struct rf_recipe {
         double overlong_penalty;
         int decoupled;
         double is_cap;
+        const char *policy_loss;        /* "clip" | "gspo" | "cispo" */
+        const char *rollout_correction; /* "none" | "tis" | "mis-token" | "mis-seq" */
+        double rollout_is_low, rollout_is_high;
     } algorithm;
     struct {
         int steps;
@@ -87,9 +90,10 @@ typedef struct rf_recipe {
         int warm_start; /* rlflow run: build a missing model.path by SFT first */
     } sft;
     struct {
-        rf_str_list rules;      /* of "numeric", "math", "format", "length", "overlong" */
+        rf_str_list rules;      /* of "numeric", "math", "exact", "countdown", "format", "length", "overlong" */
         rf_float_list weights;  /* one per rule, or empty = all 1.0 */
         char *format_regex;
+        char *answer_regex;
         int length_target;
         double length_penalty;
         char *model; /* ForSequenceClassification dir, "" = none */

@@ -369,10 +369,14 @@ void rf__update_metrics(rf_metrics *m, const rf_recipe *r, const rf_update_stats
     rf_metrics_set(m, "actor/approx_kl", a->pg.approx_kl / tok);
     rf_metrics_set(m, "actor/grad_norm", a->grad_norm);
     rf_metrics_set(m, "actor/lr", a->lr);
-    if (r->algorithm.decoupled || r->async.max_staleness > 0) {
+    if (rf__is_corrected(r)) {
+        const char *corr = r->algorithm.rollout_correction;
         rf_metrics_set(m, "actor/is_weight_mean", a->pg.is_weight / tok);
         rf_metrics_set(m, "actor/is_weight_max", a->pg.is_weight_max);
-        rf_metrics_set(m, "actor/is_truncated_frac", a->pg.is_truncated / tok);
+        if (strncmp(corr, "mis-", 4) != 0) rf_metrics_set(m, "actor/is_truncated_frac", a->pg.is_truncated / tok);
+        else rf_metrics_set(m, "actor/is_masked_frac", a->pg.is_masked / tok);
+        if (strcmp(corr, "mis-seq") == 0)
+            rf_metrics_set(m, "actor/is_masked_seq_frac", a->pg.seqs_masked / (a->pg.seqs ? a->pg.seqs : 1));
     }
     if (c) {
         rf_metrics_set(m, "critic/value_loss", c->value_loss);
@@ -381,16 +385,31 @@ void rf__update_metrics(rf_metrics *m, const rf_recipe *r, const rf_update_stats
     }
 }
 
+int rf__is_corrected(const rf_recipe *r) {
+    return r->algorithm.decoupled || r->async.max_staleness > 0 ||
+           strcmp(r->algorithm.rollout_correction, "none") != 0;
+}
+
+/* algorithm.policy_loss and algorithm.rollout_correction as the loss's enums. */
+static void pg_kinds(const rf_recipe *r, rf_pg_opts *pg) {
+    const char *k = r->algorithm.policy_loss, *c = r->algorithm.rollout_correction;
+    pg->kind = strcmp(k, "gspo") == 0 ? RF_PG_GSPO : strcmp(k, "cispo") == 0 ? RF_PG_CISPO : RF_PG_CLIP;
+    pg->corr = strcmp(c, "mis-token") == 0 ? RF_CORR_MIS_TOKEN : strcmp(c, "mis-seq") == 0 ? RF_CORR_MIS_SEQ
+                                                                                            : RF_CORR_TIS;
+    pg->is_low = (float)r->algorithm.rollout_is_low, pg->is_high = (float)r->algorithm.rollout_is_high;
+}
+
 rf_update_opts rf__update_opts(const rf_recipe *r, float kl_beta, rf_kl_est est, rf_loss_agg agg,
                                int step, int critic) {
     rf_update_opts uo = {
         .pg = {(float)r->algorithm.clip_low, (float)r->algorithm.clip_high, (float)r->algorithm.dual_clip,
-               r->algorithm.decoupled || r->async.max_staleness > 0, (float)r->algorithm.is_cap,
+               rf__is_corrected(r), (float)r->algorithm.is_cap,
                r->algorithm.kl_in_reward ? 0.0f : kl_beta, est, (float)r->algorithm.entropy_coef},
         .agg = agg, .max_resp_len = r->rollout.max_new_tokens, .epochs = r->train.ppo_epochs,
         .mini_batches = r->train.mini_batches, .micro_tokens = r->train.micro_batch_tokens,
         .inv_temp = 1.0f / (float)r->rollout.temperature, .value_clip = (float)r->algorithm.value_clip,
         .shuffle_seed = ((uint64_t)r->train.seed << 20) + (uint64_t)step * 2 + (uint64_t)critic};
+    pg_kinds(r, &uo.pg);
     uo.prox_from_forward = uo.pg.decoupled && uo.epochs == 1 && uo.mini_batches == 1;
     return uo;
 }

@@ -57,6 +57,10 @@ rf_optim_opts rf__optim_opts(const rf_recipe *r, int critic);
 
 /* Update options of the actor (critic = 0) or the critic (1) at RL step `step`; the
  * decoupled objective is on when the recipe asks or when async.max_staleness > 0. */
+/* Whether the update weights tokens by the behaviour/proximal gap: algorithm.decoupled,
+ * async.max_staleness > 0 or algorithm.rollout_correction other than "none". */
+int rf__is_corrected(const rf_recipe *r);
+
 rf_update_opts rf__update_opts(const rf_recipe *r, float kl_beta, rf_kl_est est, rf_loss_agg agg,
                                int step, int critic);
 

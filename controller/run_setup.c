@@ -33,6 +33,8 @@ rf_status rf__ensure_data(const rf_recipe *r) {
     rf_task_opts_default(&o);
     o.min_digits = r->data.task_min_digits, o.max_digits = r->data.task_max_digits;
     o.mul_percent = r->data.task_mul_percent;
+    o.n_numbers = r->data.task_n_numbers, o.max_number = r->data.task_max_number;
+    o.max_target = r->data.task_max_target;
     rf_log_info("data: generating %s into %s (%d train, %d val)", r->data.task, dir,
                 r->data.task_train, r->data.task_val);
     return rf_task_generate_opts(r->data.task, dir, r->data.task_train, r->data.task_val,
@@ -65,16 +67,47 @@ rf_status rf__load_roles(rf_run *run) {
     return RF_OK;
 }
 
+/* Whether reward.rules lists a rule that compares with the dataset's answer. */
+static int rules_need_answer(const rf_recipe *r) {
+    static const char *const need[] = {"numeric", "math", "exact", "countdown"};
+    for (int i = 0; i < r->reward.rules.n; i++)
+        for (int k = 0; k < 4; k++)
+            if (strcmp(r->reward.rules.v[i], need[k]) == 0) return 1;
+    return 0;
+}
+
+/* With the countdown rule every answer present must read "NUMBERS -> TARGET": a file made
+ * before the rule existed ("answer": "78") would otherwise score every sample 0. */
+static rf_status check_countdown_truths(const rf_recipe *r, const rf_dataset *ds, const char *path) {
+    int listed = 0;
+    for (int i = 0; i < r->reward.rules.n; i++) listed |= strcmp(r->reward.rules.v[i], "countdown") == 0;
+    for (int i = 0; listed && i < rf_dataset_size(ds); i++) {
+        const rf_example *e = rf_dataset_get(ds, i);
+        int64_t nums[64];
+        int n, target;
+        if (e->answer && !rf_countdown_truth_parse(e->answer, nums, 64, &n, &target))
+            return rf_error(RF_ERR_FORMAT, "%s:%d: \"%s\" (data.answer_key) = \"%.80s\" is not a countdown truth "
+                            "\"NUMBERS -> TARGET\" (\"3 7 25 50 -> 82\"), which the countdown rule reads; "
+                            "`rlflow data countdown` writes it (a file made by an older rlflow holds the target "
+                            "alone: delete it and the run makes it again)", path, e->line, r->data.answer_key,
+                            e->answer);
+    }
+    return RF_OK;
+}
+
 rf_status rf__load_data(rf_run *run) {
     const rf_recipe *r = run->r;
     rf_dataset_opts o = {.prompt_key = r->data.prompt_key, .answer_key = r->data.answer_key,
+                         .need_answer = rules_need_answer(r),
                          .chat_template = r->data.chat_template,
                          .max_prompt_tokens = r->data.max_prompt_tokens,
                          .no_shuffle = !r->data.shuffle, .seed = (uint64_t)r->data.seed};
     RF_TRY(rf_dataset_load(&run->train, r->data.train, &o, run->tok));
+    RF_TRY(check_countdown_truths(r, run->train, r->data.train));
     if (r->data.val[0]) {
         o.no_shuffle = 1;
         RF_TRY(rf_dataset_load(&run->val, r->data.val, &o, run->tok));
+        RF_TRY(check_countdown_truths(r, run->val, r->data.val));
     }
     return RF_OK;
 }
@@ -86,6 +119,7 @@ rf_status rf__load_rewards(rf_run *run) {
     rf_reward_rules_config c = {
         .names = (const char *const *)r->reward.rules.v, .n_names = r->reward.rules.n,
         .weights = w, .n_weights = r->reward.weights.n, .format_regex = r->reward.format_regex,
+        .answer_regex = r->reward.answer_regex,
         .length_target = r->reward.length_target, .length_penalty = (float)r->reward.length_penalty,
         .overlong_buffer = r->algorithm.overlong_buffer,
         .overlong_penalty = (float)r->algorithm.overlong_penalty,

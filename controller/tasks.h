@@ -1,15 +1,16 @@
 /* Built-in verifiable tasks: generators of train/val JSONL so that the default recipes need no
- * downloads, and the countdown answer checker that their reward rule uses.
+ * downloads. The countdown answer checker lives in reward/countdown.h.
  *
  *  "arith":     {"prompt": "47+385=", "answer": "432", "response": "432"}
  *               + and - of operands with min_digits..max_digits digits (a - b with a >= b, so
  *               results are never negative), and a share of small products (up to
  *               max_digits - 1 digits times one digit 2..9).
- *  "countdown": {"prompt": "3 7 25 50 -> 78:", "answer": "78", "response": "(50-25)*3+3",
- *               "numbers": [3, 7, 25, 50], "target": 78}
- *               reach the target with + - * / and parentheses, each number at most once; the
- *               target is made by combining all the numbers with exact integer steps, so every
- *               problem is solvable, and "response" is one solution.
+ *  "countdown": {"prompt": "3 7 25 50 -> 78:", "answer": "3 7 25 50 -> 78",
+ *               "response": "(50-25)*3+3", "numbers": [3, 7, 25, 50], "target": 78}
+ *               reach the target with + - * / and parentheses, using each number exactly once;
+ *               the target is made by combining all the numbers with exact integer steps, so
+ *               every problem is solvable, and "response" is one solution. "answer" is the
+ *               truth the countdown reward rule reads (reward/countdown.h).
  * Prompts are short on purpose: the default model reads bytes, one token per character.
  * Every line carries "response", a correct answer in the format the reward checks, for an SFT
  * warm start. See docs/data.md. */
@@ -19,6 +20,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "reward/countdown.h" /* the checker the countdown reward rule uses */
 
 /* Task knobs; rf_task_opts_default fills the defaults given after each field. */
 typedef struct rf_task_opts {
@@ -47,27 +49,5 @@ rf_status rf_task_generate_opts(const char *task, const char *out_dir, int n_tra
 /* rf_task_generate_opts with the default options. */
 rf_status rf_task_generate(const char *task, const char *out_dir, int n_train, int n_val,
                            uint64_t seed);
-
-typedef enum rf_countdown_verdict {
-    RF_COUNTDOWN_CORRECT = 0,   /* valid, and equal to the target */
-    RF_COUNTDOWN_WRONG_VALUE,   /* valid, but another value */
-    RF_COUNTDOWN_BAD_NUMBER,    /* uses a number not given, or more often than given */
-    RF_COUNTDOWN_DIV_ZERO,      /* divides by zero somewhere */
-    RF_COUNTDOWN_OVERFLOW,      /* an intermediate value does not fit 64-bit rationals */
-    RF_COUNTDOWN_MALFORMED,     /* not an expression of the grammar below (also: empty) */
-    RF_COUNTDOWN_BAD_INPUT,     /* numbers_json is not an array of non-negative integers */
-} rf_countdown_verdict;
-
-/* Checks a countdown answer. Grammar (spaces and tabs allowed between tokens):
- *   expr := term (('+' | '-') term)*    term := factor (('*' | '/') factor)*
- *   factor := NUMBER | '(' expr ')'     NUMBER := [0-9]+
- * No unary minus, no decimals, nesting at most 64 deep. Each NUMBER must match an unused entry
- * of numbers_json (a JSON array such as "[3,7,25,50]"; a number listed twice may be used twice);
- * numbers may be left unused. Arithmetic is exact over rationals (8/3*3 is 8). The first problem
- * met reading left to right decides the verdict. Pure function, thread-safe. */
-rf_countdown_verdict rf_task_countdown_check(const char *expr, const char *numbers_json, int target);
-
-/* Short name of a verdict ("correct", "wrong value", ...). */
-const char *rf_countdown_verdict_name(rf_countdown_verdict v);
 
 #endif

@@ -59,6 +59,34 @@ char *rf_reward_math_extract(const char *text);
  * removes all whitespace and a trailing period; strips thousands commas from a plain number. */
 char *rf_reward_math_normalize(const char *answer);
 
+/* The part of a response the `exact` and `countdown` rules read (without answer_regex): the
+ * content of the last "<answer>...</answer>" when a closing tag follows the last "<answer>",
+ * else the last line that is not blank; leading and trailing whitespace (space, \t, \n, \r,
+ * \v, \f) trimmed. Returns a pointer into response (or into "" when response is NULL) and its
+ * length in *len. */
+const char *rf_reward_answer_span(const char *response, size_t *len);
+
+/* 1.0 when the answer (rf_reward_answer_span) equals `truth` after normalisation, else 0.0.
+ * Normalisation, both sides: leading and trailing whitespace dropped, every run of whitespace
+ * inside made one space, ASCII letters lower-cased (other bytes compared as they are: no
+ * Unicode case folding, no punctuation or number handling: "3.0" is not "3"). An empty answer
+ * scores 0 whatever the truth; NULL truth: 0. */
+float rf_reward_exact(const char *response, const char *truth, char *info, size_t info_cap);
+
+/* 1.0 when the answer (rf_reward_answer_span) is, as a whole, a countdown expression that uses
+ * exactly the truth's numbers, each once, with + - * / and parentheses only, and equals the
+ * truth's target in exact rational arithmetic (reward/countdown.h: rf_countdown_check_nums);
+ * else 0.0 (division by zero, a bare number, a reused or missing number, "**", "=", unbalanced
+ * parentheses, overflow). `truth`: "N1 N2 ... Nk -> TARGET" (rf_countdown_truth_parse), the
+ * "answer" that `rlflow data countdown` writes; a truth that does not read so scores 0 with
+ * info saying so. */
+float rf_reward_countdown(const char *response, const char *truth, char *info, size_t info_cap);
+
+/* Compiles `pattern` with the options of rf_reward_format to check it, and frees it. Errors:
+ * RF_ERR_ARG naming `label`, the pattern, the offset and PCRE2's message:
+ * `reward.answer_regex "(": PCRE2 error at offset 1: missing closing parenthesis`. */
+rf_status rf_reward_regex_check(const char *label, const char *pattern);
+
 /* 1.0 when `pattern` (PCRE2) matches anywhere in `response`, else 0.0. The pattern is
  * compiled per call with PCRE2_DOTALL (so '.' crosses newlines), PCRE2_UTF and
  * PCRE2_MATCH_INVALID_UTF (a response cut mid-character still matches byte-safely); anchor it
@@ -80,14 +108,23 @@ float rf_reward_overlong(int len, int max_len, int buffer, float penalty_factor)
 
 #define RF_REWARD_MAX_RULES 8
 
-/* Valid rule names: "numeric", "math", "format", "length", "overlong". The caller owns every
- * pointer; rf_reward_rules_init copies what it keeps. */
+/* Valid rule names: "numeric", "math", "exact", "countdown" (the correctness rules), "format",
+ * "length", "overlong". The caller owns every pointer; rf_reward_rules_init copies what it
+ * keeps. */
 typedef struct rf_reward_rules_config {
     const char *const *names;  /* (n_names) rule names, each at most once */
     int n_names;
     const float *weights;      /* (n_weights); n_weights == 0 (or NULL): every weight is 1 */
     int n_weights;
     const char *format_regex;  /* "format": the pattern, as for rf_reward_format */
+    const char *answer_regex;  /* NULL or "": none. Else a PCRE2 pattern (options as for
+                                  rf_reward_format) whose LAST match in the response gives the
+                                  answer the correctness rules read: its first capture group
+                                  (empty when that group took no part), or the whole match when
+                                  it has no group. No match: every correctness rule scores 0.
+                                  numeric and math then read the capture as their response;
+                                  exact and countdown read the capture, trimmed, instead of
+                                  rf_reward_answer_span. The other rules see the whole response. */
     int length_target;         /* "length": target length in tokens, > 0 */
     float length_penalty;      /* "length": penalty per unit of relative deviation, >= 0 */
     int overlong_buffer;       /* "overlong": Lc, 0 < Lc <= max_new_tokens */
@@ -103,12 +140,13 @@ typedef struct rf_reward_rules rf_reward_rules;
  * RF_REWARD_MAX_RULES, a weight count that differs from the name count, a non-finite weight,
  * a bad or missing parameter of a listed rule (format without a regex or with a regex PCRE2
  * refuses; length_target <= 0; overlong buffer outside (0, max_new_tokens]; negative
- * penalties). *out is NULL on error. */
+ * penalties), an answer_regex PCRE2 refuses (rf_reward_regex_check's message, labelled
+ * "reward.answer_regex"). *out is NULL on error. */
 rf_status rf_reward_rules_init(rf_reward_rules **out, const rf_reward_rules_config *cfg);
 void rf_reward_rules_free(rf_reward_rules *r);
 
 /* reward = sum_i weight_i * rule_i(response, response_tokens, truth). accuracy (may be NULL)
- * = the raw 0/1 of the first correctness rule listed (numeric or math), NAN when none is
+ * = the raw 0/1 of the first correctness rule listed (numeric, math, exact, countdown), NAN when none is
  * listed. truth may be NULL when no correctness rule is listed (a correctness rule scores 0
  * against a NULL truth). Threads: r is read-only; PCRE2 match data is made per call.
  * Errors: RF_ERR_INTERNAL when the regex engine fails (e.g. its match limit). */

@@ -1,8 +1,11 @@
 /* Advantage estimators, loss aggregation, KL estimators, the clipped surrogate (with dual clip
- * and the decoupled off-policy weight), the value loss and the LR schedule against values
+ * and the decoupled off-policy weight), GSPO, CISPO, the rollout corrections (truncated and
+ * masked IS by token and by sequence), the value loss and the LR schedule against values
  * computed by hand from ../shared/ALGORITHMS.md; gradients of the losses against central
  * finite differences. Tolerances: float32 arithmetic on O(1) values, 1e-5. */
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "actor/losses.h"
 #include "controller/advantages.h"
@@ -146,7 +149,7 @@ static float pg1(const rf_pg_opts *o, float logp, float prox, float behav, float
 }
 
 static void surrogate(void) {
-    rf_pg_opts o = {0.2f, 0.2f, 0, 0, 5, 0, RF_KL_K3, 0};
+    rf_pg_opts o = {0.2f, 0.2f, 0, 0, 5, 0, RF_KL_K3, 0, RF_PG_CLIP, RF_CORR_TIS, 0, 0};
     float g;
     CHECK_CLOSE(pg1(&o, -1, -1, -1, 2.0f, &g, NULL), -2.0, TOL, 0); /* ratio 1: -A */
     CHECK_CLOSE(g, -2.0, TOL, 0);
@@ -175,7 +178,7 @@ static void surrogate(void) {
 static void decoupled_reduces_to_ppo(void) {
     float logp[6] = {-1, -2, -0.5f, -3, -1.2f, -0.1f}, prox[6] = {-1.1f, -1.5f, -0.5f, -2, -1.5f, -0.3f};
     float adv[6] = {1, -1, 0.5f, 2, -0.3f, 1}, w[6] = {0.2f, 0.2f, 0.2f, 0.2f, 0.2f, 0.2f}, g1[6], g2[6];
-    rf_pg_opts a = {0.2f, 0.28f, 3, 0, 5, 0, RF_KL_K3, 0}, b = a;
+    rf_pg_opts a = {0.2f, 0.28f, 3, 0, 5, 0, RF_KL_K3, 0, RF_PG_CLIP, RF_CORR_TIS, 0, 0}, b = a;
     b.decoupled = 1;
     rf_pg_stats s1 = {0}, s2 = {0};
     rf_pg_loss(&a, 6, logp, prox, NULL, NULL, NULL, adv, w, g1, NULL, &s1);
@@ -186,7 +189,7 @@ static void decoupled_reduces_to_ppo(void) {
 
 /* d loss / d logp of the full objective (surrogate + k3 KL) by central differences. */
 static void pg_gradient_fd(void) {
-    rf_pg_opts o = {0.2f, 0.28f, 3, 1, 5, 0.1f, RF_KL_K3, 0.01f};
+    rf_pg_opts o = {0.2f, 0.28f, 3, 1, 5, 0.1f, RF_KL_K3, 0.01f, RF_PG_CLIP, RF_CORR_TIS, 0, 0};
     float prox = -1.0f, behav = -1.3f, ref = -0.7f, ent = 1.3f, w = 0.5f;
     float logps[5] = {-1.5f, -1.1f, -0.95f, -0.9f, -0.3f}, advs[2] = {0.7f, -0.7f};
     for (int a = 0; a < 2; a++)
@@ -201,6 +204,159 @@ static void pg_gradient_fd(void) {
             CHECK_CLOSE(g, (sp.loss - sm.loss) / (2 * h), 2e-3, 1e-2);
             CHECK_CLOSE(gd, -0.01 * 0.5, TOL, 0);
         }
+}
+
+/* One response of n tokens through rf_pg_loss with fresh statistics; returns the loss. */
+static double pg_seq(const rf_pg_opts *o, int n, const float *logp, const float *prox, const float *behav,
+                     const float *adv, const float *w, float *g, rf_pg_stats *st) {
+    rf_pg_stats local = {0};
+    if (!st) st = &local;
+    *st = (rf_pg_stats){0};
+    rf_pg_loss(o, n, logp, prox, behav, NULL, NULL, adv, w, g, NULL, st);
+    return st->loss;
+}
+
+/* GSPO: one ratio per sequence, s = exp(mean log ratio), clipped for the whole sequence. */
+static void gspo(void) {
+    rf_pg_opts o = {0.2f, 0.2f, 0, 0, 5, 0, RF_KL_K3, 0, RF_PG_GSPO, RF_CORR_TIS, 0, 0};
+    float logp[3] = {-1.0f, -2.0f, -0.5f}, prox[3] = {-1.2f, -1.8f, -0.7f}; /* log ratios .2 -.2 .2 */
+    float adv[3] = {1.5f, 1.5f, 1.5f}, w[3] = {1 / 3.0f, 1 / 3.0f, 1 / 3.0f}, g[3];
+    double s = exp(0.2 / 3); /* 1.0689391 */
+    rf_pg_stats st;
+    /* seq-mean-token-mean over one sequence: loss -s*A; d/dlogp_t = -A * s / 3 */
+    CHECK_CLOSE(pg_seq(&o, 3, logp, prox, NULL, adv, w, g, &st), -1.5 * s, TOL, 0);
+    for (int t = 0; t < 3; t++) CHECK_CLOSE(g[t], -1.5 * s / 3, TOL, 0);
+    CHECK(st.clipped == 0);
+    /* clip_high 0.05: s > 1.05 with A > 0 clips the whole sequence, the token whose own ratio
+     * (exp(-0.2) = 0.82) is inside the range included; the token clip would keep that one */
+    o.clip_high = 0.05f;
+    CHECK_CLOSE(pg_seq(&o, 3, logp, prox, NULL, adv, w, g, &st), -1.5 * 1.05, TOL, 0);
+    for (int t = 0; t < 3; t++) CHECK(g[t] == 0.0f);
+    CHECK(st.clipped == 3);
+    o.kind = RF_PG_CLIP;
+    pg_seq(&o, 3, logp, prox, NULL, adv, w, g, &st);
+    CHECK(g[0] == 0.0f && g[2] == 0.0f && fabsf(g[1] - (float)(-1.5 * exp(-0.2) / 3)) < TOL);
+    /* A < 0: min(s*A, 1.05*A) = s*A, unclipped */
+    o.kind = RF_PG_GSPO;
+    float neg[3] = {-1.5f, -1.5f, -1.5f};
+    CHECK_CLOSE(pg_seq(&o, 3, logp, prox, NULL, neg, w, g, &st), 1.5 * s, TOL, 0);
+    for (int t = 0; t < 3; t++) CHECK_CLOSE(g[t], 1.5 * s / 3, TOL, 0);
+}
+
+/* GSPO's gradient against central differences of its loss, under token-mean and
+ * seq-mean-token-mean weights, with and without clipping. */
+static void gspo_gradient_fd(void) {
+    rf_pg_opts o = {0.2f, 0.28f, 0, 0, 5, 0, RF_KL_K3, 0, RF_PG_GSPO, RF_CORR_TIS, 0, 0};
+    float logp[4] = {-0.7f, -1.9f, -0.2f, -1.1f}, prox[4] = {-0.9f, -1.6f, -0.25f, -1.3f};
+    float wm[4] = {0.25f, 0.25f, 0.25f, 0.25f}, wt[4] = {0.1f, 0.1f, 0.1f, 0.1f};
+    float advs[3] = {0.8f, -0.6f, 0.8f};
+    for (int k = 0; k < 3; k++) {
+        if (k == 2) o.clip_high = 0.01f; /* s = exp(0.0375) = 1.038 > 1.01: clipped, gradient 0 */
+        float adv[4] = {advs[k], advs[k], advs[k], advs[k]};
+        for (int which = 0; which < 2; which++) {
+            const float *w = which ? wt : wm;
+            float g[4], dummy[4], h = 1e-3f;
+            pg_seq(&o, 4, logp, prox, NULL, adv, w, g, NULL);
+            for (int t = 0; t < 4; t++) {
+                float lp[4];
+                memcpy(lp, logp, sizeof lp);
+                lp[t] = logp[t] + h;
+                double up = pg_seq(&o, 4, lp, prox, NULL, adv, w, dummy, NULL);
+                lp[t] = logp[t] - h;
+                double dn = pg_seq(&o, 4, lp, prox, NULL, adv, w, dummy, NULL);
+                CHECK_CLOSE(g[t], (up - dn) / (2 * h), 2e-3, 1e-2);
+            }
+        }
+    }
+}
+
+/* CISPO: -sg(clip(ratio)) * A * logp; the clipped weight never drops a token. */
+static void cispo(void) {
+    rf_pg_opts o = {0.2f, 0.28f, 0, 0, 5, 0, RF_KL_K3, 0, RF_PG_CISPO, RF_CORR_TIS, 0, 0};
+    float g;
+    rf_pg_stats st;
+    float lp = -1.0f, prox = -1.0f - logf(1.5f), adv = 2.0f, w = 1.0f; /* ratio 1.5 */
+    CHECK_CLOSE(pg_seq(&o, 1, &lp, &prox, NULL, &adv, &w, &g, &st), -1.28 * 2 * -1.0, TOL, 0);
+    CHECK_CLOSE(g, -1.28 * 2, TOL, 0); /* the clip objective drops this token: gradient 0 */
+    CHECK(st.clipped == 1);
+    o.kind = RF_PG_CLIP;
+    pg_seq(&o, 1, &lp, &prox, NULL, &adv, &w, &g, NULL);
+    CHECK(g == 0.0f);
+    o.kind = RF_PG_CISPO;
+    prox = -1.0f + logf(2.0f), adv = -1.0f; /* ratio 0.5 */
+    CHECK_CLOSE(pg_seq(&o, 1, &lp, &prox, NULL, &adv, &w, &g, &st), -0.8 * -1 * -1, TOL, 0);
+    CHECK_CLOSE(g, 0.8, TOL, 0);
+    o.clip_low = 1.0f; /* no lower bound, as MiniMax-M1 */
+    pg_seq(&o, 1, &lp, &prox, NULL, &adv, &w, &g, &st);
+    CHECK_CLOSE(g, 0.5, TOL, 0);
+    CHECK(st.clipped == 0);
+    /* inside the range the weight is the ratio: -ratio * A, and a weight w scales it */
+    prox = -1.1f, adv = 0.5f, w = 0.25f;
+    CHECK_CLOSE(pg_seq(&o, 1, &lp, &prox, NULL, &adv, &w, &g, &st), 0.25 * -exp(0.1) * 0.5 * -1.0, TOL, 0);
+    CHECK_CLOSE(g, 0.25 * -exp(0.1) * 0.5, TOL, 0);
+    /* gradient = the derivative with the weight held (stop-gradient): move logp and prox
+     * together so that the ratio, and so the weight, stays put */
+    float lps[3] = {-2.0f, -0.4f, -1.0f}, proxs[3] = {-1.0f, -0.9f, -1.3f}; /* ratios e^-1, e^.5, e^.3 */
+    o.clip_low = 0.2f;
+    for (int i = 0; i < 3; i++) {
+        float h = 1e-3f, a = 0.7f, g0, d, up_lp = lps[i] + h, up_px = proxs[i] + h, dn_lp = lps[i] - h,
+              dn_px = proxs[i] - h;
+        pg_seq(&o, 1, &lps[i], &proxs[i], NULL, &a, &w, &g0, NULL);
+        double up = pg_seq(&o, 1, &up_lp, &up_px, NULL, &a, &w, &d, NULL);
+        double dn = pg_seq(&o, 1, &dn_lp, &dn_px, NULL, &a, &w, &d, NULL);
+        CHECK_CLOSE(g0, (up - dn) / (2 * h), 1e-3, 1e-2);
+    }
+}
+
+/* Rollout corrections on w = exp(prox - behav): truncated IS, masked IS by token and by
+ * sequence; with ratio 1 (logp = prox) and A = 1 each token's loss is -weight. */
+static void rollout_corrections(void) {
+    rf_pg_opts o = {0.2f, 0.2f, 0, 1, 2.0f, 0, RF_KL_K3, 0, RF_PG_CLIP, RF_CORR_TIS, 0.5f, 2.0f};
+    float lp[4] = {-1, -1, -1, -1}, behav[4], adv[4] = {1, 1, 1, 1}, w[4] = {1, 1, 1, 1}, g[4];
+    float want_w[4] = {0.4f, 1.0f, 2.5f, 1.5f};
+    for (int t = 0; t < 4; t++) behav[t] = -1.0f - logf(want_w[t]);
+    rf_pg_stats st;
+    /* tis: min(w, 2) = .4 1 2 1.5 */
+    CHECK_CLOSE(pg_seq(&o, 4, lp, lp, behav, adv, w, g, &st), -(0.4 + 1 + 2 + 1.5), TOL, 0);
+    CHECK_CLOSE(g[2], -2.0, TOL, 0);
+    CHECK(st.is_truncated == 1 && st.is_masked == 0);
+    CHECK_CLOSE(st.is_weight_max, 2.0, TOL, 0);
+    /* mis-token, [0.5, 2]: 0.4 and 2.5 are dropped, the others weighted by w */
+    o.corr = RF_CORR_MIS_TOKEN;
+    CHECK_CLOSE(pg_seq(&o, 4, lp, lp, behav, adv, w, g, &st), -(1.0 + 1.5), TOL, 0);
+    CHECK(g[0] == 0.0f && g[2] == 0.0f);
+    CHECK_CLOSE(g[1], -1.0, TOL, 0);
+    CHECK_CLOSE(g[3], -1.5, TOL, 0);
+    CHECK(st.is_masked == 2 && st.is_truncated == 0 && st.seqs == 1 && st.seqs_masked == 0);
+    /* mis-seq: the sequence's weight exp(mean log w) = (.4 * 1 * 2.5)^(1/3) = 1 is inside, so
+     * every token is kept with weight 1 though two tokens' own weights are outside */
+    o.corr = RF_CORR_MIS_SEQ;
+    float b3[3] = {behav[0], behav[1], behav[2]};
+    CHECK_CLOSE(pg_seq(&o, 3, lp, lp, b3, adv, w, g, &st), -3.0, TOL, 0);
+    for (int t = 0; t < 3; t++) CHECK_CLOSE(g[t], -1.0, TOL, 0);
+    CHECK(st.is_masked == 0 && st.seqs_masked == 0);
+    /* a sequence at weight 3 everywhere is dropped whole */
+    float b3x[3] = {-1 - logf(3), -1 - logf(3), -1 - logf(3)};
+    CHECK(pg_seq(&o, 3, lp, lp, b3x, adv, w, g, &st) == 0.0);
+    CHECK(g[0] == 0.0f && g[1] == 0.0f && g[2] == 0.0f);
+    CHECK(st.is_masked == 3 && st.seqs_masked == 1 && st.seqs == 1);
+    /* weight 1.5 everywhere: kept, each token weighted 1.5 */
+    float b15[3] = {-1 - logf(1.5f), -1 - logf(1.5f), -1 - logf(1.5f)};
+    CHECK_CLOSE(pg_seq(&o, 3, lp, lp, b15, adv, w, g, &st), -4.5, TOL, 0);
+    /* the weights are constants: the gradient still matches finite differences (mis-token on
+     * the clip objective, ratios away from the clip kinks) */
+    o.corr = RF_CORR_MIS_TOKEN;
+    float lq[4] = {-0.9f, -1.05f, -1.1f, -0.95f}, advq[4] = {0.6f, -0.4f, 1.1f, -0.8f}, dummy[4];
+    pg_seq(&o, 4, lq, lp, behav, advq, w, g, NULL);
+    for (int t = 0; t < 4; t++) {
+        float x[4], h = 1e-3f;
+        memcpy(x, lq, sizeof x);
+        x[t] = lq[t] + h;
+        double up = pg_seq(&o, 4, x, lp, behav, advq, w, dummy, NULL);
+        x[t] = lq[t] - h;
+        double dn = pg_seq(&o, 4, x, lp, behav, advq, w, dummy, NULL);
+        CHECK_CLOSE(g[t], (up - dn) / (2 * h), 2e-3, 1e-2);
+    }
 }
 
 static void value_loss(void) {
@@ -232,6 +388,10 @@ int main(void) {
     surrogate();
     decoupled_reduces_to_ppo();
     pg_gradient_fd();
+    gspo();
+    gspo_gradient_fd();
+    cispo();
+    rollout_corrections();
     value_loss();
     schedule();
     return rf_test_finish("test_algorithms");

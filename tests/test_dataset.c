@@ -12,6 +12,7 @@
 #include "controller/dataset.h"
 #include "controller/tasks.h"
 #include "model/byte_tokenizer.h"
+#include "reward/reward.h"
 #include "model/tokenizer.h"
 #include "test_util.h"
 
@@ -134,6 +135,31 @@ static void test_errors(void) {
     rf_dataset_opts lim = {.max_prompt_tokens = 4};
     const char *path = write_tmp("ok.jsonl", "{\"prompt\": \"a\"}\n");
     CHECK_ERR(rf_dataset_load(&ds, path, &lim, NULL), RF_ERR_ARG, "max_prompt_tokens needs a tokenizer");
+}
+
+/* need_answer: a file where no example has data.answer_key is an error naming the key, the file
+ * and the fields the first example has; a few missing are counted (and logged). */
+static void test_missing_answers(void) {
+    char needle[800];
+    rf_dataset_opts need = {.need_answer = 1};
+    snprintf(needle, sizeof needle, "%s/bad.jsonl: no example has the field \"answer\" (data.answer_key) that the "
+             "reward rules compare with; line 2 has \"prompt\", \"id\", \"solution\"", g_dir);
+    expect_error("\n{\"prompt\": \"a\", \"id\": 1, \"solution\": \"4\"}\n{\"prompt\": \"b\", \"solution\": \"5\"}\n",
+                 &need, RF_ERR_FORMAT, needle);
+    rf_dataset_opts need_t = {.need_answer = 1, .answer_key = "target"};
+    snprintf(needle, sizeof needle, "%s/bad.jsonl: no example has the field \"target\" (data.answer_key) that the "
+             "reward rules compare with; line 1 has \"prompt\", \"response\", \"answer\"", g_dir);
+    expect_error("{\"prompt\": \"a\", \"answer\": \"4\", \"response\": \"4\"}\n", &need_t, RF_ERR_FORMAT, needle);
+    const char *path = write_tmp("some.jsonl", "{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\"}\n"
+                                               "{\"prompt\": \"c\", \"answer\": 3}\n{\"prompt\": \"d\"}\n");
+    rf_dataset *ds = NULL;
+    CHECK_OK(rf_dataset_load(&ds, path, &need, g_tok));
+    CHECK(ds && rf_dataset_size(ds) == 4 && rf_dataset_n_missing_answer(ds) == 2);
+    rf_dataset_free(ds);
+    /* without need_answer the same files load (SFT, a reward model), and the count is kept */
+    CHECK_OK(rf_dataset_load(&ds, write_tmp("none.jsonl", "{\"prompt\": \"a\"}\n"), NULL, g_tok));
+    CHECK(ds && rf_dataset_n_missing_answer(ds) == 1);
+    rf_dataset_free(ds);
 }
 
 static void test_chat_template(void) {
@@ -335,15 +361,17 @@ static int countdown_ok(const rf_example *e) {
     if (!cJSON_IsArray(nums) || !cJSON_IsNumber(t) || cJSON_GetArraySize(nums) != 3) return 0;
     char *js = cJSON_PrintUnformatted(nums), want[64], prompt[96];
     int ok = rf_task_countdown_check(e->response, js, t->valueint) == RF_COUNTDOWN_CORRECT;
-    snprintf(want, sizeof want, "%d", t->valueint);
-    ok &= strcmp(e->answer, want) == 0 && t->valueint >= 1 && t->valueint <= 200;
-    /* the prompt lists the numbers, ascending, then the target */
+    ok &= t->valueint >= 1 && t->valueint <= 200;
+    /* the prompt lists the numbers, ascending, then the target; the answer is the same truth
+     * the countdown rule reads ("3 7 25 -> 78"), and the rule scores the response 1 */
     size_t len = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, nums) len += (size_t)snprintf(prompt + len, sizeof prompt - len, "%s%d",
                                                          len ? " " : "", it->valueint);
     snprintf(prompt + len, sizeof prompt - len, " -> %d:", t->valueint);
     ok &= strcmp(e->prompt_text, prompt) == 0;
+    snprintf(want, sizeof want, "%.*s", (int)strlen(prompt) - 1, prompt);
+    ok &= strcmp(e->answer, want) == 0 && rf_reward_countdown(e->response, e->answer, NULL, 0) == 1.0f;
     free(js);
     return ok;
 }
@@ -423,13 +451,15 @@ static void test_countdown_check(void) {
     const char *nums = "[3, 7, 25, 50]";
     CHECK(rf_task_countdown_check("(50-25)*3+7", nums, 82) == RF_COUNTDOWN_CORRECT);
     CHECK(rf_task_countdown_check(" ( 50 - 25 ) * 3 + 7 ", nums, 82) == RF_COUNTDOWN_CORRECT);
-    CHECK(rf_task_countdown_check("50+25", nums, 75) == RF_COUNTDOWN_CORRECT); /* subset allowed */
+    CHECK(rf_task_countdown_check("50+25", nums, 75) == RF_COUNTDOWN_UNUSED_NUMBER); /* every number, once */
+    CHECK(rf_task_countdown_check("50+25+7-3", nums, 79) == RF_COUNTDOWN_CORRECT);
+    CHECK(rf_task_countdown_check("50+25", nums, 74) == RF_COUNTDOWN_UNUSED_NUMBER); /* wins over the value */
     CHECK(rf_task_countdown_check("50/3*3", nums, 50) == RF_COUNTDOWN_BAD_NUMBER); /* 3 twice */
     CHECK(rf_task_countdown_check("50/3*3", "[3, 3, 50]", 50) == RF_COUNTDOWN_CORRECT); /* exact: no truncation */
     CHECK(rf_task_countdown_check("7/3", "[3, 7]", 2) == RF_COUNTDOWN_WRONG_VALUE); /* 7/3 is not 2 */
-    CHECK(rf_task_countdown_check("3-7+50", nums, 46) == RF_COUNTDOWN_CORRECT); /* negative on the way */
-    CHECK(rf_task_countdown_check("50-25-7", nums, 18) == RF_COUNTDOWN_CORRECT); /* left associative */
-    CHECK(rf_task_countdown_check("50-(25-7)", nums, 32) == RF_COUNTDOWN_CORRECT);
+    CHECK(rf_task_countdown_check("3-7+50", "[3,7,50]", 46) == RF_COUNTDOWN_CORRECT); /* negative on the way */
+    CHECK(rf_task_countdown_check("50-25-7", "[7,25,50]", 18) == RF_COUNTDOWN_CORRECT); /* left associative */
+    CHECK(rf_task_countdown_check("50-(25-7)", "[7,25,50]", 32) == RF_COUNTDOWN_CORRECT);
     CHECK(rf_task_countdown_check("50/25/3", "[3,25,50]", 0) == RF_COUNTDOWN_WRONG_VALUE);
     CHECK(rf_task_countdown_check("(50-25)*3+7", nums, 81) == RF_COUNTDOWN_WRONG_VALUE);
     CHECK(rf_task_countdown_check("50+50", nums, 100) == RF_COUNTDOWN_BAD_NUMBER);
@@ -452,7 +482,7 @@ static void test_countdown_check(void) {
     strcat(deep, "3");
     for (int i = 0; i < 100; i++) strcat(deep, ")");
     CHECK(rf_task_countdown_check(deep, nums, 3) == RF_COUNTDOWN_MALFORMED); /* nesting bound */
-    CHECK(rf_task_countdown_check("((((3))))", nums, 3) == RF_COUNTDOWN_CORRECT);
+    CHECK(rf_task_countdown_check("((((3))))", "[3]", 3) == RF_COUNTDOWN_CORRECT);
     CHECK(rf_task_countdown_check("3000000000*3000000000*3000000000", "[3000000000,3000000000,3000000000]", 1) ==
           RF_COUNTDOWN_OVERFLOW);
     CHECK(rf_task_countdown_check("3+7", "not json", 10) == RF_COUNTDOWN_BAD_INPUT);
@@ -477,6 +507,7 @@ int main(void) {
     test_resume();
     test_tasks();
     test_countdown_check();
+    test_missing_answers();
     rf_tokenizer_free(g_tok);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);

@@ -147,7 +147,7 @@ static void wrong_types(void) {
                ":2:17: rollout.free_kv_cache: \"yes\" is not allowed (allowed: \"auto\", \"on\", \"off\")");
     load_fails("[reward]\nrules = [\"numeric\", \"vibes\"]\n", NULL, 0, RF_ERR_ARG,
                ":2:21: reward.rules: \"vibes\" is not allowed (allowed: \"numeric\", \"math\", "
-               "\"format\", \"length\", \"overlong\")");
+               "\"exact\", \"countdown\", \"format\", \"length\", \"overlong\")");
     load_fails("[model]\npath = models/x\n", NULL, 0, RF_ERR_FORMAT,
                ":2:8: invalid value \"models/x\" (strings must be quoted)");
     const char *ov[] = {"algorithm.kl_coef=abc"};
@@ -418,6 +418,51 @@ static char *dump_text(const rf_recipe *r) {
     return o;
 }
 
+/* The built-in task decides the default correctness rule; a rule that cannot check the task is
+ * refused naming both keys; answer_regex and the new algorithm keys are checked at load. */
+static void task_rules_and_new_keys(void) {
+    rf_recipe r;
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[data]\ntask = \"countdown\"\n"), NULL, 0));
+    CHECK(r.reward.rules.n == 1 && strcmp(r.reward.rules.v[0], "countdown") == 0);
+    rf_recipe_free(&r);
+    const char *ov[] = {"data.task=countdown"};
+    CHECK_OK(rf_recipe_load(&r, NULL, ov, 1)); /* --set chooses too */
+    CHECK(r.reward.rules.n == 1 && strcmp(r.reward.rules.v[0], "countdown") == 0);
+    rf_recipe_free(&r);
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[data]\ntask = \"countdown\"\n[reward]\nrules = [\"countdown\", \"format\"]\n"
+                                            "format_regex = \"x\"\n"), NULL, 0));
+    CHECK(r.reward.rules.n == 2 && strcmp(r.reward.rules.v[1], "format") == 0);
+    rf_recipe_free(&r);
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[data]\ntask = \"arith\"\n"), NULL, 0));
+    CHECK(r.reward.rules.n == 1 && strcmp(r.reward.rules.v[0], "numeric") == 0);
+    CHECK(strcmp(r.algorithm.policy_loss, "clip") == 0 && strcmp(r.algorithm.rollout_correction, "none") == 0);
+    CHECK(r.algorithm.rollout_is_low == 0.5 && r.algorithm.rollout_is_high == 2.0 && !r.reward.answer_regex[0]);
+    rf_recipe_free(&r);
+    const char *path = recipe_file("[data]\ntask = \"countdown\"\n[reward]\nrules = [\"numeric\"]\n");
+    char want[1024];
+    snprintf(want, sizeof want, "%s:4:1: reward.rules = [\"numeric\"]: \"numeric\" cannot check data.task = "
+             "\"countdown\" (%s:2:1): it would reward the bare target number, not an expression that reaches "
+             "it; use \"countdown\" (or leave reward.rules unset)", path, path);
+    CHECK_ERR(rf_recipe_load(&r, path, NULL, 0), RF_ERR_ARG, want);
+    load_fails("[data]\ntask = \"countdown\"\n[reward]\nrules = [\"format\", \"exact\"]\nformat_regex = \"x\"\n",
+               NULL, 0, RF_ERR_ARG, "\"exact\" cannot check data.task = \"countdown\"");
+    const char *ov2[] = {"reward.rules=[\"math\"]"};
+    load_fails("[data]\ntask = \"countdown\"\n", ov2, 1, RF_ERR_ARG,
+               "--set: reward.rules = [\"math\"]: \"math\" cannot check data.task = \"countdown\"");
+    load_fails("[data]\ntask = \"arith\"\n[reward]\nrules = [\"countdown\"]\n", NULL, 0, RF_ERR_ARG,
+               ":4:1: reward.rules = [\"countdown\"]: \"countdown\" cannot check data.task = \"arith\" (");
+    load_fails("[reward]\nanswer_regex = \"<answer>(.*\"\n", NULL, 0, RF_ERR_ARG,
+               ":2:1: reward.answer_regex \"<answer>(.*\": PCRE2 error at offset 11: missing closing parenthesis");
+    load_fails("[algorithm]\npolicy_loss = \"ppo\"\n", NULL, 0, RF_ERR_ARG,
+               ":2:15: algorithm.policy_loss: \"ppo\" is not allowed (allowed: \"clip\", \"gspo\", \"cispo\")");
+    load_fails("[algorithm]\nrollout_correction = \"is\"\n", NULL, 0, RF_ERR_ARG,
+               "(allowed: \"none\", \"tis\", \"mis-token\", \"mis-seq\")");
+    load_fails("[algorithm]\nrollout_is_low = 1.0\nrollout_is_high = 1.0\n", NULL, 0, RF_ERR_ARG,
+               ":2:1: algorithm.rollout_is_low = 1.0: must be below algorithm.rollout_is_high");
+    load_fails("[algorithm]\nrollout_is_high = 0.9\n", NULL, 0, RF_ERR_ARG,
+               ":2:1: algorithm.rollout_is_high = 0.9: must be >= 1");
+}
+
 static void dump_round_trip(void) {
     const char *ov[] = {"model.path=dir with \"quotes\" \\ and \xc3\xa9",
                         "rollout.stop=[\"\\n\", \"\\t\\u0001\", \"</s>\"]",
@@ -487,6 +532,7 @@ int main(int argc, char **argv) {
     impossible_values();
     unimplemented_options();
     parallel_layouts();
+    task_rules_and_new_keys();
     dump_round_trip();
     docs_are_current();
     if (tmp_path[0]) unlink(tmp_path);

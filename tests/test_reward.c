@@ -119,6 +119,69 @@ static const rule_case math_cases[] = {
     {"\\boxed{\\$5}", "5", 1},
 };
 
+/* countdown: truth "3 7 25 50 -> 82" unless said; adversarial answers first */
+static const rule_case countdown_cases[] = {
+    {"(50-25)*3+7", "3 7 25 50 -> 82", 1},
+    {" ( 50 - 25 ) * 3 + 7 ", "3 7 25 50 -> 82", 1},
+    {"82", "3 7 25 50 -> 82", 0},                          /* bare target */
+    {"The answer is 82", "3 7 25 50 -> 82", 0},
+    {"50+25+7", "3 7 25 50 -> 82", 0},                     /* = 82, but 3 is missing */
+    {"50+25+7+3-3", "3 7 25 50 -> 82", 0},                 /* 3 reused */
+    {"(50-25)*3+7+0", "3 7 25 50 -> 82", 0},               /* a number not given */
+    {"(50-25)*3+7*1", "3 7 25 50 -> 82", 0},
+    {"(50-25)**3+7", "3 7 25 50 -> 82", 0},                /* other operators */
+    {"(50-25)^3+7", "3 7 25 50 -> 82", 0},
+    {"(50-25)x3+7", "3 7 25 50 -> 82", 0},
+    {"(50-25)\xC3\x97" "3+7", "3 7 25 50 -> 82", 0},       /* U+00D7 multiplication sign */
+    {"(50-25)%3+7", "3 7 25 50 -> 82", 0},
+    {"(50-25)*3+7=82", "3 7 25 50 -> 82", 0},              /* the whole answer must be the expression */
+    {"(50-25)*3+7.0", "3 7 25 50 -> 82", 0},
+    {"-3+(50-25)+7+53", "3 7 25 50 -> 82", 0},             /* no unary minus */
+    {"((50-25)*3+7", "3 7 25 50 -> 82", 0},                /* unbalanced */
+    {"(50-25)*3+7)", "3 7 25 50 -> 82", 0},
+    {"(50-25*3+7", "3 7 25 50 -> 82", 0},
+    {"99999999999999999999999*3+7-25-50", "3 7 25 50 -> 82", 0}, /* huge numbers */
+    {"9223372036854775807*2", "2 9223372036854775807 -> 1", 0},
+    {"3000000000*3000000000*3000000000", "3000000000 3000000000 3000000000 -> 1", 0}, /* overflow */
+    {"50/(25-25)*3+7", "3 7 25 25 50 -> 7", 0},            /* division by zero */
+    {"", "3 7 25 50 -> 82", 0},
+    {"(50-25)*3+7", "3 7 25 50 -> 81", 0},                 /* wrong value */
+    {"8/(3/24)", "3 8 24 -> 64", 1},                       /* 3/24 = 1/8 on the way */
+    {"5*(5-1/5)", "1 5 5 5 -> 24", 1},                     /* 24 through 24/5 */
+    {"7/2", "2 7 -> 3", 0},                                /* 3.5: no truncating division */
+    {"7/2*2", "2 2 7 -> 7", 1},
+    {"50/3*3", "3 3 50 -> 50", 1},                         /* a number listed twice, used twice */
+    {"(50-25)*3+7", "[3, 7, 25, 50] -> 82", 1},            /* truth forms */
+    {"(50-25)*3+7", "3,7,25,50->82", 1},
+    {"(50-25)*3+7", "82", 0},                              /* a truth without numbers */
+    {"(50-25)*3+7", "3 7 25 50 -> ", 0},
+    {"(50-25)*3+7", NULL, 0},
+    {"Let me see.\n<answer>(50-25)*3+7</answer>", "3 7 25 50 -> 82", 1},   /* the answer tag */
+    {"<answer>82</answer>", "3 7 25 50 -> 82", 0},
+    {"<answer>(50-25)*3+7</answer> or 82", "3 7 25 50 -> 82", 1},
+    {"<answer>1+2</answer><answer>(50-25)*3+7</answer>", "3 7 25 50 -> 82", 1}, /* the last tag */
+    {"I try 50+25.\n(50-25)*3+7\n\n", "3 7 25 50 -> 82", 1},  /* the last line */
+    {"(50-25)*3+7\nso 82", "3 7 25 50 -> 82", 0},
+};
+
+/* exact: trim, collapse whitespace, ASCII case folded */
+static const rule_case exact_cases[] = {
+    {"Paris", "Paris", 1},
+    {"paris", "PARIS", 1},
+    {"  New   York \t", "new york", 1},
+    {"<answer> New\n York </answer>", "New York", 1},
+    {"I think\nParis\n", "Paris", 1},                      /* the last line */
+    {"Paris\nI think", "Paris", 0},
+    {"Paris.", "Paris", 0},                                /* punctuation kept */
+    {"3.0", "3", 0},                                       /* no number handling */
+    {"NewYork", "New York", 0},
+    {"\xC3\x89" "cole", "\xC3\xA9" "cole", 0},             /* no Unicode folding */
+    {"\xC3\xA9" "cole", "\xC3\xA9" "cole", 1},
+    {"", "", 0},                                           /* empty answers earn nothing */
+    {"   \n ", "", 0},
+    {"Paris", NULL, 0},
+};
+
 static void test_table(const char *rule, const rule_case *cases, int n,
                        float (*fn)(const char *, const char *, char *, size_t)) {
     for (int i = 0; i < n; i++) {
@@ -265,7 +328,7 @@ static void test_validation(void) {
     const char *bad[] = {"math", "exact_match"};
     rf_reward_rules_config c = base_config(bad, 2, NULL, 0);
     CHECK_ERR(rf_reward_rules_init(&r, &c), RF_ERR_ARG, "\"exact_match\" is unknown");
-    CHECK_ERR(rf_reward_rules_init(&r, &c), RF_ERR_ARG, "numeric, math, format, length, overlong");
+    CHECK_ERR(rf_reward_rules_init(&r, &c), RF_ERR_ARG, "numeric, math, exact, countdown, format, length, overlong");
     CHECK(r == NULL);
     const char *two[] = {"math", "format"};
     const float w1[] = {1.0f};
@@ -311,6 +374,78 @@ typedef struct thread_arg {
     const rf_reward_rules *r;
     int bad;
 } thread_arg;
+
+/* answer_regex: the last match's first group (or the whole match) is what the correctness rules
+ * read; no match scores 0; the other rules see the whole response. */
+static void test_answer_regex(void) {
+    const char *names[] = {"numeric", "format"};
+    rf_reward_rules_config c = base_config(names, 2, NULL, 0);
+    c.answer_regex = "<answer>(.*?)</answer>";
+    rf_reward_rules *r;
+    float rew, acc;
+    char info[512];
+    CHECK_OK(rf_reward_rules_init(&r, &c));
+    /* without the regex, numeric would read the last number, 9 */
+    CHECK_OK(rf_reward_rules_explain(r, "I guess 5 <answer>7</answer> then 9", 10, "7", &rew, &acc, info, sizeof info));
+    CHECK(rew == 2.0f && acc == 1.0f);
+    CHECK_OK(rf_reward_rules_score(r, "<answer>1</answer> no, <answer>7</answer>", 10, "7", &rew, &acc));
+    CHECK(rew == 2.0f && acc == 1.0f); /* the last match */
+    CHECK_OK(rf_reward_rules_explain(r, "7 <answer>7", 10, "7", &rew, &acc, info, sizeof info));
+    CHECK(rew == 0.0f && acc == 0.0f && strstr(info, "numeric=0 [answer_regex: no match]"));
+    rf_reward_rules_free(r);
+
+    const char *ex[] = {"exact", "countdown"};
+    c = base_config(ex, 1, NULL, 0);
+    c.answer_regex = "Final: ([^\n]*)";
+    CHECK_OK(rf_reward_rules_init(&r, &c));
+    CHECK_OK(rf_reward_rules_score(r, "Final: x\nFinal:   New  York  \nbye", 10, "new york", &rew, &acc));
+    CHECK(rew == 1.0f && acc == 1.0f);
+    CHECK_OK(rf_reward_rules_score(r, "New York", 10, "new york", &rew, &acc));
+    CHECK(rew == 0.0f);
+    rf_reward_rules_free(r);
+    c = base_config(ex + 1, 1, NULL, 0);
+    c.answer_regex = "=\\s*([-+*/() 0-9]+)$";
+    CHECK_OK(rf_reward_rules_init(&r, &c));
+    CHECK_OK(rf_reward_rules_score(r, "so it is = (50-25)*3+7", 10, "3 7 25 50 -> 82", &rew, &acc));
+    CHECK(rew == 1.0f && acc == 1.0f);
+    rf_reward_rules_free(r);
+
+    /* no group: the whole match; empty matches step over UTF-8 characters and end */
+    const char *num[] = {"numeric"};
+    c = base_config(num, 1, NULL, 0);
+    c.answer_regex = "\\d+(?=!)";
+    CHECK_OK(rf_reward_rules_init(&r, &c));
+    CHECK_OK(rf_reward_rules_score(r, "3 then 4! then 5", 10, "4", &rew, &acc));
+    CHECK(rew == 1.0f);
+    rf_reward_rules_free(r);
+    c.answer_regex = "\\d*";
+    CHECK_OK(rf_reward_rules_init(&r, &c));
+    CHECK_OK(rf_reward_rules_explain(r, "\xC3\xA9" "12\xC3\xA9", 10, "12", &rew, &acc, info, sizeof info));
+    CHECK(rew == 0.0f); /* the last match is the empty one at the end */
+    c.answer_regex = "(x)?(\\d+)";
+    rf_reward_rules_free(r);
+    CHECK_OK(rf_reward_rules_init(&r, &c));
+    CHECK_OK(rf_reward_rules_explain(r, "12", 10, "12", &rew, &acc, info, sizeof info));
+    CHECK(rew == 0.0f && strstr(info, "numeric=0")); /* group 1 took no part: empty answer */
+    rf_reward_rules_free(r);
+    c.answer_regex = "<answer>(.*";
+    r = (rf_reward_rules *)1;
+    CHECK_ERR(rf_reward_rules_init(&r, &c), RF_ERR_ARG,
+              "reward.answer_regex \"<answer>(.*\": PCRE2 error at offset 11: missing closing parenthesis");
+    CHECK(r == NULL);
+    CHECK_ERR(rf_reward_regex_check("reward.answer_regex", "a{2,1}"), RF_ERR_ARG,
+              "reward.answer_regex \"a{2,1}\": PCRE2 error at offset 5: numbers out of order in {} quantifier");
+    CHECK_OK(rf_reward_regex_check("reward.answer_regex", "(a)"));
+
+    /* the countdown rule through the rules object: accuracy, and the explanation */
+    const char *cd[] = {"countdown", "format"};
+    c = base_config(cd, 2, NULL, 0);
+    CHECK_OK(rf_reward_rules_init(&r, &c));
+    CHECK_OK(rf_reward_rules_explain(r, "<answer>50+25+7</answer>", 10, "3 7 25 50 -> 82", &rew, &acc, info, sizeof info));
+    CHECK(rew == 1.0f && acc == 0.0f);
+    CHECK(strstr(info, "countdown=0 [\"50+25+7\": a given number is not used (target 82)]"));
+    rf_reward_rules_free(r);
+}
 
 static void *score_thread(void *p) {
     thread_arg *a = p;
@@ -451,6 +586,10 @@ int main(void) {
     test_table("numeric", numeric_cases, (int)(sizeof numeric_cases / sizeof *numeric_cases),
                rf_reward_numeric);
     test_table("math", math_cases, (int)(sizeof math_cases / sizeof *math_cases), rf_reward_math);
+    test_table("countdown", countdown_cases, (int)(sizeof countdown_cases / sizeof *countdown_cases),
+               rf_reward_countdown);
+    test_table("exact", exact_cases, (int)(sizeof exact_cases / sizeof *exact_cases), rf_reward_exact);
+    test_answer_regex();
     test_info_strings();
     test_math_helpers();
     test_format();

@@ -64,6 +64,39 @@ static void rises(const char *algo) {
     CHECK(b > a + 0.08);
 }
 
+/* The policy losses and rollout corrections run end to end: GSPO with masked IS by sequence and
+ * CISPO with masked IS by token each raise the reward as GRPO's clip does, and log what the
+ * correction did. On the CPU the generation and training log-probs come from the same kernels,
+ * so the weights sit at 1 and nothing is dropped in [0.5, 2]; truncated IS with is_cap 0.5
+ * truncates every token to 0.5, which the metrics must say. */
+static void losses_and_corrections(void) {
+    static const char *const runs[][3] = {{"gspo", "mis-seq", "gspo"}, {"cispo", "mis-token", "cispo"}};
+    for (int i = 0; i < 2; i++) {
+        char *out;
+        int rc = rf_test_sh(&out, "cd %s && %s run r.toml --set algorithm.policy_loss=%s "
+                            "--set algorithm.rollout_correction=%s --set logging.dir=%s/%s", dir, rlflow,
+                            runs[i][0], runs[i][1], dir, runs[i][2]);
+        CHECK(rc == 0);
+        if (rc) fprintf(stderr, "%s\n", out);
+        free(out);
+        double a = mean_reward(runs[i][2], 1, 20), b = mean_reward(runs[i][2], 101, 120);
+        printf("%s + %s: mean reward steps 1-20 %.3f, steps 101-120 %.3f\n", runs[i][0], runs[i][1], a, b);
+        CHECK(b > a + 0.08);
+        CHECK(rf_test_metric(dir, runs[i][2], 10, "actor/is_masked_frac") == 0.0);
+        CHECK(fabs(rf_test_metric(dir, runs[i][2], 10, "actor/is_weight_mean") - 1.0) < 1e-3);
+        CHECK(isnan(rf_test_metric(dir, runs[i][2], 10, "actor/is_truncated_frac")));
+    }
+    CHECK(rf_test_metric(dir, "gspo", 10, "actor/is_masked_seq_frac") == 0.0);
+    CHECK(isnan(rf_test_metric(dir, "cispo", 10, "actor/is_masked_seq_frac")));
+    char *out;
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=3 --set algorithm.rollout_correction=tis "
+                     "--set algorithm.is_cap=0.5 --set logging.dir=%s/truncated", dir, rlflow, dir) == 0);
+    free(out);
+    CHECK(rf_test_metric(dir, "truncated", 2, "actor/is_truncated_frac") == 1.0);
+    CHECK(fabs(rf_test_metric(dir, "truncated", 2, "actor/is_weight_mean") - 0.5) < 1e-6);
+    CHECK(isnan(rf_test_metric(dir, "truncated", 2, "actor/is_masked_frac")));
+}
+
 static void resume(void) {
     char *out;
     CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=40 --set logging.val_every=20 --set logging.dir=%s/full", dir, rlflow, dir) == 0);
@@ -156,6 +189,17 @@ static void bad_recipes(void) {
     CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set logging.dir=%s/none --resume", dir, rlflow, dir) == 1);
     CHECK(strstr(out, "no checkpoint to resume from") != NULL);
     free(out);
+    /* a countdown file whose answers are the target alone (as older rlflow wrote them) */
+    CHECK(rf_test_sh(NULL, "printf '%%s\\n' '{\"prompt\": \"3 5 -> 8:\", \"answer\": \"3 5 -> 8\"}' "
+                     "'{\"prompt\": \"2 7 -> 14:\", \"answer\": \"14\"}' > %s/cd.jsonl", dir) == 0);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set data.task=countdown --set data.train=%s/cd.jsonl "
+                     "--set data.val= --set logging.dir=%s/cd", dir, rlflow, dir, dir) == 1);
+    char want[600];
+    snprintf(want, sizeof want, "%s/cd.jsonl:2: \"answer\" (data.answer_key) = \"14\" is not a countdown truth "
+             "\"NUMBERS -> TARGET\" (\"3 7 25 50 -> 82\"), which the countdown rule reads", dir);
+    CHECK(out && strstr(out, want) != NULL);
+    if (out && !strstr(out, want)) fprintf(stderr, "%s\n", out);
+    free(out);
 }
 
 int main(void) {
@@ -169,6 +213,7 @@ int main(void) {
     write_recipe();
     rises("grpo");
     rises("ppo");
+    losses_and_corrections();
     resume();
     external_program();
     token_rewards();
