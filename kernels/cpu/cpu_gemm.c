@@ -10,7 +10,10 @@
  *    (transposes, M, N, K, leading dimensions, alpha, beta, precision), created on first use
  *    and kept in a small hash table; alpha is an output scale, beta = 1 a sum post-op.
  *  - the nested path (inside a parallel region, where attention's per-head products run): the
- *    thread-safe dnnl_sgemm, single-threaded there, with no shared state.
+ *    thread-safe dnnl_sgemm, single-threaded there, with no shared state. These stay fp32 in
+ *    bf16 mode: attention's forward (shared with decoding) is fp32 loops, and its backward
+ *    must differentiate that same function; attention's share of the FLOPs is small at the
+ *    sequence lengths RL trains on.
  *
  * bf16 (rf_cpu_gemm_set_precision): operands are rounded to bf16 (round to nearest even) and
  * products accumulate in fp32. Activations are converted at each call; weights (the B operand
@@ -275,10 +278,11 @@ static void stored(int t, int rows, int cols, int *sr, int *sc) {
     *sc = t ? rows : cols;
 }
 
-/* The nested path: dnnl_sgemm on fp32 operands (bf16-rounded copies in bf16 mode). */
+/* dnnl_sgemm on fp32 operands, or on bf16-rounded copies of them when round is set (the
+ * fallback of a bf16 product without a primitive). */
 static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                        int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    if (g_prec == RF_PRECISION_BF16) {
+                        int lda, const float *B, int ldb, float beta, float *C, int ldc, int round) {
+    if (round) {
         int ar, ac, br, bc;
         stored(ta, M, K, &ar, &ac);
         stored(tb, K, N, &br, &bc);
@@ -359,8 +363,8 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
         return;
     }
-    if (omp_in_parallel()) {
-        gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (omp_in_parallel()) { /* attention's per-head products: fp32 in both modes (the top) */
+        gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
         return;
     }
     float *xr = M <= GEMV_MAX_M && !ta && tb && b_weight ? tls_buf(0, sizeof(float) * (size_t)M * K) : NULL;
@@ -402,7 +406,7 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
     pthread_mutex_unlock(&g_lock);
     if (!ok) { /* no primitive for this shape (or no memory): oneDNN's sgemm, same numbers */
         if (bf16) {
-            gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1);
         } else {
             dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         }
