@@ -135,6 +135,9 @@ static const rf_kernels *mock_kernels(int device) {
     if (g_device < 0) {
         g_table = *rf_cpu_kernels();
         g_table.name = "cuda";
+        /* precision: the CPU back end's (bf16 too), so that a run on the stand-in computes
+         * exactly what the same run on the CPU does; the real CUDA back end refuses bf16 and
+         * model.precision = "auto" falls back to fp32 there (kernels/precision.c) */
         g_table.alloc = dev_alloc, g_table.free = dev_free, g_table.mem_info = dev_mem_info;
         g_device = device;
     }
