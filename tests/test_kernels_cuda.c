@@ -369,7 +369,7 @@ static void cross_bf16_weight_cache(int T, int C, int OC) {
             for (size_t i = 0; i < nw; i++) w[i] = -w[i] + 0.5f;
             g_gpu->to_device(d_w, w, FB(nw));
         } else if (round == 2) {
-            g_gpu->adamw(d_w, d_g, d_m, d_v, nw, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1);
+            g_gpu->adamw(d_w, d_g, d_m, d_v, nw, 0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1.0f);
             g_gpu->to_host(w, d_w, FB(nw));
         } else if (round == 3) {
             g_gpu->copy(d_w, d_g, FB(nw));
