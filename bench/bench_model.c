@@ -640,6 +640,7 @@ static void bench_decode(rf_model *m, int B, const bench_opts *o, const hw_basel
 
 int main(int argc, char **argv) {
     bench_opts o;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each line as soon as it is measured (runs are long) */
     parse_opts(&o, argc, argv);
     const rf_kernels *k = o.profile ? timed_kernels() : rf_cpu_kernels();
     if (k->set_precision(o.precision) != RF_OK) {
