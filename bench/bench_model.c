@@ -29,7 +29,7 @@
  * parameters); qwen0.5b the shape of Qwen2.5-0.5B (494 M parameters) with random weights. */
 #include <cblas.h>
 #include <omp.h>
-#include <oneapi/dnnl/dnnl.h>
+#include <dnnl.h> /* rlflow_core links oneDNN (kernels/cpu/cpu_gemm.c) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,8 +383,8 @@ static void t_emb_b(float *dw, const float *d, const int32_t *t, int T, int C) {
     TIMED(OP_EMB_B, 0, base_k->embedding_backward(dw, d, t, T, C));
 }
 static void t_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
-                    float b2, float e, float wd, int s) {
-    TIMED(OP_ADAMW, 0, base_k->adamw(p, g, m, v, n, lr, b1, b2, e, wd, s));
+                    float b2, float e, float wd, int s, float gs) {
+    TIMED(OP_ADAMW, 0, base_k->adamw(p, g, m, v, n, lr, b1, b2, e, wd, s, gs));
 }
 static void t_patt(float *o, const float *q, const float *kp, const float *vp, const int32_t *qo,
                    const int32_t *bt, int mb, const int32_t *kl, int n, int bs, int H, int KVH, int D) {
