@@ -547,9 +547,10 @@ static void bench_adamw(rf_model *m, const bench_opts *o, const hw_baseline *hw)
         if (i > 0 && el < best) best = el;
     }
     double bytes = 32.0 * m->n_params, gbs = bytes / best / 1e9;
-    printf("{\"bench\":\"adamw\",\"config\":\"%s\",\"params\":%zu,\"seconds\":%.4f,\"bytes\":%.0f,"
+    printf("{\"bench\":\"adamw\",\"config\":\"%s\",\"precision\":\"%s\",\"params\":%zu,\"seconds\":%.4f,\"bytes\":%.0f,"
            "\"gb_per_s\":%.2f,\"dram_copy_gb_per_s\":%.2f,\"fraction_of_copy_bw\":%.3f}\n",
-           o->config, m->n_params, best, bytes, gbs, hw->dram_copy, gbs / hw->dram_copy);
+           o->config, prec_name(o->precision), m->n_params, best, bytes, gbs, hw->dram_copy,
+           gbs / hw->dram_copy);
 }
 
 static void bench_prefill(rf_model *m, const bench_opts *o, const hw_baseline *hw) {

@@ -10,6 +10,7 @@ tokens/s (and GB/s for adamw), its fraction of the hardware peak of the same run
 figure and rlflow's speed-up over it.
 """
 import json
+import os
 import sys
 
 
@@ -20,6 +21,9 @@ def key(r):
 def load(paths):
     best, hw = {}, {}
     for p in paths:
+        if not os.path.exists(p):
+            print(f"side_by_side_table: {p}: no such file", file=sys.stderr)
+            continue
         for line in open(p):
             line = line.strip()
             if not line.startswith("{"):
@@ -51,10 +55,10 @@ def fmt_row(best, k):
     frac = rl.get("fraction_of_read_bw") if k[2] == "decode" and k[3] == 1 else \
         rl.get("fraction_of_copy_bw", rl.get("fraction_of_peak"))
     cells = [f"{k[0]} {k[1]}", k[2] + (f" b{k[3]}" if k[3] else ""),
-             f"{speed(rl):.1f} {unit}", f"{frac:.2f}" if frac is not None else "-"]
+             f"{speed(rl):.3g} {unit}", f"{frac:.2f}" if frac is not None else "-"]
     for impl in ("torch_eager", "torch_compile", "hf_generate", "torch"):
         t = best.get(k + (impl,))
-        cells.append(f"{speed(t):.1f} ({speed(rl) / speed(t):.2f}x)" if t else "-")
+        cells.append(f"{speed(t):.3g} ({speed(rl) / speed(t):.2f}x)" if t else "-")
     return "| " + " | ".join(cells) + " |"
 
 

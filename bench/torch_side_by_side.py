@@ -147,7 +147,7 @@ def bench_adamw(model, opt, a):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     best = best_of(step, 2 if a.quick else 5)
-    emit(bench="adamw", impl="torch", config=a.config, params=n, seconds=round(best, 4),
+    emit(bench="adamw", impl="torch", config=a.config, precision=a.precision, params=n, seconds=round(best, 4),
          bytes=32 * n, gb_per_s=round(32 * n / best / 1e9, 2))
 
 
