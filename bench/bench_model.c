@@ -84,6 +84,12 @@ static void parse_opts(bench_opts *o, int argc, char **argv) {
             usage_exit(msg);
         }
     }
+    for (const char *p = o->only; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+        static const char *names[] = {"train", "prefill", "decode1", "decode32", "adamw"};
+        size_t n = strcspn(p, ","), ok = 0;
+        for (int i = 0; i < 5; i++) ok |= strlen(names[i]) == n && strncmp(p, names[i], n) == 0;
+        if (!ok) usage_exit("--only takes train, prefill, decode1, decode32, adamw");
+    }
     if (strcmp(o->config, "small") == 0) o->B = 8, o->L = 256;
     else if (strcmp(o->config, "qwen0.5b") == 0) o->B = 2, o->L = 256; /* ~10 GB in training */
     else usage_exit("--config must be small or qwen0.5b");
