@@ -8,7 +8,8 @@
  *  - model_fp32 / model_bf16: bench_model's train step (8 x 256 tokens), prefill (8 x 256) and
  *    decode (batch 1 and 32) of the 25M model in each precision, GFLOP/s with the fraction of
  *    the best matmul GFLOP/s of that precision measured above on the MLP shape (2048x1408x512).
- * Best of several repetitions (the machine may be shared). Usage: bench_matmul [--quick] */
+ * Best of several repetitions (the machine may be shared).
+ * Usage: bench_matmul [--quick] [--no-model] (--no-model: the products and AdamW only) */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,11 +199,21 @@ static void bench_model(const rf_kernels *k, rf_precision p, int quick) {
 }
 
 int main(int argc, char **argv) {
-    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    int quick = 0, model = 1;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) quick = 1;
+        else if (strcmp(argv[i], "--no-model") == 0) model = 0;
+        else {
+            fprintf(stderr, "bench_matmul: unknown option \"%s\" (known: --quick, --no-model)\n", argv[i]);
+            return 2;
+        }
+    }
     const rf_kernels *k = rf_cpu_kernels();
     bench_shapes(k, quick);
     bench_adamw(k, quick);
-    bench_model(k, RF_PRECISION_FP32, quick);
-    bench_model(k, RF_PRECISION_BF16, quick);
+    if (model) {
+        bench_model(k, RF_PRECISION_FP32, quick);
+        bench_model(k, RF_PRECISION_BF16, quick);
+    }
     return 0;
 }

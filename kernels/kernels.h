@@ -1,5 +1,5 @@
 /* The kernel interface: every tensor operation the model uses, with one signature shared by
- * the CPU reference back end (kernels/cpu/, OpenBLAS + OpenMP) and the CUDA back end
+ * the CPU reference back end (kernels/cpu/, oneDNN + OpenMP) and the CUDA back end
  * (kernels/cuda/, cuBLAS + hand-written kernels).
  *
  * A back end is an rf_kernels table of function pointers (the ggml {iface} idea). Model code
@@ -7,7 +7,8 @@
  * tests run every op on every back end present and compare with the CPU one.
  *
  * Conventions for all ops:
- *  - fp32 everywhere; all pointers are in the back end's memory (host for CPU, device for
+ *  - fp32 everywhere in memory (set_precision may make matrix products round their operands to
+ *    bf16, accumulating in fp32); all pointers are in the back end's memory (host for CPU, device for
  *    CUDA). Shapes in comments are row-major, last dimension contiguous.
  *  - Linear weights use the Hugging Face layout (out_features, in_features): y = x W^T + b.
  *  - Packed variable-length batches: `cu_seqlens` (n_seq + 1) holds token offsets; sequence s

@@ -131,6 +131,17 @@ static void errors(void) {
     CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --temperature 0", rlflow, dir) == 1);
     CHECK(strstr(out, "temperature must be > 0") != NULL);
     free(out);
+    /* --precision: any other value refused naming the option, on each command that has it */
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --precision fp16", rlflow, dir) == 1);
+    CHECK(strstr(out, "--precision = \"fp16\": expected \"auto\", \"fp32\" or \"bf16\"") != NULL);
+    free(out);
+    CHECK(rf_test_sh(&out, "%s score --model %s/tiny --prompt x --response y --precision bf8", rlflow, dir) == 1);
+    CHECK(strstr(out, "--precision = \"bf8\": expected \"auto\", \"fp32\" or \"bf16\"") != NULL);
+    free(out);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --precision bf16 --greedy --max-new-tokens 2", rlflow,
+                     dir) == 0);
+    CHECK(strstr(out, "precision: bf16 (--precision)") != NULL);
+    free(out);
     CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --device tpu", rlflow, dir) == 1);
     CHECK(strstr(out, "--device: expected \"cpu\" or \"cuda\"") != NULL);
     free(out);

@@ -315,22 +315,53 @@ static void gemv_rows(int M, int N, int K, float alpha, const float *A, int lda,
     for (int t = 0; t < M; t++)
         for (int c = 0; c < K; c++)
             xr[(size_t)t * K + c] = Wb ? bf16_round(A[(size_t)t * lda + c]) : A[(size_t)t * lda + c];
+    size_t ld = Wb ? (size_t)K : (size_t)ldw;
+    /* four output columns at a time: four independent accumulator chains, so that the loop is
+     * bound by loads and FMA throughput, not by one chain's FMA latency */
 #pragma omp parallel for schedule(static) if ((size_t)N * K > 65536)
-    for (int o = 0; o < N; o++) {
+    for (int o0 = 0; o0 < N; o0 += 4) {
+        int nr = N - o0 < 4 ? N - o0 : 4;
         for (int t = 0; t < M; t++) {
             const float *x = xr + (size_t)t * K;
-            float s = 0.0f;
-            if (Wb) {
-                const uint16_t *w = Wb + (size_t)o * K;
-#pragma omp simd reduction(+ : s)
-                for (int c = 0; c < K; c++) s += x[c] * bf16_to_f32(w[c]);
+            float s[4] = {0, 0, 0, 0};
+            if (nr == 4) {
+                float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+                if (Wb) {
+                    const uint16_t *w0 = Wb + (size_t)o0 * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+                    for (int c = 0; c < K; c++) {
+                        float xc = x[c];
+                        a0 += xc * bf16_to_f32(w0[c]), a1 += xc * bf16_to_f32(w1[c]);
+                        a2 += xc * bf16_to_f32(w2[c]), a3 += xc * bf16_to_f32(w3[c]);
+                    }
+                } else {
+                    const float *w0 = W + (size_t)o0 * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+                    for (int c = 0; c < K; c++) {
+                        float xc = x[c];
+                        a0 += xc * w0[c], a1 += xc * w1[c], a2 += xc * w2[c], a3 += xc * w3[c];
+                    }
+                }
+                s[0] = a0, s[1] = a1, s[2] = a2, s[3] = a3;
             } else {
-                const float *w = W + (size_t)o * ldw;
-#pragma omp simd reduction(+ : s)
-                for (int c = 0; c < K; c++) s += x[c] * w[c];
+                for (int r = 0; r < nr; r++) {
+                    float a = 0;
+                    if (Wb) {
+                        const uint16_t *w = Wb + (size_t)(o0 + r) * ld;
+#pragma omp simd reduction(+ : a)
+                        for (int c = 0; c < K; c++) a += x[c] * bf16_to_f32(w[c]);
+                    } else {
+                        const float *w = W + (size_t)(o0 + r) * ld;
+#pragma omp simd reduction(+ : a)
+                        for (int c = 0; c < K; c++) a += x[c] * w[c];
+                    }
+                    s[r] = a;
+                }
             }
-            float *cp = C + (size_t)t * ldc + o;
-            *cp = alpha * s + (beta == 0.0f ? 0.0f : beta * *cp);
+            for (int r = 0; r < nr; r++) {
+                float *cp = C + (size_t)t * ldc + o0 + r;
+                *cp = alpha * s[r] + (beta == 0.0f ? 0.0f : beta * *cp);
+            }
         }
     }
 }
