@@ -1,154 +1,669 @@
-/* Benchmarks of the compute core on the CPU back end, printed as JSON lines:
- *  - sgemm_peak: OpenBLAS sgemm GFLOP/s on the model's largest matmul shape (the baseline);
- *  - train_step: forward + log-probs + backward of a ~25M-parameter model on 8 x 256 tokens,
- *    tokens/s, GFLOP/s and the fraction of the sgemm peak;
- *  - prefill: tokens/s of KV-cache prefill of 8 x 256-token prompts;
- *  - decode: tokens/s of KV-cache decoding at batch 1 and 32.
- * Usage: bench_model [--quick] */
+/* Benchmarks of the compute core on the CPU back end against the hardware, printed as JSON lines.
+ *
+ * Baselines, measured in the same run (the machine, not a library's idea of it):
+ *  - matmul_peak: the best matrix product available on the model's largest training shape
+ *    (T, F, C) (MLP up-projection): oneDNN f32, oneDNN bf16 (bf16 operands, f32 result; weights
+ *    in oneDNN's preferred layout, reordered once) and OpenBLAS sgemm beside them for reference
+ *    (the line "sgemm_peak", as before). The fp32 peak is the best f32 product; the bf16 peak
+ *    the best of all of them (a bf16 run could always do its products in f32).
+ *  - memory: copy bandwidth over buffers much larger than the last-level cache (DRAM) and over
+ *    buffers that fit in it (in cache), and read-only bandwidth over the DRAM buffer, all with
+ *    OMP_NUM_THREADS threads (the line "memcpy", as before).
+ * Figures, each with its fraction of the matching peak:
+ *  - train_step: forward + log-probs + backward + optimizer step (gradient-norm clipping and
+ *    AdamW, trainer/optim.c) of B x L tokens; FLOPs 6 N + causal attention per token (PaLM's
+ *    MFU convention, rf_model_train_flops_per_token); against the fp32 or bf16 peak;
+ *  - prefill: B x L prompt tokens into the KV cache; 2 x (layer matmul weights) per token, the
+ *    LM head on each prompt's last token, causal attention;
+ *  - decode: KV-cache decoding at batch 1 (weights streamed once per step: against the read
+ *    and copy bandwidth of DRAM when the weights exceed the last-level cache, of the cache when
+ *    they fit; both are printed) and batch 32 (against the peak);
+ *  - adamw: rf_optim_step alone (norm, clipping, AdamW), GB/s of its minimal traffic (the
+ *    gradients read once for the norm, then parameters, gradients and both moments read and
+ *    parameters and moments written: 8 x 4 bytes per parameter) against the DRAM copy.
+ *  - op (with --profile): time per kernel op over one training step, prefill and decode, from a
+ *    timed copy of the back end's table.
+ * Usage: bench_model [--quick] [--config small|qwen0.5b] [--precision fp32|bf16] [--profile]
+ *                    [--only LIST] (LIST: comma-separated train,prefill,decode1,decode32,adamw)
+ * Threads: OMP_NUM_THREADS. small is the 25m preset (C=512, 6 layers, vocab 16384, 26 M
+ * parameters); qwen0.5b the shape of Qwen2.5-0.5B (494 M parameters) with random weights. */
 #include <cblas.h>
+#include <omp.h>
+#include <dnnl.h> /* rlflow_core links oneDNN (kernels/cpu/cpu_gemm.c) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/rng.h"
 #include "common/util.h"
 #include "model/model.h"
+#include "trainer/optim.h"
 
-static double sgemm_peak(int M, int N, int K, int reps) {
+/* ---------------------------------------------------------------- options ---- */
+
+typedef struct bench_opts {
+    int quick, profile;
+    const char *config;    /* "small" or "qwen0.5b" */
+    rf_precision precision;
+    const char *only;      /* NULL = every figure */
+    int B, L;              /* training and prefill batch: B sequences of L tokens */
+} bench_opts;
+
+static int wanted(const bench_opts *o, const char *name) {
+    if (!o->only) return 1;
+    size_t n = strlen(name);
+    for (const char *p = o->only; (p = strstr(p, name)); p += n)
+        if ((p == o->only || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) return 1;
+    return 0;
+}
+
+static void usage_exit(const char *msg) {
+    fprintf(stderr, "bench_model: %s\nusage: bench_model [--quick] [--config small|qwen0.5b] "
+            "[--precision fp32|bf16] [--profile] [--only train,prefill,decode1,decode32,adamw]\n", msg);
+    exit(2);
+}
+
+static void parse_opts(bench_opts *o, int argc, char **argv) {
+    memset(o, 0, sizeof *o);
+    o->config = "small";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--quick") == 0) o->quick = 1;
+        else if (strcmp(a, "--profile") == 0) o->profile = 1;
+        else if (strcmp(a, "--config") == 0 && val) o->config = val, i++;
+        else if (strcmp(a, "--only") == 0 && val) o->only = val, i++;
+        else if (strcmp(a, "--precision") == 0 && val) {
+            if (strcmp(val, "fp32") == 0) o->precision = RF_PRECISION_FP32;
+            else if (strcmp(val, "bf16") == 0) o->precision = RF_PRECISION_BF16;
+            else usage_exit("--precision must be fp32 or bf16");
+            i++;
+        } else {
+            char msg[256];
+            snprintf(msg, sizeof msg, "unknown or incomplete option \"%s\"", a);
+            usage_exit(msg);
+        }
+    }
+    for (const char *p = o->only; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+        static const char *names[] = {"train", "prefill", "decode1", "decode32", "adamw"};
+        size_t n = strcspn(p, ","), ok = 0;
+        for (int i = 0; i < 5; i++) ok |= strlen(names[i]) == n && strncmp(p, names[i], n) == 0;
+        if (!ok) usage_exit("--only takes train, prefill, decode1, decode32, adamw");
+    }
+    if (strcmp(o->config, "small") == 0) o->B = 8, o->L = 256;
+    else if (strcmp(o->config, "qwen0.5b") == 0) o->B = 2, o->L = 256; /* ~10 GB in training */
+    else usage_exit("--config must be small or qwen0.5b");
+}
+
+/* The model of --config, random weights (std 0.02 like transformers' init). */
+static rf_model *bench_model(const bench_opts *o, const rf_kernels *k) {
+    rf_model_config c;
+    if (strcmp(o->config, "small") == 0) {
+        RF_ASSERT(rf_config_preset(&c, "25m", 16384) == RF_OK);
+    } else { /* Qwen/Qwen2.5-0.5B's config.json */
+        RF_ASSERT(rf_config_preset(&c, "25m", 151936) == RF_OK);
+        c.hidden_size = 896, c.intermediate_size = 4864, c.num_hidden_layers = 24;
+        c.num_attention_heads = 14, c.num_key_value_heads = 2, c.head_dim = 64;
+        c.rope_theta = 1000000.0f, c.max_position_embeddings = 32768;
+    }
+    rf_model *m;
+    RF_ASSERT(rf_model_init(&m, &c, k) == RF_OK);
+    rf_model_init_random(m, 1, 0.02f);
+    return m;
+}
+
+/* ------------------------------------------------------ hardware baselines ---- */
+
+typedef struct hw_baseline {
+    double blas_f32, dnnl_f32, dnnl_bf16; /* GFLOP/s on (M, N, K); 0 = unavailable */
+    double peak_f32, peak_bf16;           /* best f32 product; best product of any kind */
+    double dram_copy, cache_copy, dram_read; /* GB/s (copy: read + write bytes) */
+    size_t llc_bytes;
+} hw_baseline;
+
+static double gflops_of(int M, int N, int K, double s) { return 2.0 * M * N * K / s / 1e9; }
+
+static double blas_peak(int M, int N, int K, int reps) {
     float *a = calloc((size_t)M * K, 4), *b = calloc((size_t)N * K, 4), *c = calloc((size_t)M * N, 4);
     for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (float)(i % 7) * 0.01f;
     for (size_t i = 0; i < (size_t)N * K; i++) b[i] = (float)(i % 5) * 0.01f;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, a, K, b, K, 0, c, N);
     double best = 0;
-    for (int r = 0; r < reps; r++) {
+    for (int r = 0; r <= reps; r++) { /* the first run warms up */
         double t = rf_time_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, a, K, b, K, 0, c, N);
-        double g = 2.0 * M * N * K / (rf_time_now() - t) / 1e9;
-        best = g > best ? g : best;
+        double g = gflops_of(M, N, K, rf_time_now() - t);
+        if (r > 0 && g > best) best = g;
     }
     free(a), free(b), free(c);
     return best;
 }
 
-/* memcpy bandwidth over 256 MB (read + write counted), GB/s: the roofline of batch-1 decoding,
- * which streams every weight once per token. */
-static double memcpy_bw(void) {
-    size_t n = 256u << 20;
+#define DNNL_OK(x) RF_ASSERT((x) == dnnl_success)
+
+/* Fills a dnnl memory of n elements of type dt with small values (bf16: the top half of f32). */
+static void dnnl_fill(dnnl_memory_t mem, size_t n, dnnl_data_type_t dt, int mod) {
+    void *p;
+    DNNL_OK(dnnl_memory_get_data_handle(mem, &p));
+    for (size_t i = 0; i < n; i++) {
+        float f = (float)(i % mod) * 0.01f;
+        if (dt == dnnl_f32) {
+            ((float *)p)[i] = f;
+        } else {
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+        }
+    }
+}
+
+/* oneDNN matmul (M, K) x (K, N) -> (M, N) f32 with operands of type dt, weights given as
+ * (N, K) row-major (the model's layout) and reordered once into the layout oneDNN picks.
+ * Best GFLOP/s of reps runs; the implementation's name goes to impl (cap bytes). */
+static double dnnl_peak(int M, int N, int K, dnnl_data_type_t dt, int reps, char *impl, size_t cap) {
+    dnnl_engine_t eng;
+    dnnl_stream_t st;
+    DNNL_OK(dnnl_engine_create(&eng, dnnl_cpu, 0));
+    DNNL_OK(dnnl_stream_create(&st, eng, dnnl_stream_default_flags));
+    dnnl_memory_desc_t a_md, w_any, w_user, c_md;
+    dnnl_dims_t ad = {M, K}, wd = {K, N}, cd = {M, N};
+    DNNL_OK(dnnl_memory_desc_init_by_tag(&a_md, 2, ad, dt, dnnl_ab));
+    DNNL_OK(dnnl_memory_desc_init_by_tag(&w_any, 2, wd, dt, dnnl_format_tag_any));
+    DNNL_OK(dnnl_memory_desc_init_by_tag(&w_user, 2, wd, dt, dnnl_ba));
+    DNNL_OK(dnnl_memory_desc_init_by_tag(&c_md, 2, cd, dnnl_f32, dnnl_ab));
+    dnnl_matmul_desc_t mm;
+    DNNL_OK(dnnl_matmul_desc_init(&mm, &a_md, &w_any, NULL, &c_md));
+    dnnl_primitive_desc_t pd;
+    if (dnnl_primitive_desc_create(&pd, &mm, NULL, eng, NULL) != dnnl_success) {
+        snprintf(impl, cap, "unavailable");
+        dnnl_stream_destroy(st), dnnl_engine_destroy(eng);
+        return 0;
+    }
+    const char *name = "?";
+    dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name);
+    snprintf(impl, cap, "%s", name);
+    const dnnl_memory_desc_t *w_md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    dnnl_memory_t a, wu, w, c;
+    DNNL_OK(dnnl_memory_create(&a, &a_md, eng, DNNL_MEMORY_ALLOCATE));
+    DNNL_OK(dnnl_memory_create(&wu, &w_user, eng, DNNL_MEMORY_ALLOCATE));
+    DNNL_OK(dnnl_memory_create(&w, w_md, eng, DNNL_MEMORY_ALLOCATE));
+    DNNL_OK(dnnl_memory_create(&c, &c_md, eng, DNNL_MEMORY_ALLOCATE));
+    dnnl_fill(a, (size_t)M * K, dt, 7), dnnl_fill(wu, (size_t)N * K, dt, 5);
+    dnnl_primitive_desc_t rpd; /* the weights' reorder, once (as a model would per update) */
+    dnnl_primitive_t reorder, prim;
+    DNNL_OK(dnnl_reorder_primitive_desc_create(&rpd, &w_user, eng, w_md, eng, NULL));
+    DNNL_OK(dnnl_primitive_create(&reorder, rpd));
+    dnnl_exec_arg_t rargs[2] = {{DNNL_ARG_FROM, wu}, {DNNL_ARG_TO, w}};
+    DNNL_OK(dnnl_primitive_execute(reorder, st, 2, rargs));
+    DNNL_OK(dnnl_primitive_create(&prim, pd));
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, c}};
+    double best = 0;
+    for (int r = 0; r <= reps; r++) {
+        double t = rf_time_now();
+        DNNL_OK(dnnl_primitive_execute(prim, st, 3, args));
+        DNNL_OK(dnnl_stream_wait(st));
+        double g = gflops_of(M, N, K, rf_time_now() - t);
+        if (r > 0 && g > best) best = g;
+    }
+    dnnl_primitive_destroy(prim), dnnl_primitive_destroy(reorder);
+    dnnl_primitive_desc_destroy(rpd), dnnl_primitive_desc_destroy(pd);
+    dnnl_memory_destroy(a), dnnl_memory_destroy(wu), dnnl_memory_destroy(w), dnnl_memory_destroy(c);
+    dnnl_stream_destroy(st), dnnl_engine_destroy(eng);
+    return best;
+}
+
+/* Bytes of the last-level cache: sysfs (what lscpu shows), else sysconf (which reads CPUID and
+ * under some hypervisors says ten times too much), else 32 MiB. */
+static size_t llc_bytes(void) {
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    unsigned kb = 0;
+    if (f) {
+        if (fscanf(f, "%uK", &kb) != 1) kb = 0;
+        fclose(f);
+    }
+    if (kb) return (size_t)kb << 10;
+    long s = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return s > 0 ? (size_t)s : (size_t)32 << 20;
+}
+
+/* Copy bandwidth of n-byte buffers (read + write counted), each thread copying its share as
+ * decoding's threads each stream their share; best GB/s of `reps` timings of `passes` copies. */
+static double copy_bw(size_t n, int passes, int reps) {
     char *a = malloc(n), *b = malloc(n);
     memset(a, 1, n), memset(b, 2, n);
     double best = 0;
-    for (int r = 0; r < 5; r++) {
+    for (int r = 0; r < reps; r++) {
         double t = rf_time_now();
-        memcpy(b, a, n);
-        double g = 2.0 * n / (rf_time_now() - t) / 1e9;
-        best = g > best ? g : best;
+        for (int p = 0; p < passes; p++) {
+#pragma omp parallel
+            {
+                int nt = omp_get_num_threads(), id = omp_get_thread_num();
+                size_t lo = n / nt * id, hi = id == nt - 1 ? n : n / nt * (id + 1);
+                memcpy(b + lo, a + lo, hi - lo);
+            }
+        }
+        double g = 2.0 * n * passes / (rf_time_now() - t) / 1e9;
+        if (g > best) best = g;
     }
     free(a), free(b);
     return best;
 }
 
-static double g_peak, g_bw;
-
-static rf_model *bench_model(void) {
-    rf_model_config c;
-    RF_ASSERT(rf_config_preset(&c, "25m", 16384) == RF_OK);
-    rf_model *m;
-    RF_ASSERT(rf_model_init(&m, &c, rf_cpu_kernels()) == RF_OK);
-    rf_model_init_random(m, 1, 0.02f);
-    return m;
+/* Read-only bandwidth over n bytes (a sum of floats), best GB/s of reps. */
+static double read_bw(size_t n, int reps) {
+    size_t nf = n / 4;
+    float *a = malloc(n);
+#pragma omp parallel for
+    for (size_t i = 0; i < nf; i++) a[i] = 1.0f;
+    double best = 0, sink = 0;
+    for (int r = 0; r < reps; r++) {
+        double t = rf_time_now();
+        float s = 0;
+#pragma omp parallel for simd reduction(+ : s)
+        for (size_t i = 0; i < nf; i++) s += a[i];
+        double g = (double)n / (rf_time_now() - t) / 1e9;
+        sink += s;
+        if (g > best) best = g;
+    }
+    free(a);
+    return sink < 0 ? 0 : best; /* sink keeps the sum alive */
 }
 
-static void bench_train(rf_model *m, double peak, int reps) {
-    int B = 8, L = 256, T = B * L;
-    int32_t *tok = malloc(sizeof(int32_t) * T), *tgt = malloc(sizeof(int32_t) * T), cu[9];
+/* The CPU's model name and whether it has bf16 instructions (/proc/cpuinfo). */
+static void print_machine(void) {
+    char line[4096], name[256] = "?";
+    int avx512_bf16 = 0, amx_bf16 = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        char *c = strchr(line, ':');
+        if (!c) continue;
+        if (strncmp(line, "model name", 10) == 0 && name[0] == '?') {
+            snprintf(name, sizeof name, "%s", c + 2);
+            name[strcspn(name, "\n\"\\")] = 0;
+        } else if (strncmp(line, "flags", 5) == 0) {
+            avx512_bf16 |= strstr(c, " avx512_bf16") != NULL;
+            amx_bf16 |= strstr(c, " amx_bf16") != NULL;
+        }
+    }
+    if (f) fclose(f);
+    printf("{\"bench\":\"machine\",\"cpu\":\"%s\",\"threads\":%d,\"avx512_bf16\":%s,\"amx_bf16\":%s}\n",
+           name, omp_get_max_threads(), avx512_bf16 ? "true" : "false", amx_bf16 ? "true" : "false");
+}
+
+static void measure_baseline(hw_baseline *hw, int M, int N, int K, int quick) {
+    int reps = quick ? 3 : 10;
+    char impl_f32[128], impl_bf16[128];
+    hw->blas_f32 = blas_peak(M, N, K, reps);
+    hw->dnnl_f32 = dnnl_peak(M, N, K, dnnl_f32, reps, impl_f32, sizeof impl_f32);
+    hw->dnnl_bf16 = dnnl_peak(M, N, K, dnnl_bf16, reps, impl_bf16, sizeof impl_bf16);
+    hw->peak_f32 = hw->blas_f32 > hw->dnnl_f32 ? hw->blas_f32 : hw->dnnl_f32;
+    hw->peak_bf16 = hw->dnnl_bf16 > hw->peak_f32 ? hw->dnnl_bf16 : hw->peak_f32;
+    hw->llc_bytes = llc_bytes();
+    size_t big = hw->llc_bytes * 8 > ((size_t)256 << 20) ? hw->llc_bytes * 8 : (size_t)256 << 20;
+    hw->dram_copy = copy_bw(big, 1, quick ? 3 : 6);
+    hw->cache_copy = copy_bw(hw->llc_bytes / 4, 16, quick ? 3 : 6); /* both buffers: half the LLC */
+    hw->dram_read = read_bw(big, quick ? 3 : 6);
+    printf("{\"bench\":\"matmul_peak\",\"lib\":\"onednn\",\"dtype\":\"f32\",\"m\":%d,\"n\":%d,\"k\":%d,"
+           "\"gflops\":%.2f,\"impl\":\"%s\",\"threads\":%d}\n", M, N, K, hw->dnnl_f32, impl_f32,
+           omp_get_max_threads());
+    printf("{\"bench\":\"matmul_peak\",\"lib\":\"onednn\",\"dtype\":\"bf16\",\"m\":%d,\"n\":%d,\"k\":%d,"
+           "\"gflops\":%.2f,\"impl\":\"%s\",\"threads\":%d}\n", M, N, K, hw->dnnl_bf16, impl_bf16,
+           omp_get_max_threads());
+    printf("{\"bench\":\"sgemm_peak\",\"lib\":\"openblas\",\"m\":%d,\"n\":%d,\"k\":%d,\"gflops\":%.2f,"
+           "\"peak_fp32_gflops\":%.2f,\"peak_bf16_gflops\":%.2f}\n", M, N, K, hw->blas_f32,
+           hw->peak_f32, hw->peak_bf16);
+    printf("{\"bench\":\"memcpy\",\"bytes\":%zu,\"gb_per_s\":%.2f,\"dram_copy_gb_per_s\":%.2f,"
+           "\"dram_read_gb_per_s\":%.2f,\"cache_copy_bytes\":%zu,\"cache_copy_gb_per_s\":%.2f,"
+           "\"llc_bytes\":%zu}\n", big, hw->dram_copy, hw->dram_copy, hw->dram_read,
+           hw->llc_bytes / 4, hw->cache_copy, hw->llc_bytes);
+}
+
+/* ------------------------------------------------ timed kernel table (--profile) ---- */
+
+enum { OP_MM_F, OP_MM_B, OP_ATT_F, OP_ATT_B, OP_LP_F, OP_LP_B, OP_NORM_F, OP_NORM_B, OP_ROPE,
+       OP_SWIGLU_F, OP_SWIGLU_B, OP_EMB_F, OP_EMB_B, OP_ADAMW, OP_PAGED_ATT, OP_PAGED_KV,
+       OP_ADD, OP_SCALE, OP_SUMSQ, OP_COPY, OP_ZERO, OP_N };
+static const char *op_names[OP_N] = {
+    "matmul_forward", "matmul_backward", "attention_forward", "attention_backward",
+    "logprob_forward", "logprob_backward", "rmsnorm_forward", "rmsnorm_backward", "rope",
+    "swiglu_forward", "swiglu_backward", "embedding_forward", "embedding_backward", "adamw",
+    "paged_attention_forward", "paged_kv_write", "add_inplace", "scale", "sum_squares", "copy",
+    "zero"};
+static double op_s[OP_N], op_flops[OP_N];
+static long op_calls[OP_N];
+static const rf_kernels *base_k;
+static rf_kernels timed_k;
+
+#define TIMED(op, flops, call)             \
+    do {                                   \
+        double t__ = rf_time_now();        \
+        call;                              \
+        op_s[op] += rf_time_now() - t__;   \
+        op_flops[op] += (flops);           \
+        op_calls[op]++;                    \
+    } while (0)
+
+static void t_mm_f(float *o, const float *i, const float *w, const float *b, int T, int C, int OC) {
+    TIMED(OP_MM_F, 2.0 * T * C * OC, base_k->matmul_forward(o, i, w, b, T, C, OC));
+}
+static void t_mm_b(float *di, float *dw, float *db, const float *d, const float *i, const float *w,
+                   int T, int C, int OC) {
+    TIMED(OP_MM_B, (di ? 4.0 : 2.0) * T * C * OC, base_k->matmul_backward(di, dw, db, d, i, w, T, C, OC));
+}
+static void t_att_f(float *o, float *l, const float *q, const float *k, const float *v,
+                    const int32_t *qo, const int32_t *ks, const int32_t *kl, int n, int H, int KVH, int D) {
+    TIMED(OP_ATT_F, 0, base_k->attention_forward(o, l, q, k, v, qo, ks, kl, n, H, KVH, D));
+}
+static void t_att_b(float *dq, float *dk, float *dv, const float *d, const float *q, const float *k,
+                    const float *v, const float *o, const float *l, const int32_t *cu, int n, int T,
+                    int H, int KVH, int D) {
+    TIMED(OP_ATT_B, 0, base_k->attention_backward(dq, dk, dv, d, q, k, v, o, l, cu, n, T, H, KVH, D));
+}
+static void t_lp_f(float *lp, float *e, const float *h, const float *w, const int32_t *tg, int T,
+                   int C, int V, float it) {
+    TIMED(OP_LP_F, 2.0 * T * C * V, base_k->logprob_forward(lp, e, h, w, tg, T, C, V, it));
+}
+static void t_lp_b(float *dh, float *dw, const float *dl, const float *de, const float *h,
+                   const float *w, const int32_t *tg, int T, int C, int V, float it) {
+    TIMED(OP_LP_B, 6.0 * T * C * V, base_k->logprob_backward(dh, dw, dl, de, h, w, tg, T, C, V, it));
+}
+static void t_norm_f(float *o, float *r, const float *i, const float *w, int N, int C, float e) {
+    TIMED(OP_NORM_F, 0, base_k->rmsnorm_forward(o, r, i, w, N, C, e));
+}
+static void t_norm_b(float *di, float *dw, const float *d, const float *i, const float *w,
+                     const float *r, int N, int C) {
+    TIMED(OP_NORM_B, 0, base_k->rmsnorm_backward(di, dw, d, i, w, r, N, C));
+}
+static void t_rope(float *x, const int32_t *p, const float *f, int T, int H, int D, int s) {
+    TIMED(OP_ROPE, 0, base_k->rope(x, p, f, T, H, D, s));
+}
+static void t_sw_f(float *o, const float *g, const float *u, size_t n) {
+    TIMED(OP_SWIGLU_F, 0, base_k->swiglu_forward(o, g, u, n));
+}
+static void t_sw_b(float *dg, float *du, const float *d, const float *g, const float *u, size_t n) {
+    TIMED(OP_SWIGLU_B, 0, base_k->swiglu_backward(dg, du, d, g, u, n));
+}
+static void t_emb_f(float *o, const int32_t *t, const float *w, int T, int C) {
+    TIMED(OP_EMB_F, 0, base_k->embedding_forward(o, t, w, T, C));
+}
+static void t_emb_b(float *dw, const float *d, const int32_t *t, int T, int C) {
+    TIMED(OP_EMB_B, 0, base_k->embedding_backward(dw, d, t, T, C));
+}
+static void t_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+                    float b2, float e, float wd, int s, float gs) {
+    TIMED(OP_ADAMW, 0, base_k->adamw(p, g, m, v, n, lr, b1, b2, e, wd, s, gs));
+}
+static void t_patt(float *o, const float *q, const float *kp, const float *vp, const int32_t *qo,
+                   const int32_t *bt, int mb, const int32_t *kl, int n, int bs, int H, int KVH, int D) {
+    TIMED(OP_PAGED_ATT, 0, base_k->paged_attention_forward(o, q, kp, vp, qo, bt, mb, kl, n, bs, H, KVH, D));
+}
+static void t_pkv(float *kp, float *vp, const float *k, const float *v, const int32_t *s, int T,
+                  int KVH, int D) {
+    TIMED(OP_PAGED_KV, 0, base_k->paged_kv_write(kp, vp, k, v, s, T, KVH, D));
+}
+static void t_add(float *a, const float *b, size_t n) { TIMED(OP_ADD, 0, base_k->add_inplace(a, b, n)); }
+static void t_scale(float *x, float s, size_t n) { TIMED(OP_SCALE, 0, base_k->scale(x, s, n)); }
+static double t_sumsq(const float *x, size_t n) {
+    double r;
+    TIMED(OP_SUMSQ, 0, r = base_k->sum_squares(x, n));
+    return r;
+}
+static void t_copy(void *d, const void *s, size_t n) { TIMED(OP_COPY, 0, base_k->copy(d, s, n)); }
+static void t_zero(void *p, size_t n) { TIMED(OP_ZERO, 0, base_k->zero(p, n)); }
+
+/* A copy of the CPU table whose ops add up their time, FLOPs and calls (ops are synchronous on
+ * the CPU, so wall time around a call is the op's time). */
+static const rf_kernels *timed_kernels(void) {
+    base_k = rf_cpu_kernels();
+    timed_k = *base_k;
+    timed_k.matmul_forward = t_mm_f, timed_k.matmul_backward = t_mm_b;
+    timed_k.attention_forward = t_att_f, timed_k.attention_backward = t_att_b;
+    timed_k.logprob_forward = t_lp_f, timed_k.logprob_backward = t_lp_b;
+    timed_k.rmsnorm_forward = t_norm_f, timed_k.rmsnorm_backward = t_norm_b;
+    timed_k.rope = t_rope, timed_k.swiglu_forward = t_sw_f, timed_k.swiglu_backward = t_sw_b;
+    timed_k.embedding_forward = t_emb_f, timed_k.embedding_backward = t_emb_b;
+    timed_k.adamw = t_adamw, timed_k.paged_attention_forward = t_patt;
+    timed_k.paged_kv_write = t_pkv, timed_k.add_inplace = t_add, timed_k.scale = t_scale;
+    timed_k.sum_squares = t_sumsq, timed_k.copy = t_copy, timed_k.zero = t_zero;
+    return &timed_k;
+}
+
+static void profile_reset(void) {
+    memset(op_s, 0, sizeof op_s), memset(op_flops, 0, sizeof op_flops);
+    memset(op_calls, 0, sizeof op_calls);
+}
+
+/* One line per op that ran during `phase` (wall seconds `total`), largest first. */
+static void profile_print(const char *phase, double total) {
+    int done[OP_N] = {0};
+    for (;;) {
+        int best = -1;
+        for (int i = 0; i < OP_N; i++)
+            if (!done[i] && op_calls[i] && (best < 0 || op_s[i] > op_s[best])) best = i;
+        if (best < 0) break;
+        done[best] = 1;
+        printf("{\"bench\":\"op\",\"phase\":\"%s\",\"op\":\"%s\",\"calls\":%ld,\"seconds\":%.4f,"
+               "\"share\":%.3f", phase, op_names[best], op_calls[best], op_s[best], op_s[best] / total);
+        if (op_flops[best] > 0) printf(",\"gflops\":%.2f", op_flops[best] / op_s[best] / 1e9);
+        printf("}\n");
+    }
+}
+
+/* ------------------------------------------------------------------ figures ---- */
+
+static const char *prec_name(rf_precision p) { return p == RF_PRECISION_BF16 ? "bf16" : "fp32"; }
+
+static double peak_for(const hw_baseline *hw, rf_precision p) {
+    return p == RF_PRECISION_BF16 ? hw->peak_bf16 : hw->peak_f32;
+}
+
+/* Weights the layers' matmuls touch (*layers) and the LM head's (*head), as
+ * rf_model_train_flops_per_token counts them. */
+static void matmul_weights(const rf_model_config *c, double *layers, double *head) {
+    double C = c->hidden_size, F = c->intermediate_size, QD = (double)c->num_attention_heads * c->head_dim,
+           KD = (double)c->num_key_value_heads * c->head_dim;
+    *layers = c->num_hidden_layers * (2 * C * QD + 2 * C * KD + 3 * C * F);
+    *head = (double)c->vocab_size * C;
+}
+
+/* FLOPs of prefilling n_seq prompts of L tokens: the layers' matmuls on every token, the LM head
+ * on the last token of each prompt (the only logits prefill makes), QK^T and PV over the causal
+ * half (bench/torch_side_by_side.py counts the same). */
+static double prefill_flops(const rf_model_config *c, int n_seq, int L) {
+    double layers, head;
+    matmul_weights(c, &layers, &head);
+    double att = 2.0 * c->num_hidden_layers * c->num_attention_heads * c->head_dim * (double)L * L;
+    return 2.0 * layers * n_seq * L + 2.0 * head * n_seq + att * n_seq;
+}
+
+static rf_optim_opts bench_optim_opts(void) {
+    rf_optim_opts o = {0};
+    o.lr = 1e-5f, o.beta1 = 0.9f, o.beta2 = 0.999f, o.eps = 1e-8f, o.weight_decay = 0.01f;
+    o.grad_clip = 1.0f, o.total_steps = 1000;
+    return o;
+}
+
+/* One optimizer step as the trainer takes it; then the back end is told the weights changed. */
+static void optim_step(rf_model *m) {
+    rf_optim_opts oo = bench_optim_opts();
+    double norm;
+    float lr;
+    RF_ASSERT(rf_optim_step(m, &oo, &norm, &lr) == RF_OK);
+    m->k->weights_updated();
+}
+
+typedef struct train_times { double fwd, lp, bwd, opt, total; } train_times;
+
+static train_times train_once(rf_model *m, const rf_batch *bt, const int32_t *tgt, float *lp,
+                              const float *dlp) {
+    train_times t;
+    double t0 = rf_time_now();
+    rf_model_zero_grad(m);
+    RF_ASSERT(rf_model_forward(m, bt) == RF_OK);
+    double t1 = rf_time_now();
+    RF_ASSERT(rf_model_logprobs(m, tgt, 1.0f, lp, NULL) == RF_OK);
+    double t2 = rf_time_now();
+    RF_ASSERT(rf_model_backward(m, dlp, NULL, NULL) == RF_OK);
+    double t3 = rf_time_now();
+    optim_step(m);
+    double t4 = rf_time_now();
+    t.fwd = t1 - t0, t.lp = t2 - t1, t.bwd = t3 - t2, t.opt = t4 - t3, t.total = t4 - t0;
+    return t;
+}
+
+static void bench_train(rf_model *m, const bench_opts *o, const hw_baseline *hw) {
+    int B = o->B, L = o->L, T = B * L, V = m->cfg.vocab_size, reps = o->quick ? 1 : 3;
+    int32_t *tok = malloc(sizeof(int32_t) * T), *tgt = malloc(sizeof(int32_t) * T);
+    int32_t *cu = malloc(sizeof(int32_t) * (B + 1));
     float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
     rf_rng r;
     rf_rng_seed(&r, 1);
     for (int t = 0; t < T; t++) {
-        tok[t] = (int32_t)(rf_rng_u64(&r) % 16384), tgt[t] = (int32_t)(rf_rng_u64(&r) % 16384);
+        tok[t] = (int32_t)(rf_rng_u64(&r) % V), tgt[t] = (int32_t)(rf_rng_u64(&r) % V);
         dlp[t] = -1.0f / T;
     }
     for (int b = 0; b <= B; b++) cu[b] = b * L;
     rf_batch bt = {B, T, tok, NULL, cu};
     RF_ASSERT(rf_model_enable_training(m) == RF_OK);
-    double best = 1e30;
-    for (int i = 0; i < reps + 1; i++) {
-        double t0 = rf_time_now();
-        rf_model_zero_grad(m);
-        RF_ASSERT(rf_model_forward(m, &bt) == RF_OK);
-        RF_ASSERT(rf_model_logprobs(m, tgt, 1.0f, lp, NULL) == RF_OK);
-        RF_ASSERT(rf_model_backward(m, dlp, NULL, NULL) == RF_OK);
-        double el = rf_time_now() - t0;
-        if (i > 0 && el < best) best = el; /* first run warms up allocations */
+    train_times best = {0, 0, 0, 0, 1e30};
+    for (int i = 0; i < reps + 1; i++) { /* the first step warms up allocations */
+        if (i == reps && o->profile) profile_reset();
+        train_times t = train_once(m, &bt, tgt, lp, dlp);
+        if (i > 0 && t.total < best.total) best = t;
+        if (i == reps && o->profile) profile_print("train_step", t.total);
     }
-    double flops = rf_model_train_flops_per_token(&m->cfg, L) * T;
-    printf("{\"bench\":\"train_step\",\"params\":%zu,\"tokens\":%d,\"seconds\":%.4f,"
-           "\"tokens_per_s\":%.1f,\"gflops\":%.2f,\"sgemm_peak_gflops\":%.2f,\"fraction_of_peak\":%.3f}\n",
-           m->n_params, T, best, T / best, flops / best / 1e9, peak, flops / best / 1e9 / peak);
-    free(tok), free(tgt), free(lp), free(dlp);
+    double flops = rf_model_train_flops_per_token(&m->cfg, L) * T, gf = flops / best.total / 1e9;
+    double peak = peak_for(hw, o->precision);
+    printf("{\"bench\":\"train_step\",\"config\":\"%s\",\"precision\":\"%s\",\"params\":%zu,"
+           "\"tokens\":%d,\"seconds\":%.4f,\"forward_s\":%.4f,\"logprobs_s\":%.4f,\"backward_s\":%.4f,"
+           "\"optim_s\":%.4f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,\"peak_gflops\":%.2f,"
+           "\"fraction_of_peak\":%.3f,\"sgemm_peak_gflops\":%.2f,\"fraction_of_sgemm_peak\":%.3f}\n",
+           o->config, prec_name(o->precision), m->n_params, T, best.total, best.fwd, best.lp,
+           best.bwd, best.opt, T / best.total, gf, peak, gf / peak, hw->blas_f32, gf / hw->blas_f32);
+    free(tok), free(tgt), free(cu), free(lp), free(dlp);
 }
 
-static void bench_prefill(rf_model *m) {
-    int B = 8, L = 256, V = m->cfg.vocab_size;
+static void bench_adamw(rf_model *m, const bench_opts *o, const hw_baseline *hw) {
+    if (!m->grads) RF_ASSERT(rf_model_enable_training(m) == RF_OK);
+    for (size_t i = 0; i < m->n_params; i += 97) m->grads[i] = 1e-3f; /* a norm to clip by */
+    double best = 1e30;
+    for (int i = 0; i < (o->quick ? 3 : 6); i++) {
+        double t0 = rf_time_now();
+        optim_step(m);
+        double el = rf_time_now() - t0;
+        if (i > 0 && el < best) best = el;
+    }
+    double bytes = 32.0 * m->n_params, gbs = bytes / best / 1e9;
+    printf("{\"bench\":\"adamw\",\"config\":\"%s\",\"precision\":\"%s\",\"params\":%zu,\"seconds\":%.4f,\"bytes\":%.0f,"
+           "\"gb_per_s\":%.2f,\"dram_copy_gb_per_s\":%.2f,\"fraction_of_copy_bw\":%.3f}\n",
+           o->config, prec_name(o->precision), m->n_params, best, bytes, gbs, hw->dram_copy,
+           gbs / hw->dram_copy);
+}
+
+static void bench_prefill(rf_model *m, const bench_opts *o, const hw_baseline *hw) {
+    int B = o->B, L = o->L, V = m->cfg.vocab_size;
     rf_kv_cache kv;
     RF_ASSERT(rf_kv_cache_init(&kv, m, B, L) == RF_OK);
     int32_t *tok = malloc(sizeof(int32_t) * B * L);
-    int slots[8], counts[8];
+    int *slots = malloc(sizeof(int) * B), *counts = malloc(sizeof(int) * B);
     for (int i = 0; i < B * L; i++) tok[i] = i % V;
     for (int b = 0; b < B; b++) slots[b] = b, counts[b] = L;
     float *logits = malloc(sizeof(float) * B * V);
-    /* one untimed pass first, then the cache emptied: the timed one finds its memory touched, as
-     * a serving engine's long-lived cache is (the CPU back end maps large buffers lazily) */
-    RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK);
-    for (int b = 0; b < B; b++) kv.len[b] = 0;
-    double t0 = rf_time_now();
-    RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK);
-    double el = rf_time_now() - t0;
-    double gf = 2.0 * m->n_params * B * L / el / 1e9;
-    printf("{\"bench\":\"prefill\",\"sequences\":%d,\"prompt_len\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f,"
-           "\"gflops\":%.2f,\"fraction_of_sgemm_peak\":%.3f}\n", B, L, el, B * L / el, gf, gf / g_peak);
+    double best = 1e30;
+    /* an untimed pass first, the cache emptied after each: the timed ones find their memory
+     * touched, as a serving engine's long-lived cache is (the CPU back end maps lazily) */
+    for (int i = 0; i < (o->quick ? 2 : 3); i++) {
+        if (i > 0 && o->profile) profile_reset();
+        double t0 = rf_time_now();
+        RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK);
+        double el = rf_time_now() - t0;
+        if (i > 0 && el < best) best = el;
+        if (i == 1 && o->profile) profile_print("prefill", el);
+        for (int b = 0; b < B; b++) kv.len[b] = 0;
+    }
+    double gf = prefill_flops(&m->cfg, B, L) / best / 1e9, peak = peak_for(hw, o->precision);
+    printf("{\"bench\":\"prefill\",\"config\":\"%s\",\"precision\":\"%s\",\"sequences\":%d,"
+           "\"prompt_len\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,"
+           "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.3f,\"fraction_of_sgemm_peak\":%.3f}\n",
+           o->config, prec_name(o->precision), B, L, best, B * L / best, gf, peak, gf / peak,
+           gf / hw->blas_f32);
     rf_kv_cache_free(&kv, m);
-    free(tok), free(logits);
+    free(tok), free(slots), free(counts), free(logits);
 }
 
-static void bench_decode(rf_model *m, int B, int steps) {
-    int P = 16, V = m->cfg.vocab_size;
+/* Bytes of weights one decoding step streams: every parameter once, in the precision the
+ * products read them (bf16: the back end's bf16 copies). */
+static double weight_bytes(const rf_model *m, rf_precision p) {
+    return (double)m->n_params * (p == RF_PRECISION_BF16 ? 2 : 4);
+}
+
+static double decode_steps(rf_model *m, rf_kv_cache *kv, int B, int steps, int32_t *tok,
+                           const int *slots, const int *ones, float *logits) {
+    int V = m->cfg.vocab_size;
+    double t0 = rf_time_now();
+    for (int s = 0; s < steps; s++) {
+        for (int b = 0; b < B; b++) tok[b] = (s * 7 + b) % V;
+        RF_ASSERT(rf_model_decode(m, kv, slots, ones, B, tok, logits) == RF_OK);
+    }
+    return rf_time_now() - t0;
+}
+
+static void bench_decode(rf_model *m, int B, const bench_opts *o, const hw_baseline *hw) {
+    int P = 16, V = m->cfg.vocab_size, steps = o->quick ? 8 : 32, reps = o->quick ? 1 : 2;
+    if (strcmp(o->config, "small") == 0) steps *= 2;
     rf_kv_cache kv;
     RF_ASSERT(rf_kv_cache_init(&kv, m, B, P + steps) == RF_OK);
     int32_t *tok = malloc(sizeof(int32_t) * B * P);
     int *slots = malloc(sizeof(int) * B), *counts = malloc(sizeof(int) * B), *ones = malloc(sizeof(int) * B);
-    for (int i = 0; i < B * P; i++) tok[i] = (i * 31) % V;
     for (int b = 0; b < B; b++) slots[b] = b, counts[b] = P, ones[b] = 1;
     float *logits = malloc(sizeof(float) * B * V);
-    RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK);
-    double t0 = rf_time_now();
-    for (int s = 0; s < steps; s++) {
-        for (int b = 0; b < B; b++) tok[b] = (s * 7 + b) % V;
-        RF_ASSERT(rf_model_decode(m, &kv, slots, ones, B, tok, logits) == RF_OK);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) { /* each repetition: prompt of P tokens, then `steps` steps */
+        for (int b = 0; b < B; b++) kv.len[b] = 0;
+        for (int i = 0; i < B * P; i++) tok[i] = (i * 31) % V;
+        RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK);
+        if (o->profile) profile_reset();
+        double el = decode_steps(m, &kv, B, steps, tok, slots, ones, logits);
+        if (el < best) best = el;
+        if (o->profile && r == reps - 1) profile_print(B == 1 ? "decode1" : "decode32", el);
     }
-    double el = rf_time_now() - t0;
-    /* each step reads every weight once: achieved bandwidth against memcpy's */
-    double bw = (double)m->n_params * 4 * steps / el / 1e9, gf = 2.0 * m->n_params * B * steps / el / 1e9;
-    printf("{\"bench\":\"decode\",\"batch\":%d,\"steps\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f,"
+    double wb = weight_bytes(m, o->precision), bw = wb * steps / best / 1e9;
+    int in_llc = wb <= (double)hw->llc_bytes;
+    double read_base = in_llc ? hw->cache_copy : hw->dram_read, copy_base = in_llc ? hw->cache_copy : hw->dram_copy;
+    double layers, head; /* FLOPs: every matmul weight once per token (attention over <= 48
+                            positions left out) */
+    matmul_weights(&m->cfg, &layers, &head);
+    double gf = 2.0 * (layers + head) * B * steps / best / 1e9, peak = peak_for(hw, o->precision);
+    printf("{\"bench\":\"decode\",\"config\":\"%s\",\"precision\":\"%s\",\"batch\":%d,\"steps\":%d,"
+           "\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"weight_bytes\":%.0f,\"weights_fit_llc\":%s,"
            "\"weight_gb_per_s\":%.2f,\"memcpy_gb_per_s\":%.2f,\"fraction_of_memcpy_bw\":%.3f,"
-           "\"gflops\":%.2f,\"fraction_of_sgemm_peak\":%.3f}\n",
-           B, steps, el, (double)B * steps / el, bw, g_bw, bw / g_bw, gf, gf / g_peak);
+           "\"read_gb_per_s\":%.2f,\"fraction_of_read_bw\":%.3f,\"gflops\":%.2f,\"peak_gflops\":%.2f,"
+           "\"fraction_of_peak\":%.3f,\"fraction_of_sgemm_peak\":%.3f}\n",
+           o->config, prec_name(o->precision), B, steps, best, (double)B * steps / best, wb,
+           in_llc ? "true" : "false", bw, copy_base, bw / copy_base, read_base, bw / read_base, gf,
+           peak, gf / peak, gf / hw->blas_f32);
     rf_kv_cache_free(&kv, m);
     free(tok), free(slots), free(counts), free(ones), free(logits);
 }
 
 int main(int argc, char **argv) {
-    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    rf_model *m = bench_model();
-    /* Baseline: the MLP up-projection shape of the benchmark model, (T=2048, F=1408, C=512). */
-    double peak = g_peak = sgemm_peak(2048, 1408, 512, quick ? 3 : 10);
-    g_bw = memcpy_bw();
-    printf("{\"bench\":\"sgemm_peak\",\"m\":2048,\"n\":1408,\"k\":512,\"gflops\":%.2f}\n", peak);
-    printf("{\"bench\":\"memcpy\",\"bytes\":%u,\"gb_per_s\":%.2f}\n", 256u << 20, g_bw);
-    bench_train(m, peak, quick ? 1 : 3);
-    bench_prefill(m);
-    bench_decode(m, 1, quick ? 16 : 64);
-    bench_decode(m, 32, quick ? 16 : 64);
+    bench_opts o;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each line as soon as it is measured (runs are long) */
+    parse_opts(&o, argc, argv);
+    const rf_kernels *k = o.profile ? timed_kernels() : rf_cpu_kernels();
+    if (k->set_precision(o.precision) != RF_OK) {
+        fprintf(stderr, "bench_model: --precision %s: %s\n", prec_name(o.precision), rf_error_message());
+        return 1;
+    }
+    rf_model *m = bench_model(&o, k);
+    hw_baseline hw;
+    print_machine();
+    /* Baseline shape: the MLP up-projection of a training step, (T, F, C). */
+    measure_baseline(&hw, o.B * o.L, m->cfg.intermediate_size, m->cfg.hidden_size, o.quick);
+    if (wanted(&o, "train")) bench_train(m, &o, &hw);
+    if (wanted(&o, "adamw")) bench_adamw(m, &o, &hw);
+    if (wanted(&o, "prefill")) bench_prefill(m, &o, &hw);
+    if (wanted(&o, "decode1")) bench_decode(m, 1, &o, &hw);
+    if (wanted(&o, "decode32")) bench_decode(m, 32, &o, &hw);
     rf_model_free(m);
     return 0;
 }
