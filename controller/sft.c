@@ -83,10 +83,27 @@ static rf_status sft_samples(const rf_tokenizer *tok, const rf_example *const *e
     return RF_OK;
 }
 
-/* Trains m on ds for the [sft] budget; prints progress, returns the last loss. */
+/* The sft.target_accuracy check: greedy accuracy on the first sft.check_size examples of ds;
+ * *done = 1 once it reaches the target. */
+static rf_status sft_check(const rf_recipe *r, rf_model *m, const rf_tokenizer *tok, rf_dataset *ds,
+                           const rf_reward_rules *rules, const int32_t *eos, int n_eos, int step,
+                           int *done) {
+    double acc, len;
+    RF_TRY(rf_eval_accuracy(m, tok, ds, r->sft.check_size, rules, r->rollout.max_new_tokens, eos,
+                            n_eos, &acc, &len));
+    *done = acc >= r->sft.target_accuracy;
+    rf_log_info("sft step %d | check accuracy %.3f (target %.3f)%s", step, acc,
+                r->sft.target_accuracy, *done ? ": stopping" : "");
+    return RF_OK;
+}
+
+/* Trains m on ds for the [sft] budget (or until sft.target_accuracy is reached when rules is
+ * given); prints progress, returns the last loss. */
 static rf_status sft_train(const rf_recipe *r, rf_model *m, const rf_tokenizer *tok, rf_dataset *ds,
-                           int32_t eos, double *last_loss) {
-    int bs = r->sft.batch_size, size = rf_dataset_size(ds);
+                           const rf_reward_rules *rules, const int32_t *eos, int n_eos,
+                           double *last_loss) {
+    int bs = r->sft.batch_size, size = rf_dataset_size(ds), done = 0;
+    int32_t eos0 = n_eos ? eos[0] : -1;
     int steps = r->sft.max_steps > 0 ? r->sft.max_steps : (r->sft.epochs * size + bs - 1) / bs;
     rf_optim_opts oo = {.lr = (float)r->sft.lr, .warmup_steps = steps / 20, .total_steps = steps,
                         .cosine = 1, .min_lr_ratio = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f,
@@ -96,10 +113,10 @@ static rf_status sft_train(const rf_recipe *r, rf_model *m, const rf_tokenizer *
     rf_train_sample *s = calloc((size_t)bs, sizeof *s);
     rf_status st = ex && s ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     double t0 = rf_time_now();
-    for (int step = 0; st == RF_OK && step < steps; step++) {
+    for (int step = 0; st == RF_OK && step < steps && !done; step++) {
         double gn;
         st = rf_dataset_next(ds, &pos, bs, ex);
-        if (st == RF_OK) st = sft_samples(tok, ex, bs, eos, s);
+        if (st == RF_OK) st = sft_samples(tok, ex, bs, eos0, s);
         if (st == RF_OK) st = rf_sft_update(m, &oo, r->train.micro_batch_tokens, s, bs, last_loss, &gn);
         for (int i = 0; i < bs; i++) free(s[i].tokens), s[i].tokens = NULL;
         if (st == RF_OK && ((step + 1) % 50 == 0 || step + 1 == steps)) {
@@ -109,6 +126,8 @@ static rf_status sft_train(const rf_recipe *r, rf_model *m, const rf_tokenizer *
             rf_log_info("sft step %d/%d | loss %.4f | grad norm %.3f | %.1f steps/s | ETA %s", step + 1,
                         steps, *last_loss, gn, (step + 1) / el, eta);
         }
+        if (st == RF_OK && rules && (step + 1) % r->sft.check_every == 0)
+            st = sft_check(r, m, tok, ds, rules, eos, n_eos, step + 1, &done);
     }
     free(ex), free(s);
     return st;
@@ -123,14 +142,17 @@ static rf_status sft_run(const rf_recipe *r, rf_model *m, const rf_tokenizer *to
     int32_t *eos = NULL;
     int n_eos = 0;
     double loss = 0;
+    rf_reward_rules *rules = NULL;
     rf_status s = rf_dataset_load(&ds, r->data.train, &o, tok);
     if (s == RF_OK) s = rf__eos_ids(tok_dir, m, tok, &eos, &n_eos);
     if (s == RF_OK) s = rf_model_enable_training(m);
-    if (s == RF_OK) s = sft_train(r, m, tok, ds, n_eos ? eos[0] : -1, &loss);
+    if (s == RF_OK && r->sft.target_accuracy > 0) s = rf__rules_init(r, &rules);
+    if (s == RF_OK) s = sft_train(r, m, tok, ds, rules, eos, n_eos, &loss);
     if (s == RF_OK) s = rf_model_save(m, out_dir, 0, 0);
     if (s == RF_OK) s = rf_copy_tokenizer_files(tok_dir, out_dir);
     if (s == RF_OK) rf_log_info("sft: final loss %.4f; wrote %s", loss, out_dir);
     free(eos);
+    rf_reward_rules_free(rules);
     rf_dataset_free(ds), rf_dataset_free(val);
     return s;
 }
