@@ -271,20 +271,21 @@ void rf_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const 
 
 static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v,
                                     size_t n, float lr, float beta1, float beta2, float eps,
-                                    float wd, float bc1, float bc2) {
+                                    float wd, float bc1, float bc2, float gs) {
     RF_FOR_EACH(i, n)
-        param[i] = rf_adamw_elem(param[i], grad[i], m + i, v + i, lr, beta1, beta2, eps, wd, bc1,
+        param[i] = rf_adamw_elem(param[i], grad[i] * gs, m + i, v + i, lr, beta1, beta2, eps, wd, bc1,
                                  bc2);
 }
 
 void rf_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr,
-                   float beta1, float beta2, float eps, float weight_decay, int step) {
+                   float beta1, float beta2, float eps, float weight_decay, int step,
+                   float grad_scale) {
     RF_CUDA_GUARD();
     if (n == 0) return;
     /* Bias corrections on the host in double, exactly as the CPU back end computes them. */
     float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
     float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
     adamw_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
-        param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+        param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale);
     RF_CUDA_LAUNCH_CHECK();
 }
