@@ -167,7 +167,8 @@ static void sft_target(void) {
     while (line > out && line[-1] != '\n') line--;
     int step = 0;
     double acc = -1, target = -1;
-    CHECK(sscanf(line, "%*[^s]sft step %d | check accuracy %lf (target %lf)", &step, &acc, &target) == 3);
+    const char *at = strstr(line, "sft step ");
+    CHECK(at && at < stop && sscanf(at, "sft step %d | check accuracy %lf (target %lf)", &step, &acc, &target) == 3);
     CHECK(step > 0 && step < 800 && step % 25 == 0);
     CHECK(acc >= 0.5 && fabs(target - 0.5) < 1e-12);
     /* no check before it reached the target */
