@@ -87,6 +87,8 @@ typedef struct rf_recipe {
         int epochs;
         double lr;
         int batch_size, max_steps;
+        double target_accuracy; /* stop once greedy accuracy on the check set reaches it; 0 = off */
+        int check_every, check_size;
         char *out; /* output model dir ("" = <logging.dir>/sft) */
         int warm_start; /* rlflow run: build a missing model.path by SFT first */
     } sft;

@@ -45,6 +45,8 @@ void rf__console(const rf_run *run);
 
 /* A random model of model.init_preset with the byte-level tokenizer, saved to dir. */
 rf_status rf__init_model(const rf_recipe *r, const char *dir);
+/* The [reward] rules of r (reward.rules, weights, format, length, overlong). */
+rf_status rf__rules_init(const rf_recipe *r, rf_reward_rules **out);
 /* init_preset model, supervised on data.train responses per [sft], saved to dir. */
 rf_status rf__sft_build(const rf_recipe *r, const char *dir);
 

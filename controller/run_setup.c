@@ -112,10 +112,11 @@ rf_status rf__load_data(rf_run *run) {
     return RF_OK;
 }
 
-rf_status rf__load_rewards(rf_run *run) {
-    const rf_recipe *r = run->r;
+rf_status rf__rules_init(const rf_recipe *r, rf_reward_rules **out) {
     float w[16];
-    for (int i = 0; i < r->reward.weights.n && i < 16; i++) w[i] = (float)r->reward.weights.v[i];
+    if (r->reward.weights.n > 16)
+        return rf_error(RF_ERR_ARG, "reward.weights: at most 16 entries");
+    for (int i = 0; i < r->reward.weights.n; i++) w[i] = (float)r->reward.weights.v[i];
     rf_reward_rules_config c = {
         .names = (const char *const *)r->reward.rules.v, .n_names = r->reward.rules.n,
         .weights = w, .n_weights = r->reward.weights.n, .format_regex = r->reward.format_regex,
@@ -124,9 +125,12 @@ rf_status rf__load_rewards(rf_run *run) {
         .overlong_buffer = r->algorithm.overlong_buffer,
         .overlong_penalty = (float)r->algorithm.overlong_penalty,
         .max_new_tokens = r->rollout.max_new_tokens};
-    if (r->reward.weights.n > 16)
-        return rf_error(RF_ERR_ARG, "reward.weights: at most 16 entries");
-    RF_TRY(rf_reward_rules_init(&run->rules, &c));
+    return rf_reward_rules_init(out, &c);
+}
+
+rf_status rf__load_rewards(rf_run *run) {
+    const rf_recipe *r = run->r;
+    RF_TRY(rf__rules_init(r, &run->rules));
     /* runs of several processes: the training worker hosts the reward model, not the controller */
     if (r->reward.model[0] && !rf_recipe_multi_process(r))
         RF_TRY(rf_reward_model_open(&run->rm, r->reward.model, run->k));
