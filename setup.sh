@@ -6,7 +6,7 @@ cd "$(dirname "$0")"
 # python3-zmq and python3-protobuf: the Python reward-program client (reward/clients/python) and
 # its tests; iproute2: the test that simulates two machines (tests/test_split_machines.c, network
 # namespaces); rlflow itself does not need them.
-pkgs="build-essential cmake pkg-config libopenblas-openmp-dev libcjson-dev libpcre2-dev libunistring-dev\
+pkgs="build-essential cmake pkg-config libopenblas-openmp-dev libdnnl-dev libcjson-dev libpcre2-dev libunistring-dev\
       libzmq3-dev protobuf-c-compiler libprotobuf-c-dev openmpi-bin libopenmpi-dev\
       python3-zmq python3-protobuf iproute2"
 missing=""

@@ -59,6 +59,8 @@ typedef struct rf_update_opts {
     float inv_temp;
     float value_clip;
     uint64_t shuffle_seed; /* order of samples across epochs: reproducible */
+    int version;           /* the policy version being updated: response tokens generated at it
+                              (versions[t] == version) give the log-prob mismatch statistics */
     int prox_from_forward; /* 1: the proximal log-probs are the current policy's, taken from the
                               update's own forward pass (no separate pass). Exact when epochs = 1
                               and mini_batches = 1: the weights do not move before the only
@@ -84,6 +86,11 @@ typedef struct rf_update_stats {
     double value_loss, value_clipfrac, grad_norm, lr;
     int optimizer_steps;
     long tokens;
+    /* |behaviour log-prob - the trainer's log-prob| over response tokens generated at
+     * rf_update_opts.version, taken from the forward pass of the first mini-batch (before the
+     * weights move): generation and training should compute the same numbers. */
+    double lp_mismatch_sum, lp_mismatch_max;
+    long lp_mismatch_n;
 } rf_update_stats;
 
 /* PPO-style policy update of actor m over samples (advantages, prox/behav/ref log-probs set). */

@@ -58,6 +58,16 @@ static void arm_last(const upd_ctx *c, const micro *mb) {
     if (c->uo->dp && mb->last) rf_dp_arm(c->uo->dp);
 }
 
+/* Adds |behav - lp| of sample x's response tokens generated at `version` to the statistics. */
+static void mismatch(rf_update_stats *st, const rf_train_sample *x, const float *lp, int version) {
+    for (int t = 0; t < x->n_resp; t++) {
+        if (x->versions && x->versions[t] != version) continue;
+        double d = fabs((double)x->behav_logp[t] - (double)lp[t]);
+        st->lp_mismatch_sum += d, st->lp_mismatch_n++;
+        st->lp_mismatch_max = d > st->lp_mismatch_max ? d : st->lp_mismatch_max;
+    }
+}
+
 /* Policy loss gradient for one micro-batch, then backward. */
 static rf_status pg_fn(const rf__net *net, micro *mb, rf_train_sample *s, const int *idx, void *vctx) {
     upd_ctx *c = vctx;
@@ -71,6 +81,7 @@ static rf_status pg_fn(const rf__net *net, micro *mb, rf_train_sample *s, const 
         rf_train_sample *x = &s[idx[k]];
         int r = mb->resp[k];
         if (c->uo->prox_from_forward) memcpy(x->prox_logp, lp + r, sizeof(float) * (size_t)x->n_resp);
+        if (c->st->optimizer_steps == 0) mismatch(c->st, x, lp + r, c->uo->version);
         rf_pg_loss(&c->uo->pg, x->n_resp, lp + r, x->prox_logp, x->behav_logp,
                    c->uo->pg.kl_coef != 0.0f ? x->ref_logp : NULL, en + r, x->adv, c->mw.w[idx[k]],
                    dlp + r, den + r, &c->st->pg);
@@ -150,18 +161,19 @@ static rf_status mini_batch(const rf__net *net, const rf_optim_opts *oo, const r
 
 /* Data parallelism: adds the statistics of this rank's share (loc) over every rank into st. */
 static rf_status add_stats_over_ranks(rf_dp *dp, const rf_update_stats *loc, rf_update_stats *st) {
-    enum { NF = 14 };
+    enum { NF = 17 }; /* the last two are maxima, the others sums */
     const rf_pg_stats *p = &loc->pg;
     double mine[NF] = {p->loss, p->pg_loss, p->kl, p->entropy, p->clipped, p->ratio, p->is_weight,
                        p->is_truncated, p->approx_kl, (double)p->tokens, loc->value_loss,
-                       loc->value_clipfrac, (double)loc->tokens, p->is_weight_max};
+                       loc->value_clipfrac, (double)loc->tokens, loc->lp_mismatch_sum,
+                       (double)loc->lp_mismatch_n, p->is_weight_max, loc->lp_mismatch_max};
     int size = rf_dp_size(dp);
     double *all = malloc(sizeof(double) * NF * (size_t)size), sum[NF] = {0};
     if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
     rf_status r = rf_dp_allgather(dp, mine, all, sizeof mine, "gathering update statistics from DP ranks");
     for (int q = 0; r == RF_OK && q < size; q++)
         for (int i = 0; i < NF; i++)
-            sum[i] = i == NF - 1 ? fmax(sum[i], all[q * NF + i]) : sum[i] + all[q * NF + i];
+            sum[i] = i >= NF - 2 ? fmax(sum[i], all[q * NF + i]) : sum[i] + all[q * NF + i];
     free(all);
     RF_TRY(r);
     rf_pg_stats *g = &st->pg;
@@ -169,7 +181,9 @@ static rf_status add_stats_over_ranks(rf_dp *dp, const rf_update_stats *loc, rf_
     g->ratio += sum[5], g->is_weight += sum[6], g->is_truncated += sum[7], g->approx_kl += sum[8];
     g->tokens += (long)sum[9], st->value_loss += sum[10], st->value_clipfrac += sum[11];
     st->tokens += (long)sum[12];
-    g->is_weight_max = fmax(g->is_weight_max, sum[13]);
+    st->lp_mismatch_sum += sum[13], st->lp_mismatch_n += (long)sum[14];
+    g->is_weight_max = fmax(g->is_weight_max, sum[15]);
+    st->lp_mismatch_max = fmax(st->lp_mismatch_max, sum[16]);
     st->grad_norm = loc->grad_norm, st->lr = loc->lr;
     st->optimizer_steps += loc->optimizer_steps;
     return RF_OK;

@@ -535,6 +535,7 @@ rf_status rf_train_worker_main(const rf_recipe *r, const char *endpoint, int res
     rf_rng_seed(&w.delay_rng, 0x2545f4914f6cdd1dull);
     w.k = rf_kernels_for(r->model.device);
     if (!w.k) return rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
+    RF_TRY(rf_kernels_apply_precision(w.k, r->model.precision, "model.precision", NULL));
     rf_adv_kind kind;
     rf_status st = rf_adv_kind_parse(r->algorithm.name, &kind);
     if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);

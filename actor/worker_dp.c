@@ -475,6 +475,7 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
     rf_adv_kind kind;
     rf_status st = w.k ? rf_adv_kind_parse(r->algorithm.name, &kind)
                        : rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
+    if (st == RF_OK) st = rf_kernels_apply_precision(w.k, r->model.precision, "model.precision", NULL);
     if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
     if (st == RF_OK && !tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0); /* tp: shards, from replica 0 */

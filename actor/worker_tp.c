@@ -584,6 +584,7 @@ rf_status rf_train_tp_peer_main(const rf_recipe *r, rf_comm *tpc, rf_comm *wcomm
     w.k = rf_kernels_for(r->model.device);
     rf_status st = w.k ? rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg)
                        : rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
+    if (st == RF_OK) st = rf_kernels_apply_precision(w.k, r->model.precision, "model.precision", NULL);
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
     st = rf__tp_setup(&w, st);
     if (dpc) st = rf__dp_setup(&w, st);

@@ -19,8 +19,10 @@ int rf_cmd_keygen(int argc, char **argv);
 /* "cpu" or "cuda" (device 0) -> back end; errors say why CUDA is unavailable. */
 rf_status rf_cli_backend(const char *device, const rf_kernels **out);
 
-/* Loads model and tokenizer from a Hugging Face directory. */
-rf_status rf_cli_open(const char *dir, const char *device, rf_model **m, rf_tokenizer **tok);
+/* Loads model and tokenizer from a Hugging Face directory on back end `device`, its products at
+ * `precision` ("auto" | "fp32" | "bf16"; errors name --precision; the choice is logged). */
+rf_status rf_cli_open(const char *dir, const char *device, const char *precision, rf_model **m,
+                      rf_tokenizer **tok);
 
 /* EOS ids: generation_config.json, then config.json, then the tokenizer's. Returns count. */
 int rf_cli_eos_ids(const char *dir, const rf_model *m, const rf_tokenizer *tok, int32_t *ids, int cap);

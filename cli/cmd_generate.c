@@ -91,7 +91,7 @@ static void print_result(const rf_gen_output *o, int index, const char *prompt, 
 }
 
 typedef struct gen_args {
-    const char *model, *prompt, *file, *tmpl, *device;
+    const char *model, *prompt, *file, *tmpl, *device, *precision;
     int max_new, top_k, seed, greedy, json, help;
     float temperature, top_p;
     rf_opt_multi stop;
@@ -100,7 +100,7 @@ typedef struct gen_args {
 static int run_generate(const gen_args *a, char **texts, int n) {
     rf_model *m;
     rf_tokenizer *tok;
-    rf_status s = rf_cli_open(a->model, a->device, &m, &tok);
+    rf_status s = rf_cli_open(a->model, a->device, a->precision, &m, &tok);
     if (s) return rf_cli_fail(s);
     int32_t **ids = calloc((size_t)n, sizeof *ids), eos[8];
     int *lens = calloc((size_t)n, sizeof *lens);
@@ -134,7 +134,7 @@ static int run_generate(const gen_args *a, char **texts, int n) {
 }
 
 int rf_cmd_generate(int argc, char **argv) {
-    gen_args a = {.device = "cpu", .max_new = 64, .temperature = 1.0f, .top_p = 1.0f, .seed = 0};
+    gen_args a = {.device = "cpu", .precision = "auto", .max_new = 64, .temperature = 1.0f, .top_p = 1.0f, .seed = 0};
     rf_opt opts[] = {
         {"model", RF_OPT_STR, &a.model, "model directory (Hugging Face layout; required)", 0},
         {"prompt", RF_OPT_STR, &a.prompt, "prompt text", 0},
@@ -149,6 +149,7 @@ int rf_cmd_generate(int argc, char **argv) {
         {"stop", RF_OPT_MULTI, &a.stop, "stop string (repeatable, up to 8)", 0},
         {"json", RF_OPT_FLAG, &a.json, "print one JSON object per prompt (tokens, logprobs)", 0},
         {"device", RF_OPT_STR, &a.device, "cpu | cuda (default cpu)", 0},
+        {"precision", RF_OPT_STR, &a.precision, "auto | fp32 | bf16: operands of matrix products (default auto: bf16 where the CPU has AVX512-BF16 or AMX-BF16)", 0},
         {"help", RF_OPT_FLAG, &a.help, "show this help", 0},
     };
     const char *pos[1];
@@ -219,7 +220,7 @@ static rf_status score_tokens(const rf_tokenizer *tok, const char *prompt, int a
 }
 
 int rf_cmd_score(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *resp = NULL, *tmpl = NULL, *device = "cpu";
+    const char *model = NULL, *prompt = NULL, *resp = NULL, *tmpl = NULL, *device = "cpu", *precision = "auto";
     float temperature = 1.0f;
     int help = 0;
     rf_opt opts[] = {
@@ -229,6 +230,7 @@ int rf_cmd_score(int argc, char **argv) {
         {"chat-template", RF_OPT_STR, &tmpl, "chatml | llama3: wrap the prompt as a user turn", 0},
         {"temperature", RF_OPT_FLOAT, &temperature, "score at this temperature (default 1.0)", 0},
         {"device", RF_OPT_STR, &device, "cpu | cuda (default cpu)", 0},
+        {"precision", RF_OPT_STR, &precision, "auto | fp32 | bf16: operands of matrix products (default auto: bf16 where the CPU has AVX512-BF16 or AMX-BF16)", 0},
         {"help", RF_OPT_FLAG, &help, "show this help", 0},
     };
     const char *pos[1];
@@ -243,7 +245,7 @@ int rf_cmd_score(int argc, char **argv) {
     }
     rf_model *m;
     rf_tokenizer *tok;
-    if ((s = rf_cli_open(model, device, &m, &tok))) return rf_cli_fail(s);
+    if ((s = rf_cli_open(model, device, precision, &m, &tok))) return rf_cli_fail(s);
     char *ptext = NULL;
     int32_t *ids = NULL;
     int n_prompt = 0, n = 0;

@@ -66,7 +66,7 @@ int rf_cmd_sft(int argc, char **argv) {
 }
 
 int rf_cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *data = NULL, *tmpl = "", *device = "cpu";
+    const char *model = NULL, *data = NULL, *tmpl = "", *device = "cpu", *precision = "auto";
     int n = 0, max_new = 64, help = 0;
     rf_opt_multi rules = {0};
     rf_opt opts[] = {
@@ -77,6 +77,7 @@ int rf_cmd_eval(int argc, char **argv) {
         {"rule", RF_OPT_MULTI, &rules, "correctness rule: numeric (default) or math", 0},
         {"chat-template", RF_OPT_STR, &tmpl, "chatml | llama3 (default none)", 0},
         {"device", RF_OPT_STR, &device, "cpu | cuda (default cpu)", 0},
+        {"precision", RF_OPT_STR, &precision, "auto | fp32 | bf16: operands of matrix products (default auto: bf16 where the CPU has AVX512-BF16 or AMX-BF16)", 0},
         {"help", RF_OPT_FLAG, &help, "show this help", 0},
     };
     const char *pos[1];
@@ -96,7 +97,7 @@ int rf_cmd_eval(int argc, char **argv) {
     const char *def_rule[] = {"numeric"};
     rf_reward_rules_config rc = {.names = rules.n ? rules.v : def_rule, .n_names = rules.n ? rules.n : 1};
     rf_dataset_opts o = {.chat_template = tmpl, .require_answer = 1, .no_shuffle = 1};
-    s = rf_cli_open(model, device, &m, &tok);
+    s = rf_cli_open(model, device, precision, &m, &tok);
     if (s == RF_OK) s = rf_dataset_load(&ds, data, &o, tok);
     if (s == RF_OK) s = rf_reward_rules_init(&rr, &rc);
     int n_eos = m ? rf_cli_eos_ids(model, m, tok, eos, 8) : 0;

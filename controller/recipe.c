@@ -24,6 +24,7 @@ typedef struct rkey {
 } rkey;
 
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};
+static const char *const PRECISIONS[] = {"auto", "fp32", "bf16", NULL};
 static const char *const AUTO_ON_OFF[] = {"auto", "on", "off", NULL};
 static const char *const PRESETS[] = {"", "tiny", "small", "25m", NULL};
 static const char *const TEMPLATES[] = {"", "chatml", "llama3", NULL};
@@ -65,6 +66,7 @@ static const rkey KEYS[] = {
     {"model", "path", T_STR, AT(model.path), "\"\"", NULL, "Hugging Face model directory of the policy (config.json, model.safetensors, tokenizer.json)."},
     {"model", "init_preset", T_ENUM, AT(model.init_preset), "\"\"", PRESETS, "When set and model.path does not exist, create a randomly initialized model of this size there."},
     {"model", "device", T_ENUM, AT(model.device), "\"cpu\"", DEVICES, "Device of the policy."},
+    {"model", "precision", T_ENUM, AT(model.precision), "\"auto\"", PRECISIONS, "Operands of every matrix product (training and generation): bf16 with fp32 accumulation, or fp32; auto = bf16 where the CPU has AVX512-BF16 or AMX-BF16, else fp32. Weights, gradients, optimizer state, norms, softmax and losses stay fp32."},
 
     {"data", "train", T_STR, AT(data.train), "\"\"", NULL, "Training prompts (JSONL)."},
     {"data", "val", T_STR, AT(data.val), "\"\"", NULL, "Validation prompts (JSONL); \"\" = no validation."},

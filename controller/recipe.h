@@ -34,6 +34,7 @@ typedef struct rf_recipe {
         char *path;        /* HF model dir of the policy */
         char *init_preset; /* "", "tiny", "small", "25m": random init when path is missing */
         const char *device; /* "cpu" | "cuda" */
+        const char *precision; /* "auto" | "fp32" | "bf16": operands of matrix products */
     } model;
     struct {
         char *train, *val; /* JSONL files */

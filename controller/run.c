@@ -39,6 +39,7 @@ static rf_status setup(rf_run *run, const rf_recipe *r, int resume) {
     RF_TRY(rf_kl_est_parse(r->algorithm.kl_estimator, &run->kl_est));
     run->k = rf_kernels_for(r->model.device);
     if (!run->k) return rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
+    RF_TRY(rf_kernels_apply_precision(run->k, r->model.precision, "model.precision", NULL));
     RF_TRY(rf__ensure_data(r));
     RF_TRY(rf__ensure_model(r));
     RF_TRY(rf__load_roles(run));

@@ -139,6 +139,8 @@ rf_status rf__sft_build(const rf_recipe *r, const char *dir) {
     char tmp_dir[4200];
     snprintf(tmp_dir, sizeof tmp_dir, "%s.init", dir);
     rf_log_info("sft: building the warm start %s (%s preset, %s)", dir, r->model.init_preset, r->data.train);
+    /* SFT runs on the CPU back end, at model.precision like the rest of the run */
+    RF_TRY(rf_kernels_apply_precision(rf_cpu_kernels(), r->model.precision, "model.precision", NULL));
     RF_TRY(rf__init_model(r, tmp_dir));
     rf_model *m = NULL;
     rf_tokenizer *tok = NULL;
@@ -163,6 +165,7 @@ rf_status rf_sft_main(const rf_recipe *r) {
             return rf_error(RF_ERR_IO, "%s: no model to fine-tune (set model.init_preset)", cfg);
         RF_TRY(rf__init_model(r, r->model.path));
     }
+    RF_TRY(rf_kernels_apply_precision(rf_cpu_kernels(), r->model.precision, "model.precision", NULL));
     rf_model *m = NULL;
     rf_tokenizer *tok = NULL;
     rf_status s = rf_model_load(&m, r->model.path, rf_cpu_kernels(), 0);

@@ -136,9 +136,12 @@ struct rf_kernels {
                              int C, int V, float inv_temp);
 
     /* ---- AdamW (decoupled weight decay, bias-corrected; Loshchilov & Hutter 2019) ---- */
-    /* param, grad, m, v (n); `step` is the 1-based step count after this update. */
+    /* param, grad, m, v (n); `step` is the 1-based step count after this update. The gradient
+     * used is grad[i] * grad_scale (grad-norm clipping folded in: grad is not written), so the
+     * update is one pass over the four arrays. */
     void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int step);
+                  float beta1, float beta2, float eps, float weight_decay, int step,
+                  float grad_scale);
 
     /* ---- paged KV cache (generation; rollout/kv_pool.h owns the pool) ---- */
     /* One layer's pool: k_pool, v_pool (n_blocks * block_size, KVH, D); pool row
@@ -221,6 +224,19 @@ int rf_cuda_device_count(void);
 /* The device the CUDA back end runs on; -1 before rf_cuda_kernels has started it (or
  * without CUDA). */
 int rf_cuda_current_device(void);
+
+/* Parses a precision setting named by key (a recipe key or a CLI option, for the message):
+ * "auto" sets *is_auto, "fp32" / "bf16" set *p. RF_ERR_ARG naming key for anything else. */
+rf_status rf_precision_parse(const char *s, const char *key, int *is_auto, rf_precision *p);
+
+/* Sets back end k's precision from setting ("auto" | "fp32" | "bf16"; key names it in
+ * messages) and logs the choice ("precision: bf16 (auto: this CPU has AVX512-BF16 or
+ * AMX-BF16)"). auto: on the CPU, bf16 where the instruction set oneDNN runs on has AVX512-BF16
+ * or AMX-BF16 (ONEDNN_MAX_CPU_ISA applies), else fp32; on CUDA, bf16 where the back end has it,
+ * else fp32 with a log line. An explicit "bf16" the back end lacks is an error naming key.
+ * *chosen (may be NULL) gets the precision set. Process-wide, like set_precision. */
+rf_status rf_kernels_apply_precision(const rf_kernels *k, const char *setting, const char *key,
+                                     rf_precision *chosen);
 
 /* Most token rows whose logits logprob_forward/backward hold at once (a back end may use
  * fewer for large vocabularies). */

@@ -123,6 +123,9 @@ static rf_status model_init(rf_model **out, const rf_model_config *cfg, const rf
     rf_config_inv_freq(cfg, inv);
     k->to_device(m->inv_freq, inv, sizeof(float) * (size_t)(cfg->head_dim / 2));
     free(inv);
+    /* new parameter memory (maybe at the address of a freed model's): converted copies the
+     * back end keeps of earlier weights must not be taken for these */
+    k->weights_updated();
     *out = m;
     return RF_OK;
 }
@@ -178,6 +181,7 @@ void rf_model_init_random(rf_model *m, uint64_t seed, float std) {
             p[j] = is_norm ? 1.0f : is_bias ? 0.0f : std * rf_rng_normal(&rng);
     }
     m->k->to_device(m->params, host, m->n_params * sizeof(float));
+    m->k->weights_updated();
     free(host);
 }
 
@@ -204,6 +208,7 @@ rf_status rf_model_share_params(rf_model *m) {
     rebase(&m->wte, old, now), rebase(&m->norm, old, now), rebase(&m->score, old, now), rebase(&m->lm_head, old, now);
     m->params = now, m->params_shared = 1;
     m->k->free(old);
+    m->k->weights_updated();
     return RF_OK;
 }
 

@@ -7,7 +7,8 @@
 
 /* Where n floats read from files are converted before they reach dst (n floats on back end
  * k): dst itself when k works in host memory (the CPU back end), else a host buffer that
- * rf__host_staging_done copies to dst (when ok) and frees. `what` names the data in errors. */
+ * rf__host_staging_done copies to dst (when ok), tells the back end its weights changed
+ * (weights_updated) and frees. `what` names the data in errors. */
 rf_status rf__host_staging(const rf_kernels *k, float *dst, size_t n, float **host, const char *what);
 void rf__host_staging_done(const rf_kernels *k, float *dst, size_t n, float *host, int ok);
 

@@ -17,9 +17,9 @@ rf_status rf__host_staging(const rf_kernels *k, float *dst, size_t n, float **ho
 }
 
 void rf__host_staging_done(const rf_kernels *k, float *dst, size_t n, float *host, int ok) {
-    if (host == dst) return;
-    if (ok && host) k->to_device(dst, host, n * sizeof(float));
-    free(host);
+    if (host != dst && ok && host) k->to_device(dst, host, n * sizeof(float));
+    if (ok) k->weights_updated(); /* dst was written (in place when host == dst) */
+    if (host != dst) free(host);
 }
 
 /* Reads every parameter view from st into the host staging buffer. */

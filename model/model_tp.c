@@ -240,6 +240,7 @@ rf_status rf_model_tp_set_shard(rf_model_tp *tp, const rf_shard *shards, int n_v
         return rf_error(RF_ERR_ARG, "%s (rank %d of %d): the buffer holds %zu floats, this rank's "
                         "shard %zu", who, tp->t, tp->tp, n_floats, tp->m->n_params);
     tp->m->k->to_device(tp->m->params, local, n_floats * sizeof(float));
+    tp->m->k->weights_updated();
     return RF_OK;
 }
 

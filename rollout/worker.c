@@ -143,8 +143,11 @@ static void weights_in_close(weights_in *in) {
 static float *weights_dst(const weights_in *in, const worker *w) { return in->stage ? in->stage : w->m->params; }
 
 /* After weights landed in the staging buffer: into the device model. */
+/* A new version is in the parameters (or in the stage, uploaded here): the back end's converted
+ * weight copies (bf16) are stale from now on. */
 static void weights_upload(const weights_in *in, const worker *w) {
     if (in->stage) w->m->k->to_device(w->m->params, in->stage, sizeof(float) * w->m->n_params);
+    w->m->k->weights_updated();
 }
 
 /* G > 1, every rank of the group before a transfer: a rank that is gone is named here. Inside
@@ -213,6 +216,7 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
         if (st == RF_OK && w->g) st = rf_rollout_tp_keepalive(w->g);
         w->load_s = rf_time_now() - t_load;
         if (st == RF_OK && arrived) {
+            w->m->k->weights_updated(); /* every path, rf_weights_rx_poll's in place included */
             w->version = v, w->crc = crc;
             rf_rollout_set_version(w->e, (int)v);
             if (!have_weights) w->t0 = rf_time_now(), w->busy = 0; /* busy/wall from serving on */
@@ -396,6 +400,7 @@ rf_status rf_rollout_worker_main(const rf_recipe *r, const char *endpoint, int r
                 .zero_copy = ho && r->placement.rollout.tp == r->placement.actor.tp};
     const rf_kernels *k = rf_kernels_for(r->model.device);
     if (!k) return rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
+    RF_TRY(rf_kernels_apply_precision(k, r->model.precision, "model.precision", NULL));
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     if (w.gcomm && rf_comm_rank(w.gcomm) > 0) {

@@ -120,6 +120,14 @@ static int on_device(const void *p, size_t bytes) {
 static rf_kernels g_table;
 static int g_device = -1;
 
+/* As the real CUDA back end (kernels/cuda/cuda_backend.cu): fp32 only, so that model.precision
+ * = "auto" takes its fp32 fallback on the stand-in as on a GPU. */
+static rf_status mock_set_precision(rf_precision p) {
+    if (p != RF_PRECISION_FP32)
+        return rf_error(RF_ERR_UNSUPPORTED, "cuda: bf16 matrix products are not built yet");
+    return rf_cpu_kernels()->set_precision(p);
+}
+
 static const rf_kernels *mock_kernels(int device) {
     if (g_device >= 0 && device != g_device) {
         rf_error(RF_ERR_UNSUPPORTED, "cuda: the back end already runs on device %d; one device per process "
@@ -136,6 +144,7 @@ static const rf_kernels *mock_kernels(int device) {
         g_table = *rf_cpu_kernels();
         g_table.name = "cuda";
         g_table.alloc = dev_alloc, g_table.free = dev_free, g_table.mem_info = dev_mem_info;
+        g_table.set_precision = mock_set_precision;
         g_device = device;
     }
     return &g_table;

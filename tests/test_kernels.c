@@ -343,10 +343,11 @@ static void run_logprob_backward(const rf_kernels *K, float *dh, float *dw, cons
 }
 
 static void run_adamw(const rf_kernels *K, float *param, const float *grad, float *m, float *v,
-                      size_t n, float lr, float b1, float b2, float eps, float wd, int step) {
+                      size_t n, float lr, float b1, float b2, float eps, float wd, int step,
+                      float gs) {
     float *d_p = put(K, param, FB(n)), *d_g = put(K, grad, FB(n));
     float *d_m = put(K, m, FB(n)), *d_v = put(K, v, FB(n));
-    K->adamw(d_p, d_g, d_m, d_v, n, lr, b1, b2, eps, wd, step);
+    K->adamw(d_p, d_g, d_m, d_v, n, lr, b1, b2, eps, wd, step, gs);
     get(K, param, d_p, FB(n)), get(K, NULL, d_g, 0), get(K, m, d_m, FB(n));
     get(K, v, d_v, FB(n));
 }
@@ -1054,9 +1055,10 @@ static void test_logprob(const rf_kernels *K) {
 /* ------------------------------------------------------------------ adamw */
 
 /* Three steps from m = v = 0 against PyTorch's AdamW in double (tests/kernel_ref.h), fed the
- * fp32 hyper-parameters the op receives. Each fp32 step is a few roundings: TOL_ELEM. */
+ * fp32 hyper-parameters the op receives and the gradient times clip (the op's grad_scale: the
+ * clipping factor it folds in). Each fp32 step is a few roundings: TOL_ELEM. */
 static void test_adamw_case(const rf_kernels *K, float lr, float b1, float b2, float eps,
-                            float wd, float gscale) {
+                            float wd, float gscale, float clip) {
     char what[160];
     size_t n = 257;
     float *p = fnormal(n, 1.0f), *m = fnew(n), *v = fnew(n);
@@ -1064,7 +1066,8 @@ static void test_adamw_case(const rf_kernels *K, float lr, float b1, float b2, f
     for (int step = 1; step <= 3; step++) {
         float *g = fnormal(n, gscale);
         double *g_d = dcopy(g, n);
-        run_adamw(K, p, g, m, v, n, lr, b1, b2, eps, wd, step);
+        for (size_t i = 0; i < n; i++) g_d[i] *= clip;
+        run_adamw(K, p, g, m, v, n, lr, b1, b2, eps, wd, step, clip);
         ref_adamw(p_d, g_d, m_d, v_d, n, lr, b1, b2, eps, wd, step);
         snprintf(what, sizeof what, "adamw param step %d lr=%g wd=%g eps=%g", step, lr, wd, eps);
         check_arr(what, p, p_d, n, TOL_ELEM);
@@ -1077,10 +1080,30 @@ static void test_adamw_case(const rf_kernels *K, float lr, float b1, float b2, f
     free(p), free(m), free(v), free(p_d), free(m_d), free(v_d);
 }
 
+/* One step over 100003 elements (the threaded, vectorised pass and its remainder) with clipping
+ * folded in, against the double reference; TOL_ELEM as above. */
+static void test_adamw_long(const rf_kernels *K) {
+    size_t n = 100003;
+    float *p = fnormal(n, 1.0f), *m = fnormal(n, 0.1f), *v = fnew(n), *g = fnormal(n, 1.0f);
+    for (size_t i = 0; i < n; i++) v[i] = 0.01f + 0.001f * (float)(i % 7);
+    double *p_d = dcopy(p, n), *m_d = dcopy(m, n), *v_d = dcopy(v, n), *g_d = dcopy(g, n);
+    for (size_t i = 0; i < n; i++) g_d[i] *= 0.5;
+    run_adamw(K, p, g, m, v, n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, 7, 0.5f);
+    ref_adamw(p_d, g_d, m_d, v_d, n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, 7);
+    check_arr("adamw long param (clip 0.5)", p, p_d, n, TOL_ELEM);
+    check_arr("adamw long m", m, m_d, n, TOL_ELEM);
+    check_arr("adamw long v", v, v_d, n, TOL_ELEM);
+    free(p), free(m), free(v), free(g), free(p_d), free(m_d), free(v_d), free(g_d);
+}
+
 static void test_adamw(const rf_kernels *K) {
-    test_adamw_case(K, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f);
+    test_adamw_case(K, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f, 1.0f);
     /* small gradients and a large eps, so that eps's place in the formula shows */
-    test_adamw_case(K, 1e-3f, 0.8f, 0.95f, 1e-3f, 0.0f, 1e-2f);
+    test_adamw_case(K, 1e-3f, 0.8f, 0.95f, 1e-3f, 0.0f, 1e-2f, 1.0f);
+    /* clipping folded in: the update sees grad * 0.37 */
+    test_adamw_case(K, 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f, 0.37f);
+    /* a vector long enough for the threaded pass (more than one OpenMP chunk) */
+    test_adamw_long(K);
 }
 
 /* ------------------------------------------------------------------ suite */

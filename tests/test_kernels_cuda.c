@@ -254,8 +254,8 @@ static void cross_adamw(size_t n) {
     float *v1 = fnew(n), *v2 = fnew(n);
     for (int step = 1; step <= 3; step++) {
         float *g = fnormal(n, 1.0f);
-        run_adamw(g_cpu, p1, g, m1, v1, n, 3e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
-        run_adamw(g_gpu, p2, g, m2, v2, n, 3e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
+        run_adamw(g_cpu, p1, g, m1, v1, n, 3e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, step, 0.8f);
+        run_adamw(g_gpu, p2, g, m2, v2, n, 3e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, step, 0.8f);
         check_arr_f("adamw param", p2, p1, n, 2 * TOL_ELEM);
         check_arr_f("adamw m", m2, m1, n, 2 * TOL_ELEM);
         check_arr_f("adamw v", v2, v1, n, 2 * TOL_ELEM);

@@ -254,6 +254,7 @@ rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o) 
     if (st == RF_OK)
         st = rf_comm_bcast(c, m->params, sizeof(float) * m->n_params, 0, dp->o.timeout_s,
                            "broadcasting DP rank 0's parameters");
+    m->k->weights_updated();
     if (st == RF_OK) st = share_moments(dp);
     if (st != RF_OK) {
         rf_dp_free(dp);
@@ -419,24 +420,28 @@ static rf_status zero_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm,
     double norm = sqrt(sumsq);
     *grad_norm = norm;
     if (!isfinite(norm)) return rf_error(RF_ERR_RANGE, "gradient norm is %g: skipping the update", norm);
-    if (o->grad_clip > 0 && norm > o->grad_clip) k->scale(dp->sg, (float)(o->grad_clip / (norm + 1e-6)), dp->shard_n);
+    float gs = o->grad_clip > 0 && norm > o->grad_clip ? (float)(o->grad_clip / (norm + 1e-6)) : 1.0f;
     float lr = rf_lr_at(o, m->opt_step);
     int step = ++m->opt_step;
     for (int i = 0; i < dp->nseg; i++) {
         const dp_seg *s = &dp->seg[i];
         k->adamw(m->params + s->p, dp->sg + s->s, dp->sm + s->s, dp->sv + s->s, s->n, lr, o->beta1, o->beta2,
-                 o->eps, s->no_decay ? 0.0f : o->weight_decay, step);
+                 o->eps, s->no_decay ? 0.0f : o->weight_decay, step, gs);
     }
     if (lr_used) *lr_used = lr;
     /* the summed gradients are spent: their buffer stages the updated shard */
     to_shard(dp, m->params, dp->sg);
-    return gather_buckets(dp, dp->sg, m->params, "allgather of updated parameters");
+    rf_status st = gather_buckets(dp, dp->sg, m->params, "allgather of updated parameters");
+    k->weights_updated();
+    return st;
 }
 
 rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm, float *lr_used) {
     if (!dp->tp) return dp->o.zero ? zero_step(dp, o, grad_norm, lr_used) : rf_optim_step(dp->m, o, grad_norm, lr_used);
     RF_TRY(dp->o.zero ? zero_step(dp, o, grad_norm, lr_used) : rf_optim_step_tp(dp->tp, o, grad_norm, lr_used));
-    return rf_model_tp_bcast_replicated(dp->tp, dp->m->params, "broadcast of the replicated parameters");
+    rf_status st = rf_model_tp_bcast_replicated(dp->tp, dp->m->params, "broadcast of the replicated parameters");
+    dp->m->k->weights_updated();
+    return st;
 }
 
 rf_status rf_dp_gather_optimizer(rf_dp *dp) {

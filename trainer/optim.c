@@ -29,16 +29,17 @@ rf_status rf_optim_step_norm(rf_model *m, const rf_optim_opts *o, double norm, f
     const rf_kernels *k = m->k;
     if (!isfinite(norm))
         return rf_error(RF_ERR_RANGE, "gradient norm is %g: skipping the update", norm);
-    if (o->grad_clip > 0 && norm > o->grad_clip)
-        k->scale(m->grads, (float)(o->grad_clip / (norm + 1e-6)), m->n_params);
+    /* clipping is folded into the AdamW pass (grad_scale), not a pass of its own */
+    float gs = o->grad_clip > 0 && norm > o->grad_clip ? (float)(o->grad_clip / (norm + 1e-6)) : 1.0f;
     float lr = rf_lr_at(o, m->opt_step);
     int step = ++m->opt_step;
     for (int i = 0; i < m->n_views; i++) {
         const rf_param_view *v = &m->views[i];
         k->adamw(m->params + v->offset, m->grads + v->offset, m->opt_m + v->offset,
                  m->opt_v + v->offset, v->numel, lr, o->beta1, o->beta2, o->eps,
-                 v->no_decay ? 0.0f : o->weight_decay, step);
+                 v->no_decay ? 0.0f : o->weight_decay, step, gs);
     }
+    k->weights_updated();
     if (lr_used) *lr_used = lr;
     return RF_OK;
 }

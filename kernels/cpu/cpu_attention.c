@@ -5,9 +5,9 @@
  * row so that the backward pass recomputes probabilities instead of storing them (the recipe
  * of FlashAttention-2, Dao 2023).
  * Backward: per (sequence, head) the five products S = QK^T, dP = dO V^T, dQ = dS K,
- * dK = dS^T Q, dV = P^T dO run as single-threaded sgemm calls on an (L, L) scratch, with OpenMP
+ * dK = dS^T Q, dV = P^T dO run as rf_cpu_gemm calls (single-threaded there: they run inside
+ * the parallel region) on an (L, L) scratch, with OpenMP
  * over (sequence, KV head) tasks so that each task alone writes its dk/dv rows. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,8 +89,8 @@ static void head_backward(float *dq, float *dk, float *dv, const float *dout, co
     const float *Q = q + (size_t)off * qs + (size_t)h * D, *dO = dout + (size_t)off * qs + (size_t)h * D;
     const float *K = k + (size_t)off * ks + (size_t)kvh * D, *Vv = v + (size_t)off * ks + (size_t)kvh * D;
     /* P = softmax rows from saved lse; dS = dO V^T first, then P * (dS - rowdot(dO, O)). */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, D, scale, Q, qs, K, ks, 0.0f, P, L);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, L, L, D, 1.0f, dO, qs, Vv, ks, 0.0f, dS, L);
+    rf_cpu_gemm(0, 1, L, L, D, scale, Q, qs, K, ks, 0.0f, P, L, 0);
+    rf_cpu_gemm(0, 1, L, L, D, 1.0f, dO, qs, Vv, ks, 0.0f, dS, L, 0);
     for (int i = 0; i < L; i++) {
         float l = lse[(size_t)(off + i) * H + h];
         float Di = dot(dO + (size_t)i * qs, out + (size_t)(off + i) * qs + (size_t)h * D, D);
@@ -103,9 +103,9 @@ static void head_backward(float *dq, float *dk, float *dv, const float *dout, co
     }
     float *dQ = dq + (size_t)off * qs + (size_t)h * D;
     float *dK = dk + (size_t)off * ks + (size_t)kvh * D, *dV = dv + (size_t)off * ks + (size_t)kvh * D;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, L, D, L, 1.0f, dS, L, K, ks, 0.0f, dQ, qs);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L, D, L, 1.0f, dS, L, Q, qs, 1.0f, dK, ks);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, L, D, L, 1.0f, P, L, dO, qs, 1.0f, dV, ks);
+    rf_cpu_gemm(0, 0, L, D, L, 1.0f, dS, L, K, ks, 0.0f, dQ, qs, 0);
+    rf_cpu_gemm(1, 0, L, D, L, 1.0f, dS, L, Q, qs, 1.0f, dK, ks, 0);
+    rf_cpu_gemm(1, 0, L, D, L, 1.0f, P, L, dO, qs, 1.0f, dV, ks, 0);
 }
 
 void rf_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout,

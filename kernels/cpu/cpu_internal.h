@@ -6,6 +6,26 @@
 
 #include "kernels/kernels.h"
 
+/* kernels/cpu/cpu_gemm.c: C (M, N) = alpha * op(A) @ op(B) + beta * C, row-major as
+ * cblas_sgemm; op(A) (M, K) is A (M, K; row stride lda), or A (K, M) read transposed when ta;
+ * op(B) (K, N) likewise with tb. b_weight: B is a parameter, whose converted bf16 copy is kept
+ * until rf_cpu_gemm_weights_updated. oneDNN underneath; synchronous. */
+void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *C, int ldc, int b_weight);
+/* Operand precision of rf_cpu_gemm from now on. */
+rf_status rf_cpu_gemm_set_precision(rf_precision p);
+rf_precision rf_cpu_gemm_get_precision(void);
+/* Converted weight copies are stale from now on. */
+void rf_cpu_gemm_weights_updated(void);
+/* 1 when oneDNN runs bf16 products natively on the instruction set it uses (else bf16 is
+ * emulated: bf16-rounded operands in fp32 products). */
+int rf_cpu_bf16_native(void);
+/* 1 when the instruction set oneDNN uses (ONEDNN_MAX_CPU_ISA applies) has AVX512-BF16 or
+ * AMX-BF16. */
+int rf_cpu_isa_has_bf16(void);
+/* x rounded to the nearest bf16 value (ties to even), as a float. */
+float rf_cpu_bf16_round(float x);
+
 void rf_cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int T,
                            int C, int OC);
 void rf_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,

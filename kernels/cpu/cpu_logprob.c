@@ -1,9 +1,8 @@
 /* Fused LM head + per-token log-prob and entropy of given tokens on the CPU.
  *
- * The logits of RF_LOGPROB_CHUNK tokens at a time are produced by one sgemm into a scratch
+ * The logits of RF_LOGPROB_CHUNK tokens at a time are produced by one matrix product (rf_cpu_gemm) into a scratch
  * buffer of (chunk, V) floats, reduced to log-prob and entropy, and dropped: memory stays
  * O(chunk * V) whatever the batch, which is what makes 150k-token vocabularies affordable. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -14,8 +13,8 @@
  * entropy into lse_out/ent_out (n). */
 static void chunk_logits(float *z, float *lse_out, float *ent_out, const float *h,
                          const float *w, int t0, int n, int C, int V, float inv_temp) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, C, inv_temp, h + (size_t)t0 * C,
-                C, w, C, 0.0f, z, V);
+    rf_cpu_gemm(0, 1, n, V, C, inv_temp, h + (size_t)t0 * C,
+                C, w, C, 0.0f, z, V, 1);
 #pragma omp parallel for if (n * (size_t)V > 65536)
     for (int r = 0; r < n; r++) {
         const float *zr = z + (size_t)r * V;
@@ -82,10 +81,10 @@ void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const flo
             }
         }
         /* dh (n, C) = dz (n, V) @ w (V, C); dw (V, C) += dz^T (V, n) @ h (n, C) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, V, 1.0f, z, V, w, C, 0.0f,
-                    dh + (size_t)t0 * C, C);
+        rf_cpu_gemm(0, 0, n, C, V, 1.0f, z, V, w, C, 0.0f,
+                    dh + (size_t)t0 * C, C, 1);
         if (dw)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, n, 1.0f, z, V,
-                        h + (size_t)t0 * C, C, 1.0f, dw, C);
+            rf_cpu_gemm(1, 0, V, C, n, 1.0f, z, V,
+                        h + (size_t)t0 * C, C, 1.0f, dw, C, 0);
     }
 }

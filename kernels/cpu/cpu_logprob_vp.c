@@ -2,11 +2,10 @@
  * half of the tensor-parallel log-prob (model/model_tp.c combines the ranks' partials).
  *
  * As in cpu_logprob.c, the logits of a chunk of tokens over this rank's vocabulary slice are
- * made by one sgemm into a scratch of (chunk, Vl) floats and reduced at once, so memory stays
+ * made by one matrix product (rf_cpu_gemm) into a scratch of (chunk, Vl) floats and reduced at once, so memory stays
  * O(chunk * Vl). Each rank reduces against its own maximum; the combination rescales to the
  * global one (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"), so the
  * logits are made once per pass. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -16,8 +15,8 @@
 /* z (n, Vl) = inv_temp * h[t0 .. t0+n) @ w^T */
 static void slice_logits(float *z, const float *h, const float *w, int t0, int n, int C, int Vl,
                          float inv_temp) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, Vl, C, inv_temp, h + (size_t)t0 * C,
-                C, w, C, 0.0f, z, Vl);
+    rf_cpu_gemm(0, 1, n, Vl, C, inv_temp, h + (size_t)t0 * C,
+                C, w, C, 0.0f, z, Vl, 1);
 }
 
 void rf_cpu_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float *ztgt,
@@ -66,10 +65,10 @@ void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const 
             }
         }
         /* dh (n, C) = dz (n, Vl) @ w (Vl, C); dw (Vl, C) += dz^T @ h (n, C) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, Vl, 1.0f, z, Vl, w, C, 0.0f,
-                    dh + (size_t)t0 * C, C);
+        rf_cpu_gemm(0, 0, n, C, Vl, 1.0f, z, Vl, w, C, 0.0f,
+                    dh + (size_t)t0 * C, C, 1);
         if (dw)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Vl, C, n, 1.0f, z, Vl,
-                        h + (size_t)t0 * C, C, 1.0f, dw, C);
+            rf_cpu_gemm(1, 0, Vl, C, n, 1.0f, z, Vl,
+                        h + (size_t)t0 * C, C, 1.0f, dw, C, 0);
     }
 }

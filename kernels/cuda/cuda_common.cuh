@@ -134,7 +134,8 @@ void rf_cuda_swiglu_forward(float *out, const float *gate, const float *up, size
 void rf_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                              const float *up, size_t n);
 void rf_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr,
-                   float beta1, float beta2, float eps, float weight_decay, int step);
+                   float beta1, float beta2, float eps, float weight_decay, int step,
+                   float grad_scale);
 
 /* cuda_matmul.cu */
 void rf_cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias,

@@ -273,21 +273,24 @@ void rf_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const 
 
 /* ---- AdamW ---- */
 
-/* AdamW over one tensor; when bf16 is not NULL it also writes the updated weight's bf16 copy
- * (the one the bf16 products and the colocated rollout read), so no conversion pass follows. */
+/* AdamW over one tensor, the gradient scaled by gs (clipping folded in); when bf16 is not NULL
+ * it also writes the updated weight's bf16 copy (the one the bf16 products and the colocated
+ * rollout read), so no conversion pass follows. */
 static __global__ void adamw_kernel(float *param, __nv_bfloat16 *bf16, const float *grad,
                                     float *m, float *v, size_t n, float lr, float beta1,
-                                    float beta2, float eps, float wd, float bc1, float bc2) {
+                                    float beta2, float eps, float wd, float bc1, float bc2,
+                                    float gs) {
     RF_FOR_EACH(i, n) {
-        float p = rf_adamw_elem(param[i], grad[i], m + i, v + i, lr, beta1, beta2, eps, wd, bc1,
-                                bc2);
+        float p = rf_adamw_elem(param[i], grad[i] * gs, m + i, v + i, lr, beta1, beta2, eps, wd,
+                                bc1, bc2);
         param[i] = p;
         if (bf16) bf16[i] = __float2bfloat16_rn(p);
     }
 }
 
 void rf_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr,
-                   float beta1, float beta2, float eps, float weight_decay, int step) {
+                   float beta1, float beta2, float eps, float weight_decay, int step,
+                   float grad_scale) {
     RF_CUDA_GUARD();
     if (n == 0) return;
     __nv_bfloat16 *copy = rf__cuda_bf16_updated_by_writer(param, n);
@@ -295,6 +298,6 @@ void rf_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n
     float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
     float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
     adamw_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
-        param, copy, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+        param, copy, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale);
     RF_CUDA_LAUNCH_CHECK();
 }

@@ -1,0 +1,477 @@
+/* Every matrix product of the CPU back end, through oneDNN (Debian's libdnnl, C API).
+ *
+ * Why oneDNN and not OpenBLAS: oneDNN picks its kernels by the instruction set the CPU reports
+ * (cpuid feature bits: AVX-512, AVX512-BF16, AMX), not by a table of CPU models, so a CPU newer
+ * than the library still gets its fast kernels; Debian's OpenBLAS 0.3.21 falls back to generic
+ * kernels on CPUs it does not name. It also has bf16 x bf16 -> fp32 products (docs/kernels.md).
+ *
+ * Two paths:
+ *  - the primitive path (outside OpenMP parallel regions): a oneDNN matmul primitive per shape
+ *    (transposes, M, N, K, leading dimensions, alpha, beta, precision), created on first use
+ *    and kept in a small hash table; alpha is an output scale, beta = 1 a sum post-op.
+ *  - the nested path (inside a parallel region, where attention's per-head products run): the
+ *    thread-safe dnnl_sgemm, single-threaded there, with no shared state. These stay fp32 in
+ *    bf16 mode: attention's forward (shared with decoding) is fp32 loops, and its backward
+ *    must differentiate that same function; attention's share of the FLOPs is small at the
+ *    sequence lengths RL trains on.
+ *
+ * bf16 (rf_cpu_gemm_set_precision): operands are rounded to bf16 (round to nearest even) and
+ * products accumulate in fp32. Activations are converted at each call; weights (the B operand
+ * when the caller says so) once per update, kept until rf_cpu_gemm_weights_updated bumps the
+ * epoch. Where oneDNN has no native bf16 matmul for the instruction set it runs on (checked
+ * once by creating a probe primitive; ONEDNN_MAX_CPU_ISA=AVX2 for instance), operands are
+ * rounded to bf16 values held in fp32 and fp32 products run: the same numbers, at fp32 speed.
+ *
+ * Threads: Debian's libdnnl uses OpenMP (libgomp), the same pool as the rest of rlflow; it
+ * runs single-threaded inside a parallel region. The primitive path holds a mutex for the
+ * whole product, so two threads of one process never share the cached primitives at once. */
+#include <dnnl.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_internal.h"
+
+typedef struct gemm_key {
+    int ta, tb, M, N, K, lda, ldb, ldc, dt; /* dt: 0 f32, 1 bf16 operands */
+    float alpha, beta;
+} gemm_key;
+
+typedef struct gemm_entry {
+    gemm_key key;
+    int used;
+    dnnl_primitive_t prim;
+    dnnl_memory_t a, b, c, scratch; /* memory objects whose data handle is set per call */
+    size_t scratch_bytes;
+} gemm_entry;
+
+/* A weight's bf16 (or bf16-rounded fp32) copy, valid while epoch matches. */
+typedef struct weight_copy {
+    const float *src;
+    int rows, cols, ld, emulated;
+    unsigned epoch;
+    void *data; /* (rows, cols) dense, uint16_t bf16 or float */
+} weight_copy;
+
+#define GEMM_SLOTS 1024 /* power of two; the table is cleared when it is three-quarters full */
+#define WEIGHT_SLOTS 512
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static dnnl_engine_t g_engine;
+static dnnl_stream_t g_stream;
+static int g_ready = -1; /* -1 not tried, 0 failed, 1 up */
+static gemm_entry g_gemm[GEMM_SLOTS];
+static int g_gemm_count;
+static weight_copy g_wcopy[WEIGHT_SLOTS];
+static unsigned g_epoch = 1;
+static rf_precision g_prec = RF_PRECISION_FP32;
+static int g_bf16_native = -1; /* -1 not probed */
+static void *g_scratch;
+static size_t g_scratch_cap;
+
+/* ---- bf16 rounding ---- */
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */
+    return (uint16_t)(u >> 16);
+}
+
+static inline float bf16_round(float f) {
+    uint32_t u = (uint32_t)f32_to_bf16(f) << 16;
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
+float rf_cpu_bf16_round(float x) { return bf16_round(x); }
+
+/* dst (rows, cols) dense = src (rows, cols; row stride ld) rounded to bf16: as uint16_t bf16
+ * when emulated is 0, as fp32 values otherwise. OpenMP over rows when not nested. */
+static void convert(void *dst, const float *src, int rows, int cols, int ld, int emulated) {
+#pragma omp parallel for if ((size_t)rows * cols > 32768 && !omp_in_parallel())
+    for (int r = 0; r < rows; r++) {
+        const float *s = src + (size_t)r * ld;
+        if (emulated) {
+            float *d = (float *)dst + (size_t)r * cols;
+            for (int c = 0; c < cols; c++) d[c] = bf16_round(s[c]);
+        } else {
+            uint16_t *d = (uint16_t *)dst + (size_t)r * cols;
+            for (int c = 0; c < cols; c++) d[c] = f32_to_bf16(s[c]);
+        }
+    }
+}
+
+/* ---- engine, probe ---- */
+
+static int engine_up(void) {
+    if (g_ready >= 0) return g_ready;
+    g_ready = dnnl_engine_create(&g_engine, dnnl_cpu, 0) == dnnl_success &&
+              dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags) == dnnl_success;
+    if (!g_ready) fprintf(stderr, "rlflow: oneDNN CPU engine failed to start\n");
+    return g_ready;
+}
+
+/* Plain memory descriptor of a (rows, cols) operand read with strides (rs, cs). */
+static void md2(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                dnnl_data_type_t dt) {
+    dnnl_dims_t dims = {rows, cols}, strides = {rs, cs};
+    dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides);
+}
+
+/* A matmul primitive for key k; NULL where oneDNN cannot make one. *scratch_md gets its
+ * scratchpad size. */
+static dnnl_primitive_t make_prim(const gemm_key *k, size_t *scratch_bytes) {
+    dnnl_data_type_t dt = k->dt ? dnnl_bf16 : dnnl_f32;
+    dnnl_memory_desc_t a, b, c;
+    md2(&a, k->M, k->K, k->ta ? 1 : k->lda, k->ta ? k->lda : 1, dt);
+    md2(&b, k->K, k->N, k->tb ? 1 : k->ldb, k->tb ? k->ldb : 1, dt);
+    md2(&c, k->M, k->N, k->ldc, 1, dnnl_f32);
+    dnnl_matmul_desc_t d;
+    if (dnnl_matmul_desc_init(&d, &a, &b, NULL, &c) != dnnl_success) return NULL;
+    dnnl_primitive_attr_t attr;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return NULL;
+    dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (k->alpha != 1.0f) dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha);
+    dnnl_post_ops_t po = NULL;
+    if (k->beta != 0.0f) {
+        dnnl_post_ops_create(&po);
+        dnnl_post_ops_append_sum(po, k->beta);
+        dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    dnnl_primitive_desc_t pd;
+    dnnl_status_t st = dnnl_primitive_desc_create(&pd, &d, attr, g_engine, NULL);
+    dnnl_primitive_attr_destroy(attr);
+    if (po) dnnl_post_ops_destroy(po);
+    if (st != dnnl_success) return NULL;
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    *scratch_bytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
+    dnnl_primitive_t p = NULL;
+    if (dnnl_primitive_create(&p, pd) != dnnl_success) p = NULL;
+    dnnl_primitive_desc_destroy(pd);
+    return p;
+}
+
+/* Whether oneDNN has a native bf16 matmul on the instruction set it runs on. */
+static int bf16_native(void) {
+    if (g_bf16_native >= 0) return g_bf16_native;
+    gemm_key k = {0, 1, 64, 64, 64, 64, 64, 64, 1, 1.0f, 0.0f};
+    size_t sb = 0;
+    dnnl_primitive_t p = engine_up() ? make_prim(&k, &sb) : NULL;
+    g_bf16_native = p != NULL;
+    if (p) dnnl_primitive_destroy(p);
+    return g_bf16_native;
+}
+
+/* ---- the shape table ---- */
+
+static uint64_t key_hash(const gemm_key *k) {
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p = (const unsigned char *)k;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static void entry_free(gemm_entry *e) {
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    if (e->a) dnnl_memory_destroy(e->a);
+    if (e->b) dnnl_memory_destroy(e->b);
+    if (e->c) dnnl_memory_destroy(e->c);
+    if (e->scratch) dnnl_memory_destroy(e->scratch);
+    memset(e, 0, sizeof *e);
+}
+
+static int mem_for(dnnl_memory_t *m, dnnl_primitive_t p, dnnl_query_t q, int idx) {
+    const_dnnl_primitive_desc_t pd;
+    if (dnnl_primitive_get_primitive_desc(p, &pd) != dnnl_success) return 0;
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, q, idx);
+    return md && dnnl_memory_create(m, md, g_engine, DNNL_MEMORY_NONE) == dnnl_success;
+}
+
+/* The table's entry for k, made on first use; NULL where oneDNN cannot make the primitive. */
+static gemm_entry *entry_get(const gemm_key *k) {
+    uint64_t h = key_hash(k);
+    for (size_t i = 0; i < GEMM_SLOTS; i++) {
+        gemm_entry *e = &g_gemm[(h + i) & (GEMM_SLOTS - 1)];
+        if (e->used && memcmp(&e->key, k, sizeof *k) == 0) return e;
+        if (e->used) continue;
+        if (g_gemm_count >= GEMM_SLOTS * 3 / 4) { /* many shapes: start over */
+            for (int j = 0; j < GEMM_SLOTS; j++) entry_free(&g_gemm[j]);
+            g_gemm_count = 0;
+            return entry_get(k);
+        }
+        e->key = *k;
+        e->prim = make_prim(k, &e->scratch_bytes);
+        if (!e->prim || !mem_for(&e->a, e->prim, dnnl_query_src_md, 0) ||
+            !mem_for(&e->b, e->prim, dnnl_query_weights_md, 0) ||
+            !mem_for(&e->c, e->prim, dnnl_query_dst_md, 0) ||
+            (e->scratch_bytes && !mem_for(&e->scratch, e->prim, dnnl_query_scratchpad_md, 0))) {
+            entry_free(e);
+            return NULL;
+        }
+        e->used = 1;
+        g_gemm_count++;
+        return e;
+    }
+    return NULL;
+}
+
+/* ---- weight copies ---- */
+
+/* The converted copy of weight src (rows, cols; stride ld), made or refreshed for this epoch. */
+static const void *weight_get(const float *src, int rows, int cols, int ld, int emulated) {
+    uint64_t h = ((uint64_t)(uintptr_t)src * 0x9e3779b97f4a7c15ull) ^ (uint64_t)rows * 31u ^ (uint64_t)cols;
+    weight_copy *slot = NULL;
+    for (size_t i = 0; i < WEIGHT_SLOTS; i++) {
+        weight_copy *w = &g_wcopy[((h >> 7 ^ h) + i) & (WEIGHT_SLOTS - 1)];
+        if (w->src == src && w->rows == rows && w->cols == cols && w->ld == ld &&
+            w->emulated == emulated) {
+            slot = w;
+            break;
+        }
+        if (!w->src) {
+            slot = w;
+            break;
+        }
+    }
+    if (!slot) { /* table full: drop everything */
+        for (int i = 0; i < WEIGHT_SLOTS; i++) free(g_wcopy[i].data);
+        memset(g_wcopy, 0, sizeof g_wcopy);
+        return weight_get(src, rows, cols, ld, emulated);
+    }
+    if (slot->src && slot->epoch == g_epoch) return slot->data;
+    if (!slot->src) {
+        slot->data = malloc((size_t)rows * cols * (emulated ? sizeof(float) : sizeof(uint16_t)));
+        if (!slot->data) return NULL;
+        *slot = (weight_copy){src, rows, cols, ld, emulated, 0, slot->data};
+    }
+    convert(slot->data, src, rows, cols, ld, emulated);
+    slot->epoch = g_epoch;
+    return slot->data;
+}
+
+/* ---- scratch buffers ---- */
+
+/* Per-thread growable buffer i (0: operand A, 1: operand B) of at least n bytes. The buffers
+ * live as long as the thread (OpenMP's threads live as long as the process). */
+static void *tls_buf(int i, size_t n) {
+    static _Thread_local void *buf[2];
+    static _Thread_local size_t cap[2];
+    if (cap[i] < n) {
+        free(buf[i]);
+        buf[i] = malloc(n);
+        cap[i] = buf[i] ? n : 0;
+    }
+    return buf[i];
+}
+
+/* ---- the product ---- */
+
+/* Stored shape of an operand read as (rows, cols) with transposition t: (cols, rows) if t. */
+static void stored(int t, int rows, int cols, int *sr, int *sc) {
+    *sr = t ? cols : rows;
+    *sc = t ? rows : cols;
+}
+
+/* dnnl_sgemm on fp32 operands, or on bf16-rounded copies of them when round is set (the
+ * fallback of a bf16 product without a primitive). */
+static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                        int lda, const float *B, int ldb, float beta, float *C, int ldc, int round) {
+    if (round) {
+        int ar, ac, br, bc;
+        stored(ta, M, K, &ar, &ac);
+        stored(tb, K, N, &br, &bc);
+        float *a = tls_buf(0, sizeof(float) * (size_t)ar * ac), *b = tls_buf(1, sizeof(float) * (size_t)br * bc);
+        if (!a || !b) abort(); /* out of memory for a few (L, D) operands: nothing sane left */
+        convert(a, A, ar, ac, lda, 1);
+        convert(b, B, br, bc, ldb, 1);
+        A = a, lda = ac, B = b, ldb = bc;
+    }
+    dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* Rows of A at or below which a weight product out = A W^T runs as the matrix-vector loops
+ * below: decoding streams each weight once per token, and a oneDNN call's fixed cost (memory
+ * objects, the OpenMP fork, oneDNN's own small-M path) cost up to 3x at M = 1 (bench_matmul). */
+#define GEMV_MAX_M 4
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* C (M, N) = alpha * A (M, K) @ W^T + beta * C with W (N, K; row stride ldw) a weight: fp32 W,
+ * or the dense bf16 copy Wb (N, K) with A rounded to bf16 as it is read. OpenMP over output
+ * columns, each a dot product accumulated in fp32 (16 lanes wide once vectorised). */
+static void gemv_rows(int M, int N, int K, float alpha, const float *A, int lda, const float *W,
+                      int ldw, const uint16_t *Wb, float beta, float *C, int ldc, float *xr) {
+    for (int t = 0; t < M; t++)
+        for (int c = 0; c < K; c++)
+            xr[(size_t)t * K + c] = Wb ? bf16_round(A[(size_t)t * lda + c]) : A[(size_t)t * lda + c];
+    size_t ld = Wb ? (size_t)K : (size_t)ldw;
+    /* four output columns at a time: four independent accumulator chains, so that the loop is
+     * bound by loads and FMA throughput, not by one chain's FMA latency */
+#pragma omp parallel for schedule(static) if ((size_t)N * K > 65536)
+    for (int o0 = 0; o0 < N; o0 += 4) {
+        int nr = N - o0 < 4 ? N - o0 : 4;
+        for (int t = 0; t < M; t++) {
+            const float *x = xr + (size_t)t * K;
+            float s[4] = {0, 0, 0, 0};
+            if (nr == 4) {
+                float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+                if (Wb) {
+                    const uint16_t *w0 = Wb + (size_t)o0 * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+                    for (int c = 0; c < K; c++) {
+                        float xc = x[c];
+                        a0 += xc * bf16_to_f32(w0[c]), a1 += xc * bf16_to_f32(w1[c]);
+                        a2 += xc * bf16_to_f32(w2[c]), a3 += xc * bf16_to_f32(w3[c]);
+                    }
+                } else {
+                    const float *w0 = W + (size_t)o0 * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+                    for (int c = 0; c < K; c++) {
+                        float xc = x[c];
+                        a0 += xc * w0[c], a1 += xc * w1[c], a2 += xc * w2[c], a3 += xc * w3[c];
+                    }
+                }
+                s[0] = a0, s[1] = a1, s[2] = a2, s[3] = a3;
+            } else {
+                for (int r = 0; r < nr; r++) {
+                    float a = 0;
+                    if (Wb) {
+                        const uint16_t *w = Wb + (size_t)(o0 + r) * ld;
+#pragma omp simd reduction(+ : a)
+                        for (int c = 0; c < K; c++) a += x[c] * bf16_to_f32(w[c]);
+                    } else {
+                        const float *w = W + (size_t)(o0 + r) * ld;
+#pragma omp simd reduction(+ : a)
+                        for (int c = 0; c < K; c++) a += x[c] * w[c];
+                    }
+                    s[r] = a;
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                float *cp = C + (size_t)t * ldc + o0 + r;
+                *cp = alpha * s[r] + (beta == 0.0f ? 0.0f : beta * *cp);
+            }
+        }
+    }
+}
+
+static int run_entry(gemm_entry *e, const void *A, const void *B, float *C) {
+    dnnl_memory_set_data_handle(e->a, (void *)A);
+    dnnl_memory_set_data_handle(e->b, (void *)B);
+    dnnl_memory_set_data_handle(e->c, C);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
+    int n = 3;
+    if (e->scratch_bytes) {
+        if (g_scratch_cap < e->scratch_bytes) {
+            free(g_scratch);
+            g_scratch = aligned_alloc(64, (e->scratch_bytes + 63) / 64 * 64);
+            g_scratch_cap = g_scratch ? e->scratch_bytes : 0;
+            if (!g_scratch) return 0;
+        }
+        dnnl_memory_set_data_handle(e->scratch, g_scratch);
+        args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, e->scratch};
+    }
+    return dnnl_primitive_execute(e->prim, g_stream, n, args) == dnnl_success &&
+           dnnl_stream_wait(g_stream) == dnnl_success;
+}
+
+void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *C, int ldc, int b_weight) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) { /* oneDNN refuses empty reductions: C = beta * C */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
+    if (omp_in_parallel()) { /* attention's per-head products: fp32 in both modes (the top) */
+        gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
+        return;
+    }
+    float *xr = M <= GEMV_MAX_M && !ta && tb && b_weight ? tls_buf(0, sizeof(float) * (size_t)M * K) : NULL;
+    if (xr) {
+        pthread_mutex_lock(&g_lock);
+        const uint16_t *wb = NULL;
+        int bf16 = g_prec == RF_PRECISION_BF16;
+        if (bf16) wb = weight_get(B, N, K, ldb, 0);
+        pthread_mutex_unlock(&g_lock);
+        if (!bf16 || wb) {
+            gemv_rows(M, N, K, alpha, A, lda, B, ldb, wb, beta, C, ldc, xr);
+            return;
+        }
+    }
+    pthread_mutex_lock(&g_lock);
+    int ok = engine_up();
+    int bf16 = ok && g_prec == RF_PRECISION_BF16, emulated = bf16 && !bf16_native();
+    gemm_key k = {ta, tb, M, N, K, lda, ldb, ldc, bf16 && !emulated, alpha, beta};
+    const void *a = A, *b = B;
+    if (bf16) {
+        int ar, ac, br, bc;
+        stored(ta, M, K, &ar, &ac);
+        stored(tb, K, N, &br, &bc);
+        size_t es = emulated ? sizeof(float) : sizeof(uint16_t);
+        void *abuf = tls_buf(0, es * (size_t)ar * ac);
+        if (abuf) convert(abuf, A, ar, ac, lda, emulated);
+        if (b_weight) {
+            b = weight_get(B, br, bc, ldb, emulated);
+        } else {
+            void *bbuf = tls_buf(1, es * (size_t)br * bc);
+            if (bbuf) convert(bbuf, B, br, bc, ldb, emulated);
+            b = bbuf;
+        }
+        a = abuf, k.lda = ac, k.ldb = bc;
+        ok = a && b;
+    }
+    gemm_entry *e = ok ? entry_get(&k) : NULL;
+    ok = e && run_entry(e, a, b, C);
+    pthread_mutex_unlock(&g_lock);
+    if (!ok) { /* no primitive for this shape (or no memory): oneDNN's sgemm, same numbers */
+        if (bf16) {
+            gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1);
+        } else {
+            dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        }
+    }
+}
+
+rf_status rf_cpu_gemm_set_precision(rf_precision p) {
+    if (p != RF_PRECISION_FP32 && p != RF_PRECISION_BF16)
+        return rf_error(RF_ERR_ARG, "cpu: unknown precision %d", (int)p);
+    pthread_mutex_lock(&g_lock);
+    g_prec = p;
+    pthread_mutex_unlock(&g_lock);
+    return RF_OK;
+}
+
+rf_precision rf_cpu_gemm_get_precision(void) { return g_prec; }
+
+void rf_cpu_gemm_weights_updated(void) {
+    pthread_mutex_lock(&g_lock);
+    g_epoch++;
+    pthread_mutex_unlock(&g_lock);
+}
+
+int rf_cpu_bf16_native(void) {
+    pthread_mutex_lock(&g_lock);
+    int n = bf16_native();
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+int rf_cpu_isa_has_bf16(void) {
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    /* Each ISA value holds the bits of those it extends (dnnl_types.h); avx512_core_bf16 and
+     * avx512_core_amx both contain avx512_core_bf16's bits. */
+    return ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) ==
+           (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+}

@@ -1,0 +1,437 @@
+/* The CPU back end's matrix products in both precisions (model.precision), against
+ * double-precision references:
+ *  - every matmul variant (forward with and without bias, small M = 1..4 of decoding, M = 32,
+ *    large training shapes; backward dinp overwritten, dw and dbias accumulated), the fused
+ *    log-prob kernel forward and backward (the LM head), and attention;
+ *  - bf16 mode really rounds operands to bf16 and accumulates in fp32: its result matches the
+ *    double product of the bf16-rounded operands within fp32 tolerance, and differs from the
+ *    unrounded product by more than fp32 tolerance allows;
+ *  - weights_updated: after parameters change (an optimizer step) bf16 log-probs and greedy
+ *    generation use the new weights, not the converted copy of the old ones;
+ *  - a whole model in bf16 against itself in fp32;
+ *  - model.precision / --precision parsing (exact errors) and "auto" (bf16 exactly when the
+ *    instruction set oneDNN runs on has AVX512-BF16 or AMX-BF16: ONEDNN_MAX_CPU_ISA=AVX2 gives
+ *    fp32, and the bf16 products still run, emulated; ctest runs this file both ways).
+ *
+ * Tolerances. Let S = sum_k |a_k b_k| for one output element (operands as rounded).
+ *  - fp32 accumulation of K terms: |error| <= K * 2^-24 * S in the worst case, about
+ *    sqrt(K) * 2^-24 * S in practice; TOL32 = 1e-5 relative to S holds that with room for
+ *    K <= 1408 (sqrt(1408) * 6e-8 = 2.2e-6) and any blocking order.
+ *  - bf16 operands (8 significant bits, round to nearest: relative error <= 2^-9 each): a
+ *    product's error is <= 2^-8 of |a b|, so |bf16 result - exact| <= 2^-8 S + fp32 error;
+ *    TOLBF = 2^-7 relative to S (2x headroom). Typical errors are far smaller (random signs:
+ *    ~2^-9 sqrt(K) |ab|). */
+#define _GNU_SOURCE /* strcasestr */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "kernels/cpu/cpu_internal.h"
+#include "kernels/kernels.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "trainer/optim.h"
+#include "test_util.h"
+
+#define TOL32 1e-5
+#define TOLBF (1.0 / 128.0)
+
+static rf_rng g_rng;
+static const rf_kernels *K;
+
+static float *fnormal(size_t n, float s) {
+    float *a = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) a[i] = s * rf_rng_normal(&g_rng);
+    return a;
+}
+
+/* x as the products see it in precision p. */
+static double as_op(float x, rf_precision p) {
+    return p == RF_PRECISION_BF16 ? (double)rf_cpu_bf16_round(x) : (double)x;
+}
+
+/* Worst |got - want| / (scale + tiny) over n elements, and whether it is within tol. */
+typedef struct err_stat {
+    double worst;
+} err_stat;
+
+static void err_add(err_stat *e, double got, double want, double scale) {
+    double r = fabs(got - want) / (scale + 1e-30);
+    if (!(r <= e->worst)) e->worst = r; /* NaN propagates */
+}
+
+/* ---- matmul ---- */
+
+/* out (T, OC) = x (T, C) W^T + b with operands as in p; S per element into s. */
+static void ref_fwd(double *out, double *s, const float *x, const float *w, const float *b, int T,
+                    int C, int OC, rf_precision p) {
+    for (int t = 0; t < T; t++)
+        for (int o = 0; o < OC; o++) {
+            double acc = b ? b[o] : 0, sa = b ? fabs(b[o]) : 0;
+            for (int c = 0; c < C; c++) {
+                double v = as_op(x[(size_t)t * C + c], p) * as_op(w[(size_t)o * C + c], p);
+                acc += v, sa += fabs(v);
+            }
+            out[(size_t)t * OC + o] = acc, s[(size_t)t * OC + o] = sa;
+        }
+}
+
+/* Checks got against the reference in precision pr (tight) and, in bf16 mode, against the
+ * exact fp32-operand reference (loose) and that it is NOT within fp32 tolerance of it. */
+static void check_prod(const char *what, const float *got, const double *ref_r, const double *s_r,
+                       const double *ref_x, const double *s_x, size_t n, rf_precision p) {
+    err_stat tight = {0}, loose = {0};
+    for (size_t i = 0; i < n; i++) {
+        err_add(&tight, got[i], ref_r[i], s_r[i]);
+        err_add(&loose, got[i], ref_x[i], s_x[i]);
+    }
+    int bf = p == RF_PRECISION_BF16;
+    if (!(tight.worst <= TOL32) || (bf && !(loose.worst <= TOLBF)) || (bf && !(loose.worst > TOL32))) {
+        fprintf(stderr, "%s (%s): error/S %.3g against the %s reference, %.3g against the exact one\n", what,
+                bf ? "bf16" : "fp32", tight.worst, bf ? "bf16-operand" : "exact", loose.worst);
+    }
+    CHECK(tight.worst <= TOL32);
+    if (bf) CHECK(loose.worst <= TOLBF);
+    if (bf) CHECK(loose.worst > TOL32); /* the operands really were rounded */
+}
+
+static void matmul_case(int T, int C, int OC, int bias, rf_precision p) {
+    char what[128];
+    size_t ni = (size_t)T * C, nw = (size_t)OC * C, no = (size_t)T * OC;
+    float *x = fnormal(ni, 1), *w = fnormal(nw, 0.5f), *b = bias ? fnormal(OC, 1) : NULL;
+    float *out = fnormal(no, 100); /* junk: overwritten */
+    double *r_r = malloc(sizeof(double) * (no > ni ? (no > nw ? no : nw) : (ni > nw ? ni : nw)));
+    double *s_r = malloc(sizeof(double) * (no > ni ? (no > nw ? no : nw) : (ni > nw ? ni : nw)));
+    double *r_x = malloc(sizeof(double) * (no > ni ? (no > nw ? no : nw) : (ni > nw ? ni : nw)));
+    double *s_x = malloc(sizeof(double) * (no > ni ? (no > nw ? no : nw) : (ni > nw ? ni : nw)));
+    CHECK_OK(K->set_precision(p));
+    K->weights_updated();
+    K->matmul_forward(out, x, w, b, T, C, OC);
+    ref_fwd(r_r, s_r, x, w, b, T, C, OC, p);
+    ref_fwd(r_x, s_x, x, w, b, T, C, OC, RF_PRECISION_FP32);
+    snprintf(what, sizeof what, "matmul_forward T=%d C=%d OC=%d bias=%d", T, C, OC, bias);
+    check_prod(what, out, r_r, s_r, r_x, s_x, no, p);
+
+    /* dinp (T, C) = dout W, overwritten */
+    float *dout = fnormal(no, 1), *dinp = fnormal(ni, 100);
+    K->matmul_backward(dinp, NULL, NULL, dout, x, w, T, C, OC);
+    for (int pass = 0; pass < 2; pass++) {
+        rf_precision q = pass ? RF_PRECISION_FP32 : p;
+        double *r = pass ? r_x : r_r, *s = pass ? s_x : s_r;
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) {
+                double acc = 0, sa = 0;
+                for (int o = 0; o < OC; o++) {
+                    double v = as_op(dout[(size_t)t * OC + o], q) * as_op(w[(size_t)o * C + c], q);
+                    acc += v, sa += fabs(v);
+                }
+                r[(size_t)t * C + c] = acc, s[(size_t)t * C + c] = sa;
+            }
+    }
+    snprintf(what, sizeof what, "matmul_backward dinp T=%d C=%d OC=%d", T, C, OC);
+    check_prod(what, dinp, r_r, s_r, r_x, s_x, ni, p);
+
+    /* dw (OC, C) += dout^T x; dbias += column sums (fp32 always) */
+    float *dw = fnormal(nw, 1), *dw0 = malloc(sizeof(float) * nw), *db = fnormal(OC, 1);
+    float *db0 = malloc(sizeof(float) * OC);
+    memcpy(dw0, dw, sizeof(float) * nw), memcpy(db0, db, sizeof(float) * OC);
+    K->matmul_backward(NULL, dw, db, dout, x, w, T, C, OC);
+    for (int pass = 0; pass < 2; pass++) {
+        rf_precision q = pass ? RF_PRECISION_FP32 : p;
+        double *r = pass ? r_x : r_r, *s = pass ? s_x : s_r;
+        for (int o = 0; o < OC; o++)
+            for (int c = 0; c < C; c++) {
+                double acc = dw0[(size_t)o * C + c], sa = fabs(acc);
+                for (int t = 0; t < T; t++) {
+                    double v = as_op(dout[(size_t)t * OC + o], q) * as_op(x[(size_t)t * C + c], q);
+                    acc += v, sa += fabs(v);
+                }
+                r[(size_t)o * C + c] = acc, s[(size_t)o * C + c] = sa;
+            }
+    }
+    snprintf(what, sizeof what, "matmul_backward dw (+=) T=%d C=%d OC=%d", T, C, OC);
+    check_prod(what, dw, r_r, s_r, r_x, s_x, nw, p);
+    err_stat e = {0};
+    for (int o = 0; o < OC; o++) {
+        double acc = db0[o], sa = fabs(acc);
+        for (int t = 0; t < T; t++) acc += dout[(size_t)t * OC + o], sa += fabs(dout[(size_t)t * OC + o]);
+        err_add(&e, db[o], acc, sa);
+    }
+    CHECK(e.worst <= TOL32); /* a sum, not a product: fp32 in both modes */
+    free(x), free(w), free(b), free(out), free(r_r), free(s_r), free(r_x), free(s_x);
+    free(dout), free(dinp), free(dw), free(dw0), free(db), free(db0);
+}
+
+static void test_matmul(rf_precision p) {
+    static const int shapes[][4] = {
+        {1, 64, 96, 1},   {2, 64, 96, 0},   {3, 128, 40, 1},  {4, 96, 130, 0}, /* decoding */
+        {5, 24, 7, 1},    {32, 96, 80, 1},  {32, 512, 64, 0},                  /* small */
+        {300, 256, 200, 1}, {257, 64, 1000, 0}, {64, 1408, 48, 0},            /* training */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        matmul_case(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], p);
+}
+
+/* ---- fused log-prob (LM head) ---- */
+
+/* Double log-probs, entropies and the gradients of sum dl * logp w.r.t. h and w, with the
+ * logits' operands as in precision p. dh (T, C), dw (V, C) overwritten; sdh, sdw get the S of
+ * each (sum of |dz w| and |dz h| with dz in double). */
+static void ref_logprob_all(double *lp, double *ent, double *dh, double *sdh, double *dw, double *sdw,
+                            const float *h, const float *w, const int32_t *tg, const float *dl, int T,
+                            int C, int V, double it, rf_precision p) {
+    double *z = malloc(sizeof(double) * V);
+    memset(dw, 0, sizeof(double) * (size_t)V * C), memset(sdw, 0, sizeof(double) * (size_t)V * C);
+    for (int t = 0; t < T; t++) {
+        double mx = -INFINITY;
+        for (int v = 0; v < V; v++) {
+            double a = 0;
+            for (int c = 0; c < C; c++) a += as_op(h[(size_t)t * C + c], p) * as_op(w[(size_t)v * C + c], p);
+            z[v] = a * it, mx = z[v] > mx ? z[v] : mx;
+        }
+        double sum = 0;
+        for (int v = 0; v < V; v++) sum += exp(z[v] - mx);
+        double lse = mx + log(sum), en = 0;
+        for (int v = 0; v < V; v++) en -= exp(z[v] - lse) * (z[v] - lse);
+        lp[t] = z[tg[t]] - lse, ent[t] = en;
+        for (int c = 0; c < C; c++) dh[(size_t)t * C + c] = 0, sdh[(size_t)t * C + c] = 0;
+        for (int v = 0; v < V; v++) {
+            double dz = it * dl[t] * ((v == tg[t]) - exp(z[v] - lse));
+            for (int c = 0; c < C; c++) {
+                double a = dz * as_op(w[(size_t)v * C + c], p), b = dz * as_op(h[(size_t)t * C + c], p);
+                dh[(size_t)t * C + c] += a, sdh[(size_t)t * C + c] += fabs(a);
+                dw[(size_t)v * C + c] += b, sdw[(size_t)v * C + c] += fabs(b);
+            }
+        }
+    }
+    free(z);
+}
+
+/* Log-probs: an error e in a logit moves a log-prob by at most 2e; the logits' S is at most
+ * sum |h||w| * inv_temp, bounded here by max over tokens. Gradients against the reference
+ * whose logits and products take operands as in p, with dz from those logits in double: in
+ * bf16 mode the kernel also rounds dz (an operand of both products) to bf16, 2^-9 relative,
+ * which TOLBF covers; fp32 mode is held to TOL32. */
+static void logprob_case(int T, int C, int V, rf_precision p) {
+    char what[128];
+    float it = 0.7f;
+    float *h = fnormal((size_t)T * C, 1), *w = fnormal((size_t)V * C, 0.2f), *dl = fnormal(T, 1);
+    int32_t *tg = malloc(sizeof(int32_t) * T);
+    for (int t = 0; t < T; t++) tg[t] = (int32_t)(rf_rng_u64(&g_rng) % (uint64_t)V);
+    float *lp = malloc(sizeof(float) * T), *en = malloc(sizeof(float) * T);
+    float *dh = fnormal((size_t)T * C, 100), *dw = calloc((size_t)V * C, sizeof(float));
+    CHECK_OK(K->set_precision(p));
+    K->weights_updated();
+    K->logprob_forward(lp, en, h, w, tg, T, C, V, it);
+    K->logprob_backward(dh, dw, dl, NULL, h, w, tg, T, C, V, it);
+    double *lr = malloc(sizeof(double) * T), *er = malloc(sizeof(double) * T);
+    double *dhr = malloc(sizeof(double) * T * C), *sdh = malloc(sizeof(double) * T * C);
+    double *dwr = malloc(sizeof(double) * V * C), *sdw = malloc(sizeof(double) * V * C);
+    ref_logprob_all(lr, er, dhr, sdh, dwr, sdw, h, w, tg, dl, T, C, V, it, p);
+    double smax = 0;
+    for (int t = 0; t < T; t++)
+        for (int v = 0; v < V; v++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += fabs(as_op(h[(size_t)t * C + c], p) * as_op(w[(size_t)v * C + c], p));
+            smax = s * it > smax ? s * it : smax;
+        }
+    err_stat el = {0}, ee = {0};
+    for (int t = 0; t < T; t++) {
+        err_add(&el, lp[t], lr[t], 1.0), err_add(&ee, en[t], er[t], 1.0);
+    }
+    /* fp32: logits within 2 TOL32 smax, plus the fp32 softmax over V terms (1e-5) */
+    double tol_lp = 2 * TOL32 * smax + 1e-5;
+    snprintf(what, sizeof what, "logprob_forward T=%d C=%d V=%d %s", T, C, V, p ? "bf16" : "fp32");
+    if (!(el.worst <= tol_lp && ee.worst <= tol_lp))
+        fprintf(stderr, "%s: |logp err| %.3g, |entropy err| %.3g, tol %.3g\n", what, el.worst, ee.worst, tol_lp);
+    CHECK(el.worst <= tol_lp);
+    CHECK(ee.worst <= tol_lp);
+    double tol_g = p == RF_PRECISION_BF16 ? TOLBF : TOL32;
+    double *dhx = dhr, *dwx = dwr;
+    err_stat gh = {0}, gw = {0};
+    for (size_t i = 0; i < (size_t)T * C; i++) err_add(&gh, dh[i], dhx[i], sdh[i] + 1e-6);
+    for (size_t i = 0; i < (size_t)V * C; i++) err_add(&gw, dw[i], dwx[i], sdw[i] + 1e-6);
+    if (!(gh.worst <= tol_g && gw.worst <= tol_g))
+        fprintf(stderr, "%s: dh err/S %.3g, dw err/S %.3g, tol %.3g\n", what, gh.worst, gw.worst, tol_g);
+    CHECK(gh.worst <= tol_g);
+    CHECK(gw.worst <= tol_g);
+    free(h), free(w), free(dl), free(tg), free(lp), free(en), free(dh), free(dw);
+    free(lr), free(er), free(dhr), free(sdh), free(dwr), free(sdw);
+}
+
+/* ---- attention: its score and value products are fp32 in both modes (the forward is shared
+ * with decoding, whose loops are fp32); the bf16 setting must not change them ---- */
+
+static void test_attention_unchanged(void) {
+    enum { NS = 2, H = 4, KVH = 2, D = 16 };
+    int32_t off[NS + 1] = {0, 37, 37 + 70};
+    int T = off[NS];
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
+    float *q = fnormal(nq, 1), *k = fnormal(nk, 1), *v = fnormal(nk, 1), *dout = fnormal(nq, 1);
+    float *o[2], *lse[2], *dq[2], *dk[2], *dv[2];
+    int32_t klen[NS] = {37, 70};
+    for (int m = 0; m < 2; m++) {
+        CHECK_OK(K->set_precision(m ? RF_PRECISION_BF16 : RF_PRECISION_FP32));
+        o[m] = malloc(sizeof(float) * nq), lse[m] = malloc(sizeof(float) * T * H);
+        dq[m] = malloc(sizeof(float) * nq), dk[m] = malloc(sizeof(float) * nk), dv[m] = malloc(sizeof(float) * nk);
+        K->attention_forward(o[m], lse[m], q, k, v, off, off, klen, NS, H, KVH, D);
+        K->attention_backward(dq[m], dk[m], dv[m], dout, q, k, v, o[m], lse[m], off, NS, T, H, KVH, D);
+    }
+    CHECK(memcmp(o[0], o[1], sizeof(float) * nq) == 0);
+    CHECK(memcmp(dq[0], dq[1], sizeof(float) * nq) == 0);
+    CHECK(memcmp(dk[0], dk[1], sizeof(float) * nk) == 0);
+    CHECK(memcmp(dv[0], dv[1], sizeof(float) * nk) == 0);
+    for (int m = 0; m < 2; m++) free(o[m]), free(lse[m]), free(dq[m]), free(dk[m]), free(dv[m]);
+    free(q), free(k), free(v), free(dout);
+}
+
+/* ---- whole model ---- */
+
+static rf_model *small_model(uint64_t seed) {
+    rf_model_config c;
+    CHECK_OK(rf_config_preset(&c, "small", 512));
+    rf_model *m = NULL;
+    CHECK_OK(rf_model_init(&m, &c, K));
+    rf_model_init_random(m, seed, 0.05f);
+    return m;
+}
+
+/* Packed batch of 3 sequences; log-probs of the next tokens into lp (T). */
+static int model_logprobs(rf_model *m, float *lp, float *en) {
+    enum { T = 40 };
+    int32_t tok[T], tgt[T], cu[4] = {0, 11, 30, T};
+    for (int t = 0; t < T; t++) tok[t] = (t * 37 + 11) % 512, tgt[t] = (t * 53 + 7) % 512;
+    rf_batch b = {3, T, tok, NULL, cu};
+    CHECK_OK(rf_model_forward(m, &b));
+    CHECK_OK(rf_model_logprobs(m, tgt, 1.0f, lp, en));
+    return T;
+}
+
+/* bf16 against fp32 on the same weights. Each layer's products carry ~2^-9 relative operand
+ * error; through the layers and the LM head the log-probs (magnitude ~6) moved by at most
+ * 0.02 (observed, native and emulated); 0.05 is the bound, which a wrong weight or a missing
+ * layer exceeds by far. */
+static void test_model_bf16_vs_fp32(void) {
+    rf_model *m = small_model(3);
+    float l32[64], e32[64], l16[64], e16[64];
+    CHECK_OK(K->set_precision(RF_PRECISION_FP32));
+    int T = model_logprobs(m, l32, e32);
+    CHECK_OK(K->set_precision(RF_PRECISION_BF16));
+    model_logprobs(m, l16, e16);
+    double worst = 0, worst_e = 0, differ = 0;
+    for (int t = 0; t < T; t++) {
+        worst = fmax(worst, fabs(l16[t] - l32[t])), worst_e = fmax(worst_e, fabs(e16[t] - e32[t]));
+        differ += l16[t] != l32[t];
+    }
+    printf("model bf16 vs fp32: max |logp diff| %.3g, max |entropy diff| %.3g over %d tokens\n", worst, worst_e, T);
+    CHECK(worst <= 0.05);
+    CHECK(worst_e <= 0.05);
+    CHECK(differ > 0); /* bf16 is in use */
+    rf_model_free(m);
+}
+
+/* After an optimizer step on the parameters, bf16 log-probs and greedy generation must be
+ * those of a model loaded fresh with the new parameters (bit for bit: same kernels, same
+ * shapes), not those of the converted copy of the old weights. */
+static void test_weights_updated(void) {
+    CHECK_OK(K->set_precision(RF_PRECISION_BF16));
+    rf_model *m = small_model(5);
+    float l0[64], l1[64], l2[64], en[64];
+    CHECK_OK(rf_model_enable_training(m));
+    const int32_t prompt[4] = {5, 17, 42, 99};
+    const int32_t *pp = prompt;
+    int plen = 4;
+    rf_gen_params gp = {.sampling = {.greedy = 1}, .max_new_tokens = 6};
+    rf_gen_output g0, g1, g2;
+    CHECK_OK(rf_generate(m, NULL, &pp, &plen, 1, &gp, &g0, 0)); /* converts the weights */
+    /* the update: an AdamW step on a gradient made by a backward pass */
+    int T = model_logprobs(m, l0, en);
+    rf_model_zero_grad(m);
+    float dl[64];
+    for (int t = 0; t < T; t++) dl[t] = -1.0f;
+    CHECK_OK(rf_model_backward(m, dl, NULL, NULL));
+    rf_optim_opts o = {.lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_clip = 1.0f};
+    double gn;
+    float lr;
+    CHECK_OK(rf_optim_step(m, &o, &gn, &lr));
+    model_logprobs(m, l1, en);
+    CHECK_OK(rf_generate(m, NULL, &pp, &plen, 1, &gp, &g1, 0));
+    /* the same parameters in a fresh model */
+    rf_model *f = small_model(6);
+    memcpy(f->params, m->params, sizeof(float) * m->n_params);
+    K->weights_updated();
+    model_logprobs(f, l2, en);
+    CHECK_OK(rf_generate(f, NULL, &pp, &plen, 1, &gp, &g2, 0));
+    int moved = 0, same = 1;
+    for (int t = 0; t < T; t++) moved += l1[t] != l0[t], same &= l1[t] == l2[t];
+    CHECK(moved > T / 2); /* the step changed the model */
+    CHECK(same);          /* and the bf16 products used the new weights */
+    CHECK(g1.n_tokens == g2.n_tokens);
+    for (int i = 0; i < g1.n_tokens && i < g2.n_tokens; i++) {
+        CHECK(g1.tokens[i] == g2.tokens[i]);
+        CHECK(g1.logprobs[i] == g2.logprobs[i]);
+    }
+    rf_gen_output_free(&g0), rf_gen_output_free(&g1), rf_gen_output_free(&g2);
+    rf_model_free(m), rf_model_free(f);
+}
+
+/* ---- settings ---- */
+
+/* Whether the CPU and ONEDNN_MAX_CPU_ISA allow bf16 instructions, read independently of
+ * oneDNN: /proc/cpuinfo flags, and the cap named by the environment. */
+static int expect_bf16(void) {
+    const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+    if (cap && *cap && strcasecmp(cap, "ALL") != 0 && !strcasestr(cap, "BF16") && !strcasestr(cap, "AMX"))
+        return 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return -1;
+    char line[8192];
+    int has = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "flags", 5) == 0) {
+            has = strstr(line, " avx512_bf16") || strstr(line, " amx_bf16");
+            break;
+        }
+    fclose(f);
+    return has;
+}
+
+static void test_settings(void) {
+    int is_auto;
+    rf_precision p;
+    CHECK_ERR(rf_precision_parse("fp16", "model.precision", &is_auto, &p), RF_ERR_ARG,
+              "model.precision = \"fp16\": expected \"auto\", \"fp32\" or \"bf16\"");
+    CHECK_ERR(rf_kernels_apply_precision(K, "BF16", "--precision", NULL), RF_ERR_ARG,
+              "--precision = \"BF16\": expected \"auto\", \"fp32\" or \"bf16\"");
+    CHECK_OK(rf_precision_parse("bf16", "k", &is_auto, &p));
+    CHECK(!is_auto && p == RF_PRECISION_BF16);
+    rf_precision chosen = RF_PRECISION_FP32;
+    CHECK_OK(rf_kernels_apply_precision(K, "auto", "model.precision", &chosen));
+    int want = expect_bf16();
+    printf("auto chose %s (cpuinfo and ONEDNN_MAX_CPU_ISA say bf16 %s; oneDNN bf16 %s)\n",
+           chosen == RF_PRECISION_BF16 ? "bf16" : "fp32", want ? "yes" : "no",
+           rf_cpu_bf16_native() ? "native" : "emulated");
+    if (want >= 0) CHECK((chosen == RF_PRECISION_BF16) == want);
+    if (want == 0) CHECK(!rf_cpu_bf16_native()); /* no bf16 instructions: emulated */
+    CHECK_OK(rf_kernels_apply_precision(K, "fp32", "model.precision", &chosen));
+    CHECK(chosen == RF_PRECISION_FP32 && K->get_precision() == RF_PRECISION_FP32);
+}
+
+int main(void) {
+    K = rf_cpu_kernels();
+    rf_rng_seed(&g_rng, 1234);
+    test_settings();
+    for (int p = 0; p < 2; p++) {
+        test_matmul((rf_precision)p);
+        logprob_case(37, 64, 700, (rf_precision)p);  /* a whole chunk and more rows */
+        logprob_case(3, 96, 300, (rf_precision)p);   /* decoding-sized: the small-M path */
+        logprob_case(300, 32, 50, (rf_precision)p);  /* more than one chunk */
+    }
+    test_attention_unchanged();
+    test_model_bf16_vs_fp32();
+    test_weights_updated();
+    CHECK_OK(K->set_precision(RF_PRECISION_FP32));
+    return rf_test_finish("test_precision");
+}
