@@ -184,7 +184,9 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
 
 /* Reads the parameters of an existing model from a safetensors directory (same config);
  * with `prefix`/`suffix` the tensor names are prefix + view name + suffix and the values go to
- * `dst` (n_params floats on the back end, e.g. optimizer moments) instead of the parameters.
+ * `dst` (n_params - n_frozen floats on the back end, e.g. optimizer moments) instead of the
+ * parameters. Only the trained views are read (model/lora.h rf_model_train_views: under LoRA
+ * the adapters, named as in m->lora.views; the frozen base stays as it is).
  * On the CPU back end the tensors are converted straight into place (no staging copy), so after
  * an error the buffer may hold some of them. */
 rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const char *suffix);
