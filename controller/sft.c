@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "controller/run_internal.h"
+#include "model/lora.h"
 #include "model/byte_tokenizer.h"
 #include "trainer/checkpoint.h"
 
@@ -114,8 +115,10 @@ static rf_status sft_train(const rf_recipe *r, rf_model *m, const rf_tokenizer *
     return st;
 }
 
+/* SFT of m on data.train, written to out_dir: the whole model, or with `lora` the adapters of
+ * the recipe's [lora] section in PEFT's layout (the base stays as it is). */
 static rf_status sft_run(const rf_recipe *r, rf_model *m, const rf_tokenizer *tok, const char *out_dir,
-                         const char *tok_dir) {
+                         const char *tok_dir, int lora) {
     rf_dataset *ds = NULL, *val = NULL;
     rf_dataset_opts o = {.prompt_key = r->data.prompt_key, .answer_key = r->data.answer_key,
                          .chat_template = r->data.chat_template, .require_response = 1,
@@ -125,9 +128,10 @@ static rf_status sft_run(const rf_recipe *r, rf_model *m, const rf_tokenizer *to
     double loss = 0;
     rf_status s = rf_dataset_load(&ds, r->data.train, &o, tok);
     if (s == RF_OK) s = rf__eos_ids(tok_dir, m, tok, &eos, &n_eos);
+    if (s == RF_OK && lora) s = rf__lora_attach(r, m);
     if (s == RF_OK) s = rf_model_enable_training(m);
     if (s == RF_OK) s = sft_train(r, m, tok, ds, n_eos ? eos[0] : -1, &loss);
-    if (s == RF_OK) s = rf_model_save(m, out_dir, 0, 0);
+    if (s == RF_OK) s = lora ? rf_lora_save_peft(m, out_dir, r->model.path) : rf_model_save(m, out_dir, 0, 0);
     if (s == RF_OK) s = rf_copy_tokenizer_files(tok_dir, out_dir);
     if (s == RF_OK) rf_log_info("sft: final loss %.4f; wrote %s", loss, out_dir);
     free(eos);
@@ -146,7 +150,7 @@ rf_status rf__sft_build(const rf_recipe *r, const char *dir) {
     rf_tokenizer *tok = NULL;
     rf_status s = rf_model_load(&m, tmp_dir, rf_cpu_kernels(), 0);
     if (s == RF_OK) s = rf_tokenizer_load_dir(&tok, tmp_dir);
-    if (s == RF_OK) s = sft_run(r, m, tok, dir, tmp_dir);
+    if (s == RF_OK) s = sft_run(r, m, tok, dir, tmp_dir, 0); /* the base model itself: no adapters */
     rf_model_free(m);
     rf_tokenizer_free(tok);
     if (s == RF_OK) s = rf_remove_tree(tmp_dir);
@@ -170,7 +174,7 @@ rf_status rf_sft_main(const rf_recipe *r) {
     rf_tokenizer *tok = NULL;
     rf_status s = rf_model_load(&m, r->model.path, rf_cpu_kernels(), 0);
     if (s == RF_OK) s = rf_tokenizer_load_dir(&tok, r->model.path);
-    if (s == RF_OK) s = sft_run(r, m, tok, out, r->model.path);
+    if (s == RF_OK) s = sft_run(r, m, tok, out, r->model.path, r->lora.enabled);
     rf_model_free(m);
     rf_tokenizer_free(tok);
     return s;

@@ -57,4 +57,29 @@ size_t rf_lora_param_count(const rf_lora_opts *o, const rf_model_config *cfg);
 /* Input and output width of target t's projection in a model of config cfg. */
 void rf_lora_target_dims(const rf_model_config *cfg, int t, int *in, int *out);
 
+/* Writes m's adapters into dir (created if needed) in Hugging Face PEFT's layout:
+ * adapter_config.json (peft_type LORA, r, lora_alpha, target_modules, task_type CAUSAL_LM,
+ * base_model_name_or_path = base, may be "") and adapter_model.safetensors with PEFT's names,
+ * "base_model.model." + the view name (F32). RF_ERR_ARG when m has no adapters; RF_ERR_IO. */
+rf_status rf_lora_save_peft(const rf_model *m, const char *dir, const char *base);
+
+/* Reads dir/adapter_config.json into o (seed 0, B-zero init; the values come from the file):
+ * what rlflow does not implement (use_rslora, bias other than "none", modules_to_save,
+ * fan_in_fan_out, rank_pattern / alpha_pattern, layers_to_transform, lora_dropout is read but
+ * only matters for training, a target_modules regex or a module other than q/k/v/o/gate/up/
+ * down_proj) is refused naming the file and field. RF_ERR_IO, RF_ERR_FORMAT. */
+rf_status rf_lora_read_peft_config(const char *dir, rf_lora_opts *o);
+
+/* Attaches the adapters saved in PEFT's layout in dir to m (a model without adapters, not
+ * training): config as rf_lora_read_peft_config, every tensor of adapter_model.safetensors
+ * read into place; a missing tensor, one of another shape, or one the adapters do not have is
+ * an error naming the file and tensor. */
+rf_status rf_lora_load_peft(rf_model *m, const char *dir);
+
+/* Writes the merged weights W + (alpha / r) B A of every adapter into the base weights of m
+ * (in place; computed on the host in double) and drops the adapters: m becomes a plain model
+ * (n_frozen 0, no lora views; its buffers keep their size). Not on a training model
+ * (RF_ERR_ARG). */
+rf_status rf_lora_merge(rf_model *m);
+
 #endif
