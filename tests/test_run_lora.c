@@ -5,7 +5,9 @@
  *    is 0 at step 1 up to fp32 rounding (a fresh adapter is the base model, B = 0) and positive
  *    later;
  *  - a run resumed from its step-20 checkpoint logs the same per-step metrics, bit for bit, as
- *    the uninterrupted run, and the checkpoint holds the adapters and their moments only;
+ *    the uninterrupted run, and the checkpoint holds the adapters and their moments only; its
+ *    PEFT copy drives `rlflow generate --adapter` and `rlflow merge-lora` to the same tokens;
+ *  - `rlflow sft` with [lora] writes a PEFT adapter;
  *  - bad [lora] values fail with the exact error naming the key. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
@@ -103,6 +105,44 @@ static void resume(void) {
         CHECK(rf_st_find(st, "model.layers.1.mlp.down_proj.lora_B.weight") != NULL);
         rf_st_close(st);
     }
+    /* the checkpoint's PEFT copy: generate with it unmerged, and merged by merge-lora (fp32:
+     * the same greedy tokens, log-probs within fp32 rounding) */
+    char *a = NULL, *b = NULL;
+    CHECK(rf_test_sh(&a, "%s generate --model %s/sft --adapter %s/half/step_000040/adapter --precision fp32 "
+                         "--prompt 3+4= --greedy --max-new-tokens 4 --json 2>/dev/null", rlflow, dir, dir) == 0);
+    CHECK(rf_test_sh(&out, "%s merge-lora --model %s/sft --adapter %s/half/step_000040/adapter --out %s/merged 2>&1",
+                     rlflow, dir, dir, dir) == 0);
+    free(out);
+    CHECK(rf_test_sh(&b, "%s generate --model %s/merged --precision fp32 --prompt 3+4= --greedy "
+                         "--max-new-tokens 4 --json 2>/dev/null", rlflow, dir) == 0);
+    cJSON *ja = a ? cJSON_Parse(a) : NULL, *jb = b ? cJSON_Parse(b) : NULL;
+    CHECK(ja && jb);
+    if (ja && jb) {
+        char *ta = cJSON_PrintUnformatted(cJSON_GetObjectItem(ja, "tokens")),
+             *tb = cJSON_PrintUnformatted(cJSON_GetObjectItem(jb, "tokens"));
+        CHECK(strcmp(ta, tb) == 0);
+        const cJSON *la = cJSON_GetObjectItem(ja, "logprobs"), *lb = cJSON_GetObjectItem(jb, "logprobs");
+        for (int i = 0; i < cJSON_GetArraySize(la); i++)
+            CHECK(fabs(cJSON_GetArrayItem(la, i)->valuedouble - cJSON_GetArrayItem(lb, i)->valuedouble) < 1e-5);
+        free(ta), free(tb);
+    }
+    cJSON_Delete(ja), cJSON_Delete(jb);
+    free(a), free(b);
+}
+
+/* rlflow sft with [lora]: writes a PEFT adapter (config and tensors), not a model. */
+static void sft(void) {
+    char *out;
+    int rc = rf_test_sh(&out, "cd %s && %s sft r.toml --set sft.max_steps=5 --set sft.out=%s/sft_lora 2>&1", dir, rlflow, dir);
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    CHECK(rf_test_sh(&out, "test -f %s/sft_lora/adapter_config.json && test -f %s/sft_lora/adapter_model.safetensors "
+                           "&& ! test -f %s/sft_lora/model.safetensors", dir, dir, dir) == 0);
+    free(out);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/sft --adapter %s/sft_lora --prompt 3+4= --greedy --max-new-tokens 4 2>&1",
+                     rlflow, dir, dir) == 0);
+    free(out);
 }
 
 static void bad(const char *set, const char *want) {
@@ -142,6 +182,7 @@ int main(void) {
     free(out);
     learns();
     resume();
+    sft();
     bad_recipes();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_run_lora");
