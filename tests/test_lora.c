@@ -11,6 +11,7 @@
 
 #include "common/rng.h"
 #include "model/lora.h"
+#include "trainer/data_parallel.h"
 #include "trainer/optim.h"
 #include "test_util.h"
 
@@ -256,6 +257,12 @@ static void error_check(void) {
     o.targets = bits;
     CHECK_OK(rf_model_lora_attach(m, &o));
     CHECK_ERR(rf_model_lora_attach(m, &o), RF_ERR_ARG, "has none yet");
+    /* data parallelism would reduce buckets of the whole buffer: refused before any collective */
+    CHECK_OK(rf_model_enable_training(m));
+    rf_dp *dp = NULL;
+    rf_dp_opts dpo = {0};
+    CHECK_ERR(rf_dp_init(&dp, NULL, m, &dpo), RF_ERR_UNSUPPORTED,
+              "data parallelism of a model with LoRA adapters is not implemented");
     rf_model_free(m);
 }
 
