@@ -73,7 +73,8 @@ rf_status rf_lora_read_peft_config(const char *dir, rf_lora_opts *o);
 /* Attaches the adapters saved in PEFT's layout in dir to m (a model without adapters, not
  * training): config as rf_lora_read_peft_config, every tensor of adapter_model.safetensors
  * read into place; a missing tensor, one of another shape, or one the adapters do not have is
- * an error naming the file and tensor. */
+ * an error naming the file and tensor. After an error other than the config's, m may hold
+ * adapters partly read: free it. */
 rf_status rf_lora_load_peft(rf_model *m, const char *dir);
 
 /* Writes the merged weights W + (alpha / r) B A of every adapter into the base weights of m

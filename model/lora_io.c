@@ -63,11 +63,12 @@ rf_status rf_lora_save_peft(const rf_model *m, const char *dir, const char *base
     return s;
 }
 
-/* Refuses a field of the config whose value rlflow would silently not honour. */
-static rf_status refuse_field(const cJSON *j, const char *path, const char *field, int ok_if_null_false_empty) {
+/* Refuses a field of the config whose value rlflow would silently not honour: anything but
+ * absent, null, false, {} or []. */
+static rf_status refuse_field(const cJSON *j, const char *path, const char *field) {
     const cJSON *it = cJSON_GetObjectItem(j, field);
     if (!it || cJSON_IsNull(it) || cJSON_IsFalse(it)) return RF_OK;
-    if (ok_if_null_false_empty && ((cJSON_IsObject(it) || cJSON_IsArray(it)) && !it->child)) return RF_OK;
+    if ((cJSON_IsObject(it) || cJSON_IsArray(it)) && !it->child) return RF_OK;
     return rf_error(RF_ERR_UNSUPPORTED, "%s: \"%s\" is set; rlflow's LoRA does not implement it", path, field);
 }
 
@@ -102,7 +103,7 @@ static rf_status parse_config(const cJSON *j, const char *path, rf_lora_opts *o)
         return rf_error(RF_ERR_UNSUPPORTED, "%s: \"bias\" must be \"none\" (trained biases are not implemented)", path);
     static const char *const refused[] = {"use_rslora", "fan_in_fan_out", "modules_to_save", "layers_to_transform",
                                           "rank_pattern", "alpha_pattern", "use_dora", "layer_replication"};
-    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) RF_TRY(refuse_field(j, path, refused[i], 1));
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) RF_TRY(refuse_field(j, path, refused[i]));
     *o = (rf_lora_opts){r->valueint, (float)alpha->valuedouble, 0.0f, 0, RF_LORA_INIT_GAUSSIAN, 0};
     return read_targets(j, path, &o->targets);
 }
