@@ -56,8 +56,10 @@ rf_status rf_lora_check(const rf_lora_opts *o, const rf_model_config *cfg) {
     if (o->dropout != 0)
         return rf_error(RF_ERR_UNSUPPORTED, "lora.dropout = %g: dropout on the adapter input is not "
                         "implemented; set it to 0", o->dropout);
-    if (!o->targets || o->targets >= (1u << RF_LORA_N))
+    if (!o->targets)
         return rf_error(RF_ERR_ARG, "lora.targets: no target (name some of q, k, v, o, gate, up, down)");
+    if (o->targets >= (1u << RF_LORA_N))
+        return rf_error(RF_ERR_ARG, "lora.targets: bits 0x%x name no projection", o->targets >> RF_LORA_N << RF_LORA_N);
     return RF_OK;
 }
 
