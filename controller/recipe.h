@@ -93,6 +93,13 @@ typedef struct rf_recipe {
         int warm_start; /* rlflow run: build a missing model.path by SFT first */
     } sft;
     struct {
+        int enabled;          /* train LoRA adapters on the frozen policy (model/lora.h) */
+        int rank;
+        double alpha, dropout;
+        rf_str_list targets;  /* of "q" "k" "v" "o" "gate" "up" "down" */
+        const char *init;     /* "gaussian" | "kaiming" */
+    } lora;
+    struct {
         rf_str_list rules;      /* of "numeric", "math", "exact", "countdown", "format", "length", "overlong" */
         rf_float_list weights;  /* one per rule, or empty = all 1.0 */
         char *format_regex;

@@ -8,6 +8,9 @@
 rf_status rf__ensure_data(const rf_recipe *r);
 rf_status rf__ensure_model(const rf_recipe *r);
 rf_status rf__load_roles(rf_run *run);
+/* Attaches the adapters of the recipe's [lora] section to m (nothing when lora.enabled is
+ * false), before rf_model_enable_training. Errors name the lora key. */
+rf_status rf__lora_attach(const rf_recipe *r, rf_model *m);
 rf_status rf__load_data(rf_run *run);
 rf_status rf__load_rewards(rf_run *run);
 rf_status rf__reject_unimplemented(const rf_recipe *r);

@@ -12,6 +12,7 @@
 #include "common/util.h"
 #include "controller/run_dir.h"
 #include "controller/run_internal.h"
+#include "model/lora.h"
 #include "model/byte_tokenizer.h"
 #include "trainer/checkpoint.h"
 
@@ -161,8 +162,10 @@ static rf_status sft_train(const rf_recipe *r, rf_model *m, const rf_tokenizer *
     return st;
 }
 
+/* SFT of m on data.train, written to out_dir: the whole model, or with `lora` the adapters of
+ * the recipe's [lora] section in PEFT's layout (the base stays as it is). */
 static rf_status sft_run(const rf_recipe *r, rf_model *m, const rf_tokenizer *tok, const char *out_dir,
-                         const char *tok_dir, sft_ckpt *ck) {
+                         const char *tok_dir, sft_ckpt *ck, int lora) {
     rf_dataset *ds = NULL, *val = NULL;
     rf_dataset_opts o = {.prompt_key = r->data.prompt_key, .answer_key = r->data.answer_key,
                          .chat_template = r->data.chat_template, .require_response = 1,
@@ -173,9 +176,11 @@ static rf_status sft_run(const rf_recipe *r, rf_model *m, const rf_tokenizer *to
     rf_reward_rules *rules = NULL;
     rf_status s = rf_dataset_load(&ds, r->data.train, &o, tok);
     if (s == RF_OK) s = rf__eos_ids(tok_dir, m, tok, &eos, &n_eos);
+    if (s == RF_OK && lora) s = rf__lora_attach(r, m);
     if (s == RF_OK) s = rf_model_enable_training(m);
     if (s == RF_OK && ck->st.step > 0) {
-        /* resumed: the weights, AdamW moments and optimizer step of the newest checkpoint */
+        /* resumed: the weights (the adapters with `lora`), AdamW moments and optimizer step of
+         * the newest checkpoint */
         rf_ckpt_state st;
         s = rf_checkpoint_load(ck->dir, m, NULL, &st);
         if (s == RF_OK) ck->st = st, rf_log_info("sft: resumed at step %d (data epoch %d, index %d)", st.step,
@@ -183,7 +188,7 @@ static rf_status sft_run(const rf_recipe *r, rf_model *m, const rf_tokenizer *to
     }
     if (s == RF_OK && r->sft.target_accuracy > 0) s = rf__rules_init(r, &rules);
     if (s == RF_OK) s = sft_train(r, m, tok, ds, rules, eos, n_eos, ck, tok_dir, &loss);
-    if (s == RF_OK) s = rf_model_save(m, out_dir, 0, 0);
+    if (s == RF_OK) s = lora ? rf_lora_save_peft(m, out_dir, r->model.path) : rf_model_save(m, out_dir, 0, 0);
     if (s == RF_OK) s = rf_copy_tokenizer_files(tok_dir, out_dir);
     if (s == RF_OK) rf_log_info("sft: final loss %.4f (%a); wrote %s", loss, loss, out_dir);
     free(eos);
@@ -204,7 +209,7 @@ rf_status rf__sft_build(const rf_recipe *r, const char *dir) {
     rf_status s = rf_model_load(&m, tmp_dir, rf_cpu_kernels(), 0);
     if (s == RF_OK) s = rf_tokenizer_load_dir(&tok, tmp_dir);
     sft_ckpt ck = {0};
-    if (s == RF_OK) s = sft_run(r, m, tok, dir, tmp_dir, &ck);
+    if (s == RF_OK) s = sft_run(r, m, tok, dir, tmp_dir, &ck, 0); /* the base model itself: no adapters */
     rf_model_free(m);
     rf_tokenizer_free(tok);
     if (s == RF_OK) s = rf_remove_tree(tmp_dir);
@@ -237,7 +242,7 @@ rf_status rf_sft_main(const rf_recipe *r, int resume, int overwrite) {
     rf_tokenizer *tok = NULL;
     rf_status s = rf_model_load(&m, r->model.path, rf_cpu_kernels(), 0);
     if (s == RF_OK) s = rf_tokenizer_load_dir(&tok, r->model.path);
-    if (s == RF_OK) s = sft_run(r, m, tok, out, r->model.path, &ck);
+    if (s == RF_OK) s = sft_run(r, m, tok, out, r->model.path, &ck, r->lora.enabled);
     rf_model_free(m);
     rf_tokenizer_free(tok);
     return s;

@@ -149,6 +149,7 @@ static void cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, cons
         float k = dot * r * r * r / (float)C;
         for (int c = 0; c < C; c++) dx[c] += r * w[c] * dy[c] - k * x[c];
     }
+    if (!dw) return; /* a frozen norm (LoRA) */
 #pragma omp parallel for if ((size_t)N * C > RF_OMP_MIN)
     for (int c = 0; c < C; c++) {
         float s = 0.0f;
