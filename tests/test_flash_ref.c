@@ -70,7 +70,18 @@ static void check_train(const int *lens, int n_seq, int H, int KVH, int D, int b
     rf_flash_ref_backward(dq2, dk2, dv2, dout, q, k, v, o1, l1, cu, n_seq, T, H, KVH, D, bf16);
     double tg = 2 * TOL_GRAD;
     check_arr_f(bf16 ? "flash bf16 backward dq" : "flash backward dq", dq2, dq1, nq, tg);
-    check_arr_f(bf16 ? "flash bf16 backward dk" : "flash backward dk", dk2, dk1, nk, tg);
+    if (maxlen > 1) {
+        check_arr_f(bf16 ? "flash bf16 backward dk" : "flash backward dk", dk2, dk1, nk, tg);
+    } else {
+        /* One key per query: dk = dS^T q with dS = P (dP - Di) = 0 exactly in exact arithmetic,
+         * so both sides hold cancellation noise only, of order eps * |dout| |v| sqrt(D) (an
+         * unoptimised build of the CPU back end left 5.6e-7; the relative check's floor,
+         * 1e-3 * tol, is below that): each must stay under 1e-5, for O(1) inputs. */
+        float worst = 0.0f;
+        for (size_t i = 0; i < nk; i++) worst = fmaxf(worst, fmaxf(fabsf(dk1[i]), fabsf(dk2[i])));
+        if (!(worst <= 1e-5f)) fprintf(stderr, "flash backward dk over single keys: |dk| up to %.3g, want <= 1e-5\n", worst);
+        CHECK(worst <= 1e-5f);
+    }
     check_arr_f(bf16 ? "flash bf16 backward dv" : "flash backward dv", dv2, dv1, nk, tg);
     if (bf16) { /* the rounding happened: against the unrounded inputs the output moved */
         run_attention_forward(K, o1, l1, q, k, v, cu, cu, kl, n_seq, T, H, KVH, D);
