@@ -8,6 +8,8 @@
 
 int rf_cmd_init_model(int argc, char **argv);
 int rf_cmd_inspect(int argc, char **argv);
+/* rlflow merge-lora: a base model plus a PEFT adapter written as one plain model directory. */
+int rf_cmd_merge_lora(int argc, char **argv);
 int rf_cmd_generate(int argc, char **argv);
 int rf_cmd_score(int argc, char **argv);
 int rf_cmd_data(int argc, char **argv);

@@ -10,6 +10,7 @@
 #include "common/util.h"
 #include "model/chat_template.h"
 #include "model/generate.h"
+#include "model/lora.h"
 
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 #define MAX_PROMPTS 4096
@@ -112,7 +113,7 @@ static void print_result(const rf_gen_output *o, int index, const char *prompt, 
 }
 
 typedef struct gen_args {
-    const char *model, *prompt, *file, *tmpl, *device, *precision, *prompt_key, *answer_key;
+    const char *model, *adapter, *prompt, *file, *tmpl, *device, *precision, *prompt_key, *answer_key;
     int max_new, top_k, seed, greedy, json, help;
     float temperature, top_p;
     rf_opt_multi stop;
@@ -123,6 +124,10 @@ static int run_generate(const gen_args *a, char **texts, int n) {
     rf_tokenizer *tok;
     rf_status s = rf_cli_open(a->model, a->device, a->precision, &m, &tok);
     if (s) return rf_cli_fail(s);
+    if (a->adapter && (s = rf_lora_load_peft(m, a->adapter))) {
+        rf_tokenizer_free(tok), rf_model_free(m);
+        return rf_cli_fail(s);
+    }
     int32_t **ids = calloc((size_t)n, sizeof *ids), eos[8];
     int *lens = calloc((size_t)n, sizeof *lens);
     rf_gen_output *out = calloc((size_t)n, sizeof *out);
@@ -158,6 +163,7 @@ int rf_cmd_generate(int argc, char **argv) {
     gen_args a = {.device = "cpu", .precision = "auto", .max_new = 64, .temperature = 1.0f, .top_p = 1.0f, .seed = 0};
     rf_opt opts[] = {
         {"model", RF_OPT_STR, &a.model, "model directory (Hugging Face layout; required)", 0},
+        {"adapter", RF_OPT_STR, &a.adapter, "LoRA adapter directory in PEFT's layout (adapter_config.json, adapter_model.safetensors) applied unmerged on top of --model", 0},
         {"prompt", RF_OPT_STR, &a.prompt, "prompt text", 0},
         {"prompts-file", RF_OPT_STR, &a.file, "JSONL file of {\"prompt\": ...} lines", 0},
         {"prompt-key", RF_OPT_STR, &a.prompt_key, "--prompts-file: field of the prompt (default prompt)", 0},
@@ -246,11 +252,12 @@ static rf_status score_tokens(const rf_tokenizer *tok, const char *prompt, int a
 }
 
 int rf_cmd_score(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *resp = NULL, *tmpl = NULL, *device = "cpu", *precision = "auto";
+    const char *model = NULL, *adapter = NULL, *prompt = NULL, *resp = NULL, *tmpl = NULL, *device = "cpu", *precision = "auto";
     float temperature = 1.0f;
     int help = 0;
     rf_opt opts[] = {
         {"model", RF_OPT_STR, &model, "model directory (required)", 0},
+        {"adapter", RF_OPT_STR, &adapter, "LoRA adapter directory in PEFT's layout applied on top of --model", 0},
         {"prompt", RF_OPT_STR, &prompt, "prompt text (required)", 0},
         {"response", RF_OPT_STR, &resp, "response text to score (required)", 0},
         {"chat-template", RF_OPT_STR, &tmpl, "chatml | llama3: wrap the prompt as a user turn", 0},
@@ -272,6 +279,10 @@ int rf_cmd_score(int argc, char **argv) {
     rf_model *m;
     rf_tokenizer *tok;
     if ((s = rf_cli_open(model, device, precision, &m, &tok))) return rf_cli_fail(s);
+    if (adapter && (s = rf_lora_load_peft(m, adapter))) {
+        rf_tokenizer_free(tok), rf_model_free(m);
+        return rf_cli_fail(s);
+    }
     char *ptext = NULL;
     int32_t *ids = NULL;
     int n_prompt = 0, n = 0;

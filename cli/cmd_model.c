@@ -7,7 +7,9 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "model/byte_tokenizer.h"
+#include "model/lora.h"
 #include "model/safetensors.h"
+#include "trainer/checkpoint.h"
 
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -132,4 +134,34 @@ int rf_cmd_inspect(int argc, char **argv) {
     rf_st_close(st);
     rf_model_free(m);
     return 0;
+}
+
+int rf_cmd_merge_lora(int argc, char **argv) {
+    const char *model = NULL, *adapter = NULL, *out = NULL;
+    int help = 0, bf16 = 0;
+    rf_opt opts[] = {
+        {"model", RF_OPT_STR, &model, "base model directory (Hugging Face layout; required)", 0},
+        {"adapter", RF_OPT_STR, &adapter, "LoRA adapter directory in PEFT's layout (required)", 0},
+        {"out", RF_OPT_STR, &out, "output model directory (required)", 0},
+        {"bf16", RF_OPT_FLAG, &bf16, "write BF16 tensors (default F32)", 0},
+        {"help", RF_OPT_FLAG, &help, "show this help", 0},
+    };
+    const char *pos[1];
+    int n_pos;
+    rf_status s = rf_args_parse(argc, argv, opts, N_OPTS(opts), pos, 0, &n_pos);
+    if (s == RF_OK && !help && (!model || !adapter || !out))
+        s = rf_error(RF_ERR_ARG, "merge-lora needs --model, --adapter and --out");
+    if (s || help) {
+        rf_args_usage("merge-lora", "--model DIR --adapter DIR --out DIR [--bf16]", opts, N_OPTS(opts));
+        return s ? rf_cli_fail(s) : 0;
+    }
+    rf_model *m = NULL;
+    s = rf_model_load(&m, model, rf_cpu_kernels(), 0);
+    if (s == RF_OK) s = rf_lora_load_peft(m, adapter);
+    if (s == RF_OK) s = rf_lora_merge(m);
+    if (s == RF_OK) s = rf_model_save(m, out, bf16, 0);
+    if (s == RF_OK) s = rf_copy_tokenizer_files(model, out);
+    if (s == RF_OK) rf_log_info("merge-lora: wrote %s (%s + %s)", out, model, adapter);
+    rf_model_free(m);
+    return s ? rf_cli_fail(s) : 0;
 }

@@ -15,6 +15,7 @@ static void usage(void) {
           "  init-model  write a randomly initialised model directory in Hugging Face layout\n"
           "  inspect     show a model directory's config, parameters, tensors and tokenizer\n"
           "  generate    sample text from a model (KV cache, batched)\n"
+          "  merge-lora  merge a LoRA adapter (PEFT layout) into its base model, as a plain model directory\n"
           "  score       per-token log-probs and entropy of a response, as JSON\n"
           "  data        write a built-in task's train/val JSONL (arith, countdown)\n"
           "  keygen      write a CURVE key pair for reward endpoints and programs\n"
@@ -43,7 +44,7 @@ int main(int argc, char **argv) {
         {"generate", rf_cmd_generate},     {"score", rf_cmd_score},
         {"data", rf_cmd_data},             {"run", rf_cmd_run},
         {"sft", rf_cmd_sft},               {"eval", rf_cmd_eval},
-        {"keygen", rf_cmd_keygen}};
+        {"keygen", rf_cmd_keygen},         {"merge-lora", rf_cmd_merge_lora}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (strcmp(argv[1], cmds[i].name) == 0) return cmds[i].fn(argc - 2, argv + 2);
     fprintf(stderr, "error: unknown command \"%s\"\n", argv[1]);

@@ -41,6 +41,8 @@ static const char *const CORRECTIONS[] = {"none", "tis", "mis-token", "mis-seq",
 static const char *const TASKS[] = {"", "arith", "countdown", NULL};
 static const char *const AUTO_BOOL[] = {"auto", "true", "false", NULL};
 static const char *const MODES[] = {"colocated", "split", NULL};
+static const char *const LORA_TARGETS[] = {"q", "k", "v", "o", "gate", "up", "down", NULL};
+static const char *const LORA_INITS[] = {"gaussian", "kaiming", NULL};
 
 #define AT(field) offsetof(rf_recipe, field)
 
@@ -51,6 +53,7 @@ static const struct { const char *name, *doc; } SECTIONS[] = {
     {"algorithm", "Advantage estimator, policy loss, KL and reward shaping."},
     {"train", "Optimizer and the RL update loop."},
     {"sft", "Supervised fine-tuning (`rlflow sft`)."},
+    {"lora", "Low-rank adapters (LoRA, as Hugging Face PEFT): train small matrices A and B on chosen projections of the frozen policy, y = x W^T + (alpha / rank) (x A^T) B^T (docs/training.md, \"LoRA\")."},
     {"reward", "Built-in reward rules and an optional reward model."},
     {"reference", "The frozen reference policy for the KL term."},
     {"critic", "The value model (PPO)."},
@@ -151,8 +154,18 @@ static const rkey KEYS[] = {
     {"sft", "lr", T_FLOAT, AT(sft.lr), "1e-4", NULL, "Learning rate."},
     {"sft", "batch_size", T_INT, AT(sft.batch_size), "16", NULL, "Examples per optimizer step."},
     {"sft", "max_steps", T_INT, AT(sft.max_steps), "0", NULL, "Stop after this many steps; 0 = epochs decide."},
+    {"sft", "target_accuracy", T_FLOAT, AT(sft.target_accuracy), "0.0", NULL, "Stop early once the greedy accuracy (reward rules) on the first sft.check_size examples of data.train, measured every sft.check_every steps, reaches this; 0 = off (max_steps or epochs decide). The learning-rate schedule still spans max_steps. A warm start stopped this way has the same competence whatever the floating-point path."},
+    {"sft", "check_every", T_INT, AT(sft.check_every), "100", NULL, "Steps between the checks of sft.target_accuracy."},
+    {"sft", "check_size", T_INT, AT(sft.check_size), "256", NULL, "Examples (the first ones of data.train, in file order) the sft.target_accuracy check generates for."},
     {"sft", "out", T_STR, AT(sft.out), "\"\"", NULL, "Output model directory; \"\" = <logging.dir>/sft."},
     {"sft", "warm_start", T_BOOL, AT(sft.warm_start), "false", NULL, "rlflow run: when model.path holds no model, build it by SFT of a fresh model.init_preset model on data.train responses first."},
+
+    {"lora", "enabled", T_BOOL, AT(lora.enabled), "false", NULL, "Train adapters instead of the policy's weights (rlflow run and rlflow sft): the base weights are frozen (no gradients or AdamW moments for them), the reference policy of the KL term is the base model itself (no second copy), and checkpoints hold the adapters and their moments. One process only: placement.mode = \"colocated\" with placement.actor.dp = placement.actor.tp = placement.rollout.tp = 1; other layouts are refused."},
+    {"lora", "rank", T_INT, AT(lora.rank), "8", NULL, "Rank r of every adapter (PEFT's r); at most the model's hidden_size."},
+    {"lora", "alpha", T_FLOAT, AT(lora.alpha), "16.0", NULL, "Scale numerator: the adapter's product is multiplied by alpha / rank (PEFT's lora_alpha)."},
+    {"lora", "dropout", T_FLOAT, AT(lora.dropout), "0.0", NULL, "Dropout on the adapter input (PEFT's lora_dropout): only 0 is implemented; another value is refused."},
+    {"lora", "targets", T_STRS, AT(lora.targets), "[\"q\", \"v\"]", LORA_TARGETS, "Projections that get an adapter, in every layer: q, k, v, o (attention) and gate, up, down (MLP); PEFT's target_modules q_proj ... down_proj."},
+    {"lora", "init", T_ENUM, AT(lora.init), "\"gaussian\"", LORA_INITS, "Initialisation of A (B starts at zero, so a fresh adapter changes nothing): gaussian = normal(0, 1/rank) (PEFT's init_lora_weights = \"gaussian\"), kaiming = uniform(-1/sqrt(in), 1/sqrt(in)) (PEFT's default kaiming_uniform_(a = sqrt(5))). Seeded by train.seed."},
 
     {"reward", "rules", T_STRS, AT(reward.rules), "[\"numeric\"]", RULES, "Built-in reward rules, summed with their weights (docs/rewards.md). Not set and data.task = \"countdown\": [\"countdown\"]. A correctness rule that cannot check the task is refused: numeric, math or exact with data.task = \"countdown\" (they would reward the bare target number), countdown with data.task = \"arith\"."},
     {"reward", "weights", T_FLOATS, AT(reward.weights), "[]", NULL, "One weight per rule; [] = all 1.0."},
@@ -273,6 +286,12 @@ static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RA
     {"sft.lr", 0, INFINITY, 0, 1},
     {"sft.batch_size", 1, INFINITY, 0, 1},
     {"sft.max_steps", 0, INFINITY, 0, 1},
+    {"sft.target_accuracy", 0, 1, 0, 0},
+    {"sft.check_every", 1, INFINITY, 0, 1},
+    {"sft.check_size", 1, INFINITY, 0, 1},
+    {"lora.rank", 1, INFINITY, 0, 1},
+    {"lora.alpha", 0, INFINITY, 1, 1},
+    {"lora.dropout", 0, 1, 0, 1},
     {"reward.length_target", 0, INFINITY, 0, 1},
     {"reward.length_penalty", 0, INFINITY, 0, 1},
     {"critic.lr", 0, INFINITY, 0, 1},
@@ -851,6 +870,23 @@ static rf_status validate_answer_regex(const rf_recipe *r) {
     return rf_error_wrap(s, "%s", rf_recipe_where(r, "reward.answer_regex", where, sizeof where));
 }
 
+/* LoRA's limits: what [lora] does not support is refused naming the key, never ignored. */
+static rf_status validate_lora(const rf_recipe *r) {
+    if (!r->lora.enabled) return RF_OK;
+    if (r->lora.targets.n == 0)
+        return invalid(r, "lora.targets", "names no projection (some of \"q\", \"k\", \"v\", \"o\", "
+                       "\"gate\", \"up\", \"down\")");
+    if (r->lora.dropout != 0)
+        return rf_recipe_reject_unimplemented(r, "lora.dropout", "dropout on the adapter input; set it to 0");
+    if (strcmp(r->placement.mode, "colocated") != 0)
+        return rf_recipe_reject_unimplemented(r, "lora.enabled", "with placement.mode = \"split\": sending "
+                                              "adapters to rollout workers");
+    if (r->placement.actor.dp * r->placement.actor.tp > 1 || r->placement.rollout.tp > 1)
+        return rf_recipe_reject_unimplemented(r, "lora.enabled", "with several processes: adapters need "
+                                              "placement.actor.dp = placement.actor.tp = placement.rollout.tp = 1");
+    return RF_OK;
+}
+
 rf_status rf_recipe_validate(const rf_recipe *r) {
     for (size_t i = 0; i < sizeof RANGES / sizeof RANGES[0]; i++) RF_TRY(check_range(r, i));
     if (r->algorithm.dual_clip != 0 && r->algorithm.dual_clip <= 1)
@@ -866,6 +902,7 @@ rf_status rf_recipe_validate(const rf_recipe *r) {
     if (r->placement.actor.zero == 1 && r->placement.actor.dp == 1)
         return invalid(r, "placement.actor.zero", "shards the optimizer state across data-parallel "
                        "ranks and needs placement.actor.dp > 1 (with one rank it holds all of it)");
+    RF_TRY(validate_lora(r));
     return validate_external(r);
 }
 

@@ -87,9 +87,18 @@ typedef struct rf_recipe {
         int epochs;
         double lr;
         int batch_size, max_steps;
+        double target_accuracy; /* stop once greedy accuracy on the check set reaches it; 0 = off */
+        int check_every, check_size;
         char *out; /* output model dir ("" = <logging.dir>/sft) */
         int warm_start; /* rlflow run: build a missing model.path by SFT first */
     } sft;
+    struct {
+        int enabled;          /* train LoRA adapters on the frozen policy (model/lora.h) */
+        int rank;
+        double alpha, dropout;
+        rf_str_list targets;  /* of "q" "k" "v" "o" "gate" "up" "down" */
+        const char *init;     /* "gaussian" | "kaiming" */
+    } lora;
     struct {
         rf_str_list rules;      /* of "numeric", "math", "exact", "countdown", "format", "length", "overlong" */
         rf_float_list weights;  /* one per rule, or empty = all 1.0 */

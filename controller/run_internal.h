@@ -8,6 +8,9 @@
 rf_status rf__ensure_data(const rf_recipe *r);
 rf_status rf__ensure_model(const rf_recipe *r);
 rf_status rf__load_roles(rf_run *run);
+/* Attaches the adapters of the recipe's [lora] section to m (nothing when lora.enabled is
+ * false), before rf_model_enable_training. Errors name the lora key. */
+rf_status rf__lora_attach(const rf_recipe *r, rf_model *m);
 rf_status rf__load_data(rf_run *run);
 rf_status rf__load_rewards(rf_run *run);
 rf_status rf__reject_unimplemented(const rf_recipe *r);
@@ -45,6 +48,8 @@ void rf__console(const rf_run *run);
 
 /* A random model of model.init_preset with the byte-level tokenizer, saved to dir. */
 rf_status rf__init_model(const rf_recipe *r, const char *dir);
+/* The [reward] rules of r (reward.rules, weights, format, length, overlong). */
+rf_status rf__rules_init(const rf_recipe *r, rf_reward_rules **out);
 /* init_preset model, supervised on data.train responses per [sft], saved to dir. */
 rf_status rf__sft_build(const rf_recipe *r, const char *dir);
 

@@ -14,6 +14,7 @@
 #include "controller/interrupt.h"
 #include "controller/run_internal.h"
 #include "controller/tasks.h"
+#include "model/lora.h"
 #include "resharding/layout.h"
 
 static int dir_has_model(const char *dir) {
@@ -50,15 +51,36 @@ rf_status rf__ensure_model(const rf_recipe *r) {
     return rf__init_model(r, r->model.path);
 }
 
+rf_status rf__lora_attach(const rf_recipe *r, rf_model *m) {
+    if (!r->lora.enabled) return RF_OK;
+    rf_lora_opts o = {.rank = r->lora.rank, .alpha = (float)r->lora.alpha, .dropout = (float)r->lora.dropout,
+                      .init = strcmp(r->lora.init, "kaiming") == 0 ? RF_LORA_INIT_KAIMING : RF_LORA_INIT_GAUSSIAN,
+                      .seed = (uint64_t)r->train.seed};
+    RF_TRY(rf_lora_parse_targets((const char *const *)r->lora.targets.v, r->lora.targets.n, "lora.targets", &o.targets));
+    RF_TRY(rf_model_lora_attach(m, &o));
+    rf_log_info("lora: rank %d, alpha %g on %d tensors: %zu trained parameters of %zu (%.2f%%); the base is frozen",
+                o.rank, o.alpha, m->lora.n_views, m->n_params - m->n_frozen, m->n_params,
+                100.0 * (double)(m->n_params - m->n_frozen) / (double)m->n_params);
+    return RF_OK;
+}
+
+/* The reference policy: under LoRA with no reference.path of its own, the actor's frozen base
+ * weights seen through a second model without adapters (no second copy of the weights). */
+static rf_status load_reference(rf_run *run) {
+    const rf_recipe *r = run->r;
+    if (run->actor->lora.rank && !r->reference.path[0])
+        return rf_model_init_borrowed(&run->ref, &run->actor->cfg, run->k, run->actor->params);
+    const char *p = r->reference.path[0] ? r->reference.path : r->model.path;
+    return rf_model_load(&run->ref, p, run->k, 0);
+}
+
 rf_status rf__load_roles(rf_run *run) {
     const rf_recipe *r = run->r;
     RF_TRY(rf_model_load(&run->actor, r->model.path, run->k, 0));
+    RF_TRY(rf__lora_attach(r, run->actor));
     RF_TRY(rf_model_enable_training(run->actor));
     RF_TRY(rf_tokenizer_load_dir(&run->tok, r->model.path));
-    if (rf_recipe_reference_enabled(r)) {
-        const char *p = r->reference.path[0] ? r->reference.path : r->model.path;
-        RF_TRY(rf_model_load(&run->ref, p, run->k, 0));
-    }
+    if (rf_recipe_reference_enabled(r)) RF_TRY(load_reference(run));
     if (run->adv_kind == RF_ADV_GAE) {
         const char *p = r->critic.path[0] ? r->critic.path : r->model.path;
         RF_TRY(rf_model_load(&run->critic, p, run->k, 1));
@@ -112,10 +134,11 @@ rf_status rf__load_data(rf_run *run) {
     return RF_OK;
 }
 
-rf_status rf__load_rewards(rf_run *run) {
-    const rf_recipe *r = run->r;
+rf_status rf__rules_init(const rf_recipe *r, rf_reward_rules **out) {
     float w[16];
-    for (int i = 0; i < r->reward.weights.n && i < 16; i++) w[i] = (float)r->reward.weights.v[i];
+    if (r->reward.weights.n > 16)
+        return rf_error(RF_ERR_ARG, "reward.weights: at most 16 entries");
+    for (int i = 0; i < r->reward.weights.n; i++) w[i] = (float)r->reward.weights.v[i];
     rf_reward_rules_config c = {
         .names = (const char *const *)r->reward.rules.v, .n_names = r->reward.rules.n,
         .weights = w, .n_weights = r->reward.weights.n, .format_regex = r->reward.format_regex,
@@ -124,9 +147,12 @@ rf_status rf__load_rewards(rf_run *run) {
         .overlong_buffer = r->algorithm.overlong_buffer,
         .overlong_penalty = (float)r->algorithm.overlong_penalty,
         .max_new_tokens = r->rollout.max_new_tokens};
-    if (r->reward.weights.n > 16)
-        return rf_error(RF_ERR_ARG, "reward.weights: at most 16 entries");
-    RF_TRY(rf_reward_rules_init(&run->rules, &c));
+    return rf_reward_rules_init(out, &c);
+}
+
+rf_status rf__load_rewards(rf_run *run) {
+    const rf_recipe *r = run->r;
+    RF_TRY(rf__rules_init(r, &run->rules));
     /* runs of several processes: the training worker hosts the reward model, not the controller */
     if (r->reward.model[0] && !rf_recipe_multi_process(r))
         RF_TRY(rf_reward_model_open(&run->rm, r->reward.model, run->k));

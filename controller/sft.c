@@ -12,6 +12,7 @@
 #include "common/util.h"
 #include "controller/run_dir.h"
 #include "controller/run_internal.h"
+#include "model/lora.h"
 #include "model/byte_tokenizer.h"
 #include "trainer/checkpoint.h"
 
@@ -101,11 +102,28 @@ static rf_status sft_save(const sft_ckpt *ck, rf_model *m, const char *tok_dir, 
     return RF_OK;
 }
 
-/* Trains m on ds for the [sft] budget, from ck's step and data position; prints progress,
- * saves checkpoints (ck->dir not NULL), returns the last loss. */
+/* The sft.target_accuracy check: greedy accuracy on the first sft.check_size examples of ds;
+ * *done = 1 once it reaches the target. */
+static rf_status sft_check(const rf_recipe *r, rf_model *m, const rf_tokenizer *tok, rf_dataset *ds,
+                           const rf_reward_rules *rules, const int32_t *eos, int n_eos, int step,
+                           int *done) {
+    double acc, len;
+    RF_TRY(rf_eval_accuracy(m, tok, ds, r->sft.check_size, rules, r->rollout.max_new_tokens, eos,
+                            n_eos, &acc, &len));
+    *done = acc >= r->sft.target_accuracy;
+    rf_log_info("sft step %d | check accuracy %.3f (target %.3f)%s", step, acc,
+                r->sft.target_accuracy, *done ? ": stopping" : "");
+    return RF_OK;
+}
+
+/* Trains m on ds for the [sft] budget (or until sft.target_accuracy is reached when rules is
+ * given), from ck's step and data position; prints progress, saves checkpoints (ck->dir not
+ * NULL), returns the last loss. */
 static rf_status sft_train(const rf_recipe *r, rf_model *m, const rf_tokenizer *tok, rf_dataset *ds,
-                           int32_t eos, const sft_ckpt *ck, const char *tok_dir, double *last_loss) {
-    int bs = r->sft.batch_size, size = rf_dataset_size(ds);
+                           const rf_reward_rules *rules, const int32_t *eos, int n_eos, const sft_ckpt *ck,
+                           const char *tok_dir, double *last_loss) {
+    int bs = r->sft.batch_size, size = rf_dataset_size(ds), done = 0;
+    int32_t eos0 = n_eos ? eos[0] : -1;
     int steps = r->sft.max_steps > 0 ? r->sft.max_steps : (r->sft.epochs * size + bs - 1) / bs;
     rf_optim_opts oo = {.lr = (float)r->sft.lr, .warmup_steps = steps / 20, .total_steps = steps,
                         .cosine = 1, .min_lr_ratio = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f,
@@ -118,29 +136,36 @@ static rf_status sft_train(const rf_recipe *r, rf_model *m, const rf_tokenizer *
     int start = ck->st.step;
     if (start >= steps && st == RF_OK)
         rf_log_info("sft: the checkpoint is at step %d of %d: nothing left to train", start, steps);
-    for (int step = start; st == RF_OK && step < steps; step++) {
+    /* resumed at a check step (a run that stopped at the target saved there): check again first */
+    if (st == RF_OK && rules && start > 0 && start < steps && start % r->sft.check_every == 0)
+        st = sft_check(r, m, tok, ds, rules, eos, n_eos, start, &done);
+    for (int step = start; st == RF_OK && step < steps && !done; step++) {
         double gn;
         st = rf_dataset_next(ds, &pos, bs, ex);
-        if (st == RF_OK) st = sft_samples(tok, ex, bs, eos, s);
+        if (st == RF_OK) st = sft_samples(tok, ex, bs, eos0, s);
         if (st == RF_OK) st = rf_sft_update(m, &oo, r->train.micro_batch_tokens, s, bs, last_loss, &gn);
         for (int i = 0; i < bs; i++) free(s[i].tokens), s[i].tokens = NULL;
-        int done = step + 1 - start;
+        int n_done = step + 1 - start;
         if (st == RF_OK && ((step + 1) % 50 == 0 || step + 1 == steps)) {
             double el = rf_time_now() - t0;
             char eta[32];
-            rf_metrics_format_duration(el / done * (steps - step - 1), eta, sizeof eta);
+            rf_metrics_format_duration(el / n_done * (steps - step - 1), eta, sizeof eta);
             rf_log_info("sft step %d/%d | loss %.4f | grad norm %.3f | %.1f steps/s | ETA %s", step + 1,
-                        steps, *last_loss, gn, done / el, eta);
+                        steps, *last_loss, gn, n_done / el, eta);
         }
-        if (st == RF_OK && ck->dir && (step + 1 == steps || (ck->every > 0 && (step + 1) % ck->every == 0)))
+        if (st == RF_OK && rules && (step + 1) % r->sft.check_every == 0)
+            st = sft_check(r, m, tok, ds, rules, eos, n_eos, step + 1, &done);
+        if (st == RF_OK && ck->dir && (step + 1 == steps || done || (ck->every > 0 && (step + 1) % ck->every == 0)))
             st = sft_save(ck, m, tok_dir, step + 1, pos);
     }
     free(ex), free(s);
     return st;
 }
 
+/* SFT of m on data.train, written to out_dir: the whole model, or with `lora` the adapters of
+ * the recipe's [lora] section in PEFT's layout (the base stays as it is). */
 static rf_status sft_run(const rf_recipe *r, rf_model *m, const rf_tokenizer *tok, const char *out_dir,
-                         const char *tok_dir, sft_ckpt *ck) {
+                         const char *tok_dir, sft_ckpt *ck, int lora) {
     rf_dataset *ds = NULL, *val = NULL;
     rf_dataset_opts o = {.prompt_key = r->data.prompt_key, .answer_key = r->data.answer_key,
                          .chat_template = r->data.chat_template, .require_response = 1,
@@ -148,21 +173,26 @@ static rf_status sft_run(const rf_recipe *r, rf_model *m, const rf_tokenizer *to
     int32_t *eos = NULL;
     int n_eos = 0;
     double loss = NAN;
+    rf_reward_rules *rules = NULL;
     rf_status s = rf_dataset_load(&ds, r->data.train, &o, tok);
     if (s == RF_OK) s = rf__eos_ids(tok_dir, m, tok, &eos, &n_eos);
+    if (s == RF_OK && lora) s = rf__lora_attach(r, m);
     if (s == RF_OK) s = rf_model_enable_training(m);
     if (s == RF_OK && ck->st.step > 0) {
-        /* resumed: the weights, AdamW moments and optimizer step of the newest checkpoint */
+        /* resumed: the weights (the adapters with `lora`), AdamW moments and optimizer step of
+         * the newest checkpoint */
         rf_ckpt_state st;
         s = rf_checkpoint_load(ck->dir, m, NULL, &st);
         if (s == RF_OK) ck->st = st, rf_log_info("sft: resumed at step %d (data epoch %d, index %d)", st.step,
                                                  st.pos.epoch, st.pos.index);
     }
-    if (s == RF_OK) s = sft_train(r, m, tok, ds, n_eos ? eos[0] : -1, ck, tok_dir, &loss);
-    if (s == RF_OK) s = rf_model_save(m, out_dir, 0, 0);
+    if (s == RF_OK && r->sft.target_accuracy > 0) s = rf__rules_init(r, &rules);
+    if (s == RF_OK) s = sft_train(r, m, tok, ds, rules, eos, n_eos, ck, tok_dir, &loss);
+    if (s == RF_OK) s = lora ? rf_lora_save_peft(m, out_dir, r->model.path) : rf_model_save(m, out_dir, 0, 0);
     if (s == RF_OK) s = rf_copy_tokenizer_files(tok_dir, out_dir);
     if (s == RF_OK) rf_log_info("sft: final loss %.4f (%a); wrote %s", loss, loss, out_dir);
     free(eos);
+    rf_reward_rules_free(rules);
     rf_dataset_free(ds), rf_dataset_free(val);
     return s;
 }
@@ -179,7 +209,7 @@ rf_status rf__sft_build(const rf_recipe *r, const char *dir) {
     rf_status s = rf_model_load(&m, tmp_dir, rf_cpu_kernels(), 0);
     if (s == RF_OK) s = rf_tokenizer_load_dir(&tok, tmp_dir);
     sft_ckpt ck = {0};
-    if (s == RF_OK) s = sft_run(r, m, tok, dir, tmp_dir, &ck);
+    if (s == RF_OK) s = sft_run(r, m, tok, dir, tmp_dir, &ck, 0); /* the base model itself: no adapters */
     rf_model_free(m);
     rf_tokenizer_free(tok);
     if (s == RF_OK) s = rf_remove_tree(tmp_dir);
@@ -212,7 +242,7 @@ rf_status rf_sft_main(const rf_recipe *r, int resume, int overwrite) {
     rf_tokenizer *tok = NULL;
     rf_status s = rf_model_load(&m, r->model.path, rf_cpu_kernels(), 0);
     if (s == RF_OK) s = rf_tokenizer_load_dir(&tok, r->model.path);
-    if (s == RF_OK) s = sft_run(r, m, tok, out, r->model.path, &ck);
+    if (s == RF_OK) s = sft_run(r, m, tok, out, r->model.path, &ck, r->lora.enabled);
     rf_model_free(m);
     rf_tokenizer_free(tok);
     return s;

@@ -90,7 +90,7 @@ struct rf_kernels {
     /* out, inp (N, C); w (C); rstd (N) saved for backward (NULL = don't save). */
     void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *w, int N,
                             int C, float eps);
-    /* dinp (N, C) ACCUMULATES; dw (C) += ; uses rstd from forward. */
+    /* dinp (N, C) ACCUMULATES; dw (C) += (NULL = skip); uses rstd from forward. */
     void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp,
                              const float *w, const float *rstd, int N, int C);
 

@@ -151,6 +151,7 @@ void rf_model_free(rf_model *m) {
         rf_model_trim(m);
     }
     free(m->views);
+    free(m->lora.views);
     free(m->layers);
     free(m->acts);
     free(m);
@@ -196,6 +197,15 @@ static void rebase(float **p, const float *old, float *now) {
     if (*p) *p = now + (*p - old);
 }
 
+void rf__model_rebase(rf_model *m, const float *old, float *now) {
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        rf_layer_weights *w = &m->layers[l];
+        for (int i = 0; layer_weight(w, i); i++) rebase(layer_weight(w, i), old, now);
+        for (int t = 0; t < RF_LORA_N; t++) rebase(&w->lora_a[t], old, now), rebase(&w->lora_b[t], old, now);
+    }
+    rebase(&m->wte, old, now), rebase(&m->norm, old, now), rebase(&m->score, old, now), rebase(&m->lm_head, old, now);
+}
+
 rf_status rf_model_share_params(rf_model *m) {
     if (m->params_shared) return RF_OK;
     if (strcmp(m->k->name, "cpu") != 0)
@@ -203,17 +213,16 @@ rf_status rf_model_share_params(rf_model *m) {
     float *now = NULL, *old = m->params;
     RF_TRY(rf_shm_alloc((void **)&now, m->n_params * sizeof(float) + 1, "parameters"));
     memcpy(now, old, m->n_params * sizeof(float));
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
-        for (int i = 0; layer_weight(&m->layers[l], i); i++) rebase(layer_weight(&m->layers[l], i), old, now);
-    rebase(&m->wte, old, now), rebase(&m->norm, old, now), rebase(&m->score, old, now), rebase(&m->lm_head, old, now);
+    rf__model_rebase(m, old, now);
     m->params = now, m->params_shared = 1;
     m->k->free(old);
     m->k->weights_updated();
     return RF_OK;
 }
 
+
 rf_status rf_model_enable_training(rf_model *m) {
-    size_t bytes = m->n_params * sizeof(float);
+    size_t bytes = (m->n_params - m->n_frozen) * sizeof(float);
     if (!m->grads) m->grads = m->k->alloc(bytes);
     if (!m->opt_m) m->opt_m = m->k->alloc(bytes);
     if (!m->opt_v) m->opt_v = m->k->alloc(bytes);
@@ -224,7 +233,7 @@ rf_status rf_model_enable_training(rf_model *m) {
 }
 
 void rf_model_zero_grad(rf_model *m) {
-    if (m->grads) m->k->zero(m->grads, m->n_params * sizeof(float));
+    if (m->grads) m->k->zero(m->grads, (m->n_params - m->n_frozen) * sizeof(float));
 }
 
 rf_status rf_model_param_views(const rf_model_config *cfg, rf_param_view **views, int *n_views,
@@ -273,11 +282,29 @@ static size_t acts_floats(const rf_model_config *c, int T) {
     return (size_t)T * (per_layer * c->num_hidden_layers + 2 * C + 1 + 2 * wide);
 }
 
+/* Carves the adapters' saved products (T, r) of every layer out of *p. */
+static void reserve_lora(rf_model *m, float **p, size_t t) {
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        for (int i = 0; i < RF_LORA_N; i++) {
+            m->acts[l].lora_u[i] = m->layers[l].lora_a[i] ? *p : NULL;
+            if (m->layers[l].lora_a[i]) *p += t * (size_t)m->lora.rank;
+        }
+}
+
+/* Floats of reserve_lora for T tokens. */
+static size_t lora_floats(const rf_model *m, int T) {
+    size_t n = 0;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        for (int i = 0; i < RF_LORA_N; i++)
+            if (m->layers[l].lora_a[i]) n += (size_t)T * (size_t)m->lora.rank;
+    return n;
+}
+
 rf_status rf__model_reserve(rf_model *m, int T) {
     if (T <= m->act_cap) return RF_OK;
     const rf_model_config *c = &m->cfg;
     m->k->free(m->act_mem);
-    m->act_mem = m->k->alloc(acts_floats(c, T) * sizeof(float));
+    m->act_mem = m->k->alloc((acts_floats(c, T) + lora_floats(m, T)) * sizeof(float));
     if (!m->act_mem) {
         m->act_cap = 0;
         return rf_error(RF_ERR_NOMEM, "out of memory for activations of %d tokens", T);
@@ -315,6 +342,7 @@ rf_status rf__model_reserve(rf_model *m, int T) {
     m->scratch = TAKE(t * wide);
     m->scratch2 = TAKE(t * wide);
 #undef TAKE
+    reserve_lora(m, &p, t);
     m->act_cap = T;
     return RF_OK;
 }

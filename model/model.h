@@ -30,6 +30,10 @@ typedef struct rf_param_view {
     int no_decay;           /* norms and biases: no weight decay */
 } rf_param_view;
 
+/* LoRA targets (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"): the
+ * projections an adapter can sit on, in the order of rf_lora_target_name. */
+enum { RF_LORA_Q, RF_LORA_K, RF_LORA_V, RF_LORA_O, RF_LORA_GATE, RF_LORA_UP, RF_LORA_DOWN, RF_LORA_N };
+
 typedef struct rf_layer_weights {
     float *ln1;              /* (C) input_layernorm */
     float *wq, *bq;          /* (H*D, C), (H*D) */
@@ -40,6 +44,8 @@ typedef struct rf_layer_weights {
     float *ln2;              /* (C) post_attention_layernorm */
     float *wgate, *wup;      /* (F, C) */
     float *wdown;            /* (C, F) */
+    float *lora_a[RF_LORA_N]; /* (r, in) of each target; NULL: no adapter (model/lora.h) */
+    float *lora_b[RF_LORA_N]; /* (out, r) */
 } rf_layer_weights;
 
 /* Saved activations of one layer for a packed batch of T tokens. */
@@ -60,6 +66,7 @@ typedef struct rf_layer_acts {
     float *rstd2;      /* (T) */
     float *gate, *up;  /* (T, F) */
     float *act;        /* (T, F) silu(gate) * up */
+    float *lora_u[RF_LORA_N]; /* (T, r) scale * x A^T of each adapter; NULL without */
 } rf_layer_acts;
 
 /* A packed batch, host memory. Sequence s owns tokens cu_seqlens[s] .. cu_seqlens[s+1]-1. */
@@ -89,15 +96,29 @@ typedef struct rf_kv_cache {
  * RF_OK stops the backward pass and is returned by it. */
 typedef rf_status (*rf_grad_ready_fn)(void *ctx, size_t offset, size_t n);
 
+/* The adapters of a model (model/lora.h). */
+typedef struct rf_lora {
+    int rank;                 /* 0: no adapters */
+    float alpha, scale;       /* scale = alpha / rank, PEFT's scaling */
+    unsigned targets;         /* bit (1 << RF_LORA_Q) ... */
+    rf_param_view *views;     /* (n_views) PEFT names without "base_model.model.", offsets into
+                                 the model's params at or past its n_frozen */
+    int n_views;
+} rf_lora;
+
 typedef struct rf_model {
     rf_model_config cfg;
     const rf_kernels *k;
     rf_param_view *views;
     int n_views;
-    size_t n_params;          /* floats */
+    size_t n_params;          /* floats, adapters included */
     float *params;            /* (n_params) */
-    float *grads;             /* (n_params) NULL until rf_model_enable_training */
-    float *opt_m, *opt_v;     /* (n_params) AdamW state */
+    size_t n_frozen;          /* the first n_frozen floats of params have no gradient or
+                                 optimizer state (the base weights under LoRA); 0 otherwise */
+    float *grads;             /* (n_params - n_frozen) for floats n_frozen.., NULL until
+                                 rf_model_enable_training */
+    float *opt_m, *opt_v;     /* (n_params - n_frozen) AdamW state */
+    rf_lora lora;             /* rank 0: none; views above cover the base model only */
     int opt_step;
     float *wte;               /* (V, C) */
     float *norm;              /* (C) */
@@ -163,7 +184,9 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
 
 /* Reads the parameters of an existing model from a safetensors directory (same config);
  * with `prefix`/`suffix` the tensor names are prefix + view name + suffix and the values go to
- * `dst` (n_params floats on the back end, e.g. optimizer moments) instead of the parameters.
+ * `dst` (n_params - n_frozen floats on the back end, e.g. optimizer moments) instead of the
+ * parameters. Only the trained views are read (model/lora.h rf_model_train_views: under LoRA
+ * the adapters, named as in m->lora.views; the frozen base stays as it is).
  * On the CPU back end the tensors are converted straight into place (no staging copy), so after
  * an error the buffer may hold some of them. */
 rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const char *suffix);

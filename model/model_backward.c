@@ -5,7 +5,10 @@
 #include "common/util.h"
 #include "model/model_internal.h"
 
-#define GRAD(m, p) ((p) ? (m)->grads + ((p) - (m)->params) : NULL)
+/* The gradient of parameter tensor p, or NULL when it has none (absent, or frozen under LoRA:
+ * the kernels then skip the weight gradient). */
+#define GRAD(m, p) \
+    ((p) && (size_t)((p) - (m)->params) >= (m)->n_frozen ? (m)->grads + ((p) - (m)->params) - (m)->n_frozen : NULL)
 
 /* Gradient buffers for one backward pass; views into m->gmem. */
 typedef struct grad_bufs {
@@ -38,6 +41,22 @@ static rf_status reserve_grads(rf_model *m, grad_bufs *g) {
     return RF_OK;
 }
 
+/* Backward of adapter t of layer l (model_forward.c's lora_forward): from dout (T, OUT) and the
+ * projection's input in (T, IN), dB += dout^T u, dA += scale * du^T in with du = dout B, and
+ * dinp (T, IN) += scale * du A, m->scratch2 holding du and m->scratch the last product. */
+static void lora_backward(rf_model *m, int l, int t, float *dinp, const float *dout, const float *in, int IN,
+                          int OUT) {
+    const rf_layer_weights *w = &m->layers[l];
+    if (!w->lora_a[t]) return;
+    const rf_kernels *k = m->k;
+    int T = m->T, r = m->lora.rank;
+    float *du = m->scratch2, *dx = m->scratch;
+    k->matmul_backward(du, GRAD(m, w->lora_b[t]), NULL, dout, m->acts[l].lora_u[t], w->lora_b[t], T, r, OUT);
+    k->scale(du, m->lora.scale, (size_t)T * r);
+    k->matmul_backward(dx, GRAD(m, w->lora_a[t]), NULL, du, in, w->lora_a[t], T, IN, r);
+    k->add_inplace(dinp, dx, (size_t)T * IN);
+}
+
 /* MLP half of a layer: g->dx holds d(layer output); on return it holds d(x_mid). */
 static void mlp_backward(rf_model *m, int l, grad_bufs *g) {
     const rf_kernels *k = m->k;
@@ -46,9 +65,12 @@ static void mlp_backward(rf_model *m, int l, grad_bufs *g) {
     const rf_layer_acts *a = &m->acts[l];
     int T = m->T, C = c->hidden_size, F = c->intermediate_size;
     k->matmul_backward(g->dact, GRAD(m, w->wdown), NULL, g->dx, a->act, w->wdown, T, F, C);
+    lora_backward(m, l, RF_LORA_DOWN, g->dact, g->dx, a->act, F, C);
     k->swiglu_backward(g->dgate, g->dup, g->dact, a->gate, a->up, (size_t)T * F);
     k->matmul_backward(g->dln, GRAD(m, w->wgate), NULL, g->dgate, a->ln2, w->wgate, T, C, F);
+    lora_backward(m, l, RF_LORA_GATE, g->dln, g->dgate, a->ln2, C, F);
     k->matmul_backward(g->tmp, GRAD(m, w->wup), NULL, g->dup, a->ln2, w->wup, T, C, F);
+    lora_backward(m, l, RF_LORA_UP, g->tmp, g->dup, a->ln2, C, F);
     k->add_inplace(g->dln, g->tmp, (size_t)T * C);
     k->rmsnorm_backward(g->dx, GRAD(m, w->ln2), g->dln, a->x_mid, w->ln2, a->rstd2, T, C);
 }
@@ -62,6 +84,7 @@ static void attn_backward(rf_model *m, int l, grad_bufs *g) {
     int T = m->T, C = c->hidden_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
         D = c->head_dim;
     k->matmul_backward(g->datt, GRAD(m, w->wo), GRAD(m, w->bo), g->dx, a->att, w->wo, T, H * D, C);
+    lora_backward(m, l, RF_LORA_O, g->datt, g->dx, a->att, H * D, C);
     k->attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, a->att, a->lse, m->d_cu,
                           m->n_seq, T, H, KVH, D);
     k->rope(g->dq, m->d_pos, m->inv_freq, T, H, D, -1);
@@ -77,9 +100,12 @@ static void attn_backward(rf_model *m, int l, grad_bufs *g) {
         dq = g->dq_raw, dk = g->dk_raw;
     }
     k->matmul_backward(g->dln, GRAD(m, w->wq), GRAD(m, w->bq), dq, a->ln1, w->wq, T, C, H * D);
+    lora_backward(m, l, RF_LORA_Q, g->dln, dq, a->ln1, C, H * D);
     k->matmul_backward(g->tmp, GRAD(m, w->wk), GRAD(m, w->bk), dk, a->ln1, w->wk, T, C, KVH * D);
+    lora_backward(m, l, RF_LORA_K, g->tmp, dk, a->ln1, C, KVH * D);
     k->add_inplace(g->dln, g->tmp, (size_t)T * C);
     k->matmul_backward(g->tmp, GRAD(m, w->wv), GRAD(m, w->bv), g->dv, a->ln1, w->wv, T, C, KVH * D);
+    lora_backward(m, l, RF_LORA_V, g->tmp, g->dv, a->ln1, C, KVH * D);
     k->add_inplace(g->dln, g->tmp, (size_t)T * C);
     k->rmsnorm_backward(g->dx, GRAD(m, w->ln1), g->dln, a->x, w->ln1, a->rstd1, T, C);
 }
@@ -147,6 +173,6 @@ rf_status rf_model_backward(rf_model *m, const float *dlogp, const float *dentro
         attn_backward(m, l, &g);
         RF_TRY(ready(m, layer_start(m, l), mlp));
     }
-    m->k->embedding_backward(GRAD(m, m->wte), g.dx, m->d_tokens, T, C);
+    if (GRAD(m, m->wte)) m->k->embedding_backward(GRAD(m, m->wte), g.dx, m->d_tokens, T, C);
     return ready(m, 0, layer_start(m, 0));
 }

@@ -47,6 +47,19 @@ rf_status rf__model_dev_out(rf_model *m, size_t n) {
     return m->dev_out ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for %zu outputs", n);
 }
 
+/* Adds adapter t of layer w to out (T, OUT) = in (T, IN) W^T: out += u B^T with the saved
+ * u = scale * in A^T (T, r), PEFT's lora_B(lora_A(x)) * scaling. m->scratch holds u B^T. */
+static void lora_forward(rf_model *m, const rf_layer_weights *w, rf_layer_acts *a, int t, float *out,
+                         const float *in, int T, int IN, int OUT) {
+    if (!w->lora_a[t]) return;
+    const rf_kernels *k = m->k;
+    int r = m->lora.rank;
+    k->matmul_forward(a->lora_u[t], in, w->lora_a[t], NULL, T, IN, r);
+    k->scale(a->lora_u[t], m->lora.scale, (size_t)T * r);
+    k->matmul_forward(m->scratch, a->lora_u[t], w->lora_b[t], NULL, T, r, OUT);
+    k->add_inplace(out, m->scratch, (size_t)T * OUT);
+}
+
 /* q/k/v projections, optional q/k norm, RoPE. */
 static void qkv_forward(rf_model *m, const rf_layer_weights *w, rf_layer_acts *a, int T) {
     const rf_kernels *k = m->k;
@@ -57,6 +70,9 @@ static void qkv_forward(rf_model *m, const rf_layer_weights *w, rf_layer_acts *a
     k->matmul_forward(qdst, a->ln1, w->wq, w->bq, T, C, H * D);
     k->matmul_forward(kdst, a->ln1, w->wk, w->bk, T, C, KVH * D);
     k->matmul_forward(a->v, a->ln1, w->wv, w->bv, T, C, KVH * D);
+    lora_forward(m, w, a, RF_LORA_Q, qdst, a->ln1, T, C, H * D);
+    lora_forward(m, w, a, RF_LORA_K, kdst, a->ln1, T, C, KVH * D);
+    lora_forward(m, w, a, RF_LORA_V, a->v, a->ln1, T, C, KVH * D);
     if (c->qk_norm) {
         k->rmsnorm_forward(a->q, a->q_rstd, a->q_raw, w->q_norm, T * H, D, c->rms_norm_eps);
         k->rmsnorm_forward(a->k, a->k_rstd, a->k_raw, w->k_norm, T * KVH, D, c->rms_norm_eps);
@@ -105,12 +121,16 @@ static void layer_forward(rf_model *m, int l, rf_layer_acts *a, const float *x_i
                              m->n_seq, H, KVH, D);
     }
     k->matmul_forward(a->x_mid, a->att, w->wo, w->bo, T, H * D, C);
+    lora_forward(m, w, a, RF_LORA_O, a->x_mid, a->att, T, H * D, C);
     k->add_inplace(a->x_mid, x_in, (size_t)T * C);
     k->rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, w->ln2, T, C, c->rms_norm_eps);
     k->matmul_forward(a->gate, a->ln2, w->wgate, NULL, T, C, F);
     k->matmul_forward(a->up, a->ln2, w->wup, NULL, T, C, F);
+    lora_forward(m, w, a, RF_LORA_GATE, a->gate, a->ln2, T, C, F);
+    lora_forward(m, w, a, RF_LORA_UP, a->up, a->ln2, T, C, F);
     k->swiglu_forward(a->act, a->gate, a->up, (size_t)T * F);
     k->matmul_forward(x_out, a->act, w->wdown, NULL, T, F, C);
+    lora_forward(m, w, a, RF_LORA_DOWN, x_out, a->act, T, F, C);
     k->add_inplace(x_out, a->x_mid, (size_t)T * C);
 }
 

@@ -12,6 +12,10 @@
 rf_status rf__host_staging(const rf_kernels *k, float *dst, size_t n, float **host, const char *what);
 void rf__host_staging_done(const rf_kernels *k, float *dst, size_t n, float *host, int ok);
 
+/* Moves every weight pointer of m (adapters included) from parameter buffer old to now (same
+ * offsets); m->params itself is the caller's to set. */
+void rf__model_rebase(rf_model *m, const float *old, float *now);
+
 /* Grows activation buffers to hold T tokens. */
 rf_status rf__model_reserve(rf_model *m, int T);
 

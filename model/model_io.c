@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/model_internal.h"
 #include "model/safetensors.h"
@@ -78,15 +79,20 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
 rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const char *suffix) {
     rf_safetensors *st = NULL;
     RF_TRY(rf_st_open_dir(&st, dir));
-    float *host = NULL, *to = dst ? dst : m->params;
-    rf_status s = rf__host_staging(m->k, to, m->n_params, &host, dir);
-    for (int i = 0; s == RF_OK && i < m->n_views; i++) {
-        const rf_param_view *v = &m->views[i];
+    /* the trained floats [lo, n_params): all, or the adapters after the frozen base (LoRA);
+     * moments hold those floats only */
+    size_t lo = m->n_frozen, n = m->n_params - lo;
+    float *host = NULL, *to = dst ? dst : m->params + lo;
+    int n_views;
+    const rf_param_view *views = rf_model_train_views(m, &n_views);
+    rf_status s = rf__host_staging(m->k, to, n, &host, dir);
+    for (int i = 0; s == RF_OK && i < n_views; i++) {
+        const rf_param_view *v = &views[i];
         char name[RF_MAX_NAME + 32];
         snprintf(name, sizeof name, "%s%s", v->name, suffix ? suffix : "");
-        s = rf_st_read_f32(st, name, host + v->offset, v->shape, v->ndim);
+        s = rf_st_read_f32(st, name, host + (v->offset - lo), v->shape, v->ndim);
     }
-    rf__host_staging_done(m->k, to, m->n_params, host, s == RF_OK);
+    rf__host_staging_done(m->k, to, n, host, s == RF_OK);
     rf_st_close(st);
     return s;
 }

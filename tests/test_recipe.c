@@ -169,6 +169,9 @@ static void impossible_values(void) {
                ":2:1: algorithm.dual_clip = 0.5: must be 0 (off) or > 1");
     load_fails("[reward]\nweights = [1, 2]\n", NULL, 0, RF_ERR_ARG,
                ":2:1: reward.weights = [1.0, 2.0]: needs one weight per rule");
+    load_fails("[sft]\ntarget_accuracy = 1.5\n", NULL, 0, RF_ERR_ARG,
+               ":2:1: sft.target_accuracy = 1.5: must be in [0, 1]");
+    load_fails("[sft]\ncheck_every = 0\n", NULL, 0, RF_ERR_ARG, ":2:1: sft.check_every = 0: must be >= 1");
     const char *ov[] = {"rollout.n=0"};
     load_fails(NULL, ov, 1, RF_ERR_ARG, "--set: rollout.n = 0: must be >= 1");
 }

@@ -3,7 +3,9 @@
  * 20 by a clear margin; a seeded run, so it is repeatable on one machine); a run resumed from
  * its step-20 checkpoint logs the same per-step metrics, bit for bit, as the uninterrupted run
  * (everything but wall-clock figures); the checkpoint loads with `rlflow generate`; bad recipes
- * fail with the exact error. */
+ * fail with the exact error; an SFT with sft.target_accuracy stops at the first check that
+ * reaches the target, and the accuracy it logged is what `rlflow eval` gives the saved model on
+ * the same problems. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -178,6 +180,46 @@ static void token_rewards(void) {
     CHECK(fabs(l1 - l0) > 1e-3 * fabs(l0) && l1 > l0);
 }
 
+/* sft.target_accuracy: the SFT stops early at the first check at or above the target, and the
+ * logged check accuracy equals `rlflow eval` of the saved model on the same first problems of
+ * data.train (an independent pass over the written files). */
+static void sft_target(void) {
+    char *out;
+    int rc = rf_test_sh(&out, "cd %s && %s sft r.toml --set model.path=%s/fresh --set sft.out=%s/sft_t "
+                        "--set sft.max_steps=800 --set sft.target_accuracy=0.5 --set sft.check_every=25 "
+                        "--set sft.check_size=40", dir, rlflow, dir, dir);
+    CHECK(rc == 0);
+    const char *stop = out ? strstr(out, ": stopping") : NULL;
+    CHECK(stop != NULL);
+    if (rc || !stop) {
+        fprintf(stderr, "%s\n", out ? out : "");
+        free(out);
+        return;
+    }
+    const char *line = stop;
+    while (line > out && line[-1] != '\n') line--;
+    int step = 0;
+    double acc = -1, target = -1;
+    const char *at = strstr(line, "sft step ");
+    CHECK(at && at < stop && sscanf(at, "sft step %d | check accuracy %lf (target %lf)", &step, &acc, &target) == 3);
+    CHECK(step > 0 && step < 800 && step % 25 == 0);
+    CHECK(acc >= 0.5 && fabs(target - 0.5) < 1e-12);
+    /* no check before it reached the target */
+    int earlier = 0;
+    for (const char *p = strstr(out, "check accuracy"); p && p < line; p = strstr(p + 1, "check accuracy"))
+        earlier++;
+    CHECK(earlier == step / 25 - 1);
+    free(out);
+    char *ev;
+    CHECK(rf_test_sh(&ev, "%s eval --model %s/sft_t --data %s/data/train.jsonl --n 40 --max-new-tokens 6",
+                     rlflow, dir, dir) == 0);
+    cJSON *j = ev ? cJSON_Parse(strchr(ev, '{')) : NULL;
+    cJSON *a = j ? cJSON_GetObjectItem(j, "accuracy") : NULL;
+    CHECK(cJSON_IsNumber(a) && fabs(a->valuedouble - acc) < 1e-9);
+    cJSON_Delete(j);
+    free(ev);
+}
+
 /* model.precision = "bf16" (emulated where the CPU has no bf16 instructions): the training
  * reward rises as in fp32, and so does the held-out accuracy (validation before training and
  * after the last step, as the run logs them). The log-probs generation recorded and the
@@ -250,6 +292,7 @@ int main(void) {
     resume();
     external_program();
     token_rewards();
+    sft_target();
     bad_recipes();
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_run");

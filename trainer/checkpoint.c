@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "model/lora.h"
 
 rf_status rf_copy_tokenizer_files(const char *src_dir, const char *dst_dir) {
     static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
@@ -128,17 +129,22 @@ rf_status rf_checkpoint_save_roles(const char *run_dir, const rf_ckpt_role *acto
     return RF_OK;
 }
 
-/* A whole model's tensor: a view of its parameters or moments, copied to the host. */
+/* A whole model's trained tensor (rf_model_train_views: the adapters under LoRA): a view of its
+ * parameters or moments (which start at the first trained float, m->n_frozen), copied to the
+ * host. */
 static rf_status whole_tensor(void *ctx, int part, int view, float *dst) {
     const rf_model *m = ctx;
-    const float *buf = part == 0 ? m->params : part == 1 ? m->opt_m : m->opt_v;
-    const rf_param_view *v = &m->views[view];
-    m->k->to_host(dst, buf + v->offset, v->numel * sizeof(float));
+    int n;
+    const rf_param_view *v = &rf_model_train_views(m, &n)[view];
+    const float *src = part == 0 ? m->params + v->offset : (part == 1 ? m->opt_m : m->opt_v) + (v->offset - m->n_frozen);
+    m->k->to_host(dst, src, v->numel * sizeof(float));
     return RF_OK;
 }
 
 rf_ckpt_role rf_checkpoint_role_of(const rf_model *m) {
-    rf_ckpt_role r = {&m->cfg, m->views, m->n_views, m->opt_step, m->opt_m != NULL, whole_tensor, (void *)m};
+    int n;
+    const rf_param_view *v = rf_model_train_views(m, &n);
+    rf_ckpt_role r = {&m->cfg, v, n, m->opt_step, m->opt_m != NULL, whole_tensor, (void *)m};
     return r;
 }
 

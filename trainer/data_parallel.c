@@ -229,6 +229,8 @@ rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o) 
     *out = NULL;
     if (!m->grads || !m->opt_m || !m->opt_v)
         return rf_error(RF_ERR_ARG, "data parallelism needs a model with training buffers (rf_model_enable_training)");
+    if (m->n_frozen) /* its buckets and ZeRO blocks cover the whole buffer */
+        return rf_error(RF_ERR_UNSUPPORTED, "data parallelism of a model with LoRA adapters is not implemented");
     int device = m->k != rf_cpu_kernels();
     if (device != (rf_comm_backend(c) == RF_COMM_NCCL))
         return rf_error(RF_ERR_ARG, "data parallelism: the %s communicator cannot reduce %s gradients",

@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "model/lora.h"
+
 float rf_lr_at(const rf_optim_opts *o, int step) {
     if (o->warmup_steps > 0 && step < o->warmup_steps)
         return o->lr * (float)(step + 1) / (float)o->warmup_steps;
@@ -13,7 +15,7 @@ float rf_lr_at(const rf_optim_opts *o, int step) {
 }
 
 rf_status rf_optim_step(rf_model *m, const rf_optim_opts *o, double *grad_norm, float *lr_used) {
-    double norm = sqrt(m->k->sum_squares(m->grads, m->n_params));
+    double norm = sqrt(m->k->sum_squares(m->grads, m->n_params - m->n_frozen));
     *grad_norm = norm;
     return rf_optim_step_norm(m, o, norm, lr_used);
 }
@@ -33,10 +35,13 @@ rf_status rf_optim_step_norm(rf_model *m, const rf_optim_opts *o, double norm, f
     float gs = o->grad_clip > 0 && norm > o->grad_clip ? (float)(o->grad_clip / (norm + 1e-6)) : 1.0f;
     float lr = rf_lr_at(o, m->opt_step);
     int step = ++m->opt_step;
-    for (int i = 0; i < m->n_views; i++) {
-        const rf_param_view *v = &m->views[i];
-        k->adamw(m->params + v->offset, m->grads + v->offset, m->opt_m + v->offset,
-                 m->opt_v + v->offset, v->numel, lr, o->beta1, o->beta2, o->eps,
+    int n_views;
+    const rf_param_view *views = rf_model_train_views(m, &n_views); /* the adapters under LoRA */
+    for (int i = 0; i < n_views; i++) {
+        const rf_param_view *v = &views[i];
+        size_t g = v->offset - m->n_frozen; /* grads and moments start at the first trained float */
+        k->adamw(m->params + v->offset, m->grads + g, m->opt_m + g, m->opt_v + g, v->numel, lr,
+                 o->beta1, o->beta2, o->eps,
                  v->no_decay ? 0.0f : o->weight_decay, step, gs);
     }
     k->weights_updated();

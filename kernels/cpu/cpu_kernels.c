@@ -149,6 +149,7 @@ static void cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, cons
         float k = dot * r * r * r / (float)C;
         for (int c = 0; c < C; c++) dx[c] += r * w[c] * dy[c] - k * x[c];
     }
+    if (!dw) return; /* a frozen norm (LoRA) */
     /* dw[c] += sum_n dout[n, c] inp[n, c] rstd[n], each column summed in n order as one
      * serial chain (the same bits whatever the thread count), 16 columns at a time so that
      * the rows are read contiguously and the 16 chains run in one vector */

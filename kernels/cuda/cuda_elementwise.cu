@@ -214,7 +214,7 @@ void rf_cuda_rmsnorm_backward(float *dinp, float *dw, const float *dout, const f
     if (N <= 0 || C <= 0) return;
     rmsnorm_backward_dinp_kernel<<<N, RF_CUDA_THREADS, 0, rf__cuda.stream>>>(dinp, dout, inp, w,
                                                                              rstd, C);
-    if (!RF_CUDA_LAUNCH_CHECK()) return;
+    if (!RF_CUDA_LAUNCH_CHECK() || !dw) return; /* dw NULL: a frozen norm (LoRA) */
     rmsnorm_backward_dw_kernel<<<rf__cuda_blocks((size_t)C), RF_CUDA_THREADS, 0,
                                  rf__cuda.stream>>>(dw, dout, inp, rstd, N, C);
     RF_CUDA_LAUNCH_CHECK();

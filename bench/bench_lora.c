@@ -1,0 +1,183 @@
+/* LoRA against full fine-tuning on the CPU back end, printed as JSON lines:
+ *  - lora_memory: bytes of parameters + gradients + AdamW moments for full training and for
+ *    LoRA (rank 8 on q, v and rank 16 on every projection) on the bench's 25M model (read from
+ *    models built here) and on the Qwen2.5-0.5B shape (from the parameter tables, nothing
+ *    allocated), with the fraction saved;
+ *  - lora_train_step: forward + log-probs + backward + AdamW of the 25M model on 8 x 256 tokens,
+ *    full and with adapters, seconds (best of reps) and the ratio to full;
+ *  - lora_decode: KV-cache decoding at batch 32 with unmerged adapters and with them merged into
+ *    the weights, tokens/s and the ratio (the cost of unmerged generation).
+ * Hardware reference of the same run: sgemm_peak (OpenBLAS on the model's MLP shape).
+ * Usage: bench_lora [--quick] */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "common/util.h"
+#include "model/lora.h"
+#include "trainer/optim.h"
+
+static const unsigned QV = 1u << RF_LORA_Q | 1u << RF_LORA_V, ALL = (1u << RF_LORA_N) - 1;
+
+static double sgemm_peak(int M, int N, int K, int reps) {
+    float *a = calloc((size_t)M * K, 4), *b = calloc((size_t)N * K, 4), *c = calloc((size_t)M * N, 4);
+    double best = 0;
+    for (int r = 0; r < reps + 1; r++) {
+        double t = rf_time_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, a, K, b, K, 0, c, N);
+        double g = 2.0 * M * N * K / (rf_time_now() - t) / 1e9;
+        best = r && g > best ? g : best;
+    }
+    free(a), free(b), free(c);
+    return best;
+}
+
+static void qwen05b_config(rf_model_config *c) {
+    RF_ASSERT(rf_config_preset(c, "25m", 16384) == RF_OK);
+    c->hidden_size = 896, c->intermediate_size = 4864, c->num_hidden_layers = 24;
+    c->num_attention_heads = 14, c->num_key_value_heads = 2, c->head_dim = 64;
+    c->vocab_size = 151936, c->rope_theta = 1e6f, c->tie_word_embeddings = 1, c->qkv_bias = 1;
+}
+
+/* Bytes of params + grads + both moments for n_params floats of which n_trained are trained. */
+static double train_bytes(size_t n_params, size_t n_trained) { return 4.0 * ((double)n_params + 3.0 * (double)n_trained); }
+
+static void memory_line(const char *shape, size_t base, int rank, unsigned targets, const rf_model_config *c,
+                        size_t measured_lora_trained) {
+    rf_lora_opts o = {rank, 2.0f * rank, 0, targets, RF_LORA_INIT_GAUSSIAN, 1};
+    size_t n = rf_lora_param_count(&o, c);
+    double full = train_bytes(base, base), lora = train_bytes(base + n, n);
+    printf("{\"bench\":\"lora_memory\",\"shape\":\"%s\",\"rank\":%d,\"targets\":\"%s\",\"base_params\":%zu,"
+           "\"adapter_params\":%zu,\"full_bytes\":%.0f,\"lora_bytes\":%.0f,\"saved_bytes\":%.0f,\"saved_fraction\":%.4f,"
+           "\"measured\":%s}\n", shape, rank, targets == QV ? "q,v" : "all", base, n, full, lora, full - lora,
+           (full - lora) / full, measured_lora_trained ? "true" : "false");
+    if (measured_lora_trained) RF_ASSERT(measured_lora_trained == n); /* the model allocated exactly that */
+}
+
+static rf_model *model_25m(int rank, unsigned targets) {
+    rf_model_config c;
+    RF_ASSERT(rf_config_preset(&c, "25m", 16384) == RF_OK);
+    rf_model *m;
+    RF_ASSERT(rf_model_init(&m, &c, rf_cpu_kernels()) == RF_OK);
+    rf_model_init_random(m, 1, 0.02f);
+    if (rank) {
+        rf_lora_opts o = {rank, 2.0f * rank, 0, targets, RF_LORA_INIT_GAUSSIAN, 1};
+        RF_ASSERT(rf_model_lora_attach(m, &o) == RF_OK);
+    }
+    return m;
+}
+
+static void bench_memory(void) {
+    int ranks[2] = {8, 16};
+    unsigned tg[2] = {QV, ALL};
+    for (int i = 0; i < 2; i++) {
+        rf_model *m = model_25m(ranks[i], tg[i]);
+        RF_ASSERT(rf_model_enable_training(m) == RF_OK);
+        memory_line("25m", m->n_frozen, ranks[i], tg[i], &m->cfg, m->n_params - m->n_frozen);
+        rf_model_free(m);
+    }
+    rf_model_config q;
+    qwen05b_config(&q);
+    rf_param_view *v;
+    int nv;
+    size_t n;
+    RF_ASSERT(rf_model_param_views(&q, &v, &nv, &n) == RF_OK);
+    free(v);
+    for (int i = 0; i < 2; i++) memory_line("qwen2.5-0.5b", n, ranks[i], tg[i], &q, 0);
+}
+
+/* Seconds of one training step (best of reps after a warm-up). */
+static double train_step(rf_model *m, int reps) {
+    int B = 8, L = 256, T = B * L;
+    int32_t *tok = malloc(sizeof(int32_t) * T), *tgt = malloc(sizeof(int32_t) * T), cu[9];
+    float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
+    rf_rng r;
+    rf_rng_seed(&r, 1);
+    for (int t = 0; t < T; t++) {
+        tok[t] = (int32_t)(rf_rng_u64(&r) % 16384), tgt[t] = (int32_t)(rf_rng_u64(&r) % 16384);
+        dlp[t] = -1.0f / T;
+    }
+    for (int b = 0; b <= B; b++) cu[b] = b * L;
+    rf_batch bt = {B, T, tok, NULL, cu};
+    RF_ASSERT(rf_model_enable_training(m) == RF_OK);
+    rf_optim_opts o = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .grad_clip = 1.0f};
+    double best = 1e30, gn;
+    for (int i = 0; i < reps + 1; i++) {
+        double t0 = rf_time_now();
+        rf_model_zero_grad(m);
+        RF_ASSERT(rf_model_forward(m, &bt) == RF_OK);
+        RF_ASSERT(rf_model_logprobs(m, tgt, 1.0f, lp, NULL) == RF_OK);
+        RF_ASSERT(rf_model_backward(m, dlp, NULL, NULL) == RF_OK);
+        RF_ASSERT(rf_optim_step(m, &o, &gn, NULL) == RF_OK);
+        double el = rf_time_now() - t0;
+        if (i > 0 && el < best) best = el;
+    }
+    free(tok), free(tgt), free(lp), free(dlp);
+    return best;
+}
+
+static void bench_train(int reps, double peak) {
+    rf_model *m = model_25m(0, 0);
+    double full = train_step(m, reps);
+    rf_model_free(m);
+    printf("{\"bench\":\"lora_train_step\",\"mode\":\"full\",\"seconds\":%.4f,\"ratio_to_full\":1.000,\"sgemm_peak_gflops\":%.2f}\n",
+           full, peak);
+    int ranks[2] = {8, 16};
+    unsigned tg[2] = {QV, ALL};
+    for (int i = 0; i < 2; i++) {
+        m = model_25m(ranks[i], tg[i]);
+        double s = train_step(m, reps);
+        printf("{\"bench\":\"lora_train_step\",\"mode\":\"lora\",\"rank\":%d,\"targets\":\"%s\",\"seconds\":%.4f,"
+               "\"ratio_to_full\":%.3f,\"sgemm_peak_gflops\":%.2f}\n", ranks[i], tg[i] == QV ? "q,v" : "all", s, s / full, peak);
+        rf_model_free(m);
+    }
+}
+
+/* tokens/s of `steps` decoding steps of B sequences after a 16-token prefill. */
+static double decode_rate(rf_model *m, int B, int steps) {
+    rf_kv_cache kv;
+    RF_ASSERT(rf_kv_cache_init(&kv, m, B, 16 + steps + 1) == RF_OK);
+    int *slots = malloc(sizeof(int) * B), *counts = malloc(sizeof(int) * B);
+    int32_t *tok = malloc(sizeof(int32_t) * B * 16);
+    float *logits = malloc(sizeof(float) * (size_t)B * m->cfg.vocab_size);
+    for (int i = 0; i < B; i++) slots[i] = i, counts[i] = 16;
+    for (int i = 0; i < B * 16; i++) tok[i] = (i * 37) % 16384;
+    RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK);
+    for (int i = 0; i < B; i++) counts[i] = 1;
+    double t0 = rf_time_now();
+    for (int s = 0; s < steps; s++) RF_ASSERT(rf_model_decode(m, &kv, slots, counts, B, tok, logits) == RF_OK);
+    double el = rf_time_now() - t0;
+    rf_kv_cache_free(&kv, m);
+    free(slots), free(counts), free(tok), free(logits);
+    return (double)B * steps / el;
+}
+
+static void bench_decode(int steps) {
+    int B = 32;
+    rf_model *m = model_25m(16, ALL);
+    double un = 0, me = 0;
+    for (int r = 0; r < 2; r++) { /* best of two */
+        double x = decode_rate(m, B, steps);
+        un = x > un ? x : un;
+    }
+    RF_ASSERT(rf_lora_merge(m) == RF_OK);
+    for (int r = 0; r < 2; r++) {
+        double x = decode_rate(m, B, steps);
+        me = x > me ? x : me;
+    }
+    rf_model_free(m);
+    printf("{\"bench\":\"lora_decode\",\"batch\":%d,\"rank\":16,\"targets\":\"all\",\"unmerged_tokens_per_s\":%.1f,"
+           "\"merged_tokens_per_s\":%.1f,\"unmerged_over_merged\":%.3f}\n", B, un, me, un / me);
+}
+
+int main(int argc, char **argv) {
+    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    double peak = sgemm_peak(2048, 1408, 512, quick ? 2 : 5);
+    printf("{\"bench\":\"sgemm_peak\",\"m\":2048,\"n\":1408,\"k\":512,\"gflops\":%.2f}\n", peak);
+    bench_memory();
+    bench_train(quick ? 1 : 3, peak);
+    bench_decode(quick ? 8 : 32);
+    return 0;
+}

@@ -1,0 +1,197 @@
+/* LoRA adapters in Hugging Face PEFT's layout (adapter_config.json, adapter_model.safetensors)
+ * and merging them into the base weights (model/lora.h). Format: peft's LoraConfig and
+ * save_pretrained (tensor names "base_model.model.<module>.lora_A.weight", adapter name
+ * dropped). */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "model/lora.h"
+#include "model/model_internal.h"
+#include "model/safetensors.h"
+
+#define PEFT_PREFIX "base_model.model."
+
+static rf_status write_config(const rf_model *m, const char *dir, const char *base) {
+    cJSON *j = cJSON_CreateObject(), *t = cJSON_CreateArray();
+    for (int i = 0; i < RF_LORA_N; i++)
+        if (m->lora.targets & (1u << i)) cJSON_AddItemToArray(t, cJSON_CreateString(rf_lora_module_name(i)));
+    cJSON_AddStringToObject(j, "base_model_name_or_path", base ? base : "");
+    cJSON_AddStringToObject(j, "bias", "none");
+    cJSON_AddBoolToObject(j, "fan_in_fan_out", 0);
+    cJSON_AddBoolToObject(j, "inference_mode", 1);
+    cJSON_AddNumberToObject(j, "lora_alpha", m->lora.alpha);
+    cJSON_AddNumberToObject(j, "lora_dropout", 0.0);
+    cJSON_AddStringToObject(j, "peft_type", "LORA");
+    cJSON_AddNumberToObject(j, "r", m->lora.rank);
+    cJSON_AddItemToObject(j, "target_modules", t);
+    cJSON_AddStringToObject(j, "task_type", "CAUSAL_LM");
+    cJSON_AddBoolToObject(j, "use_rslora", 0);
+    char *text = cJSON_Print(j), p[4096];
+    cJSON_Delete(j);
+    rf_path_join(p, sizeof p, dir, "adapter_config.json");
+    rf_status s = text ? rf_write_file_atomic(p, text, strlen(text)) : rf_error(RF_ERR_NOMEM, "out of memory");
+    free(text);
+    return s;
+}
+
+rf_status rf_lora_save_peft(const rf_model *m, const char *dir, const char *base) {
+    if (!m->lora.rank) return rf_error(RF_ERR_ARG, "%s: the model has no LoRA adapters to save", dir);
+    int n = m->lora.n_views;
+    rf_st_entry *e = calloc((size_t)n, sizeof *e);
+    char (*names)[RF_MAX_NAME + 32] = calloc((size_t)n, sizeof *names);
+    float *host = malloc(sizeof(float) * (m->n_params - m->n_frozen));
+    rf_status s = e && names && host ? rf_mkdirs(dir) : rf_error(RF_ERR_NOMEM, "out of memory");
+    if (s == RF_OK) m->k->to_host(host, m->params + m->n_frozen, sizeof(float) * (m->n_params - m->n_frozen));
+    for (int i = 0; s == RF_OK && i < n; i++) {
+        const rf_param_view *v = &m->lora.views[i];
+        snprintf(names[i], sizeof names[i], PEFT_PREFIX "%s", v->name);
+        e[i] = (rf_st_entry){names[i], host + (v->offset - m->n_frozen), 2, {v->shape[0], v->shape[1]}};
+    }
+    /* the writer names its file model.safetensors: write into a scratch directory and move it */
+    char tmp[4200], from[4300], to[4300];
+    snprintf(tmp, sizeof tmp, "%s/.adapter.tmp", dir);
+    if (s == RF_OK) s = rf_st_write_dir(tmp, e, n, RF_DTYPE_F32, 0);
+    snprintf(from, sizeof from, "%s/model.safetensors", tmp);
+    rf_path_join(to, sizeof to, dir, "adapter_model.safetensors");
+    if (s == RF_OK && rename(from, to) != 0) s = rf_error(RF_ERR_IO, "%s: cannot move %s into place", to, from);
+    if (s == RF_OK) s = rf_remove_tree(tmp);
+    if (s == RF_OK) s = write_config(m, dir, base);
+    free(e), free(names), free(host);
+    return s;
+}
+
+/* Refuses a field of the config whose value rlflow would silently not honour: anything but
+ * absent, null, false, {} or []. */
+static rf_status refuse_field(const cJSON *j, const char *path, const char *field) {
+    const cJSON *it = cJSON_GetObjectItem(j, field);
+    if (!it || cJSON_IsNull(it) || cJSON_IsFalse(it)) return RF_OK;
+    if ((cJSON_IsObject(it) || cJSON_IsArray(it)) && !it->child) return RF_OK;
+    return rf_error(RF_ERR_UNSUPPORTED, "%s: \"%s\" is set; rlflow's LoRA does not implement it", path, field);
+}
+
+/* target_modules: a list of module names (a string is PEFT's regex form, refused). */
+static rf_status read_targets(const cJSON *j, const char *path, unsigned *targets) {
+    const cJSON *t = cJSON_GetObjectItem(j, "target_modules");
+    if (!cJSON_IsArray(t))
+        return rf_error(RF_ERR_UNSUPPORTED, "%s: \"target_modules\" must be a list of module names "
+                        "(a regex string is not implemented)", path);
+    *targets = 0;
+    for (const cJSON *it = t->child; it; it = it->next) {
+        int k = 0;
+        while (k < RF_LORA_N && !(cJSON_IsString(it) && strcmp(it->valuestring, rf_lora_module_name(k)) == 0)) k++;
+        if (k == RF_LORA_N)
+            return rf_error(RF_ERR_UNSUPPORTED, "%s: target_modules: \"%s\" is not one of q_proj, k_proj, v_proj, "
+                            "o_proj, gate_proj, up_proj, down_proj", path, cJSON_IsString(it) ? it->valuestring : "?");
+        *targets |= 1u << k;
+    }
+    return *targets ? RF_OK : rf_error(RF_ERR_FORMAT, "%s: \"target_modules\" is empty", path);
+}
+
+static rf_status parse_config(const cJSON *j, const char *path, rf_lora_opts *o) {
+    const cJSON *type = cJSON_GetObjectItem(j, "peft_type"), *r = cJSON_GetObjectItem(j, "r"),
+                *alpha = cJSON_GetObjectItem(j, "lora_alpha"), *bias = cJSON_GetObjectItem(j, "bias");
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "LORA") != 0)
+        return rf_error(RF_ERR_UNSUPPORTED, "%s: \"peft_type\" must be \"LORA\"", path);
+    if (!cJSON_IsNumber(r) || r->valuedouble != (int)r->valuedouble || r->valueint < 1)
+        return rf_error(RF_ERR_FORMAT, "%s: \"r\" must be an integer >= 1", path);
+    if (!cJSON_IsNumber(alpha) || !(alpha->valuedouble > 0))
+        return rf_error(RF_ERR_FORMAT, "%s: \"lora_alpha\" must be a number > 0", path);
+    if (bias && !(cJSON_IsString(bias) && strcmp(bias->valuestring, "none") == 0))
+        return rf_error(RF_ERR_UNSUPPORTED, "%s: \"bias\" must be \"none\" (trained biases are not implemented)", path);
+    static const char *const refused[] = {"use_rslora", "fan_in_fan_out", "modules_to_save", "layers_to_transform",
+                                          "rank_pattern", "alpha_pattern", "use_dora", "layer_replication"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) RF_TRY(refuse_field(j, path, refused[i]));
+    *o = (rf_lora_opts){r->valueint, (float)alpha->valuedouble, 0.0f, 0, RF_LORA_INIT_GAUSSIAN, 0};
+    return read_targets(j, path, &o->targets);
+}
+
+rf_status rf_lora_read_peft_config(const char *dir, rf_lora_opts *o) {
+    char path[4096], *text = NULL;
+    rf_path_join(path, sizeof path, dir, "adapter_config.json");
+    RF_TRY(rf_read_file(path, &text, NULL));
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (!j) return rf_error(RF_ERR_FORMAT, "%s: not valid JSON", path);
+    rf_status s = cJSON_IsObject(j) ? parse_config(j, path, o) : rf_error(RF_ERR_FORMAT, "%s: not a JSON object", path);
+    cJSON_Delete(j);
+    return s;
+}
+
+/* Every tensor of st must be one of m's adapters (PEFT name), and every adapter present. */
+static rf_status read_tensors(rf_model *m, const rf_safetensors *st, const char *path, float *host) {
+    for (int i = 0; i < rf_st_count(st); i++) {
+        const char *name = rf_st_at(st, i)->name;
+        int found = 0;
+        for (int v = 0; v < m->lora.n_views && !found; v++)
+            found = strncmp(name, PEFT_PREFIX, strlen(PEFT_PREFIX)) == 0 &&
+                    strcmp(name + strlen(PEFT_PREFIX), m->lora.views[v].name) == 0;
+        if (!found)
+            return rf_error(RF_ERR_UNSUPPORTED, "%s: tensor \"%s\" is not an adapter of this model and "
+                            "adapter_config.json; refusing to ignore it", path, name);
+    }
+    for (int v = 0; v < m->lora.n_views; v++) {
+        const rf_param_view *pv = &m->lora.views[v];
+        char name[RF_MAX_NAME + 32];
+        snprintf(name, sizeof name, PEFT_PREFIX "%s", pv->name);
+        RF_TRY(rf_st_read_f32(st, name, host + (pv->offset - m->n_frozen), pv->shape, pv->ndim));
+    }
+    return RF_OK;
+}
+
+rf_status rf_lora_load_peft(rf_model *m, const char *dir) {
+    rf_lora_opts o;
+    RF_TRY(rf_lora_read_peft_config(dir, &o));
+    char path[4096];
+    rf_path_join(path, sizeof path, dir, "adapter_model.safetensors");
+    rf_safetensors *st = NULL;
+    RF_TRY(rf_st_open_file(&st, path));
+    rf_status s = rf_model_lora_attach(m, &o);
+    float *host = NULL;
+    size_t n = m->n_params - m->n_frozen;
+    if (s == RF_OK) s = rf__host_staging(m->k, m->params + m->n_frozen, n, &host, path);
+    if (s == RF_OK) s = read_tensors(m, st, path, host);
+    if (host) rf__host_staging_done(m->k, m->params + m->n_frozen, n, host, s == RF_OK);
+    rf_st_close(st);
+    return s;
+}
+
+/* W (out, in) += scale * B (out, r) A (r, in), in double, host arrays. */
+static void merge_one(float *W, const float *A, const float *B, int in, int out, int r, double scale) {
+    for (int o = 0; o < out; o++)
+        for (int i = 0; i < in; i++) {
+            double s = 0;
+            for (int j = 0; j < r; j++) s += (double)B[(size_t)o * r + j] * A[(size_t)j * in + i];
+            W[(size_t)o * in + i] = (float)(W[(size_t)o * in + i] + scale * s);
+        }
+}
+
+rf_status rf_lora_merge(rf_model *m) {
+    if (!m->lora.rank) return RF_OK;
+    if (m->grads) return rf_error(RF_ERR_ARG, "LoRA: merging the adapters of a model that is training");
+    float *host = malloc(sizeof(float) * m->n_params);
+    if (!host) return rf_error(RF_ERR_NOMEM, "LoRA merge: out of memory for %zu parameters", m->n_params);
+    m->k->to_host(host, m->params, sizeof(float) * m->n_params);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        rf_layer_weights *w = &m->layers[l];
+        float *W[RF_LORA_N] = {w->wq, w->wk, w->wv, w->wo, w->wgate, w->wup, w->wdown};
+        for (int t = 0; t < RF_LORA_N; t++) {
+            if (!w->lora_a[t]) continue;
+            int in, out;
+            rf_lora_target_dims(&m->cfg, t, &in, &out);
+            merge_one(host + (W[t] - m->params), host + (w->lora_a[t] - m->params), host + (w->lora_b[t] - m->params),
+                      in, out, m->lora.rank, (double)m->lora.scale);
+            w->lora_a[t] = w->lora_b[t] = NULL;
+        }
+    }
+    m->k->to_device(m->params, host, sizeof(float) * m->n_frozen);
+    free(host);
+    free(m->lora.views);
+    m->n_params = m->n_frozen, m->n_frozen = 0;
+    memset(&m->lora, 0, sizeof m->lora);
+    rf_model_trim(m);
+    m->k->weights_updated();
+    return RF_OK;
+}

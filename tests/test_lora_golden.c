@@ -1,0 +1,147 @@
+/* rlflow's LoRA adapters against Hugging Face PEFT: the adapter in tests/data/lora/adapter was
+ * written by rlflow (rf_lora_save_peft; `test_lora_golden --write-adapter DIR` makes it again)
+ * on the tiny Qwen2 base tests/data/hf/qwen2_tied; tests/tools/make_lora_golden.py loaded it
+ * with transformers + PEFT (PeftModel.from_pretrained) and wrote the log-probs PyTorch computes
+ * into tests/data/lora/expected.json. rlflow must reproduce them with the adapter loaded
+ * unmerged (rf_lora_load_peft) and merged into the weights (rf_lora_merge), save the adapter
+ * again byte for byte, and refuse PEFT configurations it does not implement, naming the field. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "common/util.h"
+#include "model/lora.h"
+#include "test_util.h"
+
+/* fp32 on both sides (the kernels' default precision here), differing in summation order, as
+ * tests/test_hf_golden.c: 2e-5. */
+#define TOL 2e-5
+
+static char base[1024], data[1024];
+
+/* Writes the adapter the golden files were made from: rank 4, alpha 8 on every projection,
+ * kaiming A, and B drawn from normal(0, 0.1) (a fresh B is zero and would prove nothing). */
+static int write_adapter(const char *dir) {
+    rf_model *m;
+    CHECK_OK(rf_model_load(&m, base, rf_cpu_kernels(), 0));
+    rf_lora_opts o = {4, 8.0f, 0.0f, (1u << RF_LORA_N) - 1, RF_LORA_INIT_KAIMING, 3};
+    CHECK_OK(rf_model_lora_attach(m, &o));
+    rf_rng r;
+    rf_rng_seed(&r, 4);
+    for (int i = 1; i < m->lora.n_views; i += 2)
+        for (size_t j = 0; j < m->lora.views[i].numel; j++) m->params[m->lora.views[i].offset + j] = 0.1f * rf_rng_normal(&r);
+    CHECK_OK(rf_lora_save_peft(m, dir, "tests/data/hf/qwen2_tied"));
+    rf_model_free(m);
+    return rf_test_finish("test_lora_golden --write-adapter");
+}
+
+/* The model's log-probs of SEQS against expected.json's array `key`; returns the largest
+ * difference. */
+static double compare(rf_model *m, const cJSON *exp, const char *key) {
+    const cJSON *seqs = cJSON_GetObjectItem(exp, "sequences"), *want = cJSON_GetObjectItem(exp, key), *s;
+    double worst = 0;
+    int si = 0;
+    cJSON_ArrayForEach(s, seqs) {
+        int len = cJSON_GetArraySize(s);
+        int32_t tok[32], tgt[32], cu[2] = {0, len - 1};
+        for (int i = 0; i < len - 1; i++) {
+            tok[i] = cJSON_GetArrayItem(s, i)->valueint;
+            tgt[i] = cJSON_GetArrayItem(s, i + 1)->valueint;
+        }
+        rf_batch b = {1, len - 1, tok, NULL, cu};
+        float lp[32];
+        CHECK_OK(rf_model_forward(m, &b));
+        CHECK_OK(rf_model_logprobs(m, tgt, 1.0f, lp, NULL));
+        for (int i = 0; i < len - 1; i++) {
+            double w = cJSON_GetArrayItem(cJSON_GetArrayItem(want, si), i)->valuedouble;
+            CHECK_CLOSE(lp[i], w, TOL, TOL);
+            worst = fmax(worst, fabs(lp[i] - w));
+        }
+        si++;
+    }
+    return worst;
+}
+
+static void golden(void) {
+    char p[1200], *text = NULL;
+    snprintf(p, sizeof p, "%s/expected.json", data);
+    CHECK_OK(rf_read_file(p, &text, NULL));
+    cJSON *exp = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK(exp != NULL);
+    if (!exp) return;
+    rf_model *m;
+    CHECK_OK(rf_model_load(&m, base, rf_cpu_kernels(), 0));
+    double b0 = compare(m, exp, "logprobs_base");
+    snprintf(p, sizeof p, "%s/adapter", data);
+    CHECK_OK(rf_lora_load_peft(m, p));
+    CHECK(m->lora.rank == 4 && fabsf(m->lora.scale - 2.0f) < 1e-7f && m->lora.n_views == 28);
+    double a = compare(m, exp, "logprobs");
+    /* the adapter must matter: its log-probs differ from the base's by far more than TOL */
+    const cJSON *w = cJSON_GetObjectItem(exp, "logprobs"), *wb = cJSON_GetObjectItem(exp, "logprobs_base");
+    double moved = 0;
+    for (int s = 0; s < cJSON_GetArraySize(w); s++)
+        for (int i = 0; i < cJSON_GetArraySize(cJSON_GetArrayItem(w, s)); i++)
+            moved = fmax(moved, fabs(cJSON_GetArrayItem(cJSON_GetArrayItem(w, s), i)->valuedouble -
+                                     cJSON_GetArrayItem(cJSON_GetArrayItem(wb, s), i)->valuedouble));
+    CHECK(moved > 100 * TOL);
+    /* saved again: the same bytes */
+    char tmp[] = "/tmp/rf_lora_golden_XXXXXX";
+    CHECK(mkdtemp(tmp) != NULL);
+    CHECK_OK(rf_lora_save_peft(m, tmp, "tests/data/hf/qwen2_tied"));
+    char f1[1300], f2[1300], *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    snprintf(f1, sizeof f1, "%s/adapter/adapter_model.safetensors", data);
+    snprintf(f2, sizeof f2, "%s/adapter_model.safetensors", tmp);
+    CHECK_OK(rf_read_file(f1, &x, &nx));
+    CHECK_OK(rf_read_file(f2, &y, &ny));
+    CHECK(x && y && nx == ny && memcmp(x, y, nx) == 0);
+    free(x), free(y);
+    CHECK_OK(rf_lora_merge(m));
+    CHECK(m->lora.rank == 0 && m->n_frozen == 0);
+    double mg = compare(m, exp, "logprobs_merged");
+    printf("max |logprob - PEFT|: base %.2e, adapter %.2e, merged %.2e; the adapter moves log-probs by %.3g\n", b0, a,
+           mg, moved);
+    rf_model_free(m);
+    cJSON_Delete(exp);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    CHECK(system(cmd) == 0);
+}
+
+/* A PEFT config with something rlflow does not implement, written into a copy of the adapter. */
+static void refuses(const char *edit, const char *want) {
+    char tmp[] = "/tmp/rf_lora_bad_XXXXXX", cmd[4000];
+    CHECK(mkdtemp(tmp) != NULL);
+    snprintf(cmd, sizeof cmd, "cp %s/adapter/* %s/ && sed -i '%s' %s/adapter_config.json", data, tmp, edit, tmp);
+    CHECK(system(cmd) == 0);
+    rf_model *m;
+    CHECK_OK(rf_model_load(&m, base, rf_cpu_kernels(), 0));
+    rf_status s = rf_lora_load_peft(m, tmp);
+    CHECK(s != RF_OK && strstr(rf_error_message(), want) != NULL);
+    if (s == RF_OK || !strstr(rf_error_message(), want)) fprintf(stderr, "%s: got \"%s\"\n", edit, rf_error_message());
+    rf_model_free(m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    CHECK(system(cmd) == 0);
+}
+
+int main(int argc, char **argv) {
+    const char *src = getenv("RF_SOURCE_DIR");
+    if (!src && argc < 3) {
+        printf("test_lora_golden: skipped: RF_SOURCE_DIR not set\n");
+        return 77;
+    }
+    snprintf(base, sizeof base, "%s/tests/data/hf/qwen2_tied", src ? src : ".");
+    snprintf(data, sizeof data, "%s/tests/data/lora", src ? src : ".");
+    if (argc == 3 && strcmp(argv[1], "--write-adapter") == 0) return write_adapter(argv[2]);
+    golden();
+    refuses("s/\"use_rslora\":\\tfalse/\"use_rslora\": true/", "adapter_config.json: \"use_rslora\" is set; rlflow's LoRA does not implement it");
+    refuses("s/\"bias\":\\t\"none\"/\"bias\": \"all\"/", "adapter_config.json: \"bias\" must be \"none\" (trained biases are not implemented)");
+    refuses("s/\"q_proj\"/\"qkv_proj\"/", "adapter_config.json: target_modules: \"qkv_proj\" is not one of q_proj");
+    refuses("s/\"r\":\\t4/\"r\": 0/", "adapter_config.json: \"r\" must be an integer >= 1");
+    refuses("s/\"r\":\\t4/\"r\": 2/", "adapter_model.safetensors");
+    return rf_test_finish("test_lora_golden");
+}

@@ -1,0 +1,45 @@
+"""Loads the LoRA adapter rlflow saved (tests/data/lora/adapter, written by
+`test_lora_golden --write-adapter tests/data/lora/adapter`) onto its base model
+(tests/data/hf/qwen2_tied) with transformers + PEFT and writes the per-token log-probs of next
+tokens PyTorch computes (tests/data/lora/expected.json). tests/test_lora_golden.c loads the same
+adapter with rlflow and must reproduce them. Run from the repository root:
+    python3 tests/tools/make_lora_golden.py tests/data/hf/qwen2_tied tests/data/lora
+Needs torch, transformers and peft (developer machines only; the C test needs none of them)."""
+import json
+import os
+import sys
+
+import torch
+import transformers as tf
+from peft import PeftModel
+
+SEQS = [[5, 17, 42, 99, 3, 250, 7], [1, 2], [200, 201, 13, 13, 13, 88, 77, 66, 55, 44, 33]]
+
+
+def logprobs(model):
+    out = []
+    with torch.no_grad():
+        for s in SEQS:
+            ids = torch.tensor([s])
+            lp = torch.log_softmax(model(ids).logits[0, :-1].double(), -1)
+            out.append(lp.gather(1, ids[0, 1:, None])[:, 0].tolist())
+    return out
+
+
+def main(base_dir, root):
+    torch.manual_seed(0)
+    base = tf.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+    plain = logprobs(base)
+    model = PeftModel.from_pretrained(base, os.path.join(root, "adapter")).eval()
+    with_adapter = logprobs(model)
+    merged = logprobs(model.merge_and_unload())
+    out = {"sequences": SEQS, "logprobs": with_adapter, "logprobs_merged": merged, "logprobs_base": plain,
+           "peft_version": __import__("peft").__version__, "transformers_version": tf.__version__}
+    with open(os.path.join(root, "expected.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    worst = max(abs(a - b) for x, y in zip(with_adapter, plain) for a, b in zip(x, y))
+    print(f"wrote {root}/expected.json; the adapter moves log-probs by up to {worst:.3g}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
