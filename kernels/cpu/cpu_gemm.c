@@ -307,57 +307,59 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
+/* Lanes of the matrix-vector accumulators: one 512-bit vector of floats. */
+#define GEMV_LANES 16
+
+/* The sum of the GEMV_LANES partial sums of acc, pairwise (a tree: the compiler keeps it in
+ * vector registers, where a serial chain of 16 adds cost more than the dot product itself at
+ * K = 512). */
+static inline float lanes_sum(float *acc) {
+    for (int w = GEMV_LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
+/* s[r] = x . row r of W for the nr (<= 4) rows starting at w0 (row stride ld), fp32 or bf16
+ * weights (wb). GEMV_LANES partial sums per row, each a chain over K / GEMV_LANES terms. */
+static inline void gemv_dots(float *s, int nr, int K, const float *x, const float *w0,
+                             const uint16_t *wb0, size_t ld) {
+    float acc[4][GEMV_LANES] = {{0}};
+    int kv = K / GEMV_LANES * GEMV_LANES;
+    for (int r = 0; r < nr; r++) {
+        if (wb0) {
+            const uint16_t *w = wb0 + (size_t)r * ld;
+            for (int c0 = 0; c0 < kv; c0 += GEMV_LANES)
+#pragma omp simd
+                for (int l = 0; l < GEMV_LANES; l++) acc[r][l] += x[c0 + l] * bf16_to_f32(w[c0 + l]);
+            for (int c = kv; c < K; c++) acc[r][0] += x[c] * bf16_to_f32(w[c]);
+        } else {
+            const float *w = w0 + (size_t)r * ld;
+            for (int c0 = 0; c0 < kv; c0 += GEMV_LANES)
+#pragma omp simd
+                for (int l = 0; l < GEMV_LANES; l++) acc[r][l] += x[c0 + l] * w[c0 + l];
+            for (int c = kv; c < K; c++) acc[r][0] += x[c] * w[c];
+        }
+        s[r] = lanes_sum(acc[r]);
+    }
+}
+
 /* C (M, N) = alpha * A (M, K) @ W^T + beta * C with W (N, K; row stride ldw) a weight: fp32 W,
  * or the dense bf16 copy Wb (N, K) with A rounded to bf16 as it is read. OpenMP over output
- * columns, each a dot product accumulated in fp32 (16 lanes wide once vectorised). */
+ * columns (blocks of four rows of W), each a dot product accumulated in fp32 in GEMV_LANES
+ * lanes. */
 static void gemv_rows(int M, int N, int K, float alpha, const float *A, int lda, const float *W,
                       int ldw, const uint16_t *Wb, float beta, float *C, int ldc, float *xr) {
     for (int t = 0; t < M; t++)
         for (int c = 0; c < K; c++)
             xr[(size_t)t * K + c] = Wb ? bf16_round(A[(size_t)t * lda + c]) : A[(size_t)t * lda + c];
     size_t ld = Wb ? (size_t)K : (size_t)ldw;
-    /* four output columns at a time: four independent accumulator chains, so that the loop is
-     * bound by loads and FMA throughput, not by one chain's FMA latency */
 #pragma omp parallel for schedule(static) if ((size_t)N * K > 65536)
     for (int o0 = 0; o0 < N; o0 += 4) {
         int nr = N - o0 < 4 ? N - o0 : 4;
         for (int t = 0; t < M; t++) {
-            const float *x = xr + (size_t)t * K;
-            float s[4] = {0, 0, 0, 0};
-            if (nr == 4) {
-                float a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-                if (Wb) {
-                    const uint16_t *w0 = Wb + (size_t)o0 * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
-#pragma omp simd reduction(+ : a0, a1, a2, a3)
-                    for (int c = 0; c < K; c++) {
-                        float xc = x[c];
-                        a0 += xc * bf16_to_f32(w0[c]), a1 += xc * bf16_to_f32(w1[c]);
-                        a2 += xc * bf16_to_f32(w2[c]), a3 += xc * bf16_to_f32(w3[c]);
-                    }
-                } else {
-                    const float *w0 = W + (size_t)o0 * ld, *w1 = w0 + ld, *w2 = w1 + ld, *w3 = w2 + ld;
-#pragma omp simd reduction(+ : a0, a1, a2, a3)
-                    for (int c = 0; c < K; c++) {
-                        float xc = x[c];
-                        a0 += xc * w0[c], a1 += xc * w1[c], a2 += xc * w2[c], a3 += xc * w3[c];
-                    }
-                }
-                s[0] = a0, s[1] = a1, s[2] = a2, s[3] = a3;
-            } else {
-                for (int r = 0; r < nr; r++) {
-                    float a = 0;
-                    if (Wb) {
-                        const uint16_t *w = Wb + (size_t)(o0 + r) * ld;
-#pragma omp simd reduction(+ : a)
-                        for (int c = 0; c < K; c++) a += x[c] * bf16_to_f32(w[c]);
-                    } else {
-                        const float *w = W + (size_t)(o0 + r) * ld;
-#pragma omp simd reduction(+ : a)
-                        for (int c = 0; c < K; c++) a += x[c] * w[c];
-                    }
-                    s[r] = a;
-                }
-            }
+            float s[4];
+            gemv_dots(s, nr, K, xr + (size_t)t * K, Wb ? NULL : W + (size_t)o0 * ld,
+                      Wb ? Wb + (size_t)o0 * ld : NULL, ld);
             for (int r = 0; r < nr; r++) {
                 float *cp = C + (size_t)t * ldc + o0 + r;
                 *cp = alpha * s[r] + (beta == 0.0f ? 0.0f : beta * *cp);

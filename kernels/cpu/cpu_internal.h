@@ -3,6 +3,7 @@
 #define RF_CPU_INTERNAL_H
 
 #include <math.h>
+#include <stdint.h>
 
 #include "kernels/kernels.h"
 
@@ -58,13 +59,36 @@ int rf_cpu_logprob_chunk_rows(int V);
  * vocabulary and vocabulary-parallel kernels (the back end is not re-entrant: kernels.h). */
 float *rf_cpu_logprob_scratch(size_t n);
 
+/* e^x in float, written so that `omp simd` loops vectorise it (glibc's expf is a scalar call
+ * per element unless built with -ffast-math): x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite
+ * split of ln2), e^r by Cephes' degree-6 polynomial, 2^n put in the exponent bits. Within 2 ulp
+ * of e^x for x in [-87.3, 88.37] (test_kernels checks); x below clamps to -87.3 (e^x ~ 1.2e-38
+ * instead of 0 or a denormal), above to 88.37 (~2.6e38, not inf). NaN stays NaN. */
+static inline float rf_cpu_expf(float x) {
+    float xc = x < -87.3f ? -87.3f : x > 88.37f ? 88.37f : x;
+    /* round xc / ln2 to the nearest integer: adding 1.5 * 2^23 drops the fraction bits */
+    float kf = xc * 1.44269504088896341f + 12582912.0f;
+    kf -= 12582912.0f;
+    float r = xc - kf * 0.693359375f - kf * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { uint32_t u; float f; } two_n = {.u = (uint32_t)((int32_t)kf + 127) << 23};
+    return x != x ? x : p * two_n.f;
+}
+
 /* Softmax statistics of one row of logits zr (V): the maximum *m, sum_j exp(z_j - m) into
  * *sum and sum_j exp(z_j - m) (z_j - m) into *wsum (lse = m + log sum; entropy = log sum -
- * wsum / sum). Float exponentials (vectorised) in blocks of 1024, double accumulators (V up to
+ * wsum / sum). Float exponentials (rf_cpu_expf, vectorised) in blocks of 1024, double accumulators (V up to
  * ~150k terms). Shared by the whole-vocabulary and vocabulary-parallel log-prob kernels. */
 static inline void rf_cpu_row_softmax_stats(const float *zr, int V, float *m_out, double *sum_out,
                                             double *wsum_out) {
     float m = -INFINITY;
+#pragma omp simd reduction(max : m)
     for (int j = 0; j < V; j++) m = zr[j] > m ? zr[j] : m;
     double sum = 0.0, wsum = 0.0;
     for (int j0 = 0; j0 < V; j0 += 1024) {
@@ -72,7 +96,7 @@ static inline void rf_cpu_row_softmax_stats(const float *zr, int V, float *m_out
         int j1 = j0 + 1024 < V ? j0 + 1024 : V;
 #pragma omp simd reduction(+ : fs, fw)
         for (int j = j0; j < j1; j++) {
-            float e = expf(zr[j] - m);
+            float e = rf_cpu_expf(zr[j] - m);
             fs += e;
             fw += e * (zr[j] - m);
         }

@@ -77,7 +77,7 @@ void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const flo
 #pragma omp simd
             for (int j = 0; j < V; j++) {
                 float lp = zr[j] - lse[r];
-                zr[j] = inv_temp * rf_logprob_dlogit(expf(lp), lp, ent[r], j == tgt, dl, de);
+                zr[j] = inv_temp * rf_logprob_dlogit(rf_cpu_expf(lp), lp, ent[r], j == tgt, dl, de);
             }
         }
         /* dh (n, C) = dz (n, V) @ w (V, C); dw (V, C) += dz^T (V, n) @ h (n, C) */

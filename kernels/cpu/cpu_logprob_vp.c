@@ -61,7 +61,7 @@ void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const 
 #pragma omp simd
             for (int j = 0; j < Vl; j++) {
                 float lp = zr[j] - l;
-                zr[j] = inv_temp * rf_logprob_dlogit(expf(lp), lp, H, j == tgt, dl, de);
+                zr[j] = inv_temp * rf_logprob_dlogit(rf_cpu_expf(lp), lp, H, j == tgt, dl, de);
             }
         }
         /* dh (n, C) = dz (n, Vl) @ w (Vl, C); dw (Vl, C) += dz^T @ h (n, C) */
