@@ -99,6 +99,14 @@ static void same_metric(const char *a, const char *b, int step, const char *name
     if (!ok) fprintf(stderr, "%s step %d %s: %.9g vs %s %.9g\n", a, step, name, x, b, y);
 }
 
+/* Metric `name` at `step` of runs a and b: equal within an absolute tolerance. */
+static void same_metric_abs(const char *a, const char *b, int step, const char *name, double atol) {
+    double x = rf_test_metric(dir, a, step, name), y = rf_test_metric(dir, b, step, name);
+    int ok = !isnan(x) && !isnan(y) && fabs(x - y) <= atol;
+    CHECK(ok);
+    if (!ok) fprintf(stderr, "%s step %d %s: %.9g vs %s %.9g (tolerance %g)\n", a, step, name, x, b, y, atol);
+}
+
 /* Stops `run` with sig after step 3 and resumes it; its final step must match `full`'s. */
 static void stop_and_resume(const char *run, const char *full, const char *args, int sig, int steps, const char *env,
                             int split) {
@@ -121,11 +129,17 @@ static void stop_and_resume(const char *run, const char *full, const char *args,
     CHECK(rc2 == 0);
     if (rc2) fprintf(stderr, "%s\n", out);
     free(out);
-    /* the same samples after the stop, bit for bit; the gradient norm bit for bit in one
-     * process, within 1e-5 in split runs, whose training ranks' float sums vary in order from
-     * run to run (two uninterrupted split runs differ as much) */
-    for (int s = n + 1; s <= steps; s++) same_metric(run, full, s, "reward/mean", 0);
-    same_metric(run, full, steps, "actor/grad_norm", split ? 1e-5 : 0);
+    /* One process: the same samples after the stop and the same gradient norm, bit for bit.
+     * Split runs: their training side's float sums vary in order from run to run (two
+     * uninterrupted split runs differ by ~1e-5 in the gradient norm from step 1), so the
+     * weights differ in the last bits and a sampled token can flip some steps later (seen: step
+     * 11's reward 0.2890625 against 0.3046875, 2 of 128 samples): rewards within 0.05 (6 of 128
+     * samples), the gradient norm within 1e-5 at the first step after the stop. A resume that
+     * lost or repeated data would move the rewards and the norm far more. */
+    for (int s = n + 1; s <= steps; s++)
+        if (split) same_metric_abs(run, full, s, "reward/mean", 0.05);
+        else same_metric(run, full, s, "reward/mean", 0);
+    same_metric(run, full, split ? n + 1 : steps, "actor/grad_norm", split ? 1e-5 : 0);
 }
 
 static void run_ok(const char *run, const char *args) {
