@@ -16,6 +16,7 @@
 
 #include "common/rng.h"
 #include "common/util.h"
+#include "bench/bench_step.h"
 #include "model/lora.h"
 #include "trainer/optim.h"
 
@@ -88,34 +89,11 @@ static void bench_memory(void) {
     for (int i = 0; i < 2; i++) memory_line("qwen2.5-0.5b", n, ranks[i], tg[i], &q, 0);
 }
 
-/* Seconds of one training step (best of reps after a warm-up). */
+/* Seconds of one training step with its AdamW step (best of reps after a warm-up). */
 static double train_step(rf_model *m, int reps) {
-    int B = 8, L = 256, T = B * L;
-    int32_t *tok = malloc(sizeof(int32_t) * T), *tgt = malloc(sizeof(int32_t) * T), cu[9];
-    float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
-    rf_rng r;
-    rf_rng_seed(&r, 1);
-    for (int t = 0; t < T; t++) {
-        tok[t] = (int32_t)(rf_rng_u64(&r) % 16384), tgt[t] = (int32_t)(rf_rng_u64(&r) % 16384);
-        dlp[t] = -1.0f / T;
-    }
-    for (int b = 0; b <= B; b++) cu[b] = b * L;
-    rf_batch bt = {B, T, tok, NULL, cu};
     RF_ASSERT(rf_model_enable_training(m) == RF_OK);
     rf_optim_opts o = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .grad_clip = 1.0f};
-    double best = 1e30, gn;
-    for (int i = 0; i < reps + 1; i++) {
-        double t0 = rf_time_now();
-        rf_model_zero_grad(m);
-        RF_ASSERT(rf_model_forward(m, &bt) == RF_OK);
-        RF_ASSERT(rf_model_logprobs(m, tgt, 1.0f, lp, NULL) == RF_OK);
-        RF_ASSERT(rf_model_backward(m, dlp, NULL, NULL) == RF_OK);
-        RF_ASSERT(rf_optim_step(m, &o, &gn, NULL) == RF_OK);
-        double el = rf_time_now() - t0;
-        if (i > 0 && el < best) best = el;
-    }
-    free(tok), free(tgt), free(lp), free(dlp);
-    return best;
+    return rf_bench_train_step(m, reps, &o);
 }
 
 static void bench_train(int reps, double peak) {

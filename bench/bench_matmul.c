@@ -18,6 +18,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "kernels/kernels.h"
+#include "bench/bench_step.h"
 #include "model/model.h"
 
 typedef struct shape {
@@ -122,29 +123,9 @@ static void bench_adamw(const rf_kernels *k, int quick) {
 /* ---- the 25M model (as bench/bench_model.c) in one precision ---- */
 
 static double train_step(rf_model *m, int reps) {
-    int B = 8, L = 256, T = B * L;
-    int32_t *tok = malloc(sizeof(int32_t) * T), *tgt = malloc(sizeof(int32_t) * T), cu[9];
-    float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
-    rf_rng r;
-    rf_rng_seed(&r, 1);
-    for (int t = 0; t < T; t++) {
-        tok[t] = (int32_t)(rf_rng_u64(&r) % 16384), tgt[t] = (int32_t)(rf_rng_u64(&r) % 16384);
-        dlp[t] = -1.0f / T;
-    }
-    for (int b = 0; b <= B; b++) cu[b] = b * L;
-    rf_batch bt = {B, T, tok, NULL, cu};
-    double best = 1e30;
-    for (int i = 0; i < reps + 1; i++) {
-        double t0 = rf_time_now();
-        rf_model_zero_grad(m);
-        RF_ASSERT(rf_model_forward(m, &bt) == RF_OK);
-        RF_ASSERT(rf_model_logprobs(m, tgt, 1.0f, lp, NULL) == RF_OK);
-        RF_ASSERT(rf_model_backward(m, dlp, NULL, NULL) == RF_OK);
-        double el = rf_time_now() - t0;
-        if (i > 0 && el < best) best = el;
-    }
-    free(tok), free(tgt), free(lp), free(dlp);
-    return rf_model_train_flops_per_token(&m->cfg, L) * T / best / 1e9;
+    double best = rf_bench_train_step(m, reps, NULL);
+    int T = RF_BENCH_STEP_SEQS * RF_BENCH_STEP_LEN;
+    return rf_model_train_flops_per_token(&m->cfg, RF_BENCH_STEP_LEN) * T / best / 1e9;
 }
 
 /* GFLOP/s of B sequences decoding `steps` tokens after P-token prompts (P = 256, steps = 0:

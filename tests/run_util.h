@@ -358,4 +358,49 @@ static inline long rf_test_saved_crc(const char *d) {
     return crc;
 }
 
+/* Step `step`'s line of <dir>/<run>/metrics.jsonl without its time and perf/ figures, as JSON
+ * text (the caller frees); the last line of a step wins; NULL when absent. */
+static inline char *rf_test_metrics_of(const char *dir, const char *run, int step) {
+    char p[512], *text;
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", dir, run);
+    if (rf_read_file(p, &text, NULL) != RF_OK) return NULL;
+    char *res = NULL;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        if (j && cJSON_GetObjectItem(j, "step")->valueint == step) {
+            cJSON_DeleteItemFromObject(j, "time");
+            for (cJSON *it = j->child, *next; it; it = next) {
+                next = it->next;
+                if (strncmp(it->string, "perf/", 5) == 0) cJSON_DeleteItemFromObject(j, it->string);
+            }
+            free(res);
+            res = cJSON_PrintUnformatted(j);
+        }
+        cJSON_Delete(j);
+    }
+    free(text);
+    return res;
+}
+
+/* Runs r.toml in dir for 40 steps ("full"), and for 20 then resumed to 40 ("half"); every step's
+ * metrics (time and perf/ aside) must be equal, and the resume must say where it resumed. */
+static inline void rf_test_resume_matches(const char *dir, const char *rlflow) {
+    char *out;
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=40 --set logging.val_every=20 --set logging.dir=%s/full", dir, rlflow, dir) == 0);
+    free(out);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=20 --set logging.val_every=20 --set logging.dir=%s/half", dir, rlflow, dir) == 0);
+    free(out);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=40 --set logging.val_every=20 --set logging.dir=%s/half --resume", dir, rlflow, dir) == 0);
+    CHECK(strstr(out, "resumed at step 20") != NULL);
+    free(out);
+    int same = 0;
+    for (int s = 1; s <= 40; s++) {
+        char *a = rf_test_metrics_of(dir, "full", s), *b = rf_test_metrics_of(dir, "half", s);
+        same += a && b && strcmp(a, b) == 0;
+        if (!(a && b && strcmp(a, b) == 0)) fprintf(stderr, "step %d differs:\n%s\n%s\n", s, a, b);
+        free(a), free(b);
+    }
+    CHECK(same == 40);
+}
+
 #endif

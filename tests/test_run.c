@@ -24,31 +24,7 @@
 static const char *rlflow;
 static char dir[256];
 
-
 static void write_recipe(void) { rf_test_write_recipe(dir, 0, ""); }
-
-/* Per-step metrics of a run (all but time and the perf/ figures) as JSON text. */
-static char *metrics_of(const char *run, int step) {
-    char p[512], *text;
-    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", dir, run);
-    if (rf_read_file(p, &text, NULL) != RF_OK) return NULL;
-    char *res = NULL;
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(line);
-        if (j && cJSON_GetObjectItem(j, "step")->valueint == step) {
-            cJSON_DeleteItemFromObject(j, "time");
-            for (cJSON *it = j->child, *next; it; it = next) {
-                next = it->next;
-                if (strncmp(it->string, "perf/", 5) == 0) cJSON_DeleteItemFromObject(j, it->string);
-            }
-            free(res);
-            res = cJSON_PrintUnformatted(j); /* the last line of a step wins */
-        }
-        cJSON_Delete(j);
-    }
-    free(text);
-    return res;
-}
 
 static double mean_reward(const char *run, int from, int to) {
     return rf_test_metric_mean(dir, run, "reward/mean", from, to);
@@ -100,22 +76,8 @@ static void losses_and_corrections(void) {
 }
 
 static void resume(void) {
+    rf_test_resume_matches(dir, rlflow);
     char *out;
-    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=40 --set logging.val_every=20 --set logging.dir=%s/full", dir, rlflow, dir) == 0);
-    free(out);
-    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=20 --set logging.val_every=20 --set logging.dir=%s/half", dir, rlflow, dir) == 0);
-    free(out);
-    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set train.steps=40 --set logging.val_every=20 --set logging.dir=%s/half --resume", dir, rlflow, dir) == 0);
-    CHECK(strstr(out, "resumed at step 20") != NULL);
-    free(out);
-    int same = 0;
-    for (int s = 1; s <= 40; s++) {
-        char *a = metrics_of("full", s), *b = metrics_of("half", s);
-        same += a && b && strcmp(a, b) == 0;
-        if (!(a && b && strcmp(a, b) == 0)) fprintf(stderr, "step %d differs:\n%s\n%s\n", s, a, b);
-        free(a), free(b);
-    }
-    CHECK(same == 40);
     /* the checkpoint is a model directory `rlflow generate` loads */
     CHECK(rf_test_sh(&out, "%s generate --model %s/half/step_000040/actor --prompt 3+4= --greedy --max-new-tokens 4", rlflow, dir) == 0);
     free(out);
@@ -138,7 +100,7 @@ static void external_program(void) {
                      "--set reward.external_timeout=20; wait", dir, echo, dir, dir, rlflow, dir, dir) == 0);
     CHECK(strstr(out, "waiting up to 20 s for a reward program") != NULL);
     free(out);
-    char *m = metrics_of("ext", 3);
+    char *m = rf_test_metrics_of(dir, "ext", 3);
     cJSON *j = m ? cJSON_Parse(m) : NULL;
     double r = j ? cJSON_GetObjectItem(j, "reward/mean")->valuedouble : -1;
     /* rule reward (0/1) + 0.01 * (n_tokens + 0.01 * len + 100 if exact): between 0 and 3 */

@@ -1,0 +1,47 @@
+/* One timed training step of a model on the benches' fixed batch (8 sequences of 256 random
+ * tokens of a 16384-token vocabulary, seeded): forward, log-probs, backward and, when `o` is
+ * not NULL, an optimizer step. Shared by bench_matmul and bench_lora so both time the same
+ * thing; header-only because benches are single files. Returns the best of `reps` timed steps
+ * after one warm-up, in seconds. */
+#ifndef RF_BENCH_STEP_H
+#define RF_BENCH_STEP_H
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "common/rng.h"
+#include "common/util.h"
+#include "model/model.h"
+#include "trainer/optim.h"
+
+#define RF_BENCH_STEP_SEQS 8
+#define RF_BENCH_STEP_LEN 256
+
+static inline double rf_bench_train_step(rf_model *m, int reps, const rf_optim_opts *o) {
+    int B = RF_BENCH_STEP_SEQS, L = RF_BENCH_STEP_LEN, T = B * L;
+    int32_t *tok = malloc(sizeof(int32_t) * T), *tgt = malloc(sizeof(int32_t) * T), cu[RF_BENCH_STEP_SEQS + 1];
+    float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
+    rf_rng r;
+    rf_rng_seed(&r, 1);
+    for (int t = 0; t < T; t++) {
+        tok[t] = (int32_t)(rf_rng_u64(&r) % 16384), tgt[t] = (int32_t)(rf_rng_u64(&r) % 16384);
+        dlp[t] = -1.0f / T;
+    }
+    for (int b = 0; b <= B; b++) cu[b] = b * L;
+    rf_batch bt = {B, T, tok, NULL, cu};
+    double best = 1e30, gn;
+    for (int i = 0; i < reps + 1; i++) {
+        double t0 = rf_time_now();
+        rf_model_zero_grad(m);
+        RF_ASSERT(rf_model_forward(m, &bt) == RF_OK);
+        RF_ASSERT(rf_model_logprobs(m, tgt, 1.0f, lp, NULL) == RF_OK);
+        RF_ASSERT(rf_model_backward(m, dlp, NULL, NULL) == RF_OK);
+        if (o) RF_ASSERT(rf_optim_step(m, o, &gn, NULL) == RF_OK);
+        double el = rf_time_now() - t0;
+        if (i > 0 && el < best) best = el;
+    }
+    free(tok), free(tgt), free(lp), free(dlp);
+    return best;
+}
+
+#endif
