@@ -13,6 +13,7 @@
 #include "controller/launch.h"
 #include "controller/run_dir.h"
 #include "controller/run.h"
+#include "reward/reward.h"
 
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -117,7 +118,7 @@ int rf_cmd_sft(int argc, char **argv) {
 
 int rf_cmd_eval(int argc, char **argv) {
     const char *model = NULL, *data = NULL, *tmpl = "", *device = "cpu", *precision = "auto", *pkey = "prompt",
-               *akey = "answer";
+               *akey = "answer", *aregex = "";
     int n = 0, max_new = 64, help = 0;
     rf_opt_multi rules = {0};
     rf_opt opts[] = {
@@ -128,6 +129,7 @@ int rf_cmd_eval(int argc, char **argv) {
         {"n", RF_OPT_INT, &n, "evaluate the first N prompts (default all)", 0},
         {"max-new-tokens", RF_OPT_INT, &max_new, "generation limit (default 64)", 0},
         {"rule", RF_OPT_MULTI, &rules, "correctness rule: numeric (default), math, exact or countdown", 0},
+        {"answer-regex", RF_OPT_STR, &aregex, "PCRE2 pattern whose last match (its first group) is the answer the rule reads, as reward.answer_regex (default: the rule's own)", 0},
         {"chat-template", RF_OPT_STR, &tmpl, "chatml | llama3 (default none)", 0},
         {"device", RF_OPT_STR, &device, "cpu | cuda (default cpu)", 0},
         {"precision", RF_OPT_STR, &precision, "auto | fp32 | bf16: operands of matrix products (default auto: bf16 where the CPU has AVX512-BF16 or AMX-BF16)", 0},
@@ -137,6 +139,7 @@ int rf_cmd_eval(int argc, char **argv) {
     int n_pos;
     rf_status s = rf_args_parse(argc, argv, opts, N_OPTS(opts), pos, 0, &n_pos);
     if (s == RF_OK && !help && (!model || !data)) s = rf_error(RF_ERR_ARG, "eval needs --model and --data");
+    if (s == RF_OK && !help && aregex[0]) s = rf_reward_regex_check("--answer-regex", aregex);
     if (s || help) {
         rf_args_usage("eval", "--model DIR --data FILE [options]", opts, N_OPTS(opts));
         return s ? rf_cli_usage_fail(s) : 0;
@@ -148,7 +151,8 @@ int rf_cmd_eval(int argc, char **argv) {
     int32_t eos[8];
     double acc = 0, len = 0;
     const char *def_rule[] = {"numeric"};
-    rf_reward_rules_config rc = {.names = rules.n ? rules.v : def_rule, .n_names = rules.n ? rules.n : 1};
+    rf_reward_rules_config rc = {.names = rules.n ? rules.v : def_rule, .n_names = rules.n ? rules.n : 1,
+                                 .answer_regex = aregex};
     rf_dataset_opts o = {.prompt_key = pkey, .answer_key = akey, .chat_template = tmpl, .require_answer = 1,
                          .no_shuffle = 1};
     s = rf_cli_open(model, device, precision, &m, &tok);

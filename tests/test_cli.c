@@ -267,6 +267,17 @@ static void prompt_keys(void) {
     CHECK(rf_test_sh(&out, "%s eval --model %s/tiny --data %s --max-new-tokens 2", rlflow, dir, path) == 1);
     CHECK(out && strstr(out, "qa.jsonl:1: missing \"prompt\" (or \"messages\")"));
     free(out);
+    /* --answer-regex: PCRE2's refusal names the option; a pattern two tokens cannot match scores 0 */
+    CHECK(rf_test_sh(&out, "%s eval --model %s/tiny --data %s --prompt-key question --answer-key solution "
+                     "--answer-regex '(' --max-new-tokens 2", rlflow, dir, path) == 2);
+    CHECK(out && strstr(out, "--answer-regex \"(\": PCRE2 error at offset 1: missing closing parenthesis"));
+    free(out);
+    CHECK(rf_test_sh(&out, "%s eval --model %s/tiny --data %s --prompt-key question --answer-key solution "
+                     "--answer-regex '<answer>(.*?)</answer>' --max-new-tokens 2 --rule exact", rlflow, dir, path) == 0);
+    j = json_line(out, 0);
+    CHECK(j && cJSON_GetObjectItem(j, "accuracy")->valuedouble == 0.0);
+    cJSON_Delete(j);
+    free(out);
     CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompts-file %s --prompt-key question --answer-key solution "
                      "--greedy --max-new-tokens 2 --json", rlflow, dir, path) == 0);
     cJSON *j0 = json_line(out, 0), *j1 = json_line(out, 1);
