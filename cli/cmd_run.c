@@ -13,6 +13,7 @@
 #include "controller/launch.h"
 #include "controller/run_dir.h"
 #include "controller/run.h"
+#include "reward/countdown.h"
 #include "reward/reward.h"
 
 #define N_OPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -116,6 +117,24 @@ int rf_cmd_sft(int argc, char **argv) {
     return s ? rf_cli_fail(s) : 0;
 }
 
+/* A countdown data set ("N1 N2 ... -> TARGET" answers, `rlflow data countdown`) checked by a rule
+ * other than countdown would reward the bare target number: refused, as the recipe refuses
+ * data.task = "countdown" with those rules. Judged by the first example with an answer. */
+static rf_status eval_rules_fit(const rf_dataset *ds, const char *path, const rf_reward_rules_config *rc) {
+    const rf_example *e = NULL;
+    for (int i = 0; i < rf_dataset_size(ds) && !(e && e->answer); i++) e = rf_dataset_get(ds, i);
+    int64_t nums[64];
+    int n, target;
+    if (!e || !e->answer || !rf_countdown_truth_parse(e->answer, nums, 64, &n, &target)) return RF_OK;
+    for (int i = 0; i < rc->n_names; i++)
+        if (!strcmp(rc->names[i], "numeric") || !strcmp(rc->names[i], "math") || !strcmp(rc->names[i], "exact"))
+            return rf_error(RF_ERR_ARG,
+                            "--rule %s cannot check countdown answers (%s:%d: \"%s\"): it would reward the bare target "
+                            "number, not an expression that reaches it; use --rule countdown",
+                            rc->names[i], path, e->line, e->answer);
+    return RF_OK;
+}
+
 int rf_cmd_eval(int argc, char **argv) {
     const char *model = NULL, *data = NULL, *tmpl = "", *device = "cpu", *precision = "auto", *pkey = "prompt",
                *akey = "answer", *aregex = "";
@@ -157,6 +176,7 @@ int rf_cmd_eval(int argc, char **argv) {
                          .no_shuffle = 1};
     s = rf_cli_open(model, device, precision, &m, &tok);
     if (s == RF_OK) s = rf_dataset_load(&ds, data, &o, tok);
+    if (s == RF_OK) s = eval_rules_fit(ds, data, &rc);
     if (s == RF_OK) s = rf_reward_rules_init(&rr, &rc);
     int n_eos = m ? rf_cli_eos_ids(model, m, tok, eos, 8) : 0;
     if (s == RF_OK) s = rf_eval_accuracy(m, tok, ds, n, rr, max_new, eos, n_eos, &acc, &len);

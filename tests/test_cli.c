@@ -278,6 +278,19 @@ static void prompt_keys(void) {
     CHECK(j && cJSON_GetObjectItem(j, "accuracy")->valuedouble == 0.0);
     cJSON_Delete(j);
     free(out);
+    /* countdown answers under a rule that reads only the target: refused, naming the line */
+    char cd[512];
+    snprintf(cd, sizeof cd, "%s/cd.jsonl", dir);
+    f = fopen(cd, "w");
+    fputs("{\"prompt\": \"3 5 7 to 22:\", \"answer\": \"3 5 7 -> 22\"}\n", f);
+    fclose(f);
+    CHECK(rf_test_sh(&out, "%s eval --model %s/tiny --data %s --max-new-tokens 2", rlflow, dir, cd) == 1);
+    CHECK(out && strstr(out, "--rule numeric cannot check countdown answers (") &&
+          strstr(out, "cd.jsonl:1: \"3 5 7 -> 22\"): it would reward the bare target number, not an expression that "
+                      "reaches it; use --rule countdown"));
+    free(out);
+    CHECK(rf_test_sh(&out, "%s eval --model %s/tiny --data %s --max-new-tokens 2 --rule countdown", rlflow, dir, cd) == 0);
+    free(out);
     CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompts-file %s --prompt-key question --answer-key solution "
                      "--greedy --max-new-tokens 2 --json", rlflow, dir, path) == 0);
     cJSON *j0 = json_line(out, 0), *j1 = json_line(out, 1);
