@@ -376,6 +376,13 @@ static void t_norm_b(float *di, float *dw, const float *d, const float *i, const
 static void t_rope(float *x, const int32_t *p, const float *f, int T, int H, int D, int s) {
     TIMED(OP_ROPE, 0, base_k->rope(x, p, f, T, H, D, s));
 }
+static void t_rope_qk(float *q, float *k, const int32_t *p, const float *f, int T, int H, int KVH, int D,
+                      int s) {
+    TIMED(OP_ROPE, 0, base_k->rope_qk(q, k, p, f, T, H, KVH, D, s));
+}
+static void t_add_norm_f(float *x, float *o, float *r, const float *a, const float *w, int N, int C, float e) {
+    TIMED(OP_NORM_F, 0, base_k->add_rmsnorm_forward(x, o, r, a, w, N, C, e));
+}
 static void t_sw_f(float *o, const float *g, const float *u, size_t n) {
     TIMED(OP_SWIGLU_F, 0, base_k->swiglu_forward(o, g, u, n));
 }
@@ -419,6 +426,7 @@ static const rf_kernels *timed_kernels(void) {
     timed_k.attention_forward = t_att_f, timed_k.attention_backward = t_att_b;
     timed_k.logprob_forward = t_lp_f, timed_k.logprob_backward = t_lp_b;
     timed_k.rmsnorm_forward = t_norm_f, timed_k.rmsnorm_backward = t_norm_b;
+    timed_k.add_rmsnorm_forward = t_add_norm_f, timed_k.rope_qk = t_rope_qk;
     timed_k.rope = t_rope, timed_k.swiglu_forward = t_sw_f, timed_k.swiglu_backward = t_sw_b;
     timed_k.embedding_forward = t_emb_f, timed_k.embedding_backward = t_emb_b;
     timed_k.adamw = t_adamw, timed_k.paged_attention_forward = t_patt;

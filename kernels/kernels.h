@@ -93,12 +93,21 @@ struct rf_kernels {
     /* dinp (N, C) ACCUMULATES; dw (C) += (NULL = skip); uses rstd from forward. */
     void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp,
                              const float *w, const float *rstd, int N, int C);
+    /* The residual add fused with the RMSNorm that follows it (one pass over the rows, one
+     * launch on CUDA): x (N, C) += add (N, C), then out, rstd as rmsnorm_forward of the new x.
+     * The same bits as add_inplace then rmsnorm_forward on each back end. */
+    void (*add_rmsnorm_forward)(float *x, float *out, float *rstd, const float *add, const float *w,
+                                int N, int C, float eps);
 
     /* ---- RoPE, Hugging Face "rotate_half" pairing (i, i + D/2), in place ---- */
     /* x (T, H, D); pos (T); inv_freq (D/2), computed on the host from rope_theta and
      * rope_scaling (see model/config.c). Backward is the same op with sign = -1. */
     void (*rope)(float *x, const int32_t *pos, const float *inv_freq, int T, int H, int D,
                  int sign);
+    /* rope on q (T, H, D) and k (T, KVH, D) together: each (t, i) angle's cosine and sine once
+     * for all H + KVH heads (one launch on CUDA). The same bits as rope on q then on k. */
+    void (*rope_qk)(float *q, float *k, const int32_t *pos, const float *inv_freq, int T, int H,
+                    int KVH, int D, int sign);
 
     /* ---- causal attention with GQA over packed variable-length sequences ---- */
     /* For sequence s, queries are q rows q_off[s]..q_off[s+1]-1 and keys/values are rows

@@ -87,8 +87,7 @@ static void attn_backward(rf_model *m, int l, grad_bufs *g) {
     lora_backward(m, l, RF_LORA_O, g->datt, g->dx, a->att, H * D, C);
     k->attention_backward(g->dq, g->dk, g->dv, g->datt, a->q, a->k, a->v, a->att, a->lse, m->d_cu,
                           m->n_seq, T, H, KVH, D);
-    k->rope(g->dq, m->d_pos, m->inv_freq, T, H, D, -1);
-    k->rope(g->dk, m->d_pos, m->inv_freq, T, KVH, D, -1);
+    k->rope_qk(g->dq, g->dk, m->d_pos, m->inv_freq, T, H, KVH, D, -1);
     float *dq = g->dq, *dk = g->dk;
     if (c->qk_norm) {
         k->zero(g->dq_raw, sizeof(float) * (size_t)T * H * D);

@@ -77,8 +77,7 @@ static void qkv_forward(rf_model *m, const rf_layer_weights *w, rf_layer_acts *a
         k->rmsnorm_forward(a->q, a->q_rstd, a->q_raw, w->q_norm, T * H, D, c->rms_norm_eps);
         k->rmsnorm_forward(a->k, a->k_rstd, a->k_raw, w->k_norm, T * KVH, D, c->rms_norm_eps);
     }
-    k->rope(a->q, m->d_pos, m->inv_freq, T, H, D, 1);
-    k->rope(a->k, m->d_pos, m->inv_freq, T, KVH, D, 1);
+    k->rope_qk(a->q, a->k, m->d_pos, m->inv_freq, T, H, KVH, D, 1);
 }
 
 /* Appends this call's keys/values of layer l to the cache rows of each slot. */
@@ -122,8 +121,7 @@ static void layer_forward(rf_model *m, int l, rf_layer_acts *a, const float *x_i
     }
     k->matmul_forward(a->x_mid, a->att, w->wo, w->bo, T, H * D, C);
     lora_forward(m, w, a, RF_LORA_O, a->x_mid, a->att, T, H * D, C);
-    k->add_inplace(a->x_mid, x_in, (size_t)T * C);
-    k->rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, w->ln2, T, C, c->rms_norm_eps);
+    k->add_rmsnorm_forward(a->x_mid, a->ln2, a->rstd2, x_in, w->ln2, T, C, c->rms_norm_eps);
     k->matmul_forward(a->gate, a->ln2, w->wgate, NULL, T, C, F);
     k->matmul_forward(a->up, a->ln2, w->wup, NULL, T, C, F);
     lora_forward(m, w, a, RF_LORA_GATE, a->gate, a->ln2, T, C, F);

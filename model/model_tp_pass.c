@@ -75,8 +75,7 @@ static void qkv_forward(rf_model_tp *tp, const rf_layer_weights *w, rf_tp_acts *
         k->rmsnorm_forward(a->q, a->q_rstd, a->q_raw, w->q_norm, T * H, D, c->rms_norm_eps);
         k->rmsnorm_forward(a->k, a->k_rstd, a->k_raw, w->k_norm, T * KV, D, c->rms_norm_eps);
     }
-    k->rope(a->q, tp->m->d_pos, tp->m->inv_freq, T, H, D, 1);
-    k->rope(a->k, tp->m->d_pos, tp->m->inv_freq, T, KV, D, 1);
+    k->rope_qk(a->q, a->k, tp->m->d_pos, tp->m->inv_freq, T, H, KV, D, 1);
     if (tp->KVA != tp->KV) {
         expand_heads(tp, a->ka, a->k, T);
         expand_heads(tp, a->va, a->v, T);
@@ -124,8 +123,7 @@ static rf_status layer_forward(rf_model_tp *tp, int l, rf_tp_acts *a, const floa
     /* row-parallel o_proj: partial sums; the replicated bias joins on rank 0 only */
     k->matmul_forward(a->x_mid, a->att, w->wo, tp->t == 0 ? w->bo : NULL, T, H * D, C);
     RF_TRY(rf__tp_allreduce(tp, a->x_mid, (size_t)T * C, "allreduce of the attention output", l));
-    k->add_inplace(a->x_mid, x_in, (size_t)T * C);
-    k->rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, w->ln2, T, C, c->rms_norm_eps);
+    k->add_rmsnorm_forward(a->x_mid, a->ln2, a->rstd2, x_in, w->ln2, T, C, c->rms_norm_eps);
     k->matmul_forward(a->gate, a->ln2, w->wgate, NULL, T, C, F);
     k->matmul_forward(a->up, a->ln2, w->wup, NULL, T, C, F);
     k->swiglu_forward(a->act, a->gate, a->up, (size_t)T * F);
@@ -336,8 +334,7 @@ static rf_status attn_backward(rf_model_tp *tp, int l, grad_bufs *g) {
         reduce_heads(tp, g->dk, g->dka, T);
         reduce_heads(tp, g->dv, g->dva, T);
     }
-    k->rope(g->dq, m->d_pos, m->inv_freq, T, H, D, -1);
-    k->rope(g->dk, m->d_pos, m->inv_freq, T, KV, D, -1);
+    k->rope_qk(g->dq, g->dk, m->d_pos, m->inv_freq, T, H, KV, D, -1);
     float *dq = g->dq, *dk = g->dk;
     if (c->qk_norm) {
         k->zero(g->dq_raw, sizeof(float) * (size_t)T * H * D);

@@ -380,7 +380,7 @@ static void test_table(const rf_kernels *K) {
     CHECK(K->add_inplace && K->scale && K->sum_squares);
     CHECK(K->matmul_forward && K->matmul_backward);
     CHECK(K->embedding_forward && K->embedding_backward);
-    CHECK(K->rmsnorm_forward && K->rmsnorm_backward && K->rope);
+    CHECK(K->rmsnorm_forward && K->rmsnorm_backward && K->rope && K->add_rmsnorm_forward && K->rope_qk);
     CHECK(K->attention_forward && K->attention_backward);
     CHECK(K->swiglu_forward && K->swiglu_backward);
     CHECK(K->logprob_forward && K->logprob_backward && K->adamw);
@@ -1106,6 +1106,71 @@ static void test_adamw(const rf_kernels *K) {
     test_adamw_long(K);
 }
 
+/* ------------------------------------------------------------------ fused ops */
+
+/* add_rmsnorm_forward gives the same bits as add_inplace then rmsnorm_forward on the same back
+ * end: x, out and rstd. */
+static void test_add_rmsnorm_case(const rf_kernels *K, int N, int C) {
+    char what[128];
+    size_t n = (size_t)N * C;
+    float *x = fnormal(n, 1.0f), *add = fnormal(n, 0.7f), *w = fnormal(C, 0.3f);
+    float *x1 = fcopy(x, n), *out1 = fconst(n, NAN), *r1 = fconst(N, NAN);
+    float *x2 = fcopy(x, n), *out2 = fconst(n, NAN), *r2 = fconst(N, NAN);
+    float *d_x = put(K, x1, FB(n)), *d_add = put(K, add, FB(n)), *d_w = put(K, w, FB(C));
+    float *d_out = put(K, out1, FB(n)), *d_r = put(K, r1, FB(N));
+    K->add_inplace(d_x, d_add, n);
+    K->rmsnorm_forward(d_out, d_r, d_x, d_w, N, C, 1e-6f);
+    get(K, x1, d_x, FB(n)), get(K, out1, d_out, FB(n)), get(K, r1, d_r, FB(N));
+    d_x = put(K, x2, FB(n)), d_out = put(K, out2, FB(n)), d_r = put(K, r2, FB(N));
+    K->add_rmsnorm_forward(d_x, d_out, d_r, d_add, d_w, N, C, 1e-6f);
+    get(K, x2, d_x, FB(n)), get(K, out2, d_out, FB(n)), get(K, r2, d_r, FB(N));
+    get(K, NULL, d_add, 0), get(K, NULL, d_w, 0);
+    snprintf(what, sizeof what, "add_rmsnorm_forward x == add_inplace's, N=%d C=%d", N, C);
+    check_exact(what, x2, x1, n);
+    snprintf(what, sizeof what, "add_rmsnorm_forward out == rmsnorm_forward's after add_inplace, N=%d C=%d", N, C);
+    check_exact(what, out2, out1, n);
+    snprintf(what, sizeof what, "add_rmsnorm_forward rstd == rmsnorm_forward's, N=%d C=%d", N, C);
+    check_exact(what, r2, r1, N);
+    float *ref_x = fcopy(x, n); /* x + add, one IEEE addition each */
+    for (size_t i = 0; i < n; i++) ref_x[i] += add[i];
+    snprintf(what, sizeof what, "add_rmsnorm_forward x += add N=%d C=%d", N, C);
+    check_exact(what, x2, ref_x, n);
+    free(x), free(add), free(w), free(x1), free(out1), free(r1), free(x2), free(out2), free(r2), free(ref_x);
+}
+
+/* rope_qk gives the same bits as rope on q then rope on k, both signs. */
+static void test_rope_qk_case(const rf_kernels *K, int T, int H, int KVH, int D) {
+    char what[128];
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
+    float *inv_freq = xmalloc(FB(D / 2));
+    rope_inv_freq(inv_freq, D, 1e6);
+    int32_t *pos = xmalloc(IB(T));
+    for (int t = 0; t < T; t++) pos[t] = (t * 37) % 301;
+    for (int sign = 1; sign >= -1; sign -= 2) {
+        float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *q1 = fcopy(q, nq), *k1 = fcopy(k, nk);
+        run_rope(K, q1, pos, inv_freq, T, H, D, sign);
+        run_rope(K, k1, pos, inv_freq, T, KVH, D, sign);
+        float *d_q = put(K, q, FB(nq)), *d_k = put(K, k, FB(nk)), *d_f = put(K, inv_freq, FB(D / 2));
+        int32_t *d_pos = put(K, pos, IB(T));
+        K->rope_qk(d_q, d_k, d_pos, d_f, T, H, KVH, D, sign);
+        get(K, q, d_q, FB(nq)), get(K, k, d_k, FB(nk)), get(K, NULL, d_f, 0), get(K, NULL, d_pos, 0);
+        snprintf(what, sizeof what, "rope_qk q == rope's, T=%d H=%d KVH=%d D=%d sign=%d", T, H, KVH, D, sign);
+        check_exact(what, q, q1, nq);
+        snprintf(what, sizeof what, "rope_qk k == rope's, T=%d H=%d KVH=%d D=%d sign=%d", T, H, KVH, D, sign);
+        check_exact(what, k, k1, nk);
+        free(q), free(k), free(q1), free(k1);
+    }
+    free(inv_freq), free(pos);
+}
+
+static void test_fused(const rf_kernels *K) {
+    test_add_rmsnorm_case(K, 3, 7);
+    test_add_rmsnorm_case(K, 70, 896); /* above the CPU's threading threshold */
+    test_rope_qk_case(K, 5, 4, 2, 8);
+    test_rope_qk_case(K, 70, 14, 2, 64); /* Qwen2.5-0.5B's heads, threaded */
+    test_rope_qk_case(K, 2, 2, 1, 1026); /* half > 512: the CPU's per-pair path */
+}
+
 /* ------------------------------------------------------------------ suite */
 
 /* Runs every check on back end K with inputs drawn from `seed`. */
@@ -1127,6 +1192,7 @@ static void run_kernel_suite(const rf_kernels *K, uint64_t seed) {
     /* last, so that the cases above keep their random draws */
     test_embedding_masked(K);
     test_heads(K);
+    test_fused(K);
 }
 
 #ifndef RF_TEST_KERNELS_NO_MAIN

@@ -138,6 +138,26 @@ static void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const
     }
 }
 
+/* x += add and the sum of squares in one pass over each row (the same additions and the same
+ * order of the sum as cpu_add_inplace then cpu_rmsnorm_forward, so the same bits). */
+static void cpu_add_rmsnorm_forward(float *x, float *out, float *rstd, const float *add, const float *w,
+                                    int N, int C, float eps) {
+#pragma omp parallel for if ((size_t)N * C > RF_OMP_MIN)
+    for (int n = 0; n < N; n++) {
+        float *xr = x + (size_t)n * C, *y = out + (size_t)n * C;
+        const float *ar = add + (size_t)n * C;
+        float ss = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float v = xr[c] + ar[c];
+            xr[c] = v;
+            ss += v * v;
+        }
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        for (int c = 0; c < C; c++) y[c] = xr[c] * r * w[c];
+        if (rstd) rstd[n] = r;
+    }
+}
+
 static void cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
                                  const float *w, const float *rstd, int N, int C) {
 #pragma omp parallel for if ((size_t)N * C > RF_OMP_MIN)
@@ -200,6 +220,40 @@ static void cpu_rope(float *x, const int32_t *pos, const float *inv_freq, int T,
                 x1[i] = b * cs[i] + a * sn[i];
             }
         }
+    }
+}
+
+/* Rotates the heads x (H, D) of one position by the angles' cs, sn (half). */
+static inline void rope_heads(float *x, int H, int half, const float *cs, const float *sn) {
+    for (int h = 0; h < H; h++) {
+        float *x0 = x + (size_t)h * 2 * half, *x1 = x0 + half;
+#pragma omp simd
+        for (int i = 0; i < half; i++) {
+            float a = x0[i], b = x1[i];
+            x0[i] = a * cs[i] - b * sn[i];
+            x1[i] = b * cs[i] + a * sn[i];
+        }
+    }
+}
+
+/* cpu_rope's rotation on q's H heads and k's KVH heads with one sincos per (t, i). */
+static void cpu_rope_qk(float *q, float *k, const int32_t *pos, const float *inv_freq, int T, int H, int KVH,
+                        int D, int sign) {
+    int half = D / 2;
+    if (half > ROPE_HALF_MAX) {
+        cpu_rope(q, pos, inv_freq, T, H, D, sign);
+        cpu_rope(k, pos, inv_freq, T, KVH, D, sign);
+        return;
+    }
+#pragma omp parallel for if ((size_t)T * (H + KVH) * D > RF_OMP_MIN)
+    for (int t = 0; t < T; t++) {
+        float cs[ROPE_HALF_MAX], sn[ROPE_HALF_MAX];
+        for (int i = 0; i < half; i++) {
+            float angle = (float)pos[t] * inv_freq[i];
+            cs[i] = cosf(angle), sn[i] = sign * sinf(angle);
+        }
+        rope_heads(q + (size_t)t * H * D, H, half, cs, sn);
+        rope_heads(k + (size_t)t * KVH * D, KVH, half, cs, sn);
     }
 }
 
@@ -280,7 +334,9 @@ static const rf_kernels cpu_table = {
     .embedding_backward = cpu_embedding_backward,
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
+    .add_rmsnorm_forward = cpu_add_rmsnorm_forward,
     .rope = cpu_rope,
+    .rope_qk = cpu_rope_qk,
     .attention_forward = rf_cpu_attention_forward,
     .attention_backward = rf_cpu_attention_backward,
     .swiglu_forward = cpu_swiglu_forward,

@@ -129,7 +129,9 @@ static const rf_kernels cuda_table = {
     /* .embedding_backward = */ rf_cuda_embedding_backward,
     /* .rmsnorm_forward = */ rf_cuda_rmsnorm_forward,
     /* .rmsnorm_backward = */ rf_cuda_rmsnorm_backward,
+    /* .add_rmsnorm_forward = */ rf_cuda_add_rmsnorm_forward,
     /* .rope = */ rf_cuda_rope,
+    /* .rope_qk = */ rf_cuda_rope_qk,
     /* .attention_forward = */ rf_cuda_attention_forward,
     /* .attention_backward = */ rf_cuda_attention_backward,
     /* .swiglu_forward = */ rf_cuda_swiglu_forward,
@@ -146,7 +148,7 @@ static const rf_kernels cuda_table = {
 };
 /* C++ has no designated initialisers before C++20, hence the positional table above; this
  * catches a field added to rf_kernels without a matching entry here. */
-static_assert(sizeof(rf_kernels) == 35 * sizeof(void *), "rf_kernels changed: update cuda_table");
+static_assert(sizeof(rf_kernels) == 37 * sizeof(void *), "rf_kernels changed: update cuda_table");
 
 /* Creates the stream, the cuBLAS handle bound to it, and the reduction scratch. On failure
  * everything created so far is released and the state stays uninitialised. */

@@ -130,6 +130,10 @@ void rf_cuda_rmsnorm_backward(float *dinp, float *dw, const float *dout, const f
                               const float *w, const float *rstd, int N, int C);
 void rf_cuda_rope(float *x, const int32_t *pos, const float *inv_freq, int T, int H, int D,
                   int sign);
+void rf_cuda_add_rmsnorm_forward(float *x, float *out, float *rstd, const float *add, const float *w, int N,
+                                 int C, float eps);
+void rf_cuda_rope_qk(float *q, float *k, const int32_t *pos, const float *inv_freq, int T, int H, int KVH,
+                     int D, int sign);
 void rf_cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void rf_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                              const float *up, size_t n);

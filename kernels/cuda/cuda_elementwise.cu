@@ -181,6 +181,34 @@ void rf_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const fl
     RF_CUDA_LAUNCH_CHECK();
 }
 
+/* The residual add fused with RMSNorm: one block per row; each thread re-reads only the
+ * elements it wrote itself. */
+static __global__ void add_rmsnorm_forward_kernel(float *x, float *out, float *rstd, const float *add,
+                                                  const float *w, int C, float eps) {
+    __shared__ float shared[32];
+    int n = blockIdx.x;
+    float *xr = x + (size_t)n * C, *y = out + (size_t)n * C;
+    const float *ar = add + (size_t)n * C;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float v = xr[c] + ar[c];
+        xr[c] = v;
+        ss += v * v;
+    }
+    ss = rf__block_sum(ss, shared);
+    float r = 1.0f / sqrtf(ss / (float)C + eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = xr[c] * r * w[c];
+    if (rstd && threadIdx.x == 0) rstd[n] = r;
+}
+
+void rf_cuda_add_rmsnorm_forward(float *x, float *out, float *rstd, const float *add, const float *w, int N,
+                                 int C, float eps) {
+    RF_CUDA_GUARD();
+    if (N <= 0 || C <= 0) return;
+    add_rmsnorm_forward_kernel<<<N, RF_CUDA_THREADS, 0, rf__cuda.stream>>>(x, out, rstd, add, w, C, eps);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
 /* dinp: one block per row, accumulating (+=) as on the CPU. */
 static __global__ void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout,
                                                     const float *inp, const float *w,
@@ -239,6 +267,28 @@ void rf_cuda_rope(float *x, const int32_t *pos, const float *inv_freq, int T, in
     if (n == 0) return;
     rope_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(x, pos, inv_freq,
                                                                              T, H, D, sign);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+/* q's H heads and k's KVH heads of each position in one launch: one thread per rotated pair
+ * (t, head of H + KVH, i). */
+static __global__ void rope_qk_kernel(float *q, float *k, const int32_t *pos, const float *inv_freq, int T,
+                                      int H, int KVH, int D, int sign) {
+    int half = D / 2, HK = H + KVH;
+    RF_FOR_EACH(idx, (size_t)T * HK * half) {
+        size_t i = idx % half, th = idx / half, t = th / HK, h = th % HK;
+        float *xh = h < (size_t)H ? q + (t * H + h) * D : k + (t * KVH + (h - H)) * D;
+        rf_rope_pair(xh + i, xh + i + half, (float)pos[t] * inv_freq[i], sign);
+    }
+}
+
+void rf_cuda_rope_qk(float *q, float *k, const int32_t *pos, const float *inv_freq, int T, int H, int KVH,
+                     int D, int sign) {
+    RF_CUDA_GUARD();
+    size_t n = (size_t)T * (H + KVH) * (D / 2);
+    if (n == 0) return;
+    rope_qk_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(q, k, pos, inv_freq, T, H, KVH, D,
+                                                                              sign);
     RF_CUDA_LAUNCH_CHECK();
 }
 
