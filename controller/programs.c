@@ -239,7 +239,11 @@ static void last_line(const char *log, char *out, size_t cap) {
     char line[1024];
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\r\n")] = '\0';
-        if (line[0] && strncmp(line, "[rlflow] ", 9) != 0) snprintf(out, cap, "%s", line);
+        size_t len = strlen(line);
+        if (!len || strncmp(line, "[rlflow] ", 9) == 0) continue;
+        if (len >= cap) len = cap - 1;
+        memcpy(out, line, len);
+        out[len] = '\0';
     }
     fclose(f);
 }
