@@ -11,7 +11,8 @@
  *     validation uses the program too (val/reward); a program that exits after 20 requests is
  *     restarted and still no sample is lost or scored twice; a program that keeps exiting stops
  *     the run naming it and its exit status; no program is left running after a run, after
- *     SIGTERM to rlflow, nor after SIGKILL to rlflow (PR_SET_PDEATHSIG). */
+ *     SIGTERM to rlflow, nor after SIGKILL to rlflow (PR_SET_PDEATHSIG); a split run's
+ *     controller process starts the program the same way. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <signal.h>
@@ -402,6 +403,49 @@ static void run_signalled(int sig) {
     }
 }
 
+/* A split run (controller, training and rollout workers under mpirun): the controller process
+ * starts the program; every one of the 12 groups x 4 samples is scored exactly once, the
+ * steps' reward/mean average to the program's mean, validation uses the program too, and
+ * nothing is left running. Skipped without mpirun. */
+static void run_split(void) {
+    if (rf_test_sh(NULL, "command -v mpirun >/dev/null") != 0) {
+        printf("test_run_programs: split part skipped: mpirun not found\n");
+        return;
+    }
+    char extra[1024];
+    snprintf(extra, sizeof extra, "[placement]\nmode = \"split\"\n[reward]\nrules = []\nprograms = [[\"%s\", "
+             "\"%s/tests/tools/reward_program_started.py\", \"--log\", \"%s/split.txt\"]]\n", py, src, dir);
+    write_recipe(extra);
+    char *out = NULL;
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "split", "");
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+    static line v[512];
+    char p[512];
+    snprintf(p, sizeof p, "%s/split.txt", dir);
+    int n = read_lines(p, v, 512), nt = 0, nv = 0;
+    double train = 0, val = 0;
+    for (int i = 0; i < n; i++) {
+        if (v[i].group < 0) {
+            if (nv++ < 8) val += v[i].reward;
+            continue;
+        }
+        nt++, train += v[i].reward;
+        for (int j = 0; j < i; j++) CHECK(!(v[j].group == v[i].group && v[j].index == v[i].index));
+        CHECK(v[i].index >= 0 && v[i].index < 4);
+    }
+    CHECK(nt == 48 && nv == 16);
+    double steps = 0;
+    for (int s = 1; s <= 3; s++) steps += rf_test_metric(dir, "split", s, "reward/mean");
+    printf("split: mean of the steps' reward/mean %.9f, the program's mean %.9f\n", steps / 3, train / 48);
+    CHECK(fabs(steps / 3 - train / 48) < 1e-6);
+    /* split runs log the validation at version 0 with step 1's metrics (val/version 0) */
+    CHECK(rf_test_metric(dir, "split", 1, "val/version") == 0);
+    CHECK(fabs(rf_test_metric(dir, "split", 1, "val/reward") - val / 8) < 1e-6);
+    CHECK(leftovers() == 0);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/rf_test_run_programs_XXXXXX");
     if (!mkdtemp(dir)) return 1;
@@ -417,6 +461,7 @@ int main(void) {
         run_keeps_dying();
         run_signalled(SIGTERM);
         run_signalled(SIGKILL);
+        run_split();
     } else {
         printf("test_run_programs: rlflow runs skipped (RF_RLFLOW, RF_SOURCE_DIR or a python3 with zmq and protobuf "
                "missing)\n");
