@@ -108,6 +108,16 @@ static rf_status build_env(rf_programs *p, const rf_programs_config *c) {
     return RF_OK;
 }
 
+/* Closes every descriptor but 0, 1, 2 and keep: rlflow's own files and sockets (MPI's, a
+ * checkpoint being written) must not live on in a program. */
+static void close_others(int keep) {
+#ifdef __linux__
+    if (keep > 3 && close_range(3, (unsigned)keep - 1, 0) == 0 && close_range((unsigned)keep + 1, ~0U, 0) == 0) return;
+#endif
+    for (int fd = 3; fd < 4096; fd++)
+        if (fd != keep) close(fd);
+}
+
 /* The child between fork and exec: only async-signal-safe calls. Never returns. */
 static void child(const prog *g, char **envp, int log_fd, int null_fd, int err_fd, pid_t parent) {
     setpgid(0, 0);
@@ -130,6 +140,7 @@ static void child(const prog *g, char **envp, int log_fd, int null_fd, int err_f
         if (write(err_fd, &e, sizeof e) < 0) _exit(127);
         _exit(127);
     }
+    close_others(err_fd);
     execve(g->path, g->argv, envp);
     int e = errno;
     if (write(err_fd, &e, sizeof e) < 0) _exit(127);

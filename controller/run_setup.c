@@ -211,15 +211,13 @@ static rf_status start_programs(rf_run *run, const program_keys *k) {
     snprintf(env_dir, sizeof env_dir, "RLFLOW_RUN_DIR=%s", r->logging.dir);
     const char *env[] = {env_ep, env_srv, env_pub, env_sec, env_dir};
     int n = r->reward.programs.n;
-    const char *const **argv = rf_calloc((size_t)n, sizeof *argv);
-    if (!argv) return rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) argv[i] = (const char *const *)r->reward.programs.v[i].v;
-    /* rf_str_list arrays are not NULL-terminated: copy each with a terminator */
+    /* rf_str_list arrays are not NULL-terminated: each argv copied with its terminator */
     const char ***terminated = rf_calloc((size_t)n, sizeof *terminated);
-    rf_status st = terminated ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    const char *const **argv = rf_calloc((size_t)n, sizeof *argv);
+    rf_status st = terminated && argv ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int i = 0; st == RF_OK && i < n; i++) {
         const rf_str_list *a = &r->reward.programs.v[i];
-        if (!(terminated[i] = rf_calloc((size_t)a->n + 1, sizeof **terminated))) st = RF_ERR_NOMEM;
+        if (!(terminated[i] = rf_calloc((size_t)a->n + 1, sizeof **terminated))) st = rf_error(RF_ERR_NOMEM, "out of memory");
         for (int j = 0; terminated[i] && j < a->n; j++) terminated[i][j] = a->v[j];
         argv[i] = (const char *const *)terminated[i];
     }

@@ -184,9 +184,10 @@ rf_status rf_external_reward_listen_with(rf_external_reward **out,
         free(x);
         return rf_error_wrap(st, "reward.external");
     }
+    int n_file = n_clients - (c->n_curve_client_keys > 0 ? c->n_curve_client_keys : 0);
     if (n_clients && nonempty(c->curve_clients_file))
         rf_log_info("reward: CURVE on %s: %d allowed program key%s from %s%s",
-                    rf_msg_server_endpoint(x->srv), n_clients, n_clients == 1 ? "" : "s",
+                    rf_msg_server_endpoint(x->srv), n_file, n_file == 1 ? "" : "s",
                     c->curve_clients_file, c->n_curve_client_keys > 0 ? " and the programs rlflow starts" : "");
     else if (n_clients)
         rf_log_info("reward: CURVE on %s with keys made for this run: only the programs rlflow starts "

@@ -98,7 +98,10 @@ static void test_restart_limit(void) {
  * names too gets the caller's value. */
 static void test_environment(void) {
     setenv("RLFLOW_TEST_X", "from rlflow", 1);
-    const char *a0[] = {"sh", "-c", "echo \"x=$RLFLOW_TEST_X rank=$RLFLOW_TEST_RANK\"; sleep 30", NULL};
+    /* ls lists its own descriptors: 0, 1, 2 and 3 (the directory it reads), nothing inherited */
+    const char *a0[] = {"sh", "-c", "printf 'x=%s rank=%s fds=' \"$RLFLOW_TEST_X\" \"$RLFLOW_TEST_RANK\"; "
+                        "ls /proc/self/fd | tr '\\n' ' '; echo; sleep 30", NULL};
+    FILE *open_here = fopen("/dev/null", "r"); /* not close-on-exec: the programs must not get it */
     const char *const *argv[] = {a0, a0};
     const char *env[] = {"RLFLOW_TEST_X=given"};
     rf_programs_config c = {.key = "env.programs", .argv = argv, .n = 2, .env = env, .n_env = 1,
@@ -115,10 +118,11 @@ static void test_environment(void) {
     rf_programs_stop(p);          /* sh ignores nothing: SIGTERM ends it and its sleep */
     CHECK(rf_time_now() - t < 2.0);
     CHECK(group_alive(pid1) == 0);
+    if (open_here) fclose(open_here);
     for (int i = 0; i < 2; i++) {
         char path[512], want[64];
         snprintf(path, sizeof path, "%s/env_%d.log", dir, i);
-        snprintf(want, sizeof want, "x=given rank=%d\n", i);
+        snprintf(want, sizeof want, "x=given rank=%d fds=0 1 2 3 \n", i);
         char *log = rf_test_slurp(path);
         CHECK(strstr(log, want) != NULL);
         if (!strstr(log, want)) fprintf(stderr, "%s:\n%s\n", path, log);
@@ -328,6 +332,19 @@ static void run_scored(void) {
     CHECK(strstr(log, "started: shutdown (rlflow is done) after 64 requests") != NULL); /* 48 + 2 x 8 */
     free(log);
     CHECK(leftovers() == 0);
+    /* --resume appends to the program's log; --overwrite removes it with the run's other files */
+    const char *start = "[rlflow] reward.programs[0]: starting ";
+    CHECK(rf_test_run_recipe(&out, dir, rlflow, "ok", "--resume --set train.steps=4") == 0);
+    free(out);
+    log = rf_test_slurp(p);
+    CHECK(count_in(log, start) == 2);
+    free(log);
+    CHECK(rf_test_run_recipe(&out, dir, rlflow, "ok", "--overwrite --set train.steps=1") == 0);
+    free(out);
+    log = rf_test_slurp(p);
+    CHECK(count_in(log, start) == 1);
+    free(log);
+    CHECK(leftovers() == 0);
 }
 
 static void run_restarted(void) {
@@ -367,6 +384,34 @@ static void run_keeps_dying(void) {
     CHECK(out && strstr(out, want) && strstr(out, head));
     if (!out || !strstr(out, want) || !strstr(out, head)) fprintf(stderr, "want %s...%s in:\n%s\n", head, want, out ? out : "");
     free(out);
+    CHECK(leftovers() == 0);
+}
+
+/* reward.external with CURVE key files and a started program: rlflow adds a key pair made for
+ * the run to the allowed keys and gives the program its server public key (derived from the
+ * secret key file); the program connects and scores. */
+static void run_curve_files(void) {
+    char *out = NULL;
+    CHECK(rf_test_sh(&out, "cd %s && %s keygen --out rlflow_srv && %s keygen --out someone && cp someone.pub allowed",
+                     dir, rlflow, rlflow) == 0);
+    free(out);
+    char extra[1200];
+    snprintf(extra, sizeof extra, "[reward]\nrules = []\nexternal = \"tcp://127.0.0.1:*\"\n"
+             "external_curve_secret = \"%s/rlflow_srv.key\"\nexternal_curve_clients = \"%s/allowed\"\n"
+             "programs = [[\"%s\", \"%s/tests/tools/reward_program_started.py\", \"--log\", \"%s/curve.txt\"]]\n",
+             dir, dir, py, src, dir);
+    write_recipe(extra);
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "curve", "--set train.steps=1");
+    CHECK(rc == 0);
+    CHECK(out && strstr(out, "1 allowed program key from ") && strstr(out, "/allowed and the programs rlflow starts"));
+    if (rc || !out || !strstr(out, "and the programs rlflow starts")) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+    static line v[128];
+    char p[512];
+    snprintf(p, sizeof p, "%s/curve.txt", dir);
+    int n = read_lines(p, v, 128), nt = 0;
+    for (int i = 0; i < n; i++) nt += v[i].group >= 0;
+    CHECK(nt == 16);
     CHECK(leftovers() == 0);
 }
 
@@ -459,6 +504,7 @@ int main(void) {
         run_scored();
         run_restarted();
         run_keeps_dying();
+        run_curve_files();
         run_signalled(SIGTERM);
         run_signalled(SIGKILL);
         run_split();
