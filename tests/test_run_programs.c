@@ -387,6 +387,35 @@ static void run_keeps_dying(void) {
     CHECK(leftovers() == 0);
 }
 
+/* Two programs, the Python one and the C client's length_judge (build/length_judge, no
+ * option): each reads its endpoint, CURVE keys and rank from the environment. */
+static void run_two_programs(void) {
+    const char *judge = getenv("RF_LENGTH_JUDGE");
+    if (!judge) {
+        printf("test_run_programs: the C program part skipped: RF_LENGTH_JUDGE not set\n");
+        return;
+    }
+    char extra[1200];
+    snprintf(extra, sizeof extra, "[reward]\nrules = []\nprograms = [[\"%s\", \"%s/tests/tools/reward_program_started.py\", "
+             "\"--log\", \"%s/two.txt\"], [\"%s\"]]\n", py, src, dir, judge);
+    write_recipe(extra);
+    char *out = NULL;
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "two", "--set train.steps=2");
+    CHECK(rc == 0);
+    CHECK(out && strstr(out, "reward program 'started' (rank 0, pid ") && strstr(out, "reward program 'length_judge' (rank 1, pid "));
+    if (rc || !out || !strstr(out, "'length_judge' (rank 1")) fprintf(stderr, "%s\n", out ? out : "");
+    const char *at = out ? strstr(out, "'length_judge' (rank 1, pid ") : NULL;
+    int judge_pid = at ? atoi(at + strlen("'length_judge' (rank 1, pid ")) : 0;
+    CHECK(judge_pid > 0 && group_alive(judge_pid) == 0); /* its process group is its pid */
+    free(out);
+    char p[512];
+    snprintf(p, sizeof p, "%s/two/reward_program_1.log", dir);
+    char *log = rf_test_slurp(p);
+    CHECK(strstr(log, "length_judge: connected to tcp://127.0.0.1:") && strstr(log, " with CURVE (protocol 1"));
+    free(log);
+    CHECK(leftovers() == 0);
+}
+
 /* reward.external with CURVE key files and a started program: rlflow adds a key pair made for
  * the run to the allowed keys and gives the program its server public key (derived from the
  * secret key file); the program connects and scores. */
@@ -505,6 +534,7 @@ int main(void) {
         run_restarted();
         run_keeps_dying();
         run_curve_files();
+        run_two_programs();
         run_signalled(SIGTERM);
         run_signalled(SIGKILL);
         run_split();
