@@ -43,6 +43,7 @@ struct rf_programs {
     char key[64], restarts_key[64];
     int max_restarts;
     double backoff_s, grace_s;
+    int failed;       /* rf_programs_poll returned an error */
 };
 
 static void sleep_s(double s) {
@@ -284,22 +285,33 @@ static rf_status on_exit_status(rf_programs *p, int i, int ws) {
     return RF_OK;
 }
 
+static rf_status poll_one(rf_programs *p, int i) {
+    prog *g = &p->v[i];
+    if (g->pid > 0) {
+        int ws;
+        pid_t r = waitpid(g->pid, &ws, WNOHANG);
+        if (r == g->pid) RF_TRY(on_exit_status(p, i, ws));
+    }
+    if (g->pid == 0 && g->restart_at > 0 && rf_time_now() >= g->restart_at) {
+        g->restart_at = 0;
+        RF_TRY(spawn(p, i));
+    }
+    return RF_OK;
+}
+
 rf_status rf_programs_poll(rf_programs *p) {
     if (!p) return RF_OK;
     for (int i = 0; i < p->n; i++) {
-        prog *g = &p->v[i];
-        if (g->pid > 0) {
-            int ws;
-            pid_t r = waitpid(g->pid, &ws, WNOHANG);
-            if (r == g->pid) RF_TRY(on_exit_status(p, i, ws));
-        }
-        if (g->pid == 0 && g->restart_at > 0 && rf_time_now() >= g->restart_at) {
-            g->restart_at = 0;
-            RF_TRY(spawn(p, i));
+        rf_status st = poll_one(p, i);
+        if (st != RF_OK) {
+            p->failed = 1;
+            return st;
         }
     }
     return RF_OK;
 }
+
+int rf_programs_failed(const rf_programs *p) { return p && p->failed; }
 
 rf_status rf_programs_tick(void *ctx) { return rf_programs_poll(ctx); }
 

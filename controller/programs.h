@@ -71,6 +71,10 @@ rf_status rf_programs_start(rf_programs **p, const rf_programs_config *cfg);
  * ..."), or a restart failed. NULL p: RF_OK. */
 rf_status rf_programs_poll(rf_programs *p);
 
+/* 1 once rf_programs_poll has failed (a program past its restarts, a failed restart): a
+ * caller that sees an error from a wait that polled can tell the programs' error from its own. */
+int rf_programs_failed(const rf_programs *p);
+
 /* A pointer for rf_external_reward_config.tick: rf_programs_poll(ctx). */
 rf_status rf_programs_tick(void *ctx);
 

@@ -232,7 +232,12 @@ static rf_status start_programs(rf_run *run, const program_keys *k) {
     RF_TRY(st);
     rf_log_info("reward: waiting up to %.0f s for the %d reward program%s rlflow started to connect to %s",
                 r->reward.external_timeout, n, n == 1 ? "" : "s", ep);
-    return rf_external_reward_wait(run->ext, n, r->reward.external_timeout);
+    st = rf_external_reward_wait(run->ext, n, r->reward.external_timeout);
+    if (st != RF_ERR_IO || rf_programs_failed(run->programs)) return st;
+    return rf_error(RF_ERR_IO, "reward.programs: %d of the %d program%s rlflow started connected to %s within %g s "
+                    "(reward.external_timeout); a program's output is in %s/reward_program_<i>.log",
+                    rf_external_reward_programs(run->ext), n, n == 1 ? "" : "s", ep, r->reward.external_timeout,
+                    r->logging.dir);
 }
 
 /* The reward-program bridge of reward.external and reward.programs. */

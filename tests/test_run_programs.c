@@ -387,6 +387,26 @@ static void run_keeps_dying(void) {
     CHECK(leftovers() == 0);
 }
 
+/* A program that never connects: the run stops after reward.external_timeout naming the
+ * count, the endpoint and where the programs' output is. */
+static void run_never_connects(void) {
+    char extra[600];
+    snprintf(extra, sizeof extra, "[reward]\nrules = []\nexternal_timeout = 1.5\nprograms = [[\"sleep\", \"30.0417\"]]\n");
+    write_recipe(extra);
+    char *out = NULL;
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "never", "");
+    CHECK(rc != 0);
+    char want[600];
+    snprintf(want, sizeof want, " within 1.5 s (reward.external_timeout); a program's output is in "
+             "%s/never/reward_program_<i>.log\n", dir);
+    CHECK(out && strstr(out, "error: reward.programs: 0 of the 1 program rlflow started connected to tcp://127.0.0.1:") &&
+          strstr(out, want));
+    if (!out || !strstr(out, want)) fprintf(stderr, "want ...%s in:\n%s\n", want, out ? out : "");
+    free(out);
+    /* the sleep was stopped with the run */
+    CHECK(rf_test_sh(NULL, "ps -eo args= | grep -qx 'sleep 30.0417'") != 0);
+}
+
 /* Two programs, the Python one and the C client's length_judge (build/length_judge, no
  * option): each reads its endpoint, CURVE keys and rank from the environment. */
 static void run_two_programs(void) {
@@ -535,6 +555,7 @@ int main(void) {
         run_keeps_dying();
         run_curve_files();
         run_two_programs();
+        run_never_connects();
         run_signalled(SIGTERM);
         run_signalled(SIGKILL);
         run_split();
