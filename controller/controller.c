@@ -82,7 +82,7 @@ typedef struct ctl {
     double last_progress; /* when the last step, sample, score or weights report came */
     /* validation */
     int val_version, val_next, val_out, val_n;
-    double val_acc, val_len;
+    double val_acc, val_len, val_reward; /* sums over the validation responses back so far */
     int final_val_done;
     /* per step */
     double gen_tokens, last_step_at;
@@ -237,13 +237,14 @@ static rf_status start_validation(ctl *c) {
         RF_TRY(send_generate(c, g, 1));
     }
     c->val_version = served, c->val_next = served + 1, c->val_out = n, c->val_n = n;
-    c->val_acc = c->val_len = 0;
+    c->val_acc = c->val_len = c->val_reward = 0;
     return RF_OK;
 }
 
 static void finish_validation(ctl *c) {
     double acc = c->val_acc / (c->val_n ? c->val_n : 1), len = c->val_len / (c->val_n ? c->val_n : 1);
     rf_metrics_set(c->run.metrics, "val/accuracy", acc);
+    if (c->run.ext || c->run.rm) rf_metrics_set(c->run.metrics, "val/reward", c->val_reward / (c->val_n ? c->val_n : 1));
     rf_metrics_set(c->run.metrics, "val/length_mean", len);
     rf_metrics_set(c->run.metrics, "val/version", c->val_version);
     if (acc > c->run.best_val) c->run.best_val = acc;
@@ -395,8 +396,9 @@ static rf_status on_sample(ctl *c, int peer, const Rlflow__Sample *m) {
     s->rule_reward = s->reward;
     if (++g->n_done < g->n) return RF_OK;
     if (g->worker >= 0 && g->worker < c->n_rw) c->rw[g->worker].groups--;
-    if (g->id < 0) { /* validation */
-        c->val_acc += isnan(s->accuracy) ? 0 : s->accuracy;
+    if (g->id < 0) { /* validation: the training reward definition (rf__val_score) */
+        rf_val_response v = {g->ex, s->text, s->tokens + s->n_prompt, nr};
+        RF_TRY(rf__val_score(&c->run, &v, 1, &c->val_acc, &c->val_reward));
         c->val_len += nr;
         unlink_group(c, g);
         group_free(g);

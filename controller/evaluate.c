@@ -1,34 +1,43 @@
-/* Validation: greedy generation on held-out prompts, scored by the reward rules' accuracy. */
+/* Validation: greedy generation on held-out prompts, scored by the reward rules' accuracy
+ * (rf_eval_accuracy: `rlflow eval`, the SFT's checks) or, in an RL run, by the same reward
+ * definition as training (rf__val_score: rules, reward model, reward programs). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "controller/run.h"
+#include <cjson/cJSON.h>
+
+#include "controller/run_internal.h"
 #include "model/generate.h"
 
-rf_status rf_eval_accuracy(rf_model *m, const rf_tokenizer *tok, rf_dataset *ds, int n,
-                           const rf_reward_rules *rules, int max_new_tokens, const int32_t *eos,
-                           int n_eos, double *acc, double *mean_len) {
-    int size = rf_dataset_size(ds);
-    n = n <= 0 || n > size ? size : n;
-    const int32_t **prompts = calloc((size_t)n, sizeof *prompts);
-    int *lens = calloc((size_t)n, sizeof *lens);
-    rf_gen_output *out = calloc((size_t)n, sizeof *out);
-    const rf_example **ex = calloc((size_t)n, sizeof *ex);
-    if (!prompts || !lens || !out || !ex) {
-        free(prompts), free(lens), free(out), free(ex);
-        return rf_error(RF_ERR_NOMEM, "out of memory for validation");
-    }
-    /* the first n examples in file order: the same set at every validation */
-    rf_status s = RF_OK;
-    for (int i = 0; i < n; i++) {
+/* Greedy responses to the first n examples of ds (file order: the same set every time) into
+ * out (n) and ex (n). */
+static rf_status greedy(rf_model *m, const rf_tokenizer *tok, rf_dataset *ds, int n, int max_new_tokens,
+                        const int32_t *eos, int n_eos, rf_gen_output *out, const rf_example **ex) {
+    const int32_t **prompts = calloc((size_t)(n ? n : 1), sizeof *prompts);
+    int *lens = calloc((size_t)(n ? n : 1), sizeof *lens);
+    rf_status s = prompts && lens ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for validation");
+    for (int i = 0; s == RF_OK && i < n; i++) {
         ex[i] = rf_dataset_get(ds, i);
         prompts[i] = ex[i]->prompt_ids;
         lens[i] = ex[i]->n_prompt;
     }
     rf_gen_params gp = {.sampling = {.greedy = 1}, .max_new_tokens = max_new_tokens,
                         .eos_ids = eos, .n_eos = n_eos};
-    s = rf_generate(m, tok, prompts, lens, n, &gp, out, 0);
+    if (s == RF_OK) s = rf_generate(m, tok, prompts, lens, n, &gp, out, 0);
+    free(prompts), free(lens);
+    return s;
+}
+
+rf_status rf_eval_accuracy(rf_model *m, const rf_tokenizer *tok, rf_dataset *ds, int n,
+                           const rf_reward_rules *rules, int max_new_tokens, const int32_t *eos,
+                           int n_eos, double *acc, double *mean_len) {
+    int size = rf_dataset_size(ds);
+    n = n <= 0 || n > size ? size : n;
+    rf_gen_output *out = calloc((size_t)(n ? n : 1), sizeof *out);
+    const rf_example **ex = calloc((size_t)(n ? n : 1), sizeof *ex);
+    rf_status s = out && ex ? greedy(m, tok, ds, n, max_new_tokens, eos, n_eos, out, ex)
+                            : rf_error(RF_ERR_NOMEM, "out of memory for validation");
     double correct = 0, len = 0;
     for (int i = 0; s == RF_OK && i < n; i++) {
         float reward, a;
@@ -37,8 +46,98 @@ rf_status rf_eval_accuracy(rf_model *m, const rf_tokenizer *tok, rf_dataset *ds,
         correct += isnan(a) ? reward : a;
         len += out[i].n_tokens;
     }
-    for (int i = 0; i < n; i++) rf_gen_output_free(&out[i]);
+    for (int i = 0; out && i < n; i++) rf_gen_output_free(&out[i]);
     *acc = n ? correct / n : 0, *mean_len = n ? len / n : 0;
-    free(prompts), free(lens), free(out), free(ex);
+    free(out), free(ex);
+    return s;
+}
+
+/* The reward model's score of each (prompt + response), weighted, added to total (n). */
+static rf_status add_model(rf_run *run, const rf_val_response *v, int n, double *total) {
+    int32_t **seqs = calloc((size_t)n, sizeof *seqs);
+    int *lens = calloc((size_t)n, sizeof *lens);
+    float *sc = calloc((size_t)n, sizeof *sc);
+    rf_status st = seqs && lens && sc ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        lens[i] = v[i].ex->n_prompt + v[i].n_ids;
+        if (!(seqs[i] = malloc(sizeof(int32_t) * (size_t)(lens[i] ? lens[i] : 1)))) {
+            st = rf_error(RF_ERR_NOMEM, "out of memory");
+            break;
+        }
+        memcpy(seqs[i], v[i].ex->prompt_ids, sizeof(int32_t) * (size_t)v[i].ex->n_prompt);
+        memcpy(seqs[i] + v[i].ex->n_prompt, v[i].ids, sizeof(int32_t) * (size_t)v[i].n_ids);
+    }
+    if (st == RF_OK) st = rf_reward_model_score(run->rm, (const int32_t *const *)seqs, lens, n, sc);
+    for (int i = 0; st == RF_OK && i < n; i++) total[i] += run->r->reward.model_weight * sc[i];
+    for (int i = 0; seqs && i < n; i++) free(seqs[i]);
+    free(seqs), free(lens), free(sc);
+    return st;
+}
+
+/* The reward programs' scores (and per-token rewards), weighted, added to total (n). The
+ * requests carry group_id -1 and sample_index i: a program can tell validation apart. */
+static rf_status add_external(rf_run *run, const rf_val_response *v, int n, double *total) {
+    rf_reward_item *items = calloc((size_t)n, sizeof *items);
+    char **meta = calloc((size_t)n, sizeof *meta);
+    float *sc = calloc((size_t)n, sizeof *sc);
+    rf_status st = items && meta && sc ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        const rf_example *e = v[i].ex;
+        meta[i] = cJSON_PrintUnformatted(e->extra);
+        items[i] = (rf_reward_item){e->prompt_text, v[i].text ? v[i].text : "", e->prompt_ids, e->n_prompt,
+                                    v[i].ids, v[i].n_ids, e->answer, meta[i], i, -1};
+    }
+    if (st == RF_OK) st = rf_external_reward_score(run->ext, items, n, sc);
+    double w = run->r->reward.external_weight;
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        const float *tok;
+        int nt = rf_external_reward_token_rewards(run->ext, i, &tok);
+        double t = 0;
+        for (int k = 0; k < nt; k++) t += (float)w * tok[k];
+        total[i] += (float)w * sc[i] + t;
+    }
+    for (int i = 0; meta && i < n; i++) free(meta[i]);
+    free(items), free(meta), free(sc);
+    return st;
+}
+
+rf_status rf__val_score(rf_run *run, const rf_val_response *v, int n, double *acc_sum, double *reward_sum) {
+    double *total = calloc((size_t)(n ? n : 1), sizeof *total);
+    float *acc = calloc((size_t)(n ? n : 1), sizeof *acc);
+    rf_status st = total && acc ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for validation");
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        float r;
+        st = rf_reward_rules_score(run->rules, v[i].text ? v[i].text : "", v[i].n_ids, v[i].ex->answer, &r, &acc[i]);
+        total[i] = r;
+    }
+    if (st == RF_OK && run->rm && n) st = add_model(run, v, n, total);
+    if (st == RF_OK && run->ext && n) st = add_external(run, v, n, total);
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        *reward_sum += total[i];
+        *acc_sum += isnan(acc[i]) ? total[i] : acc[i];
+    }
+    free(total), free(acc);
+    return st;
+}
+
+rf_status rf__validate(rf_run *run, int n, double *acc, double *reward, double *mean_len) {
+    const rf_recipe *r = run->r;
+    int size = rf_dataset_size(run->val);
+    n = n <= 0 || n > size ? size : n;
+    rf_gen_output *out = calloc((size_t)(n ? n : 1), sizeof *out);
+    const rf_example **ex = calloc((size_t)(n ? n : 1), sizeof *ex);
+    rf_val_response *v = calloc((size_t)(n ? n : 1), sizeof *v);
+    rf_status s = out && ex && v ? greedy(run->actor, run->tok, run->val, n, r->rollout.max_new_tokens, run->eos,
+                                          run->n_eos, out, ex)
+                                 : rf_error(RF_ERR_NOMEM, "out of memory for validation");
+    double len = 0, acc_sum = 0, reward_sum = 0;
+    for (int i = 0; s == RF_OK && i < n; i++) {
+        v[i] = (rf_val_response){ex[i], out[i].text, out[i].tokens, out[i].n_tokens};
+        len += out[i].n_tokens;
+    }
+    if (s == RF_OK) s = rf__val_score(run, v, n, &acc_sum, &reward_sum);
+    for (int i = 0; out && i < n; i++) rf_gen_output_free(&out[i]);
+    *acc = n ? acc_sum / n : 0, *reward = n ? reward_sum / n : 0, *mean_len = n ? len / n : 0;
+    free(out), free(ex), free(v);
     return s;
 }

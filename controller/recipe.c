@@ -13,7 +13,7 @@
 #include "common/util.h"
 #include "reward/reward.h"
 
-typedef enum { T_STR, T_INT, T_FLOAT, T_BOOL, T_ENUM, T_STRS, T_FLOATS } key_type;
+typedef enum { T_STR, T_INT, T_FLOAT, T_BOOL, T_ENUM, T_STRS, T_FLOATS, T_ARGVS } key_type;
 
 typedef struct rkey {
     const char *section, *name;
@@ -167,7 +167,7 @@ static const rkey KEYS[] = {
     {"lora", "targets", T_STRS, AT(lora.targets), "[\"q\", \"v\"]", LORA_TARGETS, "Projections that get an adapter, in every layer: q, k, v, o (attention) and gate, up, down (MLP); PEFT's target_modules q_proj ... down_proj."},
     {"lora", "init", T_ENUM, AT(lora.init), "\"gaussian\"", LORA_INITS, "Initialisation of A (B starts at zero, so a fresh adapter changes nothing): gaussian = normal(0, 1/rank) (PEFT's init_lora_weights = \"gaussian\"), kaiming = uniform(-1/sqrt(in), 1/sqrt(in)) (PEFT's default kaiming_uniform_(a = sqrt(5))). Seeded by train.seed."},
 
-    {"reward", "rules", T_STRS, AT(reward.rules), "[\"numeric\"]", RULES, "Built-in reward rules, summed with their weights (docs/rewards.md). Not set and data.task = \"countdown\": [\"countdown\"]. A correctness rule that cannot check the task is refused: numeric, math or exact with data.task = \"countdown\" (they would reward the bare target number), countdown with data.task = \"arith\"."},
+    {"reward", "rules", T_STRS, AT(reward.rules), "[\"numeric\"]", RULES, "Built-in reward rules, summed with their weights (docs/rewards.md). Not set and data.task = \"countdown\": [\"countdown\"]. [] = no rule: allowed when reward.programs, reward.external or reward.model gives the reward (validation then scores with those too). A correctness rule that cannot check the task is refused: numeric, math or exact with data.task = \"countdown\" (they would reward the bare target number), countdown with data.task = \"arith\"."},
     {"reward", "weights", T_FLOATS, AT(reward.weights), "[]", NULL, "One weight per rule; [] = all 1.0."},
     {"reward", "format_regex", T_STR, AT(reward.format_regex), "\"\"", NULL, "PCRE2 pattern a response must match for the format rule."},
     {"reward", "answer_regex", T_STR, AT(reward.answer_regex), "\"\"", NULL, "PCRE2 pattern that extracts the answer the correctness rules (numeric, math, exact, countdown) read: its last match in the response, the first capture group (the whole match when it has none), e.g. \"<answer>(.*?)</answer>\". No match: those rules score 0. \"\" = each rule's own extraction (docs/rewards.md). A pattern PCRE2 refuses is an error naming this key and PCRE2's message."},
@@ -181,6 +181,8 @@ static const rkey KEYS[] = {
     {"reward", "external_curve_secret", T_STR, AT(reward.external_curve_secret), "\"\"", NULL, "Path of a file holding rlflow's CURVE secret key (Z85, the PREFIX.key that `rlflow keygen --out PREFIX` writes; keep it mode 600). With external_curve_clients, connections to reward.external are encrypted and only the listed programs get in (docs/reward-api.md, \"CURVE\"); \"\" = no CURVE."},
     {"reward", "external_curve_clients", T_STR, AT(reward.external_curve_clients), "\"\"", NULL, "Path of a file listing the CURVE public keys of the reward programs allowed to connect, one per line (their PREFIX.pub files, concatenated); a refused connection is logged with its address and key. Needed with external_curve_secret."},
     {"reward", "external_insecure", T_BOOL, AT(reward.external_insecure), "false", NULL, "Let reward.external bind an address other machines can reach without CURVE (anyone who reaches the port can then send the rewards that train the policy; a warning is logged). false: such a recipe is refused."},
+    {"reward", "programs", T_ARGVS, AT(reward.programs), "[]", NULL, "Reward programs rlflow starts itself, each an argv: [[\"python3\", \"my_reward.py\"]]. They run in rlflow's working directory, get the endpoint and keys in their environment (RLFLOW_REWARD_ENDPOINT, ...: docs/reward-api.md, \"Programs started by rlflow\"; the Python and C clients read them), write their output to <logging.dir>/reward_program_<i>.log, are restarted when they exit (reward.program_restarts) and stopped at the end of the run. Without reward.external, rlflow binds a loopback endpoint with CURVE keys made for the run. In split runs the controller process starts them."},
+    {"reward", "program_restarts", T_INT, AT(reward.program_restarts), "3", NULL, "How many times each of reward.programs is started again after it exits, over the whole run; one more exit stops the run with an error naming the program, its exit status and its log."},
 
     {"reference", "enabled", T_ENUM, AT(reference.enabled), "\"auto\"", AUTO_BOOL, "Keep a reference policy; \"auto\" = when algorithm.kl_coef > 0 (true and false may be written as booleans)."},
     {"reference", "path", T_STR, AT(reference.path), "\"\"", NULL, "Reference model directory; \"\" = the initial policy."},
@@ -236,6 +238,7 @@ _Static_assert(sizeof KEYS / sizeof KEYS[0] <= RF_RECIPE_MAX_KEYS, "raise RF_REC
 static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RANGES[] = {
     {"data.max_prompt_tokens", 0, INFINITY, 0, 1},
     {"reward.external_timeout", 0, INFINITY, 1, 1},
+    {"reward.program_restarts", 0, INFINITY, 0, 1},
     {"data.task_train", 0, INFINITY, 0, 1},
     {"data.task_val", 0, INFINITY, 0, 1},
     {"data.task_min_digits", 1, 9, 0, 0},
@@ -352,12 +355,21 @@ static void str_list_free(rf_str_list *l) {
     l->n = 0;
 }
 
+static void argv_list_free(rf_argv_list *l) {
+    for (int i = 0; i < l->n; i++) str_list_free(&l->v[i]);
+    free(l->v);
+    l->v = NULL;
+    l->n = 0;
+}
+
 static void field_free(rf_recipe *r, const rkey *k) {
     if (k->type == T_STR) {
         free(*FIELD(r, k, char *));
         *FIELD(r, k, char *) = NULL;
     } else if (k->type == T_STRS) {
         str_list_free(FIELD(r, k, rf_str_list));
+    } else if (k->type == T_ARGVS) {
+        argv_list_free(FIELD(r, k, rf_argv_list));
     } else if (k->type == T_FLOATS) {
         rf_float_list *l = FIELD(r, k, rf_float_list);
         free(l->v);
@@ -425,6 +437,17 @@ static void put_value(FILE *f, const rf_recipe *r, const rkey *k) {
         const rf_float_list *l = CFIELD(r, k, rf_float_list);
         fputc('[', f);
         for (int i = 0; i < l->n; i++) fputs(i ? ", " : "", f), put_float(f, l->v[i]);
+        fputc(']', f);
+        break;
+    }
+    case T_ARGVS: {
+        const rf_argv_list *l = CFIELD(r, k, rf_argv_list);
+        fputc('[', f);
+        for (int i = 0; i < l->n; i++) {
+            fputs(i ? ", [" : "[", f);
+            for (int j = 0; j < l->v[i].n; j++) fputs(j ? ", " : "", f), put_quoted(f, l->v[i].v[j]);
+            fputc(']', f);
+        }
         fputc(']', f);
         break;
     }
@@ -502,6 +525,56 @@ static rf_status set_str_list(rf_recipe *r, const rkey *k, const rf_toml *v) {
     return RF_OK;
 }
 
+/* "reward.programs[1]" or "reward.programs[1][0]" (j < 0: the first alone). */
+static rf_status argv_error(const rkey *k, const rf_toml *v, size_t i, long j, const char *what) {
+    char w[600], idx[48];
+    if (j < 0) snprintf(idx, sizeof idx, "[%zu]", i);
+    else snprintf(idx, sizeof idx, "[%zu][%ld]", i, j);
+    return rf_error(RF_ERR_ARG, "%s: %s.%s%s: %s", node_where(v, w, sizeof w), k->section, k->name, idx, what);
+}
+
+/* One program's argv: an array of one or more strings, the first not empty. */
+static rf_status check_argv(const rkey *k, const rf_toml *a, size_t i) {
+    char what[160];
+    if (rf_toml_kind(a) != RF_TOML_ARRAY) {
+        const char *got = rf_toml_type_name(rf_toml_kind(a));
+        snprintf(what, sizeof what, "expected an array of strings (a program and its arguments), got %s %s",
+                 rf_toml_article(got), got);
+        return argv_error(k, a, i, -1, what);
+    }
+    if (rf_toml_count(a) == 0)
+        return argv_error(k, a, i, -1, "is empty: give the program and its arguments, e.g. "
+                                       "[\"python3\", \"my_reward.py\"]");
+    for (size_t j = 0; j < rf_toml_count(a); j++) {
+        const rf_toml *it = rf_toml_at(a, j);
+        if (rf_toml_kind(it) != RF_TOML_STRING) {
+            const char *got = rf_toml_type_name(rf_toml_kind(it));
+            snprintf(what, sizeof what, "expected a string, got %s %s", rf_toml_article(got), got);
+            return argv_error(k, it, i, (long)j, what);
+        }
+        if (j == 0 && !rf_toml_string(it, NULL)[0]) return argv_error(k, it, i, 0, "the program's name is empty");
+    }
+    return RF_OK;
+}
+
+static rf_status set_argv_list(rf_recipe *r, const rkey *k, const rf_toml *v) {
+    size_t n = rf_toml_count(v);
+    for (size_t i = 0; i < n; i++) RF_TRY(check_argv(k, rf_toml_at(v, i), i));
+    rf_argv_list *l = FIELD(r, k, rf_argv_list);
+    argv_list_free(l);
+    if (n && !(l->v = rf_calloc(n, sizeof *l->v))) return rf_error(RF_ERR_NOMEM, "out of memory");
+    for (; l->n < (int)n; l->n++) {
+        const rf_toml *a = rf_toml_at(v, (size_t)l->n);
+        rf_str_list *s = &l->v[l->n];
+        size_t m = rf_toml_count(a);
+        if (!(s->v = rf_calloc(m, sizeof *s->v))) return rf_error(RF_ERR_NOMEM, "out of memory");
+        for (; s->n < (int)m; s->n++)
+            if (!(s->v[s->n] = rf_strdup(rf_toml_string(rf_toml_at(a, (size_t)s->n), NULL))))
+                return rf_error(RF_ERR_NOMEM, "out of memory");
+    }
+    return RF_OK;
+}
+
 static rf_status set_float_list(rf_recipe *r, const rkey *k, const rf_toml *v) {
     size_t n = rf_toml_count(v);
     for (size_t i = 0; i < n; i++) {
@@ -532,9 +605,10 @@ static rf_status set_int(rf_recipe *r, const rkey *k, const rf_toml *v) {
 /* Type-checks v against key k and stores it. */
 static rf_status set_value(rf_recipe *r, const rkey *k, const rf_toml *v) {
     static const char *const want[] = {"string", "integer", "float", "boolean", "string",
-                                       "string array", "float array"};
+                                       "string array", "float array", "array of string arrays"};
     static const rf_toml_type need[] = {RF_TOML_STRING, RF_TOML_INTEGER, RF_TOML_FLOAT,
-                                        RF_TOML_BOOL, RF_TOML_STRING, RF_TOML_ARRAY, RF_TOML_ARRAY};
+                                        RF_TOML_BOOL, RF_TOML_STRING, RF_TOML_ARRAY, RF_TOML_ARRAY,
+                                        RF_TOML_ARRAY};
     rf_toml_type t = rf_toml_kind(v);
     if (k->type == T_ENUM && t == RF_TOML_BOOL && allowed_value(k, "true")) {
         /* auto|true|false keys also take the booleans themselves */
@@ -562,6 +636,7 @@ static rf_status set_value(rf_recipe *r, const rkey *k, const rf_toml *v) {
     case T_BOOL: *FIELD(r, k, int) = rf_toml_bool(v); return RF_OK;
     case T_STRS: return set_str_list(r, k, v);
     case T_FLOATS: return set_float_list(r, k, v);
+    case T_ARGVS: return set_argv_list(r, k, v);
     }
     return RF_OK;
 }
@@ -861,6 +936,14 @@ static rf_status validate_task_rules(const rf_recipe *r) {
     return RF_OK;
 }
 
+/* reward.rules = []: the reward comes from elsewhere (a program, a reward model) or there is none. */
+static rf_status validate_reward_sources(const rf_recipe *r) {
+    if (r->reward.rules.n > 0 || r->reward.programs.n > 0 || r->reward.external[0] || r->reward.model[0])
+        return RF_OK;
+    return invalid(r, "reward.rules", "no reward at all: an empty list needs reward.programs, reward.external or "
+                   "reward.model to give the rewards");
+}
+
 /* reward.answer_regex must compile (reward/rules.c compiles it the same way at run start). */
 static rf_status validate_answer_regex(const rf_recipe *r) {
     if (!r->reward.answer_regex[0]) return RF_OK;
@@ -896,6 +979,7 @@ rf_status rf_recipe_validate(const rf_recipe *r) {
     if (r->reward.weights.n != 0 && r->reward.weights.n != r->reward.rules.n)
         return invalid(r, "reward.weights", "needs one weight per rule in reward.rules (or none)");
     RF_TRY(validate_task_rules(r));
+    RF_TRY(validate_reward_sources(r));
     RF_TRY(validate_answer_regex(r));
     if (r->algorithm.rollout_is_low >= r->algorithm.rollout_is_high)
         return invalid(r, "algorithm.rollout_is_low", "must be below algorithm.rollout_is_high");
@@ -990,7 +1074,7 @@ rf_status rf_recipe_dump(const rf_recipe *r, FILE *f) {
 
 static void doc_type(FILE *f, const rkey *k) {
     static const char *const names[] = {"string", "integer", "float", "boolean", "enum",
-                                        "string array", "float array"};
+                                        "string array", "float array", "array of string arrays"};
     fputs(names[k->type], f);
     if (!k->allowed) return;
     fputs(k->type == T_ENUM ? ": " : " of: ", f);

@@ -21,6 +21,12 @@ typedef struct rf_str_list {
     int n;
 } rf_str_list;
 
+/* A list of argument vectors: reward.programs = [["python3", "judge.py"], ...]. */
+typedef struct rf_argv_list {
+    rf_str_list *v; /* (n) each one program's argv (n >= 1 words) */
+    int n;
+} rf_argv_list;
+
 typedef struct rf_float_list {
     double *v; /* (n) */
     int n;
@@ -113,6 +119,8 @@ typedef struct rf_recipe {
         char *external_curve_secret;  /* file: rlflow's Z85 CURVE secret key, "" = no CURVE */
         char *external_curve_clients; /* file: allowed program public keys, one per line */
         int external_insecure;        /* allow a non-loopback endpoint without CURVE */
+        rf_argv_list programs;        /* reward programs rlflow starts (controller/programs.h) */
+        int program_restarts;         /* restarts allowed per program over the run */
     } reward;
     struct {
         const char *enabled; /* "auto" | "true" | "false"; see rf_recipe_reference_enabled */

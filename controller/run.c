@@ -16,10 +16,10 @@
 static rf_status validate_now(rf_run *run, double *acc) {
     const rf_recipe *r = run->r;
     if (!run->val) return RF_OK;
-    double len;
-    RF_TRY(rf_eval_accuracy(run->actor, run->tok, run->val, r->logging.val_size, run->rules,
-                            r->rollout.max_new_tokens, run->eos, run->n_eos, acc, &len));
+    double len, reward;
+    RF_TRY(rf__validate(run, r->logging.val_size, acc, &reward, &len));
     rf_metrics_set(run->metrics, "val/accuracy", *acc);
+    if (run->ext || run->rm) rf_metrics_set(run->metrics, "val/reward", reward);
     rf_metrics_set(run->metrics, "val/length_mean", len);
     return RF_OK;
 }

@@ -36,6 +36,7 @@ typedef struct rf_run {
     rf_reward_rules *rules;
     rf_reward_model *rm;   /* optional reward model */
     rf_external_reward *ext; /* optional external reward programs */
+    struct rf_programs *programs; /* reward.programs, started by rlflow (controller/programs.h) */
     rf_metrics *metrics;
     int32_t *eos;          /* generation stops at these ids */
     int n_eos;

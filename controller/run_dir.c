@@ -15,13 +15,22 @@
 #include "common/util.h"
 #include "trainer/checkpoint.h"
 
+/* reward_program_<i>.log: the output of a program rlflow started (reward.programs). */
+static int is_program_log(const char *name) {
+    static const char pre[] = "reward_program_";
+    size_t n = strlen(name), p = sizeof pre - 1, digits = strspn(name + (n > p ? p : n), "0123456789");
+    return n > p + 4 && strncmp(name, pre, p) == 0 && digits > 0 && strcmp(name + p + digits, ".log") == 0;
+}
+
 /* A name a run writes: kind 1 a log (metrics, samples, events), 2 a checkpoint, 3 another
- * file of the run's (recipe.toml, run_status.json, latest); 0 not ours. */
+ * file of the run's (recipe.toml, run_status.json, latest, the logs of the programs it
+ * started); 0 not ours. */
 static int run_file_kind(const char *name) {
     if (strcmp(name, "metrics.jsonl") == 0 || strcmp(name, "samples.jsonl") == 0 || strstr(name, "tfevents"))
         return 1;
     if (strncmp(name, "step_", 5) == 0 && strlen(name) == 11 && strspn(name + 5, "0123456789") == 6) return 2;
-    if (strcmp(name, "recipe.toml") == 0 || strcmp(name, "run_status.json") == 0 || strcmp(name, "latest") == 0)
+    if (strcmp(name, "recipe.toml") == 0 || strcmp(name, "run_status.json") == 0 || strcmp(name, "latest") == 0 ||
+        is_program_log(name))
         return 3;
     return 0;
 }

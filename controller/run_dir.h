@@ -5,8 +5,9 @@
  *
  *   neither flag  a directory holding a run is refused, naming it and the two ways out;
  *   --overwrite   removes what a run wrote there (metrics.jsonl, samples.jsonl, the event
- *                 files, the step_* checkpoints and `latest`, recipe.toml, run_status.json),
- *                 nothing else, and starts afresh;
+ *                 files, the step_* checkpoints and `latest`, recipe.toml, run_status.json,
+ *                 the reward_program_<i>.log of reward.programs), nothing else, and starts
+ *                 afresh (--resume appends to those program logs);
  *   --resume      keeps it, and cuts the logs back to the newest checkpoint's step S: the lines
  *                 of metrics.jsonl and samples.jsonl with a step > S, and the event-file
  *                 records with a step > S, are dropped (each file rewritten atomically), so

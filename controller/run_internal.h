@@ -94,6 +94,26 @@ rf_status rf__apply_external(rf_run *run, rf_train_sample *s, int n, const float
  * from run->ext_acc on m, and resets it. Nothing without reward programs. */
 void rf__external_metrics(rf_run *run, rf_metrics *m);
 
+/* One validation response (pointers borrowed for the call). */
+typedef struct rf_val_response {
+    const rf_example *ex;
+    const char *text;     /* NULL: "" */
+    const int32_t *ids;   /* (n_ids) the response's token ids */
+    int n_ids;
+} rf_val_response;
+
+/* Scores n validation responses with the run's reward definition, the one training uses:
+ * the rules, plus reward.model_weight x the reward model (when this process hosts it), plus
+ * reward.external_weight x the reward programs' reward and per-token rewards (requests with
+ * group_id -1). Adds each response's total to *reward_sum and its accuracy (the rules'
+ * correctness, or the total when no correctness rule is listed) to *acc_sum. The same in the
+ * one-process loop and the split controller (docs/training.md, "Validation"). */
+rf_status rf__val_score(rf_run *run, const rf_val_response *v, int n, double *acc_sum, double *reward_sum);
+
+/* Greedy responses to the first n examples of run->val (all when n <= 0), scored by
+ * rf__val_score: the mean accuracy, total reward and response length. */
+rf_status rf__validate(rf_run *run, int n, double *acc, double *reward, double *mean_len);
+
 /* logging.samples_every: at a step it divides, logs logging.samples_per_step of the batch's n
  * samples s (groups of rollout.n; ex: the example of each group) with rf_metrics_samples on
  * run->metrics: one response of each group in turn. The same in the one-process loop and the

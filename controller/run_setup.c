@@ -12,6 +12,8 @@
 #include "common/util.h"
 #include "controller/controller.h"
 #include "controller/interrupt.h"
+#include "controller/programs.h"
+#include "common/curve.h"
 #include "controller/run_internal.h"
 #include "controller/tasks.h"
 #include "model/lora.h"
@@ -146,8 +148,117 @@ rf_status rf__rules_init(const rf_recipe *r, rf_reward_rules **out) {
         .length_target = r->reward.length_target, .length_penalty = (float)r->reward.length_penalty,
         .overlong_buffer = r->algorithm.overlong_buffer,
         .overlong_penalty = (float)r->algorithm.overlong_penalty,
-        .max_new_tokens = r->rollout.max_new_tokens};
+        .max_new_tokens = r->rollout.max_new_tokens,
+        .allow_none = 1}; /* reward.rules = [] passed the recipe's check: rewards come from elsewhere */
     return rf_reward_rules_init(out, &c);
+}
+
+/* The keys the programs rlflow starts connect with (docs/reward-api.md, "Programs started by
+ * rlflow"): with no reward.external, a server key pair and a client key pair made for the run
+ * (only those programs can connect); with reward.external and CURVE key files, a client key
+ * pair added to the allowed list; with a plain reward.external, none. */
+typedef struct program_keys {
+    int curve;                             /* the programs use CURVE */
+    rf_curve_key server_pub, server_secret; /* server_secret only for keys made for the run */
+    rf_curve_key client_pub, client_secret;
+} program_keys;
+
+static rf_status make_program_keys(const rf_recipe *r, program_keys *k) {
+    memset(k, 0, sizeof *k);
+    if (r->reward.external[0] && !r->reward.external_curve_secret[0]) return RF_OK;
+    rf_status st = rf_curve_keypair(k->client_pub, k->client_secret);
+    if (st == RF_ERR_UNSUPPORTED && !r->reward.external[0]) { /* libzmq without CURVE: plain loopback */
+        rf_log_warn("reward: libzmq has no CURVE: the reward programs' loopback endpoint is not authenticated");
+        return RF_OK;
+    }
+    RF_TRY(st);
+    if (r->reward.external[0]) { /* the server's public key from its secret key file */
+        rf_curve_key secret;
+        st = rf_curve_read_key(r->reward.external_curve_secret, 1, secret);
+        if (st == RF_OK) st = rf_curve_public(secret, k->server_pub);
+        memset(secret, 0, sizeof secret);
+        if (st != RF_OK) return rf_error_wrap(st, "reward.external_curve_secret");
+    } else {
+        RF_TRY(rf_curve_keypair(k->server_pub, k->server_secret));
+    }
+    k->curve = 1;
+    return RF_OK;
+}
+
+/* The endpoint a program on this machine connects to: a wildcard host becomes loopback. */
+static void connect_endpoint(const char *bound, char *out, size_t cap) {
+    static const char *const wild[] = {"tcp://0.0.0.0:", "tcp://*:", "tcp://[::]:"};
+    for (int i = 0; i < 3; i++)
+        if (strncmp(bound, wild[i], strlen(wild[i])) == 0) {
+            snprintf(out, cap, "tcp://127.0.0.1:%s", bound + strlen(wild[i]));
+            return;
+        }
+    snprintf(out, cap, "%s", bound);
+}
+
+static rf_status programs_tick(void *ctx) { return rf_programs_poll(*(rf_programs **)ctx); }
+
+/* reward.programs: started with the bound endpoint and the keys in their environment, then
+ * waited for (all of them) as a reward program started by hand is. */
+static rf_status start_programs(rf_run *run, const program_keys *k) {
+    const rf_recipe *r = run->r;
+    char ep[600], env_ep[700], env_srv[80], env_pub[80], env_sec[80], env_dir[4200];
+    connect_endpoint(rf_external_reward_endpoint(run->ext), ep, sizeof ep);
+    snprintf(env_ep, sizeof env_ep, "RLFLOW_REWARD_ENDPOINT=%s", ep);
+    snprintf(env_srv, sizeof env_srv, "RLFLOW_REWARD_SERVER_KEY=%s", k->curve ? k->server_pub : "");
+    snprintf(env_pub, sizeof env_pub, "RLFLOW_REWARD_PUBLIC_KEY=%s", k->curve ? k->client_pub : "");
+    snprintf(env_sec, sizeof env_sec, "RLFLOW_REWARD_SECRET_KEY=%s", k->curve ? k->client_secret : "");
+    snprintf(env_dir, sizeof env_dir, "RLFLOW_RUN_DIR=%s", r->logging.dir);
+    const char *env[] = {env_ep, env_srv, env_pub, env_sec, env_dir};
+    int n = r->reward.programs.n;
+    /* rf_str_list arrays are not NULL-terminated: each argv copied with its terminator */
+    const char ***terminated = rf_calloc((size_t)n, sizeof *terminated);
+    const char *const **argv = rf_calloc((size_t)n, sizeof *argv);
+    rf_status st = terminated && argv ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        const rf_str_list *a = &r->reward.programs.v[i];
+        if (!(terminated[i] = rf_calloc((size_t)a->n + 1, sizeof **terminated))) st = rf_error(RF_ERR_NOMEM, "out of memory");
+        for (int j = 0; terminated[i] && j < a->n; j++) terminated[i][j] = a->v[j];
+        argv[i] = (const char *const *)terminated[i];
+    }
+    rf_programs_config pc = {.key = "reward.programs", .restarts_key = "reward.program_restarts",
+                             .argv = argv, .n = n, .env = env, .n_env = 5, .rank_var = "RLFLOW_REWARD_RANK",
+                             .log_dir = r->logging.dir, .log_prefix = "reward_program",
+                             .max_restarts = r->reward.program_restarts};
+    if (st == RF_OK) st = rf_programs_start(&run->programs, &pc);
+    for (int i = 0; terminated && i < n; i++) free(terminated[i]);
+    free(terminated), free(argv);
+    memset(env_sec, 0, sizeof env_sec);
+    RF_TRY(st);
+    rf_log_info("reward: waiting up to %.0f s for the %d reward program%s rlflow started to connect to %s",
+                r->reward.external_timeout, n, n == 1 ? "" : "s", ep);
+    st = rf_external_reward_wait(run->ext, n, r->reward.external_timeout);
+    if (st != RF_ERR_IO || rf_programs_failed(run->programs)) return st;
+    return rf_error(RF_ERR_IO, "reward.programs: %d of the %d program%s rlflow started connected to %s within %g s "
+                    "(reward.external_timeout); a program's output is in %s/reward_program_<i>.log",
+                    rf_external_reward_programs(run->ext), n, n == 1 ? "" : "s", ep, r->reward.external_timeout,
+                    r->logging.dir);
+}
+
+/* The reward-program bridge of reward.external and reward.programs. */
+static rf_status open_external(rf_run *run) {
+    const rf_recipe *r = run->r;
+    program_keys k;
+    RF_TRY(make_program_keys(r, &k));
+    const char *client_keys[1] = {k.client_pub};
+    rf_external_reward_config xc = {.endpoint = r->reward.external[0] ? r->reward.external : "tcp://127.0.0.1:*",
+                                     .timeout_s = r->reward.external_timeout,
+                                     .curve_secret_file = r->reward.external_curve_secret,
+                                     .curve_clients_file = r->reward.external_curve_clients,
+                                     .insecure = r->reward.external_insecure,
+                                     .curve_secret_key = k.server_secret[0] ? k.server_secret : NULL,
+                                     .curve_client_keys = client_keys, .n_curve_client_keys = k.curve,
+                                     .tick = programs_tick, .tick_ctx = &run->programs};
+    rf_status st = rf_external_reward_listen_with(&run->ext, &xc);
+    memset(k.server_secret, 0, sizeof k.server_secret);
+    if (st == RF_OK) st = start_programs(run, &k);
+    memset(k.client_secret, 0, sizeof k.client_secret);
+    return st;
 }
 
 rf_status rf__load_rewards(rf_run *run) {
@@ -156,6 +267,7 @@ rf_status rf__load_rewards(rf_run *run) {
     /* runs of several processes: the training worker hosts the reward model, not the controller */
     if (r->reward.model[0] && !rf_recipe_multi_process(r))
         RF_TRY(rf_reward_model_open(&run->rm, r->reward.model, run->k));
+    if (r->reward.programs.n > 0) return open_external(run);
     if (r->reward.external[0]) {
         rf_log_info("reward: waiting up to %.0f s for a reward program on %s", r->reward.external_timeout,
                     r->reward.external);
@@ -400,7 +512,8 @@ void rf__run_free(rf_run *run) {
     rf_dataset_free(run->train), rf_dataset_free(run->val);
     rf_reward_rules_free(run->rules);
     rf_reward_model_close(run->rm);
-    rf_external_reward_close(run->ext);
+    rf_external_reward_close(run->ext); /* its Shutdown lets the programs leave on their own */
+    rf_programs_stop(run->programs);
     rf_metrics_close(run->metrics);
     free(run->eos);
 }

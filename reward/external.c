@@ -23,6 +23,8 @@ typedef struct prog {
 struct rf_external_reward {
     rf_msg_server *srv;
     double timeout_s;
+    rf_status (*tick)(void *ctx); /* rf_external_reward_config.tick */
+    void *tick_ctx;
     prog *progs;
     int n_progs, cap_progs;
     uint64_t next_id;     /* request ids of the next batch start here */
@@ -92,10 +94,36 @@ static int nonempty(const char *s) { return s && *s; }
 
 /* The endpoint's security: a refusal for an open endpoint without CURVE (unless insecure),
  * else the CURVE keys, loaded into *secret and *clients (n; NULL without CURVE). */
+/* The client keys given directly (cfg->curve_client_keys) appended to *clients (n). */
+static rf_status add_client_keys(const rf_external_reward_config *cfg, rf_curve_key **clients, int *n) {
+    if (cfg->n_curve_client_keys <= 0) return RF_OK;
+    rf_curve_key *all = realloc(*clients, sizeof *all * (size_t)(*n + cfg->n_curve_client_keys));
+    if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
+    *clients = all;
+    for (int i = 0; i < cfg->n_curve_client_keys; i++) {
+        RF_TRY(rf_curve_check(cfg->curve_client_keys[i], "reward.external: a program's public key"));
+        memcpy(all[(*n)++], cfg->curve_client_keys[i], sizeof all[0]);
+    }
+    return RF_OK;
+}
+
+/* CURVE from keys given directly (no key files): the run's own secret key and client keys. */
+static rf_status direct_keys(const rf_external_reward_config *cfg, rf_curve_key secret,
+                             rf_curve_key **clients, int *n) {
+    if (cfg->n_curve_client_keys <= 0)
+        return rf_error(RF_ERR_ARG, "reward.external: a CURVE secret key needs the public keys of the "
+                                    "programs it allows");
+    RF_TRY(rf_curve_check(cfg->curve_secret_key, "reward.external: rlflow's secret key"));
+    memcpy(secret, cfg->curve_secret_key, sizeof(rf_curve_key));
+    return add_client_keys(cfg, clients, n);
+}
+
 static rf_status security(const rf_external_reward_config *cfg, rf_curve_key secret,
                           rf_curve_key **clients, int *n) {
     *clients = NULL, *n = 0;
     int curve = nonempty(cfg->curve_secret_file);
+    if (!curve && nonempty(cfg->curve_secret_key) && !nonempty(cfg->curve_clients_file))
+        return direct_keys(cfg, secret, clients, n);
     if (curve != nonempty(cfg->curve_clients_file))
         return rf_error(RF_ERR_ARG, "reward.external_curve_%s is set but "
                                     "reward.external_curve_%s is not: CURVE needs both (rlflow's "
@@ -121,7 +149,7 @@ static rf_status security(const rf_external_reward_config *cfg, rf_curve_key sec
     if (st != RF_OK) return rf_error_wrap(st, "reward.external_curve_secret");
     st = rf_curve_read_keys(cfg->curve_clients_file, clients, n);
     if (st != RF_OK) return rf_error_wrap(st, "reward.external_curve_clients");
-    return RF_OK;
+    return add_client_keys(cfg, clients, n);
 }
 
 rf_status rf_external_reward_listen_with(rf_external_reward **out,
@@ -146,7 +174,7 @@ rf_status rf_external_reward_listen_with(rf_external_reward **out,
                                 .peer_timeout_s = c->timeout_s,
                                 .curve_secret_key = clients ? secret : NULL,
                                 .curve_clients = allowed, .n_curve_clients = n_clients};
-    if (x) x->timeout_s = c->timeout_s, x->next_id = 1;
+    if (x) x->timeout_s = c->timeout_s, x->next_id = 1, x->tick = c->tick, x->tick_ctx = c->tick_ctx;
     if (x) x->max_attempts = c->max_attempts ? c->max_attempts : RF_EXTERNAL_MAX_ATTEMPTS;
     if (st == RF_OK) st = rf_msg_server_open(&x->srv, c->endpoint, &cfg);
     memset(secret, 0, sizeof secret);
@@ -156,10 +184,14 @@ rf_status rf_external_reward_listen_with(rf_external_reward **out,
         free(x);
         return rf_error_wrap(st, "reward.external");
     }
-    if (n_clients)
-        rf_log_info("reward: CURVE on %s: %d allowed program key%s from %s",
-                    rf_msg_server_endpoint(x->srv), n_clients, n_clients == 1 ? "" : "s",
-                    c->curve_clients_file);
+    int n_file = n_clients - (c->n_curve_client_keys > 0 ? c->n_curve_client_keys : 0);
+    if (n_clients && nonempty(c->curve_clients_file))
+        rf_log_info("reward: CURVE on %s: %d allowed program key%s from %s%s",
+                    rf_msg_server_endpoint(x->srv), n_file, n_file == 1 ? "" : "s",
+                    c->curve_clients_file, c->n_curve_client_keys > 0 ? " and the programs rlflow starts" : "");
+    else if (n_clients)
+        rf_log_info("reward: CURVE on %s with keys made for this run: only the programs rlflow starts "
+                    "may connect", rf_msg_server_endpoint(x->srv));
     *out = x;
     return RF_OK;
 }
@@ -194,8 +226,9 @@ rf_status rf_external_reward_wait(rf_external_reward *x, int n, double timeout_s
             return rf_error(RF_ERR_IO, "%d of %d reward programs connected to %s within %.1f s",
                             x->n_progs, n, ep, timeout_s);
         }
+        if (x->tick) RF_TRY(x->tick(x->tick_ctx));
         rf_msg_event ev;
-        RF_TRY(rf_msg_server_poll(x->srv, left, &ev));
+        RF_TRY(rf_msg_server_poll(x->srv, x->tick ? fmin(left, 0.25) : left, &ev));
         if (ev.kind == RF_MSG_EV_JOINED) RF_TRY(add_prog(x, &ev));
         else if (ev.kind == RF_MSG_EV_REFUSED && ev.auth) refused(x, &ev);
         else if (ev.kind == RF_MSG_EV_REFUSED) return rf_error(RF_ERR_UNSUPPORTED, "%s", ev.text);
@@ -607,6 +640,7 @@ static void check_progress(rf_external_reward *x, batch *b, double now) {
 static rf_status run_batch(rf_external_reward *x, batch *b) {
     double no_prog_since = x->n_progs ? -1 : rf_time_now();
     while (b->done < b->n) {
+        if (x->tick) RF_TRY(x->tick(x->tick_ctx));
         assign(x, b);
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(x->srv, fmin(0.25, x->timeout_s), &ev));

@@ -81,6 +81,17 @@ typedef struct rf_external_reward_config {
     int insecure;                   /* 1: bind a non-loopback endpoint without CURVE (warned) */
     int max_attempts;               /* rejected replies a sample may get before its batch
                                        fails; 0: RF_EXTERNAL_MAX_ATTEMPTS */
+    const char *curve_secret_key;   /* rlflow's Z85 secret key itself, instead of
+                                       curve_secret_file (keys made for the run); NULL: none */
+    const char *const *curve_client_keys; /* (n_curve_client_keys) Z85 public keys allowed
+                                       besides those of curve_clients_file (the programs rlflow
+                                       starts); CURVE needs a secret key with them */
+    int n_curve_client_keys;
+    rf_status (*tick)(void *ctx);   /* NULL, or called at least every 0.25 s while the bridge
+                                       waits (for programs, for answers); an error from it ends
+                                       the wait with that error (rf_programs_tick restarts the
+                                       programs rlflow started, controller/programs.h) */
+    void *tick_ctx;
 } rf_external_reward_config;
 
 /* The default of rf_external_reward_config.max_attempts: a sample that three replies in a row

@@ -130,6 +130,9 @@ typedef struct rf_reward_rules_config {
     int overlong_buffer;       /* "overlong": Lc, 0 < Lc <= max_new_tokens */
     float overlong_penalty;    /* "overlong": penalty_factor, >= 0 */
     int max_new_tokens;        /* "overlong": Lmax, the generation limit */
+    int allow_none;            /* 1: n_names == 0 is allowed (every response scores 0 with no
+                                  accuracy; the rewards come from reward programs or a reward
+                                  model). 0: no rules is an error */
 } rf_reward_rules_config;
 
 typedef struct rf_reward_rules rf_reward_rules;

@@ -284,6 +284,7 @@ static rf_status validate_params(const rf_reward_rules_config *c, rule_kind k) {
 
 /* Fills kinds and weights from the config's names and weights. */
 static rf_status parse_rules(rf_reward_rules *r, const rf_reward_rules_config *c) {
+    if (c->n_names == 0 && c->allow_none) return RF_OK;
     if (c->n_names <= 0 || !c->names)
         return rf_error(RF_ERR_ARG, "no reward rules given; valid rules: " RULE_NAMES_TEXT);
     if (c->n_names > RF_REWARD_MAX_RULES)

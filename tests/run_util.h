@@ -26,7 +26,7 @@
 
 /* Writes <dir>/r.toml: the recipe, validation every val_every steps, then `extra` (more TOML
  * tables, may be ""). */
-static void rf_test_write_recipe(const char *dir, int val_every, const char *extra) {
+static inline void rf_test_write_recipe(const char *dir, int val_every, const char *extra) {
     char p[512];
     snprintf(p, sizeof p, "%s/r.toml", dir);
     FILE *f = fopen(p, "w");

@@ -168,7 +168,8 @@ static void reward_programs(void) {
     char *out;
     int rc = rf_test_sh(&out, "cd %s && (sleep 1; %s --connect ipc://%s/rw.sock --name c_echo --mode die --after 30) & "
                         "(sleep 1; %s %s/examples/reward/length_judge.py --connect ipc://%s/rw.sock --target 3) & "
-                        "cd %s && %s run r.toml --set train.steps=20 --set logging.val_every=0 --set logging.dir=%s/rp "
+                        "cd %s && %s run r.toml --set train.steps=20 --set logging.val_every=0 --set logging.val_size=4 "
+                        "--set logging.dir=%s/rp "
                         "--set reward.external=ipc://%s/rw.sock --set reward.external_weight=0.01 "
                         "--set reward.external_timeout=20; rc=$?; wait; exit $rc",
                         dir, echo, dir, py, src, dir, dir, rlflow, dir, dir);
@@ -180,7 +181,9 @@ static void reward_programs(void) {
     free(out);
     CHECK(metric("rp", 20, "reward/mean") >= 0);
     /* the programs' components are logged: echo's "len" (tokens) at the steps whose groups it
-     * scored before it died, length_judge's "length" at the last step (it alone is left) */
+     * scored before it died, length_judge's "length" at the last step (it alone is left).
+     * Validation is scored by the programs too (docs/training.md): 4 prompts, so that echo's
+     * 30 requests are mostly training samples */
     double len = NAN;
     for (int k = 1; k <= 20 && isnan(len); k++) len = metric("rp", k, "reward/external/len");
     double length = metric("rp", 20, "reward/external/length");

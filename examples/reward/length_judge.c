@@ -49,7 +49,7 @@ static void usage(const char *argv0) {
             "usage: %s [--connect EP] [--target N] [--unit tokens|chars] [--name N]\n"
             "          [--capacity C] [--threads T] [--rank R] [--timeout S] [--idle-exit S]\n"
             "          [--server-key FILE --key FILE]\n"
-            "  --connect     rlflow's reward endpoint (default tcp://127.0.0.1:5557)\n"
+            "  --connect     rlflow's reward endpoint (default $RLFLOW_REWARD_ENDPOINT, else tcp://127.0.0.1:5557)\n"
             "  --target      target length, > 0 (default 64)\n"
             "  --unit        tokens (default; characters when a request has no ids) or chars\n"
             "  --capacity    requests accepted in flight (default 8)\n"
@@ -88,7 +88,7 @@ static int parse(int argc, char **argv, rf_reward_client_opts *o, judge *j, cons
 }
 
 int main(int argc, char **argv) {
-    rf_reward_client_opts o = {.connect = "tcp://127.0.0.1:5557", .name = "length_judge",
+    rf_reward_client_opts o = {.connect = NULL, .name = "length_judge",
                                .capacity = 8, .threads = 1, .hello_timeout_s = 30, .stop = &g_stop};
     judge j = {64, 0};
     const char *server_key = NULL, *key = NULL;

@@ -41,13 +41,15 @@ def make_score(target, unit):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--connect", default="tcp://127.0.0.1:5557", help="rlflow's reward endpoint")
+    ap.add_argument("--connect", default=None,
+                    help="rlflow's reward endpoint (default: $RLFLOW_REWARD_ENDPOINT, set by rlflow for "
+                         "reward.programs, else tcp://127.0.0.1:5557)")
     ap.add_argument("--target", type=int, default=64, help="target length (> 0)")
     ap.add_argument("--unit", choices=["tokens", "chars"], default="tokens")
     ap.add_argument("--name", default="length_judge")
     ap.add_argument("--capacity", type=int, default=8, help="requests accepted in flight")
     ap.add_argument("--threads", type=int, default=1, help="scoring threads")
-    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--rank", type=int, default=None, help="default: $RLFLOW_REWARD_RANK, else 0")
     ap.add_argument("--timeout", type=float, default=30.0,
                     help="seconds to wait for rlflow's HelloAck (also after a reconnection)")
     ap.add_argument("--idle-exit", type=float, default=0.0,

@@ -367,6 +367,27 @@ static rf_status check_opts(const rf_reward_client_opts *o, rf_reward_score_fn f
     return RF_OK;
 }
 
+static const char *env_nonempty(const char *name) {
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+/* A program rlflow started (reward.programs) finds its endpoint, keys and rank in the
+ * environment (docs/reward-api.md, "Programs started by rlflow"): the endpoint when opts names
+ * none, the keys when the endpoint is that one and opts gives no key, the rank when opts
+ * leaves it 0. */
+static void from_environment(rf_reward_client_opts *o) {
+    const char *ep = env_nonempty("RLFLOW_REWARD_ENDPOINT"), *rank = env_nonempty("RLFLOW_REWARD_RANK");
+    if (!ep) return;
+    if (!o->connect || !*o->connect) o->connect = ep;
+    if (strcmp(o->connect, ep) == 0 && !o->curve_server_key && !o->curve_public_key && !o->curve_secret_key) {
+        o->curve_server_key = env_nonempty("RLFLOW_REWARD_SERVER_KEY");
+        o->curve_public_key = env_nonempty("RLFLOW_REWARD_PUBLIC_KEY");
+        o->curve_secret_key = env_nonempty("RLFLOW_REWARD_SECRET_KEY");
+    }
+    if (o->rank == 0 && rank) o->rank = atoi(rank);
+}
+
 static rf_status connect_once(client *cl, rf_msg_client **c) {
     const rf_reward_client_opts *o = &cl->o;
     rf_msg_client_config cfg = {
@@ -392,6 +413,7 @@ rf_status rf_reward_client_serve(const rf_reward_client_opts *opts, rf_reward_sc
     if (!cl) return RF_ERR_NOMEM;
     cl->o = *opts;
     rf_reward_client_opts *o = &cl->o;
+    from_environment(o);
     if (!o->connect || !*o->connect) o->connect = "tcp://127.0.0.1:5557";
     if (!o->name || !*o->name) o->name = "reward_program";
     if (!o->threads) o->threads = 1;

@@ -82,7 +82,10 @@ typedef int (*rf_reward_score_fn)(const rf_reward_request *req, rf_reward_result
                                   void *user);
 
 typedef struct rf_reward_client_opts {
-    const char *connect;       /* rlflow's endpoint; NULL: "tcp://127.0.0.1:5557" */
+    const char *connect;       /* rlflow's endpoint; NULL: $RLFLOW_REWARD_ENDPOINT (set for
+                                  the programs rlflow starts, with their CURVE keys and rank:
+                                  docs/reward-api.md, "Programs started by rlflow"), else
+                                  "tcp://127.0.0.1:5557" */
     const char *name;          /* a short name for rlflow's logs; NULL: "reward_program" */
     int capacity;              /* requests rlflow may send before an answer; 0: 2 * threads */
     int threads;               /* scoring threads; 0: 1 */

@@ -514,14 +514,36 @@ def _is_z85(k):
         return False
 
 
-def serve(score_fn, connect="tcp://127.0.0.1:5557", name="reward_program", capacity=None,
-          threads=1, rank=0, hello_timeout=30.0, idle_exit=0.0, reconnect=True,
+def _from_environment(connect, rank, server, secret, public):
+    """A program rlflow started (reward.programs) finds its endpoint, CURVE keys and rank in
+    the environment (docs/reward-api.md, "Programs started by rlflow"): the endpoint when
+    connect is None, the keys when the endpoint is that one and no key is given, the rank when
+    rank is None."""
+    env = os.environ.get("RLFLOW_REWARD_ENDPOINT") or None
+    if connect is None:
+        connect = env or "tcp://127.0.0.1:5557"
+    if env is not None and connect == env and server is None and secret is None and public is None:
+        server = os.environ.get("RLFLOW_REWARD_SERVER_KEY") or None
+        secret = os.environ.get("RLFLOW_REWARD_SECRET_KEY") or None
+        public = os.environ.get("RLFLOW_REWARD_PUBLIC_KEY") or None
+    if rank is None:
+        try:
+            rank = int(os.environ.get("RLFLOW_REWARD_RANK") or 0)
+        except ValueError:
+            rank = 0
+    return connect, rank, server, secret, public
+
+
+def serve(score_fn, connect=None, name="reward_program", capacity=None,
+          threads=1, rank=None, hello_timeout=30.0, idle_exit=0.0, reconnect=True,
           curve_server_key=None, curve_secret_key=None, curve_public_key=None,
           stop_event=None, quiet=False, protocol_version=PROTOCOL_VERSION):
     """Serves rlflow's reward requests until rlflow sends Shutdown (or stop_event is set);
     returns the number of requests answered.
 
-    connect        rlflow's endpoint (reward.external of the recipe)
+    connect        rlflow's endpoint (reward.external of the recipe); None: the environment's
+                   RLFLOW_REWARD_ENDPOINT (with its CURVE keys), set for the programs rlflow
+                   starts (reward.programs), else "tcp://127.0.0.1:5557"
     name, rank     how rlflow's logs name this program
     capacity       requests rlflow may send before an answer (default 2 * threads)
     threads        worker threads running score_fn
@@ -538,6 +560,8 @@ def serve(score_fn, connect="tcp://127.0.0.1:5557", name="reward_program", capac
     Raises ValueError for bad arguments, Refused (version, CURVE key), NoAnswer,
     ConnectionLost, RewardClientError; each message is a complete sentence.
     """
+    connect, rank, curve_server_key, curve_secret_key, curve_public_key = _from_environment(
+        connect, rank, curve_server_key, curve_secret_key, curve_public_key)
     o = _options(connect, name, capacity, threads, rank, hello_timeout, idle_exit,
                  curve_server_key, curve_secret_key, curve_public_key, protocol_version)
     return _Server(score_fn, o, reconnect, stop_event, quiet).run()
