@@ -285,12 +285,12 @@ rf_status rf__advantages(const rf_recipe *r, rf_adv_kind kind, float kl_beta, in
             kl[i] = malloc(sizeof(float) * (size_t)s->n_resp);
             for (int t = 0; kl[i] && t < s->n_resp; t++) {
                 kl[i][t] = s->prox_logp[t] - s->ref_logp[t];
-                ksum += kl[i][t], kt++;
+                if (!s->loss_mask || s->loss_mask[t]) ksum += kl[i][t], kt++;
             }
         }
         as[i] = (rf_adv_seq){s->n_resp, s->group, s->reward,
                              r->algorithm.kl_in_reward ? kl[i] : NULL, s->values, s->adv, s->returns,
-                             s->token_rewards};
+                             s->token_rewards, s->loss_mask};
     }
     rf_adv_opts o = {kind, (float)r->algorithm.gamma, (float)r->algorithm.lam,
                      r->algorithm.kl_in_reward ? kl_beta : 0.0f, r->algorithm.whiten_advantages,
