@@ -64,6 +64,7 @@ static void on_sample(void *ctx, const rf_rollout_sample *rs) {
  * from train.seed, the step and the round), run by the engine until every sample is back. */
 static rf_status generate(rf_run *run, const rf_example *const *ex, int n_prompts, int round,
                           rf_train_sample *out, double *tokens) {
+    if (run->env.call) return rf__generate_episodes(run, ex, n_prompts, round, out, tokens); /* [env] */
     const rf_recipe *r = run->r;
     gen_sink g = {run, ex, out, r->rollout.n, 0, RF_OK};
     rf_rollout_set_callback(run->engine, on_sample, &g);

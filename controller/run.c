@@ -17,8 +17,9 @@ static rf_status validate_now(rf_run *run, double *acc) {
     const rf_recipe *r = run->r;
     if (!run->val) return RF_OK;
     double len;
-    RF_TRY(rf_eval_accuracy(run->actor, run->tok, run->val, r->logging.val_size, run->rules,
-                            r->rollout.max_new_tokens, run->eos, run->n_eos, acc, &len));
+    if (run->env.call) RF_TRY(rf__eval_episodes(run, acc, &len)); /* [env]: the same episodes, greedy */
+    else RF_TRY(rf_eval_accuracy(run->actor, run->tok, run->val, r->logging.val_size, run->rules,
+                                 r->rollout.max_new_tokens, run->eos, run->n_eos, acc, &len));
     rf_metrics_set(run->metrics, "val/accuracy", *acc);
     rf_metrics_set(run->metrics, "val/length_mean", len);
     return RF_OK;

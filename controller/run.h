@@ -14,6 +14,7 @@
 #include "controller/metrics.h"
 #include "controller/recipe.h"
 #include "model/tokenizer.h"
+#include "env/env.h"
 #include "reward/external.h"
 #include "reward/reward.h"
 #include "rollout/rollout.h"
@@ -36,6 +37,7 @@ typedef struct rf_run {
     rf_reward_rules *rules;
     rf_reward_model *rm;   /* optional reward model */
     rf_external_reward *ext; /* optional external reward programs */
+    rf_env env;            /* [env]: the environment of multi-turn episodes; env.call NULL: none */
     rf_metrics *metrics;
     int32_t *eos;          /* generation stops at these ids */
     int n_eos;
