@@ -192,9 +192,12 @@ void rf_rollout_set_version(rf_rollout *e, int version) { e->version = version; 
 int rf_rollout_idle(const rf_rollout *e) { return e->n_running == 0 && e->n_waiting == 0; }
 
 rf_status rf_rollout_release_cache(rf_rollout *e) {
-    if (!rf_rollout_idle(e) || e->n_paused)
-        return rf_error(RF_ERR_ARG, "rollout: the KV cache cannot be released while sequences run (%d), wait (%d) "
-                        "or wait between turns (%d)", e->n_running, e->n_waiting, e->n_paused);
+    if (!rf_rollout_idle(e))
+        return rf_error(RF_ERR_ARG, "rollout: the KV cache cannot be released while sequences run (%d) or wait (%d)",
+                        e->n_running, e->n_waiting);
+    if (e->n_paused)
+        return rf_error(RF_ERR_ARG, "rollout: the KV cache cannot be released while %d episodes wait between "
+                        "turns (their prefixes are in it)", e->n_paused);
     if (!rf_kv_pool_held(&e->pool)) return RF_OK;
     RF_TRY(e->mc.pool_release(e->mc.ctx, &e->pool));
     e->stats.cache_releases++;

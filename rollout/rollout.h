@@ -207,7 +207,7 @@ int rf_rollout_idle(const rf_rollout *e);
  * engine is idle, so that the device can serve something else until the next step with work
  * allocates them again (verl's free_cache_engine, vLLM's sleep mode; in a colocated run,
  * training). Nothing to do when already released. Errors: RF_ERR_ARG when sequences are
- * running or waiting; the model's pool_release. */
+ * running or waiting, or episodes wait between turns; the model's pool_release. */
 rf_status rf_rollout_release_cache(rf_rollout *e);
 /* Allocates a released KV pool again (rf_rollout_step does when it has work); nothing to do
  * when it is held. RF_ERR_NOMEM naming the size. */

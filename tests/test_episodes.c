@@ -126,7 +126,7 @@ static void engine_turns(void) {
     CHECK(memcmp(g.tokens, t1.tokens, sizeof(int32_t) * TURN) == 0 && memcmp(g.logp, t1.logprobs, sizeof(float) * TURN) == 0);
     CHECK(rf_rollout_waiting_turns(e) == 1 && rf_rollout_idle(e));
     CHECK(rf_kv_pool_used(rf_rollout_pool(e)) == 3); /* 5 + 5 cached positions: the blocks stay */
-    CHECK_ERR(rf_rollout_release_cache(e), RF_ERR_ARG, "wait between turns (1)");
+    CHECK_ERR(rf_rollout_release_cache(e), RF_ERR_ARG, "released while 1 episodes wait between turns");
     rf_rollout_stats a, b;
     rf_rollout_get_stats(e, &a);
     CHECK_ERR(rf_rollout_continue(e, id, 1, OBS, 3), RF_ERR_ARG, "sample 1 of request 0 is not waiting between turns");
