@@ -4,7 +4,7 @@ rlflow's built-in calculator (env.type = "calculator", env/calculator.c), answer
 that a recipe can use either:
 
     rlflow run examples/grpo_calculator.toml --set env.type=external \\
-        --set env.endpoint=tcp://127.0.0.1:5558
+        --set env.endpoint=tcp://127.0.0.1:5558 --set 'rollout.stop=["</calc>"]'
     python3 examples/env/calculator_env.py --connect tcp://127.0.0.1:5558
 
 A turn that ended at a stop string and holds "<calc>" is a tool call: what follows the last
