@@ -351,7 +351,7 @@ void rf__batch_metrics(rf_metrics *m, const rf_recipe *r, const rf_train_sample 
         double rw = rf__total_reward(s);
         rs += rw, rq += rw * rw, len += s->n_resp;
         if (!isnan(s->accuracy)) acc += s->accuracy, nacc++;
-        clipped += s->n_resp >= r->rollout.max_new_tokens;
+        clipped += !s->loss_mask && s->n_resp >= r->rollout.max_new_tokens; /* episodes: env/truncated_frac */
     }
     double n = count ? count : 1, mean = rs / n;
     rf_metrics_set(m, "reward/mean", mean);
