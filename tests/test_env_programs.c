@@ -1,13 +1,15 @@
-/* The Python environment client (env/clients/python/rlflow_env.py) and its example program,
- * examples/env/calculator_env.py, against rlflow's environment bridge:
+/* The environment clients, Python (env/clients/python/rlflow_env.py) and C
+ * (env/clients/c/rlflow_env_client.h), with their example programs examples/env/calculator_env.py
+ * and calculator_env_c.c, against rlflow's environment bridge:
  *  - the built-in calculator (env/calculator.c) answers a table of tool calls with hand-checked
  *    values and errors (exact integers, a non-exact division rounded to 6 decimals, overflow,
  *    division by zero, parse errors, nesting), and a turn without a call ends the episode;
- *  - calculator_env.py answers every one of them exactly as the built-in does (observation,
- *    reward, done), resets included, through the bridge and the Python client: a program in
- *    Python can stand in for the built-in;
- *  - the client answers several requests in flight (capacity 4) and exits 0 on Shutdown.
- * Skipped (77) when no python3 with pyzmq and protobuf is found. Waits bounded (alarm(120)). */
+ *  - calculator_env.py and calculator_env_c answer every one of them exactly as the built-in
+ *    does (observation, reward, done), resets included, through the bridge and each client: a
+ *    program in Python or C can stand in for the built-in;
+ *  - each client answers several requests in flight (capacity 4) and exits 0 on Shutdown.
+ * The Python part is skipped when no python3 with pyzmq and protobuf is found, the C part
+ * without RF_ENV_CALC_C. Waits bounded (alarm(120)). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <string.h>
@@ -87,17 +89,18 @@ static void builtin(void) {
     printf("built-in calculator: %d tool calls answered as hand-checked\n", N_CASES);
 }
 
-static void python_program(const char *py, const char *src) {
+/* argv's program (the calculator in Python or C) over the bridge: the built-in's answers. */
+static void program(char **argv, const char *who) {
     rf_env_bridge *x = NULL;
     rf_env_bridge_config cfg = {.endpoint = "tcp://127.0.0.1:*", .timeout_s = 20};
     CHECK_OK(rf_env_bridge_listen(&x, &cfg));
     if (!x) return;
-    char prog[1024], log_path[] = "/tmp/rf_env_py_XXXXXX";
-    snprintf(prog, sizeof prog, "%s/examples/env/calculator_env.py", src);
+    char log_path[] = "/tmp/rf_env_programs_XXXXXX";
     int fd = mkstemp(log_path);
     RF_ASSERT(fd >= 0);
     close(fd);
-    char *argv[] = {(char *)py, prog, "--connect", (char *)rf_env_bridge_endpoint(x), "--capacity", "4", NULL};
+    for (int i = 0; argv[i]; i++)
+        if (!strcmp(argv[i], "EP")) argv[i] = (char *)rf_env_bridge_endpoint(x);
     pid_t p = rf_test_spawn(argv, log_path);
     CHECK_OK(rf_env_bridge_wait(x, 1, 20));
     rf_reward_item ex;
@@ -106,27 +109,36 @@ static void python_program(const char *py, const char *src) {
     make_calls(&ex, c);
     rf_status st = rf_env_bridge_call(x, c, N_CASES + 1, r);
     CHECK_OK(st);
-    if (st == RF_OK) CHECK(same_as_cases(r, "calculator_env.py"));
+    if (st == RF_OK) CHECK(same_as_cases(r, who));
     rf_env_stats s = rf_env_bridge_take_stats(x);
     CHECK(s.accepted == N_CASES + 1 && s.rejected == 0);
     rf_env_bridge_close(x);
     CHECK(rf_test_wait(p, 10) == 0);
     char *text = rf_test_slurp(log_path);
     CHECK(strstr(text, "calculator: answered 18 requests") != NULL);
-    if (rf_test_failed) fprintf(stderr, "calculator_env.py said:\n%s\n", text);
+    if (rf_test_failed) fprintf(stderr, "%s said:\n%s\n", who, text);
     free(text);
     unlink(log_path);
-    printf("calculator_env.py over the bridge: the built-in's %d answers, exactly\n", N_CASES + 1);
+    printf("%s over the bridge: the built-in's %d answers, exactly\n", who, N_CASES + 1);
 }
 
 int main(void) {
     alarm(120);
     builtin();
-    const char *py = find_python(), *src = getenv("RF_SOURCE_DIR");
-    if (!py || !src) {
-        printf("skipped: the Python part (no python3 with zmq and protobuf, or RF_SOURCE_DIR unset)\n");
-        return rf_test_failed ? rf_test_finish("test_env_py") : 77;
+    const char *py = find_python(), *src = getenv("RF_SOURCE_DIR"), *cbin = getenv("RF_ENV_CALC_C");
+    if (cbin && access(cbin, X_OK) == 0) {
+        char *argv[] = {(char *)cbin, "--connect", "EP", "--capacity", "4", NULL};
+        program(argv, "calculator_env_c");
+    } else {
+        printf("skipped: the C program (RF_ENV_CALC_C not set)\n");
     }
-    python_program(py, src);
-    return rf_test_finish("test_env_py");
+    if (py && src) {
+        char prog[1024];
+        snprintf(prog, sizeof prog, "%s/examples/env/calculator_env.py", src);
+        char *argv[] = {(char *)py, prog, "--connect", "EP", "--capacity", "4", NULL};
+        program(argv, "calculator_env.py");
+    } else {
+        printf("skipped: the Python program (no python3 with zmq and protobuf, or RF_SOURCE_DIR unset)\n");
+    }
+    return rf_test_finish("test_env_programs");
 }
