@@ -226,6 +226,8 @@ int main(void) {
     fails_after_limit("resetreward", 0, RF_ERR_FORMAT,
                       "%s answered request %d (%s) with a reward; a reset answers an observation only");
     fails_after_limit("error", 1, RF_ERR_FORMAT, "%s could not answer request %d (%s): cannot play this one");
+    fails_after_limit("garbage", 1, RF_ERR_FORMAT, "%s sent a malformed message: 5 bytes after tag 20 do not decode "
+                      "as rlflow.EnvReply (it held request %d)%.0s");
     no_program_and_security();
     char *text = rf_test_slurp(log_path);
     if (rf_test_failed) fprintf(stderr, "programs said:\n%s\n", text);

@@ -14,7 +14,8 @@
  *    end an episode as truncated (the last step says `last`);
  *  - driver over the bridge with the scripted C program (examples/env/env_script.c): the same
  *    episodes as the in-process environment with the same rules, bit for bit, and again when a
- *    second program dies mid-episode (its requests re-sent: nothing lost, nothing doubled).
+ *    second program dies, hangs, sends garbage or replies out of order mid-episode (its requests
+ *    re-sent: nothing lost, nothing doubled).
  * The bridge part is skipped without RF_ENV_SCRIPT. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -323,14 +324,17 @@ static void driver_over_bridge(const char *script) {
     int fd = mkstemp(log_path);
     RF_ASSERT(fd >= 0);
     close(fd);
-    for (int faulty = 0; faulty < 2; faulty++) {
+    static const char *modes[] = {NULL, "die", "silent", "garbage", "swap"}; /* mid-episode faults */
+    for (int f = 0; f < 5; f++) {
+        int faulty = f > 0, lost = f == 1 || f == 2, rejected = f == 3;
         rf_env_bridge *x = NULL;
-        rf_env_bridge_config c = {.endpoint = "tcp://127.0.0.1:*", .timeout_s = 3};
+        rf_env_bridge_config c = {.endpoint = "tcp://127.0.0.1:*", .timeout_s = 2};
         CHECK_OK(rf_env_bridge_listen(&x, &c));
         if (!x) break;
         char *good[] = {(char *)script, "--connect", (char *)rf_env_bridge_endpoint(x), "--name", "good", NULL};
-        char *bad[] = {(char *)script, "--connect", (char *)rf_env_bridge_endpoint(x), "--name", "dies", "--mode",
-                       "die", "--after", "5", "--capacity", "2", NULL};
+        char *bad[] = {(char *)script, "--connect", (char *)rf_env_bridge_endpoint(x), "--name", "faulty", "--mode",
+                       (char *)(faulty ? modes[f] : "ok"), "--after", "7", "--every", f == 4 ? "1" : "0",
+                       "--capacity", "2", NULL};
         pid_t pb = faulty ? rf_test_spawn(bad, log_path) : -1;
         if (faulty) CHECK_OK(rf_env_bridge_wait(x, 1, 10));
         pid_t pg = rf_test_spawn(good, log_path);
@@ -342,14 +346,17 @@ static void driver_over_bridge(const char *script) {
         rf_env_stats s = env.take_stats(env.ctx);
         int calls = 4;
         for (int i = 0; st == RF_OK && i < 4; i++) calls += got4[i].turns;
-        CHECK(s.accepted == calls && s.rejected == 0 && s.lost == faulty);
+        CHECK(s.accepted == calls && s.rejected == rejected && s.lost == lost);
+        if (s.accepted != calls || s.rejected != rejected || s.lost != lost)
+            fprintf(stderr, "%s: accepted %d of %d, rejected %d, lost %d\n", faulty ? modes[f] : "clean", s.accepted,
+                    calls, s.rejected, s.lost);
         if (st == RF_OK) CHECK(same_episodes(want, got4, 4));
         for (int i = 0; st == RF_OK && i < 4; i++) rf_episode_free(&got4[i]);
         rf_env_close(&env);
         CHECK(rf_test_wait(pg, 5) == 0);
         rf_test_kill(pb);
-        printf("driver over the bridge%s: 4 episodes equal the in-process ones, %d requests answered once each\n",
-               faulty ? ", a program dying mid-episode" : "", calls);
+        printf("driver over the bridge%s%s: 4 episodes equal the in-process ones, %d requests answered once each\n",
+               faulty ? ", a second program answering mid-episode: " : "", faulty ? modes[f] : "", calls);
     }
     if (rf_test_failed) {
         char *text = rf_test_slurp(log_path);
