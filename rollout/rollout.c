@@ -160,6 +160,7 @@ static void seq_free(ro_seq *s) {
 static void seq_drop(rf_rollout *e, ro_seq *s) {
     rf__rollout_release_blocks(e, s);
     ro_request *r = s->req;
+    e->n_episode_seqs -= r->episode;
     seq_free(s);
     if (--r->n_left == 0) request_free(r);
 }
@@ -315,9 +316,23 @@ rf_status rf__rollout_push_waiting(rf_rollout *e, ro_seq *s, int front) {
     return RF_OK;
 }
 
+/* Room on the paused list for every episode sample live after adding n more, so that a turn's
+ * end never allocates (and never loses its sample). */
+static rf_status paused_room(rf_rollout *e, int n) {
+    int need = e->n_episode_seqs + n;
+    if (need <= e->cap_paused) return RF_OK;
+    int cap = e->cap_paused ? e->cap_paused : 16;
+    while (cap < need) cap *= 2;
+    ro_seq **p = realloc(e->paused, sizeof *p * (size_t)cap);
+    if (!p) return rf_error(RF_ERR_NOMEM, "rollout: out of memory for %d episodes", need);
+    e->paused = p, e->cap_paused = cap;
+    return RF_OK;
+}
+
 rf_status rf_rollout_submit(rf_rollout *e, const rf_rollout_request *q, void *user,
                             uint64_t *id) {
     RF_TRY(request_check(e, q));
+    if (q->episode) RF_TRY(paused_room(e, q->n));
     ro_request *r = request_copy(q, user, e->next_id);
     if (!r) return rf_error(RF_ERR_NOMEM, "rollout: out of memory for a request");
     uint64_t group = e->next_group++;
@@ -337,6 +352,7 @@ rf_status rf_rollout_submit(rf_rollout *e, const rf_rollout_request *q, void *us
     }
     if (id) *id = e->next_id;
     e->next_id++;
+    if (q->episode) e->n_episode_seqs += q->n;
     return RF_OK;
 }
 
@@ -404,12 +420,7 @@ void rf__rollout_deliver(rf_rollout *e, ro_seq *s) {
 }
 
 rf_status rf__rollout_hold_turn(rf_rollout *e, ro_seq *s) {
-    if (e->n_paused == e->cap_paused) {
-        int cap = e->cap_paused ? 2 * e->cap_paused : 16;
-        ro_seq **p = realloc(e->paused, sizeof *p * (size_t)cap);
-        if (!p) return rf_error(RF_ERR_NOMEM, "rollout: out of memory for the episodes between turns");
-        e->paused = p, e->cap_paused = cap;
-    }
+    RF_ASSERT(e->n_paused < e->cap_paused); /* room made at submit */
     e->paused[e->n_paused++] = s;
     rf_rollout_sample out = sample_view(s, 1);
     if (e->cb) e->cb(e->cb_ctx, &out);

@@ -69,7 +69,8 @@ struct rf_rollout {
     int n_running;
     ro_request *retained;    /* list of requests holding a prefix */
     ro_seq **paused;         /* (cap_paused) episode samples between turns, blocks kept */
-    int n_paused, cap_paused;
+    int n_paused, cap_paused; /* cap_paused >= n_episode_seqs: pausing never allocates */
+    int n_episode_seqs;      /* episode samples submitted and not yet freed */
     /* per-step scratch */
     rf_paged_seq *batch;     /* (max_running) */
     int *row;                /* (max_running) logits row of each running sequence */
