@@ -410,7 +410,9 @@ rf_update_opts rf__update_opts(const rf_recipe *r, float kl_beta, rf_kl_est est,
         .pg = {(float)r->algorithm.clip_low, (float)r->algorithm.clip_high, (float)r->algorithm.dual_clip,
                rf__is_corrected(r), (float)r->algorithm.is_cap,
                r->algorithm.kl_in_reward ? 0.0f : kl_beta, est, (float)r->algorithm.entropy_coef},
-        .agg = agg, .max_resp_len = r->rollout.max_new_tokens, .epochs = r->train.ppo_epochs,
+        .agg = agg, .epochs = r->train.ppo_epochs,
+        /* seq-mean-token-sum-norm's constant: the longest response; an episode's is env.max_total_tokens */
+        .max_resp_len = r->env.type[0] ? r->env.max_total_tokens : r->rollout.max_new_tokens,
         .mini_batches = r->train.mini_batches, .micro_tokens = r->train.micro_batch_tokens,
         .inv_temp = 1.0f / (float)r->rollout.temperature, .value_clip = (float)r->algorithm.value_clip,
         .shuffle_seed = ((uint64_t)r->train.seed << 20) + (uint64_t)step * 2 + (uint64_t)critic};
