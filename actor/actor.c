@@ -23,7 +23,7 @@ void rf_train_sample_free(rf_train_sample *s) {
     if (!s) return;
     free(s->tokens), free(s->behav_logp), free(s->prox_logp), free(s->ref_logp);
     free(s->values), free(s->adv), free(s->returns), free(s->entropy), free(s->versions);
-    free(s->text), free(s->token_rewards);
+    free(s->text), free(s->token_rewards), free(s->loss_mask);
     memset(s, 0, sizeof *s);
 }
 
@@ -67,11 +67,21 @@ int rf__micro_count(const rf_train_sample *s, const int *idx, int n, int max_tok
 }
 
 rf_status rf__validate_samples(const rf_train_sample *s, int n) {
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (s[i].n_prompt < 1 || s[i].n_resp < 1)
             return rf_error(RF_ERR_ARG, "sample %d has %d prompt and %d response tokens (need >= 1 each)",
                             i, s[i].n_prompt, s[i].n_resp);
+        if (rf__loss_tokens(&s[i]) < 1)
+            return rf_error(RF_ERR_ARG, "sample %d has no token in the loss (its loss mask is all 0)", i);
+    }
     return RF_OK;
+}
+
+int rf__loss_tokens(const rf_train_sample *s) {
+    if (!s->loss_mask) return s->n_resp;
+    int n = 0;
+    for (int t = 0; t < s->n_resp; t++) n += s->loss_mask[t] != 0;
+    return n;
 }
 
 rf_status rf__net_forward(const rf__net *n, const rf_batch *b) {

@@ -29,6 +29,9 @@ typedef struct rf_train_sample {
                              their tokens by GAE and REINFORCE++; owned, NULL: none */
     float rm_score;    /* the reward model's score of the whole sequence (a training worker
                           scoring for the controller; unweighted) */
+    uint8_t *loss_mask;    /* (n_resp) 1: a generated token, in the loss; 0: an environment's
+                              observation inside a multi-turn episode, out of every loss term,
+                              statistic and token count; owned, NULL: every token is in */
     float rule_reward;     /* the reward rules' part of reward (per-sample logs) */
     float external_reward; /* reward programs' sequence score, weighted: their part of reward */
 } rf_train_sample;

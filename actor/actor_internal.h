@@ -29,6 +29,8 @@ rf_status rf__micro_pack(micro *mb, rf_train_sample *s, const int *idx, int n);
 void rf__micro_free(micro *mb);
 /* Samples from idx[0..n) that fit in max_tokens (at least one). */
 int rf__micro_count(const rf_train_sample *s, const int *idx, int n, int max_tokens);
+/* Response tokens of s in the loss (its loss mask's ones; n_resp without a mask). */
+int rf__loss_tokens(const rf_train_sample *s);
 rf_status rf__validate_samples(const rf_train_sample *s, int n);
 
 /* Forward over micro-batches of samples idx[0..n), calling fn after each forward. */

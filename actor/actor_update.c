@@ -22,8 +22,8 @@ static rf_status weights_init(mb_weights *mw, const rf_train_sample *s, int n, c
     int *nt = calloc((size_t)(cnt > 0 ? cnt : 1), sizeof(int));
     if (!nt) return rf_error(RF_ERR_NOMEM, "out of memory for loss weights");
     for (int k = 0; k < cnt; k++) {
-        nt[k] = s[idx[k]].n_resp;
-        total += nt[k];
+        nt[k] = rf__loss_tokens(&s[idx[k]]);
+        total += s[idx[k]].n_resp;
     }
     mw->w = calloc((size_t)(n > 0 ? n : 1), sizeof(float *));
     mw->buf = malloc(sizeof(float) * (size_t)(total > 0 ? total : 1));
@@ -31,11 +31,21 @@ static rf_status weights_init(mb_weights *mw, const rf_train_sample *s, int n, c
         free(nt);
         return rf_error(RF_ERR_NOMEM, "out of memory for loss weights");
     }
+    /* weights of the tokens in the loss, in their order; then spread over each response with
+     * 0 at its masked tokens (observations), from the back so nothing is overwritten early */
     if (tot) rf_loss_weights_of(agg, nt, cnt, max_len, tot[0], tot[1], mw->buf);
     else rf_loss_weights(agg, nt, cnt, max_len, mw->buf);
-    for (int k = 0, off = 0; k < cnt; k++) {
+    long in_loss = 0;
+    for (int k = 0; k < cnt; k++) in_loss += nt[k];
+    for (int k = cnt - 1, off = (int)total, src = (int)in_loss; k >= 0; k--) {
+        const rf_train_sample *x = &s[idx[k]];
+        off -= x->n_resp, src -= nt[k];
+        if (x->loss_mask)
+            for (int t = x->n_resp - 1, j = nt[k]; t >= 0; t--)
+                mw->buf[off + t] = x->loss_mask[t] ? mw->buf[src + --j] : 0.0f;
+        else if (off != src)
+            memmove(mw->buf + off, mw->buf + src, sizeof(float) * (size_t)nt[k]);
         mw->w[idx[k]] = mw->buf + off;
-        off += nt[k];
     }
     free(nt);
     return RF_OK;
@@ -61,7 +71,7 @@ static void arm_last(const upd_ctx *c, const micro *mb) {
 /* Adds |behav - lp| of sample x's response tokens generated at `version` to the statistics. */
 static void mismatch(rf_update_stats *st, const rf_train_sample *x, const float *lp, int version) {
     for (int t = 0; t < x->n_resp; t++) {
-        if (x->versions && x->versions[t] != version) continue;
+        if ((x->versions && x->versions[t] != version) || (x->loss_mask && !x->loss_mask[t])) continue;
         double d = fabs((double)x->behav_logp[t] - (double)lp[t]);
         st->lp_mismatch_sum += d, st->lp_mismatch_n++;
         st->lp_mismatch_max = d > st->lp_mismatch_max ? d : st->lp_mismatch_max;
@@ -126,7 +136,7 @@ static rf_status global_totals(rf_dp *dp, const rf_train_sample *s, int n, const
     for (int b = 0; b < mbs; b++) {
         int lo = (int)((long)n * b / mbs), hi = (int)((long)n * (b + 1) / mbs);
         tot[2 * b] = 0, tot[2 * b + 1] = hi - lo;
-        for (int k = lo; k < hi; k++) tot[2 * b] += s[idx[k]].n_resp;
+        for (int k = lo; k < hi; k++) tot[2 * b] += rf__loss_tokens(&s[idx[k]]);
     }
     return rf_dp_sum(dp, tot, tot, 2 * mbs, "summing the mini-batch sizes over DP ranks");
 }
@@ -155,7 +165,7 @@ static rf_status mini_batch(const rf__net *net, const rf_optim_opts *oo, const r
     if (r == RF_OK) r = optim_step(net, oo, uo, &gn, &lr);
     st->grad_norm = gn, st->lr = lr;
     st->optimizer_steps++;
-    for (int k = 0; k < cnt; k++) st->tokens += s[idx[k]].n_resp;
+    for (int k = 0; k < cnt; k++) st->tokens += rf__loss_tokens(&s[idx[k]]);
     return r;
 }
 
@@ -255,6 +265,7 @@ static rf_status sft_fn(const rf__net *net, micro *mb, rf_train_sample *s, const
     rf_status st = lp && d ? rf__net_logprobs(net, mb->tgt, 1.0f, lp, NULL) : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int k = 0; st == RF_OK && k < mb->n; k++)
         for (int j = 0; j < s[idx[k]].n_resp; j++) {
+            if (s[idx[k]].loss_mask && !s[idx[k]].loss_mask[j]) continue;
             d[mb->resp[k] + j] = -1.0f / (float)c->total; /* loss masked to the response */
             c->loss -= lp[mb->resp[k] + j] / (double)c->total;
         }
@@ -266,7 +277,7 @@ static rf_status sft_fn(const rf__net *net, micro *mb, rf_train_sample *s, const
 rf_status rf_sft_update(rf_model *m, const rf_optim_opts *oo, int micro_tokens,
                         rf_train_sample *s, int n, double *loss, double *grad_norm) {
     sft_ctx c = {0, 0};
-    for (int i = 0; i < n; i++) c.total += s[i].n_resp;
+    for (int i = 0; i < n; i++) c.total += rf__loss_tokens(&s[i]);
     int *idx = rf__identity(n);
     if (!idx) return rf_error(RF_ERR_NOMEM, "out of memory");
     rf_model_zero_grad(m);

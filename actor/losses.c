@@ -89,14 +89,16 @@ typedef struct seq_terms {
 } seq_terms;
 
 static seq_terms sequence_terms(const rf_pg_opts *o, int n, const float *logp, const float *prox,
-                                const float *behav) {
+                                const float *behav, const float *w) {
     seq_terms s = {1.0f, 1.0f, 1};
     double a = 0, b = 0;
+    int m = 0; /* tokens in the loss (weight 0: masked out) */
     for (int t = 0; t < n; t++) {
-        a += (double)logp[t] - prox[t];
+        if (w[t] == 0.0f) continue;
+        a += (double)logp[t] - prox[t], m++;
         if (o->decoupled && o->corr == RF_CORR_MIS_SEQ) b += (double)prox[t] - behav[t];
     }
-    if (n > 0) s.gspo_ratio = (float)exp(a / n), s.is_w = (float)exp(b / n);
+    if (m > 0) s.gspo_ratio = (float)exp(a / m), s.is_w = (float)exp(b / m);
     s.keep = s.is_w >= o->is_low && s.is_w <= o->is_high;
     return s;
 }
@@ -149,10 +151,15 @@ static float policy_term(const rf_pg_opts *o, const seq_terms *sq, float logp, f
 void rf_pg_loss(const rf_pg_opts *o, int n, const float *logp, const float *prox,
                 const float *behav, const float *ref, const float *entropy, const float *adv,
                 const float *w, float *dlogp, float *dentropy, rf_pg_stats *st) {
-    seq_terms sq = sequence_terms(o, n, logp, prox, behav);
+    seq_terms sq = sequence_terms(o, n, logp, prox, behav, w);
     st->seqs += 1;
     st->seqs_masked += o->decoupled && o->corr == RF_CORR_MIS_SEQ && !sq.keep;
     for (int t = 0; t < n; t++) {
+        if (w[t] == 0.0f) { /* masked out of the loss (an environment's observation) */
+            dlogp[t] = 0.0f;
+            if (dentropy) dentropy[t] = 0.0f;
+            continue;
+        }
         float ratio = expf(logp[t] - prox[t]), dpg;
         int clipped;
         float iw = correction_weight(o, &sq, prox[t], o->decoupled ? behav[t] : 0.0f, st);
@@ -185,6 +192,10 @@ double rf_value_loss(int n, const float *v, const float *v_old, const float *ret
                      const float *w, float *dv, double *clipfrac_sum) {
     double total = 0;
     for (int t = 0; t < n; t++) {
+        if (w[t] == 0.0f) { /* masked out of the loss */
+            dv[t] = 0.0f;
+            continue;
+        }
         float lo = v_old[t] - clip, hi = v_old[t] + clip;
         float vc = v[t] < lo ? lo : v[t] > hi ? hi : v[t];
         float e1 = v[t] - ret[t], e2 = vc - ret[t];

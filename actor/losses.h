@@ -82,7 +82,8 @@ typedef struct rf_pg_stats {
 /* Policy-gradient loss over the n tokens of one response: logp (current), prox (proximal: the
  * policy at the start of this update), behav (behaviour, from generation; used when
  * decoupled), ref (NULL unless KL is a loss), entropy (current; NULL = no bonus), adv, w
- * (aggregation weights). Outputs the gradients dlogp and dentropy (NULL allowed when entropy
+ * (aggregation weights; a token of weight 0 is masked out: no gradient, no statistic, not in
+ * GSPO's or mis-seq's sequence means). Outputs the gradients dlogp and dentropy (NULL allowed when entropy
  * is NULL) and accumulates stats. GSPO and mis-seq take sequence-level quantities over the n
  * tokens, so a call must hold exactly one response there; the token-level losses accept any
  * run of tokens. ../shared/ALGORITHMS.md defines each term. */

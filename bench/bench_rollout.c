@@ -101,7 +101,7 @@ static double run_engine(rf_model *m, workload *w, engine_ctx *ec, rf_rollout_st
     for (int p = 0; p < w->n_prompts; p++) {
         rf_rollout_request q = {w->prompts + (size_t)p * PROMPT_LEN, PROMPT_LEN, w->n,
                                 w->gp.sampling, w->gp.max_new_tokens,
-                                w->gp.seed + (uint64_t)p * w->n, w->eos, w->gp.n_eos, {0}, 0};
+                                w->gp.seed + (uint64_t)p * w->n, w->eos, w->gp.n_eos, {0}, 0, 0, 0};
         RF_ASSERT(rf_rollout_submit(e, &q, (void *)(intptr_t)p, NULL) == RF_OK);
     }
     RF_ASSERT(rf_rollout_run_until_idle(e) == RF_OK);

@@ -237,7 +237,7 @@ static double generate(rf_rollout *e, int V) {
     double t0 = rf_time_now();
     for (int p = 0; p < NS; p++) {
         for (int i = 0; i < PROMPT; i++) prompt[i] = (int32_t)(((p + 1) * 7919 + i * 104729) % V);
-        rf_rollout_request q = {prompt, PROMPT, RS, {0, 1.0f, 0, 1.0f}, STEPS, 100 + (uint64_t)p, NULL, 0, {0}, 0};
+        rf_rollout_request q = {prompt, PROMPT, RS, {0, 1.0f, 0, 1.0f}, STEPS, 100 + (uint64_t)p, NULL, 0, {0}, 0, 0, 0};
         DIE(rf_rollout_submit(e, &q, NULL, NULL));
     }
     DIE(rf_rollout_run_until_idle(e));

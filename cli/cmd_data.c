@@ -3,7 +3,7 @@
  * For the lead, to copy into cli/cli.h:
  *     int rf_cmd_data(int argc, char **argv);
  * and into cli/main.c's table: {"data", rf_cmd_data}, with the usage line
- *     "  data        write a built-in task's train/val JSONL (arith, countdown)\n" */
+ *     "  data        write a built-in task's train/val JSONL (arith, countdown, multiply)\n" */
 #include <stdio.h>
 #include <string.h>
 
@@ -27,8 +27,8 @@ int rf_cmd_data(int argc, char **argv) {
         {"train", RF_OPT_INT, &n_train, "training examples (default 20000)", 0},
         {"val", RF_OPT_INT, &n_val, "validation examples, distinct and not in train (default 500)", 0},
         {"seed", RF_OPT_INT, &seed, "generator seed (default 1)", 0},
-        {"min-digits", RF_OPT_INT, &o.min_digits, "arith: fewest digits per operand (default 1)", 0},
-        {"max-digits", RF_OPT_INT, &o.max_digits, "arith: most digits per operand (default 3, at most 9)", 0},
+        {"min-digits", RF_OPT_INT, &o.min_digits, "arith, multiply: fewest digits per operand (default 1)", 0},
+        {"max-digits", RF_OPT_INT, &o.max_digits, "arith, multiply: most digits per operand (default 3, at most 9)", 0},
         {"mul-percent", RF_OPT_INT, &o.mul_percent, "arith: percent of small products (default 10)", 0},
         {"numbers", RF_OPT_INT, &o.n_numbers, "countdown: numbers per problem (default 3, 2..6)", 0},
         {"max-number", RF_OPT_INT, &o.max_number, "countdown: numbers drawn from 1..N (default 50)", 0},
@@ -39,7 +39,7 @@ int rf_cmd_data(int argc, char **argv) {
     int n_pos = 0;
     rf_status s = rf_args_parse(argc, argv, opts, N_OPTS(opts), pos, 1, &n_pos);
     if (s || help || n_pos != 1) {
-        rf_args_usage("data", "TASK [options]   (tasks: arith, countdown)", opts, N_OPTS(opts));
+        rf_args_usage("data", "TASK [options]   (tasks: arith, countdown, multiply)", opts, N_OPTS(opts));
         if (s) return rf_cli_usage_fail(s);
         return help ? 0 : (fprintf(stderr, "error: name a task (%s)\n", rf_task_names()), 2);
     }

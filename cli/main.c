@@ -17,7 +17,7 @@ static void usage(void) {
           "  generate    sample text from a model (KV cache, batched)\n"
           "  merge-lora  merge a LoRA adapter (PEFT layout) into its base model, as a plain model directory\n"
           "  score       per-token log-probs and entropy of a response, as JSON\n"
-          "  data        write a built-in task's train/val JSONL (arith, countdown)\n"
+          "  data        write a built-in task's train/val JSONL (arith, countdown, multiply)\n"
           "  keygen      write a CURVE key pair for reward endpoints and programs\n"
           "run `rlflow <command> --help` for a command's options; `rlflow --version` for the version\n",
           stderr);

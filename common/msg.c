@@ -30,6 +30,9 @@ static const struct {
     {RF_MSG_SHUTDOWN, "Shutdown", &rlflow__shutdown__descriptor},
     {RF_MSG_REWARD_REQUEST, "RewardRequest", &rlflow__reward_request__descriptor},
     {RF_MSG_REWARD_RESPONSE, "RewardResponse", &rlflow__reward_response__descriptor},
+    {RF_MSG_ENV_RESET, "EnvReset", &rlflow__env_reset__descriptor},
+    {RF_MSG_ENV_STEP, "EnvStep", &rlflow__env_step__descriptor},
+    {RF_MSG_ENV_REPLY, "EnvReply", &rlflow__env_reply__descriptor},
     {RF_MSG_GENERATE_REQUEST, "GenerateRequest", &rlflow__generate_request__descriptor},
     {RF_MSG_SAMPLE, "Sample", &rlflow__sample__descriptor},
     {RF_MSG_TRAIN_BATCH, "TrainBatch", &rlflow__train_batch__descriptor},
@@ -64,6 +67,7 @@ const char *rf_msg_role_name(int role) {
     case RLFLOW__ROLE__ROLE_REFERENCE: return "reference worker";
     case RLFLOW__ROLE__ROLE_REWARD: return "reward worker";
     case RLFLOW__ROLE__ROLE_REWARD_PROGRAM: return "reward program";
+    case RLFLOW__ROLE__ROLE_ENVIRONMENT: return "environment program";
     default: return "peer of unknown role";
     }
 }

@@ -16,12 +16,21 @@ rf_status rf_adv_kind_parse(const char *name, rf_adv_kind *out) {
     return rf_error(RF_ERR_ARG, "algorithm \"%s\" unknown (ppo, grpo, dr_grpo, rloo, reinforce_pp)", name);
 }
 
+static int in_loss(const rf_adv_seq *s, int t) { return !s->mask || s->mask[t]; }
+
+/* The last token of s in the loss (-1: none), where the sequence reward goes. */
+static int last_token(const rf_adv_seq *s) {
+    int t = s->n - 1;
+    while (t >= 0 && !in_loss(s, t)) t--;
+    return t;
+}
+
 /* Token reward r_t: -beta * k1_t, plus the per-token reward when given, plus the sequence
- * reward on the last token. */
-static float token_reward(const rf_adv_seq *s, int t, float beta) {
+ * reward on the last token (`last`). */
+static float token_reward(const rf_adv_seq *s, int t, int last, float beta) {
     float r = s->kl && beta != 0.0f ? -beta * s->kl[t] : 0.0f;
     if (s->token_rewards) r += s->token_rewards[t];
-    return t == s->n - 1 ? r + s->reward : r;
+    return t == last ? r + s->reward : r;
 }
 
 /* The sequence reward a group estimator uses: the reward plus the sum of the per-token ones. */
@@ -33,8 +42,13 @@ static double seq_reward(const rf_adv_seq *s) {
 
 static void gae(const rf_adv_opts *o, rf_adv_seq *s) {
     float next_v = 0.0f, next_a = 0.0f; /* V after the last token = 0 */
+    int last = last_token(s);
     for (int t = s->n - 1; t >= 0; t--) {
-        float delta = token_reward(s, t, o->kl_coef) + o->gamma * next_v - s->values[t];
+        if (!in_loss(s, t)) {
+            s->adv[t] = 0.0f, s->returns[t] = 0.0f;
+            continue;
+        }
+        float delta = token_reward(s, t, last, o->kl_coef) + o->gamma * next_v - s->values[t];
         next_a = delta + o->gamma * o->lam * next_a;
         s->adv[t] = next_a;
         s->returns[t] = next_a + s->values[t];
@@ -44,8 +58,13 @@ static void gae(const rf_adv_opts *o, rf_adv_seq *s) {
 
 static void discounted_returns(const rf_adv_opts *o, rf_adv_seq *s) {
     float g = 0.0f;
+    int last = last_token(s);
     for (int t = s->n - 1; t >= 0; t--) {
-        g = token_reward(s, t, o->kl_coef) + o->gamma * g;
+        if (!in_loss(s, t)) {
+            s->adv[t] = 0.0f, s->returns[t] = 0.0f;
+            continue;
+        }
+        g = token_reward(s, t, last, o->kl_coef) + o->gamma * g;
         s->returns[t] = g;
         s->adv[t] = g;
     }
@@ -57,16 +76,19 @@ void rf_whiten(rf_adv_seq *seqs, int n, int use_returns) {
     (void)use_returns;
     for (int i = 0; i < n; i++)
         for (int t = 0; t < seqs[i].n; t++) {
+            if (!in_loss(&seqs[i], t)) continue;
             sum += seqs[i].adv[t];
             count++;
         }
     if (count == 0) return;
     double mean = sum / count;
     for (int i = 0; i < n; i++)
-        for (int t = 0; t < seqs[i].n; t++) sq += (seqs[i].adv[t] - mean) * (seqs[i].adv[t] - mean);
+        for (int t = 0; t < seqs[i].n; t++)
+            if (in_loss(&seqs[i], t)) sq += (seqs[i].adv[t] - mean) * (seqs[i].adv[t] - mean);
     double var = count > 1 ? sq / (count - 1) : 0.0, inv = 1.0 / sqrt(var + 1e-8);
     for (int i = 0; i < n; i++)
-        for (int t = 0; t < seqs[i].n; t++) seqs[i].adv[t] = (float)((seqs[i].adv[t] - mean) * inv);
+        for (int t = 0; t < seqs[i].n; t++)
+            if (in_loss(&seqs[i], t)) seqs[i].adv[t] = (float)((seqs[i].adv[t] - mean) * inv);
 }
 
 typedef struct group_ix {

@@ -5,6 +5,8 @@
 #ifndef RF_ADVANTAGES_H
 #define RF_ADVANTAGES_H
 
+#include <stdint.h>
+
 #include "common/status.h"
 
 typedef enum rf_adv_kind {
@@ -30,6 +32,11 @@ typedef struct rf_adv_seq {
     const float *token_rewards; /* (n) rewards at each token (reward programs), or NULL: GAE and
                                    REINFORCE++ add them to r_t; the group estimators add their
                                    sum to the sequence reward */
+    const uint8_t *mask;   /* (n) 0: an environment's observation inside a multi-turn episode,
+                              or NULL (every token 1). GAE and REINFORCE++ run over the tokens of
+                              mask 1 only, as if the others were not there (the sequence reward
+                              on the last of them; 0 advantage and return at the others);
+                              whitening counts them only */
 } rf_adv_seq;
 
 typedef struct rf_adv_opts {

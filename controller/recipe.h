@@ -123,6 +123,15 @@ typedef struct rf_recipe {
         int program_restarts;         /* restarts allowed per program over the run */
     } reward;
     struct {
+        const char *type;   /* "" (single-turn) | "calculator" (built in) | "external" (programs) */
+        char *endpoint;     /* env.type = "external": the endpoint environment programs connect to */
+        int max_turns;      /* turns per episode at most */
+        int max_total_tokens; /* tokens after the prompt (generated and observations) at most */
+        double timeout;     /* seconds: connect wait, silence and per-call deadline */
+        char *curve_secret, *curve_clients; /* CURVE key files, "" = none */
+        int insecure;       /* allow a non-loopback endpoint without CURVE */
+    } env;
+    struct {
         const char *enabled; /* "auto" | "true" | "false"; see rf_recipe_reference_enabled */
         char *path;          /* "" = the initial policy */
     } reference;

@@ -64,6 +64,7 @@ static void on_sample(void *ctx, const rf_rollout_sample *rs) {
  * from train.seed, the step and the round), run by the engine until every sample is back. */
 static rf_status generate(rf_run *run, const rf_example *const *ex, int n_prompts, int round,
                           rf_train_sample *out, double *tokens) {
+    if (run->env.call) return rf__generate_episodes(run, ex, n_prompts, round, out, tokens); /* [env] */
     const rf_recipe *r = run->r;
     gen_sink g = {run, ex, out, r->rollout.n, 0, RF_OK};
     rf_rollout_set_callback(run->engine, on_sample, &g);
@@ -285,12 +286,12 @@ rf_status rf__advantages(const rf_recipe *r, rf_adv_kind kind, float kl_beta, in
             kl[i] = malloc(sizeof(float) * (size_t)s->n_resp);
             for (int t = 0; kl[i] && t < s->n_resp; t++) {
                 kl[i][t] = s->prox_logp[t] - s->ref_logp[t];
-                ksum += kl[i][t], kt++;
+                if (!s->loss_mask || s->loss_mask[t]) ksum += kl[i][t], kt++;
             }
         }
         as[i] = (rf_adv_seq){s->n_resp, s->group, s->reward,
                              r->algorithm.kl_in_reward ? kl[i] : NULL, s->values, s->adv, s->returns,
-                             s->token_rewards};
+                             s->token_rewards, s->loss_mask};
     }
     rf_adv_opts o = {kind, (float)r->algorithm.gamma, (float)r->algorithm.lam,
                      r->algorithm.kl_in_reward ? kl_beta : 0.0f, r->algorithm.whiten_advantages,
@@ -350,7 +351,7 @@ void rf__batch_metrics(rf_metrics *m, const rf_recipe *r, const rf_train_sample 
         double rw = rf__total_reward(s);
         rs += rw, rq += rw * rw, len += s->n_resp;
         if (!isnan(s->accuracy)) acc += s->accuracy, nacc++;
-        clipped += s->n_resp >= r->rollout.max_new_tokens;
+        clipped += !s->loss_mask && s->n_resp >= r->rollout.max_new_tokens; /* episodes: env/truncated_frac */
     }
     double n = count ? count : 1, mean = rs / n;
     rf_metrics_set(m, "reward/mean", mean);
@@ -409,7 +410,9 @@ rf_update_opts rf__update_opts(const rf_recipe *r, float kl_beta, rf_kl_est est,
         .pg = {(float)r->algorithm.clip_low, (float)r->algorithm.clip_high, (float)r->algorithm.dual_clip,
                rf__is_corrected(r), (float)r->algorithm.is_cap,
                r->algorithm.kl_in_reward ? 0.0f : kl_beta, est, (float)r->algorithm.entropy_coef},
-        .agg = agg, .max_resp_len = r->rollout.max_new_tokens, .epochs = r->train.ppo_epochs,
+        .agg = agg, .epochs = r->train.ppo_epochs,
+        /* seq-mean-token-sum-norm's constant: the longest response; an episode's is env.max_total_tokens */
+        .max_resp_len = r->env.type[0] ? r->env.max_total_tokens : r->rollout.max_new_tokens,
         .mini_batches = r->train.mini_batches, .micro_tokens = r->train.micro_batch_tokens,
         .inv_temp = 1.0f / (float)r->rollout.temperature, .value_clip = (float)r->algorithm.value_clip,
         .shuffle_seed = ((uint64_t)r->train.seed << 20) + (uint64_t)step * 2 + (uint64_t)critic};

@@ -16,10 +16,11 @@
 static rf_status validate_now(rf_run *run, double *acc) {
     const rf_recipe *r = run->r;
     if (!run->val) return RF_OK;
-    double len, reward;
-    RF_TRY(rf__validate(run, r->logging.val_size, acc, &reward, &len));
+    double len, reward = 0;
+    if (run->env.call) RF_TRY(rf__eval_episodes(run, acc, &len)); /* [env]: the same episodes, greedy */
+    else RF_TRY(rf__validate(run, r->logging.val_size, acc, &reward, &len));
     rf_metrics_set(run->metrics, "val/accuracy", *acc);
-    if (run->ext || run->rm) rf_metrics_set(run->metrics, "val/reward", reward);
+    if (!run->env.call && (run->ext || run->rm)) rf_metrics_set(run->metrics, "val/reward", reward);
     rf_metrics_set(run->metrics, "val/length_mean", len);
     return RF_OK;
 }

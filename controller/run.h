@@ -14,6 +14,7 @@
 #include "controller/metrics.h"
 #include "controller/recipe.h"
 #include "model/tokenizer.h"
+#include "env/env.h"
 #include "reward/external.h"
 #include "reward/reward.h"
 #include "rollout/rollout.h"
@@ -37,6 +38,7 @@ typedef struct rf_run {
     rf_reward_model *rm;   /* optional reward model */
     rf_external_reward *ext; /* optional external reward programs */
     struct rf_programs *programs; /* reward.programs, started by rlflow (controller/programs.h) */
+    rf_env env;            /* [env]: the environment of multi-turn episodes; env.call NULL: none */
     rf_metrics *metrics;
     int32_t *eos;          /* generation stops at these ids */
     int n_eos;

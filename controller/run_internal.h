@@ -53,6 +53,16 @@ rf_status rf__rules_init(const rf_recipe *r, rf_reward_rules **out);
 /* init_preset model, supervised on data.train responses per [sft], saved to dir. */
 rf_status rf__sft_build(const rf_recipe *r, const char *dir);
 
+/* [env] (controller/episodes_run.c): opens run->env from the recipe (nothing without
+ * env.type; env.type = "external" waits env.timeout for a program); a step's samples as
+ * episodes (n_prompts groups of rollout.n into out, scored by the rules on the last turn,
+ * env/ metrics set); validation accuracy by greedy episodes on the first logging.val_size
+ * validation examples. */
+rf_status rf__env_open(rf_run *run);
+rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, int n_prompts, int round,
+                                rf_train_sample *out, double *tokens);
+rf_status rf__eval_episodes(rf_run *run, double *acc, double *mean_len);
+
 /* One RL step (generate, score, reference, critic, advantages, updates), metrics set on
  * run->metrics. */
 rf_status rf__rl_step(rf_run *run);

@@ -277,7 +277,7 @@ rf_status rf__load_rewards(rf_run *run) {
                                          .insecure = r->reward.external_insecure};
         RF_TRY(rf_external_reward_open_with(&run->ext, &xc));
     }
-    return RF_OK;
+    return rf__env_open(run);
 }
 
 /* A parallel layout on CUDA needs NCCL: refused naming the key in builds without it. */
@@ -465,9 +465,10 @@ rf_status rf__rollout_engine(const rf_recipe *r, int colocated, rf_model *m, rf_
                              const rf_tokenizer *tok, rf_rollout **e) {
     double fraction = r->rollout.kv_memory_fraction > 0 ? r->rollout.kv_memory_fraction : colocated ? 0.5 : 0.9;
     int prompt = r->data.max_prompt_tokens;
+    int gen = r->env.type[0] ? r->env.max_total_tokens : r->rollout.max_new_tokens; /* [env]: a whole episode */
     rf_rollout_opts o = {.block_size = r->rollout.kv_block_size, .n_blocks = r->rollout.kv_blocks,
                          .max_running = r->rollout.max_running, .tok = tok, .mem_fraction = fraction,
-                         .max_seq_len = prompt > 0 ? prompt + r->rollout.max_new_tokens : 0};
+                         .max_seq_len = prompt > 0 ? prompt + gen : 0};
     rf_status st = g ? rf_rollout_tp_engine(g, &o, e) : rf_rollout_init(e, m, &o);
     if (st == RF_ERR_NOMEM && o.n_blocks == 0)
         return rf_error_wrap(st, "rollout.kv_blocks = 0 (sized from memory), rollout.kv_memory_fraction = %g%s: raise "
@@ -514,6 +515,7 @@ void rf__run_free(rf_run *run) {
     rf_reward_model_close(run->rm);
     rf_external_reward_close(run->ext); /* its Shutdown lets the programs leave on their own */
     rf_programs_stop(run->programs);
+    rf_env_close(&run->env);
     rf_metrics_close(run->metrics);
     free(run->eos);
 }

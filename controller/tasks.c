@@ -13,7 +13,7 @@ void rf_task_opts_default(rf_task_opts *o) {
                         .n_numbers = 3, .max_number = 50, .max_target = 200};
 }
 
-const char *rf_task_names(void) { return "arith, countdown"; }
+const char *rf_task_names(void) { return "arith, countdown, multiply"; }
 
 /* Uniform in [lo, hi]; the modulo bias is below (hi - lo) / 2^64. */
 static int64_t rand_range(rf_rng *r, int64_t lo, int64_t hi) {
@@ -57,6 +57,24 @@ static cJSON *arith_make(rf_rng *r, const rf_task_opts *o) {
     cJSON_AddStringToObject(j, "prompt", prompt);
     cJSON_AddStringToObject(j, "answer", answer);
     cJSON_AddStringToObject(j, "response", answer);
+    return j;
+}
+
+/* ---- multiply: a task for the calculator tool ---------------------------------------- */
+
+static cJSON *multiply_make(rf_rng *r, const rf_task_opts *o) {
+    int64_t a = rand_digits(r, (int)rand_range(r, o->min_digits, o->max_digits));
+    int64_t b = rand_digits(r, (int)rand_range(r, o->min_digits, o->max_digits));
+    char prompt[64], answer[32], response[160];
+    snprintf(prompt, sizeof prompt, "%lld*%lld=", (long long)a, (long long)b);
+    snprintf(answer, sizeof answer, "%lld", (long long)(a * b));
+    /* the tool call, the calculator's answer, then the answer copied (env/calculator.h) */
+    snprintf(response, sizeof response, "<calc>%lld*%lld</calc><result>%s</result>%s", (long long)a, (long long)b,
+             answer, answer);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "prompt", prompt);
+    cJSON_AddStringToObject(j, "answer", answer);
+    cJSON_AddStringToObject(j, "response", response);
     return j;
 }
 
@@ -222,7 +240,11 @@ static rf_status make_split(task_make_fn make, const char *task, const rf_task_o
 }
 
 static rf_status check_task_opts(const char *task, const rf_task_opts *o) {
-    if (strcmp(task, "arith") == 0) {
+    if (strcmp(task, "multiply") == 0) {
+        if (o->min_digits < 1 || o->max_digits > 9 || o->min_digits > o->max_digits)
+            return rf_error(RF_ERR_ARG, "multiply: digits must satisfy 1 <= min (%d) <= max (%d) <= 9",
+                            o->min_digits, o->max_digits);
+    } else if (strcmp(task, "arith") == 0) {
         if (o->min_digits < 1 || o->max_digits > 9 || o->min_digits > o->max_digits)
             return rf_error(RF_ERR_ARG, "arith: digits must satisfy 1 <= min (%d) <= max (%d) <= 9",
                             o->min_digits, o->max_digits);
@@ -251,7 +273,8 @@ rf_status rf_task_generate_opts(const char *task, const char *out_dir, int n_tra
     rf_task_opts_default(&def);
     const rf_task_opts *o = opts ? opts : &def;
     task_make_fn make = strcmp(task, "arith") == 0 ? arith_make
-                      : strcmp(task, "countdown") == 0 ? countdown_make : NULL;
+                      : strcmp(task, "countdown") == 0 ? countdown_make
+                      : strcmp(task, "multiply") == 0 ? multiply_make : NULL;
     if (!make) return rf_error(RF_ERR_ARG, "unknown task \"%s\" (tasks: %s)", task, rf_task_names());
     if (n_train < 0 || n_val < 0)
         return rf_error(RF_ERR_ARG, "task %s: negative example count (train %d, val %d)", task, n_train, n_val);

@@ -5,6 +5,11 @@
  *               + and - of operands with min_digits..max_digits digits (a - b with a >= b, so
  *               results are never negative), and a share of small products (up to
  *               max_digits - 1 digits times one digit 2..9).
+ *  "multiply":  {"prompt": "4821*3907=", "answer": "18835647", "response":
+ *               "<calc>4821*3907</calc><result>18835647</result>18835647"}
+ *               products of two operands with min_digits..max_digits digits each: a task the
+ *               calculator tool (env/calculator.h) makes easy and a small model cannot do in its
+ *               head; "response" shows the tool call, the calculator's answer and the copy.
  *  "countdown": {"prompt": "3 7 25 50 -> 78:", "answer": "3 7 25 50 -> 78",
  *               "response": "(50-25)*3+3", "numbers": [3, 7, 25, 50], "target": 78}
  *               reach the target with + - * / and parentheses, using each number exactly once;
@@ -24,7 +29,7 @@
 
 /* Task knobs; rf_task_opts_default fills the defaults given after each field. */
 typedef struct rf_task_opts {
-    int min_digits, max_digits; /* arith: digits per operand (1, 3); 1 <= min <= max <= 9 */
+    int min_digits, max_digits; /* arith, multiply: digits per operand (1, 3); 1 <= min <= max <= 9 */
     int mul_percent;            /* arith: percent of problems that are products (10); 0..100 */
     int n_numbers;              /* countdown: numbers per problem (3); 2..6 */
     int max_number;             /* countdown: numbers drawn from 1..max_number (50); 2..9999 */
@@ -33,7 +38,7 @@ typedef struct rf_task_opts {
 
 void rf_task_opts_default(rf_task_opts *o);
 
-/* "arith, countdown": the task names, for messages. */
+/* "arith, countdown, multiply": the task names, for messages. */
 const char *rf_task_names(void);
 
 /* Writes out_dir/train.jsonl (n_train lines) and out_dir/val.jsonl (n_val lines), creating

@@ -152,6 +152,7 @@ static void seq_free(ro_seq *s) {
     free(s->versions);
     free(s->blocks);
     free(s->text);
+    free(s->mask);
     free(s);
 }
 
@@ -159,6 +160,7 @@ static void seq_free(ro_seq *s) {
 static void seq_drop(rf_rollout *e, ro_seq *s) {
     rf__rollout_release_blocks(e, s);
     ro_request *r = s->req;
+    e->n_episode_seqs -= r->episode;
     seq_free(s);
     if (--r->n_left == 0) request_free(r);
 }
@@ -168,8 +170,10 @@ void rf_rollout_free(rf_rollout *e) {
     while (e->retained) rf__rollout_drop_prefix(e, e->retained);
     for (int i = 0; i < e->n_running; i++) seq_drop(e, e->running[i]);
     for (int i = 0; i < e->n_waiting; i++) seq_drop(e, e->waiting[i]);
+    for (int i = 0; i < e->n_paused; i++) seq_drop(e, e->paused[i]);
     rf_kv_pool_free(&e->pool);
     free(e->waiting);
+    free(e->paused);
     free(e->running);
     free(e->batch);
     free(e->row);
@@ -192,6 +196,9 @@ rf_status rf_rollout_release_cache(rf_rollout *e) {
     if (!rf_rollout_idle(e))
         return rf_error(RF_ERR_ARG, "rollout: the KV cache cannot be released while sequences run (%d) or wait (%d)",
                         e->n_running, e->n_waiting);
+    if (e->n_paused)
+        return rf_error(RF_ERR_ARG, "rollout: the KV cache cannot be released while %d episodes wait between "
+                        "turns (their prefixes are in it)", e->n_paused);
     if (!rf_kv_pool_held(&e->pool)) return RF_OK;
     RF_TRY(e->mc.pool_release(e->mc.ctx, &e->pool));
     e->stats.cache_releases++;
@@ -230,10 +237,15 @@ static rf_status request_check(const rf_rollout *e, const rf_rollout_request *q)
         if (q->prompt[i] < 0 || q->prompt[i] >= c->vocab_size)
             return rf_error(RF_ERR_RANGE, "rollout: prompt token %d at position %d is outside the "
                             "vocabulary (%d)", q->prompt[i], i, c->vocab_size);
-    int len = q->prompt_len + q->max_new_tokens, limit = rf_config_max_seq(c);
+    if (q->episode && q->max_total_tokens < q->max_new_tokens)
+        return rf_error(RF_ERR_ARG, "rollout: an episode's max_total_tokens (%d) must be >= max_new_tokens (%d)",
+                        q->max_total_tokens, q->max_new_tokens);
+    int gen = q->episode ? q->max_total_tokens : q->max_new_tokens;
+    int len = q->prompt_len + gen, limit = rf_config_max_seq(c);
     if (len > limit)
-        return rf_error(RF_ERR_RANGE, "rollout: prompt (%d tokens) + max_new_tokens (%d) exceeds "
-                        "the model's limit of %d positions", q->prompt_len, q->max_new_tokens, limit);
+        return rf_error(RF_ERR_RANGE, "rollout: prompt (%d tokens) + %s (%d) exceeds "
+                        "the model's limit of %d positions", q->prompt_len,
+                        q->episode ? "max_total_tokens" : "max_new_tokens", gen, limit);
     int need = rf_kv_pool_blocks_for(&e->pool, len);
     if (need > e->pool.n_blocks)
         return rf_error(RF_ERR_RANGE, "rollout: a sample of this request needs up to %d KV blocks "
@@ -248,6 +260,8 @@ static ro_request *request_copy(const rf_rollout_request *q, void *user, uint64_
     r->id = id, r->user = user, r->n = r->n_left = r->n_unstarted = q->n;
     r->sampling = q->sampling, r->capture_row = -1;
     r->prompt_len = q->prompt_len, r->max_new_tokens = q->max_new_tokens;
+    r->episode = q->episode != 0, r->max_total = q->max_total_tokens;
+    r->gen_cap = r->episode ? q->max_total_tokens : q->max_new_tokens;
     r->prompt = malloc(sizeof(int32_t) * (size_t)q->prompt_len);
     r->stop_ids = malloc(sizeof(int32_t) * (size_t)(q->n_stop_ids + 1));
     int ok = r->prompt && r->stop_ids;
@@ -270,17 +284,18 @@ static ro_seq *seq_new(rf_rollout *e, ro_request *r, int index, uint64_t seed, u
     if (!s) return NULL;
     s->req = r, s->index = index, s->group = group;
     rf_rng_seed(&s->rng, seed + (uint64_t)index);
-    s->cap_blocks = rf_kv_pool_blocks_for(&e->pool, r->prompt_len + r->max_new_tokens);
-    s->tokens = malloc(sizeof(int32_t) * (size_t)(r->prompt_len + r->max_new_tokens));
-    s->logprobs = malloc(sizeof(float) * (size_t)r->max_new_tokens);
-    s->versions = malloc(sizeof(int) * (size_t)r->max_new_tokens);
+    s->cap_blocks = rf_kv_pool_blocks_for(&e->pool, r->prompt_len + r->gen_cap);
+    s->tokens = malloc(sizeof(int32_t) * (size_t)(r->prompt_len + r->gen_cap));
+    s->logprobs = malloc(sizeof(float) * (size_t)r->gen_cap);
+    s->versions = malloc(sizeof(int) * (size_t)r->gen_cap);
     s->blocks = malloc(sizeof(int) * (size_t)s->cap_blocks);
-    if (!s->tokens || !s->logprobs || !s->versions || !s->blocks) {
+    s->mask = r->episode ? malloc((size_t)r->gen_cap) : NULL;
+    if (!s->tokens || !s->logprobs || !s->versions || !s->blocks || (r->episode && !s->mask)) {
         seq_free(s);
         return NULL;
     }
     memcpy(s->tokens, r->prompt, sizeof(int32_t) * (size_t)r->prompt_len);
-    s->n_tokens = r->prompt_len;
+    s->n_tokens = r->prompt_len, s->turn_start = r->prompt_len, s->turn = 1;
     return s;
 }
 
@@ -301,9 +316,23 @@ rf_status rf__rollout_push_waiting(rf_rollout *e, ro_seq *s, int front) {
     return RF_OK;
 }
 
+/* Room on the paused list for every episode sample live after adding n more, so that a turn's
+ * end never allocates (and never loses its sample). */
+static rf_status paused_room(rf_rollout *e, int n) {
+    int need = e->n_episode_seqs + n;
+    if (need <= e->cap_paused) return RF_OK;
+    int cap = e->cap_paused ? e->cap_paused : 16;
+    while (cap < need) cap *= 2;
+    ro_seq **p = realloc(e->paused, sizeof *p * (size_t)cap);
+    if (!p) return rf_error(RF_ERR_NOMEM, "rollout: out of memory for %d episodes", need);
+    e->paused = p, e->cap_paused = cap;
+    return RF_OK;
+}
+
 rf_status rf_rollout_submit(rf_rollout *e, const rf_rollout_request *q, void *user,
                             uint64_t *id) {
     RF_TRY(request_check(e, q));
+    if (q->episode) RF_TRY(paused_room(e, q->n));
     ro_request *r = request_copy(q, user, e->next_id);
     if (!r) return rf_error(RF_ERR_NOMEM, "rollout: out of memory for a request");
     uint64_t group = e->next_group++;
@@ -323,6 +352,7 @@ rf_status rf_rollout_submit(rf_rollout *e, const rf_rollout_request *q, void *us
     }
     if (id) *id = e->next_id;
     e->next_id++;
+    if (q->episode) e->n_episode_seqs += q->n;
     return RF_OK;
 }
 
@@ -350,8 +380,8 @@ rf_status rf__rollout_update_text(rf_rollout *e, ro_seq *s, int *stopped) {
     *stopped = 0;
     const rf_tokenizer *tok = e->o.tok;
     if (!tok) return RF_OK;
-    int n_gen = s->n_tokens - s->req->prompt_len, n = 0;
-    const int32_t *gen = s->tokens + s->req->prompt_len;
+    int n_gen = s->n_tokens - s->turn_start, n = 0; /* this turn's tokens (a plain request: all) */
+    const int32_t *gen = s->tokens + s->turn_start;
     /* ids without a token (vocabulary padding) decode to nothing, as in rf_generate */
     int32_t *known = malloc(sizeof(int32_t) * (size_t)(n_gen + 1));
     if (!known) return rf_error(RF_ERR_NOMEM, "rollout: out of memory");
@@ -373,13 +403,87 @@ rf_status rf__rollout_update_text(rf_rollout *e, ro_seq *s, int *stopped) {
     return RF_OK;
 }
 
-void rf__rollout_deliver(rf_rollout *e, ro_seq *s) {
-    ro_request *r = s->req;
+/* The callback's view of s; turn_end as given. */
+static rf_rollout_sample sample_view(const ro_seq *s, int turn_end) {
+    const ro_request *r = s->req;
     int P = r->prompt_len;
-    rf_rollout_sample out = {r->id, s->index, r->user, r->prompt, P, s->tokens + P, s->logprobs,
-                             s->versions, s->n_tokens - P, s->text, s->text_len, s->finish,
-                             s->n_preempted};
+    return (rf_rollout_sample){r->id, s->index, r->user, r->prompt, P, s->tokens + P, s->logprobs,
+                               s->versions, s->n_tokens - P, s->text, s->text_len, s->finish,
+                               s->n_preempted, s->mask, turn_end, s->turn, s->turn_start - P};
+}
+
+void rf__rollout_deliver(rf_rollout *e, ro_seq *s) {
+    rf_rollout_sample out = sample_view(s, 0);
     e->stats.samples_finished++;
     if (e->cb) e->cb(e->cb_ctx, &out);
     seq_drop(e, s);
+}
+
+rf_status rf__rollout_hold_turn(rf_rollout *e, ro_seq *s) {
+    RF_ASSERT(e->n_paused < e->cap_paused); /* room made at submit */
+    e->paused[e->n_paused++] = s;
+    rf_rollout_sample out = sample_view(s, 1);
+    if (e->cb) e->cb(e->cb_ctx, &out);
+    return RF_OK;
+}
+
+int rf_rollout_waiting_turns(const rf_rollout *e) { return e->n_paused; }
+
+/* Takes the paused sample (request_id, index) off the paused list; NULL when not there. */
+static ro_seq *unpause(rf_rollout *e, uint64_t request_id, int index) {
+    for (int i = 0; i < e->n_paused; i++) {
+        ro_seq *s = e->paused[i];
+        if (s->req->id != request_id || s->index != index) continue;
+        e->paused[i] = e->paused[--e->n_paused];
+        return s;
+    }
+    return NULL;
+}
+
+/* The paused sample (request_id, index), NULL when not there. */
+static ro_seq *find_paused(const rf_rollout *e, uint64_t request_id, int index) {
+    for (int i = 0; i < e->n_paused; i++)
+        if (e->paused[i]->req->id == request_id && e->paused[i]->index == index) return e->paused[i];
+    return NULL;
+}
+
+rf_status rf_rollout_continue(rf_rollout *e, uint64_t request_id, int index, const int32_t *obs, int n_obs) {
+    ro_seq *s = find_paused(e, request_id, index);
+    if (!s)
+        return rf_error(RF_ERR_ARG, "rollout: sample %d of request %llu is not waiting between turns", index,
+                        (unsigned long long)request_id);
+    const ro_request *r = s->req;
+    int used = s->n_tokens - r->prompt_len, V = e->mc.cfg->vocab_size;
+    if (n_obs < 0 || used + n_obs >= r->gen_cap)
+        return rf_error(RF_ERR_RANGE, "rollout: an observation of %d tokens after %d leaves no room for a turn "
+                        "within max_total_tokens (%d)", n_obs, used, r->gen_cap);
+    for (int k = 0; k < n_obs; k++)
+        if (obs[k] < 0 || obs[k] >= V)
+            return rf_error(RF_ERR_RANGE, "rollout: observation token %d at position %d is outside the "
+                            "vocabulary (%d)", obs[k], k, V);
+    unpause(e, request_id, index);
+    int version = used > 0 ? s->versions[used - 1] : e->version;
+    for (int k = 0; k < n_obs; k++, used++) {
+        s->tokens[s->n_tokens++] = obs[k];
+        s->logprobs[used] = 0.0f, s->versions[used] = version, s->mask[used] = 0;
+    }
+    s->turn_start = s->n_tokens, s->turn++;
+    free(s->text);
+    s->text = NULL, s->text_len = 0;
+    if (e->n_running < e->o.max_running) { /* its blocks stay: the next step runs only the new tokens */
+        e->running[e->n_running++] = s;
+        return RF_OK;
+    }
+    rf__rollout_release_blocks(e, s); /* no room in the running batch: recomputed on admission */
+    s->group = e->next_group++;
+    return rf__rollout_push_waiting(e, s, 1);
+}
+
+rf_status rf_rollout_end(rf_rollout *e, uint64_t request_id, int index) {
+    ro_seq *s = unpause(e, request_id, index);
+    if (!s)
+        return rf_error(RF_ERR_ARG, "rollout: sample %d of request %llu is not waiting between turns", index,
+                        (unsigned long long)request_id);
+    rf__rollout_deliver(e, s);
+    return RF_OK;
 }

@@ -57,6 +57,15 @@ typedef struct rf_rollout_request {
     int n_stop_ids;
     const char *stop[RF_MAX_STOP]; /* stop strings, copied; need opts.tok; finish "stop" */
     int n_stop;
+    /* Multi-turn episodes (docs/env-api.md): with episode = 1 every sample is an episode of
+     * turns. A turn ends as a response does (a stop id, a stop string, or max_new_tokens tokens
+     * in the turn); the callback then gets the turn (turn_end = 1) and the sample waits, its KV
+     * blocks kept, until rf_rollout_continue appends an observation and starts the next turn
+     * (the prefix is not run again) or rf_rollout_end delivers it. A turn also ends when the
+     * sample reaches max_total_tokens after the prompt. */
+    int episode;
+    int max_total_tokens;    /* episode: tokens after the prompt (generated and observations) at
+                                most, >= max_new_tokens; bounds the sample's positions */
 } rf_rollout_request;
 
 /* A finished sample, as the callback sees it. Every pointer is the engine's and valid only
@@ -77,6 +86,15 @@ typedef struct rf_rollout_sample {
     size_t text_len;
     rf_finish finish;
     int n_preempted;         /* times this sample was preempted and recomputed */
+    /* episodes (rf_rollout_request.episode): */
+    const uint8_t *mask;     /* (n_tokens) 1: generated (in the loss), 0: an observation; NULL
+                                for a plain request. Observation tokens have log-prob 0 and
+                                the version of the generated token before them */
+    int turn_end;            /* 1: a turn ended and the sample waits (rf_rollout_continue or
+                                rf_rollout_end); 0: the sample is finished and gone */
+    int turn;                /* turns generated so far, this one included */
+    int turn_start;          /* index into tokens of this turn's first generated token; text is
+                                this turn's (a plain request: 0, the whole response) */
 } rf_rollout_sample;
 
 typedef void (*rf_rollout_callback)(void *ctx, const rf_rollout_sample *s);
@@ -161,17 +179,35 @@ void rf_rollout_set_version(rf_rollout *e, int version);
  * after one the engine should be freed. */
 rf_status rf_rollout_step(rf_rollout *e);
 
+/* Episodes: sample `index` of request `request_id`, waiting after a turn, gets the observation
+ * obs (n_obs >= 0 token ids, copied, masked out) appended and generates its next turn from
+ * the next step. Its KV blocks stay: only the observation and the turn's last token are run
+ * through the model (when max_running sequences already run, it waits and its prefix is
+ * computed again on admission). Call between steps, not from the callback. Errors:
+ * RF_ERR_ARG for a sample that is not waiting; RF_ERR_RANGE for an id outside the vocabulary
+ * or when the observation leaves no room for a token within max_total_tokens (end the episode
+ * instead). */
+rf_status rf_rollout_continue(rf_rollout *e, uint64_t request_id, int index, const int32_t *obs, int n_obs);
+
+/* Episodes: ends waiting sample `index` of request `request_id`: the callback gets the whole
+ * episode (turn_end = 0; tokens are every generated and observation token after the prompt,
+ * mask says which) and the sample is freed. Call between steps. RF_ERR_ARG when not waiting. */
+rf_status rf_rollout_end(rf_rollout *e, uint64_t request_id, int index);
+
+/* Episode samples waiting between turns. */
+int rf_rollout_waiting_turns(const rf_rollout *e);
+
 /* Steps until no sequence is running or waiting. */
 rf_status rf_rollout_run_until_idle(rf_rollout *e);
 
-/* 1 when nothing is running or waiting. */
+/* 1 when nothing is running or waiting (episode samples between turns do not count). */
 int rf_rollout_idle(const rf_rollout *e);
 
 /* Gives the KV pool's memory and the model's pass workspace back to the back end while the
  * engine is idle, so that the device can serve something else until the next step with work
  * allocates them again (verl's free_cache_engine, vLLM's sleep mode; in a colocated run,
  * training). Nothing to do when already released. Errors: RF_ERR_ARG when sequences are
- * running or waiting; the model's pool_release. */
+ * running or waiting, or episodes wait between turns; the model's pool_release. */
 rf_status rf_rollout_release_cache(rf_rollout *e);
 /* Allocates a released KV pool again (rf_rollout_step does when it has work); nothing to do
  * when it is held. RF_ERR_NOMEM naming the size. */

@@ -18,6 +18,8 @@ typedef struct ro_request {
     int n_stop_ids;
     char *stop[RF_MAX_STOP];
     int n_stop;
+    int episode, max_total;   /* episodes: gen_cap = max_total tokens after the prompt */
+    int gen_cap;              /* tokens after the prompt a sample holds at most */
     /* Prefix retained for samples not yet started, so that a group admitted in parts is still
      * prefilled once: the prompt's blocks (one reference each) and the logits of its last
      * position, from which a late sample draws its first token. Dropped when the last sample
@@ -36,9 +38,12 @@ typedef struct ro_seq {
     ro_request *req;
     int index;               /* sample index within the request */
     rf_rng rng;              /* seeded seed + index; kept across preemption */
-    int32_t *tokens;         /* (prompt_len + max_new_tokens) prompt, then generated */
-    float *logprobs;         /* (max_new_tokens) */
-    int *versions;           /* (max_new_tokens) */
+    int32_t *tokens;         /* (prompt_len + gen_cap) prompt, then generated (and observations) */
+    float *logprobs;         /* (gen_cap) */
+    int *versions;           /* (gen_cap) */
+    uint8_t *mask;           /* (gen_cap) episodes: 1 generated, 0 observation; else NULL */
+    int turn_start;          /* index into tokens where the current turn starts */
+    int turn;                /* turns started */
     int n_tokens, n_cached;
     int *blocks;             /* (cap_blocks) block table */
     int n_blocks, cap_blocks;
@@ -63,6 +68,9 @@ struct rf_rollout {
     ro_seq **running;        /* (max_running) in admission order */
     int n_running;
     ro_request *retained;    /* list of requests holding a prefix */
+    ro_seq **paused;         /* (cap_paused) episode samples between turns, blocks kept */
+    int n_paused, cap_paused; /* cap_paused >= n_episode_seqs: pausing never allocates */
+    int n_episode_seqs;      /* episode samples submitted and not yet freed */
     /* per-step scratch */
     rf_paged_seq *batch;     /* (max_running) */
     int *row;                /* (max_running) logits row of each running sequence */
@@ -87,6 +95,8 @@ rf_status rf__rollout_push_waiting(rf_rollout *e, ro_seq *s, int front);
 rf_status rf__rollout_update_text(rf_rollout *e, ro_seq *s, int *stopped);
 /* Hands a finished sample to the callback, then frees it (and its request after the last). */
 void rf__rollout_deliver(rf_rollout *e, ro_seq *s);
+/* An episode's turn ended: s keeps its blocks on the paused list and the callback gets the turn. */
+rf_status rf__rollout_hold_turn(rf_rollout *e, ro_seq *s);
 /* Drops every block reference of s. */
 void rf__rollout_release_blocks(rf_rollout *e, ro_seq *s);
 /* Drops request r's retained prefix (and takes r off the list). */

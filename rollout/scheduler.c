@@ -15,11 +15,11 @@
 
 #include "rollout/rollout_internal.h"
 
-/* Makes the position n_cached of s writable: a fresh block at a block boundary, or a private
- * copy of a shared, partially filled last block (copy on write). 0 when the pool is empty. */
-static int reserve_slot(rf_rollout *e, ro_seq *s) {
+/* Makes position pos of s writable: a fresh block at a block boundary, or a private copy of a
+ * shared, partially filled block (copy on write). 0 when the pool is empty. */
+static int reserve_pos(rf_rollout *e, ro_seq *s, int pos) {
     rf_kv_pool *p = &e->pool;
-    int bi = s->n_cached / p->block_size, filled = s->n_cached % p->block_size;
+    int bi = pos / p->block_size, filled = pos % p->block_size;
     if (bi == s->n_blocks) {
         int b = rf_kv_pool_alloc(p);
         if (b < 0) return 0;
@@ -34,6 +34,15 @@ static int reserve_slot(rf_rollout *e, ro_seq *s) {
     rf_kv_pool_unref(p, shared);
     s->blocks[bi] = b;
     e->stats.cow_copies++;
+    return 1;
+}
+
+/* Makes every pending position of s writable (n_cached .. n_tokens - 1: the last token, and
+ * for an episode continued after a turn, the observation before it). 0 when the pool runs out
+ * (the blocks taken so far stay with s). */
+static int reserve_slot(rf_rollout *e, ro_seq *s) {
+    for (int pos = s->n_cached; pos < s->n_tokens; pos++)
+        if (!reserve_pos(e, s, pos)) return 0;
     return 1;
 }
 
@@ -171,11 +180,12 @@ static rf_status admit(rf_rollout *e, int *rows, int *n_tokens) {
 /* Builds the batch: one row per decoding sequence (its pending token), then one row per
  * admitted group (its whole prefix). e->row maps each running sequence to its logits row. */
 static rf_status build_batch(rf_rollout *e, int *n_rows) {
-    int n_decode = e->n_running, rows = 0, n_tokens = n_decode;
+    int n_decode = e->n_running, rows = 0, n_tokens = 0;
     for (int i = 0; i < n_decode; i++) {
         ro_seq *s = e->running[i];
         e->row[i] = rows;
-        e->batch[rows++] = (rf_paged_seq){s->blocks, s->n_cached, 1};
+        e->batch[rows++] = (rf_paged_seq){s->blocks, s->n_cached, s->n_tokens - s->n_cached};
+        n_tokens += s->n_tokens - s->n_cached; /* 1, or an episode's observation and last token */
     }
     RF_TRY(admit(e, &rows, &n_tokens));
     if (n_tokens > e->tokens_cap) {
@@ -191,7 +201,7 @@ static rf_status build_batch(rf_rollout *e, int *n_rows) {
         memcpy(e->tokens + t, s->tokens + b->n_cached, sizeof(int32_t) * (size_t)b->n_new);
         t += b->n_new;
         if (b->n_cached == 0) e->stats.prefill_tokens += b->n_new;
-        else e->stats.decode_tokens++;
+        else e->stats.decode_tokens++, e->stats.prefill_tokens += b->n_new - 1;
     }
     *n_rows = rows;
     return RF_OK;
@@ -203,19 +213,21 @@ static int is_stop_id(const ro_request *r, int32_t t) {
     return 0;
 }
 
-/* Appends s's next token t (log-prob lp) and decides whether s is finished (the rules of
- * rf_generate: a stop id, then a stop string, then max_new_tokens). */
+/* Appends s's next token t (log-prob lp) and decides whether s (an episode: its turn) is
+ * finished (the rules of rf_generate: a stop id, then a stop string, then max_new_tokens in
+ * the turn; an episode also at max_total_tokens). */
 static rf_status take_token(rf_rollout *e, ro_seq *s, int32_t t, float lp, int *done) {
     const ro_request *r = s->req;
     int g = s->n_tokens - r->prompt_len, stopped = 0;
     s->tokens[s->n_tokens++] = t;
     s->logprobs[g] = lp;
     s->versions[g] = e->version;
+    if (s->mask) s->mask[g] = 1;
     e->stats.tokens_generated++;
     if (r->n_stop) RF_TRY(rf__rollout_update_text(e, s, &stopped));
     int eos = is_stop_id(r, t);
     s->finish = eos ? RF_FINISH_EOS : stopped ? RF_FINISH_STOP : RF_FINISH_LENGTH;
-    *done = eos || stopped || g + 1 >= r->max_new_tokens;
+    *done = eos || stopped || s->n_tokens - s->turn_start >= r->max_new_tokens || g + 1 >= r->gen_cap;
     if (*done && !r->n_stop) RF_TRY(rf__rollout_update_text(e, s, &stopped));
     return RF_OK;
 }
@@ -246,7 +258,8 @@ static rf_status sample_all(rf_rollout *e, int n_rows) {
         int done = 0;
         st = take_token(e, s, e->picks[i], e->pick_logp[i], &done);
         if (st == RF_OK && done) {
-            rf__rollout_deliver(e, s);
+            if (s->req->episode) st = rf__rollout_hold_turn(e, s); /* waits for the environment */
+            else rf__rollout_deliver(e, s);
             e->running[i] = NULL;
         }
     }

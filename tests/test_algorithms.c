@@ -18,7 +18,7 @@ static void group_estimators(void) {
     float adv[4][1], ret[4][1];
     rf_adv_seq s[4];
     float r[4] = {1, 0, 1, 0};
-    for (int i = 0; i < 4; i++) s[i] = (rf_adv_seq){1, 7, r[i], NULL, NULL, adv[i], ret[i], NULL};
+    for (int i = 0; i < 4; i++) s[i] = (rf_adv_seq){1, 7, r[i], NULL, NULL, adv[i], ret[i], NULL, NULL};
     rf_adv_opts o = {RF_ADV_GRPO, 1, 1, 0, 0, 1e-6f};
     CHECK_OK(rf_advantages(&o, s, 4));
     /* mean 0.5, unbiased std sqrt(1/3) */
@@ -47,7 +47,7 @@ static void token_rewards(void) {
     /* GAE, gamma = lambda = 1, V = (0.5, 0.2, 0.1), sequence reward 1, token rewards
      * (0.3, -0.1, 0.2): r = (0.3, -0.1, 1.2); returns (1.4, 1.1, 1.2); adv = returns - V */
     float v[3] = {0.5f, 0.2f, 0.1f}, tr[3] = {0.3f, -0.1f, 0.2f}, adv[3], ret[3];
-    rf_adv_seq s = {3, 0, 1.0f, NULL, v, adv, ret, tr};
+    rf_adv_seq s = {3, 0, 1.0f, NULL, v, adv, ret, tr, NULL};
     rf_adv_opts o = {RF_ADV_GAE, 1, 1, 0, 0, 1e-6f};
     CHECK_OK(rf_advantages(&o, &s, 1));
     CHECK_CLOSE(ret[0], 1.4, TOL, 0);
@@ -71,7 +71,7 @@ static void token_rewards(void) {
     /* Dr. GRPO over two samples: rewards 1 + (0.3 - 0.1 + 0.2) = 1.4 and 0.5: adv = +-0.45 on
      * every token, returns the whole reward */
     float adv2[3], ret2[3], v2[3] = {0};
-    rf_adv_seq g[2] = {{3, 1, 1.0f, NULL, NULL, adv, ret, tr}, {3, 1, 0.5f, NULL, v2, adv2, ret2, NULL}};
+    rf_adv_seq g[2] = {{3, 1, 1.0f, NULL, NULL, adv, ret, tr, NULL}, {3, 1, 0.5f, NULL, v2, adv2, ret2, NULL, NULL}};
     rf_adv_opts dr = {RF_ADV_DR_GRPO, 1, 1, 0, 0, 1e-6f};
     CHECK_OK(rf_advantages(&dr, g, 2));
     for (int t = 0; t < 3; t++) {
@@ -87,7 +87,7 @@ static void token_rewards(void) {
 
 static void gae_and_reinforce(void) {
     float v[3] = {0.5f, 0.2f, 0.1f}, kl[3] = {0.1f, 0.2f, 0.3f}, adv[3], ret[3];
-    rf_adv_seq s = {3, 0, 1.0f, NULL, v, adv, ret, NULL};
+    rf_adv_seq s = {3, 0, 1.0f, NULL, v, adv, ret, NULL, NULL};
     rf_adv_opts o = {RF_ADV_GAE, 1, 1, 0, 0, 1e-6f};
     CHECK_OK(rf_advantages(&o, &s, 1));
     CHECK_CLOSE(adv[0], 0.5, TOL, 0);

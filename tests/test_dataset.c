@@ -435,7 +435,7 @@ static void test_tasks(void) {
     char err_dir[300];
     snprintf(err_dir, sizeof err_dir, "%s/none", g_dir);
     CHECK_ERR(rf_task_generate("sudoku", err_dir, 10, 10, 1), RF_ERR_ARG,
-              "unknown task \"sudoku\" (tasks: arith, countdown)");
+              "unknown task \"sudoku\" (tasks: arith, countdown, multiply)");
     rf_task_opts o;
     rf_task_opts_default(&o);
     o.max_digits = 1, o.mul_percent = 0; /* 100 sums + 55 differences: too few for 500 distinct */

@@ -502,6 +502,33 @@ static char *doc_text(void) {
     return s;
 }
 
+/* [env]: defaults, the calculator, and what cannot work refused naming the key. */
+static void env_section(void) {
+    rf_recipe r;
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[env]\ntype = \"calculator\"\n"), NULL, 0));
+    CHECK(strcmp(r.env.type, "calculator") == 0 && r.env.max_turns == 4 && r.env.max_total_tokens == 256 &&
+          r.env.timeout == 30.0 && !r.env.endpoint[0] && !r.env.insecure);
+    rf_recipe_free(&r);
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[env]\ntype = \"external\"\nendpoint = \"tcp://127.0.0.1:5558\"\n"),
+                            NULL, 0));
+    rf_recipe_free(&r);
+    load_fails("[env]\nturns = 3\n", NULL, 0, RF_ERR_ARG, "unknown key \"env.turns\"");
+    load_fails("[env]\ntype = \"gym\"\n", NULL, 0, RF_ERR_ARG,
+               "env.type: \"gym\" is not allowed (allowed: \"\", \"calculator\", \"external\")");
+    load_fails("[env]\ntype = \"external\"\n", NULL, 0, RF_ERR_ARG, "env.endpoint = \"\": is needed with env.type = "
+               "\"external\"");
+    load_fails("[env]\nendpoint = \"tcp://127.0.0.1:5558\"\n", NULL, 0, RF_ERR_ARG,
+               "env.endpoint = \"tcp://127.0.0.1:5558\": is set but env.type is not \"external\"");
+    load_fails("[env]\ntype = \"external\"\nendpoint = \"tcp://0.0.0.0:5558\"\n", NULL, 0, RF_ERR_ARG,
+               "can be reached from other machines, and without CURVE");
+    load_fails("[env]\ntype = \"calculator\"\nmax_total_tokens = 8\n[rollout]\nmax_new_tokens = 16\n", NULL, 0,
+               RF_ERR_ARG, ":3:1: env.max_total_tokens = 8: must be >= rollout.max_new_tokens (a turn's limit)");
+    load_fails("[env]\nmax_turns = 0\n", NULL, 0, RF_ERR_ARG, "env.max_turns = 0: must be in [1, 1000]");
+    load_fails("[env]\ntimeout = 0.0\n", NULL, 0, RF_ERR_ARG, "env.timeout = 0.0: must be > 0");
+    load_fails("[env]\ntype = \"calculator\"\n[placement]\nmode = \"split\"\n", NULL, 0, RF_ERR_UNSUPPORTED,
+               "env.type");
+}
+
 static void docs_are_current(void) {
     const char *src = getenv("RF_SOURCE_DIR");
     if (!src || !*src) {
@@ -537,6 +564,7 @@ int main(int argc, char **argv) {
     parallel_layouts();
     task_rules_and_new_keys();
     dump_round_trip();
+    env_section();
     docs_are_current();
     if (tmp_path[0]) unlink(tmp_path);
     return rf_test_finish("test_recipe");

@@ -190,7 +190,7 @@ static rf_status run_engine(rf_model *m, const rf_rollout_opts *o, const rf_gen_
     rf_status s = RF_OK;
     for (int i = 0; s == RF_OK && i < N_PROMPTS; i++) {
         rf_rollout_request q = {g_prompts[i], g_lens[i], n, p->sampling, p->max_new_tokens,
-                                p->seed + (uint64_t)(n == 1 ? i : 0), p->eos_ids, p->n_eos, {0}, p->n_stop};
+                                p->seed + (uint64_t)(n == 1 ? i : 0), p->eos_ids, p->n_eos, {0}, p->n_stop, 0, 0};
         for (int j = 0; j < p->n_stop; j++) q.stop[j] = p->stop[j];
         s = rf_rollout_submit(e, &q, (void *)(intptr_t)(i * n), NULL);
     }
@@ -299,7 +299,7 @@ static void group_shares_prompt_blocks(rf_model *m) {
     CHECK_OK(rf_rollout_init(&e, m, &(rf_rollout_opts){.block_size = BS, .n_blocks = 64}));
     collector col = {0};
     rf_rollout_set_callback(e, collect, &col);
-    rf_rollout_request q = {g_prompts[4], LEN, N, gp.sampling, gp.max_new_tokens, gp.seed, NULL, 0, {0}, 0};
+    rf_rollout_request q = {g_prompts[4], LEN, N, gp.sampling, gp.max_new_tokens, gp.seed, NULL, 0, {0}, 0, 0, 0};
     CHECK_OK(rf_rollout_submit(e, &q, (void *)0, NULL));
     CHECK_OK(rf_rollout_step(e));
     const rf_kv_pool *p = rf_rollout_pool(e);
@@ -455,7 +455,7 @@ static void *failing_alloc(size_t bytes) { return g_alloc_fails ? NULL : rf_cpu_
 /* Submits every prompt with n samples (user base round * N_PROMPTS * n + i * n). */
 static void submit_prompts(rf_rollout *e, const rf_gen_params *p, int n, int round) {
     for (int i = 0; i < N_PROMPTS; i++) {
-        rf_rollout_request q = {g_prompts[i], g_lens[i], n, p->sampling, p->max_new_tokens, p->seed, NULL, 0, {0}, 0};
+        rf_rollout_request q = {g_prompts[i], g_lens[i], n, p->sampling, p->max_new_tokens, p->seed, NULL, 0, {0}, 0, 0, 0};
         CHECK_OK(rf_rollout_submit(e, &q, (void *)(intptr_t)((round * N_PROMPTS + i) * n), NULL));
     }
 }
@@ -529,7 +529,7 @@ static void continuous_batching_admits_on_finish(rf_model *m) {
     collector col = {0};
     rf_rollout_set_callback(e, collect, &col);
     for (int i = 0; i < 3; i++) {
-        rf_rollout_request q = {g_prompts[i], g_lens[i], 1, smp, max_new[i], 40 + (uint64_t)i, NULL, 0, {0}, 0};
+        rf_rollout_request q = {g_prompts[i], g_lens[i], 1, smp, max_new[i], 40 + (uint64_t)i, NULL, 0, {0}, 0, 0, 0};
         uint64_t id;
         CHECK_OK(rf_rollout_submit(e, &q, (void *)(intptr_t)i, &id));
         CHECK(id == (uint64_t)i);
@@ -565,7 +565,7 @@ static void versions_per_token(rf_model *m) {
     CHECK_OK(rf_rollout_init(&e, m, NULL));
     collector col = {0};
     rf_rollout_set_callback(e, collect, &col);
-    rf_rollout_request q = {g_prompts[1], g_lens[1], 2, {0, 1.0f, 0, 1.0f}, 6, 1, NULL, 0, {0}, 0};
+    rf_rollout_request q = {g_prompts[1], g_lens[1], 2, {0, 1.0f, 0, 1.0f}, 6, 1, NULL, 0, {0}, 0, 0, 0};
     CHECK_OK(rf_rollout_submit(e, &q, (void *)0, NULL));
     rf_rollout_set_version(e, 3);
     CHECK_OK(rf_rollout_step(e));
@@ -589,7 +589,7 @@ static void errors(rf_model *m) {
     CHECK(e == NULL);
     CHECK_OK(rf_rollout_init(&e, m, &(rf_rollout_opts){.block_size = 4, .n_blocks = 4}));
     int32_t p[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, bad_tok[2] = {1, 300};
-    rf_rollout_request ok = {p, 6, 1, {0, 1.0f, 0, 1.0f}, 10, 0, NULL, 0, {0}, 0}, q;
+    rf_rollout_request ok = {p, 6, 1, {0, 1.0f, 0, 1.0f}, 10, 0, NULL, 0, {0}, 0, 0, 0}, q;
     CHECK_OK(rf_rollout_submit(e, &ok, NULL, NULL)); /* 16 positions: exactly the pool */
     q = ok, q.prompt_len = 10;
     CHECK_ERR(rf_rollout_submit(e, &q, NULL, NULL), RF_ERR_RANGE, "but the whole pool holds 4");

@@ -88,7 +88,7 @@ static void submit_all(rf_rollout *e) {
     const rf_sampling smp[N_REQ] = {{0, 0.9f, 0, 1.0f}, {0, 0.9f, 20, 0.9f}, {1, 1, 0, 1}, {0, 0.9f, 0, 1.0f}, {1, 1, 0, 1}};
     const int n[N_REQ] = {4, 3, 2, 3, 1};
     for (int i = 0; i < N_REQ; i++) {
-        rf_rollout_request q = {g_prompt[i], g_len[i], n[i], smp[i], MAX_NEW, 1000 + 10 * (uint64_t)i, NULL, 0, {0}, 0};
+        rf_rollout_request q = {g_prompt[i], g_len[i], n[i], smp[i], MAX_NEW, 1000 + 10 * (uint64_t)i, NULL, 0, {0}, 0, 0, 0};
         CHECK_OK(rf_rollout_submit(e, &q, (void *)(uintptr_t)i, NULL));
     }
 }

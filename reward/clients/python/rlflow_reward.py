@@ -113,7 +113,7 @@ SCHEMA = [
                         ("token_rewards", 6, "FLOAT", True)]),
 ]
 ROLES = ["ROLE_UNSPECIFIED", "ROLE_CONTROLLER", "ROLE_ROLLOUT", "ROLE_ACTOR", "ROLE_CRITIC",
-         "ROLE_REFERENCE", "ROLE_REWARD", "ROLE_REWARD_PROGRAM"]
+         "ROLE_REFERENCE", "ROLE_REWARD", "ROLE_REWARD_PROGRAM", "ROLE_ENVIRONMENT"]
 
 
 def _build_classes():
