@@ -479,7 +479,7 @@ static rf_status tp_role_init(tp_role *c, rf__tworker *w, rf_model_tp *tp, int m
         size_t n;
         RF_TRY(rf_layout_shards(&pt, tp->tp, s, c->all + (size_t)s * (size_t)tp->n_full_views, &n));
     }
-    *out = (rf_ckpt_role){&tp->cfg, tp->full_views, tp->n_full_views, tp->m->opt_step, 1, tp_role_tensor, c};
+    *out = (rf_ckpt_role){&tp->cfg, tp->full_views, tp->n_full_views, tp->m->opt_step, 1, tp_role_tensor, c, NULL};
     return RF_OK;
 }
 

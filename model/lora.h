@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "model/model.h"
+#include "model/safetensors.h"
 
 typedef enum { RF_LORA_INIT_GAUSSIAN, RF_LORA_INIT_KAIMING } rf_lora_init;
 
@@ -62,6 +63,14 @@ void rf_lora_target_dims(const rf_model_config *cfg, int t, int *in, int *out);
  * base_model_name_or_path = base, may be "") and adapter_model.safetensors with PEFT's names,
  * "base_model.model." + the view name (F32). RF_ERR_ARG when m has no adapters; RF_ERR_IO. */
 rf_status rf_lora_save_peft(const rf_model *m, const char *dir, const char *base);
+
+/* rf_lora_save_peft for adapters that are not in one buffer here: l's rank, alpha and targets,
+ * the adapter tensors' whole shapes and names in views (n of them, l->views' order), each one's
+ * floats made by fill(ctx, i, dst) as the writer reaches it (a checkpoint's tensor function:
+ * tensor-parallel shards gathered, or a whole model's copied). RF_ERR_ARG without adapters;
+ * fill's errors; RF_ERR_IO. */
+rf_status rf_lora_save_peft_fill(const rf_lora *l, const rf_param_view *views, int n, const char *dir,
+                                 const char *base, rf_st_fill_fn fill, void *ctx);
 
 /* Reads dir/adapter_config.json into o (seed 0, B-zero init; the values come from the file):
  * what rlflow does not implement (use_rslora, bias other than "none", modules_to_save,

@@ -313,12 +313,15 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     return RF_OK;
 }
 
-/* G = 1: the whole policy (read from the model directory, or colocated with identical layouts
- * the training rank's own buffer). */
+/* G = 1: the whole policy (read from the model directory, with the recipe's LoRA adapters, or
+ * colocated with identical layouts the training rank's own buffer). */
 static rf_status whole_open(worker *w, const rf_kernels *k) {
     float *params;
     RF_TRY(borrowed_params(w, &params));
-    if (!params) return rf_model_load(&w->m, w->r->model.path, k, 0);
+    if (!params) { /* under LoRA the frozen base once, the adapters arriving with each version */
+        RF_TRY(rf_model_load(&w->m, w->r->model.path, k, 0));
+        return rf__lora_attach(w->r, w->m);
+    }
     rf_model_config cfg;
     RF_TRY(policy_config(w, &cfg));
     return rf_model_init_borrowed(&w->m, &cfg, k, params);
