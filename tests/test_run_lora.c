@@ -129,8 +129,7 @@ static void bad_recipes(void) {
     bad("lora.dropout=0.1", "error: --set: lora.dropout = 0.1 is not implemented yet (dropout on the adapter input; set it to 0)");
     bad("placement.actor.tp=2", "placement.actor.tp = 2 is not implemented yet (with lora.enabled = true: adapters "
                                 "split over tensor-parallel training ranks; use placement.actor.dp)");
-    bad("placement.rollout.tp=2", "placement.rollout.tp = 2 is not implemented yet (with lora.enabled = true: adapters "
-                                  "resharded to tensor-parallel rollout workers)");
+    /* placement.rollout.tp: tests/test_split_lora.c (a colocated run refuses it earlier) */
     bad("placement.actor.dp=2' --set 'placement.actor.zero=1",
         "placement.actor.zero = 1 is not implemented yet (with lora.enabled = true: ZeRO-1 of the adapters' AdamW "
         "moments (they are small: use zero = 0))");

@@ -1,0 +1,137 @@
+/* Split runs with LoRA ([lora] on every projection, rank 8, lr 5e-3, kl_coef 0.01 as
+ * test_run_lora) end to end under mpirun (rlflow starts it) on the 1-digit arithmetic task of
+ * tests/run_util.h:
+ *   - a split run with two data-parallel training workers and one rollout worker learns like the
+ *     one-process LoRA run: over 120 GRPO steps (k = 1) the training reward rises in both, and
+ *     the split run ends within 0.15 of the one-process run; the training worker sends the
+ *     adapters alone (logged once, perf/weights_mb is the adapters' 0.075 MB, not the model's
+ *     0.51 MB); the reference is the frozen base (actor/kl_ref at step 1 below 1e-6); every
+ *     version the rollout worker reports serving carries the CRC-32C the training worker
+ *     announced (the controller stops the run otherwise), and a damaged checksum stops it with
+ *     the exact error;
+ *   - resume: synchronous (k = 0) split runs, 20 steps then --resume to 40, against 40 steps in
+ *     one go: the resumed run continues from step 20 (its checkpoint holds the adapters, their
+ *     moments and the PEFT adapter directory) and its mean reward over steps 21-40 is within
+ *     0.05 of the uninterrupted run's (a split run's training side sums floats in an order that
+ *     varies from run to run, so a sampled token can flip: test_split_stop's bound);
+ *   - layouts LoRA does not support are refused before mpirun starts, naming the key.
+ * Skips (77) when mpirun is not installed. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "test_shell.h"
+#include "run_util.h"
+#include "test_util.h"
+
+static const char *rlflow;
+static char dir[256];
+
+static const char *EXTRA = "[lora]\nenabled = true\nrank = 8\nalpha = 16\n"
+                           "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"
+                           "[placement]\nmode = \"split\"\nrollout_ranks = 1\n[placement.actor]\ndp = 2\n";
+
+static double mean_of(const char *run, const char *name, int from, int to) {
+    return rf_test_metric_mean(dir, run, name, from, to);
+}
+
+static void learns_like_one_process(void) {
+    char *out;
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "one", "--set placement.mode=colocated --set placement.actor.dp=1");
+    CHECK(rc == 0);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    rc = rf_test_run_recipe(&out, dir, rlflow, "split", "");
+    CHECK(rc == 0);
+    CHECK(strstr(out, "split run: 4 processes (controller, 2 data-parallel training workers, 1 rollout workers)") != NULL);
+    CHECK(strstr(out, "training worker: data-parallel rank 1 of 2 ready (world rank 2, pid ") != NULL);
+    const char *sent = strstr(out, "training worker: LoRA: weights version 0 sent as the adapters alone (0.07 MB, CRC-32C ");
+    CHECK(sent != NULL);
+    CHECK(sent && strstr(sent, "; the frozen base, 0.44 MB, stays on the rollout workers)") != NULL);
+    if (rc || !sent) fprintf(stderr, "%s\n", out);
+    free(out);
+    double mb = mean_of("split", "perf/weights_mb", 1, 120), k1 = mean_of("split", "actor/kl_ref", 1, 1);
+    printf("split: perf/weights_mb %.4f, actor/kl_ref at step 1 %.3g\n", mb, k1);
+    CHECK(fabs(mb - 18688 * 4e-6) < 1e-9); /* 2 layers x 7 adapters of rank 8: 18688 floats */
+    CHECK(fabs(k1) < 1e-6);
+    double a1, b1, a2, b2;
+    rf_test_learned(dir, rlflow, "one", "--set placement.mode=colocated --set placement.actor.dp=1", &a1, &b1);
+    rf_test_learned(dir, rlflow, "split", "", &a2, &b2);
+    printf("mean reward steps 1-20 -> 101-120: one process %.3f -> %.3f, split dp = 2 %.3f -> %.3f\n", a1, b1, a2, b2);
+    CHECK(fabs(b2 - b1) < 0.15);
+}
+
+/* The transfer's checksum damaged on its way (RF_TEST_WEIGHTS_DAMAGE: the training worker
+ * announces CRC ^ 1): the rollout worker refuses version 0 and the run stops saying so. */
+static void damaged_checksum(void) {
+    char *out;
+    int rc = rf_test_sh(&out, "cd %s && RF_TEST_WEIGHTS_DAMAGE=1 %s run r.toml --set train.steps=3 "
+                              "--set placement.actor.dp=1 --set logging.dir=%s/damaged", dir, rlflow, dir);
+    CHECK(rc != 0);
+    /* the checksum is the adapters': the one the training worker logs as sent, refused as sent ^ 1 */
+    const char *sent = strstr(out, "sent as the adapters alone (0.07 MB, CRC-32C ");
+    unsigned crc = 0;
+    CHECK(sent && sscanf(sent, "sent as the adapters alone (0.07 MB, CRC-32C %8x", &crc) == 1);
+    char want[160];
+    snprintf(want, sizeof want, "error: rollout worker 0 on ");
+    CHECK(strstr(out, want) != NULL);
+    snprintf(want, sizeof want, ": weights version 0 from rank 0 arrived damaged: CRC-32C %08x, sent as %08x", crc, crc ^ 1u);
+    CHECK(strstr(out, want) != NULL);
+    if (!strstr(out, want)) fprintf(stderr, "want \"%s\" in:\n%s\n", want, out);
+    free(out);
+}
+
+static void resumes(void) {
+    const char *sync = "--set async.max_staleness=0 --set logging.val_every=20";
+    char *out, args[256];
+    CHECK(rf_test_run_recipe(&out, dir, rlflow, "full", sync) == 0);
+    free(out);
+    snprintf(args, sizeof args, "%s --set train.steps=20", sync);
+    CHECK(rf_test_run_recipe(&out, dir, rlflow, "half", args) == 0);
+    free(out);
+    char p[512];
+    snprintf(p, sizeof p, "test -f %s/half/step_000020/adapter/adapter_model.safetensors && test -f "
+                          "%s/half/step_000020/actor_optim/model.safetensors", dir, dir);
+    CHECK(rf_test_sh(NULL, "%s", p) == 0);
+    snprintf(args, sizeof args, "%s --set train.steps=40 --resume", sync);
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "half", args);
+    CHECK(rc == 0);
+    CHECK(strstr(out, "resumed at step 20") != NULL);
+    if (rc) fprintf(stderr, "%s\n", out);
+    free(out);
+    double f = mean_of("full", "reward/mean", 21, 40), h = mean_of("half", "reward/mean", 21, 40);
+    printf("synchronous split runs, mean reward steps 21-40: uninterrupted %.4f, resumed at 20 %.4f\n", f, h);
+    CHECK(fabs(f - h) < 0.05);
+    CHECK(rf_test_sh(NULL, "test -f %s/half/step_000040/adapter/adapter_config.json", dir) == 0);
+}
+
+static void refusals(void) {
+    rf_test_refused(dir, rlflow, 0, "tp", "--set placement.actor.tp=2",
+                    "placement.actor.tp = 2 is not implemented yet (with lora.enabled = true: adapters split over "
+                    "tensor-parallel training ranks; use placement.actor.dp)");
+    rf_test_refused(dir, rlflow, 0, "rtp", "--set placement.rollout.tp=2",
+                    "placement.rollout.tp = 2 is not implemented yet (with lora.enabled = true: adapters resharded "
+                    "to tensor-parallel rollout workers)");
+    rf_test_refused(dir, rlflow, 0, "zero", "--set placement.actor.zero=1",
+                    "placement.actor.zero = 1 is not implemented yet (with lora.enabled = true: ZeRO-1 of the "
+                    "adapters' AdamW moments (they are small: use zero = 0))");
+}
+
+int main(void) {
+    int rc = rf_test_split_start("split_lora", &rlflow, dir, sizeof dir);
+    if (rc) return rc;
+    rf_test_write_recipe(dir, 0, EXTRA);
+    /* the recipe's [train] lr and [algorithm] kl_coef for adapters (test_run_lora's) */
+    CHECK(rf_test_sh(NULL, "cd %s && sed -i 's/^lr = 5e-4$/lr = 5e-3/; s/^clip_high = 0.28$/clip_high = 0.28\\nkl_coef = 0.01/' "
+                           "r.toml", dir) == 0);
+    refusals();
+    learns_like_one_process();
+    damaged_checksum();
+    resumes();
+    if (!rf_test_failed) rf_test_sh(NULL, "rm -rf %s", dir);
+    return rf_test_finish("test_split_lora");
+}
