@@ -48,6 +48,14 @@ rf_status rf_lora_check(const rf_lora_opts *o, const rf_model_config *cfg);
  * its parameters and has no adapters yet: else RF_ERR_ARG. Errors of rf_lora_check. */
 rf_status rf_model_lora_attach(rf_model *m, const rf_lora_opts *o);
 
+/* The adapters o would add to a whole model of config cfg, for a tensor-parallel shard to cut
+ * its blocks from (model_tp.h rf_model_tp_lora_attach): their table (*views, *n of them: lora_A
+ * then lora_B of each target of every layer, offsets from 0) and their initial values (*init,
+ * rf_lora_param_count floats on the host: the draws rf_model_lora_attach makes on a whole
+ * model, B zero). Both owned by the caller (free). rf_lora_check's errors; RF_ERR_NOMEM. */
+rf_status rf_lora_whole(const rf_lora_opts *o, const rf_model_config *cfg, rf_param_view **views, int *n,
+                        float **init);
+
 /* The views the optimizer updates and checkpoints keep: the adapters' with LoRA, else all of
  * the model's (borrowed from m). */
 const rf_param_view *rf_model_train_views(const rf_model *m, int *n_views);

@@ -93,10 +93,8 @@ static void resumes(void) {
     snprintf(args, sizeof args, "%s --set train.steps=20", sync);
     CHECK(rf_test_run_recipe(&out, dir, rlflow, "half", args) == 0);
     free(out);
-    char p[512];
-    snprintf(p, sizeof p, "test -f %s/half/step_000020/adapter/adapter_model.safetensors && test -f "
-                          "%s/half/step_000020/actor_optim/model.safetensors", dir, dir);
-    CHECK(rf_test_sh(NULL, "%s", p) == 0);
+    CHECK(rf_test_sh(NULL, "test -f %s/half/step_000020/adapter/adapter_model.safetensors && test -f "
+                           "%s/half/step_000020/actor_optim/model.safetensors", dir, dir) == 0);
     snprintf(args, sizeof args, "%s --set train.steps=40 --resume", sync);
     int rc = rf_test_run_recipe(&out, dir, rlflow, "half", args);
     CHECK(rc == 0);
