@@ -160,7 +160,7 @@ static const rkey KEYS[] = {
     {"sft", "out", T_STR, AT(sft.out), "\"\"", NULL, "Output model directory; \"\" = <logging.dir>/sft."},
     {"sft", "warm_start", T_BOOL, AT(sft.warm_start), "false", NULL, "rlflow run: when model.path holds no model, build it by SFT of a fresh model.init_preset model on data.train responses first."},
 
-    {"lora", "enabled", T_BOOL, AT(lora.enabled), "false", NULL, "Train adapters instead of the policy's weights (rlflow run and rlflow sft): the base weights are frozen (no gradients or AdamW moments for them), the reference policy of the KL term is the base model itself (no second copy), and checkpoints hold the adapters and their moments. In one process, and in split runs (placement.mode = \"split\") with placement.actor.dp >= 1 (plain data parallelism) and placement.actor.tp = placement.rollout.tp = 1, where only the adapters travel to the rollout workers after each update (each worker loads the frozen base once); placement.actor.tp > 1, placement.rollout.tp > 1, placement.actor.zero = 1 and colocated runs on several processes are refused naming the key."},
+    {"lora", "enabled", T_BOOL, AT(lora.enabled), "false", NULL, "Train adapters instead of the policy's weights (rlflow run and rlflow sft): the base weights are frozen (no gradients or AdamW moments for them), the reference policy of the KL term is the base model itself (no second copy), and checkpoints hold the adapters and their moments. In one process, and in split runs (placement.mode = \"split\") with any placement.actor.dp (plain data parallelism) and placement.actor.tp (adapters split like their base matrices), where only the adapters travel to the rollout workers after each update (each worker loads the frozen base once); placement.rollout.tp > 1, placement.actor.zero = 1 and colocated runs on several processes are refused naming the key."},
     {"lora", "rank", T_INT, AT(lora.rank), "8", NULL, "Rank r of every adapter (PEFT's r); at most the model's hidden_size."},
     {"lora", "alpha", T_FLOAT, AT(lora.alpha), "16.0", NULL, "Scale numerator: the adapter's product is multiplied by alpha / rank (PEFT's lora_alpha)."},
     {"lora", "dropout", T_FLOAT, AT(lora.dropout), "0.0", NULL, "Dropout on the adapter input (PEFT's lora_dropout): only 0 is implemented; another value is refused."},
@@ -878,21 +878,19 @@ static rf_status validate_lora(const rf_recipe *r) {
                        "\"gate\", \"up\", \"down\")");
     if (r->lora.dropout != 0)
         return rf_recipe_reject_unimplemented(r, "lora.dropout", "dropout on the adapter input; set it to 0");
-    /* implemented: one process, and split runs with whole models on every rank (the training
-     * ranks data parallel, the adapters alone sent to the rollout workers) */
-    if (r->placement.actor.tp > 1)
-        return rf_recipe_reject_unimplemented(r, "placement.actor.tp", "with lora.enabled = true: adapters split "
-                                              "over tensor-parallel training ranks; use placement.actor.dp");
+    /* implemented: one process, and split runs (training ranks data and tensor parallel, the
+     * adapters alone sent to whole-model rollout workers) */
     if (r->placement.rollout.tp > 1)
         return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "with lora.enabled = true: adapters "
                                               "resharded to tensor-parallel rollout workers");
     if (r->placement.actor.zero == 1)
         return rf_recipe_reject_unimplemented(r, "placement.actor.zero", "with lora.enabled = true: ZeRO-1 of the "
                                               "adapters' AdamW moments (they are small: use zero = 0)");
-    if (strcmp(r->placement.mode, "colocated") == 0 && r->placement.actor.dp > 1)
-        return rf_recipe_reject_unimplemented(r, "placement.actor.dp", "with lora.enabled = true in a colocated "
-                                              "run on several processes (the rollout ranks read the training "
-                                              "weights in place); use placement.mode = \"split\"");
+    if (strcmp(r->placement.mode, "colocated") == 0 && r->placement.actor.dp * r->placement.actor.tp > 1)
+        return rf_recipe_reject_unimplemented(r, r->placement.actor.tp > 1 ? "placement.actor.tp" : "placement.actor.dp",
+                                              "with lora.enabled = true in a colocated run on several processes (the "
+                                              "rollout ranks read the training weights in place); use "
+                                              "placement.mode = \"split\"");
     return RF_OK;
 }
 

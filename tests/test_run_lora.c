@@ -127,8 +127,9 @@ static void bad_recipes(void) {
         "error: --set: lora.targets: \"qkv\" is not allowed (allowed: \"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\")");
     bad("lora.targets=[]", "error: --set: lora.targets = []: names no projection");
     bad("lora.dropout=0.1", "error: --set: lora.dropout = 0.1 is not implemented yet (dropout on the adapter input; set it to 0)");
-    bad("placement.actor.tp=2", "placement.actor.tp = 2 is not implemented yet (with lora.enabled = true: adapters "
-                                "split over tensor-parallel training ranks; use placement.actor.dp)");
+    bad("placement.actor.tp=2", "placement.actor.tp = 2 is not implemented yet (with lora.enabled = true in a colocated "
+                                "run on several processes (the rollout ranks read the training weights in place); use "
+                                "placement.mode = \"split\")");
     /* placement.rollout.tp: tests/test_split_lora.c (a colocated run refuses it earlier) */
     bad("placement.actor.dp=2' --set 'placement.actor.zero=1",
         "placement.actor.zero = 1 is not implemented yet (with lora.enabled = true: ZeRO-1 of the adapters' AdamW "
