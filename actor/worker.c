@@ -266,6 +266,10 @@ static rf_status transfers_done(tworker *w) {
 /* Floats sent to the rollout workers each update: the whole actor's (tensor parallelism: the
  * whole model's, not the shard's), or under LoRA its adapters (the base is frozen). */
 static size_t actor_floats(const tworker *w) {
+    if (w->tp && w->tp->lora_views) { /* the whole adapters' table: the last one ends it */
+        const rf_param_view *v = &w->tp->lora_views[w->tp->n_lora_views - 1];
+        return v->offset + v->numel;
+    }
     return w->tp ? w->tp->full_params : w->actor->n_params - w->actor->n_frozen;
 }
 
@@ -288,8 +292,9 @@ static rf_status publish_weights(tworker *w) {
                         "identical layouts: zero-copy, the rollout ranks read the training shards" :
                         "resharded in place from the training layout");
         else if (first)
-            rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards%s to the rollout workers",
-                        w->version, w->crc, w->tp ? w->tp->tp : 1, w->tp && w->dpc ? " of every data-parallel replica" : "");
+            rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards%s to the rollout workers%s",
+                        w->version, w->crc, w->tp ? w->tp->tp : 1, w->tp && w->dpc ? " of every data-parallel replica" : "",
+                        w->tp && w->tp->lora_views ? " (LoRA: the adapters alone)" : "");
         w->tp_serving = 1;
         return RF_OK;
     }

@@ -137,6 +137,8 @@ static void tensor_parallel(void) {
     CHECK(strstr(out, "split run: 6 processes (controller, 4 training workers: 2 data-parallel replicas of 2 "
                       "tensor-parallel ranks, 1 rollout workers)") != NULL);
     CHECK(strstr(out, "training worker: checkpoint of step 1 gathered from 2 shards") != NULL);
+    CHECK(strstr(out, "resharded from 2 shards of every data-parallel replica to the rollout workers (LoRA: the "
+                      "adapters alone)") != NULL);
     if (rc || !strstr(out, "gathered from 2 shards")) fprintf(stderr, "%s\n", out);
     free(out);
     size_t na, nb;
@@ -162,6 +164,7 @@ static void tensor_parallel(void) {
         CHECK(mx > 0 && off * 1000 <= n && d <= 2 * 5e-3 * 1.01);
     }
     free(a), free(b);
+    CHECK(fabs(mean_of("tp2", "perf/weights_mb", 1, 1) - 18688 * 4e-6) < 1e-9); /* the adapters, not the base */
     snprintf(args, sizeof args, "--set async.max_staleness=0 --set train.steps=2 --set placement.actor.tp=2 --resume");
     rc = rf_test_run_recipe(&out, dir, rlflow, "tp2", args);
     CHECK(rc == 0 && strstr(out, "resumed at step 1") != NULL);
