@@ -177,7 +177,8 @@ static void weights_sync(rf_comm *c, rf_model *m, double full[2]) {
     int rank = rf_comm_rank(c), last = rf_comm_size(c) - 1;
     if (last == 0) return;
     size_t bytes = (m->n_params - m->n_frozen) * sizeof(float);
-    double base = memcpy_seconds(c, rank == last ? m->params : NULL, rank == last ? bytes : 0);
+    /* into the floats a transfer writes (under LoRA the adapters: the base must stay as loaded) */
+    double base = memcpy_seconds(c, rank == last ? m->params + m->n_frozen : NULL, rank == last ? bytes : 0);
     for (int in_place = 1; in_place >= 0; in_place--) {
         rf_weights_tx *tx = NULL;
         rf_weights_rx *rx = NULL;
@@ -227,6 +228,7 @@ static void weights_sync(rf_comm *c, rf_model *m, double full[2]) {
 static void weights_sync_lora(rf_comm *c, const rf_model_config *cfg, int r, unsigned targets, double full[2]) {
     rf_model *m = NULL;
     DIE(rf_model_init(&m, cfg, rf_cpu_kernels()));
+    memset(m->params, 0, sizeof(float) * m->n_params); /* the same frozen base on both ranks */
     rf_lora_opts o = {r, 2.0f * (float)r, 0.0f, targets, RF_LORA_INIT_GAUSSIAN, 1};
     DIE(rf_model_lora_attach(m, &o));
     weights_sync(c, m, full);
