@@ -81,6 +81,19 @@ int rf__worker_has_rm(const tworker *w) {
     return w->r->reward.model[0] && w->replica < dp;
 }
 
+rf_status rf__worker_actor_load(tworker *w) {
+    RF_TRY(rf_model_load(&w->actor, w->r->model.path, w->k, 0));
+    RF_TRY(rf__lora_attach(w->r, w->actor));
+    return rf_model_enable_training(w->actor);
+}
+
+rf_status rf__worker_ref_load(tworker *w) {
+    const rf_recipe *r = w->r;
+    if (w->actor && w->actor->lora.rank && !r->reference.path[0])
+        return rf_model_init_borrowed(&w->ref, &w->actor->cfg, w->k, w->actor->params);
+    return rf_model_load(&w->ref, r->reference.path[0] ? r->reference.path : r->model.path, w->k, 0);
+}
+
 rf_status rf__worker_score(tworker *w, rf_train_sample *s, int n, int flags) {
     const rf_recipe *r = w->r;
     if (n == 0) return RF_OK; /* an empty share: every rank of the replica has it */
@@ -250,8 +263,15 @@ static rf_status transfers_done(tworker *w) {
     }
 }
 
-/* Floats in the whole actor (tensor parallelism: the whole model's, not the shard's). */
-static size_t actor_floats(const tworker *w) { return w->tp ? w->tp->full_params : w->actor->n_params; }
+/* Floats sent to the rollout workers each update: the whole actor's (tensor parallelism: the
+ * whole model's, not the shard's), or under LoRA its adapters (the base is frozen). */
+static size_t actor_floats(const tworker *w) {
+    if (w->tp && w->tp->lora_views) { /* the whole adapters' table: the last one ends it */
+        const rf_param_view *v = &w->tp->lora_views[w->tp->n_lora_views - 1];
+        return v->offset + v->numel;
+    }
+    return w->tp ? w->tp->full_params : w->actor->n_params - w->actor->n_frozen;
+}
 
 /* WeightsUpdate: the version and checksum the rollout workers must report serving. */
 static rf_status announce(tworker *w) {
@@ -272,14 +292,19 @@ static rf_status publish_weights(tworker *w) {
                         "identical layouts: zero-copy, the rollout ranks read the training shards" :
                         "resharded in place from the training layout");
         else if (first)
-            rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards%s to the rollout workers",
-                        w->version, w->crc, w->tp ? w->tp->tp : 1, w->tp && w->dpc ? " of every data-parallel replica" : "");
+            rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards%s to the rollout workers%s",
+                        w->version, w->crc, w->tp ? w->tp->tp : 1, w->tp && w->dpc ? " of every data-parallel replica" : "",
+                        w->tp && w->tp->lora_views ? " (LoRA: the adapters alone)" : "");
         w->tp_serving = 1;
         return RF_OK;
     }
     RF_TRY(transfers_done(w));
     RF_TRY(rf_weights_tx_start(w->tx, w->wcomm, w->actor, w->version, w->rollout, w->n_rollout,
                                w->r->async.peer_timeout, &w->crc));
+    if (w->actor->n_frozen && !w->lora_told++)
+        rf_log_info("training worker: LoRA: weights version %d sent as the adapters alone (%.2f MB, CRC-32C %08x; the "
+                    "frozen base, %.2f MB, stays on the rollout workers)", w->version,
+                    (double)actor_floats(w) * 4e-6, w->crc, (double)w->actor->n_frozen * 4e-6);
     return announce(w);
 }
 
@@ -541,10 +566,9 @@ rf_status rf_train_worker_main(const rf_recipe *r, const rf_msg_dial *dial, int 
     if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
     /* whole here unless split over tensor-parallel ranks (then every rank reads its shards) */
-    if (st == RF_OK && !w.tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0);
-    if (st == RF_OK && !w.tpc) st = rf_model_enable_training(w.actor);
+    if (st == RF_OK && !w.tpc) st = rf__worker_actor_load(&w);
     if (st == RF_OK && rf_recipe_reference_enabled(r) && !rf__worker_split_tp(&w, RF_ROLE_REFERENCE))
-        st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
+        st = rf__worker_ref_load(&w);
     if (st == RF_OK && kind == RF_ADV_GAE && !rf__worker_split_tp(&w, RF_ROLE_CRITIC)) {
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
         if (st == RF_OK) st = rf_model_enable_training(w.critic);
@@ -581,7 +605,7 @@ rf_status rf_train_worker_main(const rf_recipe *r, const rf_msg_dial *dial, int 
     rf_msg_link_close(w.link);
     rf_weights_tx_free(w.tx);
     rf_metrics_close(w.metrics);
-    rf_model_free(w.actor), rf_model_free(w.ref), rf_model_free(w.critic);
+    rf_model_free(w.ref), rf_model_free(w.actor), rf_model_free(w.critic); /* the reference may borrow the actor's base */
     rf_reward_model_close(w.rm);
     return st;
 }

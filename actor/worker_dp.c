@@ -480,8 +480,7 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
     if (st == RF_OK) st = rf_kernels_apply_precision(w.k, r->model.precision, "model.precision", NULL);
     if (st == RF_OK) st = rf_loss_agg_parse(r->algorithm.loss_agg, &w.agg);
     if (st == RF_OK) st = rf_kl_est_parse(r->algorithm.kl_estimator, &w.kl_est);
-    if (st == RF_OK && !tpc) st = rf_model_load(&w.actor, r->model.path, w.k, 0); /* tp: shards, from replica 0 */
-    if (st == RF_OK && !tpc) st = rf_model_enable_training(w.actor);
+    if (st == RF_OK && !tpc) st = rf__worker_actor_load(&w); /* tp: shards, from replica 0 */
     if (st == RF_OK && kind == RF_ADV_GAE && rf__worker_has_critic(&w) && !rf__worker_split_tp(&w, RF_ROLE_CRITIC)) {
         /* placement.critic.dp replicas (split: rf__tp_setup reads the shards) */
         st = rf_model_load(&w.critic, r->critic.path[0] ? r->critic.path : r->model.path, w.k, 1);
@@ -489,7 +488,7 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
     }
     /* the reference on the first placement.reference.dp replicas */
     if (st == RF_OK && rf__worker_has_ref(&w) && !rf__worker_split_tp(&w, RF_ROLE_REFERENCE))
-        st = rf_model_load(&w.ref, r->reference.path[0] ? r->reference.path : r->model.path, w.k, 0);
+        st = rf__worker_ref_load(&w);
     /* the reward model whole on the first placement.reward.dp replicas' first ranks */
     if (st == RF_OK && rf__worker_has_rm(&w) && !rf__worker_split_tp(&w, RF_ROLE_REWARD))
         st = rf_reward_model_open(&w.rm, r->reward.model, w.k);
@@ -508,7 +507,7 @@ rf_status rf_train_peer_main(const rf_recipe *r, rf_comm *dpc, rf_comm *tpc, rf_
     if (st != RF_OK) rf__tp_stop(&w, 1);
     rf__dp_free(&w);
     rf__tp_free(&w);
-    rf_model_free(w.actor), rf_model_free(w.critic), rf_model_free(w.ref);
+    rf_model_free(w.ref), rf_model_free(w.actor), rf_model_free(w.critic); /* the reference may borrow the actor's base */
     rf_reward_model_close(w.rm);
     return st;
 }

@@ -84,6 +84,7 @@ typedef struct rf__tworker {
                             rank's replica), or NULL */
     rf_model_tp *tp;     /* this rank's shard of the actor */
     rf_weights_rs *wrs;  /* its weights to the rollout workers, by resharding */
+    int lora_told;       /* the adapters-only sync was logged (LoRA) */
     int tp_serving;      /* TP rank 0: the peers wait for commands (after the first weights,
                             or at once in replicas other than 0) */
     uint32_t crc;        /* checksum of the weights last sent */
@@ -170,6 +171,13 @@ int rf__worker_critic_replicas(const rf__tworker *w);
 int rf__worker_has_critic(const rf__tworker *w);
 int rf__worker_has_ref(const rf__tworker *w);
 int rf__worker_has_rm(const rf__tworker *w);
+
+/* The whole actor of this rank: model.path with the recipe's LoRA adapters when [lora] is on
+ * (the base frozen, controller/run_internal.h rf__lora_attach), training buffers; and the
+ * whole reference: under LoRA with no reference.path of its own, the actor's frozen base seen
+ * through a second model without adapters (no second copy; load the actor first). */
+rf_status rf__worker_actor_load(rf__tworker *w);
+rf_status rf__worker_ref_load(rf__tworker *w);
 
 /* ---- data parallelism (actor/worker_dp.c) ---- */
 

@@ -55,9 +55,36 @@ typedef struct tp_cmd {
     rf__share sh;  /* TRAIN: the actor's and the critic's samples in the batch */
 } tp_cmd;
 
-static rf_param_table table_of(const rf_model_tp *tp) {
-    rf_param_table pt = {&tp->cfg, tp->full_views, tp->n_full_views};
-    return pt;
+/* The tensors tp trains, checkpoints and sends to the rollout workers (the whole model's table)
+ * and the block of each held here: under LoRA the adapters (their floats from p0 = n_frozen on
+ * in the parameters, from 0 in the moments; the base is frozen and read from model.path), else
+ * every parameter. */
+typedef struct tp_table {
+    rf_param_table pt;
+    const rf_shard *shards; /* (pt.n_views) */
+    size_t p0;
+} tp_table;
+
+static tp_table table_of(const rf_model_tp *tp) {
+    if (tp->lora_views)
+        return (tp_table){{&tp->cfg, tp->lora_views, tp->n_lora_views}, tp->lora_shards, tp->m->n_frozen};
+    return (tp_table){{&tp->cfg, tp->full_views, tp->n_full_views}, tp->shards, 0};
+}
+
+/* LoRA, resuming: the adapters' blocks of part `part` (0 the parameters, 1 and 2 the AdamW
+ * moments) from the checkpoint's files in dir into dst (the shard's adapter floats). */
+static rf_status load_adapters(rf_model_tp *tp, const char *dir, const char *suffix, float *dst) {
+    tp_table tb = table_of(tp);
+    size_t n = tp->m->n_params - tp->m->n_frozen;
+    rf_safetensors *st = NULL;
+    RF_TRY(rf_st_open_dir(&st, dir));
+    float *host = tp->m->k == rf_cpu_kernels() ? dst : malloc(sizeof(float) * (n ? n : 1));
+    rf_status s = host ? rf_model_read_range(tb.pt.views, tb.pt.n_views, tb.shards, st, suffix, 0, n, host)
+                       : rf_error(RF_ERR_NOMEM, "out of memory for %zu floats", n);
+    if (s == RF_OK && host != dst) tp->m->k->to_device(dst, host, sizeof(float) * n);
+    if (host != dst) free(host);
+    rf_st_close(st);
+    return s;
 }
 
 /* This rank's shards of tp read from files (model/model_tp_io.c): from the model directory
@@ -65,13 +92,15 @@ static rf_param_table table_of(const rf_model_tp *tp) {
  * (the moments left to ZeRO-1 when it reads them, rf__dp_zero_reads: `model` 0 the actor, 1
  * the critic). */
 static rf_status load_shards(const rf__tworker *w, rf_model_tp *tp, const char *dir, int ckpt, int model) {
-    if (!ckpt) return rf_model_tp_load(tp, dir, NULL, NULL);
+    int lora = tp->lora_views != NULL; /* the checkpoint holds the adapters; the base is model.path's */
+    if (!ckpt || lora) RF_TRY(rf_model_tp_load(tp, ckpt ? w->r->model.path : dir, NULL, NULL));
+    if (!ckpt) return RF_OK;
     const char *role = model ? "critic" : "actor";
-    float *dst[3] = {NULL, tp->m->opt_m, tp->m->opt_v};
+    float *dst[3] = {lora ? tp->m->params + tp->m->n_frozen : NULL, tp->m->opt_m, tp->m->opt_v};
     for (int part = 0; part < (rf__dp_zero_reads(w, model) ? 1 : 3); part++) {
         char p[4300];
         const char *suffix = rf_checkpoint_part(dir, role, part, p, sizeof p);
-        rf_status st = rf_model_tp_load(tp, p, dst[part], suffix);
+        rf_status st = lora ? load_adapters(tp, p, suffix, dst[part]) : rf_model_tp_load(tp, p, dst[part], suffix);
         if (st != RF_OK) return rf_error_wrap(st, "resuming from %s", dir);
     }
     return RF_OK;
@@ -243,6 +272,9 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
         RF_TRY(rf_comm_for(w->tpc, w->k, "tensor parallelism", w->r->async.startup_timeout, &w->tp_dev, &g));
     }
     if (st == RF_OK) st = rf_model_tp_init(&w->tp, &cfg, w->k, g, r->async.peer_timeout);
+    rf_lora_opts lo;
+    if (st == RF_OK && r->lora.enabled) st = rf__lora_opts(r, &lo); /* the adapters, split like their base */
+    if (st == RF_OK && r->lora.enabled) st = rf_model_tp_lora_attach(w->tp, &lo);
     if (st == RF_OK) st = rf_model_tp_enable_training(w->tp);
     /* rollout workers on this host read the shards in place (resharding/reshard.h): the
      * model's own buffer, or on CUDA its host copy */
@@ -263,9 +295,9 @@ rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
     if (src.ckpt) snprintf(w->ckpt_dir, sizeof w->ckpt_dir, "%s", src.dir);
     RF_TRY(rf__worker_agree_to_start(w, w->tpc, st, "tensor-parallel (the actor's shards)"));
     RF_TRY(roles_setup(w));
-    rf_param_table pt = table_of(w->tp);
+    tp_table tb = table_of(w->tp); /* under LoRA the adapters alone travel */
     int D = w->dpc ? rf_comm_size(w->dpc) : 1; /* every replica sends (the planner spreads the senders) */
-    RF_TRY(weights_out_init(w, &pt, T, D));
+    RF_TRY(weights_out_init(w, &tb.pt, T, D));
     if (rank == 0 && w->replica == 0 && w->ho)
         rf_log_info("training worker: tensor parallel over %d ranks (actor shards: %zu of %zu parameters here, "
                     "each rank reading its own from %s), each handing its weights to its process's rollout rank", T,
@@ -321,7 +353,7 @@ rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)
     /* without tensor parallelism of the actor: the whole actor is the one shard */
     rf_comm *tpc = w->tp ? w->tpc : rf_comm_single();
     rf_model *m = w->tp ? w->tp->m : w->actor;
-    float *local = weights_of(w, m);
+    float *local = weights_of(w, m) + (w->tp ? table_of(w->tp).p0 : 0); /* LoRA: the adapters */
     RF_TRY(rf_weights_rs_checksum(w->wrs, tpc, local, timeout_s, &w->crc));
     if (announce) RF_TRY(announce(w));
     rf_weights_rs_set_timeout(w->wrs, timeout_s);
@@ -388,7 +420,7 @@ typedef struct ckpt_ask {
 } ckpt_ask;
 
 static float *part_of(const rf_model_tp *tp, int part) {
-    return part == 0 ? tp->m->params : part == 1 ? tp->m->opt_m : tp->m->opt_v;
+    return part == 0 ? tp->m->params + table_of(tp).p0 : part == 1 ? tp->m->opt_m : tp->m->opt_v;
 }
 
 /* Copies a row-major block (rows r0..r1, cols c0..c1 of a full_cols-wide tensor) into it. */
@@ -407,7 +439,10 @@ static void place_block(float *dst, const rf_shard *b, const float *src) {
 static rf_status gather_tensor(rf__tworker *w, const rf_model_tp *tp, int model, const rf_shard *all, int part,
                                int view, float *dst) {
     double timeout_s = w->r->async.peer_timeout;
-    const rf_shard *own = &tp->shards[view];
+    tp_table tb = table_of(tp);
+    const rf_shard *own = &tb.shards[view];
+    const rf_param_view *full = &tb.pt.views[view];
+    size_t n_views = (size_t)tb.pt.n_views;
     size_t n_mine = (size_t)(own->r1 - own->r0) * (size_t)(own->c1 - own->c0);
     int split = own->split != RF_SPLIT_REPLICATED;
     if (!split && tp->t != 0) return RF_OK;
@@ -422,7 +457,7 @@ static rf_status gather_tensor(rf__tworker *w, const rf_model_tp *tp, int model,
     if (zero) mine = zero;
     rf_comm *c = rf_comm_host(tp->comm);
     char what[RF_MAX_NAME + 64];
-    snprintf(what, sizeof what, "gathering %s for a checkpoint", tp->full_views[view].name);
+    snprintf(what, sizeof what, "gathering %s for a checkpoint", full->name);
     if (st != RF_OK || !split) {
         if (st == RF_OK) memcpy(dst, mine, n_mine * sizeof(float));
     } else if (tp->t != 0) {
@@ -430,11 +465,11 @@ static rf_status gather_tensor(rf__tworker *w, const rf_model_tp *tp, int model,
         st = rf_comm_sendrecv(c, &op, 1, timeout_s, what);
     } else {
         rf_comm_p2p *ops = calloc((size_t)tp->tp, sizeof *ops);
-        float *stage = malloc(tp->full_views[view].numel * sizeof(float));
+        float *stage = malloc(full->numel * sizeof(float));
         st = ops && stage ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory %s", what);
         size_t at = 0;
         for (int s = 1; st == RF_OK && s < tp->tp; s++) {
-            const rf_shard *b = &all[(size_t)s * (size_t)tp->n_full_views + (size_t)view];
+            const rf_shard *b = &all[(size_t)s * n_views + (size_t)view];
             size_t n = (size_t)(b->r1 - b->r0) * (size_t)(b->c1 - b->c0);
             ops[s - 1] = (rf_comm_p2p){stage + at, n * sizeof(float), s, 0};
             at += n;
@@ -443,7 +478,7 @@ static rf_status gather_tensor(rf__tworker *w, const rf_model_tp *tp, int model,
         if (st == RF_OK) {
             place_block(dst, own, mine);
             for (int s = 1; s < tp->tp; s++)
-                place_block(dst, &all[(size_t)s * (size_t)tp->n_full_views + (size_t)view], ops[s - 1].buf);
+                place_block(dst, &all[(size_t)s * n_views + (size_t)view], ops[s - 1].buf);
         }
         free(ops), free(stage);
     }
@@ -472,14 +507,16 @@ static rf_status tp_role_tensor(void *ctx, int part, int view, float *dst) {
 
 /* A split model as a checkpoint role (c->all allocated here; free it after). */
 static rf_status tp_role_init(tp_role *c, rf__tworker *w, rf_model_tp *tp, int model, rf_ckpt_role *out) {
-    *c = (tp_role){w, tp, model, calloc((size_t)tp->tp * (size_t)tp->n_full_views, sizeof(rf_shard))};
+    tp_table tb = table_of(tp); /* under LoRA the adapters, whole, and their PEFT copy */
+    size_t nv = (size_t)tb.pt.n_views;
+    *c = (tp_role){w, tp, model, calloc((size_t)tp->tp * nv + 1, sizeof(rf_shard))};
     if (!c->all) return rf_error(RF_ERR_NOMEM, "out of memory");
-    rf_param_table pt = table_of(tp);
     for (int s = 0; s < tp->tp; s++) {
         size_t n;
-        RF_TRY(rf_layout_shards(&pt, tp->tp, s, c->all + (size_t)s * (size_t)tp->n_full_views, &n));
+        RF_TRY(rf_layout_shards(&tb.pt, tp->tp, s, c->all + (size_t)s * nv, &n));
     }
-    *out = (rf_ckpt_role){&tp->cfg, tp->full_views, tp->n_full_views, tp->m->opt_step, 1, tp_role_tensor, c};
+    *out = (rf_ckpt_role){&tp->cfg, tb.pt.views, tb.pt.n_views, tp->m->opt_step, 1, tp_role_tensor, c,
+                          tp->lora_views ? &tp->m->lora : NULL};
     return RF_OK;
 }
 
@@ -535,7 +572,7 @@ static rf_status peer_checkpoint(rf__tworker *w, int64_t version) {
                            "waiting for tensor-parallel rank 0 to ask for a checkpoint's next tensor");
         if (st != RF_OK || a.model < 0) break;
         rf_model_tp *tp = a.model ? w->critic_tp : w->tp; /* NULL: the critic is not on this rank */
-        if (a.part < 0 || a.part > 2 || a.view < 0 || (tp && a.view >= tp->n_full_views))
+        if (a.part < 0 || a.part > 2 || a.view < 0 || (tp && a.view >= table_of(tp).pt.n_views))
             st = rf_error(RF_ERR_FORMAT, "tensor-parallel rank 0 asked for part %d of tensor %d", a.part, a.view);
         else if (tp) st = gather_tensor(w, tp, a.model, NULL, a.part, a.view, NULL);
     }

@@ -11,6 +11,11 @@
  * "fraction_of_memcpy" is the ratio. Each case runs with the CRC-32C check (verify 1) and
  * without (verify 0).
  *
+ * The weights_sync lines (identical layouts, the split run's path) also run with LoRA adapters
+ * on the same model (rank 8 on q, v and rank 16 on every projection): only the adapters travel
+ * ("lora_rank", "targets"), against the full weights' transfer measured just before
+ * ("full_seconds", "speedup") and the receiver's memcpy of the adapters' bytes.
+ *
  * Usage: bench_reshard [--np N] [--bucket BYTES] [--quick]. Not started by mpirun, it starts
  * itself under `mpirun -np N --oversubscribe` (N = 2 by default). */
 #define _POSIX_C_SOURCE 200809L
@@ -24,6 +29,7 @@
 #include "common/shm.h"
 #include "common/util.h"
 #include "kernels/kernels.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "resharding/reshard.h"
 #include "resharding/weights_sync.h"
@@ -165,12 +171,14 @@ static void raw_transfer(rf_comm *c, size_t bytes) {
 /* Weights between identical layouts (resharding/weights_sync.h), rank 0 to the last rank: the
  * receiver's stall (the rf_weights_rx_poll call that takes a transfer: receive or read in
  * place, checksum, into the model), read in place and through messages, against the
- * receiver's memcpy of as much. */
-static void weights_sync(rf_comm *c, rf_model *m) {
+ * receiver's memcpy of as much. With adapters on m (LoRA) only they travel: `full` holds the
+ * full weights' seconds (in place, messages) to compare with; without, it receives them. */
+static void weights_sync(rf_comm *c, rf_model *m, double full[2]) {
     int rank = rf_comm_rank(c), last = rf_comm_size(c) - 1;
     if (last == 0) return;
-    size_t bytes = m->n_params * sizeof(float);
-    double base = memcpy_seconds(c, rank == last ? m->params : NULL, rank == last ? bytes : 0);
+    size_t bytes = (m->n_params - m->n_frozen) * sizeof(float);
+    /* into the floats a transfer writes (under LoRA the adapters: the base must stay as loaded) */
+    double base = memcpy_seconds(c, rank == last ? m->params + m->n_frozen : NULL, rank == last ? bytes : 0);
     for (int in_place = 1; in_place >= 0; in_place--) {
         rf_weights_tx *tx = NULL;
         rf_weights_rx *rx = NULL;
@@ -199,13 +207,32 @@ static void weights_sync(rf_comm *c, rf_model *m) {
             s = max_over_ranks(c, s);
             if (r > 0 && s < best) best = s;
         }
-        if (rank == 0)
+        if (rank == 0 && !m->lora.rank)
             printf("{\"bench\":\"weights_sync\",\"ranks\":2,\"in_place\":%d,\"bytes\":%zu,\"seconds\":%.4f,\"gb_per_s\":%.2f,"
                    "\"memcpy_gb_per_s\":%.2f,\"fraction_of_memcpy\":%.3f}\n",
                    in_place, bytes, best, bytes / best / 1e9, bytes / base / 1e9, base / best);
+        else if (rank == 0)
+            printf("{\"bench\":\"weights_sync_lora\",\"ranks\":2,\"in_place\":%d,\"lora_rank\":%d,\"targets\":\"%s\","
+                   "\"bytes\":%zu,\"full_bytes\":%zu,\"seconds\":%.6f,\"full_seconds\":%.4f,\"speedup\":%.1f,"
+                   "\"gb_per_s\":%.2f,\"memcpy_gb_per_s\":%.2f,\"fraction_of_memcpy\":%.3f}\n",
+                   in_place, m->lora.rank, m->lora.targets == ((1u << RF_LORA_N) - 1) ? "all" : "q,v", bytes,
+                   m->n_params * sizeof(float), best, full[1 - in_place], full[1 - in_place] / best, bytes / best / 1e9,
+                   bytes / base / 1e9, base / best);
+        if (!m->lora.rank) full[1 - in_place] = best;
         rf_weights_tx_free(tx);
         rf_weights_rx_free(rx);
     }
+}
+
+/* weights_sync with adapters on a model of config cfg: rank r on `targets`. */
+static void weights_sync_lora(rf_comm *c, const rf_model_config *cfg, int r, unsigned targets, double full[2]) {
+    rf_model *m = NULL;
+    DIE(rf_model_init(&m, cfg, rf_cpu_kernels()));
+    memset(m->params, 0, sizeof(float) * m->n_params); /* the same frozen base on both ranks */
+    rf_lora_opts o = {r, 2.0f * (float)r, 0.0f, targets, RF_LORA_INIT_GAUSSIAN, 1};
+    DIE(rf_model_lora_attach(m, &o));
+    weights_sync(c, m, full);
+    rf_model_free(m);
 }
 
 /* The checksum's speed on rank 0 alone (256 MB): rf_crc32c_extend (the crc32 instruction on
@@ -269,7 +296,10 @@ static int run(int argc, char **argv) {
     memcpy_alone(c);
     checksum_speed(c);
     raw_transfer(c, m->n_params * sizeof(float));
-    weights_sync(c, m);
+    double full[2] = {0, 0};
+    weights_sync(c, m, full);
+    weights_sync_lora(c, &cfg, 8, 1u << RF_LORA_Q | 1u << RF_LORA_V, full);
+    weights_sync_lora(c, &cfg, 16, (1u << RF_LORA_N) - 1, full);
     int *rev = malloc(sizeof(int) * (size_t)n);
     for (int i = 0; i < n; i++) rev[i] = n - 1 - i;
     rf_layout train_tp = {.tp = n, .dp = 1}, gen_rep = {.tp = 1, .dp = n}, train_rev = {.tp = n, .dp = 1, .ranks = rev};

@@ -162,7 +162,7 @@ static const rkey KEYS[] = {
     {"sft", "out", T_STR, AT(sft.out), "\"\"", NULL, "Output model directory; \"\" = <logging.dir>/sft."},
     {"sft", "warm_start", T_BOOL, AT(sft.warm_start), "false", NULL, "rlflow run: when model.path holds no model, build it by SFT of a fresh model.init_preset model on data.train responses first."},
 
-    {"lora", "enabled", T_BOOL, AT(lora.enabled), "false", NULL, "Train adapters instead of the policy's weights (rlflow run and rlflow sft): the base weights are frozen (no gradients or AdamW moments for them), the reference policy of the KL term is the base model itself (no second copy), and checkpoints hold the adapters and their moments. One process only: placement.mode = \"colocated\" with placement.actor.dp = placement.actor.tp = placement.rollout.tp = 1; other layouts are refused."},
+    {"lora", "enabled", T_BOOL, AT(lora.enabled), "false", NULL, "Train adapters instead of the policy's weights (rlflow run and rlflow sft): the base weights are frozen (no gradients or AdamW moments for them), the reference policy of the KL term is the base model itself (no second copy), and checkpoints hold the adapters and their moments. In one process, and in split runs (placement.mode = \"split\") with any placement.actor.dp (plain data parallelism) and placement.actor.tp (adapters split like their base matrices), where only the adapters travel to the rollout workers after each update (each worker loads the frozen base once); placement.rollout.tp > 1, placement.actor.zero = 1 and colocated runs on several processes are refused naming the key."},
     {"lora", "rank", T_INT, AT(lora.rank), "8", NULL, "Rank r of every adapter (PEFT's r); at most the model's hidden_size."},
     {"lora", "alpha", T_FLOAT, AT(lora.alpha), "16.0", NULL, "Scale numerator: the adapter's product is multiplied by alpha / rank (PEFT's lora_alpha)."},
     {"lora", "dropout", T_FLOAT, AT(lora.dropout), "0.0", NULL, "Dropout on the adapter input (PEFT's lora_dropout): only 0 is implemented; another value is refused."},
@@ -998,12 +998,19 @@ static rf_status validate_lora(const rf_recipe *r) {
                        "\"gate\", \"up\", \"down\")");
     if (r->lora.dropout != 0)
         return rf_recipe_reject_unimplemented(r, "lora.dropout", "dropout on the adapter input; set it to 0");
-    if (strcmp(r->placement.mode, "colocated") != 0)
-        return rf_recipe_reject_unimplemented(r, "lora.enabled", "with placement.mode = \"split\": sending "
-                                              "adapters to rollout workers");
-    if (r->placement.actor.dp * r->placement.actor.tp > 1 || r->placement.rollout.tp > 1)
-        return rf_recipe_reject_unimplemented(r, "lora.enabled", "with several processes: adapters need "
-                                              "placement.actor.dp = placement.actor.tp = placement.rollout.tp = 1");
+    /* implemented: one process, and split runs (training ranks data and tensor parallel, the
+     * adapters alone sent to whole-model rollout workers) */
+    if (r->placement.rollout.tp > 1)
+        return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "with lora.enabled = true: adapters "
+                                              "resharded to tensor-parallel rollout workers");
+    if (r->placement.actor.zero == 1)
+        return rf_recipe_reject_unimplemented(r, "placement.actor.zero", "with lora.enabled = true: ZeRO-1 of the "
+                                              "adapters' AdamW moments (they are small: use zero = 0)");
+    if (strcmp(r->placement.mode, "colocated") == 0 && r->placement.actor.dp * r->placement.actor.tp > 1)
+        return rf_recipe_reject_unimplemented(r, r->placement.actor.tp > 1 ? "placement.actor.tp" : "placement.actor.dp",
+                                              "with lora.enabled = true in a colocated run on several processes (the "
+                                              "rollout ranks read the training weights in place); use "
+                                              "placement.mode = \"split\"");
     return RF_OK;
 }
 

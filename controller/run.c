@@ -29,12 +29,8 @@ static rf_status save(rf_run *run) {
     const rf_recipe *r = run->r;
     rf_ckpt_state st = {.step = run->step, .pos = run->pos, .kl_beta = run->kl.beta, .best_val = run->best_val};
     double t = rf_time_now();
+    /* with LoRA the checkpoint holds the adapters in PEFT's layout too (step_N/adapter) */
     RF_TRY(rf_checkpoint_save(r->logging.dir, run->actor, run->critic, r->model.path, &st, r->checkpoint.keep));
-    if (run->actor->lora.rank) { /* the adapters again in PEFT's layout, for generate --adapter and PEFT */
-        char p[4200];
-        snprintf(p, sizeof p, "%s/step_%06d/adapter", r->logging.dir, run->step);
-        RF_TRY(rf_lora_save_peft(run->actor, p, r->model.path));
-    }
     rf_log_info("checkpoint: %s/step_%06d (%.2f s)", r->logging.dir, run->step, rf_time_now() - t);
     return RF_OK;
 }

@@ -3,6 +3,7 @@
 #define RF_RUN_INTERNAL_H
 
 #include "controller/run.h"
+#include "model/lora.h"
 #include "rollout/rollout_tp.h"
 
 rf_status rf__ensure_data(const rf_recipe *r);
@@ -11,6 +12,10 @@ rf_status rf__load_roles(rf_run *run);
 /* Attaches the adapters of the recipe's [lora] section to m (nothing when lora.enabled is
  * false), before rf_model_enable_training. Errors name the lora key. */
 rf_status rf__lora_attach(const rf_recipe *r, rf_model *m);
+
+/* The adapters' options of the recipe's [lora] section (seeded by train.seed); errors name
+ * lora.targets. */
+rf_status rf__lora_opts(const rf_recipe *r, rf_lora_opts *o);
 rf_status rf__load_data(rf_run *run);
 rf_status rf__load_rewards(rf_run *run);
 rf_status rf__reject_unimplemented(const rf_recipe *r);

@@ -53,12 +53,17 @@ rf_status rf__ensure_model(const rf_recipe *r) {
     return rf__init_model(r, r->model.path);
 }
 
+rf_status rf__lora_opts(const rf_recipe *r, rf_lora_opts *o) {
+    *o = (rf_lora_opts){.rank = r->lora.rank, .alpha = (float)r->lora.alpha, .dropout = (float)r->lora.dropout,
+                        .init = strcmp(r->lora.init, "kaiming") == 0 ? RF_LORA_INIT_KAIMING : RF_LORA_INIT_GAUSSIAN,
+                        .seed = (uint64_t)r->train.seed};
+    return rf_lora_parse_targets((const char *const *)r->lora.targets.v, r->lora.targets.n, "lora.targets", &o->targets);
+}
+
 rf_status rf__lora_attach(const rf_recipe *r, rf_model *m) {
     if (!r->lora.enabled) return RF_OK;
-    rf_lora_opts o = {.rank = r->lora.rank, .alpha = (float)r->lora.alpha, .dropout = (float)r->lora.dropout,
-                      .init = strcmp(r->lora.init, "kaiming") == 0 ? RF_LORA_INIT_KAIMING : RF_LORA_INIT_GAUSSIAN,
-                      .seed = (uint64_t)r->train.seed};
-    RF_TRY(rf_lora_parse_targets((const char *const *)r->lora.targets.v, r->lora.targets.n, "lora.targets", &o.targets));
+    rf_lora_opts o;
+    RF_TRY(rf__lora_opts(r, &o));
     RF_TRY(rf_model_lora_attach(m, &o));
     rf_log_info("lora: rank %d, alpha %g on %d tensors: %zu trained parameters of %zu (%.2f%%); the base is frozen",
                 o.rank, o.alpha, m->lora.n_views, m->n_params - m->n_frozen, m->n_params,

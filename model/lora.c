@@ -125,6 +125,22 @@ static void bind_lora(rf_model *m) {
         }
 }
 
+rf_status rf_lora_whole(const rf_lora_opts *o, const rf_model_config *cfg, rf_param_view **views, int *n,
+                        float **init) {
+    *views = NULL, *init = NULL, *n = 0;
+    RF_TRY(rf_lora_check(o, cfg));
+    size_t count = rf_lora_param_count(o, cfg);
+    *views = lora_views(o, cfg, 0, n);
+    *init = calloc(count ? count : 1, sizeof(float));
+    if (!*views || !*init) {
+        free(*views), free(*init);
+        *views = NULL, *init = NULL;
+        return rf_error(RF_ERR_NOMEM, "LoRA: out of memory for %zu adapter parameters", count);
+    }
+    lora_init_values(o, *views, *n, 0, *init);
+    return RF_OK;
+}
+
 rf_status rf_model_lora_attach(rf_model *m, const rf_lora_opts *o) {
     RF_TRY(rf_lora_check(o, &m->cfg));
     if (m->lora.rank || m->grads || m->opt_m || m->params_shared)

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "model/model.h"
+#include "model/safetensors.h"
 
 typedef enum { RF_LORA_INIT_GAUSSIAN, RF_LORA_INIT_KAIMING } rf_lora_init;
 
@@ -47,6 +48,14 @@ rf_status rf_lora_check(const rf_lora_opts *o, const rf_model_config *cfg);
  * its parameters and has no adapters yet: else RF_ERR_ARG. Errors of rf_lora_check. */
 rf_status rf_model_lora_attach(rf_model *m, const rf_lora_opts *o);
 
+/* The adapters o would add to a whole model of config cfg, for a tensor-parallel shard to cut
+ * its blocks from (model_tp.h rf_model_tp_lora_attach): their table (*views, *n of them: lora_A
+ * then lora_B of each target of every layer, offsets from 0) and their initial values (*init,
+ * rf_lora_param_count floats on the host: the draws rf_model_lora_attach makes on a whole
+ * model, B zero). Both owned by the caller (free). rf_lora_check's errors; RF_ERR_NOMEM. */
+rf_status rf_lora_whole(const rf_lora_opts *o, const rf_model_config *cfg, rf_param_view **views, int *n,
+                        float **init);
+
 /* The views the optimizer updates and checkpoints keep: the adapters' with LoRA, else all of
  * the model's (borrowed from m). */
 const rf_param_view *rf_model_train_views(const rf_model *m, int *n_views);
@@ -62,6 +71,14 @@ void rf_lora_target_dims(const rf_model_config *cfg, int t, int *in, int *out);
  * base_model_name_or_path = base, may be "") and adapter_model.safetensors with PEFT's names,
  * "base_model.model." + the view name (F32). RF_ERR_ARG when m has no adapters; RF_ERR_IO. */
 rf_status rf_lora_save_peft(const rf_model *m, const char *dir, const char *base);
+
+/* rf_lora_save_peft for adapters that are not in one buffer here: l's rank, alpha and targets,
+ * the adapter tensors' whole shapes and names in views (n of them, l->views' order), each one's
+ * floats made by fill(ctx, i, dst) as the writer reaches it (a checkpoint's tensor function:
+ * tensor-parallel shards gathered, or a whole model's copied). RF_ERR_ARG without adapters;
+ * fill's errors; RF_ERR_IO. */
+rf_status rf_lora_save_peft_fill(const rf_lora *l, const rf_param_view *views, int n, const char *dir,
+                                 const char *base, rf_st_fill_fn fill, void *ctx);
 
 /* Reads dir/adapter_config.json into o (seed 0, B-zero init; the values come from the file):
  * what rlflow does not implement (use_rslora, bias other than "none", modules_to_save,

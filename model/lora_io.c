@@ -14,18 +14,18 @@
 
 #define PEFT_PREFIX "base_model.model."
 
-static rf_status write_config(const rf_model *m, const char *dir, const char *base) {
+static rf_status write_config(const rf_lora *l, const char *dir, const char *base) {
     cJSON *j = cJSON_CreateObject(), *t = cJSON_CreateArray();
     for (int i = 0; i < RF_LORA_N; i++)
-        if (m->lora.targets & (1u << i)) cJSON_AddItemToArray(t, cJSON_CreateString(rf_lora_module_name(i)));
+        if (l->targets & (1u << i)) cJSON_AddItemToArray(t, cJSON_CreateString(rf_lora_module_name(i)));
     cJSON_AddStringToObject(j, "base_model_name_or_path", base ? base : "");
     cJSON_AddStringToObject(j, "bias", "none");
     cJSON_AddBoolToObject(j, "fan_in_fan_out", 0);
     cJSON_AddBoolToObject(j, "inference_mode", 1);
-    cJSON_AddNumberToObject(j, "lora_alpha", m->lora.alpha);
+    cJSON_AddNumberToObject(j, "lora_alpha", l->alpha);
     cJSON_AddNumberToObject(j, "lora_dropout", 0.0);
     cJSON_AddStringToObject(j, "peft_type", "LORA");
-    cJSON_AddNumberToObject(j, "r", m->lora.rank);
+    cJSON_AddNumberToObject(j, "r", l->rank);
     cJSON_AddItemToObject(j, "target_modules", t);
     cJSON_AddStringToObject(j, "task_type", "CAUSAL_LM");
     cJSON_AddBoolToObject(j, "use_rslora", 0);
@@ -37,30 +37,41 @@ static rf_status write_config(const rf_model *m, const char *dir, const char *ba
     return s;
 }
 
-rf_status rf_lora_save_peft(const rf_model *m, const char *dir, const char *base) {
-    if (!m->lora.rank) return rf_error(RF_ERR_ARG, "%s: the model has no LoRA adapters to save", dir);
-    int n = m->lora.n_views;
-    rf_st_entry *e = calloc((size_t)n, sizeof *e);
-    char (*names)[RF_MAX_NAME + 32] = calloc((size_t)n, sizeof *names);
-    float *host = malloc(sizeof(float) * (m->n_params - m->n_frozen));
-    rf_status s = e && names && host ? rf_mkdirs(dir) : rf_error(RF_ERR_NOMEM, "out of memory");
-    if (s == RF_OK) m->k->to_host(host, m->params + m->n_frozen, sizeof(float) * (m->n_params - m->n_frozen));
+rf_status rf_lora_save_peft_fill(const rf_lora *l, const rf_param_view *views, int n, const char *dir,
+                                 const char *base, rf_st_fill_fn fill, void *ctx) {
+    if (!l || !l->rank) return rf_error(RF_ERR_ARG, "%s: the model has no LoRA adapters to save", dir);
+    rf_st_entry *e = calloc((size_t)n + 1, sizeof *e);
+    char (*names)[RF_MAX_NAME + 32] = calloc((size_t)n + 1, sizeof *names);
+    rf_status s = e && names ? rf_mkdirs(dir) : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int i = 0; s == RF_OK && i < n; i++) {
-        const rf_param_view *v = &m->lora.views[i];
+        const rf_param_view *v = &views[i];
         snprintf(names[i], sizeof names[i], PEFT_PREFIX "%s", v->name);
-        e[i] = (rf_st_entry){names[i], host + (v->offset - m->n_frozen), 2, {v->shape[0], v->shape[1]}};
+        e[i] = (rf_st_entry){names[i], NULL, 2, {v->shape[0], v->shape[1]}};
     }
     /* the writer names its file model.safetensors: write into a scratch directory and move it */
     char tmp[4200], from[4300], to[4300];
     snprintf(tmp, sizeof tmp, "%s/.adapter.tmp", dir);
-    if (s == RF_OK) s = rf_st_write_dir(tmp, e, n, RF_DTYPE_F32, 0);
+    if (s == RF_OK) s = rf_st_write_dir_fill(tmp, e, n, RF_DTYPE_F32, 0, fill, ctx);
     snprintf(from, sizeof from, "%s/model.safetensors", tmp);
     rf_path_join(to, sizeof to, dir, "adapter_model.safetensors");
     if (s == RF_OK && rename(from, to) != 0) s = rf_error(RF_ERR_IO, "%s: cannot move %s into place", to, from);
     if (s == RF_OK) s = rf_remove_tree(tmp);
-    if (s == RF_OK) s = write_config(m, dir, base);
-    free(e), free(names), free(host);
+    if (s == RF_OK) s = write_config(l, dir, base);
+    free(e), free(names);
     return s;
+}
+
+/* An adapter of a whole model, copied to the host as the writer reaches it. */
+static rf_status fill_adapter(void *ctx, int i, float *dst) {
+    const rf_model *m = ctx;
+    const rf_param_view *v = &m->lora.views[i];
+    m->k->to_host(dst, m->params + v->offset, v->numel * sizeof(float));
+    return RF_OK;
+}
+
+rf_status rf_lora_save_peft(const rf_model *m, const char *dir, const char *base) {
+    if (!m->lora.rank) return rf_error(RF_ERR_ARG, "%s: the model has no LoRA adapters to save", dir);
+    return rf_lora_save_peft_fill(&m->lora, m->lora.views, m->lora.n_views, dir, base, fill_adapter, (void *)m);
 }
 
 /* Refuses a field of the config whose value rlflow would silently not honour: anything but

@@ -92,8 +92,10 @@ typedef struct rf_kv_cache {
  * (post-attention norm to down projection, the end of the layer) and then its attention half,
  * then the embedding (offset 0, last because a tied LM head also writes it). The ranges cover the buffer once, in
  * that order, so everything at or past `offset` is final. On a device back end the kernels that
- * wrote the range may still be running (synchronise before reading). A status other than
- * RF_OK stops the backward pass and is returned by it. */
+ * wrote the range may still be running (synchronise before reading). With LoRA adapters the
+ * ranges are of the gradient buffer (the trained floats, from n_frozen on): each layer's
+ * adapters from the last layer to the first, once both halves of the layer are done. A status
+ * other than RF_OK stops the backward pass and is returned by it. */
 typedef rf_status (*rf_grad_ready_fn)(void *ctx, size_t offset, size_t n);
 
 /* The adapters of a model (model/lora.h). */

@@ -152,6 +152,14 @@ static size_t layer_start(const rf_model *m, int l) {
     return (size_t)(p - m->params);
 }
 
+/* With LoRA: the first gradient float of layer l's adapters (every layer has the same ones, in
+ * layer order after the base), or the gradient buffer's end for l = L. */
+static size_t lora_start(const rf_model *m, int l) {
+    int per = m->lora.n_views / m->cfg.num_hidden_layers;
+    if (l >= m->cfg.num_hidden_layers) return m->n_params - m->n_frozen;
+    return m->lora.views[l * per].offset - m->n_frozen;
+}
+
 rf_status rf_model_backward(rf_model *m, const float *dlogp, const float *dentropy,
                             const float *dvalues) {
     if (!m->grads) return rf_error(RF_ERR_ARG, "backward: call rf_model_enable_training first");
@@ -163,15 +171,16 @@ rf_status rf_model_backward(rf_model *m, const float *dlogp, const float *dentro
     int T = m->T, C = c->hidden_size;
     m->k->zero(g.dx, sizeof(float) * (size_t)T * C);
     m->k->rmsnorm_backward(g.dx, GRAD(m, m->norm), g.dln, m->x_final, m->norm, m->rstd_f, T, C);
-    int L = c->num_hidden_layers;
-    RF_TRY(ready(m, layer_start(m, L), m->n_params));
+    int L = c->num_hidden_layers, lora = m->lora.rank > 0;
+    if (!lora) RF_TRY(ready(m, layer_start(m, L), m->n_params));
     for (int l = L - 1; l >= 0; l--) {
         size_t mlp = (size_t)(m->layers[l].ln2 - m->params); /* the layer's MLP ends it */
         mlp_backward(m, l, &g);
-        RF_TRY(ready(m, mlp, layer_start(m, l + 1)));
+        if (!lora) RF_TRY(ready(m, mlp, layer_start(m, l + 1)));
         attn_backward(m, l, &g);
-        RF_TRY(ready(m, layer_start(m, l), mlp));
+        if (lora) RF_TRY(ready(m, lora_start(m, l), lora_start(m, l + 1)));
+        else RF_TRY(ready(m, layer_start(m, l), mlp));
     }
     if (GRAD(m, m->wte)) m->k->embedding_backward(GRAD(m, m->wte), g.dx, m->d_tokens, T, C);
-    return ready(m, 0, layer_start(m, 0));
+    return lora ? RF_OK : ready(m, 0, layer_start(m, 0));
 }

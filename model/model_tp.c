@@ -101,6 +101,7 @@ static rf_status check_local_views(const rf_model_tp *tp) {
 static rf_status find_sync_views(rf_model_tp *tp) {
     tp->sync_views = rf_calloc((size_t)tp->m->n_views, sizeof(int));
     if (!tp->sync_views) return RF_ERR_NOMEM;
+    tp->sync_table = tp->m->views;
     if (tp->tp == 1) return RF_OK;
     for (int i = 0; i < tp->m->n_views; i++) {
         const rf_param_view *v = &tp->m->views[i];
@@ -186,6 +187,8 @@ void rf_model_tp_free(rf_model_tp *tp) {
     rf_model_free(tp->m);
     free(tp->full_views);
     free(tp->shards);
+    free(tp->lora_views);
+    free(tp->lora_shards);
     free(tp->kv_of);
     free(tp->sync_views);
     free(tp->acts);
@@ -201,7 +204,7 @@ void rf_model_tp_trim(rf_model_tp *tp) {
     tp->m->k->free(tp->act_mem);
     tp->m->k->free(tp->gmem);
     tp->act_mem = tp->gmem = NULL, tp->act_cap = tp->gmem_cap = 0;
-    tp->x_final = tp->h = tp->rstd_f = NULL, tp->d_local = NULL;
+    tp->x_final = tp->h = tp->rstd_f = NULL, tp->d_local = NULL, tp->lora_tmp = tp->lora_du = NULL;
     tp->T = 0, tp->n_seq = 0, tp->have_logprobs = 0;
     rf_model_trim(tp->m);
 }
@@ -252,6 +255,66 @@ rf_status rf__tp_reserve_sync(rf_model_tp *tp) {
     return RF_OK;
 }
 
+/* The blocks of the local adapters must be the layout's: same order, shapes and offsets. */
+static rf_status check_lora_views(const rf_model_tp *tp) {
+    const rf_model *m = tp->m;
+    if (m->lora.n_views != tp->n_lora_views)
+        return rf_error(RF_ERR_INTERNAL, "tensor-parallel LoRA: %d local adapters, %d in the model", m->lora.n_views,
+                        tp->n_lora_views);
+    for (int i = 0; i < tp->n_lora_views; i++) {
+        const rf_param_view *v = &m->lora.views[i];
+        const rf_shard *s = &tp->lora_shards[i];
+        if (strcmp(v->name, tp->lora_views[i].name) != 0 || v->shape[0] != s->r1 - s->r0 ||
+            v->shape[1] != s->c1 - s->c0 || v->offset - m->n_frozen != s->offset)
+            return rf_error(RF_ERR_INTERNAL, "tensor-parallel LoRA: local adapter %s (%lld x %lld) is not the layout's "
+                            "block (%lld x %lld)", v->name, (long long)v->shape[0], (long long)v->shape[1],
+                            (long long)(s->r1 - s->r0), (long long)(s->c1 - s->c0));
+    }
+    return RF_OK;
+}
+
+/* Under LoRA the replicated adapters are the partial gradients (the base has none). */
+static void lora_sync_views(rf_model_tp *tp) {
+    tp->sync_table = tp->m->lora.views;
+    tp->n_sync = 0, tp->sync_floats = 0;
+    tp->m->k->free(tp->sync_mem);
+    tp->sync_mem = NULL;
+    for (int i = 0; tp->tp > 1 && i < tp->n_lora_views; i++) {
+        if (tp->lora_shards[i].split != RF_SPLIT_REPLICATED) continue;
+        tp->sync_views[tp->n_sync++] = i;
+        tp->sync_floats += tp->m->lora.views[i].numel;
+    }
+}
+
+rf_status rf_model_tp_lora_attach(rf_model_tp *tp, const rf_lora_opts *o) {
+    rf_param_view *views = NULL;
+    float *init = NULL, *local = NULL;
+    int n = 0;
+    RF_TRY(rf_lora_whole(o, &tp->cfg, &views, &n, &init));
+    rf_shard *sh = calloc((size_t)n + 1, sizeof *sh);
+    int *sync = realloc(tp->sync_views, sizeof(int) * ((size_t)n + 1));
+    if (sync) tp->sync_views = sync;
+    size_t nf = 0;
+    rf_param_table pt = {&tp->cfg, views, n};
+    rf_status st = sh && sync ? rf_layout_shards(&pt, tp->tp, tp->t, sh, &nf) : rf_error(RF_ERR_NOMEM, "out of memory");
+    if (st == RF_OK) st = rf_model_lora_attach(tp->m, o);
+    if (st == RF_OK) {
+        tp->lora_views = views, tp->lora_shards = sh, tp->n_lora_views = n;
+        views = NULL, sh = NULL;
+        st = check_lora_views(tp);
+    }
+    if (st == RF_OK && !(local = malloc(sizeof(float) * (nf ? nf : 1)))) st = rf_error(RF_ERR_NOMEM, "out of memory");
+    if (st == RF_OK) {
+        rf_layout_extract(&pt, tp->lora_shards, init, local);
+        tp->m->k->to_device(tp->m->params + tp->m->n_frozen, local, sizeof(float) * nf);
+        tp->m->k->weights_updated();
+        lora_sync_views(tp);
+        rf_model_tp_trim(tp); /* the activations grow by the adapters' */
+    }
+    free(views), free(sh), free(init), free(local);
+    return st;
+}
+
 rf_status rf_model_tp_enable_training(rf_model_tp *tp) {
     RF_TRY(rf_model_enable_training(tp->m));
     return rf__tp_reserve_sync(tp);
@@ -265,6 +328,22 @@ static size_t layer_floats(const rf_model_tp *tp) {
     size_t C = c->hidden_size, D = c->head_dim, H = tp->H, KV = tp->KV, F = tp->F;
     size_t raw = c->qk_norm ? H * D + KV * D : 0, expanded = tp->KVA != tp->KV ? 2 * H * D : 0;
     return 4 * C + 2 + raw + H + KV + H * D + 2 * KV * D + expanded + H * D + H + 3 * F;
+}
+
+/* The adapters' scratch width: the widest input or output of a projection here. */
+static size_t lora_width(const rf_model_tp *tp) {
+    size_t C = tp->cfg.hidden_size, HD = (size_t)tp->H * tp->cfg.head_dim, KD = (size_t)tp->KV * tp->cfg.head_dim,
+           F = tp->F, w = C > HD ? C : HD;
+    w = w > F ? w : F;
+    return w > KD ? w : KD;
+}
+
+/* Activation floats per token of the adapters: u of each (all layers) and the scratch. */
+static size_t lora_floats(const rf_model_tp *tp) {
+    const rf_model *m = tp->m;
+    if (!m->lora.rank) return 0;
+    size_t r = (size_t)m->lora.rank;
+    return (size_t)m->lora.n_views / 2 * r + lora_width(tp) + r;
 }
 
 static rf_status reserve_host(rf_model_tp *tp, int T) {
@@ -286,7 +365,8 @@ rf_status rf__tp_reserve(rf_model_tp *tp, int T) {
     const rf_kernels *k = tp->m->k;
     size_t t = (size_t)T, C = c->hidden_size, D = c->head_dim, H = tp->H, KV = tp->KV, F = tp->F;
     k->free(tp->act_mem);
-    tp->act_mem = k->alloc(t * (layer_floats(tp) * c->num_hidden_layers + 2 * C + 2) * sizeof(float));
+    size_t lora = lora_floats(tp); /* per token, 0 without adapters */
+    tp->act_mem = k->alloc(t * (layer_floats(tp) * c->num_hidden_layers + 2 * C + 2 + lora) * sizeof(float));
     tp->act_cap = tp->act_mem ? T : 0;
     if (!tp->act_mem) return rf_error(RF_ERR_NOMEM, "out of memory for activations of %d tokens", T);
     float *p = tp->act_mem;
@@ -304,20 +384,36 @@ rf_status rf__tp_reserve(rf_model_tp *tp, int T) {
         a->att = TAKE(t * H * D), a->lse = TAKE(t * H);
         a->x_mid = TAKE(t * C), a->ln2 = TAKE(t * C), a->rstd2 = TAKE(t);
         a->gate = TAKE(t * F), a->up = TAKE(t * F), a->act = TAKE(t * F);
+        for (int i = 0; i < RF_LORA_N; i++)
+            a->lora_u[i] = tp->m->layers[l].lora_a[i] ? TAKE(t * (size_t)tp->m->lora.rank) : NULL;
     }
+    if (lora) tp->lora_tmp = TAKE(t * lora_width(tp)), tp->lora_du = TAKE(t * (size_t)tp->m->lora.rank);
     tp->x_final = TAKE(t * C), tp->h = TAKE(t * C), tp->rstd_f = TAKE(t);
     tp->d_local = (int32_t *)TAKE(t); /* sizeof(int32_t) == sizeof(float) */
 #undef TAKE
     return RF_OK;
 }
 
+/* The views that train here and their blocks: the adapters under LoRA, else every view. */
+static const rf_param_view *train_table(const rf_model_tp *tp, int *n, const rf_shard **shards) {
+    if (tp->m->lora.rank) {
+        *n = tp->m->lora.n_views, *shards = tp->lora_shards;
+        return tp->m->lora.views;
+    }
+    *n = tp->m->n_views, *shards = tp->shards;
+    return tp->m->views;
+}
+
 rf_status rf_model_tp_grad_sumsq(rf_model_tp *tp, double *out) {
     const rf_model *m = tp->m;
     if (!m->grads) return rf_error(RF_ERR_ARG, "tensor-parallel model: no gradients (enable training)");
     double local = 0.0;
-    for (int i = 0; i < m->n_views; i++)
-        if (!rf_model_tp_replicated(tp, i) || tp->t == 0)
-            local += m->k->sum_squares(m->grads + m->views[i].offset, m->views[i].numel);
+    int n;
+    const rf_shard *sh;
+    const rf_param_view *v = train_table(tp, &n, &sh);
+    for (int i = 0; i < n; i++)
+        if (sh[i].split != RF_SPLIT_REPLICATED || tp->t == 0)
+            local += m->k->sum_squares(m->grads + (v[i].offset - m->n_frozen), v[i].numel);
     return rf_model_tp_sum(tp, local, out, "allgather of gradient norms");
 }
 
@@ -338,9 +434,12 @@ int rf_model_tp_replicated(const rf_model_tp *tp, int i) { return tp->shards[i].
 static size_t pack_replicated(const rf_model_tp *tp, float *buf, float *pack, int to_pack) {
     const rf_model *m = tp->m;
     size_t off = 0;
-    for (int i = 0; i < m->n_views; i++) {
-        if (!rf_model_tp_replicated(tp, i)) continue;
-        const rf_param_view *v = &m->views[i];
+    int n;
+    const rf_shard *sh;
+    const rf_param_view *views = train_table(tp, &n, &sh); /* a frozen base never changes */
+    for (int i = 0; i < n; i++) {
+        if (sh[i].split != RF_SPLIT_REPLICATED) continue;
+        const rf_param_view *v = &views[i];
         if (pack && to_pack) m->k->copy(pack + off, buf + v->offset, v->numel * sizeof(float));
         else if (pack) m->k->copy(buf + v->offset, pack + off, v->numel * sizeof(float));
         off += v->numel;

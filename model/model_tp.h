@@ -61,6 +61,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/sampler.h"
 #include "resharding/layout.h"
@@ -85,6 +86,8 @@ typedef struct rf_tp_acts {
     float *rstd2;      /* (T) */
     float *gate, *up;  /* (T, F) */
     float *act;        /* (T, F) */
+    float *lora_u[RF_LORA_N]; /* (T, r) scale * x A^T of each adapter (LoRA; NULL without): whole
+                                 for q, k, v, gate, up; this rank's partial sum for o, down */
 } rf_tp_acts;
 
 typedef struct rf_model_tp {
@@ -113,9 +116,18 @@ typedef struct rf_model_tp {
     int *kv_of;               /* (H) local k/v head (0 .. KV) each local query head reads */
     int F;                    /* intermediate rows held */
     int *sync_views;          /* (n_sync) views whose gradients are partial here (summed at the
-                                 end of backward) */
+                                 end of backward): indices into sync_table */
+    const rf_param_view *sync_table; /* m->views, or under LoRA m->lora.views (the base is frozen:
+                                 the replicated adapters are the partial ones) */
     int n_sync;
     size_t sync_floats;
+
+    /* LoRA (rf_model_tp_lora_attach): the whole model's adapter table and the block of each
+     * adapter held here; m->lora holds the blocks (after the frozen base, in this order) */
+    rf_param_view *lora_views; /* (n_lora_views) whole shapes, offsets from 0; NULL without */
+    int n_lora_views;
+    rf_shard *lora_shards;     /* (n_lora_views) rf_layout_shards of lora_views */
+    float *lora_tmp, *lora_du; /* (T, max(C, H*D, F)) and (T, r): the adapters' scratch */
 
     /* activations of the last forward pass */
     int act_cap;
@@ -199,6 +211,20 @@ rf_status rf_model_read_range(const rf_param_view *views, int n_views, const rf_
  * both blocks. */
 rf_status rf_model_tp_set_shard(rf_model_tp *tp, const rf_shard *shards, int n_views,
                                 const float *local, size_t n_floats);
+
+/* LoRA adapters (model/lora.h) on the shard, split like their base matrices (resharding/layout.c):
+ * on q, k, v, gate, up (column-parallel) A (r, in) whole on every rank and B (out, r) split by
+ * rows as the weight; on o, down (row-parallel) A split by columns as the weight and B whole.
+ * Each rank takes its blocks of the values rf_model_lora_attach would give the whole model
+ * (the same seed, the same draws), so a tp run starts where a one-rank run does; the base
+ * becomes frozen (tp->m->n_frozen) and only the adapters train. The replicated adapters'
+ * gradients are partial on each rank (a column-parallel A sees this rank's output rows; a
+ * row-parallel B this rank's share of u) and are summed over the group at the end of each
+ * backward pass, as the replicated norms are: no collective is added to forward or backward (o
+ * and down's partial products join the allreduce of the layer's output). Before
+ * rf_model_tp_enable_training, on a shard without adapters that owns its parameters; errors as
+ * rf_model_lora_attach's (naming the lora keys), RF_ERR_NOMEM. No communication. */
+rf_status rf_model_tp_lora_attach(rf_model_tp *tp, const rf_lora_opts *o);
 
 /* Gradients and AdamW state for the shard (rf_model_enable_training on tp->m). AdamW then runs
  * on tp->m as on any model: elementwise, every rank on its own shard; replicated parameters

@@ -10,7 +10,11 @@
 #include "model/model_internal.h"
 #include "model/model_tp_internal.h"
 
-#define GRAD(m, p) ((p) ? (m)->grads + ((p) - (m)->params) : NULL)
+/* The gradient of parameter tensor p (at float `off` of it), or NULL when it has none (absent,
+ * or the frozen base under LoRA). */
+#define GRAD_AT(m, p, off) \
+    ((p) && (size_t)((p) - (m)->params) >= (m)->n_frozen ? (m)->grads + ((p) - (m)->params) - (m)->n_frozen + (off) : NULL)
+#define GRAD(m, p) GRAD_AT(m, p, 0)
 
 /* A decode call's cache: new keys/values are appended before attention. Either the contiguous
  * cache c (with slots, counts) or, when `paged` is set, a paged one (model_internal.h). */
@@ -40,7 +44,7 @@ static rf_status embed_forward(rf_model_tp *tp, float *x, int T) {
  * ids embed_forward uploaded. */
 static void embed_backward(rf_model_tp *tp, const float *dx, int T) {
     rf_model *m = tp->m;
-    m->k->embedding_backward(GRAD(m, m->wte), dx, tp->d_local, T, tp->cfg.hidden_size);
+    if (GRAD(m, m->wte)) m->k->embedding_backward(GRAD(m, m->wte), dx, tp->d_local, T, tp->cfg.hidden_size);
 }
 
 /* ---- one layer ---- */
@@ -60,6 +64,40 @@ static void reduce_heads(const rf_model_tp *tp, float *dst, const float *src, in
                            c->num_attention_heads / c->num_key_value_heads);
 }
 
+/* ---- LoRA adapters on this rank's blocks (model_forward.c's lora_forward) ---- */
+
+/* out (T, OUT) += u B^T with u = scale * in A^T (T, r) kept in a->lora_u[t]; B read from its
+ * row b0 on (the k/v heads projected here when k/v are replicated). For o and down, in is this
+ * rank's slice of the input and u a partial sum: u B^T joins the partial output that the
+ * layer's allreduce sums. */
+static void lora_forward(rf_model_tp *tp, const rf_layer_weights *w, rf_tp_acts *a, int t, float *out,
+                         const float *in, int T, int IN, int OUT, int b0) {
+    if (!w->lora_a[t]) return;
+    const rf_kernels *k = tp->m->k;
+    int r = tp->m->lora.rank;
+    k->matmul_forward(a->lora_u[t], in, w->lora_a[t], NULL, T, IN, r);
+    k->scale(a->lora_u[t], tp->m->lora.scale, (size_t)T * r);
+    k->matmul_forward(tp->lora_tmp, a->lora_u[t], w->lora_b[t] + (size_t)b0 * r, NULL, T, r, OUT);
+    k->add_inplace(out, tp->lora_tmp, (size_t)T * OUT);
+}
+
+/* Backward of lora_forward: dB += dout^T u, du = scale * dout B, dA += du^T in, dinp (T, IN) +=
+ * du A. For a replicated A or B this rank's gradient is partial (summed with the sync views). */
+static void lora_backward(rf_model_tp *tp, int l, int t, float *dinp, const float *dout, const float *in, int IN,
+                          int OUT, int b0) {
+    rf_model *m = tp->m;
+    const rf_layer_weights *w = &m->layers[l];
+    if (!w->lora_a[t]) return;
+    const rf_kernels *k = m->k;
+    int T = tp->T, r = m->lora.rank;
+    size_t bo = (size_t)b0 * r;
+    k->matmul_backward(tp->lora_du, GRAD_AT(m, w->lora_b[t], bo), NULL, dout, tp->acts[l].lora_u[t], w->lora_b[t] + bo,
+                       T, r, OUT);
+    k->scale(tp->lora_du, m->lora.scale, (size_t)T * r);
+    k->matmul_backward(tp->lora_tmp, GRAD(m, w->lora_a[t]), NULL, tp->lora_du, in, w->lora_a[t], T, IN, r);
+    k->add_inplace(dinp, tp->lora_tmp, (size_t)T * IN);
+}
+
 /* This rank's q heads and k/v heads: projections (k/v from rows kv_row0.. of the local
  * weights), optional q/k norm, RoPE, expansion. */
 static void qkv_forward(rf_model_tp *tp, const rf_layer_weights *w, rf_tp_acts *a, int T) {
@@ -71,6 +109,9 @@ static void qkv_forward(rf_model_tp *tp, const rf_layer_weights *w, rf_tp_acts *
     k->matmul_forward(qdst, a->ln1, w->wq, w->bq, T, C, H * D);
     k->matmul_forward(kdst, a->ln1, w->wk + wr, w->bk ? w->bk + tp->kv_row0 : NULL, T, C, KV * D);
     k->matmul_forward(a->v, a->ln1, w->wv + wr, w->bv ? w->bv + tp->kv_row0 : NULL, T, C, KV * D);
+    lora_forward(tp, w, a, RF_LORA_Q, qdst, a->ln1, T, C, H * D, 0);
+    lora_forward(tp, w, a, RF_LORA_K, kdst, a->ln1, T, C, KV * D, tp->kv_row0);
+    lora_forward(tp, w, a, RF_LORA_V, a->v, a->ln1, T, C, KV * D, tp->kv_row0);
     if (c->qk_norm) {
         k->rmsnorm_forward(a->q, a->q_rstd, a->q_raw, w->q_norm, T * H, D, c->rms_norm_eps);
         k->rmsnorm_forward(a->k, a->k_rstd, a->k_raw, w->k_norm, T * KV, D, c->rms_norm_eps);
@@ -122,12 +163,16 @@ static rf_status layer_forward(rf_model_tp *tp, int l, rf_tp_acts *a, const floa
     }
     /* row-parallel o_proj: partial sums; the replicated bias joins on rank 0 only */
     k->matmul_forward(a->x_mid, a->att, w->wo, tp->t == 0 ? w->bo : NULL, T, H * D, C);
+    lora_forward(tp, w, a, RF_LORA_O, a->x_mid, a->att, T, H * D, C, 0);
     RF_TRY(rf__tp_allreduce(tp, a->x_mid, (size_t)T * C, "allreduce of the attention output", l));
     k->add_rmsnorm_forward(a->x_mid, a->ln2, a->rstd2, x_in, w->ln2, T, C, c->rms_norm_eps);
     k->matmul_forward(a->gate, a->ln2, w->wgate, NULL, T, C, F);
     k->matmul_forward(a->up, a->ln2, w->wup, NULL, T, C, F);
+    lora_forward(tp, w, a, RF_LORA_GATE, a->gate, a->ln2, T, C, F, 0);
+    lora_forward(tp, w, a, RF_LORA_UP, a->up, a->ln2, T, C, F, 0);
     k->swiglu_forward(a->act, a->gate, a->up, (size_t)T * F);
     k->matmul_forward(x_out, a->act, w->wdown, NULL, T, F, C);
+    lora_forward(tp, w, a, RF_LORA_DOWN, x_out, a->act, T, F, C, 0);
     RF_TRY(rf__tp_allreduce(tp, x_out, (size_t)T * C, "allreduce of the MLP output", l));
     k->add_inplace(x_out, a->x_mid, (size_t)T * C);
     return RF_OK;
@@ -307,9 +352,12 @@ static rf_status mlp_backward(rf_model_tp *tp, int l, grad_bufs *g) {
     const rf_tp_acts *a = &tp->acts[l];
     int T = tp->T, C = tp->cfg.hidden_size, F = tp->F;
     k->matmul_backward(g->dact, GRAD(m, w->wdown), NULL, g->dx, a->act, w->wdown, T, F, C);
+    lora_backward(tp, l, RF_LORA_DOWN, g->dact, g->dx, a->act, F, C, 0);
     k->swiglu_backward(g->dgate, g->dup, g->dact, a->gate, a->up, (size_t)T * F);
     k->matmul_backward(g->dln, GRAD(m, w->wgate), NULL, g->dgate, a->ln2, w->wgate, T, C, F);
+    lora_backward(tp, l, RF_LORA_GATE, g->dln, g->dgate, a->ln2, C, F, 0);
     k->matmul_backward(g->tmp, GRAD(m, w->wup), NULL, g->dup, a->ln2, w->wup, T, C, F);
+    lora_backward(tp, l, RF_LORA_UP, g->tmp, g->dup, a->ln2, C, F, 0);
     k->add_inplace(g->dln, g->tmp, (size_t)T * C);
     /* column-parallel gate/up: each rank's input gradient is a partial sum */
     RF_TRY(rf__tp_allreduce(tp, g->dln, (size_t)T * C, "allreduce of the MLP input gradient", l));
@@ -328,6 +376,7 @@ static rf_status attn_backward(rf_model_tp *tp, int l, grad_bufs *g) {
     size_t wr = (size_t)tp->kv_row0 * C;
     /* o_proj's bias gradient is the column sums of the whole dx: the same on every rank */
     k->matmul_backward(g->datt, GRAD(m, w->wo), GRAD(m, w->bo), g->dx, a->att, w->wo, T, H * D, C);
+    lora_backward(tp, l, RF_LORA_O, g->datt, g->dx, a->att, H * D, C, 0);
     k->attention_backward(g->dq, g->dka, g->dva, g->datt, a->q, a->ka, a->va, a->att, a->lse,
                           m->d_cu, tp->n_seq, T, H, tp->KVA, D);
     if (tp->KVA != KV) {
@@ -343,11 +392,14 @@ static rf_status attn_backward(rf_model_tp *tp, int l, grad_bufs *g) {
         k->rmsnorm_backward(g->dk_raw, GRAD(m, w->k_norm), g->dk, a->k_raw, w->k_norm, a->k_rstd, T * KV, D);
         dq = g->dq_raw, dk = g->dk_raw;
     }
-    float *dbk = w->bk ? GRAD(m, w->bk) + tp->kv_row0 : NULL, *dbv = w->bv ? GRAD(m, w->bv) + tp->kv_row0 : NULL;
+    float *dbk = GRAD_AT(m, w->bk, (size_t)tp->kv_row0), *dbv = GRAD_AT(m, w->bv, (size_t)tp->kv_row0);
     k->matmul_backward(g->dln, GRAD(m, w->wq), GRAD(m, w->bq), dq, a->ln1, w->wq, T, C, H * D);
-    k->matmul_backward(g->tmp, GRAD(m, w->wk) + wr, dbk, dk, a->ln1, w->wk + wr, T, C, KV * D);
+    lora_backward(tp, l, RF_LORA_Q, g->dln, dq, a->ln1, C, H * D, 0);
+    k->matmul_backward(g->tmp, GRAD_AT(m, w->wk, wr), dbk, dk, a->ln1, w->wk + wr, T, C, KV * D);
+    lora_backward(tp, l, RF_LORA_K, g->tmp, dk, a->ln1, C, KV * D, tp->kv_row0);
     k->add_inplace(g->dln, g->tmp, (size_t)T * C);
-    k->matmul_backward(g->tmp, GRAD(m, w->wv) + wr, dbv, g->dv, a->ln1, w->wv + wr, T, C, KV * D);
+    k->matmul_backward(g->tmp, GRAD_AT(m, w->wv, wr), dbv, g->dv, a->ln1, w->wv + wr, T, C, KV * D);
+    lora_backward(tp, l, RF_LORA_V, g->tmp, g->dv, a->ln1, C, KV * D, tp->kv_row0);
     k->add_inplace(g->dln, g->tmp, (size_t)T * C);
     RF_TRY(rf__tp_allreduce(tp, g->dln, (size_t)T * C, "allreduce of the attention input gradient", l));
     k->rmsnorm_backward(g->dx, GRAD(m, w->ln1), g->dln, a->x, w->ln1, a->rstd1, T, C);
@@ -392,9 +444,10 @@ static void sync_save(rf_model_tp *tp) {
     rf_model *m = tp->m;
     size_t off = 0;
     for (int i = 0; i < tp->n_sync; i++) {
-        const rf_param_view *v = &m->views[tp->sync_views[i]];
-        m->k->copy(tp->sync_mem + off, m->grads + v->offset, v->numel * sizeof(float));
-        m->k->zero(m->grads + v->offset, v->numel * sizeof(float));
+        const rf_param_view *v = &tp->sync_table[tp->sync_views[i]];
+        float *gr = m->grads + (v->offset - m->n_frozen);
+        m->k->copy(tp->sync_mem + off, gr, v->numel * sizeof(float));
+        m->k->zero(gr, v->numel * sizeof(float));
         off += v->numel;
     }
 }
@@ -404,16 +457,16 @@ static rf_status sync_finish(rf_model_tp *tp) {
     float *saved = tp->sync_mem, *pack = tp->sync_mem + tp->sync_floats;
     size_t off = 0;
     for (int i = 0; i < tp->n_sync; i++) {
-        const rf_param_view *v = &m->views[tp->sync_views[i]];
-        m->k->copy(pack + off, m->grads + v->offset, v->numel * sizeof(float));
+        const rf_param_view *v = &tp->sync_table[tp->sync_views[i]];
+        m->k->copy(pack + off, m->grads + (v->offset - m->n_frozen), v->numel * sizeof(float));
         off += v->numel;
     }
     RF_TRY(rf__tp_allreduce(tp, pack, tp->sync_floats, "allreduce of the partial replicated gradients", -1));
     m->k->add_inplace(pack, saved, tp->sync_floats);
     off = 0;
     for (int i = 0; i < tp->n_sync; i++) {
-        const rf_param_view *v = &m->views[tp->sync_views[i]];
-        m->k->copy(m->grads + v->offset, pack + off, v->numel * sizeof(float));
+        const rf_param_view *v = &tp->sync_table[tp->sync_views[i]];
+        m->k->copy(m->grads + (v->offset - m->n_frozen), pack + off, v->numel * sizeof(float));
         off += v->numel;
     }
     return RF_OK;
@@ -429,10 +482,13 @@ typedef struct tp_ready {
 } tp_ready;
 
 static tp_ready ready_init(const rf_model_tp *tp) {
-    tp_ready r = {0, tp->m->n_params};
+    const rf_model *m = tp->m;
+    size_t n = m->n_params - m->n_frozen; /* the gradient buffer */
+    /* LoRA: the adapters' ranges are not in rf_model_backward's order here: all at the end */
+    tp_ready r = {m->lora.rank ? n : 0, n};
     for (int i = 0; i < tp->n_sync; i++) {
-        const rf_param_view *v = &tp->m->views[tp->sync_views[i]];
-        if (v->offset + v->numel > r.hold) r.hold = v->offset + v->numel;
+        const rf_param_view *v = &tp->sync_table[tp->sync_views[i]];
+        if (v->offset + v->numel - m->n_frozen > r.hold) r.hold = v->offset + v->numel - m->n_frozen;
     }
     return r;
 }

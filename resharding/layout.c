@@ -8,8 +8,21 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+/* LoRA adapters (model/lora.h) split like their base matrices: on a column-parallel projection
+ * (q, k, v, gate, up) A (r, in) is replicated and B (out, r) split by rows as the weight is;
+ * on a row-parallel one (o, down) A is split by columns as the weight is and B replicated. */
+static rf_split lora_split(const rf_model_config *cfg, const char *name, int tp) {
+    int row_parallel = strstr(name, ".self_attn.o_proj.") || strstr(name, ".mlp.down_proj.");
+    if (strstr(name, ".lora_A.")) return row_parallel ? RF_SPLIT_COLS : RF_SPLIT_REPLICATED;
+    if (row_parallel) return RF_SPLIT_REPLICATED;
+    if (strstr(name, ".self_attn.k_proj.") || strstr(name, ".self_attn.v_proj."))
+        return cfg->num_key_value_heads % tp == 0 ? RF_SPLIT_ROWS : RF_SPLIT_REPLICATED;
+    return RF_SPLIT_ROWS;
+}
+
 rf_split rf_layout_split_of(const rf_model_config *cfg, const char *name, int tp) {
     if (tp <= 1) return RF_SPLIT_REPLICATED;
+    if (strstr(name, ".lora_A.") || strstr(name, ".lora_B.")) return lora_split(cfg, name, tp);
     if (strcmp(name, "model.embed_tokens.weight") == 0 || strcmp(name, "lm_head.weight") == 0) return RF_SPLIT_ROWS;
     if (strstr(name, ".self_attn.q_proj.")) return RF_SPLIT_ROWS;
     if (strstr(name, ".self_attn.k_proj.") || strstr(name, ".self_attn.v_proj."))

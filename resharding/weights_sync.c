@@ -17,8 +17,10 @@
 typedef struct header {
     uint32_t magic, checksum;
     int64_t version;
-    uint64_t n_floats;
-    int32_t offer, pad; /* 1: `stage` describes the staged parameters in shareable memory */
+    uint64_t n_floats;    /* floats sent: the model's [first, first + n_floats) */
+    uint64_t first;       /* LoRA: the frozen base's floats, not sent; 0 otherwise */
+    uint32_t base_crc;    /* CRC-32C of the sender's floats [0, first) (0 without LoRA) */
+    int32_t offer;        /* 1: `stage` describes the staged parameters in shareable memory */
     rf_shm_ref stage;
 } header;
 
@@ -32,8 +34,10 @@ typedef struct dest {
 } dest;
 
 struct rf_weights_tx {
-    float *stage;     /* the parameters, shareable when the system allows */
-    size_t n_floats;
+    float *stage;     /* the parameters sent, shareable when the system allows */
+    size_t n_floats;  /* floats sent: the model's from `first` on */
+    size_t first;     /* m->n_frozen: under LoRA the adapters alone travel */
+    uint32_t base_crc;
     header h;         /* of the transfer in flight */
     int in_place;     /* offer the stage to receivers on this host */
     rf_comm *c;
@@ -50,17 +54,35 @@ struct rf_weights_rx {
     int src;
     int in_place;     /* read offered stages in place (default 1) */
     double timeout_s;
+    size_t first;     /* the receiving model's n_frozen */
+    uint32_t base_crc; /* CRC-32C of its frozen base, taken once at rf_weights_rx_init */
 };
+
+/* CRC-32C of floats [a, a + n) of m's parameters (read back from the device when needed). */
+static rf_status crc_of(const rf_model *m, size_t a, size_t n, uint32_t *crc) {
+    if (strcmp(m->k->name, "cpu") == 0) {
+        *crc = rf_crc32c(m->params + a, n * sizeof(float));
+        return RF_OK;
+    }
+    float *h = malloc(n * sizeof(float) + 1);
+    if (!h) return rf_error(RF_ERR_NOMEM, "out of memory");
+    m->k->to_host(h, m->params + a, n * sizeof(float));
+    *crc = rf_crc32c(h, n * sizeof(float));
+    free(h);
+    return RF_OK;
+}
 
 rf_status rf_weights_tx_init(rf_weights_tx **out, const rf_model *m) {
     *out = NULL;
     rf_weights_tx *tx = calloc(1, sizeof *tx);
     if (!tx) return rf_error(RF_ERR_NOMEM, "out of memory");
-    tx->n_floats = m->n_params, tx->in_place = 1;
-    rf_status st = rf_shm_alloc((void **)&tx->stage, m->n_params * sizeof(float) + 1, "weights stage");
+    tx->first = m->n_frozen, tx->n_floats = m->n_params - m->n_frozen, tx->in_place = 1;
+    rf_status st = crc_of(m, 0, tx->first, &tx->base_crc);
+    if (st == RF_OK) st = rf_shm_alloc((void **)&tx->stage, tx->n_floats * sizeof(float) + 1, "weights stage");
     if (st != RF_OK) {
+        size_t n = tx->n_floats;
         free(tx);
-        return rf_error_wrap(st, "weights: staging %zu parameters", m->n_params);
+        return rf_error_wrap(st, "weights: staging %zu parameters", n);
     }
     *out = tx;
     return RF_OK;
@@ -162,26 +184,19 @@ rf_status rf_weights_tx_wait(rf_weights_tx *tx, double timeout_s) {
 }
 
 rf_status rf_weights_checksum(const rf_model *m, uint32_t *checksum) {
-    if (strcmp(m->k->name, "cpu") == 0) {
-        *checksum = rf_crc32c(m->params, m->n_params * sizeof(float));
-        return RF_OK;
-    }
-    float *h = malloc(m->n_params * sizeof(float));
-    if (!h) return rf_error(RF_ERR_NOMEM, "out of memory");
-    m->k->to_host(h, m->params, m->n_params * sizeof(float));
-    *checksum = rf_crc32c(h, m->n_params * sizeof(float));
-    free(h);
-    return RF_OK;
+    return crc_of(m, m->n_frozen, m->n_params - m->n_frozen, checksum);
 }
 
 rf_status rf_weights_tx_start(rf_weights_tx *tx, rf_comm *c, const rf_model *m, int64_t version,
                               const int *dst, int n, double timeout_s, uint32_t *checksum) {
     if (n > MAX_DST) return rf_error(RF_ERR_ARG, "weights: %d destinations, at most %d", n, MAX_DST);
-    if (m->n_params != tx->n_floats) return rf_error(RF_ERR_ARG, "weights: the model changed size");
+    if (m->n_params - m->n_frozen != tx->n_floats || m->n_frozen != tx->first)
+        return rf_error(RF_ERR_ARG, "weights: the model changed size");
     RF_TRY(rf_weights_tx_wait(tx, timeout_s));
-    m->k->to_host(tx->stage, m->params, m->n_params * sizeof(float));
-    header h = {MAGIC, rf_crc32c(tx->stage, m->n_params * sizeof(float)), version, m->n_params, 0, 0, {0}};
-    h.offer = tx->in_place && rf_shm_lookup(tx->stage, m->n_params * sizeof(float), &h.stage);
+    size_t bytes = tx->n_floats * sizeof(float);
+    m->k->to_host(tx->stage, m->params + tx->first, bytes);
+    header h = {MAGIC, rf_crc32c(tx->stage, bytes), version, tx->n_floats, tx->first, tx->base_crc, 0, {0}};
+    h.offer = tx->in_place && rf_shm_lookup(tx->stage, bytes, &h.stage);
     tx->h = h, tx->c = c, tx->n_in_place = 0;
     *checksum = h.checksum;
     const char *damage = getenv("RF_TEST_WEIGHTS_DAMAGE"); /* test hook: announce a wrong checksum */
@@ -198,11 +213,15 @@ rf_status rf_weights_tx_start(rf_weights_tx *tx, rf_comm *c, const rf_model *m, 
 }
 
 rf_status rf_weights_rx_init(rf_weights_rx **out, rf_comm *c, const rf_model *m, int src) {
-    (void)m;
     *out = NULL;
     rf_weights_rx *rx = calloc(1, sizeof *rx);
     if (!rx) return rf_error(RF_ERR_NOMEM, "out of memory");
-    rx->c = c, rx->src = src, rx->timeout_s = 60, rx->in_place = 1;
+    rx->c = c, rx->src = src, rx->timeout_s = 60, rx->in_place = 1, rx->first = m->n_frozen;
+    rf_status st = crc_of(m, 0, rx->first, &rx->base_crc);
+    if (st != RF_OK) {
+        free(rx);
+        return st;
+    }
     *out = rx;
     return RF_OK;
 }
@@ -247,23 +266,24 @@ static int rx_map(rf_weights_rx *rx, const rf_shm_ref *ref) {
 /* The parameters into m: read in place from the sender's stage (copy and checksum in one pass),
  * or received whole into rx->buf. *crc: what arrived. */
 static rf_status rx_take(rf_weights_rx *rx, rf_model *m, const header *h, uint32_t *crc) {
-    size_t bytes = m->n_params * sizeof(float);
+    size_t bytes = h->n_floats * sizeof(float);
+    float *to = m->params + rx->first; /* under LoRA the adapters: the base stays */
     int cpu = strcmp(m->k->name, "cpu") == 0;
     char what[128];
     snprintf(what, sizeof what, "receiving weights version %lld from rank %d", (long long)h->version, rx->src);
     if (h->offer && rx->in_place && rx_map(rx, &h->stage)) {
         const float *from = (const float *)((const char *)rx->map.base + h->stage.offset);
         if (!cpu && !rx->buf && !(rx->buf = malloc(bytes + 1))) return rf_error(RF_ERR_NOMEM, "weights: out of memory");
-        *crc = rf_crc32c_copy(0, cpu ? m->params : rx->buf, from, bytes);
+        *crc = rf_crc32c_copy(0, cpu ? to : rx->buf, from, bytes);
         RF_TRY(rx_reply(rx, READ_DONE, what));
-        if (!cpu) m->k->to_device(m->params, rx->buf, bytes);
+        if (!cpu) m->k->to_device(to, rx->buf, bytes);
         return RF_OK;
     }
     if (h->offer) RF_TRY(rx_reply(rx, SEND_DATA, what));
     if (!rx->buf && !(rx->buf = malloc(bytes + 1))) return rf_error(RF_ERR_NOMEM, "weights: out of memory");
     RF_TRY(rx_recv(rx, rx->buf, bytes, DATA_TAG, what));
     *crc = rf_crc32c(rx->buf, bytes);
-    if (*crc == h->checksum) m->k->to_device(m->params, rx->buf, bytes);
+    if (*crc == h->checksum) m->k->to_device(to, rx->buf, bytes);
     return RF_OK;
 }
 
@@ -279,9 +299,15 @@ rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64
     snprintf(what, sizeof what, "receiving weights from rank %d", rx->src);
     header h;
     RF_TRY(rx_recv(rx, &h, sizeof h, RF_WEIGHTS_TAG, what));
-    if (h.magic != MAGIC || h.n_floats != m->n_params)
-        return rf_error(RF_ERR_FORMAT, "weights from rank %d: not a transfer for this model (magic %08x, %llu parameters, the model has %zu)",
-                        rx->src, h.magic, (unsigned long long)h.n_floats, m->n_params);
+    if (h.magic != MAGIC || h.n_floats != m->n_params - rx->first || h.first != rx->first)
+        return rf_error(RF_ERR_FORMAT, "weights from rank %d: not a transfer for this model (magic %08x, %llu parameters "
+                        "after %llu frozen ones, the model has %zu after %zu)", rx->src, h.magic,
+                        (unsigned long long)h.n_floats, (unsigned long long)h.first, m->n_params - rx->first, rx->first);
+    /* LoRA: the adapters are only right on the base they were trained on */
+    if (h.base_crc != rx->base_crc)
+        return rf_error(RF_ERR_FORMAT, "weights version %lld from rank %d: the training worker's frozen base weights "
+                        "(CRC-32C %08x of %zu floats) are not this worker's (%08x): both must load the same model.path",
+                        (long long)h.version, rx->src, h.base_crc, rx->first, rx->base_crc);
     uint32_t crc = 0;
     RF_TRY(rx_take(rx, m, &h, &crc));
     if (crc != h.checksum)

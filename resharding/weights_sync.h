@@ -12,7 +12,13 @@
  * (no shareable memory, or rf_weights_tx_set_in_place(tx, 0)) the parameters follow the header
  * at once. The receiver probes for a header between decode steps (interruptible generation)
  * and, when one is there, takes the transfer whole at once (bounded waits), checking the count
- * and the checksum. */
+ * and the checksum.
+ *
+ * LoRA (model/lora.h): with adapters attached on both sides only the trained floats travel,
+ * m->params[n_frozen, n_params) (the adapters): each side holds the frozen base once, loaded at
+ * start; the header carries the CRC-32C of the sender's base (taken once at rf_weights_tx_init)
+ * and the receiver refuses a transfer whose base is not its own (CRC taken at
+ * rf_weights_rx_init). The checksum of a transfer is then over the adapters sent. */
 #ifndef RF_WEIGHTS_SYNC_H
 #define RF_WEIGHTS_SYNC_H
 
@@ -50,7 +56,8 @@ int rf_weights_tx_test(rf_weights_tx *tx);
 /* Waits at most timeout_s for the sends to finish; the error names the rank that did not. */
 rf_status rf_weights_tx_wait(rf_weights_tx *tx, double timeout_s);
 
-/* Receiver for model m from rank src of c. */
+/* Receiver for model m from rank src of c (m must keep its layout: under LoRA its frozen base
+ * is checksummed here once). */
 rf_status rf_weights_rx_init(rf_weights_rx **rx, rf_comm *c, const rf_model *m, int src);
 
 /* on = 0: decline offers to read in place (the sender then sends the parameters). Default 1. */
@@ -66,7 +73,8 @@ void rf_weights_rx_free(rf_weights_rx *rx);
 rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64_t *version,
                              uint32_t *checksum);
 
-/* CRC-32C of m's parameters (read back from the device when needed). */
+/* CRC-32C of what a transfer of m sends: m's parameters, under LoRA its adapters
+ * (params[n_frozen, n_params)); read back from the device when needed. */
 rf_status rf_weights_checksum(const rf_model *m, uint32_t *checksum);
 
 #endif

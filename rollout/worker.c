@@ -103,6 +103,7 @@ typedef struct weights_in {
     rf_weights_rx *rx;
     rf_weights_rs *rs;
     float *stage; /* resharding into a CUDA model: the host buffer it lands in, then uploaded */
+    rf_param_view *adapters; /* LoRA: the adapters' table, offsets from 0 (what is resharded) */
 } weights_in;
 
 static float *weights_dst(const weights_in *in, const worker *w);
@@ -130,6 +131,14 @@ static rf_status weights_in_open(weights_in *in, const worker *w, rf_comm *wcomm
     RF_TRY(stage_open(in, w));
     rf_param_table pt = w->tp ? (rf_param_table){&w->tp->cfg, w->tp->full_views, w->tp->n_full_views}
                               : rf_param_table_of(w->m);
+    if (!w->tp && w->m->n_frozen) { /* LoRA: the training shards' adapters into this frozen base's */
+        const rf_model *m = w->m;
+        if (!(in->adapters = malloc(sizeof *in->adapters * (size_t)m->lora.n_views)))
+            return rf_error(RF_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < m->lora.n_views; i++)
+            in->adapters[i] = m->lora.views[i], in->adapters[i].offset -= m->n_frozen;
+        pt = (rf_param_table){&m->cfg, in->adapters, m->lora.n_views};
+    }
     int dp = r->placement.actor.tp > 1 ? r->placement.actor.dp : 1; /* with tp 1 only DP rank 0 sends */
     return rf_weights_rs_init(&in->rs, &pt, r->placement.actor.tp, dp, w->tp ? w->tp->tp : 1, wcomm, RF_WEIGHTS_RS_BUCKET,
                               r->async.peer_timeout);
@@ -139,16 +148,21 @@ static void weights_in_close(weights_in *in) {
     rf_weights_rx_free(in->rx);
     rf_weights_rs_free(in->rs);
     free(in->stage);
+    free(in->adapters);
 }
 
-/* Where resharded weights land (host memory): the model's buffer, or the staging one. */
-static float *weights_dst(const weights_in *in, const worker *w) { return in->stage ? in->stage : w->m->params; }
+/* Where resharded weights land (host memory): the model's buffer, or the staging one (under
+ * LoRA their adapters' floats). */
+static float *weights_dst(const weights_in *in, const worker *w) {
+    return (in->stage ? in->stage : w->m->params) + w->m->n_frozen;
+}
 
 /* After weights landed in the staging buffer: into the device model. */
 /* A new version is in the parameters (or in the stage, uploaded here): the back end's converted
  * weight copies (bf16) are stale from now on. */
 static void weights_upload(const weights_in *in, const worker *w) {
-    if (in->stage) w->m->k->to_device(w->m->params, in->stage, sizeof(float) * w->m->n_params);
+    size_t f = w->m->n_frozen; /* LoRA: the adapters alone changed */
+    if (in->stage) w->m->k->to_device(w->m->params + f, in->stage + f, sizeof(float) * (w->m->n_params - f));
     w->m->k->weights_updated();
 }
 
@@ -313,12 +327,15 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     return RF_OK;
 }
 
-/* G = 1: the whole policy (read from the model directory, or colocated with identical layouts
- * the training rank's own buffer). */
+/* G = 1: the whole policy (read from the model directory, with the recipe's LoRA adapters, or
+ * colocated with identical layouts the training rank's own buffer). */
 static rf_status whole_open(worker *w, const rf_kernels *k) {
     float *params;
     RF_TRY(borrowed_params(w, &params));
-    if (!params) return rf_model_load(&w->m, w->r->model.path, k, 0);
+    if (!params) { /* under LoRA the frozen base once, the adapters arriving with each version */
+        RF_TRY(rf_model_load(&w->m, w->r->model.path, k, 0));
+        return rf__lora_attach(w->r, w->m);
+    }
     rf_model_config cfg;
     RF_TRY(policy_config(w, &cfg));
     return rf_model_init_borrowed(&w->m, &cfg, k, params);

@@ -4,13 +4,18 @@
  *  - gradients of the adapters against central finite differences, no gradient anywhere else,
  *    and an optimizer step moves the adapters only;
  *  - KV-cache decoding with unmerged adapters equals the full forward;
- *  - PEFT's initialisations; bad options refused naming the recipe key. */
+ *  - PEFT's initialisations; bad options refused naming the recipe key;
+ *  - a checkpoint of a LoRA model holds its PEFT adapter directory (written inside the
+ *    checkpoint before its rename, so no complete checkpoint lacks it). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/rng.h"
 #include "model/lora.h"
+#include "common/util.h"
+#include "model/safetensors.h"
+#include "trainer/checkpoint.h"
 #include "trainer/data_parallel.h"
 #include "trainer/optim.h"
 #include "test_util.h"
@@ -257,12 +262,52 @@ static void error_check(void) {
     o.targets = bits;
     CHECK_OK(rf_model_lora_attach(m, &o));
     CHECK_ERR(rf_model_lora_attach(m, &o), RF_ERR_ARG, "has none yet");
-    /* data parallelism would reduce buckets of the whole buffer: refused before any collective */
+    /* ZeRO-1 lays its blocks over the whole buffer: refused before any collective */
     CHECK_OK(rf_model_enable_training(m));
     rf_dp *dp = NULL;
-    rf_dp_opts dpo = {0};
+    rf_dp_opts dpo = {.zero = 1};
     CHECK_ERR(rf_dp_init(&dp, NULL, m, &dpo), RF_ERR_UNSUPPORTED,
-              "data parallelism of a model with LoRA adapters is not implemented");
+              "ZeRO-1 of a model with LoRA adapters is not implemented");
+    rf_model_free(m);
+}
+
+/* rf_checkpoint_save of a LoRA model: step_N/adapter holds adapter_config.json and
+ * adapter_model.safetensors with PEFT's names and the adapters' exact floats, and nothing is
+ * left in step_N.tmp (it was written there and renamed with the rest). */
+static void checkpoint_check(void) {
+    rf_model *m = lora_model(RF_ARCH_QWEN2, 3, 6.0f);
+    CHECK_OK(rf_model_enable_training(m));
+    char dir[] = "/tmp/rf_lora_ckpt_XXXXXX", p[4200];
+    CHECK(mkdtemp(dir) != NULL);
+    rf_ckpt_state st = {.step = 3, .kl_beta = 0.1f};
+    CHECK_OK(rf_checkpoint_save(dir, m, NULL, NULL, &st, 0));
+    snprintf(p, sizeof p, "%s/step_000003/adapter/adapter_config.json", dir);
+    CHECK(rf_file_exists(p));
+    snprintf(p, sizeof p, "%s/step_000003.tmp", dir);
+    CHECK(!rf_file_exists(p));
+    snprintf(p, sizeof p, "%s/step_000003/adapter/adapter_model.safetensors", dir);
+    rf_safetensors *sf = NULL;
+    CHECK_OK(rf_st_open_file(&sf, p));
+    CHECK(sf && rf_st_count(sf) == m->lora.n_views);
+    for (int i = 0; sf && i < m->lora.n_views; i++) {
+        const rf_param_view *v = &m->lora.views[i];
+        char name[RF_MAX_NAME + 32];
+        snprintf(name, sizeof name, "base_model.model.%s", v->name);
+        float *got = malloc(sizeof(float) * v->numel);
+        CHECK_OK(rf_st_read_f32(sf, name, got, v->shape, v->ndim));
+        CHECK(memcmp(got, m->params + v->offset, sizeof(float) * v->numel) == 0);
+        free(got);
+    }
+    rf_st_close(sf);
+    snprintf(p, sizeof p, "%s/step_000003/adapter", dir);
+    /* the PEFT copy loads back onto the base as the adapters themselves */
+    rf_model *b;
+    CHECK_OK(rf_model_init(&b, &m->cfg, rf_cpu_kernels()));
+    memcpy(b->params, m->params, sizeof(float) * m->n_frozen);
+    CHECK_OK(rf_lora_load_peft(b, p));
+    CHECK(b->n_params == m->n_params && memcmp(b->params, m->params, sizeof(float) * m->n_params) == 0);
+    rf_model_free(b);
+    rf_remove_tree(dir);
     rf_model_free(m);
 }
 
@@ -275,5 +320,6 @@ int main(void) {
     decode_check();
     init_check();
     error_check();
+    checkpoint_check();
     return rf_test_finish("test_lora");
 }

@@ -7,7 +7,12 @@
  *  - a damaged checksum is refused by every receiver, in place and through messages, with the
  *    exact message, and the sender still completes;
  *  - a receiver that never takes a transfer: the sender's wait fails within its bound, naming
- *    it. */
+ *    it;
+ *  - LoRA (adapters on the same frozen base on both sides): only the adapters travel (the
+ *    header's count, in place and as a message), the receiver's whole buffer then equals the
+ *    sender's bit for bit and the reported CRC-32C is that of the adapters
+ *    (rf_weights_checksum); a receiver whose base differs refuses the transfer with the exact
+ *    message naming both base checksums. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +22,7 @@
 #include "common/crc32c.h"
 #include "common/util.h"
 #include "kernels/kernels.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "resharding/weights_sync.h"
 #include "test_comm_util.h"
@@ -151,13 +157,91 @@ static void transfers(rf_comm *world) {
     rf_model_free(m);
 }
 
+/* The tiny model (base from `seed`) with rank-4 adapters on every projection, B drawn from
+ * `bseed` (0: zero, as attached). */
+static rf_model *lora_model(uint64_t seed, uint64_t bseed) {
+    rf_model *m = tiny_model(seed);
+    rf_lora_opts o = {4, 8.0f, 0.0f, (1u << RF_LORA_N) - 1, RF_LORA_INIT_GAUSSIAN, 5};
+    if (!m || rf_model_lora_attach(m, &o) != RF_OK) return m;
+    for (int i = 1; bseed && i < m->lora.n_views; i += 2)
+        for (size_t j = 0; j < m->lora.views[i].numel; j++)
+            m->params[m->lora.views[i].offset + j] = (float)((j * 2654435761u + bseed) % 1000) * 1e-3f - 0.5f;
+    return m;
+}
+
+static void lora_transfers(rf_comm *world) {
+    int rank = rf_comm_rank(world);
+    /* rank 2's base differs (seed 9): it must refuse */
+    rf_model *m = lora_model(rank == 2 ? 9 : 7, rank == 0 ? 21 : 0), *want = lora_model(7, 21);
+    if (!m || !want || !m->lora.rank) return;
+    size_t n_lora = m->n_params - m->n_frozen;
+    uint32_t crc = 0, base7 = rf_crc32c(want->params, want->n_frozen * sizeof(float));
+    CHECK_OK(rf_weights_checksum(want, &crc));
+    CHECK(crc == rf_crc32c(want->params + want->n_frozen, n_lora * sizeof(float)));
+    rf_comm *d = NULL; /* ranks 0 and 1, then 0 and 2 on a communicator of their own */
+    CHECK_OK(rf_comm_split(world, rank == 2 ? 1 : 0, rank, &d));
+    if (rank == 0) {
+        rf_weights_tx *tx = NULL;
+        CHECK_OK(rf_weights_tx_init(&tx, m));
+        static const int one[1] = {1};
+        uint32_t sent = 0;
+        for (int in_place = 1; in_place >= 0; in_place--) {
+            rf_weights_tx_set_in_place(tx, in_place);
+            CHECK_OK(rf_weights_tx_start(tx, d, m, 10 + in_place, one, 1, 30, &sent));
+            CHECK(sent == crc);
+            CHECK_OK(rf_weights_tx_wait(tx, 30));
+        }
+        rf_weights_tx_free(tx);
+    } else if (rank == 1) {
+        rf_weights_rx *rx = NULL;
+        CHECK_OK(rf_weights_rx_init(&rx, d, m, 0));
+        for (int in_place = 1; in_place >= 0; in_place--) {
+            memset(m->params + m->n_frozen, 0, n_lora * sizeof(float));
+            int64_t v = -1;
+            uint32_t got = 0;
+            CHECK_OK(receive(rx, m, &v, &got));
+            CHECK(v == 10 + in_place && got == crc);
+            CHECK(memcmp(m->params, want->params, m->n_params * sizeof(float)) == 0);
+        }
+        rf_weights_rx_free(rx);
+    }
+    CHECK_OK(rf_comm_barrier(world, 30, "after the LoRA transfers"));
+    rf_comm *e = NULL;
+    CHECK_OK(rf_comm_split(world, rank == 1 ? 1 : 0, rank, &e));
+    if (rank == 0) { /* offered: the header goes, the refusal leaves the reply pending (freed) */
+        rf_weights_tx *tx = NULL;
+        CHECK_OK(rf_weights_tx_init(&tx, m));
+        static const int other[1] = {1};
+        uint32_t sent = 0;
+        CHECK_OK(rf_weights_tx_start(tx, e, m, 12, other, 1, 30, &sent));
+        rf_weights_tx_free(tx);
+    } else if (rank == 2) {
+        rf_weights_rx *rx = NULL;
+        CHECK_OK(rf_weights_rx_init(&rx, e, m, 0));
+        int64_t v = -1;
+        uint32_t got = 0;
+        rf_error_clear();
+        CHECK(receive(rx, m, &v, &got) == RF_ERR_FORMAT);
+        char msg[320];
+        snprintf(msg, sizeof msg, "weights version 12 from rank 0: the training worker's frozen base weights (CRC-32C "
+                 "%08x of %zu floats) are not this worker's (%08x): both must load the same model.path", base7,
+                 m->n_frozen, rf_crc32c(m->params, m->n_frozen * sizeof(float)));
+        CHECK(strcmp(rf_error_message(), msg) == 0);
+        if (strcmp(rf_error_message(), msg) != 0) fprintf(stderr, "got  \"%s\"\nwant \"%s\"\n", rf_error_message(), msg);
+        rf_weights_rx_free(rx);
+    }
+    CHECK_OK(rf_comm_barrier(world, 30, "after the refused base"));
+    rf_comm_free(e), rf_comm_free(d);
+    rf_model_free(m), rf_model_free(want);
+}
+
 static int under_mpi(int argc, char **argv) {
     rf_comm *world = NULL;
     if (rf_comm_world(&argc, &argv, &world) != RF_OK) {
         fprintf(stderr, "test_weights_sync: %s\n", rf_error_message());
         return 1;
     }
-    if (rf_comm_size(world) == 3) transfers(world);
+    if (rf_comm_size(world) == 3) transfers(world), lora_transfers(world);
     else CHECK(rf_comm_size(world) == 3);
     int rc = rf_test_mpi_finish(world, "test_weights_sync");
     rf_comm_finalize();

@@ -54,6 +54,15 @@ static rf_status save_role(const char *dir, const char *name, const rf_ckpt_role
     return RF_OK;
 }
 
+/* The actor's adapters in PEFT's layout under dir/adapter, from part 0 of its tensors (a second
+ * call of the tensor function per adapter: cheap, the adapters are small). */
+static rf_status save_adapter(const char *dir, const rf_ckpt_role *role, const char *base) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/adapter", dir);
+    part_src src = {role, 0};
+    return rf_lora_save_peft_fill(role->lora, role->views, role->n_views, p, base, fill_part, &src);
+}
+
 static rf_status write_state(const char *dir, const rf_ckpt_state *st, const rf_ckpt_role *actor,
                              const rf_ckpt_role *critic) {
     cJSON *j = cJSON_CreateObject();
@@ -117,6 +126,7 @@ rf_status rf_checkpoint_save_roles(const char *run_dir, const rf_ckpt_role *acto
     RF_TRY(rf_remove_tree(tmp));
     RF_TRY(rf_mkdirs(tmp));
     RF_TRY(save_role(tmp, "actor", actor, tokenizer_dir));
+    if (actor->lora) RF_TRY(save_adapter(tmp, actor, tokenizer_dir));
     if (critic) RF_TRY(save_role(tmp, "critic", critic, tokenizer_dir));
     RF_TRY(write_state(tmp, st, actor, critic));
     RF_TRY(rf_remove_tree(final));
@@ -144,13 +154,15 @@ static rf_status whole_tensor(void *ctx, int part, int view, float *dst) {
 rf_ckpt_role rf_checkpoint_role_of(const rf_model *m) {
     int n;
     const rf_param_view *v = rf_model_train_views(m, &n);
-    rf_ckpt_role r = {&m->cfg, v, n, m->opt_step, m->opt_m != NULL, whole_tensor, (void *)m};
+    rf_ckpt_role r = {&m->cfg, v, n, m->opt_step, m->opt_m != NULL, whole_tensor, (void *)m,
+                      m->lora.rank ? &m->lora : NULL};
     return r;
 }
 
 rf_status rf_checkpoint_save(const char *run_dir, const rf_model *actor, const rf_model *critic,
                              const char *tokenizer_dir, const rf_ckpt_state *st, int keep) {
     rf_ckpt_role a = rf_checkpoint_role_of(actor), c = critic ? rf_checkpoint_role_of(critic) : a;
+    c.lora = NULL; /* a critic with adapters keeps them in critic/ only */
     return rf_checkpoint_save_roles(run_dir, &a, critic ? &c : NULL, tokenizer_dir, st, keep);
 }
 

@@ -3,6 +3,8 @@
  *                                       loadable by `rlflow generate` and by transformers
  *   <run_dir>/step_000200/actor_optim/  AdamW moments ("<tensor>.exp_avg", ".exp_avg_sq")
  *   <run_dir>/step_000200/critic/, critic_optim/   when there is a critic
+ *   <run_dir>/step_000200/adapter/     with LoRA: the actor's adapters again in Hugging Face
+ *                                       PEFT's layout (model/lora.h rf_lora_save_peft)
  *   <run_dir>/step_000200/trainer_state.json       step, optimizer steps, data position, KL
  *                                                  coefficient, best validation score
  *   <run_dir>/latest                               name of the newest complete checkpoint
@@ -42,6 +44,9 @@ typedef struct rf_ckpt_role {
     int moments;
     rf_status (*tensor)(void *ctx, int part, int view, float *dst);
     void *ctx;
+    const rf_lora *lora; /* the actor's adapters (views are then its adapter tensors, whole
+                            shapes): also written as <step>/adapter in PEFT's layout, inside the
+                            checkpoint before its rename; NULL: none */
 } rf_ckpt_role;
 
 /* A whole model as a role (borrowed: m must outlive the role). */

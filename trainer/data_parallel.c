@@ -9,8 +9,8 @@
 
 #include "common/util.h"
 
-/* A bucket: floats [lo, hi) of the flat buffers. Bucket 0 ends the buffer; the last one starts
- * it. ZeRO-1 splits a bucket into `size` blocks of blk floats (the last bucket padded). */
+/* A bucket: floats [lo, hi) of the flat buffers (of the gradient buffer: under LoRA the
+ * parameters' floats n_frozen + lo ..). Bucket 0 ends the buffer; the last one starts it. ZeRO-1 splits a bucket into `size` blocks of blk floats (the last bucket padded). */
 typedef struct dp_bucket {
     size_t lo, hi;
     size_t blk;          /* floats per rank's block */
@@ -59,7 +59,7 @@ const rf_dp_stats *rf_dp_get_stats(const rf_dp *dp) { return &dp->st; }
 /* ---- layout ---- */
 
 static rf_status make_buckets(rf_dp *dp) {
-    size_t n = dp->m->n_params, S = (size_t)dp->size;
+    size_t n = dp->m->n_params - dp->m->n_frozen, S = (size_t)dp->size; /* the gradient buffer */
     size_t B = dp->o.bucket_floats ? dp->o.bucket_floats : RF_DP_BUCKET_DEFAULT;
     B = (B + S - 1) / S * S; /* whole blocks in every bucket but the padded last one */
     dp->nb = (int)((n + B - 1) / B);
@@ -179,7 +179,7 @@ static rf_status alloc_zero(rf_dp *dp) {
  * the whole moments and the shards together but rank 0, while it sends. */
 static rf_status share_moments(rf_dp *dp) {
     rf_model *m = dp->m;
-    size_t bytes = sizeof(float) * m->n_params;
+    size_t bytes = sizeof(float) * (m->n_params - m->n_frozen); /* the moments of the trained floats */
     const char *what = "sharing DP rank 0's optimizer state";
     if (!dp->o.zero) {
         RF_TRY(rf_comm_bcast(dp->c, m->opt_m, bytes, 0, dp->o.timeout_s, what));
@@ -229,8 +229,11 @@ rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o) 
     *out = NULL;
     if (!m->grads || !m->opt_m || !m->opt_v)
         return rf_error(RF_ERR_ARG, "data parallelism needs a model with training buffers (rf_model_enable_training)");
-    if (m->n_frozen) /* its buckets and ZeRO blocks cover the whole buffer */
-        return rf_error(RF_ERR_UNSUPPORTED, "data parallelism of a model with LoRA adapters is not implemented");
+    /* LoRA: the buckets cover the gradient buffer (the adapters); ZeRO-1's blocks and segments
+     * are laid out over the whole buffer */
+    if (m->n_frozen && o->zero)
+        return rf_error(RF_ERR_UNSUPPORTED, "ZeRO-1 of a model with LoRA adapters is not implemented (the "
+                        "adapters' AdamW moments are small: use plain data parallelism)");
     int device = m->k != rf_cpu_kernels();
     if (device != (rf_comm_backend(c) == RF_COMM_NCCL))
         return rf_error(RF_ERR_ARG, "data parallelism: the %s communicator cannot reduce %s gradients",
