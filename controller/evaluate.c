@@ -1,9 +1,8 @@
 /* Validation: greedy generation on held-out prompts, scored by the reward rules' accuracy. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "controller/run.h"
+#include "controller/run_internal.h"
 #include "model/generate.h"
 
 rf_status rf_eval_accuracy(rf_model *m, const rf_tokenizer *tok, rf_dataset *ds, int n,
@@ -34,7 +33,7 @@ rf_status rf_eval_accuracy(rf_model *m, const rf_tokenizer *tok, rf_dataset *ds,
         float reward, a;
         s = rf_reward_rules_score(rules, out[i].text ? out[i].text : "", out[i].n_tokens,
                                   ex[i]->answer, &reward, &a);
-        correct += isnan(a) ? reward : a;
+        correct += rf__val_credit(reward, a);
         len += out[i].n_tokens;
     }
     for (int i = 0; i < n; i++) rf_gen_output_free(&out[i]);
