@@ -50,124 +50,6 @@ typedef struct dp_part {
     rf__share sh;
 } dp_part;
 
-/* Whether this rank's TP position holds (a shard of) the critic in the replicas that have it:
- * the critic's DP group is the ranks of that position. */
-static int critic_position(const rf__tworker *w) {
-    if (!rf__worker_critic_replicas(w)) return 0;
-    if (!w->tpc) return 1;
-    int t = rf_comm_rank(w->tpc), tp = rf__worker_split_tp(w, RF_ROLE_CRITIC);
-    return tp ? t < tp : t == 0;
-}
-
-int rf__dp_zero_reads(const rf__tworker *w, int model) {
-    if (!w->dpc || w->r->placement.actor.zero != 1) return 0;
-    return model ? rf__worker_critic_replicas(w) > 1 : 1;
-}
-
-/* A source of moments that fails: a rank that could not open the checkpoint's files still
- * takes part in rf_dp_init, failing its read, so that every rank fails naming it. */
-static rf_status unreadable(void *ctx, int which, size_t a, size_t n, float *dst) {
-    (void)which, (void)a, (void)n, (void)dst;
-    return rf_error(RF_ERR_IO, "%s", (const char *)ctx);
-}
-
-/* Data parallelism over g with options o of whole model m or shard tp (the other NULL;
- * `model` 0 the actor, 1 the critic); resuming with ZeRO-1 (ckpt: the checkpoint's directory,
- * "" on a fresh start) every rank reads its own blocks of the moments from the checkpoint. */
-static rf_status dp_model(rf__tworker *w, rf_dp **out, rf_comm *g, rf_model *m, rf_model_tp *tp, int model,
-                          const char *ckpt, rf_dp_opts o) {
-    rf_ckpt_moments cm;
-    char why[1024] = "";
-    int read = ckpt[0] && rf__dp_zero_reads(w, model);
-    rf_status st = read ? rf_checkpoint_moments_open(&cm, ckpt, model ? "critic" : "actor", m, tp) : RF_OK;
-    if (read && st == RF_OK) o.moments = rf_checkpoint_moments_read, o.moments_ctx = &cm;
-    if (read && st != RF_OK) {
-        snprintf(why, sizeof why, "%s", rf_error_message());
-        o.moments = unreadable, o.moments_ctx = why;
-    }
-    st = tp ? rf_dp_init_tp(out, g, tp, &o) : rf_dp_init(out, g, m, &o);
-    if (read && !why[0]) rf_checkpoint_moments_close(&cm);
-    return st;
-}
-
-/* The critic's data parallelism over the first k = placement.critic.dp of the replicas (k > 1;
- * its group a split of dpc when fewer than all): every rank of dpc takes part. */
-static rf_status critic_dp_setup(rf__tworker *w, const rf_dp_opts *o, const char *ckpt) {
-    int k = rf__worker_critic_replicas(w), size = rf_comm_size(w->dpc);
-    if (k <= 1 || !critic_position(w)) return RF_OK;
-    rf_comm *g = w->dpc;
-    if (k < size) {
-        RF_TRY(rf_comm_split(w->dpc, w->replica < k ? 0 : -1, w->replica, &w->critic_dpc));
-        g = w->critic_dpc;
-    }
-    if (!g) return RF_OK; /* a replica past the critic's */
-    RF_TRY(rf_comm_for(g, w->k, "data parallelism", w->r->async.startup_timeout, &w->critic_dev, &g));
-    if (w->critic_tp || w->critic) return dp_model(w, &w->dp_critic, g, w->critic, w->critic_tp, 1, ckpt, *o);
-    return rf_error(RF_ERR_ARG, "data-parallel replica %d of the critic's %d holds no critic", w->replica, k);
-}
-
-/* How the critic is laid out, for the start-up log line. */
-static const char *critic_where(const rf__tworker *w, char *buf, size_t cap) {
-    int k = rf__worker_critic_replicas(w), size = rf_comm_size(w->dpc);
-    if (!k) snprintf(buf, cap, "actor");
-    else if (k == size) snprintf(buf, cap, "actor and critic%s", w->tpc && !w->critic_tp ? " (the critic on the replicas' first ranks)" : "");
-    else if (k == 1) snprintf(buf, cap, "actor (the critic on %s alone, on whole batches)", w->tpc ? "replica 0" : "rank 1");
-    else snprintf(buf, cap, "actor, and the critic over the first %d replicas (its own shares of each batch)", k);
-    return buf;
-}
-
-/* ---- both sides ---- */
-
-rf_status rf__dp_setup(rf__tworker *w, rf_status loaded) {
-    const rf_recipe *r = w->r;
-    int size = rf_comm_size(w->dpc), rank = rf_comm_rank(w->dpc);
-    RF_TRY(rf__worker_agree_to_start(w, w->dpc, loaded, "data-parallel"));
-    rf_status st;
-    /* set-up waits for rank 0's checkpoint loading: the start-up bound; later, the peers' */
-    rf_dp_opts o = {.zero = r->placement.actor.zero, .timeout_s = r->async.startup_timeout};
-    /* ZeRO-1: the checkpoint resumed from (rank 0's; "" on a fresh start), from which every rank
-     * reads its blocks of the moments (of its whole model or its tensor-parallel shard) */
-    char ckpt[sizeof w->ckpt_dir] = "";
-    if (rank == 0) snprintf(ckpt, sizeof ckpt, "%s", w->ckpt_dir);
-    st = o.zero ? rf_comm_bcast(w->dpc, ckpt, sizeof ckpt, 0, r->async.startup_timeout,
-                                "receiving the checkpoint's directory from data-parallel rank 0")
-                : RF_OK;
-    rf_comm *g = NULL;
-    if (st == RF_OK) st = rf_comm_for(w->dpc, w->k, "data parallelism", w->r->async.startup_timeout, &w->dp_dev, &g);
-    if (st == RF_OK) st = dp_model(w, &w->dp_actor, g, w->tp ? NULL : w->actor, w->tp, 0, ckpt, o);
-    /* the version comes from replica 0 too (the peers have none yet: on --resume rank 0 read
-     * it from the checkpoint), for the versions a colocated peer hands its rollout rank and
-     * its tensor-parallel ranks' shards */
-    int64_t v = w->version;
-    if (st == RF_OK)
-        st = rf_comm_bcast(w->dpc, &v, sizeof v, 0, r->async.startup_timeout, "receiving the version from replica 0");
-    w->version = (int)v;
-    /* the critic data parallel over the replicas holding it when there are several
-     * (placement.critic.dp = 1: replica 0 trains it alone, on whole batches) */
-    if (st == RF_OK) st = critic_dp_setup(w, &o, ckpt);
-    if (st != RF_OK) return st;
-    rf_dp_set_timeout(w->dp_actor, r->async.peer_timeout);
-    if (w->dp_critic) rf_dp_set_timeout(w->dp_critic, r->async.peer_timeout);
-    char where[160];
-    if (rank == 0 && w->tpc && rf_comm_rank(w->tpc) == 0)
-        rf_log_info("training worker: %d data-parallel replicas of %d tensor-parallel ranks%s, %s", size,
-                    rf_comm_size(w->tpc), r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded per shard)" : "",
-                    critic_where(w, where, sizeof where));
-    else if (rank == 0 && !w->tpc)
-        rf_log_info("training worker: data parallel over %d ranks%s, %s", size,
-                    r->placement.actor.zero ? " (ZeRO-1: optimizer state sharded)" : "", critic_where(w, where, sizeof where));
-    w->last_cmd = rf_time_now();
-    return RF_OK;
-}
-
-void rf__dp_free(rf__tworker *w) {
-    rf_dp_free(w->dp_actor), rf_dp_free(w->dp_critic);
-    rf_comm_free(w->dp_dev), rf_comm_free(w->critic_dev);
-    rf_comm_free(w->critic_dpc);
-    w->dp_actor = w->dp_critic = NULL;
-    w->critic_dpc = w->dp_dev = w->critic_dev = NULL;
-}
-
 /* ---- DP rank 0 ---- */
 
 static rf_status send_cmd(rf__tworker *w, int cmd, int64_t arg, double timeout_s) {
@@ -266,6 +148,19 @@ rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo
     return st;
 }
 
+rf_status rf__worker_score_share(rf__tworker *w, const Rlflow__TrainBatch *b, size_t lo, size_t hi, rf_train_sample *s,
+                                 int flags) {
+    if (w->tpc && rf__tp_split_flags(w, flags)) {
+        uint8_t *buf = NULL;
+        uint64_t bytes = 0;
+        RF_TRY(rf__worker_pack_part(b, lo, hi, &buf, &bytes));
+        rf_status st = rf__tp_score_share(w, buf, bytes, flags);
+        free(buf);
+        RF_TRY(st);
+    }
+    return rf__worker_score(w, s, (int)(hi - lo), flags);
+}
+
 /* Floats of the scores of samples s (n) for flags: per sample its reference log-probs then its
  * values. */
 static size_t score_floats(const rf_train_sample *s, int n, int flags) {
@@ -317,51 +212,9 @@ rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sam
     return st;
 }
 
-/* ---- ZeRO-1 checkpoints: the moments gathered one range (a tensor, or a shard's block of it)
- * at a time onto the DP rank 0 that writes them; the peers send as asked ---- */
-
-typedef struct dp_ask {
-    int32_t model, part; /* 0 actor, 1 critic; 1 or 2: the first or second moment; model -1: done */
-    int64_t a, n;        /* floats [a, a + n) of the model's buffer */
-} dp_ask;
-
-int rf__dp_zero_moments(const rf__tworker *w, int model) {
-    const rf_dp *dp = model ? w->dp_critic : w->dp_actor;
-    return dp && rf_dp_zero(dp);
-}
-
 rf_status rf__dp_checkpoint_begin(rf__tworker *w) {
     if (!rf__dp_zero_moments(w, 0)) return RF_OK;
     return send_cmd(w, DP_CHECKPOINT, 0, w->r->async.peer_timeout);
-}
-
-rf_status rf__dp_moments(rf__tworker *w, int model, int part, size_t a, size_t n, float *dst) {
-    dp_ask q = {model, part, (int64_t)a, (int64_t)n};
-    RF_TRY(rf_comm_bcast(w->dpc, &q, sizeof q, 0, w->r->async.peer_timeout,
-                         "asking the data-parallel ranks for a checkpoint's optimizer state"));
-    return rf_dp_moment_range(model ? w->dp_critic : w->dp_actor, part, a, n, dst);
-}
-
-rf_status rf__dp_moments_done(rf__tworker *w) {
-    if (!rf__dp_zero_moments(w, 0)) return RF_OK;
-    dp_ask q = {-1, 0, 0, 0};
-    return rf_comm_bcast(w->dpc, &q, sizeof q, 0, w->r->async.peer_timeout,
-                         "telling the data-parallel ranks the checkpoint is written");
-}
-
-static rf_status zero_tensor(void *ctx, int part, int view, float *dst) {
-    const rf__zero_role *z = ctx;
-    if (part == 0) return z->whole.tensor(z->whole.ctx, 0, view, dst);
-    const rf_param_view *v = &z->whole.views[view];
-    return rf__dp_moments(z->w, z->model, part, v->offset, v->numel, dst);
-}
-
-rf_ckpt_role rf__dp_role_of(rf__tworker *w, const rf_model *m, int model, rf__zero_role *z) {
-    *z = (rf__zero_role){w, rf_checkpoint_role_of(m), model};
-    if (!rf__dp_zero_moments(w, model)) return z->whole;
-    rf_ckpt_role r = z->whole;
-    r.moments = 1, r.tensor = zero_tensor, r.ctx = z;
-    return r;
 }
 
 rf_status rf__dp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs) {
@@ -372,22 +225,6 @@ rf_status rf__dp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs) {
                                             r->checkpoint.keep);
     rf_status done = rf__dp_moments_done(w); /* also after a failed write: the peers go on */
     return st != RF_OK ? st : done;
-}
-
-rf_status rf__dp_moments_serve(rf__tworker *w) {
-    for (;;) {
-        dp_ask q;
-        RF_TRY(rf_comm_bcast(w->dpc, &q, sizeof q, 0, 2 * w->r->async.peer_timeout,
-                             "waiting for data-parallel rank 0 to ask for a checkpoint's optimizer state"));
-        if (q.model < 0) return RF_OK;
-        rf_dp *dp = q.model ? w->dp_critic : w->dp_actor;
-        if (q.model == 1 && !dp && !rf__worker_has_critic(w)) continue; /* past the critic's replicas */
-        if (!dp || q.a < 0 || q.n < 0)
-            return rf_error(RF_ERR_FORMAT, "data-parallel rank 0 asked for floats [%lld, %lld) of model %d's moment %d, "
-                            "which this rank does not hold", (long long)q.a, (long long)(q.a + q.n), (int)q.model,
-                            (int)q.part);
-        RF_TRY(rf_dp_moment_range(dp, q.part, (size_t)q.a, (size_t)q.n, NULL));
-    }
 }
 
 /* ---- the peers ---- */

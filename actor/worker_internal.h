@@ -1,8 +1,11 @@
 /* The training worker's state and the pieces its files share: actor/worker.c (the loop that
  * talks to the controller), actor/worker_dp.c (data parallelism: DP rank 0 hands each DP
- * peer its share of a batch over comm; the peers train with it) and actor/worker_tp.c (tensor
+ * peer its share of a batch over comm; the peers train with it), actor/worker_tp.c (tensor
  * parallelism: TP rank 0 hands every TP peer the whole batch; each trains its shard of the
- * actor, and all of them send their shards to the rollout workers by resharding).
+ * actor, and all of them send their shards to the rollout workers by resharding) and
+ * actor/worker_common.c (what every rank runs: unpacking, the update, scoring passes,
+ * data-parallel set-up, ZeRO-1 moments). Calls go one way: worker.c -> worker_dp.c ->
+ * worker_tp.c -> worker_common.c.
  *
  * Both (placement.actor.dp = D and tp = T > 1, Megatron-LM's grid): training rank i (world
  * rank 1 + i) is TP rank t = i % T of DP replica d = i / T (tp varies fastest). The TP rank 0
@@ -119,15 +122,13 @@ enum {
     RF_SCORE_RM = 1 << RF_ROLE_REWARD,
 };
 
+/* ---- every training rank (actor/worker_common.c). The files call in one direction:
+ * worker.c -> worker_dp.c -> worker_tp.c -> worker_common.c ---- */
+
 /* This rank's part of scoring samples s (n; their ref_logp / values / rm_score filled), for the models in
  * `flags` it holds: whole ones alone, split ones with every TP rank of its replica (which call
  * it with the same samples and the split models' flags). */
 rf_status rf__worker_score(rf__tworker *w, rf_train_sample *s, int n, int flags);
-
-/* A replica leader's share of a score pass, samples [lo, hi) of b unpacked in s: the TP peers
- * get the share when a split model takes part (rf__tp_score_share), then rf__worker_score. */
-rf_status rf__worker_score_share(rf__tworker *w, const Rlflow__TrainBatch *b, size_t lo, size_t hi,
-                                 rf_train_sample *s, int flags);
 
 /* A packed TrainBatch (buf, bytes; `what` names it in errors) decoded into *b and its samples
  * into *s; free both with rf__worker_packed_free (also after an error: what was made). */
@@ -158,10 +159,8 @@ rf_status rf__worker_agree_to_start(rf__tworker *w, rf_comm *c, rf_status loaded
 rf_status rf__worker_peer_update(rf__tworker *w, const uint8_t *buf, size_t bytes, const char *what,
                                  int train, const rf__share *sh);
 
-/* The tensor-parallel ranks `role` (RF_ROLE_*: the reference, the critic, the reward model) is
- * split over here, or 0 when it is whole: a split one no rank loads whole (rf__tp_setup reads
- * the shards). */
-int rf__worker_split_tp(const rf__tworker *w, int role);
+/* Samples [lo, hi) of b packed as a TrainBatch with b's other fields (caller frees *buf). */
+rf_status rf__worker_pack_part(const Rlflow__TrainBatch *b, size_t lo, size_t hi, uint8_t **buf, uint64_t *bytes);
 
 /* The replicas holding the critic (placement.critic.dp; the first ones), 0 without a critic. */
 int rf__worker_critic_replicas(const rf__tworker *w);
@@ -179,7 +178,13 @@ int rf__worker_has_rm(const rf__tworker *w);
 rf_status rf__worker_actor_load(rf__tworker *w);
 rf_status rf__worker_ref_load(rf__tworker *w);
 
-/* ---- data parallelism (actor/worker_dp.c) ---- */
+/* The tensor-parallel ranks `role` (RF_ROLE_*: the reference, the critic, the reward model) is
+ * split over here, or 0 when it is whole: a split one no rank loads whole (rf__tp_setup reads
+ * the shards). */
+int rf__worker_split_tp(const rf__tworker *w, int role);
+
+/* Data parallelism, on every rank of the DP group (a tensor-parallel peer of a replica other
+ * than 0 too): */
 
 /* Sets up data parallelism of the loaded actor (and critic) over w->dpc: every DP rank calls it
  * after loading its models (DP rank 0 after resuming), with `loaded` its status so far; when
@@ -187,18 +192,7 @@ rf_status rf__worker_ref_load(rf__tworker *w);
  * They all start from rank 0's state. */
 rf_status rf__dp_setup(rf__tworker *w, rf_status loaded);
 
-/* DP rank 0: sends every peer its shares of batch b (the actor's and the critic's) and returns
- * its own: the samples [*lo, *hi) spanning them, and *sh, each model's range in b. */
-rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo, size_t *hi, rf__share *sh);
-
-/* DP rank 0: scores the samples of b (s: them unpacked) over the first m replicas, each its
- * share (rf__worker_score_share; the peers send theirs back; the others get none), filling
- * s's ref_logp / values. */
-rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sample *s, int flags, int m);
-
-/* DP rank 0: a keep-alive for the peers when it has sent them nothing for a while (they give
- * up on a rank 0 silent for async.peer_timeout). */
-rf_status rf__dp_keepalive(rf__tworker *w);
+void rf__dp_free(rf__tworker *w);
 
 /* Whether a resumed run's ranks read their own ZeRO-1 blocks of the moments of the actor
  * (`model` 0) or the critic (1), whole or a tensor-parallel shard, from the checkpoint in
@@ -213,7 +207,6 @@ int rf__dp_zero_reads(const rf__tworker *w, int model);
  * (rf__dp_moments_done); the peers send their blocks of each range until then
  * (rf__dp_moments_serve). rf__dp_zero_moments: whether the model's moments are sharded. */
 int rf__dp_zero_moments(const rf__tworker *w, int model);
-rf_status rf__dp_checkpoint_begin(rf__tworker *w);
 rf_status rf__dp_moments(rf__tworker *w, int model, int part, size_t a, size_t n, float *dst);
 rf_status rf__dp_moments_done(rf__tworker *w);
 rf_status rf__dp_moments_serve(rf__tworker *w);
@@ -232,6 +225,29 @@ typedef struct rf__zero_role {
  * state and must outlive it), else as it is here. */
 rf_ckpt_role rf__dp_role_of(rf__tworker *w, const rf_model *m, int model, rf__zero_role *z);
 
+/* ---- data parallelism (actor/worker_dp.c) ---- */
+
+/* A replica leader's share of a score pass, samples [lo, hi) of b unpacked in s: the TP peers
+ * get the share when a split model takes part (rf__tp_score_share), then rf__worker_score. */
+rf_status rf__worker_score_share(rf__tworker *w, const Rlflow__TrainBatch *b, size_t lo, size_t hi,
+                                 rf_train_sample *s, int flags);
+
+/* DP rank 0 opens a checkpoint of ZeRO-1 moments: the peers are told (rf__dp_moments_serve). */
+rf_status rf__dp_checkpoint_begin(rf__tworker *w);
+
+/* DP rank 0: sends every peer its shares of batch b (the actor's and the critic's) and returns
+ * its own: the samples [*lo, *hi) spanning them, and *sh, each model's range in b. */
+rf_status rf__dp_scatter(rf__tworker *w, const Rlflow__TrainBatch *b, size_t *lo, size_t *hi, rf__share *sh);
+
+/* DP rank 0: scores the samples of b (s: them unpacked) over the first m replicas, each its
+ * share (rf__worker_score_share; the peers send theirs back; the others get none), filling
+ * s's ref_logp / values. */
+rf_status rf__dp_score(rf__tworker *w, const Rlflow__TrainBatch *b, rf_train_sample *s, int flags, int m);
+
+/* DP rank 0: a keep-alive for the peers when it has sent them nothing for a while (they give
+ * up on a rank 0 silent for async.peer_timeout). */
+rf_status rf__dp_keepalive(rf__tworker *w);
+
 /* DP rank 0 without tensor parallelism, with ZeRO-1 (after rf__dp_checkpoint_begin): writes the
  * checkpoint of state cs with the moments gathered tensor by tensor, then tells the peers. */
 rf_status rf__dp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs);
@@ -240,8 +256,6 @@ rf_status rf__dp_checkpoint_save(rf__tworker *w, const rf_ckpt_state *cs);
  * failed: it ended on an error, and the peers then stop with one too (so that they do not wait
  * in MPI_Finalize for a rank that is gone). */
 void rf__dp_stop(rf__tworker *w, int failed);
-
-void rf__dp_free(rf__tworker *w);
 
 /* ---- tensor parallelism (actor/worker_tp.c) ---- */
 
@@ -272,9 +286,6 @@ rf_status rf__rs_whole_setup(rf__tworker *w);
  * whole batch, or with data parallelism the replica's shares), sh: each model's samples in it;
  * `train` is rf__worker_peer_update's. */
 rf_status rf__tp_share(rf__tworker *w, const uint8_t *buf, uint64_t bytes, int train, const rf__share *sh);
-
-/* Samples [lo, hi) of b packed as a TrainBatch with b's other fields (caller frees *buf). */
-rf_status rf__worker_pack_part(const Rlflow__TrainBatch *b, size_t lo, size_t hi, uint8_t **buf, uint64_t *bytes);
 
 /* TP rank 0: the TP peers score the packed TrainBatch buf (bytes) with it, for the split
  * models among `flags`; returns at once when none of them is split. */

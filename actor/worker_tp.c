@@ -188,12 +188,6 @@ static rf_status rm_split(rf__tworker *w) {
     return rf__worker_agree_to_start(w, g, st, "tensor-parallel (reward model)");
 }
 
-int rf__worker_split_tp(const rf__tworker *w, int role) {
-    int dp, tp;
-    rf_recipe_role_layout(w->r, role, &dp, &tp);
-    return w->tpc && tp > 1 ? tp : 0;
-}
-
 /* The critic, the reference and the reward model of this replica, split when the recipe splits
  * them. */
 static rf_status roles_setup(rf__tworker *w) {

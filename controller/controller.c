@@ -5,8 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
-
 #include "common/log.h"
 #include "common/util.h"
 #include "controller/buffer.h"
@@ -161,7 +159,10 @@ static rf_status send_generate(ctl *c, group *g, int greedy) {
     Rlflow__SamplingParams sp = RLFLOW__SAMPLING_PARAMS__INIT;
     sp.temperature = (float)r->rollout.temperature, sp.top_k = r->rollout.top_k;
     sp.top_p = (float)r->rollout.top_p, sp.max_new_tokens = r->rollout.max_new_tokens;
-    sp.seed = ((uint64_t)r->train.seed << 40) + (uint64_t)(g->id < 0 ? 0 : g->id) * (uint64_t)g->n;
+    /* the group's seed as the one-process loop gives it: its batch and place there (validation,
+     * greedy, the first) */
+    int P = r->rollout.prompts_per_step;
+    sp.seed = g->id < 0 ? rf__group_seed(r, 0, 0, 0) : rf__group_seed(r, (int)(g->id / P), 0, (int)(g->id % P));
     Rlflow__GenerateRequest q = RLFLOW__GENERATE_REQUEST__INIT;
     q.request_id = g->req, q.n_prompt_ids = (size_t)g->ex->n_prompt, q.prompt_ids = g->ex->prompt_ids;
     q.n = g->n, q.sampling = &sp, q.group_id = g->id, q.greedy = greedy;
@@ -217,8 +218,7 @@ static rf_status admit(ctl *c) {
 static int val_due(const ctl *c, int v) {
     const rf_recipe *r = c->run.r;
     if (!c->run.val || v < c->val_next) return 0;
-    return v == r->train.steps || (v == 0) ||
-           (r->logging.val_every > 0 && v % r->logging.val_every == 0);
+    return v == 0 || rf__val_due(r, v);
 }
 
 static rf_status start_validation(ctl *c) {
@@ -243,9 +243,7 @@ static rf_status start_validation(ctl *c) {
 
 static void finish_validation(ctl *c) {
     double acc = c->val_acc / (c->val_n ? c->val_n : 1), len = c->val_len / (c->val_n ? c->val_n : 1);
-    rf_metrics_set(c->run.metrics, "val/accuracy", acc);
-    if (c->run.ext || c->run.rm) rf_metrics_set(c->run.metrics, "val/reward", c->val_reward / (c->val_n ? c->val_n : 1));
-    rf_metrics_set(c->run.metrics, "val/length_mean", len);
+    rf__val_metrics(&c->run, acc, c->val_reward / (c->val_n ? c->val_n : 1), len);
     rf_metrics_set(c->run.metrics, "val/version", c->val_version);
     if (acc > c->run.best_val) c->run.best_val = acc;
     rf_log_info("validation at version %d: accuracy %.3f on %d prompts (%.1f s into the run)",
@@ -292,28 +290,9 @@ static rf_status score_turns(ctl *c) {
     return RF_OK;
 }
 
-static int group_informative(const group *g) {
-    for (int j = 1; j < g->n; j++)
-        if (rf__total_reward(&g->s[j]) != rf__total_reward(&g->s[0])) return 1;
-    return 0;
-}
-
-/* External reward programs for a whole group. */
+/* External reward programs for a whole group (item i: sample i of group g->id). */
 static rf_status external_reward(ctl *c, group *g) {
-    if (!c->run.ext) return RF_OK;
-    rf_reward_item *items = calloc((size_t)g->n, sizeof *items);
-    float *sc = malloc(sizeof(float) * (size_t)g->n);
-    char *meta = cJSON_PrintUnformatted(g->ex->extra);
-    rf_status st = items && sc && meta ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int i = 0; st == RF_OK && i < g->n; i++) {
-        rf_train_sample *s = &g->s[i];
-        items[i] = (rf_reward_item){g->ex->prompt_text, s->text, s->tokens, s->n_prompt,
-                                    s->tokens + s->n_prompt, s->n_resp, g->ex->answer, meta, i, g->id};
-    }
-    if (st == RF_OK) st = rf_external_reward_score(c->run.ext, items, g->n, sc);
-    if (st == RF_OK) st = rf__apply_external(&c->run, g->s, g->n, sc);
-    free(items), free(sc), free(meta);
-    return st;
+    return rf__external_score(&c->run, &g->ex, g->s, g->n, g->n, g->id);
 }
 
 static rf_status group_ready(ctl *c, group *g) {
@@ -326,7 +305,7 @@ static rf_status group_ready(ctl *c, group *g) {
 /* A group whose rewards are all in: dropped by dynamic sampling, or into the buffer. */
 static rf_status group_scored(ctl *c, group *g) {
     const rf_recipe *r = c->run.r;
-    if (r->algorithm.dynamic_sampling && !group_informative(g) &&
+    if (r->algorithm.dynamic_sampling && !rf__group_informative(g->s, g->n) &&
         c->dyn_since_batch < (int64_t)r->algorithm.max_resample_rounds * r->rollout.prompts_per_step) {
         c->dropped_dynamic++, c->dyn_since_batch++;
         rf_buffer_discard(c->buf, g->id);
@@ -378,22 +357,15 @@ static rf_status on_sample(ctl *c, int peer, const Rlflow__Sample *m) {
                         peer_desc(c, peer), (unsigned long long)m->request_id, (long long)last,
                         m->weights_checksum, rp ? rp->version : -1, rp ? rp->crc : 0);
     rf_train_sample *s = &g->s[m->index];
-    s->n_prompt = g->ex->n_prompt, s->n_resp = nr, s->group = 0;
-    s->tokens = malloc(sizeof(int32_t) * (size_t)(s->n_prompt + nr));
-    rf_status st = s->tokens ? rf_train_sample_alloc(s) : rf_error(RF_ERR_NOMEM, "out of memory");
-    if (st != RF_OK) return st;
-    memcpy(s->tokens, g->ex->prompt_ids, sizeof(int32_t) * (size_t)s->n_prompt);
-    memcpy(s->tokens + s->n_prompt, m->tokens, sizeof(int32_t) * (size_t)nr);
-    memcpy(s->behav_logp, m->logprobs, sizeof(float) * (size_t)nr);
+    s->group = 0;
+    RF_TRY(rf__sample_init(&c->run, s, g->ex->prompt_ids, g->ex->n_prompt, m->tokens, m->logprobs, nr, m->text,
+                           g->ex->answer));
     memcpy(s->prox_logp, m->logprobs, sizeof(float) * (size_t)nr);
     for (int t = 0; t < nr; t++) {
         s->versions[t] = (int)m->versions[t];
         if (s->versions[t] < g->min_version) g->min_version = s->versions[t];
     }
-    s->text = rf_strdup(m->text);
     c->gen_tokens += nr;
-    RF_TRY(rf_reward_rules_score(c->run.rules, m->text, nr, g->ex->answer, &s->reward, &s->accuracy));
-    s->rule_reward = s->reward;
     if (++g->n_done < g->n) return RF_OK;
     if (g->worker >= 0 && g->worker < c->n_rw) c->rw[g->worker].groups--;
     if (g->id < 0) { /* validation: the training reward definition (rf__val_score) */
@@ -552,10 +524,10 @@ static rf_dataset_pos resume_pos(ctl *c) {
 }
 
 static rf_status request_checkpoint(ctl *c) {
-    rf_dataset_pos p = resume_pos(c);
+    rf_ckpt_state cs = rf__run_ckpt_state(&c->run, resume_pos(c)); /* the training worker writes it */
     Rlflow__CheckpointRequest q = RLFLOW__CHECKPOINT_REQUEST__INIT;
-    q.step = c->run.step, q.data_epoch = p.epoch, q.data_index = p.index;
-    q.kl_coef = c->run.kl.beta, q.best_val = c->run.best_val;
+    q.step = cs.step, q.data_epoch = cs.pos.epoch, q.data_index = cs.pos.index;
+    q.kl_coef = cs.kl_beta, q.best_val = cs.best_val;
     c->ckpt_out++, c->ckpt_last = c->run.step;
     return rf_msg_server_send(c->srv, c->train_peer, RF_MSG_CHECKPOINT_REQUEST, &q.base);
 }
@@ -587,9 +559,9 @@ static rf_status on_train_stats(ctl *c, const Rlflow__TrainStats *m) {
     c->scores_held = 0;
     c->train_busy0 = c->train_busy, c->gen_tokens = 0, c->last_step_at = now;
     int last = c->run.step == r->train.steps;
-    if (last || c->run.step % r->logging.every == 0) rf__console(&c->run);
+    if (rf__console_due(r, c->run.step)) rf__console(&c->run);
     if (!last) RF_TRY(rf_metrics_commit(c->run.metrics, c->run.step));
-    if (last || (r->checkpoint.every > 0 && c->run.step % r->checkpoint.every == 0)) RF_TRY(request_checkpoint(c));
+    if (rf__ckpt_due(r, c->run.step)) RF_TRY(request_checkpoint(c));
     return RF_OK;
 }
 
@@ -857,22 +829,11 @@ static rf_status loop(ctl *c) {
 
 static rf_status setup(ctl *c, const rf_recipe *r, int resume) {
     rf_run *run = &c->run;
-    run->r = r;
-    RF_TRY(rf_adv_kind_parse(r->algorithm.name, &run->adv_kind));
-    RF_TRY(rf_loss_agg_parse(r->algorithm.loss_agg, &run->agg));
-    RF_TRY(rf_kl_est_parse(r->algorithm.kl_estimator, &run->kl_est));
+    RF_TRY(rf__run_state_init(run, r));
     RF_TRY(rf_tokenizer_load_dir(&run->tok, r->model.path));
     RF_TRY(rf__load_data(run));
     RF_TRY(rf__load_rewards(run));
-    run->kl = (rf_kl_ctl){(float)r->algorithm.kl_coef, (float)r->algorithm.kl_target,
-                          r->algorithm.kl_horizon, r->algorithm.adaptive_kl};
-    run->best_val = -1;
-    if (resume) {
-        rf_ckpt_state st;
-        RF_TRY(rf_checkpoint_load(r->logging.dir, NULL, NULL, &st));
-        run->step = st.step, run->pos = st.pos, run->kl.beta = st.kl_beta, run->best_val = st.best_val;
-        rf_log_info("resumed at step %d (data epoch %d, index %d)", run->step, run->pos.epoch, run->pos.index);
-    }
+    if (resume) RF_TRY(rf__run_resume(run, NULL, NULL));
     c->cap = r->async.buffer_groups > 0 ? r->async.buffer_groups
                                         : r->rollout.prompts_per_step * (r->async.max_staleness + 1);
     for (c->n_bucket = 64; c->n_bucket < 2 * (c->cap + r->logging.val_size); c->n_bucket *= 2) {

@@ -1,7 +1,6 @@
 /* Validation: greedy generation on held-out prompts, scored by the reward rules' accuracy
  * (rf_eval_accuracy: `rlflow eval`, the SFT's checks) or, in an RL run, by the same reward
  * definition as training (rf__val_score: rules, reward model, reward programs). */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,7 +42,7 @@ rf_status rf_eval_accuracy(rf_model *m, const rf_tokenizer *tok, rf_dataset *ds,
         float reward, a;
         s = rf_reward_rules_score(rules, out[i].text ? out[i].text : "", out[i].n_tokens,
                                   ex[i]->answer, &reward, &a);
-        correct += isnan(a) ? reward : a;
+        correct += rf__val_credit(reward, a);
         len += out[i].n_tokens;
     }
     for (int i = 0; out && i < n; i++) rf_gen_output_free(&out[i]);
@@ -114,7 +113,7 @@ rf_status rf__val_score(rf_run *run, const rf_val_response *v, int n, double *ac
     if (st == RF_OK && run->ext && n) st = add_external(run, v, n, total);
     for (int i = 0; st == RF_OK && i < n; i++) {
         *reward_sum += total[i];
-        *acc_sum += isnan(acc[i]) ? total[i] : acc[i];
+        *acc_sum += rf__val_credit(total[i], acc[i]);
     }
     free(total), free(acc);
     return st;

@@ -19,15 +19,13 @@ static rf_status validate_now(rf_run *run, double *acc) {
     double len, reward = 0;
     if (run->env.call) RF_TRY(rf__eval_episodes(run, acc, &len)); /* [env]: the same episodes, greedy */
     else RF_TRY(rf__validate(run, r->logging.val_size, acc, &reward, &len));
-    rf_metrics_set(run->metrics, "val/accuracy", *acc);
-    if (!run->env.call && (run->ext || run->rm)) rf_metrics_set(run->metrics, "val/reward", reward);
-    rf_metrics_set(run->metrics, "val/length_mean", len);
+    rf__val_metrics(run, *acc, reward, len);
     return RF_OK;
 }
 
 static rf_status save(rf_run *run) {
     const rf_recipe *r = run->r;
-    rf_ckpt_state st = {.step = run->step, .pos = run->pos, .kl_beta = run->kl.beta, .best_val = run->best_val};
+    rf_ckpt_state st = rf__run_ckpt_state(run, run->pos);
     double t = rf_time_now();
     /* with LoRA the checkpoint holds the adapters in PEFT's layout too (step_N/adapter) */
     RF_TRY(rf_checkpoint_save(r->logging.dir, run->actor, run->critic, r->model.path, &st, r->checkpoint.keep));
@@ -39,9 +37,7 @@ static rf_status setup(rf_run *run, const rf_recipe *r, int resume) {
     memset(run, 0, sizeof *run);
     run->r = r;
     RF_TRY(rf__reject_unimplemented(r));
-    RF_TRY(rf_adv_kind_parse(r->algorithm.name, &run->adv_kind));
-    RF_TRY(rf_loss_agg_parse(r->algorithm.loss_agg, &run->agg));
-    RF_TRY(rf_kl_est_parse(r->algorithm.kl_estimator, &run->kl_est));
+    RF_TRY(rf__run_state_init(run, r));
     run->k = rf_kernels_for(r->model.device);
     if (!run->k) return rf_error_wrap(RF_ERR_NODEVICE, "model.device = \"%s\"", r->model.device);
     RF_TRY(rf_kernels_apply_precision(run->k, r->model.precision, "model.precision", NULL));
@@ -52,15 +48,7 @@ static rf_status setup(rf_run *run, const rf_recipe *r, int resume) {
     RF_TRY(rf__load_rewards(run));
     RF_TRY(rf__eos_ids(r->model.path, run->actor, run->tok, &run->eos, &run->n_eos));
     RF_TRY(rf__start_rollout(run));
-    run->kl = (rf_kl_ctl){(float)r->algorithm.kl_coef, (float)r->algorithm.kl_target,
-                          r->algorithm.kl_horizon, r->algorithm.adaptive_kl};
-    run->best_val = -1;
-    if (resume) {
-        rf_ckpt_state st;
-        RF_TRY(rf_checkpoint_load(r->logging.dir, run->actor, run->critic, &st));
-        run->step = st.step, run->pos = st.pos, run->kl.beta = st.kl_beta, run->best_val = st.best_val;
-        rf_log_info("resumed at step %d (data epoch %d, index %d)", run->step, run->pos.epoch, run->pos.index);
-    }
+    if (resume) RF_TRY(rf__run_resume(run, run->actor, run->critic));
     return rf__open_logging(run);
 }
 
@@ -88,13 +76,13 @@ static rf_status loop(rf_run *run) {
         RF_TRY(rf__rl_step(run));
         run->step++;
         int last = run->step == r->train.steps;
-        if (run->val && (last || (r->logging.val_every > 0 && run->step % r->logging.val_every == 0))) {
+        if (run->val && rf__val_due(r, run->step)) {
             RF_TRY(validate_now(run, &acc));
             if (acc > run->best_val) run->best_val = acc;
         }
-        if (last || run->step % (r->logging.every > 0 ? r->logging.every : 1) == 0) rf__console(run);
+        if (rf__console_due(r, run->step)) rf__console(run);
         RF_TRY(rf_metrics_commit(run->metrics, run->step));
-        int saved = last || (r->checkpoint.every > 0 && run->step % r->checkpoint.every == 0);
+        int saved = rf__ckpt_due(r, run->step);
         if (saved) RF_TRY(save(run));
         if (!last && rf_interrupt_signal()) return stop_interrupted(run, saved);
     }

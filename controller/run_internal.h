@@ -5,6 +5,7 @@
 #include "controller/run.h"
 #include "model/lora.h"
 #include "rollout/rollout_tp.h"
+#include "trainer/checkpoint.h"
 
 rf_status rf__ensure_data(const rf_recipe *r);
 rf_status rf__ensure_model(const rf_recipe *r);
@@ -68,9 +69,61 @@ rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, int n_
                                 rf_train_sample *out, double *tokens);
 rf_status rf__eval_episodes(rf_run *run, double *acc, double *mean_len);
 
-/* One RL step (generate, score, reference, critic, advantages, updates), metrics set on
- * run->metrics. */
+/* One RL step of the one-process loop (generate, score, reference, critic, advantages,
+ * updates), metrics set on run->metrics. */
 rf_status rf__rl_step(rf_run *run);
+
+/* ---- controller/rl_core.c: the dataflow's pieces every deployment runs, once ---- */
+
+/* run->r = r, and the run state both loops start from: the algorithm's enums parsed (errors
+ * name the recipe key), the KL controller at algorithm.kl_coef, no best validation yet. */
+rf_status rf__run_state_init(rf_run *run, const rf_recipe *r);
+
+/* --resume: the newest checkpoint of logging.dir into actor and critic (either may be NULL: the
+ * controller of a split run, whose training worker loads its own) and run's step, data
+ * position, KL coefficient and best validation accuracy; logs where it resumes. */
+rf_status rf__run_resume(rf_run *run, rf_model *actor, rf_model *critic);
+
+/* The run state a checkpoint of run->step keeps, resuming generation at data position pos. */
+rf_ckpt_state rf__run_ckpt_state(const rf_run *run, rf_dataset_pos pos);
+
+/* DAPO dynamic sampling: whether a group of n samples is informative (not every total reward
+ * equal: an all-equal group has zero advantage). */
+int rf__group_informative(const rf_train_sample *s, int n);
+
+/* External reward programs (run->ext; nothing without) score samples s (n, in groups of per;
+ * group g's example ex[g]): item i is sample i % per of group first_group + i / per, and
+ * rf__apply_external adds the scores. */
+rf_status rf__external_score(rf_run *run, const rf_example *const *ex, rf_train_sample *s, int n, int per,
+                             int64_t first_group);
+
+/* What a validation sample counts towards val/accuracy, the same in every deployment: its
+ * accuracy by the reward rules, or its reward when none of the rules judges correctness
+ * (accuracy NaN): the rules' reward for `rlflow eval`, the total reward of the training reward
+ * definition in a run (rf__val_score). */
+double rf__val_credit(double reward, float accuracy);
+
+/* A validation's result on run->metrics: val/accuracy, val/reward (the mean total reward; only
+ * with reward programs or a reward model, not for [env] episodes) and val/length_mean. */
+void rf__val_metrics(rf_run *run, double acc, double reward, double len);
+
+/* The sampling seed of a prompt group: prompt p of dynamic-sampling round `round` of the batch
+ * of step `step` (0-based); its n samples take seed, seed + 1, ... Split runs give the group
+ * admitted as id the seed of (id / prompts_per_step, 0, id % prompts_per_step), so that at
+ * staleness 0 a group is generated as in the one-process run. */
+uint64_t rf__group_seed(const rf_recipe *r, int step, int round, int p);
+
+/* A generated sample into s (zeroed by the caller): the prompt's and the response's tokens and
+ * the behaviour log-probs copied, the text kept (NULL: ""), and scored by the reward rules
+ * (reward, accuracy, rule_reward) against answer. The caller sets the token versions. */
+rf_status rf__sample_init(rf_run *run, rf_train_sample *s, const int32_t *prompt, int n_prompt, const int32_t *resp,
+                          const float *logp, int n_resp, const char *text, const char *answer);
+
+/* Whether the end of update `step` (1-based) validates, writes a checkpoint, prints a console
+ * line: the last step always; else logging.val_every, checkpoint.every, logging.every. */
+int rf__val_due(const rf_recipe *r, int step);
+int rf__ckpt_due(const rf_recipe *r, int step);
+int rf__console_due(const rf_recipe *r, int step);
 
 /* Optimizer options of the actor (critic = 0) or the critic (1) from the recipe. */
 rf_optim_opts rf__optim_opts(const rf_recipe *r, int critic);
