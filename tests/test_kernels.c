@@ -943,6 +943,17 @@ static void test_attention(const rf_kernels *K) {
     static const int dec_q[1] = {1};
     static const int32_t dec_start[1] = {3}, dec_len[1] = {6};
     test_attention_kvcache(K, dec_q, dec_start, dec_len, 1, 10, 4, 2, 8); /* n_seq = 1 decode */
+
+    /* Sequences long enough for the CPU's blocked path (RF_ATT_GEMM_MIN_Q = 16 query rows and
+     * up, blocks of RF_ATT_QB = 64): 150 rows = three blocks, the last partial, beside a short
+     * one on the row path; small H and D keep the finite differences affordable. */
+    static const int lens_long[3] = {20, 3, 150};
+    test_attention_train(K, lens_long, 3, 2, 1, 4);
+    /* a 70-row chunk after 60 cached keys (k_len 130: blocks see 60 keys more than their rows),
+     * a 17-row prefill, a decode row */
+    static const int lq[3] = {70, 17, 1};
+    static const int32_t lk_start[3] = {5, 140, 160}, lk_len[3] = {130, 17, 9};
+    test_attention_kvcache(K, lq, lk_start, lk_len, 3, 170, 4, 2, 8);
 }
 
 /* ------------------------------------------------------------------ swiglu */

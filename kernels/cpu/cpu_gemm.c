@@ -368,6 +368,17 @@ static void gemv_rows(int M, int N, int K, float alpha, const float *A, int lda,
     }
 }
 
+void rf_cpu_gemm_local(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
+    dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 static int run_entry(gemm_entry *e, const void *A, const void *B, float *C) {
     dnnl_memory_set_data_handle(e->a, (void *)A);
     dnnl_memory_set_data_handle(e->b, (void *)B);
