@@ -474,6 +474,13 @@ void rf_cpu_gemm_weights_updated(void) {
     pthread_mutex_unlock(&g_lock);
 }
 
+unsigned rf_cpu_gemm_epoch(void) {
+    pthread_mutex_lock(&g_lock);
+    unsigned e = g_epoch;
+    pthread_mutex_unlock(&g_lock);
+    return e;
+}
+
 int rf_cpu_bf16_native(void) {
     pthread_mutex_lock(&g_lock);
     int n = bf16_native();

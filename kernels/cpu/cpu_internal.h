@@ -24,6 +24,8 @@ rf_status rf_cpu_gemm_set_precision(rf_precision p);
 rf_precision rf_cpu_gemm_get_precision(void);
 /* Converted weight copies are stale from now on. */
 void rf_cpu_gemm_weights_updated(void);
+/* A counter bumped by every rf_cpu_gemm_weights_updated. */
+unsigned rf_cpu_gemm_epoch(void);
 /* 1 when oneDNN runs bf16 products natively on the instruction set it uses (else bf16 is
  * emulated: bf16-rounded operands in fp32 products). */
 int rf_cpu_bf16_native(void);
