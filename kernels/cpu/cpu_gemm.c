@@ -9,11 +9,11 @@
  *  - the primitive path (outside OpenMP parallel regions): a oneDNN matmul primitive per shape
  *    (transposes, M, N, K, leading dimensions, alpha, beta, precision), created on first use
  *    and kept in a small hash table; alpha is an output scale, beta = 1 a sum post-op.
- *  - the nested path (inside a parallel region, where attention's per-head products run): the
- *    thread-safe dnnl_sgemm, single-threaded there, with no shared state. These stay fp32 in
- *    bf16 mode: attention's forward (shared with decoding) is fp32 loops, and its backward
- *    must differentiate that same function; attention's share of the FLOPs is small at the
- *    sequence lengths RL trains on.
+ *  - the nested path (inside a parallel region): the thread-safe dnnl_sgemm, single-threaded
+ *    there, with no shared state. Attention's per-head products call it directly
+ *    (rf_cpu_gemm_local) and stay fp32 in bf16 mode: attention's forward is shared with
+ *    decoding, and its backward must differentiate that same function; attention's share of
+ *    the FLOPs is small at the sequence lengths RL trains on.
  *
  * bf16 (rf_cpu_gemm_set_precision): operands are rounded to bf16 (round to nearest even) and
  * products accumulate in fp32. Activations are converted at each call; weights (the B operand
