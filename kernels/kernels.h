@@ -140,7 +140,9 @@ struct rf_kernels {
     void (*logprob_forward)(float *logp, float *entropy, const float *h, const float *w,
                             const int32_t *targets, int T, int C, int V, float inv_temp);
     /* Given upstream dlogp (T) and dentropy (T; NULL = zero): dh (T, C) overwritten,
-     * dw (V, C) +=. Recomputes the logits chunk by chunk. */
+     * dw (V, C) +=. Recomputes the logits chunk by chunk, or (CPU, logits up to 512 MB) uses
+     * those the last logprob_forward kept when called on the same h, w (unchanged, and no
+     * weights_updated since), sizes and temperature. */
     void (*logprob_backward)(float *dh, float *dw, const float *dlogp, const float *dentropy,
                              const float *h, const float *w, const int32_t *targets, int T,
                              int C, int V, float inv_temp);

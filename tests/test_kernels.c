@@ -943,6 +943,17 @@ static void test_attention(const rf_kernels *K) {
     static const int dec_q[1] = {1};
     static const int32_t dec_start[1] = {3}, dec_len[1] = {6};
     test_attention_kvcache(K, dec_q, dec_start, dec_len, 1, 10, 4, 2, 8); /* n_seq = 1 decode */
+
+    /* Sequences long enough for the CPU's blocked path (RF_ATT_GEMM_MIN_Q = 16 query rows and
+     * up, blocks of RF_ATT_QB = 64): 150 rows = three blocks, the last partial, beside a short
+     * one on the row path; small H and D keep the finite differences affordable. */
+    static const int lens_long[3] = {20, 3, 150};
+    test_attention_train(K, lens_long, 3, 2, 1, 4);
+    /* a 70-row chunk after 60 cached keys (k_len 130: blocks see 60 keys more than their rows),
+     * a 17-row prefill, a decode row */
+    static const int lq[3] = {70, 17, 1};
+    static const int32_t lk_start[3] = {5, 140, 160}, lk_len[3] = {130, 17, 9};
+    test_attention_kvcache(K, lq, lk_start, lk_len, 3, 170, 4, 2, 8);
 }
 
 /* ------------------------------------------------------------------ swiglu */
@@ -1044,7 +1055,52 @@ static void test_logprob_case(const rf_kernels *K, int T, int C, int V, float in
     free(dlogp_d), free(dent_d);
 }
 
+/* A backward after a forward whose inputs then changed in place (same pointers: h's bits, or
+ * w's with weights_updated as kernels.h asks) is the gradient at the new inputs, not at the
+ * forward's (a back end may keep the forward's logits for the backward: the CPU's does); and
+ * with unchanged inputs, the gradient of the forward's inputs whether or not a forward ran
+ * just before. Finite differences of the double reference at the inputs the backward saw. */
+static void test_logprob_after_forward(const rf_kernels *K) {
+    enum { T = 9, C = 16, V = 300 };
+    const float inv_temp = 0.9f;
+    size_t nh = (size_t)T * C, nw = (size_t)V * C;
+    float *h = fnormal(nh, 1.0f), *w = fnormal(nw, 0.5f), *dlogp = fnormal(T, 1.0f);
+    float *dh = fconst(nh, NAN), *dw = fconst(nw, 0.0f), *lp = fconst(T, NAN);
+    int32_t targets[T];
+    for (int t = 0; t < T; t++) targets[t] = (int32_t)((t * 37 + 5) % V);
+    float *d_h = put(K, h, FB(nh)), *d_w = put(K, w, FB(nw)), *d_dlp = put(K, dlogp, FB(T));
+    float *d_dh = put(K, dh, FB(nh)), *d_dw = put(K, dw, FB(nw)), *d_lp = put(K, lp, FB(T));
+    int32_t *d_tg = put(K, targets, IB(T));
+    double *dlogp_d = dcopy(dlogp, T);
+    for (int change = 0; change < 3; change++) { /* 0 nothing, 1 h, 2 w */
+        K->logprob_forward(d_lp, NULL, d_h, d_w, d_tg, T, C, V, inv_temp);
+        if (change == 1) for (int c = 0; c < C; c++) h[3 * C + c] += 0.5f;
+        if (change == 2) for (size_t i = 0; i < nw; i++) w[i] *= 1.5f;
+        K->to_device(d_h, h, FB(nh));
+        K->to_device(d_w, w, FB(nw));
+        if (change == 2) K->weights_updated();
+        K->to_device(d_dw, dw, FB(nw)); /* dw stays zero on the host */
+        K->logprob_backward(d_dh, d_dw, d_dlp, NULL, d_h, d_w, d_tg, T, C, V, inv_temp);
+        float *gh = fconst(nh, NAN), *gw = fconst(nw, NAN);
+        K->to_host(gh, d_dh, FB(nh));
+        K->to_host(gw, d_dw, FB(nw));
+        double *h_d = dcopy(h, nh), *w_d = dcopy(w, nw);
+        lp_ctx ctx = {h_d, w_d, dlogp_d, NULL, targets, T, C, V, (double)inv_temp};
+        static const char *what[3] = {"unchanged", "h changed in place", "w changed in place"};
+        char msg[128];
+        snprintf(msg, sizeof msg, "logprob_backward after a forward, %s: dh", what[change]);
+        check_fd(msg, lp_loss, &ctx, h_d, nh, gh, NULL);
+        snprintf(msg, sizeof msg, "logprob_backward after a forward, %s: dw", what[change]);
+        check_fd(msg, lp_loss, &ctx, w_d, nw, gw, dw);
+        free(gh), free(gw), free(h_d), free(w_d);
+    }
+    get(K, NULL, d_h, 0), get(K, NULL, d_w, 0), get(K, NULL, d_dlp, 0), get(K, NULL, d_dh, 0);
+    get(K, NULL, d_dw, 0), get(K, NULL, d_lp, 0), get(K, NULL, d_tg, 0);
+    free(h), free(w), free(dlogp), free(dh), free(dw), free(lp), free(dlogp_d);
+}
+
 static void test_logprob(const rf_kernels *K) {
+    test_logprob_after_forward(K);
     test_logprob_case(K, 7, 16, 300, 1.0f); /* V not a multiple of RF_LOGPROB_CHUNK */
     test_logprob_case(K, 7, 16, 300, 0.7f);
     test_logprob_case(K, 1, 16, 300, 0.7f); /* T = 1 */

@@ -31,7 +31,9 @@
 static float frand(rf_rng *r) { return rf_rng_uniform(r) * 2.0f - 1.0f; }
 
 /* Sequences with cached keys (decode rows and a prefill after a cache), laid out contiguously
- * and, through a shuffled block table, in a pool; paged_kv_write scatters the rows. */
+ * and, through a shuffled block table, in a pool; paged_kv_write scatters the rows. Case 0 has
+ * short query runs only (the CPU's row path); case 1 has runs of 16 rows and more (its blocked
+ * path: 70 rows after 10 cached keys are two blocks of 64 and 6). */
 typedef struct att_case {
     int n, H, KVH, D, bs, max_blocks, Tq, Tk;
     int32_t q_off[5], k_start[4], k_len[4];
@@ -39,9 +41,10 @@ typedef struct att_case {
     float *q, *k, *v;       /* (Tq, H, D), (Tk, KVH, D) */
 } att_case;
 
-static void att_case_init(att_case *c, rf_rng *r) {
-    static const int qlen[4] = {1, 5, 1, 7}, klen[4] = {9, 12, 1, 7};
-    *c = (att_case){.n = 4, .H = 4, .KVH = 2, .D = 8, .bs = 4, .max_blocks = 3};
+static void att_case_init(att_case *c, rf_rng *r, int which) {
+    static const int qlens[2][4] = {{1, 5, 1, 7}, {1, 70, 16, 3}}, klens[2][4] = {{9, 12, 1, 7}, {9, 80, 16, 30}};
+    const int *qlen = qlens[which], *klen = klens[which];
+    *c = (att_case){.n = 4, .H = 4, .KVH = 2, .D = 8, .bs = 4, .max_blocks = which ? 20 : 3};
     for (int s = 0; s < c->n; s++) {
         c->q_off[s + 1] = c->q_off[s] + qlen[s];
         c->k_start[s] = c->Tk, c->k_len[s] = klen[s];
@@ -89,11 +92,11 @@ static void run_paged(const rf_kernels *K, const att_case *c, float *out, float 
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) K->free(all[i]);
 }
 
-static void paged_attention_equals_contiguous(void) {
+static void paged_attention_equals_contiguous(int which) {
     rf_rng r;
     rf_rng_seed(&r, 3);
     att_case c;
-    att_case_init(&c, &r);
+    att_case_init(&c, &r, which);
     const rf_kernels *K = rf_cpu_kernels();
     size_t nq = (size_t)c.Tq * c.H * c.D, row = (size_t)c.KVH * c.D;
     float *want = malloc(nq * 4), *got = malloc(nq * 4);
@@ -618,7 +621,8 @@ static void errors(rf_model *m) {
 }
 
 int main(void) {
-    paged_attention_equals_contiguous();
+    paged_attention_equals_contiguous(0);
+    paged_attention_equals_contiguous(1);
     make_prompts();
     char dir[] = "/tmp/rf_rollout_XXXXXX";
     RF_ASSERT(mkdtemp(dir));

@@ -9,11 +9,11 @@
  *  - the primitive path (outside OpenMP parallel regions): a oneDNN matmul primitive per shape
  *    (transposes, M, N, K, leading dimensions, alpha, beta, precision), created on first use
  *    and kept in a small hash table; alpha is an output scale, beta = 1 a sum post-op.
- *  - the nested path (inside a parallel region, where attention's per-head products run): the
- *    thread-safe dnnl_sgemm, single-threaded there, with no shared state. These stay fp32 in
- *    bf16 mode: attention's forward (shared with decoding) is fp32 loops, and its backward
- *    must differentiate that same function; attention's share of the FLOPs is small at the
- *    sequence lengths RL trains on.
+ *  - the nested path (inside a parallel region): the thread-safe dnnl_sgemm, single-threaded
+ *    there, with no shared state. Attention's per-head products call it directly
+ *    (rf_cpu_gemm_local) and stay fp32 in bf16 mode: attention's forward is shared with
+ *    decoding, and its backward must differentiate that same function; attention's share of
+ *    the FLOPs is small at the sequence lengths RL trains on.
  *
  * bf16 (rf_cpu_gemm_set_precision): operands are rounded to bf16 (round to nearest even) and
  * products accumulate in fp32. Activations are converted at each call; weights (the B operand
@@ -368,6 +368,17 @@ static void gemv_rows(int M, int N, int K, float alpha, const float *A, int lda,
     }
 }
 
+void rf_cpu_gemm_local(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
+    dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 static int run_entry(gemm_entry *e, const void *A, const void *B, float *C) {
     dnnl_memory_set_data_handle(e->a, (void *)A);
     dnnl_memory_set_data_handle(e->b, (void *)B);
@@ -461,6 +472,13 @@ void rf_cpu_gemm_weights_updated(void) {
     pthread_mutex_lock(&g_lock);
     g_epoch++;
     pthread_mutex_unlock(&g_lock);
+}
+
+unsigned rf_cpu_gemm_epoch(void) {
+    pthread_mutex_lock(&g_lock);
+    unsigned e = g_epoch;
+    pthread_mutex_unlock(&g_lock);
+    return e;
 }
 
 int rf_cpu_bf16_native(void) {

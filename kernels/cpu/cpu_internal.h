@@ -13,11 +13,19 @@
  * until rf_cpu_gemm_weights_updated. oneDNN underneath; synchronous. */
 void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc, int b_weight);
+/* rf_cpu_gemm's fp32 product without the shape cache and its lock: oneDNN's sgemm, on the
+ * calling thread alone when called inside a parallel region (attention's per-head products,
+ * whose key counts vary too much from call to call for one primitive per shape). fp32 in
+ * both precisions. */
+void rf_cpu_gemm_local(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc);
 /* Operand precision of rf_cpu_gemm from now on. */
 rf_status rf_cpu_gemm_set_precision(rf_precision p);
 rf_precision rf_cpu_gemm_get_precision(void);
 /* Converted weight copies are stale from now on. */
 void rf_cpu_gemm_weights_updated(void);
+/* A counter bumped by every rf_cpu_gemm_weights_updated. */
+unsigned rf_cpu_gemm_epoch(void);
 /* 1 when oneDNN runs bf16 products natively on the instruction set it uses (else bf16 is
  * emulated: bf16-rounded operands in fp32 products). */
 int rf_cpu_bf16_native(void);
@@ -34,6 +42,21 @@ void rf_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *d
 void rf_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                               const float *v, const int32_t *q_off, const int32_t *k_start,
                               const int32_t *k_len, int n_seq, int H, int KVH, int D);
+/* Query rows of a sequence from which the attention forward runs as products over blocks of
+ * RF_ATT_QB rows (cpu_attention.c) rather than row by row. */
+#define RF_ATT_GEMM_MIN_Q 16
+#define RF_ATT_QB 64
+/* The blocked forward's tasks: (sequence, head, first row) triples, one per head and block of
+ * RF_ATT_QB query rows of each sequence with at least RF_ATT_GEMM_MIN_Q of them, the blocks
+ * with most keys first; *n_short: sequences left to the row path. Caller frees; NULL when out
+ * of memory. */
+int32_t *rf_cpu_attn_tasks(const int32_t *q_off, int n_seq, int H, int *n_tasks, int *n_short);
+/* Attention of the n query rows i0..i0+n-1 of one head of a sequence whose row i sees keys
+ * 0..i+off, against dense keys and values kb, vb (i0+n+off, D): o (n, D; row stride os), lse (n;
+ * stride ls; NULL = none), q (n, D; row stride qs); S (n, i0+n+off) scratch. On the thread. */
+void rf_cpu_attend_block(float *o, int os, float *lse, int ls, const float *q, int qs,
+                         const float *kb, const float *vb, int n, int i0, int off, int D,
+                         float *S);
 void rf_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, const int32_t *cu_seqlens, int n_seq, int T,

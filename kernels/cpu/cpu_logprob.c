@@ -2,9 +2,19 @@
  *
  * The logits of RF_LOGPROB_CHUNK tokens at a time are produced by one matrix product (rf_cpu_gemm) into a scratch
  * buffer of (chunk, V) floats, reduced to log-prob and entropy, and dropped: memory stays
- * O(chunk * V) whatever the batch, which is what makes 150k-token vocabularies affordable. */
+ * O(chunk * V) whatever the batch, which is what makes 150k-token vocabularies affordable.
+ *
+ * Saved logits: where the whole (T, V) fits in LOGITS_SAVE_BYTES, the forward writes every
+ * chunk's logits (and their log-sum-exp and entropy) to a kept buffer instead, and a backward
+ * on the same inputs uses them rather than computing them again: the training step's forward
+ * and backward of the LM head then cost two products of (T, V, C) instead of three. "The same
+ * inputs": the same w pointer with no weights_updated since (the back end's contract for
+ * parameter writes, kernels.h), the same bits in w at 1024 sampled places, the same h pointer
+ * and bits (hashed in full), T, C, V, inv_temp and precision. The backward turns the saved
+ * logits into gradients in place, so they serve one backward. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/kernel_math.h"
@@ -44,18 +54,100 @@ float *rf_cpu_logprob_scratch(size_t n) {
     return buf;
 }
 
+/* Largest (T, V) logits the forward keeps for the backward (the small config's 2048 x 16384
+ * is 128 MB, Qwen2.5-0.5B's 512 x 151936 is 311 MB). */
+#define LOGITS_SAVE_BYTES ((size_t)512 << 20)
+
+typedef struct saved_logits {
+    float *z;      /* (T, V) logits as chunk_logits leaves them */
+    float *lse, *ent; /* (T) */
+    size_t cap;    /* floats in z */
+    int valid, T, C, V;
+    float inv_temp;
+    rf_precision prec;
+    const float *h, *w;
+    unsigned epoch;
+    uint64_t h_hash, w_hash;
+} saved_logits;
+
+static saved_logits g_saved;
+
+/* Hash of the bits of x (n floats), or of `samples` of them spread evenly (0 = all). */
+static uint64_t bits_hash(const float *x, size_t n, size_t samples) {
+    uint64_t h[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull, 0xd6e8feb86659fd93ull};
+    size_t step = samples && n > samples ? n / samples : 1;
+    size_t i = 0;
+    uint32_t u[4];
+    for (; i + 3 * step < n; i += 4 * step) { /* four independent chains */
+        for (int l = 0; l < 4; l++) memcpy(&u[l], x + i + (size_t)l * step, 4);
+        for (int l = 0; l < 4; l++) h[l] = (h[l] ^ u[l]) * 0x100000001b3ull;
+    }
+    for (; i < n; i += step) {
+        memcpy(&u[0], x + i, 4);
+        h[0] = (h[0] ^ u[0]) * 0x100000001b3ull;
+    }
+    return h[0] ^ (h[1] << 1) ^ (h[2] << 2) ^ (h[3] << 3) ^ n;
+}
+
+/* What makes saved logits valid for (h, w, T, C, V, inv_temp); `valid` left 0. */
+static saved_logits saved_key(const float *h, const float *w, int T, int C, int V, float inv_temp) {
+    saved_logits k = {0};
+    k.T = T, k.C = C, k.V = V, k.inv_temp = inv_temp, k.h = h, k.w = w;
+    k.prec = rf_cpu_gemm_get_precision();
+    k.epoch = rf_cpu_gemm_epoch();
+    k.h_hash = bits_hash(h, (size_t)T * C, 0);
+    k.w_hash = bits_hash(w, (size_t)V * C, 1024);
+    return k;
+}
+
+static int same_key(const saved_logits *a, const saved_logits *b) {
+    return a->T == b->T && a->C == b->C && a->V == b->V && a->inv_temp == b->inv_temp &&
+           a->prec == b->prec && a->h == b->h && a->w == b->w && a->epoch == b->epoch &&
+           a->h_hash == b->h_hash && a->w_hash == b->w_hash;
+}
+
+/* The buffer for the forward to save (T, V) logits in, or NULL where they are too large (or
+ * memory is short): then the forward uses the chunk scratch and nothing is saved. */
+static saved_logits *saved_reserve(int T, int V) {
+    static size_t lse_cap; /* floats in g_saved.lse */
+    size_t n = (size_t)T * V;
+    g_saved.valid = 0;
+    if (n * sizeof(float) > LOGITS_SAVE_BYTES) return NULL;
+    if (g_saved.cap < n) {
+        free(g_saved.z);
+        g_saved.z = malloc(n * sizeof(float));
+        g_saved.cap = g_saved.z ? n : 0;
+    }
+    if (lse_cap < 2 * (size_t)T) {
+        free(g_saved.lse);
+        g_saved.lse = malloc(2 * sizeof(float) * (size_t)T);
+        lse_cap = g_saved.lse ? 2 * (size_t)T : 0;
+    }
+    if (!g_saved.z || !g_saved.lse) return NULL;
+    g_saved.ent = g_saved.lse + T;
+    return &g_saved;
+}
+
 void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
                             const int32_t *targets, int T, int C, int V, float inv_temp) {
     int chunk = rf_cpu_logprob_chunk_rows(V);
-    float *z = rf_cpu_logprob_scratch((size_t)chunk * V);
-    float lse[RF_LOGPROB_CHUNK], ent[RF_LOGPROB_CHUNK];
+    saved_logits *sv = saved_reserve(T, V);
+    float *z = sv ? NULL : rf_cpu_logprob_scratch((size_t)chunk * V);
+    float lse_s[RF_LOGPROB_CHUNK], ent_s[RF_LOGPROB_CHUNK];
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
-        chunk_logits(z, lse, ent, h, w, t0, n, C, V, inv_temp);
+        float *zc = sv ? sv->z + (size_t)t0 * V : z, *lse = sv ? sv->lse + t0 : lse_s;
+        float *ent = sv ? sv->ent + t0 : ent_s;
+        chunk_logits(zc, lse, ent, h, w, t0, n, C, V, inv_temp);
         for (int r = 0; r < n; r++) {
-            logp[t0 + r] = z[(size_t)r * V + targets[t0 + r]] - lse[r];
+            logp[t0 + r] = zc[(size_t)r * V + targets[t0 + r]] - lse[r];
             if (entropy) entropy[t0 + r] = ent[r];
         }
+    }
+    if (sv) {
+        saved_logits k = saved_key(h, w, T, C, V, inv_temp);
+        k.z = sv->z, k.lse = sv->lse, k.ent = sv->ent, k.cap = sv->cap, k.valid = 1;
+        g_saved = k;
     }
 }
 
@@ -63,11 +155,20 @@ void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const flo
                              const float *h, const float *w, const int32_t *targets, int T,
                              int C, int V, float inv_temp) {
     int chunk = rf_cpu_logprob_chunk_rows(V);
-    float *z = rf_cpu_logprob_scratch((size_t)chunk * V);
-    float lse[RF_LOGPROB_CHUNK], ent[RF_LOGPROB_CHUNK];
+    int saved = 0;
+    if (g_saved.valid) {
+        saved_logits k = saved_key(h, w, T, C, V, inv_temp);
+        saved = same_key(&k, &g_saved);
+        g_saved.valid = 0; /* turned into gradients below, or stale */
+    }
+    if (saved) chunk = T; /* one pass: the products at full size, dw accumulated once */
+    float *zs = saved ? NULL : rf_cpu_logprob_scratch((size_t)chunk * V);
+    float lse_s[RF_LOGPROB_CHUNK], ent_s[RF_LOGPROB_CHUNK];
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
-        chunk_logits(z, lse, ent, h, w, t0, n, C, V, inv_temp);
+        float *z = saved ? g_saved.z + (size_t)t0 * V : zs, *lse = saved ? g_saved.lse + t0 : lse_s;
+        float *ent = saved ? g_saved.ent + t0 : ent_s;
+        if (!saved) chunk_logits(z, lse, ent, h, w, t0, n, C, V, inv_temp);
         /* z becomes dL/d(raw logits) = inv_temp * dL/dz */
 #pragma omp parallel for if (n * (size_t)V > 65536)
         for (int r = 0; r < n; r++) {

@@ -3,8 +3,9 @@
  * layout of vLLM's PagedAttention, Kwon et al. 2023).
  *
  * The attention arithmetic is the contiguous forward's (cpu_attention.c) operation for
- * operation: the same dot products in the same order, the same exact softmax, the same
- * accumulation of values. Only the address of key j changes, so on the same data a paged
+ * operation: the same two paths chosen the same way, the row path's dot products in the same
+ * order, and the blocked path's products on keys and values gathered to the same dense
+ * buffers (rf_cpu_attend_block). Only the address of key j changes, so on the same data a paged
  * forward gives bit-identical output to attention_forward (tests/test_rollout.c checks it),
  * which is what lets the rollout engine reproduce rf_generate token for token. */
 #include <math.h>
@@ -76,14 +77,54 @@ static void attend_row_paged(float *o, const float *qi, const float *kp, const f
     }
 }
 
+/* dst (n, D) dense = the first n key (or value) rows of a paged sequence. */
+static void gather_paged(float *dst, const float *pool, const paged_seq *ps, int n, int D) {
+    for (int j = 0; j < n; j++) memcpy(dst + (size_t)j * D, pool + key_at(ps, j), sizeof(float) * (size_t)D);
+}
+
+/* The blocked path (cpu_attention.c's forward_blocks with paged keys). */
+static void paged_blocks(float *out, const float *q, const float *k_pool, const float *v_pool,
+                         const int32_t *q_off, const int32_t *block_table, int max_blocks,
+                         const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,
+                         int block_size, int H, int KVH, int D) {
+    int group = H / KVH;
+#pragma omp parallel
+    {
+        float *S = malloc(sizeof(float) * ((size_t)RF_ATT_QB + 2 * (size_t)D) * max_k);
+        RF_ASSERT(S); /* (64 + 2 D, max_k) floats per thread */
+        float *kb = S + (size_t)RF_ATT_QB * max_k, *vb = kb + (size_t)D * max_k;
+#pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < n_tasks; t++) {
+            int s = tasks[3 * t], h = tasks[3 * t + 1], i0 = tasks[3 * t + 2];
+            int qlen = q_off[s + 1] - q_off[s], off = k_len[s] - qlen;
+            int n = qlen - i0 < RF_ATT_QB ? qlen - i0 : RF_ATT_QB, nk = i0 + n + off;
+            paged_seq ps = {block_table + (size_t)s * max_blocks, block_size, KVH * D,
+                            (size_t)(h / group) * D};
+            size_t row = (size_t)q_off[s] + i0;
+            gather_paged(kb, k_pool, &ps, nk, D);
+            gather_paged(vb, v_pool, &ps, nk, D);
+            rf_cpu_attend_block(out + (row * H + h) * D, H * D, NULL, H, q + (row * H + h) * D,
+                                H * D, kb, vb, n, i0, off, D, S);
+        }
+        free(S);
+    }
+}
+
 void rf_cpu_paged_attention_forward(float *out, const float *q, const float *k_pool,
                                     const float *v_pool, const int32_t *q_off,
                                     const int32_t *block_table, int max_blocks,
                                     const int32_t *k_len, int n_seq, int block_size, int H,
                                     int KVH, int D) {
-    int Tq = q_off[n_seq], group = H / KVH, max_k = 1;
+    int Tq = q_off[n_seq], group = H / KVH, max_k = 1, n_tasks, n_short;
     float scale = 1.0f / sqrtf((float)D);
     for (int s = 0; s < n_seq; s++) max_k = k_len[s] > max_k ? k_len[s] : max_k;
+    int32_t *tasks = rf_cpu_attn_tasks(q_off, n_seq, H, &n_tasks, &n_short);
+    RF_ASSERT(tasks);
+    if (n_tasks)
+        paged_blocks(out, q, k_pool, v_pool, q_off, block_table, max_blocks, k_len, tasks, n_tasks,
+                     max_k, block_size, H, KVH, D);
+    free(tasks);
+    if (!n_short) return;
 #pragma omp parallel if ((size_t)Tq * H * max_k > 4096)
     {
         float *sc = malloc(sizeof(float) * (size_t)max_k);
@@ -92,6 +133,7 @@ void rf_cpu_paged_attention_forward(float *out, const float *q, const float *k_p
             for (int h = 0; h < H; h++) {
                 int s = seq_of_row(q_off, n_seq, t);
                 int qlen = q_off[s + 1] - q_off[s], i = t - q_off[s];
+                if (qlen >= RF_ATT_GEMM_MIN_Q) continue; /* done by blocks */
                 int nk = i + (k_len[s] - qlen) + 1; /* keys visible to this query */
                 paged_seq ps = {block_table + (size_t)s * max_blocks, block_size, KVH * D,
                                 (size_t)(h / group) * D};
