@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/log.h"
 #include "common/util.h"
@@ -95,4 +96,69 @@ rf_status rf_program_pool_security(const rf_program_security *s, rf_curve_key se
     st = rf_curve_read_keys(s->clients_file, clients, n);
     if (st != RF_OK) return rf_error_wrap(st, "%s", s->clients_key);
     return RF_OK;
+}
+
+int rf_program_calls_init(rf_program_calls *c, int n, uint64_t base) {
+    *c = (rf_program_calls){.n = n, .base = base};
+    c->state = calloc((size_t)n, sizeof(int));
+    c->owner = calloc((size_t)n, sizeof(int));
+    c->sends = calloc((size_t)n, sizeof(int));
+    c->rejects = calloc((size_t)n, sizeof(int));
+    c->why = calloc((size_t)n, sizeof(char *));
+    return c->state && c->owner && c->sends && c->rejects && c->why;
+}
+
+void rf_program_calls_free(rf_program_calls *c) {
+    for (int i = 0; c->why && i < c->n; i++) free(c->why[i]);
+    free(c->state), free(c->owner), free(c->sends), free(c->rejects), free(c->why);
+}
+
+uint64_t rf_program_calls_id(const rf_program_calls *c, int i) {
+    return c->base + (uint64_t)(c->sends[i] - 1) * (uint64_t)c->n + (uint64_t)i;
+}
+
+uint64_t rf_program_calls_end(const rf_program_calls *c) {
+    int max_sends = 1;
+    for (int i = 0; c->sends && i < c->n; i++)
+        if (c->sends[i] > max_sends) max_sends = c->sends[i];
+    return c->base + (uint64_t)max_sends * (uint64_t)c->n;
+}
+
+int rf_program_calls_release(rf_program_calls *c, rf_program_pool *p, int id, int *first) {
+    int count = 0;
+    *first = -1;
+    for (int i = 0; i < c->n; i++)
+        if (c->state[i] == RF_CALL_IN_FLIGHT && c->owner[i] == id) {
+            if (*first < 0) *first = i;
+            count++;
+            c->state[i] = RF_CALL_PENDING;
+            if (i < c->cursor) c->cursor = i;
+        }
+    rf_program_pool_remove(p, id);
+    return count;
+}
+
+rf_status rf_program_calls_reject(rf_program_calls *c, int i, const char *why, int max_attempts,
+                                  int *limit) {
+    size_t ol = c->why[i] ? strlen(c->why[i]) : 0, add = strlen(why) + 32;
+    char *s = realloc(c->why[i], ol + add);
+    if (!s) return rf_error(RF_ERR_NOMEM, "out of memory");
+    c->why[i] = s;
+    snprintf(s + ol, add, "%s%d) %s", ol ? "; " : "", c->rejects[i] + 1, why);
+    *limit = ++c->rejects[i] >= max_attempts;
+    return RF_OK;
+}
+
+int rf_program_calls_match(const rf_program_calls *c, const rf_program_pool *p, int peer,
+                           uint64_t id, int *done, int *stale) {
+    *done = 0, *stale = id < c->base && rf_program_pool_failed(p, id);
+    if (*stale || id < c->base) return -1;
+    uint64_t off = id - c->base;
+    int i = (int)(off % (uint64_t)c->n);
+    if (off / (uint64_t)c->n < (uint64_t)c->sends[i] && rf_program_calls_id(c, i) == id &&
+        c->owner[i] == peer) {
+        if (c->state[i] == RF_CALL_IN_FLIGHT) return i;
+        *done = c->state[i] == RF_CALL_DONE;
+    }
+    return -1;
 }

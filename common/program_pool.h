@@ -76,4 +76,45 @@ void rf_program_pool_free(rf_program_pool *p);
 rf_status rf_program_pool_security(const rf_program_security *s, rf_curve_key secret,
                                    rf_curve_key **clients, int *n);
 
+/* The bookkeeping of one call sent to the pool: request ids are base + k * n + i for the k-th
+ * send of item i, so an answer maps back to its item in O(1) and ids never repeat across calls. */
+typedef struct rf_program_calls {
+    int n;
+    uint64_t base;
+    int *state;   /* (n) RF_CALL_PENDING, RF_CALL_IN_FLIGHT, RF_CALL_DONE */
+    int *owner;   /* (n) peer id while in flight */
+    int *sends;   /* (n) sends so far */
+    int *rejects; /* (n) replies rejected so far */
+    char **why;   /* (n) their reasons, "1) ...; 2) ...", NULL while none */
+    int done, cursor;
+} rf_program_calls;
+
+enum { RF_CALL_PENDING, RF_CALL_IN_FLIGHT, RF_CALL_DONE };
+
+/* Room for n items whose ids start at base: 1, or 0 when out of memory (free it either way). */
+int rf_program_calls_init(rf_program_calls *c, int n, uint64_t base);
+
+/* Frees the arrays. */
+void rf_program_calls_free(rf_program_calls *c);
+
+/* The request id of item i's last send. */
+uint64_t rf_program_calls_id(const rf_program_calls *c, int i);
+
+/* The first id past every id this call used: where the next call's ids start. */
+uint64_t rf_program_calls_end(const rf_program_calls *c);
+
+/* Returns the items program `id` holds to the pending pool and forgets the program. Returns how
+ * many it held; *first is the first of them (-1: none). */
+int rf_program_calls_release(rf_program_calls *c, rf_program_pool *p, int id, int *first);
+
+/* Adds rejection `why` to item i's history ("1) ...; 2) ..."); *limit is set once the item has
+ * been rejected max_attempts times. */
+rf_status rf_program_calls_reject(rf_program_calls *c, int i, const char *why, int max_attempts,
+                                  int *limit);
+
+/* The item whose request `id` program `peer` holds in flight; else -1, with *done set when it
+ * answered that item already, or *stale for a late answer to a failed call. */
+int rf_program_calls_match(const rf_program_calls *c, const rf_program_pool *p, int peer,
+                           uint64_t id, int *done, int *stale);
+
 #endif

@@ -31,14 +31,8 @@ struct rf_env_bridge {
 typedef struct batch {
     const rf_env_call *calls;
     rf_env_reply *out;
-    int n;
-    uint64_t base;
-    int *state, *owner, *sends, *rejects;
-    char **why;
-    int done, cursor;
+    rf_program_calls c; /* ids, states, owners, sends, rejections */
 } batch;
-
-enum { PENDING, IN_FLIGHT, DONE };
 
 static int nonempty(const char *s) { return s && *s; }
 
@@ -128,7 +122,7 @@ void rf_env_bridge_close(rf_env_bridge *x) {
 /* ---- one call ------------------------------------------------------------------------------ */
 
 static uint64_t req_id(const batch *b, int i) {
-    return b->base + (uint64_t)(b->sends[i] - 1) * (uint64_t)b->n + (uint64_t)i;
+    return rf_program_calls_id(&b->c, i);
 }
 
 /* "request 7 (reset of episode 3, sample 1 of group 0)" */
@@ -186,7 +180,7 @@ static rf_status send_step(rf_env_bridge *x, int peer, const rf_env_call *c, uin
 
 static rf_status send_item(rf_env_bridge *x, batch *b, int i, rf_program *p) {
     const rf_env_call *c = &b->calls[i];
-    if (b->sends[i]++ > 0) x->stats.resent++;
+    if (b->c.sends[i]++ > 0) x->stats.resent++;
     uint64_t id = req_id(b, i);
     rf_status st;
     if (c->is_step) {
@@ -199,14 +193,14 @@ static rf_status send_item(rf_env_bridge *x, batch *b, int i, rf_program *p) {
     if (st == RF_ERR_NOMEM) return st;
     if (st != RF_OK) return RF_ERR_IO; /* the next poll reports the program lost */
     if (p->inflight++ == 0) p->last_progress = rf_time_now();
-    b->state[i] = IN_FLIGHT, b->owner[i] = p->id;
+    b->c.state[i] = RF_CALL_IN_FLIGHT, b->c.owner[i] = p->id;
     return RF_OK;
 }
 
 static rf_status assign(rf_env_bridge *x, batch *b) {
-    for (int i = b->cursor; i < b->n; i++) {
-        if (b->state[i] != PENDING) {
-            if (i == b->cursor) b->cursor++;
+    for (int i = b->c.cursor; i < b->c.n; i++) {
+        if (b->c.state[i] != RF_CALL_PENDING) {
+            if (i == b->c.cursor) b->c.cursor++;
             continue;
         }
         rf_program *p = rf_program_pool_pick(&x->pool, x->srv);
@@ -214,27 +208,13 @@ static rf_status assign(rf_env_bridge *x, batch *b) {
         rf_status st = send_item(x, b, i, p);
         if (st == RF_ERR_NOMEM) return st;
         if (st != RF_OK) return RF_OK;
-        if (i == b->cursor) b->cursor++;
+        if (i == b->c.cursor) b->c.cursor++;
     }
     return RF_OK;
 }
 
-static int release(rf_env_bridge *x, batch *b, int id, int *first) {
-    int count = 0;
-    *first = -1;
-    for (int i = 0; i < b->n; i++)
-        if (b->state[i] == IN_FLIGHT && b->owner[i] == id) {
-            if (*first < 0) *first = i;
-            count++;
-            b->state[i] = PENDING;
-            if (i < b->cursor) b->cursor = i;
-        }
-    rf_program_pool_remove(&x->pool, id);
-    return count;
-}
-
 static void lose(rf_env_bridge *x, batch *b, int id, const char *why) {
-    int first, count = release(x, b, id, &first);
+    int first, count = rf_program_calls_release(&b->c, &x->pool, id, &first);
     x->stats.lost++;
     char req[200] = "";
     if (first >= 0) describe(b, first, req_id(b, first), req, sizeof req);
@@ -247,16 +227,14 @@ static void lose(rf_env_bridge *x, batch *b, int id, const char *why) {
 
 /* Adds a rejection to call i; the call's error once it reached max_attempts. */
 static rf_status count_rejection(rf_env_bridge *x, batch *b, int i, rf_status code, const char *why) {
-    size_t ol = b->why[i] ? strlen(b->why[i]) : 0, add = strlen(why) + 32;
-    char *s = realloc(b->why[i], ol + add);
-    if (!s) return rf_error(RF_ERR_NOMEM, "out of memory");
-    b->why[i] = s;
-    snprintf(s + ol, add, "%s%d) %s", ol ? "; " : "", b->rejects[i] + 1, why);
-    if (++b->rejects[i] < x->max_attempts) return RF_OK;
+    int limit;
+    RF_TRY(rf_program_calls_reject(&b->c, i, why, x->max_attempts, &limit));
+    if (!limit) return RF_OK;
+    const char *s = b->c.why[i];
     char req[200];
     describe(b, i, req_id(b, i), req, sizeof req);
-    return rf_error(code, "env: %s was rejected %d time%s, the limit (max_attempts): %s", req, b->rejects[i],
-                    b->rejects[i] == 1 ? "" : "s", s);
+    return rf_error(code, "env: %s was rejected %d time%s, the limit (max_attempts): %s", req, b->c.rejects[i],
+                    b->c.rejects[i] == 1 ? "" : "s", s);
 }
 
 static rf_status reject(rf_env_bridge *x, batch *b, int peer, int i, rf_status code, const char *why) {
@@ -264,15 +242,15 @@ static rf_status reject(rf_env_bridge *x, batch *b, int peer, int i, rf_status c
     x->stats.rejected++;
     rf_msg_server_drop(x->srv, peer, code, why, i >= 0 ? req_id(b, i) : 0);
     rf_status st = i >= 0 ? count_rejection(x, b, i, code, why) : RF_OK;
-    for (int k = 0; i < 0 && st == RF_OK && k < b->n; k++) {
-        if (b->state[k] != IN_FLIGHT || b->owner[k] != peer) continue;
+    for (int k = 0; i < 0 && st == RF_OK && k < b->c.n; k++) {
+        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != peer) continue;
         char held[1100];
         snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
         st = count_rejection(x, b, k, code, held);
     }
     snprintf(x->last_lost, sizeof x->last_lost, "%s", why);
     int first;
-    release(x, b, peer, &first);
+    rf_program_calls_release(&b->c, &x->pool, peer, &first);
     return st;
 }
 
@@ -280,23 +258,13 @@ static rf_status reject(rf_env_bridge *x, batch *b, int peer, int i, rf_status c
  * *stale is set for a late answer to a failed call). */
 static int match_reply(const rf_env_bridge *x, const batch *b, const rf_msg_event *ev, uint64_t id, char *why,
                        size_t cap, int *stale) {
-    *stale = 0;
-    if (id < b->base && rf_program_pool_failed(&x->pool, id)) {
-        *stale = 1;
+    int done, i = rf_program_calls_match(&b->c, &x->pool, ev->peer, id, &done, stale);
+    if (i >= 0 || *stale) return i;
+    if (done) {
+        char req[200];
+        describe(b, (int)((id - b->c.base) % (uint64_t)b->c.n), id, req, sizeof req);
+        snprintf(why, cap, "%s answered %s a second time", ev->info.desc, req);
         return -1;
-    }
-    if (id >= b->base) {
-        uint64_t off = id - b->base;
-        int i = (int)(off % (uint64_t)b->n);
-        if (off / (uint64_t)b->n < (uint64_t)b->sends[i] && req_id(b, i) == id && b->owner[i] == ev->peer) {
-            if (b->state[i] == IN_FLIGHT) return i;
-            if (b->state[i] == DONE) {
-                char req[200];
-                describe(b, i, id, req, sizeof req);
-                snprintf(why, cap, "%s answered %s a second time", ev->info.desc, req);
-                return -1;
-            }
-        }
     }
     snprintf(why, cap, "%s answered request %" PRIu64 ", which is not one it holds", ev->info.desc, id);
     return -1;
@@ -337,7 +305,7 @@ static rf_status accept_reply(rf_env_bridge *x, batch *b, int i, const Rlflow__E
     x->info[i] = rf_strdup(r->info ? r->info : "");
     if (!x->obs[i] || !x->info[i]) return rf_error(RF_ERR_NOMEM, "out of memory");
     b->out[i] = (rf_env_reply){x->obs[i], r->reward, r->done != 0, x->info[i]};
-    b->state[i] = DONE, b->done++;
+    b->c.state[i] = RF_CALL_DONE, b->c.done++;
     x->stats.accepted++;
     if (p) p->inflight--;
     return RF_OK;
@@ -358,7 +326,7 @@ static rf_status on_reply(rf_env_bridge *x, batch *b, const rf_msg_event *ev) {
 
 static rf_status on_program_error(rf_env_bridge *x, batch *b, const rf_msg_event *ev) {
     const Rlflow__Error *e = (const Rlflow__Error *)ev->msg.pb;
-    char why[1024], unused[16];
+    char why[1024], unused[1024];
     int stale = 0, i = e->request_id ? match_reply(x, b, ev, e->request_id, unused, sizeof unused, &stale) : -1;
     snprintf(why, sizeof why, "%s reported an error: %s", ev->info.desc, e->message ? e->message : "");
     return reject(x, b, ev->peer, i, RF_ERR_FORMAT, why);
@@ -411,7 +379,7 @@ static void check_progress(rf_env_bridge *x, batch *b, double now) {
 
 static rf_status run_batch(rf_env_bridge *x, batch *b) {
     double no_prog_since = x->pool.n ? -1 : rf_time_now();
-    while (b->done < b->n) {
+    while (b->c.done < b->c.n) {
         RF_TRY(assign(x, b));
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(x->srv, fmin(0.25, x->timeout_s), &ev));
@@ -426,17 +394,12 @@ static rf_status run_batch(rf_env_bridge *x, batch *b) {
             const char *ep = rf_msg_server_endpoint(x->srv);
             if (!x->last_lost[0])
                 return rf_error(RF_ERR_IO, "env: no environment program connected to %s within %.1f s (%d of %d "
-                                "requests unanswered)", ep, x->timeout_s, b->n - b->done, b->n);
+                                "requests unanswered)", ep, x->timeout_s, b->c.n - b->c.done, b->c.n);
             return rf_error(RF_ERR_IO, "env: %s; no other environment program connected to %s within %.1f s "
-                            "(%d of %d requests unanswered)", x->last_lost, ep, x->timeout_s, b->n - b->done, b->n);
+                            "(%d of %d requests unanswered)", x->last_lost, ep, x->timeout_s, b->c.n - b->c.done, b->c.n);
         }
     }
     return RF_OK;
-}
-
-static void free_batch(batch *b) {
-    for (int i = 0; b->why && i < b->n; i++) free(b->why[i]);
-    free(b->state), free(b->owner), free(b->sends), free(b->rejects), free(b->why);
 }
 
 rf_status rf_env_bridge_call(rf_env_bridge *x, const rf_env_call *calls, int n, rf_env_reply *out) {
@@ -445,27 +408,22 @@ rf_status rf_env_bridge_call(rf_env_bridge *x, const rf_env_call *calls, int n, 
         if (!calls[i].ex) return rf_error(RF_ERR_ARG, "rf_env_bridge_call: call %d has no example", i);
     if (n == 0) return RF_OK;
     free_out(x);
-    batch b = {.calls = calls, .out = out, .n = n, .base = x->next_id};
-    b.state = calloc((size_t)n, sizeof(int)), b.owner = calloc((size_t)n, sizeof(int));
-    b.sends = calloc((size_t)n, sizeof(int)), b.rejects = calloc((size_t)n, sizeof(int));
-    b.why = calloc((size_t)n, sizeof(char *));
+    batch b = {.calls = calls, .out = out};
+    int room = rf_program_calls_init(&b.c, n, x->next_id);
     x->obs = calloc((size_t)n, sizeof(char *)), x->info = calloc((size_t)n, sizeof(char *));
     rf_status st = RF_OK;
-    if (!b.state || !b.owner || !b.sends || !b.rejects || !b.why || !x->obs || !x->info)
+    if (!room || !x->obs || !x->info)
         st = rf_error(RF_ERR_NOMEM, "out of memory for %d environment requests", n);
     else x->n_out = n;
     double now = rf_time_now();
     rf_program_pool_start_call(&x->pool, now);
     x->last_lost[0] = '\0';
     if (st == RF_OK) st = run_batch(x, &b);
-    int max_sends = 1;
-    for (int i = 0; b.sends && i < n; i++)
-        if (b.sends[i] > max_sends) max_sends = b.sends[i];
-    x->next_id = b.base + (uint64_t)max_sends * (uint64_t)n;
+    x->next_id = rf_program_calls_end(&b.c);
     if (st != RF_OK) {
-        rf_program_pool_fail(&x->pool, b.base, x->next_id);
+        rf_program_pool_fail(&x->pool, b.c.base, x->next_id);
     }
-    free_batch(&b);
+    rf_program_calls_free(&b.c);
     return st;
 }
 

@@ -39,22 +39,12 @@ struct rf_external_reward {
     char last_reject[1024];         /* the last rejection's reason in the last batch */
 };
 
-/* One score call. Request ids are base + k * n + i for the k-th send of item i, so a response
- * maps back to its item in O(1) and ids never repeat across batches. */
+/* One score call (its request ids: rf_program_calls). */
 typedef struct batch {
     const rf_reward_item *items;
-    int n;
-    float *rewards;  /* (n) */
-    uint64_t base;
-    int *state;      /* (n) 0 pending, 1 in flight, 2 done */
-    int *owner;      /* (n) peer id while in flight */
-    int *sends;      /* (n) sends so far */
-    int *rejects;    /* (n) replies rejected so far */
-    char **why;      /* (n) their reasons, "1) ...; 2) ...", NULL while none */
-    int done, cursor;
+    float *rewards;     /* (n) */
+    rf_program_calls c; /* ids, states, owners, sends, rejections */
 } batch;
-
-enum { PENDING, IN_FLIGHT, DONE };
 
 static int nonempty(const char *s) { return s && *s; }
 
@@ -260,7 +250,7 @@ void rf_external_reward_close(rf_external_reward *x) {
 /* ---- one batch ---------------------------------------------------------------------------- */
 
 static uint64_t req_id(const batch *b, int i) {
-    return b->base + (uint64_t)(b->sends[i] - 1) * (uint64_t)b->n + (uint64_t)i;
+    return rf_program_calls_id(&b->c, i);
 }
 
 /* The response's token count as the request carried it. */
@@ -271,7 +261,7 @@ static size_t n_ids(const rf_reward_item *it) {
 static rf_status send_item(rf_external_reward *x, batch *b, int i, rf_program *p) {
     const rf_reward_item *it = &b->items[i];
     Rlflow__RewardRequest q = RLFLOW__REWARD_REQUEST__INIT;
-    if (b->sends[i]++ > 0) x->stats.resent++;
+    if (b->c.sends[i]++ > 0) x->stats.resent++;
     q.request_id = req_id(b, i);
     q.prompt = (char *)(it->prompt ? it->prompt : "");
     q.response = (char *)(it->response ? it->response : "");
@@ -285,42 +275,26 @@ static rf_status send_item(rf_external_reward *x, batch *b, int i, rf_program *p
     /* A failed send marks the program lost inside the server; the next poll reports it. */
     if (rf_msg_server_send(x->srv, p->id, RF_MSG_REWARD_REQUEST, &q.base) != RF_OK) return RF_ERR_IO;
     if (p->inflight++ == 0) p->last_progress = rf_time_now();
-    b->state[i] = IN_FLIGHT, b->owner[i] = p->id;
+    b->c.state[i] = RF_CALL_IN_FLIGHT, b->c.owner[i] = p->id;
     return RF_OK;
 }
 
 /* Hands pending items to programs with room. */
 static void assign(rf_external_reward *x, batch *b) {
-    for (int i = b->cursor; i < b->n; i++) {
-        if (b->state[i] != PENDING) {
-            if (i == b->cursor) b->cursor++;
+    for (int i = b->c.cursor; i < b->c.n; i++) {
+        if (b->c.state[i] != RF_CALL_PENDING) {
+            if (i == b->c.cursor) b->c.cursor++;
             continue;
         }
         rf_program *p = rf_program_pool_pick(&x->pool, x->srv);
         if (!p || send_item(x, b, i, p) != RF_OK) return;
-        if (i == b->cursor) b->cursor++;
+        if (i == b->c.cursor) b->c.cursor++;
     }
-}
-
-/* Returns the requests program `id` holds to the pending pool and forgets the program.
- * Returns how many it held; *first is the first of them (-1: none). */
-static int release(rf_external_reward *x, batch *b, int id, int *first) {
-    int count = 0;
-    *first = -1;
-    for (int i = 0; i < b->n; i++)
-        if (b->state[i] == IN_FLIGHT && b->owner[i] == id) {
-            if (*first < 0) *first = i;
-            count++;
-            b->state[i] = PENDING;
-            if (i < b->cursor) b->cursor = i;
-        }
-    rf_program_pool_remove(&x->pool, id);
-    return count;
 }
 
 /* A program is gone (disconnected, silent, stuck): its requests return to the pending pool. */
 static void lose(rf_external_reward *x, batch *b, int id, const char *why) {
-    int first, count = release(x, b, id, &first);
+    int first, count = rf_program_calls_release(&b->c, &x->pool, id, &first);
     x->stats.lost++;
     if (first < 0)
         snprintf(x->last_lost, sizeof x->last_lost, "%s", why);
@@ -369,17 +343,15 @@ int rf_external_reward_components(const rf_external_reward *x, const char **name
  * has been rejected max_attempts times, naming its last request, the sample and every reason. */
 static rf_status count_rejection(rf_external_reward *x, batch *b, int i, rf_status code,
                                  const char *why) {
-    size_t ol = b->why[i] ? strlen(b->why[i]) : 0, add = strlen(why) + 32;
-    char *s = realloc(b->why[i], ol + add);
-    if (!s) return rf_error(RF_ERR_NOMEM, "out of memory");
-    b->why[i] = s;
-    snprintf(s + ol, add, "%s%d) %s", ol ? "; " : "", b->rejects[i] + 1, why);
-    if (++b->rejects[i] < x->max_attempts) return RF_OK;
+    int limit;
+    RF_TRY(rf_program_calls_reject(&b->c, i, why, x->max_attempts, &limit));
+    if (!limit) return RF_OK;
+    const char *s = b->c.why[i];
     const rf_reward_item *it = &b->items[i];
     return rf_error(code,
                     "request %" PRIu64 " (sample %" PRId64 " of group %" PRId64 ") was rejected %d "
                     "time%s, the limit (max_attempts): %s", req_id(b, i), it->index, it->group,
-                    b->rejects[i], b->rejects[i] == 1 ? "" : "s", s);
+                    b->c.rejects[i], b->c.rejects[i] == 1 ? "" : "s", s);
 }
 
 /* A reply is rejected: logged, the program told why and dropped (its requests return to the
@@ -392,14 +364,14 @@ static rf_status reject(rf_external_reward *x, batch *b, int peer, int i, rf_sta
     x->stats.rejected++;
     rf_msg_server_drop(x->srv, peer, code, why, i >= 0 ? req_id(b, i) : 0);
     rf_status st = i >= 0 ? count_rejection(x, b, i, code, why) : RF_OK;
-    for (int k = 0; i < 0 && st == RF_OK && k < b->n; k++) {
-        if (b->state[k] != IN_FLIGHT || b->owner[k] != peer) continue;
+    for (int k = 0; i < 0 && st == RF_OK && k < b->c.n; k++) {
+        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != peer) continue;
         char held[1100];
         snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
         st = count_rejection(x, b, k, code, held);
     }
     snprintf(x->last_lost, sizeof x->last_lost, "%s", why);
-    int first, count = release(x, b, peer, &first);
+    int first, count = rf_program_calls_release(&b->c, &x->pool, peer, &first);
     if (count)
         rf_log_warn("reward: dropped that program; request %" PRIu64 "%s go%s to %s", req_id(b, first),
                     count > 1 ? " and the others it held" : "", count > 1 ? "" : "es",
@@ -411,24 +383,13 @@ static rf_status reject(rf_external_reward *x, batch *b, int peer, int i, rf_sta
  * (an unknown id, a second answer) or *stale set for a late answer to a failed batch. */
 static int match_reply(const rf_external_reward *x, const batch *b, const rf_msg_event *ev,
                        uint64_t id, char *why, size_t cap, int *stale) {
-    *stale = 0;
-    if (id < b->base && rf_program_pool_failed(&x->pool, id)) {
-        *stale = 1;
+    int done, i = rf_program_calls_match(&b->c, &x->pool, ev->peer, id, &done, stale);
+    if (i >= 0 || *stale) return i;
+    if (done) {
+        const rf_reward_item *it = &b->items[(id - b->c.base) % (uint64_t)b->c.n];
+        snprintf(why, cap, "%s answered request %" PRIu64 " (sample %" PRId64 " of group %" PRId64
+                 ") a second time", ev->info.desc, id, it->index, it->group);
         return -1;
-    }
-    if (id >= b->base) {
-        uint64_t off = id - b->base;
-        int i = (int)(off % (uint64_t)b->n);
-        if (off / (uint64_t)b->n < (uint64_t)b->sends[i] && req_id(b, i) == id &&
-            b->owner[i] == ev->peer) {
-            if (b->state[i] == IN_FLIGHT) return i;
-            if (b->state[i] == DONE) {
-                snprintf(why, cap, "%s answered request %" PRIu64 " (sample %" PRId64
-                         " of group %" PRId64 ") a second time", ev->info.desc, id,
-                         b->items[i].index, b->items[i].group);
-                return -1;
-            }
-        }
     }
     snprintf(why, cap, "%s answered request %" PRIu64 ", which is not one it holds",
              ev->info.desc, id);
@@ -469,7 +430,7 @@ static rf_status check_reply(const batch *b, int i, const Rlflow__RewardResponse
 static void accept_reply(rf_external_reward *x, batch *b, int i, const Rlflow__RewardResponse *r,
                          rf_program *p) {
     b->rewards[i] = r->reward;
-    b->state[i] = DONE, b->done++;
+    b->c.state[i] = RF_CALL_DONE, b->c.done++;
     x->stats.accepted++;
     add_components(x, r);
     if (p) p->inflight--;
@@ -500,7 +461,7 @@ static rf_status on_response(rf_external_reward *x, batch *b, const rf_msg_event
 static rf_status on_program_error(rf_external_reward *x, batch *b, const rf_msg_event *ev) {
     const Rlflow__Error *e = (const Rlflow__Error *)ev->msg.pb;
     const char *text = e->message ? e->message : "";
-    char why[1024], unused[16];
+    char why[1024], unused[1024];
     int stale = 0, i = e->request_id ? match_reply(x, b, ev, e->request_id, unused, sizeof unused,
                                                    &stale) : -1;
     if (i >= 0)
@@ -560,7 +521,7 @@ static void check_progress(rf_external_reward *x, batch *b, double now) {
 
 static rf_status run_batch(rf_external_reward *x, batch *b) {
     double no_prog_since = x->pool.n ? -1 : rf_time_now();
-    while (b->done < b->n) {
+    while (b->c.done < b->c.n) {
         if (x->tick) RF_TRY(x->tick(x->tick_ctx));
         assign(x, b);
         rf_msg_event ev;
@@ -577,18 +538,13 @@ static rf_status run_batch(rf_external_reward *x, batch *b) {
             if (!x->last_lost[0])
                 return rf_error(RF_ERR_IO, "no reward program connected to %s within %.1f s "
                                            "(%d of %d samples unscored)",
-                                ep, x->timeout_s, b->n - b->done, b->n);
+                                ep, x->timeout_s, b->c.n - b->c.done, b->c.n);
             return rf_error(RF_ERR_IO, "%s; no other reward program connected to %s within "
                                        "%.1f s (%d of %d samples unscored)",
-                            x->last_lost, ep, x->timeout_s, b->n - b->done, b->n);
+                            x->last_lost, ep, x->timeout_s, b->c.n - b->c.done, b->c.n);
         }
     }
     return RF_OK;
-}
-
-static void free_batch(batch *b) {
-    for (int i = 0; b->why && i < b->n; i++) free(b->why[i]);
-    free(b->state), free(b->owner), free(b->sends), free(b->rejects), free(b->why);
 }
 
 rf_status rf_external_reward_score(rf_external_reward *x, const rf_reward_item *items, int n,
@@ -597,28 +553,21 @@ rf_status rf_external_reward_score(rf_external_reward *x, const rf_reward_item *
         return rf_error(RF_ERR_ARG, "rf_external_reward_score: bad batch (n = %d)", n);
     if (n == 0) return RF_OK;
     free_last(x);
-    batch b = {.items = items, .n = n, .rewards = rewards, .base = x->next_id};
-    b.state = calloc((size_t)n, sizeof(int));
-    b.owner = calloc((size_t)n, sizeof(int));
-    b.sends = calloc((size_t)n, sizeof(int));
-    b.rejects = calloc((size_t)n, sizeof(int));
-    b.why = calloc((size_t)n, sizeof(char *));
+    batch b = {.items = items, .rewards = rewards};
+    int room = rf_program_calls_init(&b.c, n, x->next_id);
     rf_status st = alloc_last(x, items, n);
-    if (st == RF_OK && (!b.state || !b.owner || !b.sends || !b.rejects || !b.why))
+    if (st == RF_OK && !room)
         st = rf_error(RF_ERR_NOMEM, "out of memory for a batch of %d rewards", n);
     double now = rf_time_now();
     rf_program_pool_start_call(&x->pool, now);
     x->last_lost[0] = '\0';
     if (st == RF_OK) st = run_batch(x, &b);
     /* the next batch's ids start past every id this one used */
-    int max_sends = 1;
-    for (int i = 0; b.sends && i < n; i++)
-        if (b.sends[i] > max_sends) max_sends = b.sends[i];
-    x->next_id = b.base + (uint64_t)max_sends * (uint64_t)n;
+    x->next_id = rf_program_calls_end(&b.c);
     if (st != RF_OK) {  /* programs may still answer this batch: those answers are ignored */
-        rf_program_pool_fail(&x->pool, b.base, x->next_id);
+        rf_program_pool_fail(&x->pool, b.c.base, x->next_id);
     }
     x->ok = st == RF_OK;
-    free_batch(&b);
+    rf_program_calls_free(&b.c);
     return st;
 }
