@@ -64,6 +64,30 @@ int rf_program_pool_failed(const rf_program_pool *p, uint64_t id) {
     return 0;
 }
 
+rf_status rf_program_pool_wait_event(rf_program_pool *p, rf_msg_event *ev) {
+    if (ev->kind == RF_MSG_EV_JOINED) RF_TRY(rf_program_pool_add(p, ev));
+    else if (ev->kind == RF_MSG_EV_REFUSED && ev->auth) rf_program_pool_refused(p, ev);
+    else if (ev->kind == RF_MSG_EV_REFUSED) return rf_error(RF_ERR_UNSUPPORTED, "%s", ev->text);
+    else if (ev->kind == RF_MSG_EV_LOST) rf_program_pool_remove(p, ev->peer), rf_log_warn("%s: %s", p->label, ev->text);
+    else if (ev->kind == RF_MSG_EV_MESSAGE) rf_msg_free(&ev->msg); /* stale answers */
+    return RF_OK;
+}
+
+int rf_program_pool_stuck(rf_program_pool *p, rf_msg_server *srv, double timeout_s, double now,
+                          const char *nobody, const char *tail, char *why, size_t cap) {
+    for (int i = 0; i < p->n; i++) {
+        rf_program *q = &p->progs[i];
+        if (q->inflight == 0 || now - q->last_progress <= timeout_s) continue;
+        if (rf_msg_server_silence(srv, q->id) > timeout_s / 2) continue; /* the server's to report */
+        const rf_msg_peer_info *pi = rf_msg_server_peer(srv, q->id);
+        snprintf(why, cap, "%s answered no request for %.1f s%s", pi ? pi->desc : nobody,
+                 now - q->last_progress, tail);
+        rf_msg_server_drop(srv, q->id, RF_ERR_IO, why, 0);
+        return q->id;
+    }
+    return -1;
+}
+
 void rf_program_pool_free(rf_program_pool *p) {
     free(p->progs);
     p->progs = NULL, p->n = p->cap = 0;

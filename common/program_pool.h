@@ -68,6 +68,17 @@ void rf_program_pool_fail(rf_program_pool *p, uint64_t lo, uint64_t hi);
 /* Whether id belongs to a call that failed (its answers may still come, and are ignored). */
 int rf_program_pool_failed(const rf_program_pool *p, uint64_t id);
 
+/* One event while waiting for programs to connect: a join added, a CURVE refusal remembered, a
+ * loss logged and forgotten, a late message freed; an error for a refusal that is not CURVE's. */
+rf_status rf_program_pool_wait_event(rf_program_pool *p, rf_msg_event *ev);
+
+/* A program holding requests without answering any for timeout_s (it may answer pings from a
+ * thread while its work is stuck): dropped from the server with *why ("<desc> answered no request
+ * for 12.3 s<tail>", desc `nobody` when unknown) and its id returned; -1 when none is. A program
+ * silent for over timeout_s / 2 is left to the server to report. */
+int rf_program_pool_stuck(rf_program_pool *p, rf_msg_server *srv, double timeout_s, double now,
+                          const char *nobody, const char *tail, char *why, size_t cap);
+
 /* Frees the table. */
 void rf_program_pool_free(rf_program_pool *p);
 

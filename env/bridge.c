@@ -86,11 +86,7 @@ rf_status rf_env_bridge_wait(rf_env_bridge *x, int n, double timeout_s) {
         }
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(x->srv, left, &ev));
-        if (ev.kind == RF_MSG_EV_JOINED) RF_TRY(rf_program_pool_add(&x->pool, &ev));
-        else if (ev.kind == RF_MSG_EV_REFUSED && ev.auth) rf_program_pool_refused(&x->pool, &ev);
-        else if (ev.kind == RF_MSG_EV_REFUSED) return rf_error(RF_ERR_UNSUPPORTED, "%s", ev.text);
-        else if (ev.kind == RF_MSG_EV_LOST) rf_program_pool_remove(&x->pool, ev.peer), rf_log_warn("env: %s", ev.text);
-        else if (ev.kind == RF_MSG_EV_MESSAGE) rf_msg_free(&ev.msg); /* stale answers */
+        RF_TRY(rf_program_pool_wait_event(&x->pool, &ev));
     }
     return RF_OK;
 }
@@ -362,19 +358,10 @@ static rf_status on_event(rf_env_bridge *x, batch *b, rf_msg_event *ev) {
 /* Programs holding requests without answering any for timeout_s (the per-call deadline) are
  * dropped, even when they still answer pings. */
 static void check_progress(rf_env_bridge *x, batch *b, double now) {
-    for (int i = 0; i < x->pool.n; i++) {
-        rf_program *p = &x->pool.progs[i];
-        if (p->inflight == 0 || now - p->last_progress <= x->timeout_s) continue;
-        if (rf_msg_server_silence(x->srv, p->id) > x->timeout_s / 2) continue; /* the server's to report */
-        const rf_msg_peer_info *pi = rf_msg_server_peer(x->srv, p->id);
-        char why[800];
-        snprintf(why, sizeof why, "%s answered no request for %.1f s (env.timeout)",
-                 pi ? pi->desc : "an environment program", now - p->last_progress);
-        int id = p->id;
-        rf_msg_server_drop(x->srv, id, RF_ERR_IO, why, 0);
+    char why[800];
+    for (int id; (id = rf_program_pool_stuck(&x->pool, x->srv, x->timeout_s, now, "an environment program",
+                                             " (env.timeout)", why, sizeof why)) >= 0;)
         lose(x, b, id, why);
-        i = -1;
-    }
 }
 
 static rf_status run_batch(rf_env_bridge *x, batch *b) {

@@ -161,11 +161,7 @@ rf_status rf_external_reward_wait(rf_external_reward *x, int n, double timeout_s
         if (x->tick) RF_TRY(x->tick(x->tick_ctx));
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(x->srv, x->tick ? fmin(left, 0.25) : left, &ev));
-        if (ev.kind == RF_MSG_EV_JOINED) RF_TRY(rf_program_pool_add(&x->pool, &ev));
-        else if (ev.kind == RF_MSG_EV_REFUSED && ev.auth) rf_program_pool_refused(&x->pool, &ev);
-        else if (ev.kind == RF_MSG_EV_REFUSED) return rf_error(RF_ERR_UNSUPPORTED, "%s", ev.text);
-        else if (ev.kind == RF_MSG_EV_LOST) rf_program_pool_remove(&x->pool, ev.peer), rf_log_warn("reward: %s", ev.text);
-        else if (ev.kind == RF_MSG_EV_MESSAGE) rf_msg_free(&ev.msg);  /* stale answers */
+        RF_TRY(rf_program_pool_wait_event(&x->pool, &ev));
     }
     return RF_OK;
 }
@@ -503,20 +499,10 @@ static rf_status on_event(rf_external_reward *x, batch *b, rf_msg_event *ev) {
 /* Programs holding requests without answering any for timeout_s are dropped (they may answer
  * pings from a thread while their scoring is stuck). */
 static void check_progress(rf_external_reward *x, batch *b, double now) {
-    for (int i = 0; i < x->pool.n; i++) {
-        rf_program *p = &x->pool.progs[i];
-        if (p->inflight == 0 || now - p->last_progress <= x->timeout_s) continue;
-        /* a silent program is the server's to report (it answers no ping either) */
-        if (rf_msg_server_silence(x->srv, p->id) > x->timeout_s / 2) continue;
-        const rf_msg_peer_info *pi = rf_msg_server_peer(x->srv, p->id);
-        char why[800];
-        snprintf(why, sizeof why, "%s answered no request for %.1f s",
-                 pi ? pi->desc : "a reward program", now - p->last_progress);
-        int id = p->id;
-        rf_msg_server_drop(x->srv, id, RF_ERR_IO, why, 0);
+    char why[800];
+    for (int id; (id = rf_program_pool_stuck(&x->pool, x->srv, x->timeout_s, now, "a reward program", "",
+                                             why, sizeof why)) >= 0;)
         lose(x, b, id, why);
-        i = -1;  /* the table changed */
-    }
 }
 
 static rf_status run_batch(rf_external_reward *x, batch *b) {
