@@ -1,5 +1,6 @@
 /* The rlflow side of environment programs (env/bridge.h, docs/env-api.md). The scheduling,
- * fault and rejection rules are reward/external.c's, for EnvReset / EnvStep requests. */
+ * fault and rejection rules are reward/external.c's (their shared part: common/program_pool.c), for
+ * EnvReset / EnvStep requests. */
 #define _POSIX_C_SOURCE 200809L
 #include "env/bridge.h"
 
