@@ -1,5 +1,6 @@
 /* The rlflow side of environment programs (env/bridge.h, docs/env-api.md). The scheduling,
- * fault and rejection rules are reward/external.c's, for EnvReset / EnvStep requests. */
+ * fault and rejection rules are reward/external.c's (their shared part: common/program_pool.c), for
+ * EnvReset / EnvStep requests. */
 #define _POSIX_C_SOURCE 200809L
 #include "env/bridge.h"
 
@@ -12,96 +13,29 @@
 #include "common/curve.h"
 #include "common/log.h"
 #include "common/msg.h"
+#include "common/program_pool.h"
 #include "common/util.h"
-
-typedef struct prog {
-    int id;               /* rf_msg_server peer id */
-    int inflight;         /* requests of this call it holds */
-    double last_progress; /* when it last answered, or took work while idle */
-} prog;
 
 struct rf_env_bridge {
     rf_msg_server *srv;
     double timeout_s;
     int max_attempts;
-    prog *progs;
-    int n_progs, cap_progs;
+    rf_program_pool pool; /* the connected programs, the failed calls' ids */
     uint64_t next_id;
     char last_lost[1024];
-    char last_refused[800];
     char **obs, **info;   /* (n_out) the last call's reply strings */
     int n_out;
     rf_env_stats stats;
-    struct { uint64_t lo, hi; } failed[8]; /* ids of failed calls, whose late answers are ignored */
-    int next_failed;
 };
 
 /* One batch call. Request ids are base + k * n + i for the k-th send of call i. */
 typedef struct batch {
     const rf_env_call *calls;
     rf_env_reply *out;
-    int n;
-    uint64_t base;
-    int *state, *owner, *sends, *rejects;
-    char **why;
-    int done, cursor;
+    rf_program_calls c; /* ids, states, owners, sends, rejections */
 } batch;
 
-enum { PENDING, IN_FLIGHT, DONE };
-
-static prog *find_prog(rf_env_bridge *x, int id) {
-    for (int i = 0; i < x->n_progs; i++)
-        if (x->progs[i].id == id) return &x->progs[i];
-    return NULL;
-}
-
-static rf_status add_prog(rf_env_bridge *x, const rf_msg_event *ev) {
-    if (x->n_progs == x->cap_progs) {
-        int cap = x->cap_progs ? 2 * x->cap_progs : 4;
-        prog *np = realloc(x->progs, sizeof *np * (size_t)cap);
-        if (!np) return rf_error(RF_ERR_NOMEM, "out of memory");
-        x->progs = np, x->cap_progs = cap;
-    }
-    x->progs[x->n_progs++] = (prog){ev->peer, 0, rf_time_now()};
-    rf_log_info("env: %s connected (capacity %d)", ev->info.desc, ev->info.capacity);
-    return RF_OK;
-}
-
-static void remove_prog(rf_env_bridge *x, int id) {
-    prog *p = find_prog(x, id);
-    if (p) *p = x->progs[--x->n_progs];
-}
-
 static int nonempty(const char *s) { return s && *s; }
-
-/* The endpoint's security, as reward/external.c's, with the env.* key names. */
-static rf_status security(const rf_env_bridge_config *cfg, rf_curve_key secret, rf_curve_key **clients,
-                          int *n) {
-    *clients = NULL, *n = 0;
-    int curve = nonempty(cfg->curve_secret_file);
-    if (curve != nonempty(cfg->curve_clients_file))
-        return rf_error(RF_ERR_ARG, "env.curve_%s is set but env.curve_%s is not: CURVE needs both "
-                        "(rlflow's secret key and the public keys of the programs it allows)",
-                        curve ? "secret" : "clients", curve ? "clients" : "secret");
-    if (!curve) {
-        if (rf_curve_endpoint_is_local(cfg->endpoint)) return RF_OK;
-        if (!cfg->insecure)
-            return rf_error(RF_ERR_ARG, "env.endpoint = \"%s\" can be reached from other machines, and "
-                            "without CURVE anyone who reaches it can send the observations and "
-                            "rewards that train the policy: set env.curve_secret and "
-                            "env.curve_clients (rlflow keygen), bind a loopback address "
-                            "(tcp://127.0.0.1:5558), or set env.insecure = true on a network you "
-                            "trust", cfg->endpoint);
-        rf_log_warn("env: %s can be reached from other machines without authentication "
-                    "(env.insecure = true)", cfg->endpoint);
-        return RF_OK;
-    }
-    rf_status st = rf_curve_read_key(cfg->curve_secret_file, 1, secret);
-    if (st != RF_OK) return rf_error_wrap(st, "env.curve_secret");
-    st = rf_curve_read_keys(cfg->curve_clients_file, clients, n);
-    if (st != RF_OK) return rf_error_wrap(st, "env.curve_clients");
-    return RF_OK;
-}
 
 rf_status rf_env_bridge_listen(rf_env_bridge **out, const rf_env_bridge_config *c) {
     *out = NULL;
@@ -113,7 +47,11 @@ rf_status rf_env_bridge_listen(rf_env_bridge **out, const rf_env_bridge_config *
         return rf_error(RF_ERR_ARG, "env: max_attempts must be >= 0 (got %d)", c->max_attempts);
     rf_curve_key secret = "", *clients = NULL;
     int n_clients = 0;
-    RF_TRY(security(c, secret, &clients, &n_clients));
+    rf_program_security sec = {"env", "env.endpoint", "env.curve_secret", "env.curve_clients",
+                               "env.insecure", "observations and rewards", "rlflow keygen",
+                               "tcp://127.0.0.1:5558", "", c->endpoint, c->curve_secret_file,
+                               c->curve_clients_file, c->insecure};
+    RF_TRY(rf_program_pool_security(&sec, secret, &clients, &n_clients));
     const char **allowed = rf_calloc((size_t)n_clients + 1, sizeof *allowed);
     rf_env_bridge *x = allowed ? rf_calloc(1, sizeof *x) : NULL;
     rf_status st = x ? RF_OK : RF_ERR_NOMEM;
@@ -121,7 +59,7 @@ rf_status rf_env_bridge_listen(rf_env_bridge **out, const rf_env_bridge_config *
     rf_msg_server_config cfg = {.accept_role = RLFLOW__ROLE__ROLE_ENVIRONMENT, .peer_timeout_s = c->timeout_s,
                                 .curve_secret_key = clients ? secret : NULL, .curve_clients = allowed,
                                 .n_curve_clients = n_clients};
-    if (x) x->timeout_s = c->timeout_s, x->next_id = 1;
+    if (x) x->timeout_s = c->timeout_s, x->next_id = 1, x->pool.label = "env";
     if (x) x->max_attempts = c->max_attempts ? c->max_attempts : RF_EXTERNAL_MAX_ATTEMPTS;
     if (st == RF_OK) st = rf_msg_server_open(&x->srv, c->endpoint, &cfg);
     memset(secret, 0, sizeof secret);
@@ -134,38 +72,29 @@ rf_status rf_env_bridge_listen(rf_env_bridge **out, const rf_env_bridge_config *
     return RF_OK;
 }
 
-static void refused(rf_env_bridge *x, const rf_msg_event *ev) {
-    rf_log_warn("env: %s", ev->text);
-    snprintf(x->last_refused, sizeof x->last_refused, "%s", ev->text);
-}
-
 rf_status rf_env_bridge_wait(rf_env_bridge *x, int n, double timeout_s) {
     double deadline = rf_time_now() + timeout_s;
     const char *ep = rf_msg_server_endpoint(x->srv);
-    while (x->n_progs < n) {
+    while (x->pool.n < n) {
         double left = deadline - rf_time_now();
         if (left <= 0) {
-            if (x->n_progs == 0 && x->last_refused[0])
+            if (x->pool.n == 0 && x->pool.last_refused[0])
                 return rf_error(RF_ERR_IO, "no environment program connected to %s within %.1f s; the "
-                                "last connection was refused: %s", ep, timeout_s, x->last_refused);
+                                "last connection was refused: %s", ep, timeout_s, x->pool.last_refused);
             return rf_error(RF_ERR_IO, "%d of %d environment programs connected to %s within %.1f s "
                             "(start one, e.g. python3 examples/env/calculator_env.py --connect %s)",
-                            x->n_progs, n, ep, timeout_s, ep);
+                            x->pool.n, n, ep, timeout_s, ep);
         }
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(x->srv, left, &ev));
-        if (ev.kind == RF_MSG_EV_JOINED) RF_TRY(add_prog(x, &ev));
-        else if (ev.kind == RF_MSG_EV_REFUSED && ev.auth) refused(x, &ev);
-        else if (ev.kind == RF_MSG_EV_REFUSED) return rf_error(RF_ERR_UNSUPPORTED, "%s", ev.text);
-        else if (ev.kind == RF_MSG_EV_LOST) remove_prog(x, ev.peer), rf_log_warn("env: %s", ev.text);
-        else if (ev.kind == RF_MSG_EV_MESSAGE) rf_msg_free(&ev.msg); /* stale answers */
+        RF_TRY(rf_program_pool_wait_event(&x->pool, &ev));
     }
     return RF_OK;
 }
 
 const char *rf_env_bridge_endpoint(const rf_env_bridge *x) { return rf_msg_server_endpoint(x->srv); }
 
-int rf_env_bridge_programs(const rf_env_bridge *x) { return x->n_progs; }
+int rf_env_bridge_programs(const rf_env_bridge *x) { return x->pool.n; }
 
 rf_env_stats rf_env_bridge_take_stats(rf_env_bridge *x) {
     rf_env_stats s = x->stats;
@@ -183,14 +112,14 @@ void rf_env_bridge_close(rf_env_bridge *x) {
     if (!x) return;
     rf_msg_server_close(x->srv, "rlflow is done");
     free_out(x);
-    free(x->progs);
+    rf_program_pool_free(&x->pool);
     free(x);
 }
 
 /* ---- one call ------------------------------------------------------------------------------ */
 
 static uint64_t req_id(const batch *b, int i) {
-    return b->base + (uint64_t)(b->sends[i] - 1) * (uint64_t)b->n + (uint64_t)i;
+    return rf_program_calls_id(&b->c, i);
 }
 
 /* "request 7 (reset of episode 3, sample 1 of group 0)" */
@@ -201,18 +130,6 @@ static void describe(const batch *b, int i, uint64_t id, char *s, size_t cap) {
     else snprintf(what, sizeof what, "reset");
     snprintf(s, cap, "request %" PRIu64 " (%s of episode %" PRIu64 ", sample %" PRId64 " of group %" PRId64 ")",
              id, what, c->episode, c->ex->index, c->ex->group);
-}
-
-static prog *pick(rf_env_bridge *x) {
-    prog *best = NULL;
-    double best_load = 0;
-    for (int i = 0; i < x->n_progs; i++) {
-        const rf_msg_peer_info *pi = rf_msg_server_peer(x->srv, x->progs[i].id);
-        if (!pi || x->progs[i].inflight >= pi->capacity) continue;
-        double load = (double)x->progs[i].inflight / pi->capacity;
-        if (!best || load < best_load) best = &x->progs[i], best_load = load;
-    }
-    return best;
 }
 
 static char *str(const char *s) { return (char *)(s ? s : ""); }
@@ -258,9 +175,9 @@ static rf_status send_step(rf_env_bridge *x, int peer, const rf_env_call *c, uin
     return st;
 }
 
-static rf_status send_item(rf_env_bridge *x, batch *b, int i, prog *p) {
+static rf_status send_item(rf_env_bridge *x, batch *b, int i, rf_program *p) {
     const rf_env_call *c = &b->calls[i];
-    if (b->sends[i]++ > 0) x->stats.resent++;
+    if (b->c.sends[i]++ > 0) x->stats.resent++;
     uint64_t id = req_id(b, i);
     rf_status st;
     if (c->is_step) {
@@ -273,42 +190,28 @@ static rf_status send_item(rf_env_bridge *x, batch *b, int i, prog *p) {
     if (st == RF_ERR_NOMEM) return st;
     if (st != RF_OK) return RF_ERR_IO; /* the next poll reports the program lost */
     if (p->inflight++ == 0) p->last_progress = rf_time_now();
-    b->state[i] = IN_FLIGHT, b->owner[i] = p->id;
+    b->c.state[i] = RF_CALL_IN_FLIGHT, b->c.owner[i] = p->id;
     return RF_OK;
 }
 
 static rf_status assign(rf_env_bridge *x, batch *b) {
-    for (int i = b->cursor; i < b->n; i++) {
-        if (b->state[i] != PENDING) {
-            if (i == b->cursor) b->cursor++;
+    for (int i = b->c.cursor; i < b->c.n; i++) {
+        if (b->c.state[i] != RF_CALL_PENDING) {
+            if (i == b->c.cursor) b->c.cursor++;
             continue;
         }
-        prog *p = pick(x);
+        rf_program *p = rf_program_pool_pick(&x->pool, x->srv);
         if (!p) return RF_OK;
         rf_status st = send_item(x, b, i, p);
         if (st == RF_ERR_NOMEM) return st;
         if (st != RF_OK) return RF_OK;
-        if (i == b->cursor) b->cursor++;
+        if (i == b->c.cursor) b->c.cursor++;
     }
     return RF_OK;
 }
 
-static int release(rf_env_bridge *x, batch *b, int id, int *first) {
-    int count = 0;
-    *first = -1;
-    for (int i = 0; i < b->n; i++)
-        if (b->state[i] == IN_FLIGHT && b->owner[i] == id) {
-            if (*first < 0) *first = i;
-            count++;
-            b->state[i] = PENDING;
-            if (i < b->cursor) b->cursor = i;
-        }
-    remove_prog(x, id);
-    return count;
-}
-
 static void lose(rf_env_bridge *x, batch *b, int id, const char *why) {
-    int first, count = release(x, b, id, &first);
+    int first, count = rf_program_calls_release(&b->c, &x->pool, id, &first);
     x->stats.lost++;
     char req[200] = "";
     if (first >= 0) describe(b, first, req_id(b, first), req, sizeof req);
@@ -316,21 +219,19 @@ static void lose(rf_env_bridge *x, batch *b, int id, const char *why) {
     else snprintf(x->last_lost, sizeof x->last_lost, "%s while answering %s%s", why, req,
                   count > 1 ? " (and more)" : "");
     rf_log_warn("env: %s%s", x->last_lost,
-                count && x->n_progs ? "; re-sending its requests to the other programs" : "");
+                count && x->pool.n ? "; re-sending its requests to the other programs" : "");
 }
 
 /* Adds a rejection to call i; the call's error once it reached max_attempts. */
 static rf_status count_rejection(rf_env_bridge *x, batch *b, int i, rf_status code, const char *why) {
-    size_t ol = b->why[i] ? strlen(b->why[i]) : 0, add = strlen(why) + 32;
-    char *s = realloc(b->why[i], ol + add);
-    if (!s) return rf_error(RF_ERR_NOMEM, "out of memory");
-    b->why[i] = s;
-    snprintf(s + ol, add, "%s%d) %s", ol ? "; " : "", b->rejects[i] + 1, why);
-    if (++b->rejects[i] < x->max_attempts) return RF_OK;
+    int limit;
+    RF_TRY(rf_program_calls_reject(&b->c, i, why, x->max_attempts, &limit));
+    if (!limit) return RF_OK;
+    const char *s = b->c.why[i];
     char req[200];
     describe(b, i, req_id(b, i), req, sizeof req);
-    return rf_error(code, "env: %s was rejected %d time%s, the limit (max_attempts): %s", req, b->rejects[i],
-                    b->rejects[i] == 1 ? "" : "s", s);
+    return rf_error(code, "env: %s was rejected %d time%s, the limit (max_attempts): %s", req, b->c.rejects[i],
+                    b->c.rejects[i] == 1 ? "" : "s", s);
 }
 
 static rf_status reject(rf_env_bridge *x, batch *b, int peer, int i, rf_status code, const char *why) {
@@ -338,45 +239,29 @@ static rf_status reject(rf_env_bridge *x, batch *b, int peer, int i, rf_status c
     x->stats.rejected++;
     rf_msg_server_drop(x->srv, peer, code, why, i >= 0 ? req_id(b, i) : 0);
     rf_status st = i >= 0 ? count_rejection(x, b, i, code, why) : RF_OK;
-    for (int k = 0; i < 0 && st == RF_OK && k < b->n; k++) {
-        if (b->state[k] != IN_FLIGHT || b->owner[k] != peer) continue;
+    for (int k = 0; i < 0 && st == RF_OK && k < b->c.n; k++) {
+        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != peer) continue;
         char held[1100];
         snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
         st = count_rejection(x, b, k, code, held);
     }
     snprintf(x->last_lost, sizeof x->last_lost, "%s", why);
     int first;
-    release(x, b, peer, &first);
+    rf_program_calls_release(&b->c, &x->pool, peer, &first);
     return st;
-}
-
-static int from_failed_call(const rf_env_bridge *x, uint64_t id) {
-    for (size_t k = 0; k < sizeof x->failed / sizeof x->failed[0]; k++)
-        if (id >= x->failed[k].lo && id < x->failed[k].hi) return 1;
-    return 0;
 }
 
 /* The call whose request `id` the program holds; -1 otherwise (*why says what is wrong, or
  * *stale is set for a late answer to a failed call). */
 static int match_reply(const rf_env_bridge *x, const batch *b, const rf_msg_event *ev, uint64_t id, char *why,
                        size_t cap, int *stale) {
-    *stale = 0;
-    if (id < b->base && from_failed_call(x, id)) {
-        *stale = 1;
+    int done, i = rf_program_calls_match(&b->c, &x->pool, ev->peer, id, &done, stale);
+    if (i >= 0 || *stale) return i;
+    if (done) {
+        char req[200];
+        describe(b, (int)((id - b->c.base) % (uint64_t)b->c.n), id, req, sizeof req);
+        snprintf(why, cap, "%s answered %s a second time", ev->info.desc, req);
         return -1;
-    }
-    if (id >= b->base) {
-        uint64_t off = id - b->base;
-        int i = (int)(off % (uint64_t)b->n);
-        if (off / (uint64_t)b->n < (uint64_t)b->sends[i] && req_id(b, i) == id && b->owner[i] == ev->peer) {
-            if (b->state[i] == IN_FLIGHT) return i;
-            if (b->state[i] == DONE) {
-                char req[200];
-                describe(b, i, id, req, sizeof req);
-                snprintf(why, cap, "%s answered %s a second time", ev->info.desc, req);
-                return -1;
-            }
-        }
     }
     snprintf(why, cap, "%s answered request %" PRIu64 ", which is not one it holds", ev->info.desc, id);
     return -1;
@@ -411,13 +296,13 @@ static rf_status check_reply(const batch *b, int i, const Rlflow__EnvReply *r, c
     return RF_OK;
 }
 
-static rf_status accept_reply(rf_env_bridge *x, batch *b, int i, const Rlflow__EnvReply *r, prog *p) {
+static rf_status accept_reply(rf_env_bridge *x, batch *b, int i, const Rlflow__EnvReply *r, rf_program *p) {
     free(x->obs[i]), free(x->info[i]);
     x->obs[i] = rf_strdup(r->observation ? r->observation : "");
     x->info[i] = rf_strdup(r->info ? r->info : "");
     if (!x->obs[i] || !x->info[i]) return rf_error(RF_ERR_NOMEM, "out of memory");
     b->out[i] = (rf_env_reply){x->obs[i], r->reward, r->done != 0, x->info[i]};
-    b->state[i] = DONE, b->done++;
+    b->c.state[i] = RF_CALL_DONE, b->c.done++;
     x->stats.accepted++;
     if (p) p->inflight--;
     return RF_OK;
@@ -425,7 +310,7 @@ static rf_status accept_reply(rf_env_bridge *x, batch *b, int i, const Rlflow__E
 
 static rf_status on_reply(rf_env_bridge *x, batch *b, const rf_msg_event *ev) {
     const Rlflow__EnvReply *r = (const Rlflow__EnvReply *)ev->msg.pb;
-    prog *p = find_prog(x, ev->peer);
+    rf_program *p = rf_program_pool_find(&x->pool, ev->peer);
     if (p) p->last_progress = rf_time_now();
     char why[1024];
     int stale, i = match_reply(x, b, ev, r->request_id, why, sizeof why, &stale);
@@ -438,7 +323,7 @@ static rf_status on_reply(rf_env_bridge *x, batch *b, const rf_msg_event *ev) {
 
 static rf_status on_program_error(rf_env_bridge *x, batch *b, const rf_msg_event *ev) {
     const Rlflow__Error *e = (const Rlflow__Error *)ev->msg.pb;
-    char why[1024], unused[16];
+    char why[1024], unused[1024];
     int stale = 0, i = e->request_id ? match_reply(x, b, ev, e->request_id, unused, sizeof unused, &stale) : -1;
     snprintf(why, sizeof why, "%s reported an error: %s", ev->info.desc, e->message ? e->message : "");
     return reject(x, b, ev->peer, i, RF_ERR_FORMAT, why);
@@ -448,9 +333,9 @@ static rf_status on_event(rf_env_bridge *x, batch *b, rf_msg_event *ev) {
     rf_status st = RF_OK;
     char why[1024];
     switch (ev->kind) {
-    case RF_MSG_EV_JOINED: return add_prog(x, ev);
+    case RF_MSG_EV_JOINED: return rf_program_pool_add(&x->pool, ev);
     case RF_MSG_EV_REFUSED:
-        if (ev->auth) refused(x, ev);
+        if (ev->auth) rf_program_pool_refused(&x->pool, ev);
         else rf_log_warn("env: %s", ev->text);
         return RF_OK;
     case RF_MSG_EV_LOST: lose(x, b, ev->peer, ev->text); return RF_OK;
@@ -474,31 +359,22 @@ static rf_status on_event(rf_env_bridge *x, batch *b, rf_msg_event *ev) {
 /* Programs holding requests without answering any for timeout_s (the per-call deadline) are
  * dropped, even when they still answer pings. */
 static void check_progress(rf_env_bridge *x, batch *b, double now) {
-    for (int i = 0; i < x->n_progs; i++) {
-        prog *p = &x->progs[i];
-        if (p->inflight == 0 || now - p->last_progress <= x->timeout_s) continue;
-        if (rf_msg_server_silence(x->srv, p->id) > x->timeout_s / 2) continue; /* the server's to report */
-        const rf_msg_peer_info *pi = rf_msg_server_peer(x->srv, p->id);
-        char why[800];
-        snprintf(why, sizeof why, "%s answered no request for %.1f s (env.timeout)",
-                 pi ? pi->desc : "an environment program", now - p->last_progress);
-        int id = p->id;
-        rf_msg_server_drop(x->srv, id, RF_ERR_IO, why, 0);
+    char why[800];
+    for (int id; (id = rf_program_pool_stuck(&x->pool, x->srv, x->timeout_s, now, "an environment program",
+                                             " (env.timeout)", why, sizeof why)) >= 0;)
         lose(x, b, id, why);
-        i = -1;
-    }
 }
 
 static rf_status run_batch(rf_env_bridge *x, batch *b) {
-    double no_prog_since = x->n_progs ? -1 : rf_time_now();
-    while (b->done < b->n) {
+    double no_prog_since = x->pool.n ? -1 : rf_time_now();
+    while (b->c.done < b->c.n) {
         RF_TRY(assign(x, b));
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(x->srv, fmin(0.25, x->timeout_s), &ev));
         RF_TRY(on_event(x, b, &ev));
         double now = rf_time_now();
         check_progress(x, b, now);
-        if (x->n_progs) {
+        if (x->pool.n) {
             no_prog_since = -1;
         } else if (no_prog_since < 0) {
             no_prog_since = now;
@@ -506,17 +382,12 @@ static rf_status run_batch(rf_env_bridge *x, batch *b) {
             const char *ep = rf_msg_server_endpoint(x->srv);
             if (!x->last_lost[0])
                 return rf_error(RF_ERR_IO, "env: no environment program connected to %s within %.1f s (%d of %d "
-                                "requests unanswered)", ep, x->timeout_s, b->n - b->done, b->n);
+                                "requests unanswered)", ep, x->timeout_s, b->c.n - b->c.done, b->c.n);
             return rf_error(RF_ERR_IO, "env: %s; no other environment program connected to %s within %.1f s "
-                            "(%d of %d requests unanswered)", x->last_lost, ep, x->timeout_s, b->n - b->done, b->n);
+                            "(%d of %d requests unanswered)", x->last_lost, ep, x->timeout_s, b->c.n - b->c.done, b->c.n);
         }
     }
     return RF_OK;
-}
-
-static void free_batch(batch *b) {
-    for (int i = 0; b->why && i < b->n; i++) free(b->why[i]);
-    free(b->state), free(b->owner), free(b->sends), free(b->rejects), free(b->why);
 }
 
 rf_status rf_env_bridge_call(rf_env_bridge *x, const rf_env_call *calls, int n, rf_env_reply *out) {
@@ -525,28 +396,22 @@ rf_status rf_env_bridge_call(rf_env_bridge *x, const rf_env_call *calls, int n, 
         if (!calls[i].ex) return rf_error(RF_ERR_ARG, "rf_env_bridge_call: call %d has no example", i);
     if (n == 0) return RF_OK;
     free_out(x);
-    batch b = {.calls = calls, .out = out, .n = n, .base = x->next_id};
-    b.state = calloc((size_t)n, sizeof(int)), b.owner = calloc((size_t)n, sizeof(int));
-    b.sends = calloc((size_t)n, sizeof(int)), b.rejects = calloc((size_t)n, sizeof(int));
-    b.why = calloc((size_t)n, sizeof(char *));
+    batch b = {.calls = calls, .out = out};
+    int room = rf_program_calls_init(&b.c, n, x->next_id);
     x->obs = calloc((size_t)n, sizeof(char *)), x->info = calloc((size_t)n, sizeof(char *));
     rf_status st = RF_OK;
-    if (!b.state || !b.owner || !b.sends || !b.rejects || !b.why || !x->obs || !x->info)
+    if (!room || !x->obs || !x->info)
         st = rf_error(RF_ERR_NOMEM, "out of memory for %d environment requests", n);
     else x->n_out = n;
     double now = rf_time_now();
-    for (int i = 0; i < x->n_progs; i++) x->progs[i].inflight = 0, x->progs[i].last_progress = now;
+    rf_program_pool_start_call(&x->pool, now);
     x->last_lost[0] = '\0';
     if (st == RF_OK) st = run_batch(x, &b);
-    int max_sends = 1;
-    for (int i = 0; b.sends && i < n; i++)
-        if (b.sends[i] > max_sends) max_sends = b.sends[i];
-    x->next_id = b.base + (uint64_t)max_sends * (uint64_t)n;
+    x->next_id = rf_program_calls_end(&b.c);
     if (st != RF_OK) {
-        x->failed[x->next_failed].lo = b.base, x->failed[x->next_failed].hi = x->next_id;
-        x->next_failed = (x->next_failed + 1) % (int)(sizeof x->failed / sizeof x->failed[0]);
+        rf_program_pool_fail(&x->pool, b.c.base, x->next_id);
     }
-    free_batch(&b);
+    rf_program_calls_free(&b.c);
     return st;
 }
 

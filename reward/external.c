@@ -11,27 +11,19 @@
 #include "common/curve.h"
 #include "common/log.h"
 #include "common/msg.h"
+#include "common/program_pool.h"
 #include "common/util.h"
-
-/* A connected program as the scheduler sees it. */
-typedef struct prog {
-    int id;               /* rf_msg_server peer id */
-    int inflight;         /* requests of this batch it holds */
-    double last_progress; /* when it last answered, or took work while idle */
-} prog;
 
 struct rf_external_reward {
     rf_msg_server *srv;
     double timeout_s;
     rf_status (*tick)(void *ctx); /* rf_external_reward_config.tick */
     void *tick_ctx;
-    prog *progs;
-    int n_progs, cap_progs;
+    rf_program_pool pool; /* the connected programs, the failed batches' ids */
     uint64_t next_id;     /* request ids of the next batch start here */
     char **info;          /* (n_info) per item of the last batch */
     int n_info;
     char last_lost[1024]; /* why the last program went away, for the final error */
-    char last_refused[800]; /* the last CURVE refusal, for a "nobody came" error */
     struct comp {           /* named components of the last batch: sum and count per name */
         char name[64];
         double sum;
@@ -45,55 +37,17 @@ struct rf_external_reward {
     int *tok_n;           /* (n_info) how many item i got (0: none) */
     rf_external_reward_stats stats; /* of the last batch */
     char last_reject[1024];         /* the last rejection's reason in the last batch */
-    struct { uint64_t lo, hi; } failed[8]; /* request ids [lo, hi) of the last failed batches,
-                                              whose late answers are ignored */
-    int next_failed;
 };
 
-/* One score call. Request ids are base + k * n + i for the k-th send of item i, so a response
- * maps back to its item in O(1) and ids never repeat across batches. */
+/* One score call (its request ids: rf_program_calls). */
 typedef struct batch {
     const rf_reward_item *items;
-    int n;
-    float *rewards;  /* (n) */
-    uint64_t base;
-    int *state;      /* (n) 0 pending, 1 in flight, 2 done */
-    int *owner;      /* (n) peer id while in flight */
-    int *sends;      /* (n) sends so far */
-    int *rejects;    /* (n) replies rejected so far */
-    char **why;      /* (n) their reasons, "1) ...; 2) ...", NULL while none */
-    int done, cursor;
+    float *rewards;     /* (n) */
+    rf_program_calls c; /* ids, states, owners, sends, rejections */
 } batch;
-
-enum { PENDING, IN_FLIGHT, DONE };
-
-static prog *find_prog(rf_external_reward *x, int id) {
-    for (int i = 0; i < x->n_progs; i++)
-        if (x->progs[i].id == id) return &x->progs[i];
-    return NULL;
-}
-
-static rf_status add_prog(rf_external_reward *x, const rf_msg_event *ev) {
-    if (x->n_progs == x->cap_progs) {
-        int cap = x->cap_progs ? 2 * x->cap_progs : 4;
-        prog *np = realloc(x->progs, sizeof *np * (size_t)cap);
-        if (!np) return rf_error(RF_ERR_NOMEM, "out of memory");
-        x->progs = np, x->cap_progs = cap;
-    }
-    x->progs[x->n_progs++] = (prog){ev->peer, 0, rf_time_now()};
-    rf_log_info("reward: %s connected (capacity %d)", ev->info.desc, ev->info.capacity);
-    return RF_OK;
-}
-
-static void remove_prog(rf_external_reward *x, int id) {
-    prog *p = find_prog(x, id);
-    if (p) *p = x->progs[--x->n_progs];
-}
 
 static int nonempty(const char *s) { return s && *s; }
 
-/* The endpoint's security: a refusal for an open endpoint without CURVE (unless insecure),
- * else the CURVE keys, loaded into *secret and *clients (n; NULL without CURVE). */
 /* The client keys given directly (cfg->curve_client_keys) appended to *clients (n). */
 static rf_status add_client_keys(const rf_external_reward_config *cfg, rf_curve_key **clients, int *n) {
     if (cfg->n_curve_client_keys <= 0) return RF_OK;
@@ -118,38 +72,22 @@ static rf_status direct_keys(const rf_external_reward_config *cfg, rf_curve_key 
     return add_client_keys(cfg, clients, n);
 }
 
+/* The endpoint's security: a refusal for an open endpoint without CURVE (unless insecure),
+ * else the CURVE keys (from files, given directly, or both), loaded into secret and *clients (n;
+ * NULL without CURVE). */
 static rf_status security(const rf_external_reward_config *cfg, rf_curve_key secret,
                           rf_curve_key **clients, int *n) {
     *clients = NULL, *n = 0;
-    int curve = nonempty(cfg->curve_secret_file);
-    if (!curve && nonempty(cfg->curve_secret_key) && !nonempty(cfg->curve_clients_file))
+    if (!nonempty(cfg->curve_secret_file) && nonempty(cfg->curve_secret_key) &&
+        !nonempty(cfg->curve_clients_file))
         return direct_keys(cfg, secret, clients, n);
-    if (curve != nonempty(cfg->curve_clients_file))
-        return rf_error(RF_ERR_ARG, "reward.external_curve_%s is set but "
-                                    "reward.external_curve_%s is not: CURVE needs both (rlflow's "
-                                    "secret key and the public keys of the programs it allows)",
-                        curve ? "secret" : "clients", curve ? "clients" : "secret");
-    if (!curve) {
-        if (rf_curve_endpoint_is_local(cfg->endpoint)) return RF_OK;
-        if (!cfg->insecure)
-            return rf_error(RF_ERR_ARG,
-                            "reward.external = \"%s\" can be reached from other machines, and "
-                            "without CURVE anyone who reaches it can send the rewards that "
-                            "train the policy: set reward.external_curve_secret and "
-                            "reward.external_curve_clients (rlflow keygen; docs/reward-api.md, "
-                            "\"CURVE\"), bind a loopback address (tcp://127.0.0.1:5557), or set "
-                            "reward.external_insecure = true on a network you trust",
-                            cfg->endpoint);
-        rf_log_warn("reward: %s can be reached from other machines without authentication "
-                    "(reward.external_insecure = true): anyone who reaches it can send rewards",
-                    cfg->endpoint);
-        return RF_OK;
-    }
-    rf_status st = rf_curve_read_key(cfg->curve_secret_file, 1, secret);
-    if (st != RF_OK) return rf_error_wrap(st, "reward.external_curve_secret");
-    st = rf_curve_read_keys(cfg->curve_clients_file, clients, n);
-    if (st != RF_OK) return rf_error_wrap(st, "reward.external_curve_clients");
-    return add_client_keys(cfg, clients, n);
+    rf_program_security sec = {"reward", "reward.external", "reward.external_curve_secret",
+                               "reward.external_curve_clients", "reward.external_insecure", "rewards",
+                               "rlflow keygen; docs/reward-api.md, \"CURVE\"", "tcp://127.0.0.1:5557",
+                               ": anyone who reaches it can send rewards", cfg->endpoint,
+                               cfg->curve_secret_file, cfg->curve_clients_file, cfg->insecure};
+    RF_TRY(rf_program_pool_security(&sec, secret, clients, n));
+    return nonempty(cfg->curve_secret_file) ? add_client_keys(cfg, clients, n) : RF_OK;
 }
 
 rf_status rf_external_reward_listen_with(rf_external_reward **out,
@@ -174,7 +112,7 @@ rf_status rf_external_reward_listen_with(rf_external_reward **out,
                                 .peer_timeout_s = c->timeout_s,
                                 .curve_secret_key = clients ? secret : NULL,
                                 .curve_clients = allowed, .n_curve_clients = n_clients};
-    if (x) x->timeout_s = c->timeout_s, x->next_id = 1, x->tick = c->tick, x->tick_ctx = c->tick_ctx;
+    if (x) x->timeout_s = c->timeout_s, x->next_id = 1, x->pool.label = "reward", x->tick = c->tick, x->tick_ctx = c->tick_ctx;
     if (x) x->max_attempts = c->max_attempts ? c->max_attempts : RF_EXTERNAL_MAX_ATTEMPTS;
     if (st == RF_OK) st = rf_msg_server_open(&x->srv, c->endpoint, &cfg);
     memset(secret, 0, sizeof secret);
@@ -202,38 +140,28 @@ rf_status rf_external_reward_listen(rf_external_reward **out, const char *endpoi
     return rf_external_reward_listen_with(out, &c);
 }
 
-/* A connection CURVE refused: logged (it names the endpoint, address and key), remembered. */
-static void refused(rf_external_reward *x, const rf_msg_event *ev) {
-    rf_log_warn("reward: %s", ev->text);
-    snprintf(x->last_refused, sizeof x->last_refused, "%s", ev->text);
-}
-
 rf_status rf_external_reward_wait(rf_external_reward *x, int n, double timeout_s) {
     double deadline = rf_time_now() + timeout_s;
     const char *ep = rf_msg_server_endpoint(x->srv);
-    while (x->n_progs < n) {
+    while (x->pool.n < n) {
         double left = deadline - rf_time_now();
         if (left <= 0) {
-            if (x->n_progs == 0 && x->last_refused[0])
+            if (x->pool.n == 0 && x->pool.last_refused[0])
                 return rf_error(RF_ERR_IO, "no reward program connected to %s within %.1f s; "
                                            "the last connection was refused: %s",
-                                ep, timeout_s, x->last_refused);
-            if (x->n_progs == 0)
+                                ep, timeout_s, x->pool.last_refused);
+            if (x->pool.n == 0)
                 return rf_error(RF_ERR_IO,
                                 "no reward program connected to %s within %.1f s (start one, e.g. "
                                 "python3 examples/reward/length_judge.py --connect %s)",
                                 ep, timeout_s, ep);
             return rf_error(RF_ERR_IO, "%d of %d reward programs connected to %s within %.1f s",
-                            x->n_progs, n, ep, timeout_s);
+                            x->pool.n, n, ep, timeout_s);
         }
         if (x->tick) RF_TRY(x->tick(x->tick_ctx));
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(x->srv, x->tick ? fmin(left, 0.25) : left, &ev));
-        if (ev.kind == RF_MSG_EV_JOINED) RF_TRY(add_prog(x, &ev));
-        else if (ev.kind == RF_MSG_EV_REFUSED && ev.auth) refused(x, &ev);
-        else if (ev.kind == RF_MSG_EV_REFUSED) return rf_error(RF_ERR_UNSUPPORTED, "%s", ev.text);
-        else if (ev.kind == RF_MSG_EV_LOST) remove_prog(x, ev.peer), rf_log_warn("reward: %s", ev.text);
-        else if (ev.kind == RF_MSG_EV_MESSAGE) rf_msg_free(&ev.msg);  /* stale answers */
+        RF_TRY(rf_program_pool_wait_event(&x->pool, &ev));
     }
     return RF_OK;
 }
@@ -259,7 +187,7 @@ const char *rf_external_reward_endpoint(const rf_external_reward *x) {
     return rf_msg_server_endpoint(x->srv);
 }
 
-int rf_external_reward_programs(const rf_external_reward *x) { return x->n_progs; }
+int rf_external_reward_programs(const rf_external_reward *x) { return x->pool.n; }
 
 const char *rf_external_reward_info(const rf_external_reward *x, int i) {
     return x->ok && i >= 0 && i < x->n_info && x->info[i] ? x->info[i] : "";
@@ -311,14 +239,14 @@ void rf_external_reward_close(rf_external_reward *x) {
     if (!x) return;
     rf_msg_server_close(x->srv, "rlflow is done");
     free_last(x);
-    free(x->progs);
+    rf_program_pool_free(&x->pool);
     free(x);
 }
 
 /* ---- one batch ---------------------------------------------------------------------------- */
 
 static uint64_t req_id(const batch *b, int i) {
-    return b->base + (uint64_t)(b->sends[i] - 1) * (uint64_t)b->n + (uint64_t)i;
+    return rf_program_calls_id(&b->c, i);
 }
 
 /* The response's token count as the request carried it. */
@@ -326,24 +254,10 @@ static size_t n_ids(const rf_reward_item *it) {
     return it->response_ids && it->n_response_ids > 0 ? (size_t)it->n_response_ids : 0;
 }
 
-/* The least-loaded program with room (in flight / capacity), NULL when all are full. Ties go
- * to the program that connected first. */
-static prog *pick(rf_external_reward *x) {
-    prog *best = NULL;
-    double best_load = 0;
-    for (int i = 0; i < x->n_progs; i++) {
-        const rf_msg_peer_info *pi = rf_msg_server_peer(x->srv, x->progs[i].id);
-        if (!pi || x->progs[i].inflight >= pi->capacity) continue;
-        double load = (double)x->progs[i].inflight / pi->capacity;
-        if (!best || load < best_load) best = &x->progs[i], best_load = load;
-    }
-    return best;
-}
-
-static rf_status send_item(rf_external_reward *x, batch *b, int i, prog *p) {
+static rf_status send_item(rf_external_reward *x, batch *b, int i, rf_program *p) {
     const rf_reward_item *it = &b->items[i];
     Rlflow__RewardRequest q = RLFLOW__REWARD_REQUEST__INIT;
-    if (b->sends[i]++ > 0) x->stats.resent++;
+    if (b->c.sends[i]++ > 0) x->stats.resent++;
     q.request_id = req_id(b, i);
     q.prompt = (char *)(it->prompt ? it->prompt : "");
     q.response = (char *)(it->response ? it->response : "");
@@ -357,42 +271,26 @@ static rf_status send_item(rf_external_reward *x, batch *b, int i, prog *p) {
     /* A failed send marks the program lost inside the server; the next poll reports it. */
     if (rf_msg_server_send(x->srv, p->id, RF_MSG_REWARD_REQUEST, &q.base) != RF_OK) return RF_ERR_IO;
     if (p->inflight++ == 0) p->last_progress = rf_time_now();
-    b->state[i] = IN_FLIGHT, b->owner[i] = p->id;
+    b->c.state[i] = RF_CALL_IN_FLIGHT, b->c.owner[i] = p->id;
     return RF_OK;
 }
 
 /* Hands pending items to programs with room. */
 static void assign(rf_external_reward *x, batch *b) {
-    for (int i = b->cursor; i < b->n; i++) {
-        if (b->state[i] != PENDING) {
-            if (i == b->cursor) b->cursor++;
+    for (int i = b->c.cursor; i < b->c.n; i++) {
+        if (b->c.state[i] != RF_CALL_PENDING) {
+            if (i == b->c.cursor) b->c.cursor++;
             continue;
         }
-        prog *p = pick(x);
+        rf_program *p = rf_program_pool_pick(&x->pool, x->srv);
         if (!p || send_item(x, b, i, p) != RF_OK) return;
-        if (i == b->cursor) b->cursor++;
+        if (i == b->c.cursor) b->c.cursor++;
     }
-}
-
-/* Returns the requests program `id` holds to the pending pool and forgets the program.
- * Returns how many it held; *first is the first of them (-1: none). */
-static int release(rf_external_reward *x, batch *b, int id, int *first) {
-    int count = 0;
-    *first = -1;
-    for (int i = 0; i < b->n; i++)
-        if (b->state[i] == IN_FLIGHT && b->owner[i] == id) {
-            if (*first < 0) *first = i;
-            count++;
-            b->state[i] = PENDING;
-            if (i < b->cursor) b->cursor = i;
-        }
-    remove_prog(x, id);
-    return count;
 }
 
 /* A program is gone (disconnected, silent, stuck): its requests return to the pending pool. */
 static void lose(rf_external_reward *x, batch *b, int id, const char *why) {
-    int first, count = release(x, b, id, &first);
+    int first, count = rf_program_calls_release(&b->c, &x->pool, id, &first);
     x->stats.lost++;
     if (first < 0)
         snprintf(x->last_lost, sizeof x->last_lost, "%s", why);
@@ -404,7 +302,7 @@ static void lose(rf_external_reward *x, batch *b, int id, const char *why) {
                  "%s while scoring request %" PRIu64 " (and %d more)", why, req_id(b, first),
                  count - 1);
     rf_log_warn("reward: %s%s", x->last_lost,
-                count && x->n_progs ? "; re-sending its requests to the other programs" : "");
+                count && x->pool.n ? "; re-sending its requests to the other programs" : "");
 }
 
 /* Sums the response's named components per name (non-finite values and names past the table
@@ -441,17 +339,15 @@ int rf_external_reward_components(const rf_external_reward *x, const char **name
  * has been rejected max_attempts times, naming its last request, the sample and every reason. */
 static rf_status count_rejection(rf_external_reward *x, batch *b, int i, rf_status code,
                                  const char *why) {
-    size_t ol = b->why[i] ? strlen(b->why[i]) : 0, add = strlen(why) + 32;
-    char *s = realloc(b->why[i], ol + add);
-    if (!s) return rf_error(RF_ERR_NOMEM, "out of memory");
-    b->why[i] = s;
-    snprintf(s + ol, add, "%s%d) %s", ol ? "; " : "", b->rejects[i] + 1, why);
-    if (++b->rejects[i] < x->max_attempts) return RF_OK;
+    int limit;
+    RF_TRY(rf_program_calls_reject(&b->c, i, why, x->max_attempts, &limit));
+    if (!limit) return RF_OK;
+    const char *s = b->c.why[i];
     const rf_reward_item *it = &b->items[i];
     return rf_error(code,
                     "request %" PRIu64 " (sample %" PRId64 " of group %" PRId64 ") was rejected %d "
                     "time%s, the limit (max_attempts): %s", req_id(b, i), it->index, it->group,
-                    b->rejects[i], b->rejects[i] == 1 ? "" : "s", s);
+                    b->c.rejects[i], b->c.rejects[i] == 1 ? "" : "s", s);
 }
 
 /* A reply is rejected: logged, the program told why and dropped (its requests return to the
@@ -464,50 +360,32 @@ static rf_status reject(rf_external_reward *x, batch *b, int peer, int i, rf_sta
     x->stats.rejected++;
     rf_msg_server_drop(x->srv, peer, code, why, i >= 0 ? req_id(b, i) : 0);
     rf_status st = i >= 0 ? count_rejection(x, b, i, code, why) : RF_OK;
-    for (int k = 0; i < 0 && st == RF_OK && k < b->n; k++) {
-        if (b->state[k] != IN_FLIGHT || b->owner[k] != peer) continue;
+    for (int k = 0; i < 0 && st == RF_OK && k < b->c.n; k++) {
+        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != peer) continue;
         char held[1100];
         snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
         st = count_rejection(x, b, k, code, held);
     }
     snprintf(x->last_lost, sizeof x->last_lost, "%s", why);
-    int first, count = release(x, b, peer, &first);
+    int first, count = rf_program_calls_release(&b->c, &x->pool, peer, &first);
     if (count)
         rf_log_warn("reward: dropped that program; request %" PRIu64 "%s go%s to %s", req_id(b, first),
                     count > 1 ? " and the others it held" : "", count > 1 ? "" : "es",
-                    x->n_progs ? "the other programs" : "the next program to connect");
+                    x->pool.n ? "the other programs" : "the next program to connect");
     return st;
-}
-
-/* Whether id belongs to a batch that failed (its answers may still come, and are ignored). */
-static int from_failed_batch(const rf_external_reward *x, uint64_t id) {
-    for (size_t k = 0; k < sizeof x->failed / sizeof x->failed[0]; k++)
-        if (id >= x->failed[k].lo && id < x->failed[k].hi) return 1;
-    return 0;
 }
 
 /* The item whose request `id` the program holds; -1 otherwise, with *why saying what is wrong
  * (an unknown id, a second answer) or *stale set for a late answer to a failed batch. */
 static int match_reply(const rf_external_reward *x, const batch *b, const rf_msg_event *ev,
                        uint64_t id, char *why, size_t cap, int *stale) {
-    *stale = 0;
-    if (id < b->base && from_failed_batch(x, id)) {
-        *stale = 1;
+    int done, i = rf_program_calls_match(&b->c, &x->pool, ev->peer, id, &done, stale);
+    if (i >= 0 || *stale) return i;
+    if (done) {
+        const rf_reward_item *it = &b->items[(id - b->c.base) % (uint64_t)b->c.n];
+        snprintf(why, cap, "%s answered request %" PRIu64 " (sample %" PRId64 " of group %" PRId64
+                 ") a second time", ev->info.desc, id, it->index, it->group);
         return -1;
-    }
-    if (id >= b->base) {
-        uint64_t off = id - b->base;
-        int i = (int)(off % (uint64_t)b->n);
-        if (off / (uint64_t)b->n < (uint64_t)b->sends[i] && req_id(b, i) == id &&
-            b->owner[i] == ev->peer) {
-            if (b->state[i] == IN_FLIGHT) return i;
-            if (b->state[i] == DONE) {
-                snprintf(why, cap, "%s answered request %" PRIu64 " (sample %" PRId64
-                         " of group %" PRId64 ") a second time", ev->info.desc, id,
-                         b->items[i].index, b->items[i].group);
-                return -1;
-            }
-        }
     }
     snprintf(why, cap, "%s answered request %" PRIu64 ", which is not one it holds",
              ev->info.desc, id);
@@ -546,9 +424,9 @@ static rf_status check_reply(const batch *b, int i, const Rlflow__RewardResponse
 
 /* Records an accepted reply: the sample is scored, exactly once. */
 static void accept_reply(rf_external_reward *x, batch *b, int i, const Rlflow__RewardResponse *r,
-                         prog *p) {
+                         rf_program *p) {
     b->rewards[i] = r->reward;
-    b->state[i] = DONE, b->done++;
+    b->c.state[i] = RF_CALL_DONE, b->c.done++;
     x->stats.accepted++;
     add_components(x, r);
     if (p) p->inflight--;
@@ -563,7 +441,7 @@ static void accept_reply(rf_external_reward *x, batch *b, int i, const Rlflow__R
 
 static rf_status on_response(rf_external_reward *x, batch *b, const rf_msg_event *ev) {
     const Rlflow__RewardResponse *r = (const Rlflow__RewardResponse *)ev->msg.pb;
-    prog *p = find_prog(x, ev->peer);
+    rf_program *p = rf_program_pool_find(&x->pool, ev->peer);
     if (p) p->last_progress = rf_time_now();
     char why[1024];
     int stale, i = match_reply(x, b, ev, r->request_id, why, sizeof why, &stale);
@@ -579,7 +457,7 @@ static rf_status on_response(rf_external_reward *x, batch *b, const rf_msg_event
 static rf_status on_program_error(rf_external_reward *x, batch *b, const rf_msg_event *ev) {
     const Rlflow__Error *e = (const Rlflow__Error *)ev->msg.pb;
     const char *text = e->message ? e->message : "";
-    char why[1024], unused[16];
+    char why[1024], unused[1024];
     int stale = 0, i = e->request_id ? match_reply(x, b, ev, e->request_id, unused, sizeof unused,
                                                    &stale) : -1;
     if (i >= 0)
@@ -595,9 +473,9 @@ static rf_status on_event(rf_external_reward *x, batch *b, rf_msg_event *ev) {
     rf_status st = RF_OK;
     char why[1024];
     switch (ev->kind) {
-    case RF_MSG_EV_JOINED: return add_prog(x, ev);
+    case RF_MSG_EV_JOINED: return rf_program_pool_add(&x->pool, ev);
     case RF_MSG_EV_REFUSED:
-        if (ev->auth) refused(x, ev);
+        if (ev->auth) rf_program_pool_refused(&x->pool, ev);
         else rf_log_warn("reward: %s", ev->text);
         return RF_OK;
     case RF_MSG_EV_LOST: lose(x, b, ev->peer, ev->text); return RF_OK;
@@ -621,25 +499,15 @@ static rf_status on_event(rf_external_reward *x, batch *b, rf_msg_event *ev) {
 /* Programs holding requests without answering any for timeout_s are dropped (they may answer
  * pings from a thread while their scoring is stuck). */
 static void check_progress(rf_external_reward *x, batch *b, double now) {
-    for (int i = 0; i < x->n_progs; i++) {
-        prog *p = &x->progs[i];
-        if (p->inflight == 0 || now - p->last_progress <= x->timeout_s) continue;
-        /* a silent program is the server's to report (it answers no ping either) */
-        if (rf_msg_server_silence(x->srv, p->id) > x->timeout_s / 2) continue;
-        const rf_msg_peer_info *pi = rf_msg_server_peer(x->srv, p->id);
-        char why[800];
-        snprintf(why, sizeof why, "%s answered no request for %.1f s",
-                 pi ? pi->desc : "a reward program", now - p->last_progress);
-        int id = p->id;
-        rf_msg_server_drop(x->srv, id, RF_ERR_IO, why, 0);
+    char why[800];
+    for (int id; (id = rf_program_pool_stuck(&x->pool, x->srv, x->timeout_s, now, "a reward program", "",
+                                             why, sizeof why)) >= 0;)
         lose(x, b, id, why);
-        i = -1;  /* the table changed */
-    }
 }
 
 static rf_status run_batch(rf_external_reward *x, batch *b) {
-    double no_prog_since = x->n_progs ? -1 : rf_time_now();
-    while (b->done < b->n) {
+    double no_prog_since = x->pool.n ? -1 : rf_time_now();
+    while (b->c.done < b->c.n) {
         if (x->tick) RF_TRY(x->tick(x->tick_ctx));
         assign(x, b);
         rf_msg_event ev;
@@ -647,7 +515,7 @@ static rf_status run_batch(rf_external_reward *x, batch *b) {
         RF_TRY(on_event(x, b, &ev));
         double now = rf_time_now();
         check_progress(x, b, now);
-        if (x->n_progs) {
+        if (x->pool.n) {
             no_prog_since = -1;
         } else if (no_prog_since < 0) {
             no_prog_since = now;
@@ -656,18 +524,13 @@ static rf_status run_batch(rf_external_reward *x, batch *b) {
             if (!x->last_lost[0])
                 return rf_error(RF_ERR_IO, "no reward program connected to %s within %.1f s "
                                            "(%d of %d samples unscored)",
-                                ep, x->timeout_s, b->n - b->done, b->n);
+                                ep, x->timeout_s, b->c.n - b->c.done, b->c.n);
             return rf_error(RF_ERR_IO, "%s; no other reward program connected to %s within "
                                        "%.1f s (%d of %d samples unscored)",
-                            x->last_lost, ep, x->timeout_s, b->n - b->done, b->n);
+                            x->last_lost, ep, x->timeout_s, b->c.n - b->c.done, b->c.n);
         }
     }
     return RF_OK;
-}
-
-static void free_batch(batch *b) {
-    for (int i = 0; b->why && i < b->n; i++) free(b->why[i]);
-    free(b->state), free(b->owner), free(b->sends), free(b->rejects), free(b->why);
 }
 
 rf_status rf_external_reward_score(rf_external_reward *x, const rf_reward_item *items, int n,
@@ -676,29 +539,21 @@ rf_status rf_external_reward_score(rf_external_reward *x, const rf_reward_item *
         return rf_error(RF_ERR_ARG, "rf_external_reward_score: bad batch (n = %d)", n);
     if (n == 0) return RF_OK;
     free_last(x);
-    batch b = {.items = items, .n = n, .rewards = rewards, .base = x->next_id};
-    b.state = calloc((size_t)n, sizeof(int));
-    b.owner = calloc((size_t)n, sizeof(int));
-    b.sends = calloc((size_t)n, sizeof(int));
-    b.rejects = calloc((size_t)n, sizeof(int));
-    b.why = calloc((size_t)n, sizeof(char *));
+    batch b = {.items = items, .rewards = rewards};
+    int room = rf_program_calls_init(&b.c, n, x->next_id);
     rf_status st = alloc_last(x, items, n);
-    if (st == RF_OK && (!b.state || !b.owner || !b.sends || !b.rejects || !b.why))
+    if (st == RF_OK && !room)
         st = rf_error(RF_ERR_NOMEM, "out of memory for a batch of %d rewards", n);
     double now = rf_time_now();
-    for (int i = 0; i < x->n_progs; i++) x->progs[i].inflight = 0, x->progs[i].last_progress = now;
+    rf_program_pool_start_call(&x->pool, now);
     x->last_lost[0] = '\0';
     if (st == RF_OK) st = run_batch(x, &b);
     /* the next batch's ids start past every id this one used */
-    int max_sends = 1;
-    for (int i = 0; b.sends && i < n; i++)
-        if (b.sends[i] > max_sends) max_sends = b.sends[i];
-    x->next_id = b.base + (uint64_t)max_sends * (uint64_t)n;
+    x->next_id = rf_program_calls_end(&b.c);
     if (st != RF_OK) {  /* programs may still answer this batch: those answers are ignored */
-        x->failed[x->next_failed].lo = b.base, x->failed[x->next_failed].hi = x->next_id;
-        x->next_failed = (x->next_failed + 1) % (int)(sizeof x->failed / sizeof x->failed[0]);
+        rf_program_pool_fail(&x->pool, b.c.base, x->next_id);
     }
     x->ok = st == RF_OK;
-    free_batch(&b);
+    rf_program_calls_free(&b.c);
     return st;
 }
