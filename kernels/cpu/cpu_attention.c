@@ -108,15 +108,9 @@ void rf_cpu_attend_block(float *o, int os, float *lse, int ls, const float *q, i
     rf_cpu_gemm_local(0, 0, n, D, nk, 1.0f, S, nk, vb, D, 0.0f, o, os);
 }
 
-/* dst (n, D) dense = rows of src (row stride ks). */
-static void gather(float *dst, const float *src, int n, int ks, int D) {
-    for (int j = 0; j < n; j++) memcpy(dst + (size_t)j * D, src + (size_t)j * ks, sizeof(float) * (size_t)D);
-}
-
-/* The blocked path over tasks (s, h, i0) of rf_cpu_attn_tasks. */
-static void forward_blocks(float *out, float *lse, const float *q, const float *k, const float *v,
-                           const int32_t *q_off, const int32_t *k_start, const int32_t *k_len,
-                           const int32_t *tasks, int n_tasks, int max_k, int H, int KVH, int D) {
+void rf_cpu_attend_blocks(float *out, float *lse, const float *q, const int32_t *q_off, const int32_t *k_len,
+                          const int32_t *tasks, int n_tasks, int max_k, int H, int KVH, int D,
+                          rf_cpu_kv_gather gather, const void *ctx) {
     int group = H / KVH;
 #pragma omp parallel
     {
@@ -128,14 +122,27 @@ static void forward_blocks(float *out, float *lse, const float *q, const float *
             int s = tasks[3 * t], h = tasks[3 * t + 1], i0 = tasks[3 * t + 2];
             int qlen = q_off[s + 1] - q_off[s], off = k_len[s] - qlen;
             int n = qlen - i0 < RF_ATT_QB ? qlen - i0 : RF_ATT_QB, nk = i0 + n + off;
-            size_t kv0 = ((size_t)k_start[s] * KVH + h / group) * D, row = (size_t)q_off[s] + i0;
-            gather(kb, k + kv0, nk, KVH * D, D);
-            gather(vb, v + kv0, nk, KVH * D, D);
+            size_t row = (size_t)q_off[s] + i0;
+            gather(kb, ctx, s, h / group, nk, 0, D);
+            gather(vb, ctx, s, h / group, nk, 1, D);
             rf_cpu_attend_block(out + (row * H + h) * D, H * D, lse ? lse + row * H + h : NULL, H,
                                 q + (row * H + h) * D, H * D, kb, vb, n, i0, off, D, S);
         }
         free(S);
     }
+}
+
+/* The contiguous layout: rows k_start[s].. of k and v (KVH heads a row). */
+typedef struct dense_kv {
+    const float *k, *v;
+    const int32_t *k_start;
+    int KVH;
+} dense_kv;
+
+static void gather_dense(float *dst, const void *ctx, int s, int kvh, int n, int v, int D) {
+    const dense_kv *c = ctx;
+    const float *src = (v ? c->v : c->k) + ((size_t)c->k_start[s] * c->KVH + kvh) * D;
+    for (int j = 0; j < n; j++) memcpy(dst + (size_t)j * D, src + (size_t)j * c->KVH * D, sizeof(float) * (size_t)D);
 }
 
 void rf_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
@@ -146,7 +153,8 @@ void rf_cpu_attention_forward(float *out, float *lse, const float *q, const floa
     for (int s = 0; s < n_seq; s++) max_k = k_len[s] > max_k ? k_len[s] : max_k;
     int32_t *tasks = rf_cpu_attn_tasks(q_off, n_seq, H, &n_tasks, &n_short);
     RF_ASSERT(tasks);
-    if (n_tasks) forward_blocks(out, lse, q, k, v, q_off, k_start, k_len, tasks, n_tasks, max_k, H, KVH, D);
+    dense_kv kv = {k, v, k_start, KVH};
+    if (n_tasks) rf_cpu_attend_blocks(out, lse, q, q_off, k_len, tasks, n_tasks, max_k, H, KVH, D, gather_dense, &kv);
     free(tasks);
     if (!n_short) return;
 #pragma omp parallel if ((size_t)Tq * H * max_k > 4096)

@@ -57,6 +57,14 @@ int32_t *rf_cpu_attn_tasks(const int32_t *q_off, int n_seq, int H, int *n_tasks,
 void rf_cpu_attend_block(float *o, int os, float *lse, int ls, const float *q, int qs,
                          const float *kb, const float *vb, int n, int i0, int off, int D,
                          float *S);
+/* Copies the first n key rows (v = 0) or value rows (v = 1) of KV head kvh of sequence s into
+ * dst (n, D) dense: how a KV layout (contiguous, paged) is read by rf_cpu_attend_blocks. */
+typedef void (*rf_cpu_kv_gather)(float *dst, const void *ctx, int s, int kvh, int n, int v, int D);
+/* The blocked forward over the tasks (s, h, i0) of rf_cpu_attn_tasks: per task the keys and
+ * values it sees gathered, then rf_cpu_attend_block. lse (Tq, H) may be NULL. OpenMP over tasks. */
+void rf_cpu_attend_blocks(float *out, float *lse, const float *q, const int32_t *q_off, const int32_t *k_len,
+                          const int32_t *tasks, int n_tasks, int max_k, int H, int KVH, int D,
+                          rf_cpu_kv_gather gather, const void *ctx);
 void rf_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, const int32_t *cu_seqlens, int n_seq, int T,

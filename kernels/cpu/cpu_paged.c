@@ -77,37 +77,18 @@ static void attend_row_paged(float *o, const float *qi, const float *kp, const f
     }
 }
 
-/* dst (n, D) dense = the first n key (or value) rows of a paged sequence. */
-static void gather_paged(float *dst, const float *pool, const paged_seq *ps, int n, int D) {
-    for (int j = 0; j < n; j++) memcpy(dst + (size_t)j * D, pool + key_at(ps, j), sizeof(float) * (size_t)D);
-}
+/* The paged layout: a sequence's block table over the k and v pools. */
+typedef struct paged_kv {
+    const float *k_pool, *v_pool;
+    const int32_t *block_table;
+    int max_blocks, block_size, KVH;
+} paged_kv;
 
-/* The blocked path (cpu_attention.c's forward_blocks with paged keys). */
-static void paged_blocks(float *out, const float *q, const float *k_pool, const float *v_pool,
-                         const int32_t *q_off, const int32_t *block_table, int max_blocks,
-                         const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,
-                         int block_size, int H, int KVH, int D) {
-    int group = H / KVH;
-#pragma omp parallel
-    {
-        float *S = malloc(sizeof(float) * ((size_t)RF_ATT_QB + 2 * (size_t)D) * max_k);
-        RF_ASSERT(S); /* (64 + 2 D, max_k) floats per thread */
-        float *kb = S + (size_t)RF_ATT_QB * max_k, *vb = kb + (size_t)D * max_k;
-#pragma omp for schedule(dynamic, 1)
-        for (int t = 0; t < n_tasks; t++) {
-            int s = tasks[3 * t], h = tasks[3 * t + 1], i0 = tasks[3 * t + 2];
-            int qlen = q_off[s + 1] - q_off[s], off = k_len[s] - qlen;
-            int n = qlen - i0 < RF_ATT_QB ? qlen - i0 : RF_ATT_QB, nk = i0 + n + off;
-            paged_seq ps = {block_table + (size_t)s * max_blocks, block_size, KVH * D,
-                            (size_t)(h / group) * D};
-            size_t row = (size_t)q_off[s] + i0;
-            gather_paged(kb, k_pool, &ps, nk, D);
-            gather_paged(vb, v_pool, &ps, nk, D);
-            rf_cpu_attend_block(out + (row * H + h) * D, H * D, NULL, H, q + (row * H + h) * D,
-                                H * D, kb, vb, n, i0, off, D, S);
-        }
-        free(S);
-    }
+static void gather_paged(float *dst, const void *ctx, int s, int kvh, int n, int v, int D) {
+    const paged_kv *c = ctx;
+    paged_seq ps = {c->block_table + (size_t)s * c->max_blocks, c->block_size, c->KVH * D, (size_t)kvh * D};
+    const float *pool = v ? c->v_pool : c->k_pool;
+    for (int j = 0; j < n; j++) memcpy(dst + (size_t)j * D, pool + key_at(&ps, j), sizeof(float) * (size_t)D);
 }
 
 void rf_cpu_paged_attention_forward(float *out, const float *q, const float *k_pool,
@@ -120,9 +101,8 @@ void rf_cpu_paged_attention_forward(float *out, const float *q, const float *k_p
     for (int s = 0; s < n_seq; s++) max_k = k_len[s] > max_k ? k_len[s] : max_k;
     int32_t *tasks = rf_cpu_attn_tasks(q_off, n_seq, H, &n_tasks, &n_short);
     RF_ASSERT(tasks);
-    if (n_tasks)
-        paged_blocks(out, q, k_pool, v_pool, q_off, block_table, max_blocks, k_len, tasks, n_tasks,
-                     max_k, block_size, H, KVH, D);
+    paged_kv kv = {k_pool, v_pool, block_table, max_blocks, block_size, KVH};
+    if (n_tasks) rf_cpu_attend_blocks(out, NULL, q, q_off, k_len, tasks, n_tasks, max_k, H, KVH, D, gather_paged, &kv);
     free(tasks);
     if (!n_short) return;
 #pragma omp parallel if ((size_t)Tq * H * max_k > 4096)
