@@ -186,7 +186,7 @@ static const rkey KEYS[] = {
     {"reward", "programs", T_ARGVS, AT(reward.programs), "[]", NULL, "Reward programs rlflow starts itself, each an argv: [[\"python3\", \"my_reward.py\"]]. They run in rlflow's working directory, get the endpoint and keys in their environment (RLFLOW_REWARD_ENDPOINT, ...: docs/reward-api.md, \"Programs started by rlflow\"; the Python and C clients read them), write their output to <logging.dir>/reward_program_<i>.log, are restarted when they exit (reward.program_restarts) and stopped at the end of the run. Without reward.external, rlflow binds a loopback endpoint with CURVE keys made for the run. In split runs the controller process starts them."},
     {"reward", "program_restarts", T_INT, AT(reward.program_restarts), "3", NULL, "How many times each of reward.programs is started again after it exits, over the whole run; one more exit stops the run with an error naming the program, its exit status and its log."},
 
-    {"env", "type", T_ENUM, AT(env.type), "\"\"", ENV_TYPES, "\"\" = single-turn responses. \"calculator\": every sample is an episode with the built-in calculator tool: a turn that ends with a tool call <calc>EXPRESSION</calc> (the stop string \"</calc>\" is added to rollout.stop) gets <result>VALUE</result> back and the model writes on; a turn without a call ends the episode (docs/env-api.md, \"The calculator\"). \"external\": environment programs connected to env.endpoint answer each reset and turn (docs/env-api.md). The reward rules score the last turn's text; turn rewards add up with it (GRPO family: one reward per episode; PPO and REINFORCE++: each at its turn's last token). One process only (placement.mode = \"colocated\" with one rank)."},
+    {"env", "type", T_ENUM, AT(env.type), "\"\"", ENV_TYPES, "\"\" = single-turn responses. \"calculator\": every sample is an episode with the built-in calculator tool: a turn that ends with a tool call <calc>EXPRESSION</calc> (the stop string \"</calc>\" is added to rollout.stop) gets <result>VALUE</result> back and the model writes on; a turn without a call ends the episode (docs/env-api.md, \"The calculator\"). \"external\": environment programs connected to env.endpoint answer each reset and turn (docs/env-api.md). The reward rules score the last turn's text; turn rewards add up with it (GRPO family: one reward per episode; PPO and REINFORCE++: each at its turn's last token). Every deployment: in split and multi-device runs the controller owns the environment and the rollout workers run the turns (docs/env-api.md, \"Episodes in split and multi-device runs\")."},
     {"env", "endpoint", T_STR, AT(env.endpoint), "\"\"", NULL, "With env.type = \"external\": the ZeroMQ endpoint rlflow binds for environment programs, e.g. \"tcp://127.0.0.1:5558\". An endpoint other machines can reach needs CURVE (env.curve_secret and env.curve_clients) or env.insecure = true."},
     {"env", "max_turns", T_INT, AT(env.max_turns), "4", NULL, "Turns per episode at most: the environment's step after the last one says `last` and the episode ends (truncated) whatever it answers."},
     {"env", "max_total_tokens", T_INT, AT(env.max_total_tokens), "256", NULL, "Tokens after the prompt (and the reset's observation) per episode at most, generated and observed; a turn also ends at rollout.max_new_tokens tokens. An observation that would leave no room for one more token ends the episode (truncated). Must be >= rollout.max_new_tokens."},
@@ -911,7 +911,7 @@ static rf_status check_range(const rf_recipe *r, size_t i) {
 }
 
 /* [env]: an endpoint exactly with env.type = "external", its CURVE files together, room for a
- * whole turn, one process. */
+ * whole turn. */
 static rf_status validate_env(const rf_recipe *r) {
     int ext = strcmp(r->env.type, "external") == 0;
     if (ext && !r->env.endpoint[0]) return invalid(r, "env.endpoint", "is needed with env.type = \"external\"");
@@ -927,9 +927,6 @@ static rf_status validate_env(const rf_recipe *r) {
     if (!r->env.type[0]) return RF_OK;
     if (r->env.max_total_tokens < r->rollout.max_new_tokens)
         return invalid(r, "env.max_total_tokens", "must be >= rollout.max_new_tokens (a turn's limit)");
-    if (rf_recipe_multi_process(r))
-        return rf_recipe_reject_unimplemented(r, "env.type", "with several processes: multi-turn episodes run in "
-                                              "the one-process deployment for now");
     return RF_OK;
 }
 

@@ -272,8 +272,9 @@ rf_status rf__load_rewards(rf_run *run) {
     /* runs of several processes: the training worker hosts the reward model, not the controller */
     if (r->reward.model[0] && !rf_recipe_multi_process(r))
         RF_TRY(rf_reward_model_open(&run->rm, r->reward.model, run->k));
-    if (r->reward.programs.n > 0) return open_external(run);
-    if (r->reward.external[0]) {
+    if (r->reward.programs.n > 0) {
+        RF_TRY(open_external(run));
+    } else if (r->reward.external[0]) {
         rf_log_info("reward: waiting up to %.0f s for a reward program on %s", r->reward.external_timeout,
                     r->reward.external);
         rf_external_reward_config xc = {.endpoint = r->reward.external, .timeout_s = r->reward.external_timeout,
