@@ -8,8 +8,8 @@
  *    bit for bit (one process);
  *  - the calculator as a Python environment program (examples/env/calculator_env.py,
  *    env.type = "external") gives the built-in's run, bit for bit (skipped without a python3
- *    with pyzmq and protobuf);
- *  - a recipe with env.type in a split run is refused naming the key. */
+ *    with pyzmq and protobuf).
+ * Episodes in split and multi-device runs: tests/test_split_env.c. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <string.h>
@@ -122,7 +122,6 @@ int main(void) {
     CHECK(same_steps("full", "half", 4, 6));
     printf("multi-turn resume: 3 + 3 steps = 6 steps, bit for bit\n");
     python_program();
-    rf_test_refused(dir, rlflow, 0, "split", "--set placement.mode=split", "env.type");
     if (!rf_test_failed) rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_run_env");
 }
