@@ -19,18 +19,8 @@ rf_status rf__env_open(rf_run *run) {
     const rf_recipe *r = run->r;
     if (!r->env.type[0]) return RF_OK;
     if (strcmp(r->env.type, "calculator") == 0) return rf_calculator_env(&run->env);
-    rf_env_bridge_config c = {.endpoint = r->env.endpoint, .timeout_s = r->env.timeout,
-                              .curve_secret_file = r->env.curve_secret, .curve_clients_file = r->env.curve_clients,
-                              .insecure = r->env.insecure, .tick = run->env_tick, .tick_ctx = run->env_tick_ctx};
     rf_env_bridge *x;
-    RF_TRY(rf_env_bridge_listen(&x, &c));
-    rf_log_info("env: waiting up to %.0f s for an environment program on %s", r->env.timeout,
-                rf_env_bridge_endpoint(x));
-    rf_status st = rf_env_bridge_wait(x, 1, r->env.timeout);
-    if (st != RF_OK) {
-        rf_env_bridge_close(x);
-        return st;
-    }
+    RF_TRY(rf__env_bridge_open(run, &x));
     rf_env_bridge_as_env(x, &run->env);
     return RF_OK;
 }

@@ -3,6 +3,7 @@
 #define RF_RUN_INTERNAL_H
 
 #include "controller/run.h"
+#include "env/bridge.h"
 #include "model/lora.h"
 #include "rollout/rollout_tp.h"
 #include "trainer/checkpoint.h"
@@ -65,6 +66,11 @@ rf_status rf__sft_build(const rf_recipe *r, const char *dir);
  * env/ metrics set); validation by greedy episodes on the first logging.val_size validation
  * examples, scored by the training reward definition (rf__val_score: accuracy, reward). */
 rf_status rf__env_open(rf_run *run);
+/* env.type = "external": the environment bridge bound (env.endpoint, or a loopback endpoint with
+ * CURVE keys made for the run when only env.programs is set), env.programs started with the
+ * endpoint and keys in their environment (RLFLOW_ENV_*), and every program waited for (one
+ * without env.programs) up to env.timeout. Caller owns *x. */
+rf_status rf__env_bridge_open(rf_run *run, rf_env_bridge **x);
 rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, int n_prompts, int round,
                                 rf_train_sample *out, double *tokens);
 rf_status rf__eval_episodes(rf_run *run, double *acc, double *reward, double *mean_len);

@@ -53,7 +53,8 @@ rf_status rf_env_bridge_listen(rf_env_bridge **out, const rf_env_bridge_config *
                                "env.insecure", "observations and rewards", "rlflow keygen",
                                "tcp://127.0.0.1:5558", "", c->endpoint, c->curve_secret_file,
                                c->curve_clients_file, c->insecure};
-    RF_TRY(rf_program_pool_security(&sec, secret, &clients, &n_clients));
+    rf_program_direct_keys d = {c->curve_secret_key, c->curve_client_keys, c->n_curve_client_keys};
+    RF_TRY(rf_program_pool_keys(&sec, &d, secret, &clients, &n_clients));
     const char **allowed = rf_calloc((size_t)n_clients + 1, sizeof *allowed);
     rf_env_bridge *x = allowed ? rf_calloc(1, sizeof *x) : NULL;
     rf_status st = x ? RF_OK : RF_ERR_NOMEM;

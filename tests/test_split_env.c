@@ -16,7 +16,12 @@
  *    every observation token carries the version of the token before it;
  *  - per-turn rewards in PPO (GAE): the scripted environment program (examples/env/env_script.c,
  *    reward 0.5 (t + 1) + 0.01 x the turn's ids at each turn) in a split run gives the
- *    one-process run's step-1 reward, value loss and env/reward_mean bit for bit.
+ *    one-process run's step-1 reward, value loss and env/reward_mean bit for bit;
+ *  - env.programs: the scripted program started by rlflow itself (no endpoint in the recipe: a
+ *    loopback one with CURVE keys made for the run, read by the program from RLFLOW_ENV_*); in a
+ *    split run it dies at its 30th request (--once: its restart plays straight), is restarted
+ *    (the log says so, env/resent > 0) and the run gives the one-process run's rewards and
+ *    env/ metrics bit for bit for 3 steps: nothing lost, nothing doubled.
  * Skips (77) without mpirun. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
@@ -200,6 +205,42 @@ static void turn_rewards(void) {
     CHECK(rf_test_metric(dir, runs[0], 1, "env/reward_mean") > 1.0); /* two turns: 0.5 + 1.0 + 0.01 x ids */
 }
 
+/* env.programs: a program rlflow starts dies and is restarted; nothing lost or doubled. */
+static void started_programs(void) {
+    const char *script = getenv("RF_ENV_SCRIPT");
+    if (!script) {
+        printf("skipped: env.programs (RF_ENV_SCRIPT not set)\n");
+        return;
+    }
+    const char *names[2] = {"progs_one", "progs_die"};
+    char *logs[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "--set env.type=external --set 'env.programs=[[\"%s\", \"--turns\", \"2\"%s%s%s]]' %s",
+                 script, i ? ", \"--mode\", \"die\", \"--after\", \"30\", \"--once\", \"" : "", i ? dir : "",
+                 i ? "/died\"" : "", i ? "--set placement.mode=split --set placement.rollout_ranks=1" : "");
+        int rc = rf_test_run_recipe(&logs[i], dir, rlflow, names[i], args);
+        CHECK(rc == 0);
+        if (rc) fprintf(stderr, "%s\n", logs[i] ? logs[i] : "");
+    }
+    CHECK(logs[1] && strstr(logs[1], "env.programs[0] (") && strstr(logs[1], "exited with status 9; restart 1 of 3"));
+    double resent = 0;
+    for (int s = 1; s <= 3; s++) {
+        resent += rf_test_metric(dir, names[1], s, "env/resent");
+        static const char *const keys[] = {"reward/mean", "reward/std", "env/reward_mean", "env/turns_mean",
+                                           "response/length_mean"};
+        for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+            double a = rf_test_metric(dir, names[0], s, keys[k]), b = rf_test_metric(dir, names[1], s, keys[k]);
+            CHECK(!isnan(a) && a == b);
+            if (!(a == b)) fprintf(stderr, "step %d %s: one process %.17g, split with a death %.17g\n", s, keys[k], a, b);
+        }
+    }
+    printf("env.programs: the program rlflow started died at its 30th request and was restarted; %.0f requests "
+           "re-sent; 3 steps' rewards and env/ metrics equal the one-process run's\n", resent);
+    CHECK(resent > 0);
+    free(logs[0]), free(logs[1]);
+}
+
 int main(void) {
     int start = rf_test_split_start("test_split_env", &rlflow, dir, sizeof dir);
     if (start) return start;
@@ -212,6 +253,7 @@ int main(void) {
     same_samples("one", "colo", 1);
     stale_run();
     turn_rewards();
+    started_programs();
     if (!rf_test_failed) rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_env");
 }
