@@ -21,7 +21,11 @@
  *    loopback one with CURVE keys made for the run, read by the program from RLFLOW_ENV_*); in a
  *    split run it dies at its 30th request (--once: its restart plays straight), is restarted
  *    (the log says so, env/resent > 0) and the run gives the one-process run's rewards and
- *    env/ metrics bit for bit for 3 steps: nothing lost, nothing doubled.
+ *    env/ metrics bit for bit for 3 steps: nothing lost, nothing doubled;
+ *  - a bounded wait: the only program goes silent mid-run with env.timeout = 4 s longer than
+ *    async.peer_timeout = 2 s: the split run fails with the environment's error naming the
+ *    request it waited for, not with a controller the workers took for dead (the controller
+ *    keeps its workers pinged while it waits on the environment).
  * Skips (77) without mpirun. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
@@ -32,6 +36,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "spawn_util.h"
 #include "test_shell.h"
 #include "run_util.h"
 #include "test_util.h"
@@ -241,6 +246,34 @@ static void started_programs(void) {
     free(logs[0]), free(logs[1]);
 }
 
+/* A silent environment in a split run: the environment's error, within its deadlines. */
+static void silent_environment(void) {
+    const char *script = getenv("RF_ENV_SCRIPT");
+    if (!script) {
+        printf("skipped: a silent environment (RF_ENV_SCRIPT not set)\n");
+        return;
+    }
+    char ep[300], log[300];
+    snprintf(ep, sizeof ep, "ipc://%s/hang.sock", dir);
+    snprintf(log, sizeof log, "%s/hang_env.log", dir);
+    char *argv[] = {(char *)script, "--connect", ep, "--turns", "2", "--mode", "silent", "--after", "40", NULL};
+    pid_t p = rf_test_spawn(argv, log);
+    CHECK(p > 0);
+    char *out = NULL;
+    int rc = rf_test_sh(&out, "cd %s && timeout 120 %s run r.toml --set logging.dir=%s/hang --set env.type=external "
+                        "--set env.endpoint=%s --set env.timeout=4 --set async.peer_timeout=2 --set placement.mode=split "
+                        "--set placement.rollout_ranks=1", dir, rlflow, dir, ep);
+    rf_test_kill(p); /* silent: it would sleep on */
+    CHECK(rc != 0 && rc != 124);
+    int named = out && strstr(out, "sent nothing for 4.0 s while answering request 40 (") &&
+                strstr(out, "no other environment program connected to ipc://");
+    CHECK(named);
+    CHECK(out && !strstr(out, "(async.peer_timeout): it is gone or stuck"));
+    if (!named) fprintf(stderr, "%s\n", out ? out : "");
+    else printf("a silent environment: the split run failed naming the request it waited for, its workers still pinged\n");
+    free(out);
+}
+
 int main(void) {
     int start = rf_test_split_start("test_split_env", &rlflow, dir, sizeof dir);
     if (start) return start;
@@ -254,6 +287,7 @@ int main(void) {
     stale_run();
     turn_rewards();
     started_programs();
+    silent_environment();
     if (!rf_test_failed) rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_env");
 }
