@@ -9,7 +9,8 @@
  *    and gradient norm to 1e-4 relative (the rollout worker batches other sequences together,
  *    so behaviour log-probs may differ in the last bits);
  *  - colocated on 2 devices (placement.actor.dp = 2): the same samples as the one-process run
- *    at step 1;
+ *    at steps 1-2, and step 2's gradient norm and entropy (masked tokens out) to 1e-5 relative
+ *    (fp32 sums over two ranks);
  *  - split run, staleness 1, 8 steps: the episodes use the tool (more than one turn and some
  *    observation tokens per episode on average) and get answers right (some reward); every
  *    logged token's version v satisfies step - 2 <= v <= step - 1 (the staleness bound k = 1),
@@ -25,7 +26,10 @@
  *  - a bounded wait: the only program goes silent mid-run with env.timeout = 4 s longer than
  *    async.peer_timeout = 2 s: the split run fails with the environment's error naming the
  *    request it waited for, not with a controller the workers took for dead (the controller
- *    keeps its workers pinged while it waits on the environment).
+ *    keeps its workers pinged while it waits on the environment);
+ *  - a controller that never answers a turn (test hook RF_TEST_IGNORE_TURNS): the rollout
+ *    worker fails after env.timeout x 4 + async.peer_timeout seconds naming the turn, the
+ *    request and the sample it waited for.
  * Skips (77) without mpirun. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
@@ -274,6 +278,21 @@ static void silent_environment(void) {
     free(out);
 }
 
+/* The rollout worker's bounded wait for its turns' answers. */
+static void unanswered_turns(void) {
+    char *out = NULL;
+    int rc = rf_test_sh(&out, "cd %s && RF_TEST_IGNORE_TURNS=1 timeout 120 %s run r.toml --set logging.dir=%s/ignored "
+                        "--set env.timeout=1 --set async.peer_timeout=2 --set placement.mode=split "
+                        "--set placement.rollout_ranks=1", dir, rlflow, dir);
+    CHECK(rc != 0 && rc != 124);
+    int named = out && strstr(out, "the controller did not answer turn 0 of request ") &&
+                strstr(out, " within 6 s (EnvObservations; env.timeout x 4 attempts + async.peer_timeout)");
+    CHECK(named);
+    if (!named) fprintf(stderr, "%s\n", out ? out : "");
+    else printf("a controller that never answers a turn: the rollout worker failed after 6 s naming the turn\n");
+    free(out);
+}
+
 int main(void) {
     int start = rf_test_split_start("test_split_env", &rlflow, dir, sizeof dir);
     if (start) return start;
@@ -282,12 +301,20 @@ int main(void) {
     CHECK(run("split", "--set placement.mode=split --set placement.rollout_ranks=1 --set async.max_staleness=0") == 0);
     same_samples("one", "split", 3);
     same_metrics("one", "split", 3);
-    CHECK(run("colo", "--set placement.actor.dp=2 --set train.steps=1") == 0);
-    same_samples("one", "colo", 1);
+    CHECK(run("colo", "--set placement.actor.dp=2 --set train.steps=2") == 0);
+    same_samples("one", "colo", 2);
+    /* the loss mask reaches both data-parallel ranks: step 2's update (reward > 0) agrees to fp32 sums */
+    for (int k = 0; k < 2; k++) {
+        const char *key = k ? "actor/entropy" : "actor/grad_norm";
+        double a = rf_test_metric(dir, "one", 2, key), b = rf_test_metric(dir, "colo", 2, key);
+        printf("colocated dp = 2, step 2 %s: one process %.9g, colocated %.9g\n", key, a, b);
+        CHECK(a > 0 && fabs(a - b) <= 1e-5 * a);
+    }
     stale_run();
     turn_rewards();
     started_programs();
     silent_environment();
+    unanswered_turns();
     if (!rf_test_failed) rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_env");
 }
