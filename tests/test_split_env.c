@@ -29,7 +29,12 @@
  *    keeps its workers pinged while it waits on the environment);
  *  - a controller that never answers a turn (test hook RF_TEST_IGNORE_TURNS): the rollout
  *    worker fails after env.timeout x 4 + async.peer_timeout seconds naming the turn, the
- *    request and the sample it waited for.
+ *    request and the sample it waited for;
+ *  - reward programs beside [env] (reward.programs = the length judge, examples/reward): the
+ *    episodes run (env/turns_mean is logged: the environment was not opened at all with
+ *    reward.programs before) and validation scores the episodes with the program too: val/reward
+ *    is logged, above val/accuracy (the judge's part, 1 - |len - 64| / 64 > 0 for these short
+ *    responses), the same in one process and in a split run.
  * Skips (77) without mpirun. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
@@ -293,6 +298,30 @@ static void unanswered_turns(void) {
     free(out);
 }
 
+/* [env] with reward.programs: training and validation scored by the programs too. */
+static void env_with_reward_programs(void) {
+    const char *judge = getenv("RF_LENGTH_JUDGE");
+    if (!judge) {
+        printf("skipped: [env] with reward.programs (RF_LENGTH_JUDGE not set)\n");
+        return;
+    }
+    const char *names[2] = {"judged_one", "judged_split"};
+    for (int i = 0; i < 2; i++) {
+        char args[800];
+        snprintf(args, sizeof args, "--set train.steps=1 --set 'reward.programs=[[\"%s\"]]' %s", judge,
+                 i ? "--set placement.mode=split --set placement.rollout_ranks=1" : "");
+        CHECK(run(names[i], args) == 0);
+    }
+    double acc[2], rew[2];
+    for (int i = 0; i < 2; i++) {
+        acc[i] = rf_test_metric(dir, names[i], 1, "val/accuracy"), rew[i] = rf_test_metric(dir, names[i], 1, "val/reward");
+        CHECK(rf_test_metric(dir, names[i], 1, "env/turns_mean") >= 1);
+    }
+    printf("[env] with reward.programs, validation after step 1: accuracy %.4f / %.4f, reward %.6f / %.6f (one "
+           "process / split)\n", acc[0], acc[1], rew[0], rew[1]);
+    CHECK(!isnan(rew[0]) && rew[0] == rew[1] && acc[0] == acc[1] && rew[0] > acc[0] + 0.05);
+}
+
 int main(void) {
     int start = rf_test_split_start("test_split_env", &rlflow, dir, sizeof dir);
     if (start) return start;
@@ -315,6 +344,7 @@ int main(void) {
     started_programs();
     silent_environment();
     unanswered_turns();
+    env_with_reward_programs();
     if (!rf_test_failed) rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_env");
 }
