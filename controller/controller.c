@@ -9,6 +9,7 @@
 #include "common/util.h"
 #include "controller/buffer.h"
 #include "controller/controller.h"
+#include "controller/episodes_split.h"
 #include "controller/interrupt.h"
 #include "controller/run_internal.h"
 #include "trainer/checkpoint.h"
@@ -86,6 +87,7 @@ typedef struct ctl {
     double gen_tokens, last_step_at;
     /* reward programs' named components since the last batch: mean of the groups' means */
     int64_t dropped_dynamic, dyn_since_batch;
+    rf_split_eps *eps;    /* [env]: the episodes the rollout workers run (controller/episodes_split.h) */
 } ctl;
 
 static int g_interrupted; /* the last rf_controller_main stopped on a signal, its checkpoint written */
@@ -167,6 +169,7 @@ static rf_status send_generate(ctl *c, group *g, int greedy) {
     q.request_id = g->req, q.n_prompt_ids = (size_t)g->ex->n_prompt, q.prompt_ids = g->ex->prompt_ids;
     q.n = g->n, q.sampling = &sp, q.group_id = g->id, q.greedy = greedy;
     q.min_version = served_version(c);
+    if (c->eps) RF_TRY(rf_split_eps_begin(c->eps, &q, g->ex, g->n, g->id)); /* [env]: reset, first observations */
     g->worker = best;
     c->rw[best].groups++;
     rf_status st = rf_msg_server_send(c->srv, c->rw[best].peer, RF_MSG_GENERATE_REQUEST, &q.base);
@@ -309,6 +312,7 @@ static rf_status group_scored(ctl *c, group *g) {
         c->dyn_since_batch < (int64_t)r->algorithm.max_resample_rounds * r->rollout.prompts_per_step) {
         c->dropped_dynamic++, c->dyn_since_batch++;
         rf_buffer_discard(c->buf, g->id);
+        rf_split_eps_dropped(c->eps, g->id);
         unlink_group(c, g);
         group_free(g);
         return RF_OK;
@@ -343,7 +347,7 @@ static rf_status on_sample(ctl *c, int peer, const Rlflow__Sample *m) {
                         peer_desc(c, peer), (unsigned long long)m->request_id);
     int nr = (int)m->n_tokens;
     if (m->index < 0 || m->index >= g->n || g->s[m->index].tokens || nr < 1 ||
-        m->n_logprobs != m->n_tokens || m->n_versions != m->n_tokens || m->prompt_len != g->ex->n_prompt)
+        m->n_logprobs != m->n_tokens || m->n_versions != m->n_tokens || (!c->eps && m->prompt_len != g->ex->n_prompt))
         return rf_error(RF_ERR_FORMAT, "%s sent a malformed Sample for request %llu (index %d, %d tokens, %zu log-probs, %zu versions, prompt %d)",
                         peer_desc(c, peer), (unsigned long long)m->request_id, m->index, nr,
                         m->n_logprobs, m->n_versions, m->prompt_len);
@@ -352,14 +356,17 @@ static rf_status on_sample(ctl *c, int peer, const Rlflow__Sample *m) {
      * the training worker's announcement */
     int64_t last = m->versions[nr - 1];
     rollout_peer *rp = find_rw(c, peer);
-    if (!rp || last != rp->version || m->weights_checksum != rp->crc)
+    /* [env]: an episode ends when the environment's answer comes, maybe after newer weights
+     * arrived: its last token may be older than the version served (never newer) */
+    if (!rp || (c->eps ? last > rp->version : last != rp->version) || m->weights_checksum != rp->crc)
         return rf_error(RF_ERR_FORMAT, "%s finished request %llu with weights version %lld, checksum %08x; it reported serving version %d, checksum %08x",
                         peer_desc(c, peer), (unsigned long long)m->request_id, (long long)last,
                         m->weights_checksum, rp ? rp->version : -1, rp ? rp->crc : 0);
     rf_train_sample *s = &g->s[m->index];
     s->group = 0;
-    RF_TRY(rf__sample_init(&c->run, s, g->ex->prompt_ids, g->ex->n_prompt, m->tokens, m->logprobs, nr, m->text,
-                           g->ex->answer));
+    if (c->eps) RF_TRY(rf_split_eps_sample(c->eps, peer_desc(c, peer), m, g->ex, s)); /* [env] */
+    else RF_TRY(rf__sample_init(&c->run, s, g->ex->prompt_ids, g->ex->n_prompt, m->tokens, m->logprobs, nr, m->text,
+                                g->ex->answer));
     memcpy(s->prox_logp, m->logprobs, sizeof(float) * (size_t)nr);
     for (int t = 0; t < nr; t++) {
         s->versions[t] = (int)m->versions[t];
@@ -369,14 +376,17 @@ static rf_status on_sample(ctl *c, int peer, const Rlflow__Sample *m) {
     if (++g->n_done < g->n) return RF_OK;
     if (g->worker >= 0 && g->worker < c->n_rw) c->rw[g->worker].groups--;
     if (g->id < 0) { /* validation: the training reward definition (rf__val_score) */
-        rf_val_response v = {g->ex, s->text, s->tokens + s->n_prompt, nr};
+        rf_val_response v = {g->ex, s->text, s->tokens + s->n_prompt, nr,
+                             c->eps ? rf_split_eps_last_text(c->eps, g->req, 0) : NULL};
         RF_TRY(rf__val_score(&c->run, &v, 1, &c->val_acc, &c->val_reward));
+        rf_split_eps_forget(c->eps, g->req);
         c->val_len += nr;
         unlink_group(c, g);
         group_free(g);
         if (--c->val_out == 0) finish_validation(c);
         return RF_OK;
     }
+    rf_split_eps_forget(c->eps, g->req);
     return group_complete(c, g);
 }
 
@@ -423,6 +433,7 @@ static void pack_sample(Rlflow__TrainSample *t, rf_train_sample *s, int group, i
     t->n_values = with_val ? (size_t)s->n_resp : 0, t->values = s->values;
     t->n_ref_logp = with_ref ? (size_t)s->n_resp : 0, t->ref_logp = s->ref_logp;
     t->reward = s->reward, t->group = group;
+    if (s->loss_mask) t->loss_mask = (ProtobufCBinaryData){(size_t)s->n_resp, s->loss_mask}; /* [env] */
 }
 
 static rf_status try_train(ctl *c) {
@@ -440,7 +451,7 @@ static rf_status try_train(ctl *c) {
     }
     int n_stale = 0, depth = rf_buffer_depth(c->buf);
     int ok = rf_buffer_take(c->buf, c->run.step, taken, stale, cap, &n_stale);
-    for (int i = 0; i < n_stale; i++) group_free(stale[i]);
+    for (int i = 0; i < n_stale; i++) rf_split_eps_dropped(c->eps, ((group *)stale[i])->id), group_free(stale[i]);
     free(stale);
     if (!ok) {
         free(taken);
@@ -450,7 +461,8 @@ static rf_status try_train(ctl *c) {
     Rlflow__TrainSample *ts = calloc((size_t)(P * n), sizeof *ts);
     Rlflow__TrainSample **tp = calloc((size_t)(P * n), sizeof *tp);
     const rf_example **exs = calloc((size_t)P, sizeof *exs); /* each group's example (sample logs) */
-    rf_status st = s && ts && tp && exs ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    int64_t *gids = calloc((size_t)P, sizeof *gids);         /* each group's admission id ([env] metrics) */
+    rf_status st = s && ts && tp && exs && gids ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     int hist[64] = {0}, max_st = 0;
     double st_sum = 0;
     for (int gi = 0; st == RF_OK && gi < P; gi++) {
@@ -465,7 +477,7 @@ static rf_status try_train(ctl *c) {
             hist[lag < 63 ? lag : 63]++, st_sum += lag;
             if (lag > max_st) max_st = lag;
         }
-        exs[gi] = g->ex;
+        exs[gi] = g->ex, gids[gi] = g->id;
         free(g->s);
         g->s = NULL;
         free(g);
@@ -492,6 +504,7 @@ static rf_status try_train(ctl *c) {
         rf_metrics_set(mt, "async/stale_dropped", (double)rf_buffer_stale_dropped(c->buf));
         if (r->algorithm.dynamic_sampling) rf_metrics_set(mt, "rollout/dropped_groups", (double)c->dropped_dynamic);
         rf__external_metrics(&c->run, mt);
+        rf_split_eps_metrics(c->eps, gids, P, mt);
         c->mean_kl = mean_kl;
         c->dyn_since_batch = 0;
         st = rf__log_samples(&c->run, c->run.step + 1, s, exs, count);
@@ -506,7 +519,7 @@ static rf_status try_train(ctl *c) {
         c->batch_out = 1, c->batch_sent_at = rf_time_now();
     }
     for (int i = 0; s && i < count; i++) rf_train_sample_free(&s[i]);
-    free(s), free(ts), free(tp), free(exs);
+    free(s), free(ts), free(tp), free(exs), free(gids);
     return st;
 }
 
@@ -632,6 +645,24 @@ static void refuse_worker(ctl *c, const rf_msg_event *ev, const char *why) {
     rf_msg_server_drop(c->srv, ev->peer, RF_ERR_ARG, text, 0);
 }
 
+/* [env]: a rollout worker's turns that ended, answered by the environment. */
+static rf_status on_env_turns(ctl *c, int peer, const Rlflow__EnvTurns *m) {
+    if (!c->eps || !find_rw(c, peer))
+        return rf_error(RF_ERR_FORMAT, "%s sent EnvTurns, and %s", peer_desc(c, peer),
+                        c->eps ? "it is not a rollout worker" : "this run has no [env]");
+    Rlflow__EnvObservations a;
+    RF_TRY(rf_split_eps_turns(c->eps, peer_desc(c, peer), m, &a));
+    rf_status st = rf_msg_server_send(c->srv, peer, RF_MSG_ENV_OBSERVATIONS, &a.base);
+    rf_split_eps_reply_free(&a);
+    return st;
+}
+
+/* run.env_tick: the workers are pinged while the controller waits on the environment. */
+static rf_status keepalive(void *ctx) {
+    rf_msg_server_keepalive(((ctl *)ctx)->srv);
+    return RF_OK;
+}
+
 /* ---- the loop ------------------------------------------------------------------------- */
 
 static rf_status on_event(ctl *c, rf_msg_event *ev) {
@@ -653,6 +684,7 @@ static rf_status on_event(ctl *c, rf_msg_event *ev) {
     if (m->type != RF_MSG_HEARTBEAT && m->type != RF_MSG_ERROR) c->last_progress = rf_time_now();
     switch (m->type) {
     case RF_MSG_SAMPLE: return on_sample(c, ev->peer, (Rlflow__Sample *)m->pb);
+    case RF_MSG_ENV_TURNS: return on_env_turns(c, ev->peer, (Rlflow__EnvTurns *)m->pb);
     case RF_MSG_SCORE_RESPONSE: return on_score(c, (Rlflow__ScoreResponse *)m->pb);
     case RF_MSG_TRAIN_STATS: return on_train_stats(c, (Rlflow__TrainStats *)m->pb);
     case RF_MSG_WEIGHTS_UPDATE: return on_weights_update(c, (Rlflow__WeightsUpdate *)m->pb);
@@ -832,7 +864,9 @@ static rf_status setup(ctl *c, const rf_recipe *r, int resume) {
     RF_TRY(rf__run_state_init(run, r));
     RF_TRY(rf_tokenizer_load_dir(&run->tok, r->model.path));
     RF_TRY(rf__load_data(run));
+    run->env_tick = keepalive, run->env_tick_ctx = c;
     RF_TRY(rf__load_rewards(run));
+    RF_TRY(rf_split_eps_open(&c->eps, run));
     if (resume) RF_TRY(rf__run_resume(run, NULL, NULL));
     c->cap = r->async.buffer_groups > 0 ? r->async.buffer_groups
                                         : r->rollout.prompts_per_step * (r->async.max_staleness + 1);
@@ -865,6 +899,7 @@ rf_status rf_controller_main(const rf_recipe *r, int resume, rf_msg_server *srv,
     }
     free(c->bucket);
     free(c->rw_of_peer);
+    rf_split_eps_close(c->eps);
     if (c->buf) {
         void *out[1], **stale = malloc(sizeof(void *) * (size_t)(c->cap + 1));
         int ns = 0;

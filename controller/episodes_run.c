@@ -19,18 +19,8 @@ rf_status rf__env_open(rf_run *run) {
     const rf_recipe *r = run->r;
     if (!r->env.type[0]) return RF_OK;
     if (strcmp(r->env.type, "calculator") == 0) return rf_calculator_env(&run->env);
-    rf_env_bridge_config c = {.endpoint = r->env.endpoint, .timeout_s = r->env.timeout,
-                              .curve_secret_file = r->env.curve_secret, .curve_clients_file = r->env.curve_clients,
-                              .insecure = r->env.insecure};
     rf_env_bridge *x;
-    RF_TRY(rf_env_bridge_listen(&x, &c));
-    rf_log_info("env: waiting up to %.0f s for an environment program on %s", r->env.timeout,
-                rf_env_bridge_endpoint(x));
-    rf_status st = rf_env_bridge_wait(x, 1, r->env.timeout);
-    if (st != RF_OK) {
-        rf_env_bridge_close(x);
-        return st;
-    }
+    RF_TRY(rf__env_bridge_open(run, &x));
     rf_env_bridge_as_env(x, &run->env);
     return RF_OK;
 }
@@ -125,14 +115,15 @@ rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, int n_
     return st;
 }
 
-rf_status rf__eval_episodes(rf_run *run, double *acc, double *mean_len) {
+rf_status rf__eval_episodes(rf_run *run, double *acc, double *reward, double *mean_len) {
     const rf_recipe *r = run->r;
     int size = rf_dataset_size(run->val), n = r->logging.val_size;
     n = n <= 0 || n > size ? size : n;
     rf_reward_item *items = calloc((size_t)n + 1, sizeof *items);
     char **meta = calloc((size_t)n + 1, sizeof *meta);
     rf_episode *eps = calloc((size_t)n + 1, sizeof *eps);
-    rf_status st = items && meta && eps ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for validation");
+    rf_val_response *v = calloc((size_t)n + 1, sizeof *v);
+    rf_status st = items && meta && eps && v ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for validation");
     for (int i = 0; st == RF_OK && i < n; i++) items[i] = example_item(rf_dataset_get(run->val, i), i, &meta[i]);
     rf_episode_opts eo = {r->env.max_turns, r->env.max_total_tokens, run->tok};
     rf_rollout_request q = episode_request(run, 1);
@@ -142,16 +133,17 @@ rf_status rf__eval_episodes(rf_run *run, double *acc, double *mean_len) {
     if (st == RF_OK) st = rf_episodes_run(run->engine, &run->env, &eo, items, n, 1, &q, 0, 1ull << 63, eps);
     if (st == RF_OK) st = rf__rollout_pause(r, run->engine, -1);
     if (run->env.take_stats) run->env.take_stats(run->env.ctx); /* training's metrics count training's calls */
-    double correct = 0, len = 0;
+    /* the training reward definition: the rules on the last turn, the reward model and the
+     * reward programs on the whole response (rf__val_score) */
+    double correct = 0, len = 0, total = 0;
     for (int i = 0; st == RF_OK && i < n; i++) {
-        float reward, a;
-        st = rf_reward_rules_score(run->rules, eps[i].last_text, eps[i].n, items[i].truth, &reward, &a);
-        correct += isnan(a) ? reward : a;
+        v[i] = (rf_val_response){rf_dataset_get(run->val, i), eps[i].text, eps[i].ids, eps[i].n, eps[i].last_text};
         len += eps[i].n;
     }
-    *acc = n ? correct / n : 0, *mean_len = n ? len / n : 0;
+    if (st == RF_OK) st = rf__val_score(run, v, n, &correct, &total);
+    *acc = n ? correct / n : 0, *reward = n ? total / n : 0, *mean_len = n ? len / n : 0;
     for (int i = 0; eps && i < n; i++) rf_episode_free(&eps[i]);
     for (int i = 0; meta && i < n; i++) free(meta[i]);
-    free(items), free(meta), free(eps);
+    free(items), free(meta), free(eps), free(v);
     return st;
 }

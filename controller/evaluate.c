@@ -106,7 +106,8 @@ rf_status rf__val_score(rf_run *run, const rf_val_response *v, int n, double *ac
     rf_status st = total && acc ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for validation");
     for (int i = 0; st == RF_OK && i < n; i++) {
         float r;
-        st = rf_reward_rules_score(run->rules, v[i].text ? v[i].text : "", v[i].n_ids, v[i].ex->answer, &r, &acc[i]);
+        const char *text = v[i].rules_text ? v[i].rules_text : v[i].text ? v[i].text : "";
+        st = rf_reward_rules_score(run->rules, text, v[i].n_ids, v[i].ex->answer, &r, &acc[i]);
         total[i] = r;
     }
     if (st == RF_OK && run->rm && n) st = add_model(run, v, n, total);
@@ -131,7 +132,7 @@ rf_status rf__validate(rf_run *run, int n, double *acc, double *reward, double *
                                  : rf_error(RF_ERR_NOMEM, "out of memory for validation");
     double len = 0, acc_sum = 0, reward_sum = 0;
     for (int i = 0; s == RF_OK && i < n; i++) {
-        v[i] = (rf_val_response){ex[i], out[i].text, out[i].tokens, out[i].n_tokens};
+        v[i] = (rf_val_response){ex[i], out[i].text, out[i].tokens, out[i].n_tokens, NULL};
         len += out[i].n_tokens;
     }
     if (s == RF_OK) s = rf__val_score(run, v, n, &acc_sum, &reward_sum);

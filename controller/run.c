@@ -17,7 +17,7 @@ static rf_status validate_now(rf_run *run, double *acc) {
     const rf_recipe *r = run->r;
     if (!run->val) return RF_OK;
     double len, reward = 0;
-    if (run->env.call) RF_TRY(rf__eval_episodes(run, acc, &len)); /* [env]: the same episodes, greedy */
+    if (run->env.call) RF_TRY(rf__eval_episodes(run, acc, &reward, &len)); /* [env]: the same episodes, greedy */
     else RF_TRY(rf__validate(run, r->logging.val_size, acc, &reward, &len));
     rf__val_metrics(run, *acc, reward, len);
     return RF_OK;
