@@ -319,12 +319,13 @@ static void measure_baseline(hw_baseline *hw, int M, int N, int K, int quick) {
 
 /* ------------------------------------------------ timed kernel table (--profile) ---- */
 
-enum { OP_MM_F, OP_MM_B, OP_ATT_F, OP_ATT_B, OP_LP_F, OP_LP_B, OP_NORM_F, OP_NORM_B, OP_ROPE,
+enum { OP_MM_F, OP_MM_B, OP_ATT_F, OP_ATT_B, OP_LP_F, OP_LP_B, OP_NORM_F, OP_NORM_B, OP_ADD_NORM_F, OP_ROPE,
        OP_SWIGLU_F, OP_SWIGLU_B, OP_EMB_F, OP_EMB_B, OP_ADAMW, OP_PAGED_ATT, OP_PAGED_KV,
        OP_ADD, OP_SCALE, OP_SUMSQ, OP_COPY, OP_ZERO, OP_N };
 static const char *op_names[OP_N] = {
     "matmul_forward", "matmul_backward", "attention_forward", "attention_backward",
-    "logprob_forward", "logprob_backward", "rmsnorm_forward", "rmsnorm_backward", "rope",
+    "logprob_forward", "logprob_backward", "rmsnorm_forward", "rmsnorm_backward",
+    "add_rmsnorm_forward", "rope",
     "swiglu_forward", "swiglu_backward", "embedding_forward", "embedding_backward", "adamw",
     "paged_attention_forward", "paged_kv_write", "add_inplace", "scale", "sum_squares", "copy",
     "zero"};
@@ -381,7 +382,7 @@ static void t_rope_qk(float *q, float *k, const int32_t *p, const float *f, int 
     TIMED(OP_ROPE, 0, base_k->rope_qk(q, k, p, f, T, H, KVH, D, s));
 }
 static void t_add_norm_f(float *x, float *o, float *r, const float *a, const float *w, int N, int C, float e) {
-    TIMED(OP_NORM_F, 0, base_k->add_rmsnorm_forward(x, o, r, a, w, N, C, e));
+    TIMED(OP_ADD_NORM_F, 0, base_k->add_rmsnorm_forward(x, o, r, a, w, N, C, e));
 }
 static void t_sw_f(float *o, const float *g, const float *u, size_t n) {
     TIMED(OP_SWIGLU_F, 0, base_k->swiglu_forward(o, g, u, n));

@@ -197,7 +197,8 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
  * matrices stay bf16 (m->wbf16; 2 bytes per weight instead of 4, no fp32 copy) and products use
  * them as operands directly; norms and biases are fp32. Results are bit for bit those of
  * rf_model_load at the same precision (rounding a bf16 value to bf16 changes nothing). Otherwise
- * exactly rf_model_load, with a log line saying why. Such a model refuses training, reading
+ * exactly rf_model_load (with a log line saying why where the checkpoint is BF16 and the
+ * precision bf16 but the back end cannot). Such a model refuses training, reading
  * parameters in (rf_model_load_params) and sharing them (rf_model_share_params); saving widens
  * the bf16 values (exact). Adapters (model/lora.h) must not be attached to it. */
 rf_status rf_model_load_frozen(rf_model **out, const char *dir, const rf_kernels *k, int value_head);

@@ -52,12 +52,9 @@ rf_status rf_model_check_unused(const rf_model *m, const rf_safetensors *st, con
 }
 
 /* Why a frozen load of checkpoint st cannot keep m's matrices in bf16, written into why (n
- * bytes); 0 when it can. */
+ * bytes): 0 when it can, 1 for the usual reasons (fp32 precision, a checkpoint not in BF16),
+ * 2 when a BF16 checkpoint at bf16 precision still loads as fp32 (worth a log line). */
 static int frozen_obstacle(const rf_model *m, const rf_safetensors *st, char *why, size_t n) {
-    if (!m->k->bind_bf16 || strcmp(m->k->name, "cpu") != 0) {
-        snprintf(why, n, "the %s back end does not read bf16 weights in place", m->k->name);
-        return 1;
-    }
     if (m->k->get_precision() != RF_PRECISION_BF16) {
         snprintf(why, n, "the precision is fp32");
         return 1;
@@ -68,6 +65,10 @@ static int frozen_obstacle(const rf_model *m, const rf_safetensors *st, char *wh
             snprintf(why, n, "tensor \"%s\" is stored as %s, not BF16", t->name, rf_dtype_name(t->dtype));
             return 1;
         }
+    }
+    if (!m->k->bind_bf16 || strcmp(m->k->name, "cpu") != 0) {
+        snprintf(why, n, "the %s back end does not read bf16 weights in place yet", m->k->name);
+        return 2;
     }
     return 0;
 }
@@ -88,8 +89,8 @@ static rf_status read_params_frozen(rf_model *m, const rf_safetensors *st, const
         else RF_TRY(rf_st_read_f32(st, v->name, m->params + v->offset, v->shape, v->ndim));
     }
     RF_TRY(m->k->bind_bf16(m->params, m->wbf16, m->n_params));
-    rf_log_info("%s: frozen weights kept in bf16 as stored (%zu MB, no fp32 copy)", dir,
-                m->n_params * sizeof(uint16_t) >> 20);
+    rf_log_info("%s: frozen weights kept in bf16 as stored (%.1f MB, no fp32 copy)", dir,
+                (double)(m->n_params * sizeof(uint16_t)) / (1 << 20));
     return RF_OK;
 }
 
@@ -107,11 +108,11 @@ static rf_status model_load(rf_model **out, const char *dir, const rf_kernels *k
     float *host = NULL;
     rf_status s = rf_model_init(&m, &cfg, k);
     if (s == RF_OK) s = rf_model_check_unused(m, st, dir);
-    if (s == RF_OK && frozen && !frozen_obstacle(m, st, why, sizeof why)) {
+    int obstacle = s == RF_OK && frozen ? frozen_obstacle(m, st, why, sizeof why) : 1;
+    if (s == RF_OK && !obstacle) {
         s = read_params_frozen(m, st, dir);
     } else if (s == RF_OK) {
-        if (frozen && k->get_precision() == RF_PRECISION_BF16)
-            rf_log_info("%s: weights loaded as fp32: %s", dir, why);
+        if (obstacle == 2) rf_log_info("%s: weights loaded as fp32: %s", dir, why);
         s = rf__host_staging(k, m->params, m->n_params, &host, dir);
         if (s == RF_OK) s = read_params(m, st, host, dir);
         rf__host_staging_done(k, m->params, m->n_params, host, s == RF_OK);

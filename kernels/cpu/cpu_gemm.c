@@ -35,6 +35,7 @@
 #include <dnnl.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,7 +88,8 @@ static int g_bf16_native = -1; /* -1 not probed */
 static void *g_scratch;
 static size_t g_scratch_cap;
 static bf16_bind g_bind[BIND_SLOTS];
-static int g_n_bind; /* bound ranges; read under g_lock */
+static _Atomic int g_n_bind; /* bound ranges (written under g_lock): 0 lets a product skip the
+                               lock and the lookup (training: nothing bound) */
 
 /* ---- bf16 rounding ---- */
 
@@ -146,7 +148,7 @@ static void widen(float *dst, const uint16_t *src, int rows, int cols, int ld) {
 /* The bf16 value standing for the float at p, or NULL where p is in no bound range. Caller
  * holds g_lock. */
 static const uint16_t *bind_find(const void *p) {
-    for (int i = 0; i < BIND_SLOTS && g_n_bind; i++) {
+    for (int i = 0; i < BIND_SLOTS; i++) {
         const bf16_bind *b = &g_bind[i];
         if (b->base && (const float *)p >= b->base && (const float *)p < b->base + b->n)
             return b->data + ((const float *)p - b->base);
@@ -155,8 +157,9 @@ static const uint16_t *bind_find(const void *p) {
 }
 
 const uint16_t *rf_cpu_bf16_bound(const float *p) {
+    if (!atomic_load_explicit(&g_n_bind, memory_order_relaxed)) return NULL;
     pthread_mutex_lock(&g_lock);
-    const uint16_t *r = g_n_bind ? bind_find(p) : NULL;
+    const uint16_t *r = bind_find(p);
     pthread_mutex_unlock(&g_lock);
     return r;
 }
@@ -550,9 +553,12 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
         return;
     }
-    pthread_mutex_lock(&g_lock);
-    const uint16_t *ab = g_n_bind ? bind_find(A) : NULL, *bb = g_n_bind ? bind_find(B) : NULL;
-    pthread_mutex_unlock(&g_lock);
+    const uint16_t *ab = NULL, *bb = NULL;
+    if (atomic_load_explicit(&g_n_bind, memory_order_relaxed)) {
+        pthread_mutex_lock(&g_lock);
+        ab = bind_find(A), bb = bind_find(B);
+        pthread_mutex_unlock(&g_lock);
+    }
     A = operand_f32(A, ab, ta, M, K, &lda, 2); /* no product reads a weight as A; exact if one does */
     if (omp_in_parallel()) { /* attention's per-head products: fp32 in both modes (the top) */
         B = operand_f32(B, bb, tb, K, N, &ldb, 3);
