@@ -341,8 +341,8 @@ static const void *weight_get(const float *src, int rows, int cols, int ld, int 
 /* ---- scratch buffers ---- */
 
 /* Per-thread growable buffer i (0: operand A, 1: operand B; 2, 3: widened bound A, B) of at
- * least n bytes. The buffers
- * live as long as the thread (OpenMP's threads live as long as the process). */
+ * least n bytes. The buffers live as long as the thread (OpenMP's threads live as long as the
+ * process). */
 static void *tls_buf(int i, size_t n) {
     static _Thread_local void *buf[4];
     static _Thread_local size_t cap[4];
@@ -422,9 +422,8 @@ static inline void gemv_dots(float *s, int nr, int K, const float *x, const floa
 
 /* C (M, N) = alpha * A (M, K) @ W^T + beta * C with W (N, K; row stride ldw) a weight: fp32 W,
  * or its bf16 values Wb (N, K; row stride ldw: a dense copy, or bound values in place) with A
- * rounded to bf16 as it is read. OpenMP over output
- * columns (blocks of four rows of W), each a dot product accumulated in fp32 in GEMV_LANES
- * lanes. */
+ * rounded to bf16 as it is read. OpenMP over output columns (blocks of four rows of W), each a
+ * dot product accumulated in fp32 in GEMV_LANES lanes. */
 static void gemv_rows(int M, int N, int K, float alpha, const float *A, int lda, const float *W,
                       int ldw, const uint16_t *Wb, float beta, float *C, int ldc, float *xr) {
     for (int t = 0; t < M; t++)
