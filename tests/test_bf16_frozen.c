@@ -201,16 +201,28 @@ static void make_small(const char *dir) {
     rf_model_free(m);
 }
 
-/* A value head on the bf16 checkpoint: frozen and plain loads give the same values. */
-static void check_value_head(const char *dir) {
+/* A value head (the "small" preset with a random score.weight) saved as BF16: the frozen and
+ * plain loads give the same values, bit for bit, and not zeros. */
+static void check_value_head(const char *root) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/value_head", root);
+    rf_model_config c;
+    CHECK_OK(rf_config_preset(&c, "small", 512));
+    c.value_head = 1;
+    rf_model *m = NULL, *a = NULL, *b = NULL;
+    CHECK_OK(rf_model_init(&m, &c, K));
+    if (!m) return;
+    rf_model_init_random(m, 11, 0.05f);
+    CHECK_OK(rf_model_save(m, dir, 1, 0));
+    rf_model_free(m);
     CHECK_OK(K->set_precision(RF_PRECISION_BF16));
-    rf_model *a = NULL, *b = NULL;
     CHECK_OK(rf_model_load(&a, dir, K, 1));
     CHECK_OK(rf_model_load_frozen(&b, dir, K, 1));
     if (!a || !b) {
         rf_model_free(a), rf_model_free(b);
         return;
     }
+    CHECK(b->wbf16 != NULL && b->score != NULL);
     int32_t tok[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, cu[2] = {0, 9};
     rf_batch bt = {1, 9, tok, NULL, cu};
     float va[9], vb[9];
@@ -219,6 +231,7 @@ static void check_value_head(const char *dir) {
     CHECK_OK(rf_model_forward(b, &bt));
     CHECK_OK(rf_model_values(b, vb));
     CHECK(memcmp(va, vb, sizeof va) == 0);
+    CHECK(va[0] != 0.0f && isfinite(va[8]));
     rf_model_free(a), rf_model_free(b);
 }
 
@@ -291,7 +304,7 @@ int main(void) {
     char p[4096];
     snprintf(p, sizeof p, "%s/bf16", dir);
     check_model_dir(p, "small (tied, biases)");
-    check_value_head(p);
+    check_value_head(dir);
     const char *src = getenv("RF_SOURCE_DIR");
     if (src) {
         snprintf(p, sizeof p, "%s/tests/data/hf/qwen3_sharded_bf16", src);
