@@ -118,7 +118,8 @@ rf_status rf__worker_ref_load(tworker *w) {
     const rf_recipe *r = w->r;
     if (w->actor && w->actor->lora.rank && !r->reference.path[0])
         return rf_model_init_borrowed(&w->ref, &w->actor->cfg, w->k, w->actor->params);
-    return rf_model_load(&w->ref, r->reference.path[0] ? r->reference.path : r->model.path, w->k, 0);
+    /* never trained: a bf16 checkpoint's matrices stay bf16 when running bf16 */
+    return rf_model_load_frozen(&w->ref, r->reference.path[0] ? r->reference.path : r->model.path, w->k, 0);
 }
 
 rf_status rf__worker_score(tworker *w, rf_train_sample *s, int n, int flags) {

@@ -72,13 +72,14 @@ rf_status rf__lora_attach(const rf_recipe *r, rf_model *m) {
 }
 
 /* The reference policy: under LoRA with no reference.path of its own, the actor's frozen base
- * weights seen through a second model without adapters (no second copy of the weights). */
+ * weights seen through a second model without adapters (no second copy of the weights);
+ * otherwise a frozen load (bf16 matrices kept as stored when running bf16). */
 static rf_status load_reference(rf_run *run) {
     const rf_recipe *r = run->r;
     if (run->actor->lora.rank && !r->reference.path[0])
         return rf_model_init_borrowed(&run->ref, &run->actor->cfg, run->k, run->actor->params);
     const char *p = r->reference.path[0] ? r->reference.path : r->model.path;
-    return rf_model_load(&run->ref, p, run->k, 0);
+    return rf_model_load_frozen(&run->ref, p, run->k, 0);
 }
 
 rf_status rf__load_roles(rf_run *run) {
