@@ -999,18 +999,27 @@ static rf_status validate_lora(const rf_recipe *r) {
     if (r->lora.dropout != 0)
         return rf_recipe_reject_unimplemented(r, "lora.dropout", "dropout on the adapter input; set it to 0");
     /* implemented: one process, and split runs (training ranks data and tensor parallel, the
-     * adapters alone sent to whole-model rollout workers) */
-    if (r->placement.rollout.tp > 1)
-        return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "with lora.enabled = true: adapters "
-                                              "resharded to tensor-parallel rollout workers");
+     * adapters alone sent to rollout workers, whole or tensor parallel) */
     if (r->placement.actor.zero == 1)
         return rf_recipe_reject_unimplemented(r, "placement.actor.zero", "with lora.enabled = true: ZeRO-1 of the "
                                               "adapters' AdamW moments (they are small: use zero = 0)");
-    if (strcmp(r->placement.mode, "colocated") == 0 && r->placement.actor.dp * r->placement.actor.tp > 1)
-        return rf_recipe_reject_unimplemented(r, r->placement.actor.tp > 1 ? "placement.actor.tp" : "placement.actor.dp",
+    if (rf_recipe_colocated_ranks(r))
+        return rf_recipe_reject_unimplemented(r, r->placement.actor.tp > 1   ? "placement.actor.tp"
+                                                 : r->placement.actor.dp > 1 ? "placement.actor.dp"
+                                                                             : "placement.rollout.tp",
                                               "with lora.enabled = true in a colocated run on several processes (the "
                                               "rollout ranks read the training weights in place); use "
                                               "placement.mode = \"split\"");
+    /* the reference is the actor's frozen base itself, so it is split as the actor is */
+    int dp, tp;
+    rf_recipe_role_layout(r, RF_ROLE_REFERENCE, &dp, &tp);
+    if (rf_recipe_reference_enabled(r) && !r->reference.path[0] && tp != r->placement.actor.tp) {
+        char why[256];
+        snprintf(why, sizeof why, "with lora.enabled = true and no reference.path: the reference is the actor's frozen "
+                 "base, split as the actor is (placement.actor.tp = %d); leave it at 0 or set reference.path",
+                 r->placement.actor.tp);
+        return rf_recipe_reject_unimplemented(r, "placement.reference.tp", why);
+    }
     return RF_OK;
 }
 

@@ -178,3 +178,13 @@ const rf_param_view *rf_model_train_views(const rf_model *m, int *n_views) {
     *n_views = m->lora.rank ? m->lora.n_views : m->n_views;
     return m->lora.rank ? m->lora.views : m->views;
 }
+
+rf_status rf_lora_table(const rf_model *m, rf_param_view **views, int *n) {
+    *views = NULL, *n = 0;
+    if (!m->lora.rank) return rf_error(RF_ERR_ARG, "LoRA: the model has no adapters");
+    rf_param_view *v = malloc(sizeof *v * (size_t)m->lora.n_views);
+    if (!v) return rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < m->lora.n_views; i++) v[i] = m->lora.views[i], v[i].offset -= m->n_frozen;
+    *views = v, *n = m->lora.n_views;
+    return RF_OK;
+}

@@ -60,6 +60,11 @@ rf_status rf_lora_whole(const rf_lora_opts *o, const rf_model_config *cfg, rf_pa
  * the model's (borrowed from m). */
 const rf_param_view *rf_model_train_views(const rf_model *m, int *n_views);
 
+/* The adapters' table of m with offsets from 0 (their floats from m->n_frozen on): what a
+ * transfer of the adapters alone reshards (resharding/weights_reshard.h). A copy owned by the
+ * caller (free), *n = m->lora.n_views; RF_ERR_ARG when m has no adapters, RF_ERR_NOMEM. */
+rf_status rf_lora_table(const rf_model *m, rf_param_view **views, int *n);
+
 /* Floats of adapters o would add to a model of config cfg (for memory estimates). */
 size_t rf_lora_param_count(const rf_lora_opts *o, const rf_model_config *cfg);
 

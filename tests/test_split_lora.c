@@ -22,7 +22,8 @@
  *     parameter by lr * g / (|g| + eps), about lr * sign(g), and a gradient that is rounding
  *     noise around zero (the shards sum in another order) can take either sign (measured: 2 of
  *     18688 floats); the tp run resumes from that checkpoint;
- *   - layouts LoRA does not support are refused before mpirun starts, naming the key.
+ *   - ZeRO-1, which LoRA does not support, is refused before mpirun starts, naming the key
+ *     (tensor-parallel generation and the tensor-parallel reference: test_split_lora_tp).
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -174,9 +175,6 @@ static void tensor_parallel(void) {
 }
 
 static void refusals(void) {
-    rf_test_refused(dir, rlflow, 0, "rtp", "--set placement.rollout.tp=2",
-                    "placement.rollout.tp = 2 is not implemented yet (with lora.enabled = true: adapters resharded "
-                    "to tensor-parallel rollout workers)");
     rf_test_refused(dir, rlflow, 0, "zero", "--set placement.actor.zero=1",
                     "placement.actor.zero = 1 is not implemented yet (with lora.enabled = true: ZeRO-1 of the "
                     "adapters' AdamW moments (they are small: use zero = 0))");
