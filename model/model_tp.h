@@ -183,8 +183,9 @@ rf_status rf_model_tp_set_full(rf_model_tp *tp, const float *full);
 /* Reads this rank's shard from the Hugging Face model directory `dir` (safetensors, single or
  * sharded; F32, BF16 or F16, converted exactly as rf_model_load converts) without reading the
  * rest: only the blocks this rank holds are converted, so the rank's memory is its shard's.
- * Into tp->m->params when dst is NULL, else into dst (tp->m->n_params floats on the back end,
- * e.g. an AdamW moment), each tensor named view name + suffix. With no suffix a missing
+ * Into tp->m->params when dst is NULL (under LoRA its frozen base: the adapters after it are
+ * left as they are), else into dst (tp->m->n_params floats on the back end, e.g. an AdamW
+ * moment), each tensor named view name + suffix. With no suffix a missing
  * score.weight starts at zero and tensors the model does not use are refused, as
  * rf_model_load does; the shapes in the files must be the whole model's. On the CPU back end
  * the blocks are converted straight into place (after an error the buffer may hold some of
