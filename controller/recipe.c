@@ -998,11 +998,8 @@ static rf_status validate_lora(const rf_recipe *r) {
                        "\"gate\", \"up\", \"down\")");
     if (r->lora.dropout != 0)
         return rf_recipe_reject_unimplemented(r, "lora.dropout", "dropout on the adapter input; set it to 0");
-    /* implemented: one process, and split runs (training ranks data and tensor parallel, the
-     * adapters alone sent to rollout workers, whole or tensor parallel) */
-    if (r->placement.actor.zero == 1)
-        return rf_recipe_reject_unimplemented(r, "placement.actor.zero", "with lora.enabled = true: ZeRO-1 of the "
-                                              "adapters' AdamW moments (they are small: use zero = 0)");
+    /* implemented: one process, and split runs (training ranks data and tensor parallel, ZeRO-1
+     * included, the adapters alone sent to rollout workers, whole or tensor parallel) */
     if (rf_recipe_colocated_ranks(r))
         return rf_recipe_reject_unimplemented(r, r->placement.actor.tp > 1   ? "placement.actor.tp"
                                                  : r->placement.actor.dp > 1 ? "placement.actor.dp"

@@ -131,9 +131,6 @@ static void bad_recipes(void) {
                                 "run on several processes (the rollout ranks read the training weights in place); use "
                                 "placement.mode = \"split\")");
     /* placement.rollout.tp: tests/test_split_lora.c (a colocated run refuses it earlier) */
-    bad("placement.actor.dp=2' --set 'placement.actor.zero=1",
-        "placement.actor.zero = 1 is not implemented yet (with lora.enabled = true: ZeRO-1 of the adapters' AdamW "
-        "moments (they are small: use zero = 0))");
     bad("placement.actor.dp=2", "placement.actor.dp = 2 is not implemented yet (with lora.enabled = true in a colocated "
                                 "run on several processes (the rollout ranks read the training weights in place); use "
                                 "placement.mode = \"split\")");

@@ -18,6 +18,10 @@
  *     (a run with reference.path = the same model directory: kl_ref equal at steps 1-4 within
  *     1e-4 of its size, below 1e-6 at step 1 where the adapters are still zero, above 1e-6 at
  *     step 4);
+ *   - ZeRO-1 (placement.actor.zero = 1) with LoRA, PPO with its critic trained in full, at dp 2
+ *     and at tp 2 x dp 2: the adapters' and the critic's AdamW moments as plain data
+ *     parallelism's (1e-4 of the largest) after one step, and again after both resumed to step
+ *     2, ZeRO-1's ranks reading their blocks of the adapters' moments from the checkpoint;
  *   - refusals before mpirun starts, with their exact text: a reference split unlike the
  *     actor under LoRA without reference.path (placement.reference.tp); LoRA colocated on
  *     several processes with tensor-parallel generation (named by placement.actor.dp).
@@ -110,6 +114,31 @@ static void reference_is_base(void) {
     }
 }
 
+/* ZeRO-1 of the adapters' AdamW moments (PPO: the critic, trained in full, sharded too) against
+ * plain data parallelism on the same samples: one synchronous step each, the checkpoints'
+ * moments of the actor's adapters and of the critic within 1e-4 of their largest; then both
+ * resumed to step 2 (ZeRO-1's ranks reading their own blocks of the adapters' moments from the
+ * checkpoint), the same again. */
+static void zero_one(const char *name, const char *layout) {
+    char args[512], run[128], *out = NULL;
+    snprintf(args, sizeof args, "--set algorithm.name=ppo --set model.precision=fp32 %s", layout);
+    rf_test_zero_like_plain(dir, rlflow, name, args);
+    for (int zero = 0; zero < 2; zero++) {
+        char more[768];
+        snprintf(run, sizeof run, "%s_%s", name, zero ? "zero" : "plain");
+        snprintf(more, sizeof more, "%s --set train.steps=2 --set async.max_staleness=0 --set placement.actor.zero=%d "
+                 "--resume", args, zero);
+        int rc = rf_test_run_recipe(&out, dir, rlflow, run, more);
+        CHECK(rc == 0 && out && strstr(out, "resumed at step 1"));
+        if (rc) fprintf(stderr, "%s: %s\n", run, out ? out : "");
+        free(out);
+    }
+    char z[128], pl[128];
+    snprintf(z, sizeof z, "%s_zero", name), snprintf(pl, sizeof pl, "%s_plain", name);
+    rf_test_same_moments(dir, z, pl, "step_000002", "actor", 1e-4);
+    rf_test_same_moments(dir, z, pl, "step_000002", "critic", 1e-4);
+}
+
 static void refusals(void) {
     rf_test_refused(dir, rlflow, 0, "ref_tp", "--set placement.actor.tp=2 --set placement.reference.tp=1",
                     "placement.reference.tp = 1 is not implemented yet (with lora.enabled = true and no reference.path: "
@@ -131,6 +160,8 @@ int main(void) {
     refusals();
     rollout_tp();
     reference_is_base();
+    zero_one("zero_dp", "--set placement.actor.dp=2");
+    zero_one("zero_tpdp", "--set placement.actor.dp=2 --set placement.actor.tp=2");
     if (!rf_test_failed) rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_lora_tp");
 }
