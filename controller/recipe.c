@@ -998,15 +998,9 @@ static rf_status validate_lora(const rf_recipe *r) {
                        "\"gate\", \"up\", \"down\")");
     if (r->lora.dropout != 0)
         return rf_recipe_reject_unimplemented(r, "lora.dropout", "dropout on the adapter input; set it to 0");
-    /* implemented: one process, and split runs (training ranks data and tensor parallel, ZeRO-1
-     * included, the adapters alone sent to rollout workers, whole or tensor parallel) */
-    if (rf_recipe_colocated_ranks(r))
-        return rf_recipe_reject_unimplemented(r, r->placement.actor.tp > 1   ? "placement.actor.tp"
-                                                 : r->placement.actor.dp > 1 ? "placement.actor.dp"
-                                                                             : "placement.rollout.tp",
-                                              "with lora.enabled = true in a colocated run on several processes (the "
-                                              "rollout ranks read the training weights in place); use "
-                                              "placement.mode = \"split\"");
+    /* implemented everywhere: one process, colocated on several processes (the rollout ranks
+     * bind the adapters over the training weights read in place, or receive them alone) and
+     * split runs (the adapters alone sent to rollout workers, whole or tensor parallel) */
     /* the reference is the actor's frozen base itself, so it is split as the actor is */
     int dp, tp;
     rf_recipe_role_layout(r, RF_ROLE_REFERENCE, &dp, &tp);

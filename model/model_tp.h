@@ -227,6 +227,12 @@ rf_status rf_model_tp_set_shard(rf_model_tp *tp, const rf_shard *shards, int n_v
  * rf_model_lora_attach's (naming the lora keys), RF_ERR_NOMEM. No communication. */
 rf_status rf_model_tp_lora_attach(rf_model_tp *tp, const rf_lora_opts *o);
 
+/* The same adapters bound over the buffer a shard borrows (rf_model_tp_init_borrowed: a
+ * colocated rollout rank over its training rank's shard, which rf_model_tp_lora_attach gave the
+ * same options): the table and blocks only, the values the buffer's (model/lora.h
+ * rf_model_lora_bind). Errors as rf_model_lora_bind's, RF_ERR_NOMEM. No communication. */
+rf_status rf_model_tp_lora_bind(rf_model_tp *tp, const rf_lora_opts *o);
+
 /* Gradients and AdamW state for the shard (rf_model_enable_training on tp->m). AdamW then runs
  * on tp->m as on any model: elementwise, every rank on its own shard; replicated parameters
  * stay identical because their gradients are. */

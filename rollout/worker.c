@@ -315,10 +315,10 @@ static rf_status policy_config(const worker *w, rf_model_config *cfg) {
     return rf_config_load(cfg, p);
 }
 
-/* LoRA, G > 1: this rank's shard of the frozen base read from model.path (once: the adapters
- * alone arrive with each version), the recipe's adapters split like it (their values come with
- * the first version), and the whole base's CRC-32C from the group's shards (every rank of the
- * group together, over the host communicator). */
+/* LoRA, G > 1, the weights not read in place: this rank's shard of the frozen base read from
+ * model.path (once: the adapters alone arrive with each version), the recipe's adapters split
+ * like it (their values come with the first version), and the whole base's CRC-32C from the
+ * group's shards (every rank of the group together, over the host communicator). */
 static rf_status tp_lora_open(worker *w, const rf_kernels *k) {
     rf_lora_opts o;
     RF_TRY(rf_model_tp_load(w->tp, w->r->model.path, NULL, NULL));
@@ -329,8 +329,8 @@ static rf_status tp_lora_open(worker *w, const rf_kernels *k) {
 }
 
 /* G > 1: this rank's shard of the policy (zeros until the first weights; under LoRA the frozen
- * base from model.path; or colocated with identical layouts the training shard itself) and its
- * group. */
+ * base from model.path; or colocated with identical layouts the training shard itself, under
+ * LoRA with its adapters bound in place) and its group. */
 static rf_status tp_open(worker *w, const rf_kernels *k) {
     rf_model_config cfg;
     RF_TRY(policy_config(w, &cfg));
@@ -340,14 +340,21 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     RF_TRY(borrowed_params(w, &params));
     RF_TRY(rf_model_tp_init_borrowed(&w->tp, &cfg, k, c, w->r->async.peer_timeout, params));
     w->m = w->tp->m;
-    if (w->r->lora.enabled && !w->ho) RF_TRY(tp_lora_open(w, k));
+    if (w->r->lora.enabled && w->zero_copy) { /* colocated: the training shard's adapters, in place */
+        rf_lora_opts o;
+        RF_TRY(rf__lora_opts(w->r, &o));
+        RF_TRY(rf_model_tp_lora_bind(w->tp, &o));
+    } else if (w->r->lora.enabled) {
+        RF_TRY(tp_lora_open(w, k));
+    }
     RF_TRY(rf_rollout_tp_init(&w->g, w->tp, w->r->async.peer_timeout));
     if (w->ho) rf_rollout_tp_set_guard(w->g, step_begin, step_end, w->ho);
     return RF_OK;
 }
 
 /* G = 1: the whole policy (read from the model directory, with the recipe's LoRA adapters, or
- * colocated with identical layouts the training rank's own buffer). */
+ * colocated with identical layouts the training rank's own buffer, under LoRA its adapters
+ * bound in place). */
 static rf_status whole_open(worker *w, const rf_kernels *k) {
     float *params;
     RF_TRY(borrowed_params(w, &params));
@@ -360,7 +367,11 @@ static rf_status whole_open(worker *w, const rf_kernels *k) {
     }
     rf_model_config cfg;
     RF_TRY(policy_config(w, &cfg));
-    return rf_model_init_borrowed(&w->m, &cfg, k, params);
+    RF_TRY(rf_model_init_borrowed(&w->m, &cfg, k, params));
+    if (!w->r->lora.enabled) return RF_OK;
+    rf_lora_opts o; /* the training rank's adapters, after its base in the buffer */
+    RF_TRY(rf__lora_opts(w->r, &o));
+    return rf_model_lora_bind(w->m, &o);
 }
 
 /* Rank 0 of the worker: the model (whole, or its shard), tokenizer, stop ids and the engine. */
