@@ -361,9 +361,10 @@ static rf_status whole_open(worker *w, const rf_kernels *k) {
     if (!params) { /* under LoRA the frozen base once, the adapters arriving with each version */
         RF_TRY(rf_model_load(&w->m, w->r->model.path, k, 0));
         RF_TRY(rf__lora_attach(w->r, w->m));
+        if (!w->m->n_frozen) return RF_OK;
         rf_param_table pt = rf_param_table_of(w->m);
-        return w->m->n_frozen ? rf_weights_rs_base_checksum(rf_comm_single(), &pt, k, w->m->params, 0, &w->base_crc)
-                              : RF_OK;
+        return rf_weights_rs_base_checksum(rf_comm_single(), &pt, k, w->m->params, w->r->async.startup_timeout,
+                                           &w->base_crc);
     }
     rf_model_config cfg;
     RF_TRY(policy_config(w, &cfg));
