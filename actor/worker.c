@@ -177,7 +177,8 @@ static rf_status publish_weights(tworker *w) {
         else if (first)
             rf_log_info("training worker: weights version %d (CRC-32C %08x) resharded from %d shards%s to the rollout workers%s",
                         w->version, w->crc, w->tp ? w->tp->tp : 1, w->tp && w->dpc ? " of every data-parallel replica" : "",
-                        w->tp && w->tp->lora_views ? " (LoRA: the adapters alone)" : "");
+                        (w->tp ? w->tp->lora_views != NULL : w->actor->n_frozen > 0) ? " (LoRA: the adapters alone)"
+                                                                                       : "");
         w->tp_serving = 1;
         return RF_OK;
     }

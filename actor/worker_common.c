@@ -418,7 +418,8 @@ static rf_status zero_tensor(void *ctx, int part, int view, float *dst) {
     const rf__zero_role *z = ctx;
     if (part == 0) return z->whole.tensor(z->whole.ctx, 0, view, dst);
     const rf_param_view *v = &z->whole.views[view];
-    return rf__dp_moments(z->w, z->model, part, v->offset, v->numel, dst);
+    const rf_dp *dp = z->model ? z->w->dp_critic : z->w->dp_actor; /* offsets among the trained floats */
+    return rf__dp_moments(z->w, z->model, part, v->offset - rf_dp_model(dp)->n_frozen, v->numel, dst);
 }
 
 rf_ckpt_role rf__dp_role_of(rf__tworker *w, const rf_model *m, int model, rf__zero_role *z) {

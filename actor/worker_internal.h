@@ -87,6 +87,8 @@ typedef struct rf__tworker {
                             rank's replica), or NULL */
     rf_model_tp *tp;     /* this rank's shard of the actor */
     rf_weights_rs *wrs;  /* its weights to the rollout workers, by resharding */
+    rf_param_view *adapters; /* LoRA, the whole actor resharded (rf__rs_whole_setup): its adapters'
+                            table, offsets from 0 (rf_lora_table); NULL otherwise */
     int lora_told;       /* the adapters-only sync was logged (LoRA) */
     int tp_serving;      /* TP rank 0: the peers wait for commands (after the first weights,
                             or at once in replicas other than 0) */

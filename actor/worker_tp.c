@@ -131,10 +131,30 @@ static rf_status role_src(const rf__tworker *w, int critic, shard_src *src) {
     return RF_OK;
 }
 
+/* LoRA with no reference.path: the reference is the actor's frozen base (recipe.c makes it
+ * split as the actor is). */
+static int ref_is_base(const rf__tworker *w, int critic) {
+    return !critic && w->tp && w->tp->lora_views && !w->r->reference.path[0];
+}
+
+/* The reference as the actor's frozen base: a second shard model over the base floats of the
+ * actor's own shard (the first n_frozen of its parameters), over the actor's group: no second
+ * copy of the weights is read or held. */
+static rf_status base_reference(rf__tworker *w, rf_comm *g, rf_comm *dev, rf_model_tp **out) {
+    rf_status st = rf_model_tp_init_borrowed(out, &w->tp->cfg, w->k, dev, w->r->async.peer_timeout, w->tp->m->params);
+    if (st == RF_OK && (*out)->m->n_params != w->tp->m->n_frozen)
+        st = rf_error(RF_ERR_INTERNAL, "the reference over the actor's base: %zu floats, the base has %zu",
+                      (*out)->m->n_params, w->tp->m->n_frozen);
+    if (st != RF_OK) st = rf_error_wrap(st, "the reference's shard");
+    return rf__worker_agree_to_start(w, g, st, "tensor-parallel (reference)");
+}
+
 /* Splits the critic or the reference over group g (the replica's TP group or its first
- * ranks) into *out: the leader says where from (role_src), every rank reads its own shards. */
+ * ranks) into *out: the leader says where from (role_src), every rank reads its own shards;
+ * under LoRA the reference is the actor's base (base_reference). */
 static rf_status role_setup(rf__tworker *w, rf_comm *g, rf_comm *dev, rf_model_tp **out, int critic) {
     const rf_recipe *r = w->r;
+    if (ref_is_base(w, critic)) return base_reference(w, g, dev, out);
     const char *name = critic ? "critic" : "reference";
     shard_src src;
     memset(&src, 0, sizeof src);
@@ -206,7 +226,11 @@ static rf_status roles_setup(rf__tworker *w) {
                     w->dpc ? "each replica holding it" : "the training worker");
     for (int c = 1; c >= 0; c--) {
         const rf_model_tp *m = c ? w->critic_tp : w->ref_tp;
-        if (m)
+        if (m && ref_is_base(w, c))
+            rf_log_info("training worker: reference split over the %d tensor-parallel ranks of %s: the actor's frozen "
+                        "base shards themselves (LoRA; no second copy: %.2f MB per rank not allocated)", m->tp,
+                        w->dpc ? "each replica holding it" : "the training worker", (double)m->m->n_params * 4e-6);
+        else if (m)
             rf_log_info("training worker: %s split over %s%d tensor-parallel ranks of %s (a shard of %zu parameters "
                         "here, read from the files)", c ? "critic" : "reference", m->tp < w->tp->tp ? "the first " : "the ",
                         m->tp, w->dpc ? "each replica holding it" : "the training worker", m->m->n_params);
@@ -240,6 +264,21 @@ static float *weights_of(rf__tworker *w, rf_model *m) {
     return w->wstage;
 }
 
+/* LoRA: the frozen base's CRC-32C (the whole model's, from the shards over the TP group; each
+ * replica's ranks together, replica 0's being the one sent), which every announcement carries
+ * for the rollout workers to check against their own base. Nothing without adapters. */
+static rf_status set_base_crc(rf__tworker *w) {
+    rf_model *m = w->tp ? w->tp->m : w->actor;
+    if (!m->n_frozen) return RF_OK;
+    rf_param_table pt = w->tp ? (rf_param_table){&w->tp->cfg, w->tp->full_views, w->tp->n_full_views}
+                              : rf_param_table_of(m);
+    uint32_t crc = 0;
+    RF_TRY(rf_weights_rs_base_checksum(w->tp ? w->tpc : rf_comm_single(), &pt, w->k, m->params,
+                                       w->r->async.startup_timeout, &crc));
+    rf_weights_rs_set_base(w->wrs, crc);
+    return RF_OK;
+}
+
 /* w->wrs for the actor (pt; the training layout dp x tp): to the rollout workers after the
  * training ranks in w->wcomm (split runs), or colocated to the rollout rank in each training
  * rank's process (w->wcomm: the training ranks alone). */
@@ -248,8 +287,9 @@ static rf_status weights_out_init(rf__tworker *w, const rf_param_table *pt, int 
     if (w->ho)
         return rf_weights_rs_init_colocated(&w->wrs, pt, tp, dp, r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
                                             r->async.startup_timeout);
-    return rf_weights_rs_init(&w->wrs, pt, tp, dp, r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
-                              r->async.startup_timeout);
+    RF_TRY(rf_weights_rs_init(&w->wrs, pt, tp, dp, r->placement.rollout.tp, w->wcomm, RF_WEIGHTS_RS_BUCKET,
+                              r->async.startup_timeout));
+    return set_base_crc(w);
 }
 
 rf_status rf__tp_setup(rf__tworker *w, rf_status loaded) {
@@ -317,6 +357,8 @@ void rf__tp_free(rf__tworker *w) {
     rf_comm_free(w->tp_dev), rf_comm_free(w->critic_tp_dev), rf_comm_free(w->ref_tp_dev);
     rf_comm_free(w->critic_comm), rf_comm_free(w->ref_comm);
     if (w->wstage) rf_shm_free(w->wstage);
+    free(w->adapters);
+    w->adapters = NULL;
     w->wrs = NULL, w->tp = w->critic_tp = w->ref_tp = NULL;
     w->tp_dev = w->critic_tp_dev = w->ref_tp_dev = NULL;
     w->critic_comm = w->ref_comm = NULL;
@@ -325,7 +367,19 @@ void rf__tp_free(rf__tworker *w) {
 
 rf_status rf__rs_whole_setup(rf__tworker *w) {
     rf_param_table pt = rf_param_table_of(w->actor);
+    if (w->actor->n_frozen) { /* LoRA: the adapters alone are resharded */
+        int n = 0;
+        RF_TRY(rf_lora_table(w->actor, &w->adapters, &n));
+        pt = (rf_param_table){&w->actor->cfg, w->adapters, n};
+    }
+    float *before = w->actor->params;
     RF_TRY(share_weights(w, w->actor)); /* rollout ranks on this host read it in place */
+    if (w->ref && w->ref->params == before && w->actor->params != before) {
+        /* LoRA: the reference borrows the actor's frozen base, which has just moved */
+        rf_model_free(w->ref);
+        w->ref = NULL;
+        RF_TRY(rf__worker_ref_load(w));
+    }
     return weights_out_init(w, &pt, 1, w->ho && w->dpc ? rf_comm_size(w->dpc) : 1);
 }
 
@@ -347,7 +401,7 @@ rf_status rf__tp_publish(rf__tworker *w, double timeout_s, rf_status (*announce)
     /* without tensor parallelism of the actor: the whole actor is the one shard */
     rf_comm *tpc = w->tp ? w->tpc : rf_comm_single();
     rf_model *m = w->tp ? w->tp->m : w->actor;
-    float *local = weights_of(w, m) + (w->tp ? table_of(w->tp).p0 : 0); /* LoRA: the adapters */
+    float *local = weights_of(w, m) + (w->tp ? table_of(w->tp).p0 : m->n_frozen); /* LoRA: the adapters */
     RF_TRY(rf_weights_rs_checksum(w->wrs, tpc, local, timeout_s, &w->crc));
     if (announce) RF_TRY(announce(w));
     rf_weights_rs_set_timeout(w->wrs, timeout_s);

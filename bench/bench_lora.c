@@ -6,7 +6,9 @@
  *  - lora_train_step: forward + log-probs + backward + AdamW of the 25M model on 8 x 256 tokens,
  *    full and with adapters, seconds (best of reps) and the ratio to full;
  *  - lora_decode: KV-cache decoding at batch 32 with unmerged adapters and with them merged into
- *    the weights, tokens/s and the ratio (the cost of unmerged generation).
+ *    the weights, tokens/s and the ratio (the cost of unmerged generation), the seconds one
+ *    merge takes (rf_lora_merge, on the host in double) and the tokens after which merging
+ *    would have paid for itself (-1: never); a run's adapters change every version.
  * Hardware reference of the same run: sgemm_peak (OpenBLAS on the model's MLP shape).
  * Usage: bench_lora [--quick] */
 #include <cblas.h>
@@ -140,14 +142,20 @@ static void bench_decode(int steps) {
         double x = decode_rate(m, B, steps);
         un = x > un ? x : un;
     }
+    double t = rf_time_now();
     RF_ASSERT(rf_lora_merge(m) == RF_OK);
+    double merge_s = rf_time_now() - t;
     for (int r = 0; r < 2; r++) {
         double x = decode_rate(m, B, steps);
         me = x > me ? x : me;
     }
     rf_model_free(m);
+    /* merging pays once it has saved its own time: tokens generated after it until then */
+    double saved_per_token = 1.0 / un - 1.0 / me;
     printf("{\"bench\":\"lora_decode\",\"batch\":%d,\"rank\":16,\"targets\":\"all\",\"unmerged_tokens_per_s\":%.1f,"
-           "\"merged_tokens_per_s\":%.1f,\"unmerged_over_merged\":%.3f}\n", B, un, me, un / me);
+           "\"merged_tokens_per_s\":%.1f,\"unmerged_over_merged\":%.3f,\"merge_seconds\":%.3f,"
+           "\"break_even_tokens\":%.0f}\n", B, un, me, un / me, merge_s,
+           saved_per_token > 0 ? merge_s / saved_per_token : -1.0);
 }
 
 int main(int argc, char **argv) {

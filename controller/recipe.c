@@ -162,7 +162,7 @@ static const rkey KEYS[] = {
     {"sft", "out", T_STR, AT(sft.out), "\"\"", NULL, "Output model directory; \"\" = <logging.dir>/sft."},
     {"sft", "warm_start", T_BOOL, AT(sft.warm_start), "false", NULL, "rlflow run: when model.path holds no model, build it by SFT of a fresh model.init_preset model on data.train responses first."},
 
-    {"lora", "enabled", T_BOOL, AT(lora.enabled), "false", NULL, "Train adapters instead of the policy's weights (rlflow run and rlflow sft): the base weights are frozen (no gradients or AdamW moments for them), the reference policy of the KL term is the base model itself (no second copy), and checkpoints hold the adapters and their moments. In one process, and in split runs (placement.mode = \"split\") with any placement.actor.dp (plain data parallelism) and placement.actor.tp (adapters split like their base matrices), where only the adapters travel to the rollout workers after each update (each worker loads the frozen base once); placement.rollout.tp > 1, placement.actor.zero = 1 and colocated runs on several processes are refused naming the key."},
+    {"lora", "enabled", T_BOOL, AT(lora.enabled), "false", NULL, "Train adapters instead of the policy's weights (rlflow run and rlflow sft): the base weights are frozen (no gradients or AdamW moments for them), the reference policy of the KL term is the base model itself (no second copy), and checkpoints hold the adapters and their moments. In one process, and in split runs (placement.mode = \"split\") with any placement.actor.dp (plain data parallelism or ZeRO-1), placement.actor.tp (adapters split like their base matrices) and placement.rollout.tp (each rollout rank holds its shard of the base), where only the adapters travel to the rollout workers after each update (each worker loads the frozen base once; every transfer carries the base's CRC-32C, and a worker on another base refuses it). Without reference.path the reference is the actor's own frozen base, split as the actor is (placement.reference.tp other than placement.actor.tp is refused). Colocated runs on several processes (placement.mode = \"colocated\" with a parallel layout): a rollout rank reading its training rank's weights in place sees the adapters there; with other layouts it holds its own base and receives the adapters alone."},
     {"lora", "rank", T_INT, AT(lora.rank), "8", NULL, "Rank r of every adapter (PEFT's r); at most the model's hidden_size."},
     {"lora", "alpha", T_FLOAT, AT(lora.alpha), "16.0", NULL, "Scale numerator: the adapter's product is multiplied by alpha / rank (PEFT's lora_alpha)."},
     {"lora", "dropout", T_FLOAT, AT(lora.dropout), "0.0", NULL, "Dropout on the adapter input (PEFT's lora_dropout): only 0 is implemented; another value is refused."},
@@ -240,7 +240,7 @@ static const rkey KEYS[] = {
     {"placement.critic", "dp", T_INT, AT(placement.critic.dp), "0", NULL, "Data-parallel replicas holding the critic, 1 .. placement.actor.dp; 0 = placement.actor.dp. The first dp replicas hold it: a batch is split over them in token-balanced shares of its own (the actor's shares are over all the replicas), the critic is trained data parallel over them (gradients summed, ZeRO-1 as placement.actor.zero), and values are computed on them. 1: the first replica alone trains it on whole batches and computes every batch's values."},
     {"placement.critic", "tp", T_INT, AT(placement.critic.tp), "0", NULL, "Tensor-parallel ranks of the critic in each replica; 0 = placement.actor.tp. 1: the critic is whole on the first rank of each replica; a larger value dividing placement.actor.tp: split over the replica's first tp ranks like the actor (value head whole on each; the other ranks hold none of it), trained tensor parallel, gathered tensor by tensor for checkpoints (the files those of a whole critic). Values that do not divide placement.actor.tp are refused when the run starts, with an error naming the key (the shards live on the first ranks of each replica). Must divide the critic model's attention heads."},
     {"placement.reference", "dp", T_INT, AT(placement.reference.dp), "0", NULL, "Data-parallel replicas holding the reference policy, 1 .. placement.actor.dp; 0 = placement.actor.dp. The first dp replicas hold it, and a scored batch is split over them (token-balanced shares, as training; over the fewer of the critic's and the reference's when both are asked for). 1: the first replica alone computes the reference log-probs of every scored batch."},
-    {"placement.reference", "tp", T_INT, AT(placement.reference.tp), "0", NULL, "Tensor-parallel ranks of the reference policy in each replica holding it; 0 = placement.actor.tp. 1: whole on the replica's first rank; a larger value dividing placement.actor.tp: split over the replica's first tp ranks like the actor (vocabulary-parallel log-probs). Values that do not divide placement.actor.tp are refused when the run starts, with an error naming the key (the shards live on the first ranks of each replica). Must divide the reference model's attention heads."},
+    {"placement.reference", "tp", T_INT, AT(placement.reference.tp), "0", NULL, "Tensor-parallel ranks of the reference policy in each replica holding it; 0 = placement.actor.tp. 1: whole on the replica's first rank; a larger value dividing placement.actor.tp: split over the replica's first tp ranks like the actor (vocabulary-parallel log-probs). Values that do not divide placement.actor.tp are refused when the run starts, with an error naming the key (the shards live on the first ranks of each replica). Must divide the reference model's attention heads. With lora.enabled and no reference.path the reference is the actor's frozen base shards themselves, so only placement.actor.tp (or 0) is accepted."},
     {"placement.reward", "dp", T_INT, AT(placement.reward.dp), "0", NULL, "Data-parallel replicas holding the reward model (reward.model) in split runs, 1 .. placement.actor.dp; 0 = placement.actor.dp. Each of the first dp replicas loads it whole on its first rank, and a scored batch is split over them in token-balanced shares (with the reference or the critic asked for too: over the fewest replicas holding every model asked for). 1: the first replica alone scores every batch. Colocated runs score on the one process."},
     {"placement.reward", "tp", T_INT, AT(placement.reward.tp), "1", NULL, "Tensor-parallel ranks of the reward model in each replica holding it: 1 = whole on the replica's first rank; a larger value dividing placement.actor.tp: split over the replica's first tp ranks (each reads its shard of reward.model's files; they score every share together). Must divide the reward model's attention heads. Values that do not divide placement.actor.tp are refused when the run starts, with an error naming the key (the shards live on the first ranks of each replica)."},
 };
@@ -1003,19 +1003,19 @@ static rf_status validate_lora(const rf_recipe *r) {
                        "\"gate\", \"up\", \"down\")");
     if (r->lora.dropout != 0)
         return rf_recipe_reject_unimplemented(r, "lora.dropout", "dropout on the adapter input; set it to 0");
-    /* implemented: one process, and split runs (training ranks data and tensor parallel, the
-     * adapters alone sent to whole-model rollout workers) */
-    if (r->placement.rollout.tp > 1)
-        return rf_recipe_reject_unimplemented(r, "placement.rollout.tp", "with lora.enabled = true: adapters "
-                                              "resharded to tensor-parallel rollout workers");
-    if (r->placement.actor.zero == 1)
-        return rf_recipe_reject_unimplemented(r, "placement.actor.zero", "with lora.enabled = true: ZeRO-1 of the "
-                                              "adapters' AdamW moments (they are small: use zero = 0)");
-    if (strcmp(r->placement.mode, "colocated") == 0 && r->placement.actor.dp * r->placement.actor.tp > 1)
-        return rf_recipe_reject_unimplemented(r, r->placement.actor.tp > 1 ? "placement.actor.tp" : "placement.actor.dp",
-                                              "with lora.enabled = true in a colocated run on several processes (the "
-                                              "rollout ranks read the training weights in place); use "
-                                              "placement.mode = \"split\"");
+    /* implemented everywhere: one process, colocated on several processes (the rollout ranks
+     * bind the adapters over the training weights read in place, or receive them alone) and
+     * split runs (the adapters alone sent to rollout workers, whole or tensor parallel) */
+    /* the reference is the actor's frozen base itself, so it is split as the actor is */
+    int dp, tp;
+    rf_recipe_role_layout(r, RF_ROLE_REFERENCE, &dp, &tp);
+    if (rf_recipe_reference_enabled(r) && !r->reference.path[0] && tp != r->placement.actor.tp) {
+        char why[256];
+        snprintf(why, sizeof why, "with lora.enabled = true and no reference.path: the reference is the actor's frozen "
+                 "base, split as the actor is (placement.actor.tp = %d); leave it at 0 or set reference.path",
+                 r->placement.actor.tp);
+        return rf_recipe_reject_unimplemented(r, "placement.reference.tp", why);
+    }
     return RF_OK;
 }
 

@@ -174,7 +174,34 @@ rf_status rf_model_lora_attach(rf_model *m, const rf_lora_opts *o) {
     return RF_OK;
 }
 
+rf_status rf_model_lora_bind(rf_model *m, const rf_lora_opts *o) {
+    RF_TRY(rf_lora_check(o, &m->cfg));
+    if (m->lora.rank || m->grads || m->params_shared != 2)
+        return rf_error(RF_ERR_ARG, "LoRA: adapters are bound over a borrowed buffer, on a model without any that is "
+                        "not training");
+    int n_views = 0;
+    rf_param_view *views = lora_views(o, &m->cfg, m->n_params, &n_views);
+    if (!views) return rf_error(RF_ERR_NOMEM, "LoRA: out of memory for the adapters' table");
+    m->n_frozen = m->n_params;
+    m->n_params += rf_lora_param_count(o, &m->cfg);
+    m->lora = (rf_lora){o->rank, o->alpha, o->alpha / (float)o->rank, o->targets, views, n_views};
+    bind_lora(m);
+    rf_model_trim(m);
+    m->k->weights_updated();
+    return RF_OK;
+}
+
 const rf_param_view *rf_model_train_views(const rf_model *m, int *n_views) {
     *n_views = m->lora.rank ? m->lora.n_views : m->n_views;
     return m->lora.rank ? m->lora.views : m->views;
+}
+
+rf_status rf_lora_table(const rf_model *m, rf_param_view **views, int *n) {
+    *views = NULL, *n = 0;
+    if (!m->lora.rank) return rf_error(RF_ERR_ARG, "LoRA: the model has no adapters");
+    rf_param_view *v = malloc(sizeof *v * (size_t)m->lora.n_views);
+    if (!v) return rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < m->lora.n_views; i++) v[i] = m->lora.views[i], v[i].offset -= m->n_frozen;
+    *views = v, *n = m->lora.n_views;
+    return RF_OK;
 }

@@ -48,6 +48,14 @@ rf_status rf_lora_check(const rf_lora_opts *o, const rf_model_config *cfg);
  * its parameters and has no adapters yet: else RF_ERR_ARG. Errors of rf_lora_check. */
 rf_status rf_model_lora_attach(rf_model *m, const rf_lora_opts *o);
 
+/* The adapters o would add, over a buffer m borrows (rf_model_init_borrowed) that already holds
+ * them after its base: the buffer of a model that rf_model_lora_attach gave the same options
+ * (a colocated rollout rank reading its training rank's weights in place). Nothing is allocated
+ * or written but the adapters' table; the base counts as frozen (m->n_frozen) and the adapters'
+ * values are the buffer's. RF_ERR_ARG on a model that does not borrow its parameters, has
+ * adapters or trains; rf_lora_check's errors. */
+rf_status rf_model_lora_bind(rf_model *m, const rf_lora_opts *o);
+
 /* The adapters o would add to a whole model of config cfg, for a tensor-parallel shard to cut
  * its blocks from (model_tp.h rf_model_tp_lora_attach): their table (*views, *n of them: lora_A
  * then lora_B of each target of every layer, offsets from 0) and their initial values (*init,
@@ -59,6 +67,11 @@ rf_status rf_lora_whole(const rf_lora_opts *o, const rf_model_config *cfg, rf_pa
 /* The views the optimizer updates and checkpoints keep: the adapters' with LoRA, else all of
  * the model's (borrowed from m). */
 const rf_param_view *rf_model_train_views(const rf_model *m, int *n_views);
+
+/* The adapters' table of m with offsets from 0 (their floats from m->n_frozen on): what a
+ * transfer of the adapters alone reshards (resharding/weights_reshard.h). A copy owned by the
+ * caller (free), *n = m->lora.n_views; RF_ERR_ARG when m has no adapters, RF_ERR_NOMEM. */
+rf_status rf_lora_table(const rf_model *m, rf_param_view **views, int *n);
 
 /* Floats of adapters o would add to a model of config cfg (for memory estimates). */
 size_t rf_lora_param_count(const rf_lora_opts *o, const rf_model_config *cfg);

@@ -286,7 +286,9 @@ static void lora_sync_views(rf_model_tp *tp) {
     }
 }
 
-rf_status rf_model_tp_lora_attach(rf_model_tp *tp, const rf_lora_opts *o) {
+/* The adapters o on the shard: attached (their blocks of the whole model's fresh values written
+ * after the base), or with `bind` bound over the borrowed buffer, which holds them already. */
+static rf_status tp_lora(rf_model_tp *tp, const rf_lora_opts *o, int bind) {
     rf_param_view *views = NULL;
     float *init = NULL, *local = NULL;
     int n = 0;
@@ -297,23 +299,30 @@ rf_status rf_model_tp_lora_attach(rf_model_tp *tp, const rf_lora_opts *o) {
     size_t nf = 0;
     rf_param_table pt = {&tp->cfg, views, n};
     rf_status st = sh && sync ? rf_layout_shards(&pt, tp->tp, tp->t, sh, &nf) : rf_error(RF_ERR_NOMEM, "out of memory");
-    if (st == RF_OK) st = rf_model_lora_attach(tp->m, o);
+    if (st == RF_OK) st = bind ? rf_model_lora_bind(tp->m, o) : rf_model_lora_attach(tp->m, o);
     if (st == RF_OK) {
         tp->lora_views = views, tp->lora_shards = sh, tp->n_lora_views = n;
         views = NULL, sh = NULL;
         st = check_lora_views(tp);
     }
-    if (st == RF_OK && !(local = malloc(sizeof(float) * (nf ? nf : 1)))) st = rf_error(RF_ERR_NOMEM, "out of memory");
+    if (st == RF_OK && !bind && !(local = malloc(sizeof(float) * (nf ? nf : 1))))
+        st = rf_error(RF_ERR_NOMEM, "out of memory");
     if (st == RF_OK) {
-        rf_layout_extract(&pt, tp->lora_shards, init, local);
-        tp->m->k->to_device(tp->m->params + tp->m->n_frozen, local, sizeof(float) * nf);
-        tp->m->k->weights_updated();
+        if (!bind) {
+            rf_layout_extract(&pt, tp->lora_shards, init, local);
+            tp->m->k->to_device(tp->m->params + tp->m->n_frozen, local, sizeof(float) * nf);
+            tp->m->k->weights_updated();
+        }
         lora_sync_views(tp);
         rf_model_tp_trim(tp); /* the activations grow by the adapters' */
     }
     free(views), free(sh), free(init), free(local);
     return st;
 }
+
+rf_status rf_model_tp_lora_attach(rf_model_tp *tp, const rf_lora_opts *o) { return tp_lora(tp, o, 0); }
+
+rf_status rf_model_tp_lora_bind(rf_model_tp *tp, const rf_lora_opts *o) { return tp_lora(tp, o, 1); }
 
 rf_status rf_model_tp_enable_training(rf_model_tp *tp) {
     RF_TRY(rf_model_enable_training(tp->m));

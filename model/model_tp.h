@@ -183,8 +183,9 @@ rf_status rf_model_tp_set_full(rf_model_tp *tp, const float *full);
 /* Reads this rank's shard from the Hugging Face model directory `dir` (safetensors, single or
  * sharded; F32, BF16 or F16, converted exactly as rf_model_load converts) without reading the
  * rest: only the blocks this rank holds are converted, so the rank's memory is its shard's.
- * Into tp->m->params when dst is NULL, else into dst (tp->m->n_params floats on the back end,
- * e.g. an AdamW moment), each tensor named view name + suffix. With no suffix a missing
+ * Into tp->m->params when dst is NULL (under LoRA its frozen base: the adapters after it are
+ * left as they are), else into dst (tp->m->n_params floats on the back end, e.g. an AdamW
+ * moment), each tensor named view name + suffix. With no suffix a missing
  * score.weight starts at zero and tensors the model does not use are refused, as
  * rf_model_load does; the shapes in the files must be the whole model's. On the CPU back end
  * the blocks are converted straight into place (after an error the buffer may hold some of
@@ -225,6 +226,12 @@ rf_status rf_model_tp_set_shard(rf_model_tp *tp, const rf_shard *shards, int n_v
  * rf_model_tp_enable_training, on a shard without adapters that owns its parameters; errors as
  * rf_model_lora_attach's (naming the lora keys), RF_ERR_NOMEM. No communication. */
 rf_status rf_model_tp_lora_attach(rf_model_tp *tp, const rf_lora_opts *o);
+
+/* The same adapters bound over the buffer a shard borrows (rf_model_tp_init_borrowed: a
+ * colocated rollout rank over its training rank's shard, which rf_model_tp_lora_attach gave the
+ * same options): the table and blocks only, the values the buffer's (model/lora.h
+ * rf_model_lora_bind). Errors as rf_model_lora_bind's, RF_ERR_NOMEM. No communication. */
+rf_status rf_model_tp_lora_bind(rf_model_tp *tp, const rf_lora_opts *o);
 
 /* Gradients and AdamW state for the shard (rf_model_enable_training on tp->m). AdamW then runs
  * on tp->m as on any model: elementwise, every rank on its own shard; replicated parameters

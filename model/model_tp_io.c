@@ -33,7 +33,9 @@ static rf_status read_blocks(const rf_model_tp *tp, const rf_safetensors *st, fl
 rf_status rf_model_tp_load(rf_model_tp *tp, const char *dir, float *dst, const char *suffix) {
     rf_safetensors *st = NULL;
     RF_TRY(rf_st_open_dir(&st, dir));
-    size_t n = tp->m->n_params;
+    /* the parameters: the base's floats alone (under LoRA the adapters after them stay as they
+     * are: a device staging buffer of the whole would write zeros over them) */
+    size_t n = !dst && tp->m->n_frozen ? tp->m->n_frozen : tp->m->n_params;
     float *host = NULL, *to = dst ? dst : tp->m->params;
     rf_status s = rf__host_staging(tp->m->k, to, n, &host, dir); /* the CPU's: straight into place */
     if (s == RF_OK && !suffix) s = rf_model_check_unused(tp->m, st, dir);

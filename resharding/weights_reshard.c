@@ -19,7 +19,8 @@ typedef struct announce {
     uint32_t magic, checksum;
     int64_t version;
     uint64_t n_floats;
-    uint32_t plan_id, reserved;
+    uint32_t plan_id;
+    uint32_t base_crc; /* LoRA: CRC-32C of the training ranks' frozen base (0 without) */
 } announce;
 
 struct rf_weights_rs {
@@ -33,6 +34,7 @@ struct rf_weights_rs {
     rf_reshard_plan *plan;
     rf_reshard *ex;
     double timeout_s;
+    uint32_t base_crc;      /* this side's frozen base (rf_weights_rs_set_base; 0 without LoRA) */
     announce sent;          /* rank 0: what the requests below carry */
     rf_comm_req **req;      /* (n_rollout) rank 0: announcements in flight */
     int told;               /* rank 0: the transfer path was logged */
@@ -226,7 +228,7 @@ rf_status rf_weights_rs_send(rf_weights_rs *x, const float *local, int64_t versi
     if (!x->train) return rf_error(RF_ERR_ARG, "weights by resharding: a rollout worker cannot send weights");
     if (x->me == 0) {
         RF_TRY(announcements_done(x));
-        x->sent = (announce){MAGIC, checksum, version, x->full_floats, x->plan->id, 0};
+        x->sent = (announce){MAGIC, checksum, version, x->full_floats, x->plan->id, x->base_crc};
         for (int i = 0; i < x->n_rollout; i++) {
             rf_status st = rf_comm_isend(x->c, &x->sent, sizeof x->sent, x->n_train + i, RF_WEIGHTS_TAG, &x->req[i]);
             if (st != RF_OK)
@@ -264,6 +266,11 @@ static rf_status receive_announcement(rf_weights_rs *x, announce *a) {
         return rf_error(RF_ERR_FORMAT, "weights from world rank %d: not a resharded transfer for this model (magic %08x, "
                         "%llu parameters, plan %08x; here %zu parameters, plan %08x)", from, a->magic,
                         (unsigned long long)a->n_floats, a->plan_id, x->full_floats, x->plan->id);
+    /* LoRA: the adapters are only right on the base they were trained on */
+    if (a->base_crc != x->base_crc)
+        return rf_error(RF_ERR_FORMAT, "weights version %lld from world rank %d: the training ranks' frozen base weights "
+                        "(CRC-32C %08x) are not this rollout worker's (%08x): both must load the same model.path",
+                        (long long)a->version, from, a->base_crc, x->base_crc);
     return RF_OK;
 }
 
@@ -292,4 +299,27 @@ rf_status rf_weights_rs_poll(rf_weights_rs *x, float *full, int *arrived, int64_
     RF_TRY(rf_weights_rs_receive(x, full, NULL, version, checksum));
     *arrived = 1;
     return RF_OK;
+}
+
+void rf_weights_rs_set_base(rf_weights_rs *x, uint32_t base_crc) { x->base_crc = base_crc; }
+
+rf_status rf_weights_rs_base_checksum(rf_comm *tpc, const rf_param_table *pt, const rf_kernels *k, const float *local,
+                                      double timeout_s, uint32_t *crc) {
+    int n = rf_comm_size(tpc), t = rf_comm_rank(tpc);
+    size_t n_local = 0, full = 0;
+    for (int i = 0; i < pt->n_views; i++) full = pt->views[i].offset + pt->views[i].numel;
+    rf_shard *sh = calloc((size_t)pt->n_views + 1, sizeof *sh);
+    uint32_t *parts = calloc((size_t)n, sizeof *parts);
+    rf_status st = sh && parts ? rf_layout_shards(pt, n, t, sh, &n_local) : rf_error(RF_ERR_NOMEM, "out of memory");
+    float *host = NULL; /* a device buffer is read back once */
+    if (st == RF_OK && k != rf_cpu_kernels()) {
+        if ((host = malloc(sizeof(float) * (n_local ? n_local : 1)))) k->to_host(host, local, sizeof(float) * n_local);
+        else st = rf_error(RF_ERR_NOMEM, "out of memory for %zu floats", n_local);
+    }
+    uint32_t mine = st == RF_OK ? rf_shard_crc32c_part(pt, sh, t, host ? host : local) : 0;
+    if (st == RF_OK)
+        st = rf_comm_allgather(tpc, &mine, parts, sizeof mine, timeout_s, "allgather of the frozen base's checksum parts");
+    if (st == RF_OK) *crc = rf_shard_crc32c_join(parts, n, full);
+    free(host), free(sh), free(parts);
+    return st;
 }

@@ -21,7 +21,8 @@
  *      its replicated tensors, which must agree: rollout workers take those from different
  *      training ranks.
  *   2. training rank 0 (replica 0's shard 0) sends every rollout worker an announcement (version, checksum, size;
- *      tag RF_WEIGHTS_TAG, as weights_sync's header), without waiting;
+ *      under LoRA the frozen base's CRC-32C too, rf_weights_rs_set_base; tag RF_WEIGHTS_TAG, as
+ *      weights_sync's header), without waiting;
  *   3. every training rank runs the plan (rf_weights_rs_send): it returns once every rollout
  *      worker has its blocks (the executor's hello, buckets and per-bucket CRC-32C);
  *   4. a rollout worker probes for an announcement between decode steps (rf_weights_rs_poll;
@@ -49,6 +50,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "kernels/kernels.h"
 #include "resharding/layout.h"
 #include "resharding/plan.h"
 
@@ -126,5 +128,20 @@ int rf_weights_rs_pending(rf_weights_rs *x);
  * then checks the whole model's CRC-32C (from the group's shards over gtc, which may be NULL
  * when gen_tp = 1) against the announced one; sets *version and *checksum. */
 rf_status rf_weights_rs_receive(rf_weights_rs *x, float *local, rf_comm *gtc, int64_t *version, uint32_t *checksum);
+
+/* LoRA: the CRC-32C of the frozen base weights this side holds (rf_weights_rs_base_checksum;
+ * leave it 0, the default, without adapters), taken once. Training rank 0 sends it with every
+ * announcement and every rollout rank refuses a version announced with a base other than its
+ * own (RF_ERR_FORMAT naming both CRC-32Cs), the adapters alone being resharded: they are only
+ * right on the base they were trained on (weights_sync's check, for the resharding path). */
+void rf_weights_rs_set_base(rf_weights_rs *x, uint32_t base_crc);
+
+/* CRC-32C of a whole flat buffer laid out by pt (e.g. the base model's table) from the
+ * shards of the ranks of tpc, all together (rank t of tpc holding shard t of rf_comm_size(tpc):
+ * `local`, the layout's local buffer, in k's memory, read back once when k is not the CPU's):
+ * resharding/shard_crc.h's parts, one allgather of 4 bytes per rank bounded by timeout_s. Equal
+ * to rf_crc32c of the whole buffer, on every rank. Errors: comm's, RF_ERR_NOMEM. */
+rf_status rf_weights_rs_base_checksum(rf_comm *tpc, const rf_param_table *pt, const rf_kernels *k, const float *local,
+                                      double timeout_s, uint32_t *crc);
 
 #endif

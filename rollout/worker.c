@@ -39,6 +39,8 @@ typedef struct worker {
     rf_handover *ho; /* colocated on several devices: the weights of this process's training rank */
     int zero_copy;   /* ho with identical layouts: the model borrows the training shard's buffer */
     rf_wep *ep;      /* [env]: the episodes (rollout/worker_episodes.h); NULL without */
+    uint32_t base_crc; /* LoRA: CRC-32C of the frozen base held (the whole model's, from the
+                          group's shards with G > 1); every adapters-only transfer must carry it */
 } worker;
 
 static Rlflow__FinishReason finish_reason(rf_finish f) {
@@ -154,17 +156,19 @@ static rf_status weights_in_open(weights_in *in, const worker *w, rf_comm *wcomm
     RF_TRY(stage_open(in, w));
     rf_param_table pt = w->tp ? (rf_param_table){&w->tp->cfg, w->tp->full_views, w->tp->n_full_views}
                               : rf_param_table_of(w->m);
-    if (!w->tp && w->m->n_frozen) { /* LoRA: the training shards' adapters into this frozen base's */
-        const rf_model *m = w->m;
-        if (!(in->adapters = malloc(sizeof *in->adapters * (size_t)m->lora.n_views)))
-            return rf_error(RF_ERR_NOMEM, "out of memory");
-        for (int i = 0; i < m->lora.n_views; i++)
-            in->adapters[i] = m->lora.views[i], in->adapters[i].offset -= m->n_frozen;
-        pt = (rf_param_table){&m->cfg, in->adapters, m->lora.n_views};
+    /* LoRA: the training shards' adapters into this frozen base's (whole, or split like the
+     * base over the G ranks) */
+    if (w->tp && w->tp->lora_views) pt = (rf_param_table){&w->tp->cfg, w->tp->lora_views, w->tp->n_lora_views};
+    else if (!w->tp && w->m->n_frozen) {
+        int n = 0;
+        RF_TRY(rf_lora_table(w->m, &in->adapters, &n));
+        pt = (rf_param_table){&w->m->cfg, in->adapters, n};
     }
     int dp = r->placement.actor.tp > 1 ? r->placement.actor.dp : 1; /* with tp 1 only DP rank 0 sends */
-    return rf_weights_rs_init(&in->rs, &pt, r->placement.actor.tp, dp, w->tp ? w->tp->tp : 1, wcomm, RF_WEIGHTS_RS_BUCKET,
-                              r->async.peer_timeout);
+    RF_TRY(rf_weights_rs_init(&in->rs, &pt, r->placement.actor.tp, dp, w->tp ? w->tp->tp : 1, wcomm, RF_WEIGHTS_RS_BUCKET,
+                              r->async.peer_timeout));
+    rf_weights_rs_set_base(in->rs, w->base_crc);
+    return RF_OK;
 }
 
 static void weights_in_close(weights_in *in) {
@@ -338,8 +342,22 @@ static rf_status policy_config(const worker *w, rf_model_config *cfg) {
     return rf_config_load(cfg, p);
 }
 
-/* G > 1: this rank's shard of the policy (zeros until the first weights, or colocated with
- * identical layouts the training shard itself) and its group. */
+/* LoRA, G > 1, the weights not read in place: this rank's shard of the frozen base read from
+ * model.path (once: the adapters alone arrive with each version), the recipe's adapters split
+ * like it (their values come with the first version), and the whole base's CRC-32C from the
+ * group's shards (every rank of the group together, over the host communicator). */
+static rf_status tp_lora_open(worker *w, const rf_kernels *k) {
+    rf_lora_opts o;
+    RF_TRY(rf_model_tp_load(w->tp, w->r->model.path, NULL, NULL));
+    RF_TRY(rf__lora_opts(w->r, &o));
+    RF_TRY(rf_model_tp_lora_attach(w->tp, &o));
+    rf_param_table pt = {&w->tp->cfg, w->tp->full_views, w->tp->n_full_views};
+    return rf_weights_rs_base_checksum(w->gcomm, &pt, k, w->tp->m->params, w->r->async.startup_timeout, &w->base_crc);
+}
+
+/* G > 1: this rank's shard of the policy (zeros until the first weights; under LoRA the frozen
+ * base from model.path; or colocated with identical layouts the training shard itself, under
+ * LoRA with its adapters bound in place) and its group. */
 static rf_status tp_open(worker *w, const rf_kernels *k) {
     rf_model_config cfg;
     RF_TRY(policy_config(w, &cfg));
@@ -349,23 +367,39 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     RF_TRY(borrowed_params(w, &params));
     RF_TRY(rf_model_tp_init_borrowed(&w->tp, &cfg, k, c, w->r->async.peer_timeout, params));
     w->m = w->tp->m;
+    if (w->r->lora.enabled && w->zero_copy) { /* colocated: the training shard's adapters, in place */
+        rf_lora_opts o;
+        RF_TRY(rf__lora_opts(w->r, &o));
+        RF_TRY(rf_model_tp_lora_bind(w->tp, &o));
+    } else if (w->r->lora.enabled) {
+        RF_TRY(tp_lora_open(w, k));
+    }
     RF_TRY(rf_rollout_tp_init(&w->g, w->tp, w->r->async.peer_timeout));
     if (w->ho) rf_rollout_tp_set_guard(w->g, step_begin, step_end, w->ho);
     return RF_OK;
 }
 
 /* G = 1: the whole policy (read from the model directory, with the recipe's LoRA adapters, or
- * colocated with identical layouts the training rank's own buffer). */
+ * colocated with identical layouts the training rank's own buffer, under LoRA its adapters
+ * bound in place). */
 static rf_status whole_open(worker *w, const rf_kernels *k) {
     float *params;
     RF_TRY(borrowed_params(w, &params));
     if (!params) { /* under LoRA the frozen base once, the adapters arriving with each version */
         RF_TRY(rf_model_load(&w->m, w->r->model.path, k, 0));
-        return rf__lora_attach(w->r, w->m);
+        RF_TRY(rf__lora_attach(w->r, w->m));
+        if (!w->m->n_frozen) return RF_OK;
+        rf_param_table pt = rf_param_table_of(w->m);
+        return rf_weights_rs_base_checksum(rf_comm_single(), &pt, k, w->m->params, w->r->async.startup_timeout,
+                                           &w->base_crc);
     }
     rf_model_config cfg;
     RF_TRY(policy_config(w, &cfg));
-    return rf_model_init_borrowed(&w->m, &cfg, k, params);
+    RF_TRY(rf_model_init_borrowed(&w->m, &cfg, k, params));
+    if (!w->r->lora.enabled) return RF_OK;
+    rf_lora_opts o; /* the training rank's adapters, after its base in the buffer */
+    RF_TRY(rf__lora_opts(w->r, &o));
+    return rf_model_lora_bind(w->m, &o);
 }
 
 /* Rank 0 of the worker: the model (whole, or its shard), tokenizer, stop ids and the engine. */

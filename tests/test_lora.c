@@ -6,7 +6,9 @@
  *  - KV-cache decoding with unmerged adapters equals the full forward;
  *  - PEFT's initialisations; bad options refused naming the recipe key;
  *  - a checkpoint of a LoRA model holds its PEFT adapter directory (written inside the
- *    checkpoint before its rename, so no complete checkpoint lacks it). */
+ *    checkpoint before its rename, so no complete checkpoint lacks it);
+ *  - adapters bound over a borrowed buffer (rf_model_lora_bind) give the owner's logits bit for
+ *    bit; the adapters' table from 0 (rf_lora_table); their refusals, exactly. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -262,12 +264,6 @@ static void error_check(void) {
     o.targets = bits;
     CHECK_OK(rf_model_lora_attach(m, &o));
     CHECK_ERR(rf_model_lora_attach(m, &o), RF_ERR_ARG, "has none yet");
-    /* ZeRO-1 lays its blocks over the whole buffer: refused before any collective */
-    CHECK_OK(rf_model_enable_training(m));
-    rf_dp *dp = NULL;
-    rf_dp_opts dpo = {.zero = 1};
-    CHECK_ERR(rf_dp_init(&dp, NULL, m, &dpo), RF_ERR_UNSUPPORTED,
-              "ZeRO-1 of a model with LoRA adapters is not implemented");
     rf_model_free(m);
 }
 
@@ -311,6 +307,35 @@ static void checkpoint_check(void) {
     rf_model_free(m);
 }
 
+/* Adapters bound over a borrowed buffer (a colocated rollout rank over its training rank's
+ * weights): the same logits as the model that owns the buffer, bit for bit, and the table
+ * rf_lora_table gives is the adapters' from 0; what bind and the table refuse, exactly. */
+static void bind_check(void) {
+    rf_model *m = lora_model(RF_ARCH_QWEN2, 3, 6.0f), *b = NULL;
+    rf_lora_opts o = all_targets(3, 6.0f);
+    CHECK_OK(rf_model_init_borrowed(&b, &m->cfg, rf_cpu_kernels(), m->params));
+    rf_param_view *t = NULL;
+    int n = -1;
+    CHECK_ERR(rf_lora_table(b, &t, &n), RF_ERR_ARG, "LoRA: the model has no adapters");
+    CHECK(t == NULL && n == 0);
+    CHECK_OK(rf_model_lora_bind(b, &o));
+    CHECK(b->n_frozen == m->n_frozen && b->n_params == m->n_params && b->params == m->params);
+    int V = m->cfg.vocab_size;
+    float *x = malloc(sizeof(float) * 13 * V), *y = malloc(sizeof(float) * 13 * V);
+    logits_of(m, x);
+    logits_of(b, y);
+    CHECK(memcmp(x, y, sizeof(float) * 13 * V) == 0);
+    CHECK_OK(rf_lora_table(b, &t, &n));
+    CHECK(n == m->lora.n_views && t[0].offset == 0 && t[n - 1].offset + t[n - 1].numel == m->n_params - m->n_frozen);
+    free(t), free(x), free(y);
+    CHECK_ERR(rf_model_lora_bind(b, &o), RF_ERR_ARG,
+              "LoRA: adapters are bound over a borrowed buffer, on a model without any that is not training");
+    rf_model *own = NULL; /* a model with a buffer of its own: attach, not bind */
+    CHECK_OK(rf_model_init(&own, &m->cfg, rf_cpu_kernels()));
+    CHECK_ERR(rf_model_lora_bind(own, &o), RF_ERR_ARG, "LoRA: adapters are bound over a borrowed buffer");
+    rf_model_free(own), rf_model_free(b), rf_model_free(m);
+}
+
 int main(void) {
     rf_arch arch[] = {RF_ARCH_QWEN2, RF_ARCH_LLAMA, RF_ARCH_QWEN3};
     for (int i = 0; i < 3; i++) {
@@ -321,5 +346,6 @@ int main(void) {
     init_check();
     error_check();
     checkpoint_check();
+    bind_check();
     return rf_test_finish("test_lora");
 }

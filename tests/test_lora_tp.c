@@ -14,6 +14,9 @@
  *     1e-5 of the largest adapter value of the whole model's, the frozen base untouched bit
  *     for bit, the replicated adapters the same bits on every rank, the log-probs of the
  *     trained adapters within 1e-5;
+ *   - the reference of a LoRA run, a second shard model over the actor shard's own base floats
+ *     (no second copy), gives the whole base model's log-probs (within 1e-5), while the
+ *     trained adapters' are more than 1e-3 away;
  *   - the PEFT adapter written from the gathered shards (rf_lora_save_peft_fill) has the whole
  *     model's layout: adapter_config.json byte for byte, the safetensors header byte for byte
  *     (names, shapes, dtypes, offsets), the values within the tolerance above.
@@ -203,6 +206,28 @@ static void lora_tp_equals_one_rank(rf_comm *c, shape s) {
     for (int i = 0; i < NS; i++)
         for (int t = 0; t < smp[i].n_resp; t++) lp = fmax(lp, fabs((double)a[i][t] - b[i][t]) / fmax(1.0, fabs(a[i][t])));
     CHECK(lp < 1e-5);
+    /* the reference of a LoRA run: a second shard model over the actor shard's own base floats
+     * (actor/worker_tp.c base_reference) gives the base's log-probs, not the adapted policy's */
+    rf_model_tp *rt = NULL;
+    float *rp[NS];
+    CHECK_OK(rf_model_tp_init_borrowed(&rt, &ref->cfg, rf_cpu_kernels(), c, T_OK, tp->m->params));
+    CHECK(rt->m->n_params == tp->m->n_frozen && rt->m->params == tp->m->params);
+    for (int i = 0; i < NS; i++) rp[i] = calloc((size_t)smp[i].n_resp, sizeof(float));
+    CHECK_OK(rf_actor_logprobs(base, smp, NS, 20, 1.0f, a, NULL));
+    CHECK_OK(rf_actor_logprobs_tp(rt, smp, NS, 20, 1.0f, rp, NULL));
+    double rl = 0, off = 0;
+    for (int i = 0; i < NS; i++)
+        for (int t = 0; t < smp[i].n_resp; t++) {
+            rl = fmax(rl, fabs((double)a[i][t] - rp[i][t]) / fmax(1.0, fabs(a[i][t])));
+            off = fmax(off, fabs((double)b[i][t] - rp[i][t]));
+        }
+    CHECK(rl < 1e-5);
+    CHECK(off > 1e-3); /* the adapters moved the policy: a reference with them would miss by this */
+    if (g_rank == 0)
+        printf("tp %d, shape %d: reference over the actor's base shards against the base model %.3g (the adapted "
+               "policy is %.3g away)\n", tp->tp, (int)s, rl, off);
+    for (int i = 0; i < NS; i++) free(rp[i]);
+    rf_model_tp_free(rt);
     for (int i = 0; i < NS; i++) free(a[i]), free(b[i]);
     if (g_rank == 0 || !(d < 1e-5))
         printf("rank %d, tp %d, shape %d: %zu adapter floats, %d summed at the end of backward; adapters moved %.3g, "

@@ -8,8 +8,8 @@
  *    the uninterrupted run, and the checkpoint holds the adapters and their moments only; its
  *    PEFT copy drives `rlflow generate --adapter` and `rlflow merge-lora` to the same tokens;
  *  - `rlflow sft` with [lora] writes a PEFT adapter;
- *  - bad [lora] values, and layouts LoRA does not support, fail with the exact error naming
- *    the key. */
+ *  - bad [lora] values fail with the exact error naming the key (layouts on several processes:
+ *    tests/test_split_lora_tp.c). */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -127,16 +127,7 @@ static void bad_recipes(void) {
         "error: --set: lora.targets: \"qkv\" is not allowed (allowed: \"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\")");
     bad("lora.targets=[]", "error: --set: lora.targets = []: names no projection");
     bad("lora.dropout=0.1", "error: --set: lora.dropout = 0.1 is not implemented yet (dropout on the adapter input; set it to 0)");
-    bad("placement.actor.tp=2", "placement.actor.tp = 2 is not implemented yet (with lora.enabled = true in a colocated "
-                                "run on several processes (the rollout ranks read the training weights in place); use "
-                                "placement.mode = \"split\")");
-    /* placement.rollout.tp: tests/test_split_lora.c (a colocated run refuses it earlier) */
-    bad("placement.actor.dp=2' --set 'placement.actor.zero=1",
-        "placement.actor.zero = 1 is not implemented yet (with lora.enabled = true: ZeRO-1 of the adapters' AdamW "
-        "moments (they are small: use zero = 0))");
-    bad("placement.actor.dp=2", "placement.actor.dp = 2 is not implemented yet (with lora.enabled = true in a colocated "
-                                "run on several processes (the rollout ranks read the training weights in place); use "
-                                "placement.mode = \"split\")");
+    /* layouts on several processes: tests/test_split_lora_tp.c */
 }
 
 int main(void) {

@@ -22,7 +22,8 @@
  *     parameter by lr * g / (|g| + eps), about lr * sign(g), and a gradient that is rounding
  *     noise around zero (the shards sum in another order) can take either sign (measured: 2 of
  *     18688 floats); the tp run resumes from that checkpoint;
- *   - layouts LoRA does not support are refused before mpirun starts, naming the key.
+ * (Tensor-parallel generation, the tensor-parallel reference, ZeRO-1 and the refusals:
+ * test_split_lora_tp.)
  * Skips (77) when mpirun is not installed. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -173,15 +174,6 @@ static void tensor_parallel(void) {
     CHECK(rf_test_sh(NULL, "test -f %s/tp2/step_000002/adapter/adapter_model.safetensors", dir) == 0);
 }
 
-static void refusals(void) {
-    rf_test_refused(dir, rlflow, 0, "rtp", "--set placement.rollout.tp=2",
-                    "placement.rollout.tp = 2 is not implemented yet (with lora.enabled = true: adapters resharded "
-                    "to tensor-parallel rollout workers)");
-    rf_test_refused(dir, rlflow, 0, "zero", "--set placement.actor.zero=1",
-                    "placement.actor.zero = 1 is not implemented yet (with lora.enabled = true: ZeRO-1 of the "
-                    "adapters' AdamW moments (they are small: use zero = 0))");
-}
-
 int main(void) {
     int rc = rf_test_split_start("split_lora", &rlflow, dir, sizeof dir);
     if (rc) return rc;
@@ -189,7 +181,6 @@ int main(void) {
     /* the recipe's [train] lr and [algorithm] kl_coef for adapters (test_run_lora's) */
     CHECK(rf_test_sh(NULL, "cd %s && sed -i 's/^lr = 5e-4$/lr = 5e-3/; s/^clip_high = 0.28$/clip_high = 0.28\\nkl_coef = 0.01/' "
                            "r.toml", dir) == 0);
-    refusals();
     learns_like_one_process();
     damaged_checksum();
     resumes();

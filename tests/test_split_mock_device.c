@@ -10,6 +10,8 @@
  *     checkpoint at step 3 resumed to 4;
  *   - the critic and the reference split over 2 of the actor's 4 tensor-parallel ranks, the
  *     critic on 2 of 3 replicas, and a reward model split over 2 ranks: the same against the CPU;
+ *   - LoRA with tp 2 and generation tp 2 (adapters alone resharded, the reference the actor's
+ *     base shards): the same against the CPU;
  *   - a colocated GRPO run on "cuda": the CPU run's rewards and gradient norms bit for bit;
  *   - colocated runs on two devices (dp 2 zero-copy, tp 2 resharded in place for whole-model
  *     generation, tp 2 with generation tp 2 and a reference, whose scoring takes turns with
@@ -98,6 +100,17 @@ static void own_layouts(void) {
              "--set reward.model_weight=100 --set placement.reward.tp=2", src);
     const char *want_rm[] = {"training worker: reward model split over the 2 tensor-parallel ranks"};
     same_as_cpu("rm_tp_cpu", "rm_tp_gpu", layout, want_rm, 1);
+}
+
+/* LoRA on "cuda": the actor's adapters split over 2 tensor-parallel ranks (their base read into
+ * each device shard after the adapters were attached), the reference the actor's base shards,
+ * the adapters alone resharded to generation tp 2: the same scores as on the CPU (the adapters
+ * train: kl_ref above 1e-3 at step 2). */
+static void lora(void) {
+    const char *want[] = {"resharded from 2 shards to the rollout workers (LoRA: the adapters alone)",
+                          "the actor's frozen base shards themselves (LoRA; no second copy"};
+    same_as_cpu("lora_cpu", "lora_gpu", "--set lora.enabled=true --set train.lr=5e-3 --set placement.actor.tp=2 "
+                "--set placement.rollout.tp=2", want, 2);
 }
 
 /* A colocated GRPO run on "cuda" (one process: the generation engine and the update on the
@@ -285,6 +298,7 @@ int main(void) {
     data_parallel();
     grid_and_resume();
     own_layouts();
+    lora();
     colocated();
     colocated_ranks();
     kv_from_device_memory();

@@ -245,6 +245,8 @@ rf_status rf_checkpoint_moments_open(rf_ckpt_moments *cm, const char *ckpt_dir, 
                                      const rf_model_tp *tp) {
     memset(cm, 0, sizeof *cm);
     cm->m = m, cm->tp = tp;
+    int n;
+    if (!tp && m->lora.rank) RF_TRY(rf_lora_table(m, &cm->adapters, &n));
     for (int k = 0; k < 2; k++) {
         char p[4300];
         cm->suffix[k] = rf_checkpoint_part(ckpt_dir, role, k + 1, p, sizeof p);
@@ -260,13 +262,22 @@ rf_status rf_checkpoint_moments_open(rf_ckpt_moments *cm, const char *ckpt_dir, 
 rf_status rf_checkpoint_moments_read(void *ctx, int which, size_t a, size_t n, float *dst) {
     const rf_ckpt_moments *cm = ctx;
     if (which < 1 || which > 2) return rf_error(RF_ERR_ARG, "AdamW moment %d", which);
-    if (cm->tp)
-        return rf_model_read_range(cm->tp->full_views, cm->tp->n_full_views, cm->tp->shards, cm->st[which - 1],
+    const rf_model_tp *tp = cm->tp;
+    if (tp && tp->lora_views) /* LoRA: the adapters' blocks, offsets from 0 */
+        return rf_model_read_range(tp->lora_views, tp->n_lora_views, tp->lora_shards, cm->st[which - 1],
                                    cm->suffix[which - 1], a, n, dst);
+    if (tp)
+        return rf_model_read_range(tp->full_views, tp->n_full_views, tp->shards, cm->st[which - 1],
+                                   cm->suffix[which - 1], a, n, dst);
+    if (cm->adapters)
+        return rf_model_read_range(cm->adapters, cm->m->lora.n_views, NULL, cm->st[which - 1], cm->suffix[which - 1], a,
+                                   n, dst);
     return rf_model_read_range(cm->m->views, cm->m->n_views, NULL, cm->st[which - 1], cm->suffix[which - 1], a, n, dst);
 }
 
 void rf_checkpoint_moments_close(rf_ckpt_moments *cm) {
     rf_st_close(cm->st[0]), rf_st_close(cm->st[1]);
     cm->st[0] = cm->st[1] = NULL;
+    free(cm->adapters);
+    cm->adapters = NULL;
 }

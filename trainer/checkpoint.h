@@ -80,13 +80,15 @@ typedef struct rf_ckpt_moments {
     const char *suffix[2];
     const rf_model *m;
     const rf_model_tp *tp;
+    rf_param_view *adapters; /* a whole model with LoRA: its adapters' table, offsets from 0 */
 } rf_ckpt_moments;
 
 rf_status rf_checkpoint_moments_open(rf_ckpt_moments *cm, const char *ckpt_dir, const char *role, const rf_model *m,
                                      const rf_model_tp *tp);
 
-/* Floats [a, a + n) of moment `which` (1, 2) of the model's (or shard's) buffer into host dst
- * (rf_dp_moment_src; ctx an rf_ckpt_moments). Errors name the file and tensor. */
+/* Floats [a, a + n) of moment `which` (1, 2) of the model's (or shard's) buffer of trained
+ * floats (under LoRA the adapters', from 0) into host dst (rf_dp_moment_src; ctx an
+ * rf_ckpt_moments). Errors name the file and tensor. */
 rf_status rf_checkpoint_moments_read(void *ctx, int which, size_t a, size_t n, float *dst);
 void rf_checkpoint_moments_close(rf_ckpt_moments *cm);
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "model/lora.h"
 
 /* A bucket: floats [lo, hi) of the flat buffers (of the gradient buffer: under LoRA the
  * parameters' floats n_frozen + lo ..). Bucket 0 ends the buffer; the last one starts it. ZeRO-1 splits a bucket into `size` blocks of blk floats (the last bucket padded). */
@@ -18,12 +19,12 @@ typedef struct dp_bucket {
     rf_comm_group *g;    /* in flight, or NULL */
 } dp_bucket;
 
-/* ZeRO-1: floats of this rank's shard inside one parameter view (AdamW per view for its
- * weight decay). */
+/* ZeRO-1: floats of this rank's shard inside one trained view (AdamW per view for its weight
+ * decay). Offsets count the trained floats: under LoRA the parameters' n_frozen + p. */
 typedef struct dp_seg {
-    size_t p, s, n; /* offset in params, offset in the shard buffers, floats */
+    size_t p, s, n; /* offset among the trained floats, offset in the shard buffers, floats */
     int no_decay;
-    int view;       /* index of the view in the model */
+    int view;       /* index of the view in rf_model_train_views */
 } dp_seg;
 
 struct rf_dp {
@@ -84,17 +85,21 @@ static void own_block(const rf_dp *dp, int k, size_t *a, size_t *e) {
     if (*a > *e) *a = *e;
 }
 
-/* ZeRO-1: this rank's shard cut at view boundaries. */
+/* ZeRO-1: this rank's shard cut at the boundaries of the trained views (under LoRA the
+ * adapters'). */
 static rf_status make_segments(rf_dp *dp) {
     const rf_model *m = dp->m;
-    dp->seg = calloc((size_t)(dp->nb + m->n_views + 1), sizeof *dp->seg);
+    int nv;
+    const rf_param_view *views = rf_model_train_views(m, &nv);
+    dp->seg = calloc((size_t)(dp->nb + nv + 1), sizeof *dp->seg);
     if (!dp->seg) return rf_error(RF_ERR_NOMEM, "out of memory");
     for (int k = 0; k < dp->nb; k++) {
         size_t a, e;
         own_block(dp, k, &a, &e);
-        for (int i = 0; i < m->n_views && a < e; i++) {
-            const rf_param_view *v = &m->views[i];
-            size_t lo = v->offset > a ? v->offset : a, hi = v->offset + v->numel < e ? v->offset + v->numel : e;
+        for (int i = 0; i < nv && a < e; i++) {
+            const rf_param_view *v = &views[i];
+            size_t vo = v->offset - m->n_frozen; /* among the trained floats */
+            size_t lo = vo > a ? vo : a, hi = vo + v->numel < e ? vo + v->numel : e;
             if (lo >= hi) continue;
             dp->seg[dp->nseg++] = (dp_seg){lo, dp->b[k].so + (lo - (dp->b[k].lo + (size_t)dp->rank * dp->b[k].blk)),
                                           hi - lo, v->no_decay, i};
@@ -103,7 +108,7 @@ static rf_status make_segments(rf_dp *dp) {
     return RF_OK;
 }
 
-/* Copies this rank's blocks of a whole buffer (n_params floats) into shard layout. */
+/* Copies this rank's blocks of a whole buffer (the trained floats) into shard layout. */
 static void to_shard(rf_dp *dp, const float *full, float *shard) {
     const rf_kernels *k = dp->m->k;
     for (int i = 0; i < dp->nseg; i++)
@@ -116,7 +121,7 @@ static int padded(const rf_dp *dp, int k) {
 }
 
 /* Allgathers every bucket: rank r's block comes from shard (shard layout), the whole goes to
- * full (n_params floats). Blocking, bucket by bucket. */
+ * full (the trained floats). Blocking, bucket by bucket. */
 static rf_status gather_buckets(rf_dp *dp, const float *shard, float *full, const char *what) {
     const rf_kernels *k = dp->m->k;
     for (int i = 0; i < dp->nb; i++) {
@@ -128,7 +133,7 @@ static rf_status gather_buckets(rf_dp *dp, const float *shard, float *full, cons
     return RF_OK;
 }
 
-/* Rank 0's `full` (n_params floats; NULL on the others) cut into every rank's shard: block r of
+/* Rank 0's `full` (the trained floats; NULL on the others) cut into every rank's shard: block r of
  * each bucket sent to rank r (the padded bucket through the staging buffer: zeros past its
  * end). Blocking, bucket by bucket. */
 static rf_status scatter_buckets_root(rf_dp *dp, const float *full, float *shard, const char *what) {
@@ -229,11 +234,8 @@ rf_status rf_dp_init(rf_dp **out, rf_comm *c, rf_model *m, const rf_dp_opts *o) 
     *out = NULL;
     if (!m->grads || !m->opt_m || !m->opt_v)
         return rf_error(RF_ERR_ARG, "data parallelism needs a model with training buffers (rf_model_enable_training)");
-    /* LoRA: the buckets cover the gradient buffer (the adapters); ZeRO-1's blocks and segments
-     * are laid out over the whole buffer */
-    if (m->n_frozen && o->zero)
-        return rf_error(RF_ERR_UNSUPPORTED, "ZeRO-1 of a model with LoRA adapters is not implemented (the "
-                        "adapters' AdamW moments are small: use plain data parallelism)");
+    /* LoRA: the buckets, ZeRO-1's blocks and segments cover the gradient buffer (the adapters,
+     * the parameters' floats from n_frozen on) */
     int device = m->k != rf_cpu_kernels();
     if (device != (rf_comm_backend(c) == RF_COMM_NCCL))
         return rf_error(RF_ERR_ARG, "data parallelism: the %s communicator cannot reduce %s gradients",
@@ -394,6 +396,13 @@ rf_status rf_dp_sync_grads(rf_dp *dp) {
 
 /* ---- optimizer ---- */
 
+/* Is trained view `view` of a tensor-parallel shard whole on every rank of its group (under
+ * LoRA an adapter's block, else a parameter's)? */
+static int seg_replicated(const rf_dp *dp, int view) {
+    if (dp->m->n_frozen) return dp->tp->lora_shards[view].split == RF_SPLIT_REPLICATED;
+    return rf_model_tp_replicated(dp->tp, view);
+}
+
 /* ZeRO-1: the global squared norm from each shard's sum of squares; a double sent as two
  * floats (high part and remainder) keeps its precision through the float allreduce. With
  * tensor parallelism the sum is the TP shard's (its replicated tensors counted on TP rank 0
@@ -402,7 +411,7 @@ static rf_status global_sumsq(rf_dp *dp, double *out) {
     const rf_kernels *k = dp->m->k;
     double local = 0;
     for (int i = 0; i < dp->nseg; i++)
-        if (!dp->tp || dp->tp->t == 0 || !rf_model_tp_replicated(dp->tp, dp->seg[i].view))
+        if (!dp->tp || dp->tp->t == 0 || !seg_replicated(dp, dp->seg[i].view))
             local += k->sum_squares(dp->sg + dp->seg[i].s, dp->seg[i].n);
     float *parts = malloc(sizeof(float) * 2 * (size_t)dp->size), mine[2];
     if (!parts) return rf_error(RF_ERR_NOMEM, "out of memory");
@@ -420,6 +429,7 @@ static rf_status global_sumsq(rf_dp *dp, double *out) {
 static rf_status zero_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm, float *lr_used) {
     rf_model *m = dp->m;
     const rf_kernels *k = m->k;
+    float *p = m->params + m->n_frozen; /* the trained floats (under LoRA the adapters) */
     double sumsq = 0;
     RF_TRY(global_sumsq(dp, &sumsq));
     double norm = sqrt(sumsq);
@@ -430,13 +440,13 @@ static rf_status zero_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm,
     int step = ++m->opt_step;
     for (int i = 0; i < dp->nseg; i++) {
         const dp_seg *s = &dp->seg[i];
-        k->adamw(m->params + s->p, dp->sg + s->s, dp->sm + s->s, dp->sv + s->s, s->n, lr, o->beta1, o->beta2,
+        k->adamw(p + s->p, dp->sg + s->s, dp->sm + s->s, dp->sv + s->s, s->n, lr, o->beta1, o->beta2,
                  o->eps, s->no_decay ? 0.0f : o->weight_decay, step, gs);
     }
     if (lr_used) *lr_used = lr;
     /* the summed gradients are spent: their buffer stages the updated shard */
-    to_shard(dp, m->params, dp->sg);
-    rf_status st = gather_buckets(dp, dp->sg, m->params, "allgather of updated parameters");
+    to_shard(dp, p, dp->sg);
+    rf_status st = gather_buckets(dp, dp->sg, p, "allgather of updated parameters");
     k->weights_updated();
     return st;
 }
@@ -452,7 +462,7 @@ rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm,
 rf_status rf_dp_gather_optimizer(rf_dp *dp) {
     rf_model *m = dp->m;
     if (!dp->o.zero || m->opt_m) return RF_OK;
-    size_t bytes = sizeof(float) * m->n_params;
+    size_t bytes = sizeof(float) * (m->n_params - m->n_frozen); /* the moments of the trained floats */
     m->opt_m = m->k->alloc(bytes), m->opt_v = m->k->alloc(bytes);
     rf_status st = m->opt_m && m->opt_v ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for the optimizer state");
     if (st == RF_OK) st = gather_buckets(dp, dp->sm, m->opt_m, "allgather of the optimizer state");
@@ -463,9 +473,10 @@ rf_status rf_dp_gather_optimizer(rf_dp *dp) {
 
 rf_status rf_dp_moment_range(rf_dp *dp, int which, size_t a, size_t n, float *dst) {
     const float *shard = which == 1 ? dp->sm : dp->sv;
-    if (!dp->o.zero || (which != 1 && which != 2) || a + n > dp->m->n_params)
+    size_t trained = dp->m->n_params - dp->m->n_frozen;
+    if (!dp->o.zero || (which != 1 && which != 2) || a + n > trained || a + n < a)
         return rf_error(RF_ERR_ARG, "rf_dp_moment_range: moment %d, floats [%zu, %zu) of %zu%s", which, a, a + n,
-                        dp->m->n_params, dp->o.zero ? "" : " without ZeRO-1");
+                        trained, dp->o.zero ? "" : " without ZeRO-1");
     /* the pieces: bucket by bucket, rank by rank, [x0, x1) of rank r's block inside [a, a + n) */
     int cap = 0, k = 0;
     for (int i = 0; i < dp->nb; i++) cap += dp->b[i].lo < a + n && dp->b[i].hi > a ? dp->size : 0;

@@ -23,6 +23,8 @@
  * Memory: the model's buffers (params, grads) stay whole on every rank. Plain DP keeps the
  * model's AdamW moments; ZeRO-1 frees them (rf_dp_init) and keeps moments for its shard, about
  * n_params / size floats each, plus a gradient shard and a staging shard of the same size.
+ * With LoRA (model/lora.h) only the adapters train: buckets, blocks and moments cover the
+ * trained floats, the parameters' from n_frozen on, and every offset below counts from there.
  *
  * Back ends: the communicator's memory must be the model's (MPI or single with the CPU
  * kernels; NCCL with CUDA ones, whose buckets run on the NCCL stream while backward goes on
@@ -46,8 +48,9 @@
 
 typedef struct rf_dp rf_dp;
 
-/* Floats [a, a + n) of AdamW moment `which` (1 or 2) of a whole model's buffer into host
- * dst: where a resumed ZeRO-1 run's ranks read their blocks (a checkpoint's files). */
+/* Floats [a, a + n) of AdamW moment `which` (1 or 2) of a whole model's buffer (its trained
+ * floats: under LoRA the adapters', from 0) into host dst: where a resumed ZeRO-1 run's ranks
+ * read their blocks (a checkpoint's files). */
 typedef rf_status (*rf_dp_moment_src)(void *ctx, int which, size_t a, size_t n, float *dst);
 
 typedef struct rf_dp_opts {
@@ -142,7 +145,7 @@ rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm,
 rf_status rf_dp_gather_optimizer(rf_dp *dp);
 
 /* ZeRO-1: floats [a, a + n) of the first (which = 1) or second (2) AdamW moment (offsets into
- * the model's whole buffer) gathered onto rank 0 into dst (n floats of host memory, whatever
+ * the model's whole buffer of trained floats: under LoRA the adapters', from 0) gathered onto rank 0 into dst (n floats of host memory, whatever
  * the back end; NULL on the others, which send their blocks of the range): one tensor of a checkpoint at a time, so
  * no rank ever holds the whole moments. Every rank calls it with the same which, a, n.
  * RF_ERR_ARG without ZeRO-1 or for a range outside the buffer. Collective. */
