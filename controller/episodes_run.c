@@ -125,31 +125,28 @@ rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, int n_
     return st;
 }
 
-rf_status rf__eval_episodes(rf_run *run, double *acc, double *mean_len) {
+rf_status rf__val_episodes(rf_run *run, const rf_role_gen *q, int n, rf_train_sample *out) {
     const rf_recipe *r = run->r;
-    int size = rf_dataset_size(run->val), n = r->logging.val_size;
-    n = n <= 0 || n > size ? size : n;
     rf_reward_item *items = calloc((size_t)n + 1, sizeof *items);
     char **meta = calloc((size_t)n + 1, sizeof *meta);
     rf_episode *eps = calloc((size_t)n + 1, sizeof *eps);
     rf_status st = items && meta && eps ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for validation");
-    for (int i = 0; st == RF_OK && i < n; i++) items[i] = example_item(rf_dataset_get(run->val, i), i, &meta[i]);
+    for (int i = 0; st == RF_OK && i < n; i++) items[i] = example_item(q[i].ex, i, &meta[i]);
     rf_episode_opts eo = {r->env.max_turns, r->env.max_total_tokens, run->tok};
-    rf_rollout_request q = episode_request(run, 1);
+    rf_rollout_request rq = episode_request(run, 1);
     rf_rollout_set_version(run->engine, run->step);
     if (st == RF_OK) st = rf__rollout_resume(run->engine);
     /* validation episodes are numbered from 2^63, apart from training's */
-    if (st == RF_OK) st = rf_episodes_run(run->engine, &run->env, &eo, items, n, 1, &q, 0, 1ull << 63, eps);
+    if (st == RF_OK) st = rf_episodes_run(run->engine, &run->env, &eo, items, n, 1, &rq, 0, 1ull << 63, eps);
     if (st == RF_OK) st = rf__rollout_pause(r, run->engine, -1);
     if (run->env.take_stats) run->env.take_stats(run->env.ctx); /* training's metrics count training's calls */
-    double correct = 0, len = 0;
     for (int i = 0; st == RF_OK && i < n; i++) {
-        float reward, a;
-        st = rf_reward_rules_score(run->rules, eps[i].last_text, eps[i].n, items[i].truth, &reward, &a);
-        correct += isnan(a) ? reward : a;
-        len += eps[i].n;
+        st = to_sample(run, &eps[i], q[i].ex, 0, &out[i]);
+        /* validation scores the last turn's text, as training's rules do */
+        char *last = st == RF_OK ? rf_strdup(eps[i].last_text ? eps[i].last_text : "") : NULL;
+        if (st == RF_OK && !last) st = rf_error(RF_ERR_NOMEM, "out of memory for validation");
+        if (st == RF_OK) free(out[i].text), out[i].text = last;
     }
-    *acc = n ? correct / n : 0, *mean_len = n ? len / n : 0;
     for (int i = 0; eps && i < n; i++) rf_episode_free(&eps[i]);
     for (int i = 0; meta && i < n; i++) free(meta[i]);
     free(items), free(meta), free(eps);

@@ -248,7 +248,7 @@ int rf__group_informative(const rf_train_sample *s, int n) {
 }
 
 rf_status rf__external_score(rf_run *run, const rf_example *const *ex, rf_train_sample *s, int n, int per,
-                             int64_t first_group) {
+                             const int64_t *ids) {
     if (!run->ext || n <= 0) return RF_OK;
     int groups = (n + per - 1) / per;
     rf_reward_item *items = calloc((size_t)n, sizeof *items);
@@ -261,7 +261,7 @@ rf_status rf__external_score(rf_run *run, const rf_example *const *ex, rf_train_
         const rf_example *e = ex[i / per];
         items[i] = (rf_reward_item){e->prompt_text, s[i].text, s[i].tokens, s[i].n_prompt,
                                     s[i].tokens + s[i].n_prompt, s[i].n_resp, e->answer, meta[i / per],
-                                    i % per, first_group + i / per};
+                                    i % per, ids[i / per]};
     }
     if (st == RF_OK) st = rf_external_reward_score(run->ext, items, n, sc);
     if (st == RF_OK) st = rf__apply_external(run, s, n, sc);

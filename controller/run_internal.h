@@ -2,6 +2,7 @@
 #ifndef RF_RUN_INTERNAL_H
 #define RF_RUN_INTERNAL_H
 
+#include "controller/roles.h"
 #include "controller/run.h"
 #include "model/lora.h"
 #include "rollout/rollout_tp.h"
@@ -62,16 +63,12 @@ rf_status rf__sft_build(const rf_recipe *r, const char *dir);
 /* [env] (controller/episodes_run.c): opens run->env from the recipe (nothing without
  * env.type; env.type = "external" waits env.timeout for a program); a step's samples as
  * episodes (n_prompts groups of rollout.n into out, scored by the rules on the last turn,
- * env/ metrics set); validation accuracy by greedy episodes on the first logging.val_size
- * validation examples. */
+ * env/ metrics set); validation responses by greedy episodes for requests q (n, one each) into
+ * out (their text: the last turn's, which the rules score). */
 rf_status rf__env_open(rf_run *run);
 rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, int n_prompts, int round,
                                 rf_train_sample *out, double *tokens);
-rf_status rf__eval_episodes(rf_run *run, double *acc, double *mean_len);
-
-/* One RL step of the one-process loop (generate, score, reference, critic, advantages,
- * updates), metrics set on run->metrics. */
-rf_status rf__rl_step(rf_run *run);
+rf_status rf__val_episodes(rf_run *run, const rf_role_gen *q, int n, rf_train_sample *out);
 
 /* ---- controller/rl_core.c: the dataflow's pieces every deployment runs, once ---- */
 
@@ -92,10 +89,10 @@ rf_ckpt_state rf__run_ckpt_state(const rf_run *run, rf_dataset_pos pos);
 int rf__group_informative(const rf_train_sample *s, int n);
 
 /* External reward programs (run->ext; nothing without) score samples s (n, in groups of per;
- * group g's example ex[g]): item i is sample i % per of group first_group + i / per, and
+ * group g's example ex[g]): item i is sample i % per of group ids[i / per], and
  * rf__apply_external adds the scores. */
 rf_status rf__external_score(rf_run *run, const rf_example *const *ex, rf_train_sample *s, int n, int per,
-                             int64_t first_group);
+                             const int64_t *ids);
 
 /* What a validation sample counts towards val/accuracy, the same in every deployment: its
  * accuracy by the reward rules, or its reward when none of the rules judges correctness
@@ -178,9 +175,6 @@ typedef struct rf_val_response {
  * one-process loop and the split controller (docs/training.md, "Validation"). */
 rf_status rf__val_score(rf_run *run, const rf_val_response *v, int n, double *acc_sum, double *reward_sum);
 
-/* Greedy responses to the first n examples of run->val (all when n <= 0), scored by
- * rf__val_score: the mean accuracy, total reward and response length. */
-rf_status rf__validate(rf_run *run, int n, double *acc, double *reward, double *mean_len);
 
 /* logging.samples_every: at a step it divides, logs logging.samples_per_step of the batch's n
  * samples s (groups of rollout.n; ex: the example of each group) with rf_metrics_samples on
