@@ -34,7 +34,8 @@ typedef struct group {
     int min_version;
     int step, round, place; /* its seed's origin (rf__group_seed); validation: its index */
     int stage;              /* STAGE_* */
-    int scoring;            /* a scoring request is out */
+    int scoring;            /* the flags of the scoring request out (RF_ROLE_SCORE_*), 0: none */
+    int policy_scored;      /* its reward-model request also asked for the policy scores */
     int score_deferred;     /* the flags of a ScoreRequest waiting for generation to pause (ctl.turns) */
     double score_sent;      /* when it was sent (rf_time_now) */
     struct group *next, *prev; /* the live list */
@@ -763,12 +764,18 @@ static rf_status group_ready(ctl *c, group *g) {
     return st;
 }
 
-/* Every sample of a training group is back: the reward model's scores when the recipe has one,
- * then (STAGE_REWARDED) the reward programs with the groups rewarded by then. */
+/* Every sample of a training group is back: the reward model's scores when the recipe has one
+ * (without dynamic sampling, which could drop the group, with the reference, proximal and value
+ * scores in the same request), then (STAGE_REWARDED) the reward programs with the groups
+ * rewarded by then. */
 static rf_status group_complete(ctl *c, group *g) {
-    if (c->run->r->reward.model[0]) return request_score(c, g, STAGE_RM, RF_ROLE_SCORE_RM);
-    g->stage = STAGE_REWARDED;
-    return RF_OK;
+    const rf_recipe *r = c->run->r;
+    if (!r->reward.model[0]) {
+        g->stage = STAGE_REWARDED;
+        return RF_OK;
+    }
+    g->policy_scored = !r->algorithm.dynamic_sampling;
+    return request_score(c, g, STAGE_RM, RF_ROLE_SCORE_RM | (g->policy_scored ? policy_flags(c) : 0));
 }
 
 static rf_status loop_sample(void *ctx, uint64_t req, int index, rf_train_sample *in) {
@@ -860,7 +867,7 @@ static rf_status rewards(ctl *c) {
             rf_buffer_discard(c->buf, g->id);
             unlink_group(c, g);
             group_free(g);
-        } else if (flags) {
+        } else if (flags && !g->policy_scored) {
             st = request_score(c, g, STAGE_POLICY, flags);
         } else {
             st = group_ready(c, g);
@@ -1056,8 +1063,10 @@ static rf_status loop(ctl *c) {
     c->run->start_step = c->run->step;
     c->closed = c->run->step > 0 || !val_due_at(c, 0) ? c->run->step : -1;
     while (!finished(c)) {
-        int sig = rf_interrupt_signal();
-        if (sig) {
+        RF_TRY(rewards(c));
+        RF_TRY(close_record(c));
+        RF_TRY(start_validation(c));
+        if (rf_interrupt_signal()) {
             int stopped;
             RF_TRY(stop_step(c, &stopped));
             if (stopped) {
@@ -1065,11 +1074,7 @@ static rf_status loop(ctl *c) {
                 return rf_error(RF_ERR_IO, "interrupted at step %d: checkpoint written to %s/step_%06d; resume with --resume",
                                 c->run->step, r->logging.dir, c->ckpt_last);
             }
-        }
-        RF_TRY(rewards(c));
-        RF_TRY(close_record(c));
-        RF_TRY(start_validation(c));
-        if (!sig) {
+        } else {
             RF_TRY(admit(c));
             RF_TRY(try_train(c));
         }

@@ -3,9 +3,10 @@
  * are queued; progress() runs one kind of work at a time, all of it at once, in this order: a
  * checkpoint; the validation requests (greedy, rf_generate on the actor, or greedy [env]
  * episodes); the generate requests (all submitted to the engine and run until idle, or one
- * round of [env] episodes); the reward-model requests (one call over their samples in request
- * order); the other scoring requests (reference, proximal log-probs, values: one call each over
- * every pending sample in request order); the training batch. The loop answers each delivery
+ * round of [env] episodes); the requests with reward-model scores (one call over their samples
+ * in request order, and the reference / proximal / value scores they also ask for); the other
+ * scoring requests (reference, proximal log-probs, values: one call each over every pending
+ * sample in request order); the training batch. The loop answers each delivery
  * before asking again, so a step's generation, scoring and update are batched as whole as the
  * one-process loop always batched them. */
 #include <math.h>
@@ -38,6 +39,7 @@ typedef struct inproc {
     float batch_kl;
     rf_ckpt_state ckpt;
     int ckpt_pending;
+    double gen_tokens;            /* sampled tokens since the last step */
     /* seconds per phase since the last step (perf/share_*) */
     double t_gen, t_ref, t_prox, t_critic, t_actor, t_critic_train;
 } inproc;
@@ -194,6 +196,7 @@ static rf_status run_generation(inproc *x, const rf_role_sink *sink) {
         else st = engine_generate(x, q, k, n, out);
     }
     if (!greedy) x->t_gen += rf_time_now() - t;
+    for (int i = 0; st == RF_OK && !greedy && i < k * n; i++) x->gen_tokens += out[i].n_resp;
     for (int i = 0; st == RF_OK && i < k * n; i++) st = sink->sample(sink->ctx, q[i / n].req, i % n, &out[i]);
     for (int i = 0; out && i < k * n; i++) rf_train_sample_free(&out[i]);
     free(out), free(q);
@@ -251,7 +254,8 @@ static rf_status policy_scores(inproc *x, rf_train_sample *s, int n, int flags) 
     return st;
 }
 
-/* The pending reward-model requests if any, else all the others: one pass over their samples. */
+/* The pending requests with reward-model scores if any, else all the others: one call per kind
+ * of score over all their samples. */
 static rf_status run_scoring(inproc *x, const rf_role_sink *sink) {
     int want_rm = 0, flags = 0;
     for (int i = 0; i < x->n_sc; i++) want_rm |= !!(x->sc[i].flags & RF_ROLE_SCORE_RM);
@@ -270,9 +274,8 @@ static rf_status run_scoring(inproc *x, const rf_role_sink *sink) {
             for (int j = 0; j < q[i].n; j++) q[i].s[j].rm_score = sc[at + j];
         free(sc);
         x->t_gen += rf_time_now() - t; /* the reward is part of generating a sample (perf/share_generate) */
-    } else if (st == RF_OK) {
-        st = policy_scores(x, all, n, flags);
     }
+    if (st == RF_OK && (flags & ~RF_ROLE_SCORE_RM)) st = policy_scores(x, all, n, flags);
     for (int i = 0; st == RF_OK && i < k; i++) st = sink->scored(sink->ctx, q[i].req);
     free(q), free(all);
     return st;
@@ -329,10 +332,13 @@ static rf_status progress(void *ctx, double timeout, const rf_role_sink *sink) {
     return rf_error(RF_ERR_ARG, "in-process roles: the loop waits with no request pending (step %d)", x->version);
 }
 
-/* perf/share_*: each phase's share of the step's role time. */
+/* perf/gen_tokens_per_s (over the generation time alone, the engine's throughput) and
+ * perf/share_*: each phase's share of the step's role time. */
 static void step_metrics(void *ctx, rf_metrics *m, double step_s) {
     (void)step_s;
     inproc *x = ctx;
+    rf_metrics_set(m, "perf/gen_tokens_per_s", x->gen_tokens / fmax(x->t_gen, 1e-9));
+    x->gen_tokens = 0;
     double total = x->t_gen + x->t_ref + x->t_prox + x->t_critic + x->t_actor + x->t_critic_train;
     total = fmax(total, 1e-9);
     rf_metrics_set(m, "perf/share_generate", x->t_gen / total);
