@@ -1,9 +1,8 @@
-/* The pieces of the RL dataflow that every deployment runs, the one-process loop
- * (controller/rl_step.c) and the message-driven controller of split and multi-device runs
- * (controller/controller.c) alike, and the training worker (actor/worker*.c): a group's
- * external rewards and dynamic-sampling test, reward-model scores, advantages, the update and
- * optimizer options, the batch's metrics and sample logs, resuming the run's state from a
- * checkpoint. Each exists once; the loops differ only in how they reach the roles. */
+/* The pieces of the RL dataflow that the one loop of every deployment (controller/controller.c,
+ * with the in-process roles of controller/roles_inproc.c or the message roles) and the training
+ * worker (actor/worker*.c) run: a group's external rewards and dynamic-sampling test,
+ * reward-model scores, advantages, the update and optimizer options, the batch's metrics and
+ * sample logs, resuming the run's state from a checkpoint. Each exists once. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -72,7 +72,7 @@ rf_status rf__val_episodes(rf_run *run, const rf_role_gen *q, int n, rf_train_sa
 
 /* ---- controller/rl_core.c: the dataflow's pieces every deployment runs, once ---- */
 
-/* run->r = r, and the run state both loops start from: the algorithm's enums parsed (errors
+/* run->r = r, and the run state the loop starts from: the algorithm's enums parsed (errors
  * name the recipe key), the KL controller at algorithm.kl_coef, no best validation yet. */
 rf_status rf__run_state_init(rf_run *run, const rf_recipe *r);
 
@@ -172,14 +172,14 @@ typedef struct rf_val_response {
  * reward.external_weight x the reward programs' reward and per-token rewards (requests with
  * group_id -1). Adds each response's total to *reward_sum and its accuracy (the rules'
  * correctness, or the total when no correctness rule is listed) to *acc_sum. The same in the
- * one-process loop and the split controller (docs/training.md, "Validation"). */
+ * one loop of every deployment (docs/training.md, "Validation"). */
 rf_status rf__val_score(rf_run *run, const rf_val_response *v, int n, double *acc_sum, double *reward_sum);
 
 
 /* logging.samples_every: at a step it divides, logs logging.samples_per_step of the batch's n
  * samples s (groups of rollout.n; ex: the example of each group) with rf_metrics_samples on
- * run->metrics: one response of each group in turn. The same in the one-process loop and the
- * split controller. */
+ * run->metrics: one response of each group in turn. The same in every deployment (the one
+ * loop calls it). */
 rf_status rf__log_samples(rf_run *run, int step, const rf_train_sample *s, const rf_example *const *ex, int n);
 
 /* reward/..., response/... metrics of a batch (reward/mean: rf__total_reward). */
