@@ -85,7 +85,9 @@ static void log_score_layout(const tworker *w, int flags) {
 static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
     int n = (int)q->n_samples;
     rf_train_sample *s = NULL;
-    RF_TRY(unpack(q->samples, q->n_samples, &s));
+    rf_status ust = unpack(q->samples, q->n_samples, &s);
+    if (ust != RF_OK)
+        return rf_error_wrap(ust, "the controller's ScoreRequest %llu", (unsigned long long)q->request_id);
     Rlflow__FloatSeq *ref = calloc((size_t)(n ? n : 1), sizeof *ref), *val = calloc((size_t)(n ? n : 1), sizeof *val);
     Rlflow__FloatSeq **refp = malloc(sizeof *refp * (size_t)(n ? n : 1)), **valp = malloc(sizeof *valp * (size_t)(n ? n : 1));
     rf_status st = ref && val && refp && valp ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
@@ -211,7 +213,9 @@ static rf_status train(tworker *w, const Rlflow__TrainBatch *b) {
     double t0 = rf_time_now();
     int n = (int)b->n_samples;
     rf_train_sample *s = NULL;
-    RF_TRY(unpack(b->samples, b->n_samples, &s)); /* checks every sample, the peers' too */
+    rf_status ust = unpack(b->samples, b->n_samples, &s); /* checks every sample, the peers' too */
+    if (ust != RF_OK)
+        return rf_error_wrap(ust, "the controller's TrainBatch %llu", (unsigned long long)b->batch_id);
     /* data parallel: the peers (replicas) get their shares; this rank (replica) keeps [lo, hi):
      * the actor's share and the critic's (sh) */
     size_t lo = 0, hi = b->n_samples;

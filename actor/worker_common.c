@@ -31,6 +31,20 @@ void rf__worker_samples_free(rf_train_sample *s, int n) {
 #define samples_free rf__worker_samples_free
 #define unpack rf__worker_unpack
 
+/* TrainSample.loss_mask (episodes: observation tokens masked out) into s, checked: empty, or
+ * one 0 or 1 per response token. */
+static rf_status unpack_mask(const Rlflow__TrainSample *t, size_t i, int nr, rf_train_sample *s) {
+    if (!t->loss_mask.len) return RF_OK;
+    if (t->loss_mask.len != (size_t)nr)
+        return rf_error(RF_ERR_FORMAT, "sample %zu: loss_mask has %zu values for %d response tokens", i, t->loss_mask.len, nr);
+    for (int j = 0; j < nr; j++)
+        if (t->loss_mask.data[j] > 1)
+            return rf_error(RF_ERR_FORMAT, "sample %zu: loss_mask[%d] = %d (0 or 1)", i, j, t->loss_mask.data[j]);
+    if (!(s->loss_mask = malloc((size_t)nr))) return rf_error(RF_ERR_NOMEM, "out of memory");
+    memcpy(s->loss_mask, t->loss_mask.data, (size_t)nr);
+    return RF_OK;
+}
+
 rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample **out) {
     rf_train_sample *s = calloc(n ? n : 1, sizeof *s);
     if (!s) return rf_error(RF_ERR_NOMEM, "out of memory");
@@ -63,6 +77,11 @@ rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample 
         COPY(values, values)
 #undef COPY
         for (int j = 0; j < nr && (size_t)j < t->n_versions; j++) s[i].versions[j] = (int)t->versions[j];
+        st = unpack_mask(t, i, nr, &s[i]);
+        if (st != RF_OK) {
+            samples_free(s, (int)i + 1);
+            return st;
+        }
     }
     *out = s;
     return RF_OK;
@@ -99,7 +118,8 @@ rf_status rf__worker_ref_load(tworker *w) {
     const rf_recipe *r = w->r;
     if (w->actor && w->actor->lora.rank && !r->reference.path[0])
         return rf_model_init_borrowed(&w->ref, &w->actor->cfg, w->k, w->actor->params);
-    return rf_model_load(&w->ref, r->reference.path[0] ? r->reference.path : r->model.path, w->k, 0);
+    /* never trained: a bf16 checkpoint's matrices stay bf16 when running bf16 */
+    return rf_model_load_frozen(&w->ref, r->reference.path[0] ? r->reference.path : r->model.path, w->k, 0);
 }
 
 rf_status rf__worker_score(tworker *w, rf_train_sample *s, int n, int flags) {

@@ -23,8 +23,13 @@
  *    parameters and moments written: 8 x 4 bytes per parameter) against the DRAM copy.
  *  - op (with --profile): time per kernel op over one training step, prefill and decode, from a
  *    timed copy of the back end's table.
+ *  - frozen (--frozen, with --precision bf16): the model saved as BF16 and loaded back with
+ *    rf_model_load_frozen, whose products read the stored bf16 matrices (no fp32 copy): prefill
+ *    and decode only (a frozen model does not train), and a model_memory line with the
+ *    resident memory after them, to set beside a run without --frozen.
  * Usage: bench_model [--quick] [--config small|qwen0.5b] [--precision fp32|bf16] [--profile]
- *                    [--only LIST] (LIST: comma-separated train,prefill,decode1,decode32,adamw)
+ *                    [--frozen] [--only LIST] (LIST: comma-separated train,prefill,decode1,
+ *                    decode32,adamw)
  * Threads: OMP_NUM_THREADS. small is the 25m preset (C=512, 6 layers, vocab 16384, 26 M
  * parameters); qwen0.5b the shape of Qwen2.5-0.5B (494 M parameters) with random weights. */
 #include <cblas.h>
@@ -43,7 +48,7 @@
 /* ---------------------------------------------------------------- options ---- */
 
 typedef struct bench_opts {
-    int quick, profile;
+    int quick, profile, frozen;
     const char *config;    /* "small" or "qwen0.5b" */
     rf_precision precision;
     const char *only;      /* NULL = every figure */
@@ -60,7 +65,7 @@ static int wanted(const bench_opts *o, const char *name) {
 
 static void usage_exit(const char *msg) {
     fprintf(stderr, "bench_model: %s\nusage: bench_model [--quick] [--config small|qwen0.5b] "
-            "[--precision fp32|bf16] [--profile] [--only train,prefill,decode1,decode32,adamw]\n", msg);
+            "[--precision fp32|bf16] [--profile] [--frozen] [--only train,prefill,decode1,decode32,adamw]\n", msg);
     exit(2);
 }
 
@@ -71,6 +76,7 @@ static void parse_opts(bench_opts *o, int argc, char **argv) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--quick") == 0) o->quick = 1;
         else if (strcmp(a, "--profile") == 0) o->profile = 1;
+        else if (strcmp(a, "--frozen") == 0) o->frozen = 1;
         else if (strcmp(a, "--config") == 0 && val) o->config = val, i++;
         else if (strcmp(a, "--only") == 0 && val) o->only = val, i++;
         else if (strcmp(a, "--precision") == 0 && val) {
@@ -90,6 +96,9 @@ static void parse_opts(bench_opts *o, int argc, char **argv) {
         for (int i = 0; i < 5; i++) ok |= strlen(names[i]) == n && strncmp(p, names[i], n) == 0;
         if (!ok) usage_exit("--only takes train, prefill, decode1, decode32, adamw");
     }
+    if (o->frozen && o->precision != RF_PRECISION_BF16) usage_exit("--frozen needs --precision bf16");
+    if (o->frozen && (!o->only || wanted(o, "train") || wanted(o, "adamw")))
+        o->only = "prefill,decode1,decode32"; /* a frozen model does not train */
     if (strcmp(o->config, "small") == 0) o->B = 8, o->L = 256;
     else if (strcmp(o->config, "qwen0.5b") == 0) o->B = 2, o->L = 256; /* ~10 GB in training */
     else usage_exit("--config must be small or qwen0.5b");
@@ -110,6 +119,32 @@ static rf_model *bench_model(const bench_opts *o, const rf_kernels *k) {
     RF_ASSERT(rf_model_init(&m, &c, k) == RF_OK);
     rf_model_init_random(m, 1, 0.02f);
     return m;
+}
+
+/* --frozen: m saved as BF16 into a temporary directory (removed again) and loaded back with
+ * rf_model_load_frozen; m is freed. */
+static rf_model *frozen_model(rf_model *m, const rf_kernels *k) {
+    char dir[] = "/tmp/rf_bench_frozen_XXXXXX", cmd[64];
+    RF_ASSERT(mkdtemp(dir) != NULL);
+    RF_ASSERT(rf_model_save(m, dir, 1, 0) == RF_OK);
+    rf_model_free(m);
+    rf_model *f = NULL;
+    rf_status s = rf_model_load_frozen(&f, dir, k, 0);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "bench_model: could not remove %s\n", dir);
+    RF_ASSERT(s == RF_OK && f->wbf16 != NULL);
+    return f;
+}
+
+/* Resident memory of this process now, in MB (/proc/self/statm); -1 when unreadable. */
+static double rss_mb(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, res = -1;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &size, &res) != 2) res = -1;
+        fclose(f);
+    }
+    return res < 0 ? -1 : (double)res * (double)sysconf(_SC_PAGESIZE) / (1 << 20);
 }
 
 /* ------------------------------------------------------ hardware baselines ---- */
@@ -319,12 +354,13 @@ static void measure_baseline(hw_baseline *hw, int M, int N, int K, int quick) {
 
 /* ------------------------------------------------ timed kernel table (--profile) ---- */
 
-enum { OP_MM_F, OP_MM_B, OP_ATT_F, OP_ATT_B, OP_LP_F, OP_LP_B, OP_NORM_F, OP_NORM_B, OP_ROPE,
+enum { OP_MM_F, OP_MM_B, OP_ATT_F, OP_ATT_B, OP_LP_F, OP_LP_B, OP_NORM_F, OP_NORM_B, OP_ADD_NORM_F, OP_ROPE,
        OP_SWIGLU_F, OP_SWIGLU_B, OP_EMB_F, OP_EMB_B, OP_ADAMW, OP_PAGED_ATT, OP_PAGED_KV,
        OP_ADD, OP_SCALE, OP_SUMSQ, OP_COPY, OP_ZERO, OP_N };
 static const char *op_names[OP_N] = {
     "matmul_forward", "matmul_backward", "attention_forward", "attention_backward",
-    "logprob_forward", "logprob_backward", "rmsnorm_forward", "rmsnorm_backward", "rope",
+    "logprob_forward", "logprob_backward", "rmsnorm_forward", "rmsnorm_backward",
+    "add_rmsnorm_forward", "rope",
     "swiglu_forward", "swiglu_backward", "embedding_forward", "embedding_backward", "adamw",
     "paged_attention_forward", "paged_kv_write", "add_inplace", "scale", "sum_squares", "copy",
     "zero"};
@@ -381,7 +417,7 @@ static void t_rope_qk(float *q, float *k, const int32_t *p, const float *f, int 
     TIMED(OP_ROPE, 0, base_k->rope_qk(q, k, p, f, T, H, KVH, D, s));
 }
 static void t_add_norm_f(float *x, float *o, float *r, const float *a, const float *w, int N, int C, float e) {
-    TIMED(OP_NORM_F, 0, base_k->add_rmsnorm_forward(x, o, r, a, w, N, C, e));
+    TIMED(OP_ADD_NORM_F, 0, base_k->add_rmsnorm_forward(x, o, r, a, w, N, C, e));
 }
 static void t_sw_f(float *o, const float *g, const float *u, size_t n) {
     TIMED(OP_SWIGLU_F, 0, base_k->swiglu_forward(o, g, u, n));
@@ -459,6 +495,10 @@ static void profile_print(const char *phase, double total) {
 /* ------------------------------------------------------------------ figures ---- */
 
 static const char *prec_name(rf_precision p) { return p == RF_PRECISION_BF16 ? "bf16" : "fp32"; }
+
+/* How the model holds its weights: "fp32" (with bf16 copies at bf16 precision), or
+ * "frozen-bf16" (--frozen: the stored bf16 matrices only). */
+static const char *weights_name(const bench_opts *o) { return o->frozen ? "frozen-bf16" : "fp32"; }
 
 static double peak_for(const hw_baseline *hw, rf_precision p) {
     return p == RF_PRECISION_BF16 ? hw->peak_bf16 : hw->peak_f32;
@@ -589,10 +629,10 @@ static void bench_prefill(rf_model *m, const bench_opts *o, const hw_baseline *h
         for (int b = 0; b < B; b++) kv.len[b] = 0;
     }
     double gf = prefill_flops(&m->cfg, B, L) / best / 1e9, peak = peak_for(hw, o->precision);
-    printf("{\"bench\":\"prefill\",\"config\":\"%s\",\"precision\":\"%s\",\"sequences\":%d,"
+    printf("{\"bench\":\"prefill\",\"config\":\"%s\",\"precision\":\"%s\",\"weights\":\"%s\",\"sequences\":%d,"
            "\"prompt_len\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,"
            "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.3f,\"fraction_of_sgemm_peak\":%.3f}\n",
-           o->config, prec_name(o->precision), B, L, best, B * L / best, gf, peak, gf / peak,
+           o->config, prec_name(o->precision), weights_name(o), B, L, best, B * L / best, gf, peak, gf / peak,
            gf / hw->blas_f32);
     rf_kv_cache_free(&kv, m);
     free(tok), free(slots), free(counts), free(logits);
@@ -641,12 +681,12 @@ static void bench_decode(rf_model *m, int B, const bench_opts *o, const hw_basel
                             positions left out) */
     matmul_weights(&m->cfg, &layers, &head);
     double gf = 2.0 * (layers + head) * B * steps / best / 1e9, peak = peak_for(hw, o->precision);
-    printf("{\"bench\":\"decode\",\"config\":\"%s\",\"precision\":\"%s\",\"batch\":%d,\"steps\":%d,"
+    printf("{\"bench\":\"decode\",\"config\":\"%s\",\"precision\":\"%s\",\"weights\":\"%s\",\"batch\":%d,\"steps\":%d,"
            "\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"weight_bytes\":%.0f,\"weights_fit_llc\":%s,"
            "\"weight_gb_per_s\":%.2f,\"memcpy_gb_per_s\":%.2f,\"fraction_of_memcpy_bw\":%.3f,"
            "\"read_gb_per_s\":%.2f,\"fraction_of_read_bw\":%.3f,\"gflops\":%.2f,\"peak_gflops\":%.2f,"
            "\"fraction_of_peak\":%.3f,\"fraction_of_sgemm_peak\":%.3f}\n",
-           o->config, prec_name(o->precision), B, steps, best, (double)B * steps / best, wb,
+           o->config, prec_name(o->precision), weights_name(o), B, steps, best, (double)B * steps / best, wb,
            in_llc ? "true" : "false", bw, copy_base, bw / copy_base, read_base, bw / read_base, gf,
            peak, gf / peak, gf / hw->blas_f32);
     rf_kv_cache_free(&kv, m);
@@ -663,6 +703,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     rf_model *m = bench_model(&o, k);
+    if (o.frozen) m = frozen_model(m, k);
     hw_baseline hw;
     print_machine();
     /* Baseline shape: the MLP up-projection of a training step, (T, F, C). */
@@ -672,6 +713,10 @@ int main(int argc, char **argv) {
     if (wanted(&o, "prefill")) bench_prefill(m, &o, &hw);
     if (wanted(&o, "decode1")) bench_decode(m, 1, &o, &hw);
     if (wanted(&o, "decode32")) bench_decode(m, 32, &o, &hw);
+    printf("{\"bench\":\"model_memory\",\"config\":\"%s\",\"precision\":\"%s\",\"weights\":\"%s\","
+           "\"parameters\":%zu,\"weight_bytes_held\":%.0f,\"rss_mb\":%.1f}\n", o.config, prec_name(o.precision),
+           weights_name(&o), m->n_params,
+           (double)m->n_params * (o.frozen ? 2 : o.precision == RF_PRECISION_BF16 ? 6 : 4), rss_mb());
     rf_model_free(m);
     return 0;
 }

@@ -30,12 +30,12 @@ def load(paths):
                 continue
             r = json.loads(line)
             b = r["bench"]
-            if b in ("matmul_peak", "sgemm_peak", "memcpy", "machine", "op"):
+            if b in ("matmul_peak", "sgemm_peak", "memcpy", "machine", "op", "model_memory"):
                 hw.setdefault(b + str(r.get("dtype", "")), r)
                 continue
             if "error" in r:
                 continue
-            impl = r.get("impl", "rlflow")
+            impl = r.get("impl", "rlflow-frozen" if r.get("weights") == "frozen-bf16" else "rlflow")
             if b == "adamw":
                 impl = "rlflow" if impl == "rlflow" else "torch"
             k = key(r) + (impl,)

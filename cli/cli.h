@@ -22,8 +22,10 @@ int rf_cmd_keygen(int argc, char **argv);
 rf_status rf_cli_backend(const char *device, const rf_kernels **out);
 
 /* Loads model and tokenizer from a Hugging Face directory on back end `device`, its products at
- * `precision` ("auto" | "fp32" | "bf16"; errors name --precision; the choice is logged). */
-rf_status rf_cli_open(const char *dir, const char *device, const char *precision, rf_model **m,
+ * `precision` ("auto" | "fp32" | "bf16"; errors name --precision; the choice is logged). frozen:
+ * the weights will not change (no adapter to attach): rf_model_load_frozen, which keeps a bf16
+ * checkpoint's matrices in bf16 when running bf16. */
+rf_status rf_cli_open(const char *dir, const char *device, const char *precision, int frozen, rf_model **m,
                       rf_tokenizer **tok);
 
 /* EOS ids: generation_config.json, then config.json, then the tokenizer's. Returns count. */

@@ -24,14 +24,14 @@ rf_status rf_cli_backend(const char *device, const rf_kernels **out) {
     return rf_error_wrap(cuda ? RF_ERR_NODEVICE : RF_ERR_ARG, "--device%s", cuda ? " cuda" : "");
 }
 
-rf_status rf_cli_open(const char *dir, const char *device, const char *precision, rf_model **m,
+rf_status rf_cli_open(const char *dir, const char *device, const char *precision, int frozen, rf_model **m,
                       rf_tokenizer **tok) {
     const rf_kernels *k;
     *m = NULL;
     *tok = NULL;
     RF_TRY(rf_cli_backend(device, &k));
     RF_TRY(rf_kernels_apply_precision(k, precision, "--precision", NULL));
-    RF_TRY(rf_model_load(m, dir, k, 0));
+    RF_TRY(frozen ? rf_model_load_frozen(m, dir, k, 0) : rf_model_load(m, dir, k, 0));
     rf_status s = rf_tokenizer_load_dir(tok, dir);
     if (s != RF_OK) {
         rf_model_free(*m);

@@ -122,7 +122,7 @@ typedef struct gen_args {
 static int run_generate(const gen_args *a, char **texts, int n) {
     rf_model *m;
     rf_tokenizer *tok;
-    rf_status s = rf_cli_open(a->model, a->device, a->precision, &m, &tok);
+    rf_status s = rf_cli_open(a->model, a->device, a->precision, a->adapter == NULL, &m, &tok);
     if (s) return rf_cli_fail(s);
     if (a->adapter && (s = rf_lora_load_peft(m, a->adapter))) {
         rf_tokenizer_free(tok), rf_model_free(m);
@@ -278,7 +278,7 @@ int rf_cmd_score(int argc, char **argv) {
     }
     rf_model *m;
     rf_tokenizer *tok;
-    if ((s = rf_cli_open(model, device, precision, &m, &tok))) return rf_cli_fail(s);
+    if ((s = rf_cli_open(model, device, precision, adapter == NULL, &m, &tok))) return rf_cli_fail(s);
     if (adapter && (s = rf_lora_load_peft(m, adapter))) {
         rf_tokenizer_free(tok), rf_model_free(m);
         return rf_cli_fail(s);

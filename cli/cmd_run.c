@@ -174,7 +174,7 @@ int rf_cmd_eval(int argc, char **argv) {
                                  .answer_regex = aregex};
     rf_dataset_opts o = {.prompt_key = pkey, .answer_key = akey, .chat_template = tmpl, .require_answer = 1,
                          .no_shuffle = 1};
-    s = rf_cli_open(model, device, precision, &m, &tok);
+    s = rf_cli_open(model, device, precision, 1, &m, &tok);
     if (s == RF_OK) s = rf_dataset_load(&ds, data, &o, tok);
     if (s == RF_OK) s = eval_rules_fit(ds, data, &rc);
     if (s == RF_OK) s = rf_reward_rules_init(&rr, &rc);

@@ -35,6 +35,8 @@ static const struct {
     {RF_MSG_ENV_REPLY, "EnvReply", &rlflow__env_reply__descriptor},
     {RF_MSG_GENERATE_REQUEST, "GenerateRequest", &rlflow__generate_request__descriptor},
     {RF_MSG_SAMPLE, "Sample", &rlflow__sample__descriptor},
+    {RF_MSG_ENV_TURNS, "EnvTurns", &rlflow__env_turns__descriptor},
+    {RF_MSG_ENV_OBSERVATIONS, "EnvObservations", &rlflow__env_observations__descriptor},
     {RF_MSG_TRAIN_BATCH, "TrainBatch", &rlflow__train_batch__descriptor},
     {RF_MSG_TRAIN_STATS, "TrainStats", &rlflow__train_stats__descriptor},
     {RF_MSG_WEIGHTS_UPDATE, "WeightsUpdate", &rlflow__weights_update__descriptor},
@@ -652,6 +654,11 @@ static rf_status recv_one(rf_msg_server *s, rf_msg_event *ev) {
     }
     zmq_msg_close(&part[0]), zmq_msg_close(&part[1]);
     return RF_OK;
+}
+
+void rf_msg_server_keepalive(rf_msg_server *s) {
+    double now = rf_time_now();
+    if (now - s->last_ping >= s->hb) ping_all(s, now);
 }
 
 rf_status rf_msg_server_poll(rf_msg_server *s, double timeout_s, rf_msg_event *ev) {

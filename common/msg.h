@@ -69,6 +69,8 @@ typedef enum rf_msg_type {
     RF_MSG_ENV_REPLY = RLFLOW__MSG_TYPE__MSG_ENV_REPLY,
     RF_MSG_GENERATE_REQUEST = RLFLOW__MSG_TYPE__MSG_GENERATE_REQUEST,
     RF_MSG_SAMPLE = RLFLOW__MSG_TYPE__MSG_SAMPLE,
+    RF_MSG_ENV_TURNS = RLFLOW__MSG_TYPE__MSG_ENV_TURNS,
+    RF_MSG_ENV_OBSERVATIONS = RLFLOW__MSG_TYPE__MSG_ENV_OBSERVATIONS,
     RF_MSG_TRAIN_BATCH = RLFLOW__MSG_TYPE__MSG_TRAIN_BATCH,
     RF_MSG_TRAIN_STATS = RLFLOW__MSG_TYPE__MSG_TRAIN_STATS,
     RF_MSG_WEIGHTS_UPDATE = RLFLOW__MSG_TYPE__MSG_WEIGHTS_UPDATE,
@@ -167,6 +169,11 @@ const char *rf_msg_server_endpoint(const rf_msg_server *s);
  * Heartbeats and handshakes are handled here and never surface as MESSAGE. Errors (the server
  * is unusable): RF_ERR_IO when ZeroMQ fails. */
 rf_status rf_msg_server_poll(rf_msg_server *s, double timeout_s, rf_msg_event *ev);
+
+/* Pings every peer when a ping is due, receiving nothing: for a server owner that waits on
+ * something else for a while (a split controller inside an environment call), so that its
+ * peers do not take it for dead. */
+void rf_msg_server_keepalive(rf_msg_server *s);
 
 /* Sends one message to a registered peer. A peer whose connection is gone, or that does not
  * read for peer_timeout_s, is marked lost (the next poll reports it) and RF_ERR_IO returned,

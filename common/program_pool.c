@@ -122,6 +122,39 @@ rf_status rf_program_pool_security(const rf_program_security *s, rf_curve_key se
     return RF_OK;
 }
 
+/* d's client keys appended to *clients (n). */
+static rf_status add_client_keys(const rf_program_security *s, const rf_program_direct_keys *d, rf_curve_key **clients,
+                                 int *n) {
+    if (d->n_clients <= 0) return RF_OK;
+    rf_curve_key *all = realloc(*clients, sizeof *all * (size_t)(*n + d->n_clients));
+    if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
+    *clients = all;
+    char what[128];
+    snprintf(what, sizeof what, "%s: a program's public key", s->endpoint_key);
+    for (int i = 0; i < d->n_clients; i++) {
+        RF_TRY(rf_curve_check(d->clients[i], what));
+        memcpy(all[(*n)++], d->clients[i], sizeof all[0]);
+    }
+    return RF_OK;
+}
+
+rf_status rf_program_pool_keys(const rf_program_security *s, const rf_program_direct_keys *d, rf_curve_key secret,
+                               rf_curve_key **clients, int *n) {
+    *clients = NULL, *n = 0;
+    if (!nonempty(s->secret_file) && nonempty(d->secret) && !nonempty(s->clients_file)) {
+        if (d->n_clients <= 0)
+            return rf_error(RF_ERR_ARG, "%s: a CURVE secret key needs the public keys of the programs it allows",
+                            s->endpoint_key);
+        char what[128];
+        snprintf(what, sizeof what, "%s: rlflow's secret key", s->endpoint_key);
+        RF_TRY(rf_curve_check(d->secret, what));
+        memcpy(secret, d->secret, sizeof(rf_curve_key));
+        return add_client_keys(s, d, clients, n);
+    }
+    RF_TRY(rf_program_pool_security(s, secret, clients, n));
+    return nonempty(s->secret_file) ? add_client_keys(s, d, clients, n) : RF_OK;
+}
+
 int rf_program_calls_init(rf_program_calls *c, int n, uint64_t base) {
     *c = (rf_program_calls){.n = n, .base = base};
     c->state = calloc((size_t)n, sizeof(int));

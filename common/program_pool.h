@@ -87,6 +87,18 @@ void rf_program_pool_free(rf_program_pool *p);
 rf_status rf_program_pool_security(const rf_program_security *s, rf_curve_key secret,
                                    rf_curve_key **clients, int *n);
 
+/* The keys of the programs rlflow starts itself (controller/programs.h), given directly. */
+typedef struct rf_program_direct_keys {
+    const char *secret;                /* rlflow's Z85 secret key made for the run; NULL: none */
+    const char *const *clients;        /* (n_clients) Z85 public keys allowed besides the file's */
+    int n_clients;
+} rf_program_direct_keys;
+
+/* rf_program_pool_security with the keys of d too: keys given directly alone (no key files: the
+ * run's own server key and its programs' keys), or the file's client keys plus d's. */
+rf_status rf_program_pool_keys(const rf_program_security *s, const rf_program_direct_keys *d, rf_curve_key secret,
+                               rf_curve_key **clients, int *n);
+
 /* The bookkeeping of one call sent to the pool: request ids are base + k * n + i for the k-th
  * send of item i, so an answer maps back to its item in O(1) and ids never repeat across calls. */
 typedef struct rf_program_calls {

@@ -12,6 +12,7 @@
 #include "common/util.h"
 #include "controller/buffer.h"
 #include "controller/controller.h"
+#include "controller/episodes_split.h"
 #include "controller/interrupt.h"
 #include "controller/roles.h"
 #include "controller/run_dir.h"
@@ -112,6 +113,7 @@ typedef struct ctl {
     int scores_held;                 /* ScoreRequests held back since the last step (metrics) */
     double batch_sent_at;
     double last_progress; /* when the last step, sample, score or weights report came */
+    rf_split_eps *eps;    /* [env]: the episodes the rollout workers run (controller/episodes_split.h) */
 } ctl;
 
 static int g_interrupted; /* the last loop stopped on a signal, its checkpoint written */
@@ -213,6 +215,7 @@ static rf_status msg_generate(void *ctx, const rf_role_gen *q) {
     m.request_id = q->req, m.n_prompt_ids = (size_t)q->ex->n_prompt, m.prompt_ids = q->ex->prompt_ids;
     m.n = q->n, m.sampling = &sp, m.group_id = q->group_id, m.greedy = q->greedy;
     m.min_version = q->min_version;
+    if (c->eps) RF_TRY(rf_split_eps_begin(c->eps, &m, q->ex, q->n, q->group_id)); /* [env]: reset, first observations */
     if (g) g->worker = best;
     c->rw[best].groups++;
     rf_status st = rf_msg_server_send(c->srv, c->rw[best].peer, RF_MSG_GENERATE_REQUEST, &m.base);
@@ -281,6 +284,7 @@ static void pack_sample(Rlflow__TrainSample *t, rf_train_sample *s, int group, i
     t->n_values = with_val ? (size_t)s->n_resp : 0, t->values = s->values;
     t->n_ref_logp = with_ref ? (size_t)s->n_resp : 0, t->ref_logp = s->ref_logp;
     t->reward = s->reward, t->group = group;
+    if (s->loss_mask) t->loss_mask = (ProtobufCBinaryData){(size_t)s->n_resp, s->loss_mask}; /* [env] */
 }
 
 /* The TrainBatch to the training worker (s freed once packed). */
@@ -329,7 +333,7 @@ static rf_status on_msg_sample(ctl *c, int peer, const Rlflow__Sample *m, const 
                         peer_desc(c, peer), (unsigned long long)m->request_id);
     int nr = (int)m->n_tokens;
     if (m->index < 0 || m->index >= g->n || g->s[m->index].tokens || nr < 1 ||
-        m->n_logprobs != m->n_tokens || m->n_versions != m->n_tokens || m->prompt_len != g->ex->n_prompt)
+        m->n_logprobs != m->n_tokens || m->n_versions != m->n_tokens || (!c->eps && m->prompt_len != g->ex->n_prompt))
         return rf_error(RF_ERR_FORMAT, "%s sent a malformed Sample for request %llu (index %d, %d tokens, %zu log-probs, %zu versions, prompt %d)",
                         peer_desc(c, peer), (unsigned long long)m->request_id, m->index, nr,
                         m->n_logprobs, m->n_versions, m->prompt_len);
@@ -338,15 +342,28 @@ static rf_status on_msg_sample(ctl *c, int peer, const Rlflow__Sample *m, const 
      * the training worker's announcement */
     int64_t last = m->versions[nr - 1];
     rollout_peer *rp = find_rw(c, peer);
-    if (!rp || last != rp->version || m->weights_checksum != rp->crc)
+    /* [env]: an episode ends when the environment's answer comes, maybe after newer weights
+     * arrived: its last token may be older than the version served (never newer) */
+    if (!rp || (c->eps ? last > rp->version : last != rp->version) || m->weights_checksum != rp->crc)
         return rf_error(RF_ERR_FORMAT, "%s finished request %llu with weights version %lld, checksum %08x; it reported serving version %d, checksum %08x",
                         peer_desc(c, peer), (unsigned long long)m->request_id, (long long)last,
                         m->weights_checksum, rp ? rp->version : -1, rp ? rp->crc : 0);
     rf_train_sample s = {0};
-    rf_status st = rf__sample_init(c->run, &s, g->ex->prompt_ids, g->ex->n_prompt, m->tokens, m->logprobs, nr, m->text,
-                                   g->ex->answer);
+    rf_status st;
+    if (c->eps) { /* [env]: checked against the book of its turns, the rules on the last turn */
+        st = rf_split_eps_sample(c->eps, peer_desc(c, peer), m, g->ex, &s);
+        /* validation: the rules score the last turn, the reward model and programs the whole text */
+        if (st == RF_OK && g->id < 0) s.rules_text = rf_strdup(rf_split_eps_last_text(c->eps, g->req, m->index));
+        if (st == RF_OK && g->id < 0 && !s.rules_text) st = rf_error(RF_ERR_NOMEM, "out of memory");
+    } else {
+        st = rf__sample_init(c->run, &s, g->ex->prompt_ids, g->ex->n_prompt, m->tokens, m->logprobs, nr, m->text,
+                             g->ex->answer);
+    }
     for (int t = 0; st == RF_OK && t < nr; t++) s.versions[t] = (int)m->versions[t];
-    if (st == RF_OK && g->n_done + 1 == g->n && g->worker >= 0 && g->worker < c->n_rw) c->rw[g->worker].groups--;
+    if (st == RF_OK && g->n_done + 1 == g->n) { /* the group's last sample */
+        if (g->worker >= 0 && g->worker < c->n_rw) c->rw[g->worker].groups--;
+        rf_split_eps_forget(c->eps, g->req);
+    }
     if (st == RF_OK) st = sink->sample(sink->ctx, m->request_id, m->index, &s);
     rf_train_sample_free(&s);
     return st;
@@ -453,6 +470,24 @@ static void refuse_worker(ctl *c, const rf_msg_event *ev, const char *why) {
     rf_msg_server_drop(c->srv, ev->peer, RF_ERR_ARG, text, 0);
 }
 
+/* [env]: a rollout worker's turns that ended, answered by the environment. */
+static rf_status on_env_turns(ctl *c, int peer, const Rlflow__EnvTurns *m) {
+    if (!c->eps || !find_rw(c, peer))
+        return rf_error(RF_ERR_FORMAT, "%s sent EnvTurns, and %s", peer_desc(c, peer),
+                        c->eps ? "it is not a rollout worker" : "this run has no [env]");
+    Rlflow__EnvObservations a;
+    RF_TRY(rf_split_eps_turns(c->eps, peer_desc(c, peer), m, &a));
+    rf_status st = rf_msg_server_send(c->srv, peer, RF_MSG_ENV_OBSERVATIONS, &a.base);
+    rf_split_eps_reply_free(&a);
+    return st;
+}
+
+/* run.env_tick: the workers are pinged while the controller waits on the environment. */
+static rf_status keepalive(void *ctx) {
+    rf_msg_server_keepalive(((ctl *)ctx)->srv);
+    return RF_OK;
+}
+
 /* ---- the message roles' events ---- */
 
 static rf_status on_event(ctl *c, rf_msg_event *ev, const rf_role_sink *sink) {
@@ -474,6 +509,7 @@ static rf_status on_event(ctl *c, rf_msg_event *ev, const rf_role_sink *sink) {
     if (m->type != RF_MSG_HEARTBEAT && m->type != RF_MSG_ERROR) c->last_progress = rf_time_now();
     switch (m->type) {
     case RF_MSG_SAMPLE: return on_msg_sample(c, ev->peer, (Rlflow__Sample *)m->pb, sink);
+    case RF_MSG_ENV_TURNS: return on_env_turns(c, ev->peer, (Rlflow__EnvTurns *)m->pb);
     case RF_MSG_SCORE_RESPONSE: return on_msg_score(c, (Rlflow__ScoreResponse *)m->pb, sink);
     case RF_MSG_TRAIN_STATS: return on_msg_train_stats(c, (Rlflow__TrainStats *)m->pb, sink);
     case RF_MSG_WEIGHTS_UPDATE: return on_weights_update(c, (Rlflow__WeightsUpdate *)m->pb);
@@ -715,7 +751,8 @@ static rf_status finish_validation(ctl *c) {
     double len = 0, acc_sum = 0, reward_sum = 0;
     for (int i = 0; i < n; i++) {
         const rf_train_sample *s = &c->val_s[i];
-        v[i] = (rf_val_response){c->val_ex[i], s->text, s->tokens + s->n_prompt, s->n_resp};
+        /* [env] episodes: the rules score the last turn (rules_text), the rest the whole text */
+        v[i] = (rf_val_response){c->val_ex[i], s->text, s->tokens + s->n_prompt, s->n_resp, s->rules_text};
         len += s->n_resp;
     }
     rf_status st = rf__val_score(c->run, v, n, &acc_sum, &reward_sum);
@@ -865,6 +902,7 @@ static rf_status rewards(ctl *c) {
             c->dropped_step++;
             st = add_slot(c, g);
             rf_buffer_discard(c->buf, g->id);
+            rf_split_eps_dropped(c->eps, g->id); /* [env] split runs: its episodes' sums */
             unlink_group(c, g);
             group_free(g);
         } else if (flags && !g->policy_scored) {
@@ -937,7 +975,7 @@ static rf_status try_train(ctl *c) {
     }
     int n_stale = 0, depth = rf_buffer_depth(c->buf);
     int ok = rf_buffer_take(c->buf, c->run->step, taken, stale, cap, &n_stale);
-    for (int i = 0; i < n_stale; i++) group_free(stale[i]);
+    for (int i = 0; i < n_stale; i++) rf_split_eps_dropped(c->eps, ((group *)stale[i])->id), group_free(stale[i]);
     free(stale);
     if (!ok) {
         free(taken);
@@ -946,14 +984,15 @@ static rf_status try_train(ctl *c) {
     int count = P * n;
     rf_train_sample *s = calloc((size_t)count, sizeof *s);
     const rf_example **exs = calloc((size_t)P, sizeof *exs); /* each group's example (sample logs) */
-    rf_status st = s && exs ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    int64_t *gids = calloc((size_t)P, sizeof *gids);         /* each group's admission id ([env] metrics) */
+    rf_status st = s && exs && gids ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int gi = 0; st == RF_OK && gi < P; gi++) {
         group *g = taken[gi];
         for (int j = 0; j < n; j++) {
             s[gi * n + j] = g->s[j]; /* moved: the group keeps no pointers */
             s[gi * n + j].group = gi;
         }
-        exs[gi] = g->ex;
+        exs[gi] = g->ex, gids[gi] = g->id;
         free(g->s);
         g->s = NULL;
         free(g);
@@ -970,11 +1009,12 @@ static rf_status try_train(ctl *c) {
         if (c->roles.iface->concurrent) async_metrics(c, s, count, depth);
         if (r->algorithm.dynamic_sampling) rf_metrics_set(mt, "rollout/dropped_groups", c->dropped_step);
         rf__external_metrics(c->run, mt);
+        rf_split_eps_metrics(c->eps, gids, P, mt); /* [env] split runs: the batch's episodes */
         c->mean_kl = mean_kl;
         c->dropped_step = 0;
         st = rf__log_samples(c->run, c->run->step + 1, s, exs, count);
     }
-    free(exs);
+    free(exs), free(gids);
     if (st != RF_OK) {
         for (int i = 0; s && i < count; i++) rf_train_sample_free(&s[i]);
         free(s);
@@ -1146,7 +1186,9 @@ static rf_status msg_setup(ctl *c, const rf_recipe *r, int resume) {
     RF_TRY(rf__run_state_init(run, r));
     RF_TRY(rf_tokenizer_load_dir(&run->tok, r->model.path));
     RF_TRY(rf__load_data(run));
+    run->env_tick = keepalive, run->env_tick_ctx = c;
     RF_TRY(rf__load_rewards(run));
+    RF_TRY(rf_split_eps_open(&c->eps, run));
     if (resume) RF_TRY(rf__run_resume(run, NULL, NULL));
     RF_TRY(loop_init(c, run, (rf_roles){&MSG, c}));
     return rf__open_logging(run);
@@ -1174,6 +1216,7 @@ rf_status rf_controller_main(const rf_recipe *r, int resume, rf_msg_server *srv,
     }
     if (mine) rf_interrupt_restore();
     free(c->rw_of_peer);
+    rf_split_eps_close(c->eps);
     loop_free(c);
     rf__run_free(&c->own);
     free(c);

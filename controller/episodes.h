@@ -50,6 +50,69 @@ typedef struct rf_episode {
 
 void rf_episode_free(rf_episode *e);
 
+/* ---- an episode's book, between its turns -------------------------------------------------
+ * What both drivers keep per episode (the one-process loop's below, which steps the engine
+ * itself, and the split controller's, controller/episodes_split.c, whose rollout worker sends
+ * the turns that ended in EnvTurns): the reset's fields and answer, the turns answered, and the
+ * pending turn. The environment calls, the limits and the decision what comes after a turn are
+ * made here once for both. */
+typedef struct rf_ep_turn {
+    char *action;
+    int32_t *ids;       /* (n_ids) */
+    int n_ids;
+    char *obs;
+    float reward;
+    int end;            /* index into the episode's tokens (after the prompt) of the turn's last
+                           generated token */
+} rf_ep_turn;
+
+typedef struct rf_ep {
+    rf_reward_item ex;  /* the group's fields, index set to the sample's (pointers borrowed) */
+    uint64_t id;        /* episode id */
+    char *first_obs;    /* the reset's answer */
+    rf_ep_turn *turns;  /* (n_turns) answered turns, then the pending one at n_turns */
+    int n_turns, cap_turns;
+    int pending;        /* a turn waits for the environment */
+    const char *finish; /* of the pending turn: "eos", "stop", "length" */
+    int used;           /* tokens after the prompt (and first observation) so far */
+    int truncated;      /* ended by a limit */
+    int ended;          /* the last answer ended the episode */
+} rf_ep;
+
+/* What follows a turn the environment answered: the episode ends, or obs (n_obs, owned: free)
+ * is appended and the next turn starts. */
+typedef struct rf_ep_next {
+    int end;
+    int32_t *obs;       /* (n_obs) */
+    int n_obs;
+} rf_ep_next;
+
+/* Frees e's strings and turns (not e). */
+void rf_ep_free(rf_ep *e);
+
+/* Opens every episode of ep (n; ex and id set by the caller) with one reset call; their first
+ * observations into ep[k].first_obs. Errors: the environment's. */
+rf_status rf_ep_reset(rf_env *env, rf_ep *ep, int n);
+
+/* The first observation's ids (*ids owned, NULL when empty). RF_ERR_ARG: text and no tokenizer. */
+rf_status rf_ep_encode(const rf_tokenizer *tok, const char *text, int32_t **ids, int *n);
+
+/* Records e's turn that ended: ids (n_ids) and text (len bytes) copied, finish its reason, used
+ * the episode's tokens after the prompt so far (the turn's last at used - 1). RF_ERR_ARG when a
+ * turn is pending already or the episode ended. */
+rf_status rf_ep_turn_ended(rf_ep *e, const int32_t *ids, int n_ids, const char *text, size_t len, const char *finish,
+                           int used);
+
+/* Sends the pending turns of eps (n) to env in one call and decides each one's next step into
+ * next (n; obs owned by the caller): the environment said done or a limit was reached (max_turns,
+ * or no room for the observation and a token within max_total_tokens: truncated) -> end; else
+ * the observation tokenised once. Errors: the environment's, the tokenizer's. */
+rf_status rf_ep_step(rf_env *env, const rf_episode_opts *o, rf_ep *const *eps, int n, rf_ep_next *next);
+
+/* The turn rewards of e at each turn's last token: adds them into tr (n_tokens, zeroed by the
+ * caller) and returns their sum. RF_ERR_FORMAT when a turn's end is not in [0, n_tokens). */
+rf_status rf_ep_turn_rewards(const rf_ep *e, float *tr, int n_tokens, double *sum);
+
 /* Runs n_groups * n episodes: group g's prompt and fields are ex[g] (ex[g].index is ignored,
  * .group is passed on), sample i of group g is out[g * n + i]. req gives the sampling, the turn
  * limit (max_new_tokens), stop ids and strings; its prompt, n, seed and episode fields are

@@ -19,18 +19,8 @@ rf_status rf__env_open(rf_run *run) {
     const rf_recipe *r = run->r;
     if (!r->env.type[0]) return RF_OK;
     if (strcmp(r->env.type, "calculator") == 0) return rf_calculator_env(&run->env);
-    rf_env_bridge_config c = {.endpoint = r->env.endpoint, .timeout_s = r->env.timeout,
-                              .curve_secret_file = r->env.curve_secret, .curve_clients_file = r->env.curve_clients,
-                              .insecure = r->env.insecure};
     rf_env_bridge *x;
-    RF_TRY(rf_env_bridge_listen(&x, &c));
-    rf_log_info("env: waiting up to %.0f s for an environment program on %s", r->env.timeout,
-                rf_env_bridge_endpoint(x));
-    rf_status st = rf_env_bridge_wait(x, 1, r->env.timeout);
-    if (st != RF_OK) {
-        rf_env_bridge_close(x);
-        return st;
-    }
+    RF_TRY(rf__env_bridge_open(run, &x));
     rf_env_bridge_as_env(x, &run->env);
     return RF_OK;
 }
@@ -142,10 +132,10 @@ rf_status rf__val_episodes(rf_run *run, const rf_role_gen *q, int n, rf_train_sa
     if (run->env.take_stats) run->env.take_stats(run->env.ctx); /* training's metrics count training's calls */
     for (int i = 0; st == RF_OK && i < n; i++) {
         st = to_sample(run, &eps[i], q[i].ex, 0, &out[i]);
-        /* validation scores the last turn's text, as training's rules do */
-        char *last = st == RF_OK ? rf_strdup(eps[i].last_text ? eps[i].last_text : "") : NULL;
-        if (st == RF_OK && !last) st = rf_error(RF_ERR_NOMEM, "out of memory for validation");
-        if (st == RF_OK) free(out[i].text), out[i].text = last;
+        /* the training reward definition (rf__val_score): the rules score the last turn, the
+         * reward model and programs the whole response (out[i].text) */
+        if (st == RF_OK) out[i].rules_text = rf_strdup(eps[i].last_text ? eps[i].last_text : "");
+        if (st == RF_OK && !out[i].rules_text) st = rf_error(RF_ERR_NOMEM, "out of memory for validation");
     }
     for (int i = 0; eps && i < n; i++) rf_episode_free(&eps[i]);
     for (int i = 0; meta && i < n; i++) free(meta[i]);

@@ -106,7 +106,8 @@ rf_status rf__val_score(rf_run *run, const rf_val_response *v, int n, double *ac
     rf_status st = total && acc ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for validation");
     for (int i = 0; st == RF_OK && i < n; i++) {
         float r;
-        st = rf_reward_rules_score(run->rules, v[i].text ? v[i].text : "", v[i].n_ids, v[i].ex->answer, &r, &acc[i]);
+        const char *text = v[i].rules_text ? v[i].rules_text : v[i].text ? v[i].text : "";
+        st = rf_reward_rules_score(run->rules, text, v[i].n_ids, v[i].ex->answer, &r, &acc[i]);
         total[i] = r;
     }
     if (st == RF_OK && run->rm && n) st = add_model(run, v, n, total);

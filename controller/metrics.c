@@ -210,6 +210,18 @@ static rf_status rf__write_all(int fd, const char *path, const char *p, size_t l
 }
 
 /* One sample as a JSON line (field order as documented in docs/metrics.md). */
+/* An episode's trajectory: "response_ids": [...], "loss_mask": "1110011", "versions": [...]. */
+static void rf__sample_trajectory(rf__sb *b, const rf_sample_log *x) {
+    int n = x->response_tokens;
+    rf__sb_printf(b, ", \"response_ids\": [");
+    for (int t = 0; t < n; t++) rf__sb_printf(b, "%s%d", t ? ", " : "", (int)x->response_ids[t]);
+    rf__sb_printf(b, "], \"loss_mask\": \"");
+    for (int t = 0; t < n; t++) rf__sb_printf(b, "%c", x->loss_mask[t] ? '1' : '0');
+    rf__sb_printf(b, "\", \"versions\": [");
+    for (int t = 0; t < n; t++) rf__sb_printf(b, "%s%d", t ? ", " : "", x->versions[t]);
+    rf__sb_printf(b, "]");
+}
+
 static void rf__sample_json(rf__sb *b, int64_t step, double now, const rf_sample_log *x) {
     rf__sb_printf(b, "{\"step\": %lld, \"time\": %.3f, \"group\": %d, \"index\": %d, \"prompt\": ", (long long)step,
                   now, x->group, x->index);
@@ -232,7 +244,9 @@ static void rf__sample_json(rf__sb *b, int64_t step, double now, const rf_sample
         rf__sb_printf(b, ": ");
         rf__sb_json_number(b, x->components[k]);
     }
-    rf__sb_printf(b, "}}\n");
+    rf__sb_printf(b, "}");
+    if (x->response_ids && x->loss_mask && x->versions) rf__sample_trajectory(b, x);
+    rf__sb_printf(b, "}\n");
 }
 
 /* Text between Markdown code fences: a fence inside the text is broken up so it cannot close

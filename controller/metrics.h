@@ -75,12 +75,16 @@ typedef struct rf_sample_log {
     int n_components;
     const char *component_names[RF_SAMPLE_MAX_COMPONENTS];
     double components[RF_SAMPLE_MAX_COMPONENTS];
+    /* multi-turn episodes ([env]): the trajectory as trained on, NULL otherwise */
+    const int32_t *response_ids; /* (response_tokens) generated and observation ids in order */
+    const uint8_t *loss_mask;    /* (response_tokens) 1 generated, 0 observation */
+    const int *versions;         /* (response_tokens) policy version of each token */
 } rf_sample_log;
 
 /* Writes n samples of `step`: one JSON object per sample appended to <dir>/samples.jsonl (when
  * the jsonl sink is on; opened at the first call) with the fields step, time, group, index,
  * prompt, response, answer, reward, accuracy, advantage, response_tokens, components
- * (docs/metrics.md), and, when the TensorBoard sink is on, one text summary per sample (tag
+ * (docs/metrics.md), and for an episode response_ids, loss_mask and versions, and, when the TensorBoard sink is on, one text summary per sample (tag
  * "samples/<i>", Markdown) in the event file. Each sink gets one write(2) per call.
  * Errors: RF_ERR_IO naming the file; RF_ERR_NOMEM. */
 rf_status rf_metrics_samples(rf_metrics *m, int64_t step, const rf_sample_log *s, int n);

@@ -186,14 +186,16 @@ static const rkey KEYS[] = {
     {"reward", "programs", T_ARGVS, AT(reward.programs), "[]", NULL, "Reward programs rlflow starts itself, each an argv: [[\"python3\", \"my_reward.py\"]]. They run in rlflow's working directory, get the endpoint and keys in their environment (RLFLOW_REWARD_ENDPOINT, ...: docs/reward-api.md, \"Programs started by rlflow\"; the Python and C clients read them), write their output to <logging.dir>/reward_program_<i>.log, are restarted when they exit (reward.program_restarts) and stopped at the end of the run. Without reward.external, rlflow binds a loopback endpoint with CURVE keys made for the run. In split runs the controller process starts them."},
     {"reward", "program_restarts", T_INT, AT(reward.program_restarts), "3", NULL, "How many times each of reward.programs is started again after it exits, over the whole run; one more exit stops the run with an error naming the program, its exit status and its log."},
 
-    {"env", "type", T_ENUM, AT(env.type), "\"\"", ENV_TYPES, "\"\" = single-turn responses. \"calculator\": every sample is an episode with the built-in calculator tool: a turn that ends with a tool call <calc>EXPRESSION</calc> (the stop string \"</calc>\" is added to rollout.stop) gets <result>VALUE</result> back and the model writes on; a turn without a call ends the episode (docs/env-api.md, \"The calculator\"). \"external\": environment programs connected to env.endpoint answer each reset and turn (docs/env-api.md). The reward rules score the last turn's text; turn rewards add up with it (GRPO family: one reward per episode; PPO and REINFORCE++: each at its turn's last token). One process only (placement.mode = \"colocated\" with one rank)."},
-    {"env", "endpoint", T_STR, AT(env.endpoint), "\"\"", NULL, "With env.type = \"external\": the ZeroMQ endpoint rlflow binds for environment programs, e.g. \"tcp://127.0.0.1:5558\". An endpoint other machines can reach needs CURVE (env.curve_secret and env.curve_clients) or env.insecure = true."},
+    {"env", "type", T_ENUM, AT(env.type), "\"\"", ENV_TYPES, "\"\" = single-turn responses. \"calculator\": every sample is an episode with the built-in calculator tool: a turn that ends with a tool call <calc>EXPRESSION</calc> (the stop string \"</calc>\" is added to rollout.stop) gets <result>VALUE</result> back and the model writes on; a turn without a call ends the episode (docs/env-api.md, \"The calculator\"). \"external\": environment programs connected to env.endpoint answer each reset and turn (docs/env-api.md). The reward rules score the last turn's text; turn rewards add up with it (GRPO family: one reward per episode; PPO and REINFORCE++: each at its turn's last token). Every deployment: in split and multi-device runs the controller owns the environment and the rollout workers run the turns (docs/env-api.md, \"Episodes in split and multi-device runs\")."},
+    {"env", "endpoint", T_STR, AT(env.endpoint), "\"\"", NULL, "With env.type = \"external\": the ZeroMQ endpoint rlflow binds for environment programs, e.g. \"tcp://127.0.0.1:5558\"; \"\" with env.programs: a loopback endpoint with CURVE keys made for the run. An endpoint other machines can reach needs CURVE (env.curve_secret and env.curve_clients) or env.insecure = true."},
     {"env", "max_turns", T_INT, AT(env.max_turns), "4", NULL, "Turns per episode at most: the environment's step after the last one says `last` and the episode ends (truncated) whatever it answers."},
     {"env", "max_total_tokens", T_INT, AT(env.max_total_tokens), "256", NULL, "Tokens after the prompt (and the reset's observation) per episode at most, generated and observed; a turn also ends at rollout.max_new_tokens tokens. An observation that would leave no room for one more token ends the episode (truncated). Must be >= rollout.max_new_tokens."},
     {"env", "timeout", T_FLOAT, AT(env.timeout), "30.0", NULL, "Seconds: the wait for the first environment program, the longest silence, and the per-call deadline (a program holding requests without answering any for this long is dropped and its requests go to another program)."},
     {"env", "curve_secret", T_STR, AT(env.curve_secret), "\"\"", NULL, "Path of rlflow's CURVE secret key file (rlflow keygen) for env.endpoint; with env.curve_clients only the listed programs get in; \"\" = no CURVE."},
     {"env", "curve_clients", T_STR, AT(env.curve_clients), "\"\"", NULL, "Path of a file listing the CURVE public keys of the environment programs allowed to connect, one per line. Needed with env.curve_secret."},
     {"env", "insecure", T_BOOL, AT(env.insecure), "false", NULL, "Let env.endpoint bind an address other machines can reach without CURVE (warned). false: such a recipe is refused."},
+    {"env", "programs", T_ARGVS, AT(env.programs), "[]", NULL, "Environment programs rlflow starts itself (env.type = \"external\"), each an argv: [[\"python3\", \"my_env.py\"]]. They run in rlflow's working directory, get the endpoint and keys in their environment (RLFLOW_ENV_ENDPOINT, ...: docs/env-api.md, \"Programs started by rlflow\"; the Python and C clients read them), write their output to <logging.dir>/env_program_<i>.log, are restarted when they exit (env.program_restarts; the requests a program held go to another one or to its restart) and stopped at the end of the run. Without env.endpoint, rlflow binds a loopback endpoint with CURVE keys made for the run. In split and multi-device runs the controller process starts them."},
+    {"env", "program_restarts", T_INT, AT(env.program_restarts), "3", NULL, "How many times each of env.programs is started again after it exits, over the whole run; one more exit stops the run with an error naming the program, its exit status and its log."},
 
     {"reference", "enabled", T_ENUM, AT(reference.enabled), "\"auto\"", AUTO_BOOL, "Keep a reference policy; \"auto\" = when algorithm.kl_coef > 0 (true and false may be written as booleans)."},
     {"reference", "path", T_STR, AT(reference.path), "\"\"", NULL, "Reference model directory; \"\" = the initial policy."},
@@ -250,6 +252,7 @@ static const struct { const char *key; double lo, hi; int lo_open, hi_open; } RA
     {"data.max_prompt_tokens", 0, INFINITY, 0, 1},
     {"reward.external_timeout", 0, INFINITY, 1, 1},
     {"reward.program_restarts", 0, INFINITY, 0, 1},
+    {"env.program_restarts", 0, INFINITY, 0, 1},
     {"env.max_turns", 1, 1000, 0, 0},
     {"env.max_total_tokens", 1, INFINITY, 0, 1},
     {"env.timeout", 0, INFINITY, 1, 1},
@@ -910,16 +913,21 @@ static rf_status check_range(const rf_recipe *r, size_t i) {
     return invalid(r, RANGES[i].key, rule);
 }
 
-/* [env]: an endpoint exactly with env.type = "external", its CURVE files together, room for a
- * whole turn, one process. */
+/* [env]: an endpoint or programs exactly with env.type = "external", its CURVE files together,
+ * room for a whole turn. */
 static rf_status validate_env(const rf_recipe *r) {
     int ext = strcmp(r->env.type, "external") == 0;
-    if (ext && !r->env.endpoint[0]) return invalid(r, "env.endpoint", "is needed with env.type = \"external\"");
+    if (!ext && r->env.programs.n > 0)
+        return invalid(r, "env.programs", "needs env.type = \"external\" (environment programs answer the episodes)");
+    if (ext && !r->env.endpoint[0] && r->env.programs.n == 0)
+        return invalid(r, "env.endpoint", "is needed with env.type = \"external\" (or env.programs, which rlflow "
+                       "starts on an endpoint of its own)");
     if (!ext && r->env.endpoint[0]) return invalid(r, "env.endpoint", "is set but env.type is not \"external\"");
     if ((r->env.curve_secret[0] != 0) != (r->env.curve_clients[0] != 0))
         return invalid(r, r->env.curve_secret[0] ? "env.curve_secret" : "env.curve_clients",
                        "needs the other CURVE file too (env.curve_secret and env.curve_clients)");
-    if (ext && !r->env.curve_secret[0] && !r->env.insecure && !rf_curve_endpoint_is_local(r->env.endpoint))
+    if (ext && r->env.endpoint[0] && !r->env.curve_secret[0] && !r->env.insecure &&
+        !rf_curve_endpoint_is_local(r->env.endpoint))
         return invalid(r, "env.endpoint", "can be reached from other machines, and without CURVE anyone who "
                        "reaches it can send the observations and rewards that train the policy: set "
                        "env.curve_secret and env.curve_clients, bind a loopback address, or set env.insecure = "
@@ -927,9 +935,6 @@ static rf_status validate_env(const rf_recipe *r) {
     if (!r->env.type[0]) return RF_OK;
     if (r->env.max_total_tokens < r->rollout.max_new_tokens)
         return invalid(r, "env.max_total_tokens", "must be >= rollout.max_new_tokens (a turn's limit)");
-    if (rf_recipe_multi_process(r))
-        return rf_recipe_reject_unimplemented(r, "env.type", "with several processes: multi-turn episodes run in "
-                                              "the one-process deployment for now");
     return RF_OK;
 }
 

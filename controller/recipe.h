@@ -130,6 +130,8 @@ typedef struct rf_recipe {
         double timeout;     /* seconds: connect wait, silence and per-call deadline */
         char *curve_secret, *curve_clients; /* CURVE key files, "" = none */
         int insecure;       /* allow a non-loopback endpoint without CURVE */
+        rf_argv_list programs; /* environment programs rlflow starts (controller/programs.h) */
+        int program_restarts;  /* restarts allowed per program over the run */
     } env;
     struct {
         const char *enabled; /* "auto" | "true" | "false"; see rf_recipe_reference_enabled */

@@ -143,6 +143,8 @@ rf_status rf__log_samples(rf_run *run, int step, const rf_train_sample *s, const
                                .group = g, .index = j, .response_tokens = x->n_resp,
                                .reward = rf__total_reward(x), .accuracy = x->accuracy,
                                .advantage = x->adv && x->n_resp ? x->adv[0] : NAN};
+        if (x->loss_mask) /* an episode: its trajectory as trained on */
+            l[i].response_ids = x->tokens + x->n_prompt, l[i].loss_mask = x->loss_mask, l[i].versions = x->versions;
         sample_components(run, x, &l[i]);
     }
     rf_status st = rf_metrics_samples(run->metrics, step, l, k);
@@ -294,7 +296,7 @@ rf_ckpt_state rf__run_ckpt_state(const rf_run *run, rf_dataset_pos pos) {
 
 void rf__val_metrics(rf_run *run, double acc, double reward, double len) {
     rf_metrics_set(run->metrics, "val/accuracy", acc);
-    if (!run->env.call && (run->ext || run->rm)) rf_metrics_set(run->metrics, "val/reward", reward);
+    if (run->ext || run->rm) rf_metrics_set(run->metrics, "val/reward", reward);
     rf_metrics_set(run->metrics, "val/length_mean", len);
 }
 

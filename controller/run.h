@@ -39,7 +39,10 @@ typedef struct rf_run {
     rf_reward_model *rm;   /* optional reward model */
     rf_external_reward *ext; /* optional external reward programs */
     struct rf_programs *programs; /* reward.programs, started by rlflow (controller/programs.h) */
+    struct rf_programs *env_programs; /* env.programs, started by rlflow */
     rf_env env;            /* [env]: the environment of multi-turn episodes; env.call NULL: none */
+    rf_status (*env_tick)(void *); /* NULL, or called while the environment is waited on (a split */
+    void *env_tick_ctx;            /* controller keeps its workers pinged) */
     rf_metrics *metrics;
     int32_t *eos;          /* generation stops at these ids */
     int n_eos;

@@ -4,6 +4,7 @@
 
 #include "controller/roles.h"
 #include "controller/run.h"
+#include "env/bridge.h"
 #include "model/lora.h"
 #include "rollout/rollout_tp.h"
 #include "trainer/checkpoint.h"
@@ -64,8 +65,14 @@ rf_status rf__sft_build(const rf_recipe *r, const char *dir);
  * env.type; env.type = "external" waits env.timeout for a program); a step's samples as
  * episodes (n_prompts groups of rollout.n into out, scored by the rules on the last turn,
  * env/ metrics set); validation responses by greedy episodes for requests q (n, one each) into
- * out (their text: the last turn's, which the rules score). */
+ * out (text: the whole response, for the reward model and programs; rules_text: the last
+ * turn's, which the rules score: rf__val_score, the training reward definition). */
 rf_status rf__env_open(rf_run *run);
+/* env.type = "external": the environment bridge bound (env.endpoint, or a loopback endpoint with
+ * CURVE keys made for the run when only env.programs is set), env.programs started with the
+ * endpoint and keys in their environment (RLFLOW_ENV_*), and every program waited for (one
+ * without env.programs) up to env.timeout. Caller owns *x. */
+rf_status rf__env_bridge_open(rf_run *run, rf_env_bridge **x);
 rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, int n_prompts, int round,
                                 rf_train_sample *out, double *tokens);
 rf_status rf__val_episodes(rf_run *run, const rf_role_gen *q, int n, rf_train_sample *out);
@@ -101,7 +108,7 @@ rf_status rf__external_score(rf_run *run, const rf_example *const *ex, rf_train_
 double rf__val_credit(double reward, float accuracy);
 
 /* A validation's result on run->metrics: val/accuracy, val/reward (the mean total reward; only
- * with reward programs or a reward model, not for [env] episodes) and val/length_mean. */
+ * with reward programs or a reward model, [env] episodes included) and val/length_mean. */
 void rf__val_metrics(rf_run *run, double acc, double reward, double len);
 
 /* The sampling seed of a prompt group: prompt p of dynamic-sampling round `round` of the batch
@@ -165,6 +172,8 @@ typedef struct rf_val_response {
     const char *text;     /* NULL: "" */
     const int32_t *ids;   /* (n_ids) the response's token ids */
     int n_ids;
+    const char *rules_text; /* NULL: text; an episode: its last turn, what the rules score (the
+                               reward model and programs get the whole response, as in training) */
 } rf_val_response;
 
 /* Scores n validation responses with the run's reward definition, the one training uses:

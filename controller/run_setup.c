@@ -72,13 +72,14 @@ rf_status rf__lora_attach(const rf_recipe *r, rf_model *m) {
 }
 
 /* The reference policy: under LoRA with no reference.path of its own, the actor's frozen base
- * weights seen through a second model without adapters (no second copy of the weights). */
+ * weights seen through a second model without adapters (no second copy of the weights);
+ * otherwise a frozen load (bf16 matrices kept as stored when running bf16). */
 static rf_status load_reference(rf_run *run) {
     const rf_recipe *r = run->r;
     if (run->actor->lora.rank && !r->reference.path[0])
         return rf_model_init_borrowed(&run->ref, &run->actor->cfg, run->k, run->actor->params);
     const char *p = r->reference.path[0] ? r->reference.path : r->model.path;
-    return rf_model_load(&run->ref, p, run->k, 0);
+    return rf_model_load_frozen(&run->ref, p, run->k, 0);
 }
 
 rf_status rf__load_roles(rf_run *run) {
@@ -158,31 +159,58 @@ rf_status rf__rules_init(const rf_recipe *r, rf_reward_rules **out) {
     return rf_reward_rules_init(out, &c);
 }
 
-/* The keys the programs rlflow starts connect with (docs/reward-api.md, "Programs started by
- * rlflow"): with no reward.external, a server key pair and a client key pair made for the run
- * (only those programs can connect); with reward.external and CURVE key files, a client key
- * pair added to the allowed list; with a plain reward.external, none. */
+/* What differs between the kinds of programs rlflow starts (reward.programs, env.programs). */
+typedef struct program_kind {
+    const char *label;        /* log prefix: "reward", "env" */
+    const char *key;          /* "reward.programs" */
+    const char *restarts_key; /* "reward.program_restarts" */
+    const char *var;          /* the environment variables' prefix: "RLFLOW_REWARD" */
+    const char *log_prefix;   /* <logging.dir>/<log_prefix>_<i>.log */
+    const char *endpoint;     /* the recipe's endpoint, "" for a loopback one made for the run */
+    const char *secret_file;  /* its CURVE secret key file, "" for none */
+    const char *secret_key;   /* that file's recipe key, for messages */
+    const rf_argv_list *argv;
+    int restarts;
+} program_kind;
+
+static program_kind reward_kind(const rf_recipe *r) {
+    return (program_kind){"reward", "reward.programs", "reward.program_restarts", "RLFLOW_REWARD", "reward_program",
+                          r->reward.external, r->reward.external_curve_secret, "reward.external_curve_secret",
+                          &r->reward.programs, r->reward.program_restarts};
+}
+
+static program_kind env_kind(const rf_recipe *r) {
+    return (program_kind){"env", "env.programs", "env.program_restarts", "RLFLOW_ENV", "env_program",
+                          r->env.endpoint, r->env.curve_secret, "env.curve_secret", &r->env.programs,
+                          r->env.program_restarts};
+}
+
+/* The keys the programs rlflow starts connect with (docs/reward-api.md and docs/env-api.md,
+ * "Programs started by rlflow"): with no endpoint in the recipe, a server key pair and a client
+ * key pair made for the run (only those programs can connect); with an endpoint and CURVE key
+ * files, a client key pair added to the allowed list; with a plain endpoint, none. */
 typedef struct program_keys {
     int curve;                             /* the programs use CURVE */
     rf_curve_key server_pub, server_secret; /* server_secret only for keys made for the run */
     rf_curve_key client_pub, client_secret;
 } program_keys;
 
-static rf_status make_program_keys(const rf_recipe *r, program_keys *k) {
+static rf_status make_program_keys(const program_kind *pk, program_keys *k) {
     memset(k, 0, sizeof *k);
-    if (r->reward.external[0] && !r->reward.external_curve_secret[0]) return RF_OK;
+    if (pk->endpoint[0] && !pk->secret_file[0]) return RF_OK;
     rf_status st = rf_curve_keypair(k->client_pub, k->client_secret);
-    if (st == RF_ERR_UNSUPPORTED && !r->reward.external[0]) { /* libzmq without CURVE: plain loopback */
-        rf_log_warn("reward: libzmq has no CURVE: the reward programs' loopback endpoint is not authenticated");
+    if (st == RF_ERR_UNSUPPORTED && !pk->endpoint[0]) { /* libzmq without CURVE: plain loopback */
+        rf_log_warn("%s: libzmq has no CURVE: the %s programs' loopback endpoint is not authenticated", pk->label,
+                    pk->label);
         return RF_OK;
     }
     RF_TRY(st);
-    if (r->reward.external[0]) { /* the server's public key from its secret key file */
+    if (pk->endpoint[0]) { /* the server's public key from its secret key file */
         rf_curve_key secret;
-        st = rf_curve_read_key(r->reward.external_curve_secret, 1, secret);
+        st = rf_curve_read_key(pk->secret_file, 1, secret);
         if (st == RF_OK) st = rf_curve_public(secret, k->server_pub);
         memset(secret, 0, sizeof secret);
-        if (st != RF_OK) return rf_error_wrap(st, "reward.external_curve_secret");
+        if (st != RF_OK) return rf_error_wrap(st, "%s", pk->secret_key);
     } else {
         RF_TRY(rf_curve_keypair(k->server_pub, k->server_secret));
     }
@@ -203,53 +231,71 @@ static void connect_endpoint(const char *bound, char *out, size_t cap) {
 
 static rf_status programs_tick(void *ctx) { return rf_programs_poll(*(rf_programs **)ctx); }
 
-/* reward.programs: started with the bound endpoint and the keys in their environment, then
- * waited for (all of them) as a reward program started by hand is. */
-static rf_status start_programs(rf_run *run, const program_keys *k) {
-    const rf_recipe *r = run->r;
-    char ep[600], env_ep[700], env_srv[80], env_pub[80], env_sec[80], env_dir[4200];
-    connect_endpoint(rf_external_reward_endpoint(run->ext), ep, sizeof ep);
-    snprintf(env_ep, sizeof env_ep, "RLFLOW_REWARD_ENDPOINT=%s", ep);
-    snprintf(env_srv, sizeof env_srv, "RLFLOW_REWARD_SERVER_KEY=%s", k->curve ? k->server_pub : "");
-    snprintf(env_pub, sizeof env_pub, "RLFLOW_REWARD_PUBLIC_KEY=%s", k->curve ? k->client_pub : "");
-    snprintf(env_sec, sizeof env_sec, "RLFLOW_REWARD_SECRET_KEY=%s", k->curve ? k->client_secret : "");
+/* Starts pk's programs into *out with the endpoint bound (ep) and the keys in their environment
+ * (<var>_ENDPOINT, _SERVER_KEY, _PUBLIC_KEY, _SECRET_KEY, RLFLOW_RUN_DIR; <var>_RANK). */
+static rf_status start_programs(const rf_recipe *r, const program_kind *pk, const program_keys *k, const char *ep,
+                                rf_programs **out) {
+    char env_ep[700], env_srv[80], env_pub[80], env_sec[80], env_dir[4200], rank[64];
+    snprintf(env_ep, sizeof env_ep, "%s_ENDPOINT=%s", pk->var, ep);
+    snprintf(env_srv, sizeof env_srv, "%s_SERVER_KEY=%s", pk->var, k->curve ? k->server_pub : "");
+    snprintf(env_pub, sizeof env_pub, "%s_PUBLIC_KEY=%s", pk->var, k->curve ? k->client_pub : "");
+    snprintf(env_sec, sizeof env_sec, "%s_SECRET_KEY=%s", pk->var, k->curve ? k->client_secret : "");
     snprintf(env_dir, sizeof env_dir, "RLFLOW_RUN_DIR=%s", r->logging.dir);
+    snprintf(rank, sizeof rank, "%s_RANK", pk->var);
     const char *env[] = {env_ep, env_srv, env_pub, env_sec, env_dir};
-    int n = r->reward.programs.n;
+    int n = pk->argv->n;
     /* rf_str_list arrays are not NULL-terminated: each argv copied with its terminator */
     const char ***terminated = rf_calloc((size_t)n, sizeof *terminated);
     const char *const **argv = rf_calloc((size_t)n, sizeof *argv);
     rf_status st = terminated && argv ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int i = 0; st == RF_OK && i < n; i++) {
-        const rf_str_list *a = &r->reward.programs.v[i];
+        const rf_str_list *a = &pk->argv->v[i];
         if (!(terminated[i] = rf_calloc((size_t)a->n + 1, sizeof **terminated))) st = rf_error(RF_ERR_NOMEM, "out of memory");
         for (int j = 0; terminated[i] && j < a->n; j++) terminated[i][j] = a->v[j];
         argv[i] = (const char *const *)terminated[i];
     }
-    rf_programs_config pc = {.key = "reward.programs", .restarts_key = "reward.program_restarts",
-                             .argv = argv, .n = n, .env = env, .n_env = 5, .rank_var = "RLFLOW_REWARD_RANK",
-                             .log_dir = r->logging.dir, .log_prefix = "reward_program",
-                             .max_restarts = r->reward.program_restarts};
-    if (st == RF_OK) st = rf_programs_start(&run->programs, &pc);
+    rf_programs_config pc = {.key = pk->key, .restarts_key = pk->restarts_key, .argv = argv, .n = n, .env = env,
+                             .n_env = 5, .rank_var = rank, .log_dir = r->logging.dir, .log_prefix = pk->log_prefix,
+                             .max_restarts = pk->restarts};
+    if (st == RF_OK) st = rf_programs_start(out, &pc);
     for (int i = 0; terminated && i < n; i++) free(terminated[i]);
     free(terminated), free(argv);
     memset(env_sec, 0, sizeof env_sec);
-    RF_TRY(st);
+    return st;
+}
+
+/* The error of programs that did not all connect: theirs when one failed, else how many came. */
+static rf_status programs_missing(const program_kind *pk, rf_programs *p, rf_status st, int came, const char *ep,
+                                  double timeout, const char *timeout_key, const char *log_dir) {
+    if (st != RF_ERR_IO || rf_programs_failed(p)) return st;
+    int n = pk->argv->n;
+    return rf_error(RF_ERR_IO, "%s: %d of the %d program%s rlflow started connected to %s within %g s (%s); a "
+                    "program's output is in %s/%s_<i>.log", pk->key, came, n, n == 1 ? "" : "s", ep, timeout,
+                    timeout_key, log_dir, pk->log_prefix);
+}
+
+/* reward.programs: started with the bound endpoint and the keys in their environment, then
+ * waited for (all of them) as a reward program started by hand is. */
+static rf_status start_reward_programs(rf_run *run, const program_keys *k) {
+    const rf_recipe *r = run->r;
+    program_kind pk = reward_kind(r);
+    char ep[600];
+    connect_endpoint(rf_external_reward_endpoint(run->ext), ep, sizeof ep);
+    RF_TRY(start_programs(r, &pk, k, ep, &run->programs));
+    int n = pk.argv->n;
     rf_log_info("reward: waiting up to %.0f s for the %d reward program%s rlflow started to connect to %s",
                 r->reward.external_timeout, n, n == 1 ? "" : "s", ep);
-    st = rf_external_reward_wait(run->ext, n, r->reward.external_timeout);
-    if (st != RF_ERR_IO || rf_programs_failed(run->programs)) return st;
-    return rf_error(RF_ERR_IO, "reward.programs: %d of the %d program%s rlflow started connected to %s within %g s "
-                    "(reward.external_timeout); a program's output is in %s/reward_program_<i>.log",
-                    rf_external_reward_programs(run->ext), n, n == 1 ? "" : "s", ep, r->reward.external_timeout,
-                    r->logging.dir);
+    rf_status st = rf_external_reward_wait(run->ext, n, r->reward.external_timeout);
+    return programs_missing(&pk, run->programs, st, rf_external_reward_programs(run->ext), ep,
+                            r->reward.external_timeout, "reward.external_timeout", r->logging.dir);
 }
 
 /* The reward-program bridge of reward.external and reward.programs. */
 static rf_status open_external(rf_run *run) {
     const rf_recipe *r = run->r;
+    program_kind pk = reward_kind(r);
     program_keys k;
-    RF_TRY(make_program_keys(r, &k));
+    RF_TRY(make_program_keys(&pk, &k));
     const char *client_keys[1] = {k.client_pub};
     rf_external_reward_config xc = {.endpoint = r->reward.external[0] ? r->reward.external : "tcp://127.0.0.1:*",
                                      .timeout_s = r->reward.external_timeout,
@@ -261,8 +307,46 @@ static rf_status open_external(rf_run *run) {
                                      .tick = programs_tick, .tick_ctx = &run->programs};
     rf_status st = rf_external_reward_listen_with(&run->ext, &xc);
     memset(k.server_secret, 0, sizeof k.server_secret);
-    if (st == RF_OK) st = start_programs(run, &k);
+    if (st == RF_OK) st = start_reward_programs(run, &k);
     memset(k.client_secret, 0, sizeof k.client_secret);
+    return st;
+}
+
+/* The environment bridge's tick: env.programs restarted, then the caller's (run->env_tick). */
+static rf_status env_tick(void *ctx) {
+    rf_run *run = ctx;
+    RF_TRY(rf_programs_poll(run->env_programs));
+    return run->env_tick ? run->env_tick(run->env_tick_ctx) : RF_OK;
+}
+
+rf_status rf__env_bridge_open(rf_run *run, rf_env_bridge **x) {
+    const rf_recipe *r = run->r;
+    program_kind pk = env_kind(r);
+    int progs = r->env.programs.n > 0;
+    program_keys k = {0};
+    if (progs) RF_TRY(make_program_keys(&pk, &k));
+    const char *client_keys[1] = {k.client_pub};
+    rf_env_bridge_config c = {.endpoint = r->env.endpoint[0] ? r->env.endpoint : "tcp://127.0.0.1:*",
+                              .timeout_s = r->env.timeout, .curve_secret_file = r->env.curve_secret,
+                              .curve_clients_file = r->env.curve_clients, .insecure = r->env.insecure,
+                              .curve_secret_key = k.server_secret[0] ? k.server_secret : NULL,
+                              .curve_client_keys = client_keys, .n_curve_client_keys = k.curve,
+                              .tick = env_tick, .tick_ctx = run};
+    rf_status st = rf_env_bridge_listen(x, &c);
+    memset(k.server_secret, 0, sizeof k.server_secret);
+    char ep[600];
+    if (st == RF_OK) connect_endpoint(rf_env_bridge_endpoint(*x), ep, sizeof ep);
+    if (st == RF_OK && progs) st = start_programs(r, &pk, &k, ep, &run->env_programs);
+    memset(k.client_secret, 0, sizeof k.client_secret);
+    int want = progs ? r->env.programs.n : 1;
+    if (st == RF_OK)
+        rf_log_info("env: waiting up to %.0f s for %d environment program%s%s on %s", r->env.timeout, want,
+                    want == 1 ? "" : "s", progs ? " rlflow started" : "", ep);
+    if (st == RF_OK) st = rf_env_bridge_wait(*x, want, r->env.timeout);
+    if (st != RF_OK && progs && *x)
+        st = programs_missing(&pk, run->env_programs, st, rf_env_bridge_programs(*x), ep, r->env.timeout,
+                              "env.timeout", r->logging.dir);
+    if (st != RF_OK) rf_env_bridge_close(*x), *x = NULL;
     return st;
 }
 
@@ -272,8 +356,9 @@ rf_status rf__load_rewards(rf_run *run) {
     /* runs of several processes: the training worker hosts the reward model, not the controller */
     if (r->reward.model[0] && !rf_recipe_multi_process(r))
         RF_TRY(rf_reward_model_open(&run->rm, r->reward.model, run->k));
-    if (r->reward.programs.n > 0) return open_external(run);
-    if (r->reward.external[0]) {
+    if (r->reward.programs.n > 0) {
+        RF_TRY(open_external(run));
+    } else if (r->reward.external[0]) {
         rf_log_info("reward: waiting up to %.0f s for a reward program on %s", r->reward.external_timeout,
                     r->reward.external);
         rf_external_reward_config xc = {.endpoint = r->reward.external, .timeout_s = r->reward.external_timeout,
@@ -520,7 +605,8 @@ void rf__run_free(rf_run *run) {
     rf_reward_model_close(run->rm);
     rf_external_reward_close(run->ext); /* its Shutdown lets the programs leave on their own */
     rf_programs_stop(run->programs);
-    rf_env_close(&run->env);
+    rf_env_close(&run->env);                /* the environment programs get Shutdown first */
+    rf_programs_stop(run->env_programs);
     rf_metrics_close(run->metrics);
     free(run->eos);
 }

@@ -24,6 +24,8 @@ struct rf_env_bridge {
     uint64_t next_id;
     char last_lost[1024];
     char **obs, **info;   /* (n_out) the last call's reply strings */
+    rf_status (*tick)(void *ctx);
+    void *tick_ctx;
     int n_out;
     rf_env_stats stats;
 };
@@ -51,7 +53,8 @@ rf_status rf_env_bridge_listen(rf_env_bridge **out, const rf_env_bridge_config *
                                "env.insecure", "observations and rewards", "rlflow keygen",
                                "tcp://127.0.0.1:5558", "", c->endpoint, c->curve_secret_file,
                                c->curve_clients_file, c->insecure};
-    RF_TRY(rf_program_pool_security(&sec, secret, &clients, &n_clients));
+    rf_program_direct_keys d = {c->curve_secret_key, c->curve_client_keys, c->n_curve_client_keys};
+    RF_TRY(rf_program_pool_keys(&sec, &d, secret, &clients, &n_clients));
     const char **allowed = rf_calloc((size_t)n_clients + 1, sizeof *allowed);
     rf_env_bridge *x = allowed ? rf_calloc(1, sizeof *x) : NULL;
     rf_status st = x ? RF_OK : RF_ERR_NOMEM;
@@ -61,6 +64,7 @@ rf_status rf_env_bridge_listen(rf_env_bridge **out, const rf_env_bridge_config *
                                 .n_curve_clients = n_clients};
     if (x) x->timeout_s = c->timeout_s, x->next_id = 1, x->pool.label = "env";
     if (x) x->max_attempts = c->max_attempts ? c->max_attempts : RF_EXTERNAL_MAX_ATTEMPTS;
+    if (x) x->tick = c->tick, x->tick_ctx = c->tick_ctx;
     if (st == RF_OK) st = rf_msg_server_open(&x->srv, c->endpoint, &cfg);
     memset(secret, 0, sizeof secret);
     free(clients), free(allowed);
@@ -86,8 +90,9 @@ rf_status rf_env_bridge_wait(rf_env_bridge *x, int n, double timeout_s) {
                             x->pool.n, n, ep, timeout_s, ep);
         }
         rf_msg_event ev;
-        RF_TRY(rf_msg_server_poll(x->srv, left, &ev));
+        RF_TRY(rf_msg_server_poll(x->srv, fmin(left, 0.25), &ev));
         RF_TRY(rf_program_pool_wait_event(&x->pool, &ev));
+        if (x->tick) RF_TRY(x->tick(x->tick_ctx));
     }
     return RF_OK;
 }
@@ -372,6 +377,7 @@ static rf_status run_batch(rf_env_bridge *x, batch *b) {
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(x->srv, fmin(0.25, x->timeout_s), &ev));
         RF_TRY(on_event(x, b, &ev));
+        if (x->tick) RF_TRY(x->tick(x->tick_ctx));
         double now = rf_time_now();
         check_progress(x, b, now);
         if (x->pool.n) {

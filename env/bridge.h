@@ -37,6 +37,16 @@ typedef struct rf_env_bridge_config {
     int insecure;                   /* 1: bind a non-loopback endpoint without CURVE (warned) */
     int max_attempts;               /* rejected replies per request before the call fails;
                                        0: RF_EXTERNAL_MAX_ATTEMPTS (3) */
+    const char *curve_secret_key;   /* rlflow's Z85 secret key itself (keys made for the run,
+                                       env.programs); NULL: none */
+    const char *const *curve_client_keys; /* (n_curve_client_keys) Z85 public keys allowed besides
+                                       those of curve_clients_file (the programs rlflow starts) */
+    int n_curve_client_keys;
+    rf_status (*tick)(void *ctx);   /* NULL, or called at least every 0.25 s while the bridge
+                                       waits (for a program, for replies); an error ends the
+                                       wait with that error (env.programs: the supervisor's
+                                       restarts; a split controller: its workers' pings) */
+    void *tick_ctx;
 } rf_env_bridge_config;
 
 /* Binds the endpoint without waiting for a program (the first call waits). Caller owns *x

@@ -203,6 +203,20 @@ struct rf_kernels {
     /* The transpose: dst (T, KV, D) = for each k/v head the sum, over its query heads in
      * order, of their rows of src (T, H, D); overwritten. */
     void (*heads_reduce)(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group);
+
+    /* ---- frozen weights and kept memory (last: the CUDA table is positional) ---- */
+    /* Optional (NULL: the back end lacks it; CUDA does). Makes floats [base, base + n) of
+     * parameter memory stand for the bf16 values data (n; same offsets), which the caller keeps
+     * alive and unchanged until it unbinds (data NULL): matrix products and embedding lookups
+     * reading those addresses use data (in bf16 mode directly as operands, otherwise widened to
+     * fp32, exactly), so the fp32 memory of matrices never needs to exist. Other ops (norms,
+     * biases) read base's floats as always. For weights that never change (a frozen model:
+     * rf_model_load_frozen). RF_OK, or an error with the message recorded. */
+    rf_status (*bind_bf16)(const float *base, const uint16_t *data, size_t n);
+    /* Optional (NULL: nothing to do): gives back memory the back end keeps between calls for
+     * speed (the CPU's saved LM-head logits, up to 512 MB); it grows again on use. Between ops
+     * only. rf_model_trim calls it. */
+    void (*trim)(void);
 };
 
 /* The CPU back end (always present). Static storage; never freed. */

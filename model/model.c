@@ -9,6 +9,7 @@
 
 #include "common/shm.h"
 #include "common/util.h"
+#include "model/model_internal.h"
 
 /* Appends a view; returns its offset. */
 static size_t add_view(rf_model *m, const char *name, int64_t d0, int64_t d1, int no_decay) {
@@ -142,6 +143,8 @@ void rf_model_free(rf_model *m) {
     if (!m) return;
     const rf_kernels *k = m->k;
     if (k) {
+        if (m->wbf16) k->bind_bf16(m->params, NULL, 0); /* before the addresses can be reused */
+        k->free(m->wbf16);
         if (m->params_shared == 1) rf_shm_free(m->params);
         else if (!m->params_shared) k->free(m->params);
         k->free(m->grads);
@@ -167,6 +170,7 @@ void rf_model_trim(rf_model *m) {
     m->act_cap = m->gmem_cap = m->ibuf_cap = 0, m->dev_out_cap = 0;
     m->x_final = m->h = m->rstd_f = m->scratch = m->scratch2 = NULL;
     m->T = 0, m->n_seq = 0;
+    if (m->k->trim) m->k->trim(); /* the back end's kept logits (CPU: up to 512 MB) */
 }
 
 void rf_model_init_random(rf_model *m, uint64_t seed, float std) {
@@ -208,6 +212,7 @@ void rf__model_rebase(rf_model *m, const float *old, float *now) {
 
 rf_status rf_model_share_params(rf_model *m) {
     if (m->params_shared) return RF_OK;
+    if (m->wbf16) return rf__model_frozen_refuse("sharing parameters between processes");
     if (strcmp(m->k->name, "cpu") != 0)
         return rf_error(RF_ERR_UNSUPPORTED, "sharing parameters between processes: the %s back end's memory is not host memory", m->k->name);
     float *now = NULL, *old = m->params;
@@ -222,6 +227,7 @@ rf_status rf_model_share_params(rf_model *m) {
 
 
 rf_status rf_model_enable_training(rf_model *m) {
+    if (m->wbf16) return rf__model_frozen_refuse("training");
     size_t bytes = (m->n_params - m->n_frozen) * sizeof(float);
     if (!m->grads) m->grads = m->k->alloc(bytes);
     if (!m->opt_m) m->opt_m = m->k->alloc(bytes);

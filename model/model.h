@@ -151,6 +151,11 @@ typedef struct rf_model {
     void *grad_ready_ctx;
     int params_shared;        /* 1: params from rf_shm_alloc (rf_model_share_params); 2:
                                  another model's (rf_model_init_borrowed), not freed here */
+    uint16_t *wbf16;          /* (n_params) a frozen bf16 model's matrices (rf_model_load_frozen),
+                                 bf16 at the offsets of params, bound to them on the back end
+                                 (kernels.h bind_bf16): their floats in params hold nothing
+                                 (never touched pages), the 1-D tensors (norms, biases) are in
+                                 params only. NULL for every other model. */
 } rf_model;
 
 /* Allocates a model for `cfg` on back end `k` with parameters zeroed. Caller frees with
@@ -160,7 +165,9 @@ void rf_model_free(rf_model *m);
 /* Gives the pass workspaces (activations, backward buffers, staging) back to the back end;
  * they grow again with the next pass. Parameters, gradients and optimizer state stay. Between
  * passes only: a backward needs a forward after it. A colocated run's phases use it to leave
- * the device to each other (rollout.free_kv_cache). NULL is fine. */
+ * the device to each other (rollout.free_kv_cache). Also gives back what the back end keeps
+ * between calls for every model (kernels.h trim: the CPU's saved LM-head logits, up to
+ * 512 MB). NULL is fine. */
 void rf_model_trim(rf_model *m);
 
 /* rf_model_init over another model's parameter buffer (params: n_params floats on back end
@@ -183,6 +190,18 @@ void rf_model_init_random(rf_model *m, uint64_t seed, float std);
  * Errors name the file and tensor. `value_head` = 1 asks for a critic: score.weight is loaded
  * when present, else initialised to zero (a fresh critic from a policy checkpoint). */
 rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, int value_head);
+
+/* rf_model_load for a model whose weights never change in this process (generate, score,
+ * eval, the reference policy): where the back end can bind bf16 weights (kernels.h bind_bf16:
+ * the CPU), its precision is bf16 and every matrix of the checkpoint is stored as BF16, the
+ * matrices stay bf16 (m->wbf16; 2 bytes per weight instead of 4, no fp32 copy) and products use
+ * them as operands directly; norms and biases are fp32. Results are bit for bit those of
+ * rf_model_load at the same precision (rounding a bf16 value to bf16 changes nothing). Otherwise
+ * exactly rf_model_load (with a log line saying why where the checkpoint is BF16 and the
+ * precision bf16 but the back end cannot). Such a model refuses training, reading
+ * parameters in (rf_model_load_params) and sharing them (rf_model_share_params); saving widens
+ * the bf16 values (exact). Adapters (model/lora.h) must not be attached to it. */
+rf_status rf_model_load_frozen(rf_model **out, const char *dir, const rf_kernels *k, int value_head);
 
 /* Reads the parameters of an existing model from a safetensors directory (same config);
  * with `prefix`/`suffix` the tensor names are prefix + view name + suffix and the values go to

@@ -51,9 +51,53 @@ rf_status rf_model_check_unused(const rf_model *m, const rf_safetensors *st, con
     return RF_OK;
 }
 
-rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, int value_head) {
+/* Why a frozen load of checkpoint st cannot keep m's matrices in bf16, written into why (n
+ * bytes): 0 when it can, 1 for the usual reasons (fp32 precision, a checkpoint not in BF16),
+ * 2 when a BF16 checkpoint at bf16 precision still loads as fp32 (worth a log line). */
+static int frozen_obstacle(const rf_model *m, const rf_safetensors *st, char *why, size_t n) {
+    if (m->k->get_precision() != RF_PRECISION_BF16) {
+        snprintf(why, n, "the precision is fp32");
+        return 1;
+    }
+    for (int i = 0; i < m->n_views; i++) {
+        const rf_st_tensor *t = m->views[i].ndim == 2 ? rf_st_find(st, m->views[i].name) : NULL;
+        if (t && t->dtype != RF_DTYPE_BF16) {
+            snprintf(why, n, "tensor \"%s\" is stored as %s, not BF16", t->name, rf_dtype_name(t->dtype));
+            return 1;
+        }
+    }
+    if (!m->k->bind_bf16 || strcmp(m->k->name, "cpu") != 0) {
+        snprintf(why, n, "the %s back end does not read bf16 weights in place yet", m->k->name);
+        return 2;
+    }
+    return 0;
+}
+
+/* Reads a frozen bf16 model's tensors: matrices as stored into m->wbf16, the 1-D ones into
+ * m->params as fp32 (host memory: CPU back end), then binds the bf16 values to the params. */
+static rf_status read_params_frozen(rf_model *m, const rf_safetensors *st, const char *dir) {
+    m->wbf16 = m->k->alloc(m->n_params * sizeof(uint16_t));
+    if (!m->wbf16)
+        return rf_error(RF_ERR_NOMEM, "%s: out of memory for %zu bf16 weights", dir, m->n_params);
+    for (int i = 0; i < m->n_views; i++) {
+        const rf_param_view *v = &m->views[i];
+        if (strcmp(v->name, "score.weight") == 0 && !rf_st_find(st, v->name)) {
+            rf_log_info("%s: no score.weight; the value head starts at zero", dir);
+            continue;
+        }
+        if (v->ndim == 2) RF_TRY(rf_st_read_bf16(st, v->name, m->wbf16 + v->offset, v->shape, v->ndim));
+        else RF_TRY(rf_st_read_f32(st, v->name, m->params + v->offset, v->shape, v->ndim));
+    }
+    RF_TRY(m->k->bind_bf16(m->params, m->wbf16, m->n_params));
+    rf_log_info("%s: frozen weights kept in bf16 as stored (%.1f MB, no fp32 copy)", dir,
+                (double)(m->n_params * sizeof(uint16_t)) / (1 << 20));
+    return RF_OK;
+}
+
+/* rf_model_load (frozen = 0) and rf_model_load_frozen (1). */
+static rf_status model_load(rf_model **out, const char *dir, const rf_kernels *k, int value_head, int frozen) {
     *out = NULL;
-    char path[4096];
+    char path[4096], why[256];
     rf_model_config cfg;
     rf_path_join(path, sizeof path, dir, "config.json");
     RF_TRY(rf_config_load(&cfg, path));
@@ -63,10 +107,16 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
     rf_model *m = NULL;
     float *host = NULL;
     rf_status s = rf_model_init(&m, &cfg, k);
-    if (s == RF_OK) s = rf__host_staging(k, m->params, m->n_params, &host, dir);
     if (s == RF_OK) s = rf_model_check_unused(m, st, dir);
-    if (s == RF_OK) s = read_params(m, st, host, dir);
-    if (m) rf__host_staging_done(k, m->params, m->n_params, host, s == RF_OK);
+    int obstacle = s == RF_OK && frozen ? frozen_obstacle(m, st, why, sizeof why) : 1;
+    if (s == RF_OK && !obstacle) {
+        s = read_params_frozen(m, st, dir);
+    } else if (s == RF_OK) {
+        if (obstacle == 2) rf_log_info("%s: weights loaded as fp32: %s", dir, why);
+        s = rf__host_staging(k, m->params, m->n_params, &host, dir);
+        if (s == RF_OK) s = read_params(m, st, host, dir);
+        rf__host_staging_done(k, m->params, m->n_params, host, s == RF_OK);
+    }
     rf_st_close(st);
     if (s != RF_OK) {
         rf_model_free(m);
@@ -76,7 +126,22 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
     return RF_OK;
 }
 
+rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, int value_head) {
+    return model_load(out, dir, k, value_head, 0);
+}
+
+rf_status rf_model_load_frozen(rf_model **out, const char *dir, const rf_kernels *k, int value_head) {
+    return model_load(out, dir, k, value_head, 1);
+}
+
+/* The error of an operation a frozen bf16 model cannot do (what: the operation). */
+rf_status rf__model_frozen_refuse(const char *what) {
+    return rf_error(RF_ERR_UNSUPPORTED, "%s: the model was loaded frozen with its weights in bf16 "
+                    "(rf_model_load_frozen), which never change", what);
+}
+
 rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const char *suffix) {
+    if (m->wbf16) return rf__model_frozen_refuse(dir);
     rf_safetensors *st = NULL;
     RF_TRY(rf_st_open_dir(&st, dir));
     /* the trained floats [lo, n_params): all, or the adapters after the frozen base (LoRA);
@@ -125,7 +190,10 @@ typedef struct buffer_src {
 static rf_status fill_from_buffer(void *ctx, int i, float *dst) {
     const buffer_src *b = ctx;
     const rf_param_view *v = &b->m->views[i];
-    b->m->k->to_host(dst, b->src + v->offset, v->numel * sizeof(float));
+    if (b->m->wbf16 && v->ndim == 2) /* a frozen bf16 model's matrix (host memory): widened */
+        rf_dtype_to_f32(dst, b->m->wbf16 + v->offset, RF_DTYPE_BF16, v->numel);
+    else
+        b->m->k->to_host(dst, b->src + v->offset, v->numel * sizeof(float));
     return RF_OK;
 }
 

@@ -686,6 +686,18 @@ rf_status rf_st_read_f32(const rf_safetensors *st, const char *name, float *dst,
     return RF_OK;
 }
 
+rf_status rf_st_read_bf16(const rf_safetensors *st, const char *name, uint16_t *dst,
+                          const int64_t *expect_shape, int expect_ndim) {
+    const rf_st_tensor *t;
+    RF_TRY(find_shaped(st, name, expect_shape, expect_ndim, &t));
+    if (t->dtype != RF_DTYPE_BF16)
+        return rf_error(RF_ERR_FORMAT, "%s: tensor \"%s\" is %s, not BF16", t->file, t->name,
+                        rf_dtype_name(t->dtype));
+    if (t->nbytes) memcpy(dst, t->data, t->nbytes);
+    release_pages(t);
+    return RF_OK;
+}
+
 rf_status rf_st_read_block_f32(const rf_safetensors *st, const char *name, float *dst,
                                const int64_t *expect_shape, int expect_ndim, int64_t r0, int64_t r1,
                                int64_t c0, int64_t c1) {

@@ -71,6 +71,12 @@ const rf_st_tensor *rf_st_find(const rf_safetensors *st, const char *name);
 rf_status rf_st_read_f32(const rf_safetensors *st, const char *name, float *dst,
                          const int64_t *expect_shape, int expect_ndim);
 
+/* Copies BF16 tensor `name` into dst (numel bf16 values) as stored, bit for bit. Shape check
+ * and errors as rf_st_read_f32, and RF_ERR_FORMAT naming the file and tensor when it is stored
+ * in another type. Threads: as rf_st_read_f32. */
+rf_status rf_st_read_bf16(const rf_safetensors *st, const char *name, uint16_t *dst,
+                          const int64_t *expect_shape, int expect_ndim);
+
 /* Copies the block rows [r0, r1) x cols [c0, c1) of tensor `name`, seen as a matrix (shape[0],
  * product of the other dimensions; a 1-D tensor is (n, 1)), into dst ((r1 - r0) x (c1 - c0)
  * floats, row-major) as f32: one rank's shard of a tensor without reading the rest. Shape

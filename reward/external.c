@@ -48,46 +48,18 @@ typedef struct batch {
 
 static int nonempty(const char *s) { return s && *s; }
 
-/* The client keys given directly (cfg->curve_client_keys) appended to *clients (n). */
-static rf_status add_client_keys(const rf_external_reward_config *cfg, rf_curve_key **clients, int *n) {
-    if (cfg->n_curve_client_keys <= 0) return RF_OK;
-    rf_curve_key *all = realloc(*clients, sizeof *all * (size_t)(*n + cfg->n_curve_client_keys));
-    if (!all) return rf_error(RF_ERR_NOMEM, "out of memory");
-    *clients = all;
-    for (int i = 0; i < cfg->n_curve_client_keys; i++) {
-        RF_TRY(rf_curve_check(cfg->curve_client_keys[i], "reward.external: a program's public key"));
-        memcpy(all[(*n)++], cfg->curve_client_keys[i], sizeof all[0]);
-    }
-    return RF_OK;
-}
-
-/* CURVE from keys given directly (no key files): the run's own secret key and client keys. */
-static rf_status direct_keys(const rf_external_reward_config *cfg, rf_curve_key secret,
-                             rf_curve_key **clients, int *n) {
-    if (cfg->n_curve_client_keys <= 0)
-        return rf_error(RF_ERR_ARG, "reward.external: a CURVE secret key needs the public keys of the "
-                                    "programs it allows");
-    RF_TRY(rf_curve_check(cfg->curve_secret_key, "reward.external: rlflow's secret key"));
-    memcpy(secret, cfg->curve_secret_key, sizeof(rf_curve_key));
-    return add_client_keys(cfg, clients, n);
-}
-
 /* The endpoint's security: a refusal for an open endpoint without CURVE (unless insecure),
  * else the CURVE keys (from files, given directly, or both), loaded into secret and *clients (n;
  * NULL without CURVE). */
 static rf_status security(const rf_external_reward_config *cfg, rf_curve_key secret,
                           rf_curve_key **clients, int *n) {
-    *clients = NULL, *n = 0;
-    if (!nonempty(cfg->curve_secret_file) && nonempty(cfg->curve_secret_key) &&
-        !nonempty(cfg->curve_clients_file))
-        return direct_keys(cfg, secret, clients, n);
     rf_program_security sec = {"reward", "reward.external", "reward.external_curve_secret",
                                "reward.external_curve_clients", "reward.external_insecure", "rewards",
                                "rlflow keygen; docs/reward-api.md, \"CURVE\"", "tcp://127.0.0.1:5557",
                                ": anyone who reaches it can send rewards", cfg->endpoint,
                                cfg->curve_secret_file, cfg->curve_clients_file, cfg->insecure};
-    RF_TRY(rf_program_pool_security(&sec, secret, clients, n));
-    return nonempty(cfg->curve_secret_file) ? add_client_keys(cfg, clients, n) : RF_OK;
+    rf_program_direct_keys d = {cfg->curve_secret_key, cfg->curve_client_keys, cfg->n_curve_client_keys};
+    return rf_program_pool_keys(&sec, &d, secret, clients, n);
 }
 
 rf_status rf_external_reward_listen_with(rf_external_reward **out,

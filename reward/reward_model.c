@@ -64,7 +64,7 @@ static rf_status open_rm(rf_reward_model **rm, const char *dir, const rf_kernels
     if (!r) return rf_error(RF_ERR_NOMEM, "out of memory for reward model %s", dir);
     rf_status s = read_rm_config(dir, &r->pad_id);
     if (s == RF_OK) s = check_score_weight(dir);
-    if (s == RF_OK && !group) s = rf_model_load(&r->m, dir, k, 1);
+    if (s == RF_OK && !group) s = rf_model_load_frozen(&r->m, dir, k, 1); /* never trained here */
     if (s == RF_OK && group) {
         rf_model_config cfg;
         char path[4096];

@@ -17,6 +17,8 @@
 #include "rollout/rollout.h"
 #include "rollout/rollout_tp.h"
 #include "rollout/worker.h"
+#include "rollout/worker_episodes.h"
+#include "env/calculator.h"
 
 typedef struct worker {
     const rf_recipe *r;
@@ -36,6 +38,7 @@ typedef struct worker {
     rf_status st; /* first failure inside the callback */
     rf_handover *ho; /* colocated on several devices: the weights of this process's training rank */
     int zero_copy;   /* ho with identical layouts: the model borrows the training shard's buffer */
+    rf_wep *ep;      /* [env]: the episodes (rollout/worker_episodes.h); NULL without */
 } worker;
 
 static Rlflow__FinishReason finish_reason(rf_finish f) {
@@ -45,6 +48,11 @@ static Rlflow__FinishReason finish_reason(rf_finish f) {
 static void on_sample(void *ctx, const rf_rollout_sample *rs) {
     worker *w = ctx;
     if (w->st != RF_OK) return;
+    if (rs->turn_end) { /* [env]: to the controller with the step's other turns (rf_wep_flush) */
+        w->st = rf_wep_turn(w->ep, rs);
+        return;
+    }
+    int base = 0, episode = w->ep && rf_wep_lookup(w->ep, rs->request_id, &base);
     int64_t *ver = malloc(sizeof(int64_t) * (size_t)(rs->n_tokens ? rs->n_tokens : 1));
     if (!ver) {
         w->st = rf_error(RF_ERR_NOMEM, "out of memory");
@@ -53,7 +61,7 @@ static void on_sample(void *ctx, const rf_rollout_sample *rs) {
     for (int i = 0; i < rs->n_tokens; i++) ver[i] = rs->versions[i];
     Rlflow__Sample s = RLFLOW__SAMPLE__INIT;
     s.request_id = (uint64_t)(uintptr_t)rs->user;
-    s.index = rs->index;
+    s.index = base + rs->index;
     s.n_tokens = (size_t)rs->n_tokens, s.tokens = (int32_t *)rs->tokens;
     s.n_logprobs = (size_t)rs->n_tokens, s.logprobs = (float *)rs->logprobs;
     s.n_versions = (size_t)rs->n_tokens, s.versions = ver;
@@ -61,8 +69,10 @@ static void on_sample(void *ctx, const rf_rollout_sample *rs) {
     s.finish = finish_reason(rs->finish);
     s.weights_checksum = w->crc;
     s.prompt_len = rs->prompt_len;
+    if (episode) s.loss_mask = (ProtobufCBinaryData){(size_t)rs->n_tokens, (uint8_t *)rs->mask};
     w->st = rf_msg_link_send(w->link, RF_MSG_SAMPLE, &s.base);
     free(ver);
+    if (episode) rf_wep_finished(w->ep, rs->request_id);
 }
 
 static rf_status submit(worker *w, const Rlflow__GenerateRequest *g) {
@@ -82,8 +92,21 @@ static rf_status submit(worker *w, const Rlflow__GenerateRequest *g) {
         return rf_error(RF_ERR_FORMAT, "GenerateRequest %llu carries no sampling parameters",
                         (unsigned long long)g->request_id);
     }
-    for (int i = 0; i < r->rollout.stop.n && i < RF_MAX_STOP; i++) q.stop[q.n_stop++] = r->rollout.stop.v[i];
-    rf_status st = rf_rollout_submit(w->e, &q, (void *)(uintptr_t)g->request_id, NULL);
+    int has_calc = 0;
+    for (int i = 0; i < r->rollout.stop.n && i < RF_MAX_STOP; i++) {
+        q.stop[q.n_stop++] = r->rollout.stop.v[i];
+        has_calc |= strcmp(r->rollout.stop.v[i], RF_CALC_STOP) == 0;
+    }
+    rf_status st;
+    if (g->episode) { /* [env]: the calculator's tool calls end a turn, as in one process */
+        if (!w->ep)
+            return rf_error(RF_ERR_FORMAT, "GenerateRequest %llu is an episode, and this run has no [env]",
+                            (unsigned long long)g->request_id);
+        if (strcmp(r->env.type, "calculator") == 0 && !has_calc && q.n_stop < RF_MAX_STOP) q.stop[q.n_stop++] = RF_CALC_STOP;
+        st = rf_wep_submit(w->ep, w->e, g, &q);
+    } else {
+        st = rf_rollout_submit(w->e, &q, (void *)(uintptr_t)g->request_id, NULL);
+    }
     if (st != RF_OK)
         return rf_error_wrap(st, "GenerateRequest %llu", (unsigned long long)g->request_id);
     return RF_OK;
@@ -265,6 +288,7 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
             st = rf_msg_link_recv(w->link, idle && i == 0 ? 0.002 : 0, &m, &got);
             if (st != RF_OK || !got) break;
             if (m.type == RF_MSG_GENERATE_REQUEST) st = submit(w, (Rlflow__GenerateRequest *)m.pb);
+            else if (m.type == RF_MSG_ENV_OBSERVATIONS && w->ep) st = rf_wep_answers(w->ep, w->e, (Rlflow__EnvObservations *)m.pb);
             else if (m.type == RF_MSG_SHUTDOWN) {
                 const char *why = ((Rlflow__Shutdown *)m.pb)->reason;
                 done = 1;
@@ -288,8 +312,11 @@ static rf_status serve(worker *w, rf_comm *wcomm, int train_rank) {
             }
             w->busy += rf_time_now() - t;
             if (st == RF_OK) st = w->st;
-            if (st == RF_OK && rf_rollout_idle(w->e)) st = rf__rollout_pause(r, w->e, w->rank); /* the cache may go back */
+            if (st == RF_OK && w->ep) st = rf_wep_flush(w->ep, w->link);
+            /* the cache may go back (not while episodes wait between turns: their KV stays) */
+            if (st == RF_OK && rf_rollout_idle(w->e) && !rf_rollout_waiting_turns(w->e)) st = rf__rollout_pause(r, w->e, w->rank);
         }
+        if (st == RF_OK && w->ep) st = rf_wep_check(w->ep);
     }
     weights_in_close(&in);
     return st;
@@ -410,6 +437,7 @@ static void worker_free(worker *w) {
     rf_comm_free(w->gdev);
     rf_tokenizer_free(w->tok);
     free(w->eos);
+    rf_wep_free(w->ep);
 }
 
 rf_status rf_rollout_worker_main(const rf_recipe *r, const rf_msg_dial *dial, int rank,
@@ -434,6 +462,7 @@ rf_status rf_rollout_worker_main(const rf_recipe *r, const rf_msg_dial *dial, in
                                .timeout_s = r->async.startup_timeout};
     rf_msg_dial_apply(dial, &cc);
     rf_status st = engine_open(&w, k);
+    if (st == RF_OK && r->env.type[0]) st = rf_wep_init(&w.ep, r);
     if (st == RF_OK) st = rf_msg_link_open(&w.link, &cc, r->async.peer_timeout);
     if (st == RF_OK) {
         rf_rollout_set_callback(w.e, on_sample, &w);

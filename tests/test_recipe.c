@@ -516,7 +516,7 @@ static void env_section(void) {
     load_fails("[env]\ntype = \"gym\"\n", NULL, 0, RF_ERR_ARG,
                "env.type: \"gym\" is not allowed (allowed: \"\", \"calculator\", \"external\")");
     load_fails("[env]\ntype = \"external\"\n", NULL, 0, RF_ERR_ARG, "env.endpoint = \"\": is needed with env.type = "
-               "\"external\"");
+               "\"external\" (or env.programs, which rlflow starts on an endpoint of its own)");
     load_fails("[env]\nendpoint = \"tcp://127.0.0.1:5558\"\n", NULL, 0, RF_ERR_ARG,
                "env.endpoint = \"tcp://127.0.0.1:5558\": is set but env.type is not \"external\"");
     load_fails("[env]\ntype = \"external\"\nendpoint = \"tcp://0.0.0.0:5558\"\n", NULL, 0, RF_ERR_ARG,
@@ -525,8 +525,20 @@ static void env_section(void) {
                RF_ERR_ARG, ":3:1: env.max_total_tokens = 8: must be >= rollout.max_new_tokens (a turn's limit)");
     load_fails("[env]\nmax_turns = 0\n", NULL, 0, RF_ERR_ARG, "env.max_turns = 0: must be in [1, 1000]");
     load_fails("[env]\ntimeout = 0.0\n", NULL, 0, RF_ERR_ARG, "env.timeout = 0.0: must be > 0");
-    load_fails("[env]\ntype = \"calculator\"\n[placement]\nmode = \"split\"\n", NULL, 0, RF_ERR_UNSUPPORTED,
-               "env.type");
+    /* episodes run in every deployment (docs/env-api.md, "Episodes in split and multi-device runs") */
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[env]\ntype = \"calculator\"\n[placement]\nmode = \"split\"\n"), NULL, 0));
+    rf_recipe_free(&r);
+    /* env.programs: rlflow starts them on an endpoint of its own (none needed), external only */
+    CHECK_OK(rf_recipe_load(&r, recipe_file("[env]\ntype = \"external\"\nprograms = [[\"python3\", \"my_env.py\"]]\n"
+                                            "program_restarts = 5\n"), NULL, 0));
+    CHECK(r.env.programs.n == 1 && r.env.programs.v[0].n == 2 && strcmp(r.env.programs.v[0].v[1], "my_env.py") == 0 &&
+          r.env.program_restarts == 5 && !r.env.endpoint[0]);
+    rf_recipe_free(&r);
+    load_fails("[env]\ntype = \"calculator\"\nprograms = [[\"python3\", \"my_env.py\"]]\n", NULL, 0, RF_ERR_ARG,
+               "env.programs = [[\"python3\", \"my_env.py\"]]: needs env.type = \"external\" (environment programs "
+               "answer the episodes)");
+    load_fails("[env]\ntype = \"external\"\nprograms = [[]]\n", NULL, 0, RF_ERR_ARG, "env.programs[0]: is empty");
+    load_fails("[env]\nprogram_restarts = -1\n", NULL, 0, RF_ERR_ARG, "env.program_restarts = -1: must be >= 0");
 }
 
 static void docs_are_current(void) {

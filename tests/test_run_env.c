@@ -9,7 +9,11 @@
  *  - the calculator as a Python environment program (examples/env/calculator_env.py,
  *    env.type = "external") gives the built-in's run, bit for bit (skipped without a python3
  *    with pyzmq and protobuf);
- *  - a recipe with env.type in a split run is refused naming the key. */
+ *  - the calculator as programs rlflow starts itself (env.programs, no endpoint in the recipe:
+ *    a loopback one with CURVE keys made for the run, which the clients read from RLFLOW_ENV_*):
+ *    the C program (build/calculator_env_c over the C client) and the Python one give the
+ *    built-in's 6 steps, bit for bit (the Python one skipped as above).
+ * Episodes in split and multi-device runs: tests/test_split_env.c. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <string.h>
@@ -96,6 +100,35 @@ static void python_program(void) {
     printf("the calculator as a Python program: the built-in's 6 steps, bit for bit\n");
 }
 
+/* env.programs: the calculator programs started by rlflow give the built-in's run. */
+static void started_programs(void) {
+    const char *c_prog = getenv("RF_ENV_CALC_C"), *src = getenv("RF_SOURCE_DIR"), *py = "/usr/bin/python3";
+    int have_py = src && rf_test_sh(NULL, "%s -c 'import zmq, google.protobuf' >/dev/null 2>&1", py) == 0;
+    for (int k = 0; k < 2; k++) {
+        if (k == 0 && !c_prog) {
+            printf("skipped: env.programs with the C calculator (RF_ENV_CALC_C not set)\n");
+            continue;
+        }
+        if (k == 1 && !have_py) {
+            printf("skipped: env.programs with the Python calculator (no python3 with zmq and protobuf)\n");
+            continue;
+        }
+        char args[1200], *out = NULL;
+        const char *name = k ? "py_started" : "c_started";
+        if (k) snprintf(args, sizeof args, "--set env.type=external --set 'rollout.stop=[\"</calc>\"]' "
+                        "--set 'env.programs=[[\"%s\", \"%s/examples/env/calculator_env.py\"]]'", py, src);
+        else snprintf(args, sizeof args, "--set env.type=external --set 'rollout.stop=[\"</calc>\"]' "
+                      "--set 'env.programs=[[\"%s\"]]'", c_prog);
+        int rc = rf_test_run_recipe(&out, dir, rlflow, name, args);
+        CHECK(rc == 0);
+        CHECK(out && strstr(out, "env.programs[0]: started ") && strstr(out, "environment program rlflow started on tcp://127.0.0.1:"));
+        if (rc != 0) fprintf(stderr, "%s\n", out ? out : "");
+        free(out);
+        CHECK(same_steps("full", name, 1, 6));
+        printf("the calculator as a %s program rlflow started: the built-in's 6 steps, bit for bit\n", k ? "Python" : "C");
+    }
+}
+
 int main(void) {
     rlflow = getenv("RF_RLFLOW");
     if (!rlflow) {
@@ -122,7 +155,7 @@ int main(void) {
     CHECK(same_steps("full", "half", 4, 6));
     printf("multi-turn resume: 3 + 3 steps = 6 steps, bit for bit\n");
     python_program();
-    rf_test_refused(dir, rlflow, 0, "split", "--set placement.mode=split", "env.type");
+    started_programs();
     if (!rf_test_failed) rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_run_env");
 }

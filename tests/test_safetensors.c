@@ -539,6 +539,33 @@ static void test_read_errors(void) {
               "does not match the expected [6]");
     CHECK_ERR(rf_st_read_f32(st, "lm_head.weight", out, want, 2), RF_ERR_FORMAT,
               "readerr/model.safetensors: tensor \"lm_head.weight\" not found");
+    /* rf_st_read_bf16: the same shape check and messages; the stored bits as they are */
+    uint16_t raw[6];
+    int64_t have[2] = {2, 3};
+    CHECK_ERR(rf_st_read_bf16(st, "model.norm.weight", raw, want, 2), RF_ERR_FORMAT,
+              "model.safetensors: tensor \"model.norm.weight\": shape [2, 3] (BF16) does not match "
+              "the expected [3, 2]");
+    CHECK_ERR(rf_st_read_bf16(st, "lm_head.weight", raw, want, 2), RF_ERR_FORMAT,
+              "readerr/model.safetensors: tensor \"lm_head.weight\" not found");
+    memset(raw, 0xff, sizeof raw);
+    CHECK_OK(rf_st_read_bf16(st, "model.norm.weight", raw, have, 2));
+    CHECK(raw[0] == 0 && raw[5] == 0);
+    rf_st_close(st);
+    path_in(dir, sizeof dir, "readerr32");
+    float v[3] = {1.0f, -2.5f, 3.0f};
+    rf_st_entry e32[] = {{"w", v, 1, {3}}};
+    CHECK_OK(rf_st_write_dir(dir, e32, 1, RF_DTYPE_F32, 0));
+    CHECK_OK(rf_st_open_dir(&st, dir));
+    int64_t three[1] = {3};
+    CHECK_ERR(rf_st_read_bf16(st, "w", raw, three, 1), RF_ERR_FORMAT,
+              "readerr32/model.safetensors: tensor \"w\" is F32, not BF16");
+    rf_st_close(st);
+    rf_st_entry e16[] = {{"w", v, 1, {3}}};
+    path_in(dir, sizeof dir, "readbf16");
+    CHECK_OK(rf_st_write_dir(dir, e16, 1, RF_DTYPE_BF16, 0));
+    CHECK_OK(rf_st_open_dir(&st, dir));
+    CHECK_OK(rf_st_read_bf16(st, "w", raw, three, 1));
+    CHECK(raw[0] == 0x3f80 && raw[1] == 0xc020 && raw[2] == 0x4040); /* 1, -2.5, 3 */
     rf_st_close(st);
     rf_st_close(NULL);
     rf_st_entry dup[] = {{"a", w, 1, {1}}, {"a", w, 1, {1}}};

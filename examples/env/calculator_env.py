@@ -143,7 +143,8 @@ def step(req):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--connect", default="tcp://127.0.0.1:5558", help="rlflow's env.endpoint")
+    ap.add_argument("--connect", default=None, help="rlflow's env.endpoint (default: RLFLOW_ENV_ENDPOINT, set for "
+                    "the programs rlflow starts with env.programs, else tcp://127.0.0.1:5558)")
     ap.add_argument("--name", default="calculator")
     ap.add_argument("--capacity", type=int, default=16)
     ap.add_argument("--eval", help="print the tool's answer to this expression and exit")

@@ -6,7 +6,8 @@
  *         --set env.endpoint=tcp://127.0.0.1:5558 --set 'rollout.stop=["</calc>"]' &
  *     build/calculator_env_c --connect tcp://127.0.0.1:5558
  *
- * Usage: calculator_env_c [--connect EP] [--name N] [--capacity C]. Exit: 0 after Shutdown,
+ * Started by rlflow (env.programs) it needs no --connect: the client reads RLFLOW_ENV_ENDPOINT and
+ * the run's keys. Usage: calculator_env_c [--connect EP] [--name N] [--capacity C]. Exit: 0 after Shutdown,
  * 2 bad usage, 1 an error (printed). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +32,8 @@ static int step(const rf_env_client_step *q, rf_env_client_reply *r, void *user)
 }
 
 int main(int argc, char **argv) {
-    rf_env_client_opts o = {.connect = "tcp://127.0.0.1:5558", .name = "calculator", .capacity = 16};
+    /* no --connect: RLFLOW_ENV_ENDPOINT (env.programs), else tcp://127.0.0.1:5558 */
+    rf_env_client_opts o = {.name = "calculator", .capacity = 16};
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) return fprintf(stderr, "usage: %s [--connect EP] [--name N] [--capacity C]\n", argv[0]), 2;
         if (!strcmp(argv[i], "--connect")) o.connect = argv[i + 1];

@@ -25,8 +25,15 @@
  *   swap        hold this answer and send it after the next request's answer (or after 0.3 s
  *               with nothing new): replies out of order, which is allowed
  *
- * Usage: env_program_script --connect EP [--name N] [--first TEXT] [--turns T] [--capacity C]
+ * --once FILE: the faults hit only while FILE does not exist, and the first one makes it: a
+ * program rlflow restarts (env.programs) plays straight after its first fault.
+ *
+ * Started by rlflow (env.programs) it finds the endpoint and CURVE keys in RLFLOW_ENV_ENDPOINT,
+ * RLFLOW_ENV_SERVER_KEY, RLFLOW_ENV_PUBLIC_KEY and RLFLOW_ENV_SECRET_KEY (--connect not given).
+ *
+ * Usage: env_program_script [--connect EP] [--name N] [--first TEXT] [--turns T] [--capacity C]
  *                           [--mode M[,M...]] [--after K] [--every 0|1] [--reconnect 0|1]
+ *                           [--once FILE]
  * Exit: 0 after Shutdown, 2 bad usage, 3 rlflow silent for 30 s, 4 connection refused. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -41,7 +48,7 @@
 #define MAX_MODES 8
 
 typedef struct opts {
-    const char *endpoint, *name, *first;
+    const char *endpoint, *name, *first, *once;
     char modes[MAX_MODES][16];
     int n_modes, after, every, capacity, turns, reconnect;
 } opts;
@@ -71,14 +78,28 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(k, "--every")) o->every = atoi(v);
         else if (!strcmp(k, "--capacity")) o->capacity = atoi(v);
         else if (!strcmp(k, "--reconnect")) o->reconnect = atoi(v);
+        else if (!strcmp(k, "--once")) o->once = v;
         else return 0;
     }
+    if (!o->endpoint && getenv("RLFLOW_ENV_ENDPOINT") && *getenv("RLFLOW_ENV_ENDPOINT"))
+        o->endpoint = getenv("RLFLOW_ENV_ENDPOINT");
     return o->endpoint != NULL && o->turns >= 1;
 }
 
 static const char *fault_of(const opts *o, int k) {
     if (k < o->after || (!o->every && k - o->after >= o->n_modes)) return "ok";
+    if (o->once) { /* the first fault of all the program's lives, alone */
+        if (access(o->once, F_OK) == 0) return "ok";
+        FILE *f = fopen(o->once, "w");
+        if (f) fclose(f);
+    }
     return o->modes[(k - o->after) % o->n_modes];
+}
+
+/* A variable of the environment rlflow sets for the programs it starts; NULL when unset or "". */
+static const char *env_key(const char *name) {
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
 }
 
 /* What is wrong with step q's episode as this script would have played it; NULL: nothing. */
@@ -175,13 +196,19 @@ static rf_status answer(rf_msg_client *c, const opts *o, const rf_msg *m, int k,
 int main(int argc, char **argv) {
     opts o;
     if (!parse(argc, argv, &o)) {
-        fprintf(stderr, "usage: %s --connect ENDPOINT [--name N] [--first TEXT] [--turns T] [--capacity C] "
-                        "[--mode M] [--after K] [--every 0|1] [--reconnect 0|1]\n", argv[0]);
+        fprintf(stderr, "usage: %s [--connect ENDPOINT] [--name N] [--first TEXT] [--turns T] [--capacity C] "
+                        "[--mode M] [--after K] [--every 0|1] [--reconnect 0|1] [--once FILE]\n", argv[0]);
         return 2;
     }
     void *ctx = zmq_ctx_new();
     rf_msg_client_config cfg = {.endpoint = o.endpoint, .role = RLFLOW__ROLE__ROLE_ENVIRONMENT,
                                 .capacity = o.capacity, .name = o.name, .timeout_s = 10, .zmq_ctx = ctx};
+    const char *own = env_key("RLFLOW_ENV_ENDPOINT");
+    if (own && strcmp(own, o.endpoint) == 0) { /* started by rlflow: the run's keys */
+        cfg.curve_server_key = env_key("RLFLOW_ENV_SERVER_KEY");
+        cfg.curve_public_key = env_key("RLFLOW_ENV_PUBLIC_KEY");
+        cfg.curve_secret_key = env_key("RLFLOW_ENV_SECRET_KEY");
+    }
     rf_msg_client *c;
     if (rf_msg_client_connect(&c, &cfg) != RF_OK) {
         fprintf(stderr, "%s: %s\n", o.name, rf_error_message());

@@ -22,12 +22,20 @@
  * once by creating a probe primitive; ONEDNN_MAX_CPU_ISA=AVX2 for instance), operands are
  * rounded to bf16 values held in fp32 and fp32 products run: the same numbers, at fp32 speed.
  *
+ * bf16-resident weights (rf_cpu_bind_bf16): a range of parameter addresses whose values live
+ * only as bf16 elsewhere (a frozen model loaded from a bf16 checkpoint: rf_model_load_frozen).
+ * A product whose B operand lies in such a range reads the bf16 data in place as its operand in
+ * bf16 mode (no copy: rounding a bf16 value to bf16 is the identity, so the operands are the
+ * bits the fp32 load's per-update copy would have), or an fp32 copy of it widened once per
+ * epoch in fp32 or emulated mode (exact). The fp32 memory of a bound range is never read.
+ *
  * Threads: Debian's libdnnl uses OpenMP (libgomp), the same pool as the rest of rlflow; it
  * runs single-threaded inside a parallel region. The primitive path holds a mutex for the
  * whole product, so two threads of one process never share the cached primitives at once. */
 #include <dnnl.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,8 +64,16 @@ typedef struct weight_copy {
     void *data; /* (rows, cols) dense, uint16_t bf16 or float */
 } weight_copy;
 
+/* A bound range: floats [base, base + n) are held as the bf16 values data (n). */
+typedef struct bf16_bind {
+    const float *base;
+    const uint16_t *data;
+    size_t n;
+} bf16_bind;
+
 #define GEMM_SLOTS 1024 /* power of two; the table is cleared when it is three-quarters full */
 #define WEIGHT_SLOTS 512
+#define BIND_SLOTS 64
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t g_engine;
@@ -71,6 +87,9 @@ static rf_precision g_prec = RF_PRECISION_FP32;
 static int g_bf16_native = -1; /* -1 not probed */
 static void *g_scratch;
 static size_t g_scratch_cap;
+static bf16_bind g_bind[BIND_SLOTS];
+static _Atomic int g_n_bind; /* bound ranges (written under g_lock): 0 lets a product skip the
+                               lock and the lookup (training: nothing bound) */
 
 /* ---- bf16 rounding ---- */
 
@@ -91,6 +110,13 @@ static inline float bf16_round(float f) {
 
 float rf_cpu_bf16_round(float x) { return bf16_round(x); }
 
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* dst (rows, cols) dense = src (rows, cols; row stride ld) rounded to bf16: as uint16_t bf16
  * when emulated is 0, as fp32 values otherwise. OpenMP over rows when not nested. */
 static void convert(void *dst, const float *src, int rows, int cols, int ld, int emulated) {
@@ -105,6 +131,60 @@ static void convert(void *dst, const float *src, int rows, int cols, int ld, int
             for (int c = 0; c < cols; c++) d[c] = f32_to_bf16(s[c]);
         }
     }
+}
+
+/* dst (rows, cols) dense fp32 = the bf16 values src (rows, cols; row stride ld), widened (exact). */
+static void widen(float *dst, const uint16_t *src, int rows, int cols, int ld) {
+#pragma omp parallel for if ((size_t)rows * cols > 32768 && !omp_in_parallel())
+    for (int r = 0; r < rows; r++) {
+        const uint16_t *s = src + (size_t)r * ld;
+        float *d = dst + (size_t)r * cols;
+        for (int c = 0; c < cols; c++) d[c] = bf16_to_f32(s[c]);
+    }
+}
+
+/* ---- bound ranges ---- */
+
+/* The bf16 value standing for the float at p, or NULL where p is in no bound range. Caller
+ * holds g_lock. */
+static const uint16_t *bind_find(const void *p) {
+    for (int i = 0; i < BIND_SLOTS; i++) {
+        const bf16_bind *b = &g_bind[i];
+        if (b->base && (const float *)p >= b->base && (const float *)p < b->base + b->n)
+            return b->data + ((const float *)p - b->base);
+    }
+    return NULL;
+}
+
+const uint16_t *rf_cpu_bf16_bound(const float *p) {
+    if (!atomic_load_explicit(&g_n_bind, memory_order_relaxed)) return NULL;
+    pthread_mutex_lock(&g_lock);
+    const uint16_t *r = bind_find(p);
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+rf_status rf_cpu_bind_bf16(const float *base, const uint16_t *data, size_t n) {
+    rf_status s = RF_OK;
+    pthread_mutex_lock(&g_lock);
+    int i = 0;
+    while (i < BIND_SLOTS && g_bind[i].base != base) i++;
+    if (i < BIND_SLOTS) { /* rebinding or unbinding base */
+        g_bind[i] = (bf16_bind){0};
+        g_n_bind--;
+    }
+    if (data && n) {
+        for (i = 0; i < BIND_SLOTS && g_bind[i].base; i++) {}
+        if (i == BIND_SLOTS) {
+            s = rf_error(RF_ERR_NOMEM, "cpu: more than %d models with bf16-resident weights", BIND_SLOTS);
+        } else {
+            g_bind[i] = (bf16_bind){base, data, n};
+            g_n_bind++;
+        }
+    }
+    g_epoch++; /* copies made from these addresses before are stale */
+    pthread_mutex_unlock(&g_lock);
+    return s;
 }
 
 /* ---- engine, probe ---- */
@@ -223,8 +303,10 @@ static gemm_entry *entry_get(const gemm_key *k) {
 
 /* ---- weight copies ---- */
 
-/* The converted copy of weight src (rows, cols; stride ld), made or refreshed for this epoch. */
-static const void *weight_get(const float *src, int rows, int cols, int ld, int emulated) {
+/* The converted copy of weight src (rows, cols; stride ld), made or refreshed for this epoch:
+ * from src's floats, or (emulated only) from its bound bf16 values bsrc (same stride), widened. */
+static const void *weight_get(const float *src, int rows, int cols, int ld, int emulated,
+                              const uint16_t *bsrc) {
     uint64_t h = ((uint64_t)(uintptr_t)src * 0x9e3779b97f4a7c15ull) ^ (uint64_t)rows * 31u ^ (uint64_t)cols;
     weight_copy *slot = NULL;
     for (size_t i = 0; i < WEIGHT_SLOTS; i++) {
@@ -242,7 +324,7 @@ static const void *weight_get(const float *src, int rows, int cols, int ld, int 
     if (!slot) { /* table full: drop everything */
         for (int i = 0; i < WEIGHT_SLOTS; i++) free(g_wcopy[i].data);
         memset(g_wcopy, 0, sizeof g_wcopy);
-        return weight_get(src, rows, cols, ld, emulated);
+        return weight_get(src, rows, cols, ld, emulated, bsrc);
     }
     if (slot->src && slot->epoch == g_epoch) return slot->data;
     if (!slot->src) {
@@ -250,18 +332,20 @@ static const void *weight_get(const float *src, int rows, int cols, int ld, int 
         if (!slot->data) return NULL;
         *slot = (weight_copy){src, rows, cols, ld, emulated, 0, slot->data};
     }
-    convert(slot->data, src, rows, cols, ld, emulated);
+    if (bsrc) widen(slot->data, bsrc, rows, cols, ld);
+    else convert(slot->data, src, rows, cols, ld, emulated);
     slot->epoch = g_epoch;
     return slot->data;
 }
 
 /* ---- scratch buffers ---- */
 
-/* Per-thread growable buffer i (0: operand A, 1: operand B) of at least n bytes. The buffers
- * live as long as the thread (OpenMP's threads live as long as the process). */
+/* Per-thread growable buffer i (0: operand A, 1: operand B; 2, 3: widened bound A, B) of at
+ * least n bytes. The buffers live as long as the thread (OpenMP's threads live as long as the
+ * process). */
 static void *tls_buf(int i, size_t n) {
-    static _Thread_local void *buf[2];
-    static _Thread_local size_t cap[2];
+    static _Thread_local void *buf[4];
+    static _Thread_local size_t cap[4];
     if (cap[i] < n) {
         free(buf[i]);
         buf[i] = malloc(n);
@@ -300,13 +384,6 @@ static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const 
  * objects, the OpenMP fork, oneDNN's own small-M path) cost up to 3x at M = 1 (bench_matmul). */
 #define GEMV_MAX_M 4
 
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* Lanes of the matrix-vector accumulators: one 512-bit vector of floats. */
 #define GEMV_LANES 16
 
@@ -344,15 +421,15 @@ static inline void gemv_dots(float *s, int nr, int K, const float *x, const floa
 }
 
 /* C (M, N) = alpha * A (M, K) @ W^T + beta * C with W (N, K; row stride ldw) a weight: fp32 W,
- * or the dense bf16 copy Wb (N, K) with A rounded to bf16 as it is read. OpenMP over output
- * columns (blocks of four rows of W), each a dot product accumulated in fp32 in GEMV_LANES
- * lanes. */
+ * or its bf16 values Wb (N, K; row stride ldw: a dense copy, or bound values in place) with A
+ * rounded to bf16 as it is read. OpenMP over output columns (blocks of four rows of W), each a
+ * dot product accumulated in fp32 in GEMV_LANES lanes. */
 static void gemv_rows(int M, int N, int K, float alpha, const float *A, int lda, const float *W,
                       int ldw, const uint16_t *Wb, float beta, float *C, int ldc, float *xr) {
     for (int t = 0; t < M; t++)
         for (int c = 0; c < K; c++)
             xr[(size_t)t * K + c] = Wb ? bf16_round(A[(size_t)t * lda + c]) : A[(size_t)t * lda + c];
-    size_t ld = Wb ? (size_t)K : (size_t)ldw;
+    size_t ld = (size_t)ldw;
 #pragma omp parallel for schedule(static) if ((size_t)N * K > 65536)
     for (int o0 = 0; o0 < N; o0 += 4) {
         int nr = N - o0 < 4 ? N - o0 : 4;
@@ -399,6 +476,74 @@ static int run_entry(gemm_entry *e, const void *A, const void *B, float *C) {
            dnnl_stream_wait(g_stream) == dnnl_success;
 }
 
+/* Operand X (stored (rows, cols), row stride *ld) as fp32 values: itself, or where it lies in a
+ * bound range (xb its bf16 values) a widened dense copy in per-thread buffer `buf`, *ld
+ * updated. Aborts when out of memory for it, as gemm_nested does. */
+static const float *operand_f32(const float *X, const uint16_t *xb, int t, int r, int c, int *ld, int buf) {
+    if (!xb) return X;
+    int sr, sc;
+    stored(t, r, c, &sr, &sc);
+    float *d = tls_buf(buf, sizeof(float) * (size_t)sr * sc);
+    if (!d) abort(); /* out of memory for one operand: nothing sane left */
+    widen(d, xb, sr, sc, *ld);
+    *ld = sc;
+    return d;
+}
+
+/* The matrix-vector path of a weight product (M <= GEMV_MAX_M rows): 1 when done. bb: B's bound
+ * bf16 values or NULL. */
+static int gemm_small(int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                      int ldb, const uint16_t *bb, float beta, float *C, int ldc) {
+    float *xr = tls_buf(0, sizeof(float) * (size_t)M * K);
+    if (!xr) return 0;
+    pthread_mutex_lock(&g_lock);
+    const uint16_t *wb = NULL;
+    const float *w = B;
+    int bf16 = g_prec == RF_PRECISION_BF16, ldw = ldb;
+    if (bf16 && bb) wb = bb; /* bound values in place */
+    else if (bf16) wb = weight_get(B, N, K, ldb, 0, NULL), ldw = K;
+    else if (bb) w = weight_get(B, N, K, ldb, 1, bb), ldw = K;
+    pthread_mutex_unlock(&g_lock);
+    if (bf16 ? !wb : !w) return 0;
+    gemv_rows(M, N, K, alpha, A, lda, w, ldw, wb, beta, C, ldc, xr);
+    return 1;
+}
+
+/* Runs the product through a cached primitive; caller holds g_lock. 1 when done. bb: B's bound
+ * bf16 values or NULL (a bound A was widened before). */
+static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                     const float *B, int ldb, const uint16_t *bb, float beta, float *C, int ldc,
+                     int b_weight) {
+    int ok = engine_up();
+    int bf16 = ok && g_prec == RF_PRECISION_BF16, emulated = bf16 && !bf16_native();
+    gemm_key k = {ta, tb, M, N, K, lda, ldb, ldc, bf16 && !emulated, alpha, beta};
+    const void *a = A, *b = B;
+    int ar, ac, br, bc;
+    stored(ta, M, K, &ar, &ac);
+    stored(tb, K, N, &br, &bc);
+    if (bf16) {
+        size_t es = emulated ? sizeof(float) : sizeof(uint16_t);
+        void *abuf = tls_buf(0, es * (size_t)ar * ac);
+        if (abuf) convert(abuf, A, ar, ac, lda, emulated);
+        a = abuf, k.lda = ac;
+        if (bb && !emulated) { /* bound bf16 values: the operand as stored */
+            b = bb;
+        } else if (b_weight || bb) {
+            b = weight_get(B, br, bc, ldb, emulated, emulated ? bb : NULL), k.ldb = bc;
+        } else {
+            void *bbuf = tls_buf(1, es * (size_t)br * bc);
+            if (bbuf) convert(bbuf, B, br, bc, ldb, emulated);
+            b = bbuf, k.ldb = bc;
+        }
+        ok = a && b;
+    } else if (ok && bb) { /* fp32 products on bound values: widened once per epoch */
+        b = weight_get(B, br, bc, ldb, 1, bb), k.ldb = bc;
+        ok = b != NULL;
+    }
+    gemm_entry *e = ok ? entry_get(&k) : NULL;
+    return e && run_entry(e, a, b, C);
+}
+
 void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc, int b_weight) {
     if (M == 0 || N == 0) return;
@@ -407,48 +552,27 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
         return;
     }
+    const uint16_t *ab = NULL, *bb = NULL;
+    if (atomic_load_explicit(&g_n_bind, memory_order_relaxed)) {
+        pthread_mutex_lock(&g_lock);
+        ab = bind_find(A), bb = bind_find(B);
+        pthread_mutex_unlock(&g_lock);
+    }
+    A = operand_f32(A, ab, ta, M, K, &lda, 2); /* no product reads a weight as A; exact if one does */
     if (omp_in_parallel()) { /* attention's per-head products: fp32 in both modes (the top) */
+        B = operand_f32(B, bb, tb, K, N, &ldb, 3);
         gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
         return;
     }
-    float *xr = M <= GEMV_MAX_M && !ta && tb && b_weight ? tls_buf(0, sizeof(float) * (size_t)M * K) : NULL;
-    if (xr) {
-        pthread_mutex_lock(&g_lock);
-        const uint16_t *wb = NULL;
-        int bf16 = g_prec == RF_PRECISION_BF16;
-        if (bf16) wb = weight_get(B, N, K, ldb, 0);
-        pthread_mutex_unlock(&g_lock);
-        if (!bf16 || wb) {
-            gemv_rows(M, N, K, alpha, A, lda, B, ldb, wb, beta, C, ldc, xr);
-            return;
-        }
-    }
+    if (M <= GEMV_MAX_M && !ta && tb && (b_weight || bb) &&
+        gemm_small(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
+        return;
     pthread_mutex_lock(&g_lock);
-    int ok = engine_up();
-    int bf16 = ok && g_prec == RF_PRECISION_BF16, emulated = bf16 && !bf16_native();
-    gemm_key k = {ta, tb, M, N, K, lda, ldb, ldc, bf16 && !emulated, alpha, beta};
-    const void *a = A, *b = B;
-    if (bf16) {
-        int ar, ac, br, bc;
-        stored(ta, M, K, &ar, &ac);
-        stored(tb, K, N, &br, &bc);
-        size_t es = emulated ? sizeof(float) : sizeof(uint16_t);
-        void *abuf = tls_buf(0, es * (size_t)ar * ac);
-        if (abuf) convert(abuf, A, ar, ac, lda, emulated);
-        if (b_weight) {
-            b = weight_get(B, br, bc, ldb, emulated);
-        } else {
-            void *bbuf = tls_buf(1, es * (size_t)br * bc);
-            if (bbuf) convert(bbuf, B, br, bc, ldb, emulated);
-            b = bbuf;
-        }
-        a = abuf, k.lda = ac, k.ldb = bc;
-        ok = a && b;
-    }
-    gemm_entry *e = ok ? entry_get(&k) : NULL;
-    ok = e && run_entry(e, a, b, C);
+    int bf16 = g_prec == RF_PRECISION_BF16;
+    int ok = gemm_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc, b_weight);
     pthread_mutex_unlock(&g_lock);
     if (!ok) { /* no primitive for this shape (or no memory): oneDNN's sgemm, same numbers */
+        B = operand_f32(B, bb, tb, K, N, &ldb, 3);
         if (bf16) {
             gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1);
         } else {

@@ -32,6 +32,12 @@ int rf_cpu_bf16_native(void);
 /* 1 when the instruction set oneDNN uses (ONEDNN_MAX_CPU_ISA applies) has AVX512-BF16 or
  * AMX-BF16. */
 int rf_cpu_isa_has_bf16(void);
+/* Binds floats [base, base + n) to the bf16 values data (n): products and embedding lookups
+ * reading those addresses read data instead (kernels.h bind_bf16). data NULL unbinds base.
+ * RF_ERR_NOMEM when 64 ranges are bound already. */
+rf_status rf_cpu_bind_bf16(const float *base, const uint16_t *data, size_t n);
+/* The bf16 value bound to the float at p, or NULL where p is in no bound range. */
+const uint16_t *rf_cpu_bf16_bound(const float *p);
 /* x rounded to the nearest bf16 value (ties to even), as a float. */
 float rf_cpu_bf16_round(float x);
 
@@ -81,6 +87,11 @@ void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const 
                                 const float *lse, const float *entropy, const float *h,
                                 const float *w, const int32_t *targets, int T, int C, int Vl,
                                 int v0, float inv_temp);
+
+/* Frees the logits logprob_forward keeps for the backward (the back end's trim). */
+void rf_cpu_logprob_trim(void);
+/* Bytes of kept logits now held (tests). */
+size_t rf_cpu_logprob_kept_bytes(void);
 
 /* Rows per chunk of the log-prob kernels: up to RF_LOGPROB_CHUNK, fewer for large vocabularies
  * so that the scratch stays near 32 MB (about 55 rows for a 150k vocabulary). */

@@ -106,10 +106,21 @@ static double cpu_sum_squares(const float *x, size_t n) {
 
 static void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T,
                                   int C) {
+    const uint16_t *wb = rf_cpu_bf16_bound(wte); /* a frozen bf16 model's table: rows widened */
 #pragma omp parallel for if ((size_t)T * C > RF_OMP_MIN)
     for (int t = 0; t < T; t++) {
-        if (tokens[t] >= 0) memcpy(out + (size_t)t * C, wte + (size_t)tokens[t] * C, sizeof(float) * (size_t)C);
-        else memset(out + (size_t)t * C, 0, sizeof(float) * (size_t)C);
+        float *o = out + (size_t)t * C;
+        if (tokens[t] < 0) {
+            memset(o, 0, sizeof(float) * (size_t)C);
+        } else if (wb) {
+            const uint16_t *r = wb + (size_t)tokens[t] * C;
+            for (int c = 0; c < C; c++) {
+                uint32_t u = (uint32_t)r[c] << 16;
+                memcpy(&o[c], &u, 4);
+            }
+        } else {
+            memcpy(o, wte + (size_t)tokens[t] * C, sizeof(float) * (size_t)C);
+        }
     }
 }
 
@@ -350,6 +361,8 @@ static const rf_kernels cpu_table = {
     .logprob_vp_backward = rf_cpu_logprob_vp_backward,
     .heads_expand = cpu_heads_expand,
     .heads_reduce = cpu_heads_reduce,
+    .bind_bf16 = rf_cpu_bind_bf16,
+    .trim = rf_cpu_logprob_trim,
 };
 
 const rf_kernels *rf_cpu_kernels(void) { return &cpu_table; }

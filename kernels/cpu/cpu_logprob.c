@@ -11,7 +11,9 @@
  * inputs": the same w pointer with no weights_updated since (the back end's contract for
  * parameter writes, kernels.h), the same bits in w at 1024 sampled places, the same h pointer
  * and bits (hashed in full), T, C, V, inv_temp and precision. The backward turns the saved
- * logits into gradients in place, so they serve one backward. */
+ * logits into gradients in place, so they serve one backward. Nothing is saved for an LM head
+ * of bf16-resident weights (kernels.h bind_bf16): those belong to a frozen model, which has no
+ * backward. rf_cpu_logprob_trim gives the kept buffers back (rf_model_trim). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +98,8 @@ static saved_logits saved_key(const float *h, const float *w, int T, int C, int 
     k.prec = rf_cpu_gemm_get_precision();
     k.epoch = rf_cpu_gemm_epoch();
     k.h_hash = bits_hash(h, (size_t)T * C, 0);
-    k.w_hash = bits_hash(w, (size_t)V * C, 1024);
+    const uint16_t *wb = rf_cpu_bf16_bound(w); /* bound: w's floats hold nothing, its bf16 do */
+    k.w_hash = wb ? bits_hash((const float *)wb, (size_t)V * C / 2, 1024) : bits_hash(w, (size_t)V * C, 1024);
     return k;
 }
 
@@ -108,30 +111,42 @@ static int same_key(const saved_logits *a, const saved_logits *b) {
 
 /* The buffer for the forward to save (T, V) logits in, or NULL where they are too large (or
  * memory is short): then the forward uses the chunk scratch and nothing is saved. */
-static saved_logits *saved_reserve(int T, int V) {
-    static size_t lse_cap; /* floats in g_saved.lse */
+static size_t g_lse_cap; /* floats in g_saved.lse */
+
+static saved_logits *saved_reserve(int T, int V, const float *w) {
     size_t n = (size_t)T * V;
     g_saved.valid = 0;
-    if (n * sizeof(float) > LOGITS_SAVE_BYTES) return NULL;
+    if (n * sizeof(float) > LOGITS_SAVE_BYTES || rf_cpu_bf16_bound(w)) return NULL;
     if (g_saved.cap < n) {
         free(g_saved.z);
         g_saved.z = malloc(n * sizeof(float));
         g_saved.cap = g_saved.z ? n : 0;
     }
-    if (lse_cap < 2 * (size_t)T) {
+    if (g_lse_cap < 2 * (size_t)T) {
         free(g_saved.lse);
         g_saved.lse = malloc(2 * sizeof(float) * (size_t)T);
-        lse_cap = g_saved.lse ? 2 * (size_t)T : 0;
+        g_lse_cap = g_saved.lse ? 2 * (size_t)T : 0;
     }
     if (!g_saved.z || !g_saved.lse) return NULL;
     g_saved.ent = g_saved.lse + T;
     return &g_saved;
 }
 
+void rf_cpu_logprob_trim(void) {
+    free(g_saved.z);
+    free(g_saved.lse);
+    g_saved = (saved_logits){0};
+    g_lse_cap = 0;
+}
+
+size_t rf_cpu_logprob_kept_bytes(void) {
+    return g_saved.cap * sizeof(float) + g_lse_cap * sizeof(float);
+}
+
 void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
                             const int32_t *targets, int T, int C, int V, float inv_temp) {
     int chunk = rf_cpu_logprob_chunk_rows(V);
-    saved_logits *sv = saved_reserve(T, V);
+    saved_logits *sv = saved_reserve(T, V, w);
     float *z = sv ? NULL : rf_cpu_logprob_scratch((size_t)chunk * V);
     float lse_s[RF_LOGPROB_CHUNK], ent_s[RF_LOGPROB_CHUNK];
     for (int t0 = 0; t0 < T; t0 += chunk) {

@@ -100,10 +100,31 @@ static int session(rf_msg_client *c, const rf_env_client_opts *o, rf_env_client_
     return end;
 }
 
+static const char *env_nonempty(const char *name) {
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+/* A program rlflow started (env.programs) finds its endpoint, keys and rank in the environment
+ * (docs/env-api.md, "Programs started by rlflow"): the endpoint when opts names none, the keys
+ * when the endpoint is that one and opts gives no key, the rank when opts leaves it 0. */
+static void from_environment(rf_env_client_opts *o) {
+    const char *ep = env_nonempty("RLFLOW_ENV_ENDPOINT"), *rank = env_nonempty("RLFLOW_ENV_RANK");
+    if (!ep) return;
+    if (!o->connect || !*o->connect) o->connect = ep;
+    if (strcmp(o->connect, ep) == 0 && !o->curve_server_key && !o->curve_public_key && !o->curve_secret_key) {
+        o->curve_server_key = env_nonempty("RLFLOW_ENV_SERVER_KEY");
+        o->curve_public_key = env_nonempty("RLFLOW_ENV_PUBLIC_KEY");
+        o->curve_secret_key = env_nonempty("RLFLOW_ENV_SECRET_KEY");
+    }
+    if (o->rank == 0 && rank) o->rank = atoi(rank);
+}
+
 rf_status rf_env_client_serve(const rf_env_client_opts *opts, rf_env_client_reset_fn reset,
                               rf_env_client_step_fn step, void *user, long *answered) {
     if (!opts || !step) return rf_error(RF_ERR_ARG, "rf_env_client_serve: options and a step function are needed");
     rf_env_client_opts o = *opts;
+    from_environment(&o);
     if (!o.connect) o.connect = "tcp://127.0.0.1:5558";
     if (!o.name) o.name = "env_program";
     if (o.capacity < 0) return rf_error(RF_ERR_ARG, "rf_env_client_serve: capacity must be >= 0 (got %d)", o.capacity);

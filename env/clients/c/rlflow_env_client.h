@@ -80,7 +80,9 @@ typedef int (*rf_env_client_reset_fn)(const rf_env_client_reset *req, rf_env_cli
 typedef int (*rf_env_client_step_fn)(const rf_env_client_step *req, rf_env_client_reply *out, void *user);
 
 typedef struct rf_env_client_opts {
-    const char *connect;       /* rlflow's env.endpoint; NULL: "tcp://127.0.0.1:5558" */
+    const char *connect;       /* rlflow's env.endpoint; NULL: RLFLOW_ENV_ENDPOINT (with its CURVE
+                                  keys and RLFLOW_ENV_RANK: a program rlflow started with
+                                  env.programs), else "tcp://127.0.0.1:5558" */
     const char *name;          /* NULL: "env_program" */
     int capacity;              /* requests rlflow may send before an answer; 0: 4 */
     int rank;

@@ -11,6 +11,7 @@
         return "<result>42</result>", 0.0, False
 
     rlflow_env.serve(reset, step, connect="tcp://127.0.0.1:5558", name="my_env", capacity=8)
+    # started by rlflow (env.programs): rlflow_env.serve(reset, step) finds the endpoint and keys
 
 serve() speaks the whole environment protocol (docs/env-api.md): a ZeroMQ DEALER connected to
 rlflow's endpoint (env.endpoint of the recipe), Hello / HelloAck as an environment program
@@ -191,13 +192,38 @@ def _reply(fn, req, is_step):
     return r
 
 
-def serve(reset, step, connect="tcp://127.0.0.1:5558", name="env_program", capacity=None, threads=1,
-          rank=0, hello_timeout=30.0, reconnect=True, curve_server_key=None, curve_secret_key=None,
+def _from_environment(connect, rank, server, secret, public):
+    """A program rlflow started (env.programs) finds its endpoint, CURVE keys and rank in the
+    environment (docs/env-api.md, "Programs started by rlflow"): the endpoint when connect is
+    None, the keys when the endpoint is that one and no key is given, the rank when rank is
+    None."""
+    env = os.environ.get("RLFLOW_ENV_ENDPOINT") or None
+    if connect is None:
+        connect = env or "tcp://127.0.0.1:5558"
+    if env is not None and connect == env and server is None and secret is None and public is None:
+        server = os.environ.get("RLFLOW_ENV_SERVER_KEY") or None
+        secret = os.environ.get("RLFLOW_ENV_SECRET_KEY") or None
+        public = os.environ.get("RLFLOW_ENV_PUBLIC_KEY") or None
+    if rank is None:
+        try:
+            rank = int(os.environ.get("RLFLOW_ENV_RANK") or 0)
+        except ValueError:
+            rank = 0
+    return connect, rank, server, secret, public
+
+
+def serve(reset, step, connect=None, name="env_program", capacity=None, threads=1,
+          rank=None, hello_timeout=30.0, reconnect=True, curve_server_key=None, curve_secret_key=None,
           curve_public_key=None, quiet=False):
     """Serves rlflow's environment requests until rlflow sends Shutdown; returns the number
-    answered. capacity: requests rlflow may send before an answer (default 2 * threads);
-    curve_*: rlflow's public key and this program's key pair (Z85 str). Raises ValueError for
-    bad arguments and EnvClientError when rlflow refuses this program or does not answer Hello."""
+    answered. connect: rlflow's endpoint (env.endpoint of the recipe); None: the environment's
+    RLFLOW_ENV_ENDPOINT (with its CURVE keys and RLFLOW_ENV_RANK), set for the programs rlflow
+    starts (env.programs), else "tcp://127.0.0.1:5558". capacity: requests rlflow may send
+    before an answer (default 2 * threads); curve_*: rlflow's public key and this program's key
+    pair (Z85 str). Raises ValueError for bad arguments and EnvClientError when rlflow refuses
+    this program or does not answer Hello."""
+    connect, rank, curve_server_key, curve_secret_key, curve_public_key = _from_environment(
+        connect, rank, curve_server_key, curve_secret_key, curve_public_key)
     if not isinstance(connect, str) or "://" not in connect:
         raise ValueError("rlflow_env.serve: connect must be an endpoint such as \"tcp://127.0.0.1:5558\"")
     if not isinstance(threads, int) or threads < 1:
