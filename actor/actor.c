@@ -23,7 +23,7 @@ void rf_train_sample_free(rf_train_sample *s) {
     if (!s) return;
     free(s->tokens), free(s->behav_logp), free(s->prox_logp), free(s->ref_logp);
     free(s->values), free(s->adv), free(s->returns), free(s->entropy), free(s->versions);
-    free(s->text), free(s->token_rewards), free(s->loss_mask);
+    free(s->text), free(s->token_rewards), free(s->loss_mask), free(s->rules_text);
     memset(s, 0, sizeof *s);
 }
 

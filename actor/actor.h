@@ -34,6 +34,9 @@ typedef struct rf_train_sample {
                               statistic and token count; owned, NULL: every token is in */
     float rule_reward;     /* the reward rules' part of reward (per-sample logs) */
     float external_reward; /* reward programs' sequence score, weighted: their part of reward */
+    char *rules_text;      /* a validation episode: its last turn's text, what the rules score (text
+                              stays the whole response, for the reward model and programs); owned,
+                              NULL: the rules score text */
 } rf_train_sample;
 
 /* Allocates the per-token arrays of s (tokens must be set); frees them. */

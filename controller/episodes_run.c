@@ -115,35 +115,30 @@ rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, int n_
     return st;
 }
 
-rf_status rf__eval_episodes(rf_run *run, double *acc, double *reward, double *mean_len) {
+rf_status rf__val_episodes(rf_run *run, const rf_role_gen *q, int n, rf_train_sample *out) {
     const rf_recipe *r = run->r;
-    int size = rf_dataset_size(run->val), n = r->logging.val_size;
-    n = n <= 0 || n > size ? size : n;
     rf_reward_item *items = calloc((size_t)n + 1, sizeof *items);
     char **meta = calloc((size_t)n + 1, sizeof *meta);
     rf_episode *eps = calloc((size_t)n + 1, sizeof *eps);
-    rf_val_response *v = calloc((size_t)n + 1, sizeof *v);
-    rf_status st = items && meta && eps && v ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for validation");
-    for (int i = 0; st == RF_OK && i < n; i++) items[i] = example_item(rf_dataset_get(run->val, i), i, &meta[i]);
+    rf_status st = items && meta && eps ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for validation");
+    for (int i = 0; st == RF_OK && i < n; i++) items[i] = example_item(q[i].ex, i, &meta[i]);
     rf_episode_opts eo = {r->env.max_turns, r->env.max_total_tokens, run->tok};
-    rf_rollout_request q = episode_request(run, 1);
+    rf_rollout_request rq = episode_request(run, 1);
     rf_rollout_set_version(run->engine, run->step);
     if (st == RF_OK) st = rf__rollout_resume(run->engine);
     /* validation episodes are numbered from 2^63, apart from training's */
-    if (st == RF_OK) st = rf_episodes_run(run->engine, &run->env, &eo, items, n, 1, &q, 0, 1ull << 63, eps);
+    if (st == RF_OK) st = rf_episodes_run(run->engine, &run->env, &eo, items, n, 1, &rq, 0, 1ull << 63, eps);
     if (st == RF_OK) st = rf__rollout_pause(r, run->engine, -1);
     if (run->env.take_stats) run->env.take_stats(run->env.ctx); /* training's metrics count training's calls */
-    /* the training reward definition: the rules on the last turn, the reward model and the
-     * reward programs on the whole response (rf__val_score) */
-    double correct = 0, len = 0, total = 0;
     for (int i = 0; st == RF_OK && i < n; i++) {
-        v[i] = (rf_val_response){rf_dataset_get(run->val, i), eps[i].text, eps[i].ids, eps[i].n, eps[i].last_text};
-        len += eps[i].n;
+        st = to_sample(run, &eps[i], q[i].ex, 0, &out[i]);
+        /* the training reward definition (rf__val_score): the rules score the last turn, the
+         * reward model and programs the whole response (out[i].text) */
+        if (st == RF_OK) out[i].rules_text = rf_strdup(eps[i].last_text ? eps[i].last_text : "");
+        if (st == RF_OK && !out[i].rules_text) st = rf_error(RF_ERR_NOMEM, "out of memory for validation");
     }
-    if (st == RF_OK) st = rf__val_score(run, v, n, &correct, &total);
-    *acc = n ? correct / n : 0, *reward = n ? total / n : 0, *mean_len = n ? len / n : 0;
     for (int i = 0; eps && i < n; i++) rf_episode_free(&eps[i]);
     for (int i = 0; meta && i < n; i++) free(meta[i]);
-    free(items), free(meta), free(eps), free(v);
+    free(items), free(meta), free(eps);
     return st;
 }

@@ -119,25 +119,3 @@ rf_status rf__val_score(rf_run *run, const rf_val_response *v, int n, double *ac
     free(total), free(acc);
     return st;
 }
-
-rf_status rf__validate(rf_run *run, int n, double *acc, double *reward, double *mean_len) {
-    const rf_recipe *r = run->r;
-    int size = rf_dataset_size(run->val);
-    n = n <= 0 || n > size ? size : n;
-    rf_gen_output *out = calloc((size_t)(n ? n : 1), sizeof *out);
-    const rf_example **ex = calloc((size_t)(n ? n : 1), sizeof *ex);
-    rf_val_response *v = calloc((size_t)(n ? n : 1), sizeof *v);
-    rf_status s = out && ex && v ? greedy(run->actor, run->tok, run->val, n, r->rollout.max_new_tokens, run->eos,
-                                          run->n_eos, out, ex)
-                                 : rf_error(RF_ERR_NOMEM, "out of memory for validation");
-    double len = 0, acc_sum = 0, reward_sum = 0;
-    for (int i = 0; s == RF_OK && i < n; i++) {
-        v[i] = (rf_val_response){ex[i], out[i].text, out[i].tokens, out[i].n_tokens, NULL};
-        len += out[i].n_tokens;
-    }
-    if (s == RF_OK) s = rf__val_score(run, v, n, &acc_sum, &reward_sum);
-    for (int i = 0; out && i < n; i++) rf_gen_output_free(&out[i]);
-    *acc = n ? acc_sum / n : 0, *reward = n ? reward_sum / n : 0, *mean_len = n ? len / n : 0;
-    free(out), free(ex), free(v);
-    return s;
-}

@@ -1,9 +1,8 @@
-/* The pieces of the RL dataflow that every deployment runs, the one-process loop
- * (controller/rl_step.c) and the message-driven controller of split and multi-device runs
- * (controller/controller.c) alike, and the training worker (actor/worker*.c): a group's
- * external rewards and dynamic-sampling test, reward-model scores, advantages, the update and
- * optimizer options, the batch's metrics and sample logs, resuming the run's state from a
- * checkpoint. Each exists once; the loops differ only in how they reach the roles. */
+/* The pieces of the RL dataflow that the one loop of every deployment (controller/controller.c,
+ * with the in-process roles of controller/roles_inproc.c or the message roles) and the training
+ * worker (actor/worker*.c) run: a group's external rewards and dynamic-sampling test,
+ * reward-model scores, advantages, the update and optimizer options, the batch's metrics and
+ * sample logs, resuming the run's state from a checkpoint. Each exists once. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -250,7 +249,7 @@ int rf__group_informative(const rf_train_sample *s, int n) {
 }
 
 rf_status rf__external_score(rf_run *run, const rf_example *const *ex, rf_train_sample *s, int n, int per,
-                             int64_t first_group) {
+                             const int64_t *ids) {
     if (!run->ext || n <= 0) return RF_OK;
     int groups = (n + per - 1) / per;
     rf_reward_item *items = calloc((size_t)n, sizeof *items);
@@ -263,7 +262,7 @@ rf_status rf__external_score(rf_run *run, const rf_example *const *ex, rf_train_
         const rf_example *e = ex[i / per];
         items[i] = (rf_reward_item){e->prompt_text, s[i].text, s[i].tokens, s[i].n_prompt,
                                     s[i].tokens + s[i].n_prompt, s[i].n_resp, e->answer, meta[i / per],
-                                    i % per, first_group + i / per};
+                                    i % per, ids[i / per]};
     }
     if (st == RF_OK) st = rf_external_reward_score(run->ext, items, n, sc);
     if (st == RF_OK) st = rf__apply_external(run, s, n, sc);

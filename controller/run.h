@@ -1,8 +1,9 @@
-/* The post-training loop in one process: recipe -> prompts -> rollout -> rewards -> reference
+/* The post-training run in one process: recipe -> prompts -> rollout -> rewards -> reference
  * / critic -> advantages -> actor (and critic) update -> new weights to rollout -> repeat, with
- * validation, metrics and checkpoints. The controller talks to each role through request and
- * response shapes (a generate request in, samples out; a train batch in, statistics out) that
- * the message API will carry when the roles move into processes. */
+ * validation, metrics and checkpoints. The loop is the one every deployment runs
+ * (controller/controller.h, rf_controller_run); here it reaches the roles in process
+ * (controller/roles.h: a generate request in, samples out; a train batch in, statistics out),
+ * split runs reach the same roles by messages. */
 #ifndef RF_RUN_H
 #define RF_RUN_H
 
@@ -19,7 +20,7 @@
 #include "reward/reward.h"
 #include "rollout/rollout.h"
 
-/* What reward programs returned since the metrics last took it (controller/rl_step.c). */
+/* What reward programs returned since the metrics last took it (rf__apply_external adds, rf__external_metrics takes). */
 typedef struct rf_external_acc {
     char name[RF_EXTERNAL_MAX_COMPONENTS][96]; /* named components seen */
     double sum[RF_EXTERNAL_MAX_COMPONENTS];    /* sum of the batches' means */

@@ -2,6 +2,7 @@
 #ifndef RF_RUN_INTERNAL_H
 #define RF_RUN_INTERNAL_H
 
+#include "controller/roles.h"
 #include "controller/run.h"
 #include "env/bridge.h"
 #include "model/lora.h"
@@ -63,8 +64,9 @@ rf_status rf__sft_build(const rf_recipe *r, const char *dir);
 /* [env] (controller/episodes_run.c): opens run->env from the recipe (nothing without
  * env.type; env.type = "external" waits env.timeout for a program); a step's samples as
  * episodes (n_prompts groups of rollout.n into out, scored by the rules on the last turn,
- * env/ metrics set); validation by greedy episodes on the first logging.val_size validation
- * examples, scored by the training reward definition (rf__val_score: accuracy, reward). */
+ * env/ metrics set); validation responses by greedy episodes for requests q (n, one each) into
+ * out (text: the whole response, for the reward model and programs; rules_text: the last
+ * turn's, which the rules score: rf__val_score, the training reward definition). */
 rf_status rf__env_open(rf_run *run);
 /* env.type = "external": the environment bridge bound (env.endpoint, or a loopback endpoint with
  * CURVE keys made for the run when only env.programs is set), env.programs started with the
@@ -73,15 +75,11 @@ rf_status rf__env_open(rf_run *run);
 rf_status rf__env_bridge_open(rf_run *run, rf_env_bridge **x);
 rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, int n_prompts, int round,
                                 rf_train_sample *out, double *tokens);
-rf_status rf__eval_episodes(rf_run *run, double *acc, double *reward, double *mean_len);
-
-/* One RL step of the one-process loop (generate, score, reference, critic, advantages,
- * updates), metrics set on run->metrics. */
-rf_status rf__rl_step(rf_run *run);
+rf_status rf__val_episodes(rf_run *run, const rf_role_gen *q, int n, rf_train_sample *out);
 
 /* ---- controller/rl_core.c: the dataflow's pieces every deployment runs, once ---- */
 
-/* run->r = r, and the run state both loops start from: the algorithm's enums parsed (errors
+/* run->r = r, and the run state the loop starts from: the algorithm's enums parsed (errors
  * name the recipe key), the KL controller at algorithm.kl_coef, no best validation yet. */
 rf_status rf__run_state_init(rf_run *run, const rf_recipe *r);
 
@@ -98,10 +96,10 @@ rf_ckpt_state rf__run_ckpt_state(const rf_run *run, rf_dataset_pos pos);
 int rf__group_informative(const rf_train_sample *s, int n);
 
 /* External reward programs (run->ext; nothing without) score samples s (n, in groups of per;
- * group g's example ex[g]): item i is sample i % per of group first_group + i / per, and
+ * group g's example ex[g]): item i is sample i % per of group ids[i / per], and
  * rf__apply_external adds the scores. */
 rf_status rf__external_score(rf_run *run, const rf_example *const *ex, rf_train_sample *s, int n, int per,
-                             int64_t first_group);
+                             const int64_t *ids);
 
 /* What a validation sample counts towards val/accuracy, the same in every deployment: its
  * accuracy by the reward rules, or its reward when none of the rules judges correctness
@@ -183,17 +181,14 @@ typedef struct rf_val_response {
  * reward.external_weight x the reward programs' reward and per-token rewards (requests with
  * group_id -1). Adds each response's total to *reward_sum and its accuracy (the rules'
  * correctness, or the total when no correctness rule is listed) to *acc_sum. The same in the
- * one-process loop and the split controller (docs/training.md, "Validation"). */
+ * one loop of every deployment (docs/training.md, "Validation"). */
 rf_status rf__val_score(rf_run *run, const rf_val_response *v, int n, double *acc_sum, double *reward_sum);
 
-/* Greedy responses to the first n examples of run->val (all when n <= 0), scored by
- * rf__val_score: the mean accuracy, total reward and response length. */
-rf_status rf__validate(rf_run *run, int n, double *acc, double *reward, double *mean_len);
 
 /* logging.samples_every: at a step it divides, logs logging.samples_per_step of the batch's n
  * samples s (groups of rollout.n; ex: the example of each group) with rf_metrics_samples on
- * run->metrics: one response of each group in turn. The same in the one-process loop and the
- * split controller. */
+ * run->metrics: one response of each group in turn. The same in every deployment (the one
+ * loop calls it). */
 rf_status rf__log_samples(rf_run *run, int step, const rf_train_sample *s, const rf_example *const *ex, int n);
 
 /* reward/..., response/... metrics of a batch (reward/mean: rf__total_reward). */
