@@ -76,7 +76,17 @@ rf_status rf__worker_unpack(Rlflow__TrainSample **in, size_t n, rf_train_sample 
         COPY(ref_logp, ref_logp)
         COPY(values, values)
 #undef COPY
-        for (int j = 0; j < nr && (size_t)j < t->n_versions; j++) s[i].versions[j] = (int)t->versions[j];
+        if (t->n_versions != 0 && t->n_versions != (size_t)nr) {
+            samples_free(s, (int)i + 1);
+            return rf_error(RF_ERR_FORMAT, "sample %zu: %zu versions for %d response tokens", i, t->n_versions, nr);
+        }
+        for (int j = 0; j < nr && (size_t)j < t->n_versions; j++) {
+            if (t->versions[j] < 0 || t->versions[j] > INT32_MAX) {
+                samples_free(s, (int)i + 1);
+                return rf_error(RF_ERR_FORMAT, "sample %zu: versions[%d] = %lld (0 .. 2^31-1)", i, j, (long long)t->versions[j]);
+            }
+            s[i].versions[j] = (int)t->versions[j];
+        }
         st = unpack_mask(t, i, nr, &s[i]);
         if (st != RF_OK) {
             samples_free(s, (int)i + 1);

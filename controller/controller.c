@@ -275,8 +275,11 @@ static rf_status score_turns(ctl *c) {
     return RF_OK;
 }
 
-static void pack_sample(Rlflow__TrainSample *t, rf_train_sample *s, int group, int with_ref, int with_val) {
+/* vers (s->n_resp): room for the tokens' versions as the message carries them (int64). */
+static void pack_sample(Rlflow__TrainSample *t, rf_train_sample *s, int group, int with_ref, int with_val, int64_t *vers) {
     rlflow__train_sample__init(t);
+    for (int k = 0; k < s->n_resp; k++) vers[k] = s->versions[k];
+    t->n_versions = (size_t)s->n_resp, t->versions = vers; /* actor/logprob_mismatch_* counts the current version's */
     t->n_tokens = (size_t)(s->n_prompt + s->n_resp), t->tokens = s->tokens, t->n_prompt = s->n_prompt;
     t->n_behav_logp = (size_t)s->n_resp, t->behav_logp = s->behav_logp;
     t->n_advantages = (size_t)s->n_resp, t->advantages = s->adv;
@@ -295,9 +298,12 @@ static rf_status msg_train(void *ctx, rf_train_sample *s, int n, int version, fl
     int with_val = c->run->adv_kind == RF_ADV_GAE;
     Rlflow__TrainSample *ts = calloc((size_t)(n ? n : 1), sizeof *ts);
     Rlflow__TrainSample **tp = calloc((size_t)(n ? n : 1), sizeof *tp);
-    rf_status st = ts && tp ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int i = 0; st == RF_OK && i < n; i++) {
-        pack_sample(&ts[i], &s[i], s[i].group, with_ref, with_val);
+    size_t n_tok = 0;
+    for (int i = 0; i < n; i++) n_tok += (size_t)s[i].n_resp;
+    int64_t *vers = malloc(sizeof(int64_t) * (n_tok ? n_tok : 1));
+    rf_status st = ts && tp && vers ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int i = 0, off = 0; st == RF_OK && i < n; off += s[i].n_resp, i++) {
+        pack_sample(&ts[i], &s[i], s[i].group, with_ref, with_val, vers + off);
         tp[i] = &ts[i];
     }
     Rlflow__TrainBatch b = RLFLOW__TRAIN_BATCH__INIT;
@@ -306,7 +312,7 @@ static rf_status msg_train(void *ctx, rf_train_sample *s, int n, int version, fl
     if (st == RF_OK) st = rf_msg_server_send(c->srv, c->train_peer, RF_MSG_TRAIN_BATCH, &b.base);
     c->batch_sent_at = rf_time_now();
     for (int i = 0; i < n; i++) rf_train_sample_free(&s[i]);
-    free(s), free(ts), free(tp);
+    free(s), free(ts), free(tp), free(vers);
     return st;
 }
 

@@ -182,7 +182,7 @@ static void book(void) {
     cJSON_Delete(extra);
 }
 
-/* The training worker's side: TrainSample.loss_mask checked and copied. */
+/* The training worker's side: TrainSample.loss_mask and versions checked and copied. */
 static void unpack(void) {
     int32_t tok[6] = {1, 2, 3, 4, 5, 6};
     uint8_t mask[4] = {1, 0, 7, 1};
@@ -200,6 +200,16 @@ static void unpack(void) {
     t.loss_mask.len = 0; /* none: every token in the loss */
     CHECK_OK(rf__worker_unpack(&tp, 1, &s));
     CHECK(s && !s[0].loss_mask);
+    rf__worker_samples_free(s, 1);
+    /* the tokens' versions (actor/logprob_mismatch_* counts the tokens of the version trained) */
+    int64_t vers[4] = {3, 3, 4, 4};
+    t.versions = vers, t.n_versions = 3;
+    expect(rf__worker_unpack(&tp, 1, &s), RF_ERR_FORMAT, "sample 0: 3 versions for 4 response tokens");
+    t.n_versions = 4, vers[1] = -1;
+    expect(rf__worker_unpack(&tp, 1, &s), RF_ERR_FORMAT, "sample 0: versions[1] = -1 (0 .. 2^31-1)");
+    vers[1] = 3;
+    CHECK_OK(rf__worker_unpack(&tp, 1, &s));
+    CHECK(s && s[0].versions[0] == 3 && s[0].versions[1] == 3 && s[0].versions[2] == 4 && s[0].versions[3] == 4);
     rf__worker_samples_free(s, 1);
 }
 

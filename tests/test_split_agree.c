@@ -163,6 +163,15 @@ int main(void) {
         printf("step 1 %s: one process %.17g, split %.17g\n", near[k], a, b);
         CHECK(!isnan(a) && fabs(a - b) <= 1e-4 * fabs(a));
     }
+    /* at staleness 0 every token of a batch is the trained version's, so the split run checks
+     * the behaviour log-probs at every step as one process does (the TrainBatch carries the
+     * tokens' versions; without them only step 1's were counted) */
+    for (int step = 1; step <= 4; step++) {
+        double a = rf_test_metric(dir, "one", step, "actor/logprob_mismatch_max");
+        double b = rf_test_metric(dir, "split", step, "actor/logprob_mismatch_max");
+        printf("step %d actor/logprob_mismatch_max: one process %.3g, split %.3g\n", step, a, b);
+        CHECK(!isnan(a) && !isnan(b) && b < 1e-3);
+    }
     /* the reward program's part is in both: about 0.01 x the response's length */
     double a = rf_test_metric(dir, "one", 1, "reward/external/len"), b = rf_test_metric(dir, "split", 1, "reward/external/len");
     CHECK(a >= 1 && fabs(a - b) <= 1e-12 * a);
