@@ -757,8 +757,11 @@ static rf_status finish_validation(ctl *c) {
     double len = 0, acc_sum = 0, reward_sum = 0;
     for (int i = 0; i < n; i++) {
         const rf_train_sample *s = &c->val_s[i];
-        /* [env] episodes: the rules score the last turn (rules_text), the rest the whole text */
-        v[i] = (rf_val_response){c->val_ex[i], s->text, s->tokens + s->n_prompt, s->n_resp, s->rules_text};
+        /* [env] episodes: the rules score the last turn (rules_text), the rest the whole text
+         * after the prompt and first observation (s->tokens' first n_prompt), as in training;
+         * the environment's turn rewards count (s->token_rewards holds only those here) */
+        v[i] = (rf_val_response){c->val_ex[i], s->text, s->tokens + s->n_prompt, s->n_resp, s->rules_text,
+                                 s->tokens, s->n_prompt, s->token_rewards};
         len += s->n_resp;
     }
     rf_status st = rf__val_score(c->run, v, n, &acc_sum, &reward_sum);

@@ -51,20 +51,29 @@ rf_status rf_eval_accuracy(rf_model *m, const rf_tokenizer *tok, rf_dataset *ds,
     return s;
 }
 
-/* The reward model's score of each (prompt + response), weighted, added to total (n). */
+/* The prompt response v was generated after: v->prompt_ids, or its example's. */
+static const int32_t *val_prompt(const rf_val_response *v, int *n) {
+    if (v->prompt_ids) return *n = v->n_prompt, v->prompt_ids;
+    return *n = v->ex->n_prompt, v->ex->prompt_ids;
+}
+
+/* The reward model's score of each (prompt + response), weighted, added to total (n): the
+ * sequence training's reward model scores (an episode's first observation included). */
 static rf_status add_model(rf_run *run, const rf_val_response *v, int n, double *total) {
     int32_t **seqs = calloc((size_t)n, sizeof *seqs);
     int *lens = calloc((size_t)n, sizeof *lens);
     float *sc = calloc((size_t)n, sizeof *sc);
     rf_status st = seqs && lens && sc ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int i = 0; st == RF_OK && i < n; i++) {
-        lens[i] = v[i].ex->n_prompt + v[i].n_ids;
+        int np;
+        const int32_t *p = val_prompt(&v[i], &np);
+        lens[i] = np + v[i].n_ids;
         if (!(seqs[i] = malloc(sizeof(int32_t) * (size_t)(lens[i] ? lens[i] : 1)))) {
             st = rf_error(RF_ERR_NOMEM, "out of memory");
             break;
         }
-        memcpy(seqs[i], v[i].ex->prompt_ids, sizeof(int32_t) * (size_t)v[i].ex->n_prompt);
-        memcpy(seqs[i] + v[i].ex->n_prompt, v[i].ids, sizeof(int32_t) * (size_t)v[i].n_ids);
+        memcpy(seqs[i], p, sizeof(int32_t) * (size_t)np);
+        memcpy(seqs[i] + np, v[i].ids, sizeof(int32_t) * (size_t)v[i].n_ids);
     }
     if (st == RF_OK) st = rf_reward_model_score(run->rm, (const int32_t *const *)seqs, lens, n, sc);
     for (int i = 0; st == RF_OK && i < n; i++) total[i] += run->r->reward.model_weight * sc[i];
@@ -82,8 +91,10 @@ static rf_status add_external(rf_run *run, const rf_val_response *v, int n, doub
     rf_status st = items && meta && sc ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int i = 0; st == RF_OK && i < n; i++) {
         const rf_example *e = v[i].ex;
+        int np;
+        const int32_t *p = val_prompt(&v[i], &np);
         meta[i] = cJSON_PrintUnformatted(e->extra);
-        items[i] = (rf_reward_item){e->prompt_text, v[i].text ? v[i].text : "", e->prompt_ids, e->n_prompt,
+        items[i] = (rf_reward_item){e->prompt_text, v[i].text ? v[i].text : "", p, np,
                                     v[i].ids, v[i].n_ids, e->answer, meta[i], i, -1};
     }
     if (st == RF_OK) st = rf_external_reward_score(run->ext, items, n, sc);
@@ -109,6 +120,7 @@ rf_status rf__val_score(rf_run *run, const rf_val_response *v, int n, double *ac
         const char *text = v[i].rules_text ? v[i].rules_text : v[i].text ? v[i].text : "";
         st = rf_reward_rules_score(run->rules, text, v[i].n_ids, v[i].ex->answer, &r, &acc[i]);
         total[i] = r;
+        for (int k = 0; v[i].turn_rewards && k < v[i].n_ids; k++) total[i] += v[i].turn_rewards[k];
     }
     if (st == RF_OK && run->rm && n) st = add_model(run, v, n, total);
     if (st == RF_OK && run->ext && n) st = add_external(run, v, n, total);

@@ -174,10 +174,16 @@ typedef struct rf_val_response {
     int n_ids;
     const char *rules_text; /* NULL: text; an episode: its last turn, what the rules score (the
                                reward model and programs get the whole response, as in training) */
+    const int32_t *prompt_ids; /* (n_prompt) the prompt as the model saw it, before ids: an
+                                  episode's prompt and first observation, as training's sample
+                                  holds it; NULL: the example's prompt ids */
+    int n_prompt;
+    const float *turn_rewards; /* (n_ids) an episode's turn rewards at their turns' last tokens,
+                                  summed into the reward as training's GRPO reward does; NULL: none */
 } rf_val_response;
 
 /* Scores n validation responses with the run's reward definition, the one training uses:
- * the rules, plus reward.model_weight x the reward model (when this process hosts it), plus
+ * the rules, plus an episode's turn rewards, plus reward.model_weight x the reward model (when this process hosts it), plus
  * reward.external_weight x the reward programs' reward and per-token rewards (requests with
  * group_id -1). Adds each response's total to *reward_sum and its accuracy (the rules'
  * correctness, or the total when no correctness rule is listed) to *acc_sum. The same in the

@@ -4,6 +4,8 @@
  *   reward = n_response_ids + 0.01 * strlen(response) + (response == ground_truth ? 100 : 0)
  *   info   = "echo <name> n=<n_response_ids>", component "len" = n_response_ids
  *   token_rewards (with --tokens 1) = response_ids[j] * 0.5 + 0.25 * j, one per response token
+ *   with --score prompt: reward = n_prompt_ids instead (what the program was told the model saw
+ *   before the response: an episode's prompt and first observation)
  *
  * Fault modes, for the tests (--after K: the fault hits the K-th request, counted from 1 over
  * every connection):
@@ -25,7 +27,7 @@
  *
  * Usage: reward_program_echo --connect EP [--name N] [--mode M[,M...]] [--after K] [--every 0|1]
  *                            [--capacity C] [--protocol V] [--delay-ms D] [--tokens 0|1]
- *                            [--reconnect 0|1]
+ *                            [--reconnect 0|1] [--score response|prompt]
  * Exit: 0 after Shutdown, 2 bad usage, 3 rlflow silent for 30 s, 4 connection refused. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -43,7 +45,7 @@
 typedef struct opts {
     const char *endpoint, *name;
     char modes[MAX_MODES][16];
-    int n_modes, after, every, capacity, protocol, delay_ms, tokens, reconnect;
+    int n_modes, after, every, capacity, protocol, delay_ms, tokens, reconnect, prompt_score;
 } opts;
 
 /* "nan,error" into o->modes; 0 when there are too many or one is too long. */
@@ -72,6 +74,8 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(k, "--delay-ms")) o->delay_ms = atoi(v);
         else if (!strcmp(k, "--tokens")) o->tokens = atoi(v);
         else if (!strcmp(k, "--reconnect")) o->reconnect = atoi(v);
+        else if (!strcmp(k, "--score") && (!strcmp(v, "prompt") || !strcmp(v, "response")))
+            o->prompt_score = !strcmp(v, "prompt");
         else return 0;
     }
     return o->endpoint != NULL;
@@ -99,6 +103,7 @@ static rf_status answer(rf_msg_client *c, const opts *o, const Rlflow__RewardReq
     r.request_id = q->request_id;
     r.reward = n + 0.01f * (float)strlen(q->response) +
                (strcmp(q->response, q->ground_truth) == 0 ? 100.0f : 0.0f);
+    if (o->prompt_score) r.reward = (float)q->n_prompt_ids;
     len.key = "len", len.value = n;
     r.components = comps, r.n_components = 1;
     snprintf(info, sizeof info, "echo %s n=%zu", o->name, q->n_response_ids);
@@ -131,7 +136,8 @@ int main(int argc, char **argv) {
     opts o;
     if (!parse(argc, argv, &o)) {
         fprintf(stderr, "usage: %s --connect ENDPOINT [--name N] [--mode M] [--after K] "
-                        "[--capacity C] [--protocol V] [--delay-ms D]\n", argv[0]);
+                        "[--capacity C] [--protocol V] [--delay-ms D] [--tokens 0|1] [--reconnect 0|1] "
+                        "[--score response|prompt]\n", argv[0]);
         return 2;
     }
     void *ctx = zmq_ctx_new();  /* a caller-owned context, as an embedding program would */

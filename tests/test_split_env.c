@@ -34,7 +34,15 @@
  *    episodes run (env/turns_mean is logged: the environment was not opened at all with
  *    reward.programs before) and validation scores the episodes with the program too: val/reward
  *    is logged, above val/accuracy (the judge's part, 1 - |len - 64| / 64 > 0 for these short
- *    responses), the same in one process and in a split run.
+ *    responses), the same in one process and in a split run;
+ *  - validation scores the sequence training scores: an environment program with a first
+ *    observation (env_script --first), the reward rules off (reward.rules = []), the only reward
+ *    a reward program that answers the number of prompt ids it was sent (reward_program_echo
+ *    --score prompt), every prompt the same text: val/reward equals training's reward/mean (the
+ *    prompt and first observation's ids, plus the program's turn reward) in one process and in
+ *    a split run, and is above the same run's without a first observation (before: validation
+ *    left out the first observation and the turn rewards, 7.0 and 4.0 against training's 7.7
+ *    and 4.7).
  * Skips (77) without mpirun. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
@@ -322,6 +330,39 @@ static void env_with_reward_programs(void) {
     CHECK(!isnan(rew[0]) && rew[0] == rew[1] && acc[0] == acc[1] && rew[0] > acc[0] + 0.05);
 }
 
+/* Validation's reward program request carries the prompt and first observation, as training's:
+ * one prompt text everywhere, the reward = the number of prompt ids the program was sent. */
+static void val_first_observation(void) {
+    const char *script = getenv("RF_ENV_SCRIPT"), *echo = getenv("RF_REWARD_ECHO");
+    if (!script || !echo) {
+        printf("skipped: validation with a first observation (RF_ENV_SCRIPT or RF_REWARD_ECHO not set)\n");
+        return;
+    }
+    CHECK(rf_test_sh(NULL, "mkdir -p %s/same && for i in 1 2 3 4 5 6 7 8; do echo '{\"prompt\": \"6*7=\", "
+                     "\"answer\": \"42\"}'; done > %s/same/train.jsonl && cp %s/same/train.jsonl %s/same/val.jsonl",
+                     dir, dir, dir, dir) == 0);
+    const char *names[3] = {"first_one", "first_split", "nofirst_one"};
+    for (int i = 0; i < 3; i++) {
+        char args[1600];
+        snprintf(args, sizeof args,
+                 "--set train.steps=1 --set logging.val_every=1 --set logging.val_size=4 --set data.train=%s/same/train.jsonl "
+                 "--set data.val=%s/same/val.jsonl --set 'reward.rules=[]' --set reward.external=tcp://127.0.0.1:%d "
+                 "--set 'reward.programs=[[\"%s\", \"--connect\", \"tcp://127.0.0.1:%d\", \"--score\", \"prompt\"]]' "
+                 "--set env.type=external --set 'env.programs=[[\"%s\", \"--turns\", \"1\"%s]]' %s",
+                 dir, dir, 45310 + i, echo, 45310 + i, script, i == 2 ? "" : ", \"--first\", \"<f>\"",
+                 i == 1 ? "--set placement.mode=split --set placement.rollout_ranks=1" : "");
+        CHECK(run(names[i], args) == 0);
+    }
+    double train[3], val[3];
+    for (int i = 0; i < 3; i++)
+        train[i] = rf_test_metric(dir, names[i], 1, "reward/mean"), val[i] = rf_test_metric(dir, names[i], 1, "val/reward");
+    printf("validation with a first observation: prompt ids sent to the reward program, training / validation: "
+           "%.1f / %.1f one process, %.1f / %.1f split, %.1f / %.1f without a first observation\n", train[0], val[0],
+           train[1], val[1], train[2], val[2]);
+    CHECK(!isnan(val[0]) && val[0] == train[0] && val[1] == train[1] && train[1] == train[0]);
+    CHECK(!isnan(val[2]) && val[2] == train[2] && val[0] > val[2]);
+}
+
 int main(void) {
     int start = rf_test_split_start("test_split_env", &rlflow, dir, sizeof dir);
     if (start) return start;
@@ -345,6 +386,7 @@ int main(void) {
     silent_environment();
     unanswered_turns();
     env_with_reward_programs();
+    val_first_observation();
     if (!rf_test_failed) rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_env");
 }
