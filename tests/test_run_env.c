@@ -12,7 +12,11 @@
  *  - the calculator as programs rlflow starts itself (env.programs, no endpoint in the recipe:
  *    a loopback one with CURVE keys made for the run, which the clients read from RLFLOW_ENV_*):
  *    the C program (build/calculator_env_c over the C client) and the Python one give the
- *    built-in's 6 steps, bit for bit (the Python one skipped as above).
+ *    built-in's 6 steps, bit for bit (the Python one skipped as above);
+ *  - an environment program written from docs/env-api.md alone (examples/env/wire_env.py:
+ *    pyzmq and the wire format by hand, no rlflow code, no protobuf library) started by
+ *    env.programs: it connects with the run's CURVE keys, the 6 steps run, the episodes use
+ *    its tool (more than one turn, observation tokens), no reply rejected or re-sent.
  * Episodes in split and multi-device runs: tests/test_split_env.c. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -129,6 +133,32 @@ static void started_programs(void) {
     }
 }
 
+/* The environment program written from the docs alone (examples/env/wire_env.py). */
+static void wire_program(void) {
+    const char *src = getenv("RF_SOURCE_DIR"), *py = "/usr/bin/python3";
+    if (!src || rf_test_sh(NULL, "%s -c 'import zmq' >/dev/null 2>&1", py) != 0) {
+        printf("skipped: examples/env/wire_env.py (no python3 with zmq)\n");
+        return;
+    }
+    char args[1200], *out = NULL;
+    snprintf(args, sizeof args, "--set env.type=external --set 'rollout.stop=[\"</calc>\"]' "
+             "--set 'env.programs=[[\"%s\", \"%s/examples/env/wire_env.py\"]]'", py, src);
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "wire", args);
+    CHECK(rc == 0);
+    CHECK(out && strstr(out, "environment program 'wire_env' (rank 0, pid "));
+    if (rc != 0) fprintf(stderr, "%s\n", out ? out : "");
+    free(out);
+    double turns = 0, obs = 0, bad = 0;
+    for (int s = 1; s <= 6; s++) {
+        turns += rf_test_metric(dir, "wire", s, "env/turns_mean") / 6;
+        obs += rf_test_metric(dir, "wire", s, "env/observation_tokens_mean") / 6;
+        bad += rf_test_metric(dir, "wire", s, "env/rejected") + rf_test_metric(dir, "wire", s, "env/resent");
+    }
+    CHECK(turns > 1.05 && obs > 1 && bad == 0);
+    printf("the environment program written from the docs alone: %.2f turns and %.1f observation tokens per "
+           "episode, %.0f replies rejected or re-sent\n", turns, obs, bad);
+}
+
 int main(void) {
     rlflow = getenv("RF_RLFLOW");
     if (!rlflow) {
@@ -156,6 +186,7 @@ int main(void) {
     printf("multi-turn resume: 3 + 3 steps = 6 steps, bit for bit\n");
     python_program();
     started_programs();
+    wire_program();
     if (!rf_test_failed) rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_run_env");
 }
