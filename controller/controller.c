@@ -761,7 +761,8 @@ static rf_status finish_validation(ctl *c) {
          * after the prompt and first observation (s->tokens' first n_prompt), as in training;
          * the environment's turn rewards count (s->token_rewards holds only those here) */
         v[i] = (rf_val_response){c->val_ex[i], s->text, s->tokens + s->n_prompt, s->n_resp, s->rules_text,
-                                 s->tokens, s->n_prompt, s->token_rewards};
+                                 s->tokens, s->n_prompt, s->token_rewards,
+                                 c->run->r->reward.model[0] && !c->run->rm ? &s->rm_score : NULL};
         len += s->n_resp;
     }
     rf_status st = rf__val_score(c->run, v, n, &acc_sum, &reward_sum);
@@ -824,6 +825,16 @@ static rf_status group_complete(ctl *c, group *g) {
     return request_score(c, g, STAGE_RM, RF_ROLE_SCORE_RM | (g->policy_scored ? policy_flags(c) : 0));
 }
 
+/* Validation group g (one response) is generated and scored: into c->val_s; the last one
+ * finishes the validation. */
+static rf_status val_response_done(ctl *c, group *g) {
+    c->val_s[g->place] = g->s[0];
+    memset(&g->s[0], 0, sizeof g->s[0]);
+    unlink_group(c, g);
+    group_free(g);
+    return --c->val_out == 0 ? finish_validation(c) : RF_OK;
+}
+
 static rf_status loop_sample(void *ctx, uint64_t req, int index, rf_train_sample *in) {
     ctl *c = ctx;
     group *g = find_group(c, req);
@@ -839,11 +850,10 @@ static rf_status loop_sample(void *ctx, uint64_t req, int index, rf_train_sample
     c->gen_tokens += s->n_resp;
     if (++g->n_done < g->n) return RF_OK;
     if (g->id >= 0) return group_complete(c, g);
-    c->val_s[g->place] = *s; /* validation */
-    memset(s, 0, sizeof *s);
-    unlink_group(c, g);
-    group_free(g);
-    return --c->val_out == 0 ? finish_validation(c) : RF_OK;
+    /* validation: a reward model this process does not host (the training worker's) scores the
+     * response first, as it scores training's */
+    if (c->run->r->reward.model[0] && !c->run->rm) return request_score(c, g, STAGE_RM, RF_ROLE_SCORE_RM);
+    return val_response_done(c, g);
 }
 
 static rf_status loop_scored(void *ctx, uint64_t req) {
@@ -857,8 +867,9 @@ static rf_status loop_scored(void *ctx, uint64_t req) {
         if (!isfinite(g->s[i].rm_score))
             return rf_error(RF_ERR_RANGE, "the reward model scored sample %d of request %llu %g", i,
                             (unsigned long long)req, (double)g->s[i].rm_score);
-        g->s[i].reward += w * g->s[i].rm_score;
+        if (g->id >= 0) g->s[i].reward += w * g->s[i].rm_score;
     }
+    if (g->id < 0) return val_response_done(c, g); /* rm_score: rf__val_score adds it */
     g->stage = STAGE_REWARDED;
     return RF_OK;
 }

@@ -123,6 +123,8 @@ rf_status rf__val_score(rf_run *run, const rf_val_response *v, int n, double *ac
         for (int k = 0; v[i].turn_rewards && k < v[i].n_ids; k++) total[i] += v[i].turn_rewards[k];
     }
     if (st == RF_OK && run->rm && n) st = add_model(run, v, n, total);
+    for (int i = 0; st == RF_OK && !run->rm && i < n; i++)
+        if (v[i].rm_score) total[i] += run->r->reward.model_weight * v[i].rm_score[0];
     if (st == RF_OK && run->ext && n) st = add_external(run, v, n, total);
     for (int i = 0; st == RF_OK && i < n; i++) {
         *reward_sum += total[i];

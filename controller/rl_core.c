@@ -296,7 +296,7 @@ rf_ckpt_state rf__run_ckpt_state(const rf_run *run, rf_dataset_pos pos) {
 
 void rf__val_metrics(rf_run *run, double acc, double reward, double len) {
     rf_metrics_set(run->metrics, "val/accuracy", acc);
-    if (run->ext || run->rm) rf_metrics_set(run->metrics, "val/reward", reward);
+    if (run->ext || run->rm || run->r->reward.model[0]) rf_metrics_set(run->metrics, "val/reward", reward);
     rf_metrics_set(run->metrics, "val/length_mean", len);
 }
 

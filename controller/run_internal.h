@@ -180,10 +180,13 @@ typedef struct rf_val_response {
     int n_prompt;
     const float *turn_rewards; /* (n_ids) an episode's turn rewards at their turns' last tokens,
                                   summed into the reward as training's GRPO reward does; NULL: none */
+    const float *rm_score;     /* the reward model's score when another process hosts it (the
+                                  training worker scored the response); NULL: run->rm scores it */
 } rf_val_response;
 
 /* Scores n validation responses with the run's reward definition, the one training uses:
- * the rules, plus an episode's turn rewards, plus reward.model_weight x the reward model (when this process hosts it), plus
+ * the rules, plus an episode's turn rewards, plus reward.model_weight x the reward model (run->rm
+ * here, or the score the training worker sent, rf_val_response.rm_score), plus
  * reward.external_weight x the reward programs' reward and per-token rewards (requests with
  * group_id -1). Adds each response's total to *reward_sum and its accuracy (the rules'
  * correctness, or the total when no correctness rule is listed) to *acc_sum. The same in the

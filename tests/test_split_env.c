@@ -42,7 +42,11 @@
  *    prompt and first observation's ids, plus the program's turn reward) in one process and in
  *    a split run, and is above the same run's without a first observation (before: validation
  *    left out the first observation and the turn rewards, 7.0 and 4.0 against training's 7.7
- *    and 4.7).
+ *    and 4.7);
+ *  - a reward model (tests/data/reward_model, weight 100) in validation: in the split run the
+ *    training worker hosts it and scores the validation episodes for the controller; val/reward
+ *    equals the one-process run's (which scores them in process) bit for bit and differs from
+ *    val/accuracy (the model counted; before, the split run validated without it).
  * Skips (77) without mpirun. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
@@ -363,6 +367,27 @@ static void val_first_observation(void) {
     CHECK(!isnan(val[2]) && val[2] == train[2] && val[0] > val[2]);
 }
 
+/* Validation with a reward model: the split run's (the training worker scores) equals one process's. */
+static void val_reward_model(void) {
+    const char *src = getenv("RF_SOURCE_DIR");
+    if (!src) {
+        printf("skipped: validation with a reward model (RF_SOURCE_DIR not set)\n");
+        return;
+    }
+    const char *names[2] = {"rm_one", "rm_split"};
+    double val[2], acc[2];
+    for (int i = 0; i < 2; i++) {
+        char args[800];
+        snprintf(args, sizeof args, "--set train.steps=1 --set logging.val_every=1 --set reward.model=%s/tests/data/reward_model "
+                 "--set reward.model_weight=100 %s", src, i ? "--set placement.mode=split --set placement.rollout_ranks=1" : "");
+        CHECK(run(names[i], args) == 0);
+        val[i] = rf_test_metric(dir, names[i], 1, "val/reward"), acc[i] = rf_test_metric(dir, names[i], 1, "val/accuracy");
+    }
+    printf("validation with a reward model: val/reward %.17g one process, %.17g split (val/accuracy %.4f / %.4f)\n",
+           val[0], val[1], acc[0], acc[1]);
+    CHECK(!isnan(val[0]) && val[0] == val[1] && acc[0] == acc[1] && fabs(val[0] - acc[0]) > 0.1);
+}
+
 int main(void) {
     int start = rf_test_split_start("test_split_env", &rlflow, dir, sizeof dir);
     if (start) return start;
@@ -387,6 +412,7 @@ int main(void) {
     unanswered_turns();
     env_with_reward_programs();
     val_first_observation();
+    val_reward_model();
     if (!rf_test_failed) rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_split_env");
 }
