@@ -2,7 +2,11 @@
 `test_lora_golden --write-adapter tests/data/lora/adapter`) onto its base model
 (tests/data/hf/qwen2_tied) with transformers + PEFT and writes the per-token log-probs of next
 tokens PyTorch computes (tests/data/lora/expected.json). tests/test_lora_golden.c loads the same
-adapter with rlflow and must reproduce them. Run from the repository root:
+adapter with rlflow and must reproduce them. tests/data/lora/merged (config.json,
+model.safetensors: what `rlflow merge-lora --model tests/data/hf/qwen2_tied --adapter
+tests/data/lora/adapter --out DIR` writes, byte for byte, test_lora_golden checks) is loaded by
+transformers alone, without PEFT, as a plain model: its log-probs must equal PEFT's with the
+adapter (within 1e-5), and are written as logprobs_merge_lora. Run from the repository root:
     python3 tests/tools/make_lora_golden.py tests/data/hf/qwen2_tied tests/data/lora
 Needs torch, transformers and peft (developer machines only; the C test needs none of them)."""
 import json
@@ -33,12 +37,18 @@ def main(base_dir, root):
     model = PeftModel.from_pretrained(base, os.path.join(root, "adapter")).eval()
     with_adapter = logprobs(model)
     merged = logprobs(model.merge_and_unload())
+    plain_merged = logprobs(tf.AutoModelForCausalLM.from_pretrained(os.path.join(root, "merged"),
+                                                                    dtype=torch.float32).eval())
+    gap = max(abs(a - b) for x, y in zip(plain_merged, with_adapter) for a, b in zip(x, y))
+    assert gap < 1e-5, f"rlflow merge-lora's directory in transformers differs from PEFT by {gap}"
     out = {"sequences": SEQS, "logprobs": with_adapter, "logprobs_merged": merged, "logprobs_base": plain,
+           "logprobs_merge_lora": plain_merged,
            "peft_version": __import__("peft").__version__, "transformers_version": tf.__version__}
     with open(os.path.join(root, "expected.json"), "w") as f:
         json.dump(out, f, indent=1)
     worst = max(abs(a - b) for x, y in zip(with_adapter, plain) for a, b in zip(x, y))
-    print(f"wrote {root}/expected.json; the adapter moves log-probs by up to {worst:.3g}")
+    print(f"wrote {root}/expected.json; the adapter moves log-probs by up to {worst:.3g}; "
+          f"merge-lora's directory in transformers is within {gap:.2g} of PEFT")
 
 
 if __name__ == "__main__":
