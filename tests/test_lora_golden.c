@@ -7,7 +7,10 @@
  * again byte for byte, and refuse PEFT configurations it does not implement, naming the field.
  * `rlflow merge-lora` must write tests/data/lora/merged byte for byte: the directory the script
  * loaded with transformers alone (no PEFT) as a plain model, whose log-probs it checked against
- * PEFT's and wrote as logprobs_merge_lora; rlflow reads that directory to the same numbers. */
+ * PEFT's and wrote as logprobs_merge_lora; rlflow reads that directory to the same numbers.
+ * The other way round, tests/data/lora/peft_adapter was written by PEFT itself (get_peft_model +
+ * save_pretrained, with every field PEFT 0.21 puts in adapter_config.json): rlflow loads it and
+ * gives PEFT's log-probs (logprobs_peft_made). */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -118,6 +121,39 @@ static void golden(void) {
     CHECK(system(cmd) == 0);
 }
 
+/* An adapter PEFT wrote (rank 2, alpha 6 on q, k, gate, down) gives PEFT's log-probs. */
+static void peft_made(void) {
+    char p[1200], *text = NULL;
+    snprintf(p, sizeof p, "%s/expected.json", data);
+    CHECK_OK(rf_read_file(p, &text, NULL));
+    cJSON *exp = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *w = exp ? cJSON_GetObjectItem(exp, "logprobs_peft_made") : NULL;
+    CHECK(w != NULL);
+    if (!w) {
+        cJSON_Delete(exp);
+        return;
+    }
+    /* the adapter must matter, as in golden() */
+    const cJSON *wb = cJSON_GetObjectItem(exp, "logprobs_base");
+    double moved = 0;
+    for (int s = 0; s < cJSON_GetArraySize(w); s++)
+        for (int i = 0; i < cJSON_GetArraySize(cJSON_GetArrayItem(w, s)); i++)
+            moved = fmax(moved, fabs(cJSON_GetArrayItem(cJSON_GetArrayItem(w, s), i)->valuedouble -
+                                     cJSON_GetArrayItem(cJSON_GetArrayItem(wb, s), i)->valuedouble));
+    CHECK(moved > 100 * TOL);
+    rf_model *m;
+    CHECK_OK(rf_model_load(&m, base, rf_cpu_kernels(), 0));
+    snprintf(p, sizeof p, "%s/peft_adapter", data);
+    CHECK_OK(rf_lora_load_peft(m, p));
+    /* 2 layers x 4 targets x (A, B) */
+    CHECK(m->lora.rank == 2 && fabsf(m->lora.scale - 3.0f) < 1e-7f && m->lora.n_views == 16);
+    printf("PEFT-made adapter: max |logprob - PEFT| %.2e; it moves log-probs by %.3g\n",
+           compare(m, exp, "logprobs_peft_made"), moved);
+    rf_model_free(m);
+    cJSON_Delete(exp);
+}
+
 /* Whether files a and b hold the same bytes. */
 static int same_file(const char *a, const char *b) {
     char *x = NULL, *y = NULL;
@@ -187,6 +223,7 @@ int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--write-adapter") == 0) return write_adapter(argv[2]);
     golden();
     merged_dir();
+    peft_made();
     refuses("s/\"use_rslora\":\\tfalse/\"use_rslora\": true/", "adapter_config.json: \"use_rslora\" is set; rlflow's LoRA does not implement it");
     refuses("s/\"bias\":\\t\"none\"/\"bias\": \"all\"/", "adapter_config.json: \"bias\" must be \"none\" (trained biases are not implemented)");
     refuses("s/\"q_proj\"/\"qkv_proj\"/", "adapter_config.json: target_modules: \"qkv_proj\" is not one of q_proj");
