@@ -195,11 +195,12 @@ static void merged_dir(void) {
     rf_test_sh(NULL, "rm -rf %s", tmp);
 }
 
-/* A PEFT config with something rlflow does not implement, written into a copy of the adapter. */
-static void refuses(const char *edit, const char *want) {
+/* A PEFT config with something rlflow does not implement, written into a copy of the adapter
+ * in data/<sub>. */
+static void refuses_in(const char *sub, const char *edit, const char *want) {
     char tmp[] = "/tmp/rf_lora_bad_XXXXXX", cmd[4000];
     CHECK(mkdtemp(tmp) != NULL);
-    snprintf(cmd, sizeof cmd, "cp %s/adapter/* %s/ && sed -i '%s' %s/adapter_config.json", data, tmp, edit, tmp);
+    snprintf(cmd, sizeof cmd, "cp %s/%s/* %s/ && sed -i '%s' %s/adapter_config.json", data, sub, tmp, edit, tmp);
     CHECK(system(cmd) == 0);
     rf_model *m;
     CHECK_OK(rf_model_load(&m, base, rf_cpu_kernels(), 0));
@@ -209,6 +210,27 @@ static void refuses(const char *edit, const char *want) {
     rf_model_free(m);
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
     CHECK(system(cmd) == 0);
+}
+
+static void refuses(const char *edit, const char *want) { refuses_in("adapter", edit, want); }
+
+/* PEFT's variants in the config PEFT itself wrote: refused naming the field, never ignored (an
+ * activated LoRA, alora_invocation_tokens, adds no tensor and would load to wrong log-probs). */
+static void refuses_peft_variants(void) {
+    static const char *const cases[][2] = {
+        {"s/\"lora_bias\": false/\"lora_bias\": true/", "\"lora_bias\" is set; rlflow's LoRA does not implement it"},
+        {"s/\"alora_invocation_tokens\": null/\"alora_invocation_tokens\": [5]/",
+         "\"alora_invocation_tokens\" is set; rlflow's LoRA does not implement it"},
+        {"s/\"use_qalora\": false/\"use_qalora\": true/", "\"use_qalora\" is set; rlflow's LoRA does not implement it"},
+        {"s/\"exclude_modules\": null/\"exclude_modules\": [\"q_proj\"]/",
+         "\"exclude_modules\" is set; rlflow's LoRA does not implement it"},
+        {"s/\"trainable_token_indices\": null/\"trainable_token_indices\": [1]/",
+         "\"trainable_token_indices\" is set; rlflow's LoRA does not implement it"},
+        {"s/\"r\": 2,/\"r\": 2, \"a_later_option\": 1,/", "\"a_later_option\" is set; rlflow's LoRA does not implement it"},
+        {"s/\"init_lora_weights\": true/\"init_lora_weights\": \"pissa\"/",
+         "\"init_lora_weights\" = \"pissa\" is not implemented (an initialisation that changes the base weights"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) refuses_in("peft_adapter", cases[i][0], cases[i][1]);
 }
 
 int main(int argc, char **argv) {
@@ -229,5 +251,6 @@ int main(int argc, char **argv) {
     refuses("s/\"q_proj\"/\"qkv_proj\"/", "adapter_config.json: target_modules: \"qkv_proj\" is not one of q_proj");
     refuses("s/\"r\":\\t4/\"r\": 0/", "adapter_config.json: \"r\" must be an integer >= 1");
     refuses("s/\"r\":\\t4/\"r\": 2/", "adapter_model.safetensors");
+    refuses_peft_variants();
     return rf_test_finish("test_lora_golden");
 }
