@@ -3,7 +3,9 @@
  *    LoRA (rank 8 on q, v and rank 16 on every projection) on the bench's 25M model (read from
  *    models built here) and on the Qwen2.5-0.5B shape (from the parameter tables, nothing
  *    allocated), with the fraction saved;
- *  - lora_train_step: forward + log-probs + backward + AdamW of the 25M model on 8 x 256 tokens,
+ *  - lora_train_step: forward + log-probs + backward + AdamW of the 25M model on 8 x 256 tokens
+ *    ("shape":"25m"), and of a random-init model of the Qwen2.5-0.5B shape on 1 x 128 tokens
+ *    (1 x 32 with --quick; "shape":"qwen2.5-0.5b": ~9 GB of host memory for its full step),
  *    full and with adapters, seconds (best of reps) and the ratio to full;
  *  - lora_decode: KV-cache decoding at batch 32 with unmerged adapters and with them merged into
  *    the weights, tokens/s and the ratio (the cost of unmerged generation), the seconds one
@@ -59,17 +61,22 @@ static void memory_line(const char *shape, size_t base, int rank, unsigned targe
     if (measured_lora_trained) RF_ASSERT(measured_lora_trained == n); /* the model allocated exactly that */
 }
 
-static rf_model *model_25m(int rank, unsigned targets) {
-    rf_model_config c;
-    RF_ASSERT(rf_config_preset(&c, "25m", 16384) == RF_OK);
+/* A random-init model of config c, with adapters when rank > 0. */
+static rf_model *model_of(const rf_model_config *c, int rank, unsigned targets) {
     rf_model *m;
-    RF_ASSERT(rf_model_init(&m, &c, rf_cpu_kernels()) == RF_OK);
+    RF_ASSERT(rf_model_init(&m, c, rf_cpu_kernels()) == RF_OK);
     rf_model_init_random(m, 1, 0.02f);
     if (rank) {
         rf_lora_opts o = {rank, 2.0f * rank, 0, targets, RF_LORA_INIT_GAUSSIAN, 1};
         RF_ASSERT(rf_model_lora_attach(m, &o) == RF_OK);
     }
     return m;
+}
+
+static rf_model *model_25m(int rank, unsigned targets) {
+    rf_model_config c;
+    RF_ASSERT(rf_config_preset(&c, "25m", 16384) == RF_OK);
+    return model_of(&c, rank, targets);
 }
 
 static void bench_memory(void) {
@@ -91,28 +98,42 @@ static void bench_memory(void) {
     for (int i = 0; i < 2; i++) memory_line("qwen2.5-0.5b", n, ranks[i], tg[i], &q, 0);
 }
 
-/* Seconds of one training step with its AdamW step (best of reps after a warm-up). */
-static double train_step(rf_model *m, int reps) {
+/* Seconds of one training step with its AdamW step on B x L tokens (best of reps after a
+ * warm-up). */
+static double train_step(rf_model *m, int reps, int B, int L) {
     RF_ASSERT(rf_model_enable_training(m) == RF_OK);
     rf_optim_opts o = {.lr = 1e-5f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .grad_clip = 1.0f};
-    return rf_bench_train_step(m, reps, &o);
+    return rf_bench_train_step_batch(m, reps, &o, B, L);
 }
 
-static void bench_train(int reps, double peak) {
-    rf_model *m = model_25m(0, 0);
-    double full = train_step(m, reps);
+/* Full training against rank 8 on q, v and rank 16 everywhere, on one shape: one model at a
+ * time (the 0.5B shape's full step holds ~8 GB of weights, gradients and moments). */
+static void bench_train_shape(const char *shape, const rf_model_config *c, int reps, int B, int L, double peak) {
+    rf_model *m = model_of(c, 0, 0);
+    double full = train_step(m, reps, B, L);
     rf_model_free(m);
-    printf("{\"bench\":\"lora_train_step\",\"mode\":\"full\",\"seconds\":%.4f,\"ratio_to_full\":1.000,\"sgemm_peak_gflops\":%.2f}\n",
-           full, peak);
+    printf("{\"bench\":\"lora_train_step\",\"shape\":\"%s\",\"tokens\":\"%dx%d\",\"mode\":\"full\",\"seconds\":%.4f,"
+           "\"ratio_to_full\":1.000,\"sgemm_peak_gflops\":%.2f}\n", shape, B, L, full, peak);
+    fflush(stdout);
     int ranks[2] = {8, 16};
     unsigned tg[2] = {QV, ALL};
     for (int i = 0; i < 2; i++) {
-        m = model_25m(ranks[i], tg[i]);
-        double s = train_step(m, reps);
-        printf("{\"bench\":\"lora_train_step\",\"mode\":\"lora\",\"rank\":%d,\"targets\":\"%s\",\"seconds\":%.4f,"
-               "\"ratio_to_full\":%.3f,\"sgemm_peak_gflops\":%.2f}\n", ranks[i], tg[i] == QV ? "q,v" : "all", s, s / full, peak);
+        m = model_of(c, ranks[i], tg[i]);
+        double s = train_step(m, reps, B, L);
+        printf("{\"bench\":\"lora_train_step\",\"shape\":\"%s\",\"tokens\":\"%dx%d\",\"mode\":\"lora\",\"rank\":%d,"
+               "\"targets\":\"%s\",\"seconds\":%.4f,\"ratio_to_full\":%.3f,\"sgemm_peak_gflops\":%.2f}\n", shape, B, L,
+               ranks[i], tg[i] == QV ? "q,v" : "all", s, s / full, peak);
+        fflush(stdout);
         rf_model_free(m);
     }
+}
+
+static void bench_train(int quick, double peak) {
+    rf_model_config c;
+    RF_ASSERT(rf_config_preset(&c, "25m", 16384) == RF_OK);
+    bench_train_shape("25m", &c, quick ? 1 : 3, RF_BENCH_STEP_SEQS, RF_BENCH_STEP_LEN, peak);
+    qwen05b_config(&c);
+    bench_train_shape("qwen2.5-0.5b", &c, 1, 1, quick ? 32 : 128, peak);
 }
 
 /* tokens/s of `steps` decoding steps of B sequences after a 16-token prefill. */
@@ -163,7 +184,7 @@ int main(int argc, char **argv) {
     double peak = sgemm_peak(2048, 1408, 512, quick ? 2 : 5);
     printf("{\"bench\":\"sgemm_peak\",\"m\":2048,\"n\":1408,\"k\":512,\"gflops\":%.2f}\n", peak);
     bench_memory();
-    bench_train(quick ? 1 : 3, peak);
+    bench_train(quick, peak);
     bench_decode(quick ? 8 : 32);
     return 0;
 }

@@ -17,9 +17,12 @@
 #define RF_BENCH_STEP_SEQS 8
 #define RF_BENCH_STEP_LEN 256
 
-static inline double rf_bench_train_step(rf_model *m, int reps, const rf_optim_opts *o) {
-    int B = RF_BENCH_STEP_SEQS, L = RF_BENCH_STEP_LEN, T = B * L;
-    int32_t *tok = malloc(sizeof(int32_t) * T), *tgt = malloc(sizeof(int32_t) * T), cu[RF_BENCH_STEP_SEQS + 1];
+/* The same step on B sequences of L tokens (B <= 64): bench_lora times the Qwen2.5-0.5B shape on
+ * a shorter batch than the fixed one. */
+static inline double rf_bench_train_step_batch(rf_model *m, int reps, const rf_optim_opts *o, int B, int L) {
+    int T = B * L;
+    int32_t *tok = malloc(sizeof(int32_t) * T), *tgt = malloc(sizeof(int32_t) * T), cu[65];
+    RF_ASSERT(B >= 1 && B <= 64 && L >= 1);
     float *lp = malloc(sizeof(float) * T), *dlp = malloc(sizeof(float) * T);
     rf_rng r;
     rf_rng_seed(&r, 1);
@@ -42,6 +45,10 @@ static inline double rf_bench_train_step(rf_model *m, int reps, const rf_optim_o
     }
     free(tok), free(tgt), free(lp), free(dlp);
     return best;
+}
+
+static inline double rf_bench_train_step(rf_model *m, int reps, const rf_optim_opts *o) {
+    return rf_bench_train_step_batch(m, reps, o, RF_BENCH_STEP_SEQS, RF_BENCH_STEP_LEN);
 }
 
 #endif

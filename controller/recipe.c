@@ -166,7 +166,7 @@ static const rkey KEYS[] = {
     {"lora", "rank", T_INT, AT(lora.rank), "8", NULL, "Rank r of every adapter (PEFT's r); at most the model's hidden_size."},
     {"lora", "alpha", T_FLOAT, AT(lora.alpha), "16.0", NULL, "Scale numerator: the adapter's product is multiplied by alpha / rank (PEFT's lora_alpha)."},
     {"lora", "dropout", T_FLOAT, AT(lora.dropout), "0.0", NULL, "Dropout on the adapter input (PEFT's lora_dropout): only 0 is implemented; another value is refused."},
-    {"lora", "targets", T_STRS, AT(lora.targets), "[\"q\", \"v\"]", LORA_TARGETS, "Projections that get an adapter, in every layer: q, k, v, o (attention) and gate, up, down (MLP); PEFT's target_modules q_proj ... down_proj."},
+    {"lora", "targets", T_STRS, AT(lora.targets), "[\"q\", \"v\"]", LORA_TARGETS, "Projections that get an adapter, in every layer: q, k, v, o (attention) and gate, up, down (MLP); PEFT's target_modules q_proj ... down_proj. Each at most once (a name given twice is refused)."},
     {"lora", "init", T_ENUM, AT(lora.init), "\"gaussian\"", LORA_INITS, "Initialisation of A (B starts at zero, so a fresh adapter changes nothing): gaussian = normal(0, 1/rank) (PEFT's init_lora_weights = \"gaussian\"), kaiming = uniform(-1/sqrt(in), 1/sqrt(in)) (PEFT's default kaiming_uniform_(a = sqrt(5))). Seeded by train.seed."},
 
     {"reward", "rules", T_STRS, AT(reward.rules), "[\"numeric\"]", RULES, "Built-in reward rules, summed with their weights (docs/rewards.md). Not set and data.task = \"countdown\": [\"countdown\"]. [] = no rule: allowed when reward.programs, reward.external or reward.model gives the reward (validation then scores with those too). A correctness rule that cannot check the task is refused: numeric, math or exact with data.task = \"countdown\" (they would reward the bare target number), countdown with data.task = \"arith\"."},
@@ -1001,6 +1001,13 @@ static rf_status validate_lora(const rf_recipe *r) {
     if (r->lora.targets.n == 0)
         return invalid(r, "lora.targets", "names no projection (some of \"q\", \"k\", \"v\", \"o\", "
                        "\"gate\", \"up\", \"down\")");
+    for (int i = 0; i < r->lora.targets.n; i++)
+        for (int j = 0; j < i; j++)
+            if (strcmp(r->lora.targets.v[i], r->lora.targets.v[j]) == 0) {
+                char why[64];
+                snprintf(why, sizeof why, "names \"%s\" twice", r->lora.targets.v[i]);
+                return invalid(r, "lora.targets", why);
+            }
     if (r->lora.dropout != 0)
         return rf_recipe_reject_unimplemented(r, "lora.dropout", "dropout on the adapter input; set it to 0");
     /* implemented everywhere: one process, colocated on several processes (the rollout ranks

@@ -101,6 +101,35 @@ static rf_status read_targets(const cJSON *j, const char *path, unsigned *target
     return *targets ? RF_OK : rf_error(RF_ERR_FORMAT, "%s: \"target_modules\" is empty", path);
 }
 
+/* init_lora_weights: PEFT's initialisations that leave the base weights as they are (true,
+ * false, "gaussian", "eva", "orthogonal"); the others (pissa, olora, corda, loftq, lora_ga)
+ * change the base, so the adapter does not fit the original base unless PEFT converted it on
+ * saving (which writes true). */
+static rf_status check_init(const cJSON *j, const char *path) {
+    const cJSON *it = cJSON_GetObjectItem(j, "init_lora_weights");
+    if (!it || cJSON_IsNull(it) || cJSON_IsBool(it)) return RF_OK;
+    static const char *const ok[] = {"gaussian", "eva", "orthogonal"};
+    for (size_t i = 0; cJSON_IsString(it) && i < sizeof ok / sizeof ok[0]; i++)
+        if (strcmp(it->valuestring, ok[i]) == 0) return RF_OK;
+    return rf_error(RF_ERR_UNSUPPORTED, "%s: \"init_lora_weights\" = \"%s\" is not implemented (an initialisation "
+                    "that changes the base weights: save the adapter converted for the original base, PEFT's "
+                    "path_initial_model_for_weight_conversion)", path, cJSON_IsString(it) ? it->valuestring : "?");
+}
+
+/* Fields of adapter_config.json read above or that do not change the adapted model once
+ * trained; every other field (PEFT's variants: lora_bias, use_qalora, exclude_modules,
+ * target_parameters, trainable_token_indices, alora_invocation_tokens, arrow_config, ...,
+ * and those a later PEFT adds) is refused when set rather than ignored. */
+static int known_field(const char *name) {
+    static const char *const known[] = {"peft_type", "r", "lora_alpha", "bias", "target_modules", "init_lora_weights",
+                                        "base_model_name_or_path", "revision", "task_type", "inference_mode",
+                                        "lora_dropout", "peft_version", "auto_mapping", "megatron_core",
+                                        "qalora_group_size", "layers_pattern", "ensure_weight_tying", "eva_config"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(name, known[i]) == 0) return 1;
+    return 0;
+}
+
 static rf_status parse_config(const cJSON *j, const char *path, rf_lora_opts *o) {
     const cJSON *type = cJSON_GetObjectItem(j, "peft_type"), *r = cJSON_GetObjectItem(j, "r"),
                 *alpha = cJSON_GetObjectItem(j, "lora_alpha"), *bias = cJSON_GetObjectItem(j, "bias");
@@ -115,6 +144,9 @@ static rf_status parse_config(const cJSON *j, const char *path, rf_lora_opts *o)
     static const char *const refused[] = {"use_rslora", "fan_in_fan_out", "modules_to_save", "layers_to_transform",
                                           "rank_pattern", "alpha_pattern", "use_dora", "layer_replication"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) RF_TRY(refuse_field(j, path, refused[i]));
+    for (const cJSON *it = j->child; it; it = it->next)
+        if (!known_field(it->string)) RF_TRY(refuse_field(j, path, it->string));
+    RF_TRY(check_init(j, path));
     *o = (rf_lora_opts){r->valueint, (float)alpha->valuedouble, 0.0f, 0, RF_LORA_INIT_GAUSSIAN, 0};
     return read_targets(j, path, &o->targets);
 }

@@ -174,6 +174,11 @@ static void impossible_values(void) {
     load_fails("[sft]\ncheck_every = 0\n", NULL, 0, RF_ERR_ARG, ":2:1: sft.check_every = 0: must be >= 1");
     const char *ov[] = {"rollout.n=0"};
     load_fails(NULL, ov, 1, RF_ERR_ARG, "--set: rollout.n = 0: must be >= 1");
+    /* a projection named twice in lora.targets is a slip, not a second adapter */
+    load_fails("[lora]\nenabled = true\ntargets = [\"q\", \"v\", \"q\"]\n", NULL, 0, RF_ERR_ARG,
+               ":3:1: lora.targets = [\"q\", \"v\", \"q\"]: names \"q\" twice");
+    const char *lt[] = {"lora.enabled=true", "lora.targets=[\"up\",\"up\"]"};
+    load_fails(NULL, lt, 2, RF_ERR_ARG, "--set: lora.targets = [\"up\", \"up\"]: names \"up\" twice");
 }
 
 static void unimplemented_options(void) {
