@@ -44,7 +44,7 @@ static void join_words(char *buf, size_t cap, const char *const *items, int n) {
     }
 }
 
-/* The first ScoreRequest: where its passes ran, and which models were split over how many
+/* The first ScoreRequest of each kind: where its passes ran, and which models were split over how many
  * tensor-parallel ranks ("all split over 2", "the critic split over 2", "the reference split
  * over 2 and the critic over 4"). */
 static void log_score_layout(const tworker *w, int flags) {
@@ -106,7 +106,8 @@ static rf_status score(tworker *w, const Rlflow__ScoreRequest *q) {
     int m = score_replicas(w, flags);
     if (st == RF_OK && flags)
         st = m > 1 ? rf__dp_score(w, &b, s, flags, m) : rf__worker_score_share(w, &b, 0, (size_t)n, s, flags);
-    if (st == RF_OK && flags && w->scored++ == 0) log_score_layout(w, flags);
+    /* once per kind of request (validation asks for reward-model scores alone, training for more) */
+    if (st == RF_OK && flags && !(w->scored & (1u << flags))) w->scored |= 1u << flags, log_score_layout(w, flags);
     for (int i = 0; st == RF_OK && i < n; i++) {
         rlflow__float_seq__init(&ref[i]), rlflow__float_seq__init(&val[i]);
         ref[i].n_v = val[i].n_v = (size_t)s[i].n_resp;

@@ -103,7 +103,7 @@ typedef struct rf__tworker {
     rf_comm *rm_comm, *rm_tp_dev; /* the reward model split over placement.reward.tp ranks: its
                             group when smaller than tpc, and its NCCL one on CUDA (rm holds the
                             shard, rf_reward_model_open_tp) */
-    int scored;          /* rank 1: ScoreRequests answered (the first one's layout is logged) */
+    unsigned scored;     /* rank 1: bit f set once a ScoreRequest asking for flags f was answered (its layout logged) */
     /* resuming (world rank 1): the checkpoint's directory, from which the split models' shards
      * are read, and its optimizer steps; ckpt_dir empty on a fresh start and on the peers */
     char ckpt_dir[4200];
