@@ -137,6 +137,16 @@ void *rf_calloc(size_t n, size_t size) {
     return p;
 }
 
+rf_status rf_grow(void **p, int *cap, int need, size_t size) {
+    if (need <= *cap) return RF_OK;
+    int c = *cap > 0 ? *cap : 16;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, size * (size_t)c);
+    if (!q) return rf_error(RF_ERR_NOMEM, "out of memory growing an array to %d x %zu bytes", c, size);
+    *p = q, *cap = c;
+    return RF_OK;
+}
+
 char *rf_strdup(const char *s) {
     if (!s) return NULL;
     size_t n = strlen(s) + 1;

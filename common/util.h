@@ -41,6 +41,10 @@ double rf_test_delay_ms(const char *name);
 /* Calloc that records RF_ERR_NOMEM on failure; returns NULL then. */
 void *rf_calloc(size_t n, size_t size);
 
+/* Grows the array *p of *cap elements of `size` bytes (contents kept, capacity doubled from 16)
+ * to hold at least `need`; RF_ERR_NOMEM recorded on failure, *p and *cap unchanged then. */
+rf_status rf_grow(void **p, int *cap, int need, size_t size);
+
 /* Duplicates a string (NULL for NULL). */
 char *rf_strdup(const char *s);
 

@@ -46,26 +46,16 @@ typedef struct inproc {
 
 static int served(void *ctx) { return ((inproc *)ctx)->version; }
 
-static rf_status grow(void **p, int *cap, int need, size_t size) {
-    if (need <= *cap) return RF_OK;
-    int c = *cap ? *cap * 2 : 64;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, size * (size_t)c);
-    if (!q) return rf_error(RF_ERR_NOMEM, "out of memory");
-    *p = q, *cap = c;
-    return RF_OK;
-}
-
 static rf_status generate(void *ctx, const rf_role_gen *q) {
     inproc *x = ctx;
-    RF_TRY(grow((void **)&x->gen, &x->cap_gen, x->n_gen + 1, sizeof *x->gen));
+    RF_TRY(rf_grow((void **)&x->gen, &x->cap_gen, x->n_gen + 1, sizeof *x->gen));
     x->gen[x->n_gen++] = *q;
     return RF_OK;
 }
 
 static rf_status score(void *ctx, uint64_t req, rf_train_sample *s, int n, int flags) {
     inproc *x = ctx;
-    RF_TRY(grow((void **)&x->sc, &x->cap_sc, x->n_sc + 1, sizeof *x->sc));
+    RF_TRY(rf_grow((void **)&x->sc, &x->cap_sc, x->n_sc + 1, sizeof *x->sc));
     x->sc[x->n_sc++] = (score_req){req, s, n, flags};
     return RF_OK;
 }

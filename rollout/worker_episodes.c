@@ -53,19 +53,8 @@ void rf_wep_free(rf_wep *x) {
     free(x->q), free(x->reqs), free(x->wait), free(x);
 }
 
-/* Grows *arr of *cap elements of size sz to hold at least need + 1. */
-static int grow(void **arr, int *cap, int need, size_t sz) {
-    if (need < *cap) return 1;
-    int c = *cap ? *cap : 16;
-    while (c <= need) c *= 2;
-    void *p = realloc(*arr, sz * (size_t)c);
-    if (!p) return 0;
-    *arr = p, *cap = c;
-    return 1;
-}
-
 static rf_status add_req(rf_wep *x, uint64_t engine, uint64_t req, int base, int n) {
-    if (!grow((void **)&x->reqs, &x->cap_reqs, x->n_reqs, sizeof *x->reqs)) return rf_error(RF_ERR_NOMEM, "out of memory");
+    RF_TRY(rf_grow((void **)&x->reqs, &x->cap_reqs, x->n_reqs + 1, sizeof *x->reqs));
     x->reqs[x->n_reqs++] = (wreq){engine, req, base, n, n};
     return RF_OK;
 }
@@ -134,7 +123,7 @@ rf_status rf_wep_turn(rf_wep *x, const rf_rollout_sample *rs) {
     const wreq *w = find_engine(x, rs->request_id);
     if (!w) return rf_error(RF_ERR_INTERNAL, "a turn ended in engine request %llu, which is no episode",
                             (unsigned long long)rs->request_id);
-    if (!grow((void **)&x->q, &x->cap_q, x->n_q, sizeof *x->q)) return rf_error(RF_ERR_NOMEM, "out of memory");
+    RF_TRY(rf_grow((void **)&x->q, &x->cap_q, x->n_q + 1, sizeof *x->q));
     Rlflow__EndedTurn *t = &x->q[x->n_q];
     rlflow__ended_turn__init(t);
     int n = rs->n_tokens - rs->turn_start;
@@ -157,9 +146,11 @@ rf_status rf_wep_turn(rf_wep *x, const rf_rollout_sample *rs) {
 rf_status rf_wep_flush(rf_wep *x, rf_msg_link *link) {
     if (!x->n_q) return RF_OK;
     Rlflow__EndedTurn **p = malloc(sizeof *p * (size_t)x->n_q);
-    if (!p || !grow((void **)&x->wait, &x->cap_wait, x->n_wait + x->n_q - 1, sizeof *x->wait)) {
+    rf_status gs = p ? rf_grow((void **)&x->wait, &x->cap_wait, x->n_wait + x->n_q, sizeof *x->wait)
+                     : rf_error(RF_ERR_NOMEM, "out of memory");
+    if (gs != RF_OK) {
         free(p);
-        return rf_error(RF_ERR_NOMEM, "out of memory");
+        return gs;
     }
     double now = rf_time_now();
     for (int k = 0; k < x->n_q; k++) {

@@ -43,6 +43,31 @@ static inline void rf_test_write_recipe(const char *dir, int val_every, const ch
     fclose(f);
 }
 
+/* Writes <dir>/r.toml for the calculator-tool tests (test_run_env, test_split_env): 1-2 digit
+ * multiplication, a 300-step SFT warm start, 4 prompts x 4 samples of up to 16 tokens, [env]
+ * calculator (3 turns, 64 tokens), fp32 products (the generation's and the trainer's log-probs
+ * then differ only by the order of fp32 sums: bf16 operands round a slightly different attention
+ * output to the other side of a bf16 step now and then, up to 2.3e-3, which would hide an
+ * observation token misplaced in the trajectory), `steps` GRPO steps at lr 3e-4, the numeric
+ * rule, validation of 16 prompts every 3 steps; then `extra` (more keys of [logging], then more
+ * tables, may be ""). */
+static inline void rf_test_write_calc_recipe(const char *dir, int steps, const char *extra) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/r.toml", dir);
+    FILE *f = fopen(p, "w");
+    if (!f) return;
+    fprintf(f, "[model]\npath = \"%s/sft\"\ninit_preset = \"tiny\"\nprecision = \"fp32\"\n"
+               "[data]\ntask = \"multiply\"\ntask_min_digits = 1\ntask_max_digits = 2\n"
+               "task_train = 3000\ntask_val = 16\ntrain = \"%s/data/train.jsonl\"\nval = \"%s/data/val.jsonl\"\n"
+               "[sft]\nwarm_start = true\nmax_steps = 300\nbatch_size = 64\nlr = 3e-3\n"
+               "[rollout]\nn = 4\nprompts_per_step = 4\nmax_new_tokens = 16\n"
+               "[env]\ntype = \"calculator\"\nmax_turns = 3\nmax_total_tokens = 64\n"
+               "[train]\nsteps = %d\nlr = 3e-4\n[reward]\nrules = [\"numeric\"]\n"
+               "[logging]\nval_every = 3\nval_size = 16\n%s",
+            dir, dir, dir, steps, extra);
+    fclose(f);
+}
+
 /* Common start of the split-run tests: the rlflow under test into *rlflow and a fresh work
  * directory named after `test` into dir (cap bytes). Returns 0 to go on, 77 (ctest's skip)
  * when RF_RLFLOW or mpirun is missing, 1 when the directory cannot be made. */

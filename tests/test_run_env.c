@@ -30,26 +30,7 @@
 static const char *rlflow;
 static char dir[64];
 
-static void write_recipe(void) {
-    char p[128];
-    snprintf(p, sizeof p, "%s/r.toml", dir);
-    FILE *f = fopen(p, "w");
-    if (!f) return;
-    /* fp32 products: the generation's and the trainer's log-probs then differ only by the order
-     * of fp32 sums (bf16 operands round a slightly different attention output to the other side
-     * of a bf16 step now and then: up to 2.3e-3 here), so the mismatch bound below can see an
-     * observation token misplaced in the trajectory */
-    fprintf(f, "[model]\npath = \"%s/sft\"\ninit_preset = \"tiny\"\nprecision = \"fp32\"\n"
-               "[data]\ntask = \"multiply\"\ntask_min_digits = 1\ntask_max_digits = 2\n"
-               "task_train = 3000\ntask_val = 16\ntrain = \"%s/data/train.jsonl\"\nval = \"%s/data/val.jsonl\"\n"
-               "[sft]\nwarm_start = true\nmax_steps = 300\nbatch_size = 64\nlr = 3e-3\n"
-               "[rollout]\nn = 4\nprompts_per_step = 4\nmax_new_tokens = 16\n"
-               "[env]\ntype = \"calculator\"\nmax_turns = 3\nmax_total_tokens = 64\n"
-               "[train]\nsteps = 6\nlr = 3e-4\n[reward]\nrules = [\"numeric\"]\n"
-               "[logging]\nval_every = 3\nval_size = 16\n[checkpoint]\nevery = 3\nkeep = 0\n",
-            dir, dir, dir);
-    fclose(f);
-}
+static void write_recipe(void) { rf_test_write_calc_recipe(dir, 6, "[checkpoint]\nevery = 3\nkeep = 0\n"); }
 
 static const char *KEYS[] = {"reward/mean", "actor/pg_loss", "actor/grad_norm", "env/turns_mean",
                              "env/observation_tokens_mean", "response/length_mean"};

@@ -68,21 +68,10 @@ static const char *rlflow;
 static char dir[256];
 
 static void write_recipe(void) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/r.toml", dir);
-    FILE *f = fopen(p, "w");
-    if (!f) return;
-    fprintf(f, "[model]\npath = \"%s/sft\"\ninit_preset = \"tiny\"\nprecision = \"fp32\"\n"
-               "[data]\ntask = \"multiply\"\ntask_min_digits = 1\ntask_max_digits = 2\n"
-               "task_train = 3000\ntask_val = 16\ntrain = \"%s/data/train.jsonl\"\nval = \"%s/data/val.jsonl\"\n"
-               "[sft]\nwarm_start = true\nmax_steps = 300\nbatch_size = 64\nlr = 3e-3\n"
-               "[rollout]\nn = 4\nprompts_per_step = 4\nmax_new_tokens = 16\n"
-               "[env]\ntype = \"calculator\"\nmax_turns = 3\nmax_total_tokens = 64\n"
-               "[train]\nsteps = 3\nlr = 3e-4\n[reward]\nrules = [\"numeric\"]\n"
-               "[logging]\nval_every = 3\nval_size = 16\nsamples_every = 1\nsamples_per_step = %d\n"
-               "[checkpoint]\nevery = 0\n[async]\npeer_timeout = 60\n",
-            dir, dir, dir, PER_STEP);
-    fclose(f);
+    char tail[160];
+    snprintf(tail, sizeof tail, "samples_every = 1\nsamples_per_step = %d\n[checkpoint]\nevery = 0\n[async]\npeer_timeout = 60\n",
+             PER_STEP);
+    rf_test_write_calc_recipe(dir, 3, tail);
 }
 
 static int run(const char *name, const char *args) {
