@@ -1,8 +1,8 @@
 /* LoRA against full fine-tuning on the CPU back end, printed as JSON lines:
  *  - lora_memory: bytes of parameters + gradients + AdamW moments for full training and for
- *    LoRA (rank 8 on q, v and rank 16 on every projection) on the bench's 25M model (read from
- *    models built here) and on the Qwen2.5-0.5B shape (from the parameter tables, nothing
- *    allocated), with the fraction saved;
+ *    LoRA (rank 8 on q, v and rank 16 on every projection) on the bench's 25M model and on the
+ *    Qwen2.5-0.5B shape, read from models built here with their adapters attached (the
+ *    allocated adapter count is checked against rf_lora_param_count), with the fraction saved;
  *  - lora_train_step: forward + log-probs + backward + AdamW of the 25M model on 8 x 256 tokens
  *    ("shape":"25m"), and of a random-init model of the Qwen2.5-0.5B shape on 1 x 128 tokens
  *    (1 x 32 with --quick; "shape":"qwen2.5-0.5b": ~9 GB of host memory for its full step),
@@ -82,20 +82,17 @@ static rf_model *model_25m(int rank, unsigned targets) {
 static void bench_memory(void) {
     int ranks[2] = {8, 16};
     unsigned tg[2] = {QV, ALL};
-    for (int i = 0; i < 2; i++) {
-        rf_model *m = model_25m(ranks[i], tg[i]);
-        RF_ASSERT(rf_model_enable_training(m) == RF_OK);
-        memory_line("25m", m->n_frozen, ranks[i], tg[i], &m->cfg, m->n_params - m->n_frozen);
-        rf_model_free(m);
-    }
-    rf_model_config q;
-    qwen05b_config(&q);
-    rf_param_view *v;
-    int nv;
-    size_t n;
-    RF_ASSERT(rf_model_param_views(&q, &v, &nv, &n) == RF_OK);
-    free(v);
-    for (int i = 0; i < 2; i++) memory_line("qwen2.5-0.5b", n, ranks[i], tg[i], &q, 0);
+    rf_model_config shapes[2];
+    const char *names[2] = {"25m", "qwen2.5-0.5b"};
+    RF_ASSERT(rf_config_preset(&shapes[0], "25m", 16384) == RF_OK);
+    qwen05b_config(&shapes[1]);
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 2; i++) { /* the adapters the model allocates for training (~2 GB at 0.5B) */
+            rf_model *m = model_of(&shapes[s], ranks[i], tg[i]);
+            RF_ASSERT(rf_model_enable_training(m) == RF_OK);
+            memory_line(names[s], m->n_frozen, ranks[i], tg[i], &m->cfg, m->n_params - m->n_frozen);
+            rf_model_free(m);
+        }
 }
 
 /* Seconds of one training step with its AdamW step on B x L tokens (best of reps after a
