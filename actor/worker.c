@@ -268,7 +268,7 @@ static rf_status checkpoint(tworker *w, const Rlflow__CheckpointRequest *q) {
     const rf_recipe *r = w->r;
     double t = rf_time_now();
     rf_ckpt_state cs = {.step = (int)q->step, .pos = {q->data_epoch, (int)q->data_index}, .kl_beta = q->kl_coef,
-                        .best_val = q->best_val};
+                        .best_val = q->best_val, .admitted = q->admitted};
     Rlflow__CheckpointDone d = RLFLOW__CHECKPOINT_DONE__INIT;
     d.step = q->step;
     rf_status st = RF_OK;

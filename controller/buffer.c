@@ -62,6 +62,10 @@ void rf_buffer_free(rf_buffer *b) {
  * sampling (controller.c), so a resumed run draws what the uninterrupted one would have. */
 void rf_buffer_resume_at(rf_buffer *b, int v) { b->consumed = b->next_id = (int64_t)v * b->P; }
 
+void rf_buffer_resume_ids(rf_buffer *b, int64_t next_id) { b->next_id = next_id; }
+
+int64_t rf_buffer_next_id(const rf_buffer *b) { return b->next_id; }
+
 int rf_buffer_can_admit(const rf_buffer *b, int served) {
     if (b->pending >= b->cap) return 0;
     int64_t batch = (b->consumed + b->pending) / b->P;

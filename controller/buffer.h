@@ -36,6 +36,13 @@ void rf_buffer_free(rf_buffer *b);
 /* A run resumed at version v: v batches count as consumed already. Call before admitting. */
 void rf_buffer_resume_at(rf_buffer *b, int v);
 
+/* After rf_buffer_resume_at: admission ids go on from next_id (the checkpoint's admission count:
+ * groups dynamic sampling or the staleness bound dropped took ids too). */
+void rf_buffer_resume_ids(rf_buffer *b, int64_t next_id);
+
+/* The id the next admitted group gets (= groups admitted so far). */
+int64_t rf_buffer_next_id(const rf_buffer *b);
+
 /* The i-th buffered group (0 <= i < rf_buffer_depth), in id order; owned by the buffer. */
 void *rf_buffer_at(const rf_buffer *b, int i);
 

@@ -3,6 +3,7 @@
  * differs (controller/roles.h: the in-process roles of controller/roles_inproc.c, or the
  * message roles below, over ZeroMQ to rollout and training workers). */
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,11 @@ typedef struct ctl {
     slot *next_place;     /* (n_next) per (step, round > 0): the next place, in step.round.place */
     int n_next, cap_next;
     int dropped_step;     /* groups dynamic sampling dropped since the last batch */
+    /* where the newest batch's admission began (its round-0 place-0 group): a checkpoint of
+     * that batch's step resumes there when the run is deterministic (resume_point) */
+    int start_step;       /* -1: none yet */
+    rf_dataset_pos start_pos;
+    int64_t start_id;
     int batch_out;        /* a batch is at the trainer */
     double mean_kl;
     int ckpt_out;         /* checkpoint requests not yet done */
@@ -320,7 +326,7 @@ static rf_status msg_checkpoint(void *ctx, const rf_ckpt_state *cs) {
     ctl *c = ctx; /* the training worker writes it */
     Rlflow__CheckpointRequest q = RLFLOW__CHECKPOINT_REQUEST__INIT;
     q.step = cs->step, q.data_epoch = cs->pos.epoch, q.data_index = cs->pos.index;
-    q.kl_coef = cs->kl_beta, q.best_val = cs->best_val;
+    q.kl_coef = cs->kl_beta, q.best_val = cs->best_val, q.admitted = cs->admitted;
     return rf_msg_server_send(c->srv, c->train_peer, RF_MSG_CHECKPOINT_REQUEST, &q.base);
 }
 
@@ -694,6 +700,19 @@ static rf_status add_slot(ctl *c, const group *g) {
     return RF_OK;
 }
 
+/* Test hook RF_TEST_STOP_AT="S.R": a stop is asked for (as by SIGINT) when the first group of
+ * dynamic-sampling round R of batch S is admitted, a chosen moment inside a step with resample
+ * rounds in flight (tests/test_run_resample.c). */
+static void stop_hook(slot s) {
+    static int at_step = -2, at_round = -1;
+    if (at_step == -2) {
+        const char *e = getenv("RF_TEST_STOP_AT");
+        at_step = -1;
+        if (e && sscanf(e, "%d.%d", &at_step, &at_round) != 2) at_step = -1;
+    }
+    if (s.step == at_step && s.round == at_round && s.place == 0) rf_interrupt_note(SIGINT);
+}
+
 /* Admits prompts while the staleness bound and the buffer allow, each a generate request. */
 static rf_status admit(ctl *c) {
     const rf_recipe *r = c->run->r;
@@ -708,8 +727,10 @@ static rf_status admit(ctl *c) {
         group *g = new_group(c, ex, r->rollout.n);
         if (!g) return RF_ERR_NOMEM;
         slot s = next_slot(c);
+        stop_hook(s);
         g->pos = before, g->step = s.step, g->round = s.round, g->place = s.place;
         g->id = rf_buffer_admit(c->buf, served);
+        if (s.round == 0 && s.place == 0) c->start_step = s.step, c->start_pos = before, c->start_id = g->id;
         rf_role_gen q = {g->req, g->id, ex, g->n, 0, s.step, s.round, s.place,
                          rf__group_seed(r, s.step, s.round, s.place), served};
         RF_TRY(c->roles.iface->generate(c->roles.ctx, &q));
@@ -950,8 +971,36 @@ static rf_dataset_pos resume_pos(ctl *c) {
     return p;
 }
 
+static void older_id(int64_t *id, const group *g) {
+    if (g->id >= 0 && g->id < *id) *id = g->id;
+}
+
+/* Where a run resumed from a checkpoint of the step reached starts: its data position and
+ * admission count (the next group id). Where generation is reproducible (one process, or
+ * async.max_staleness = 0: only the batch of this step is admitted, every group generated with
+ * this step's weights), at the start of this batch's admission when it has begun: the resumed
+ * run replays the batch's rounds of dynamic sampling exactly, the groups dropped so far
+ * included (their prompts are dropped again; resuming from the oldest live group instead would
+ * skip a dropped first prompt and shift the batch's data). Otherwise (staleness k > 0: later
+ * batches' groups are out too, generated with older weights) at the oldest group admitted and
+ * not trained on, live or buffered: nothing is trained twice, nothing skipped but the groups
+ * dropped. */
+static void resume_point(ctl *c, rf_dataset_pos *pos, int64_t *admitted) {
+    int exact = !c->roles.iface->concurrent || c->run->r->async.max_staleness == 0;
+    if (exact && c->start_step == c->run->step) {
+        *pos = c->start_pos, *admitted = c->start_id;
+        return;
+    }
+    *pos = resume_pos(c), *admitted = rf_buffer_next_id(c->buf);
+    for (group *g = c->live; g; g = g->next) older_id(admitted, g);
+    for (int i = 0; i < rf_buffer_depth(c->buf); i++) older_id(admitted, rf_buffer_at(c->buf, i));
+}
+
 static rf_status request_checkpoint(ctl *c) {
-    rf_ckpt_state cs = rf__run_ckpt_state(c->run, resume_pos(c));
+    rf_dataset_pos pos;
+    int64_t admitted;
+    resume_point(c, &pos, &admitted);
+    rf_ckpt_state cs = rf__run_ckpt_state(c->run, pos, admitted);
     c->ckpt_out++, c->ckpt_last = c->run->step;
     return c->roles.iface->checkpoint(c->roles.ctx, &cs);
 }
@@ -1164,7 +1213,9 @@ static rf_status loop_init(ctl *c, rf_run *run, rf_roles roles) {
     if (!c->bucket) return rf_error(RF_ERR_NOMEM, "out of memory");
     RF_TRY(rf_buffer_init(&c->buf, P, c->cap, k));
     rf_buffer_resume_at(c->buf, run->step);
+    if (run->admitted > 0) rf_buffer_resume_ids(c->buf, run->admitted); /* else step x P (older checkpoints) */
     c->fresh = (int64_t)run->step * P;
+    c->start_step = -1;
     return RF_OK;
 }
 

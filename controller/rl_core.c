@@ -286,12 +286,14 @@ rf_status rf__run_resume(rf_run *run, rf_model *actor, rf_model *critic) {
     rf_ckpt_state st;
     RF_TRY(rf_checkpoint_load(run->r->logging.dir, actor, critic, &st));
     run->step = st.step, run->pos = st.pos, run->kl.beta = st.kl_beta, run->best_val = st.best_val;
+    run->admitted = st.admitted;
     rf_log_info("resumed at step %d (data epoch %d, index %d)", run->step, run->pos.epoch, run->pos.index);
     return RF_OK;
 }
 
-rf_ckpt_state rf__run_ckpt_state(const rf_run *run, rf_dataset_pos pos) {
-    return (rf_ckpt_state){.step = run->step, .pos = pos, .kl_beta = run->kl.beta, .best_val = run->best_val};
+rf_ckpt_state rf__run_ckpt_state(const rf_run *run, rf_dataset_pos pos, int64_t admitted) {
+    return (rf_ckpt_state){.step = run->step, .pos = pos, .kl_beta = run->kl.beta, .best_val = run->best_val,
+                           .admitted = admitted};
 }
 
 void rf__val_metrics(rf_run *run, double acc, double reward, double len) {

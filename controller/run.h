@@ -51,6 +51,8 @@ typedef struct rf_run {
     rf_kl_est kl_est;
     rf_kl_ctl kl;
     rf_dataset_pos pos;
+    int64_t admitted;  /* groups admitted before the first untrained batch, as resumed (0: not
+                          in the checkpoint, step x prompts_per_step then) */
     int step;          /* RL steps done (= policy version for rollout) */
     int start_step;    /* step this process started (or resumed) at */
     double t_start;

@@ -88,8 +88,9 @@ rf_status rf__run_state_init(rf_run *run, const rf_recipe *r);
  * position, KL coefficient and best validation accuracy; logs where it resumes. */
 rf_status rf__run_resume(rf_run *run, rf_model *actor, rf_model *critic);
 
-/* The run state a checkpoint of run->step keeps, resuming generation at data position pos. */
-rf_ckpt_state rf__run_ckpt_state(const rf_run *run, rf_dataset_pos pos);
+/* The run state a checkpoint of run->step keeps, resuming generation at data position pos with
+ * admission count (next group id) admitted. */
+rf_ckpt_state rf__run_ckpt_state(const rf_run *run, rf_dataset_pos pos, int64_t admitted);
 
 /* DAPO dynamic sampling: whether a group of n samples is informative (not every total reward
  * equal: an all-equal group has zero advantage). */

@@ -222,6 +222,25 @@ struct rf_kernels {
 /* The CPU back end (always present). Static storage; never freed. */
 const rf_kernels *rf_cpu_kernels(void);
 
+/* Batch-invariant matrix products on the calling thread (CPU back end; the CUDA one is not
+ * covered): while on, and where rf_cpu_batch_invariant_exact(), each row of a product gets the
+ * bits it would get among any number of rows: products of up to 4 rows do not take the
+ * matrix-vector loops (which round otherwise than oneDNN's kernels) but oneDNN's, whose
+ * products of 1 to 300 rows give a row the same bits there. tests/test_kernels.c checks it;
+ * bench/bench_matmul's "matmul_batch_invariant" lines time it (on the AVX-512 CPU measured,
+ * oneDNN was as fast or faster at 1-4 rows but for the fp32 LM head at 1 row, 0.64x). A
+ * rollout worker (rollout/worker.c) turns it on for its thread: a sequence's log-probs then do
+ * not depend on which sequences share its step, which in a split run depends on when requests
+ * and observations arrive, so split runs repeat bit for bit and resume exactly. Returns the
+ * previous setting. */
+int rf_cpu_batch_invariant(int on);
+
+/* Whether rf_cpu_batch_invariant makes products batch-invariant on this CPU: 1 where oneDNN
+ * runs its AVX-512 kernels (measured: avx512_core_bf16), 0 with its AVX2 ones (there a row's
+ * bits depend on the number of rows at every size; split runs then agree only to the last
+ * bits of the behaviour log-probs, as before) and with AMX (not measured). */
+int rf_cpu_batch_invariant_exact(void);
+
 /* The CUDA back end on `device`: NULL when rlflow was built without CUDA or no GPU is
  * present (message recorded saying which). One device per process: the first call picks it.
  * RF_CUDA_ANY: the device already picked, or the one rf_cuda_select_device named (0 by

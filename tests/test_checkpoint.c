@@ -11,7 +11,9 @@
  *     the buffer is refused; the parameters-only load leaves the moments alone;
  *   - a role whose tensor function fails part-way: the save returns that error, and the last
  *     good checkpoint stays the newest (`latest` unchanged, no directory for the failed step),
- *     then a later save succeeds. */
+ *     then a later save succeeds;
+ *   - the RL admission count ("admitted"): back as saved, absent when 0 (SFT, older releases:
+ *     loads as 0), and -3, 2.5, "12" or 1e300 refused with the file, key and value named. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +124,45 @@ static void moment_ranges(const char *run, const rf_model *actor) {
     free(got);
 }
 
+/* 1 when the file at path holds needle. */
+static int file_has(const char *path, const char *needle) {
+    char *text = NULL;
+    if (rf_read_file(path, &text, NULL) != RF_OK) return 0;
+    int has = strstr(text, needle) != NULL;
+    free(text);
+    return has;
+}
+
+/* trainer_state.json's "admitted" (the RL admission count a resumed run's group ids go on from):
+ * back as saved; absent when 0 (SFT's checkpoints, and an older release's, which load as 0);
+ * present but not a whole number >= 0, refused naming the file, key and value. */
+static void admission_count(const char *run, rf_model *actor, rf_model *critic) {
+    rf_ckpt_state st = {.step = 30, .pos = {0, 7}, .kl_beta = 0.1f, .best_val = -1, .admitted = 487}, got = {0};
+    CHECK_OK(rf_checkpoint_save(run, actor, critic, NULL, &st, 0));
+    CHECK_OK(rf_checkpoint_load(run, NULL, NULL, &got));
+    CHECK(got.step == 30 && got.admitted == 487);
+    char p[600], want[800];
+    snprintf(p, sizeof p, "%s/step_000030/trainer_state.json", run);
+    CHECK(file_has(p, "\"admitted\":\t487"));
+    st.step = 40, st.admitted = 0;
+    CHECK_OK(rf_checkpoint_save(run, actor, critic, NULL, &st, 0));
+    got.admitted = -1;
+    CHECK_OK(rf_checkpoint_load(run, NULL, NULL, &got));
+    snprintf(p, sizeof p, "%s/step_000040/trainer_state.json", run);
+    CHECK(got.step == 40 && got.admitted == 0 && !file_has(p, "admitted"));
+    static const char *bad[] = {"-3", "2.5", "\"12\"", "1e300"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char text[300];
+        snprintf(text, sizeof text, "{\"step\": 40, \"actor_optimizer_steps\": 7, \"critic_optimizer_steps\": 5, "
+                 "\"data_epoch\": 0, \"data_index\": 7, \"admitted\": %s, \"kl_beta\": \"0x1p-1\", \"best_val\": \"-0x1p+0\"}",
+                 bad[i]);
+        CHECK_OK(rf_write_file_atomic(p, text, strlen(text)));
+        snprintf(want, sizeof want, "%s: \"admitted\" = %s: not a whole number of groups >= 0", p,
+                 strcmp(bad[i], "1e300") == 0 ? "1e+300" : bad[i]);
+        CHECK_ERR(rf_checkpoint_load(run, NULL, NULL, &got), RF_ERR_FORMAT, want);
+    }
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/rf_ckpt_XXXXXX");
     if (!mkdtemp(dir)) return 1;
@@ -180,6 +221,8 @@ int main(void) {
     CHECK_OK(rf_checkpoint_save(run, actor, critic, NULL, &st, 0));
     CHECK_OK(rf_checkpoint_latest(run, latest, sizeof latest));
     CHECK(strcmp(latest, p) == 0);
+
+    admission_count(run, actor, critic);
 
     rf_model_free(actor), rf_model_free(critic), rf_model_free(a2), rf_model_free(c2);
     if (!rf_test_failed) rf_remove_tree(dir);

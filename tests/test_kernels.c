@@ -1252,12 +1252,50 @@ static void run_kernel_suite(const rf_kernels *K, uint64_t seed) {
 }
 
 #ifndef RF_TEST_KERNELS_NO_MAIN
+/* rf_cpu_batch_invariant (the rollout worker's products): with it on, where the CPU back end
+ * says it is exact (rf_cpu_batch_invariant_exact: oneDNN's AVX-512 kernels), every row of
+ * out = x W^T has the same bits in products of 1 to 64 rows (fp32 and bf16 operands) on decode
+ * shapes; without it, products of up to 4 rows take the
+ * matrix-vector loops, whose rows differ in the last bits from the same rows among more (the
+ * check that this test can fail: some row differs then). */
+static void test_batch_invariant(const rf_kernels *K) {
+    static const int shapes[][2] = {{64, 64}, {64, 1000}, {512, 1408}, {1408, 512}};
+    for (int prec = 0; prec < 2; prec++) {
+        CHECK(K->set_precision(prec ? RF_PRECISION_BF16 : RF_PRECISION_FP32) == RF_OK);
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            int C = shapes[si][0], OC = shapes[si][1], MAXM = 64;
+            float *x = xmalloc(FB((size_t)MAXM * C)), *w = xmalloc(FB((size_t)OC * C));
+            float *ref = xmalloc(FB((size_t)MAXM * OC)), *out = xmalloc(FB((size_t)MAXM * OC));
+            for (size_t i = 0; i < (size_t)MAXM * C; i++) x[i] = rf_rng_uniform(&g_rng) - 0.5f;
+            for (size_t i = 0; i < (size_t)OC * C; i++) w[i] = 0.1f * (rf_rng_uniform(&g_rng) - 0.5f);
+            int differ[2] = {0, 0};
+            for (int inv = 1; inv >= 0; inv--) {
+                int was = rf_cpu_batch_invariant(inv);
+                K->matmul_forward(ref, x, w, NULL, MAXM, C, OC);
+                for (int M = 1; M < MAXM; M++) {
+                    K->matmul_forward(out, x, w, NULL, M, C, OC);
+                    for (int r = 0; r < M; r++) differ[inv] += memcmp(out + (size_t)r * OC, ref + (size_t)r * OC, FB(OC)) != 0;
+                }
+                rf_cpu_batch_invariant(was);
+            }
+            printf("batch-invariant products (%s here), %s, C %d OC %d: rows of products of 1..63 rows unlike the same "
+                   "rows of 64: %d with it on, %d off\n", rf_cpu_batch_invariant_exact() ? "exact" : "not exact",
+                   prec ? "bf16" : "fp32", C, OC, differ[1], differ[0]);
+            if (rf_cpu_batch_invariant_exact()) CHECK(differ[1] == 0); /* else on is off: nothing claimed */
+            CHECK(differ[0] > 0);
+            free(x), free(w), free(ref), free(out);
+        }
+    }
+    CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
+}
+
 int main(void) {
     const rf_kernels *K = rf_cpu_kernels();
     CHECK(K != NULL);
     if (!K) return rf_test_finish("test_kernels");
     CHECK(K->name && strcmp(K->name, "cpu") == 0);
     run_kernel_suite(K, 20240611);
+    test_batch_invariant(K);
     return rf_test_finish("test_kernels");
 }
 #endif

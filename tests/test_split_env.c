@@ -6,8 +6,9 @@
  *    mpirun): every logged sample of steps 1-3 (all 16 of each step, samples.jsonl) has the same
  *    token ids, loss mask, per-token versions, response and reward as the one-process run's;
  *    steps 1-3's reward, accuracy, length and env/ metrics are equal bit for bit, the policy loss
- *    and gradient norm to 1e-4 relative (the rollout worker batches other sequences together,
- *    so behaviour log-probs may differ in the last bits);
+ *    and gradient norm to 1e-4 relative or 1e-7 absolute (the rollout worker batches other
+ *    sequences together and its products are batch-invariant, so behaviour log-probs may
+ *    differ in the last bits);
  *  - colocated on 2 devices (placement.actor.dp = 2): the same samples as the one-process run
  *    at steps 1-2, and step 2's gradient norm and entropy (masked tokens out) to 1e-5 relative
  *    (fp32 sums over two ranks);
@@ -149,10 +150,16 @@ static void same_metrics(const char *a, const char *b, int steps) {
             CHECK(!isnan(x) && x == y);
             if (!(x == y)) fprintf(stderr, "step %d %s: %s %.17g, %s %.17g\n", s, exact[k], a, x, b, y);
         }
+        /* 1e-4 relative, and 1e-7 absolute: a step whose advantages cancel has a policy loss of
+         * order 1e-8 made of the behaviour log-probs' last bits alone (step 2 here: -1.66e-8 in
+         * one process, -2.16e-8 in the split run, whose rollout worker's products of 1-4 rows go
+         * to oneDNN, batch-invariant, where the one-process engine's take the matrix-vector
+         * loops) */
         for (size_t k = 0; k < sizeof near / sizeof *near; k++) {
             double x = rf_test_metric(dir, a, s, near[k]), y = rf_test_metric(dir, b, s, near[k]);
-            CHECK(!isnan(x) && fabs(x - y) <= 1e-4 * fabs(x) + 1e-9);
-            if (!(fabs(x - y) <= 1e-4 * fabs(x) + 1e-9)) fprintf(stderr, "step %d %s: %s %.17g, %s %.17g\n", s, near[k], a, x, b, y);
+            int close = !isnan(x) && fabs(x - y) <= 1e-4 * fabs(x) + 1e-7;
+            CHECK(close);
+            if (!close) fprintf(stderr, "step %d %s: %s %.17g, %s %.17g\n", s, near[k], a, x, b, y);
         }
     }
 }

@@ -4,7 +4,8 @@
  *     and `--resume` ends at the same step-30 rewards and gradient norm as a run never stopped
  *     (bit-exact resume on the CPU); a second SIGINT ends the run at once (killed by SIGINT);
  *   - SIGTERM to a split run (staleness 0: deterministic): exit 143, the same message, the
- *     workers end cleanly, and `--resume` matches the uninterrupted split run at step 12;
+ *     workers end cleanly, and `--resume` matches the uninterrupted split run at step 12 (bit
+ *     for bit where the rollout worker's products are batch-invariant);
  *   - colocated on 2 devices (placement.actor.dp = 2) resumed from its step-3 checkpoint, and
  *     from a one-process run's: both finish (they hung: the data-parallel peer handed its
  *     rollout rank version 0), the first with the uninterrupted run's step 4-6 rewards;
@@ -24,6 +25,7 @@
 #include "common/curve.h"
 #include "common/msg.h"
 #include "common/util.h"
+#include "kernels/kernels.h"
 #include "test_shell.h"
 #include "run_util.h"
 #include "test_util.h"
@@ -129,17 +131,20 @@ static void stop_and_resume(const char *run, const char *full, const char *args,
     CHECK(rc2 == 0);
     if (rc2) fprintf(stderr, "%s\n", out);
     free(out);
-    /* One process: the same samples after the stop and the same gradient norm, bit for bit.
-     * Split runs: their training side's float sums vary in order from run to run (two
-     * uninterrupted split runs differ by ~1e-5 in the gradient norm from step 1), so the
+    /* One process: the same samples after the stop and the same gradient norm, bit for bit;
+     * split runs too where the rollout worker's products are batch-invariant
+     * (rf_cpu_batch_invariant_exact). Elsewhere its behaviour log-probs depend in their last
+     * bits on which sequences it batched together, which changes from run to run (two
+     * uninterrupted split runs differed by ~1e-5 in the gradient norm from step 1), so the
      * weights differ in the last bits and a sampled token can flip some steps later (seen: step
      * 11's reward 0.2890625 against 0.3046875, 2 of 128 samples): rewards within 0.05 (6 of 128
      * samples), the gradient norm within 1e-5 at the first step after the stop. A resume that
      * lost or repeated data would move the rewards and the norm far more. */
+    int loose = split && !rf_cpu_batch_invariant_exact();
     for (int s = n + 1; s <= steps; s++)
-        if (split) same_metric_abs(run, full, s, "reward/mean", 0.05);
+        if (loose) same_metric_abs(run, full, s, "reward/mean", 0.05);
         else same_metric(run, full, s, "reward/mean", 0);
-    same_metric(run, full, split ? n + 1 : steps, "actor/grad_norm", split ? 1e-5 : 0);
+    same_metric(run, full, loose ? n + 1 : steps, "actor/grad_norm", loose ? 1e-5 : 0);
 }
 
 static void run_ok(const char *run, const char *args) {

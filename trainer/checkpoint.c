@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,7 @@ static rf_status write_state(const char *dir, const rf_ckpt_state *st, const rf_
     cJSON_AddNumberToObject(j, "critic_optimizer_steps", critic ? critic->opt_step : 0);
     cJSON_AddNumberToObject(j, "data_epoch", st->pos.epoch);
     cJSON_AddNumberToObject(j, "data_index", st->pos.index);
+    if (st->admitted > 0) cJSON_AddNumberToObject(j, "admitted", (double)st->admitted);
     /* floats as exact hex so a resumed run continues bit for bit */
     char hex[64];
     snprintf(hex, sizeof hex, "%a", (double)st->kl_beta);
@@ -191,6 +193,24 @@ static rf_status get_num(const cJSON *j, const char *key, const char *path, doub
     return RF_OK;
 }
 
+/* "admitted" (the RL admission count, optional: checkpoints of older releases and SFT's have
+ * none, 0): a whole number >= 0 when present. */
+static rf_status get_admitted(const cJSON *j, const char *path, int64_t *out) {
+    const cJSON *it = cJSON_GetObjectItem(j, "admitted");
+    *out = 0;
+    if (!it) return RF_OK;
+    double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
+    if (!(v >= 0 && v <= 9007199254740992.0 && v == floor(v))) {
+        char *text = cJSON_PrintUnformatted(it);
+        rf_status st = rf_error(RF_ERR_FORMAT, "%s: \"admitted\" = %s: not a whole number of groups >= 0", path,
+                                text ? text : "?");
+        free(text);
+        return st;
+    }
+    *out = (int64_t)v;
+    return RF_OK;
+}
+
 static rf_status read_state(const char *dir, rf_ckpt_state *st, rf_model *actor, rf_model *critic) {
     char p[4096], *text;
     rf_path_join(p, sizeof p, dir, "trainer_state.json");
@@ -203,6 +223,7 @@ static rf_status read_state(const char *dir, rf_ckpt_state *st, rf_model *actor,
                                  "data_epoch", "data_index", "kl_beta", "best_val"};
     rf_status s = RF_OK;
     for (int i = 0; s == RF_OK && i < 7; i++) s = get_num(j, keys[i], p, &v[i]);
+    if (s == RF_OK) s = get_admitted(j, p, &st->admitted);
     cJSON_Delete(j);
     RF_TRY(s);
     st->step = (int)v[0];

@@ -6,7 +6,9 @@
  *   <run_dir>/step_000200/adapter/     with LoRA: the actor's adapters again in Hugging Face
  *                                       PEFT's layout (model/lora.h rf_lora_save_peft)
  *   <run_dir>/step_000200/trainer_state.json       step, optimizer steps, data position, KL
- *                                                  coefficient, best validation score
+ *                                                  coefficient, best validation score, RL's
+ *                                                  admission count ("admitted", absent in older
+ *                                                  releases' checkpoints and in SFT's)
  *   <run_dir>/latest                               name of the newest complete checkpoint
  * Everything is written into step_000200.tmp, each file fsynced, then the directory is renamed
  * and `latest` replaced atomically: a crash at any point leaves the last good checkpoint. */
@@ -22,6 +24,8 @@ typedef struct rf_ckpt_state {
     rf_dataset_pos pos;
     float kl_beta;
     double best_val;
+    int64_t admitted; /* RL: the admission count (group ids) a resumed run goes on from, > 0;
+                         0: none (SFT; checkpoints of older releases), step x prompts_per_step */
     int actor_opt_steps, critic_opt_steps; /* filled by rf_checkpoint_load; rf_checkpoint_save
                                               takes them from the models */
 } rf_ckpt_state;

@@ -384,6 +384,34 @@ static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const 
  * objects, the OpenMP fork, oneDNN's own small-M path) cost up to 3x at M = 1 (bench_matmul). */
 #define GEMV_MAX_M 4
 
+/* rf_cpu_batch_invariant on this thread. */
+static _Thread_local int tl_batch_invariant;
+
+/* Whether oneDNN's matmul gives a row the same bits in products of any number of rows: with
+ * its AVX-512 kernels (avx512_core_bf16, AMD EPYC), measured for 1 to 300 rows, fp32 and bf16,
+ * with 64 to 1376 inputs and 64 to 8000 outputs (tests/test_kernels.c checks decode shapes
+ * where it runs). Not with its AVX2 ones (ONEDNN_MAX_CPU_ISA=AVX2: a sixth of the rows of
+ * products under 64 rows differ from the same rows among 64), where only the matrix-vector
+ * loops at every size would do, 5-8x slower at 32 rows (bench_matmul); not measured with AMX. */
+static atomic_int g_row_invariant = -1; /* -1 not known yet */
+
+int rf_cpu_batch_invariant_exact(void) {
+    int known = atomic_load(&g_row_invariant);
+    if (known < 0) {
+        int isa = (int)dnnl_get_effective_cpu_isa(), avx512 = (int)dnnl_cpu_isa_avx512_core;
+        int amx = (int)dnnl_cpu_isa_avx512_core_amx & ~(int)dnnl_cpu_isa_avx512_core_bf16;
+        known = (isa & avx512) == avx512 && !(isa & amx);
+        atomic_store(&g_row_invariant, known);
+    }
+    return known;
+}
+
+int rf_cpu_batch_invariant(int on) {
+    int was = tl_batch_invariant;
+    tl_batch_invariant = !!on;
+    return was;
+}
+
 /* Lanes of the matrix-vector accumulators: one 512-bit vector of floats. */
 #define GEMV_LANES 16
 
@@ -564,7 +592,8 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
         gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
         return;
     }
-    if (M <= GEMV_MAX_M && !ta && tb && (b_weight || bb) &&
+    int gemv = M <= GEMV_MAX_M && !(tl_batch_invariant && rf_cpu_batch_invariant_exact());
+    if (gemv && !ta && tb && (b_weight || bb) &&
         gemm_small(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
         return;
     pthread_mutex_lock(&g_lock);
