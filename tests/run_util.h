@@ -410,6 +410,23 @@ static inline char *rf_test_metrics_of(const char *dir, const char *run, int ste
     return res;
 }
 
+/* rf_test_metrics_of without the other wall-clock figures either (time/elapsed_s, and idle/:
+ * shares of wall-clock time), for comparing runs bit for bit; NULL when absent; the caller
+ * frees. */
+static inline char *rf_test_record_of(const char *dir, const char *run, int step) {
+    char *text = rf_test_metrics_of(dir, run, step);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    for (cJSON *it = j ? j->child : NULL, *next; it; it = next) {
+        next = it->next;
+        if (strncmp(it->string, "time/", 5) == 0 || strncmp(it->string, "idle/", 5) == 0)
+            cJSON_DeleteItemFromObject(j, it->string);
+    }
+    text = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    return text;
+}
+
 /* Runs r.toml in dir for 40 steps ("full"), and for 20 then resumed to 40 ("half"); every step's
  * metrics (time and perf/ aside) must be equal, and the resume must say where it resumed. */
 static inline void rf_test_resume_matches(const char *dir, const char *rlflow) {

@@ -45,21 +45,7 @@
 static const char *rlflow;
 static char dir[256];
 
-/* Step's record of run as JSON text without the wall-clock figures (time, perf/, time/
- * elapsed_s, idle/: shares of wall-clock time); NULL when absent; the caller frees. */
-static char *record_of(const char *run, int step) {
-    char *text = rf_test_metrics_of(dir, run, step);
-    cJSON *j = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    for (cJSON *it = j ? j->child : NULL, *next; it; it = next) {
-        next = it->next;
-        if (strncmp(it->string, "time/", 5) == 0 || strncmp(it->string, "idle/", 5) == 0)
-            cJSON_DeleteItemFromObject(j, it->string);
-    }
-    text = j ? cJSON_PrintUnformatted(j) : NULL;
-    cJSON_Delete(j);
-    return text;
-}
+static char *record_of(const char *run, int step) { return rf_test_record_of(dir, run, step); }
 
 /* Whether step's record of run equals that of run `full`, bit for bit: every key both ways,
  * doubles printed exactly (cJSON prints 17 digits where 15 do not read back). */
