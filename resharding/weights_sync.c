@@ -263,16 +263,40 @@ static int rx_map(rf_weights_rx *rx, const rf_shm_ref *ref) {
     return 0;
 }
 
-/* The parameters into m: read in place from the sender's stage (copy and checksum in one pass),
- * or received whole into rx->buf. *crc: what arrived. */
+/* Floats of the sender's stage read in place per pass into a model kept in bf16: 1 MB, so the
+ * conversion reads what the checksum just brought into the cache. */
+#define KEPT_CHUNK ((size_t)1 << 18)
+
+/* n floats `from` (the sender's mapped stage) into a model kept in bf16 (rf_model_keep_bf16) at
+ * float `first`: checksummed and written (rounded) a chunk at a time, no fp32 copy. *crc: their
+ * CRC-32C. */
+static rf_status take_kept(rf_model *m, size_t first, const float *from, size_t n, uint32_t *crc) {
+    uint32_t c = 0;
+    for (size_t a = 0; a < n; a += KEPT_CHUNK) {
+        size_t k = n - a < KEPT_CHUNK ? n - a : KEPT_CHUNK;
+        c = rf_crc32c_extend(c, from + a, k * sizeof(float));
+        RF_TRY(rf_model_write_params(m, first + a, from + a, k));
+    }
+    *crc = c;
+    return RF_OK;
+}
+
+/* The parameters into m: read in place from the sender's stage (copy and checksum in one pass;
+ * into a model kept in bf16, rounded into its store chunk by chunk), or received whole into
+ * rx->buf (freed after the transfer for a model kept in bf16: it holds no fp32 weights between
+ * versions). *crc: what arrived. */
 static rf_status rx_take(rf_weights_rx *rx, rf_model *m, const header *h, uint32_t *crc) {
     size_t bytes = h->n_floats * sizeof(float);
     float *to = m->params + rx->first; /* under LoRA the adapters: the base stays */
-    int cpu = strcmp(m->k->name, "cpu") == 0;
+    int cpu = strcmp(m->k->name, "cpu") == 0, kept = m->wbf16 != NULL;
     char what[128];
     snprintf(what, sizeof what, "receiving weights version %lld from rank %d", (long long)h->version, rx->src);
     if (h->offer && rx->in_place && rx_map(rx, &h->stage)) {
         const float *from = (const float *)((const char *)rx->map.base + h->stage.offset);
+        if (kept) {
+            RF_TRY(take_kept(m, rx->first, from, h->n_floats, crc));
+            return rx_reply(rx, READ_DONE, what);
+        }
         if (!cpu && !rx->buf && !(rx->buf = malloc(bytes + 1))) return rf_error(RF_ERR_NOMEM, "weights: out of memory");
         *crc = rf_crc32c_copy(0, cpu ? to : rx->buf, from, bytes);
         RF_TRY(rx_reply(rx, READ_DONE, what));
@@ -281,10 +305,11 @@ static rf_status rx_take(rf_weights_rx *rx, rf_model *m, const header *h, uint32
     }
     if (h->offer) RF_TRY(rx_reply(rx, SEND_DATA, what));
     if (!rx->buf && !(rx->buf = malloc(bytes + 1))) return rf_error(RF_ERR_NOMEM, "weights: out of memory");
-    RF_TRY(rx_recv(rx, rx->buf, bytes, DATA_TAG, what));
-    *crc = rf_crc32c(rx->buf, bytes);
-    if (*crc == h->checksum) m->k->to_device(to, rx->buf, bytes);
-    return RF_OK;
+    rf_status st = rx_recv(rx, rx->buf, bytes, DATA_TAG, what);
+    if (st == RF_OK) *crc = rf_crc32c(rx->buf, bytes);
+    if (st == RF_OK && *crc == h->checksum) st = rf_model_write_params(m, rx->first, rx->buf, h->n_floats);
+    if (kept) free(rx->buf), rx->buf = NULL;
+    return st;
 }
 
 rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64_t *version,

@@ -133,11 +133,17 @@ typedef struct weights_in {
 
 static float *weights_dst(const weights_in *in, const worker *w);
 
-/* A model on a device receives host weights into in->stage first (uploaded on arrival). */
-static rf_status stage_open(weights_in *in, const worker *w) {
-    if (w->m->k != rf_cpu_kernels() && !(in->stage = malloc(sizeof(float) * (w->m->n_params ? w->m->n_params : 1))))
+/* The host buffer resharded weights land in before they reach the model (in->stage). */
+static rf_status stage_alloc(weights_in *in, const worker *w) {
+    if (!(in->stage = malloc(sizeof(float) * (w->m->n_params ? w->m->n_params : 1))))
         return rf_error(RF_ERR_NOMEM, "out of memory for %zu floats of weights", w->m->n_params);
     return RF_OK;
+}
+
+/* A model on a device receives host weights into in->stage first (uploaded on arrival); a
+ * model kept in bf16 (rf_model_keep_bf16) gets a stage for each version only (weights_poll). */
+static rf_status stage_open(weights_in *in, const worker *w) {
+    return w->m->k != rf_cpu_kernels() && !w->m->wbf16 ? stage_alloc(in, w) : RF_OK;
 }
 
 /* Colocated: nothing to receive; with other layouts the training rank reshards into this
@@ -184,13 +190,30 @@ static float *weights_dst(const weights_in *in, const worker *w) {
     return (in->stage ? in->stage : w->m->params) + w->m->n_frozen;
 }
 
-/* After weights landed in the staging buffer: into the device model. */
-/* A new version is in the parameters (or in the stage, uploaded here): the back end's converted
- * weight copies (bf16) are stale from now on. */
-static void weights_upload(const weights_in *in, const worker *w) {
+/* A new version is in the parameters (or in the stage, written into the model here: uploaded
+ * to the device, or rounded into a bf16-kept model's store): the back end's converted weight
+ * copies (bf16) are stale from now on. */
+static rf_status weights_upload(const weights_in *in, const worker *w) {
     size_t f = w->m->n_frozen; /* LoRA: the adapters alone changed */
-    if (in->stage) w->m->k->to_device(w->m->params + f, in->stage + f, sizeof(float) * (w->m->n_params - f));
+    if (in->stage) RF_TRY(rf_model_write_params(w->m, f, in->stage + f, w->m->n_params - f));
     w->m->k->weights_updated();
+    return RF_OK;
+}
+
+/* G = 1, resharded from the training shards into a model kept in bf16: the version lands in a
+ * stage made for it and freed once written into the model, so no fp32 copy stays between
+ * versions. */
+static rf_status rs_poll_kept(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
+    *arrived = 0;
+    int t = rf_weights_rs_pending(in->rs);
+    if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from the training ranks");
+    if (!t) return RF_OK;
+    RF_TRY(stage_alloc(in, w));
+    rf_status st = rf_weights_rs_poll(in->rs, in->stage, arrived, version, crc);
+    if (st == RF_OK && *arrived) st = weights_upload(in, w);
+    free(in->stage);
+    in->stage = NULL;
+    return st;
 }
 
 /* G > 1, every rank of the group before a transfer: a rank that is gone is named here. Inside
@@ -214,7 +237,7 @@ static rf_status handover_poll(weights_in *in, const worker *w, int *arrived, in
         RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, v));
         RF_TRY(group_present(w));
     }
-    weights_upload(in, w);
+    RF_TRY(weights_upload(in, w));
     *version = v, *arrived = 1;
     return RF_OK;
 }
@@ -222,9 +245,10 @@ static rf_status handover_poll(weights_in *in, const worker *w, int *arrived, in
 static rf_status weights_poll(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
     if (w->ho) return handover_poll(in, w, arrived, version, crc);
     if (in->rx) return rf_weights_rx_poll(in->rx, w->m, arrived, version, crc);
+    if (!w->g && w->m->wbf16) return rs_poll_kept(in, w, arrived, version, crc);
     if (!w->g) { /* in place, host memory */
         RF_TRY(rf_weights_rs_poll(in->rs, weights_dst(in, w), arrived, version, crc));
-        if (*arrived) weights_upload(in, w);
+        if (*arrived) RF_TRY(weights_upload(in, w));
         return RF_OK;
     }
     *arrived = 0;
@@ -235,7 +259,7 @@ static rf_status weights_poll(weights_in *in, const worker *w, int *arrived, int
     RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, 0));
     RF_TRY(group_present(w));
     RF_TRY(rf_weights_rs_receive(in->rs, weights_dst(in, w), w->gcomm, version, crc));
-    weights_upload(in, w);
+    RF_TRY(weights_upload(in, w));
     *arrived = 1;
     return RF_OK;
 }
@@ -379,10 +403,28 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     return RF_OK;
 }
 
+/* G = 1, weights from the training worker with every version (not colocated, no LoRA), at bf16
+ * precision on the CPU: the policy's shape alone, its matrices kept in bf16 (rf_model_keep_bf16:
+ * no fp32 copy of weights this process never updates; the checkpoint is not read, every float
+ * arrives with the first version). */
+static rf_status whole_open_kept(worker *w, const rf_kernels *k) {
+    rf_model_config cfg;
+    int kept = 0;
+    RF_TRY(policy_config(w, &cfg));
+    RF_TRY(rf_model_init(&w->m, &cfg, k));
+    RF_TRY(rf_model_keep_bf16(w->m, &kept));
+    RF_ASSERT(kept); /* rf_model_can_keep_bf16(k) was checked */
+    size_t lo = w->m->bf16_lo, n = w->m->n_params;
+    rf_log_info("rollout worker %d: weights kept in bf16 (%.1f MB; embedding table and norms fp32, %.1f MB): no fp32 "
+                "copy of the matrices", w->rank, (double)(n - lo) * 2 / (1 << 20), (double)lo * 4 / (1 << 20));
+    return RF_OK;
+}
+
 /* G = 1: the whole policy (read from the model directory, with the recipe's LoRA adapters, or
  * colocated with identical layouts the training rank's own buffer, under LoRA its adapters
- * bound in place). */
+ * bound in place; whole_open_kept where it applies). */
 static rf_status whole_open(worker *w, const rf_kernels *k) {
+    if (!w->ho && !w->r->lora.enabled && rf_model_can_keep_bf16(k)) return whole_open_kept(w, k);
     float *params;
     RF_TRY(borrowed_params(w, &params));
     if (!params) { /* under LoRA the frozen base once, the adapters arriving with each version */
@@ -428,13 +470,11 @@ static rf_status peer_command(void *ctx, int cmd, int64_t arg) {
         RF_TRY(rf_handover_wait_version(p->w->ho, arg, p->w->r->async.peer_timeout, "rollout tensor parallelism", &crc,
                                         NULL));
         RF_TRY(group_present(p->w));
-        weights_upload(&p->in, p->w);
-        return RF_OK;
+        return weights_upload(&p->in, p->w);
     }
     RF_TRY(group_present(p->w));
     RF_TRY(rf_weights_rs_receive(p->in.rs, weights_dst(&p->in, p->w), p->w->gcomm, &version, &crc));
-    weights_upload(&p->in, p->w);
-    return RF_OK;
+    return weights_upload(&p->in, p->w);
 }
 
 /* A peer's whole life: its shard, its part of the weights transfers, rank 0's commands. */
