@@ -414,9 +414,12 @@ static rf_status whole_open_kept(worker *w, const rf_kernels *k) {
     RF_TRY(rf_model_init(&w->m, &cfg, k));
     RF_TRY(rf_model_keep_bf16(w->m, &kept));
     RF_ASSERT(kept); /* rf_model_can_keep_bf16(k) was checked */
-    size_t lo = w->m->bf16_lo, n = w->m->n_params;
-    rf_log_info("rollout worker %d: weights kept in bf16 (%.1f MB; embedding table and norms fp32, %.1f MB): no fp32 "
-                "copy of the matrices", w->rank, (double)(n - lo) * 2 / (1 << 20), (double)lo * 4 / (1 << 20));
+    size_t mat = 0; /* floats held as bf16: the matrices after the embedding table */
+    for (int i = 0; i < w->m->n_views; i++)
+        if (w->m->views[i].ndim == 2 && w->m->views[i].offset >= w->m->bf16_lo) mat += w->m->views[i].numel;
+    rf_log_info("rollout worker %d: weights kept in bf16 (%.1f MB of matrices; the embedding table, norms and biases "
+                "fp32, %.1f MB): no fp32 copy of the matrices", w->rank, (double)mat * 2 / (1 << 20),
+                (double)(w->m->n_params - mat) * 4 / (1 << 20));
     return RF_OK;
 }
 
