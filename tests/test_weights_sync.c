@@ -15,7 +15,9 @@
  *    message naming both base checksums.
  *  - a receiver kept in bf16 (rf_model_keep_bf16: a split run's rollout worker at bf16 precision
  *    on the CPU), in place and through messages, over two versions of the "small" preset (tied,
- *    with q/k/v biases and random norms) and an untied variant: its store holds exactly the
+ *    with q/k/v biases and random norms) and of the "25m" one untied (its 71 MB travel as 5
+ *    messages, received one at a time through two small buffers; into an fp32 receiver they
+ *    arrive bit for bit too): its store holds exactly the
  *    bf16 rounding of each matrix after the embedding table, the table and the 1-D tensors
  *    their fp32 bits, the reported CRC-32C is the sender's; the matrices' fp32 pages are never
  *    made resident (mincore); and the rollout engine on it (sampled and greedy: ids and
@@ -254,11 +256,12 @@ static void lora_transfers(rf_comm *world) {
 
 /* ---- receivers kept in bf16 ---- */
 
-/* The "small" preset (tied unless untied), random from seed, 1-D tensors random too (a mix-up
- * of fp32 and bf16 floats shows). */
+/* Preset "small" (tied) or, untied, "25m" with its LM head (17.9M floats: the parameters travel
+ * as 5 messages), vocabulary 512, random from seed, 1-D tensors random too (a mix-up of fp32
+ * and bf16 floats shows). */
 static rf_model *small_model(uint64_t seed, int untied) {
     rf_model_config cfg;
-    if (rf_config_preset(&cfg, "small", 512) != RF_OK) return NULL;
+    if (rf_config_preset(&cfg, untied ? "25m" : "small", 512) != RF_OK) return NULL;
     cfg.tie_word_embeddings = !untied;
     rf_model *m = NULL;
     if (rf_model_init(&m, &cfg, rf_cpu_kernels()) != RF_OK) return NULL;
@@ -347,7 +350,7 @@ static void expect_kept(rf_model *m, rf_model *want, const char *what) {
     }
     CHECK(stored);
     const rf_param_view *q = rf_model_find(m, "model.layers.0.self_attn.q_proj.weight");
-    const rf_param_view *d = rf_model_find(m, "model.layers.3.mlp.down_proj.weight");
+    const rf_param_view *d = rf_model_find(m, "model.layers.2.mlp.down_proj.weight");
     int res = resident_pages(m, q->offset, q->numel) + resident_pages(m, d->offset, d->numel);
 #ifndef __SANITIZE_ADDRESS__ /* AddressSanitizer builds: every block from malloc, cleared */
     CHECK(res == 0);
@@ -379,11 +382,11 @@ static void kept_transfers(rf_comm *world) {
             m = small_model(31, untied);
         } else {
             rf_model_config cfg;
-            CHECK_OK(rf_config_preset(&cfg, "small", 512));
+            CHECK_OK(rf_config_preset(&cfg, untied ? "25m" : "small", 512));
             cfg.tie_word_embeddings = !untied;
             CHECK_OK(rf_model_init(&m, &cfg, rf_cpu_kernels()));
             if (m) CHECK_OK(rf_model_keep_bf16(m, &kept));
-            CHECK(kept == 1 && m && m->wbf16 && m->bf16_lo == 512 * 256);
+            CHECK(kept == 1 && m && m->wbf16 && m->bf16_lo == (size_t)512 * cfg.hidden_size);
         }
         if (!m) return;
         if (rank == 0) {
@@ -407,7 +410,7 @@ static void kept_transfers(rf_comm *world) {
                 rf_cpu_kernels()->weights_updated(); /* as the rollout worker does after each version */
                 CHECK(got_v == v && crc == rf_crc32c(want->params, want->n_params * sizeof(float)));
                 char what[64];
-                snprintf(what, sizeof what, "%s, version %d, %s", untied ? "untied" : "tied", v,
+                snprintf(what, sizeof what, "%s, version %d, %s", untied ? "25m untied" : "small tied", v,
                          rank == 1 ? "in place" : "messages");
                 expect_kept(m, want, what);
                 rf_model_free(want);
@@ -418,6 +421,38 @@ static void kept_transfers(rf_comm *world) {
         CHECK_OK(rf_comm_barrier(world, 60, "after the transfers kept in bf16"));
     }
     CHECK_OK(rf_cpu_kernels()->set_precision(RF_PRECISION_FP32));
+}
+
+/* The 25m model's 5 messages into an fp32 model (rank 2, declining the offer): its parameters
+ * equal the sender's bit for bit. */
+static void fp32_messages(rf_comm *world) {
+    int rank = rf_comm_rank(world);
+    rf_model *m = small_model(rank == 0 ? 33 : 34, 1);
+    if (!m) return;
+    if (rank == 0) {
+        rf_weights_tx *tx = NULL;
+        static const int two[1] = {2};
+        uint32_t crc = 0;
+        CHECK_OK(rf_weights_tx_init(&tx, m));
+        rf_weights_tx_set_in_place(tx, 0);
+        CHECK_OK(rf_weights_tx_start(tx, world, m, 3, two, 1, 30, &crc));
+        CHECK_OK(rf_weights_tx_wait(tx, 60));
+        rf_weights_tx_free(tx);
+    } else if (rank == 2) {
+        rf_weights_rx *rx = NULL;
+        rf_model *want = small_model(33, 1);
+        int64_t v = -1;
+        uint32_t crc = 0;
+        CHECK_OK(rf_weights_rx_init(&rx, world, m, 0));
+        CHECK_OK(receive(rx, m, &v, &crc));
+        int same = want && v == 3 && memcmp(m->params, want->params, m->n_params * sizeof(float)) == 0;
+        CHECK(same && crc == rf_crc32c(want->params, want->n_params * sizeof(float)));
+        printf("fp32 receiver, %zu floats as messages: %s\n", m->n_params, same ? "bit-identical" : "DIFFER");
+        rf_weights_rx_free(rx);
+        rf_model_free(want);
+    }
+    CHECK_OK(rf_comm_barrier(world, 60, "after the fp32 messages"));
+    rf_model_free(m);
 }
 
 /* Single process: where rf_model_keep_bf16 keeps nothing, and what a frozen or kept model refuses. */
@@ -466,7 +501,7 @@ static int under_mpi(int argc, char **argv) {
         fprintf(stderr, "test_weights_sync: %s\n", rf_error_message());
         return 1;
     }
-    if (rf_comm_size(world) == 3) transfers(world), lora_transfers(world), kept_transfers(world);
+    if (rf_comm_size(world) == 3) transfers(world), lora_transfers(world), kept_transfers(world), fp32_messages(world);
     else CHECK(rf_comm_size(world) == 3);
     int rc = rf_test_mpi_finish(world, "test_weights_sync");
     rf_comm_finalize();
