@@ -141,7 +141,7 @@ static rf_status stage_alloc(weights_in *in, const worker *w) {
 }
 
 /* A model on a device receives host weights into in->stage first (uploaded on arrival); a
- * model kept in bf16 (rf_model_keep_bf16) gets a stage for each version only (weights_poll). */
+ * model kept in bf16 (rf_model_keep_bf16) gets a stage for each version only (rs_receive). */
 static rf_status stage_open(weights_in *in, const worker *w) {
     return w->m->k != rf_cpu_kernels() && !w->m->wbf16 ? stage_alloc(in, w) : RF_OK;
 }
@@ -200,19 +200,16 @@ static rf_status weights_upload(const weights_in *in, const worker *w) {
     return RF_OK;
 }
 
-/* G = 1, resharded from the training shards into a model kept in bf16: the version lands in a
- * stage made for it and freed once written into the model, so no fp32 copy stays between
- * versions. */
-static rf_status rs_poll_kept(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
-    *arrived = 0;
-    int t = rf_weights_rs_pending(in->rs);
-    if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from the training ranks");
-    if (!t) return RF_OK;
-    RF_TRY(stage_alloc(in, w));
-    rf_status st = rf_weights_rs_poll(in->rs, in->stage, arrived, version, crc);
-    if (st == RF_OK && *arrived) st = weights_upload(in, w);
-    free(in->stage);
-    in->stage = NULL;
+/* A resharded version into the model (this rank's shard with G > 1; gcomm: the group's, NULL
+ * with G = 1), once it was announced: into the model's buffer, or its stage, written into the
+ * model after. A model kept in bf16 gets a stage made for this version and freed once written,
+ * so no fp32 copy stays between versions. */
+static rf_status rs_receive(weights_in *in, const worker *w, rf_comm *gcomm, int64_t *version, uint32_t *crc) {
+    int fresh = w->m->wbf16 && !in->stage;
+    if (fresh) RF_TRY(stage_alloc(in, w));
+    rf_status st = rf_weights_rs_receive(in->rs, weights_dst(in, w), gcomm, version, crc);
+    if (st == RF_OK) st = weights_upload(in, w);
+    if (fresh) free(in->stage), in->stage = NULL;
     return st;
 }
 
@@ -245,21 +242,15 @@ static rf_status handover_poll(weights_in *in, const worker *w, int *arrived, in
 static rf_status weights_poll(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
     if (w->ho) return handover_poll(in, w, arrived, version, crc);
     if (in->rx) return rf_weights_rx_poll(in->rx, w->m, arrived, version, crc);
-    if (!w->g && w->m->wbf16) return rs_poll_kept(in, w, arrived, version, crc);
-    if (!w->g) { /* in place, host memory */
-        RF_TRY(rf_weights_rs_poll(in->rs, weights_dst(in, w), arrived, version, crc));
-        if (*arrived) RF_TRY(weights_upload(in, w));
-        return RF_OK;
-    }
     *arrived = 0;
     int t = rf_weights_rs_pending(in->rs);
     if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from the training ranks");
     if (!t) return RF_OK;
-    /* the group's other ranks receive their shards at the same time */
-    RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, 0));
-    RF_TRY(group_present(w));
-    RF_TRY(rf_weights_rs_receive(in->rs, weights_dst(in, w), w->gcomm, version, crc));
-    RF_TRY(weights_upload(in, w));
+    if (w->g) { /* the group's other ranks receive their shards at the same time */
+        RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, 0));
+        RF_TRY(group_present(w));
+    }
+    RF_TRY(rs_receive(in, w, w->g ? w->gcomm : NULL, version, crc));
     *arrived = 1;
     return RF_OK;
 }
@@ -366,6 +357,30 @@ static rf_status policy_config(const worker *w, rf_model_config *cfg) {
     return rf_config_load(cfg, p);
 }
 
+/* Whether this rank's model keeps its matrices in bf16 (rf_model_keep_bf16): weights from the
+ * training worker with every version (not colocated; no LoRA, whose frozen base is read from
+ * model.path once and checksummed), at bf16 precision on the CPU. */
+static int keeps_bf16(const worker *w, const rf_kernels *k) {
+    return !w->ho && !w->r->lora.enabled && rf_model_can_keep_bf16(k);
+}
+
+/* w->m (the whole model, or this rank's shard), made with nothing written yet, kept in bf16:
+ * no fp32 copy of weights this process never updates. Logged. */
+static rf_status keep_bf16(worker *w) {
+    int kept = 0;
+    RF_TRY(rf_model_keep_bf16(w->m, &kept));
+    RF_ASSERT(kept); /* keeps_bf16 was checked */
+    size_t mat = 0; /* floats held as bf16: the matrices after the embedding table */
+    for (int i = 0; i < w->m->n_views; i++)
+        if (w->m->views[i].ndim == 2 && w->m->views[i].offset >= w->m->bf16_lo) mat += w->m->views[i].numel;
+    char shard[64] = "";
+    if (w->tp) snprintf(shard, sizeof shard, ", tensor-parallel rank %d of %d", w->tp->t, w->tp->tp);
+    rf_log_info("rollout worker %d%s: weights kept in bf16 (%.1f MB of matrices; the embedding table, norms and "
+                "biases fp32, %.1f MB): no fp32 copy of the matrices", w->rank, shard, (double)mat * 2 / (1 << 20),
+                (double)(w->m->n_params - mat) * 4 / (1 << 20));
+    return RF_OK;
+}
+
 /* LoRA, G > 1, the weights not read in place: this rank's shard of the frozen base read from
  * model.path (once: the adapters alone arrive with each version), the recipe's adapters split
  * like it (their values come with the first version), and the whole base's CRC-32C from the
@@ -379,9 +394,10 @@ static rf_status tp_lora_open(worker *w, const rf_kernels *k) {
     return rf_weights_rs_base_checksum(w->gcomm, &pt, k, w->tp->m->params, w->r->async.startup_timeout, &w->base_crc);
 }
 
-/* G > 1: this rank's shard of the policy (zeros until the first weights; under LoRA the frozen
- * base from model.path; or colocated with identical layouts the training shard itself, under
- * LoRA with its adapters bound in place) and its group. */
+/* G > 1: this rank's shard of the policy (zeros until the first weights, its matrices kept in
+ * bf16 where keeps_bf16; under LoRA the frozen base from model.path; or colocated with identical
+ * layouts the training shard itself, under LoRA with its adapters bound in place) and its
+ * group. */
 static rf_status tp_open(worker *w, const rf_kernels *k) {
     rf_model_config cfg;
     RF_TRY(policy_config(w, &cfg));
@@ -391,6 +407,7 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     RF_TRY(borrowed_params(w, &params));
     RF_TRY(rf_model_tp_init_borrowed(&w->tp, &cfg, k, c, w->r->async.peer_timeout, params));
     w->m = w->tp->m;
+    if (keeps_bf16(w, k)) RF_TRY(keep_bf16(w)); /* the shard's matrices */
     if (w->r->lora.enabled && w->zero_copy) { /* colocated: the training shard's adapters, in place */
         rf_lora_opts o;
         RF_TRY(rf__lora_opts(w->r, &o));
@@ -403,31 +420,20 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     return RF_OK;
 }
 
-/* G = 1, weights from the training worker with every version (not colocated, no LoRA), at bf16
- * precision on the CPU: the policy's shape alone, its matrices kept in bf16 (rf_model_keep_bf16:
- * no fp32 copy of weights this process never updates; the checkpoint is not read, every float
- * arrives with the first version). */
+/* G = 1 where keeps_bf16: the policy's shape alone, its matrices kept in bf16 (the checkpoint is
+ * not read: every float arrives with the first version). */
 static rf_status whole_open_kept(worker *w, const rf_kernels *k) {
     rf_model_config cfg;
-    int kept = 0;
     RF_TRY(policy_config(w, &cfg));
     RF_TRY(rf_model_init(&w->m, &cfg, k));
-    RF_TRY(rf_model_keep_bf16(w->m, &kept));
-    RF_ASSERT(kept); /* rf_model_can_keep_bf16(k) was checked */
-    size_t mat = 0; /* floats held as bf16: the matrices after the embedding table */
-    for (int i = 0; i < w->m->n_views; i++)
-        if (w->m->views[i].ndim == 2 && w->m->views[i].offset >= w->m->bf16_lo) mat += w->m->views[i].numel;
-    rf_log_info("rollout worker %d: weights kept in bf16 (%.1f MB of matrices; the embedding table, norms and biases "
-                "fp32, %.1f MB): no fp32 copy of the matrices", w->rank, (double)mat * 2 / (1 << 20),
-                (double)(w->m->n_params - mat) * 4 / (1 << 20));
-    return RF_OK;
+    return keep_bf16(w);
 }
 
 /* G = 1: the whole policy (read from the model directory, with the recipe's LoRA adapters, or
  * colocated with identical layouts the training rank's own buffer, under LoRA its adapters
  * bound in place; whole_open_kept where it applies). */
 static rf_status whole_open(worker *w, const rf_kernels *k) {
-    if (!w->ho && !w->r->lora.enabled && rf_model_can_keep_bf16(k)) return whole_open_kept(w, k);
+    if (keeps_bf16(w, k)) return whole_open_kept(w, k);
     float *params;
     RF_TRY(borrowed_params(w, &params));
     if (!params) { /* under LoRA the frozen base once, the adapters arriving with each version */
@@ -476,8 +482,7 @@ static rf_status peer_command(void *ctx, int cmd, int64_t arg) {
         return weights_upload(&p->in, p->w);
     }
     RF_TRY(group_present(p->w));
-    RF_TRY(rf_weights_rs_receive(p->in.rs, weights_dst(&p->in, p->w), p->w->gcomm, &version, &crc));
-    return weights_upload(&p->in, p->w);
+    return rs_receive(&p->in, p->w, p->w->gcomm, &version, &crc);
 }
 
 /* A peer's whole life: its shard, its part of the weights transfers, rank 0's commands. */
