@@ -10,9 +10,10 @@
  * into its model, checksumming in the same pass (one copy at memory speed), then answers "done";
  * a receiver that cannot map it answers "send" and gets them as messages of 16 MB (in order: one
  * tag between two ranks). Without an offer (no shareable memory, or
- * rf_weights_tx_set_in_place(tx, 0)) the parameters follow the header at once. The receiver probes for a header between decode steps (interruptible generation)
- * and, when one is there, takes the transfer whole at once (bounded waits), checking the count
- * and the checksum. A receiving model kept in bf16 (rf_model_keep_bf16: a rollout worker at bf16
+ * rf_weights_tx_set_in_place(tx, 0)) the parameters follow the header at once. The receiver
+ * probes for a header between decode steps (interruptible generation) and, when one is there,
+ * takes the transfer whole at once (bounded waits), checking the count and the checksum. A
+ * receiving model kept in bf16 (rf_model_keep_bf16: a rollout worker at bf16
  * precision on the CPU) gets the fp32 floats rounded into its bf16 store (rf_model_write_params):
  * from the mapped stage a chunk at a time, checksummed first; from the messages one at a time
  * through two 16 MB buffers: no fp32 copy of the weights either way.
