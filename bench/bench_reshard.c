@@ -14,7 +14,11 @@
  * The weights_sync lines (identical layouts, the split run's path) also run with LoRA adapters
  * on the same model (rank 8 on q, v and rank 16 on every projection): only the adapters travel
  * ("lora_rank", "targets"), against the full weights' transfer measured just before
- * ("full_seconds", "speedup") and the receiver's memcpy of the adapters' bytes.
+ * ("full_seconds", "speedup") and the receiver's memcpy of the adapters' bytes. The
+ * weights_sync_bf16_kept lines receive the full weights into a model kept in bf16
+ * (rf_model_keep_bf16, a split run's rollout worker at bf16 precision on the CPU: checksum and
+ * rounding into the bf16 store, no fp32 copy) against the fp32 receive measured just before
+ * ("fp32_seconds").
  *
  * Usage: bench_reshard [--np N] [--bucket BYTES] [--quick]. Not started by mpirun, it starts
  * itself under `mpirun -np N --oversubscribe` (N = 2 by default). */
@@ -173,7 +177,7 @@ static void raw_transfer(rf_comm *c, size_t bytes) {
  * place, checksum, into the model), read in place and through messages, against the
  * receiver's memcpy of as much. With adapters on m (LoRA) only they travel: `full` holds the
  * full weights' seconds (in place, messages) to compare with; without, it receives them. */
-static void weights_sync(rf_comm *c, rf_model *m, double full[2]) {
+static void weights_sync(rf_comm *c, rf_model *m, rf_model *rm, double full[2]) {
     int rank = rf_comm_rank(c), last = rf_comm_size(c) - 1;
     if (last == 0) return;
     size_t bytes = (m->n_params - m->n_frozen) * sizeof(float);
@@ -186,7 +190,7 @@ static void weights_sync(rf_comm *c, rf_model *m, double full[2]) {
             DIE(rf_weights_tx_init(&tx, m));
             rf_weights_tx_set_in_place(tx, in_place);
         }
-        if (rank == last) DIE(rf_weights_rx_init(&rx, c, m, 0));
+        if (rank == last) DIE(rf_weights_rx_init(&rx, c, rm, 0));
         double best = 1e30;
         for (int r = 0; r < g_reps + 1; r++) {
             uint32_t crc = 0;
@@ -200,14 +204,20 @@ static void weights_sync(rf_comm *c, rf_model *m, double full[2]) {
             double s = 0; /* the receiver's stall: the poll that takes the transfer */
             while (rank == last && !arrived) {
                 double t = rf_time_now();
-                DIE(rf_weights_rx_poll(rx, m, &arrived, &v, &crc));
+                DIE(rf_weights_rx_poll(rx, rm, &arrived, &v, &crc));
                 s = rf_time_now() - t;
             }
             DIE(rf_comm_barrier(c, 60, "weights sync"));
             s = max_over_ranks(c, s);
             if (r > 0 && s < best) best = s;
         }
-        if (rank == 0 && !m->lora.rank)
+        if (rank == 0 && rm != m)
+            printf("{\"bench\":\"weights_sync_bf16_kept\",\"ranks\":2,\"in_place\":%d,\"bytes\":%zu,\"seconds\":%.4f,"
+                   "\"fp32_seconds\":%.4f,\"ratio_to_fp32\":%.2f,\"gb_per_s\":%.2f,\"memcpy_gb_per_s\":%.2f,"
+                   "\"fraction_of_memcpy\":%.3f}\n",
+                   in_place, bytes, best, full[1 - in_place], best / full[1 - in_place], bytes / best / 1e9,
+                   bytes / base / 1e9, base / best);
+        else if (rank == 0 && !m->lora.rank)
             printf("{\"bench\":\"weights_sync\",\"ranks\":2,\"in_place\":%d,\"bytes\":%zu,\"seconds\":%.4f,\"gb_per_s\":%.2f,"
                    "\"memcpy_gb_per_s\":%.2f,\"fraction_of_memcpy\":%.3f}\n",
                    in_place, bytes, best, bytes / best / 1e9, bytes / base / 1e9, base / best);
@@ -218,7 +228,7 @@ static void weights_sync(rf_comm *c, rf_model *m, double full[2]) {
                    in_place, m->lora.rank, m->lora.targets == ((1u << RF_LORA_N) - 1) ? "all" : "q,v", bytes,
                    m->n_params * sizeof(float), best, full[1 - in_place], full[1 - in_place] / best, bytes / best / 1e9,
                    bytes / base / 1e9, base / best);
-        if (!m->lora.rank) full[1 - in_place] = best;
+        if (!m->lora.rank && rm == m) full[1 - in_place] = best;
         rf_weights_tx_free(tx);
         rf_weights_rx_free(rx);
     }
@@ -231,8 +241,20 @@ static void weights_sync_lora(rf_comm *c, const rf_model_config *cfg, int r, uns
     memset(m->params, 0, sizeof(float) * m->n_params); /* the same frozen base on both ranks */
     rf_lora_opts o = {r, 2.0f * (float)r, 0.0f, targets, RF_LORA_INIT_GAUSSIAN, 1};
     DIE(rf_model_lora_attach(m, &o));
-    weights_sync(c, m, full);
+    weights_sync(c, m, m, full);
     rf_model_free(m);
+}
+
+/* weights_sync of m into a model of the same config kept in bf16 on the receiving rank. */
+static void weights_sync_kept(rf_comm *c, rf_model *m, double full[2]) {
+    rf_model *k = NULL;
+    int kept = 0;
+    DIE(rf_cpu_kernels()->set_precision(RF_PRECISION_BF16));
+    DIE(rf_model_init(&k, &m->cfg, rf_cpu_kernels()));
+    DIE(rf_model_keep_bf16(k, &kept));
+    if (kept) weights_sync(c, m, k, full);
+    rf_model_free(k);
+    DIE(rf_cpu_kernels()->set_precision(RF_PRECISION_FP32));
 }
 
 /* The checksum's speed on rank 0 alone (256 MB): rf_crc32c_extend (the crc32 instruction on
@@ -297,7 +319,8 @@ static int run(int argc, char **argv) {
     checksum_speed(c);
     raw_transfer(c, m->n_params * sizeof(float));
     double full[2] = {0, 0};
-    weights_sync(c, m, full);
+    weights_sync(c, m, m, full);
+    weights_sync_kept(c, m, full);
     weights_sync_lora(c, &cfg, 8, 1u << RF_LORA_Q | 1u << RF_LORA_V, full);
     weights_sync_lora(c, &cfg, 16, (1u << RF_LORA_N) - 1, full);
     int *rev = malloc(sizeof(int) * (size_t)n);

@@ -9,6 +9,7 @@
 
 #include "common/shm.h"
 #include "common/util.h"
+#include "model/dtype.h"
 #include "model/model_internal.h"
 
 /* Appends a view; returns its offset. */
@@ -143,7 +144,7 @@ void rf_model_free(rf_model *m) {
     if (!m) return;
     const rf_kernels *k = m->k;
     if (k) {
-        if (m->wbf16) k->bind_bf16(m->params, NULL, 0); /* before the addresses can be reused */
+        if (m->wbf16) k->bind_bf16(m->params + m->bf16_lo, NULL, 0); /* before the addresses can be reused */
         k->free(m->wbf16);
         if (m->params_shared == 1) rf_shm_free(m->params);
         else if (!m->params_shared) k->free(m->params);
@@ -212,7 +213,7 @@ void rf__model_rebase(rf_model *m, const float *old, float *now) {
 
 rf_status rf_model_share_params(rf_model *m) {
     if (m->params_shared) return RF_OK;
-    if (m->wbf16) return rf__model_frozen_refuse("sharing parameters between processes");
+    if (m->wbf16) return rf__model_frozen_refuse(m, "sharing parameters between processes");
     if (strcmp(m->k->name, "cpu") != 0)
         return rf_error(RF_ERR_UNSUPPORTED, "sharing parameters between processes: the %s back end's memory is not host memory", m->k->name);
     float *now = NULL, *old = m->params;
@@ -225,9 +226,61 @@ rf_status rf_model_share_params(rf_model *m) {
     return RF_OK;
 }
 
+int rf_model_can_keep_bf16(const rf_kernels *k) {
+    return k->bind_bf16 && strcmp(k->name, "cpu") == 0 && k->get_precision() == RF_PRECISION_BF16;
+}
+
+rf_status rf_model_keep_bf16(rf_model *m, int *kept) {
+    *kept = 0;
+    if (!rf_model_can_keep_bf16(m->k) || m->wbf16 || m->params_shared || m->n_frozen || m->lora.rank ||
+        m->cfg.value_head)
+        return RF_OK;
+    const rf_param_view *wte = rf_model_find(m, "model.embed_tokens.weight");
+    RF_ASSERT(wte && wte->offset == 0); /* the table is laid out first (model_init) */
+    m->wbf16 = m->k->alloc(m->n_params * sizeof(uint16_t)); /* [0, bf16_lo) never touched */
+    if (!m->wbf16) return rf_error(RF_ERR_NOMEM, "out of memory for %zu bf16 weights", m->n_params);
+    m->bf16_lo = wte->numel, m->bf16_store = 1;
+    rf_status st = m->k->bind_bf16(m->params + m->bf16_lo, m->wbf16 + m->bf16_lo, m->n_params - m->bf16_lo);
+    if (st != RF_OK) {
+        m->k->free(m->wbf16);
+        m->wbf16 = NULL, m->bf16_lo = 0, m->bf16_store = 0;
+        return st;
+    }
+    *kept = 1;
+    return RF_OK;
+}
+
+/* src (n floats) rounded to bf16 into dst: OpenMP over blocks where it pays. */
+static void round_bf16(uint16_t *dst, const float *src, size_t n) {
+    const size_t blk = (size_t)1 << 16;
+    size_t nb = (n + blk - 1) / blk;
+#pragma omp parallel for schedule(static) if (nb > 1)
+    for (size_t b = 0; b < nb; b++) {
+        size_t e = (b + 1) * blk < n ? (b + 1) * blk : n;
+        for (size_t i = b * blk; i < e; i++) dst[i] = rf_f32_to_bf16(src[i]);
+    }
+}
+
+rf_status rf_model_write_params(rf_model *m, size_t off, const float *src, size_t n) {
+    RF_ASSERT(off + n <= m->n_params);
+    if (m->wbf16 && !m->bf16_store) return rf__model_frozen_refuse(m, "writing parameters");
+    if (!m->wbf16) {
+        m->k->to_device(m->params + off, src, n * sizeof(float));
+        return RF_OK;
+    }
+    size_t end = off + n;
+    for (int i = 0; i < m->n_views; i++) { /* the views cover [0, n_params) in order */
+        const rf_param_view *v = &m->views[i];
+        size_t a = v->offset > off ? v->offset : off, b = v->offset + v->numel < end ? v->offset + v->numel : end;
+        if (a >= b) continue;
+        if (v->ndim == 2 && a >= m->bf16_lo) round_bf16(m->wbf16 + a, src + (a - off), b - a);
+        else memcpy(m->params + a, src + (a - off), (b - a) * sizeof(float));
+    }
+    return RF_OK;
+}
 
 rf_status rf_model_enable_training(rf_model *m) {
-    if (m->wbf16) return rf__model_frozen_refuse("training");
+    if (m->wbf16) return rf__model_frozen_refuse(m, "training");
     size_t bytes = (m->n_params - m->n_frozen) * sizeof(float);
     if (!m->grads) m->grads = m->k->alloc(bytes);
     if (!m->opt_m) m->opt_m = m->k->alloc(bytes);

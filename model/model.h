@@ -155,7 +155,13 @@ typedef struct rf_model {
                                  bf16 at the offsets of params, bound to them on the back end
                                  (kernels.h bind_bf16): their floats in params hold nothing
                                  (never touched pages), the 1-D tensors (norms, biases) are in
-                                 params only. NULL for every other model. */
+                                 params only. Also a rollout store's (rf_model_keep_bf16):
+                                 then only [bf16_lo, n_params) is bound. NULL for every other
+                                 model. */
+    size_t bf16_lo;           /* wbf16: the first float of the bound range (0 frozen; a rollout
+                                 store: the end of the embedding table, which stays fp32) */
+    int bf16_store;           /* 1: wbf16 is a rollout store, written by rf_model_write_params;
+                                 0: frozen (never written) */
 } rf_model;
 
 /* Allocates a model for `cfg` on back end `k` with parameters zeroed. Caller frees with
@@ -202,6 +208,32 @@ rf_status rf_model_load(rf_model **out, const char *dir, const rf_kernels *k, in
  * parameters in (rf_model_load_params) and sharing them (rf_model_share_params); saving widens
  * the bf16 values (exact). Adapters (model/lora.h) must not be attached to it. */
 rf_status rf_model_load_frozen(rf_model **out, const char *dir, const rf_kernels *k, int value_head);
+
+/* 1 when rf_model_keep_bf16 would keep a model on back end k in bf16: k is the CPU's, can bind
+ * bf16 weights (kernels.h bind_bf16) and its precision is bf16 now. */
+int rf_model_can_keep_bf16(const rf_kernels *k);
+
+/* For a model that only generates and whose weights arrive from elsewhere with each version (a
+ * split run's rollout worker, rollout/worker.c), made by rf_model_init with nothing written to
+ * its parameters yet: where rf_model_can_keep_bf16(m->k), keeps every matrix after the
+ * embedding table as bf16 only (m->wbf16, bound to the parameters' addresses from m->bf16_lo
+ * on): the products read them as their bf16 operands, which are the bits the back end's
+ * per-version copy of fp32 weights would hold (the same rounding), so results are bit for bit
+ * those of an fp32 model given the same weights. The embedding table stays fp32 (its lookup
+ * reads the values unrounded; a tied LM head gets the back end's bf16 copy as before), and so
+ * do the 1-D tensors (norms, biases). The fp32 floats under the matrices are never touched
+ * again (untouched pages of a fresh mapping cost no memory). Weights are then written with
+ * rf_model_write_params only. *kept = 1 when done; 0, and nothing changes, where the back end
+ * or precision does not allow it or m has adapters, a value head, or parameters borrowed or
+ * shared. The model refuses training and sharing as a frozen one does. RF_ERR_NOMEM. */
+rf_status rf_model_keep_bf16(rf_model *m, int *kept);
+
+/* Writes n floats src (host memory) as m's parameters [off, off + n): copied to the back end,
+ * or for a model kept in bf16 (rf_model_keep_bf16) the matrices' floats rounded to bf16 (round
+ * to nearest even, model/dtype.h) into its store and the others copied. The caller tells the
+ * back end afterwards (weights_updated). Multi-threaded (OpenMP) over large ranges. A frozen
+ * model (rf_model_load_frozen) refuses: RF_ERR_UNSUPPORTED. */
+rf_status rf_model_write_params(rf_model *m, size_t off, const float *src, size_t n);
 
 /* Reads the parameters of an existing model from a safetensors directory (same config);
  * with `prefix`/`suffix` the tensor names are prefix + view name + suffix and the values go to

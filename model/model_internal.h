@@ -16,9 +16,10 @@ void rf__host_staging_done(const rf_kernels *k, float *dst, size_t n, float *hos
  * offsets); m->params itself is the caller's to set. */
 void rf__model_rebase(rf_model *m, const float *old, float *now);
 
-/* RF_ERR_UNSUPPORTED for operation `what` on a frozen bf16 model (m->wbf16 set): its weights
- * never change and have no fp32 copy. */
-rf_status rf__model_frozen_refuse(const char *what);
+/* RF_ERR_UNSUPPORTED for operation `what` on a model with bf16-resident weights (m->wbf16
+ * set): a frozen one (its weights never change) or one kept in bf16 for generation
+ * (m->bf16_store); neither has an fp32 copy of its matrices. */
+rf_status rf__model_frozen_refuse(const rf_model *m, const char *what);
 
 /* Grows activation buffers to hold T tokens. */
 rf_status rf__model_reserve(rf_model *m, int T);

@@ -134,14 +134,18 @@ rf_status rf_model_load_frozen(rf_model **out, const char *dir, const rf_kernels
     return model_load(out, dir, k, value_head, 1);
 }
 
-/* The error of an operation a frozen bf16 model cannot do (what: the operation). */
-rf_status rf__model_frozen_refuse(const char *what) {
+/* The error of an operation a model with bf16-resident weights cannot do (what: the
+ * operation): a frozen one, or one kept in bf16 for generation. */
+rf_status rf__model_frozen_refuse(const rf_model *m, const char *what) {
+    if (m->bf16_store)
+        return rf_error(RF_ERR_UNSUPPORTED, "%s: the model keeps its matrices in bf16 only, for generation "
+                        "(rf_model_keep_bf16: a rollout worker's weights, written with each version)", what);
     return rf_error(RF_ERR_UNSUPPORTED, "%s: the model was loaded frozen with its weights in bf16 "
                     "(rf_model_load_frozen), which never change", what);
 }
 
 rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const char *suffix) {
-    if (m->wbf16) return rf__model_frozen_refuse(dir);
+    if (m->wbf16) return rf__model_frozen_refuse(m, dir);
     rf_safetensors *st = NULL;
     RF_TRY(rf_st_open_dir(&st, dir));
     /* the trained floats [lo, n_params): all, or the adapters after the frozen base (LoRA);
@@ -190,7 +194,7 @@ typedef struct buffer_src {
 static rf_status fill_from_buffer(void *ctx, int i, float *dst) {
     const buffer_src *b = ctx;
     const rf_param_view *v = &b->m->views[i];
-    if (b->m->wbf16 && v->ndim == 2) /* a frozen bf16 model's matrix (host memory): widened */
+    if (b->m->wbf16 && v->ndim == 2 && v->offset >= b->m->bf16_lo) /* a bf16-kept matrix (host memory): widened */
         rf_dtype_to_f32(dst, b->m->wbf16 + v->offset, RF_DTYPE_BF16, v->numel);
     else
         b->m->k->to_host(dst, b->src + v->offset, v->numel * sizeof(float));

@@ -26,10 +26,20 @@ typedef struct header {
 
 #define MAX_DST 1024
 
+/* Bytes per message of the parameters: they travel as consecutive messages of this size (the
+ * last one shorter; MPI keeps messages of one tag between two ranks in order), so a receiver
+ * kept in bf16 takes them a piece at a time into two small buffers instead of a whole fp32 copy. */
+#define DATA_CHUNK ((size_t)16 << 20)
+
+/* The number of data messages for `bytes` (at least 1). */
+static size_t n_chunks(size_t bytes) { return bytes ? (bytes + DATA_CHUNK - 1) / DATA_CHUNK : 1; }
+
 /* One destination of a transfer. */
 typedef struct dest {
     int rank;
-    rf_comm_req *hdr, *reply, *data; /* in flight; NULL when done or not needed */
+    rf_comm_req *hdr, *reply;        /* in flight; NULL when done or not needed */
+    rf_comm_req **data;              /* (n_data) the parameters' messages in flight, NULL when done */
+    size_t n_data;
     int32_t answer;                  /* the receiver's reply (offers only) */
 } dest;
 
@@ -93,8 +103,10 @@ void rf_weights_tx_set_in_place(rf_weights_tx *tx, int on) { tx->in_place = on; 
 int rf_weights_tx_in_place(const rf_weights_tx *tx) { return tx->n_in_place; }
 
 static void dest_free(dest *d) {
-    rf_comm_req_free(d->hdr), rf_comm_req_free(d->reply), rf_comm_req_free(d->data);
-    d->hdr = d->reply = d->data = NULL;
+    rf_comm_req_free(d->hdr), rf_comm_req_free(d->reply);
+    for (size_t i = 0; i < d->n_data; i++) rf_comm_req_free(d->data[i]);
+    free(d->data);
+    d->hdr = d->reply = NULL, d->data = NULL, d->n_data = 0;
 }
 
 void rf_weights_tx_free(rf_weights_tx *tx) {
@@ -112,8 +124,16 @@ static int test_req(rf_comm_req **r) {
     return t;
 }
 
+/* Starts the parameters' messages to d (DATA_CHUNK bytes each). */
 static rf_status send_data(rf_weights_tx *tx, dest *d) {
-    rf_status st = rf_comm_isend(tx->c, tx->stage, tx->n_floats * sizeof(float), d->rank, DATA_TAG, &d->data);
+    size_t bytes = tx->n_floats * sizeof(float), n = n_chunks(bytes);
+    if (!(d->data = calloc(n, sizeof *d->data))) return rf_error(RF_ERR_NOMEM, "out of memory");
+    d->n_data = n;
+    rf_status st = RF_OK;
+    for (size_t i = 0; st == RF_OK && i < n; i++) {
+        size_t a = i * DATA_CHUNK, len = bytes - a < DATA_CHUNK ? bytes - a : DATA_CHUNK;
+        st = rf_comm_isend(tx->c, (const char *)tx->stage + a, len, d->rank, DATA_TAG, &d->data[i]);
+    }
     return st == RF_OK ? RF_OK : rf_error_wrap(st, "sending weights version %lld to rank %d", (long long)tx->h.version, d->rank);
 }
 
@@ -132,9 +152,13 @@ static int dest_test(rf_weights_tx *tx, dest *d) {
     int a = test_req(&d->hdr), had_reply = d->reply != NULL, b = test_req(&d->reply);
     if (a < 0 || b < 0) return -1;
     if (had_reply && b > 0 && on_answer(tx, d) != RF_OK) return -1;
-    int c = test_req(&d->data);
-    if (c < 0) return -1;
-    return a && b && c && !d->hdr && !d->reply && !d->data;
+    int c = 1;
+    for (size_t i = 0; i < d->n_data; i++) {
+        int t = test_req(&d->data[i]);
+        if (t < 0) return -1;
+        c &= t > 0;
+    }
+    return a && b && c && !d->hdr && !d->reply;
 }
 
 /* Once, after the first transfer: how the weights travel. */
@@ -176,7 +200,8 @@ rf_status rf_weights_tx_wait(rf_weights_tx *tx, double timeout_s) {
             RF_TRY(on_answer(tx, d));
         }
         snprintf(what, sizeof what, "sending weights version %lld to rank %d", (long long)tx->h.version, d->rank);
-        RF_TRY(wait_req(&d->data, timeout_s, what));
+        for (size_t k = 0; k < d->n_data; k++) RF_TRY(wait_req(&d->data[k], timeout_s, what));
+        dest_free(d); /* everything done: the messages' table */
     }
     tell_path(tx);
     tx->n = 0;
@@ -203,6 +228,7 @@ rf_status rf_weights_tx_start(rf_weights_tx *tx, rf_comm *c, const rf_model *m, 
     if (damage && *damage == '1') tx->h.checksum ^= 1u;
     for (int i = 0; i < n; i++) {
         dest *d = &tx->d[i];
+        dest_free(d);
         *d = (dest){.rank = dst[i]};
         tx->n = i + 1;
         rf_status st = rf_comm_isend(c, &tx->h, sizeof tx->h, dst[i], RF_WEIGHTS_TAG, &d->hdr);
@@ -263,16 +289,79 @@ static int rx_map(rf_weights_rx *rx, const rf_shm_ref *ref) {
     return 0;
 }
 
-/* The parameters into m: read in place from the sender's stage (copy and checksum in one pass),
- * or received whole into rx->buf. *crc: what arrived. */
+/* Floats of the sender's stage read in place per pass into a model kept in bf16: 1 MB, so the
+ * conversion reads what the checksum just brought into the cache. */
+#define KEPT_CHUNK ((size_t)1 << 18)
+
+/* n floats `from` (the sender's mapped stage) into a model kept in bf16 (rf_model_keep_bf16) at
+ * float `first`: checksummed and written (rounded) a chunk at a time, no fp32 copy. *crc: their
+ * CRC-32C. */
+static rf_status take_kept(rf_model *m, size_t first, const float *from, size_t n, uint32_t *crc) {
+    uint32_t c = 0;
+    for (size_t a = 0; a < n; a += KEPT_CHUNK) {
+        size_t k = n - a < KEPT_CHUNK ? n - a : KEPT_CHUNK;
+        c = rf_crc32c_extend(c, from + a, k * sizeof(float));
+        RF_TRY(rf_model_write_params(m, first + a, from + a, k));
+    }
+    *crc = c;
+    return RF_OK;
+}
+
+/* The parameters' messages (DATA_CHUNK bytes each) received whole into rx->buf (made on first
+ * use, kept), then checked and written into m. */
+static rf_status recv_whole(rf_weights_rx *rx, rf_model *m, const header *h, const char *what, uint32_t *crc) {
+    size_t bytes = h->n_floats * sizeof(float);
+    if (!rx->buf && !(rx->buf = malloc(bytes + 1))) return rf_error(RF_ERR_NOMEM, "weights: out of memory");
+    for (size_t i = 0, n = n_chunks(bytes); i < n; i++) {
+        size_t a = i * DATA_CHUNK;
+        RF_TRY(rx_recv(rx, (char *)rx->buf + a, bytes - a < DATA_CHUNK ? bytes - a : DATA_CHUNK, DATA_TAG, what));
+    }
+    *crc = rf_crc32c(rx->buf, bytes);
+    return *crc == h->checksum ? rf_model_write_params(m, rx->first, rx->buf, h->n_floats) : RF_OK;
+}
+
+/* The parameters' messages into a model kept in bf16, one at a time through two buffers of
+ * DATA_CHUNK bytes (the next message is received while this one is checksummed and rounded into
+ * the store): no fp32 copy of the weights. */
+static rf_status recv_kept(rf_weights_rx *rx, rf_model *m, const header *h, const char *what, uint32_t *crc) {
+    size_t bytes = h->n_floats * sizeof(float), n = n_chunks(bytes);
+    float *buf[2] = {malloc(DATA_CHUNK), malloc(DATA_CHUNK)};
+    rf_comm_req *req[2] = {NULL, NULL};
+    uint32_t c = 0;
+    rf_status st = buf[0] && buf[1] ? RF_OK : rf_error(RF_ERR_NOMEM, "weights: out of memory");
+    if (st == RF_OK) st = rf_comm_irecv(rx->c, buf[0], bytes < DATA_CHUNK ? bytes : DATA_CHUNK, rx->src, DATA_TAG, &req[0]);
+    for (size_t i = 0; st == RF_OK && i < n; i++) {
+        size_t a = i * DATA_CHUNK, len = bytes - a < DATA_CHUNK ? bytes - a : DATA_CHUNK, next = a + DATA_CHUNK;
+        st = rf_comm_wait(req[i & 1], rx->timeout_s, what);
+        rf_comm_req_free(req[i & 1]), req[i & 1] = NULL;
+        if (st == RF_OK && i + 1 < n)
+            st = rf_comm_irecv(rx->c, buf[(i + 1) & 1], bytes - next < DATA_CHUNK ? bytes - next : DATA_CHUNK, rx->src,
+                               DATA_TAG, &req[(i + 1) & 1]);
+        c = rf_crc32c_extend(c, buf[i & 1], len);
+        if (st == RF_OK) st = rf_model_write_params(m, rx->first + a / sizeof(float), buf[i & 1], len / sizeof(float));
+    }
+    rf_comm_req_free(req[0]), rf_comm_req_free(req[1]);
+    free(buf[0]), free(buf[1]);
+    *crc = c;
+    return st;
+}
+
+/* The parameters into m: read in place from the sender's stage (copy and checksum in one pass;
+ * into a model kept in bf16, rounded into its store chunk by chunk), or received as messages
+ * (recv_whole; recv_kept for a model kept in bf16, which holds no fp32 weights). *crc: what
+ * arrived. */
 static rf_status rx_take(rf_weights_rx *rx, rf_model *m, const header *h, uint32_t *crc) {
     size_t bytes = h->n_floats * sizeof(float);
     float *to = m->params + rx->first; /* under LoRA the adapters: the base stays */
-    int cpu = strcmp(m->k->name, "cpu") == 0;
+    int cpu = strcmp(m->k->name, "cpu") == 0, kept = m->wbf16 != NULL;
     char what[128];
     snprintf(what, sizeof what, "receiving weights version %lld from rank %d", (long long)h->version, rx->src);
     if (h->offer && rx->in_place && rx_map(rx, &h->stage)) {
         const float *from = (const float *)((const char *)rx->map.base + h->stage.offset);
+        if (kept) {
+            RF_TRY(take_kept(m, rx->first, from, h->n_floats, crc));
+            return rx_reply(rx, READ_DONE, what);
+        }
         if (!cpu && !rx->buf && !(rx->buf = malloc(bytes + 1))) return rf_error(RF_ERR_NOMEM, "weights: out of memory");
         *crc = rf_crc32c_copy(0, cpu ? to : rx->buf, from, bytes);
         RF_TRY(rx_reply(rx, READ_DONE, what));
@@ -280,11 +369,7 @@ static rf_status rx_take(rf_weights_rx *rx, rf_model *m, const header *h, uint32
         return RF_OK;
     }
     if (h->offer) RF_TRY(rx_reply(rx, SEND_DATA, what));
-    if (!rx->buf && !(rx->buf = malloc(bytes + 1))) return rf_error(RF_ERR_NOMEM, "weights: out of memory");
-    RF_TRY(rx_recv(rx, rx->buf, bytes, DATA_TAG, what));
-    *crc = rf_crc32c(rx->buf, bytes);
-    if (*crc == h->checksum) m->k->to_device(to, rx->buf, bytes);
-    return RF_OK;
+    return kept ? recv_kept(rx, m, h, what, crc) : recv_whole(rx, m, h, what, crc);
 }
 
 rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64_t *version,

@@ -8,11 +8,15 @@
  * parameters, element count). The stage is shareable memory (common/shm.h): the header offers
  * it, and a receiver on the same host maps it once and copies the parameters straight from it
  * into its model, checksumming in the same pass (one copy at memory speed), then answers "done";
- * a receiver that cannot map it answers "send" and gets them as one message. Without an offer
- * (no shareable memory, or rf_weights_tx_set_in_place(tx, 0)) the parameters follow the header
- * at once. The receiver probes for a header between decode steps (interruptible generation)
- * and, when one is there, takes the transfer whole at once (bounded waits), checking the count
- * and the checksum.
+ * a receiver that cannot map it answers "send" and gets them as messages of 16 MB (in order: one
+ * tag between two ranks). Without an offer (no shareable memory, or
+ * rf_weights_tx_set_in_place(tx, 0)) the parameters follow the header at once. The receiver
+ * probes for a header between decode steps (interruptible generation) and, when one is there,
+ * takes the transfer whole at once (bounded waits), checking the count and the checksum. A
+ * receiving model kept in bf16 (rf_model_keep_bf16: a rollout worker at bf16
+ * precision on the CPU) gets the fp32 floats rounded into its bf16 store (rf_model_write_params):
+ * from the mapped stage a chunk at a time, checksummed first; from the messages one at a time
+ * through two 16 MB buffers: no fp32 copy of the weights either way.
  *
  * LoRA (model/lora.h): with adapters attached on both sides only the trained floats travel,
  * m->params[n_frozen, n_params) (the adapters): each side holds the frozen base once, loaded at
@@ -68,7 +72,7 @@ void rf_weights_rx_set_timeout(rf_weights_rx *rx, double timeout_s);
 void rf_weights_rx_free(rf_weights_rx *rx);
 
 /* When a transfer is waiting: receives it, checks it (magic, count, CRC-32C), copies it into
- * m's parameters and sets *arrived = 1, *version and *checksum. *arrived = 0: none yet. Errors (RF_ERR_FORMAT for a transfer that does not check out, naming the
+ * m's parameters (rf_model_write_params: for a model kept in bf16, rounded into its store) and sets *arrived = 1, *version and *checksum. *arrived = 0: none yet. Errors (RF_ERR_FORMAT for a transfer that does not check out, naming the
  * version and both checksums; RF_ERR_IO from MPI). */
 rf_status rf_weights_rx_poll(rf_weights_rx *rx, rf_model *m, int *arrived, int64_t *version,
                              uint32_t *checksum);

@@ -134,11 +134,17 @@ typedef struct weights_in {
 
 static float *weights_dst(const weights_in *in, const worker *w);
 
-/* A model on a device receives host weights into in->stage first (uploaded on arrival). */
-static rf_status stage_open(weights_in *in, const worker *w) {
-    if (w->m->k != rf_cpu_kernels() && !(in->stage = malloc(sizeof(float) * (w->m->n_params ? w->m->n_params : 1))))
+/* The host buffer resharded weights land in before they reach the model (in->stage). */
+static rf_status stage_alloc(weights_in *in, const worker *w) {
+    if (!(in->stage = malloc(sizeof(float) * (w->m->n_params ? w->m->n_params : 1))))
         return rf_error(RF_ERR_NOMEM, "out of memory for %zu floats of weights", w->m->n_params);
     return RF_OK;
+}
+
+/* A model on a device receives host weights into in->stage first (uploaded on arrival); a
+ * model kept in bf16 (rf_model_keep_bf16) gets a stage for each version only (rs_receive). */
+static rf_status stage_open(weights_in *in, const worker *w) {
+    return w->m->k != rf_cpu_kernels() && !w->m->wbf16 ? stage_alloc(in, w) : RF_OK;
 }
 
 /* Colocated: nothing to receive; with other layouts the training rank reshards into this
@@ -185,13 +191,27 @@ static float *weights_dst(const weights_in *in, const worker *w) {
     return (in->stage ? in->stage : w->m->params) + w->m->n_frozen;
 }
 
-/* After weights landed in the staging buffer: into the device model. */
-/* A new version is in the parameters (or in the stage, uploaded here): the back end's converted
- * weight copies (bf16) are stale from now on. */
-static void weights_upload(const weights_in *in, const worker *w) {
+/* A new version is in the parameters (or in the stage, written into the model here: uploaded
+ * to the device, or rounded into a bf16-kept model's store): the back end's converted weight
+ * copies (bf16) are stale from now on. */
+static rf_status weights_upload(const weights_in *in, const worker *w) {
     size_t f = w->m->n_frozen; /* LoRA: the adapters alone changed */
-    if (in->stage) w->m->k->to_device(w->m->params + f, in->stage + f, sizeof(float) * (w->m->n_params - f));
+    if (in->stage) RF_TRY(rf_model_write_params(w->m, f, in->stage + f, w->m->n_params - f));
     w->m->k->weights_updated();
+    return RF_OK;
+}
+
+/* A resharded version into the model (this rank's shard with G > 1; gcomm: the group's, NULL
+ * with G = 1), once it was announced: into the model's buffer, or its stage, written into the
+ * model after. A model kept in bf16 gets a stage made for this version and freed once written,
+ * so no fp32 copy stays between versions. */
+static rf_status rs_receive(weights_in *in, const worker *w, rf_comm *gcomm, int64_t *version, uint32_t *crc) {
+    int fresh = w->m->wbf16 && !in->stage;
+    if (fresh) RF_TRY(stage_alloc(in, w));
+    rf_status st = rf_weights_rs_receive(in->rs, weights_dst(in, w), gcomm, version, crc);
+    if (st == RF_OK) st = weights_upload(in, w);
+    if (fresh) free(in->stage), in->stage = NULL;
+    return st;
 }
 
 /* G > 1, every rank of the group before a transfer: a rank that is gone is named here. Inside
@@ -215,7 +235,7 @@ static rf_status handover_poll(weights_in *in, const worker *w, int *arrived, in
         RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, v));
         RF_TRY(group_present(w));
     }
-    weights_upload(in, w);
+    RF_TRY(weights_upload(in, w));
     *version = v, *arrived = 1;
     return RF_OK;
 }
@@ -223,20 +243,15 @@ static rf_status handover_poll(weights_in *in, const worker *w, int *arrived, in
 static rf_status weights_poll(weights_in *in, const worker *w, int *arrived, int64_t *version, uint32_t *crc) {
     if (w->ho) return handover_poll(in, w, arrived, version, crc);
     if (in->rx) return rf_weights_rx_poll(in->rx, w->m, arrived, version, crc);
-    if (!w->g) { /* in place, host memory */
-        RF_TRY(rf_weights_rs_poll(in->rs, weights_dst(in, w), arrived, version, crc));
-        if (*arrived) weights_upload(in, w);
-        return RF_OK;
-    }
     *arrived = 0;
     int t = rf_weights_rs_pending(in->rs);
     if (t < 0) return rf_error_wrap(RF_ERR_IO, "receiving weights from the training ranks");
     if (!t) return RF_OK;
-    /* the group's other ranks receive their shards at the same time */
-    RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, 0));
-    RF_TRY(group_present(w));
-    RF_TRY(rf_weights_rs_receive(in->rs, weights_dst(in, w), w->gcomm, version, crc));
-    weights_upload(in, w);
+    if (w->g) { /* the group's other ranks receive their shards at the same time */
+        RF_TRY(rf_rollout_tp_send(w->g, RF_ROLLOUT_TP_WEIGHTS, 0));
+        RF_TRY(group_present(w));
+    }
+    RF_TRY(rs_receive(in, w, w->g ? w->gcomm : NULL, version, crc));
     *arrived = 1;
     return RF_OK;
 }
@@ -343,6 +358,30 @@ static rf_status policy_config(const worker *w, rf_model_config *cfg) {
     return rf_config_load(cfg, p);
 }
 
+/* Whether this rank's model keeps its matrices in bf16 (rf_model_keep_bf16): weights from the
+ * training worker with every version (not colocated; no LoRA, whose frozen base is read from
+ * model.path once and checksummed), at bf16 precision on the CPU. */
+static int keeps_bf16(const worker *w, const rf_kernels *k) {
+    return !w->ho && !w->r->lora.enabled && rf_model_can_keep_bf16(k);
+}
+
+/* w->m (the whole model, or this rank's shard), made with nothing written yet, kept in bf16:
+ * no fp32 copy of weights this process never updates. Logged. */
+static rf_status keep_bf16(worker *w) {
+    int kept = 0;
+    RF_TRY(rf_model_keep_bf16(w->m, &kept));
+    RF_ASSERT(kept); /* keeps_bf16 was checked */
+    size_t mat = 0; /* floats held as bf16: the matrices after the embedding table */
+    for (int i = 0; i < w->m->n_views; i++)
+        if (w->m->views[i].ndim == 2 && w->m->views[i].offset >= w->m->bf16_lo) mat += w->m->views[i].numel;
+    char shard[64] = "";
+    if (w->tp) snprintf(shard, sizeof shard, ", tensor-parallel rank %d of %d", w->tp->t, w->tp->tp);
+    rf_log_info("rollout worker %d%s: weights kept in bf16 (%.1f MB of matrices; the embedding table, norms and "
+                "biases fp32, %.1f MB): no fp32 copy of the matrices", w->rank, shard, (double)mat * 2 / (1 << 20),
+                (double)(w->m->n_params - mat) * 4 / (1 << 20));
+    return RF_OK;
+}
+
 /* LoRA, G > 1, the weights not read in place: this rank's shard of the frozen base read from
  * model.path (once: the adapters alone arrive with each version), the recipe's adapters split
  * like it (their values come with the first version), and the whole base's CRC-32C from the
@@ -356,9 +395,10 @@ static rf_status tp_lora_open(worker *w, const rf_kernels *k) {
     return rf_weights_rs_base_checksum(w->gcomm, &pt, k, w->tp->m->params, w->r->async.startup_timeout, &w->base_crc);
 }
 
-/* G > 1: this rank's shard of the policy (zeros until the first weights; under LoRA the frozen
- * base from model.path; or colocated with identical layouts the training shard itself, under
- * LoRA with its adapters bound in place) and its group. */
+/* G > 1: this rank's shard of the policy (zeros until the first weights, its matrices kept in
+ * bf16 where keeps_bf16; under LoRA the frozen base from model.path; or colocated with identical
+ * layouts the training shard itself, under LoRA with its adapters bound in place) and its
+ * group. */
 static rf_status tp_open(worker *w, const rf_kernels *k) {
     rf_model_config cfg;
     RF_TRY(policy_config(w, &cfg));
@@ -368,6 +408,7 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     RF_TRY(borrowed_params(w, &params));
     RF_TRY(rf_model_tp_init_borrowed(&w->tp, &cfg, k, c, w->r->async.peer_timeout, params));
     w->m = w->tp->m;
+    if (keeps_bf16(w, k)) RF_TRY(keep_bf16(w)); /* the shard's matrices */
     if (w->r->lora.enabled && w->zero_copy) { /* colocated: the training shard's adapters, in place */
         rf_lora_opts o;
         RF_TRY(rf__lora_opts(w->r, &o));
@@ -380,10 +421,20 @@ static rf_status tp_open(worker *w, const rf_kernels *k) {
     return RF_OK;
 }
 
+/* G = 1 where keeps_bf16: the policy's shape alone, its matrices kept in bf16 (the checkpoint is
+ * not read: every float arrives with the first version). */
+static rf_status whole_open_kept(worker *w, const rf_kernels *k) {
+    rf_model_config cfg;
+    RF_TRY(policy_config(w, &cfg));
+    RF_TRY(rf_model_init(&w->m, &cfg, k));
+    return keep_bf16(w);
+}
+
 /* G = 1: the whole policy (read from the model directory, with the recipe's LoRA adapters, or
  * colocated with identical layouts the training rank's own buffer, under LoRA its adapters
- * bound in place). */
+ * bound in place; whole_open_kept where it applies). */
 static rf_status whole_open(worker *w, const rf_kernels *k) {
+    if (keeps_bf16(w, k)) return whole_open_kept(w, k);
     float *params;
     RF_TRY(borrowed_params(w, &params));
     if (!params) { /* under LoRA the frozen base once, the adapters arriving with each version */
@@ -429,13 +480,10 @@ static rf_status peer_command(void *ctx, int cmd, int64_t arg) {
         RF_TRY(rf_handover_wait_version(p->w->ho, arg, p->w->r->async.peer_timeout, "rollout tensor parallelism", &crc,
                                         NULL));
         RF_TRY(group_present(p->w));
-        weights_upload(&p->in, p->w);
-        return RF_OK;
+        return weights_upload(&p->in, p->w);
     }
     RF_TRY(group_present(p->w));
-    RF_TRY(rf_weights_rs_receive(p->in.rs, weights_dst(&p->in, p->w), p->w->gcomm, &version, &crc));
-    weights_upload(&p->in, p->w);
-    return RF_OK;
+    return rs_receive(&p->in, p->w, p->w->gcomm, &version, &crc);
 }
 
 /* A peer's whole life: its shard, its part of the weights transfers, rank 0's commands. */

@@ -15,7 +15,11 @@
  * Each tensor-parallel run is repeated after its KV cache is released on every rank and must
  * give the same samples bit for bit. Then, with 2 ranks, the bounds: a peer that never
  * takes part stops rank 0's step, and a rank 0 that never sends stops the peer, each with the
- * communicator's message naming the missing rank after the bound. */
+ * communicator's message naming the missing rank after the bound.
+ * Shards kept in bf16 (a tensor-parallel rollout worker of a split run at bf16 precision:
+ * rf_model_keep_bf16 on each rank's shard, its floats written with rf_model_write_params): the
+ * tensor-parallel engine's samples, ids and behaviour log-probs, are bit for bit those of the
+ * same shards held in fp32, at bf16 precision, for both shapes at tp 2 and 4. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -195,6 +199,53 @@ static void check_shape(int qwen3, rf_comm *g) {
     rf_model_free(m);
 }
 
+/* At bf16 precision over group g: the shards of the same model held in fp32 (a) and kept in bf16
+ * (b, written from a's floats) give the same samples bit for bit (rank 0 compares, the others
+ * serve both). */
+static void check_shape_kept(int qwen3, rf_comm *g) {
+    const rf_kernels *k = rf_cpu_kernels();
+    CHECK_OK(k->set_precision(RF_PRECISION_BF16));
+    rf_model *m = whole_model(qwen3);
+    rf_comm *g2 = NULL;
+    rf_model_tp *a = NULL, *b = NULL;
+    rf_rollout_tp *ga = NULL, *gb = NULL;
+    int kept_b = 0;
+    CHECK_OK(rf_comm_split(g, 0, rf_comm_rank(g), &g2));
+    CHECK_OK(rf_model_tp_init(&a, &m->cfg, k, g, 60));
+    CHECK_OK(rf_model_tp_set_full(a, m->params));
+    CHECK_OK(rf_model_tp_init(&b, &m->cfg, k, g2, 60));
+    CHECK_OK(rf_model_keep_bf16(b->m, &kept_b));
+    CHECK(kept_b == 1);
+    CHECK_OK(rf_model_write_params(b->m, 0, a->m->params, a->m->n_params));
+    k->weights_updated();
+    CHECK_OK(rf_rollout_tp_init(&ga, a, 60));
+    CHECK_OK(rf_rollout_tp_init(&gb, b, 60));
+    if (rf_comm_rank(g) == 0) {
+        kept *want = calloc(N_REQ * MAX_SAMPLES, sizeof *want), *got = calloc(N_REQ * MAX_SAMPLES, sizeof *got);
+        run_tp(ga, &g_roomy, want);
+        run_tp(gb, &g_roomy, got);
+        int same = 1, n = 0;
+        for (int i = 0; i < N_REQ * MAX_SAMPLES; i++) {
+            same &= want[i].seen == got[i].seen && want[i].n_tokens == got[i].n_tokens && want[i].finish == got[i].finish &&
+                    memcmp(want[i].tokens, got[i].tokens, sizeof(int32_t) * (size_t)want[i].n_tokens) == 0 &&
+                    memcmp(want[i].logprobs, got[i].logprobs, sizeof(float) * (size_t)want[i].n_tokens) == 0;
+            n += want[i].n_tokens;
+        }
+        CHECK(same && n > 0);
+        printf("test_rollout_tp: %s tp %d, shards kept in bf16: %d tokens %s\n", qwen3 ? "qwen3" : "gqa",
+               rf_comm_size(g), n, same ? "bit-identical to fp32 shards" : "DIFFER");
+        free(want), free(got);
+    } else {
+        CHECK_OK(rf_rollout_tp_serve(ga, NULL, NULL));
+        CHECK_OK(rf_rollout_tp_serve(gb, NULL, NULL));
+    }
+    rf_rollout_tp_free(ga), rf_rollout_tp_free(gb);
+    rf_model_tp_free(a), rf_model_tp_free(b);
+    rf_model_free(m);
+    rf_comm_free(g2);
+    CHECK_OK(k->set_precision(RF_PRECISION_FP32));
+}
+
 /* The bounds, on two duplicates of a 2-rank world at once: on d1 rank 1 never takes part and
  * rank 0's step must fail naming it; on d2 rank 0 never sends and rank 1's wait for a command
  * must fail naming it, after 2 x the bound. */
@@ -247,6 +298,7 @@ static void every_group(rf_comm *world) {
         rf_comm *g = NULL;
         CHECK_OK(rf_comm_split(world, rank / tp, rank % tp, &g));
         for (int qwen3 = 0; g && qwen3 < 2; qwen3++) check_shape(qwen3, g);
+        for (int qwen3 = 0; g && qwen3 < 2; qwen3++) check_shape_kept(qwen3, g);
         rf_comm_free(g);
         CHECK_OK(rf_comm_barrier(world, 60, "after one tp"));
     }
