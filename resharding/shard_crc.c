@@ -22,20 +22,23 @@ static uint32_t multmodp(uint32_t a, uint32_t b) {
     return p;
 }
 
-static uint32_t x2n_table[32]; /* x^(2^k) modulo p(x) */
+/* x^(2^k) modulo p(x), k < 64: zlib's table stops at 32 and wraps k, which holds for CRC-32's
+ * polynomial (x^(2^k) repeats with period 32) but not for CRC-32C's, whose zero runs of 2^29
+ * bytes (512 MiB) and more came out wrong (a 142M-parameter model's tensor-parallel checksums). */
+static uint32_t x2n_table[64];
 static pthread_once_t x2n_once = PTHREAD_ONCE_INIT;
 
 static void x2n_init(void) {
     uint32_t p = 1u << 30; /* x^1 */
     x2n_table[0] = p;
-    for (int k = 1; k < 32; k++) x2n_table[k] = p = multmodp(p, p);
+    for (int k = 1; k < 64; k++) x2n_table[k] = p = multmodp(p, p);
 }
 
-/* x^(n * 2^k) modulo p(x). */
+/* x^(n * 2^k) modulo p(x); n * 2^k < 2^64. */
 static uint32_t x2nmodp(uint64_t n, unsigned k) {
     uint32_t p = 1u << 31; /* x^0 */
     while (n) {
-        if (n & 1) p = multmodp(x2n_table[k & 31], p);
+        if (n & 1) p = multmodp(x2n_table[k], p);
         n >>= 1;
         k++;
     }

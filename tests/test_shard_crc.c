@@ -2,7 +2,8 @@
  * (resharding/shard_crc.h) equals rf_crc32c of the whole buffer: what the training ranks of a
  * split run announce must be what a rollout worker computes over the buffer it assembles.
  *   - rf_crc32c_zeros against rf_crc32c_extend over real zeros (lengths 0 to 100003, several
- *     starting CRCs);
+ *     starting CRCs, and 512 MiB + 4), and runs of 512 MiB to 16 GiB against the same run in
+ *     pieces of 256 MiB;
  *   - for three model shapes (4 query / 2 kv heads with biases and a separate LM head: k/v split
  *     at tp 2, replicated at tp 4; 12 / 3 heads with q/k norms, tied embeddings, a vocabulary of
  *     61 and an intermediate size of 30 that tp does not divide; a value head) at every tp that
@@ -34,6 +35,22 @@ static void zeros_match(void) {
         for (size_t j = 0; j < sizeof starts / sizeof starts[0]; j++)
             CHECK(rf_crc32c_zeros(starts[j], lens[i]) == rf_crc32c_extend(starts[j], z, lens[i]));
     free(z);
+    /* runs of 512 MiB and more (a model of 134M parameters or more): over real zeros once, and
+     * up to 16 GiB against the same run applied in pieces of 256 MiB (before the fix, every
+     * run of 2^29 bytes or more came out wrong) */
+    size_t big = ((size_t)1 << 29) + 4;
+    z = calloc(big, 1);
+    CHECK(z != NULL);
+    if (z) CHECK(rf_crc32c_zeros(0xE3069283u, big) == rf_crc32c_extend(0xE3069283u, z, big));
+    free(z);
+    uint64_t bigs[] = {(uint64_t)1 << 29, ((uint64_t)1 << 32) + 12, ((uint64_t)1 << 34) + 5};
+    for (size_t i = 0; i < sizeof bigs / sizeof bigs[0]; i++) {
+        uint32_t piecewise = 0xdeadbeefu;
+        uint64_t left = bigs[i], piece = (uint64_t)1 << 28;
+        for (; left > piece; left -= piece) piecewise = rf_crc32c_zeros(piecewise, piece);
+        piecewise = rf_crc32c_zeros(piecewise, left);
+        CHECK(rf_crc32c_zeros(0xdeadbeefu, bigs[i]) == piecewise);
+    }
 }
 
 static int find(const rf_param_view *v, int n, const char *name) {
