@@ -232,7 +232,10 @@ static void colocated_ranks(void) {
             printf("colocated tpg2 2, cpu / cuda, step 2: kl_ref %.9g / %.9g; step 1: %.0f ScoreRequests held for "
                    "generation to pause\n", ka, kb, held);
             CHECK(ka > 0 && fabs(ka - kb) <= 1e-4 * ka);
-            CHECK(held >= 1 && held <= 16); /* groups that finished while others generated */
+            /* groups that finished while others generated: at most one ScoreRequest per group (no
+             * reward model), and step 1's count runs until its record, by which time step 2's
+             * 16 groups may have begun (a loaded machine gave 30) */
+            CHECK(held >= 1 && held <= 32);
             CHECK(isnan(rf_test_metric(dir, runs[0], 1, "perf/scores_held"))); /* the CPU run overlaps */
         }
     }
