@@ -35,6 +35,7 @@
 #include "model/dtype.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "mem_util.h"
 #include "test_util.h"
 
 #define K (rf_cpu_kernels())
@@ -119,20 +120,6 @@ static void check_generate_same(rf_model *a, rf_model *b, int V, int sampled) {
     }
 }
 
-/* Pages wholly inside floats [off, off + n) of m->params that are resident. */
-static int resident_pages(const rf_model *m, size_t off, size_t n) {
-    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = ((uintptr_t)(m->params + off) + pg - 1) & ~(pg - 1), b = (uintptr_t)(m->params + off + n) & ~(pg - 1);
-    if (b <= a) return 0;
-    size_t np = (b - a) / pg;
-    unsigned char *v = calloc(np, 1);
-    int res = 0;
-    if (v && mincore((void *)a, b - a, v) == 0)
-        for (size_t i = 0; i < np; i++) res += v[i] & 1;
-    free(v);
-    return res;
-}
-
 /* The frozen load of dir against rf_model_load, at bf16 and then at fp32 (set after loading:
  * the bound values widened). */
 static void check_model_dir(const char *dir, const char *what) {
@@ -161,7 +148,7 @@ static void check_model_dir(const char *dir, const char *what) {
      * the buffer is a fresh mapping, 1 MB and up outside AddressSanitizer builds: other blocks
      * come cleared from malloc) */
     const rf_param_view *q = rf_model_find(b, "model.layers.0.self_attn.q_proj.weight");
-    int ra = q ? resident_pages(a, q->offset, q->numel) : -1, rb = q ? resident_pages(b, q->offset, q->numel) : -1;
+    int ra = q ? rf_test_resident_pages(a, q->offset, q->numel) : -1, rb = q ? rf_test_resident_pages(b, q->offset, q->numel) : -1;
     printf("%s: frozen bf16 load bit-identical (bf16 and fp32 mode); q_proj fp32 pages resident: "
            "%d (rf_model_load), %d (frozen)\n", what, ra, rb);
 #ifdef __SANITIZE_ADDRESS__

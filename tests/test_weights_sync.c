@@ -45,6 +45,7 @@
 #include "resharding/weights_sync.h"
 #include "rollout/rollout.h"
 #include "test_comm_util.h"
+#include "mem_util.h"
 #include "test_util.h"
 
 static rf_model *tiny_model(uint64_t seed) {
@@ -280,20 +281,6 @@ static rf_model *small_model(uint64_t seed, int untied) {
     return m;
 }
 
-/* Pages wholly inside floats [off, off + n) of m->params that are resident. */
-static int resident_pages(const rf_model *m, size_t off, size_t n) {
-    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = ((uintptr_t)(m->params + off) + pg - 1) & ~(pg - 1), b = (uintptr_t)(m->params + off + n) & ~(pg - 1);
-    if (b <= a) return 0;
-    size_t np = (b - a) / pg;
-    unsigned char *v = calloc(np, 1);
-    int res = 0;
-    if (v && mincore((void *)a, b - a, v) == 0)
-        for (size_t i = 0; i < np; i++) res += v[i] & 1;
-    free(v);
-    return res;
-}
-
 /* What the rollout engine samples (up to 16 samples of up to 24 tokens): ids, log-probs. */
 typedef struct engine_out {
     int n_tokens[16];
@@ -355,7 +342,7 @@ static void expect_kept(rf_model *m, rf_model *want, const char *what) {
     CHECK(stored);
     const rf_param_view *q = rf_model_find(m, "model.layers.0.self_attn.q_proj.weight");
     const rf_param_view *d = rf_model_find(m, "model.layers.2.mlp.down_proj.weight");
-    int res = resident_pages(m, q->offset, q->numel) + resident_pages(m, d->offset, d->numel);
+    int res = rf_test_resident_pages(m, q->offset, q->numel) + rf_test_resident_pages(m, d->offset, d->numel);
 #ifndef __SANITIZE_ADDRESS__ /* AddressSanitizer builds: every block from malloc, cleared */
     CHECK(res == 0);
 #endif
