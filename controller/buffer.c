@@ -60,9 +60,10 @@ void rf_buffer_free(rf_buffer *b) {
 
 /* Admission ids go on from where the run stopped, as if it had not: a group's id seeds its
  * sampling (controller.c), so a resumed run draws what the uninterrupted one would have. */
-void rf_buffer_resume_at(rf_buffer *b, int v) { b->consumed = b->next_id = (int64_t)v * b->P; }
-
-void rf_buffer_resume_ids(rf_buffer *b, int64_t next_id) { b->next_id = next_id; }
+void rf_buffer_resume_at(rf_buffer *b, int v, int64_t admitted) {
+    b->consumed = (int64_t)v * b->P;
+    b->next_id = admitted > 0 ? admitted : b->consumed;
+}
 
 int64_t rf_buffer_next_id(const rf_buffer *b) { return b->next_id; }
 

@@ -33,12 +33,11 @@ typedef struct rf_buffer rf_buffer;
 rf_status rf_buffer_init(rf_buffer **b, int batch_groups, int capacity, int max_staleness);
 void rf_buffer_free(rf_buffer *b);
 
-/* A run resumed at version v: v batches count as consumed already. Call before admitting. */
-void rf_buffer_resume_at(rf_buffer *b, int v);
-
-/* After rf_buffer_resume_at: admission ids go on from next_id (the checkpoint's admission count:
- * groups dynamic sampling or the staleness bound dropped took ids too). */
-void rf_buffer_resume_ids(rf_buffer *b, int64_t next_id);
+/* A run resumed at version v: v batches count as consumed already, and admission ids go on
+ * from `admitted` (the checkpoint's admission count: groups dynamic sampling or the staleness
+ * bound dropped took ids too), or from v x P when it is 0 (older checkpoints). Call before
+ * admitting. */
+void rf_buffer_resume_at(rf_buffer *b, int v, int64_t admitted);
 
 /* The id the next admitted group gets (= groups admitted so far). */
 int64_t rf_buffer_next_id(const rf_buffer *b);

@@ -1212,8 +1212,7 @@ static rf_status loop_init(ctl *c, rf_run *run, rf_roles roles) {
     c->bucket = calloc((size_t)c->n_bucket, sizeof *c->bucket);
     if (!c->bucket) return rf_error(RF_ERR_NOMEM, "out of memory");
     RF_TRY(rf_buffer_init(&c->buf, P, c->cap, k));
-    rf_buffer_resume_at(c->buf, run->step);
-    if (run->admitted > 0) rf_buffer_resume_ids(c->buf, run->admitted); /* else step x P (older checkpoints) */
+    rf_buffer_resume_at(c->buf, run->step, run->admitted);
     c->fresh = (int64_t)run->step * P;
     c->start_step = -1;
     return RF_OK;

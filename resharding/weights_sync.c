@@ -34,6 +34,12 @@ typedef struct header {
 /* The number of data messages for `bytes` (at least 1). */
 static size_t n_chunks(size_t bytes) { return bytes ? (bytes + DATA_CHUNK - 1) / DATA_CHUNK : 1; }
 
+/* Bytes of data message i of `bytes`. */
+static size_t chunk_len(size_t bytes, size_t i) {
+    size_t a = i * DATA_CHUNK;
+    return bytes - a < DATA_CHUNK ? bytes - a : DATA_CHUNK;
+}
+
 /* One destination of a transfer. */
 typedef struct dest {
     int rank;
@@ -131,8 +137,8 @@ static rf_status send_data(rf_weights_tx *tx, dest *d) {
     d->n_data = n;
     rf_status st = RF_OK;
     for (size_t i = 0; st == RF_OK && i < n; i++) {
-        size_t a = i * DATA_CHUNK, len = bytes - a < DATA_CHUNK ? bytes - a : DATA_CHUNK;
-        st = rf_comm_isend(tx->c, (const char *)tx->stage + a, len, d->rank, DATA_TAG, &d->data[i]);
+        st = rf_comm_isend(tx->c, (const char *)tx->stage + i * DATA_CHUNK, chunk_len(bytes, i), d->rank, DATA_TAG,
+                           &d->data[i]);
     }
     return st == RF_OK ? RF_OK : rf_error_wrap(st, "sending weights version %lld to rank %d", (long long)tx->h.version, d->rank);
 }
@@ -312,10 +318,8 @@ static rf_status take_kept(rf_model *m, size_t first, const float *from, size_t 
 static rf_status recv_whole(rf_weights_rx *rx, rf_model *m, const header *h, const char *what, uint32_t *crc) {
     size_t bytes = h->n_floats * sizeof(float);
     if (!rx->buf && !(rx->buf = malloc(bytes + 1))) return rf_error(RF_ERR_NOMEM, "weights: out of memory");
-    for (size_t i = 0, n = n_chunks(bytes); i < n; i++) {
-        size_t a = i * DATA_CHUNK;
-        RF_TRY(rx_recv(rx, (char *)rx->buf + a, bytes - a < DATA_CHUNK ? bytes - a : DATA_CHUNK, DATA_TAG, what));
-    }
+    for (size_t i = 0, n = n_chunks(bytes); i < n; i++)
+        RF_TRY(rx_recv(rx, (char *)rx->buf + i * DATA_CHUNK, chunk_len(bytes, i), DATA_TAG, what));
     *crc = rf_crc32c(rx->buf, bytes);
     return *crc == h->checksum ? rf_model_write_params(m, rx->first, rx->buf, h->n_floats) : RF_OK;
 }
@@ -329,14 +333,13 @@ static rf_status recv_kept(rf_weights_rx *rx, rf_model *m, const header *h, cons
     rf_comm_req *req[2] = {NULL, NULL};
     uint32_t c = 0;
     rf_status st = buf[0] && buf[1] ? RF_OK : rf_error(RF_ERR_NOMEM, "weights: out of memory");
-    if (st == RF_OK) st = rf_comm_irecv(rx->c, buf[0], bytes < DATA_CHUNK ? bytes : DATA_CHUNK, rx->src, DATA_TAG, &req[0]);
+    if (st == RF_OK) st = rf_comm_irecv(rx->c, buf[0], chunk_len(bytes, 0), rx->src, DATA_TAG, &req[0]);
     for (size_t i = 0; st == RF_OK && i < n; i++) {
-        size_t a = i * DATA_CHUNK, len = bytes - a < DATA_CHUNK ? bytes - a : DATA_CHUNK, next = a + DATA_CHUNK;
+        size_t a = i * DATA_CHUNK, len = chunk_len(bytes, i);
         st = rf_comm_wait(req[i & 1], rx->timeout_s, what);
         rf_comm_req_free(req[i & 1]), req[i & 1] = NULL;
         if (st == RF_OK && i + 1 < n)
-            st = rf_comm_irecv(rx->c, buf[(i + 1) & 1], bytes - next < DATA_CHUNK ? bytes - next : DATA_CHUNK, rx->src,
-                               DATA_TAG, &req[(i + 1) & 1]);
+            st = rf_comm_irecv(rx->c, buf[(i + 1) & 1], chunk_len(bytes, i + 1), rx->src, DATA_TAG, &req[(i + 1) & 1]);
         c = rf_crc32c_extend(c, buf[i & 1], len);
         if (st == RF_OK) st = rf_model_write_params(m, rx->first + a / sizeof(float), buf[i & 1], len / sizeof(float));
     }

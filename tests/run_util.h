@@ -24,12 +24,17 @@
 #define RF_TEST_MIN_RISE 0.06
 #include "test_util.h"
 
+/* <dir>/r.toml opened for writing (NULL when it cannot be). */
+static inline FILE *rf_test_open_recipe(const char *dir) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/r.toml", dir);
+    return fopen(p, "w");
+}
+
 /* Writes <dir>/r.toml: the recipe, validation every val_every steps, then `extra` (more TOML
  * tables, may be ""). */
 static inline void rf_test_write_recipe(const char *dir, int val_every, const char *extra) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/r.toml", dir);
-    FILE *f = fopen(p, "w");
+    FILE *f = rf_test_open_recipe(dir);
     if (!f) return;
     fprintf(f, "[model]\npath = \"%s/sft\"\ninit_preset = \"tiny\"\n"
                "[data]\ntask = \"arith\"\ntask_max_digits = 1\ntask_mul_percent = 0\n"
@@ -52,9 +57,7 @@ static inline void rf_test_write_recipe(const char *dir, int val_every, const ch
  * rule, validation of 16 prompts every 3 steps; then `extra` (more keys of [logging], then more
  * tables, may be ""). */
 static inline void rf_test_write_calc_recipe(const char *dir, int steps, const char *extra) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/r.toml", dir);
-    FILE *f = fopen(p, "w");
+    FILE *f = rf_test_open_recipe(dir);
     if (!f) return;
     fprintf(f, "[model]\npath = \"%s/sft\"\ninit_preset = \"tiny\"\nprecision = \"fp32\"\n"
                "[data]\ntask = \"multiply\"\ntask_min_digits = 1\ntask_max_digits = 2\n"
@@ -68,21 +71,27 @@ static inline void rf_test_write_calc_recipe(const char *dir, int steps, const c
     fclose(f);
 }
 
-/* Common start of the split-run tests: the rlflow under test into *rlflow and a fresh work
- * directory named after `test` into dir (cap bytes). Returns 0 to go on, 77 (ctest's skip)
- * when RF_RLFLOW or mpirun is missing, 1 when the directory cannot be made. */
-static inline int rf_test_split_start(const char *test, const char **rlflow, char *dir, size_t cap) {
+/* Common start of the tests that run rlflow: the rlflow under test into *rlflow and a fresh work
+ * directory /tmp/rf_<test>_<random> into dir (cap bytes). Returns 0 to go on, 77 (ctest's skip)
+ * when RF_RLFLOW is not set, 1 when the directory cannot be made. */
+static inline int rf_test_run_start(const char *test, const char **rlflow, char *dir, size_t cap) {
     *rlflow = getenv("RF_RLFLOW");
     if (!*rlflow) {
         printf("%s: skipped: RF_RLFLOW not set\n", test);
         return 77;
     }
-    if (rf_test_sh(NULL, "command -v mpirun >/dev/null") != 0) {
+    snprintf(dir, cap, "/tmp/rf_%s_XXXXXX", test);
+    return mkdtemp(dir) ? 0 : 1;
+}
+
+/* Common start of the split-run tests: rf_test_run_start, and 77 (ctest's skip) when mpirun is
+ * missing too. */
+static inline int rf_test_split_start(const char *test, const char **rlflow, char *dir, size_t cap) {
+    if (getenv("RF_RLFLOW") && rf_test_sh(NULL, "command -v mpirun >/dev/null") != 0) {
         printf("%s: skipped: mpirun not found (apt-get install openmpi-bin)\n", test);
         return 77;
     }
-    snprintf(dir, cap, "/tmp/rf_%s_XXXXXX", test);
-    return mkdtemp(dir) ? 0 : 1;
+    return rf_test_run_start(test, rlflow, dir, cap);
 }
 
 /* Runs `rlflow run r.toml <args> --set logging.dir=<dir>/<run>` in dir; returns its exit code

@@ -50,7 +50,7 @@ static void one_ahead(void) {
     rf_buffer_free(b);
     /* resumed at version 50: the bound counts from there */
     CHECK(rf_buffer_init(&b, 2, 64, 1) == RF_OK);
-    rf_buffer_resume_at(b, 50);
+    rf_buffer_resume_at(b, 50, 0);
     CHECK(admit_all(b, 48, ids) == 0);
     CHECK(admit_all(b, 49, ids) == 2);  /* batch 50 may be one version stale */
     CHECK(admit_all(b, 50, ids) == 2);  /* batch 51 */

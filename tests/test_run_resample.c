@@ -173,13 +173,8 @@ static int run_ok(const char *run, const char *args) {
 }
 
 int main(void) {
-    rlflow = getenv("RF_RLFLOW");
-    if (!rlflow) {
-        printf("test_run_resample: skipped: RF_RLFLOW not set\n");
-        return 77;
-    }
-    snprintf(dir, sizeof dir, "/tmp/rf_test_run_resample_XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    int start = rf_test_run_start("test_run_resample", &rlflow, dir, sizeof dir);
+    if (start) return start;
     rf_test_write_recipe(dir, 0, "");
     /* the data set and the SFT warm start, then the prompts with answers no response matches */
     if (run_ok("prep", "--set train.steps=1")) return rf_test_finish("test_run_resample");
