@@ -8,9 +8,15 @@
  * the reference CUDA kernels on a GPU (tests/test_kernels_cuda.c).
  *
  * Arguments, layouts, causality (bottom-right aligned), GQA mapping and scale are those of
- * rf_kernels.attention_forward / attention_backward (kernels/kernels.h). `bf16` = 1 rounds q,
- * k, v (and dout in backward) to bf16 as they are loaded into a tile, as the CUDA kernels do
- * at precision bf16; scores, softmax statistics and accumulators stay fp32. */
+ * rf_kernels.attention_forward / attention_backward (kernels/kernels.h). `bf16` is one of:
+ *   RF_FLASH_FP32 (0):     everything fp32;
+ *   RF_FLASH_BF16_LOAD (1): q, k, v (and dout in backward) rounded to bf16 as they are loaded
+ *                          into a tile, as the FMA kernels do at precision bf16; scores,
+ *                          softmax statistics and accumulators fp32;
+ *   RF_FLASH_BF16_MMA (2):  as 1, and each tile's probabilities rounded to bf16 before their
+ *                          product with V (the forward only): the tensor-core forward
+ *                          (cuda_flash_mma.cu), whose P V takes bf16 operands. The row sums l
+ *                          add the unrounded probabilities, as FlashAttention-2 does. */
 #ifndef RF_FLASH_REF_H
 #define RF_FLASH_REF_H
 
@@ -24,6 +30,10 @@ extern "C" {
 #define RF_FLASH_BR 32     /* query rows per tile */
 #define RF_FLASH_BC 32     /* key rows per tile */
 #define RF_FLASH_MAX_D 128 /* largest head dimension of the tiled kernels */
+
+#define RF_FLASH_FP32 0
+#define RF_FLASH_BF16_LOAD 1
+#define RF_FLASH_BF16_MMA 2
 
 /* Split-K decoding (FlashDecoding, Dao et al. 2023): the keys of a one-query sequence are cut
  * into up to RF_DECODE_SPLITS chunks of at least RF_DECODE_MIN_CHUNK keys, each chunk's partial

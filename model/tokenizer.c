@@ -577,8 +577,8 @@ static rf_status rf__load_added(rf_tokenizer *t, const cJSON *root) {
     t->added = calloc((size_t)n + 1, sizeof *t->added);
     if (!t->added) return rf_error(RF_ERR_NOMEM, "%s: out of memory", t->path);
     for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        t->n_added = i + 1; /* counted first: a token refused after its content was copied is freed too */
         RF_TRY(rf__load_added_one(t, e, i, &t->added[i]));
-        t->n_added = i + 1;
     }
     for (int k = 0; k < t->n_added; k++)
         if (t->added[k].single_word && !t->word_re)

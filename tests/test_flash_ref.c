@@ -14,7 +14,8 @@
  * the unrounded result by bf16's 2^-8 relative rounding carried through the softmax (checked
  * within 5e-2, and shown to differ by more than fp32 rounding, so the rounding really happens).
  * Also the split-K paged decoding (FlashDecoding) as the CUDA back end runs it, against the CPU
- * back end's paged attention. */
+ * back end's paged attention; and the tensor-core forward's arithmetic (probabilities rounded
+ * to bf16 before P V: RF_FLASH_BF16_MMA) against the FMA kernels' (check_mma_rounding). */
 #define RF_TEST_KERNELS_NO_MAIN
 #include "test_kernels.c"
 
@@ -145,6 +146,35 @@ static void check_round(void) {
     CHECK(isinf(rf_round_bf16(INFINITY)) && isnan(rf_round_bf16(NAN)));
 }
 
+/* RF_FLASH_BF16_MMA (the tensor-core forward's arithmetic) against RF_FLASH_BF16_LOAD on the
+ * same inputs: the probabilities are rounded to bf16 only on their way into P V, so lse (made
+ * from the unrounded row sums) is bit for bit the same, and out moves by at most bf16's 2^-9
+ * relative rounding of each probability: |delta out| <= 2^-9 max|v| for an average of v's rows,
+ * under 4.6 / 512 ~ 9e-3 for these N(0, 1) values of |v| <= 4.6 (a bound of 2e-2 on
+ * max_rel_diff, whose denominator is |out| + rms >= the rms of out). It must also move by
+ * more than fp32 rounding (2 tol_red(D + L)): the rounding really happens. */
+static void check_mma_rounding(const int *lens, int n_seq, int H, int KVH, int D) {
+    int32_t cu[16], kl[16];
+    int maxlen = 0;
+    cu[0] = 0;
+    for (int s = 0; s < n_seq; s++) {
+        cu[s + 1] = cu[s] + lens[s], kl[s] = lens[s];
+        maxlen = lens[s] > maxlen ? lens[s] : maxlen;
+    }
+    int T = cu[n_seq];
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D, nl = (size_t)T * H;
+    float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f);
+    float *o1 = fnew(nq), *o2 = fnew(nq), *l1 = fnew(nl), *l2 = fnew(nl);
+    rf_flash_ref_forward(o1, l1, q, k, v, cu, cu, kl, n_seq, H, KVH, D, RF_FLASH_BF16_LOAD);
+    rf_flash_ref_forward(o2, l2, q, k, v, cu, cu, kl, n_seq, H, KVH, D, RF_FLASH_BF16_MMA);
+    CHECK(memcmp(l1, l2, sizeof(float) * nl) == 0);
+    double d = max_rel_diff(o2, o1, nq), tol = 2 * tol_red(D + maxlen);
+    printf("flash forward, P rounded to bf16 vs not: max relative difference %.3g (want in (%.3g, 2e-2))\n",
+           d, tol);
+    CHECK(d > tol && d < 2e-2);
+    free(q), free(k), free(v), free(o1), free(o2), free(l1), free(l2);
+}
+
 int main(void) {
     static const int lens_a[5] = {1, 17, 70, 33, 100}, lens_b[4] = {31, 32, 33, 64};
     rf_rng_seed(&g_rng, 2023);
@@ -156,6 +186,8 @@ int main(void) {
         check_train(lens_b, 4, 8, 8, 128, bf16);
         check_train(lens_a, 1, 4, 1, 64, bf16); /* one sequence of length 1 */
     }
+    check_mma_rounding(lens_a, 5, 14, 2, 64);
+    check_mma_rounding(lens_b, 4, 8, 8, 128);
     check_kvcache(14, 2, 64);
     check_kvcache(4, 4, 128);
     check_paged_decode(14, 2, 64);

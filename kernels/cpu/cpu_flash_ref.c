@@ -43,7 +43,7 @@ typedef struct {
 
 /* One key tile (keys j0 .. j0 + nc - 1) into one query row that sees keys 0 .. lim. */
 static void online_update(row_state *st, const float *qr, float K[][MD], float V[][MD], int j0,
-                          int nc, int lim, int D, float scale) {
+                          int nc, int lim, int D, float scale, int mode) {
     float sc[BC], mt = -INFINITY;
     for (int c = 0; c < BC; c++) {
         sc[c] = c < nc && j0 + c <= lim ? scale * dotf(qr, K[c], D) : -INFINITY;
@@ -55,8 +55,10 @@ static void online_update(row_state *st, const float *qr, float K[][MD], float V
     for (int c = 0; c < BC; c++) sc[c] = expf(sc[c] - m_new), sum += sc[c];
     st->l = st->l * corr + sum;
     for (int d = 0; d < D; d++) st->acc[d] *= corr;
-    for (int c = 0; c < nc; c++)
-        for (int d = 0; d < D; d++) st->acc[d] += sc[c] * V[c][d];
+    for (int c = 0; c < nc; c++) {
+        float p = mode == RF_FLASH_BF16_MMA ? rf_round_bf16(sc[c]) : sc[c];
+        for (int d = 0; d < D; d++) st->acc[d] += p * V[c][d];
+    }
     st->m = m_new;
 }
 
@@ -79,7 +81,8 @@ static void forward_tile(float *out, float *lse, const float *q, const float *kb
         int nc = klen - j0 < BC ? klen - j0 : BC;
         load_tile(K, kb + (size_t)j0 * KVH * D, (size_t)KVH * D, nc, D, bf16);
         load_tile(V, vb + (size_t)j0 * KVH * D, (size_t)KVH * D, nc, D, bf16);
-        for (int r = 0; r < nr; r++) online_update(&st[r], Q[r], K, V, j0, nc, i0 + r + off, D, scale);
+        for (int r = 0; r < nr; r++)
+            online_update(&st[r], Q[r], K, V, j0, nc, i0 + r + off, D, scale, bf16);
     }
     for (int r = 0; r < nr; r++) {
         float inv = st[r].l > 0.0f ? 1.0f / st[r].l : 0.0f;

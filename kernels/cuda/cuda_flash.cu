@@ -19,9 +19,9 @@
  *
  * Precision: at bf16 (set_precision) q, k, v and dout are rounded to bf16 as they are loaded
  * (__float2bfloat16_rn); scores, softmax statistics (m, l, lse, Di) and accumulators are fp32.
- * The products run on CUDA cores (FMA), not tensor cores: the tiling, the single pass over K/V
- * and the recomputation are FlashAttention-2's; an mma.sync/wgmma version of the same loops is
- * the next step (docs/cuda.md). */
+ * The products here run on CUDA cores (FMA). At bf16 the forward goes to the tensor-core
+ * kernel of cuda_flash_mma.cu where it can (head dims multiple of 16, sm_80+); the backward is
+ * FMA at every precision (docs/cuda.md). */
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdio.h>
@@ -152,6 +152,10 @@ void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float 
                             const float *v, const int32_t *q_off, const int32_t *k_start,
                             const int32_t *k_len, int n_seq, int H, int KVH, int D) {
     int bf16 = rf__cuda.precision == RF_PRECISION_BF16;
+    if (bf16 && rf__cuda_flash_mma_supported(D)) { /* tensor cores: cuda_flash_mma.cu */
+        rf__cuda_flash_forward_mma(out, lse, q, k, v, q_off, k_start, k_len, n_seq, H, KVH, D);
+        return;
+    }
     size_t sm = smem_bytes(3, D);
     /* the query count lives on the device: enough tiles across x to fill the GPU when there are
      * few (sequence, head) pairs; blocks stride over the tiles of their pair */
