@@ -222,11 +222,15 @@ rf_status rf__normalize(const rf_tokenizer *t, const char *s, size_t n, char **o
         else if (x->type == RF__NORM_REPLACE) st = rf__replace(x->a, x->b, &r, &n);
         else st = rf__unicode_form(x->type, &r, &n);
     }
-    if (st != RF_OK) {
+    /* NUL-terminated as well as counted: a normalized added token's text is handed out as a
+     * C string (rf_tokenizer_id_to_token), and u8_normalize's result has no room for the NUL */
+    char *z = st == RF_OK ? realloc(r, n + 1) : NULL;
+    if (!z) {
         free(r);
-        return st;
+        return st != RF_OK ? st : rf__nomem();
     }
-    *out = r;
+    z[n] = 0;
+    *out = z;
     *out_len = n;
     return RF_OK;
 }

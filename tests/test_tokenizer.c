@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/util.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
@@ -366,6 +368,63 @@ static void test_text_is_one_added_token(void) {
     rf_tokenizer_free(t);
 }
 
+/* `base` with one more added token, normalized (its text matched after the normalizer), last
+ * in added_tokens (HF gives an added token the next free id in list order, and so does rlflow:
+ * first in the list it would take the id of the file's first one). */
+static rf_tokenizer *with_normalized_token(const char *base, const char *entry) {
+    char *text = NULL, *out = NULL;
+    rf_tokenizer *t = NULL;
+    CHECK_OK(rf_read_file(data_path(base), &text, NULL));
+    cJSON *root = text ? cJSON_Parse(text) : NULL, *e = cJSON_Parse(entry);
+    cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    CHECK(cJSON_IsArray(arr) && e != NULL);
+    if (cJSON_IsArray(arr) && e) {
+        cJSON_AddItemToArray(arr, e), e = NULL;
+        out = cJSON_PrintUnformatted(root);
+        CHECK_OK(rf_tokenizer_load(&t, scratch_file("normalized_added.json", out)));
+    }
+    cJSON_Delete(root), cJSON_Delete(e);
+    free(text), free(out);
+    return t;
+}
+
+#define RF_TEST_ADDED(id, content) \
+    "{\"id\":" #id ",\"content\":\"" content "\",\"single_word\":false,\"lstrip\":false," \
+    "\"rstrip\":false,\"normalized\":true,\"special\":false}"
+
+/* A normalized added token's text is its content through the normalizer, handed out as a C
+ * string: the Llama 2 normalizer (Prepend + Replace) and Qwen2's NFC, whose result came from
+ * libunistring with no room for the NUL (fuzz_tokenizer found id_to_token's strlen reading past
+ * it; tests/fuzz/corpus/tokenizer). ctest runs this test with glibc's malloc filling fresh
+ * blocks with 0xa5 (MALLOC_PERTURB_, the thread cache off: CMakeLists.txt), so a missing NUL
+ * makes strlen run on instead of stopping at a zero left there by chance. Expected values from HF tokenizers 0.23.3 on the same files:
+ * id_to_token 868 = "\u2581ab\u2581cd", encode("x ab cd y") = [1, 647, 868, 366, 322];
+ * id_to_token 701 = "caf\u00e9!" (content "cafe\u0301!"), encode("x caf\u00e9! y") =
+ * [90, 223, 701, 223, 91]. */
+static void test_normalized_added_tokens(void) {
+    static const int32_t want_l[] = {1, 647, 868, 366, 322}, want_q[] = {90, 223, 701, 223, 91};
+    rf_tokenizer *t = with_normalized_token("llama2.json", RF_TEST_ADDED(868, "ab cd"));
+    const char *tok = t ? rf_tokenizer_id_to_token(t, 868) : NULL;
+    CHECK(tok && strlen(tok) == 10 && strcmp(tok, "\xe2\x96\x81" "ab" "\xe2\x96\x81" "cd") == 0);
+    int32_t *ids = NULL;
+    int n = 0;
+    if (t) {
+        CHECK_OK(rf_tokenizer_encode(t, "x ab cd y", 9, 1, &ids, &n));
+        CHECK(n == 5 && memcmp(ids, want_l, sizeof want_l) == 0);
+        free(ids);
+    }
+    rf_tokenizer_free(t);
+    t = with_normalized_token("qwen2.json", RF_TEST_ADDED(701, "cafe\\u0301!"));
+    tok = t ? rf_tokenizer_id_to_token(t, 701) : NULL;
+    CHECK(tok && strlen(tok) == 6 && strcmp(tok, "caf\xc3\xa9!") == 0);
+    if (t) {
+        CHECK_OK(rf_tokenizer_encode(t, "x caf\xc3\xa9! y", 10, 1, &ids, &n));
+        CHECK(n == 5 && memcmp(ids, want_q, sizeof want_q) == 0);
+        free(ids);
+    }
+    rf_tokenizer_free(t);
+}
+
 static void test_load_errors(void) {
     rf_tokenizer *t = (rf_tokenizer *)1;
     CHECK_ERR(rf_tokenizer_load(&t, data_path("missing.json")), RF_ERR_IO, "missing.json");
@@ -474,6 +533,7 @@ int main(void) {
     test_template_outside_vocab();
     test_sparse_ids();
     test_text_is_one_added_token();
+    test_normalized_added_tokens();
     test_config_dir();
     test_chat_templates();
     test_chat_encode();
