@@ -13,10 +13,11 @@
  *   RF_FLASH_BF16_LOAD (1): q, k, v (and dout in backward) rounded to bf16 as they are loaded
  *                          into a tile, as the FMA kernels do at precision bf16; scores,
  *                          softmax statistics and accumulators fp32;
- *   RF_FLASH_BF16_MMA (2):  as 1, and each tile's probabilities rounded to bf16 before their
- *                          product with V (the forward only): the tensor-core forward
- *                          (cuda_flash_mma.cu), whose P V takes bf16 operands. The row sums l
- *                          add the unrounded probabilities, as FlashAttention-2 does. */
+ *   RF_FLASH_BF16_MMA (2):  as 1, and the probabilities rounded to bf16 before their
+ *                          product with V (forward) and p and ds before their products with
+ *                          dO, Q and K (backward): the tensor-core kernels (cuda_flash_mma.cu),
+ *                          whose products take bf16 operands. The row sums l add the unrounded
+ *                          probabilities, as FlashAttention-2 does. */
 #ifndef RF_FLASH_REF_H
 #define RF_FLASH_REF_H
 

@@ -42,12 +42,7 @@ static double max_rel_diff(const float *a, const float *b, size_t n) {
 static void check_train(const int *lens, int n_seq, int H, int KVH, int D, int bf16) {
     const rf_kernels *K = rf_cpu_kernels();
     int32_t cu[16], kl[16];
-    int maxlen = 0;
-    cu[0] = 0;
-    for (int s = 0; s < n_seq; s++) {
-        cu[s + 1] = cu[s] + lens[s], kl[s] = lens[s];
-        maxlen = lens[s] > maxlen ? lens[s] : maxlen;
-    }
+    int maxlen = packed_lens(lens, n_seq, cu, kl);
     int T = cu[n_seq];
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D, nl = (size_t)T * H;
     float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f);
@@ -152,15 +147,14 @@ static void check_round(void) {
  * relative rounding of each probability: |delta out| <= 2^-9 max|v| for an average of v's rows,
  * under 4.6 / 512 ~ 9e-3 for these N(0, 1) values of |v| <= 4.6 (a bound of 2e-2 on
  * max_rel_diff, whose denominator is |out| + rms >= the rms of out). It must also move by
- * more than fp32 rounding (2 tol_red(D + L)): the rounding really happens. */
+ * more than fp32 rounding (2 tol_red(D + L)): the rounding really happens. The backward from
+ * the same out and lse, p and ds rounded before their products: each term of dq, dk, dv moves by
+ * at most 2^-9 relative, but the sums cancel (a row's ds add up to about zero), so the scaled
+ * difference is larger than the forward's (0.009-0.017 measured); bounded by 5e-2, the bound of
+ * check_train's bf16 inputs against fp32 ones, and above 2 TOL_GRAD. */
 static void check_mma_rounding(const int *lens, int n_seq, int H, int KVH, int D) {
     int32_t cu[16], kl[16];
-    int maxlen = 0;
-    cu[0] = 0;
-    for (int s = 0; s < n_seq; s++) {
-        cu[s + 1] = cu[s] + lens[s], kl[s] = lens[s];
-        maxlen = lens[s] > maxlen ? lens[s] : maxlen;
-    }
+    int maxlen = packed_lens(lens, n_seq, cu, kl);
     int T = cu[n_seq];
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D, nl = (size_t)T * H;
     float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f);
@@ -172,6 +166,23 @@ static void check_mma_rounding(const int *lens, int n_seq, int H, int KVH, int D
     printf("flash forward, P rounded to bf16 vs not: max relative difference %.3g (want in (%.3g, 2e-2))\n",
            d, tol);
     CHECK(d > tol && d < 2e-2);
+    /* backward from the same out and lse: p and ds rounded before their products */
+    float *dout = fnormal(nq, 1.0f);
+    float *g1[3] = {fnew(nq), fnew(nk), fnew(nk)}, *g2[3] = {fnew(nq), fnew(nk), fnew(nk)};
+    rf_flash_ref_backward(g1[0], g1[1], g1[2], dout, q, k, v, o1, l1, cu, n_seq, T, H, KVH, D,
+                          RF_FLASH_BF16_LOAD);
+    rf_flash_ref_backward(g2[0], g2[1], g2[2], dout, q, k, v, o1, l1, cu, n_seq, T, H, KVH, D,
+                          RF_FLASH_BF16_MMA);
+    static const char *const name[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; i++) {
+        size_t n = i ? nk : nq;
+        double dg = max_rel_diff(g2[i], g1[i], n);
+        printf("flash backward %s, p and ds rounded to bf16 vs not: max relative difference %.3g "
+               "(want in (%.3g, 5e-2))\n", name[i], dg, 2 * TOL_GRAD);
+        CHECK(dg > 2 * TOL_GRAD && dg < 5e-2);
+        free(g1[i]), free(g2[i]);
+    }
+    free(dout);
     free(q), free(k), free(v), free(o1), free(o2), free(l1), free(l2);
 }
 

@@ -1251,6 +1251,19 @@ static void run_kernel_suite(const rf_kernels *K, uint64_t seed) {
     test_fused(K);
 }
 
+/* Packed sequences of the given lengths, the training layout: cu (n_seq + 1) the offsets,
+ * kl (n_seq) the key counts (= the lengths). Returns the longest length. Used by the tiled
+ * attention tests that include this file (test_flash_ref, test_kernels_cuda). */
+static inline int packed_lens(const int *lens, int n_seq, int32_t *cu, int32_t *kl) {
+    int maxlen = 0;
+    cu[0] = 0;
+    for (int s = 0; s < n_seq; s++) {
+        cu[s + 1] = cu[s] + lens[s], kl[s] = lens[s];
+        maxlen = lens[s] > maxlen ? lens[s] : maxlen;
+    }
+    return maxlen;
+}
+
 #ifndef RF_TEST_KERNELS_NO_MAIN
 /* rf_cpu_batch_invariant (the rollout worker's products): with it on, where the CPU back end
  * says it is exact (rf_cpu_batch_invariant_exact: oneDNN's AVX-512 kernels), every row of

@@ -19,9 +19,11 @@
  *  4. attention: the tiled kernels (cuda_flash.cu, the default for D <= 128) and the reference
  *     kernels (RLFLOW_CUDA_ATTENTION=reference) against each other, and the tiled kernels
  *     against their CPU mirror kernels/cpu/cpu_flash_ref.c in fp32, in bf16 on the FMA kernels
- *     (RLFLOW_CUDA_ATTENTION=fma) and in bf16 as chosen by default, the tensor-core forward
- *     (cuda_flash_mma.cu) against the mirror's RF_FLASH_BF16_MMA mode (same tiles and
- *     order: fp32 rounding only, 2 tol_red(D + L) forward, 2 TOL_GRAD backward); the split-K
+ *     (RLFLOW_CUDA_ATTENTION=fma) and in bf16 as chosen by default, the tensor-core kernels
+ *     (cuda_flash_mma.cu) against the mirror's RF_FLASH_BF16_MMA mode (same roundings:
+ *     fp32 rounding only, 2 tol_red(D + L) forward, 2 TOL_GRAD backward; for the tensor-core
+ *     kernels every element within 2e-2 / 5e-2 and 95% within the fp32 tolerances, since a
+ *     bf16 rounding of p or ds may land on the neighbouring value); the split-K
  *     paged decoding against its CPU mirror, and the unsplit paged kernel against the CPU. */
 #define RF_TEST_KERNELS_NO_MAIN
 /* One suite, written once against `const rf_kernels *`, shared with the CPU test. */
@@ -420,6 +422,23 @@ static void cross_bf16_logprob(int T, int C, int V) {
 
 /* ---- part 4: tiled attention ---- */
 
+/* At most a fraction max_frac of the elements beyond tol (check_arr's scaled error): for the
+ * tensor-core kernels, whose bf16 roundings of p and ds may land on the neighbouring value for a
+ * few elements (the loose bound takes those) while the rest must keep fp32 agreement. */
+static void check_mostly(const char *what, const float *got, const float *want, size_t n,
+                         double tol, double max_frac) {
+    double rms = 0.0;
+    for (size_t i = 0; i < n; i++) rms += (double)want[i] * want[i];
+    rms = n ? sqrt(rms / n) : 0.0;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - want[i]) / (fabs((double)want[i]) + rms + 1e-3) <= tol)) bad++;
+    if (bad > max_frac * n)
+        fprintf(stderr, "[%s] %s: %zu of %zu elements beyond %.3g (at most %.0f%% may be)\n", g_be,
+                what, bad, n, tol, 100 * max_frac);
+    CHECK(bad <= max_frac * n);
+}
+
 /* One path of the GPU's attention (reference kernels or tiled) at one precision. */
 static void gpu_attention(const char *path, int bf16, float *o, float *l, float *dq, float *dk,
                           float *dv, const float *dout, const float *q, const float *k,
@@ -435,24 +454,18 @@ static void gpu_attention(const char *path, int bf16, float *o, float *l, float 
 
 static void cross_flash(const int *lens, int n_seq, int H, int KVH, int D) {
     int32_t cu[16], kl[16];
-    int maxlen = 0;
-    cu[0] = 0;
-    for (int s = 0; s < n_seq; s++) {
-        cu[s + 1] = cu[s] + lens[s], kl[s] = lens[s];
-        maxlen = lens[s] > maxlen ? lens[s] : maxlen;
-    }
+    int maxlen = packed_lens(lens, n_seq, cu, kl);
     int T = cu[n_seq];
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D, nl = (size_t)T * H;
     float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f), *dout = fnormal(nq, 1.0f);
     double tf = 2 * tol_red(D + maxlen), tb = 2 * TOL_GRAD;
     /* fp32; bf16 on the FMA kernels (RLFLOW_CUDA_ATTENTION=fma); bf16 as chosen by default,
-     * which is the tensor-core forward where it applies (D a multiple of 16; the module is
+     * which is the tensor-core kernels where they apply (D a multiple of 16; the module is
      * built for sm_80 and later, RLFLOW_CUDA_ARCHS) */
     for (int mode = RF_FLASH_FP32; mode <= RF_FLASH_BF16_MMA; mode++) {
         int bf16 = mode != RF_FLASH_FP32;
         if (mode == RF_FLASH_BF16_MMA && D % 16) continue; /* the default is the FMA kernel there */
-        /* the tiled code's CPU mirror: out and lse, then gradients from them (the backward is
-         * the FMA kernels' in both bf16 modes) */
+        /* the tiled code's CPU mirror: out and lse, then gradients from them */
         float *o0 = fnew(nq), *l0 = fnew(nl), *dq0 = fnew(nq), *dk0 = fnew(nk), *dv0 = fnew(nk);
         rf_flash_ref_forward(o0, l0, q, k, v, cu, cu, kl, n_seq, H, KVH, D, mode);
         rf_flash_ref_backward(dq0, dk0, dv0, dout, q, k, v, o0, l0, cu, n_seq, T, H, KVH, D, mode);
@@ -464,19 +477,22 @@ static void cross_flash(const int *lens, int n_seq, int H, int KVH, int D) {
             const char *name = ref ? "reference kernels" : mode == RF_FLASH_FP32 ? "flash fp32"
                                : mode == RF_FLASH_BF16_LOAD ? "flash bf16 (FMA)" : "flash bf16 (tensor cores)";
             snprintf(what, sizeof what, "%s vs cpu_flash_ref: out", name);
-            /* tensor cores: a probability 1 fp32 ulp away from the mirror's may round to the
-             * neighbouring bf16 value (2^-8 relative), which moves out by up to 2^-8 max|v|
-             * (|v| <= 4.6 for these N(0, 1) values): 2e-2, as test_flash_ref bounds the whole
-             * rounding; lse and the gradients keep fp32 tolerances */
-            check_arr_f(what, o, o0, nq, mode == RF_FLASH_BF16_MMA ? 2e-2 : tf);
+            /* tensor cores: a probability (or ds) 1 fp32 ulp away from the mirror's may round to
+             * the neighbouring bf16 value (2^-8 relative), which moves out by up to 2^-8 max|v|
+             * (|v| <= 4.6 for these N(0, 1) values): 2e-2 forward and 5e-2 backward, the bounds
+             * test_flash_ref sets on the whole rounding; lse keeps fp32 tolerance */
+            int mma = mode == RF_FLASH_BF16_MMA;
+            check_arr_f(what, o, o0, nq, mma ? 2e-2 : tf);
+            if (mma) check_mostly(what, o, o0, nq, tf, 0.05);
             snprintf(what, sizeof what, "%s vs cpu_flash_ref: lse", name);
             check_arr_f(what, l, l0, nl, tf);
-            snprintf(what, sizeof what, "%s vs cpu_flash_ref: dq", name);
-            check_arr_f(what, dq, dq0, nq, tb);
-            snprintf(what, sizeof what, "%s vs cpu_flash_ref: dk", name);
-            check_arr_f(what, dk, dk0, nk, tb);
-            snprintf(what, sizeof what, "%s vs cpu_flash_ref: dv", name);
-            check_arr_f(what, dv, dv0, nk, tb);
+            const float *got[3] = {dq, dk, dv}, *want[3] = {dq0, dk0, dv0};
+            static const char *const gname[3] = {"dq", "dk", "dv"};
+            for (int g = 0; g < 3; g++) {
+                snprintf(what, sizeof what, "%s vs cpu_flash_ref: %s", name, gname[g]);
+                check_arr_f(what, got[g], want[g], g ? nk : nq, mma ? 5e-2 : tb);
+                if (mma) check_mostly(what, got[g], want[g], g ? nk : nq, tb, 0.05);
+            }
         }
         free(o0), free(l0), free(dq0), free(dk0), free(dv0), free(o), free(l), free(dq), free(dk), free(dv);
     }

@@ -149,6 +149,7 @@ static void dkdv_tile(float *dk, float *dv, const float *dout, const float *q, c
                     float p, ds;
                     pair_grads(Q[r], dO[r], K[c], V[c], lse[row0 + (size_t)r * H],
                                di[row0 + (size_t)r * H], D, scale, &p, &ds);
+                    if (bf16 == RF_FLASH_BF16_MMA) p = rf_round_bf16(p), ds = rf_round_bf16(ds);
                     for (int d = 0; d < D; d++) dV[c][d] += p * dO[r][d], dK[c][d] += ds * Q[r][d];
                 }
         }
@@ -181,6 +182,7 @@ static void dq_tile(float *dq, const float *dout, const float *q, const float *k
                 float p, ds;
                 pair_grads(Q[r], dO[r], K[c], V[c], lse[row0 + (size_t)r * H],
                            di[row0 + (size_t)r * H], D, scale, &p, &ds);
+                if (bf16 == RF_FLASH_BF16_MMA) ds = rf_round_bf16(ds);
                 for (int d = 0; d < D; d++) dQ[r][d] += ds * K[c][d];
             }
     }

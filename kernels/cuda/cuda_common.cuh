@@ -195,12 +195,17 @@ void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float 
 void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                              const float *k, const float *v, const float *out, const float *lse,
                              const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D);
-/* cuda_flash_mma.cu: the tensor-core forward at bf16 (head dims multiple of 16, sm_80+, not
- * under RLFLOW_CUDA_ATTENTION=fma), which rf__cuda_flash_forward takes when it can. */
+/* cuda_flash_mma.cu: the tensor-core forward and backward at bf16 (head dims multiple of 16,
+ * sm_80+, not under RLFLOW_CUDA_ATTENTION=fma), which rf__cuda_flash_forward / _backward take
+ * when they can; the backward's di (T, H) = dout . out, made by the caller. */
 int rf__cuda_flash_mma_supported(int D);
 void rf__cuda_flash_forward_mma(float *out, float *lse, const float *q, const float *k,
                                 const float *v, const int32_t *q_off, const int32_t *k_start,
                                 const int32_t *k_len, int n_seq, int H, int KVH, int D);
+void rf__cuda_flash_backward_mma(float *dq, float *dk, float *dv, const float *dout,
+                                 const float *q, const float *k, const float *v, const float *lse,
+                                 const float *di, const int32_t *cu_seqlens, int n_seq, int T,
+                                 int H, int KVH, int D);
 
 /* cuda_logprob.cu */
 void rf_cuda_logprob_forward(float *logp, float *entropy, const float *h, const float *w,

@@ -19,9 +19,9 @@
  *
  * Precision: at bf16 (set_precision) q, k, v and dout are rounded to bf16 as they are loaded
  * (__float2bfloat16_rn); scores, softmax statistics (m, l, lse, Di) and accumulators are fp32.
- * The products here run on CUDA cores (FMA). At bf16 the forward goes to the tensor-core
- * kernel of cuda_flash_mma.cu where it can (head dims multiple of 16, sm_80+); the backward is
- * FMA at every precision (docs/cuda.md). */
+ * The products here run on CUDA cores (FMA). At bf16 the forward and the backward go to the
+ * tensor-core kernels of cuda_flash_mma.cu where they can (head dims multiple of 16, sm_80+;
+ * docs/cuda.md). */
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdio.h>
@@ -369,7 +369,10 @@ void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout,
     flash_di_kernel<<<blocks > RF_CUDA_MAX_GRID ? RF_CUDA_MAX_GRID : (unsigned)blocks, FTHREADS, 0,
                       st>>>(di, dout, out, cu_seqlens, n_seq, H, D, bf16);
     if (RF_CUDA_LAUNCH_CHECK()) {
-        if (D <= 64)
+        if (bf16 && rf__cuda_flash_mma_supported(D)) /* tensor cores: cuda_flash_mma.cu */
+            rf__cuda_flash_backward_mma(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T,
+                                        H, KVH, D);
+        else if (D <= 64)
             launch_backward<2>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH,
                                D, bf16);
         else

@@ -76,27 +76,27 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_majo
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> frag_b;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
-/* S (16 x TC_BC, fp32, ld lds) = Qw (16 x D) K^T: K is (TC_BC x D) row-major, i.e. K^T
- * column-major with the same leading dimension. */
-static __device__ inline void scores_mma(float *S, const __nv_bfloat16 *Qw,
-                                         const __nv_bfloat16 *K, int D, const tc_layout &L) {
+/* One warp's C (16 x 16 NT, fp32, ld ldc) = A (16 x D) B^T, A and B (16 NT x D) row-major
+ * bf16: B^T is B read column-major with the same leading dimension. */
+template <int NT>
+static __device__ inline void warp_abt(float *C, int ldc, const __nv_bfloat16 *A, int lda,
+                                       const __nv_bfloat16 *B, int ldb, int D) {
 #if __CUDA_ARCH__ >= 800
-    frag_c acc[TC_BC / 16];
+    frag_c acc[NT];
 #pragma unroll
-    for (int n = 0; n < TC_BC / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
+    for (int n = 0; n < NT; n++) wmma::fill_fragment(acc[n], 0.0f);
     for (int kk = 0; kk < D; kk += 16) {
         frag_a a;
-        wmma::load_matrix_sync(a, Qw + kk, L.ldh);
+        wmma::load_matrix_sync(a, A + kk, lda);
 #pragma unroll
-        for (int n = 0; n < TC_BC / 16; n++) {
+        for (int n = 0; n < NT; n++) {
             frag_bt b;
-            wmma::load_matrix_sync(b, K + n * 16 * L.ldh + kk, L.ldh);
+            wmma::load_matrix_sync(b, B + n * 16 * ldb + kk, ldb);
             wmma::mma_sync(acc[n], a, b, acc[n]);
         }
     }
 #pragma unroll
-    for (int n = 0; n < TC_BC / 16; n++)
-        wmma::store_matrix_sync(S + n * 16, acc[n], L.lds, wmma::mem_row_major);
+    for (int n = 0; n < NT; n++) wmma::store_matrix_sync(C + n * 16, acc[n], ldc, wmma::mem_row_major);
 #endif
 }
 
@@ -160,7 +160,7 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
             load_bf16(V, vb + (size_t)j0 * ks, ks, nc, TC_BC, D, L.ldh);
             __syncthreads();
             if (j0 > wlim) continue; /* no row of the warp sees this tile: m, l, O unchanged */
-            scores_mma(Sw, Qw, K, D, L);
+            warp_abt<TC_BC / 16>(Sw, L.lds, Qw, L.ldh, K, L.ldh, D); /* S = Q K^T */
             __syncwarp();
 #pragma unroll
             for (int rr = 0; rr < 16; rr++) {
@@ -225,4 +225,260 @@ void rf__cuda_flash_forward_mma(float *out, float *lse, const float *q, const fl
     flash_forward_mma_kernel<<<grid, TC_THREADS, L.bytes, rf__cuda.stream>>>(
         out, lse, q, k, v, q_off, k_start, k_len, H, KVH, D);
     RF_CUDA_LAUNCH_CHECK();
+}
+
+/* ---- backward (training layout), at bf16 on tensor cores ----
+ *
+ * FlashAttention-2's backward (Algorithm 2) in the deterministic two-pass form of the FMA
+ * kernels: a dk/dv pass where a block owns TB = 64 keys of one (sequence, KV head), 16 per warp,
+ * and visits the group's heads and the query tiles of TB that see them; then a dq pass where a
+ * block owns TB queries of one (sequence, head) and visits the key tiles they see. Per visited
+ * tile each warp computes with WMMA its 16 x 64 scores and dP (dP = dO V^T), then per element
+ * p = exp(scale s - lse), ds = p (dp - Di) scale in fp32 (the mirror's pair_grads), rounds p
+ * and ds to bf16 into shared memory, and accumulates dV += P^T dO, dK += dS^T Q (dk/dv pass) or
+ * dQ += dS K (dq pass) with WMMA into fragments it keeps in registers across the whole visit:
+ * no rescaling happens in the backward, so the fragments' unspecified layout does not matter.
+ * Each output row is written by one warp: no atomics, deterministic. The CPU mirror's
+ * RF_FLASH_BF16_MMA mode rounds p and ds the same way. */
+
+#define TB 64                /* keys (dk/dv pass) or queries (dq pass) per block, 16 per warp */
+#define TB_LD (TB + TC_PAD)  /* leading dimension of the 16 x TB tiles of scores, dP, P, dS */
+
+static_assert(TB == 16 * TC_WARPS, "a warp owns 16 rows of the block's tile");
+
+/* Byte offsets of the backward's shared buffers for head dim D: the block's own tile pair
+ * (own0, own1: K, V or Q, dO) and the visited pair (vis0, vis1: Q, dO or K, V), TB x (D + 8)
+ * bf16 each; S and dP (TB x TB_LD fp32, contiguous: the results pass through them at the end,
+ * TB x (D + 8) fp32); P and dS (TB x TB_LD bf16); lse and Di of the query tile (2 x TB). */
+struct tb_layout {
+    size_t own0, own1, vis0, vis1, s, dp, p, ds, stat, bytes;
+    int ldh, ldo;
+};
+
+static __host__ __device__ inline tb_layout tb_layout_of(int D) {
+    tb_layout L;
+    L.ldh = D + TC_PAD, L.ldo = D + TC_PAD;
+    size_t tile = up128(sizeof(__nv_bfloat16) * TB * L.ldh), sc = up128(sizeof(float) * TB * TB_LD);
+    L.own0 = 0, L.own1 = tile, L.vis0 = 2 * tile, L.vis1 = 3 * tile;
+    L.s = 4 * tile, L.dp = L.s + sc;
+    size_t out = up128(sizeof(float) * TB * L.ldo); /* the results, over S and dP */
+    L.p = L.s + (2 * sc > out ? 2 * sc : out);
+    L.ds = L.p + up128(sizeof(__nv_bfloat16) * TB * TB_LD);
+    L.stat = L.ds + up128(sizeof(__nv_bfloat16) * TB * TB_LD);
+    L.bytes = L.stat + up128(sizeof(float) * 2 * TB);
+    return L;
+}
+
+/* One warp's acc (16 x 16 ND) += A (16 x TB, bf16, ld lda) B (TB x 16 ND, bf16 row-major). */
+template <int ND>
+static __device__ inline void warp_acc_ab(frag_c *acc, const __nv_bfloat16 *A, int lda,
+                                          const __nv_bfloat16 *B, int ldb) {
+#if __CUDA_ARCH__ >= 800
+#pragma unroll
+    for (int kk = 0; kk < TB; kk += 16) {
+        frag_a a;
+        wmma::load_matrix_sync(a, A + kk, lda);
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            frag_b b;
+            wmma::load_matrix_sync(b, B + kk * ldb + n * 16, ldb);
+            wmma::mma_sync(acc[n], a, b, acc[n]);
+        }
+    }
+#endif
+}
+
+/* Rows 0..n-1 of the warp's 16 x D result acc to dst rows (row stride `stride`), through the
+ * warp's part of the shared result area `tmp` (16 x ld fp32). */
+template <int ND>
+static __device__ inline void warp_store_rows(float *dst, size_t stride, int n, frag_c *acc,
+                                              float *tmp, int ld) {
+#if __CUDA_ARCH__ >= 800
+    const int D = 16 * ND;
+#pragma unroll
+    for (int j = 0; j < ND; j++) wmma::store_matrix_sync(tmp + j * 16, acc[j], ld, wmma::mem_row_major);
+    __syncwarp();
+    for (int e = threadIdx.x % 32; e < n * D; e += 32)
+        dst[(size_t)(e / D) * stride + e % D] = tmp[(e / D) * ld + e % D];
+    __syncwarp();
+#endif
+}
+
+/* p and ds of one element (fp32, the mirror's pair_grads), zero where the pair is not seen. */
+static __device__ inline void pair_pds(int seen, float s, float dp, float lse, float di,
+                                       float scale, float *p, float *ds) {
+    *p = seen ? expf(scale * s - lse) : 0.0f;
+    *ds = seen ? *p * (dp - di) * scale : 0.0f;
+}
+
+/* grid (key tiles of TB, stride gridDim.x; n_seq; KVH). */
+template <int ND>
+static __global__ void __launch_bounds__(TC_THREADS)
+flash_dkdv_mma_kernel(float *dk, float *dv, const float *dout, const float *q, const float *k,
+                      const float *v, const float *lse, const float *di,
+                      const int32_t *cu_seqlens, int H, int KVH) {
+#if __CUDA_ARCH__ >= 800
+    const int D = 16 * ND;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const tb_layout L = tb_layout_of(D);
+    __nv_bfloat16 *K = (__nv_bfloat16 *)(smem + L.own0), *V = (__nv_bfloat16 *)(smem + L.own1);
+    __nv_bfloat16 *Q = (__nv_bfloat16 *)(smem + L.vis0), *dO = (__nv_bfloat16 *)(smem + L.vis1);
+    float *lse_s = (float *)(smem + L.stat), *di_s = lse_s + TB;
+    int s = blockIdx.y, kvh = blockIdx.z, group = H / KVH;
+    int lane = threadIdx.x % 32, w0 = threadIdx.x / 32 * 16;
+    float *Sw = (float *)(smem + L.s) + w0 * TB_LD, *dPw = (float *)(smem + L.dp) + w0 * TB_LD;
+    __nv_bfloat16 *Pw = (__nv_bfloat16 *)(smem + L.p) + w0 * TB_LD;
+    __nv_bfloat16 *dSw = (__nv_bfloat16 *)(smem + L.ds) + w0 * TB_LD;
+    int off = cu_seqlens[s], len = cu_seqlens[s + 1] - off;
+    float scale = 1.0f / sqrtf((float)D);
+    size_t qs = (size_t)H * D, ks = (size_t)KVH * D;
+    for (int j0 = blockIdx.x * TB; j0 < len; j0 += gridDim.x * TB) {
+        int nc = min(TB, len - j0);
+        __syncthreads(); /* the previous tile's results are written */
+        load_bf16(K, k + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, TB, D, L.ldh);
+        load_bf16(V, v + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, TB, D, L.ldh);
+        frag_c dK[ND], dV[ND];
+#pragma unroll
+        for (int j = 0; j < ND; j++) wmma::fill_fragment(dK[j], 0.0f), wmma::fill_fragment(dV[j], 0.0f);
+        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+            for (int i0 = j0; i0 < len; i0 += TB) { /* the query tiles that see a key of the tile */
+                int nr = min(TB, len - i0);
+                size_t row0 = (size_t)(off + i0) * H + h;
+                __syncthreads();
+                load_bf16(Q, q + row0 * D, qs, nr, TB, D, L.ldh);
+                load_bf16(dO, dout + row0 * D, qs, nr, TB, D, L.ldh);
+                if (threadIdx.x < TB) {
+                    int r = threadIdx.x;
+                    lse_s[r] = r < nr ? lse[row0 + (size_t)r * H] : 0.0f;
+                    di_s[r] = r < nr ? di[row0 + (size_t)r * H] : 0.0f;
+                }
+                __syncthreads();
+                if (w0 >= nc || j0 + w0 > i0 + nr - 1) continue; /* no key of the warp seen */
+                warp_abt<TB / 16>(Sw, TB_LD, K + w0 * L.ldh, L.ldh, Q, L.ldh, D);   /* S^T = K Q^T */
+                warp_abt<TB / 16>(dPw, TB_LD, V + w0 * L.ldh, L.ldh, dO, L.ldh, D); /* dP^T = V dO^T */
+                __syncwarp();
+                for (int e = lane; e < 16 * TB; e += 32) {
+                    int cc = e / TB, r = e % TB, c = w0 + cc;
+                    float p, ds;
+                    pair_pds(c < nc && r < nr && j0 + c <= i0 + r, Sw[cc * TB_LD + r],
+                             dPw[cc * TB_LD + r], lse_s[r], di_s[r], scale, &p, &ds);
+                    Pw[cc * TB_LD + r] = __float2bfloat16_rn(p);
+                    dSw[cc * TB_LD + r] = __float2bfloat16_rn(ds);
+                }
+                __syncwarp();
+                warp_acc_ab<ND>(dV, Pw, TB_LD, dO, L.ldh); /* dV += P^T dO */
+                warp_acc_ab<ND>(dK, dSw, TB_LD, Q, L.ldh); /* dK += dS^T Q */
+            }
+        }
+        __syncthreads(); /* every warp is done with S and dP: the results pass through them */
+        float *tmp = (float *)(smem + L.s) + w0 * L.ldo;
+        int n = max(0, min(16, nc - w0));
+        size_t row = ((size_t)(off + j0 + w0) * KVH + kvh) * D;
+        warp_store_rows<ND>(dv + row, ks, n, dV, tmp, L.ldo);
+        warp_store_rows<ND>(dk + row, ks, n, dK, tmp, L.ldo);
+    }
+#endif
+}
+
+/* grid (query tiles of TB, stride gridDim.x; n_seq; H). */
+template <int ND>
+static __global__ void __launch_bounds__(TC_THREADS)
+flash_dq_mma_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
+                    const float *lse, const float *di, const int32_t *cu_seqlens, int H,
+                    int KVH) {
+#if __CUDA_ARCH__ >= 800
+    const int D = 16 * ND;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const tb_layout L = tb_layout_of(D);
+    __nv_bfloat16 *Q = (__nv_bfloat16 *)(smem + L.own0), *dO = (__nv_bfloat16 *)(smem + L.own1);
+    __nv_bfloat16 *K = (__nv_bfloat16 *)(smem + L.vis0), *V = (__nv_bfloat16 *)(smem + L.vis1);
+    float *lse_s = (float *)(smem + L.stat), *di_s = lse_s + TB;
+    int s = blockIdx.y, h = blockIdx.z, kvh = h / (H / KVH);
+    int lane = threadIdx.x % 32, w0 = threadIdx.x / 32 * 16;
+    float *Sw = (float *)(smem + L.s) + w0 * TB_LD, *dPw = (float *)(smem + L.dp) + w0 * TB_LD;
+    __nv_bfloat16 *dSw = (__nv_bfloat16 *)(smem + L.ds) + w0 * TB_LD;
+    int off = cu_seqlens[s], len = cu_seqlens[s + 1] - off;
+    float scale = 1.0f / sqrtf((float)D);
+    size_t qs = (size_t)H * D, ks = (size_t)KVH * D;
+    for (int i0 = blockIdx.x * TB; i0 < len; i0 += gridDim.x * TB) {
+        int nr = min(TB, len - i0);
+        size_t row0 = (size_t)(off + i0) * H + h;
+        __syncthreads(); /* the previous tile's results are written */
+        load_bf16(Q, q + row0 * D, qs, nr, TB, D, L.ldh);
+        load_bf16(dO, dout + row0 * D, qs, nr, TB, D, L.ldh);
+        if (threadIdx.x < TB) {
+            int r = threadIdx.x;
+            lse_s[r] = r < nr ? lse[row0 + (size_t)r * H] : 0.0f;
+            di_s[r] = r < nr ? di[row0 + (size_t)r * H] : 0.0f;
+        }
+        frag_c dQ[ND];
+#pragma unroll
+        for (int j = 0; j < ND; j++) wmma::fill_fragment(dQ[j], 0.0f);
+        int wlast = i0 + min(w0 + 15, nr - 1); /* the warp's last query */
+        for (int j0 = 0; j0 < i0 + nr; j0 += TB) { /* the key tiles the query tile sees */
+            int nc = min(TB, i0 + nr - j0);
+            __syncthreads();
+            load_bf16(K, k + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, TB, D, L.ldh);
+            load_bf16(V, v + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, TB, D, L.ldh);
+            __syncthreads();
+            if (w0 >= nr || j0 > wlast) continue; /* no query of the warp sees the tile */
+            warp_abt<TB / 16>(Sw, TB_LD, Q + w0 * L.ldh, L.ldh, K, L.ldh, D);   /* S = Q K^T */
+            warp_abt<TB / 16>(dPw, TB_LD, dO + w0 * L.ldh, L.ldh, V, L.ldh, D); /* dP = dO V^T */
+            __syncwarp();
+            for (int e = lane; e < 16 * TB; e += 32) {
+                int rr = e / TB, c = e % TB, r = w0 + rr;
+                float p, ds;
+                pair_pds(r < nr && c < nc && j0 + c <= i0 + r, Sw[rr * TB_LD + c],
+                         dPw[rr * TB_LD + c], lse_s[r], di_s[r], scale, &p, &ds);
+                dSw[rr * TB_LD + c] = __float2bfloat16_rn(ds);
+            }
+            __syncwarp();
+            warp_acc_ab<ND>(dQ, dSw, TB_LD, K, L.ldh); /* dQ += dS K */
+        }
+        __syncthreads(); /* every warp is done with S and dP: the results pass through them */
+        float *tmp = (float *)(smem + L.s) + w0 * L.ldo;
+        int n = max(0, min(16, nr - w0));
+        warp_store_rows<ND>(dq + (row0 + (size_t)w0 * H) * D, qs, n, dQ, tmp, L.ldo);
+    }
+#endif
+}
+
+template <int ND>
+static int launch_backward_mma(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                               const float *k, const float *v, const float *lse, const float *di,
+                               const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH) {
+    size_t bytes = tb_layout_of(16 * ND).bytes;
+    static size_t allowed = 0; /* per instantiation: the opt-in above 48 KiB, once */
+    if (bytes > 48 * 1024 && allowed < bytes) {
+        if (!RF_CUDA_CHECK(cudaFuncSetAttribute(flash_dkdv_mma_kernel<ND>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)) ||
+            !RF_CUDA_CHECK(cudaFuncSetAttribute(flash_dq_mma_kernel<ND>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)))
+            return 0;
+        allowed = bytes;
+    }
+    int gx = (T + TB - 1) / TB;
+    gx = gx < 1 ? 1 : gx > 64 ? 64 : gx; /* blocks stride over the tiles of their sequence */
+    flash_dkdv_mma_kernel<ND><<<dim3(gx, n_seq, KVH), TC_THREADS, bytes, rf__cuda.stream>>>(
+        dk, dv, dout, q, k, v, lse, di, cu_seqlens, H, KVH);
+    if (!RF_CUDA_LAUNCH_CHECK()) return 0;
+    flash_dq_mma_kernel<ND><<<dim3(gx, n_seq, H), TC_THREADS, bytes, rf__cuda.stream>>>(
+        dq, dout, q, k, v, lse, di, cu_seqlens, H, KVH);
+    return RF_CUDA_LAUNCH_CHECK();
+}
+
+void rf__cuda_flash_backward_mma(float *dq, float *dk, float *dv, const float *dout,
+                                 const float *q, const float *k, const float *v, const float *lse,
+                                 const float *di, const int32_t *cu_seqlens, int n_seq, int T,
+                                 int H, int KVH, int D) {
+    switch (D / 16) { /* D is a multiple of 16 up to RF_FLASH_MAX_D (rf__cuda_flash_mma_supported) */
+    case 1: launch_backward_mma<1>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH); break;
+    case 2: launch_backward_mma<2>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH); break;
+    case 3: launch_backward_mma<3>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH); break;
+    case 4: launch_backward_mma<4>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH); break;
+    case 5: launch_backward_mma<5>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH); break;
+    case 6: launch_backward_mma<6>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH); break;
+    case 7: launch_backward_mma<7>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH); break;
+    default: launch_backward_mma<8>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH); break;
+    }
 }

@@ -29,16 +29,22 @@ static inline char *rf_fuzz_cstr(const uint8_t *data, size_t size) {
     return s;
 }
 
-/* Writes the input to this process's scratch file NAME (in $TMPDIR or /tmp, a directory of its
- * own per process) and returns its path (static storage, valid until the next call). */
-static inline const char *rf_fuzz_file(const char *name, const void *data, size_t size) {
-    static char dir[256], path[512];
+/* This process's scratch directory ($TMPDIR or /tmp, one per process), made on first use. */
+static inline const char *rf_fuzz_dir(void) {
+    static char dir[256];
     if (!dir[0]) {
         const char *t = getenv("TMPDIR");
         snprintf(dir, sizeof dir, "%s/rf_fuzz_%d", t && *t ? t : "/tmp", (int)getpid());
         mkdir(dir, 0700);
     }
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return dir;
+}
+
+/* Writes the input to the scratch file NAME and returns its path (static storage, valid until
+ * the next call). */
+static inline const char *rf_fuzz_file(const char *name, const void *data, size_t size) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", rf_fuzz_dir(), name);
     FILE *f = fopen(path, "wb");
     if (!f || (size && fwrite(data, 1, size, f) != size) || fclose(f)) {
         perror(path);
