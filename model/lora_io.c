@@ -3,6 +3,9 @@
  * save_pretrained (tensor names "base_model.model.<module>.lora_A.weight", adapter name
  * dropped). */
 #include <cjson/cJSON.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,10 +138,12 @@ static rf_status parse_config(const cJSON *j, const char *path, rf_lora_opts *o)
                 *alpha = cJSON_GetObjectItem(j, "lora_alpha"), *bias = cJSON_GetObjectItem(j, "bias");
     if (!cJSON_IsString(type) || strcmp(type->valuestring, "LORA") != 0)
         return rf_error(RF_ERR_UNSUPPORTED, "%s: \"peft_type\" must be \"LORA\"", path);
-    if (!cJSON_IsNumber(r) || r->valuedouble != (int)r->valuedouble || r->valueint < 1)
-        return rf_error(RF_ERR_FORMAT, "%s: \"r\" must be an integer >= 1", path);
-    if (!cJSON_IsNumber(alpha) || !(alpha->valuedouble > 0))
-        return rf_error(RF_ERR_FORMAT, "%s: \"lora_alpha\" must be a number > 0", path);
+    /* range first: converting a double outside int's (or float's) range is undefined */
+    if (!cJSON_IsNumber(r) || !(r->valuedouble >= 1 && r->valuedouble <= INT_MAX) ||
+        r->valuedouble != floor(r->valuedouble))
+        return rf_error(RF_ERR_FORMAT, "%s: \"r\" must be an integer in 1..%d", path, INT_MAX);
+    if (!cJSON_IsNumber(alpha) || !(alpha->valuedouble > 0 && alpha->valuedouble <= FLT_MAX))
+        return rf_error(RF_ERR_FORMAT, "%s: \"lora_alpha\" must be a finite number > 0", path);
     if (bias && !(cJSON_IsString(bias) && strcmp(bias->valuestring, "none") == 0))
         return rf_error(RF_ERR_UNSUPPORTED, "%s: \"bias\" must be \"none\" (trained biases are not implemented)", path);
     static const char *const refused[] = {"use_rslora", "fan_in_fan_out", "modules_to_save", "layers_to_transform",

@@ -249,7 +249,11 @@ int main(int argc, char **argv) {
     refuses("s/\"use_rslora\":\\tfalse/\"use_rslora\": true/", "adapter_config.json: \"use_rslora\" is set; rlflow's LoRA does not implement it");
     refuses("s/\"bias\":\\t\"none\"/\"bias\": \"all\"/", "adapter_config.json: \"bias\" must be \"none\" (trained biases are not implemented)");
     refuses("s/\"q_proj\"/\"qkv_proj\"/", "adapter_config.json: target_modules: \"qkv_proj\" is not one of q_proj");
-    refuses("s/\"r\":\\t4/\"r\": 0/", "adapter_config.json: \"r\" must be an integer >= 1");
+    refuses("s/\"r\":\\t4/\"r\": 0/", "adapter_config.json: \"r\" must be an integer in 1..2147483647");
+    /* found by fuzz_peft_config (UBSan: a double outside int's range converted) */
+    refuses("s/\"r\":\\t4/\"r\": 5e76/", "adapter_config.json: \"r\" must be an integer in 1..2147483647");
+    refuses("s/\"r\":\\t4/\"r\": 4.5/", "adapter_config.json: \"r\" must be an integer in 1..2147483647");
+    refuses("s/\"lora_alpha\":\\t8/\"lora_alpha\": 1e300/", "adapter_config.json: \"lora_alpha\" must be a finite number > 0");
     refuses("s/\"r\":\\t4/\"r\": 2/", "adapter_model.safetensors");
     refuses_peft_variants();
     return rf_test_finish("test_lora_golden");

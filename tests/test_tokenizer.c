@@ -398,14 +398,17 @@ static rf_tokenizer *with_normalized_token(const char *base, const char *entry) 
  * it; tests/fuzz/corpus/tokenizer). ctest runs this test with glibc's malloc filling fresh
  * blocks with 0xa5 (MALLOC_PERTURB_, the thread cache off: CMakeLists.txt), so a missing NUL
  * makes strlen run on instead of stopping at a zero left there by chance. Expected values from HF tokenizers 0.23.3 on the same files:
- * id_to_token 868 = "\u2581ab\u2581cd", encode("x ab cd y") = [1, 647, 868, 366, 322];
- * id_to_token 701 = "caf\u00e9!" (content "cafe\u0301!"), encode("x caf\u00e9! y") =
+ * id_to_token 868 = "\u2581ab\u2581cd", token_to_id("ab cd") = 868 and of "\u2581ab\u2581cd"
+ * None, encode("x ab cd y") = [1, 647, 868, 366, 322];
+ * id_to_token 701 = "caf\u00e9!" (content "cafe\u0301!", which token_to_id knows), encode("x caf\u00e9! y") =
  * [90, 223, 701, 223, 91]. */
 static void test_normalized_added_tokens(void) {
     static const int32_t want_l[] = {1, 647, 868, 366, 322}, want_q[] = {90, 223, 701, 223, 91};
     rf_tokenizer *t = with_normalized_token("llama2.json", RF_TEST_ADDED(868, "ab cd"));
     const char *tok = t ? rf_tokenizer_id_to_token(t, 868) : NULL;
     CHECK(tok && strlen(tok) == 10 && strcmp(tok, "\xe2\x96\x81" "ab" "\xe2\x96\x81" "cd") == 0);
+    /* HF's token_to_id knows the content, not the normalized text id_to_token gives */
+    CHECK(t && rf_tokenizer_token_to_id(t, "ab cd") == 868 && rf_tokenizer_token_to_id(t, tok) == -1);
     int32_t *ids = NULL;
     int n = 0;
     if (t) {
@@ -417,6 +420,7 @@ static void test_normalized_added_tokens(void) {
     t = with_normalized_token("qwen2.json", RF_TEST_ADDED(701, "cafe\\u0301!"));
     tok = t ? rf_tokenizer_id_to_token(t, 701) : NULL;
     CHECK(tok && strlen(tok) == 6 && strcmp(tok, "caf\xc3\xa9!") == 0);
+    CHECK(t && rf_tokenizer_token_to_id(t, "cafe\xcc\x81!") == 701 && rf_tokenizer_token_to_id(t, tok) == -1);
     if (t) {
         CHECK_OK(rf_tokenizer_encode(t, "x caf\xc3\xa9! y", 10, 1, &ids, &n));
         CHECK(n == 5 && memcmp(ids, want_q, sizeof want_q) == 0);
