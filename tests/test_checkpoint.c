@@ -163,6 +163,43 @@ static void admission_count(const char *run, rf_model *actor, rf_model *critic) 
     }
 }
 
+/* trainer_state.json's other fields, as a hand-edited or damaged file may hold them: refused
+ * naming the file, key and value, never converted out of range (a double outside int's range is
+ * undefined behaviour to convert) nor read as a silent 0 ("abc" through strtod). */
+static void state_fields_refused(const char *run) {
+    static const char *const cases[][2] = {
+        {"\"step\": -1", "\"step\" = -1: not a whole number in 0..2147483647"},
+        {"\"step\": 40.5", "\"step\" = 40.5: not a whole number in 0..2147483647"},
+        {"\"data_index\": 1e300", "\"data_index\" = 1e+300: not a whole number in 0..2147483647"},
+        {"\"actor_optimizer_steps\": \"7\"", "\"actor_optimizer_steps\" = \"7\": not a whole number"},
+        {"\"kl_beta\": \"abc\"", "\"kl_beta\" = \"abc\": not a number"},
+        {"\"kl_beta\": -1", "\"kl_beta\" = -1: not a finite number >= 0"},
+        {"\"kl_beta\": 1e300", "\"kl_beta\" = 1e+300: not a finite number >= 0"},
+        {"\"best_val\": \"0x1p-2 \"", "\"best_val\" = \"0x1p-2 \": not a number"},
+        {"\"data_epoch\": null", "\"data_epoch\" = null: not a whole number in 0..2147483647"},
+    };
+    char p[600], want[900], text[600];
+    snprintf(p, sizeof p, "%s/step_000040/trainer_state.json", run);
+    rf_ckpt_state got = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        /* the good file with one field replaced: written first, since cJSON finds the first of
+         * two keys of the same name */
+        snprintf(text, sizeof text, "{%s, \"step\": 40, \"actor_optimizer_steps\": 7, \"critic_optimizer_steps\": 5, "
+                 "\"data_epoch\": 0, \"data_index\": 7, \"kl_beta\": \"0x1p-1\", \"best_val\": \"-0x1p+0\"}",
+                 cases[i][0]);
+        CHECK_OK(rf_write_file_atomic(p, text, strlen(text)));
+        snprintf(want, sizeof want, "%s: %s", p, cases[i][1]);
+        CHECK_ERR(rf_checkpoint_load(run, NULL, NULL, &got), RF_ERR_FORMAT, want);
+    }
+    /* exact hex floats, -inf (no best validation yet) and numbers read back */
+    snprintf(text, sizeof text, "{\"step\": 40, \"actor_optimizer_steps\": 7, \"critic_optimizer_steps\": 5, "
+             "\"data_epoch\": 2147483647, \"data_index\": 7, \"kl_beta\": 0.5, \"best_val\": \"-inf\"}");
+    CHECK_OK(rf_write_file_atomic(p, text, strlen(text)));
+    CHECK_OK(rf_checkpoint_load(run, NULL, NULL, &got));
+    CHECK(got.step == 40 && got.pos.epoch == 2147483647 && got.kl_beta == 0.5f && isinf(got.best_val) &&
+          got.best_val < 0);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/rf_ckpt_XXXXXX");
     if (!mkdtemp(dir)) return 1;
@@ -223,6 +260,7 @@ int main(void) {
     CHECK(strcmp(latest, p) == 0);
 
     admission_count(run, actor, critic);
+    state_fields_refused(run);
 
     rf_model_free(actor), rf_model_free(critic), rf_model_free(a2), rf_model_free(c2);
     if (!rf_test_failed) rf_remove_tree(dir);

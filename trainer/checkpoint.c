@@ -5,6 +5,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,11 +187,34 @@ static rf_status load_role(const char *dir, const char *name, rf_model *m, int m
     return RF_OK;
 }
 
-static rf_status get_num(const cJSON *j, const char *key, const char *path, double *out) {
+/* A counter of trainer_state.json (step, optimizer steps, data position): a JSON number that is
+ * a whole number in 0..INT_MAX; anything else is refused naming the file, key and value (a
+ * double outside int's range may not even be converted). */
+static rf_status get_count(const cJSON *j, const char *key, const char *path, int *out) {
     const cJSON *it = cJSON_GetObjectItem(j, key);
+    if (!it) return rf_error(RF_ERR_FORMAT, "%s: missing \"%s\"", path, key);
+    double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
+    if (!(v >= 0 && v <= INT_MAX && v == floor(v))) {
+        char *text = cJSON_PrintUnformatted(it);
+        rf_status st = rf_error(RF_ERR_FORMAT, "%s: \"%s\" = %s: not a whole number in 0..%d", path, key,
+                                text ? text : "?", INT_MAX);
+        free(text);
+        return st;
+    }
+    *out = (int)v;
+    return RF_OK;
+}
+
+/* A float of trainer_state.json: written as exact hex text ("%a"), also read as a JSON number;
+ * text that is not a whole number in C's syntax (strtod must take all of it) is refused. */
+static rf_status get_real(const cJSON *j, const char *key, const char *path, double *out) {
+    const cJSON *it = cJSON_GetObjectItem(j, key);
+    char *end = NULL;
     if (cJSON_IsNumber(it)) *out = it->valuedouble;
-    else if (cJSON_IsString(it)) *out = strtod(it->valuestring, NULL);
+    else if (cJSON_IsString(it) && it->valuestring[0]) *out = strtod(it->valuestring, &end);
     else return rf_error(RF_ERR_FORMAT, "%s: missing \"%s\"", path, key);
+    if (end && *end)
+        return rf_error(RF_ERR_FORMAT, "%s: \"%s\" = \"%s\": not a number", path, key, it->valuestring);
     return RF_OK;
 }
 
@@ -218,20 +243,25 @@ static rf_status read_state(const char *dir, rf_ckpt_state *st, rf_model *actor,
     cJSON *j = cJSON_Parse(text);
     free(text);
     if (!j) return rf_error(RF_ERR_FORMAT, "%s: not valid JSON", p);
-    double v[7];
+    int n[5];
+    double kl = 0, best = 0;
     static const char *keys[] = {"step", "actor_optimizer_steps", "critic_optimizer_steps",
-                                 "data_epoch", "data_index", "kl_beta", "best_val"};
+                                 "data_epoch", "data_index"};
     rf_status s = RF_OK;
-    for (int i = 0; s == RF_OK && i < 7; i++) s = get_num(j, keys[i], p, &v[i]);
+    for (int i = 0; s == RF_OK && i < 5; i++) s = get_count(j, keys[i], p, &n[i]);
+    if (s == RF_OK) s = get_real(j, "kl_beta", p, &kl);
+    if (s == RF_OK && !(kl >= 0 && kl <= FLT_MAX))
+        s = rf_error(RF_ERR_FORMAT, "%s: \"kl_beta\" = %g: not a finite number >= 0", p, kl);
+    if (s == RF_OK) s = get_real(j, "best_val", p, &best);
     if (s == RF_OK) s = get_admitted(j, p, &st->admitted);
     cJSON_Delete(j);
     RF_TRY(s);
-    st->step = (int)v[0];
-    st->actor_opt_steps = (int)v[1], st->critic_opt_steps = (int)v[2];
-    if (actor) actor->opt_step = (int)v[1];
-    if (critic) critic->opt_step = (int)v[2];
-    st->pos.epoch = (int)v[3], st->pos.index = (int)v[4];
-    st->kl_beta = (float)v[5], st->best_val = v[6];
+    st->step = n[0];
+    st->actor_opt_steps = n[1], st->critic_opt_steps = n[2];
+    if (actor) actor->opt_step = n[1];
+    if (critic) critic->opt_step = n[2];
+    st->pos.epoch = n[3], st->pos.index = n[4];
+    st->kl_beta = (float)kl, st->best_val = best;
     return RF_OK;
 }
 
