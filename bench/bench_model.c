@@ -27,14 +27,17 @@
  *    rf_model_load_frozen, whose products read the stored bf16 matrices (no fp32 copy): prefill
  *    and decode only (a frozen model does not train), and a model_memory line with the
  *    resident memory after them, to set beside a run without --frozen.
- * Usage: bench_model [--quick] [--config small|qwen0.5b] [--precision fp32|bf16] [--profile]
- *                    [--frozen] [--only LIST] (LIST: comma-separated train,prefill,decode1,
- *                    decode32,adamw)
+ * Usage: bench_model [--device cpu|cuda] [--quick] [--config small|qwen0.5b]
+ *                    [--precision fp32|bf16] [--profile] [--frozen] [--only LIST] (LIST:
+ *                    comma-separated train,prefill,decode1,decode32,adamw)
+ * --device cuda runs bench_cuda in its place (the same JSON lines on the GPU, against the GPU's
+ * own bf16 peak and copy bandwidth; exec_cuda_bench below).
  * Threads: OMP_NUM_THREADS. small is the 25m preset (C=512, 6 layers, vocab 16384, 26 M
  * parameters); qwen0.5b the shape of Qwen2.5-0.5B (494 M parameters) with random weights. */
 #include <cblas.h>
 #include <omp.h>
 #include <dnnl.h> /* rlflow_core links oneDNN (kernels/cpu/cpu_gemm.c) */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,9 +67,59 @@ static int wanted(const bench_opts *o, const char *name) {
 }
 
 static void usage_exit(const char *msg) {
-    fprintf(stderr, "bench_model: %s\nusage: bench_model [--quick] [--config small|qwen0.5b] "
+    fprintf(stderr, "bench_model: %s\nusage: bench_model [--device cpu|cuda] [--quick] [--config small|qwen0.5b] "
             "[--precision fp32|bf16] [--profile] [--frozen] [--only train,prefill,decode1,decode32,adamw]\n", msg);
     exit(2);
+}
+
+/* --device cuda: the GPU's figures come from bench_cuda (built beside this program with the
+ * CUDA back end; it links cuBLASLt for the device's own peak, which this program must not),
+ * run in this process's place with the options mapped: --quick, --precision (default bf16 on
+ * the GPU), --config small -> --model 25m, qwen0.5b -> qwen0.5b, none -> all three shapes
+ * (25m, qwen0.5b, 7b). Options bench_cuda has no counterpart for are refused. Returns only
+ * on error (exit status 2). */
+static void exec_cuda_bench(int argc, char **argv) {
+    char *args[16];
+    int n = 0;
+    static char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 32);
+    if (len <= 0) usage_exit("--device cuda: cannot find this program's directory");
+    self[len] = 0;
+    char *slash = strrchr(self, '/');
+    strcpy(slash + 1, "bench_cuda");
+    args[n++] = self;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--device") == 0) i++;
+        else if (strcmp(a, "--quick") == 0) args[n++] = argv[i];
+        else if (strcmp(a, "--precision") == 0 && val) args[n++] = argv[i], args[n++] = argv[++i];
+        else if (strcmp(a, "--config") == 0 && val) {
+            args[n++] = "--model";
+            args[n++] = strcmp(val, "small") == 0 ? "25m" : argv[i + 1];
+            i++;
+        } else {
+            char msg[256];
+            snprintf(msg, sizeof msg, "--device cuda: option \"%s\" is for the CPU bench only", a);
+            usage_exit(msg);
+        }
+    }
+    args[n] = NULL;
+    execv(self, args);
+    fprintf(stderr, "bench_model: --device cuda: cannot run %s: %s (a build without the CUDA "
+            "back end has no bench_cuda: configure with -DRLFLOW_CUDA=ON)\n", self, strerror(errno));
+    exit(2);
+}
+
+/* Where the bench runs: "cpu" (default) or "cuda" (exec_cuda_bench). */
+static int wants_cuda(int argc, char **argv) {
+    int cuda = 0;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--device") == 0) {
+            if (i + 1 >= argc || (strcmp(argv[i + 1], "cpu") && strcmp(argv[i + 1], "cuda")))
+                usage_exit("--device must be cpu or cuda");
+            cuda = strcmp(argv[++i], "cuda") == 0;
+        }
+    return cuda;
 }
 
 static void parse_opts(bench_opts *o, int argc, char **argv) {
@@ -75,6 +128,7 @@ static void parse_opts(bench_opts *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--quick") == 0) o->quick = 1;
+        else if (strcmp(a, "--device") == 0 && val) i++; /* cpu here (wants_cuda) */
         else if (strcmp(a, "--profile") == 0) o->profile = 1;
         else if (strcmp(a, "--frozen") == 0) o->frozen = 1;
         else if (strcmp(a, "--config") == 0 && val) o->config = val, i++;
@@ -696,6 +750,7 @@ static void bench_decode(rf_model *m, int B, const bench_opts *o, const hw_basel
 int main(int argc, char **argv) {
     bench_opts o;
     setvbuf(stdout, NULL, _IOLBF, 0); /* each line as soon as it is measured (runs are long) */
+    if (wants_cuda(argc, argv)) exec_cuda_bench(argc, argv);
     parse_opts(&o, argc, argv);
     const rf_kernels *k = o.profile ? timed_kernels() : rf_cpu_kernels();
     if (k->set_precision(o.precision) != RF_OK) {

@@ -1251,6 +1251,7 @@ static void run_kernel_suite(const rf_kernels *K, uint64_t seed) {
     test_fused(K);
 }
 
+#ifdef RF_TEST_KERNELS_NO_MAIN
 /* Packed sequences of the given lengths, the training layout: cu (n_seq + 1) the offsets,
  * kl (n_seq) the key counts (= the lengths). Returns the longest length. Used by the tiled
  * attention tests that include this file (test_flash_ref, test_kernels_cuda). */
@@ -1263,6 +1264,7 @@ static inline int packed_lens(const int *lens, int n_seq, int32_t *cu, int32_t *
     }
     return maxlen;
 }
+#endif
 
 #ifndef RF_TEST_KERNELS_NO_MAIN
 /* rf_cpu_batch_invariant (the rollout worker's products): with it on, where the CPU back end
