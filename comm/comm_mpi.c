@@ -151,8 +151,9 @@ static rf_status mpi_allreduce(rf_comm *c, const float *in, float *out, size_t n
     MPI_Request r[MAX_PIECES];
     for (size_t i = 0; i < pieces; i++) {
         size_t off = i * per, len = n - off < per ? n - off : per;
-        int rc = MPI_Iallreduce(in == out ? MPI_IN_PLACE : (const void *)(in + off), out + off, (int)len,
-                                MPI_FLOAT, MPI_SUM, mc(c), &r[i]);
+        /* n = 0 may come with NULL buffers: no offset on them (undefined in C) */
+        int rc = MPI_Iallreduce(in == out ? MPI_IN_PLACE : in ? (const void *)(in + off) : in,
+                                out ? out + off : out, (int)len, MPI_FLOAT, MPI_SUM, mc(c), &r[i]);
         if (rc != MPI_SUCCESS) {
             abandon(c, r, (int)i);
             mpi_fail(rc, what);
@@ -187,7 +188,8 @@ static rf_status mpi_bcast(rf_comm *c, void *buf, size_t bytes, int root, double
     MPI_Request r[MAX_PIECES];
     for (size_t i = 0; i < pieces; i++) {
         size_t off = i * PIECE, len = bytes - off < PIECE ? bytes - off : PIECE;
-        int rc = MPI_Ibcast((char *)buf + off, (int)len, MPI_BYTE, root, mc(c), &r[i]);
+        /* no offset on a NULL buffer (a broadcast of 0 bytes may pass one): undefined in C */
+        int rc = MPI_Ibcast(buf ? (char *)buf + off : buf, (int)len, MPI_BYTE, root, mc(c), &r[i]);
         if (rc != MPI_SUCCESS) {
             abandon(c, r, (int)i);
             mpi_fail(rc, what);
@@ -256,7 +258,7 @@ static rf_status mpi_sendrecv_start(rf_comm *c, const rf_comm_p2p *ops, int n, r
         size_t bytes = ops[i].bytes;
         for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += PIECE) {
             size_t len = bytes - off < PIECE ? bytes - off : PIECE;
-            char *p = (char *)ops[i].buf + off;
+            char *p = ops[i].buf ? (char *)ops[i].buf + off : NULL; /* 0 bytes may come with NULL */
             int rc = ops[i].send ? MPI_Isend(p, (int)len, MPI_BYTE, ops[i].peer, TAG_SENDRECV, mc(c), &q->r[q->nr])
                                  : MPI_Irecv(p, (int)len, MPI_BYTE, ops[i].peer, TAG_SENDRECV, mc(c), &q->r[q->nr]);
             if (rc != MPI_SUCCESS) {

@@ -454,7 +454,7 @@ static void sync_save(rf_model_tp *tp) {
 
 static rf_status sync_finish(rf_model_tp *tp) {
     rf_model *m = tp->m;
-    float *saved = tp->sync_mem, *pack = tp->sync_mem + tp->sync_floats;
+    float *saved = tp->sync_mem, *pack = saved ? saved + tp->sync_floats : NULL; /* none to sync: NULL */
     size_t off = 0;
     for (int i = 0; i < tp->n_sync; i++) {
         const rf_param_view *v = &tp->sync_table[tp->sync_views[i]];

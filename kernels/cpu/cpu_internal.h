@@ -107,7 +107,9 @@ float *rf_cpu_logprob_scratch(size_t n);
  * of e^x for x in [-87.3, 88.37] (test_kernels checks); x below clamps to -87.3 (e^x ~ 1.2e-38
  * instead of 0 or a denormal), above to 88.37 (~2.6e38, not inf). NaN stays NaN. */
 static inline float rf_cpu_expf(float x) {
-    float xc = x < -87.3f ? -87.3f : x > 88.37f ? 88.37f : x;
+    /* NaN fails both tests and takes -87.3: it must not reach the int conversion below
+     * (undefined for NaN); the result is x itself then */
+    float xc = x > -87.3f ? (x < 88.37f ? x : 88.37f) : -87.3f;
     /* round xc / ln2 to the nearest integer: adding 1.5 * 2^23 drops the fraction bits */
     float kf = xc * 1.44269504088896341f + 12582912.0f;
     kf -= 12582912.0f;
