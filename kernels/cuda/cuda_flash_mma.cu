@@ -304,6 +304,22 @@ static __device__ inline void warp_store_rows(float *dst, size_t stride, int n, 
 #endif
 }
 
+/* A query tile of the backward into shared memory: rows row0, row0 + H, ... (nr of them, TB
+ * staged, zero past nr) of q and dout in bf16, and their lse and Di. Every thread takes part. */
+static __device__ inline void stage_queries(__nv_bfloat16 *Q, __nv_bfloat16 *dO, float *lse_s,
+                                            float *di_s, const float *q, const float *dout,
+                                            const float *lse, const float *di, size_t row0, int nr,
+                                            int H, int D, int ldh) {
+    size_t qs = (size_t)H * D;
+    load_bf16(Q, q + row0 * D, qs, nr, TB, D, ldh);
+    load_bf16(dO, dout + row0 * D, qs, nr, TB, D, ldh);
+    if (threadIdx.x < TB) {
+        int r = threadIdx.x;
+        lse_s[r] = r < nr ? lse[row0 + (size_t)r * H] : 0.0f;
+        di_s[r] = r < nr ? di[row0 + (size_t)r * H] : 0.0f;
+    }
+}
+
 /* p and ds of one element (fp32, the mirror's pair_grads), zero where the pair is not seen. */
 static __device__ inline void pair_pds(int seen, float s, float dp, float lse, float di,
                                        float scale, float *p, float *ds) {
@@ -331,7 +347,7 @@ flash_dkdv_mma_kernel(float *dk, float *dv, const float *dout, const float *q, c
     __nv_bfloat16 *dSw = (__nv_bfloat16 *)(smem + L.ds) + w0 * TB_LD;
     int off = cu_seqlens[s], len = cu_seqlens[s + 1] - off;
     float scale = 1.0f / sqrtf((float)D);
-    size_t qs = (size_t)H * D, ks = (size_t)KVH * D;
+    size_t ks = (size_t)KVH * D;
     for (int j0 = blockIdx.x * TB; j0 < len; j0 += gridDim.x * TB) {
         int nc = min(TB, len - j0);
         __syncthreads(); /* the previous tile's results are written */
@@ -345,13 +361,7 @@ flash_dkdv_mma_kernel(float *dk, float *dv, const float *dout, const float *q, c
                 int nr = min(TB, len - i0);
                 size_t row0 = (size_t)(off + i0) * H + h;
                 __syncthreads();
-                load_bf16(Q, q + row0 * D, qs, nr, TB, D, L.ldh);
-                load_bf16(dO, dout + row0 * D, qs, nr, TB, D, L.ldh);
-                if (threadIdx.x < TB) {
-                    int r = threadIdx.x;
-                    lse_s[r] = r < nr ? lse[row0 + (size_t)r * H] : 0.0f;
-                    di_s[r] = r < nr ? di[row0 + (size_t)r * H] : 0.0f;
-                }
+                stage_queries(Q, dO, lse_s, di_s, q, dout, lse, di, row0, nr, H, D, L.ldh);
                 __syncthreads();
                 if (w0 >= nc || j0 + w0 > i0 + nr - 1) continue; /* no key of the warp seen */
                 warp_abt<TB / 16>(Sw, TB_LD, K + w0 * L.ldh, L.ldh, Q, L.ldh, D);   /* S^T = K Q^T */
@@ -404,13 +414,7 @@ flash_dq_mma_kernel(float *dq, const float *dout, const float *q, const float *k
         int nr = min(TB, len - i0);
         size_t row0 = (size_t)(off + i0) * H + h;
         __syncthreads(); /* the previous tile's results are written */
-        load_bf16(Q, q + row0 * D, qs, nr, TB, D, L.ldh);
-        load_bf16(dO, dout + row0 * D, qs, nr, TB, D, L.ldh);
-        if (threadIdx.x < TB) {
-            int r = threadIdx.x;
-            lse_s[r] = r < nr ? lse[row0 + (size_t)r * H] : 0.0f;
-            di_s[r] = r < nr ? di[row0 + (size_t)r * H] : 0.0f;
-        }
+        stage_queries(Q, dO, lse_s, di_s, q, dout, lse, di, row0, nr, H, D, L.ldh);
         frag_c dQ[ND];
 #pragma unroll
         for (int j = 0; j < ND; j++) wmma::fill_fragment(dQ[j], 0.0f);
