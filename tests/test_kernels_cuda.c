@@ -499,6 +499,38 @@ static void cross_flash(const int *lens, int n_seq, int H, int KVH, int D) {
     free(q), free(k), free(v), free(dout);
 }
 
+/* The tiled forward over a KV-cache layout (decode rows and a prefill chunk reading keys of
+ * other rows, bottom-right causal alignment), the way prefill and generation call it: fp32,
+ * bf16 on the FMA kernel, bf16 by default (the tensor-core kernel where D is a multiple of 16),
+ * each against the mirror's same mode, tolerances as cross_flash's forward. */
+static void cross_flash_kvcache(int H, int KVH, int D) {
+    static const int32_t q_off[5] = {0, 1, 2, 42, 45};
+    static const int32_t k_start[4] = {0, 200, 60, 400}, k_len[4] = {50, 130, 75, 3};
+    int rows = 410, n_seq = 4;
+    size_t nq = (size_t)q_off[n_seq] * H * D, nk = (size_t)rows * KVH * D, nl = (size_t)q_off[n_seq] * H;
+    float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f);
+    float *o0 = fnew(nq), *l0 = fnew(nl), *o = fnew(nq), *l = fnew(nl);
+    double tf = 2 * tol_red(D + 130);
+    for (int mode = RF_FLASH_FP32; mode <= RF_FLASH_BF16_MMA; mode++) {
+        if (mode == RF_FLASH_BF16_MMA && D % 16) continue;
+        rf_flash_ref_forward(o0, l0, q, k, v, q_off, k_start, k_len, n_seq, H, KVH, D, mode);
+        if (mode == RF_FLASH_BF16_LOAD) setenv("RLFLOW_CUDA_ATTENTION", "fma", 1);
+        CHECK_OK(g_gpu->set_precision(mode ? RF_PRECISION_BF16 : RF_PRECISION_FP32));
+        run_attention_forward(g_gpu, o, l, q, k, v, q_off, k_start, k_len, n_seq, rows, H, KVH, D);
+        CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
+        unsetenv("RLFLOW_CUDA_ATTENTION");
+        const char *name = mode == RF_FLASH_FP32 ? "flash fp32" : mode == RF_FLASH_BF16_LOAD
+                           ? "flash bf16 (FMA)" : "flash bf16 (tensor cores)";
+        char what[96];
+        snprintf(what, sizeof what, "%s, KV cache, vs cpu_flash_ref: out", name);
+        check_arr_f(what, o, o0, nq, mode == RF_FLASH_BF16_MMA ? 2e-2 : tf);
+        if (mode == RF_FLASH_BF16_MMA) check_mostly(what, o, o0, nq, tf, 0.05);
+        snprintf(what, sizeof what, "%s, KV cache, vs cpu_flash_ref: lse", name);
+        check_arr_f(what, l, l0, nl, tf);
+    }
+    free(q), free(k), free(v), free(o0), free(l0), free(o), free(l);
+}
+
 /* Paged decoding: the split-K kernels (one-query rows) and the unsplit kernel (a prefill chunk)
  * against their CPU mirror rf_flash_ref_paged_decode (same split and order: fp32 rounding only),
  * and with RLFLOW_CUDA_ATTENTION=reference (every row unsplit) against the CPU back end; both
@@ -545,6 +577,8 @@ static void run_precision_and_flash_suite(uint64_t seed) {
     cross_flash(lens_a, 5, 14, 2, 64);
     cross_flash(lens_b, 4, 8, 8, 128);
     cross_flash(lens_a, 1, 4, 1, 64);
+    cross_flash_kvcache(14, 2, 64);
+    cross_flash_kvcache(4, 4, 128);
     cross_paged_decode(14, 2, 64);
     cross_paged_decode(8, 8, 128);
 }
