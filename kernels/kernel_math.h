@@ -16,11 +16,16 @@ RF_HD static inline float rf_sigmoidf(float x) { return 1.0f / (1.0f + expf(-x))
 /* silu(g) * u */
 RF_HD static inline float rf_swiglu(float g, float u) { return g * rf_sigmoidf(g) * u; }
 
-/* Gradients of silu(g) * u with respect to g and u. */
-RF_HD static inline void rf_swiglu_grad(float g, float u, float dout, float *dg, float *du) {
-    float s = rf_sigmoidf(g);
+/* Gradients of silu(g) * u with respect to g and u, given s = rf_sigmoidf(g). */
+RF_HD static inline void rf_swiglu_grad_s(float g, float u, float dout, float s, float *dg,
+                                          float *du) {
     *du = dout * g * s;
     *dg = dout * u * s * (1.0f + g * (1.0f - s));
+}
+
+/* Gradients of silu(g) * u with respect to g and u. */
+RF_HD static inline void rf_swiglu_grad(float g, float u, float dout, float *dg, float *du) {
+    rf_swiglu_grad_s(g, u, dout, rf_sigmoidf(g), dg, du);
 }
 
 /* One AdamW step for a single element; returns the new parameter value. */

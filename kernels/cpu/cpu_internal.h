@@ -97,6 +97,22 @@ size_t rf_cpu_logprob_kept_bytes(void);
  * so that the scratch stays near 32 MB (about 55 rows for a 150k vocabulary). */
 int rf_cpu_logprob_chunk_rows(int V);
 
+#define RF_OMP_MIN 4096 /* below this many elements a parallel region costs more than it saves */
+
+/* SwiGLU (cpu_swiglu.c): vectorised, the bits of kernel_math.h's rf_swiglu / rf_swiglu_grad
+ * with the C library's expf. */
+void rf_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void rf_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
+
+/* out[i] = expf(x[i]) with the bits of glibc's expf (2.27 and later) on this CPU, vectorised
+ * (cpu_swiglu.c); what SwiGLU uses, exposed for tests/test_kernels.c. */
+void rf_cpu_expf_libm(float *out, const float *x, size_t n);
+
+/* Which evaluation rf_cpu_expf_libm found the C library's expf to be: 0 glibc's plain build,
+ * 1 its fused build (FMA + AVX2), 2 neither (expf called per element). */
+int rf_cpu_expf_libm_mode(void);
+
 /* The log-prob kernels' scratch of n floats, reused across calls and shared by the whole-
  * vocabulary and vocabulary-parallel kernels (the back end is not re-entrant: kernels.h). */
 float *rf_cpu_logprob_scratch(size_t n);

@@ -12,7 +12,6 @@
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/kernel_math.h"
 
-#define RF_OMP_MIN 4096 /* below this many elements a parallel region costs more than it saves */
 
 /* Allocations are 64-byte aligned and zero-filled. Large ones (CPU_MAP_MIN and up) are fresh
  * anonymous mappings, whose pages the kernel hands out zeroed when first touched: a buffer
@@ -268,17 +267,6 @@ static void cpu_rope_qk(float *q, float *k, const int32_t *pos, const float *inv
     }
 }
 
-static void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-#pragma omp parallel for if (n > RF_OMP_MIN)
-    for (size_t i = 0; i < n; i++) out[i] = rf_swiglu(gate[i], up[i]);
-}
-
-static void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                                const float *up, size_t n) {
-#pragma omp parallel for if (n > RF_OMP_MIN)
-    for (size_t i = 0; i < n; i++) rf_swiglu_grad(gate[i], up[i], dout[i], dgate + i, dup + i);
-}
-
 static void cpu_heads_expand(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group) {
 #pragma omp parallel for if ((size_t)T * H * D > RF_OMP_MIN)
     for (int t = 0; t < T; t++)
@@ -350,8 +338,8 @@ static const rf_kernels cpu_table = {
     .rope_qk = cpu_rope_qk,
     .attention_forward = rf_cpu_attention_forward,
     .attention_backward = rf_cpu_attention_backward,
-    .swiglu_forward = cpu_swiglu_forward,
-    .swiglu_backward = cpu_swiglu_backward,
+    .swiglu_forward = rf_cpu_swiglu_forward,
+    .swiglu_backward = rf_cpu_swiglu_backward,
     .logprob_forward = rf_cpu_logprob_forward,
     .logprob_backward = rf_cpu_logprob_backward,
     .adamw = cpu_adamw,
