@@ -142,6 +142,10 @@ static rf_status finish_collective(rf_comm *c, MPI_Request *r, int n, double tim
     return rf__comm_timeout_all(c, timeout_s, what);
 }
 
+/* p + off bytes; NULL stays NULL (an operation of 0 bytes may come with a NULL buffer, and
+ * offsetting NULL is undefined in C). */
+static void *at(const void *p, size_t off) { return p ? (char *)p + off : NULL; }
+
 /* ---- collectives ---- */
 
 static rf_status mpi_allreduce(rf_comm *c, const float *in, float *out, size_t n, double timeout_s,
@@ -151,9 +155,8 @@ static rf_status mpi_allreduce(rf_comm *c, const float *in, float *out, size_t n
     MPI_Request r[MAX_PIECES];
     for (size_t i = 0; i < pieces; i++) {
         size_t off = i * per, len = n - off < per ? n - off : per;
-        /* n = 0 may come with NULL buffers: no offset on them (undefined in C) */
-        int rc = MPI_Iallreduce(in == out ? MPI_IN_PLACE : in ? (const void *)(in + off) : in,
-                                out ? out + off : out, (int)len, MPI_FLOAT, MPI_SUM, mc(c), &r[i]);
+        int rc = MPI_Iallreduce(in == out ? MPI_IN_PLACE : at(in, off * sizeof(float)),
+                                at(out, off * sizeof(float)), (int)len, MPI_FLOAT, MPI_SUM, mc(c), &r[i]);
         if (rc != MPI_SUCCESS) {
             abandon(c, r, (int)i);
             mpi_fail(rc, what);
@@ -188,8 +191,7 @@ static rf_status mpi_bcast(rf_comm *c, void *buf, size_t bytes, int root, double
     MPI_Request r[MAX_PIECES];
     for (size_t i = 0; i < pieces; i++) {
         size_t off = i * PIECE, len = bytes - off < PIECE ? bytes - off : PIECE;
-        /* no offset on a NULL buffer (a broadcast of 0 bytes may pass one): undefined in C */
-        int rc = MPI_Ibcast(buf ? (char *)buf + off : buf, (int)len, MPI_BYTE, root, mc(c), &r[i]);
+        int rc = MPI_Ibcast(at(buf, off), (int)len, MPI_BYTE, root, mc(c), &r[i]);
         if (rc != MPI_SUCCESS) {
             abandon(c, r, (int)i);
             mpi_fail(rc, what);
@@ -258,7 +260,7 @@ static rf_status mpi_sendrecv_start(rf_comm *c, const rf_comm_p2p *ops, int n, r
         size_t bytes = ops[i].bytes;
         for (size_t off = 0; off < bytes || (bytes == 0 && off == 0); off += PIECE) {
             size_t len = bytes - off < PIECE ? bytes - off : PIECE;
-            char *p = ops[i].buf ? (char *)ops[i].buf + off : NULL; /* 0 bytes may come with NULL */
+            void *p = at(ops[i].buf, off);
             int rc = ops[i].send ? MPI_Isend(p, (int)len, MPI_BYTE, ops[i].peer, TAG_SENDRECV, mc(c), &q->r[q->nr])
                                  : MPI_Irecv(p, (int)len, MPI_BYTE, ops[i].peer, TAG_SENDRECV, mc(c), &q->r[q->nr]);
             if (rc != MPI_SUCCESS) {

@@ -11,10 +11,16 @@
 #define RF_HD
 #endif
 
-RF_HD static inline float rf_sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* sigmoid(x) from e = e^-x (the CPU back end computes e^-x for a whole block first). */
+RF_HD static inline float rf_sigmoid_of_exp(float e) { return 1.0f / (1.0f + e); }
+
+RF_HD static inline float rf_sigmoidf(float x) { return rf_sigmoid_of_exp(expf(-x)); }
+
+/* silu(g) * u, given s = rf_sigmoidf(g). */
+RF_HD static inline float rf_swiglu_s(float g, float u, float s) { return g * s * u; }
 
 /* silu(g) * u */
-RF_HD static inline float rf_swiglu(float g, float u) { return g * rf_sigmoidf(g) * u; }
+RF_HD static inline float rf_swiglu(float g, float u) { return rf_swiglu_s(g, u, rf_sigmoidf(g)); }
 
 /* Gradients of silu(g) * u with respect to g and u, given s = rf_sigmoidf(g). */
 RF_HD static inline void rf_swiglu_grad_s(float g, float u, float dout, float s, float *dg,

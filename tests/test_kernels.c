@@ -107,18 +107,28 @@ static double wsum(const double *a, const double *b, size_t n) {
  * The 1e-3 floor (so an absolute 1e-3 * tol, below 1e-6 for every tolerance used here) covers
  * references that are exactly zero, such as the gradients of attention over a single key,
  * where fp32 leaves ~1e-8 of rounding noise. Inputs are O(1), so it hides no real error. */
-static void check_arr(const char *what, const float *got, const double *ref, size_t n,
-                      double tol) {
+/* How many elements of got are off ref by more than tol, scaled by |ref| + the rms of ref
+ * (+ 1e-3); the worst one in *worst, *worst_r. NaN counts as off. */
+static size_t count_off(const float *got, const double *ref, size_t n, double tol, size_t *worst,
+                        double *worst_r) {
     double rms = 0.0;
     for (size_t i = 0; i < n; i++) rms += ref[i] * ref[i];
     rms = n ? sqrt(rms / n) : 0.0;
-    size_t bad = 0, worst = 0;
-    double worst_r = -1.0;
+    size_t bad = 0;
+    *worst = 0, *worst_r = -1.0;
     for (size_t i = 0; i < n; i++) {
         double r = fabs(got[i] - ref[i]) / (fabs(ref[i]) + rms + 1e-3);
-        if (!(r <= tol)) bad++; /* NaN counts as bad */
-        if (!(r <= worst_r)) worst_r = r, worst = i;
+        if (!(r <= tol)) bad++;
+        if (!(r <= *worst_r)) *worst_r = r, *worst = i;
     }
+    return bad;
+}
+
+static void check_arr(const char *what, const float *got, const double *ref, size_t n,
+                      double tol) {
+    size_t worst;
+    double worst_r;
+    size_t bad = count_off(got, ref, n, tol, &worst, &worst_r);
     if (bad)
         fprintf(stderr, "[%s] %s: %zu of %zu elements off; worst [%zu] got %.9g want %.9g "
                 "(scaled error %.3g > tol %.3g)\n", g_be, what, bad, n, worst,

@@ -427,12 +427,9 @@ static void cross_bf16_logprob(int T, int C, int V) {
  * few elements (the loose bound takes those) while the rest must keep fp32 agreement. */
 static void check_mostly(const char *what, const float *got, const float *want, size_t n,
                          double tol, double max_frac) {
-    double rms = 0.0;
-    for (size_t i = 0; i < n; i++) rms += (double)want[i] * want[i];
-    rms = n ? sqrt(rms / n) : 0.0;
-    size_t bad = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!(fabs((double)got[i] - want[i]) / (fabs((double)want[i]) + rms + 1e-3) <= tol)) bad++;
+    double *w = dcopy(want, n), worst_r;
+    size_t worst, bad = count_off(got, w, n, tol, &worst, &worst_r);
+    free(w);
     if (bad > max_frac * n)
         fprintf(stderr, "[%s] %s: %zu of %zu elements beyond %.3g (at most %.0f%% may be)\n", g_be,
                 what, bad, n, tol, 100 * max_frac);

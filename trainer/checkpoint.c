@@ -187,20 +187,28 @@ static rf_status load_role(const char *dir, const char *name, rf_model *m, int m
     return RF_OK;
 }
 
-/* A counter of trainer_state.json (step, optimizer steps, data position): a JSON number that is
- * a whole number in 0..INT_MAX; anything else is refused naming the file, key and value (a
- * double outside int's range may not even be converted). */
+/* *out = it when it is a JSON number that is a whole number in 0..max; anything else is
+ * refused naming the file, key and value ("<path>: "<key>" = <value>: not <want>"): a double
+ * outside int's range may not even be converted. */
+static rf_status whole_number(const cJSON *it, double max, const char *path, const char *key,
+                              const char *want, double *out) {
+    double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
+    if (v >= 0 && v <= max && v == floor(v)) {
+        *out = v;
+        return RF_OK;
+    }
+    char *text = cJSON_PrintUnformatted(it);
+    rf_status st = rf_error(RF_ERR_FORMAT, "%s: \"%s\" = %s: not %s", path, key, text ? text : "?", want);
+    free(text);
+    return st;
+}
+
+/* A counter of trainer_state.json (step, optimizer steps, data position), in 0..INT_MAX. */
 static rf_status get_count(const cJSON *j, const char *key, const char *path, int *out) {
     const cJSON *it = cJSON_GetObjectItem(j, key);
     if (!it) return rf_error(RF_ERR_FORMAT, "%s: missing \"%s\"", path, key);
-    double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
-    if (!(v >= 0 && v <= INT_MAX && v == floor(v))) {
-        char *text = cJSON_PrintUnformatted(it);
-        rf_status st = rf_error(RF_ERR_FORMAT, "%s: \"%s\" = %s: not a whole number in 0..%d", path, key,
-                                text ? text : "?", INT_MAX);
-        free(text);
-        return st;
-    }
+    double v = 0;
+    RF_TRY(whole_number(it, INT_MAX, path, key, "a whole number in 0..2147483647", &v));
     *out = (int)v;
     return RF_OK;
 }
@@ -222,16 +230,8 @@ static rf_status get_real(const cJSON *j, const char *key, const char *path, dou
  * none, 0): a whole number >= 0 when present. */
 static rf_status get_admitted(const cJSON *j, const char *path, int64_t *out) {
     const cJSON *it = cJSON_GetObjectItem(j, "admitted");
-    *out = 0;
-    if (!it) return RF_OK;
-    double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
-    if (!(v >= 0 && v <= 9007199254740992.0 && v == floor(v))) {
-        char *text = cJSON_PrintUnformatted(it);
-        rf_status st = rf_error(RF_ERR_FORMAT, "%s: \"admitted\" = %s: not a whole number of groups >= 0", path,
-                                text ? text : "?");
-        free(text);
-        return st;
-    }
+    double v = 0;
+    if (it) RF_TRY(whole_number(it, 9007199254740992.0, path, "admitted", "a whole number of groups >= 0", &v));
     *out = (int64_t)v;
     return RF_OK;
 }

@@ -126,22 +126,31 @@ void rf_cpu_expf_libm(float *out, const float *x, size_t n) {
         exp_block(out + i, x + i, 0, n - i < RF_SWIGLU_BLOCK ? (int)(n - i) : RF_SWIGLU_BLOCK);
 }
 
-/* out = silu(gate) * up: rf_swiglu's operations with e = expf(-g) from exp_block. */
+/* e = expf(-gate) over block b of gate (RF_SWIGLU_BLOCK values, fewer at the end); returns how
+ * many. The sigmoid is taken from e inside each caller's loop, as one expression with the rest
+ * (a NaN's sign then comes out as in kernel_math.h's scalar formulas). */
+static int exp_neg_block(float *e, const float *gate, size_t n, size_t b) {
+    size_t i0 = b * RF_SWIGLU_BLOCK;
+    int m = n - i0 < RF_SWIGLU_BLOCK ? (int)(n - i0) : RF_SWIGLU_BLOCK;
+    exp_block(e, gate + i0, 1, m);
+    return m;
+}
+
+/* rf_swiglu, block by block. */
 void rf_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
     size_t nb = (n + RF_SWIGLU_BLOCK - 1) / RF_SWIGLU_BLOCK;
 #pragma omp parallel for schedule(static) if (n > RF_OMP_MIN)
     for (size_t b = 0; b < nb; b++) {
         float e[RF_SWIGLU_BLOCK];
         size_t i0 = b * RF_SWIGLU_BLOCK;
-        int m = n - i0 < RF_SWIGLU_BLOCK ? (int)(n - i0) : RF_SWIGLU_BLOCK;
-        const float *g = gate + i0, *u = up + i0;
-        exp_block(e, g, 1, m);
+        int m = exp_neg_block(e, gate, n, b);
 #pragma omp simd
-        for (int i = 0; i < m; i++) out[i0 + i] = g[i] * (1.0f / (1.0f + e[i])) * u[i];
+        for (int i = 0; i < m; i++)
+            out[i0 + i] = rf_swiglu_s(gate[i0 + i], up[i0 + i], rf_sigmoid_of_exp(e[i]));
     }
 }
 
-/* rf_swiglu_grad's operations with s = 1 / (1 + expf(-g)) from exp_block. */
+/* rf_swiglu_grad, block by block. */
 void rf_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n) {
     size_t nb = (n + RF_SWIGLU_BLOCK - 1) / RF_SWIGLU_BLOCK;
@@ -149,11 +158,10 @@ void rf_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const f
     for (size_t b = 0; b < nb; b++) {
         float e[RF_SWIGLU_BLOCK];
         size_t i0 = b * RF_SWIGLU_BLOCK;
-        int m = n - i0 < RF_SWIGLU_BLOCK ? (int)(n - i0) : RF_SWIGLU_BLOCK;
-        exp_block(e, gate + i0, 1, m);
+        int m = exp_neg_block(e, gate, n, b);
 #pragma omp simd
         for (int i = 0; i < m; i++)
-            rf_swiglu_grad_s(gate[i0 + i], up[i0 + i], dout[i0 + i], 1.0f / (1.0f + e[i]),
+            rf_swiglu_grad_s(gate[i0 + i], up[i0 + i], dout[i0 + i], rf_sigmoid_of_exp(e[i]),
                              dgate + i0 + i, dup + i0 + i);
     }
 }

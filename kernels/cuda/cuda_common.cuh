@@ -183,6 +183,27 @@ void rf_cuda_attention_backward(float *dq, float *dk, float *dv, const float *do
                                 const float *out, const float *lse, const int32_t *cu_seqlens,
                                 int n_seq, int T, int H, int KVH, int D);
 
+/* Raises a kernel's dynamic shared memory limit to `bytes` (above 48 KiB needs the opt-in).
+ * Returns 0 after recording a failure. */
+template <typename F>
+static inline int rf__allow_smem(F *kernel, size_t bytes) {
+    if (bytes <= 48 * 1024) return 1;
+    return RF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)bytes));
+}
+
+/* The x extent of the tiled attention's grids (1..64; blocks stride over their tiles). The
+ * forward's query count lives on the device: enough tiles across x to fill the GPU when there
+ * are few (sequence, head) pairs. The backward: one per tile of `tile` rows of T. */
+static inline int rf__flash_forward_gx(int n_seq, int H) {
+    int pairs = n_seq * H, gx = 2048 / (pairs > 0 ? pairs : 1);
+    return gx < 1 ? 1 : gx > 64 ? 64 : gx;
+}
+static inline int rf__flash_backward_gx(int T, int tile) {
+    int gx = (T + tile - 1) / tile;
+    return gx < 1 ? 1 : gx > 64 ? 64 : gx;
+}
+
 /* cuda_flash.cu: the tiled (FlashAttention-2) kernels behind attention_forward/backward.
  * rf__cuda_flash_supported: whether they take this shape (D <= RF_FLASH_MAX_D, grid limits);
  * rf__cuda_attention_flash: whether the op should use them (the shape, and RLFLOW_CUDA_ATTENTION

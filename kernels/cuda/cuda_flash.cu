@@ -135,14 +135,6 @@ flash_forward_kernel(float *out, float *lse, const float *q, const float *k, con
     }
 }
 
-/* Raises a kernel's dynamic shared memory limit once (above 48 KiB needs the opt-in). */
-template <typename F>
-static int allow_smem(F *kernel, size_t bytes) {
-    if (bytes <= 48 * 1024) return 1;
-    return RF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              (int)bytes));
-}
-
 int rf__cuda_flash_supported(int n_seq, int H, int KVH, int D) {
     return D >= 1 && D <= RF_FLASH_MAX_D && n_seq <= 65535 && H <= 65535 && KVH >= 1 &&
            H % KVH == 0;
@@ -157,17 +149,13 @@ void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float 
         return;
     }
     size_t sm = smem_bytes(3, D);
-    /* the query count lives on the device: enough tiles across x to fill the GPU when there are
-     * few (sequence, head) pairs; blocks stride over the tiles of their pair */
-    int pairs = n_seq * H, gx = 2048 / (pairs > 0 ? pairs : 1);
-    gx = gx < 1 ? 1 : gx > 64 ? 64 : gx;
-    dim3 grid((unsigned)gx, (unsigned)n_seq, (unsigned)H);
+    dim3 grid((unsigned)rf__flash_forward_gx(n_seq, H), (unsigned)n_seq, (unsigned)H);
     if (D <= 64) {
-        if (!allow_smem(flash_forward_kernel<2>, sm)) return;
+        if (!rf__allow_smem(flash_forward_kernel<2>, sm)) return;
         flash_forward_kernel<2><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
             out, lse, q, k, v, q_off, k_start, k_len, H, KVH, D, bf16);
     } else {
-        if (!allow_smem(flash_forward_kernel<4>, sm)) return;
+        if (!rf__allow_smem(flash_forward_kernel<4>, sm)) return;
         flash_forward_kernel<4><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
             out, lse, q, k, v, q_off, k_start, k_len, H, KVH, D, bf16);
     }
@@ -342,9 +330,8 @@ static void launch_backward(float *dq, float *dk, float *dv, const float *dout, 
                             const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D,
                             int bf16) {
     size_t sm = smem_bytes(4, D);
-    int gx = (T + BR - 1) / BR;
-    gx = gx < 1 ? 1 : gx > 64 ? 64 : gx; /* blocks stride over the tiles of their sequence */
-    if (!allow_smem(flash_dkdv_kernel<NPL>, sm) || !allow_smem(flash_dq_kernel<NPL>, sm)) return;
+    int gx = rf__flash_backward_gx(T, BR);
+    if (!rf__allow_smem(flash_dkdv_kernel<NPL>, sm) || !rf__allow_smem(flash_dq_kernel<NPL>, sm)) return;
     flash_dkdv_kernel<NPL><<<dim3(gx, n_seq, KVH), FTHREADS, sm, rf__cuda.stream>>>(
         dk, dv, dout, q, k, v, lse, di, cu_seqlens, H, KVH, D, bf16);
     if (!RF_CUDA_LAUNCH_CHECK()) return;

@@ -211,17 +211,8 @@ void rf__cuda_flash_forward_mma(float *out, float *lse, const float *q, const fl
                                 const float *v, const int32_t *q_off, const int32_t *k_start,
                                 const int32_t *k_len, int n_seq, int H, int KVH, int D) {
     tc_layout L = tc_layout_of(D);
-    static size_t allowed = 0; /* above 48 KiB needs the opt-in, once per size */
-    if (L.bytes > 48 * 1024 && L.bytes > allowed) {
-        if (!RF_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_mma_kernel,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                (int)L.bytes)))
-            return;
-        allowed = L.bytes;
-    }
-    int pairs = n_seq * H, gx = 2048 / (pairs > 0 ? pairs : 1);
-    gx = gx < 1 ? 1 : gx > 64 ? 64 : gx;
-    dim3 grid((unsigned)gx, (unsigned)n_seq, (unsigned)H);
+    if (!rf__allow_smem(flash_forward_mma_kernel, L.bytes)) return;
+    dim3 grid((unsigned)rf__flash_forward_gx(n_seq, H), (unsigned)n_seq, (unsigned)H);
     flash_forward_mma_kernel<<<grid, TC_THREADS, L.bytes, rf__cuda.stream>>>(
         out, lse, q, k, v, q_off, k_start, k_len, H, KVH, D);
     RF_CUDA_LAUNCH_CHECK();
@@ -452,17 +443,9 @@ static int launch_backward_mma(float *dq, float *dk, float *dv, const float *dou
                                const float *k, const float *v, const float *lse, const float *di,
                                const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH) {
     size_t bytes = tb_layout_of(16 * ND).bytes;
-    static size_t allowed = 0; /* per instantiation: the opt-in above 48 KiB, once */
-    if (bytes > 48 * 1024 && allowed < bytes) {
-        if (!RF_CUDA_CHECK(cudaFuncSetAttribute(flash_dkdv_mma_kernel<ND>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)) ||
-            !RF_CUDA_CHECK(cudaFuncSetAttribute(flash_dq_mma_kernel<ND>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)))
-            return 0;
-        allowed = bytes;
-    }
-    int gx = (T + TB - 1) / TB;
-    gx = gx < 1 ? 1 : gx > 64 ? 64 : gx; /* blocks stride over the tiles of their sequence */
+    if (!rf__allow_smem(flash_dkdv_mma_kernel<ND>, bytes) || !rf__allow_smem(flash_dq_mma_kernel<ND>, bytes))
+        return 0;
+    int gx = rf__flash_backward_gx(T, TB);
     flash_dkdv_mma_kernel<ND><<<dim3(gx, n_seq, KVH), TC_THREADS, bytes, rf__cuda.stream>>>(
         dk, dv, dout, q, k, v, lse, di, cu_seqlens, H, KVH);
     if (!RF_CUDA_LAUNCH_CHECK()) return 0;

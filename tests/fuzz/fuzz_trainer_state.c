@@ -7,19 +7,14 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static char run[300];
-    if (!run[0]) {
+    if (!run[0]) { /* run/latest names run/step_000001, whose trainer_state.json is the input */
         char step[400];
         snprintf(run, sizeof run, "%s/run", rf_fuzz_dir());
         snprintf(step, sizeof step, "%s/step_000001", run);
         mkdir(run, 0700), mkdir(step, 0700);
-        snprintf(step, sizeof step, "%s/latest", run);
-        FILE *f = fopen(step, "w");
-        if (!f || fputs("step_000001\n", f) < 0 || fclose(f)) abort();
+        rf_fuzz_file("run/latest", "step_000001\n", 12);
     }
-    char path[400];
-    snprintf(path, sizeof path, "%s/step_000001/trainer_state.json", run);
-    FILE *f = fopen(path, "wb");
-    if (!f || (size && fwrite(data, 1, size, f) != size) || fclose(f)) abort();
+    rf_fuzz_file("run/step_000001/trainer_state.json", data, size);
     rf_ckpt_state st;
     memset(&st, 0, sizeof st);
     rf_status s = rf_checkpoint_load(run, NULL, NULL, &st);
