@@ -82,6 +82,7 @@ static rf_status load_adapters(rf_model_tp *tp, const char *dir, const char *suf
     rf_status s = host ? rf_model_read_range(tb.pt.views, tb.pt.n_views, tb.shards, st, suffix, 0, n, host)
                        : rf_error(RF_ERR_NOMEM, "out of memory for %zu floats", n);
     if (s == RF_OK && host != dst) tp->m->k->to_device(dst, host, sizeof(float) * n);
+    if (s == RF_OK) tp->m->k->weights_updated(); /* parameters or moments written (kernels.h) */
     if (host != dst) free(host);
     rf_st_close(st);
     return s;

@@ -9,7 +9,9 @@
  *    (read + write) on the same 64M-float arrays;
  *  - model_fp32 / model_bf16: bench_model's train step (8 x 256 tokens), prefill (8 x 256) and
  *    decode (batch 1 and 32) of the 25M model in each precision, GFLOP/s with the fraction of
- *    the best matmul GFLOP/s of that precision measured above on the MLP shape (2048x1408x512).
+ *    the best matmul GFLOP/s of that precision measured above on the MLP shape (2048x1408x512);
+ *    FLOPs counted as bench_model counts them (bench_step.h: prefill's LM head on each prompt's
+ *    last token only, a decode step's products without the embedding lookup).
  * Best of several repetitions (the machine may be shared).
  * Usage: bench_matmul [--quick] [--no-model] (--no-model: the products and AdamW only) */
 #include <cblas.h>
@@ -171,7 +173,11 @@ static double decode(rf_model *m, int B, int P, int steps, int reps) {
         rf_kv_cache_free(&kv, m);
         free(tok), free(slots), free(counts), free(ones), free(logits);
     }
-    return 2.0 * m->n_params * B * (steps ? steps : P) / best / 1e9;
+    double layers, head; /* FLOPs as bench_model counts them: prefill's LM head on each prompt's
+                            last token only; a decode step's matmuls (attention left out) */
+    rf_bench_matmul_weights(&m->cfg, &layers, &head);
+    double flops = steps ? 2.0 * (layers + head) * B * steps : rf_bench_prefill_flops(&m->cfg, B, P);
+    return flops / best / 1e9;
 }
 
 static void bench_model(const rf_kernels *k, rf_precision p, int quick) {
@@ -185,12 +191,15 @@ static void bench_model(const rf_kernels *k, rf_precision p, int quick) {
     double peak = p == RF_PRECISION_BF16 ? g_best16 : g_best32;
     double tr = train_step(m, quick ? 1 : 3), pf = decode(m, 8, 256, 0, quick ? 1 : 3);
     double d1 = decode(m, 1, 16, quick ? 16 : 64, quick ? 1 : 3), d32 = decode(m, 32, 16, quick ? 16 : 64, quick ? 1 : 3);
+    double layers, head;
+    rf_bench_matmul_weights(&m->cfg, &layers, &head);
+    double per_token = 2.0 * (layers + head); /* a decode step's FLOPs per sequence */
     printf("{\"bench\":\"model_%s\",\"params\":%zu,\"train_gflops\":%.1f,\"prefill_gflops\":%.1f,"
            "\"decode1_gflops\":%.2f,\"decode32_gflops\":%.1f,\"best_matmul_gflops\":%.1f,"
            "\"train_of_best\":%.2f,\"prefill_of_best\":%.2f,\"decode32_of_best\":%.2f,"
            "\"decode1_tokens_per_s\":%.1f,\"decode32_tokens_per_s\":%.1f,\"train_tokens_per_s\":%.1f}\n",
            p == RF_PRECISION_BF16 ? "bf16" : "fp32", m->n_params, tr, pf, d1, d32, peak, tr / peak, pf / peak,
-           d32 / peak, d1 * 1e9 / (2.0 * m->n_params), d32 * 1e9 / (2.0 * m->n_params),
+           d32 / peak, d1 * 1e9 / per_token, d32 * 1e9 / per_token,
            tr * 1e9 / rf_model_train_flops_per_token(&m->cfg, 256));
     fflush(stdout);
     RF_ASSERT(k->set_precision(RF_PRECISION_FP32) == RF_OK);

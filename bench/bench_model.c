@@ -47,6 +47,7 @@
 #include "common/util.h"
 #include "model/model.h"
 #include "trainer/optim.h"
+#include "bench/bench_step.h"
 
 /* ---------------------------------------------------------------- options ---- */
 
@@ -558,25 +559,6 @@ static double peak_for(const hw_baseline *hw, rf_precision p) {
     return p == RF_PRECISION_BF16 ? hw->peak_bf16 : hw->peak_f32;
 }
 
-/* Weights the layers' matmuls touch (*layers) and the LM head's (*head), as
- * rf_model_train_flops_per_token counts them. */
-static void matmul_weights(const rf_model_config *c, double *layers, double *head) {
-    double C = c->hidden_size, F = c->intermediate_size, QD = (double)c->num_attention_heads * c->head_dim,
-           KD = (double)c->num_key_value_heads * c->head_dim;
-    *layers = c->num_hidden_layers * (2 * C * QD + 2 * C * KD + 3 * C * F);
-    *head = (double)c->vocab_size * C;
-}
-
-/* FLOPs of prefilling n_seq prompts of L tokens: the layers' matmuls on every token, the LM head
- * on the last token of each prompt (the only logits prefill makes), QK^T and PV over the causal
- * half (bench/torch_side_by_side.py counts the same). */
-static double prefill_flops(const rf_model_config *c, int n_seq, int L) {
-    double layers, head;
-    matmul_weights(c, &layers, &head);
-    double att = 2.0 * c->num_hidden_layers * c->num_attention_heads * c->head_dim * (double)L * L;
-    return 2.0 * layers * n_seq * L + 2.0 * head * n_seq + att * n_seq;
-}
-
 static rf_optim_opts bench_optim_opts(void) {
     rf_optim_opts o = {0};
     o.lr = 1e-5f, o.beta1 = 0.9f, o.beta2 = 0.999f, o.eps = 1e-8f, o.weight_decay = 0.01f;
@@ -682,7 +664,7 @@ static void bench_prefill(rf_model *m, const bench_opts *o, const hw_baseline *h
         if (i == 1 && o->profile) profile_print("prefill", el);
         for (int b = 0; b < B; b++) kv.len[b] = 0;
     }
-    double gf = prefill_flops(&m->cfg, B, L) / best / 1e9, peak = peak_for(hw, o->precision);
+    double gf = rf_bench_prefill_flops(&m->cfg, B, L) / best / 1e9, peak = peak_for(hw, o->precision);
     printf("{\"bench\":\"prefill\",\"config\":\"%s\",\"precision\":\"%s\",\"weights\":\"%s\",\"sequences\":%d,"
            "\"prompt_len\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,"
            "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.3f,\"fraction_of_sgemm_peak\":%.3f}\n",
@@ -733,7 +715,7 @@ static void bench_decode(rf_model *m, int B, const bench_opts *o, const hw_basel
     double read_base = in_llc ? hw->cache_copy : hw->dram_read, copy_base = in_llc ? hw->cache_copy : hw->dram_copy;
     double layers, head; /* FLOPs: every matmul weight once per token (attention over <= 48
                             positions left out) */
-    matmul_weights(&m->cfg, &layers, &head);
+    rf_bench_matmul_weights(&m->cfg, &layers, &head);
     double gf = 2.0 * (layers + head) * B * steps / best / 1e9, peak = peak_for(hw, o->precision);
     printf("{\"bench\":\"decode\",\"config\":\"%s\",\"precision\":\"%s\",\"weights\":\"%s\",\"batch\":%d,\"steps\":%d,"
            "\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"weight_bytes\":%.0f,\"weights_fit_llc\":%s,"
@@ -771,7 +753,7 @@ int main(int argc, char **argv) {
     printf("{\"bench\":\"model_memory\",\"config\":\"%s\",\"precision\":\"%s\",\"weights\":\"%s\","
            "\"parameters\":%zu,\"weight_bytes_held\":%.0f,\"rss_mb\":%.1f}\n", o.config, prec_name(o.precision),
            weights_name(&o), m->n_params,
-           (double)m->n_params * (o.frozen ? 2 : o.precision == RF_PRECISION_BF16 ? 6 : 4), rss_mb());
+           (double)m->n_params * (o.frozen ? 2 : 4) + (double)rf_cpu_gemm_copies_bytes(), rss_mb());
     rf_model_free(m);
     return 0;
 }

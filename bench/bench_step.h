@@ -47,6 +47,25 @@ static inline double rf_bench_train_step_batch(rf_model *m, int reps, const rf_o
     return best;
 }
 
+/* Weights the layers' matmuls touch (*layers) and the LM head's (*head), as
+ * rf_model_train_flops_per_token counts them. */
+static inline void rf_bench_matmul_weights(const rf_model_config *c, double *layers, double *head) {
+    double C = c->hidden_size, F = c->intermediate_size, QD = (double)c->num_attention_heads * c->head_dim,
+           KD = (double)c->num_key_value_heads * c->head_dim;
+    *layers = c->num_hidden_layers * (2 * C * QD + 2 * C * KD + 3 * C * F);
+    *head = (double)c->vocab_size * C;
+}
+
+/* FLOPs of prefilling n_seq prompts of L tokens: the layers' matmuls on every token, the LM head
+ * on the last token of each prompt (the only logits prefill makes), QK^T and PV over the causal
+ * half (bench/torch_side_by_side.py counts the same). Shared by bench_model and bench_matmul. */
+static inline double rf_bench_prefill_flops(const rf_model_config *c, int n_seq, int L) {
+    double layers, head;
+    rf_bench_matmul_weights(c, &layers, &head);
+    double att = 2.0 * c->num_hidden_layers * c->num_attention_heads * c->head_dim * (double)L * L;
+    return 2.0 * layers * n_seq * L + 2.0 * head * n_seq + att * n_seq;
+}
+
 static inline double rf_bench_train_step(rf_model *m, int reps, const rf_optim_opts *o) {
     return rf_bench_train_step_batch(m, reps, o, RF_BENCH_STEP_SEQS, RF_BENCH_STEP_LEN);
 }

@@ -235,11 +235,19 @@ const rf_kernels *rf_cpu_kernels(void);
  * previous setting. */
 int rf_cpu_batch_invariant(int on);
 
-/* Whether rf_cpu_batch_invariant makes products batch-invariant on this CPU: 1 where oneDNN
- * runs its AVX-512 kernels (measured: avx512_core_bf16), 0 with its AVX2 ones (there a row's
- * bits depend on the number of rows at every size; split runs then agree only to the last
- * bits of the behaviour log-probs, as before) and with AMX (not measured). */
+/* Whether rf_cpu_batch_invariant makes products batch-invariant on this CPU at the back end's
+ * current precision: 1 where oneDNN runs its AVX-512 kernels (measured: avx512_core_bf16; at
+ * bf16 only where the CPU has AVX512-BF16: oneDNN's bf16 emulation on plain AVX-512 is not), 0
+ * with its AVX2 ones (there a row's bits depend on the number of rows at every size; split runs
+ * then agree only to the last bits of the behaviour log-probs, as before) and with AMX (not
+ * measured). */
 int rf_cpu_batch_invariant_exact(void);
+
+/* Bytes the CPU back end holds in copies of weights, beside the weights themselves: their bf16
+ * copies (bf16 precision) and their copies in oneDNN's own blocked layouts (one per product
+ * layout a weight is used in: the forward's x W^T and the backward's dout W), each made once
+ * per weights_updated. */
+size_t rf_cpu_gemm_copies_bytes(void);
 
 /* The CUDA back end on `device`: NULL when rlflow was built without CUDA or no GPU is
  * present (message recorded saying which). One device per process: the first call picks it.

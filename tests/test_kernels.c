@@ -1316,6 +1316,53 @@ static void test_batch_invariant(const rf_kernels *K) {
     CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
 }
 
+/* Weights in oneDNN's own layout (cpu_gemm.c packed_get): a product whose B operand is a weight
+ * (b_weight 1) runs on a copy reordered once per epoch, where the kernel has a blocked layout.
+ * The reorder permutes elements, so every product must give the bits of the same product on the
+ * plain operand (b_weight 0): forward (B = W^T) and dinp (B = W) shapes, odd sizes, alpha and
+ * beta, fp32 and bf16, 1 to 300 rows (batch-invariant products, so that small products reach
+ * oneDNN where that is exact). After rf_cpu_gemm_weights_updated the copy follows the new
+ * weights; the bytes it holds are counted by rf_cpu_gemm_copies_bytes. */
+static void test_packed_weights(const rf_kernels *K) {
+    static const int shapes[][3] = {{300, 1, 1000}, {7, 300, 1000}, {32, 512, 1408}, {300, 1408, 512}, {5, 96, 4000}};
+    int was = rf_cpu_batch_invariant(1), differ = 0, runs = 0;
+    for (int prec = 0; prec < 2; prec++) {
+        CHECK(K->set_precision(prec ? RF_PRECISION_BF16 : RF_PRECISION_FP32) == RF_OK);
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            int M = shapes[si][0], Kd = shapes[si][1], N = shapes[si][2];
+            if (M <= 4 && !rf_cpu_batch_invariant_exact()) continue; /* the matrix-vector loops */
+            float *a = fnormal((size_t)M * Kd, 1.0f), *w = fnormal((size_t)N * Kd, 0.1f);
+            float *c0 = fnormal((size_t)M * N, 1.0f), *c1 = xmalloc(FB((size_t)M * N));
+            for (int tb = 0; tb < 2; tb++)
+                for (int beta = 0; beta < 2; beta++) {
+                    /* tb: B (K, N) = w^T, w (N, K); else B = w read as (K, N) */
+                    int ldb = tb ? Kd : N;
+                    memcpy(c1, c0, FB((size_t)M * N));
+                    rf_cpu_gemm(0, tb, M, N, Kd, 0.5f, a, Kd, w, ldb, (float)beta, c0, N, 0);
+                    size_t before = rf_cpu_gemm_copies_bytes();
+                    rf_cpu_gemm(0, tb, M, N, Kd, 0.5f, a, Kd, w, ldb, (float)beta, c1, N, 1);
+                    differ += memcmp(c0, c1, FB((size_t)M * N)) != 0, runs++;
+                    if (prec == 0 && si == 2 && tb && !beta)
+                        printf("packed weights: fp32 copies grew by %zu bytes for a (%d, %d) weight\n",
+                               rf_cpu_gemm_copies_bytes() - before, N, Kd);
+                    /* new values: the copy follows after weights_updated */
+                    for (size_t i = 0; i < (size_t)N * Kd; i++) w[i] = -2.0f * w[i] + 0.01f;
+                    rf_cpu_gemm_weights_updated();
+                    memcpy(c1, c0, FB((size_t)M * N));
+                    rf_cpu_gemm(0, tb, M, N, Kd, 0.5f, a, Kd, w, ldb, (float)beta, c0, N, 0);
+                    rf_cpu_gemm(0, tb, M, N, Kd, 0.5f, a, Kd, w, ldb, (float)beta, c1, N, 1);
+                    differ += memcmp(c0, c1, FB((size_t)M * N)) != 0, runs++;
+                }
+            free(a), free(w), free(c0), free(c1);
+        }
+    }
+    printf("packed weights: %d of %d products differ from the plain operand's\n", differ, runs);
+    CHECK(runs >= 32 && differ == 0);
+    CHECK(rf_cpu_gemm_copies_bytes() > 0); /* at least the bf16 copies */
+    rf_cpu_batch_invariant(was);
+    CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
+}
+
 /* The CPU back end's SwiGLU (kernels/cpu/cpu_swiglu.c) evaluates glibc's expf algorithm
  * vectorised: it must give the bits of the C library's expf and of kernel_math.h's formulas,
  * not merely close values (every measured run depends on them). expf over every 4093rd float
@@ -1371,6 +1418,7 @@ int main(void) {
     CHECK(K->name && strcmp(K->name, "cpu") == 0);
     run_kernel_suite(K, 20240611);
     test_batch_invariant(K);
+    test_packed_weights(K);
     test_swiglu_libm_bits(K);
     return rf_test_finish("test_kernels");
 }

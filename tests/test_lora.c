@@ -156,10 +156,13 @@ static void grad_check(rf_arch arch) {
             size_t i = pv->offset + (size_t)(rf_rng_u64(&r) % pv->numel);
             float keep = m->params[i], h = 3e-3f;
             m->params[i] = keep + h;
+            m->k->weights_updated(); /* the back end's weight copies follow (kernels.h) */
             double lp = loss(m, a);
             m->params[i] = keep - h;
+            m->k->weights_updated();
             double lm = loss(m, a);
             m->params[i] = keep;
+            m->k->weights_updated();
             double fd = (lp - lm) / (2.0 * h), an = m->grads[i - m->n_frozen];
             checked++;
             if (fabs(fd - an) > 1e-3 + 2e-2 * fabs(fd)) {

@@ -182,6 +182,7 @@ static void sensitivity(rf_model *ref, rf_model_tp *tp, const char *name) {
     const rf_param_view *q = rf_model_find(tp->m, "model.layers.1.self_attn.q_proj.weight");
     float *w = tp->m->params + q->offset + 5, keep = *w;
     if (tp->t == tp->tp - 1) *w += 1.0f;
+    tp->m->k->weights_updated(); /* the back end's weight copies follow (kernels.h) */
     rf_batch b = {3, 13, tok1, NULL, cu1};
     float lp[13], lp_tp[13];
     CHECK_OK(rf_model_forward(ref, &b));
@@ -198,6 +199,7 @@ static void sensitivity(rf_model *ref, rf_model_tp *tp, const char *name) {
     CHECK(moved > 1e-3);
     if (!(moved > 1e-3)) fprintf(stderr, "%s tp%d: a changed shard moved the outputs by %g only\n", name, tp->tp, moved);
     *w = keep;
+    tp->m->k->weights_updated();
 }
 
 /* Prefill two prompts into slots 2 and 0, then greedy steps: tokens identical, log-probs and

@@ -45,6 +45,7 @@
 
 typedef struct gemm_key {
     int ta, tb, M, N, K, lda, ldb, ldc, dt; /* dt: 0 f32, 1 bf16 operands */
+    int pack; /* B (a weight) in the layout the primitive chooses (its packed copy) */
     float alpha, beta;
 } gemm_key;
 
@@ -54,6 +55,7 @@ typedef struct gemm_entry {
     dnnl_primitive_t prim;
     dnnl_memory_t a, b, c, scratch; /* memory objects whose data handle is set per call */
     size_t scratch_bytes;
+    dnnl_memory_desc_t wmd; /* pack: B's layout (blocked); no prim where oneDNN wants it plain */
 } gemm_entry;
 
 /* A weight's bf16 (or bf16-rounded fp32) copy, valid while epoch matches. */
@@ -71,8 +73,28 @@ typedef struct bf16_bind {
     size_t n;
 } bf16_bind;
 
+/* A weight's copy in a primitive's own (blocked) layout, valid while epoch matches: the logical
+ * operand B (K, N) that src is when read with transposition tb and row stride ld. */
+typedef struct packed_copy {
+    const float *src;
+    int tb, K, N, ld, dt;
+    unsigned epoch;
+    dnnl_memory_desc_t md;
+    void *data;
+    size_t bytes;
+} packed_copy;
+
+/* A reorder primitive from a plain layout to a blocked one. */
+typedef struct reorder_entry {
+    dnnl_memory_desc_t from, to;
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, dst;
+} reorder_entry;
+
 #define GEMM_SLOTS 1024 /* power of two; the table is cleared when it is three-quarters full */
 #define WEIGHT_SLOTS 512
+#define PACK_SLOTS 1024
+#define REORDER_SLOTS 64
 #define BIND_SLOTS 64
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -82,6 +104,9 @@ static int g_ready = -1; /* -1 not tried, 0 failed, 1 up */
 static gemm_entry g_gemm[GEMM_SLOTS];
 static int g_gemm_count;
 static weight_copy g_wcopy[WEIGHT_SLOTS];
+static packed_copy g_pack[PACK_SLOTS];
+static reorder_entry g_reorder[REORDER_SLOTS];
+static int g_n_reorder;
 static unsigned g_epoch = 1;
 static rf_precision g_prec = RF_PRECISION_FP32;
 static int g_bf16_native = -1; /* -1 not probed */
@@ -206,11 +231,16 @@ static void md2(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t rs, 
 
 /* A matmul primitive for key k; NULL where oneDNN cannot make one. *scratch_md gets its
  * scratchpad size. */
-static dnnl_primitive_t make_prim(const gemm_key *k, size_t *scratch_bytes) {
+static dnnl_primitive_t make_prim(const gemm_key *k, size_t *scratch_bytes, dnnl_memory_desc_t *wmd) {
     dnnl_data_type_t dt = k->dt ? dnnl_bf16 : dnnl_f32;
     dnnl_memory_desc_t a, b, c;
     md2(&a, k->M, k->K, k->ta ? 1 : k->lda, k->ta ? k->lda : 1, dt);
-    md2(&b, k->K, k->N, k->tb ? 1 : k->ldb, k->tb ? k->ldb : 1, dt);
+    if (k->pack) {
+        dnnl_dims_t dims = {k->K, k->N};
+        if (dnnl_memory_desc_init_by_tag(&b, 2, dims, dt, dnnl_format_tag_any) != dnnl_success) return NULL;
+    } else {
+        md2(&b, k->K, k->N, k->tb ? 1 : k->ldb, k->tb ? k->ldb : 1, dt);
+    }
     md2(&c, k->M, k->N, k->ldc, 1, dnnl_f32);
     dnnl_matmul_desc_t d;
     if (dnnl_matmul_desc_init(&d, &a, &b, NULL, &c) != dnnl_success) return NULL;
@@ -229,6 +259,14 @@ static dnnl_primitive_t make_prim(const gemm_key *k, size_t *scratch_bytes) {
     dnnl_primitive_attr_destroy(attr);
     if (po) dnnl_post_ops_destroy(po);
     if (st != dnnl_success) return NULL;
+    if (k->pack) { /* worth a copy only where the kernel has a blocked layout of its own */
+        const dnnl_memory_desc_t *w = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+        if (!w || w->format_kind != dnnl_blocked || w->format_desc.blocking.inner_nblks == 0) {
+            dnnl_primitive_desc_destroy(pd);
+            return NULL;
+        }
+        *wmd = *w;
+    }
     const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     *scratch_bytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
     dnnl_primitive_t p = NULL;
@@ -240,9 +278,9 @@ static dnnl_primitive_t make_prim(const gemm_key *k, size_t *scratch_bytes) {
 /* Whether oneDNN has a native bf16 matmul on the instruction set it runs on. */
 static int bf16_native(void) {
     if (g_bf16_native >= 0) return g_bf16_native;
-    gemm_key k = {0, 1, 64, 64, 64, 64, 64, 64, 1, 1.0f, 0.0f};
+    gemm_key k = {0, 1, 64, 64, 64, 64, 64, 64, 1, 0, 1.0f, 0.0f};
     size_t sb = 0;
-    dnnl_primitive_t p = engine_up() ? make_prim(&k, &sb) : NULL;
+    dnnl_primitive_t p = engine_up() ? make_prim(&k, &sb, NULL) : NULL;
     g_bf16_native = p != NULL;
     if (p) dnnl_primitive_destroy(p);
     return g_bf16_native;
@@ -286,7 +324,12 @@ static gemm_entry *entry_get(const gemm_key *k) {
             return entry_get(k);
         }
         e->key = *k;
-        e->prim = make_prim(k, &e->scratch_bytes);
+        e->prim = make_prim(k, &e->scratch_bytes, &e->wmd);
+        if (!e->prim && k->pack) { /* remembered: this shape's weights stay in their layout */
+            e->used = 1;
+            g_gemm_count++;
+            return e;
+        }
         if (!e->prim || !mem_for(&e->a, e->prim, dnnl_query_src_md, 0) ||
             !mem_for(&e->b, e->prim, dnnl_query_weights_md, 0) ||
             !mem_for(&e->c, e->prim, dnnl_query_dst_md, 0) ||
@@ -362,6 +405,110 @@ static void stored(int t, int rows, int cols, int *sr, int *sc) {
     *sc = t ? rows : cols;
 }
 
+/* ---- weights in a primitive's own layout ---- */
+
+/* Runs (once made, from a table) the reorder of a plain (K, N) operand `from` at data into the
+ * layout `to` at out; 1 when done. Caller holds g_lock. */
+static int reorder_run(const dnnl_memory_desc_t *from, const void *data, const dnnl_memory_desc_t *to,
+                       void *out) {
+    reorder_entry *r = NULL;
+    for (int i = 0; i < g_n_reorder && !r; i++)
+        if (dnnl_memory_desc_equal(&g_reorder[i].from, from) && dnnl_memory_desc_equal(&g_reorder[i].to, to))
+            r = &g_reorder[i];
+    if (!r) {
+        if (g_n_reorder == REORDER_SLOTS) { /* many shapes: start over */
+            for (int i = 0; i < g_n_reorder; i++) {
+                dnnl_primitive_destroy(g_reorder[i].prim);
+                dnnl_memory_destroy(g_reorder[i].src);
+                dnnl_memory_destroy(g_reorder[i].dst);
+            }
+            g_n_reorder = 0;
+        }
+        reorder_entry e = {*from, *to, NULL, NULL, NULL};
+        dnnl_primitive_desc_t pd;
+        if (dnnl_reorder_primitive_desc_create(&pd, from, g_engine, to, g_engine, NULL) != dnnl_success)
+            return 0;
+        dnnl_status_t st = dnnl_primitive_create(&e.prim, pd);
+        dnnl_primitive_desc_destroy(pd);
+        if (st != dnnl_success) return 0;
+        if (dnnl_memory_create(&e.src, from, g_engine, DNNL_MEMORY_NONE) != dnnl_success ||
+            dnnl_memory_create(&e.dst, to, g_engine, DNNL_MEMORY_NONE) != dnnl_success) {
+            if (e.src) dnnl_memory_destroy(e.src);
+            dnnl_primitive_destroy(e.prim);
+            return 0;
+        }
+        g_reorder[g_n_reorder] = e;
+        r = &g_reorder[g_n_reorder++];
+    }
+    dnnl_memory_set_data_handle(r->src, (void *)data);
+    dnnl_memory_set_data_handle(r->dst, out);
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, r->src}, {DNNL_ARG_TO, r->dst}};
+    return dnnl_primitive_execute(r->prim, g_stream, 2, args) == dnnl_success &&
+           dnnl_stream_wait(g_stream) == dnnl_success;
+}
+
+/* Weight src read as the operand B (K, N) of a product (transposition tb, row stride ld), in the
+ * layout md a primitive chose for it: bf16 values (bf16: of src rounded, or the bound values
+ * bsrc in place) or fp32 ones, reordered once per epoch (a permutation of the plain operand's
+ * elements: the product's bits are those of the plain operand, tests/test_kernels.c). NULL
+ * where memory is short. Caller holds g_lock. */
+static const void *packed_get(const float *src, const uint16_t *bsrc, int tb, int K, int N, int ld,
+                              int bf16, const dnnl_memory_desc_t *md) {
+    uint64_t h = ((uint64_t)(uintptr_t)src * 0x9e3779b97f4a7c15ull) ^ (uint64_t)K * 31u ^ (uint64_t)N ^
+                 (uint64_t)tb << 40;
+    packed_copy *slot = NULL;
+    for (size_t i = 0; i < PACK_SLOTS && !slot; i++) {
+        packed_copy *p = &g_pack[((h >> 7 ^ h) + i) & (PACK_SLOTS - 1)];
+        if (!p->src || (p->src == src && p->tb == tb && p->K == K && p->N == N && p->ld == ld && p->dt == bf16))
+            slot = p;
+    }
+    if (!slot) { /* table full: drop everything */
+        for (int i = 0; i < PACK_SLOTS; i++) free(g_pack[i].data);
+        memset(g_pack, 0, sizeof g_pack);
+        return packed_get(src, bsrc, tb, K, N, ld, bf16, md);
+    }
+    if (slot->src && slot->epoch == g_epoch && dnnl_memory_desc_equal(&slot->md, md)) return slot->data;
+    size_t bytes = dnnl_memory_desc_get_size(md);
+    void *data = slot->src && slot->bytes == bytes ? slot->data : NULL;
+    if (!data) {
+        if (slot->src) free(slot->data);
+        data = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!data) {
+            *slot = (packed_copy){0};
+            return NULL;
+        }
+    }
+    *slot = (packed_copy){src, tb, K, N, ld, bf16, 0, *md, data, bytes};
+    dnnl_memory_desc_t from;
+    const void *plain = src;
+    int sr, sc;
+    stored(tb, K, N, &sr, &sc);
+    if (bf16 && !bsrc) { /* rounded to bf16 as every bf16 operand is (convert) */
+        void *t = tls_buf(1, sizeof(uint16_t) * (size_t)sr * sc);
+        if (!t) return NULL;
+        convert(t, src, sr, sc, ld, 0);
+        plain = t, ld = sc;
+    } else if (bf16) {
+        plain = bsrc;
+    }
+    md2(&from, K, N, tb ? 1 : ld, tb ? ld : 1, bf16 ? dnnl_bf16 : dnnl_f32);
+    if (!reorder_run(&from, plain, md, data)) return NULL; /* epoch 0: made again next time */
+    slot->epoch = g_epoch;
+    return data;
+}
+
+size_t rf_cpu_gemm_copies_bytes(void) {
+    size_t n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < WEIGHT_SLOTS; i++)
+        if (g_wcopy[i].src)
+            n += (size_t)g_wcopy[i].rows * g_wcopy[i].cols * (g_wcopy[i].emulated ? sizeof(float) : sizeof(uint16_t));
+    for (int i = 0; i < PACK_SLOTS; i++)
+        if (g_pack[i].src) n += g_pack[i].bytes;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
 /* dnnl_sgemm on fp32 operands, or on bf16-rounded copies of them when round is set (the
  * fallback of a bf16 product without a primitive). */
 static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const float *A,
@@ -392,18 +539,24 @@ static _Thread_local int tl_batch_invariant;
  * with 64 to 1376 inputs and 64 to 8000 outputs (tests/test_kernels.c checks decode shapes
  * where it runs). Not with its AVX2 ones (ONEDNN_MAX_CPU_ISA=AVX2: a sixth of the rows of
  * products under 64 rows differ from the same rows among 64), where only the matrix-vector
- * loops at every size would do, 5-8x slower at 32 rows (bench_matmul); not measured with AMX. */
+ * loops at every size would do, 5-8x slower at 32 rows (bench_matmul); not measured with AMX.
+ * bf16 products on AVX-512 without AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE, as on a
+ * Cascade Lake) are oneDNN's emulating gemm, not the brgemm kernels: there a row of a 1-row
+ * product differs from the same row among more, so only fp32 products are exact there.
+ * Bit 0: fp32 products exact; bit 1: bf16 products exact. */
 static atomic_int g_row_invariant = -1; /* -1 not known yet */
 
 int rf_cpu_batch_invariant_exact(void) {
     int known = atomic_load(&g_row_invariant);
     if (known < 0) {
         int isa = (int)dnnl_get_effective_cpu_isa(), avx512 = (int)dnnl_cpu_isa_avx512_core;
-        int amx = (int)dnnl_cpu_isa_avx512_core_amx & ~(int)dnnl_cpu_isa_avx512_core_bf16;
-        known = (isa & avx512) == avx512 && !(isa & amx);
+        int bf16 = (int)dnnl_cpu_isa_avx512_core_bf16;
+        int amx = (int)dnnl_cpu_isa_avx512_core_amx & ~bf16;
+        int fp32_ok = (isa & avx512) == avx512 && !(isa & amx);
+        known = fp32_ok | (fp32_ok && (isa & bf16) == bf16) << 1;
         atomic_store(&g_row_invariant, known);
     }
-    return known;
+    return (known >> (g_prec == RF_PRECISION_BF16)) & 1;
 }
 
 int rf_cpu_batch_invariant(int on) {
@@ -544,16 +697,29 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
                      int b_weight) {
     int ok = engine_up();
     int bf16 = ok && g_prec == RF_PRECISION_BF16, emulated = bf16 && !bf16_native();
-    gemm_key k = {ta, tb, M, N, K, lda, ldb, ldc, bf16 && !emulated, alpha, beta};
+    gemm_key k = {ta, tb, M, N, K, lda, ldb, ldc, bf16 && !emulated, 0, alpha, beta};
     const void *a = A, *b = B;
     int ar, ac, br, bc;
     stored(ta, M, K, &ar, &ac);
     stored(tb, K, N, &br, &bc);
+    size_t es = emulated ? sizeof(float) : sizeof(uint16_t);
     if (bf16) {
-        size_t es = emulated ? sizeof(float) : sizeof(uint16_t);
         void *abuf = tls_buf(0, es * (size_t)ar * ac);
         if (abuf) convert(abuf, A, ar, ac, lda, emulated);
         a = abuf, k.lda = ac;
+        ok = a != NULL;
+    }
+    /* A weight in the kernel's own layout, where it has one (oneDNN's brgemm kernels: 1.1x at
+     * 2048 rows, 1.6-1.9x at 32, docs/kernels.md): kept per epoch instead of repacked by every
+     * call. Emulated bf16 and fp32 products of bound values keep the plain copies below. */
+    if (ok && b_weight && !emulated && (bf16 || !bb)) {
+        gemm_key kp = k;
+        kp.pack = 1, kp.tb = 0, kp.ldb = 0; /* the primitive does not see B's plain layout */
+        gemm_entry *e = entry_get(&kp);
+        const void *pb = e && e->prim ? packed_get(B, bf16 ? bb : NULL, tb, K, N, ldb, bf16, &e->wmd) : NULL;
+        if (pb) return run_entry(e, a, pb, C);
+    }
+    if (bf16) {
         if (bb && !emulated) { /* bound bf16 values: the operand as stored */
             b = bb;
         } else if (b_weight || bb) {
@@ -563,7 +729,7 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
             if (bbuf) convert(bbuf, B, br, bc, ldb, emulated);
             b = bbuf, k.ldb = bc;
         }
-        ok = a && b;
+        ok = ok && b;
     } else if (ok && bb) { /* fp32 products on bound values: widened once per epoch */
         b = weight_get(B, br, bc, ldb, 1, bb), k.ldb = bc;
         ok = b != NULL;
