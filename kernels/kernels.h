@@ -243,10 +243,10 @@ int rf_cpu_batch_invariant(int on);
  * measured). */
 int rf_cpu_batch_invariant_exact(void);
 
-/* Bytes the CPU back end holds in copies of weights, beside the weights themselves: their bf16
- * copies (bf16 precision) and their copies in oneDNN's own blocked layouts (one per product
- * layout a weight is used in: the forward's x W^T and the backward's dout W), each made once
- * per weights_updated. */
+/* Bytes the CPU back end holds in copies of weights, beside the weights themselves, each made
+ * once per weights_updated: copies in oneDNN's own blocked layouts (fp32: the forward's W^T;
+ * bf16: W^T and the backward's W, in bf16) and plain bf16 copies (the matrix-vector loops of
+ * 1-4-row products at bf16, and kernels without a blocked layout). */
 size_t rf_cpu_gemm_copies_bytes(void);
 
 /* The CUDA back end on `device`: NULL when rlflow was built without CUDA or no GPU is
