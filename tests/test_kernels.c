@@ -1317,9 +1317,10 @@ static void test_batch_invariant(const rf_kernels *K) {
 }
 
 /* Weights in oneDNN's own layout (cpu_gemm.c packed_get): a product whose B operand is a weight
- * (b_weight 1) runs on a copy reordered once per epoch, where the kernel has a blocked layout.
- * The reorder permutes elements, so every product must give the bits of the same product on the
- * plain operand (b_weight 0): forward (B = W^T) and dinp (B = W) shapes, odd sizes, alpha and
+ * read transposed (b_weight 1, the forward's x W^T) runs on a copy reordered once per epoch,
+ * where the kernel has a blocked layout. The reorder permutes elements, so every product must
+ * give the bits of the same product on the plain operand (b_weight 0): forward (B = W^T) and,
+ * kept plain, dinp (B = W) shapes, odd sizes, alpha and
  * beta, fp32 and bf16, 1 to 300 rows (batch-invariant products, so that small products reach
  * oneDNN where that is exact). After rf_cpu_gemm_weights_updated the copy follows the new
  * weights; the bytes it holds are counted by rf_cpu_gemm_copies_bytes. */

@@ -711,11 +711,11 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
     }
     /* A weight in the kernel's own layout, where it has one (oneDNN's brgemm kernels: 1.1x at
      * 2048 rows, 1.6-1.9x at 32, docs/kernels.md): kept per epoch instead of repacked by every
-     * call. In fp32 only the forward's W^T (tb): a copy of W for the backward's dout W too
-     * would hold another 4 bytes per parameter for 1 % of a training step; in bf16 it replaces
-     * the plain bf16 copy. Emulated bf16 and fp32 products of bound values keep the plain copies
-     * below. */
-    if (ok && b_weight && !emulated && (bf16 || (!bb && tb))) {
+     * call. Only the forward's W^T (tb): a copy of W for the backward's dout W as well held
+     * another 4 bytes a parameter in fp32 (2 in bf16, beside the plain bf16 copy the backward
+     * and the matrix-vector loops read) for 1 % of a training step. Emulated bf16 and fp32
+     * products of bound values keep the plain copies below. */
+    if (ok && b_weight && tb && !emulated && (bf16 || !bb)) {
         gemm_key kp = k;
         kp.pack = 1, kp.tb = 0, kp.ldb = 0; /* the primitive does not see B's plain layout */
         gemm_entry *e = entry_get(&kp);
