@@ -455,7 +455,9 @@ static void t_lp_f(float *lp, float *e, const float *h, const float *w, const in
 }
 static void t_lp_b(float *dh, float *dw, const float *dl, const float *de, const float *h,
                    const float *w, const int32_t *tg, int T, int C, int V, float it) {
-    TIMED(OP_LP_B, 6.0 * T * C * V, base_k->logprob_backward(dh, dw, dl, de, h, w, tg, T, C, V, it));
+    /* the two products dh = dz W and dW += dz^T h; logits the forward did not keep are made
+     * again inside (the CPU keeps them up to 512 MB), work not counted, as training FLOPs go */
+    TIMED(OP_LP_B, (dw ? 4.0 : 2.0) * T * C * V, base_k->logprob_backward(dh, dw, dl, de, h, w, tg, T, C, V, it));
 }
 static void t_norm_f(float *o, float *r, const float *i, const float *w, int N, int C, float e) {
     TIMED(OP_NORM_F, 0, base_k->rmsnorm_forward(o, r, i, w, N, C, e));
