@@ -145,7 +145,7 @@ static inline float bf16_to_f32(uint16_t h) {
 /* dst (rows, cols) dense = src (rows, cols; row stride ld) rounded to bf16: as uint16_t bf16
  * when emulated is 0, as fp32 values otherwise. OpenMP over rows when not nested. */
 static void convert(void *dst, const float *src, int rows, int cols, int ld, int emulated) {
-#pragma omp parallel for if ((size_t)rows * cols > 32768 && !omp_in_parallel())
+#pragma omp parallel for if ((size_t)rows * cols > RF_OMP_MIN_COPY && !omp_in_parallel())
     for (int r = 0; r < rows; r++) {
         const float *s = src + (size_t)r * ld;
         if (emulated) {
@@ -160,7 +160,7 @@ static void convert(void *dst, const float *src, int rows, int cols, int ld, int
 
 /* dst (rows, cols) dense fp32 = the bf16 values src (rows, cols; row stride ld), widened (exact). */
 static void widen(float *dst, const uint16_t *src, int rows, int cols, int ld) {
-#pragma omp parallel for if ((size_t)rows * cols > 32768 && !omp_in_parallel())
+#pragma omp parallel for if ((size_t)rows * cols > RF_OMP_MIN_COPY && !omp_in_parallel())
     for (int r = 0; r < rows; r++) {
         const uint16_t *s = src + (size_t)r * ld;
         float *d = dst + (size_t)r * cols;
@@ -531,6 +531,11 @@ static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const 
  * objects, the OpenMP fork, oneDNN's own small-M path) cost up to 3x at M = 1 (bench_matmul). */
 #define GEMV_MAX_M 4
 
+/* Products of at most this many multiply-adds run on one thread (rf_cpu_gemm). */
+#ifndef RF_GEMM_SERIAL_MACS
+#define RF_GEMM_SERIAL_MACS (1 << 22)
+#endif
+
 /* rf_cpu_batch_invariant on this thread. */
 static _Thread_local int tl_batch_invariant;
 
@@ -765,10 +770,21 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
     if (gemv && !ta && tb && (b_weight || bb) &&
         gemm_small(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
         return;
+    /* A small product runs on the calling thread: its primitive is made and run with one
+     * OpenMP thread, so no sleeping thread is woken for it (a futex call each way, which cost
+     * more than the product: a small model's decoding and training are thousands of these a
+     * step). Only where that gives the bits of the product on every thread: oneDNN splits the
+     * rows and columns of a plain A among threads, not the sum (no difference in 1320 shapes
+     * up to K = 4096, fp32 and bf16, when this was written; test_kernels compares rows of small
+     * products with the same rows of large ones), but it does split the sum of a transposed A
+     * with few outputs (a dW product: 40 of those shapes differed), which keeps every thread. */
+    int single = !ta && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS, threads = omp_get_max_threads();
+    if (single) omp_set_num_threads(1);
     pthread_mutex_lock(&g_lock);
     int bf16 = g_prec == RF_PRECISION_BF16;
     int ok = gemm_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc, b_weight);
     pthread_mutex_unlock(&g_lock);
+    if (single) omp_set_num_threads(threads);
     if (!ok) { /* no primitive for this shape (or no memory): oneDNN's sgemm, same numbers */
         B = operand_f32(B, bb, tb, K, N, &ldb, 3);
         if (bf16) {

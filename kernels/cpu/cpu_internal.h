@@ -97,7 +97,14 @@ size_t rf_cpu_logprob_kept_bytes(void);
  * so that the scratch stays near 32 MB (about 55 rows for a 150k vocabulary). */
 int rf_cpu_logprob_chunk_rows(int V);
 
-#define RF_OMP_MIN 4096 /* below this many elements a parallel region costs more than it saves */
+/* Below these many elements a parallel region costs more than it saves: waking a sleeping
+ * OpenMP thread is a system call each way (rlflow's threads sleep when idle, training.md), tens
+ * of microseconds, which is more than a few thousand elements of arithmetic (RF_OMP_MIN: norms,
+ * RoPE, AdamW, embedding) or tens of thousands of copied or added ones (RF_OMP_MIN_COPY). Every
+ * loop they guard computes each element (or row, or column) the same way whichever thread does
+ * it, so they decide speed, not bits. */
+#define RF_OMP_MIN 16384
+#define RF_OMP_MIN_COPY 65536
 
 /* SwiGLU (cpu_swiglu.c): vectorised, the bits of kernel_math.h's rf_swiglu / rf_swiglu_grad
  * with the C library's expf. */

@@ -87,18 +87,18 @@ static int cpu_mem_info(size_t *free_bytes, size_t *total_bytes) {
 }
 
 static void cpu_add_inplace(float *a, const float *b, size_t n) {
-#pragma omp parallel for if (n > RF_OMP_MIN)
+#pragma omp parallel for if (n > RF_OMP_MIN_COPY)
     for (size_t i = 0; i < n; i++) a[i] += b[i];
 }
 
 static void cpu_scale(float *x, float s, size_t n) {
-#pragma omp parallel for if (n > RF_OMP_MIN)
+#pragma omp parallel for if (n > RF_OMP_MIN_COPY)
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
 static double cpu_sum_squares(const float *x, size_t n) {
     double s = 0.0;
-#pragma omp parallel for reduction(+ : s) if (n > RF_OMP_MIN)
+#pragma omp parallel for reduction(+ : s) if (n > 4096) /* the partition sets the sum's bits: keep */
     for (size_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
     return s;
 }
@@ -106,7 +106,7 @@ static double cpu_sum_squares(const float *x, size_t n) {
 static void cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T,
                                   int C) {
     const uint16_t *wb = rf_cpu_bf16_bound(wte); /* a frozen bf16 model's table: rows widened */
-#pragma omp parallel for if ((size_t)T * C > RF_OMP_MIN)
+#pragma omp parallel for if ((size_t)T * C > RF_OMP_MIN_COPY)
     for (int t = 0; t < T; t++) {
         float *o = out + (size_t)t * C;
         if (tokens[t] < 0) {

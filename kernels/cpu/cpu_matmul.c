@@ -9,7 +9,7 @@ void rf_cpu_matmul_forward(float *out, const float *inp, const float *w, const f
                            int C, int OC) {
     if (T == 0) return;
     if (bias) {
-#pragma omp parallel for if (T > 64)
+#pragma omp parallel for if ((size_t)T * OC > RF_OMP_MIN_COPY)
         for (int t = 0; t < T; t++) memcpy(out + (size_t)t * OC, bias, sizeof(float) * (size_t)OC);
     }
     /* out (T, OC) = inp (T, C) @ w^T (C, OC) (+ the bias already there) */

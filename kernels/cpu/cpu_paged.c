@@ -25,7 +25,7 @@ static inline float dot(const float *a, const float *b, int n) {
 void rf_cpu_paged_kv_write(float *k_pool, float *v_pool, const float *k, const float *v,
                            const int32_t *slots, int T, int KVH, int D) {
     size_t row = (size_t)KVH * D;
-#pragma omp parallel for if ((size_t)T * row > 4096)
+#pragma omp parallel for if ((size_t)T * row > RF_OMP_MIN_COPY)
     for (int t = 0; t < T; t++) {
         memcpy(k_pool + (size_t)slots[t] * row, k + (size_t)t * row, sizeof(float) * row);
         memcpy(v_pool + (size_t)slots[t] * row, v + (size_t)t * row, sizeof(float) * row);
