@@ -227,8 +227,8 @@ const rf_kernels *rf_cpu_kernels(void);
  * bits it would get among any number of rows: products of up to 4 rows do not take the
  * matrix-vector loops (which round otherwise than oneDNN's kernels) but oneDNN's, whose
  * products of 1 to 300 rows give a row the same bits there. tests/test_kernels.c checks it;
- * bench/bench_matmul's "matmul_batch_invariant" lines time it (on the AVX-512 CPU measured,
- * oneDNN was as fast or faster at 1-4 rows but for the fp32 LM head at 1 row, 0.64x). A
+ * bench/bench_matmul's "matmul_batch_invariant" lines time it (on AVX-512, with the weights in
+ * oneDNN's layout, oneDNN was 1.1-8.7x the matrix-vector loops at 1-4 rows, docs/kernels.md). A
  * rollout worker (rollout/worker.c) turns it on for its thread: a sequence's log-probs then do
  * not depend on which sequences share its step, which in a split run depends on when requests
  * and observations arrive, so split runs repeat bit for bit and resume exactly. Returns the
