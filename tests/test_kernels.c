@@ -1364,6 +1364,36 @@ static void test_packed_weights(const rf_kernels *K) {
     CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
 }
 
+/* Memory freed and allocated again comes back at the same address holding another weight: the
+ * back end's copies of the old one must go with the free (cpu_free, as CUDA's), since nothing
+ * else tells it (the suite's uploads call no weights_updated). Eight rounds of alloc, upload,
+ * forward product, free, each weight new; every product against the plain operand's. The
+ * allocator hands the block back in most rounds (counted: the check that this can fail). */
+static void test_weights_freed(const rf_kernels *K) {
+    enum { T = 32, C = 96, OC = 200 };
+    float *x = fnormal((size_t)T * C, 1.0f), *out = xmalloc(FB((size_t)T * OC)), *ref = xmalloc(FB((size_t)T * OC));
+    void *last = NULL;
+    int reused = 0, differ = 0;
+    for (int prec = 0; prec < 2; prec++) {
+        CHECK(K->set_precision(prec ? RF_PRECISION_BF16 : RF_PRECISION_FP32) == RF_OK);
+        for (int round = 0; round < 8; round++) {
+            float *wh = fnormal((size_t)OC * C, 0.1f), *w = put(K, wh, FB((size_t)OC * C));
+            reused += (void *)w == last, last = w;
+            K->matmul_forward(out, x, w, NULL, T, C, OC);
+            rf_cpu_gemm(0, 1, T, OC, C, 1.0f, x, C, wh, C, 0.0f, ref, OC, 0); /* plain operand */
+            differ += memcmp(out, ref, FB((size_t)T * OC)) != 0;
+            K->free(w);
+            free(wh);
+        }
+    }
+    printf("freed weights: %d of 16 products differ from the plain operand's; the block came back at the "
+           "same address %d times\n", differ, reused);
+    CHECK(differ == 0);
+    CHECK(reused > 0);
+    CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
+    free(x), free(out), free(ref);
+}
+
 /* The CPU back end's SwiGLU (kernels/cpu/cpu_swiglu.c) evaluates glibc's expf algorithm
  * vectorised: it must give the bits of the C library's expf and of kernel_math.h's formulas,
  * not merely close values (every measured run depends on them). expf over every 4093rd float
@@ -1420,6 +1450,7 @@ int main(void) {
     run_kernel_suite(K, 20240611);
     test_batch_invariant(K);
     test_packed_weights(K);
+    test_weights_freed(K);
     test_swiglu_libm_bits(K);
     return rf_test_finish("test_kernels");
 }

@@ -58,12 +58,18 @@ typedef struct gemm_entry {
     dnnl_memory_desc_t wmd; /* pack: B's layout (blocked); no prim where oneDNN wants it plain */
 } gemm_entry;
 
-/* A weight's bf16 (or bf16-rounded fp32) copy, valid while epoch matches. */
+/* What a weight copy holds: the weight (rows, cols) dense in bf16 or as bf16-rounded floats
+ * (emulated), or its transpose in the blocked layout a primitive chose, fp32 or bf16. */
+enum { COPY_BF16, COPY_EMULATED, COPY_PACKED_F32, COPY_PACKED_BF16 };
+
+/* A copy of weight src (stored (rows, cols), row stride ld), valid while epoch matches. */
 typedef struct weight_copy {
     const float *src;
-    int rows, cols, ld, emulated;
+    int rows, cols, ld, kind;
     unsigned epoch;
-    void *data; /* (rows, cols) dense, uint16_t bf16 or float */
+    dnnl_memory_desc_t md; /* the packed kinds: the layout */
+    void *data;
+    size_t bytes;
 } weight_copy;
 
 /* A bound range: floats [base, base + n) are held as the bf16 values data (n). */
@@ -73,17 +79,6 @@ typedef struct bf16_bind {
     size_t n;
 } bf16_bind;
 
-/* A weight's copy in a primitive's own (blocked) layout, valid while epoch matches: the logical
- * operand B (K, N) that src is when read with transposition tb and row stride ld. */
-typedef struct packed_copy {
-    const float *src;
-    int tb, K, N, ld, dt;
-    unsigned epoch;
-    dnnl_memory_desc_t md;
-    void *data;
-    size_t bytes;
-} packed_copy;
-
 /* A reorder primitive from a plain layout to a blocked one. */
 typedef struct reorder_entry {
     dnnl_memory_desc_t from, to;
@@ -92,8 +87,7 @@ typedef struct reorder_entry {
 } reorder_entry;
 
 #define GEMM_SLOTS 1024 /* power of two; the table is cleared when it is three-quarters full */
-#define WEIGHT_SLOTS 512
-#define PACK_SLOTS 1024
+#define WEIGHT_SLOTS 1024 /* power of two: plain and packed copies of every weight in use */
 #define REORDER_SLOTS 64
 #define BIND_SLOTS 64
 
@@ -104,7 +98,6 @@ static int g_ready = -1; /* -1 not tried, 0 failed, 1 up */
 static gemm_entry g_gemm[GEMM_SLOTS];
 static int g_gemm_count;
 static weight_copy g_wcopy[WEIGHT_SLOTS];
-static packed_copy g_pack[PACK_SLOTS];
 static reorder_entry g_reorder[REORDER_SLOTS];
 static int g_n_reorder;
 static unsigned g_epoch = 1;
@@ -346,39 +339,52 @@ static gemm_entry *entry_get(const gemm_key *k) {
 
 /* ---- weight copies ---- */
 
-/* The converted copy of weight src (rows, cols; stride ld), made or refreshed for this epoch:
- * from src's floats, or (emulated only) from its bound bf16 values bsrc (same stride), widened. */
-static const void *weight_get(const float *src, int rows, int cols, int ld, int emulated,
-                              const uint16_t *bsrc) {
+/* The table's slot for the copy of kind `kind` of weight src (stored (rows, cols), row stride
+ * ld), holding `bytes` bytes (in layout md for the packed kinds, NULL for the others); *current
+ * is 1 when it already holds this epoch's copy, else the caller fills it and sets its epoch.
+ * NULL where memory is short. Caller holds g_lock. */
+static weight_copy *copy_slot(const float *src, int rows, int cols, int ld, int kind, size_t bytes,
+                              const dnnl_memory_desc_t *md, int *current) {
     uint64_t h = ((uint64_t)(uintptr_t)src * 0x9e3779b97f4a7c15ull) ^ (uint64_t)rows * 31u ^ (uint64_t)cols;
     weight_copy *slot = NULL;
-    for (size_t i = 0; i < WEIGHT_SLOTS; i++) {
+    for (size_t i = 0; i < WEIGHT_SLOTS && !slot; i++) {
         weight_copy *w = &g_wcopy[((h >> 7 ^ h) + i) & (WEIGHT_SLOTS - 1)];
-        if (w->src == src && w->rows == rows && w->cols == cols && w->ld == ld &&
-            w->emulated == emulated) {
+        if (!w->src || (w->src == src && w->rows == rows && w->cols == cols && w->ld == ld && w->kind == kind))
             slot = w;
-            break;
-        }
-        if (!w->src) {
-            slot = w;
-            break;
-        }
     }
     if (!slot) { /* table full: drop everything */
         for (int i = 0; i < WEIGHT_SLOTS; i++) free(g_wcopy[i].data);
         memset(g_wcopy, 0, sizeof g_wcopy);
-        return weight_get(src, rows, cols, ld, emulated, bsrc);
+        return copy_slot(src, rows, cols, ld, kind, bytes, md, current);
     }
-    if (slot->src && slot->epoch == g_epoch) return slot->data;
-    if (!slot->src) {
-        slot->data = malloc((size_t)rows * cols * (emulated ? sizeof(float) : sizeof(uint16_t)));
-        if (!slot->data) return NULL;
-        *slot = (weight_copy){src, rows, cols, ld, emulated, 0, slot->data};
+    *current = slot->src && slot->epoch == g_epoch && (!md || dnnl_memory_desc_equal(&slot->md, md));
+    if (*current) return slot;
+    void *data = slot->src && slot->bytes == bytes ? slot->data : NULL;
+    if (!data) {
+        if (slot->src) free(slot->data);
+        data = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!data) {
+            *slot = (weight_copy){0};
+            return NULL;
+        }
     }
-    if (bsrc) widen(slot->data, bsrc, rows, cols, ld);
-    else convert(slot->data, src, rows, cols, ld, emulated);
-    slot->epoch = g_epoch;
-    return slot->data;
+    *slot = (weight_copy){src, rows, cols, ld, kind, 0, {0}, data, bytes};
+    if (md) slot->md = *md;
+    return slot;
+}
+
+/* The converted copy of weight src (rows, cols; stride ld), made or refreshed for this epoch:
+ * from src's floats, or (emulated only) from its bound bf16 values bsrc (same stride), widened. */
+static const void *weight_get(const float *src, int rows, int cols, int ld, int emulated,
+                              const uint16_t *bsrc) {
+    size_t bytes = (size_t)rows * cols * (emulated ? sizeof(float) : sizeof(uint16_t));
+    int current;
+    weight_copy *w = copy_slot(src, rows, cols, ld, emulated ? COPY_EMULATED : COPY_BF16, bytes, NULL, &current);
+    if (!w || current) return w ? w->data : NULL;
+    if (bsrc) widen(w->data, bsrc, rows, cols, ld);
+    else convert(w->data, src, rows, cols, ld, emulated);
+    w->epoch = g_epoch;
+    return w->data;
 }
 
 /* ---- scratch buffers ---- */
@@ -447,64 +453,52 @@ static int reorder_run(const dnnl_memory_desc_t *from, const void *data, const d
            dnnl_stream_wait(g_stream) == dnnl_success;
 }
 
-/* Weight src read as the operand B (K, N) of a product (transposition tb, row stride ld), in the
- * layout md a primitive chose for it: bf16 values (bf16: of src rounded, or the bound values
- * bsrc in place) or fp32 ones, reordered once per epoch (a permutation of the plain operand's
- * elements: the product's bits are those of the plain operand, tests/test_kernels.c). NULL
- * where memory is short. Caller holds g_lock. */
-static const void *packed_get(const float *src, const uint16_t *bsrc, int tb, int K, int N, int ld,
-                              int bf16, const dnnl_memory_desc_t *md) {
-    uint64_t h = ((uint64_t)(uintptr_t)src * 0x9e3779b97f4a7c15ull) ^ (uint64_t)K * 31u ^ (uint64_t)N ^
-                 (uint64_t)tb << 40;
-    packed_copy *slot = NULL;
-    for (size_t i = 0; i < PACK_SLOTS && !slot; i++) {
-        packed_copy *p = &g_pack[((h >> 7 ^ h) + i) & (PACK_SLOTS - 1)];
-        if (!p->src || (p->src == src && p->tb == tb && p->K == K && p->N == N && p->ld == ld && p->dt == bf16))
-            slot = p;
-    }
-    if (!slot) { /* table full: drop everything */
-        for (int i = 0; i < PACK_SLOTS; i++) free(g_pack[i].data);
-        memset(g_pack, 0, sizeof g_pack);
-        return packed_get(src, bsrc, tb, K, N, ld, bf16, md);
-    }
-    if (slot->src && slot->epoch == g_epoch && dnnl_memory_desc_equal(&slot->md, md)) return slot->data;
-    size_t bytes = dnnl_memory_desc_get_size(md);
-    void *data = slot->src && slot->bytes == bytes ? slot->data : NULL;
-    if (!data) {
-        if (slot->src) free(slot->data);
-        data = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        if (!data) {
-            *slot = (packed_copy){0};
-            return NULL;
-        }
-    }
-    *slot = (packed_copy){src, tb, K, N, ld, bf16, 0, *md, data, bytes};
-    dnnl_memory_desc_t from;
+/* Weight src (stored (N, K), row stride ld) read transposed, as the operand B (K, N) of a
+ * forward product, in the layout md a primitive chose for it: bf16 values (bf16: of src
+ * rounded, or the bound values bsrc in place) or fp32 ones, reordered once per epoch (a
+ * permutation of the plain operand's elements: the product's bits are those of the plain
+ * operand, tests/test_kernels.c). NULL where memory is short. Caller holds g_lock. */
+static const void *packed_get(const float *src, const uint16_t *bsrc, int N, int K, int ld, int bf16,
+                              const dnnl_memory_desc_t *md) {
+    int current;
+    weight_copy *w = copy_slot(src, N, K, ld, bf16 ? COPY_PACKED_BF16 : COPY_PACKED_F32,
+                               dnnl_memory_desc_get_size(md), md, &current);
+    if (!w || current) return w ? w->data : NULL;
     const void *plain = src;
-    int sr, sc;
-    stored(tb, K, N, &sr, &sc);
     if (bf16 && !bsrc) { /* rounded to bf16 as every bf16 operand is (convert) */
-        void *t = tls_buf(1, sizeof(uint16_t) * (size_t)sr * sc);
+        void *t = tls_buf(1, sizeof(uint16_t) * (size_t)N * K);
         if (!t) return NULL;
-        convert(t, src, sr, sc, ld, 0);
-        plain = t, ld = sc;
+        convert(t, src, N, K, ld, 0);
+        plain = t, ld = K;
     } else if (bf16) {
         plain = bsrc;
     }
-    md2(&from, K, N, tb ? 1 : ld, tb ? ld : 1, bf16 ? dnnl_bf16 : dnnl_f32);
-    if (!reorder_run(&from, plain, md, data)) return NULL; /* epoch 0: made again next time */
-    slot->epoch = g_epoch;
-    return data;
+    dnnl_memory_desc_t from;
+    md2(&from, K, N, 1, ld, bf16 ? dnnl_bf16 : dnnl_f32);
+    if (!reorder_run(&from, plain, md, w->data)) return NULL; /* epoch 0: made again next time */
+    w->epoch = g_epoch;
+    return w->data;
+}
+
+void rf_cpu_gemm_forget(const void *p, size_t bytes) {
+    const char *lo = p, *hi = lo + bytes;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < WEIGHT_SLOTS; i++) {
+        weight_copy *w = &g_wcopy[i];
+        if (w->data && (const char *)w->src >= lo && (const char *)w->src < hi) {
+            /* the key stays (the table's probe chains run through it), the copy goes */
+            free(w->data);
+            w->data = NULL, w->bytes = 0, w->epoch = 0;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
 }
 
 size_t rf_cpu_gemm_copies_bytes(void) {
     size_t n = 0;
     pthread_mutex_lock(&g_lock);
     for (int i = 0; i < WEIGHT_SLOTS; i++)
-        if (g_wcopy[i].src)
-            n += (size_t)g_wcopy[i].rows * g_wcopy[i].cols * (g_wcopy[i].emulated ? sizeof(float) : sizeof(uint16_t));
-    for (int i = 0; i < PACK_SLOTS; i++)
-        if (g_pack[i].src) n += g_pack[i].bytes;
+        if (g_wcopy[i].src) n += g_wcopy[i].bytes;
     pthread_mutex_unlock(&g_lock);
     return n;
 }
@@ -532,9 +526,7 @@ static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const 
 #define GEMV_MAX_M 4
 
 /* Products of at most this many multiply-adds run on one thread (rf_cpu_gemm). */
-#ifndef RF_GEMM_SERIAL_MACS
 #define RF_GEMM_SERIAL_MACS (1 << 22)
-#endif
 
 /* rf_cpu_batch_invariant on this thread. */
 static _Thread_local int tl_batch_invariant;
@@ -724,7 +716,7 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
         gemm_key kp = k;
         kp.pack = 1, kp.tb = 0, kp.ldb = 0; /* the primitive does not see B's plain layout */
         gemm_entry *e = entry_get(&kp);
-        const void *pb = e && e->prim ? packed_get(B, bf16 ? bb : NULL, tb, K, N, ldb, bf16, &e->wmd) : NULL;
+        const void *pb = e && e->prim ? packed_get(B, bf16 ? bb : NULL, N, K, ldb, bf16, &e->wmd) : NULL;
         if (pb) return run_entry(e, a, pb, C);
     }
     if (bf16) {
@@ -778,7 +770,8 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
      * up to K = 4096, fp32 and bf16, when this was written; test_kernels compares rows of small
      * products with the same rows of large ones), but it does split the sum of a transposed A
      * with few outputs (a dW product: 40 of those shapes differed), which keeps every thread. */
-    int single = !ta && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS, threads = omp_get_max_threads();
+    int single = !ta && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS;
+    int threads = single ? omp_get_max_threads() : 0;
     if (single) omp_set_num_threads(1);
     pthread_mutex_lock(&g_lock);
     int bf16 = g_prec == RF_PRECISION_BF16;

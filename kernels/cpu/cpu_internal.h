@@ -24,6 +24,8 @@ rf_status rf_cpu_gemm_set_precision(rf_precision p);
 rf_precision rf_cpu_gemm_get_precision(void);
 /* Converted weight copies are stale from now on. */
 void rf_cpu_gemm_weights_updated(void);
+/* Drops the weight copies made from memory [p, p + bytes), which is being freed. */
+void rf_cpu_gemm_forget(const void *p, size_t bytes);
 /* A counter bumped by every rf_cpu_gemm_weights_updated. */
 unsigned rf_cpu_gemm_epoch(void);
 /* 1 when oneDNN runs bf16 products natively on the instruction set it uses (else bf16 is
@@ -105,6 +107,10 @@ int rf_cpu_logprob_chunk_rows(int V);
  * it, so they decide speed, not bits. */
 #define RF_OMP_MIN 16384
 #define RF_OMP_MIN_COPY 65536
+#define RF_OMP_MIN_EXP 4096 /* an exponential an element (SwiGLU) */
+/* The gradient norm's sum of squares: its partition among threads sets the sum's bits, so this
+ * stays as every measured run had it. */
+#define RF_OMP_MIN_SUM 4096
 
 /* SwiGLU (cpu_swiglu.c): vectorised, the bits of kernel_math.h's rf_swiglu / rf_swiglu_grad
  * with the C library's expf. */

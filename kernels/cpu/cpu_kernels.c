@@ -25,8 +25,9 @@
 #endif
 #define CPU_HEAD 64
 typedef struct cpu_head {
-    size_t len;  /* the mapping's bytes (header included); 0: from posix_memalign */
-    void *base;  /* what to free or unmap */
+    size_t len;   /* the mapping's bytes (header included); 0: from posix_memalign */
+    void *base;   /* what to free or unmap */
+    size_t bytes; /* what the caller asked for */
 } cpu_head;
 
 static void *cpu_alloc(size_t bytes) {
@@ -47,13 +48,16 @@ static void *cpu_alloc(size_t bytes) {
         return NULL;
     }
     cpu_head *h = base;
-    h->len = len, h->base = base;
+    h->len = len, h->base = base, h->bytes = bytes;
     return (char *)base + CPU_HEAD;
 }
 
+/* A later alloc may hand the same addresses back holding other data: the weight copies made
+ * from this block go with it (as on CUDA). */
 static void cpu_free(void *p) {
     if (!p) return;
     const cpu_head *h = (const cpu_head *)((char *)p - CPU_HEAD);
+    rf_cpu_gemm_forget(p, h->bytes);
     if (h->len) munmap(h->base, h->len);
     else free(h->base);
 }
@@ -98,7 +102,7 @@ static void cpu_scale(float *x, float s, size_t n) {
 
 static double cpu_sum_squares(const float *x, size_t n) {
     double s = 0.0;
-#pragma omp parallel for reduction(+ : s) if (n > 4096) /* the partition sets the sum's bits: keep */
+#pragma omp parallel for reduction(+ : s) if (n > RF_OMP_MIN_SUM)
     for (size_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
     return s;
 }

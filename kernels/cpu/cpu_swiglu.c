@@ -139,7 +139,7 @@ static int exp_neg_block(float *e, const float *gate, size_t n, size_t b) {
 /* rf_swiglu, block by block. */
 void rf_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
     size_t nb = (n + RF_SWIGLU_BLOCK - 1) / RF_SWIGLU_BLOCK;
-#pragma omp parallel for schedule(static) if (n > 4096) /* an exponential an element */
+#pragma omp parallel for schedule(static) if (n > RF_OMP_MIN_EXP)
     for (size_t b = 0; b < nb; b++) {
         float e[RF_SWIGLU_BLOCK];
         size_t i0 = b * RF_SWIGLU_BLOCK;
@@ -154,7 +154,7 @@ void rf_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_
 void rf_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n) {
     size_t nb = (n + RF_SWIGLU_BLOCK - 1) / RF_SWIGLU_BLOCK;
-#pragma omp parallel for schedule(static) if (n > 4096) /* an exponential an element */
+#pragma omp parallel for schedule(static) if (n > RF_OMP_MIN_EXP)
     for (size_t b = 0; b < nb; b++) {
         float e[RF_SWIGLU_BLOCK];
         size_t i0 = b * RF_SWIGLU_BLOCK;
