@@ -769,8 +769,11 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
      * rows and columns of a plain A among threads, not the sum (no difference in 1320 shapes
      * up to K = 4096, fp32 and bf16, when this was written; test_kernels compares rows of small
      * products with the same rows of large ones), but it does split the sum of a transposed A
-     * with few outputs (a dW product: 40 of those shapes differed), which keeps every thread. */
-    int single = !ta && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS;
+     * with few outputs (a dW product: 40 of those shapes differed), which keeps every thread.
+     * That is its brgemm kernels, where rows are batch-invariant (rf_cpu_batch_invariant_exact);
+     * its AVX2 gemm splits sums otherwise (ONEDNN_MAX_CPU_ISA=AVX2 moved the default recipe's
+     * per-step metrics), so there every product keeps every thread. */
+    int single = !ta && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS && rf_cpu_batch_invariant_exact();
     int threads = single ? omp_get_max_threads() : 0;
     if (single) omp_set_num_threads(1);
     pthread_mutex_lock(&g_lock);
