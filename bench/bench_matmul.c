@@ -3,8 +3,6 @@
  *    GFLOP/s of OpenBLAS sgemm (reference), of the back end's products in fp32 and in bf16
  *    (oneDNN), each with its ratio to the best fp32 and the best of all measured on the shape
  *    in this run;
- *  - matmul_batch_invariant (decode shapes): the same products batch-invariant, as a rollout
- *    worker runs them (kernels.h rf_cpu_batch_invariant), against the default ones;
  *  - adamw: the back end's fused AdamW in GB/s (28 bytes per element) against memcpy's GB/s
  *    (read + write) on the same 64M-float arrays;
  *  - model_fp32 / model_bf16: bench_model's train step (8 x 256 tokens), prefill (8 x 256) and
@@ -75,21 +73,6 @@ static double time_shape(const rf_kernels *k, const shape *s, int e, int reps) {
 
 static double g_best32, g_best16; /* best GFLOP/s on the MLP shape, per precision */
 
-/* A decode shape with batch-invariant products (rf_cpu_batch_invariant, the rollout worker's):
- * GFLOP/s per precision and the ratio to the default products' (f32, bf16) of the same run. */
-static void bench_invariant(const rf_kernels *k, const shape *s, int reps, double f32, double bf16) {
-    int was = rf_cpu_batch_invariant(1);
-    RF_ASSERT(k->set_precision(RF_PRECISION_FP32) == RF_OK);
-    double i32 = time_shape(k, s, 1, reps);
-    RF_ASSERT(k->set_precision(RF_PRECISION_BF16) == RF_OK);
-    double i16 = time_shape(k, s, 1, reps);
-    RF_ASSERT(k->set_precision(RF_PRECISION_FP32) == RF_OK);
-    rf_cpu_batch_invariant(was);
-    printf("{\"bench\":\"matmul_batch_invariant\",\"shape\":\"%s\",\"m\":%d,\"f32_gflops\":%.1f,\"bf16_gflops\":%.1f,"
-           "\"f32_of_default\":%.2f,\"bf16_of_default\":%.2f}\n", s->what, s->T, i32, i16, i32 / f32, i16 / bf16);
-    fflush(stdout);
-}
-
 static void bench_shapes(const rf_kernels *k, int quick) {
     const shape shapes[] = {
         {"mlp_up_fwd", 0, 2048, 512, 1408},    {"mlp_down_fwd", 0, 2048, 1408, 512},
@@ -117,7 +100,6 @@ static void bench_shapes(const rf_kernels *k, int quick) {
                s->what, s->T, s->C, s->OC, g_blas, g_f32, g_bf16, g_blas / best32, g_f32 / best32,
                g_bf16 / best);
         fflush(stdout);
-        if (s->op == 0 && s->T <= 32) bench_invariant(k, s, reps, g_f32, g_bf16);
     }
 }
 

@@ -222,25 +222,17 @@ struct rf_kernels {
 /* The CPU back end (always present). Static storage; never freed. */
 const rf_kernels *rf_cpu_kernels(void);
 
-/* Batch-invariant matrix products on the calling thread (CPU back end; the CUDA one is not
- * covered): while on, and where rf_cpu_batch_invariant_exact(), each row of a product gets the
- * bits it would get among any number of rows: products of up to 4 rows do not take the
- * matrix-vector loops (which round otherwise than oneDNN's kernels) but oneDNN's, whose
- * products of 1 to 300 rows give a row the same bits there. tests/test_kernels.c checks it;
- * bench/bench_matmul's "matmul_batch_invariant" lines time it (on AVX-512, with the weights in
- * oneDNN's layout, oneDNN was 1.1-8.7x the matrix-vector loops at 1-4 rows, docs/kernels.md). A
- * rollout worker (rollout/worker.c) turns it on for its thread: a sequence's log-probs then do
- * not depend on which sequences share its step, which in a split run depends on when requests
- * and observations arrive, so split runs repeat bit for bit and resume exactly. Returns the
- * previous setting. */
-int rf_cpu_batch_invariant(int on);
-
-/* Whether rf_cpu_batch_invariant makes products batch-invariant on this CPU at the back end's
- * current precision: 1 where oneDNN runs its AVX-512 kernels (measured: avx512_core_bf16; at
- * bf16 only where the CPU has AVX512-BF16: oneDNN's bf16 emulation on plain AVX-512 is not), 0
- * with its AVX2 ones (there a row's bits depend on the number of rows at every size; split runs
- * then agree only to the last bits of the behaviour log-probs, as before) and with AMX (not
- * measured). */
+/* Whether the CPU back end's matrix products are batch-invariant on this CPU at its current
+ * precision: each row of a product gets the bits it would get among any number of rows. 1 where
+ * oneDNN runs its AVX-512 brgemm kernels (measured: avx512_core_bf16; at bf16 only where the CPU
+ * has AVX512-BF16: oneDNN's bf16 emulation on plain AVX-512 is not), whose products of 1 to 300
+ * rows give a row the same bits; every product then goes to oneDNN, decoding's 1-4-row ones
+ * included. 0 with its AVX2 kernels (there a row's bits depend on the number of rows at every
+ * size, and products of 1-4 rows take the back end's matrix-vector loops) and with AMX (not
+ * measured). Where 1, a sequence's tokens and log-probs do not depend on which sequences share
+ * its decoding step, which in a split run depends on when requests and observations arrive:
+ * split runs then repeat bit for bit and resume exactly (tests/test_kernels.c checks the rows,
+ * tests/test_split_env_resume.c the runs); where 0, they agree to the last bits only. */
 int rf_cpu_batch_invariant_exact(void);
 
 /* Bytes the CPU back end holds in copies of weights, beside the weights themselves, each made

@@ -523,25 +523,8 @@ static void worker_free(worker *w) {
     rf_wep_free(w->ep);
 }
 
-static rf_status worker_main(const rf_recipe *r, const rf_msg_dial *dial, int rank, rf_comm *wcomm, rf_comm *gcomm,
-                             int train_rank, rf_handover *ho);
-
-/* The worker's products are batch-invariant (kernels.h rf_cpu_batch_invariant) on its thread
- * (a colocated rollout rank is a thread of a training rank's process): it batches sequences as
- * requests and observations arrive, and a sequence's log-probs must not depend on which others
- * share its step, else two runs of one recipe, or a run and its resumption, part in the last
- * bits. The in-process engine runs a whole round at once and keeps the faster matrix-vector
- * products of small steps. */
 rf_status rf_rollout_worker_main(const rf_recipe *r, const rf_msg_dial *dial, int rank,
                                  rf_comm *wcomm, rf_comm *gcomm, int train_rank, rf_handover *ho) {
-    int was = rf_cpu_batch_invariant(1);
-    rf_status st = worker_main(r, dial, rank, wcomm, gcomm, train_rank, ho);
-    rf_cpu_batch_invariant(was);
-    return st;
-}
-
-static rf_status worker_main(const rf_recipe *r, const rf_msg_dial *dial, int rank, rf_comm *wcomm, rf_comm *gcomm,
-                             int train_rank, rf_handover *ho) {
     worker w = {.r = r, .rank = rank, .version = -1, .t0 = rf_time_now(),
                 .gcomm = gcomm && rf_comm_size(gcomm) > 1 ? gcomm : NULL, .ho = ho,
                 .zero_copy = ho && r->placement.rollout.tp == r->placement.actor.tp};

@@ -1,10 +1,13 @@
 /* The one RL loop (controller/controller.c driving the in-process roles) gives the metrics the
  * one-process loop it replaced gave, bit for bit: tests/data/loop_golden.jsonl holds, for three
  * recipes (GRPO, PPO with a critic and KL to the reference, GRPO with dynamic sampling), every
- * per-step metric but the wall-clock ones (perf/..., time) of the first 8 steps, written by
+ * per-step metric but the wall-clock ones (perf/..., time) of the first 8 steps, first written by
  * `rlflow run` of main at c637b7a (the commit before the loop was unified, its
- * controller/rl_step.c loop) with this test's recipe; each value must come back exactly (0 ulp),
- * and no key may be added or missing.
+ * controller/rl_step.c loop) with this test's recipe, and written again (RF_WRITE_GOLDEN, below)
+ * only where the arithmetic was changed on purpose: when decoding's products of 1-4 rows moved
+ * from the matrix-vector loops to oneDNN where its rows are batch-invariant (2026-11-29,
+ * docs/kernels.md); each value must come back exactly (0 ulp), and no key may be added or
+ * missing.
  *
  * The values depend on the floating-point kernels, so the golden file also holds the CRC-32C of
  * the SFT warm start the recipe builds (fp32, the same kernels): on a machine whose kernels

@@ -20,7 +20,7 @@
  *     uninterrupted split run, and a second uninterrupted split run likewise. The rollout worker
  *     batches sequences as requests arrive, so which sequences share a decoding step differs
  *     from run to run; before the rollout worker's products were made batch-invariant
- *     (rf_cpu_batch_invariant) a step of up to 4 sequences rounded otherwise, and two
+ *     (rf_cpu_batch_invariant_exact) a step of up to 4 sequences rounded otherwise, and two
  *     uninterrupted split runs already parted in the last bits of the behaviour log-probs from
  *     step 1 (6e-7 of the largest weight after 8 steps);
  *   - a checkpoint of an older release (trainer_state.json without "admitted") resumes, and

@@ -9,12 +9,12 @@
  * under mpirun, async.max_staleness = 0). The resumed run must log every step's metrics (all
  * but the wall-clock ones: time, perf/, time/, idle/) as the uninterrupted run of its
  * deployment does, bit for bit, and end with the same model.safetensors byte for byte and the
- * same trainer_state.json. Split runs repeat bit for bit because the rollout worker's products
- * are batch-invariant (kernels.h rf_cpu_batch_invariant: it batches sequences as requests and
- * observations arrive; before, products of up to 4 rows rounded otherwise, and the resumed split
- * runs parted from the uninterrupted one in the behaviour log-probs' last bits from the step
- * after the resume, the weights with them); where the CPU back end cannot make them so
- * (rf_cpu_batch_invariant_exact) the split runs are skipped. Skips (77) without mpirun. */
+ * same trainer_state.json. Split runs repeat bit for bit because the CPU back end's products
+ * are batch-invariant (kernels.h rf_cpu_batch_invariant_exact: the rollout worker batches
+ * sequences as requests and observations arrive; when products of up to 4 rows rounded
+ * otherwise, the resumed split runs parted from the uninterrupted one in the behaviour
+ * log-probs' last bits from the step after the resume, the weights with them); where they are
+ * not (oneDNN without its AVX-512 kernels) the split runs are skipped. Skips (77) without mpirun. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -521,15 +521,15 @@ static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const 
 }
 
 /* Rows of A at or below which a weight product out = A W^T runs as the matrix-vector loops
- * below: decoding streams each weight once per token, and a oneDNN call's fixed cost (memory
- * objects, the OpenMP fork, oneDNN's own small-M path) cost up to 3x at M = 1 (bench_matmul). */
+ * below, where oneDNN's rows are not batch-invariant (rf_cpu_batch_invariant_exact 0: its AVX2
+ * gemm, its bf16 emulation): there they keep the roundings every run on such a CPU has had.
+ * Where oneDNN's are, every product goes to oneDNN: on the weights in its own layout it was
+ * 1.1-8.7x the loops at 1-4 rows (bench_matmul, docs/kernels.md), and a row then gets the same
+ * bits whatever the number of rows it shares a product with. */
 #define GEMV_MAX_M 4
 
 /* Products of at most this many multiply-adds run on one thread (rf_cpu_gemm). */
 #define RF_GEMM_SERIAL_MACS (1 << 22)
-
-/* rf_cpu_batch_invariant on this thread. */
-static _Thread_local int tl_batch_invariant;
 
 /* Whether oneDNN's matmul gives a row the same bits in products of any number of rows: with
  * its AVX-512 kernels (avx512_core_bf16, AMD EPYC), measured for 1 to 300 rows, fp32 and bf16,
@@ -554,12 +554,6 @@ int rf_cpu_batch_invariant_exact(void) {
         atomic_store(&g_row_invariant, known);
     }
     return (known >> (g_prec == RF_PRECISION_BF16)) & 1;
-}
-
-int rf_cpu_batch_invariant(int on) {
-    int was = tl_batch_invariant;
-    tl_batch_invariant = !!on;
-    return was;
 }
 
 /* Lanes of the matrix-vector accumulators: one 512-bit vector of floats. */
@@ -758,7 +752,7 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
         gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
         return;
     }
-    int gemv = M <= GEMV_MAX_M && !(tl_batch_invariant && rf_cpu_batch_invariant_exact());
+    int gemv = M <= GEMV_MAX_M && !rf_cpu_batch_invariant_exact();
     if (gemv && !ta && tb && (b_weight || bb) &&
         gemm_small(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
         return;
@@ -773,7 +767,7 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
      * That is its brgemm kernels, where rows are batch-invariant (rf_cpu_batch_invariant_exact);
      * its AVX2 gemm splits sums otherwise (ONEDNN_MAX_CPU_ISA=AVX2 moved the default recipe's
      * per-step metrics), so there every product keeps every thread. */
-    int single = !ta && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS && rf_cpu_batch_invariant_exact();
+    int single = !ta && M > GEMV_MAX_M && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS && rf_cpu_batch_invariant_exact();
     int threads = single ? omp_get_max_threads() : 0;
     if (single) omp_set_num_threads(1);
     pthread_mutex_lock(&g_lock);
