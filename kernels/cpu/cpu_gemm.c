@@ -766,7 +766,10 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
      * with few outputs (a dW product: 40 of those shapes differed), which keeps every thread.
      * That is its brgemm kernels, where rows are batch-invariant (rf_cpu_batch_invariant_exact);
      * its AVX2 gemm splits sums otherwise (ONEDNN_MAX_CPU_ISA=AVX2 moved the default recipe's
-     * per-step metrics), so there every product keeps every thread. */
+     * per-step metrics), so there every product keeps every thread. Products of 1-4 rows keep
+     * both threads too: they are bound by reading the weight, which two cores do faster (batch-1
+     * decoding of the 25M model 1.45x in fp32, 1.7x in bf16, at the DRAM's read bandwidth), and
+     * their bits are the same (test_kernels' batch-invariant rows). */
     int single = !ta && M > GEMV_MAX_M && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS && rf_cpu_batch_invariant_exact();
     int threads = single ? omp_get_max_threads() : 0;
     if (single) omp_set_num_threads(1);
