@@ -1364,7 +1364,8 @@ static void test_packed_weights(const rf_kernels *K) {
  * back end's copies of the old one must go with the free (cpu_free, as CUDA's), since nothing
  * else tells it (the suite's uploads call no weights_updated). Eight rounds of alloc, upload,
  * forward product, free, each weight new; every product against the plain operand's. The
- * allocator hands the block back in most rounds (counted: the check that this can fail). */
+ * allocator hands the block back in most rounds (counted: the check that this can fail; not in
+ * AddressSanitizer builds, whose quarantine keeps freed blocks out of use for a while). */
 static void test_weights_freed(const rf_kernels *K) {
     enum { T = 32, C = 96, OC = 200 };
     float *x = fnormal((size_t)T * C, 1.0f), *out = xmalloc(FB((size_t)T * OC)), *ref = xmalloc(FB((size_t)T * OC));
@@ -1385,7 +1386,9 @@ static void test_weights_freed(const rf_kernels *K) {
     printf("freed weights: %d of 16 products differ from the plain operand's; the block came back at the "
            "same address %d times\n", differ, reused);
     CHECK(differ == 0);
+#ifndef __SANITIZE_ADDRESS__ /* its quarantine never hands a freed block straight back */
     CHECK(reused > 0);
+#endif
     CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
     free(x), free(out), free(ref);
 }
