@@ -331,7 +331,11 @@ static void env_with_reward_programs(void) {
 }
 
 /* Validation's reward program request carries the prompt and first observation, as training's:
- * one prompt text everywhere, the reward = the number of prompt ids the program was sent. */
+ * one prompt text everywhere, the reward = the number of prompt ids the program was sent (plus
+ * the scripted environment's turn reward, 0.5 + 0.01 x the action's ids: one token per response
+ * here, so that sampled and greedy responses score alike whatever the model emits; with up to 16
+ * the sampled ones' lengths differed from the greedy ones' on another rounding, an AddressSanitizer
+ * build's, and the means parted). */
 static void val_first_observation(void) {
     const char *script = getenv("RF_ENV_SCRIPT"), *echo = getenv("RF_REWARD_ECHO");
     if (!script || !echo) {
@@ -345,7 +349,8 @@ static void val_first_observation(void) {
     for (int i = 0; i < 3; i++) {
         char args[1600];
         snprintf(args, sizeof args,
-                 "--set train.steps=1 --set logging.val_every=1 --set logging.val_size=4 --set data.train=%s/same/train.jsonl "
+                 "--set train.steps=1 --set logging.val_every=1 --set logging.val_size=4 --set rollout.max_new_tokens=1 "
+                 "--set data.train=%s/same/train.jsonl "
                  "--set data.val=%s/same/val.jsonl --set 'reward.rules=[]' --set reward.external=tcp://127.0.0.1:%d "
                  "--set 'reward.programs=[[\"%s\", \"--connect\", \"tcp://127.0.0.1:%d\", \"--score\", \"prompt\"]]' "
                  "--set env.type=external --set 'env.programs=[[\"%s\", \"--turns\", \"1\"%s]]' %s",
