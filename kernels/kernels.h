@@ -238,7 +238,8 @@ int rf_cpu_batch_invariant_exact(void);
 /* Bytes the CPU back end holds in copies of weights, beside the weights themselves, each made
  * once per weights_updated: copies of the forward's operand W^T in oneDNN's own blocked layout
  * (fp32 or bf16, as the precision) and plain bf16 copies (at bf16: the backward's dout W, the
- * matrix-vector loops of 1-4-row products, kernels without a blocked layout). */
+ * matrix-vector loops of 1-4-row products where oneDNN's rows are not batch-invariant, kernels
+ * without a blocked layout). */
 size_t rf_cpu_gemm_copies_bytes(void);
 
 /* The CUDA back end on `device`: NULL when rlflow was built without CUDA or no GPU is

@@ -537,6 +537,7 @@ static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const 
  * where it runs). Not with its AVX2 ones (ONEDNN_MAX_CPU_ISA=AVX2: a sixth of the rows of
  * products under 64 rows differ from the same rows among 64), where only the matrix-vector
  * loops at every size would do, 5-8x slower at 32 rows (bench_matmul); not measured with AMX.
+ * Where 1, every product goes to oneDNN (GEMV_MAX_M).
  * bf16 products on AVX-512 without AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE, as on a
  * Cascade Lake) are oneDNN's emulating gemm, not the brgemm kernels: there a row of a 1-row
  * product differs from the same row among more, so only fp32 products are exact there.
@@ -704,7 +705,7 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
      * 2048 rows, 1.6-1.9x at 32, docs/kernels.md): kept per epoch instead of repacked by every
      * call. Only the forward's W^T (tb): a copy of W for the backward's dout W as well held
      * another 4 bytes a parameter in fp32 (2 in bf16, beside the plain bf16 copy the backward
-     * and the matrix-vector loops read) for 1 % of a training step. Emulated bf16 and fp32
+     * reads) for 1 % of a training step. Emulated bf16 and fp32
      * products of bound values keep the plain copies below. */
     if (ok && b_weight && tb && !emulated && (bf16 || !bb)) {
         gemm_key kp = k;
