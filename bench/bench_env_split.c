@@ -34,7 +34,7 @@ static int g_batch;
 static volatile int g_stop;
 static int32_t g_ids[24];
 
-static void die(const char *what) {
+_Noreturn static void die(const char *what) {
     fprintf(stderr, "bench_env_split: %s: %s\n", what, rf_error_message());
     exit(1);
 }

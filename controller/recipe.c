@@ -439,7 +439,7 @@ static void put_float(FILE *f, double x) {
 static void put_value(FILE *f, const rf_recipe *r, const rkey *k) {
     switch (k->type) {
     case T_STR: put_quoted(f, *CFIELD(r, k, char *) ? *CFIELD(r, k, char *) : ""); break;
-    case T_ENUM: put_quoted(f, *CFIELD(r, k, const char *)); break;
+    case T_ENUM: put_quoted(f, *CFIELD(r, k, char *)); break;
     case T_INT: fprintf(f, "%d", *CFIELD(r, k, int)); break;
     case T_FLOAT: put_float(f, *CFIELD(r, k, double)); break;
     case T_BOOL: fputs(*CFIELD(r, k, int) ? "true" : "false", f); break;
