@@ -523,9 +523,10 @@ static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const 
 /* Rows of A at or below which a weight product out = A W^T runs as the matrix-vector loops
  * below, where oneDNN's rows are not batch-invariant (rf_cpu_batch_invariant_exact 0: its AVX2
  * gemm, its bf16 emulation): there they keep the roundings every run on such a CPU has had.
- * Where oneDNN's are, every product goes to oneDNN: on the weights in its own layout it was
- * 1.1-8.7x the loops at 1-4 rows (bench_matmul, docs/kernels.md), and a row then gets the same
- * bits whatever the number of rows it shares a product with. */
+ * Where oneDNN's are, every product goes to oneDNN: on the weights in its own layout and both
+ * threads it was 1.8-17x the loops at 1-4 rows (bench_matmul on the AMD EPYC Zen 5,
+ * docs/kernels.md), and a row then gets the same bits whatever the number of rows it shares a
+ * product with. */
 #define GEMV_MAX_M 4
 
 /* Products of at most this many multiply-adds run on one thread (rf_cpu_gemm). */
