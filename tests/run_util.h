@@ -267,10 +267,17 @@ static inline void rf_test_rm_layouts(const char *test, const char *dir, const c
 /* Two synchronous 3-step PPO runs with a KL term (async.max_staleness = 0: the same samples)
  * whose critic and reference are laid out differently (`what`, for the printout) must score
  * alike: at step 1 the same mean reward, the value loss within 1e-5 and the KL to the reference
- * under 1e-6 in both (the reference is the generating policy); at step 2, when the rewards are
- * still equal (the actors differ by rounding, so a token may be sampled otherwise), the same
- * again with the KL within 1e-4. */
+ * under 1e-6 in both (the reference is the generating policy; under 1e-5 where the CPU back
+ * end's products are not batch-invariant in both precisions, kernels.h
+ * rf_cpu_batch_invariant_exact: 1.6e-6 measured at bf16 with oneDNN's AVX2 kernels and the
+ * reference split otherwise than the actor); at step 2, when the rewards are still equal (the
+ * actors differ by rounding, so a token may be sampled otherwise), the same again with the KL
+ * within 1e-4. */
 static inline void rf_test_same_scores(const char *dir, const char *a, const char *b, const char *what) {
+    const rf_kernels *k = rf_cpu_kernels();
+    int exact = k->set_precision(RF_PRECISION_BF16) == RF_OK && rf_cpu_batch_invariant_exact();
+    exact = k->set_precision(RF_PRECISION_FP32) == RF_OK && exact && rf_cpu_batch_invariant_exact();
+    double kl0 = exact ? 1e-6 : 1e-5;
     for (int step = 1; step <= 2; step++) {
         double ra = rf_test_metric(dir, a, step, "reward/mean"), rb = rf_test_metric(dir, b, step, "reward/mean");
         double ka = rf_test_metric(dir, a, step, "actor/kl_ref"), kb = rf_test_metric(dir, b, step, "actor/kl_ref");
@@ -283,7 +290,7 @@ static inline void rf_test_same_scores(const char *dir, const char *a, const cha
         }
         CHECK(ra == rb);
         CHECK(vb > 0 && fabs(va - vb) <= 1e-5 * vb);
-        if (step == 1) CHECK(fabs(ka) < 1e-6 && fabs(kb) < 1e-6);
+        if (step == 1) CHECK(fabs(ka) < kl0 && fabs(kb) < kl0);
         else CHECK(kb > 1e-3 && fabs(ka - kb) <= 1e-4 * kb);
     }
 }

@@ -40,7 +40,8 @@ int main(void) {
     const char *extra[2] = {"", "--set model.device=cuda --set placement.device=cuda"};
     for (int i = 0; i < 2; i++) {
         char args[512], *out = NULL;
-        snprintf(args, sizeof args, "--set placement.mode=colocated --set train.steps=5 "
+        /* both at bf16, `auto`'s choice on CUDA (on a CPU without bf16 instructions `auto` is fp32) */
+        snprintf(args, sizeof args, "--set placement.mode=colocated --set train.steps=5 --set model.precision=bf16 "
                  "--set logging.val_every=0 %s", extra[i]);
         int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
         CHECK(rc == 0);

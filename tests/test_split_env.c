@@ -58,6 +58,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "kernels/kernels.h"
 #include "spawn_util.h"
 #include "test_shell.h"
 #include "run_util.h"
@@ -386,7 +387,11 @@ static void val_reward_model(void) {
     }
     printf("validation with a reward model: val/reward %.17g one process, %.17g split (val/accuracy %.4f / %.4f)\n",
            val[0], val[1], acc[0], acc[1]);
-    CHECK(!isnan(val[0]) && val[0] == val[1] && acc[0] == acc[1] && fabs(val[0] - acc[0]) > 0.1);
+    CHECK(!isnan(val[0]) && !isnan(val[1]) && fabs(val[0] - acc[0]) > 0.1);
+    /* equal where the products are batch-invariant (the recipe is fp32): else the rollout
+     * worker's batches round otherwise and a greedy answer may change */
+    if (rf_cpu_batch_invariant_exact()) CHECK(val[0] == val[1] && acc[0] == acc[1]);
+    else printf("validation with a reward model: not compared bit for bit (products not batch-invariant here)\n");
 }
 
 int main(void) {

@@ -39,8 +39,11 @@
 static const char *rlflow;
 static char dir[256];
 
+/* Every run at bf16, which `auto` picks on CUDA: on a CPU without bf16 instructions `auto` picks
+ * fp32 there, and the CPU runs would not be the stand-in GPU runs' twins. */
+#define BF16 "--set model.precision=bf16"
 #define PPO "--set algorithm.name=ppo --set algorithm.kl_coef=0.01 --set logging.val_every=0 " \
-            "--set async.max_staleness=0 --set train.steps=3 --set checkpoint.every=3"
+            "--set async.max_staleness=0 --set train.steps=3 --set checkpoint.every=3 " BF16
 #define ON_GPU "--set model.device=cuda --set placement.device=cuda"
 
 /* The same layout on the CPU (run a) and on the stand-in GPUs (run b): the same scores. */
@@ -120,8 +123,8 @@ static void colocated(void) {
     const char *runs[2] = {"colo_cpu", "colo_gpu"}, *extra[2] = {"", ON_GPU};
     for (int i = 0; i < 2; i++) {
         char args[512], *out = NULL;
-        snprintf(args, sizeof args, "--set placement.mode=colocated --set train.steps=3 --set logging.val_every=0 %s",
-                 extra[i]);
+        snprintf(args, sizeof args, "--set placement.mode=colocated --set train.steps=3 --set logging.val_every=0 " BF16
+                 " %s", extra[i]);
         int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
         CHECK(rc == 0);
         if (rc) fprintf(stderr, "%s\n", out ? out : "");
@@ -205,7 +208,7 @@ static void colocated_ranks(void) {
             char args[512], *out = NULL;
             snprintf(runs[i], sizeof runs[i], "colo_%s_%s", tag[l], i ? "gpu" : "cpu");
             snprintf(args, sizeof args, "--set placement.mode=colocated --set async.max_staleness=0 %s --set train.steps=2 "
-                     "--set logging.val_every=0 %s", layouts[l], i ? ON_GPU : "");
+                     "--set logging.val_every=0 " BF16 " %s", layouts[l], i ? ON_GPU : "");
             int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
             CHECK(rc == 0);
             int has_turns = out && strstr(out, turns) != NULL;
