@@ -28,7 +28,7 @@ rf_status rf_kernels_apply_precision(const rf_kernels *k, const char *setting, c
         rf_status s = k->set_precision(p);
         if (s != RF_OK) return rf_error_wrap(s, "%s = \"%s\" on the %s back end", key, setting, k->name);
         rf_log_info("precision: %s (%s)%s", p == RF_PRECISION_BF16 ? "bf16" : "fp32", key,
-                    cpu && p == RF_PRECISION_BF16 && !rf_cpu_bf16_native()
+                    cpu && p == RF_PRECISION_BF16 && !rf_cpu_isa_has_bf16()
                         ? ": this CPU has no bf16 instructions, products emulated at fp32 speed"
                         : "");
     } else if (cpu) {
