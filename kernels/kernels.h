@@ -234,6 +234,8 @@ const rf_kernels *rf_cpu_kernels(void);
  * split runs then repeat bit for bit and resume exactly (tests/test_kernels.c checks the rows,
  * tests/test_split_env_resume.c the runs); where 0, they agree to the last bits only. */
 int rf_cpu_batch_invariant_exact(void);
+/* The same at precision p, whatever the back end's current one. */
+int rf_cpu_batch_invariant_exact_at(rf_precision p);
 
 /* Bytes the CPU back end holds in copies of weights, beside the weights themselves, each made
  * once per weights_updated: copies of the forward's operand W^T in oneDNN's own blocked layout

@@ -274,9 +274,7 @@ static inline void rf_test_rm_layouts(const char *test, const char *dir, const c
  * actors differ by rounding, so a token may be sampled otherwise), the same again with the KL
  * within 1e-4. */
 static inline void rf_test_same_scores(const char *dir, const char *a, const char *b, const char *what) {
-    const rf_kernels *k = rf_cpu_kernels();
-    int exact = k->set_precision(RF_PRECISION_BF16) == RF_OK && rf_cpu_batch_invariant_exact();
-    exact = k->set_precision(RF_PRECISION_FP32) == RF_OK && exact && rf_cpu_batch_invariant_exact();
+    int exact = rf_cpu_batch_invariant_exact_at(RF_PRECISION_BF16) && rf_cpu_batch_invariant_exact_at(RF_PRECISION_FP32);
     double kl0 = exact ? 1e-6 : 1e-5;
     for (int step = 1; step <= 2; step++) {
         double ra = rf_test_metric(dir, a, step, "reward/mean"), rb = rf_test_metric(dir, b, step, "reward/mean");

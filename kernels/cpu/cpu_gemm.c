@@ -545,7 +545,7 @@ static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const 
  * Bit 0: fp32 products exact; bit 1: bf16 products exact. */
 static atomic_int g_row_invariant = -1; /* -1 not known yet */
 
-int rf_cpu_batch_invariant_exact(void) {
+int rf_cpu_batch_invariant_exact_at(rf_precision p) {
     int known = atomic_load(&g_row_invariant);
     if (known < 0) {
         int isa = (int)dnnl_get_effective_cpu_isa(), avx512 = (int)dnnl_cpu_isa_avx512_core;
@@ -555,8 +555,10 @@ int rf_cpu_batch_invariant_exact(void) {
         known = fp32_ok | (fp32_ok && (isa & bf16) == bf16) << 1;
         atomic_store(&g_row_invariant, known);
     }
-    return (known >> (g_prec == RF_PRECISION_BF16)) & 1;
+    return (known >> (p == RF_PRECISION_BF16)) & 1;
 }
+
+int rf_cpu_batch_invariant_exact(void) { return rf_cpu_batch_invariant_exact_at(g_prec); }
 
 /* Lanes of the matrix-vector accumulators: one 512-bit vector of floats. */
 #define GEMV_LANES 16
@@ -754,7 +756,8 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
         gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
         return;
     }
-    int gemv = M <= GEMV_MAX_M && !rf_cpu_batch_invariant_exact();
+    int exact = rf_cpu_batch_invariant_exact();
+    int gemv = M <= GEMV_MAX_M && !exact;
     if (gemv && !ta && tb && (b_weight || bb) &&
         gemm_small(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
         return;
@@ -772,7 +775,7 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
      * both threads too: they are bound by reading the weight, which two cores do faster (batch-1
      * decoding of the 25M model 1.45x in fp32, 1.7x in bf16, at the DRAM's read bandwidth), and
      * their bits are the same (test_kernels' batch-invariant rows). */
-    int single = !ta && M > GEMV_MAX_M && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS && rf_cpu_batch_invariant_exact();
+    int single = !ta && M > GEMV_MAX_M && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS && exact;
     int threads = single ? omp_get_max_threads() : 0;
     if (single) omp_set_num_threads(1);
     pthread_mutex_lock(&g_lock);
