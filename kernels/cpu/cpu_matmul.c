@@ -24,11 +24,21 @@ void rf_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *d
     if (dw) /* dw (OC, C) += dout^T (OC, T) @ inp (T, C) */
         rf_cpu_gemm(1, 0, OC, C, T, 1.0f, dout, OC, inp, C, 1.0f, dw, C, 0);
     if (dbias) {
-#pragma omp parallel for if (OC > 256)
-        for (int o = 0; o < OC; o++) {
-            float s = 0.0f;
-            for (int t = 0; t < T; t++) s += dout[(size_t)t * OC + o];
-            dbias[o] += s;
+        /* Per output o, s = sum over t in order, then dbias[o] += s: the same additions as a
+         * loop down each column, walked a row of DBIAS_COLS columns at a time (a column walk
+         * touches one cache line per row; this one reads rows in order and vectorises). */
+        enum { DBIAS_COLS = 64 };
+        int nb = (OC + DBIAS_COLS - 1) / DBIAS_COLS;
+#pragma omp parallel for if ((size_t)T * OC > RF_OMP_MIN_COPY)
+        for (int b = 0; b < nb; b++) {
+            int o0 = b * DBIAS_COLS, n = OC - o0 < DBIAS_COLS ? OC - o0 : DBIAS_COLS;
+            float s[DBIAS_COLS] = {0};
+            for (int t = 0; t < T; t++) {
+                const float *d = dout + (size_t)t * OC + o0;
+#pragma omp simd
+                for (int j = 0; j < n; j++) s[j] += d[j];
+            }
+            for (int j = 0; j < n; j++) dbias[o0 + j] += s[j];
         }
     }
 }
