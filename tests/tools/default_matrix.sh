@@ -6,7 +6,9 @@
 # accuracy before -> after, wall and user+sys CPU seconds.
 #   tests/tools/default_matrix.sh OUT [PATH...]      (run from the repository root, after setup.sh)
 # PATH is "native" (the library's own choice), an OpenBLAS core type ("Haswell", "SkylakeX"),
-# "fp32" (--set model.precision=fp32), or "isa=AVX2" / "isa=AVX512_CORE" (ONEDNN_MAX_CPU_ISA).
+# "fp32" (--set model.precision=fp32), "isa=AVX2" / "isa=AVX512_CORE" (ONEDNN_MAX_CPU_ISA), or
+# "threads=N" (OMP_NUM_THREADS=N: a machine with another number of cores; N above the cores
+# here gives that machine's numbers, not its time).
 # SEEDS (default "1 2 3") picks the train seeds; extra --set options go in SETS.
 set -u
 out=${1:?usage: default_matrix.sh OUT [PATH...]}
@@ -23,6 +25,7 @@ for p in "${paths[@]}"; do
       native) ;;
       fp32) sets=(--set model.precision=fp32) ;;
       isa=*) envs=(ONEDNN_MAX_CPU_ISA="${p#isa=}") ;;
+      threads=*) envs=(OMP_NUM_THREADS="${p#threads=}") ;;
       *) envs=(OPENBLAS_CORETYPE="$p") ;;
     esac
     /usr/bin/time -f "TIME wall %e user %U sys %S" env "${envs[@]}" ./build/rlflow run examples/grpo.toml \
