@@ -161,6 +161,27 @@ static void matmul_case(int T, int C, int OC, int bias, rf_precision p) {
         err_add(&e, db[o], acc, sa);
     }
     CHECK(e.worst <= TOL32); /* a sum, not a product: fp32 in both modes */
+
+    /* dinp and dw in one call (the dw product reuses the dinp product's conversion of dout,
+     * rf_cpu_gemm_same_a): the bits of the two separate calls above. A product on other
+     * operands first, so that a conversion held from before would show. */
+    float *dinp2 = fnormal(ni, 100), *dw2 = malloc(sizeof(float) * nw), *db2 = malloc(sizeof(float) * OC);
+    memcpy(dw2, dw0, sizeof(float) * nw), memcpy(db2, db0, sizeof(float) * OC);
+    float *junk = fnormal(no, 1), *jout = malloc(sizeof(float) * ni);
+    K->matmul_backward(jout, NULL, NULL, junk, x, w, T, C, OC);
+    size_t conv0 = rf_cpu_gemm_a_conversions();
+    K->matmul_backward(dinp2, dw2, db2, dout, x, w, T, C, OC);
+    /* bf16 mode: dout converted once for both products (fp32: none) */
+    CHECK(rf_cpu_gemm_a_conversions() - conv0 == (p == RF_PRECISION_BF16 && T > 0 ? 1u : 0u));
+    snprintf(what, sizeof what, "matmul_backward dinp+dw in one call T=%d C=%d OC=%d %s", T, C, OC,
+             p == RF_PRECISION_BF16 ? "bf16" : "fp32");
+    if (memcmp(dinp2, dinp, sizeof(float) * ni) || memcmp(dw2, dw, sizeof(float) * nw) ||
+        memcmp(db2, db, sizeof(float) * OC))
+        fprintf(stderr, "%s: differs from the separate calls\n", what);
+    CHECK(memcmp(dinp2, dinp, sizeof(float) * ni) == 0);
+    CHECK(memcmp(dw2, dw, sizeof(float) * nw) == 0);
+    CHECK(memcmp(db2, db, sizeof(float) * OC) == 0);
+    free(dinp2), free(dw2), free(db2), free(junk), free(jout);
     free(x), free(w), free(b), free(out), free(r_r), free(s_r), free(r_x), free(s_x);
     free(dout), free(dinp), free(dw), free(dw0), free(db), free(db0);
 }
@@ -256,6 +277,19 @@ static void logprob_case(int T, int C, int V, rf_precision p) {
     for (size_t i = 0; i < (size_t)V * C; i++) err_add(&gw, dw[i], dwx[i], sdw[i] + 1e-6);
     if (!(gh.worst <= tol_g && gw.worst <= tol_g))
         fprintf(stderr, "%s: dh err/S %.3g, dw err/S %.3g, tol %.3g\n", what, gh.worst, gw.worst, tol_g);
+    CHECK(gh.worst <= tol_g);
+    CHECK(gw.worst <= tol_g);
+    /* Again without the forward's kept logits (stale after weights_updated): the backward makes
+     * the logits chunk by chunk, each chunk's dh and dw products reading that chunk's dz. */
+    memset(dw, 0, sizeof(float) * (size_t)V * C);
+    K->weights_updated();
+    K->logprob_backward(dh, dw, dl, NULL, h, w, tg, T, C, V, it);
+    gh = (err_stat){0}, gw = (err_stat){0};
+    for (size_t i = 0; i < (size_t)T * C; i++) err_add(&gh, dh[i], dhx[i], sdh[i] + 1e-6);
+    for (size_t i = 0; i < (size_t)V * C; i++) err_add(&gw, dw[i], dwx[i], sdw[i] + 1e-6);
+    if (!(gh.worst <= tol_g && gw.worst <= tol_g))
+        fprintf(stderr, "%s, logits made again: dh err/S %.3g, dw err/S %.3g, tol %.3g\n", what,
+                gh.worst, gw.worst, tol_g);
     CHECK(gh.worst <= tol_g);
     CHECK(gw.worst <= tol_g);
     free(h), free(w), free(dl), free(tg), free(lp), free(en), free(dh), free(dw);
@@ -459,6 +493,7 @@ int main(void) {
         logprob_case(37, 64, 700, (rf_precision)p);  /* a whole chunk and more rows */
         logprob_case(3, 96, 300, (rf_precision)p);   /* decoding-sized: the small-M path */
         logprob_case(300, 32, 50, (rf_precision)p);  /* more than one chunk */
+        logprob_case(512, 32, 50, (rf_precision)p);  /* two chunks of the same shape */
     }
     test_attention_unchanged();
     test_model_bf16_vs_fp32();

@@ -392,15 +392,27 @@ static const void *weight_get(const float *src, int rows, int cols, int ld, int 
 /* Per-thread growable buffer i (0: operand A, 1: operand B; 2, 3: widened bound A, B) of at
  * least n bytes. The buffers live as long as the thread (OpenMP's threads live as long as the
  * process). */
+static _Thread_local void *g_tls[4];
+static _Thread_local size_t g_tls_cap[4];
+
+/* What buffer 0 holds after gemm_prim converted an A operand into it: that operand's address,
+ * stored shape, row stride and kind (bf16 or bf16-rounded floats); src NULL once anything
+ * else may have written the buffer. Lets rf_cpu_gemm_same_a skip converting A again. */
+typedef struct held_a {
+    const float *src;
+    int rows, cols, ld, emulated;
+} held_a;
+static _Thread_local held_a g_held_a;
+static _Atomic size_t g_a_conversions; /* bf16 conversions of A operands made (tests) */
+
 static void *tls_buf(int i, size_t n) {
-    static _Thread_local void *buf[4];
-    static _Thread_local size_t cap[4];
-    if (cap[i] < n) {
-        free(buf[i]);
-        buf[i] = malloc(n);
-        cap[i] = buf[i] ? n : 0;
+    if (i == 0) g_held_a.src = NULL;
+    if (g_tls_cap[i] < n) {
+        free(g_tls[i]);
+        g_tls[i] = malloc(n);
+        g_tls_cap[i] = g_tls[i] ? n : 0;
     }
-    return buf[i];
+    return g_tls[i];
 }
 
 /* ---- the product ---- */
@@ -689,7 +701,7 @@ static int gemm_small(int M, int N, int K, float alpha, const float *A, int lda,
  * bf16 values or NULL (a bound A was widened before). */
 static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                      const float *B, int ldb, const uint16_t *bb, float beta, float *C, int ldc,
-                     int b_weight) {
+                     int b_weight, int same_a) {
     int ok = engine_up();
     int bf16 = ok && g_prec == RF_PRECISION_BF16, emulated = bf16 && !bf16_native();
     gemm_key k = {ta, tb, M, N, K, lda, ldb, ldc, bf16 && !emulated, 0, alpha, beta};
@@ -699,8 +711,14 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
     stored(tb, K, N, &br, &bc);
     size_t es = emulated ? sizeof(float) : sizeof(uint16_t);
     if (bf16) {
-        void *abuf = tls_buf(0, es * (size_t)ar * ac);
-        if (abuf) convert(abuf, A, ar, ac, lda, emulated);
+        held_a h = {A, ar, ac, lda, emulated}, *g = &g_held_a;
+        void *abuf;
+        if (same_a && g->src == A && g->rows == ar && g->cols == ac && g->ld == lda && g->emulated == emulated) {
+            abuf = g_tls[0]; /* this thread's last product converted this A, unchanged since */
+        } else {
+            abuf = tls_buf(0, es * (size_t)ar * ac);
+            if (abuf) convert(abuf, A, ar, ac, lda, emulated), *g = h, g_a_conversions++;
+        }
         a = abuf, k.lda = ac;
         ok = a != NULL;
     }
@@ -736,8 +754,9 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
     return e && run_entry(e, a, b, C);
 }
 
-void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                 const float *B, int ldb, float beta, float *C, int ldc, int b_weight) {
+static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *C, int ldc, int b_weight, int same_a) {
+    if (!same_a) g_held_a.src = NULL; /* only a conversion this call makes is held after it */
     if (M == 0 || N == 0) return;
     if (K == 0) { /* oneDNN refuses empty reductions: C = beta * C */
         for (int i = 0; i < M; i++)
@@ -780,7 +799,7 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
     if (single) omp_set_num_threads(1);
     pthread_mutex_lock(&g_lock);
     int bf16 = g_prec == RF_PRECISION_BF16;
-    int ok = gemm_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc, b_weight);
+    int ok = gemm_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc, b_weight, same_a);
     pthread_mutex_unlock(&g_lock);
     if (single) omp_set_num_threads(threads);
     if (!ok) { /* no primitive for this shape (or no memory): oneDNN's sgemm, same numbers */
@@ -792,6 +811,18 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
         }
     }
 }
+
+void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *C, int ldc, int b_weight) {
+    gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, b_weight, 0);
+}
+
+void rf_cpu_gemm_same_a(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float beta, float *C, int ldc, int b_weight) {
+    gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, b_weight, 1);
+}
+
+size_t rf_cpu_gemm_a_conversions(void) { return g_a_conversions; }
 
 rf_status rf_cpu_gemm_set_precision(rf_precision p) {
     if (p != RF_PRECISION_FP32 && p != RF_PRECISION_BF16)

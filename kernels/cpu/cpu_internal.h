@@ -13,6 +13,14 @@
  * until rf_cpu_gemm_weights_updated. oneDNN underneath; synchronous. */
 void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc, int b_weight);
+/* rf_cpu_gemm where A is the A (the same address, stored shape and row stride, transposed or
+ * not) of this thread's previous rf_cpu_gemm or rf_cpu_gemm_same_a call, its values unchanged
+ * since: in bf16 mode that call's conversion of A is used again (a backward's dinp and dw
+ * products read the same output gradient). The same bits as rf_cpu_gemm. */
+void rf_cpu_gemm_same_a(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float beta, float *C, int ldc, int b_weight);
+/* How many bf16 conversions of an A operand rf_cpu_gemm has made in this process (tests). */
+size_t rf_cpu_gemm_a_conversions(void);
 /* rf_cpu_gemm's fp32 product without the shape cache and its lock: oneDNN's sgemm, on the
  * calling thread alone when called inside a parallel region (attention's per-head products,
  * whose key counts vary too much from call to call for one primitive per shape). fp32 in

@@ -199,8 +199,8 @@ void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const flo
         /* dh (n, C) = dz (n, V) @ w (V, C); dw (V, C) += dz^T (V, n) @ h (n, C) */
         rf_cpu_gemm(0, 0, n, C, V, 1.0f, z, V, w, C, 0.0f,
                     dh + (size_t)t0 * C, C, 1);
-        if (dw)
-            rf_cpu_gemm(1, 0, V, C, n, 1.0f, z, V,
+        if (dw) /* z as dh's product read it */
+            rf_cpu_gemm_same_a(1, 0, V, C, n, 1.0f, z, V,
                         h + (size_t)t0 * C, C, 1.0f, dw, C, 0);
     }
 }

@@ -67,8 +67,8 @@ void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const 
         /* dh (n, C) = dz (n, Vl) @ w (Vl, C); dw (Vl, C) += dz^T @ h (n, C) */
         rf_cpu_gemm(0, 0, n, C, Vl, 1.0f, z, Vl, w, C, 0.0f,
                     dh + (size_t)t0 * C, C, 1);
-        if (dw)
-            rf_cpu_gemm(1, 0, Vl, C, n, 1.0f, z, Vl,
+        if (dw) /* z as dh's product read it */
+            rf_cpu_gemm_same_a(1, 0, Vl, C, n, 1.0f, z, Vl,
                         h + (size_t)t0 * C, C, 1.0f, dw, C, 0);
     }
 }

@@ -21,8 +21,8 @@ void rf_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *d
     if (T == 0) return;
     if (dinp) /* dinp (T, C) = dout (T, OC) @ w (OC, C) */
         rf_cpu_gemm(0, 0, T, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C, 1);
-    if (dw) /* dw (OC, C) += dout^T (OC, T) @ inp (T, C) */
-        rf_cpu_gemm(1, 0, OC, C, T, 1.0f, dout, OC, inp, C, 1.0f, dw, C, 0);
+    if (dw) /* dw (OC, C) += dout^T (OC, T) @ inp (T, C); dout as dinp's product read it */
+        (dinp ? rf_cpu_gemm_same_a : rf_cpu_gemm)(1, 0, OC, C, T, 1.0f, dout, OC, inp, C, 1.0f, dw, C, 0);
     if (dbias) {
         /* Per output o, s = sum over t in order, then dbias[o] += s: the same additions as a
          * loop down each column, walked a row of DBIAS_COLS columns at a time (a column walk
