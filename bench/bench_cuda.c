@@ -239,27 +239,33 @@ static void bench_decode(rf_model *m, const char *shape, int B, int steps) {
     int *slots = malloc(sizeof(int) * B), *counts = malloc(sizeof(int) * B), *ones = malloc(sizeof(int) * B);
     for (int i = 0; i < B * P; i++) tok[i] = (i * 31) % V;
     for (int b = 0; b < B; b++) slots[b] = b, counts[b] = P, ones[b] = 1;
-    float *logits = malloc(sizeof(float) * B * (size_t)V);
+    /* as the rollout engine decodes: the logits stay on the GPU and each step draws the next
+     * tokens there (temperature 1, rf_model_draw), which feed the next step */
+    rf_draw *draws = malloc(sizeof *draws * B);
+    float *logp = malloc(sizeof(float) * B);
+    rf_rng rng;
+    rf_rng_seed(&rng, 1);
+    for (int b = 0; b < B; b++) draws[b] = (rf_draw){b, {0, 1.0f, 0, 1.0f}, 0.0};
     BENCH_TRY("decode", shape, rf_kv_cache_init(&kv, m, B, P + steps + 1));
-    BENCH_TRY("decode", shape, rf_model_decode(m, &kv, slots, counts, B, tok, logits));
-    for (int b = 0; b < B; b++) tok[b] = b % V;
-    BENCH_TRY("decode", shape, rf_model_decode(m, &kv, slots, ones, B, tok, logits)); /* warm-up */
+    BENCH_TRY("decode", shape, rf_model_decode(m, &kv, slots, counts, B, tok, NULL));
+    BENCH_TRY("decode", shape, rf_model_draw(m, B, draws, B, tok, logp, NULL, 0, NULL)); /* warm-up */
     double t0 = rf_time_now();
     for (int s = 0; s < steps; s++) {
-        for (int b = 0; b < B; b++) tok[b] = (s * 7 + b) % V;
-        BENCH_TRY("decode", shape, rf_model_decode(m, &kv, slots, ones, B, tok, logits));
+        BENCH_TRY("decode", shape, rf_model_decode(m, &kv, slots, ones, B, tok, NULL));
+        for (int b = 0; b < B; b++) draws[b].u = (double)rf_rng_uniform(&rng);
+        BENCH_TRY("decode", shape, rf_model_draw(m, B, draws, B, tok, logp, NULL, 0, NULL));
     }
     double el = rf_time_now() - t0;
     /* each step reads every weight once (at the precision its products use) */
     double bw = weight_bytes(m) * steps / el / 1e9, tf = 2.0 * m->n_params * B * steps / el / 1e12;
-    printf("{\"bench\":\"decode\",\"device\":\"cuda\",\"model\":\"%s\",\"batch\":%d,\"steps\":%d,"
+    printf("{\"bench\":\"decode\",\"device\":\"cuda\",\"model\":\"%s\",\"sampling\":\"device\",\"batch\":%d,\"steps\":%d,"
            "\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"weight_gb_per_s\":%.1f,\"copy_gb_per_s\":%.1f,"
            "\"fraction_of_bw\":%.3f,\"tflops\":%.2f,\"fraction_of_peak\":%.3f}\n",
            shape, B, steps, el, (double)B * steps / el, bw, g_bw, bw / g_bw, tf, tf / g_peak_tflops);
     fflush(stdout);
 done:
     rf_kv_cache_free(&kv, m);
-    free(tok), free(slots), free(counts), free(ones), free(logits);
+    free(tok), free(slots), free(counts), free(ones), free(draws), free(logp);
 }
 
 /* Seconds of the best of `reps` calls of fn(ctx) (after one warm-up), synchronised. */

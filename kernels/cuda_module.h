@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 /* Changes whenever the table below does: a module of another version is refused. */
-#define RF_CUDA_MODULE_ABI 3
+#define RF_CUDA_MODULE_ABI 4
 
 typedef struct rf_cuda_module {
     int abi; /* RF_CUDA_MODULE_ABI */

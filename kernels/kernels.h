@@ -33,6 +33,15 @@ extern "C" {
 
 typedef struct rf_kernels rf_kernels;
 
+/* One draw of sample_rows: from logits row `row`, greedy (argmax) or at inverse temperature
+ * inv_temp with the uniform u in [0, 1). */
+typedef struct rf_row_draw {
+    int32_t row, greedy;
+    float inv_temp; /* 1 / temperature; 1 when greedy */
+    float unused;
+    double u;
+} rf_row_draw;
+
 /* Operand precision of a back end's matrix products (model.precision): FP32 everywhere, or BF16
  * operands with fp32 accumulation (weights, activations and gradients stay fp32 in memory; the
  * back end rounds operands to bf16 inside its products). */
@@ -203,6 +212,17 @@ struct rf_kernels {
     /* The transpose: dst (T, KV, D) = for each k/v head the sum, over its query heads in
      * order, of their rows of src (T, H, D); overwritten. */
     void (*heads_reduce)(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group);
+
+    /* ---- sampling (rollout: the logits stay in the back end's memory) ---- */
+    /* For each of n draws (a host array), a token drawn from row draws[i].row of logits (rows,
+     * V) as kernels/sample.h's rf_draw_whole draws it: greedy the largest logit (lowest id
+     * among equal ones), else the first id whose cumulative probability in id order exceeds u
+     * times the total, at inv_temp; picks (n) and logp (n, the pick's log-probability at
+     * inv_temp) are host arrays. Synchronises. The CPU gives rf_draw_whole's bits; CUDA sums
+     * in another order (double), so a pick can differ only where u falls within rounding of a
+     * boundary between two ids. */
+    void (*sample_rows)(int32_t *picks, float *logp, const float *logits, int V, const rf_row_draw *draws,
+                        int n);
 
     /* ---- frozen weights and kept memory (last: the CUDA table is positional) ---- */
     /* Optional (NULL: the back end lacks it; CUDA does). Makes floats [base, base + n) of

@@ -1,6 +1,5 @@
 #include "model/generate.h"
 
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,23 +59,20 @@ static rf_status update_text(const rf_tokenizer *tok, const rf_gen_params *p, rf
 typedef struct gen_state {
     int *slots, *active;
     rf_rng *rng;
-    float *logits, *work; /* work: (n_work, 2 V) the sampler's scratch, one per thread */
-    int n_work;
+    rf_draw *draws;
     int32_t *next, *pick;
     float *pick_lp;
 } gen_state;
 
-static rf_status state_init(gen_state *g, int n, int V) {
+static rf_status state_init(gen_state *g, int n) {
     g->slots = calloc((size_t)n, sizeof(int));
     g->active = calloc((size_t)n, sizeof(int));
     g->rng = calloc((size_t)n, sizeof(rf_rng));
-    g->logits = malloc(sizeof(float) * (size_t)n * V);
-    g->n_work = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
-    g->work = malloc(sizeof(float) * 2 * (size_t)V * (size_t)g->n_work);
+    g->draws = calloc((size_t)n, sizeof(rf_draw));
     g->next = calloc((size_t)n, sizeof(int32_t));
     g->pick = calloc((size_t)n, sizeof(int32_t));
     g->pick_lp = calloc((size_t)n, sizeof(float));
-    if (!g->slots || !g->active || !g->rng || !g->logits || !g->work || !g->next || !g->pick || !g->pick_lp)
+    if (!g->slots || !g->active || !g->rng || !g->draws || !g->next || !g->pick || !g->pick_lp)
         return rf_error(RF_ERR_NOMEM, "generate: out of memory for %d sequences", n);
     return RF_OK;
 }
@@ -85,25 +81,24 @@ static void state_free(gen_state *g) {
     free(g->slots);
     free(g->active);
     free(g->rng);
-    free(g->logits);
-    free(g->work);
+    free(g->draws);
     free(g->next);
     free(g->pick);
     free(g->pick_lp);
 }
 
-/* Samples one token for each sequence listed in ids (n_ids) from rows of g->logits, appends it
- * and retires finished sequences. Returns how many are still active. */
+/* Samples one token for each sequence listed in ids (n_ids) from the rows the model's last
+ * decode left on its back end (rf_model_draw; each sequence's uniform from its own generator,
+ * as rf_sample takes it), appends it and retires finished sequences. Returns how many are
+ * still active. */
 static rf_status sample_step(rf_model *m, const rf_tokenizer *tok, const rf_gen_params *p,
                              gen_state *g, const int *ids, int n_ids, rf_gen_output *out,
                              int *n_active) {
-    int V = m->cfg.vocab_size;
     *n_active = 0;
-    /* the draws in parallel (each sequence its own generator, each thread its own scratch) */
-#pragma omp parallel for schedule(dynamic, 1) num_threads(g->n_work) if (n_ids > 1)
     for (int r = 0; r < n_ids; r++)
-        g->pick[r] = rf_sample(g->logits + (size_t)r * V, V, &p->sampling, &g->rng[ids[r]], &g->pick_lp[r],
-                               g->work + 2 * (size_t)V * (size_t)omp_get_thread_num());
+        g->draws[r] = (rf_draw){r, p->sampling,
+                                p->sampling.greedy ? 0.0 : (double)rf_rng_uniform(&g->rng[ids[r]])};
+    RF_TRY(rf_model_draw(m, n_ids, g->draws, n_ids, g->pick, g->pick_lp, NULL, 0, NULL));
     for (int r = 0; r < n_ids; r++) {
         int i = ids[r];
         rf_gen_output *o = &out[i];
@@ -142,7 +137,7 @@ static rf_status run(rf_model *m, const rf_tokenizer *tok, const int32_t *const 
     }
     double t0 = rf_time_now();
     int n_active = 0;
-    rf_status s = rf_model_decode(m, kv, g->slots, lens, n, packed, g->logits);
+    rf_status s = rf_model_decode(m, kv, g->slots, lens, n, packed, NULL);
     if (s == RF_OK) s = sample_step(m, tok, p, g, ids, n, out, &n_active);
     for (int step = 1; s == RF_OK && n_active > 0; step++) {
         int k = 0;
@@ -152,7 +147,7 @@ static rf_status run(rf_model *m, const rf_tokenizer *tok, const int32_t *const 
                 g->slots[k] = i;
                 packed[k++] = g->next[i];
             }
-        s = rf_model_decode(m, kv, g->slots, ones, k, packed, g->logits);
+        s = rf_model_decode(m, kv, g->slots, ones, k, packed, NULL);
         if (s == RF_OK) s = sample_step(m, tok, p, g, ids, k, out, &n_active);
         if (progress) rf_progress("generate", step, p->max_new_tokens - 1, t0, "steps");
     }
@@ -185,7 +180,7 @@ rf_status rf_generate(rf_model *m, const rf_tokenizer *tok, const int32_t *const
     rf_kv_cache kv;
     gen_state g = {0};
     rf_status s = rf_kv_cache_init(&kv, m, n, max_prompt + p->max_new_tokens);
-    if (s == RF_OK) s = state_init(&g, n, m->cfg.vocab_size);
+    if (s == RF_OK) s = state_init(&g, n);
     if (s == RF_OK) s = run(m, tok, prompts, prompt_lens, n, p, out, progress, &kv, &g);
     for (int i = 0; s == RF_OK && i < n; i++) {
         int stopped;

@@ -168,7 +168,7 @@ void rf_model_trim(rf_model *m) {
     m->k->free(m->dev_out);
     m->k->free(m->ibuf);
     m->act_mem = m->gmem = m->dev_out = NULL, m->ibuf = NULL;
-    m->act_cap = m->gmem_cap = m->ibuf_cap = 0, m->dev_out_cap = 0;
+    m->act_cap = m->gmem_cap = m->ibuf_cap = 0, m->dev_out_cap = 0, m->draw_rows = 0;
     m->x_final = m->h = m->rstd_f = m->scratch = m->scratch2 = NULL;
     m->T = 0, m->n_seq = 0;
     if (m->k->trim) m->k->trim(); /* the back end's kept logits (CPU: up to 512 MB) */

@@ -18,6 +18,7 @@
 #include "kernels/kernels.h"
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "model/sampler.h"
 
 #define RF_MAX_NAME 96
 
@@ -142,6 +143,7 @@ typedef struct rf_model {
     int gmem_cap;
     float *dev_out;           /* logits / values staging, dev_out_cap floats */
     size_t dev_out_cap;
+    int draw_rows;            /* logits rows the last decode left in dev_out for rf_model_draw */
     int32_t *ibuf;            /* index arrays on the back end */
     int ibuf_cap;
     int T, n_seq;             /* shape of the last forward */
@@ -299,9 +301,21 @@ void rf_kv_cache_free(rf_kv_cache *c, const rf_model *m);
 
 /* Runs new tokens of several cache slots through the model, appending their keys/values to the
  * cache, and writes the logits of each slot's last new token to logits (n, V) on the host.
- * slots (n), counts (n) new tokens per slot; tokens packed in slot order. */
+ * slots (n), counts (n) new tokens per slot; tokens packed in slot order. logits NULL: the
+ * rows stay in the back end's memory for rf_model_draw (nothing crosses to the host). */
 rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const int *counts,
                           int n, const int32_t *tokens, float *logits);
+
+/* Draws tokens from the n_rows logits rows that the model's last decode call (rf_model_decode
+ * or rf_model_decode_paged with logits NULL) left in the back end's memory, and nothing else
+ * ran since: draw i (its row, sampling and uniform) gives picks[i] and logp[i] as rf_sample_u
+ * gives them. Draws without top-k / top-p run on the back end (kernels.h sample_rows: a token
+ * and a log-prob per draw cross to the host; on a GPU the pick can differ from the CPU's only
+ * where the uniform falls within rounding of a boundary); the others copy their row to the host
+ * and draw there. The whole rows capture[0 .. n_capture) are copied into whole (n_capture, V)
+ * (may be NULL when n_capture is 0). RF_ERR_RANGE for a row outside [0, n_rows). */
+rf_status rf_model_draw(rf_model *m, int n_rows, const rf_draw *draws, int n_draws, int32_t *picks, float *logp,
+                        const int *capture, int n_capture, float *whole);
 
 /* The parameter table of a model of config `cfg` (names, shapes, offsets; the order of
  * rf_model_init) without allocating any buffer: what a rank that holds only a shard needs to

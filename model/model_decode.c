@@ -1,4 +1,5 @@
 /* KV-cache decoding: batched prefill and decode steps over cache slots. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,8 +68,64 @@ rf_status rf__model_last_logits(rf_model *m, const float *x, const int32_t *q_of
     m->k->rmsnorm_forward(m->scratch2, NULL, m->scratch, m->norm, n, C, c->rms_norm_eps);
     RF_TRY(rf__model_dev_out(m, (size_t)n * V));
     m->k->matmul_forward(m->dev_out, m->scratch2, m->lm_head, NULL, n, C, V);
-    m->k->to_host(logits, m->dev_out, sizeof(float) * (size_t)n * V);
+    if (logits) m->k->to_host(logits, m->dev_out, sizeof(float) * (size_t)n * V);
+    m->draw_rows = logits ? 0 : n; /* rows rf_model_draw may read */
     return RF_OK;
+}
+
+rf_status rf_model_draw(rf_model *m, int n_rows, const rf_draw *draws, int n_draws, int32_t *picks, float *logp,
+                        const int *capture, int n_capture, float *whole) {
+    size_t V = (size_t)m->cfg.vocab_size;
+    if (n_rows > m->draw_rows)
+        return rf_error(RF_ERR_ARG, "draw: %d logits rows asked for, the last decode left %d in the back end's memory",
+                        n_rows, m->draw_rows);
+    for (int i = 0; i < n_draws; i++)
+        if (draws[i].row < 0 || draws[i].row >= n_rows)
+            return rf_error(RF_ERR_RANGE, "draw %d: row %d outside the step's %d rows", i, draws[i].row, n_rows);
+    for (int i = 0; i < n_capture; i++) {
+        if (capture[i] < 0 || capture[i] >= n_rows)
+            return rf_error(RF_ERR_RANGE, "draw: captured row %d outside the step's %d rows", capture[i], n_rows);
+        m->k->to_host(whole + (size_t)i * V, m->dev_out + (size_t)capture[i] * V, sizeof(float) * V);
+    }
+    int n_sorted = 0;
+    for (int i = 0; i < n_draws; i++) n_sorted += rf_sampling_sorted(&draws[i].s);
+    int n_plain = n_draws - n_sorted, threads = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
+    rf_row_draw *rd = malloc(sizeof *rd * (size_t)(n_plain > 0 ? n_plain : 1));
+    int32_t *at = malloc(sizeof *at * (size_t)(n_draws > 0 ? n_draws : 1)), *pp = malloc(sizeof *pp * (size_t)(n_plain + 1));
+    float *lp = malloc(sizeof *lp * (size_t)(n_plain + 1));
+    /* sorted draws: their rows on the host, and 2 V floats of scratch a thread (rf_sample_u) */
+    float *rows = n_sorted ? malloc(sizeof(float) * V * ((size_t)n_sorted + 2 * (size_t)threads)) : NULL;
+    rf_status st = RF_OK;
+    if (!rd || !at || !pp || !lp || (n_sorted && !rows)) st = rf_error(RF_ERR_NOMEM, "draw: out of memory for %d draws", n_draws);
+    int np = 0, ns = 0;
+    for (int i = 0; st == RF_OK && i < n_draws; i++) {
+        const rf_draw *d = &draws[i];
+        if (rf_sampling_sorted(&d->s)) {
+            m->k->to_host(rows + (size_t)ns * V, m->dev_out + (size_t)d->row * V, sizeof(float) * V);
+            at[n_plain + ns++] = i;
+        } else {
+            rd[np] = (rf_row_draw){d->row, d->s.greedy, d->s.greedy ? 1.0f : 1.0f / d->s.temperature, 0.0f, d->u};
+            at[np++] = i;
+        }
+    }
+    if (st == RF_OK && np) {
+        m->k->sample_rows(pp, lp, m->dev_out, (int)V, rd, np);
+        for (int j = 0; j < np; j++) picks[at[j]] = pp[j], logp[at[j]] = lp[j];
+    }
+    if (st == RF_OK && ns) {
+        float *work = rows + (size_t)ns * V;
+#pragma omp parallel for schedule(dynamic, 1) if (ns > 1)
+        for (int j = 0; j < ns; j++) {
+            const rf_draw *d = &draws[at[n_plain + j]];
+            picks[at[n_plain + j]] = rf_sample_u(rows + (size_t)j * V, (int)V, &d->s, d->u, &logp[at[n_plain + j]],
+                                                 work + 2 * V * (size_t)omp_get_thread_num());
+        }
+    }
+    for (int i = 0; st == RF_OK && i < n_draws; i++)
+        if (picks[i] < 0 || (size_t)picks[i] >= V)
+            st = rf_error(RF_ERR_INTERNAL, "draw %d: the %s back end gave no token (%d)", i, m->k->name, picks[i]);
+    free(rd), free(at), free(pp), free(lp), free(rows);
+    return st;
 }
 
 rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const int *counts,

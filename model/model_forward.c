@@ -40,6 +40,7 @@ rf_status rf__model_upload_ints(rf_model *m, int n, const int32_t *const *host,
 }
 
 rf_status rf__model_dev_out(rf_model *m, size_t n) {
+    m->draw_rows = 0; /* the caller writes dev_out: no decode's rows left to draw from */
     if (n <= m->dev_out_cap) return RF_OK;
     m->k->free(m->dev_out);
     m->dev_out = m->k->alloc(n * sizeof(float));

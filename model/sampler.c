@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/sample.h"
+
 rf_status rf_sampling_validate(const rf_sampling *s) {
     if (s->greedy) return RF_OK;
     if (!(s->temperature > 0.0f))
@@ -13,19 +15,6 @@ rf_status rf_sampling_validate(const rf_sampling *s) {
     if (!(s->top_p > 0.0f && s->top_p <= 1.0f))
         return rf_error(RF_ERR_ARG, "top_p must be in (0, 1], got %g", s->top_p);
     return RF_OK;
-}
-
-/* log-sum-exp of logits * inv_temp, summed in double; *sum_out: sum of exp((z - max) * inv_temp).
- * The passes over the whole row take exp in float (expf: a third faster than exp here; each term
- * is right to float's precision, far below what the log-probs are compared at), the sums and
- * the walk's cumulative in double. */
-static double lse_scaled(const float *z, int V, float inv_temp, float *max_out, double *sum_out) {
-    float m = -INFINITY;
-    for (int j = 0; j < V; j++) m = z[j] > m ? z[j] : m;
-    double s = 0;
-    for (int j = 0; j < V; j++) s += (double)expf((z[j] - m) * inv_temp);
-    *max_out = m, *sum_out = s;
-    return (double)m * inv_temp + log(s);
 }
 
 static _Thread_local const float *t_keys;
@@ -106,30 +95,15 @@ int rf_sample_sorted(const float *z, int n, const rf_sampling *s, double lse, do
 }
 
 int32_t rf_sample_u(const float *z, int V, const rf_sampling *s, double u, float *logp, float *work) {
-    float inv_temp = s->greedy ? 1.0f : 1.0f / s->temperature, m;
-    double sum, lse = lse_scaled(z, V, inv_temp, &m, &sum);
-    int32_t pick = 0;
-    if (s->greedy) {
-        for (int j = 1; j < V; j++)
-            if (z[j] > z[pick]) pick = j;
-    } else if (rf_sampling_sorted(s)) { /* the top candidates sorted by logit, then cut and drawn */
-        int32_t *ids = (int32_t *)work;
-        float *zs = work + V;
-        int n = rf_sample_candidates(z, V, s, lse, ids, zs);
-        for (int i = 0; i < n; i++) zs[i] = z[ids[i]];
-        pick = ids[rf_sample_sorted(zs, n, s, lse, u)];
-    } else { /* the whole vocabulary in id order; its total (1 but for rounding) from the sum */
-        double total = sum * exp((double)m * inv_temp - lse), cum = 0;
-        u *= total;
-        pick = V - 1;
-        for (int j = 0; j < V; j++) {
-            cum += (double)expf((float)((double)z[j] * inv_temp - lse));
-            if (u < cum) {
-                pick = j;
-                break;
-            }
-        }
-    }
+    if (!rf_sampling_sorted(s)) return rf_draw_whole(z, V, s->greedy ? 1.0f : 1.0f / s->temperature, s->greedy, u, logp);
+    /* the top candidates sorted by logit, then cut and drawn */
+    float inv_temp = 1.0f / s->temperature, m;
+    double sum, lse = rf_logits_lse(z, V, inv_temp, &m, &sum);
+    int32_t *ids = (int32_t *)work;
+    float *zs = work + V;
+    int n = rf_sample_candidates(z, V, s, lse, ids, zs);
+    for (int i = 0; i < n; i++) zs[i] = z[ids[i]];
+    int32_t pick = ids[rf_sample_sorted(zs, n, s, lse, u)];
     if (logp) *logp = (float)((double)z[pick] * inv_temp - lse);
     return pick;
 }

@@ -79,7 +79,8 @@ typedef struct rf_paged_seq {
 
 /* Runs the new tokens of n sequences through the model (tokens packed in sequence order),
  * writing their keys/values into the pool, and writes the logits of each sequence's last new
- * token to logits (n, V) on the host. The pool's bookkeeping is not touched: the caller owns
+ * token to logits (n, V) on the host (logits NULL: left in the back end's memory for
+ * rf_model_draw, model/model.h). The pool's bookkeeping is not touched: the caller owns
  * block tables and cached lengths. Implemented in model/model_paged.c (it runs the model's
  * layers); declared here because its argument is the pool. Errors: RF_ERR_RANGE for token ids
  * outside the vocabulary, positions past the model's limit or block tables that do not cover

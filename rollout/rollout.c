@@ -71,9 +71,13 @@ static rf_status whole_pool_init(void *ctx, rf_kv_pool *p, int n_blocks, int blo
     return rf_kv_pool_init(p, ctx, n_blocks, block_size);
 }
 
-static rf_status whole_decode(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n,
-                              const int32_t *tokens, float *logits) {
-    return rf_model_decode_paged(ctx, p, seqs, n, tokens, logits);
+/* The step's logits stay in the model's back end and are drawn from there (rf_model_draw): on
+ * a GPU only a token and a log-prob per sequence cross to the host, not (n, V) floats. */
+static rf_status whole_decode_sample(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n,
+                                     const int32_t *tokens, const rf_draw *draws, int n_draws, int32_t *picks,
+                                     float *logp, const int *capture, int n_capture, float *whole) {
+    RF_TRY(rf_model_decode_paged(ctx, p, seqs, n, tokens, NULL));
+    return rf_model_draw(ctx, n, draws, n_draws, picks, logp, capture, n_capture, whole);
 }
 
 /* The pool's memory and the model's decode workspace given back. */
@@ -92,7 +96,7 @@ rf_status rf_rollout_init(rf_rollout **out, rf_model *m, const rf_rollout_opts *
     *out = NULL;
     if (!m->lm_head) return rf_error(RF_ERR_ARG, "rollout: the model has a value head, not an LM head");
     rf_rollout_model mc = {.cfg = &m->cfg, .ctx = m, .k = m->k, .kv_heads = m->cfg.num_key_value_heads,
-                           .pool_init = whole_pool_init, .pool_release = whole_release, .decode = whole_decode,
+                           .pool_init = whole_pool_init, .pool_release = whole_release, .decode_sample = whole_decode_sample,
                            .copy = whole_copy};
     return rf_rollout_init_model(out, &mc, opts);
 }

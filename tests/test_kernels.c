@@ -1239,6 +1239,81 @@ static void test_fused(const rf_kernels *K) {
     test_rope_qk_case(K, 2, 2, 1, 1026); /* half > 512: the CPU's per-pair path */
 }
 
+/* ------------------------------------------------------------------ sampling */
+
+/* sample_rows against a double reference: lse and the cumulative probabilities in id order in
+ * double. A sampled pick p must hold u: cum(p - 1) <= u < cum(p), each side widened by 1e-6 (the
+ * back ends sum probabilities computed in float, 6e-8 relative each, over up to 151936 ids);
+ * logp within 1e-5. Greedy: the largest logit, lowest id among equal ones, exactly. */
+static void test_sample_case(const rf_kernels *K, int rows, int V, int n, float scale) {
+    char what[160];
+    float *z = fnormal((size_t)rows * V, scale);
+    if (V > 3) z[(size_t)(rows - 1) * V + 1] = z[(size_t)(rows - 1) * V + 3] = 50.0f; /* a tie */
+    if (V > 2) z[2] = -INFINITY;                                                  /* a masked id */
+    rf_row_draw *d = xmalloc(sizeof *d * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        int greedy = i % 4 == 3;
+        float temp = i % 3 == 0 ? 1.0f : i % 3 == 1 ? 0.7f : 1.6f;
+        double u = i == 0 ? 0.0 : i == 1 ? 1.0 - 1e-12 : (double)rf_rng_uniform(&g_rng);
+        d[i] = (rf_row_draw){(int32_t)(i % 5 == 4 ? rows - 1 : (int)(rf_rng_u64(&g_rng) % (uint64_t)rows)), greedy,
+                             greedy ? 1.0f : 1.0f / temp, 0.0f, greedy ? 0.0 : u};
+    }
+    int32_t *picks = xmalloc(IB(n));
+    float *logp = fconst(n, NAN);
+    float *d_z = put(K, z, FB((size_t)rows * V));
+    K->sample_rows(picks, logp, d_z, V, d, n);
+    get(K, NULL, d_z, 0);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        const float *zr = z + (size_t)d[i].row * V;
+        double it = d[i].inv_temp, mx = -INFINITY, sum = 0;
+        for (int j = 0; j < V; j++) mx = zr[j] > mx ? zr[j] : mx;
+        for (int j = 0; j < V; j++) sum += exp(((double)zr[j] - mx) * it);
+        double lse = mx * it + log(sum);
+        int want = 0, ok;
+        if (d[i].greedy) {
+            for (int j = 1; j < V; j++)
+                if (zr[j] > zr[want]) want = j;
+            ok = picks[i] == want;
+        } else {
+            double before = 0, cum = 0;
+            want = V - 1;
+            for (int j = 0; j < V; j++) {
+                cum += exp((double)zr[j] * it - lse);
+                if (d[i].u < cum) {
+                    want = j;
+                    break;
+                }
+            }
+            for (int j = 0; j < V && j < picks[i]; j++) before += exp((double)zr[j] * it - lse);
+            double at = picks[i] >= 0 && picks[i] < V ? exp((double)zr[picks[i]] * it - lse) : NAN;
+            ok = d[i].u >= before - 1e-6 && (d[i].u < before + at + 1e-6 || picks[i] == V - 1);
+        }
+        double lp = picks[i] >= 0 && picks[i] < V ? (double)zr[picks[i]] * it - lse : NAN;
+        ok = ok && fabs(logp[i] - lp) <= 1e-5 * (fabs(lp) > 1 ? fabs(lp) : 1);
+        if (!ok && bad++ < 3)
+            fprintf(stderr, "[%s] sample_rows V=%d draw %d (row %d, %s, inv_temp %g, u %.17g): pick %d logp %.9g, "
+                            "want %d logp %.9g\n", g_be, V, i, d[i].row, d[i].greedy ? "greedy" : "sampled",
+                    d[i].inv_temp, d[i].u, picks[i], logp[i], want, lp);
+    }
+    snprintf(what, sizeof what, "sample_rows rows=%d V=%d draws=%d", rows, V, n);
+    if (bad) fprintf(stderr, "[%s] %s: %d of %d draws wrong\n", g_be, what, bad, n);
+    CHECK(bad == 0);
+    free(z), free(d), free(picks), free(logp);
+}
+
+static void test_sample(const rf_kernels *K) {
+    CHECK(K->sample_rows != NULL);
+    if (!K->sample_rows) return;
+    test_sample_case(K, 1, 1, 3, 1.0f);        /* one id: every draw takes it */
+    test_sample_case(K, 3, 7, 40, 2.0f);       /* fewer ids than a block's threads */
+    test_sample_case(K, 6, 300, 200, 3.0f);    /* ids not a multiple of the threads */
+    test_sample_case(K, 4, 16384, 64, 4.0f);   /* the bench's vocabulary */
+    test_sample_case(K, 2, 151936, 16, 6.0f);  /* Qwen2.5's */
+    /* u spread over the whole range on a small row: every id a pick somewhere */
+    test_sample_case(K, 1, 5, 500, 0.5f);
+}
+
 /* ------------------------------------------------------------------ suite */
 
 /* Runs every check on back end K with inputs drawn from `seed`. */
@@ -1261,6 +1336,7 @@ static void run_kernel_suite(const rf_kernels *K, uint64_t seed) {
     test_embedding_masked(K);
     test_heads(K);
     test_fused(K);
+    test_sample(K);
 }
 
 #ifdef RF_TEST_KERNELS_NO_MAIN

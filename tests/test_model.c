@@ -253,8 +253,56 @@ static void config_errors(void) {
     CHECK_CLOSE(inv[31], powf(500000.0f, -62.0f / 64.0f) / 8.0f, 0, 1e-5);
 }
 
+/* rf_model_draw from the rows a decode left in the back end (logits NULL) against rf_sample_u on
+ * the same rows on the host (the same decode into a fresh cache with host logits): every kind
+ * of draw (greedy, temperature, top-k, top-p, both) bit for bit, captured rows equal, and the
+ * errors. */
+static void draw_check(rf_arch arch) {
+    rf_model_config c = tiny_config(arch, 1, 0);
+    rf_model *m;
+    CHECK_OK(rf_model_init(&m, &c, rf_cpu_kernels()));
+    rf_model_init_random(m, 7, 0.5f);
+    int V = c.vocab_size;
+    int slots[3] = {0, 1, 2}, counts[3] = {2, 3, 1};
+    int32_t toks[6] = {3, 17, 42, 5, 90, 8};
+    float *host = malloc(sizeof(float) * 3 * V), *whole = malloc(sizeof(float) * 2 * V);
+    float *work = malloc(sizeof(float) * 2 * V);
+    rf_kv_cache kv;
+    CHECK_OK(rf_kv_cache_init(&kv, m, 3, 8));
+    CHECK_OK(rf_model_decode(m, &kv, slots, counts, 3, toks, host));
+    rf_kv_cache_free(&kv, m);
+    CHECK_OK(rf_kv_cache_init(&kv, m, 3, 8));
+    CHECK_OK(rf_model_decode(m, &kv, slots, counts, 3, toks, NULL));
+    rf_draw d[6] = {
+        {0, {1, 1.0f, 0, 1.0f}, 0.0},  {1, {0, 0.8f, 0, 1.0f}, 0.37}, {2, {0, 1.0f, 5, 1.0f}, 0.91},
+        {1, {0, 1.3f, 0, 0.9f}, 0.12}, {0, {0, 0.6f, 7, 0.8f}, 0.55}, {2, {0, 1.0f, 0, 1.0f}, 0.999},
+    };
+    int capture[2] = {2, 0};
+    int32_t picks[6];
+    float logp[6];
+    CHECK_OK(rf_model_draw(m, 3, d, 6, picks, logp, capture, 2, whole));
+    CHECK(memcmp(whole, host + 2 * V, sizeof(float) * V) == 0 && memcmp(whole + V, host, sizeof(float) * V) == 0);
+    for (int i = 0; i < 6; i++) {
+        float lp;
+        int32_t want = rf_sample_u(host + (size_t)d[i].row * V, V, &d[i].s, d[i].u, &lp, work);
+        CHECK(picks[i] == want && memcmp(&logp[i], &lp, sizeof lp) == 0);
+        if (picks[i] != want) fprintf(stderr, "draw %d: %d, rf_sample_u %d\n", i, picks[i], want);
+    }
+    rf_draw bad = {3, {1, 1.0f, 0, 1.0f}, 0.0};
+    CHECK_ERR(rf_model_draw(m, 3, &bad, 1, picks, logp, NULL, 0, NULL), RF_ERR_RANGE, "row 3 outside the step's 3 rows");
+    CHECK_ERR(rf_model_draw(m, 4, d, 1, picks, logp, NULL, 0, NULL), RF_ERR_ARG, "the last decode left 3");
+    int one = 1;
+    int32_t t = 9;
+    CHECK_OK(rf_model_decode(m, &kv, slots, &one, 1, &t, host)); /* rows to the host: none left */
+    CHECK_ERR(rf_model_draw(m, 1, d, 1, picks, logp, NULL, 0, NULL), RF_ERR_ARG, "the last decode left 0");
+    rf_kv_cache_free(&kv, m);
+    free(host), free(whole), free(work);
+    rf_model_free(m);
+}
+
 int main(void) {
     config_errors();
+    draw_check(RF_ARCH_QWEN2);
     grad_check(RF_ARCH_QWEN2, 1, 0);
     grad_check(RF_ARCH_QWEN3, 0, 0);
     grad_check(RF_ARCH_LLAMA, 0, 0);

@@ -11,6 +11,7 @@
 #include "common/util.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/kernel_math.h"
+#include "kernels/sample.h"
 
 
 /* Allocations are 64-byte aligned and zero-filled. Large ones (CPU_MAP_MIN and up) are fresh
@@ -279,6 +280,16 @@ static void cpu_heads_expand(float *dst, const float *src, int T, int H, int KV,
                    sizeof(float) * (size_t)D);
 }
 
+/* Draws in parallel: each reads its own row, so the picks do not depend on the threads. */
+static void cpu_sample_rows(int32_t *picks, float *logp, const float *logits, int V, const rf_row_draw *draws,
+                            int n) {
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1 && (size_t)n * V > RF_OMP_MIN)
+    for (int i = 0; i < n; i++) {
+        const rf_row_draw *d = &draws[i];
+        picks[i] = rf_draw_whole(logits + (size_t)d->row * V, V, d->inv_temp, d->greedy, d->u, &logp[i]);
+    }
+}
+
 static void cpu_heads_reduce(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group) {
 #pragma omp parallel for if ((size_t)T * H * D > RF_OMP_MIN)
     for (int t = 0; t < T; t++) {
@@ -353,6 +364,7 @@ static const rf_kernels cpu_table = {
     .logprob_vp_backward = rf_cpu_logprob_vp_backward,
     .heads_expand = cpu_heads_expand,
     .heads_reduce = cpu_heads_reduce,
+    .sample_rows = cpu_sample_rows,
     .bind_bf16 = rf_cpu_bind_bf16,
     .trim = rf_cpu_logprob_trim,
 };

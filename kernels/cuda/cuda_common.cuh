@@ -239,6 +239,10 @@ void rf_cuda_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float 
                                  float inv_temp);
 void rf_cuda_heads_expand(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group);
 void rf_cuda_heads_reduce(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group);
+
+/* cuda_sample.cu */
+void rf_cuda_sample_rows(int32_t *picks, float *logp, const float *logits, int V, const rf_row_draw *draws,
+                         int n);
 void rf_cuda_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const float *dentropy, const float *lse,
                                  const float *entropy, const float *h, const float *w, const int32_t *targets, int T,
                                  int C, int Vl, int v0, float inv_temp);

@@ -1,0 +1,137 @@
+/* Token sampling on the device (rf_kernels.sample_rows): the step's draws read the logits where
+ * the LM head wrote them, and only a token and a log-prob per draw cross to the host, instead of
+ * every row of (n, V) logits (at batch 256 and Qwen2.5's 151936 ids, 155 MB a decoding step).
+ *
+ * One block per draw, the steps of kernels/sample.h's rf_draw_whole: the row's largest logit,
+ * the sum of expf((z - m) * inv_temp) in double, lse = m inv_temp + log(sum); greedy: the
+ * largest logit, lowest id among equal ones; else the inverse CDF in id order: each thread sums
+ * the probabilities of a contiguous slice of ids in order (double), a block scan of those sums
+ * finds the slice where the cumulative passes u times the total, and that slice's thread walks
+ * it id by id. The CPU sums the whole row in one chain, so the cumulative differs in the last
+ * bits and a pick can differ only where u falls within that rounding of a boundary. */
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+#define RF_SAMPLE_THREADS 256
+
+/* Exclusive prefix sum over the block (RF_SAMPLE_THREADS threads) of x; *total gets the sum.
+ * Ends with a barrier. */
+static __device__ double block_exclusive_scan(double x, double *total) {
+    __shared__ double warp_sums[RF_SAMPLE_THREADS / 32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = RF_SAMPLE_THREADS / 32;
+    double incl = x;
+    for (int o = 1; o < 32; o <<= 1) {
+        double y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    double before = 0, all = 0;
+    for (int w = 0; w < nwarps; w++) {
+        if (w < warp) before += warp_sums[w];
+        all += warp_sums[w];
+    }
+    __syncthreads();
+    *total = all;
+    return before + incl - x;
+}
+
+/* The smallest v over the block (every thread gets it). Ends with a barrier. */
+static __device__ int block_min_int(int v) {
+    __shared__ int s[RF_SAMPLE_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x % 32 == 0) s[threadIdx.x / 32] = v;
+    __syncthreads();
+    int m = INT_MAX;
+    for (int w = 0; w < RF_SAMPLE_THREADS / 32; w++) m = min(m, s[w]);
+    __syncthreads();
+    return m;
+}
+
+static __device__ inline double draw_prob(const float *z, int j, float inv_temp, double lse) {
+    return (double)expf((float)((double)z[j] * inv_temp - lse));
+}
+
+static __global__ void sample_rows_kernel(int32_t *picks, float *logp, const float *logits, int V,
+                                          const rf_row_draw *draws) {
+    __shared__ float sf[32];
+    __shared__ double sd[32];
+    __shared__ int s_pick;
+    rf_row_draw d = draws[blockIdx.x];
+    const float *z = logits + (size_t)d.row * V;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, z[j]);
+    m = rf__block_max(m, sf);
+    double s = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += (double)expf((z[j] - m) * d.inv_temp);
+    s = rf__block_sum(s, sd);
+    double lse = (double)m * d.inv_temp + log(s);
+    if (threadIdx.x == 0) s_pick = V - 1;
+    __syncthreads();
+    if (d.greedy) {
+        /* the largest logit, lowest id first: per thread, then the block's best value and the
+         * lowest id holding it */
+        float best = -INFINITY;
+        int at = INT_MAX;
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            if (z[j] > best || (z[j] == best && j < at)) best = z[j], at = j;
+        float top = rf__block_max(best, sf);
+        int first = block_min_int(best == top ? at : INT_MAX);
+        if (threadIdx.x == 0) s_pick = first == INT_MAX ? 0 : first;
+    } else {
+        double target = d.u * (s * exp((double)m * d.inv_temp - lse)), total;
+        int per = (V + RF_SAMPLE_THREADS - 1) / RF_SAMPLE_THREADS;
+        int j0 = min(V, (int)threadIdx.x * per), j1 = min(V, j0 + per);
+        double part = 0;
+        for (int j = j0; j < j1; j++) part += draw_prob(z, j, d.inv_temp, lse);
+        double before = block_exclusive_scan(part, &total);
+        int owner = block_min_int(j0 < j1 && target < before + part ? (int)threadIdx.x : INT_MAX);
+        if ((int)threadIdx.x == owner) {
+            double cum = before;
+            int pick = j1 - 1;
+            for (int j = j0; j < j1; j++) {
+                cum += draw_prob(z, j, d.inv_temp, lse);
+                if (target < cum) {
+                    pick = j;
+                    break;
+                }
+            }
+            s_pick = pick;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int p = s_pick;
+        picks[blockIdx.x] = p;
+        logp[blockIdx.x] = (float)((double)z[p] * d.inv_temp - lse);
+    }
+}
+
+void rf_cuda_sample_rows(int32_t *picks, float *logp, const float *logits, int V, const rf_row_draw *draws,
+                         int n) {
+    if (n <= 0) return;
+    if (rf__cuda.failed) { /* the policy's poison: -1 picks, NaN log-probs */
+        memset(picks, 0xff, sizeof(int32_t) * (size_t)n), memset(logp, 0xff, sizeof(float) * (size_t)n);
+        return;
+    }
+    cudaStream_t st = rf__cuda.stream;
+    size_t db = sizeof(rf_row_draw) * (size_t)n, ob = (sizeof(int32_t) + sizeof(float)) * (size_t)n;
+    char *buf = NULL;
+    int ok = RF_CUDA_CHECK(cudaMallocAsync((void **)&buf, db + ob, st));
+    rf_row_draw *d_draws = (rf_row_draw *)buf;
+    int32_t *d_picks = (int32_t *)(buf + db);
+    float *d_logp = (float *)(d_picks + n);
+    ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(d_draws, draws, db, cudaMemcpyHostToDevice, st));
+    if (ok) {
+        sample_rows_kernel<<<(unsigned)n, RF_SAMPLE_THREADS, 0, st>>>(d_picks, d_logp, logits, V, d_draws);
+        ok = RF_CUDA_LAUNCH_CHECK();
+    }
+    ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(picks, d_picks, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, st));
+    ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(logp, d_logp, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost, st));
+    if (buf) RF_CUDA_CHECK(cudaFreeAsync(buf, st));
+    ok = ok && RF_CUDA_CHECK(cudaStreamSynchronize(st));
+    if (!ok) memset(picks, 0xff, sizeof(int32_t) * (size_t)n), memset(logp, 0xff, sizeof(float) * (size_t)n);
+}
