@@ -1242,21 +1242,24 @@ static void test_fused(const rf_kernels *K) {
 /* ------------------------------------------------------------------ sampling */
 
 /* sample_rows against a double reference: lse and the cumulative probabilities in id order in
- * double. A sampled pick p must hold u: cum(p - 1) <= u < cum(p), each side widened by 1e-6 (the
- * back ends sum probabilities computed in float, 6e-8 relative each, over up to 151936 ids);
- * logp within 1e-5. Greedy: the largest logit, lowest id among equal ones, exactly. */
+ * double. A sampled pick p must have positive probability and hold u: cum(p - 1) <= u < cum(p),
+ * each side widened by 1e-6 (the back ends sum weights computed in float, 6e-8 relative each,
+ * over up to 151936 ids); logp within 1e-5. Greedy: the largest logit, lowest id among equal
+ * ones, exactly. */
 static void test_sample_case(const rf_kernels *K, int rows, int V, int n, float scale) {
     char what[160];
     float *z = fnormal((size_t)rows * V, scale);
     if (V > 3) z[(size_t)(rows - 1) * V + 1] = z[(size_t)(rows - 1) * V + 3] = 50.0f; /* a tie */
     if (V > 2) z[2] = -INFINITY;                                                  /* a masked id */
+    if (V > 4) z[V - 1] = -1e30f; /* the last id of row 0: probability 0, never a pick */
     rf_row_draw *d = xmalloc(sizeof *d * (size_t)n);
     for (int i = 0; i < n; i++) {
         int greedy = i % 4 == 3;
         float temp = i % 3 == 0 ? 1.0f : i % 3 == 1 ? 0.7f : 1.6f;
-        double u = i == 0 ? 0.0 : i == 1 ? 1.0 - 1e-12 : (double)rf_rng_uniform(&g_rng);
-        d[i] = (rf_row_draw){(int32_t)(i % 5 == 4 ? rows - 1 : (int)(rf_rng_u64(&g_rng) % (uint64_t)rows)), greedy,
-                             greedy ? 1.0f : 1.0f / temp, 0.0f, greedy ? 0.0 : u};
+        /* u at both ends: 0, the largest float uniform (rf_rng_uniform) and a double closer to 1 */
+        double u = i == 0 ? 0.0 : i == 1 ? 1.0 - 0x1p-24 : i == 2 ? 1.0 - 1e-12 : (double)rf_rng_uniform(&g_rng);
+        int row = i == 1 || i == 2 ? 0 : i % 5 == 4 ? rows - 1 : (int)(rf_rng_u64(&g_rng) % (uint64_t)rows);
+        d[i] = (rf_row_draw){(int32_t)row, greedy, greedy ? 1.0f : 1.0f / temp, 0.0f, greedy ? 0.0 : u};
     }
     int32_t *picks = xmalloc(IB(n));
     float *logp = fconst(n, NAN);
@@ -1287,7 +1290,7 @@ static void test_sample_case(const rf_kernels *K, int rows, int V, int n, float 
             }
             for (int j = 0; j < V && j < picks[i]; j++) before += exp((double)zr[j] * it - lse);
             double at = picks[i] >= 0 && picks[i] < V ? exp((double)zr[picks[i]] * it - lse) : NAN;
-            ok = d[i].u >= before - 1e-6 && (d[i].u < before + at + 1e-6 || picks[i] == V - 1);
+            ok = at > 0 && d[i].u >= before - 1e-6 && d[i].u < before + at + 1e-6;
         }
         double lp = picks[i] >= 0 && picks[i] < V ? (double)zr[picks[i]] * it - lse : NAN;
         ok = ok && fabs(logp[i] - lp) <= 1e-5 * (fabs(lp) > 1 ? fabs(lp) : 1);
@@ -1302,6 +1305,33 @@ static void test_sample_case(const rf_kernels *K, int rows, int V, int n, float 
     free(z), free(d), free(picks), free(logp);
 }
 
+/* Draws at the top of the CDF (u = 1 - 2^-24, the largest float uniform) from rows whose last
+ * id has probability 0 (logit -1e30): on broad rows of 151936 ids, weights summed in float
+ * rounding can end 1e-7 short of the total, and a walk that then fell through to the last id
+ * drew a token of probability 0 (about 1 in 7 of these rows). Every pick must have positive
+ * probability. */
+static void test_sample_tail(const rf_kernels *K) {
+    int rows = 32, V = 151936;
+    float *z = fnew((size_t)rows * V);
+    for (int r = 0; r < rows; r++) {
+        float sc = 2.0f + 0.05f * (float)r;
+        for (int j = 0; j < V; j++) z[(size_t)r * V + j] = sc * rf_rng_normal(&g_rng);
+        z[(size_t)r * V + V - 1] = -1e30f;
+    }
+    rf_row_draw *d = xmalloc(sizeof *d * (size_t)rows);
+    for (int r = 0; r < rows; r++) d[r] = (rf_row_draw){r, 0, 1.0f, 0.0f, 1.0 - 0x1p-24};
+    int32_t *picks = xmalloc(IB(rows));
+    float *logp = fnew(rows);
+    float *d_z = put(K, z, FB((size_t)rows * V));
+    K->sample_rows(picks, logp, d_z, V, d, rows);
+    get(K, NULL, d_z, 0);
+    int bad = 0;
+    for (int r = 0; r < rows; r++) bad += picks[r] < 0 || picks[r] >= V - 1 || !(logp[r] > -1e9f);
+    if (bad) fprintf(stderr, "[%s] sample_rows at u = 1 - 2^-24: %d of %d rows drew an id of probability 0\n", g_be, bad, rows);
+    CHECK(bad == 0);
+    free(z), free(d), free(picks), free(logp);
+}
+
 static void test_sample(const rf_kernels *K) {
     CHECK(K->sample_rows != NULL);
     if (!K->sample_rows) return;
@@ -1312,6 +1342,7 @@ static void test_sample(const rf_kernels *K) {
     test_sample_case(K, 2, 151936, 16, 6.0f);  /* Qwen2.5's */
     /* u spread over the whole range on a small row: every id a pick somewhere */
     test_sample_case(K, 1, 5, 500, 0.5f);
+    test_sample_tail(K);
 }
 
 /* ------------------------------------------------------------------ suite */

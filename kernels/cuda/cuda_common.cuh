@@ -183,11 +183,12 @@ void rf_cuda_attention_backward(float *dq, float *dk, float *dv, const float *do
                                 const float *out, const float *lse, const int32_t *cu_seqlens,
                                 int n_seq, int T, int H, int KVH, int D);
 
-/* Raises a kernel's dynamic shared memory limit to `bytes` (above 48 KiB needs the opt-in).
- * Returns 0 after recording a failure. */
+/* Raises a kernel's dynamic shared memory limit to `bytes`. Set whatever the size: without the
+ * opt-in a kernel's dynamic limit is 48 KiB less its static shared memory, not 48 KiB. Returns 0
+ * after recording a failure. */
 template <typename F>
 static inline int rf__allow_smem(F *kernel, size_t bytes) {
-    if (bytes <= 48 * 1024) return 1;
+    if (bytes == 0) return 1;
     return RF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               (int)bytes));
 }
@@ -219,7 +220,7 @@ void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout,
 /* cuda_flash_mma.cu: the tensor-core forward and backward at bf16 (head dims multiple of 16,
  * sm_80+, not under RLFLOW_CUDA_ATTENTION=fma), which rf__cuda_flash_forward / _backward take
  * when they can; the backward's di (T, H) = dout . out, made by the caller. */
-int rf__cuda_flash_mma_supported(int D);
+int rf__cuda_flash_mma_supported(int D, int backward);
 void rf__cuda_flash_forward_mma(float *out, float *lse, const float *q, const float *k,
                                 const float *v, const int32_t *q_off, const int32_t *k_start,
                                 const int32_t *k_len, int n_seq, int H, int KVH, int D);

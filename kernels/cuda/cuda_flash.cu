@@ -144,7 +144,7 @@ void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float 
                             const float *v, const int32_t *q_off, const int32_t *k_start,
                             const int32_t *k_len, int n_seq, int H, int KVH, int D) {
     int bf16 = rf__cuda.precision == RF_PRECISION_BF16;
-    if (bf16 && rf__cuda_flash_mma_supported(D)) { /* tensor cores: cuda_flash_mma.cu */
+    if (bf16 && rf__cuda_flash_mma_supported(D, 0)) { /* tensor cores: cuda_flash_mma.cu */
         rf__cuda_flash_forward_mma(out, lse, q, k, v, q_off, k_start, k_len, n_seq, H, KVH, D);
         return;
     }
@@ -356,7 +356,7 @@ void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout,
     flash_di_kernel<<<blocks > RF_CUDA_MAX_GRID ? RF_CUDA_MAX_GRID : (unsigned)blocks, FTHREADS, 0,
                       st>>>(di, dout, out, cu_seqlens, n_seq, H, D, bf16);
     if (RF_CUDA_LAUNCH_CHECK()) {
-        if (bf16 && rf__cuda_flash_mma_supported(D)) /* tensor cores: cuda_flash_mma.cu */
+        if (bf16 && rf__cuda_flash_mma_supported(D, 1)) /* tensor cores: cuda_flash_mma.cu */
             rf__cuda_flash_backward_mma(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T,
                                         H, KVH, D);
         else if (D <= 64)

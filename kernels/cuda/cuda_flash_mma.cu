@@ -97,6 +97,8 @@ static __device__ inline void warp_abt(float *C, int ldc, const __nv_bfloat16 *A
     }
 #pragma unroll
     for (int n = 0; n < NT; n++) wmma::store_matrix_sync(C + n * 16, acc[n], ldc, wmma::mem_row_major);
+#else
+    __trap(); /* built for an architecture without these tensor-core instructions */
 #endif
 }
 
@@ -117,6 +119,8 @@ static __device__ inline void pv_mma(float *Ow, const __nv_bfloat16 *Pw, const _
         }
         wmma::store_matrix_sync(Ow + n, o, L.ldo, wmma::mem_row_major);
     }
+#else
+    __trap(); /* built for an architecture without these tensor-core instructions */
 #endif
 }
 
@@ -147,6 +151,8 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
         load_bf16(Q, q + row0 * D, qs, nr, TC_BR, D, L.ldh);
         for (int idx = threadIdx.x; idx < TC_BR * D; idx += blockDim.x)
             O[(idx / D) * L.ldo + idx % D] = 0.0f;
+        __syncthreads(); /* a warp's rows of O are zeroed by every warp; a tile that sees no key
+                            reads them below without another barrier */
         float m[16], l[16];
 #pragma unroll
         for (int rr = 0; rr < 16; rr++) m[rr] = -INFINITY, l[rr] = 0.0f;
@@ -201,11 +207,6 @@ static int device_major(void) {
     return major;
 }
 
-int rf__cuda_flash_mma_supported(int D) {
-    const char *e = getenv("RLFLOW_CUDA_ATTENTION");
-    if (e && strcmp(e, "fma") == 0) return 0;
-    return D % 16 == 0 && D <= RF_FLASH_MAX_D && device_major() >= 8;
-}
 
 void rf__cuda_flash_forward_mma(float *out, float *lse, const float *q, const float *k,
                                 const float *v, const int32_t *q_off, const int32_t *k_start,
@@ -260,6 +261,24 @@ static __host__ __device__ inline tb_layout tb_layout_of(int D) {
     return L;
 }
 
+/* The most dynamic shared memory a block may opt in to on this device: 227 KB on sm_90, 163 KB
+ * on sm_80, but 99 KB on sm_86 / sm_89 (A10, L4, L40S, RTX 30xx / 40xx). */
+static size_t smem_optin(void) {
+    static int bytes = -1;
+    if (bytes < 0 &&
+        !RF_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, rf__cuda.device)))
+        bytes = 0;
+    return (size_t)bytes;
+}
+
+int rf__cuda_flash_mma_supported(int D, int backward) {
+    const char *e = getenv("RLFLOW_CUDA_ATTENTION");
+    if (e && strcmp(e, "fma") == 0) return 0;
+    if (D % 16 != 0 || D > RF_FLASH_MAX_D || device_major() < 8) return 0;
+    /* where the tiles do not fit (the backward at D >= 96 on a 99 KB device), the FMA kernels */
+    return (backward ? tb_layout_of(D).bytes : tc_layout_of(D).bytes) <= smem_optin();
+}
+
 /* One warp's acc (16 x 16 ND) += A (16 x TB, bf16, ld lda) B (TB x 16 ND, bf16 row-major). */
 template <int ND>
 static __device__ inline void warp_acc_ab(frag_c *acc, const __nv_bfloat16 *A, int lda,
@@ -276,6 +295,8 @@ static __device__ inline void warp_acc_ab(frag_c *acc, const __nv_bfloat16 *A, i
             wmma::mma_sync(acc[n], a, b, acc[n]);
         }
     }
+#else
+    __trap(); /* built for an architecture without these tensor-core instructions */
 #endif
 }
 
@@ -292,6 +313,8 @@ static __device__ inline void warp_store_rows(float *dst, size_t stride, int n, 
     for (int e = threadIdx.x % 32; e < n * D; e += 32)
         dst[(size_t)(e / D) * stride + e % D] = tmp[(e / D) * ld + e % D];
     __syncwarp();
+#else
+    __trap(); /* built for an architecture without these tensor-core instructions */
 #endif
 }
 
@@ -378,6 +401,8 @@ flash_dkdv_mma_kernel(float *dk, float *dv, const float *dout, const float *q, c
         warp_store_rows<ND>(dv + row, ks, n, dV, tmp, L.ldo);
         warp_store_rows<ND>(dk + row, ks, n, dK, tmp, L.ldo);
     }
+#else
+    __trap(); /* built for an architecture without these tensor-core instructions */
 #endif
 }
 
@@ -435,6 +460,8 @@ flash_dq_mma_kernel(float *dq, const float *dout, const float *q, const float *k
         int n = max(0, min(16, nr - w0));
         warp_store_rows<ND>(dq + (row0 + (size_t)w0 * H) * D, qs, n, dQ, tmp, L.ldo);
     }
+#else
+    __trap(); /* built for an architecture without these tensor-core instructions */
 #endif
 }
 

@@ -2,13 +2,16 @@
  * the LM head wrote them, and only a token and a log-prob per draw cross to the host, instead of
  * every row of (n, V) logits (at batch 256 and Qwen2.5's 151936 ids, 155 MB a decoding step).
  *
- * One block per draw, the steps of kernels/sample.h's rf_draw_whole: the row's largest logit,
- * the sum of expf((z - m) * inv_temp) in double, lse = m inv_temp + log(sum); greedy: the
- * largest logit, lowest id among equal ones; else the inverse CDF in id order: each thread sums
- * the probabilities of a contiguous slice of ids in order (double), a block scan of those sums
- * finds the slice where the cumulative passes u times the total, and that slice's thread walks
- * it id by id. The CPU sums the whole row in one chain, so the cumulative differs in the last
- * bits and a pick can differ only where u falls within that rounding of a boundary. */
+ * One block per draw, the steps of kernels/sample.h's rf_draw_whole: the row's largest logit m,
+ * the sum of the weights e = expf((z - m) * inv_temp) in double, lse = m inv_temp + log(sum);
+ * greedy: the largest logit, lowest id among equal ones; else the first id whose cumulative
+ * weight in id order passes u times the total: each thread sums the weights of a contiguous
+ * slice of ids in order (double), a block scan of those sums (whose total is the target's
+ * base) finds the first slice of positive weight where the cumulative passes the target, and
+ * its thread walks it id by id. Always an id of positive weight: where rounding leaves the walk
+ * short of the target, the slice's (or the row's) last id of positive weight. The CPU sums the
+ * whole row in one chain, so the cumulative differs in the last bits and a pick can differ
+ * only where u falls within that rounding of a boundary. */
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -51,8 +54,13 @@ static __device__ int block_min_int(int v) {
     return m;
 }
 
-static __device__ inline double draw_prob(const float *z, int j, float inv_temp, double lse) {
-    return (double)expf((float)((double)z[j] * inv_temp - lse));
+static __device__ inline double draw_weight(const float *z, int j, float m, float inv_temp) {
+    return (double)expf((z[j] - m) * inv_temp);
+}
+
+/* The largest v over the block (every thread gets it). Ends with a barrier. */
+static __device__ int block_max_int(int v) {
+    return -block_min_int(-v);
 }
 
 static __global__ void sample_rows_kernel(int32_t *picks, float *logp, const float *logits, int V,
@@ -82,24 +90,31 @@ static __global__ void sample_rows_kernel(int32_t *picks, float *logp, const flo
         int first = block_min_int(best == top ? at : INT_MAX);
         if (threadIdx.x == 0) s_pick = first == INT_MAX ? 0 : first;
     } else {
-        double target = d.u * (s * exp((double)m * d.inv_temp - lse)), total;
         int per = (V + RF_SAMPLE_THREADS - 1) / RF_SAMPLE_THREADS;
-        int j0 = min(V, (int)threadIdx.x * per), j1 = min(V, j0 + per);
-        double part = 0;
-        for (int j = j0; j < j1; j++) part += draw_prob(z, j, d.inv_temp, lse);
-        double before = block_exclusive_scan(part, &total);
-        int owner = block_min_int(j0 < j1 && target < before + part ? (int)threadIdx.x : INT_MAX);
+        int j0 = min(V, (int)threadIdx.x * per), j1 = min(V, j0 + per), last = -1;
+        double part = 0, total;
+        for (int j = j0; j < j1; j++) {
+            double e = draw_weight(z, j, m, d.inv_temp);
+            if (e > 0) last = j;
+            part += e;
+        }
+        double before = block_exclusive_scan(part, &total), target = d.u * total;
+        int owner = block_min_int(part > 0 && target < before + part ? (int)threadIdx.x : INT_MAX);
+        int row_last = block_max_int(last);
         if ((int)threadIdx.x == owner) {
             double cum = before;
-            int pick = j1 - 1;
+            int pick = last; /* the walk short of the target by rounding: the slice's last */
             for (int j = j0; j < j1; j++) {
-                cum += draw_prob(z, j, d.inv_temp, lse);
-                if (target < cum) {
+                double e = draw_weight(z, j, m, d.inv_temp);
+                cum += e;
+                if (e > 0 && target < cum) {
                     pick = j;
                     break;
                 }
             }
             s_pick = pick;
+        } else if (owner == INT_MAX && threadIdx.x == 0) {
+            s_pick = row_last >= 0 ? row_last : 0; /* u * total rounded up to total */
         }
     }
     __syncthreads();
