@@ -119,31 +119,35 @@ static rf_status nccl_allreduce(rf_comm *c, const float *in, float *out, size_t 
                                 const char *what) {
     nccl_state *s = st_of(c);
     after_kernels(c);
-    rf__cuda_bf16_invalidate(out, sizeof(float) * n);
-    return finish(c, ncclAllReduce(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream), NULL, 0, timeout_s, what);
+    rf_status st = finish(c, ncclAllReduce(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream), NULL, 0, timeout_s, what);
+    rf__cuda_bf16_invalidate(out, sizeof(float) * n); /* once written (rf_cuda_to_device) */
+    return st;
 }
 
 static rf_status nccl_reduce_scatter(rf_comm *c, const float *in, float *out, size_t n, double timeout_s,
                                      const char *what) {
     nccl_state *s = st_of(c);
     after_kernels(c);
+    rf_status st = finish(c, ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream), NULL, 0, timeout_s, what);
     rf__cuda_bf16_invalidate(out, sizeof(float) * n);
-    return finish(c, ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, s->nc, s->stream), NULL, 0, timeout_s, what);
+    return st;
 }
 
 static rf_status nccl_allgather(rf_comm *c, const void *in, void *out, size_t bytes, double timeout_s,
                                 const char *what) {
     nccl_state *s = st_of(c);
     after_kernels(c);
+    rf_status st = finish(c, ncclAllGather(in, out, bytes, ncclUint8, s->nc, s->stream), NULL, 0, timeout_s, what);
     rf__cuda_bf16_invalidate(out, bytes * (size_t)c->size);
-    return finish(c, ncclAllGather(in, out, bytes, ncclUint8, s->nc, s->stream), NULL, 0, timeout_s, what);
+    return st;
 }
 
 static rf_status nccl_bcast(rf_comm *c, void *buf, size_t bytes, int root, double timeout_s, const char *what) {
     nccl_state *s = st_of(c);
     after_kernels(c);
+    rf_status st = finish(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, s->nc, s->stream), NULL, 0, timeout_s, what);
     rf__cuda_bf16_invalidate(buf, bytes);
-    return finish(c, ncclBroadcast(buf, buf, bytes, ncclUint8, root, s->nc, s->stream), NULL, 0, timeout_s, what);
+    return st;
 }
 
 static rf_status nccl_barrier(rf_comm *c, double timeout_s, const char *what) {
@@ -158,6 +162,9 @@ static rf_status nccl_sendrecv_start(rf_comm *c, const rf_comm_p2p *ops, int n, 
     ncclResult_t *launched = malloc(sizeof *launched);
     if (!launched) return rf_error(RF_ERR_NOMEM, "out of memory");
     after_kernels(c);
+    /* marked stale when enqueued: the wait does not know the buffers. A bf16 copy another
+     * thread makes before the receive completes would stay marked valid; receivers call
+     * weights_updated after the weights arrive (rollout/worker.c), which covers it. */
     for (int i = 0; i < n; i++)
         if (!ops[i].send) rf__cuda_bf16_invalidate(ops[i].buf, ops[i].bytes);
     ncclResult_t r = ncclGroupStart();

@@ -84,7 +84,8 @@ void rf_flash_ref_backward(float *dq, float *dk, float *dv, const float *dout, c
 
 /* paged_attention_forward (kernels.h) as the CUDA back end computes it: rows of one-query
  * sequences by split-K as above, rows of longer query chunks (prefill) by the unsplit online
- * softmax, one key at a time. fp32. */
+ * softmax, one key at a time. fp32. D <= RF_FLASH_MAX_D (its partials are sized by it; the
+ * CUDA kernels take up to 256): larger head dims abort. */
 void rf_flash_ref_paged_decode(float *out, const float *q, const float *k_pool, const float *v_pool,
                                const int32_t *q_off, const int32_t *block_table, int max_blocks,
                                const int32_t *k_len, int n_seq, int block_size, int H, int KVH,

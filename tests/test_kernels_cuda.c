@@ -578,6 +578,14 @@ static void run_precision_and_flash_suite(uint64_t seed) {
     cross_flash_kvcache(4, 4, 128);
     cross_paged_decode(14, 2, 64);
     cross_paged_decode(8, 8, 128);
+    /* head dims that are not multiples of 32 (the FMA kernels' partial lanes; the tensor-core
+     * ones at 5 and 6 tiles of 16) with a GQA group of 7, and one sequence long enough that
+     * every block of both kernels strides over more than one tile (4200 rows: more than 64
+     * tiles of 64) */
+    static const int lens_long[1] = {4200};
+    cross_flash(lens_a, 5, 7, 1, 80);
+    cross_flash(lens_b, 4, 4, 2, 96);
+    cross_flash(lens_long, 1, 1, 1, 64);
 }
 
 int main(void) {

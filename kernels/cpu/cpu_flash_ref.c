@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/status.h"
 #include "kernels/flash_ref.h"
 
 #define BR RF_FLASH_BR
@@ -253,6 +254,7 @@ void rf_flash_ref_paged_decode(float *out, const float *q, const float *k_pool, 
                                const int32_t *k_len, int n_seq, int block_size, int H, int KVH,
                                int D) {
     static __thread partial total, split, warp;
+    RF_ASSERT(D >= 1 && D <= MD); /* the partials hold MD floats */
     int group = H / KVH;
     float scale = 1.0f / sqrtf((float)D);
     for (int s = 0; s < n_seq; s++) {

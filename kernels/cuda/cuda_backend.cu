@@ -29,6 +29,10 @@ void *rf_cuda_alloc(size_t bytes) {
     void *p = NULL;
     size_t n = bytes ? bytes : 1;
     cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess && e != cudaErrorMemoryAllocation) { /* a broken device, not a full one */
+        RF_CUDA_CHECK(e);
+        return NULL;
+    }
     if (e != cudaSuccess) {
         /* Out of memory is bad input, not a broken device: report it without the sticky flag. */
         (void)cudaGetLastError(); /* clear the non-sticky error so later launch checks pass */
@@ -55,10 +59,12 @@ void rf_cuda_free(void *p) {
 void rf_cuda_to_device(void *dst, const void *host_src, size_t bytes) {
     RF_CUDA_GUARD();
     if (!bytes) return;
-    rf__cuda_bf16_invalidate(dst, bytes);
     if (RF_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice,
                                       rf__cuda.stream)))
         RF_CUDA_CHECK(cudaStreamSynchronize(rf__cuda.stream));
+    /* stale once the write is queued: a copy another thread converts in between is made
+       before the write on the stream and would otherwise stay marked valid */
+    rf__cuda_bf16_invalidate(dst, bytes);
 }
 
 void rf_cuda_to_host(void *host_dst, const void *src, size_t bytes) {
@@ -73,16 +79,16 @@ void rf_cuda_to_host(void *host_dst, const void *src, size_t bytes) {
 
 void rf_cuda_copy(void *dst, const void *src, size_t bytes) {
     RF_CUDA_GUARD();
-    rf__cuda_bf16_invalidate(dst, bytes);
     if (bytes)
         RF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
                                       rf__cuda.stream));
+    rf__cuda_bf16_invalidate(dst, bytes); /* after the write is queued (rf_cuda_to_device) */
 }
 
 void rf_cuda_zero(void *p, size_t bytes) {
     RF_CUDA_GUARD();
-    rf__cuda_bf16_invalidate(p, bytes);
     if (bytes) RF_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, rf__cuda.stream));
+    rf__cuda_bf16_invalidate(p, bytes); /* after the write is queued (rf_cuda_to_device) */
 }
 
 int rf_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
@@ -177,6 +183,17 @@ static int cuda_init(int device) {
                  cublasGetStatusString(b));
         goto fail;
     }
+    /* The stream-ordered allocations (log-prob chunks, attention scratch, the draws) come from
+     * the device's default pool, which by default hands its memory back at every
+     * synchronisation: decoding synchronises each step (its draws), so the next step's log-prob
+     * chunk (156 MB at Qwen2.5's vocabulary) would be mapped again. The pool keeps up to
+     * 1 GiB; mem_info counts what it keeps as used. */
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+        uint64_t keep = (uint64_t)1 << 30;
+        (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    }
+    (void)cudaGetLastError(); /* a driver without pools: the default behaviour */
     rf__cuda.device = device;
     rf__cuda.stream = stream;
     rf__cuda.blas = blas;

@@ -161,11 +161,14 @@ int rf__cuda_gemm_xtw(float *out, const float *x, const float *y, int T, int C, 
 /* Precision of the matrix products (cuda_matmul.cu). set_precision also re-reads
  * RLFLOW_CUDA_TF32 ("0" = plain fp32 sgemm for precision fp32; anything else or unset = TF32). */
 rf_status rf__cuda_set_precision(rf_precision p);
-/* The bf16 weight copies: every write the back end makes to device memory calls
- * rf__cuda_bf16_invalidate on the bytes it writes, so a copy made from them is remade before
- * its next use (comm/comm_nccl.c does the same for the buffers its collectives write);
- * rf__cuda_bf16_forget when memory is freed; weights_updated drops validity of all copies
- * (writes made outside the table and NCCL). */
+/* The bf16 weight copies: the table's writes that may land on a weight (to_device, copy, zero,
+ * add_inplace, scale; AdamW refreshes the copy itself) call rf__cuda_bf16_invalidate on the
+ * bytes they write once the write is queued, so a copy made from them is remade before its next
+ * use (comm/comm_nccl.c does the same for the buffers its collectives write). The other ops'
+ * outputs (products, norms, attention, gradients) are activations and gradients, never a
+ * weight operand. rf__cuda_bf16_forget when memory is freed; weights_updated drops validity of
+ * all copies but those AdamW refreshed since its last call (writes made outside the table and
+ * NCCL). */
 extern "C" void rf__cuda_bf16_invalidate(const void *p, size_t bytes); /* comm_nccl.c too */
 void rf__cuda_bf16_forget(const void *p);
 void rf__cuda_bf16_invalidate_all(void);

@@ -6,6 +6,8 @@
 
 #include <cuda_bf16.h>
 
+#include <pthread.h>
+
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/kernel_math.h"
 
@@ -23,9 +25,9 @@ static __global__ void add_inplace_kernel(float *a, const float *b, size_t n) {
 void rf_cuda_add_inplace(float *a, const float *b, size_t n) {
     RF_CUDA_GUARD();
     if (n == 0) return;
-    rf__cuda_bf16_invalidate(a, n * sizeof(float));
     add_inplace_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(a, b, n);
     RF_CUDA_LAUNCH_CHECK();
+    rf__cuda_bf16_invalidate(a, n * sizeof(float)); /* after the write is queued */
 }
 
 static __global__ void scale_kernel(float *x, float s, size_t n) {
@@ -35,9 +37,9 @@ static __global__ void scale_kernel(float *x, float s, size_t n) {
 void rf_cuda_scale(float *x, float s, size_t n) {
     RF_CUDA_GUARD();
     if (n == 0) return;
-    rf__cuda_bf16_invalidate(x, n * sizeof(float));
     scale_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(x, s, n);
     RF_CUDA_LAUNCH_CHECK();
+    rf__cuda_bf16_invalidate(x, n * sizeof(float)); /* after the write is queued */
 }
 
 /* Pass 1: each of RF_CUDA_REDUCE_BLOCKS blocks writes one partial sum (in double, as on the
@@ -59,9 +61,11 @@ static __global__ void sum_squares_final_kernel(double *partials, int n_partials
     if (threadIdx.x == 0) partials[n_partials] = s;
 }
 
-double rf_cuda_sum_squares(const float *x, size_t n) {
-    RF_CUDA_GUARD(NAN);
-    if (n == 0) return 0.0;
+/* One caller at a time: the partials are one buffer, and another thread's passes queued between
+ * this call's would overwrite them. */
+static pthread_mutex_t g_sum_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static double sum_squares_locked(const float *x, size_t n) {
     double result = NAN;
     sum_squares_partial_kernel<<<RF_CUDA_REDUCE_BLOCKS, RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
         rf__cuda.partials, x, n);
@@ -74,6 +78,15 @@ double rf_cuda_sum_squares(const float *x, size_t n) {
         return NAN;
     if (!RF_CUDA_CHECK(cudaStreamSynchronize(rf__cuda.stream))) return NAN;
     return result;
+}
+
+double rf_cuda_sum_squares(const float *x, size_t n) {
+    RF_CUDA_GUARD(NAN);
+    if (n == 0) return 0.0;
+    pthread_mutex_lock(&g_sum_lock);
+    double r = sum_squares_locked(x, n);
+    pthread_mutex_unlock(&g_sum_lock);
+    return r;
 }
 
 /* ---- embedding ---- */

@@ -25,6 +25,7 @@
  * beta = 1 accumulates into out (dw +=, bias pre-filled), beta = 0 overwrites (dinp). */
 #include <cuda_bf16.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +55,8 @@ typedef struct {
     size_t n;
     __nv_bfloat16 *copy; /* (n) device */
     int valid;           /* 0: src was written since the copy was made */
+    int fresh;           /* rewritten by the kernel that wrote src (AdamW) since the last
+                            weights_updated: that call keeps it */
 } bf16_entry;
 
 #define RF_BF16_CACHE_MAX 4096 /* weight tensors with a copy; more fall back to scratch */
@@ -72,7 +75,7 @@ static void invalidate_locked(const void *p, size_t bytes) {
     const char *a = (const char *)p, *b = a + bytes;
     for (int i = 0; i < g_cache_n; i++) {
         const char *s = (const char *)g_cache[i].src, *e = s + g_cache[i].n * sizeof(float);
-        if (s < b && a < e) g_cache[i].valid = 0;
+        if (s < b && a < e) g_cache[i].valid = 0, g_cache[i].fresh = 0;
     }
 }
 
@@ -88,16 +91,23 @@ __nv_bfloat16 *rf__cuda_bf16_updated_by_writer(const float *p, size_t n) {
     invalidate_locked(p, n * sizeof(float));
     for (int i = 0; i < g_cache_n && !copy; i++)
         if (g_cache[i].src == p && g_cache[i].n == n) {
-            g_cache[i].valid = 1; /* the writer's kernel refreshes it */
+            g_cache[i].valid = g_cache[i].fresh = 1; /* the writer's kernel refreshes it */
             copy = g_cache[i].copy;
         }
     pthread_mutex_unlock(&g_lock);
     return copy;
 }
 
+/* weights_updated: every copy stale but those the writer of their weight refreshed since the
+ * last call (AdamW writes the weight and its copy in one kernel, and the optimizer calls
+ * weights_updated right after it: without this every copy was made again at the next step's
+ * first products, a pass over all weights a step). */
 void rf__cuda_bf16_invalidate_all(void) {
     pthread_mutex_lock(&g_lock);
-    for (int i = 0; i < g_cache_n; i++) g_cache[i].valid = 0;
+    for (int i = 0; i < g_cache_n; i++) {
+        if (!g_cache[i].fresh) g_cache[i].valid = 0;
+        g_cache[i].fresh = 0;
+    }
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -126,6 +136,7 @@ static __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size
 }
 
 static int to_bf16(__nv_bfloat16 *dst, const float *src, size_t n) {
+    if (n == 0) return 1;
     to_bf16_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(dst, src, n);
     return RF_CUDA_LAUNCH_CHECK();
 }
@@ -136,8 +147,13 @@ static const __nv_bfloat16 *bf16_scratch(int which, const float *src, size_t n) 
         /* cudaFree waits for the device: no queued product still reads the old buffer */
         if (g_scratch[which] && !RF_CUDA_CHECK(cudaFree(g_scratch[which]))) return NULL;
         g_scratch[which] = NULL, g_scratch_n[which] = 0;
-        if (!RF_CUDA_CHECK(cudaMalloc((void **)&g_scratch[which], n * sizeof(__nv_bfloat16))))
+        cudaError_t e = cudaMalloc((void **)&g_scratch[which], n * sizeof(__nv_bfloat16));
+        if (e == cudaErrorMemoryAllocation) { /* not a broken device: the caller runs fp32 */
+            (void)cudaGetLastError();
+            g_scratch[which] = NULL;
             return NULL;
+        }
+        if (!RF_CUDA_CHECK(e)) return NULL;
         g_scratch_n[which] = n;
     }
     return to_bf16(g_scratch[which], src, n) ? g_scratch[which] : NULL;
@@ -164,7 +180,7 @@ static const __nv_bfloat16 *bf16_weight(const float *src, size_t n, int spare) {
         cudaFree(copy);
         return NULL;
     }
-    g_cache[g_cache_n++] = (bf16_entry){src, n, copy, 1};
+    g_cache[g_cache_n++] = (bf16_entry){src, n, copy, 1, 0};
     return copy;
 }
 
@@ -184,7 +200,12 @@ static int gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                                               CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                                               CUBLAS_GEMM_DEFAULT));
         pthread_mutex_unlock(&g_lock);
-        return ok;
+        if (ok || rf__cuda.failed) return ok;
+        /* no device memory for a bf16 operand (the KV cache took it): this product in fp32 */
+        static int warned;
+        if (!warned++)
+            fprintf(stderr, "rlflow: cuda: no device memory for a bf16 operand of %zu floats: such products "
+                            "run with fp32 operands\n", a ? nb : na);
     }
     cublasComputeType_t ct = rf__cuda.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     return RF_CUBLAS_CHECK(cublasGemmEx(rf__cuda.blas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F,
@@ -221,7 +242,13 @@ static __global__ void fill_bias_kernel(float *out, const float *bias, int T, in
 void rf_cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                             int T, int C, int OC) {
     RF_CUDA_GUARD();
-    if (T == 0) return;
+    if (T == 0 || OC == 0) return;
+    if (C == 0) { /* an empty sum: the bias (or zeros), as on the CPU */
+        if (bias) fill_bias_kernel<<<rf__cuda_blocks((size_t)T * OC), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(out, bias, T, OC);
+        else RF_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * (size_t)T * OC, rf__cuda.stream));
+        RF_CUDA_LAUNCH_CHECK();
+        return;
+    }
     if (bias) {
         fill_bias_kernel<<<rf__cuda_blocks((size_t)T * OC), RF_CUDA_THREADS, 0,
                            rf__cuda.stream>>>(out, bias, T, OC);
@@ -243,7 +270,10 @@ static __global__ void bias_backward_kernel(float *dbias, const float *dout, int
 void rf_cuda_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                              const float *inp, const float *w, int T, int C, int OC) {
     RF_CUDA_GUARD();
-    if (T == 0) return;
+    if (T == 0 || C == 0 || OC == 0) { /* empty sums: dinp zeros, dw and dbias unchanged */
+        if (T && C && dinp) RF_CUDA_CHECK(cudaMemsetAsync(dinp, 0, sizeof(float) * (size_t)T * C, rf__cuda.stream));
+        return;
+    }
     if (dinp && !rf__cuda_gemm_xw(dinp, dout, w, T, C, OC, 1.0f, 0.0f)) return;
     if (dw && !rf__cuda_gemm_xtw(dw, dout, inp, T, C, OC, 1.0f, 1.0f)) return;
     if (dbias) {
