@@ -21,18 +21,29 @@ int32_t rf_draw_whole(const float *z, int V, float inv_temp, int greedy, double 
     if (greedy) {
         for (int j = 1; j < V; j++)
             if (z[j] > z[pick]) pick = j;
-    } else { /* the walk adds the terms of the sum in the same order, so it ends at sum exactly
-                and u * sum (u < 1) is passed by an id of positive probability */
-        double target = u * sum, cum = 0;
-        int32_t last = 0; /* the last id of positive probability walked */
+    } else { /* the row's total (1 but for rounding) from the sum */
+        double total = sum * exp((double)m * inv_temp - lse), cum = 0, target = u * total;
         pick = -1;
         for (int j = 0; j < V && pick < 0; j++) {
-            double e = (double)expf((z[j] - m) * inv_temp);
-            if (e > 0) last = j;
-            cum += e;
-            if (e > 0 && target < cum) pick = j;
+            cum += (double)expf((float)((double)z[j] * inv_temp - lse));
+            if (target < cum) pick = j;
         }
-        if (pick < 0) pick = last; /* u * sum rounded up to sum (u within 2^-53 of 1) */
+        if (pick < 0) {
+            /* These terms, each rounded on its own, can end short of the total (by up to 1e-7
+             * on broad rows of 150 k ids): the draw again over the log-sum-exp's own terms, in
+             * its order, whose sum is the total exactly, so an id of positive probability is
+             * drawn rather than the last id whatever its probability. */
+            double target2 = u * sum;
+            int32_t last = 0; /* the last id of positive weight */
+            cum = 0;
+            for (int j = 0; j < V && pick < 0; j++) {
+                double e = (double)expf((z[j] - m) * inv_temp);
+                if (e > 0) last = j;
+                cum += e;
+                if (e > 0 && target2 < cum) pick = j;
+            }
+            if (pick < 0) pick = last; /* u * sum rounded up to sum (u within 2^-53 of 1) */
+        }
     }
     if (logp) *logp = (float)((double)z[pick] * inv_temp - lse);
     return pick;

@@ -13,10 +13,12 @@
 double rf_logits_lse(const float *z, int V, float inv_temp, float *max_out, double *sum_out);
 
 /* A draw from the whole row z (V): greedy the largest logit (the lowest id among equal ones),
- * else the first id whose cumulative weight expf((z - max) * inv_temp), summed in id order in
- * double (the terms and order of rf_logits_lse's sum), exceeds u (in [0, 1)) times that sum:
- * always an id of positive probability. *logp (may be NULL) gets the pick's log-probability
- * z * inv_temp - lse. inv_temp is 1 / temperature (1 for greedy). */
+ * else the first id whose cumulative probability under softmax(z * inv_temp), summed in id
+ * order in double, exceeds u (in [0, 1)) times the row's total; where rounding leaves that walk
+ * short of the total, the same draw over the weights expf((z - max) * inv_temp) of
+ * rf_logits_lse's own sum, which end on it exactly: always an id of positive probability.
+ * *logp (may be NULL) gets the pick's log-probability z * inv_temp - lse. inv_temp is
+ * 1 / temperature (1 for greedy). */
 int32_t rf_draw_whole(const float *z, int V, float inv_temp, int greedy, double u, float *logp);
 
 #endif
