@@ -244,6 +244,11 @@ void rf_cuda_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float 
 void rf_cuda_heads_expand(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group);
 void rf_cuda_heads_reduce(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group);
 
+/* cuda_elementwise.cu: out[c] += sum over n of a[n, c] (* b[n, c] where b) (* scale[n] where
+ * scale), a and b (N, C): chunks of rows summed in order, then the chunks in order
+ * (deterministic). 0 after recording a failure. */
+int rf__cuda_colsum(float *out, const float *a, const float *b, const float *scale, int N, int C);
+
 /* cuda_sample.cu */
 void rf_cuda_sample_rows(int32_t *picks, float *logp, const float *logits, int V, const rf_row_draw *draws,
                          int n);

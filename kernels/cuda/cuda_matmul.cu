@@ -257,16 +257,6 @@ void rf_cuda_matmul_forward(float *out, const float *inp, const float *w, const 
     rf__cuda_gemm_xwt(out, inp, w, T, C, OC, 1.0f, bias ? 1.0f : 0.0f);
 }
 
-/* dbias (OC) += column sums of dout (T, OC): one thread per column, rows in order (the CPU
- * loop; deterministic; neighbouring threads read neighbouring columns). */
-static __global__ void bias_backward_kernel(float *dbias, const float *dout, int T, int OC) {
-    int o = blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= OC) return;
-    float s = 0.0f;
-    for (int t = 0; t < T; t++) s += dout[(size_t)t * OC + o];
-    dbias[o] += s;
-}
-
 void rf_cuda_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                              const float *inp, const float *w, int T, int C, int OC) {
     RF_CUDA_GUARD();
@@ -276,9 +266,5 @@ void rf_cuda_matmul_backward(float *dinp, float *dw, float *dbias, const float *
     }
     if (dinp && !rf__cuda_gemm_xw(dinp, dout, w, T, C, OC, 1.0f, 0.0f)) return;
     if (dw && !rf__cuda_gemm_xtw(dw, dout, inp, T, C, OC, 1.0f, 1.0f)) return;
-    if (dbias) {
-        bias_backward_kernel<<<(OC + RF_CUDA_THREADS - 1) / RF_CUDA_THREADS, RF_CUDA_THREADS, 0,
-                               rf__cuda.stream>>>(dbias, dout, T, OC);
-        RF_CUDA_LAUNCH_CHECK();
-    }
+    if (dbias) rf__cuda_colsum(dbias, dout, NULL, NULL, T, OC); /* column sums of dout */
 }
