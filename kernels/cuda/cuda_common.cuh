@@ -157,6 +157,11 @@ int rf__cuda_gemm_xw(float *out, const float *x, const float *w, int T, int C, i
                      float alpha, float beta);
 int rf__cuda_gemm_xtw(float *out, const float *x, const float *y, int T, int C, int OC,
                       float alpha, float beta);
+/* rf__cuda_gemm_xtw where x is the x of the previous rf__cuda_gemm_xw on this back end,
+ * unchanged since (a backward's dw after its dinp): in bf16 mode that product's conversion of x
+ * is used again where it is still the last one made. */
+int rf__cuda_gemm_xtw_again(float *out, const float *x, const float *y, int T, int C, int OC,
+                            float alpha, float beta);
 
 /* Precision of the matrix products (cuda_matmul.cu). set_precision also re-reads
  * RLFLOW_CUDA_TF32 ("0" = plain fp32 sgemm for precision fp32; anything else or unset = TF32). */

@@ -133,7 +133,7 @@ static void chunked(const float *h, const float *w, int T, int C, int V, float i
         if (!rf__cuda_gemm_xwt(z, hc, w, n, C, V, inv_temp, 0.0f)) break;
         if (!row_pass(z, t0, n)) break;
         if (dh && !rf__cuda_gemm_xw(dh + (size_t)t0 * C, z, w, n, C, V, 1.0f, 0.0f)) break;
-        if (dh && dw && !rf__cuda_gemm_xtw(dw, z, hc, n, C, V, 1.0f, 1.0f)) break;
+        if (dh && dw && !rf__cuda_gemm_xtw_again(dw, z, hc, n, C, V, 1.0f, 1.0f)) break; /* z as dh's read it */
     }
     RF_CUDA_CHECK(cudaFreeAsync(z, rf__cuda.stream));
 }

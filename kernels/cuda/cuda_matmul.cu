@@ -70,6 +70,11 @@ static int g_cache_n;
 /* Scratch for activation operands: two, since dw's product converts both of its operands. */
 static __nv_bfloat16 *g_scratch[2];
 static size_t g_scratch_n[2];
+/* What scratch 0 holds: the B operand (src, n floats) a product converted last (only B
+ * operands go there). A backward's dw product reads the output gradient its dinp product just
+ * converted (rf__cuda_gemm_xtw_again): then the conversion is not made again. */
+static const float *g_held_src;
+static size_t g_held_n;
 
 static void invalidate_locked(const void *p, size_t bytes) {
     const char *a = (const char *)p, *b = a + bytes;
@@ -189,11 +194,18 @@ static const __nv_bfloat16 *bf16_weight(const float *src, size_t n, int spare) {
  * bf16 copy is cached), otherwise both are activations. */
 static int gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
                 const float *A, int lda, size_t na, int a_weight, const float *B, int ldb,
-                size_t nb, float beta, float *C, int ldc) {
+                size_t nb, float beta, float *C, int ldc, int b_again) {
     if (rf__cuda.precision == RF_PRECISION_BF16) {
         pthread_mutex_lock(&g_lock);
         const __nv_bfloat16 *a = a_weight ? bf16_weight(A, na, 1) : bf16_scratch(1, A, na);
-        const __nv_bfloat16 *b = a ? bf16_scratch(0, B, nb) : NULL;
+        const __nv_bfloat16 *b = NULL;
+        if (a && b_again && g_held_src == B && g_held_n == nb) {
+            b = g_scratch[0]; /* converted by the previous product, B unchanged since (caller) */
+        } else if (a) {
+            g_held_src = NULL;
+            b = bf16_scratch(0, B, nb);
+            if (b) g_held_src = B, g_held_n = nb;
+        }
         int ok = a && b &&
                  RF_CUBLAS_CHECK(cublasGemmEx(rf__cuda.blas, ta, tb, m, n, k, &alpha, a,
                                               CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, C,
@@ -216,19 +228,25 @@ static int gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
 int rf__cuda_gemm_xwt(float *out, const float *x, const float *w, int T, int C, int OC,
                       float alpha, float beta) {
     return gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, T, C, alpha, w, C, (size_t)OC * C, 1, x, C,
-                (size_t)T * C, beta, out, OC);
+                (size_t)T * C, beta, out, OC, 0);
 }
 
 int rf__cuda_gemm_xw(float *out, const float *x, const float *w, int T, int C, int OC,
                      float alpha, float beta) {
     return gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, T, OC, alpha, w, C, (size_t)OC * C, 1, x, OC,
-                (size_t)T * OC, beta, out, C);
+                (size_t)T * OC, beta, out, C, 0);
 }
 
 int rf__cuda_gemm_xtw(float *out, const float *x, const float *y, int T, int C, int OC,
                       float alpha, float beta) {
     return gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, T, alpha, y, C, (size_t)T * C, 0, x, OC,
-                (size_t)T * OC, beta, out, C);
+                (size_t)T * OC, beta, out, C, 0);
+}
+
+int rf__cuda_gemm_xtw_again(float *out, const float *x, const float *y, int T, int C, int OC,
+                            float alpha, float beta) {
+    return gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, T, alpha, y, C, (size_t)T * C, 0, x, OC,
+                (size_t)T * OC, beta, out, C, 1);
 }
 
 /* out (T, OC): every row = bias (then sgemm adds the product with beta = 1, as on the CPU). */
@@ -265,6 +283,6 @@ void rf_cuda_matmul_backward(float *dinp, float *dw, float *dbias, const float *
         return;
     }
     if (dinp && !rf__cuda_gemm_xw(dinp, dout, w, T, C, OC, 1.0f, 0.0f)) return;
-    if (dw && !rf__cuda_gemm_xtw(dw, dout, inp, T, C, OC, 1.0f, 1.0f)) return;
+    if (dw && !(dinp ? rf__cuda_gemm_xtw_again : rf__cuda_gemm_xtw)(dw, dout, inp, T, C, OC, 1.0f, 1.0f)) return;
     if (dbias) rf__cuda_colsum(dbias, dout, NULL, NULL, T, OC); /* column sums of dout */
 }
