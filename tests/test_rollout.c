@@ -23,6 +23,7 @@
 #include "common/util.h"
 #include "model/byte_tokenizer.h"
 #include "model/generate.h"
+#include "rollout/kv_pool.h"
 #include "rollout/rollout.h"
 #include "test_util.h"
 
@@ -184,11 +185,31 @@ static void make_prompts(void) {
     }
 }
 
+/* A model description giving `decode` (whole host rows of logits, drawn by the engine) where
+ * rf_rollout_init's draws on the back end (decode_sample, rf_model_draw). */
+static rf_status host_pool_init(void *ctx, rf_kv_pool *p, int n_blocks, int block_size) {
+    return rf_kv_pool_init(p, ctx, n_blocks, block_size);
+}
+static rf_status host_decode(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n, const int32_t *tokens,
+                             float *logits) {
+    return rf_model_decode_paged(ctx, p, seqs, n, tokens, logits);
+}
+static rf_status host_release(void *ctx, rf_kv_pool *p) {
+    (void)ctx;
+    return rf_kv_pool_release(p);
+}
+static void host_copy(void *ctx, rf_kv_pool *p, int dst, int src, int n_rows) {
+    (void)ctx;
+    rf_kv_pool_copy(p, dst, src, n_rows);
+}
+static rf_rollout_model g_host_mc; /* set by host_rows_draw_alike; used by run_engine when g_use_host */
+static int g_use_host;
+
 /* Submits prompt i with n samples (user base i * n) for each prompt, then runs until idle. */
 static rf_status run_engine(rf_model *m, const rf_rollout_opts *o, const rf_gen_params *p, int n,
                             collector *col, rf_rollout_stats *st) {
     rf_rollout *e;
-    RF_TRY(rf_rollout_init(&e, m, o));
+    RF_TRY(g_use_host ? rf_rollout_init_model(&e, &g_host_mc, o) : rf_rollout_init(&e, m, o));
     rf_rollout_set_callback(e, collect, col);
     rf_status s = RF_OK;
     for (int i = 0; s == RF_OK && i < N_PROMPTS; i++) {
@@ -342,6 +363,30 @@ static void group_split_by_max_running(rf_model *m) {
     CHECK(same_outputs(all.out, part.out, 4 * N_PROMPTS, LOGP_TOL));
     collector_free(&all);
     collector_free(&part);
+}
+
+/* The engine drawing from whole host rows (a model giving `decode`) and from rows left on the
+ * back end (rf_rollout_init: decode_sample, rf_model_draw): the same outputs bit for bit,
+ * sampled, greedy and top-k/top-p, with groups split by max_running (their first tokens drawn
+ * from captured prefix rows). */
+static void host_rows_draw_alike(rf_model *m) {
+    g_host_mc = (rf_rollout_model){.cfg = &m->cfg, .ctx = m, .k = m->k, .kv_heads = m->cfg.num_key_value_heads,
+                                   .pool_init = host_pool_init, .pool_release = host_release, .decode = host_decode,
+                                   .copy = host_copy};
+    static const rf_sampling kinds[3] = {{0, 1.0f, 0, 1.0f}, {1, 1.0f, 0, 1.0f}, {0, 0.8f, 20, 0.9f}};
+    for (int k = 0; k < 3; k++) {
+        rf_gen_params gp = {.sampling = kinds[k], .max_new_tokens = 10, .seed = 31};
+        collector dev = {0}, host = {0};
+        rf_rollout_opts o = {.block_size = 4, .max_running = 3};
+        CHECK_OK(run_engine(m, &o, &gp, 4, &dev, NULL));
+        g_use_host = 1;
+        CHECK_OK(run_engine(m, &o, &gp, 4, &host, NULL));
+        g_use_host = 0;
+        CHECK(dev.delivered == 4 * N_PROMPTS && host.delivered == 4 * N_PROMPTS);
+        CHECK(same_outputs(host.out, dev.out, 4 * N_PROMPTS, 0.0));
+        collector_free(&dev);
+        collector_free(&host);
+    }
 }
 
 /* A pool with room for one long sample only: sequences are preempted and recomputed, and
@@ -633,6 +678,7 @@ int main(void) {
     matches_generate(m, tok);
     group_shares_prompt_blocks(m);
     group_split_by_max_running(m);
+    host_rows_draw_alike(m);
     preemption_keeps_outputs(m);
     pool_sized_from_memory(m);
     cache_release_keeps_outputs(m);

@@ -77,9 +77,7 @@ static __global__ void sample_rows_kernel(int32_t *picks, float *logp, const flo
     for (int j = threadIdx.x; j < V; j += blockDim.x) s += (double)expf((z[j] - m) * d.inv_temp);
     s = rf__block_sum(s, sd);
     double lse = (double)m * d.inv_temp + log(s);
-    if (threadIdx.x == 0) s_pick = V - 1;
-    __syncthreads();
-    if (d.greedy) {
+    if (d.greedy) { /* every path below sets s_pick, once */
         /* the largest logit, lowest id first: per thread, then the block's best value and the
          * lowest id holding it */
         float best = -INFINITY;
