@@ -1,15 +1,21 @@
 /* A colocated GRPO run on the CUDA back end against the same run on the CPU (the first GPU
  * run's end-to-end check, tests/test_split_mock_device.c being the same on the stand-in module):
- * the SFT-warm-started tiny model of tests/run_util.h, 5 steps, products in plain fp32
- * (RLFLOW_CUDA_TF32=0, inherited by the run).
+ * the SFT-warm-started tiny model of tests/run_util.h, 5 steps, in both precisions.
+ * model.precision = "fp32", products in plain fp32 (RLFLOW_CUDA_TF32=0, inherited by the run):
  *  - steps 1 and 2: the same mean reward. Both runs sample from the same seeds; their logits
  *    differ by fp32 rounding (~1e-6 relative), which changes a sampled token only where a
  *    uniform draw falls within ~1e-6 of a boundary of the cumulative distribution: for the
  *    ~700 draws of two steps, a chance of ~1e-3.
- *  - step 1: gradient norms within 1e-3 relative (same samples; cuBLAS against OpenBLAS
+ *  - step 1: gradient norms within 1e-3 relative (same samples; cuBLAS against oneDNN
  *    summation orders through two layers and the loss, as test_model_cuda's 1e-3).
  *  - steps 3 to 5: a finite positive gradient norm and mean rewards within 0.2 (the weights
  *    have moved apart by rounding; samples may differ).
+ * model.precision = "bf16" (`auto`'s choice on CUDA): the back ends round to bf16 at different
+ * places (the CUDA attention's tensor-core products round q, k, v and the probabilities; the
+ * CPU's attention stays fp32), and test_model_cuda holds their gradients to 0.1 of each other,
+ * not 1e-3: the step-1 gradient norms within 5 % (1.6 % measured with the kernels run on the
+ * CPU, tests/cuda_emu), every step's mean reward within 0.2, finite positive norms. Holding
+ * bf16 to fp32's checks failed there (step 2's rewards differ).
  * CMake also runs it on the stand-in module (test_grpo_mock_device), where both runs use the CPU
  * kernels and agree bit for bit.
  * Skips (77) without a CUDA device (rf_cuda_device_count), RF_RLFLOW or mpirun. */
@@ -36,29 +42,34 @@ int main(void) {
     if (start) return start;
     setenv("RLFLOW_CUDA_TF32", "0", 1);
     rf_test_write_recipe(dir, 0, "[async]\npeer_timeout = 60\n");
-    const char *runs[2] = {"grpo_cpu", "grpo_cuda"};
-    const char *extra[2] = {"", "--set model.device=cuda --set placement.device=cuda"};
-    for (int i = 0; i < 2; i++) {
-        char args[512], *out = NULL;
-        /* both at bf16, `auto`'s choice on CUDA (on a CPU without bf16 instructions `auto` is fp32) */
-        snprintf(args, sizeof args, "--set placement.mode=colocated --set train.steps=5 --set model.precision=bf16 "
-                 "--set logging.val_every=0 %s", extra[i]);
-        int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
-        CHECK(rc == 0);
-        if (rc) fprintf(stderr, "%s\n", out ? out : "");
-        free(out);
-    }
-    for (int step = 1; step <= 5; step++) {
-        double ra = rf_test_metric(dir, "grpo_cpu", step, "reward/mean");
-        double rb = rf_test_metric(dir, "grpo_cuda", step, "reward/mean");
-        double ga = rf_test_metric(dir, "grpo_cpu", step, "actor/grad_norm");
-        double gb = rf_test_metric(dir, "grpo_cuda", step, "actor/grad_norm");
-        printf("step %d: reward cpu %.6f cuda %.6f, grad norm cpu %.8f cuda %.8f\n", step, ra, rb,
-               ga, gb);
-        CHECK(isfinite(ga) && isfinite(gb) && ga > 0 && gb > 0);
-        if (step <= 2) CHECK(ra == rb);
-        else CHECK(fabs(ra - rb) <= 0.2);
-        if (step == 1) CHECK(fabs(ga - gb) <= 1e-3 * ga);
+    static const char *precisions[2] = {"fp32", "bf16"};
+    for (int p = 0; p < 2; p++) {
+        const char *prec = precisions[p];
+        char runs[2][32];
+        snprintf(runs[0], sizeof runs[0], "grpo_cpu_%s", prec);
+        snprintf(runs[1], sizeof runs[1], "grpo_cuda_%s", prec);
+        const char *extra[2] = {"", "--set model.device=cuda --set placement.device=cuda"};
+        for (int i = 0; i < 2; i++) {
+            char args[512], *out = NULL;
+            snprintf(args, sizeof args, "--set placement.mode=colocated --set train.steps=5 --set model.precision=%s "
+                     "--set logging.val_every=0 %s", prec, extra[i]);
+            int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
+            CHECK(rc == 0);
+            if (rc) fprintf(stderr, "%s\n", out ? out : "");
+            free(out);
+        }
+        for (int step = 1; step <= 5; step++) {
+            double ra = rf_test_metric(dir, runs[0], step, "reward/mean");
+            double rb = rf_test_metric(dir, runs[1], step, "reward/mean");
+            double ga = rf_test_metric(dir, runs[0], step, "actor/grad_norm");
+            double gb = rf_test_metric(dir, runs[1], step, "actor/grad_norm");
+            printf("%s step %d: reward cpu %.6f cuda %.6f, grad norm cpu %.8f cuda %.8f\n", prec, step, ra,
+                   rb, ga, gb);
+            CHECK(isfinite(ga) && isfinite(gb) && ga > 0 && gb > 0);
+            if (p == 0 && step <= 2) CHECK(ra == rb);
+            else CHECK(fabs(ra - rb) <= 0.2);
+            if (step == 1) CHECK(fabs(ga - gb) <= (p == 0 ? 1e-3 : 5e-2) * ga);
+        }
     }
     rf_test_sh(NULL, "rm -rf %s", dir);
     return rf_test_finish("test_grpo_cuda");

@@ -103,12 +103,14 @@ static double wsum(const double *a, const double *b, size_t n) {
     return s;
 }
 
-/* One CHECK per array: every |got - ref| <= tol (|ref| + rms(ref) + 1e-3); prints the worst.
- * The 1e-3 floor (so an absolute 1e-3 * tol, below 1e-6 for every tolerance used here) covers
- * references that are exactly zero, such as the gradients of attention over a single key,
- * where fp32 leaves ~1e-8 of rounding noise. Inputs are O(1), so it hides no real error. */
+/* One CHECK per array: every |got - ref| <= tol (|ref| + rms(ref) + 1e-2); prints the worst.
+ * The 1e-2 floor (so an absolute 1e-2 * tol, 4e-6 for gradients) covers references that are
+ * exactly zero, such as the gradients of attention over a single key, where fp32 leaves
+ * rounding noise of eps times the 64-term dot products behind them: 4.4e-7 measured (the CUDA
+ * kernels run on the CPU, against the CPU's), more than the 1e-3 floor once allowed. Inputs are
+ * O(1), so it hides no real error. */
 /* How many elements of got are off ref by more than tol, scaled by |ref| + the rms of ref
- * (+ 1e-3); the worst one in *worst, *worst_r. NaN counts as off. */
+ * (+ 1e-2); the worst one in *worst, *worst_r. NaN counts as off. */
 static size_t count_off(const float *got, const double *ref, size_t n, double tol, size_t *worst,
                         double *worst_r) {
     double rms = 0.0;
@@ -117,7 +119,7 @@ static size_t count_off(const float *got, const double *ref, size_t n, double to
     size_t bad = 0;
     *worst = 0, *worst_r = -1.0;
     for (size_t i = 0; i < n; i++) {
-        double r = fabs(got[i] - ref[i]) / (fabs(ref[i]) + rms + 1e-3);
+        double r = fabs(got[i] - ref[i]) / (fabs(ref[i]) + rms + 1e-2);
         if (!(r <= tol)) bad++;
         if (!(r <= *worst_r)) *worst_r = r, *worst = i;
     }
