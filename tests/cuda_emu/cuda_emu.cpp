@@ -12,8 +12,10 @@
  *
  * Settings (environment, read once): RF_EMU_ORDER=forward|reverse (the order threads run between
  * barriers and blocks run in a grid), RF_EMU_SM (compute capability, 90: limits of dynamic
- * shared memory as the hardware's), RF_EMU_GPUS (1), RF_EMU_GPU_MEMORY (bytes, 4 GiB). */
+ * shared memory as the hardware's), RF_EMU_GPUS (8: a device per rank of a data- or tensor-parallel
+ * test), RF_EMU_GPU_MEMORY (bytes, 4 GiB). */
 #include <errno.h>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <stdio.h>
@@ -50,7 +52,7 @@ const settings &cfg(void) {
         const char *n = getenv("RF_EMU_GPUS"), *mem = getenv("RF_EMU_GPU_MEMORY");
         g_set.reverse = o && !strcmp(o, "reverse");
         g_set.sm = sm ? atoi(sm) : 90;
-        g_set.gpus = n ? atoi(n) : 1;
+        g_set.gpus = n ? atoi(n) : 8;
         g_set.memory = mem ? strtoull(mem, NULL, 10) : (size_t)4 << 30;
     });
     return g_set;
@@ -113,7 +115,7 @@ struct block_run {
 };
 
 std::mutex g_launch_lock; /* one launch at a time in the process */
-std::vector<fiber> g_pool;
+std::deque<fiber> g_pool; /* a deque: a suspended fiber keeps a reference to its own */
 block_run *g_run;
 
 void fiber_main(void);
@@ -373,14 +375,18 @@ std::mutex g_mem_lock;
 std::map<uintptr_t, size_t> g_blocks; /* device allocations: start -> bytes */
 size_t g_used;
 
-/* Whether [p, p + bytes) lies in one device allocation. */
-bool on_device(const void *p, size_t bytes) {
+} // namespace
+
+int rf_emu_on_device(const void *p, size_t bytes) {
     std::lock_guard<std::mutex> g(g_mem_lock);
     auto it = g_blocks.upper_bound((uintptr_t)p);
-    if (it == g_blocks.begin()) return false;
+    if (it == g_blocks.begin()) return 0;
     --it;
     return (uintptr_t)p + bytes <= it->first + it->second;
 }
+
+namespace {
+#define on_device rf_emu_on_device
 cudaError_t not_device(const char *call, const void *p, size_t bytes) {
     fprintf(stderr, "cuda emulation: %s given %zu bytes at %p that are not device memory\n", call, bytes, p);
     return fail(cudaErrorInvalidValue);
@@ -464,6 +470,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNotReady: return "device not ready";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     }
     return "unknown error";
@@ -506,6 +513,20 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; } /* everything is done at once */
+struct rf_emu_event {
+    int unused;
+};
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
+    *e = new rf_emu_event();
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device) {
     static rf_emu_pool pools[64];

@@ -21,6 +21,84 @@
 #include <stdint.h>
 #include <string.h>
 
+/* ---- runtime (C and C++: comm/comm_nccl.c includes it too) ---- */
+#ifdef __cplusplus
+extern "C" {
+#endif
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorNotReady = 600,
+    cudaErrorLaunchFailure = 719,
+} cudaError_t;
+typedef struct rf_emu_stream *cudaStream_t;
+typedef struct rf_emu_pool *cudaMemPool_t;
+typedef struct rf_emu_event *cudaEvent_t;
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4
+};
+enum cudaDeviceAttr {
+    cudaDevAttrComputeCapabilityMajor = 75,
+    cudaDevAttrComputeCapabilityMinor = 76,
+    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaMemPoolAttr { cudaMemPoolAttrReleaseThreshold = 4 };
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDisableTiming 0x02
+
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device);
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s);
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                            cudaStream_t s);
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaStreamQuery(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+/* Whether [p, p + bytes) lies in one device allocation (the emulated NCCL checks its buffers). */
+int rf_emu_on_device(const void *p, size_t bytes);
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device);
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value);
+cudaError_t rf_emu_func_set_attribute(const void *fn, enum cudaFuncAttribute attr, int value);
+
+#ifdef __cplusplus
+}
+template <typename T>
+static inline cudaError_t cudaMalloc(T **p, size_t bytes) { return cudaMalloc((void **)p, bytes); }
+template <typename T>
+static inline cudaError_t cudaMallocAsync(T **p, size_t bytes, cudaStream_t s) {
+    return cudaMallocAsync((void **)p, bytes, s);
+}
+template <typename F>
+static inline cudaError_t cudaFuncSetAttribute(F *fn, cudaFuncAttribute attr, int value) {
+    return rf_emu_func_set_attribute((const void *)fn, attr, value);
+}
+#endif
+
+#ifdef __cplusplus
 /* ---- qualifiers ---- */
 #define __global__
 #define __device__
@@ -128,66 +206,6 @@ RF_EMU_MINMAX(float)
 RF_EMU_MINMAX(double)
 #undef RF_EMU_MINMAX
 
-/* ---- runtime ---- */
-typedef enum cudaError {
-    cudaSuccess = 0,
-    cudaErrorInvalidValue = 1,
-    cudaErrorMemoryAllocation = 2,
-    cudaErrorInvalidConfiguration = 9,
-    cudaErrorNoDevice = 100,
-    cudaErrorInvalidDevice = 101,
-    cudaErrorLaunchFailure = 719,
-} cudaError_t;
-typedef struct rf_emu_stream *cudaStream_t;
-typedef struct rf_emu_pool *cudaMemPool_t;
-enum cudaMemcpyKind {
-    cudaMemcpyHostToHost = 0,
-    cudaMemcpyHostToDevice = 1,
-    cudaMemcpyDeviceToHost = 2,
-    cudaMemcpyDeviceToDevice = 3,
-    cudaMemcpyDefault = 4
-};
-enum cudaDeviceAttr {
-    cudaDevAttrComputeCapabilityMajor = 75,
-    cudaDevAttrComputeCapabilityMinor = 76,
-    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
-};
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
-enum cudaMemPoolAttr { cudaMemPoolAttrReleaseThreshold = 4 };
-#define cudaStreamNonBlocking 0x01
-
-const char *cudaGetErrorString(cudaError_t e);
-cudaError_t cudaGetLastError(void);
-cudaError_t cudaGetDeviceCount(int *n);
-cudaError_t cudaSetDevice(int device);
-cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
-cudaError_t cudaMalloc(void **p, size_t bytes);
-cudaError_t cudaFree(void *p);
-template <typename T>
-static inline cudaError_t cudaMalloc(T **p, size_t bytes) { return cudaMalloc((void **)p, bytes); }
-cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s);
-cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
-template <typename T>
-static inline cudaError_t cudaMallocAsync(T **p, size_t bytes, cudaStream_t s) {
-    return cudaMallocAsync((void **)p, bytes, s);
-}
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t s);
-cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s);
-cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
-cudaError_t cudaStreamDestroy(cudaStream_t s);
-cudaError_t cudaStreamSynchronize(cudaStream_t s);
-cudaError_t cudaDeviceSynchronize(void);
-cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device);
-cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void *value);
-cudaError_t rf_emu_func_set_attribute(const void *fn, cudaFuncAttribute attr, int value);
-template <typename F>
-static inline cudaError_t cudaFuncSetAttribute(F *fn, cudaFuncAttribute attr, int value) {
-    return rf_emu_func_set_attribute((const void *)fn, attr, value);
-}
-
 /* ---- launches (what cu_rewrite.c makes of <<<...>>>) ---- */
 void rf_emu_launch_body(const char *name, const void *fn, void (*body)(void *), void *ctx,
                         dim3 grid, dim3 block, size_t smem, cudaStream_t stream);
@@ -198,5 +216,7 @@ static inline void rf_emu_launch(const char *name, const void *fn, L body, dim3 
 }
 /* The running block's dynamic shared memory (extern __shared__). */
 void *rf_emu_dynamic_smem(void);
+
+#endif /* __cplusplus */
 
 #endif
