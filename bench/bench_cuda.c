@@ -5,8 +5,9 @@
  *    accumulation and output), the best of several: the tensor-core roofline;
  *  - copy_bw: GB/s of a 2 GiB device-to-device cudaMemcpyAsync (read + write counted): the
  *    memory roofline of decoding, which streams every weight once per step.
- *  - attention: one layer's attention forward and backward (tiled kernels, or the reference ones
- *    with RLFLOW_CUDA_ATTENTION=reference) against the same layer's seven forward products.
+ *  - attention: one layer's attention forward and backward (the tiled kernels in fp32 arithmetic,
+ *    the default, then bf16 attention, RLFLOW_CUDA_ATTENTION=bf16, on tensor cores; or what
+ *    RLFLOW_CUDA_ATTENTION names) against the same layer's seven forward products.
  * Three model shapes: "25m" (the CPU bench's model), "qwen0.5b" (Qwen2.5-0.5B: C 896, F 4864,
  * 24 layers, 14/2 heads, V 151936) and "7b" (Llama-2-7B: C 4096, F 11008, 32 layers, 32/32
  * heads, V 32000, untied). Weights are random; the model runs at the precision given.
@@ -334,15 +335,27 @@ static void bench_attention(const rf_kernels *k, const char *shape, const rf_mod
         k->to_device(a.cu, cu_h, sizeof(int32_t) * (2 * B + 1));
         /* small values: softmax and its statistics finite whatever the path */
         for (int i = 0; i < 12; i++) k->zero(*bufs[i], sizeof(float) * sizes[i]);
-        double fwd = best_time(k, att_fwd, &a, reps), bwd = best_time(k, att_bwd, &a, reps);
         double mm = best_time(k, layer_matmuls, &a, reps);
+        /* the path RLFLOW_CUDA_ATTENTION chooses; unset, also bf16 attention (=bf16, the
+         * tensor-core kernels at precision bf16) after the default fp32 arithmetic */
         const char *e = getenv("RLFLOW_CUDA_ATTENTION");
-        int flash = !(e && strcmp(e, "reference") == 0) && D <= 128;
-        printf("{\"bench\":\"attention\",\"device\":\"cuda\",\"model\":\"%s\",\"kernels\":\"%s\","
-               "\"sequences\":%d,\"seq_len\":%d,\"fwd_seconds\":%.5f,\"bwd_seconds\":%.5f,"
-               "\"layer_matmul_fwd_seconds\":%.5f,\"fwd_over_matmuls\":%.2f}\n", shape,
-               flash ? "tiled" : "reference", B, L, fwd, bwd, mm, fwd / mm);
-        fflush(stdout);
+        for (int pass = 0; pass < (e ? 1 : 2); pass++) {
+            if (pass) setenv("RLFLOW_CUDA_ATTENTION", "bf16", 1);
+            const char *path = getenv("RLFLOW_CUDA_ATTENTION");
+            int bf16 = path && (strcmp(path, "bf16") == 0 || strcmp(path, "fma") == 0) &&
+                       k->get_precision() == RF_PRECISION_BF16;
+            const char *kernels = (path && strcmp(path, "reference") == 0) || D > 128 ? "reference"
+                                  : !bf16 ? "tiled fp32"
+                                  : strcmp(path, "bf16") == 0 ? "tiled bf16 (tensor cores where they apply)"
+                                  : "tiled bf16 (FMA)";
+            double fwd = best_time(k, att_fwd, &a, reps), bwd = best_time(k, att_bwd, &a, reps);
+            printf("{\"bench\":\"attention\",\"device\":\"cuda\",\"model\":\"%s\",\"kernels\":\"%s\","
+                   "\"sequences\":%d,\"seq_len\":%d,\"fwd_seconds\":%.5f,\"bwd_seconds\":%.5f,"
+                   "\"layer_matmul_fwd_seconds\":%.5f,\"fwd_over_matmuls\":%.2f}\n", shape,
+                   kernels, B, L, fwd, bwd, mm, fwd / mm);
+            fflush(stdout);
+            if (pass) unsetenv("RLFLOW_CUDA_ATTENTION");
+        }
     }
     for (int i = 0; i < 12; i++) k->free(*bufs[i]);
     k->free(a.cu);
@@ -408,7 +421,7 @@ int main(int argc, char **argv) {
     printf("{\"bench\":\"copy_bw\",\"bytes\":%zu,\"gb_per_s\":%.1f}\n", (size_t)2 << 30, g_bw);
     printf("{\"bench\":\"config\",\"precision\":\"%s\",\"tf32\":\"%s\",\"attention\":\"%s\"}\n", prec,
            getenv("RLFLOW_CUDA_TF32") ? getenv("RLFLOW_CUDA_TF32") : "default (on)",
-           getenv("RLFLOW_CUDA_ATTENTION") ? getenv("RLFLOW_CUDA_ATTENTION") : "flash");
+           getenv("RLFLOW_CUDA_ATTENTION") ? getenv("RLFLOW_CUDA_ATTENTION") : "default (fp32 arithmetic)");
     fflush(stdout);
     const char *shapes[3] = {"25m", "qwen0.5b", "7b"};
     for (int i = 0; i < 3; i++)

@@ -10,12 +10,15 @@
  *    summation orders through two layers and the loss, as test_model_cuda's 1e-3).
  *  - steps 3 to 5: a finite positive gradient norm and mean rewards within 0.2 (the weights
  *    have moved apart by rounding; samples may differ).
- * model.precision = "bf16" (`auto`'s choice on CUDA): the back ends round to bf16 at different
- * places (the CUDA attention's tensor-core products round q, k, v and the probabilities; the
- * CPU's attention stays fp32), and test_model_cuda holds their gradients to 0.1 of each other,
- * not 1e-3: the step-1 gradient norms within 5 % (1.6 % measured with the kernels run on the
- * CPU, tests/cuda_emu), every step's mean reward within 0.2, finite positive norms. Holding
- * bf16 to fp32's checks failed there (step 2's rewards differ).
+ * model.precision = "bf16" (`auto`'s choice on CUDA): both back ends round the products'
+ * operands to bf16 and keep attention in fp32 arithmetic, but round in other summation orders
+ * (test_model_cuda holds their gradients to 0.1 of each other): the step-1 gradient norms
+ * within 1 % (2.6e-5 measured with the kernels run on the CPU, tests/cuda_emu), every step's
+ * mean reward within 0.2, finite positive norms.
+ * Both precisions: the CUDA run's mean |behaviour - trainer| log-prob difference at step 1
+ * (actor/logprob_mismatch_mean) under 1e-4: generation and training on CUDA give a token the
+ * same log-prob up to rounding (1.8e-7 measured on the emulation; 1.9e-3 when attention
+ * rounded to bf16, RLFLOW_CUDA_ATTENTION=bf16, docs/cuda.md "Precision").
  * CMake also runs it on the stand-in module (test_grpo_mock_device), where both runs use the CPU
  * kernels and agree bit for bit.
  * Skips (77) without a CUDA device (rf_cuda_device_count), RF_RLFLOW or mpirun. */
@@ -68,7 +71,12 @@ int main(void) {
             CHECK(isfinite(ga) && isfinite(gb) && ga > 0 && gb > 0);
             if (p == 0 && step <= 2) CHECK(ra == rb);
             else CHECK(fabs(ra - rb) <= 0.2);
-            if (step == 1) CHECK(fabs(ga - gb) <= (p == 0 ? 1e-3 : 5e-2) * ga);
+            if (step == 1) CHECK(fabs(ga - gb) <= (p == 0 ? 1e-3 : 1e-2) * ga);
+            if (step == 1) {
+                double mm = rf_test_metric(dir, runs[1], step, "actor/logprob_mismatch_mean");
+                printf("%s step 1: cuda log-prob mismatch mean %.3g\n", prec, mm);
+                CHECK(mm >= 0 && mm < 1e-4);
+            }
         }
     }
     rf_test_sh(NULL, "rm -rf %s", dir);

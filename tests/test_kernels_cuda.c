@@ -19,7 +19,8 @@
  *  4. attention: the tiled kernels (cuda_flash.cu, the default for D <= 128) and the reference
  *     kernels (RLFLOW_CUDA_ATTENTION=reference) against each other, and the tiled kernels
  *     against their CPU mirror kernels/cpu/cpu_flash_ref.c in fp32, in bf16 on the FMA kernels
- *     (RLFLOW_CUDA_ATTENTION=fma) and in bf16 as chosen by default, the tensor-core kernels
+ *     (RLFLOW_CUDA_ATTENTION=fma), at precision bf16 by default (fp32 arithmetic: the fp32
+ *     mirror) and in bf16 attention (=bf16), the tensor-core kernels
  *     (cuda_flash_mma.cu) against the mirror's RF_FLASH_BF16_MMA mode (same roundings:
  *     fp32 rounding only, 2 tol_red(D + L) forward, 2 TOL_GRAD backward; for the tensor-core
  *     kernels every element within 2e-2 / 5e-2 and 95% within the fp32 tolerances, since a
@@ -456,22 +457,27 @@ static void cross_flash(const int *lens, int n_seq, int H, int KVH, int D) {
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D, nl = (size_t)T * H;
     float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f), *dout = fnormal(nq, 1.0f);
     double tf = 2 * tol_red(D + maxlen), tb = 2 * TOL_GRAD;
-    /* fp32; bf16 on the FMA kernels (RLFLOW_CUDA_ATTENTION=fma); bf16 as chosen by default,
-     * which is the tensor-core kernels where they apply (D a multiple of 16; the module is
-     * built for sm_80 and later, RLFLOW_CUDA_ARCHS) */
+    /* fp32 (at precision fp32, and at bf16 by default: attention's arithmetic stays fp32); bf16
+     * on the FMA kernels (RLFLOW_CUDA_ATTENTION=fma); bf16 attention (=bf16), which is the
+     * tensor-core kernels where they apply (D a multiple of 16; the module is built for sm_80
+     * and later, RLFLOW_CUDA_ARCHS) */
     for (int mode = RF_FLASH_FP32; mode <= RF_FLASH_BF16_MMA; mode++) {
-        int bf16 = mode != RF_FLASH_FP32;
-        if (mode == RF_FLASH_BF16_MMA && D % 16) continue; /* the default is the FMA kernel there */
+        if (mode == RF_FLASH_BF16_MMA && D % 16) continue; /* =bf16 is the FMA kernel there */
         /* the tiled code's CPU mirror: out and lse, then gradients from them */
         float *o0 = fnew(nq), *l0 = fnew(nl), *dq0 = fnew(nq), *dk0 = fnew(nk), *dv0 = fnew(nk);
         rf_flash_ref_forward(o0, l0, q, k, v, cu, cu, kl, n_seq, H, KVH, D, mode);
         rf_flash_ref_backward(dq0, dk0, dv0, dout, q, k, v, o0, l0, cu, n_seq, T, H, KVH, D, mode);
         float *o = fnew(nq), *l = fnew(nl), *dq = fconst(nq, 1e3f), *dk = fconst(nk, 1e3f), *dv = fconst(nk, 1e3f);
-        for (int ref = 0; ref <= (bf16 ? 0 : 1); ref++) { /* the reference kernels are fp32 only */
-            const char *path = ref ? "reference" : mode == RF_FLASH_BF16_LOAD ? "fma" : NULL;
+        /* run 0: the tiled kernels; in fp32 mode also run 1, the same at precision bf16 (the
+         * default: fp32 arithmetic), and run 2, the reference kernels (fp32 only) */
+        for (int run = 0; run <= (mode == RF_FLASH_FP32 ? 2 : 0); run++) {
+            int ref = run == 2, bf16 = mode != RF_FLASH_FP32 || run == 1;
+            const char *path = ref ? "reference" : mode == RF_FLASH_BF16_LOAD ? "fma"
+                               : mode == RF_FLASH_BF16_MMA ? "bf16" : NULL;
             gpu_attention(path, bf16, o, l, dq, dk, dv, dout, q, k, v, o0, l0, cu, kl, n_seq, T, H, KVH, D);
             char what[96];
-            const char *name = ref ? "reference kernels" : mode == RF_FLASH_FP32 ? "flash fp32"
+            const char *name = ref ? "reference kernels" : run == 1 ? "flash at precision bf16 (fp32 arithmetic)"
+                               : mode == RF_FLASH_FP32 ? "flash fp32"
                                : mode == RF_FLASH_BF16_LOAD ? "flash bf16 (FMA)" : "flash bf16 (tensor cores)";
             snprintf(what, sizeof what, "%s vs cpu_flash_ref: out", name);
             /* tensor cores: a probability (or ds) 1 fp32 ulp away from the mirror's may round to
@@ -497,9 +503,10 @@ static void cross_flash(const int *lens, int n_seq, int H, int KVH, int D) {
 }
 
 /* The tiled forward over a KV-cache layout (decode rows and a prefill chunk reading keys of
- * other rows, bottom-right causal alignment), the way prefill and generation call it: fp32,
- * bf16 on the FMA kernel, bf16 by default (the tensor-core kernel where D is a multiple of 16),
- * each against the mirror's same mode, tolerances as cross_flash's forward. */
+ * other rows, bottom-right causal alignment), the way prefill and generation call it: fp32 (at
+ * precision fp32 and, the default, at bf16), bf16 on the FMA kernel (RLFLOW_CUDA_ATTENTION=fma),
+ * bf16 attention (=bf16: the tensor-core kernel where D is a multiple of 16), each against the
+ * mirror's same mode, tolerances as cross_flash's forward. */
 static void cross_flash_kvcache(int H, int KVH, int D) {
     static const int32_t q_off[5] = {0, 1, 2, 42, 45};
     static const int32_t k_start[4] = {0, 200, 60, 400}, k_len[4] = {50, 130, 75, 3};
@@ -508,16 +515,19 @@ static void cross_flash_kvcache(int H, int KVH, int D) {
     float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f);
     float *o0 = fnew(nq), *l0 = fnew(nl), *o = fnew(nq), *l = fnew(nl);
     double tf = 2 * tol_red(D + 130);
-    for (int mode = RF_FLASH_FP32; mode <= RF_FLASH_BF16_MMA; mode++) {
+    /* mode -1: the fp32 mirror against the default at precision bf16 */
+    for (int m = -1; m <= RF_FLASH_BF16_MMA; m++) {
+        int mode = m < 0 ? RF_FLASH_FP32 : m;
         if (mode == RF_FLASH_BF16_MMA && D % 16) continue;
         rf_flash_ref_forward(o0, l0, q, k, v, q_off, k_start, k_len, n_seq, H, KVH, D, mode);
         if (mode == RF_FLASH_BF16_LOAD) setenv("RLFLOW_CUDA_ATTENTION", "fma", 1);
-        CHECK_OK(g_gpu->set_precision(mode ? RF_PRECISION_BF16 : RF_PRECISION_FP32));
+        if (mode == RF_FLASH_BF16_MMA) setenv("RLFLOW_CUDA_ATTENTION", "bf16", 1);
+        CHECK_OK(g_gpu->set_precision(m ? RF_PRECISION_BF16 : RF_PRECISION_FP32));
         run_attention_forward(g_gpu, o, l, q, k, v, q_off, k_start, k_len, n_seq, rows, H, KVH, D);
         CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
         unsetenv("RLFLOW_CUDA_ATTENTION");
-        const char *name = mode == RF_FLASH_FP32 ? "flash fp32" : mode == RF_FLASH_BF16_LOAD
-                           ? "flash bf16 (FMA)" : "flash bf16 (tensor cores)";
+        const char *name = m < 0 ? "flash at precision bf16 (fp32 arithmetic)" : mode == RF_FLASH_FP32 ? "flash fp32"
+                           : mode == RF_FLASH_BF16_LOAD ? "flash bf16 (FMA)" : "flash bf16 (tensor cores)";
         char what[96];
         snprintf(what, sizeof what, "%s, KV cache, vs cpu_flash_ref: out", name);
         check_arr_f(what, o, o0, nq, mode == RF_FLASH_BF16_MMA ? 2e-2 : tf);

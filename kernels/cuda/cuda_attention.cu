@@ -83,6 +83,12 @@ static int attention_shapes_ok(const char *op, int H, int KVH, int D) {
     return rf__cuda_fail(op, detail, __FILE__, __LINE__);
 }
 
+int rf__cuda_attention_bf16(void) {
+    if (rf__cuda.precision != RF_PRECISION_BF16) return 0;
+    const char *e = getenv("RLFLOW_CUDA_ATTENTION");
+    return e && (strcmp(e, "bf16") == 0 || strcmp(e, "fma") == 0);
+}
+
 int rf__cuda_attention_flash(int n_seq, int H, int KVH, int D) {
     const char *e = getenv("RLFLOW_CUDA_ATTENTION");
     if (e && strcmp(e, "reference") == 0) return 0;

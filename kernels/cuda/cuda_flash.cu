@@ -17,11 +17,13 @@
  * broadcast with __shfl_sync into the accumulations. Every output row is written by one warp:
  * no atomics, deterministic.
  *
- * Precision: at bf16 (set_precision) q, k, v and dout are rounded to bf16 as they are loaded
- * (__float2bfloat16_rn); scores, softmax statistics (m, l, lse, Di) and accumulators are fp32.
- * The products here run on CUDA cores (FMA). At bf16 the forward and the backward go to the
- * tensor-core kernels of cuda_flash_mma.cu where they can (head dims multiple of 16, sm_80+;
- * docs/cuda.md). */
+ * Precision: fp32 arithmetic at every precision by default (as on the CPU and in decoding's
+ * paged kernels: the same log-probs from generation and training). Where attention rounds to
+ * bf16 (rf__cuda_attention_bf16: RLFLOW_CUDA_ATTENTION=bf16 or fma at precision bf16), q, k, v
+ * and dout are rounded to bf16 as they are loaded (__float2bfloat16_rn); scores, softmax
+ * statistics (m, l, lse, Di) and accumulators stay fp32. The products here run on CUDA cores
+ * (FMA); under =bf16 the forward and the backward go to the tensor-core kernels of
+ * cuda_flash_mma.cu where they can (head dims multiple of 16, sm_80+; docs/cuda.md). */
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdio.h>
@@ -143,7 +145,7 @@ int rf__cuda_flash_supported(int n_seq, int H, int KVH, int D) {
 void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float *k,
                             const float *v, const int32_t *q_off, const int32_t *k_start,
                             const int32_t *k_len, int n_seq, int H, int KVH, int D) {
-    int bf16 = rf__cuda.precision == RF_PRECISION_BF16;
+    int bf16 = rf__cuda_attention_bf16();
     if (bf16 && rf__cuda_flash_mma_supported(D, 0)) { /* tensor cores: cuda_flash_mma.cu */
         rf__cuda_flash_forward_mma(out, lse, q, k, v, q_off, k_start, k_len, n_seq, H, KVH, D);
         return;
@@ -343,7 +345,7 @@ static void launch_backward(float *dq, float *dk, float *dv, const float *dout, 
 void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                              const float *k, const float *v, const float *out, const float *lse,
                              const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D) {
-    int bf16 = rf__cuda.precision == RF_PRECISION_BF16;
+    int bf16 = rf__cuda_attention_bf16();
     cudaStream_t st = rf__cuda.stream;
     size_t q_rows = (size_t)T * H, kv_bytes = sizeof(float) * (size_t)T * KVH * D;
     /* rows past cu_seqlens[n_seq] (no sequence) read as zero gradients, as on the CPU */

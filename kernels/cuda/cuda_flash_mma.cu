@@ -1,9 +1,10 @@
 /* The tiled attention forward on tensor cores, at precision bf16: FlashAttention-2's forward
  * (Dao 2023, Algorithm 1) with its two products per key tile, S = Q K^T and O += P V, as
  * bf16 x bf16 -> fp32 warp matrix operations (CUDA's WMMA API, 16 x 16 x 16 tiles, sm_80 and
- * later), for head dims that are multiples of 16 up to RF_FLASH_MAX_D. cuda_flash.cu's FMA
- * kernels stay the path for other head dims, for fp32, for the backward, for GPUs before sm_80,
- * and under RLFLOW_CUDA_ATTENTION=fma; tests/test_kernels_cuda.c checks this kernel against the
+ * later), for head dims that are multiples of 16 up to RF_FLASH_MAX_D, taken only under
+ * RLFLOW_CUDA_ATTENTION=bf16 (rf__cuda_attention_bf16: by default attention is fp32 arithmetic
+ * at every precision). cuda_flash.cu's FMA kernels stay the path for other head dims, for fp32,
+ * for GPUs before sm_80 and where the tiles do not fit; tests/test_kernels_cuda.c checks this kernel against the
  * CPU mirror kernels/cpu/cpu_flash_ref.c in its RF_FLASH_BF16_MMA mode and against the FMA one.
  *
  * Work split. A block of 4 warps owns a tile of 64 query rows of one (sequence, head), each warp
@@ -273,7 +274,7 @@ static size_t smem_optin(void) {
 
 int rf__cuda_flash_mma_supported(int D, int backward) {
     const char *e = getenv("RLFLOW_CUDA_ATTENTION");
-    if (e && strcmp(e, "fma") == 0) return 0;
+    if (!e || strcmp(e, "bf16") != 0) return 0; /* opt-in: rf__cuda_attention_bf16 */
     if (D % 16 != 0 || D > RF_FLASH_MAX_D || device_major() < 8) return 0;
     /* where the tiles do not fit (the backward at D >= 96 on a 99 KB device), the FMA kernels */
     return (backward ? tb_layout_of(D).bytes : tc_layout_of(D).bytes) <= smem_optin();

@@ -13,7 +13,8 @@
  * Settings (environment, read once): RF_EMU_ORDER=forward|reverse (the order threads run between
  * barriers and blocks run in a grid), RF_EMU_SM (compute capability, 90: limits of dynamic
  * shared memory as the hardware's), RF_EMU_GPUS (8: a device per rank of a data- or tensor-parallel
- * test), RF_EMU_GPU_MEMORY (bytes, 4 GiB). */
+ * test), RF_EMU_GPU_MEMORY (bytes, 4 GiB); RF_MOCK_GPUS, RF_MOCK_GPU_MEMORY and RF_MOCK_GPU_STRICT
+ * of the stand-in module where those are not set. */
 #include <errno.h>
 #include <deque>
 #include <map>
@@ -41,7 +42,7 @@ dim3 blockDim, gridDim;
 /* ---- settings ---- */
 namespace {
 struct settings {
-    int reverse, sm, gpus;
+    int reverse, sm, gpus, strict;
     size_t memory;
 };
 settings g_set;
@@ -50,6 +51,11 @@ const settings &cfg(void) {
     std::call_once(g_set_once, [] {
         const char *o = getenv("RF_EMU_ORDER"), *sm = getenv("RF_EMU_SM");
         const char *n = getenv("RF_EMU_GPUS"), *mem = getenv("RF_EMU_GPU_MEMORY");
+        /* the stand-in module's settings, where a test sets those (tests/mock_cuda_module.c):
+         * there a device's memory bounds allocations only under RF_MOCK_GPU_STRICT */
+        g_set.strict = 1;
+        if (!n) n = getenv("RF_MOCK_GPUS");
+        if (!mem && (mem = getenv("RF_MOCK_GPU_MEMORY"))) g_set.strict = getenv("RF_MOCK_GPU_STRICT") != NULL;
         g_set.reverse = o && !strcmp(o, "reverse");
         g_set.sm = sm ? atoi(sm) : 90;
         g_set.gpus = n ? atoi(n) : 8;
@@ -398,7 +404,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     size_t n = bytes ? bytes : 1;
     {
         std::lock_guard<std::mutex> g(g_mem_lock);
-        if (g_used + n > cfg().memory) return fail(cudaErrorMemoryAllocation);
+        if (cfg().strict && g_used + n > cfg().memory) return fail(cudaErrorMemoryAllocation);
         g_used += n;
     }
     void *m = NULL;
@@ -457,7 +463,7 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t) {
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     std::lock_guard<std::mutex> g(g_mem_lock);
     *total_bytes = cfg().memory;
-    *free_bytes = cfg().memory - g_used;
+    *free_bytes = g_used < cfg().memory ? cfg().memory - g_used : 0;
     return cudaSuccess;
 }
 
