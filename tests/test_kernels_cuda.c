@@ -437,6 +437,17 @@ static void check_mostly(const char *what, const float *got, const float *want, 
     CHECK(bad <= max_frac * n);
 }
 
+/* Whether got is within tol_all of want everywhere and within tol of it for all but a fraction
+ * max_frac (check_arr_f and check_mostly's criteria together), without reporting. */
+static int close_mostly(const float *got, const float *want, size_t n, double tol_all, double tol,
+                        double max_frac) {
+    double *w = dcopy(want, n), worst_r;
+    size_t worst, bad_all = count_off(got, w, n, tol_all, &worst, &worst_r);
+    size_t bad = count_off(got, w, n, tol, &worst, &worst_r);
+    free(w);
+    return bad_all == 0 && bad <= max_frac * n;
+}
+
 /* One path of the GPU's attention (reference kernels or tiled) at one precision. */
 static void gpu_attention(const char *path, int bf16, float *o, float *l, float *dq, float *dk,
                           float *dv, const float *dout, const float *q, const float *k,
@@ -491,6 +502,25 @@ static void cross_flash(const int *lens, int n_seq, int H, int KVH, int D) {
             check_arr_f(what, l, l0, nl, tf);
             const float *got[3] = {dq, dk, dv}, *want[3] = {dq0, dk0, dv0};
             static const char *const gname[3] = {"dq", "dk", "dv"};
+            if (mma) {
+                /* The tensor-core backward runs where the device's shared memory holds its
+                 * tiles (at D >= 96 more than sm_86/89's 99 KB); elsewhere the back end takes the
+                 * FMA backward with the same bf16 loads: then the gradients must be that mode's
+                 * (fp32 tolerance), checked against the mirror run in it. */
+                int tc = 1;
+                for (int g = 0; g < 3; g++) tc = tc && close_mostly(got[g], want[g], g ? nk : nq, 5e-2, tb, 0.05);
+                if (!tc) {
+                    rf_flash_ref_backward(dq0, dk0, dv0, dout, q, k, v, o0, l0, cu, n_seq, T, H, KVH, D,
+                                          RF_FLASH_BF16_LOAD);
+                    printf("bf16 attention backward at D = %d (%d heads, %d KV): not the tensor-core "
+                           "kernel's results; checked as the FMA kernel's\n", D, H, KVH);
+                    for (int g = 0; g < 3; g++) {
+                        snprintf(what, sizeof what, "%s vs cpu_flash_ref: %s (FMA backward)", name, gname[g]);
+                        check_arr_f(what, got[g], want[g], g ? nk : nq, tb);
+                    }
+                    continue;
+                }
+            }
             for (int g = 0; g < 3; g++) {
                 snprintf(what, sizeof what, "%s vs cpu_flash_ref: %s", name, gname[g]);
                 check_arr_f(what, got[g], want[g], g ? nk : nq, mma ? 5e-2 : tb);
