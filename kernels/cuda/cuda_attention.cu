@@ -84,9 +84,9 @@ static int attention_shapes_ok(const char *op, int H, int KVH, int D) {
 }
 
 int rf__cuda_attention_bf16(void) {
-    if (rf__cuda.precision != RF_PRECISION_BF16) return 0;
     const char *e = getenv("RLFLOW_CUDA_ATTENTION");
-    return e && (strcmp(e, "bf16") == 0 || strcmp(e, "fma") == 0);
+    if (rf__cuda.precision != RF_PRECISION_BF16 || !e) return RF_ATT_FP32;
+    return strcmp(e, "bf16") == 0 ? RF_ATT_BF16_TC : strcmp(e, "fma") == 0 ? RF_ATT_BF16_FMA : RF_ATT_FP32;
 }
 
 int rf__cuda_attention_flash(int n_seq, int H, int KVH, int D) {

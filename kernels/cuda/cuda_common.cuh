@@ -219,12 +219,13 @@ static inline int rf__flash_backward_gx(int T, int tile) {
  * not "reference", read at each call so a test can compare both paths in one process). */
 int rf__cuda_flash_supported(int n_seq, int H, int KVH, int D);
 int rf__cuda_attention_flash(int n_seq, int H, int KVH, int D);
-/* Whether attention rounds to bf16 (cuda_attention.cu): at precision bf16 under
- * RLFLOW_CUDA_ATTENTION=bf16 (the tensor-core kernels where they apply, the FMA kernels with q,
- * k, v and dout rounded as loaded elsewhere) or =fma (the FMA kernels so rounded). Otherwise,
- * the default, attention runs in fp32 arithmetic at every precision, as on the CPU and as
- * decoding's paged kernels do, so that generation, scoring and training give a token the same
- * log-prob (docs/cuda.md, "Precision"). Read at each call. */
+/* How attention rounds (cuda_attention.cu), read at each call: RF_ATT_FP32 by default, fp32
+ * arithmetic at every precision, as on the CPU and as decoding's paged kernels do, so that
+ * generation, scoring and training give a token the same log-prob (docs/cuda.md, "Precision");
+ * at precision bf16, RF_ATT_BF16_FMA under RLFLOW_CUDA_ATTENTION=fma (the FMA kernels with q, k,
+ * v and dout rounded as loaded) and RF_ATT_BF16_TC under =bf16 (the tensor-core kernels where
+ * rf__cuda_flash_mma_supported, the FMA ones so rounded elsewhere). */
+enum { RF_ATT_FP32 = 0, RF_ATT_BF16_FMA = 1, RF_ATT_BF16_TC = 2 };
 int rf__cuda_attention_bf16(void);
 void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float *k,
                             const float *v, const int32_t *q_off, const int32_t *k_start,
@@ -233,8 +234,9 @@ void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout,
                              const float *k, const float *v, const float *out, const float *lse,
                              const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D);
 /* cuda_flash_mma.cu: the tensor-core forward and backward at bf16 (head dims multiple of 16,
- * sm_80+, under RLFLOW_CUDA_ATTENTION=bf16 only), which rf__cuda_flash_forward / _backward take
- * when they can; the backward's di (T, H) = dout . out, made by the caller. */
+ * sm_80+, tiles that fit the device's shared memory: rf__cuda_flash_mma_supported), which
+ * rf__cuda_flash_forward / _backward take under RF_ATT_BF16_TC; the backward's di (T, H) =
+ * dout . out, made by the caller. */
 int rf__cuda_flash_mma_supported(int D, int backward);
 void rf__cuda_flash_forward_mma(float *out, float *lse, const float *q, const float *k,
                                 const float *v, const int32_t *q_off, const int32_t *k_start,

@@ -145,8 +145,8 @@ int rf__cuda_flash_supported(int n_seq, int H, int KVH, int D) {
 void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float *k,
                             const float *v, const int32_t *q_off, const int32_t *k_start,
                             const int32_t *k_len, int n_seq, int H, int KVH, int D) {
-    int bf16 = rf__cuda_attention_bf16();
-    if (bf16 && rf__cuda_flash_mma_supported(D, 0)) { /* tensor cores: cuda_flash_mma.cu */
+    int att = rf__cuda_attention_bf16(), bf16 = att != RF_ATT_FP32;
+    if (att == RF_ATT_BF16_TC && rf__cuda_flash_mma_supported(D, 0)) { /* tensor cores: cuda_flash_mma.cu */
         rf__cuda_flash_forward_mma(out, lse, q, k, v, q_off, k_start, k_len, n_seq, H, KVH, D);
         return;
     }
@@ -345,7 +345,7 @@ static void launch_backward(float *dq, float *dk, float *dv, const float *dout, 
 void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                              const float *k, const float *v, const float *out, const float *lse,
                              const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D) {
-    int bf16 = rf__cuda_attention_bf16();
+    int att = rf__cuda_attention_bf16(), bf16 = att != RF_ATT_FP32;
     cudaStream_t st = rf__cuda.stream;
     size_t q_rows = (size_t)T * H, kv_bytes = sizeof(float) * (size_t)T * KVH * D;
     /* rows past cu_seqlens[n_seq] (no sequence) read as zero gradients, as on the CPU */
@@ -358,7 +358,7 @@ void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout,
     flash_di_kernel<<<blocks > RF_CUDA_MAX_GRID ? RF_CUDA_MAX_GRID : (unsigned)blocks, FTHREADS, 0,
                       st>>>(di, dout, out, cu_seqlens, n_seq, H, D, bf16);
     if (RF_CUDA_LAUNCH_CHECK()) {
-        if (bf16 && rf__cuda_flash_mma_supported(D, 1)) /* tensor cores: cuda_flash_mma.cu */
+        if (att == RF_ATT_BF16_TC && rf__cuda_flash_mma_supported(D, 1)) /* tensor cores: cuda_flash_mma.cu */
             rf__cuda_flash_backward_mma(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T,
                                         H, KVH, D);
         else if (D <= 64)

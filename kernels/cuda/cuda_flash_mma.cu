@@ -273,8 +273,6 @@ static size_t smem_optin(void) {
 }
 
 int rf__cuda_flash_mma_supported(int D, int backward) {
-    const char *e = getenv("RLFLOW_CUDA_ATTENTION");
-    if (!e || strcmp(e, "bf16") != 0) return 0; /* opt-in: rf__cuda_attention_bf16 */
     if (D % 16 != 0 || D > RF_FLASH_MAX_D || device_major() < 8) return 0;
     /* where the tiles do not fit (the backward at D >= 96 on a 99 KB device), the FMA kernels */
     return (backward ? tb_layout_of(D).bytes : tc_layout_of(D).bytes) <= smem_optin();

@@ -392,7 +392,6 @@ int rf_emu_on_device(const void *p, size_t bytes) {
 }
 
 namespace {
-#define on_device rf_emu_on_device
 cudaError_t not_device(const char *call, const void *p, size_t bytes) {
     fprintf(stderr, "cuda emulation: %s given %zu bytes at %p that are not device memory\n", call, bytes, p);
     return fail(cudaErrorInvalidValue);
@@ -442,11 +441,11 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
     if (!bytes) return cudaSuccess;
     bool dd = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost;
     bool sd = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost;
-    if (!dd && !on_device(dst, bytes)) return not_device("cudaMemcpy's destination", dst, bytes);
-    if (!sd && !on_device(src, bytes)) return not_device("cudaMemcpy's source", src, bytes);
-    if (kind == cudaMemcpyHostToDevice && on_device(src, bytes))
+    if (!dd && !rf_emu_on_device(dst, bytes)) return not_device("cudaMemcpy's destination", dst, bytes);
+    if (!sd && !rf_emu_on_device(src, bytes)) return not_device("cudaMemcpy's source", src, bytes);
+    if (kind == cudaMemcpyHostToDevice && rf_emu_on_device(src, bytes))
         return not_device("cudaMemcpy (host to device) from device memory:", src, bytes);
-    if (kind == cudaMemcpyDeviceToHost && on_device(dst, bytes))
+    if (kind == cudaMemcpyDeviceToHost && rf_emu_on_device(dst, bytes))
         return not_device("cudaMemcpy (device to host) into device memory:", dst, bytes);
     memmove(dst, src, bytes);
     return cudaSuccess;
@@ -456,7 +455,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
 }
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t) {
     if (!bytes) return cudaSuccess;
-    if (!on_device(p, bytes)) return not_device("cudaMemsetAsync", p, bytes);
+    if (!rf_emu_on_device(p, bytes)) return not_device("cudaMemsetAsync", p, bytes);
     memset(p, value, bytes);
     return cudaSuccess;
 }
@@ -609,7 +608,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     size_t asz = ta ? (size_t)(m - 1) * lda + k : (size_t)(k - 1) * lda + m;
     size_t bsz = tb ? (size_t)(k - 1) * ldb + n : (size_t)(n - 1) * ldb + k;
     size_t esz = at == CUDA_R_16BF ? 2 : 4, fsz = bt == CUDA_R_16BF ? 2 : 4;
-    if ((k && (!on_device(A, asz * esz) || !on_device(B, bsz * fsz))) || !on_device(C, ((size_t)(n - 1) * ldc + m) * 4)) {
+    if ((k && (!rf_emu_on_device(A, asz * esz) || !rf_emu_on_device(B, bsz * fsz))) || !rf_emu_on_device(C, ((size_t)(n - 1) * ldc + m) * 4)) {
         fprintf(stderr, "cuda emulation: cublasGemmEx given an operand outside device memory\n");
         return CUBLAS_STATUS_INVALID_VALUE;
     }
