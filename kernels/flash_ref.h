@@ -2,7 +2,9 @@
  * Parallelism and Work Partitioning", Algorithms 1 and 2) written as plain C: the CPU mirror of
  * the CUDA back end's tiled attention kernels (kernels/cuda/cuda_flash.cu), with the same tile
  * sizes, the same order of tiles, the same online-softmax updates and the same split of the
- * backward into a dk/dv pass over key tiles and a dq pass over query tiles (no atomics). It
+ * backward into a dk/dv pass over key tiles and a dq pass over query tiles (no atomics); its
+ * forward tiles hold one head's queries where the CUDA kernel's hold a GQA group's (a row's
+ * arithmetic does not depend on its tile's other rows). It
  * exists so that the algorithm itself is tested on every machine (tests/test_flash_ref.c,
  * against kernels/cpu/cpu_attention.c); the CUDA kernels are tested against it and against
  * the reference CUDA kernels on a GPU (tests/test_kernels_cuda.c).
@@ -82,14 +84,25 @@ void rf_flash_ref_backward(float *dq, float *dk, float *dv, const float *dout, c
                            const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D,
                            int bf16);
 
-/* paged_attention_forward (kernels.h) as the CUDA back end computes it: rows of one-query
- * sequences by split-K as above, rows of longer query chunks (prefill) by the unsplit online
- * softmax, one key at a time. fp32. D <= RF_FLASH_MAX_D (its partials are sized by it; the
- * CUDA kernels take up to 256): larger head dims abort. */
+/* paged_attention_forward (kernels.h) as the CUDA back end computes it under
+ * RLFLOW_CUDA_DECODE=split: rows of one-query sequences by split-K as above, rows of longer
+ * query chunks (prefill) by the unsplit online softmax, one key at a time. fp32.
+ * D <= RF_FLASH_MAX_D (its partials are sized by it; the CUDA kernels take up to 256): larger
+ * head dims abort. */
 void rf_flash_ref_paged_decode(float *out, const float *q, const float *k_pool, const float *v_pool,
                                const int32_t *q_off, const int32_t *block_table, int max_blocks,
                                const int32_t *k_len, int n_seq, int block_size, int H, int KVH,
                                int D);
+
+/* paged_attention_forward (kernels.h) as the CUDA back end computes it by default: every row,
+ * one-query or a prefill chunk's, by the tiled forward above over the sequence's keys read
+ * through its block table (so each row gets the bits rf_flash_ref_forward gives it on the same
+ * keys laid out contiguously). `bf16` as rf_flash_ref_forward's; D <= RF_FLASH_MAX_D. */
+void rf_flash_ref_paged_forward(float *out, const float *q, const float *k_pool,
+                                const float *v_pool, const int32_t *q_off,
+                                const int32_t *block_table, int max_blocks,
+                                const int32_t *k_len, int n_seq, int block_size, int H, int KVH,
+                                int D, int bf16);
 
 #ifdef __cplusplus
 }

@@ -1385,6 +1385,62 @@ static inline int packed_lens(const int *lens, int n_seq, int32_t *cu, int32_t *
     }
     return maxlen;
 }
+
+/* The paged view of packed sequences (training layout cu, n_seq <= 16; k, v (T, KVH, D), q (T,
+ * H, D)) that a generation engine would hold: each sequence's key rows scattered into a pool of
+ * blocks of `bs` rows through a shuffled block table (`maxb` blocks a sequence), and as queries
+ * the last chunk[s] rows of each sequence (1: a decoding step; more: a prefill chunk), so that
+ * paged query row i sees exactly the keys training row src[i] sees. */
+typedef struct {
+    float *kp, *vp, *q;   /* pool (n_seq maxb bs, KVH, D) x2, queries (q_off[n_seq], H, D) */
+    int32_t *bt, *src;    /* block table (n_seq, maxb); training row of each query row */
+    int32_t q_off[17];
+    size_t pool_rows;
+} paged_view;
+
+static paged_view paged_view_make(const float *q, const float *k, const float *v,
+                                  const int32_t *cu, const int *chunk, int n_seq, int maxb,
+                                  int bs, int H, int KVH, int D) {
+    paged_view pv;
+    int n_blocks = n_seq * maxb;
+    size_t kr = (size_t)KVH * D, qr = (size_t)H * D;
+    pv.pool_rows = (size_t)n_blocks * bs;
+    pv.kp = fconst(pv.pool_rows * kr, 0.0f), pv.vp = fconst(pv.pool_rows * kr, 0.0f);
+    pv.bt = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    for (int b = 0; b < n_blocks; b++) pv.bt[b] = (int32_t)(((size_t)b * 389 + 11) % (size_t)n_blocks);
+    pv.q_off[0] = 0;
+    for (int s = 0; s < n_seq; s++) pv.q_off[s + 1] = pv.q_off[s] + chunk[s];
+    pv.q = fnew((size_t)pv.q_off[n_seq] * qr);
+    pv.src = malloc(sizeof(int32_t) * (size_t)pv.q_off[n_seq]);
+    for (int s = 0; s < n_seq; s++) {
+        int len = cu[s + 1] - cu[s];
+        for (int j = 0; j < len; j++) {
+            size_t slot = (size_t)pv.bt[s * maxb + j / bs] * bs + j % bs;
+            memcpy(pv.kp + slot * kr, k + (size_t)(cu[s] + j) * kr, sizeof(float) * kr);
+            memcpy(pv.vp + slot * kr, v + (size_t)(cu[s] + j) * kr, sizeof(float) * kr);
+        }
+        for (int i = 0; i < chunk[s]; i++) {
+            int t = pv.q_off[s] + i;
+            pv.src[t] = cu[s] + len - chunk[s] + i;
+            memcpy(pv.q + (size_t)t * qr, q + (size_t)pv.src[t] * qr, sizeof(float) * qr);
+        }
+    }
+    return pv;
+}
+
+static void paged_view_free(paged_view *pv) {
+    free(pv->kp), free(pv->vp), free(pv->q), free(pv->bt), free(pv->src);
+}
+
+/* Rows of `paged` (the view's query rows) that differ in any bit from the training rows they
+ * copy, in `train` (T, H, D). */
+static size_t paged_rows_differing(const paged_view *pv, int n_seq, const float *paged,
+                                   const float *train, int H, int D) {
+    size_t bad = 0, qr = (size_t)H * D;
+    for (int t = 0; t < pv->q_off[n_seq]; t++)
+        bad += memcmp(paged + (size_t)t * qr, train + (size_t)pv->src[t] * qr, sizeof(float) * qr) != 0;
+    return bad;
+}
 #endif
 
 #ifndef RF_TEST_KERNELS_NO_MAIN

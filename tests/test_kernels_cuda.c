@@ -25,7 +25,10 @@
  *     fp32 rounding only, 2 tol_red(D + L) forward, 2 TOL_GRAD backward; for the tensor-core
  *     kernels every element within 2e-2 / 5e-2 and 95% within the fp32 tolerances, since a
  *     bf16 rounding of p or ds may land on the neighbouring value); the split-K
- *     paged decoding against its CPU mirror, and the unsplit paged kernel against the CPU. */
+ *     paged decoding (RLFLOW_CUDA_DECODE=split) against its CPU mirror, and the unsplit paged
+ *     kernel against the CPU;
+ *  5. paged attention (generation's) against attention_forward (training's) bit for bit, row by
+ *     row, in every mode with a paged twin (cross_paged_tiled). */
 #define RF_TEST_KERNELS_NO_MAIN
 /* One suite, written once against `const rf_kernels *`, shared with the CPU test. */
 #include "test_kernels.c"
@@ -571,8 +574,69 @@ static void cross_flash_kvcache(int H, int KVH, int D) {
     free(q), free(k), free(v), free(o0), free(l0), free(o), free(l);
 }
 
-/* Paged decoding: the split-K kernels (one-query rows) and the unsplit kernel (a prefill chunk)
- * against their CPU mirror rf_flash_ref_paged_decode (same split and order: fp32 rounding only),
+/* Generation's attention and training's agree bit for bit: paged_attention_forward on the
+ * paged view of packed sequences (decoding steps and prefill chunks of 4 and 40 queries, contexts
+ * of 1 to 130 keys, shuffled block tables; test_flash_ref takes the mirror to 1500) against
+ * attention_forward in the training layout, row by row, in every mode whose training attention has a paged twin: the tiled kernels at
+ * precision fp32 and at bf16 (fp32 arithmetic), bf16 loads on the FMA kernels
+ * (RLFLOW_CUDA_ATTENTION=fma), the reference kernels (=reference, and head dims past
+ * RF_FLASH_MAX_D). The tensor-core forward (=bf16) has none (decoding rounds as the FMA kernels):
+ * checked against the FMA mirror within bf16's probability rounding (2e-2, as cross_flash).
+ * Also the default against its CPU mirror rf_flash_ref_paged_forward, 2 tol_red(D + 130). */
+static void cross_paged_tiled(int H, int KVH, int D) {
+    enum { NS = 7, BS = 16, MAXB = 96 };
+    static const int lens[NS] = {1, 5, 33, 64, 65, 130, 97}, chunk[NS] = {1, 1, 1, 4, 1, 40, 1};
+    static const char *const att[5] = {NULL, NULL, "fma", "reference", "bf16"};
+    int32_t cu[NS + 1], kl[NS];
+    packed_lens(lens, NS, cu, kl);
+    int T = cu[NS];
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D, nl = (size_t)T * H;
+    float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f);
+    float *train = fnew(nq), *lse = fnew(nl);
+    paged_view pv = paged_view_make(q, k, v, cu, chunk, NS, MAXB, BS, H, KVH, D);
+    size_t np = (size_t)pv.q_off[NS] * H * D, npool = pv.pool_rows * KVH * D;
+    float *o = fnew(np), *o0 = fnew(np);
+    float *d_kp = put(g_gpu, pv.kp, FB(npool)), *d_vp = put(g_gpu, pv.vp, FB(npool));
+    float *d_q = put(g_gpu, pv.q, FB(np)), *d_o = put(g_gpu, o, FB(np));
+    int32_t *d_qo = put(g_gpu, pv.q_off, IB(NS + 1)), *d_bt = put(g_gpu, pv.bt, IB(NS * MAXB));
+    int32_t *d_kl = put(g_gpu, kl, IB(NS));
+    for (int m = 0; m < 5; m++) {
+        int bf16 = m == 1 || m == 2 || m == 4, tc = m == 4;
+        if (D > RF_FLASH_MAX_D && m != 0) continue; /* the reference kernels in every mode */
+        if (tc && D % 16) continue;
+        if (att[m]) setenv("RLFLOW_CUDA_ATTENTION", att[m], 1);
+        CHECK_OK(g_gpu->set_precision(bf16 ? RF_PRECISION_BF16 : RF_PRECISION_FP32));
+        run_attention_forward(g_gpu, train, lse, q, k, v, cu, cu, kl, NS, T, H, KVH, D);
+        g_gpu->paged_attention_forward(d_o, d_q, d_kp, d_vp, d_qo, d_bt, MAXB, d_kl, NS, BS, H, KVH, D);
+        g_gpu->to_host(o, d_o, FB(np));
+        CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
+        unsetenv("RLFLOW_CUDA_ATTENTION");
+        char what[128];
+        snprintf(what, sizeof what, "paged attention vs training's, D=%d, precision %s%s%s", D,
+                 bf16 ? "bf16" : "fp32", att[m] ? ", RLFLOW_CUDA_ATTENTION=" : "", att[m] ? att[m] : "");
+        if (tc) {
+            rf_flash_ref_paged_forward(o0, pv.q, pv.kp, pv.vp, pv.q_off, pv.bt, MAXB, kl, NS, BS,
+                                       H, KVH, D, RF_FLASH_BF16_LOAD);
+            check_arr_f(what, o, o0, np, 2e-2);
+            continue;
+        }
+        size_t bad = paged_rows_differing(&pv, NS, o, train, H, D);
+        if (bad) printf("%s: %zu of %d query rows differ\n", what, bad, pv.q_off[NS]);
+        CHECK(bad == 0);
+        if (m == 0 && D <= RF_FLASH_MAX_D) {
+            rf_flash_ref_paged_forward(o0, pv.q, pv.kp, pv.vp, pv.q_off, pv.bt, MAXB, kl, NS, BS,
+                                       H, KVH, D, RF_FLASH_FP32);
+            check_arr_f("tiled paged attention vs cpu_flash_ref", o, o0, np, 2 * tol_red(D + 130));
+        }
+    }
+    g_gpu->free(d_kp), g_gpu->free(d_vp), g_gpu->free(d_q), g_gpu->free(d_o), g_gpu->free(d_qo);
+    g_gpu->free(d_bt), g_gpu->free(d_kl);
+    paged_view_free(&pv);
+    free(q), free(k), free(v), free(train), free(lse), free(o), free(o0);
+}
+
+/* Paged decoding under RLFLOW_CUDA_DECODE=split: the split-K kernels (one-query rows) and the
+ * unsplit kernel (a prefill chunk) against their CPU mirror rf_flash_ref_paged_decode (same split and order: fp32 rounding only),
  * and with RLFLOW_CUDA_ATTENTION=reference (every row unsplit) against the CPU back end; both
  * 2 tol_red(D + the longest key count). Contexts of 1 to 1500 keys, shuffled block tables. */
 static void cross_paged_decode(int H, int KVH, int D) {
@@ -593,10 +657,10 @@ static void cross_paged_decode(int H, int KVH, int D) {
     int32_t *d_qo = put(g_gpu, q_off, IB(NS + 1)), *d_bt = put(g_gpu, bt, IB(NS * MAXB));
     int32_t *d_kl = put(g_gpu, klen, IB(NS));
     for (int ref = 0; ref <= 1; ref++) {
-        if (ref) setenv("RLFLOW_CUDA_ATTENTION", "reference", 1);
+        setenv(ref ? "RLFLOW_CUDA_ATTENTION" : "RLFLOW_CUDA_DECODE", ref ? "reference" : "split", 1);
         g_gpu->paged_attention_forward(d_o, d_q, d_kp, d_vp, d_qo, d_bt, MAXB, d_kl, NS, BS, H, KVH, D);
         g_gpu->to_host(o2, d_o, FB(nq));
-        unsetenv("RLFLOW_CUDA_ATTENTION");
+        unsetenv("RLFLOW_CUDA_ATTENTION"), unsetenv("RLFLOW_CUDA_DECODE");
         check_arr_f(ref ? "paged attention, unsplit kernel, vs cpu" : "paged attention, split-K, vs cpu_flash_ref",
                     o2, ref ? o1 : o0, nq, 2 * tol_red(D + 1500));
     }
@@ -621,6 +685,10 @@ static void run_precision_and_flash_suite(uint64_t seed) {
     cross_flash_kvcache(4, 4, 128);
     cross_paged_decode(14, 2, 64);
     cross_paged_decode(8, 8, 128);
+    cross_paged_tiled(14, 2, 64);
+    cross_paged_tiled(8, 8, 128);
+    cross_paged_tiled(7, 1, 80);
+    cross_paged_tiled(4, 2, 160);
     /* head dims that are not multiples of 32 (the FMA kernels' partial lanes; the tensor-core
      * ones at 5 and 6 tiles of 16) with a GQA group of 7, and one sequence long enough that
      * every block of both kernels strides over more than one tile (4200 rows: more than 64

@@ -291,3 +291,34 @@ void rf_flash_ref_paged_decode(float *out, const float *q, const float *k_pool, 
             }
     }
 }
+
+/* ---- paged attention, tiled (the CUDA back end's default) ---- */
+
+void rf_flash_ref_paged_forward(float *out, const float *q, const float *k_pool,
+                                const float *v_pool, const int32_t *q_off,
+                                const int32_t *block_table, int max_blocks,
+                                const int32_t *k_len, int n_seq, int block_size, int H, int KVH,
+                                int D, int bf16) {
+    RF_ASSERT(D >= 1 && D <= MD);
+    int group = H / KVH;
+    for (int s = 0; s < n_seq; s++) {
+        int qlen = q_off[s + 1] - q_off[s], klen = k_len[s], off = klen - qlen;
+        const int32_t *bt = block_table + (size_t)s * max_blocks;
+        size_t row_len = (size_t)KVH * D, n = (size_t)(klen > 0 ? klen : 1) * row_len;
+        float *kb = malloc(sizeof(float) * n), *vb = malloc(sizeof(float) * n);
+        RF_ASSERT(kb && vb);
+        /* the sequence's keys gathered in order: what the CUDA kernel's tiles load */
+        for (int j = 0; j < klen; j++) {
+            memcpy(kb + j * row_len, pool_row(k_pool, bt, j, block_size, KVH, D, 0), sizeof(float) * row_len);
+            memcpy(vb + j * row_len, pool_row(v_pool, bt, j, block_size, KVH, D, 0), sizeof(float) * row_len);
+        }
+        for (int h = 0; h < H; h++)
+            for (int i0 = 0; i0 < qlen; i0 += BR) {
+                size_t row = (size_t)(q_off[s] + i0) * H + h;
+                forward_tile(out + row * D, NULL, q + row * D, kb + (size_t)(h / group) * D,
+                             vb + (size_t)(h / group) * D, i0, qlen - i0 < BR ? qlen - i0 : BR,
+                             klen, off, H, KVH, D, bf16);
+            }
+        free(kb), free(vb);
+    }
+}

@@ -50,7 +50,7 @@ static __device__ inline float warp_dot(const float r[RF_ATT_PER_LANE], const fl
 #pragma unroll
     for (int i = 0; i < RF_ATT_PER_LANE; i++) {
         int d = lane + 32 * i;
-        if (d < D) s += r[i] * y[d];
+        if (d < D) s = fmaf(r[i], y[d], s);
     }
     return rf__warp_sum(s);
 }
@@ -61,7 +61,7 @@ static __device__ inline void warp_axpy(float acc[RF_ATT_PER_LANE], float a, con
 #pragma unroll
     for (int i = 0; i < RF_ATT_PER_LANE; i++) {
         int d = lane + 32 * i;
-        if (d < D) acc[i] += a * y[d];
+        if (d < D) acc[i] = fmaf(a, y[d], acc[i]);
     }
 }
 
@@ -87,6 +87,20 @@ int rf__cuda_attention_bf16(void) {
     const char *e = getenv("RLFLOW_CUDA_ATTENTION");
     if (rf__cuda.precision != RF_PRECISION_BF16 || !e) return RF_ATT_FP32;
     return strcmp(e, "bf16") == 0 ? RF_ATT_BF16_TC : strcmp(e, "fma") == 0 ? RF_ATT_BF16_FMA : RF_ATT_FP32;
+}
+
+rf_status rf__cuda_check_env(void) {
+    static const char *const att[] = {"reference", "fma", "bf16"};
+    const char *e = getenv("RLFLOW_CUDA_ATTENTION"), *d = getenv("RLFLOW_CUDA_DECODE");
+    int ok = !e;
+    for (size_t i = 0; i < sizeof att / sizeof *att; i++) ok |= e && strcmp(e, att[i]) == 0;
+    if (!ok)
+        return rf_error(RF_ERR_ARG, "cuda: RLFLOW_CUDA_ATTENTION=\"%s\": expected reference, "
+                        "fma or bf16 (or unset: fp32 tiled attention)", e);
+    if (d && strcmp(d, "split") != 0)
+        return rf_error(RF_ERR_ARG, "cuda: RLFLOW_CUDA_DECODE=\"%s\": expected split (or unset: "
+                        "decoding's attention in training's order)", d);
+    return RF_OK;
 }
 
 int rf__cuda_attention_flash(int n_seq, int H, int KVH, int D) {
@@ -129,7 +143,7 @@ static __global__ void attention_forward_kernel(float *out, float *lse, const fl
             float sc = scale * warp_dot(qr, kb + (size_t)j * KVH * D, D, lane);
             float m_new = fmaxf(m, sc);
             float corr = expf(m - m_new), p = expf(sc - m_new); /* corr = 0 at the first key */
-            sum = sum * corr + p;
+            sum = fmaf(sum, corr, p);
 #pragma unroll
             for (int r = 0; r < RF_ATT_PER_LANE; r++) acc[r] *= corr;
             warp_axpy(acc, p, vb + (size_t)j * KVH * D, D, lane);

@@ -165,6 +165,7 @@ static int cuda_init(int device) {
     cudaStream_t stream = NULL;
     cublasHandle_t blas = NULL;
     double *partials = NULL;
+    if (rf__cuda_check_env() != RF_OK) return 0; /* a mistyped RLFLOW_CUDA_* setting */
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)

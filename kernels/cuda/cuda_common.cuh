@@ -227,12 +227,22 @@ int rf__cuda_attention_flash(int n_seq, int H, int KVH, int D);
  * rf__cuda_flash_mma_supported, the FMA ones so rounded elsewhere). */
 enum { RF_ATT_FP32 = 0, RF_ATT_BF16_FMA = 1, RF_ATT_BF16_TC = 2 };
 int rf__cuda_attention_bf16(void);
+/* RLFLOW_CUDA_ATTENTION and RLFLOW_CUDA_DECODE hold a known value or are unset; otherwise an
+ * error naming the variable (checked at start and when the precision is set). */
+rf_status rf__cuda_check_env(void);
 void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float *k,
                             const float *v, const int32_t *q_off, const int32_t *k_start,
                             const int32_t *k_len, int n_seq, int H, int KVH, int D);
 void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                              const float *k, const float *v, const float *out, const float *lse,
                              const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D);
+/* paged_attention_forward (kernels.h) by the tiled forward above, key tiles read through the
+ * block table: each row gets the bits rf__cuda_flash_forward gives it (same shapes as that). */
+void rf__cuda_flash_paged_forward(float *out, const float *q, const float *k_pool,
+                                  const float *v_pool, const int32_t *q_off,
+                                  const int32_t *block_table, int max_blocks,
+                                  const int32_t *k_len, int n_seq, int block_size, int H,
+                                  int KVH, int D);
 /* cuda_flash_mma.cu: the tensor-core forward and backward at bf16 (head dims multiple of 16,
  * sm_80+, tiles that fit the device's shared memory: rf__cuda_flash_mma_supported), which
  * rf__cuda_flash_forward / _backward take under RF_ATT_BF16_TC; the backward's di (T, H) =

@@ -3,19 +3,22 @@
  * attention_backward for head dims up to RF_FLASH_MAX_D (cuda_attention.cu keeps the one-warp-
  * per-row kernels as the reference and the path for larger heads).
  *
- * kernels/cpu/cpu_flash_ref.c is this file loop for loop in plain C (same tiles, same order,
- * same online-softmax updates, same rounding at bf16), tested on every machine
+ * kernels/cpu/cpu_flash_ref.c is this file's algorithm in plain C (same tiles, same order, same
+ * online-softmax updates, same rounding at bf16; its forward tiles hold one head's queries
+ * where these hold a GQA group's, which changes no row's arithmetic), tested on every machine
  * (tests/test_flash_ref.c); tests/test_kernels_cuda.c checks these kernels against it, against
  * the reference kernels and against the CPU back end.
  *
- * Work split. A block of 4 warps owns one (sequence, head, tile of RF_FLASH_BR = 32 query rows)
- * forward and in the dq pass, one (sequence, KV head, tile of RF_FLASH_BC = 32 key rows) in the
- * dk/dv pass; each warp owns 8 of the tile's rows and keeps their accumulators in registers
+ * Work split. A block of 4 warps owns one (sequence, KV head, tile of RF_FLASH_BR = 32 (query,
+ * head) rows of the KV head's group) forward, one (sequence, head, tile of 32 query rows) in
+ * the dq pass, one (sequence, KV head, tile of RF_FLASH_BC = 32 key rows) in the dk/dv pass;
+ * each warp owns 8 of the tile's rows and keeps their accumulators in registers
  * (lane d holds dims d, d + 32, ...). The other side's tiles are staged in shared memory, rows
  * padded by one float so that lanes reading different rows hit different banks. A score is
  * one lane's dot product over D (lane = the key, or the query, of the tile); probabilities are
  * broadcast with __shfl_sync into the accumulations. Every output row is written by one warp:
- * no atomics, deterministic.
+ * no atomics, deterministic. The forward is also decoding's attention over the paged KV cache
+ * (kv_paged below; cuda_paged.cu), so that generation and training give a row the same bits.
  *
  * Precision: fp32 arithmetic at every precision by default (as on the CPU and in decoding's
  * paged kernels: the same log-probs from generation and training). Where attention rounds to
@@ -53,9 +56,12 @@ static __device__ inline void load_tile(float *tile, const float *src, size_t st
     }
 }
 
+/* The products below are written as fmaf, not left to the compiler's contraction, so that
+ * every kernel that shares them (training's forward, the KV cache's, the paged KV cache's)
+ * rounds a row the same way whatever the compiler does with each. */
 static __device__ inline float sdot(const float *a, const float *b, int D) {
     float s = 0.0f;
-    for (int d = 0; d < D; d++) s += a[d] * b[d];
+    for (int d = 0; d < D; d++) s = fmaf(a[d], b[d], s);
     return s;
 }
 
@@ -63,26 +69,73 @@ static size_t smem_bytes(int tiles, int D) { return sizeof(float) * (size_t)tile
 
 /* ---- forward ---- */
 
-/* grid (query tiles, stride gridDim.x; n_seq; H). NPL: head dims per lane (D <= 32 NPL). */
-template <int NPL>
+/* Where the forward finds key (and value) row j of sequence s and KV head kvh: contiguous rows
+ * from k_start[s] (training, a KV cache) ... */
+struct kv_rows {
+    const int32_t *k_start;
+    int KVH, D;
+    __device__ size_t at(int s, int kvh, int j) const {
+        return ((size_t)(k_start[s] + j) * KVH + kvh) * D;
+    }
+};
+/* ... or through sequence s's row of a block table (the paged KV cache: kernels.h). */
+struct kv_paged {
+    const int32_t *block_table;
+    int max_blocks, block_size, KVH, D;
+    __device__ size_t at(int s, int kvh, int j) const {
+        size_t b = (size_t)block_table[(size_t)s * max_blocks + j / block_size];
+        return ((b * block_size + j % block_size) * KVH + kvh) * D;
+    }
+};
+
+/* tile (BC rows, padded row length ld) = key rows j0 .. j0 + n - 1 of (s, kvh) in x, zero past
+ * n; every thread of the block takes part. */
+template <class KV>
+static __device__ inline void load_kv_tile(float *tile, const float *x, const KV &kv, int s,
+                                           int kvh, int j0, int n, int D, int ld, int bf16) {
+    for (int idx = threadIdx.x; idx < BC * D; idx += blockDim.x) {
+        int r = idx / D, d = idx % D;
+        tile[r * ld + d] = r < n ? ld_round(x[kv.at(s, kvh, j0 + r) + d], bf16) : 0.0f;
+    }
+}
+
+/* Q tile: rows p0 .. p0 + n - 1 of sequence s's (query, head) pairs of KV head kvh's group, pair
+ * p = query p / group of head kvh group + p % group (q_first: the sequence's first query row),
+ * zero past n. */
+static __device__ inline void load_q_tile(float *tile, const float *q, int q_first, int p0, int n,
+                                          int group, int kvh, int H, int D, int ld, int bf16) {
+    for (int idx = threadIdx.x; idx < BR * D; idx += blockDim.x) {
+        int r = idx / D, d = idx % D, p = p0 + r;
+        size_t row = (size_t)(q_first + p / group) * H + kvh * group + p % group;
+        tile[r * ld + d] = r < n ? ld_round(q[row * D + d], bf16) : 0.0f;
+    }
+}
+
+/* grid (tiles of BR (query, head) pairs, stride gridDim.x; n_seq; KVH). NPL: head dims per lane
+ * (D <= 32 NPL). A block's tile holds the rows of every head of a KV head's group (pair p =
+ * query p / group, head p % group of the group), so each key tile is loaded once for the group
+ * (FlashAttention's GQA packing): a decoding step of a model with groups of 7 reads its KV cache
+ * once, not 7 times. Warp w takes the tile's rows w, w + 4, ...
+ * A row's arithmetic depends on its own q and keys only, not on which tile, warp or kernel
+ * instance computes it, nor on the tile's other rows (key tiles past a row's last key add exact
+ * zeros: a factor exp(0) = 1 and products 0 v): training's forward and decoding's (kv_paged)
+ * give a row the same bits. */
+template <int NPL, class KV>
 static __global__ void __launch_bounds__(FTHREADS)
 flash_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
-                     const int32_t *q_off, const int32_t *k_start, const int32_t *k_len, int H,
-                     int KVH, int D, int bf16) {
+                     KV kv, const int32_t *q_off, const int32_t *k_len, int H, int KVH, int D,
+                     int bf16) {
     extern __shared__ float sm[];
-    int s = blockIdx.y, h = blockIdx.z, kvh = h / (H / KVH), ld = D + 1;
+    int s = blockIdx.y, kvh = blockIdx.z, group = H / KVH, ld = D + 1;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float *Q = sm, *K = Q + BR * ld, *V = K + BC * ld;
     int qlen = q_off[s + 1] - q_off[s], klen = k_len[s], off = klen - qlen;
+    int pairs = qlen * group;
     float scale = 1.0f / sqrtf((float)D);
-    size_t qs = (size_t)H * D, ks = (size_t)KVH * D;
-    const float *kb = k + ((size_t)k_start[s] * KVH + kvh) * D;
-    const float *vb = v + ((size_t)k_start[s] * KVH + kvh) * D;
-    for (int i0 = blockIdx.x * BR; i0 < qlen; i0 += gridDim.x * BR) {
-        int nr = min(BR, qlen - i0);
-        size_t row0 = (size_t)(q_off[s] + i0) * H + h;
+    for (int p0 = blockIdx.x * BR; p0 < pairs; p0 += gridDim.x * BR) {
+        int nr = min(BR, pairs - p0);
         __syncthreads(); /* the previous tile's readers are done */
-        load_tile(Q, q + row0 * D, qs, nr, D, ld, bf16);
+        load_q_tile(Q, q, q_off[s], p0, nr, group, kvh, H, D, ld, bf16);
         float m[ROWS_PER_WARP], l[ROWS_PER_WARP], acc[ROWS_PER_WARP][NPL];
 #pragma unroll
         for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
@@ -90,24 +143,24 @@ flash_forward_kernel(float *out, float *lse, const float *q, const float *k, con
 #pragma unroll
             for (int i = 0; i < NPL; i++) acc[rr][i] = 0.0f;
         }
-        int nkeys = min(i0 + nr + off, klen);
+        int nkeys = min((p0 + nr - 1) / group + 1 + off, klen); /* the tile's last query's */
         for (int j0 = 0; j0 < nkeys; j0 += BC) {
             int nc = min(BC, klen - j0);
             __syncthreads();
-            load_tile(K, kb + (size_t)j0 * ks, ks, nc, D, ld, bf16);
-            load_tile(V, vb + (size_t)j0 * ks, ks, nc, D, ld, bf16);
+            load_kv_tile(K, k, kv, s, kvh, j0, nc, D, ld, bf16);
+            load_kv_tile(V, v, kv, s, kvh, j0, nc, D, ld, bf16);
             __syncthreads();
 #pragma unroll
             for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
-                int r = warp * ROWS_PER_WARP + rr;
+                int r = rr * FWARPS + warp;
                 if (r >= nr) continue; /* warp-uniform */
-                int c = lane, lim = i0 + r + off;
+                int c = lane, lim = (p0 + r) / group + off;
                 float sc = c < nc && j0 + c <= lim ? scale * sdot(Q + r * ld, K + c * ld, D)
                                                   : -INFINITY;
                 float m_new = fmaxf(m[rr], rf__warp_max(sc));
                 if (m_new == -INFINITY) continue; /* nothing visible yet (warp-uniform) */
                 float corr = expf(m[rr] - m_new), p = expf(sc - m_new);
-                l[rr] = l[rr] * corr + rf__warp_sum(p);
+                l[rr] = fmaf(l[rr], corr, rf__warp_sum(p));
 #pragma unroll
                 for (int i = 0; i < NPL; i++) acc[rr][i] *= corr;
                 for (int c2 = 0; c2 < nc; c2++) {
@@ -115,7 +168,7 @@ flash_forward_kernel(float *out, float *lse, const float *q, const float *k, con
 #pragma unroll
                     for (int i = 0; i < NPL; i++) {
                         int d = lane + 32 * i;
-                        if (d < D) acc[rr][i] += pc * V[c2 * ld + d];
+                        if (d < D) acc[rr][i] = fmaf(pc, V[c2 * ld + d], acc[rr][i]);
                     }
                 }
                 m[rr] = m_new;
@@ -123,9 +176,9 @@ flash_forward_kernel(float *out, float *lse, const float *q, const float *k, con
         }
 #pragma unroll
         for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
-            int r = warp * ROWS_PER_WARP + rr;
+            int r = rr * FWARPS + warp, pr = p0 + r;
             if (r >= nr) continue;
-            size_t row = row0 + (size_t)r * H;
+            size_t row = (size_t)(q_off[s] + pr / group) * H + kvh * group + pr % group;
             float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
 #pragma unroll
             for (int i = 0; i < NPL; i++) {
@@ -142,6 +195,24 @@ int rf__cuda_flash_supported(int n_seq, int H, int KVH, int D) {
            H % KVH == 0;
 }
 
+template <class KV>
+static void launch_forward(float *out, float *lse, const float *q, const float *k,
+                           const float *v, KV kv, const int32_t *q_off, const int32_t *k_len,
+                           int n_seq, int H, int KVH, int D, int bf16) {
+    size_t sm = smem_bytes(3, D);
+    dim3 grid((unsigned)rf__flash_forward_gx(n_seq, KVH), (unsigned)n_seq, (unsigned)KVH);
+    if (D <= 64) {
+        if (!rf__allow_smem(flash_forward_kernel<2, KV>, sm)) return;
+        flash_forward_kernel<2, KV><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
+            out, lse, q, k, v, kv, q_off, k_len, H, KVH, D, bf16);
+    } else {
+        if (!rf__allow_smem(flash_forward_kernel<4, KV>, sm)) return;
+        flash_forward_kernel<4, KV><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
+            out, lse, q, k, v, kv, q_off, k_len, H, KVH, D, bf16);
+    }
+    RF_CUDA_LAUNCH_CHECK();
+}
+
 void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float *k,
                             const float *v, const int32_t *q_off, const int32_t *k_start,
                             const int32_t *k_len, int n_seq, int H, int KVH, int D) {
@@ -150,18 +221,18 @@ void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float 
         rf__cuda_flash_forward_mma(out, lse, q, k, v, q_off, k_start, k_len, n_seq, H, KVH, D);
         return;
     }
-    size_t sm = smem_bytes(3, D);
-    dim3 grid((unsigned)rf__flash_forward_gx(n_seq, H), (unsigned)n_seq, (unsigned)H);
-    if (D <= 64) {
-        if (!rf__allow_smem(flash_forward_kernel<2>, sm)) return;
-        flash_forward_kernel<2><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
-            out, lse, q, k, v, q_off, k_start, k_len, H, KVH, D, bf16);
-    } else {
-        if (!rf__allow_smem(flash_forward_kernel<4>, sm)) return;
-        flash_forward_kernel<4><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
-            out, lse, q, k, v, q_off, k_start, k_len, H, KVH, D, bf16);
-    }
-    RF_CUDA_LAUNCH_CHECK();
+    kv_rows kv = {k_start, KVH, D};
+    launch_forward(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH, D, bf16);
+}
+
+void rf__cuda_flash_paged_forward(float *out, const float *q, const float *k_pool,
+                                  const float *v_pool, const int32_t *q_off,
+                                  const int32_t *block_table, int max_blocks,
+                                  const int32_t *k_len, int n_seq, int block_size, int H,
+                                  int KVH, int D) {
+    kv_paged kv = {block_table, max_blocks, block_size, KVH, D};
+    launch_forward(out, (float *)NULL, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D,
+                   rf__cuda_attention_bf16() != RF_ATT_FP32);
 }
 
 /* ---- backward (training layout: k_start = q_off = cu_seqlens, k_len = q_len) ---- */

@@ -43,6 +43,8 @@
 rf_status rf__cuda_set_precision(rf_precision p) {
     if (p != RF_PRECISION_FP32 && p != RF_PRECISION_BF16)
         return rf_error(RF_ERR_UNSUPPORTED, "cuda: unknown precision %d", (int)p);
+    rf_status st = rf__cuda_check_env();
+    if (st != RF_OK) return st;
     const char *e = getenv("RLFLOW_CUDA_TF32");
     rf__cuda.tf32 = !(e && strcmp(e, "0") == 0);
     rf__cuda.precision = p;

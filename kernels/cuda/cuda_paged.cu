@@ -1,14 +1,23 @@
 /* Paged KV cache ops on the GPU: the CUDA twins of kernels/cpu/cpu_paged.c, same layouts and
- * arguments. Rows of sequences with several queries (prefill chunks) are done like
- * cuda_attention.cu's reference forward (one warp per (query, head) row, lanes split the head
- * dimension, online softmax over keys one at a time; Milakov & Gimelshein 2018), with key j read
- * through the sequence's block table. Rows of one-query sequences (decoding) are split over
- * the keys (split-K, FlashDecoding: Dao, Haziza, Massa, Sizov 2023): up to RF_DECODE_SPLITS
- * blocks per (sequence, head) each take a chunk of the keys, their 4 warps every 4th key, and a
- * second kernel combines the chunks' partial softmaxes; so a long context at batch 1 is read by
- * many blocks at once. kernels/cpu/cpu_flash_ref.c (rf_flash_ref_paged_decode) is the same
- * split in plain C, tested on every machine (test_flash_ref). RLFLOW_CUDA_ATTENTION=reference
- * sends every row to the unsplit kernel. The small warp helpers are repeated from
+ * arguments.
+ *
+ * Attention over the paged cache gives every query row, decoding or a prefill chunk, the bits
+ * training's attention gives the same row, so that a token's log-prob from generation equals
+ * the trainer's recomputation (docs/cuda.md, "Precision"): by default (head dims up to
+ * RF_FLASH_MAX_D) it is training's tiled forward itself, cuda_flash.cu's kernel reading its key
+ * tiles through the block table (rf__cuda_flash_paged_forward); for larger heads, or under
+ * RLFLOW_CUDA_ATTENTION=reference, the unsplit kernel below, which does a row's arithmetic as
+ * cuda_attention.cu's reference forward does (one warp per (query, head) row, lanes split the
+ * head dimension, online softmax over keys one at a time; Milakov & Gimelshein 2018), key j read
+ * through the sequence's block table.
+ *
+ * RLFLOW_CUDA_DECODE=split takes, for rows of one-query sequences, split-K decoding
+ * (FlashDecoding: Dao, Haziza, Massa, Sizov 2023): up to RF_DECODE_SPLITS blocks per (sequence,
+ * head) each take a chunk of the keys, their 4 warps every 4th key, and a second kernel combines
+ * the chunks' partial softmaxes; a long context at batch 1 is then read by many blocks at once,
+ * at the price of a different order of additions than training's (log-probs differ in the last
+ * bits). kernels/cpu/cpu_flash_ref.c (rf_flash_ref_paged_decode) is that split in plain C,
+ * tested on every machine (test_flash_ref). The small warp helpers are repeated from
  * cuda_attention.cu, where they are file-static. */
 #include <math.h>
 #include <stdio.h>
@@ -63,7 +72,7 @@ static __device__ inline float paged_warp_dot(const float r[RF_PAGED_PER_LANE], 
 #pragma unroll
     for (int i = 0; i < RF_PAGED_PER_LANE; i++) {
         int d = lane + 32 * i;
-        if (d < D) s += r[i] * y[d];
+        if (d < D) s = fmaf(r[i], y[d], s);
     }
     return rf__warp_sum(s);
 }
@@ -99,11 +108,12 @@ static __global__ void paged_attention_kernel(float *out, const float *q, const 
             float sc = scale * paged_warp_dot(qr, k_pool + kr, D, lane);
             float m_new = fmaxf(m, sc);
             float corr = expf(m - m_new), p = expf(sc - m_new); /* corr = 0 at the first key */
-            sum = sum * corr + p;
+            sum = fmaf(sum, corr, p);
 #pragma unroll
             for (int r = 0; r < RF_PAGED_PER_LANE; r++) {
                 int d = lane + 32 * r;
-                acc[r] = acc[r] * corr + (d < D ? p * v_pool[kr + d] : 0.0f);
+                acc[r] *= corr;
+                if (d < D) acc[r] = fmaf(p, v_pool[kr + d], acc[r]);
             }
             m = m_new;
         }
@@ -267,8 +277,16 @@ void rf_cuda_paged_attention_forward(float *out, const float *q, const float *k_
         rf__cuda_fail("paged_attention_forward", detail, __FILE__, __LINE__);
         return;
     }
-    const char *e = getenv("RLFLOW_CUDA_ATTENTION");
-    int split = !(e && strcmp(e, "reference") == 0) && n_seq <= 65535 && H <= 65535;
+    const char *e = getenv("RLFLOW_CUDA_ATTENTION"), *dec = getenv("RLFLOW_CUDA_DECODE");
+    int reference = e && strcmp(e, "reference") == 0, split_k = dec && strcmp(dec, "split") == 0;
+    if (!reference && !split_k && rf__cuda_flash_supported(n_seq, H, KVH, D)) {
+        /* training's tiled forward reading keys through the block table: every row, decoding
+         * or a prefill chunk, gets the bits training's attention gives it (cuda_flash.cu) */
+        rf__cuda_flash_paged_forward(out, q, k_pool, v_pool, q_off, block_table, max_blocks,
+                                     k_len, n_seq, block_size, H, KVH, D);
+        return;
+    }
+    int split = split_k && !reference && n_seq <= 65535 && H <= 65535;
     /* Whether a sequence has one query is known on the device only: both kernels run, each
      * taking its rows (the unsplit one returns at once for one-query rows). */
     paged_attention_kernel<<<RF_PAGED_BLOCKS, 32 * RF_PAGED_WARPS, 0, rf__cuda.stream>>>(
