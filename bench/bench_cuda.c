@@ -5,6 +5,9 @@
  *    accumulation and output), the best of several: the tensor-core roofline;
  *  - copy_bw: GB/s of a 2 GiB device-to-device cudaMemcpyAsync (read + write counted): the
  *    memory roofline of decoding, which streams every weight once per step.
+ *  - paged_attention: one layer's attention of a decoding step over the paged KV cache (batch 1,
+ *    16, 256 over 1024 keys), GB/s of K and V read against copy_bw, split over key chunks and
+ *    not (RLFLOW_CUDA_DECODE=split / =tiled: the same bits);
  *  - attention: one layer's attention forward and backward (the tiled kernels in fp32 arithmetic,
  *    the default, then bf16 attention, RLFLOW_CUDA_ATTENTION=bf16, on tensor cores; or what
  *    RLFLOW_CUDA_ATTENTION names) against the same layer's seven forward products.
@@ -362,6 +365,74 @@ static void bench_attention(const rf_kernels *k, const char *shape, const rf_mod
     free(cu_h);
 }
 
+typedef struct {
+    const rf_model_config *c;
+    int B, bs, max_blocks;
+    float *out, *q, *kp, *vp;
+    int32_t *q_off, *bt, *klen;
+} paged_ctx;
+
+static void paged_fwd(const rf_kernels *k, void *p) {
+    paged_ctx *a = p;
+    k->paged_attention_forward(a->out, a->q, a->kp, a->vp, a->q_off, a->bt, a->max_blocks,
+                               a->klen, a->B, a->bs, a->c->num_attention_heads,
+                               a->c->num_key_value_heads, a->c->head_dim);
+}
+
+/* One layer's attention of a decoding step over the paged KV cache: B sequences of one query
+ * each over L cached keys (blocks of 16, scattered), as the rollout engine runs it. Decoding's
+ * attention streams the sequences' K and V: GB/s of those bytes against copy_bw. Both ways of
+ * running it, which give the same bits (cuda_flash.cu): split over key chunks
+ * (RLFLOW_CUDA_DECODE=split) and one block per sequence and KV head (=tiled), unless
+ * RLFLOW_CUDA_DECODE names one. */
+static void bench_paged(const rf_kernels *k, const char *shape, const rf_model_config *c, int B,
+                        int L, int reps) {
+    int H = c->num_attention_heads, KVH = c->num_key_value_heads, D = c->head_dim, bs = 16;
+    int mb = (L + bs - 1) / bs;
+    size_t rows = (size_t)B * mb * bs, nq = (size_t)B * H * D, np = rows * KVH * D;
+    paged_ctx a = {c, B, bs, mb, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    int32_t *qo = malloc(sizeof(int32_t) * (B + 1)), *kl = malloc(sizeof(int32_t) * B);
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)B * mb);
+    int ok = qo && kl && bt;
+    ok = ok && (a.out = k->alloc(sizeof(float) * nq)) && (a.q = k->alloc(sizeof(float) * nq));
+    ok = ok && (a.kp = k->alloc(sizeof(float) * np)) && (a.vp = k->alloc(sizeof(float) * np));
+    ok = ok && (a.q_off = k->alloc(sizeof(int32_t) * (B + 1))) && (a.klen = k->alloc(sizeof(int32_t) * B));
+    ok = ok && (a.bt = k->alloc(sizeof(int32_t) * (size_t)B * mb));
+    if (!ok) {
+        printf("{\"bench\":\"paged_attention\",\"model\":\"%s\",\"batch\":%d,\"error\":\"%s\"}\n", shape,
+               B, rf_error_message());
+        goto done;
+    }
+    for (int b = 0; b <= B; b++) qo[b] = b;
+    for (int b = 0; b < B; b++) kl[b] = L;
+    for (size_t i = 0; i < (size_t)B * mb; i++) bt[i] = (int32_t)((i * 389 + 11) % ((size_t)B * mb));
+    k->to_device(a.q_off, qo, sizeof(int32_t) * (B + 1));
+    k->to_device(a.klen, kl, sizeof(int32_t) * B);
+    k->to_device(a.bt, bt, sizeof(int32_t) * (size_t)B * mb);
+    k->zero(a.q, sizeof(float) * nq), k->zero(a.kp, sizeof(float) * np), k->zero(a.vp, sizeof(float) * np);
+    /* both ways of running a decoding step (the same bits), unless RLFLOW_CUDA_DECODE names one */
+    static const char *const modes[2] = {"split", "tiled"};
+    const char *e = getenv("RLFLOW_CUDA_DECODE");
+    for (int pass = 0; pass < (e ? 1 : 2); pass++) {
+        if (!e) setenv("RLFLOW_CUDA_DECODE", modes[pass], 1);
+        const char *mode = getenv("RLFLOW_CUDA_DECODE");
+        double t = best_time(k, paged_fwd, &a, reps);
+        double gb = 2.0 * B * L * KVH * D * sizeof(float) / 1e9;
+        printf("{\"bench\":\"paged_attention\",\"device\":\"cuda\",\"model\":\"%s\",\"kernels\":\"%s\","
+               "\"batch\":%d,\"context\":%d,\"seconds\":%.6f,\"kv_gb_per_s\":%.2f,\"copy_gb_per_s\":%.1f,"
+               "\"fraction_of_bw\":%.3f}\n", shape,
+               D > 128 ? "reference" : strcmp(mode, "split") == 0 ? "tiled, split over key chunks"
+                                                                 : "tiled, one block per sequence and KV head",
+               B, L, t, gb / t, g_bw, gb / t / g_bw);
+        fflush(stdout);
+        if (!e) unsetenv("RLFLOW_CUDA_DECODE");
+    }
+done:
+    k->free(a.out), k->free(a.q), k->free(a.kp), k->free(a.vp);
+    k->free(a.q_off), k->free(a.klen), k->free(a.bt);
+    free(qo), free(kl), free(bt);
+}
+
 static void bench_shape(const rf_kernels *k, const char *shape, int quick) {
     rf_model_config c;
     shape_config(&c, shape);
@@ -373,6 +444,8 @@ static void bench_shape(const rf_kernels *k, const char *shape, int quick) {
     fill_params(m);
     int big = strcmp(shape, "25m") != 0, steps = quick ? 8 : 32;
     bench_attention(k, shape, &c, big ? 4 : 8, big ? 1024 : 256, quick ? 2 : 5);
+    for (int b = 1; b <= 256; b *= 16) /* 1, 16, 256 sequences over 1024 keys */
+        bench_paged(k, shape, &c, b, 1024, quick ? 3 : 10);
     /* generation first (no gradients held yet), then training */
     bench_prefill(m, shape, 8, big ? 1024 : 256);
     bench_decode(m, shape, 1, steps);

@@ -38,27 +38,12 @@ extern "C" {
 #define RF_FLASH_BF16_LOAD 1
 #define RF_FLASH_BF16_MMA 2
 
-/* Split-K decoding (FlashDecoding, Dao et al. 2023): the keys of a one-query sequence are cut
- * into up to RF_DECODE_SPLITS chunks of at least RF_DECODE_MIN_CHUNK keys, each chunk's partial
- * softmax (max, sum, unnormalised output) made by RF_DECODE_WARPS warps taking every
- * RF_DECODE_WARPS-th key, the warps' partials then the chunks' partials combined in order. */
-#ifdef __CUDACC__
-#define RF_FLASH_HD __host__ __device__
-#else
-#define RF_FLASH_HD
-#endif
-
-#define RF_DECODE_SPLITS 16
-#define RF_DECODE_MIN_CHUNK 64
-#define RF_DECODE_WARPS 4
-
-/* The number of chunks and the chunk length for nk keys (nk >= 1). */
-RF_FLASH_HD static inline void rf_decode_split(int nk, int *n_split, int *chunk) {
-    int ns = (nk + RF_DECODE_MIN_CHUNK - 1) / RF_DECODE_MIN_CHUNK;
-    ns = ns < 1 ? 1 : ns > RF_DECODE_SPLITS ? RF_DECODE_SPLITS : ns;
-    *n_split = ns;
-    *chunk = (nk + ns - 1) / ns;
-}
+/* A row's keys are taken in chunks of RF_FLASH_CHUNK from its sequence's first key: each
+ * chunk's tiles with the online softmax from an empty state, the chunks' states (max, sum,
+ * unnormalised output) then merged in order. Fixed, so that a decoding step split over its
+ * chunks (one block each on the GPU) adds exactly as training's forward does. Not in
+ * RF_FLASH_BF16_MMA (the tensor-core forward takes every tile in one run). */
+#define RF_FLASH_CHUNK 128
 
 /* x rounded to the nearest bf16 (ties to even), returned as a float; NaN stays NaN. The same
  * rounding as CUDA's __float2bfloat16_rn. */
@@ -83,16 +68,6 @@ void rf_flash_ref_backward(float *dq, float *dk, float *dv, const float *dout, c
                            const float *k, const float *v, const float *out, const float *lse,
                            const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D,
                            int bf16);
-
-/* paged_attention_forward (kernels.h) as the CUDA back end computes it under
- * RLFLOW_CUDA_DECODE=split: rows of one-query sequences by split-K as above, rows of longer
- * query chunks (prefill) by the unsplit online softmax, one key at a time. fp32.
- * D <= RF_FLASH_MAX_D (its partials are sized by it; the CUDA kernels take up to 256): larger
- * head dims abort. */
-void rf_flash_ref_paged_decode(float *out, const float *q, const float *k_pool, const float *v_pool,
-                               const int32_t *q_off, const int32_t *block_table, int max_blocks,
-                               const int32_t *k_len, int n_seq, int block_size, int H, int KVH,
-                               int D);
 
 /* paged_attention_forward (kernels.h) as the CUDA back end computes it by default: every row,
  * one-query or a prefill chunk's, by the tiled forward above over the sequence's keys read

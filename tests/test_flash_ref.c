@@ -2,7 +2,8 @@
  * RF_FLASH_BR queries and RF_FLASH_BC keys, online softmax, lse saved, backward recomputed
  * from lse in a dk/dv pass and a dq pass), as its CPU mirror kernels/cpu/cpu_flash_ref.c runs
  * it, against the CPU back end's attention (an exact softmax per row, sgemm backward), on every
- * machine. Sequence lengths straddle the tile sizes (1, 31, 32, 33, 64, 70, 100), GQA groups of
+ * machine. Sequence lengths straddle the tile sizes (1, 31, 32, 33, 64, 70, 100) and the key
+ * chunks of RF_FLASH_CHUNK (129, 256, 300), GQA groups of
  * 7 and 1, head dims 64 and 128, the training layout and a KV-cache layout.
  *
  * Tolerances (the same reasoning as tests/test_kernels.c): both computations are fp32 and each
@@ -13,8 +14,9 @@
  * the CPU attention run on inputs rounded beforehand (rounding is idempotent), and differ from
  * the unrounded result by bf16's 2^-8 relative rounding carried through the softmax (checked
  * within 5e-2, and shown to differ by more than fp32 rounding, so the rounding really happens).
- * Also the split-K paged decoding (FlashDecoding) as the CUDA back end runs it, against the CPU
- * back end's paged attention; and the tensor-core forward's arithmetic (probabilities rounded
+ * Also the paged attention as the CUDA back end runs it (the tiled forward over keys read
+ * through block tables: bit for bit the training layout's rows, and the CPU back end's paged
+ * attention within tolerance), and the tensor-core forward's arithmetic (probabilities rounded
  * to bf16 before P V: RF_FLASH_BF16_MMA) against the FMA kernels' (check_mma_rounding). */
 #define RF_TEST_KERNELS_NO_MAIN
 #include "test_kernels.c"
@@ -108,27 +110,6 @@ static void check_kvcache(int H, int KVH, int D) {
     check_arr_f("flash forward KV cache out", o2, o1, nq, 2 * tol_red(D + 130));
     check_arr_f("flash forward KV cache lse", l2, l1, nl, 2 * tol_red(D + 130));
     free(q), free(k), free(v), free(o1), free(o2), free(l1), free(l2);
-}
-
-/* Split-K paged decoding against the CPU back end's paged attention: one-query sequences of 1,
- * 5, 64, 65, 300 and 1500 keys (one chunk up to the full 16), and a prefill chunk of 4 queries
- * (the unsplit path), keys gathered through shuffled block tables of block size 16. Both fp32:
- * 2 tol_red(D + the longest key count). */
-static void check_paged_decode(int H, int KVH, int D) {
-    enum { NS = 7, BS = 16, MAXB = 96 };
-    static const int32_t qlen[NS] = {1, 1, 1, 1, 1, 1, 4}, klen[NS] = {1, 5, 64, 65, 300, 1500, 40};
-    int32_t q_off[NS + 1], bt[NS * MAXB];
-    int n_blocks = NS * MAXB;
-    q_off[0] = 0;
-    for (int s = 0; s < NS; s++) q_off[s + 1] = q_off[s] + qlen[s];
-    for (int b = 0; b < n_blocks; b++) bt[b] = (int32_t)((b * 389 + 11) % n_blocks); /* a permutation */
-    size_t rows = (size_t)n_blocks * BS, nq = (size_t)q_off[NS] * H * D;
-    float *kp = fnormal(rows * KVH * D, 1.0f), *vp = fnormal(rows * KVH * D, 1.0f), *q = fnormal(nq, 1.0f);
-    float *o1 = fnew(nq), *o2 = fnew(nq);
-    rf_cpu_kernels()->paged_attention_forward(o1, q, kp, vp, q_off, bt, MAXB, klen, NS, BS, H, KVH, D);
-    rf_flash_ref_paged_decode(o2, q, kp, vp, q_off, bt, MAXB, klen, NS, BS, H, KVH, D);
-    check_arr_f("split-K paged decode", o2, o1, nq, 2 * tol_red(D + 1500));
-    free(kp), free(vp), free(q), free(o1), free(o2);
 }
 
 /* The CUDA back end's default paged attention (rf_flash_ref_paged_forward: the tiled forward,
@@ -225,7 +206,9 @@ int main(void) {
     g_be = "flash ref vs cpu";
     (void)run_kernel_suite; /* the shared suite is test_kernels's; only its helpers are used here */
     check_round();
+    static const int lens_c[3] = {129, 300, 256}; /* across RF_FLASH_CHUNK boundaries */
     for (int bf16 = 0; bf16 <= 1; bf16++) {
+        check_train(lens_c, 3, 14, 2, 64, bf16);
         check_train(lens_a, 5, 14, 2, 64, bf16); /* Qwen2.5-0.5B heads */
         check_train(lens_b, 4, 8, 8, 128, bf16);
         check_train(lens_a, 1, 4, 1, 64, bf16); /* one sequence of length 1 */
@@ -234,8 +217,6 @@ int main(void) {
     check_mma_rounding(lens_b, 4, 8, 8, 128);
     check_kvcache(14, 2, 64);
     check_kvcache(4, 4, 128);
-    check_paged_decode(14, 2, 64);
-    check_paged_decode(8, 8, 128);
     for (int bf16 = 0; bf16 <= 1; bf16++) {
         check_paged_tiled(14, 2, 64, bf16);
         check_paged_tiled(8, 8, 128, bf16);

@@ -24,8 +24,7 @@
  *     (cuda_flash_mma.cu) against the mirror's RF_FLASH_BF16_MMA mode (same roundings:
  *     fp32 rounding only, 2 tol_red(D + L) forward, 2 TOL_GRAD backward; for the tensor-core
  *     kernels every element within 2e-2 / 5e-2 and 95% within the fp32 tolerances, since a
- *     bf16 rounding of p or ds may land on the neighbouring value); the split-K
- *     paged decoding (RLFLOW_CUDA_DECODE=split) against its CPU mirror, and the unsplit paged
+ *     bf16 rounding of p or ds may land on the neighbouring value); the unsplit paged
  *     kernel against the CPU;
  *  5. paged attention (generation's) against attention_forward (training's) bit for bit, row by
  *     row, in every mode with a paged twin (cross_paged_tiled). */
@@ -575,18 +574,22 @@ static void cross_flash_kvcache(int H, int KVH, int D) {
 }
 
 /* Generation's attention and training's agree bit for bit: paged_attention_forward on the
- * paged view of packed sequences (decoding steps and prefill chunks of 4 and 40 queries, contexts
- * of 1 to 130 keys, shuffled block tables; test_flash_ref takes the mirror to 1500) against
- * attention_forward in the training layout, row by row, in every mode whose training attention has a paged twin: the tiled kernels at
- * precision fp32 and at bf16 (fp32 arithmetic), bf16 loads on the FMA kernels
- * (RLFLOW_CUDA_ATTENTION=fma), the reference kernels (=reference, and head dims past
- * RF_FLASH_MAX_D). The tensor-core forward (=bf16) has none (decoding rounds as the FMA kernels):
- * checked against the FMA mirror within bf16's probability rounding (2e-2, as cross_flash).
- * Also the default against its CPU mirror rf_flash_ref_paged_forward, 2 tol_red(D + 130). */
+ * paged view of packed sequences (decoding steps and prefill chunks of 4 and 40 queries,
+ * contexts of 1 to 257 keys: up to 3 key chunks of RF_FLASH_CHUNK, shuffled block tables;
+ * test_flash_ref takes the mirror to 1500) against attention_forward in the training layout,
+ * row by row, in every mode whose training attention has a paged twin: the tiled kernels at
+ * precision fp32 (decoding steps split over their key chunks, RLFLOW_CUDA_DECODE=split, in one
+ * block each, =tiled, and as the batch chooses) and at bf16 (fp32 arithmetic), bf16 loads on the
+ * FMA kernels (RLFLOW_CUDA_ATTENTION=fma), the reference kernels (=reference, and head dims past
+ * RF_FLASH_MAX_D). The tensor-core forward (=bf16) has none (decoding rounds as the FMA
+ * kernels): checked against the FMA mirror within bf16's probability rounding (2e-2, as
+ * cross_flash). Also the default against its CPU mirror rf_flash_ref_paged_forward and, fp32,
+ * against the CPU back end's paged attention, 2 tol_red(D + 257). */
 static void cross_paged_tiled(int H, int KVH, int D) {
-    enum { NS = 7, BS = 16, MAXB = 96 };
-    static const int lens[NS] = {1, 5, 33, 64, 65, 130, 97}, chunk[NS] = {1, 1, 1, 4, 1, 40, 1};
-    static const char *const att[5] = {NULL, NULL, "fma", "reference", "bf16"};
+    enum { NS = 7, BS = 16, MAXB = 32, MODES = 5 };
+    static const int lens[NS] = {1, 5, 33, 64, 129, 160, 257}, chunk[NS] = {1, 1, 1, 4, 1, 40, 1};
+    static const char *const att[MODES] = {NULL, NULL, "fma", "reference", "bf16"};
+    static const char *const dec[3] = {NULL, "split", "tiled"};
     int32_t cu[NS + 1], kl[NS];
     packed_lens(lens, NS, cu, kl);
     int T = cu[NS];
@@ -600,33 +603,45 @@ static void cross_paged_tiled(int H, int KVH, int D) {
     float *d_q = put(g_gpu, pv.q, FB(np)), *d_o = put(g_gpu, o, FB(np));
     int32_t *d_qo = put(g_gpu, pv.q_off, IB(NS + 1)), *d_bt = put(g_gpu, pv.bt, IB(NS * MAXB));
     int32_t *d_kl = put(g_gpu, kl, IB(NS));
-    for (int m = 0; m < 5; m++) {
+    for (int m = 0; m < MODES; m++) {
         int bf16 = m == 1 || m == 2 || m == 4, tc = m == 4;
         if (D > RF_FLASH_MAX_D && m != 0) continue; /* the reference kernels in every mode */
         if (tc && D % 16) continue;
         if (att[m]) setenv("RLFLOW_CUDA_ATTENTION", att[m], 1);
         CHECK_OK(g_gpu->set_precision(bf16 ? RF_PRECISION_BF16 : RF_PRECISION_FP32));
         run_attention_forward(g_gpu, train, lse, q, k, v, cu, cu, kl, NS, T, H, KVH, D);
-        g_gpu->paged_attention_forward(d_o, d_q, d_kp, d_vp, d_qo, d_bt, MAXB, d_kl, NS, BS, H, KVH, D);
-        g_gpu->to_host(o, d_o, FB(np));
+        /* decoding split over key chunks (by the batch: here split; forced; one block each) */
+        for (int dm = 0; dm < (m == 0 || m == 2 ? 3 : 1); dm++) {
+            if (dec[dm]) setenv("RLFLOW_CUDA_DECODE", dec[dm], 1);
+            g_gpu->zero(d_o, FB(np)); /* every row must be written */
+            g_gpu->paged_attention_forward(d_o, d_q, d_kp, d_vp, d_qo, d_bt, MAXB, d_kl, NS, BS, H, KVH, D);
+            g_gpu->to_host(o, d_o, FB(np));
+            unsetenv("RLFLOW_CUDA_DECODE");
+            char what[160];
+            snprintf(what, sizeof what, "paged attention vs training's, D=%d, precision %s%s%s%s%s", D,
+                     bf16 ? "bf16" : "fp32", att[m] ? ", RLFLOW_CUDA_ATTENTION=" : "",
+                     att[m] ? att[m] : "", dec[dm] ? ", RLFLOW_CUDA_DECODE=" : "", dec[dm] ? dec[dm] : "");
+            if (tc) {
+                rf_flash_ref_paged_forward(o0, pv.q, pv.kp, pv.vp, pv.q_off, pv.bt, MAXB, kl, NS, BS,
+                                           H, KVH, D, RF_FLASH_BF16_LOAD);
+                check_arr_f(what, o, o0, np, 2e-2);
+                continue;
+            }
+            size_t bad = paged_rows_differing(&pv, NS, o, train, H, D);
+            if (bad) printf("%s: %zu of %d query rows differ\n", what, bad, pv.q_off[NS]);
+            CHECK(bad == 0);
+        }
         CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
         unsetenv("RLFLOW_CUDA_ATTENTION");
-        char what[128];
-        snprintf(what, sizeof what, "paged attention vs training's, D=%d, precision %s%s%s", D,
-                 bf16 ? "bf16" : "fp32", att[m] ? ", RLFLOW_CUDA_ATTENTION=" : "", att[m] ? att[m] : "");
-        if (tc) {
-            rf_flash_ref_paged_forward(o0, pv.q, pv.kp, pv.vp, pv.q_off, pv.bt, MAXB, kl, NS, BS,
-                                       H, KVH, D, RF_FLASH_BF16_LOAD);
-            check_arr_f(what, o, o0, np, 2e-2);
-            continue;
-        }
-        size_t bad = paged_rows_differing(&pv, NS, o, train, H, D);
-        if (bad) printf("%s: %zu of %d query rows differ\n", what, bad, pv.q_off[NS]);
-        CHECK(bad == 0);
-        if (m == 0 && D <= RF_FLASH_MAX_D) {
-            rf_flash_ref_paged_forward(o0, pv.q, pv.kp, pv.vp, pv.q_off, pv.bt, MAXB, kl, NS, BS,
-                                       H, KVH, D, RF_FLASH_FP32);
-            check_arr_f("tiled paged attention vs cpu_flash_ref", o, o0, np, 2 * tol_red(D + 130));
+        if (m == 0) {
+            if (D <= RF_FLASH_MAX_D) {
+                rf_flash_ref_paged_forward(o0, pv.q, pv.kp, pv.vp, pv.q_off, pv.bt, MAXB, kl, NS,
+                                           BS, H, KVH, D, RF_FLASH_FP32);
+                check_arr_f("tiled paged attention vs cpu_flash_ref", o, o0, np, 2 * tol_red(D + 257));
+            }
+            g_cpu->paged_attention_forward(o0, pv.q, pv.kp, pv.vp, pv.q_off, pv.bt, MAXB, kl, NS,
+                                           BS, H, KVH, D);
+            check_arr_f("paged attention vs cpu", o, o0, np, 2 * tol_red(D + 257));
         }
     }
     g_gpu->free(d_kp), g_gpu->free(d_vp), g_gpu->free(d_q), g_gpu->free(d_o), g_gpu->free(d_qo);
@@ -635,11 +650,10 @@ static void cross_paged_tiled(int H, int KVH, int D) {
     free(q), free(k), free(v), free(train), free(lse), free(o), free(o0);
 }
 
-/* Paged decoding under RLFLOW_CUDA_DECODE=split: the split-K kernels (one-query rows) and the
- * unsplit kernel (a prefill chunk) against their CPU mirror rf_flash_ref_paged_decode (same split and order: fp32 rounding only),
- * and with RLFLOW_CUDA_ATTENTION=reference (every row unsplit) against the CPU back end; both
- * 2 tol_red(D + the longest key count). Contexts of 1 to 1500 keys, shuffled block tables. */
-static void cross_paged_decode(int H, int KVH, int D) {
+/* The unsplit paged kernel (RLFLOW_CUDA_ATTENTION=reference: every row, decoding steps and a
+ * prefill chunk) against the CPU back end, 2 tol_red(D + 1500): contexts of 1 to 1500 keys,
+ * shuffled block tables. */
+static void cross_paged_reference(int H, int KVH, int D) {
     enum { NS = 7, BS = 16, MAXB = 96 };
     static const int32_t qlen[NS] = {1, 1, 1, 1, 1, 1, 4}, klen[NS] = {1, 5, 64, 65, 300, 1500, 40};
     int32_t q_off[NS + 1], bt[NS * MAXB];
@@ -649,24 +663,20 @@ static void cross_paged_decode(int H, int KVH, int D) {
     for (int b = 0; b < n_blocks; b++) bt[b] = (int32_t)((b * 389 + 11) % n_blocks);
     size_t rows = (size_t)n_blocks * BS, np = rows * KVH * D, nq = (size_t)q_off[NS] * H * D;
     float *kp = fnormal(np, 1.0f), *vp = fnormal(np, 1.0f), *q = fnormal(nq, 1.0f);
-    float *o0 = fnew(nq), *o1 = fnew(nq), *o2 = fnew(nq);
-    rf_flash_ref_paged_decode(o0, q, kp, vp, q_off, bt, MAXB, klen, NS, BS, H, KVH, D);
+    float *o1 = fnew(nq), *o2 = fnew(nq);
     g_cpu->paged_attention_forward(o1, q, kp, vp, q_off, bt, MAXB, klen, NS, BS, H, KVH, D);
     float *d_kp = put(g_gpu, kp, FB(np)), *d_vp = put(g_gpu, vp, FB(np)), *d_q = put(g_gpu, q, FB(nq));
     float *d_o = put(g_gpu, o2, FB(nq));
     int32_t *d_qo = put(g_gpu, q_off, IB(NS + 1)), *d_bt = put(g_gpu, bt, IB(NS * MAXB));
     int32_t *d_kl = put(g_gpu, klen, IB(NS));
-    for (int ref = 0; ref <= 1; ref++) {
-        setenv(ref ? "RLFLOW_CUDA_ATTENTION" : "RLFLOW_CUDA_DECODE", ref ? "reference" : "split", 1);
-        g_gpu->paged_attention_forward(d_o, d_q, d_kp, d_vp, d_qo, d_bt, MAXB, d_kl, NS, BS, H, KVH, D);
-        g_gpu->to_host(o2, d_o, FB(nq));
-        unsetenv("RLFLOW_CUDA_ATTENTION"), unsetenv("RLFLOW_CUDA_DECODE");
-        check_arr_f(ref ? "paged attention, unsplit kernel, vs cpu" : "paged attention, split-K, vs cpu_flash_ref",
-                    o2, ref ? o1 : o0, nq, 2 * tol_red(D + 1500));
-    }
+    setenv("RLFLOW_CUDA_ATTENTION", "reference", 1);
+    g_gpu->paged_attention_forward(d_o, d_q, d_kp, d_vp, d_qo, d_bt, MAXB, d_kl, NS, BS, H, KVH, D);
+    g_gpu->to_host(o2, d_o, FB(nq));
+    unsetenv("RLFLOW_CUDA_ATTENTION");
+    check_arr_f("paged attention, unsplit kernel, vs cpu", o2, o1, nq, 2 * tol_red(D + 1500));
     g_gpu->free(d_kp), g_gpu->free(d_vp), g_gpu->free(d_q), g_gpu->free(d_o), g_gpu->free(d_qo);
     g_gpu->free(d_bt), g_gpu->free(d_kl);
-    free(kp), free(vp), free(q), free(o0), free(o1), free(o2);
+    free(kp), free(vp), free(q), free(o1), free(o2);
 }
 
 static void run_precision_and_flash_suite(uint64_t seed) {
@@ -683,8 +693,8 @@ static void run_precision_and_flash_suite(uint64_t seed) {
     cross_flash(lens_a, 1, 4, 1, 64);
     cross_flash_kvcache(14, 2, 64);
     cross_flash_kvcache(4, 4, 128);
-    cross_paged_decode(14, 2, 64);
-    cross_paged_decode(8, 8, 128);
+    cross_paged_reference(14, 2, 64);
+    cross_paged_reference(8, 8, 128);
     cross_paged_tiled(14, 2, 64);
     cross_paged_tiled(8, 8, 128);
     cross_paged_tiled(7, 1, 80);

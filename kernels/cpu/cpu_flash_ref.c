@@ -6,10 +6,12 @@
  * tiles of RF_FLASH_BC keys in ascending order up to the last key the tile's last query sees;
  * per query row keep the running max m, the running sum l of exp(score - m) and the
  * unnormalised output acc; at each tile m' = max(m, tile max), acc and l are rescaled by
- * exp(m - m'), then the tile's exp(score - m') are added. out = acc / l, lse = m + log l.
+ * exp(m - m'), then the tile's exp(score - m') are added; every RF_FLASH_CHUNK keys the
+ * state so far is merged into the chunks' merged state and starts afresh (not in
+ * RF_FLASH_BF16_MMA). out = acc / l, lse = m + log l of the merged state.
  * Backward (Algorithm 2, in its deterministic form): P = exp(scale q.k - lse) recomputed from
- * the saved lse, Di = dout_i . out_i (dout rounded at bf16 as the tiles load it); a dk/dv pass per (sequence, KV head, key tile) over the
- * group's heads and the query tiles that see the tile, then a dq pass per (sequence, head,
+ * the saved lse, Di = dout_i . out_i (dout rounded at bf16 as the tiles load it); a dk/dv pass
+ * per (sequence, KV head, key tile) over the group's heads and the query tiles that see the tile, then a dq pass per (sequence, head,
  * query tile) over the key tiles it sees. */
 #include <math.h>
 #include <stdlib.h>
@@ -42,6 +44,22 @@ typedef struct {
     float m, l, acc[MD];
 } row_state;
 
+static void state_init(row_state *st, int D) {
+    st->m = -INFINITY, st->l = 0.0f;
+    memset(st->acc, 0, sizeof(float) * (size_t)D);
+}
+
+/* t = the state of t's keys then c's (an empty state adds nothing; into an empty one, a copy):
+ * the CUDA kernels' merge_state. */
+static void state_merge(row_state *t, const row_state *c, int D) {
+    float m = fmaxf(t->m, c->m);
+    if (m == -INFINITY) return;
+    float ca = expf(t->m - m), cb = expf(c->m - m);
+    t->l = fmaf(t->l, ca, c->l * cb);
+    for (int d = 0; d < D; d++) t->acc[d] = fmaf(t->acc[d], ca, c->acc[d] * cb);
+    t->m = m;
+}
+
 /* One key tile (keys j0 .. j0 + nc - 1) into one query row that sees keys 0 .. lim. */
 static void online_update(row_state *st, const float *qr, float K[][MD], float V[][MD], int j0,
                           int nc, int lim, int D, float scale, int mode) {
@@ -69,16 +87,18 @@ static void forward_tile(float *out, float *lse, const float *q, const float *kb
                          const float *vb, int i0, int nr, int klen, int off, int H, int KVH,
                          int D, int bf16) {
     static __thread float Q[BR][MD], K[BC][MD], V[BC][MD];
-    static __thread row_state st[BR];
+    static __thread row_state st[BR], tot[BR]; /* the running chunk's state, the merged ones' */
     float scale = 1.0f / sqrtf((float)D);
     load_tile(Q, q, (size_t)H * D, nr, D, bf16);
-    for (int r = 0; r < nr; r++) {
-        st[r].m = -INFINITY, st[r].l = 0.0f;
-        memset(st[r].acc, 0, sizeof st[r].acc);
-    }
+    for (int r = 0; r < nr; r++) state_init(&st[r], D), state_init(&tot[r], D);
     int nkeys = i0 + nr + off; /* keys seen by the tile's last row */
     if (nkeys > klen) nkeys = klen;
     for (int j0 = 0; j0 < nkeys; j0 += BC) {
+        if (bf16 != RF_FLASH_BF16_MMA && j0 > 0 && j0 % RF_FLASH_CHUNK == 0)
+            for (int r = 0; r < nr; r++) { /* a chunk ends: merge it, start the next */
+                state_merge(&tot[r], &st[r], D);
+                state_init(&st[r], D);
+            }
         int nc = klen - j0 < BC ? klen - j0 : BC;
         load_tile(K, kb + (size_t)j0 * KVH * D, (size_t)KVH * D, nc, D, bf16);
         load_tile(V, vb + (size_t)j0 * KVH * D, (size_t)KVH * D, nc, D, bf16);
@@ -86,9 +106,10 @@ static void forward_tile(float *out, float *lse, const float *q, const float *kb
             online_update(&st[r], Q[r], K, V, j0, nc, i0 + r + off, D, scale, bf16);
     }
     for (int r = 0; r < nr; r++) {
-        float inv = st[r].l > 0.0f ? 1.0f / st[r].l : 0.0f;
-        for (int d = 0; d < D; d++) out[(size_t)r * H * D + d] = st[r].acc[d] * inv;
-        if (lse) lse[(size_t)r * H] = st[r].l > 0.0f ? st[r].m + logf(st[r].l) : -INFINITY;
+        state_merge(&tot[r], &st[r], D);
+        float inv = tot[r].l > 0.0f ? 1.0f / tot[r].l : 0.0f;
+        for (int d = 0; d < D; d++) out[(size_t)r * H * D + d] = tot[r].acc[d] * inv;
+        if (lse) lse[(size_t)r * H] = tot[r].l > 0.0f ? tot[r].m + logf(tot[r].l) : -INFINITY;
     }
 }
 
@@ -214,82 +235,9 @@ void rf_flash_ref_backward(float *dq, float *dk, float *dv, const float *dout, c
     free(di);
 }
 
-/* ---- paged decoding, split-K ---- */
-
-/* A partial softmax: running max, sum of exp(score - m), unnormalised output. */
-typedef struct {
-    float m, l, acc[MD];
-} partial;
-
-static void partial_init(partial *p, int D) {
-    p->m = -INFINITY, p->l = 0.0f;
-    memset(p->acc, 0, sizeof(float) * (size_t)D);
-}
-
-/* One key into a partial (the online softmax of one key at a time). */
-static void partial_add(partial *p, float sc, const float *vj, int D) {
-    float m_new = fmaxf(p->m, sc), corr = expf(p->m - m_new), e = expf(sc - m_new);
-    p->l = p->l * corr + e;
-    for (int d = 0; d < D; d++) p->acc[d] = p->acc[d] * corr + e * vj[d];
-    p->m = m_new;
-}
-
-/* into = into (+) b, combining two partials; an empty one (m = -inf) adds nothing. */
-static void partial_merge(partial *into, const partial *b, int D) {
-    float m = fmaxf(into->m, b->m);
-    if (m == -INFINITY) return;
-    float ca = expf(into->m - m), cb = expf(b->m - m);
-    into->l = into->l * ca + b->l * cb;
-    for (int d = 0; d < D; d++) into->acc[d] = into->acc[d] * ca + b->acc[d] * cb;
-    into->m = m;
-}
-
 static const float *pool_row(const float *pool, const int32_t *bt, int j, int block_size, int KVH,
                              int D, int kvh) {
     return pool + (((size_t)bt[j / block_size] * block_size + j % block_size) * KVH + kvh) * D;
-}
-
-void rf_flash_ref_paged_decode(float *out, const float *q, const float *k_pool, const float *v_pool,
-                               const int32_t *q_off, const int32_t *block_table, int max_blocks,
-                               const int32_t *k_len, int n_seq, int block_size, int H, int KVH,
-                               int D) {
-    static __thread partial total, split, warp;
-    RF_ASSERT(D >= 1 && D <= MD); /* the partials hold MD floats */
-    int group = H / KVH;
-    float scale = 1.0f / sqrtf((float)D);
-    for (int s = 0; s < n_seq; s++) {
-        int qlen = q_off[s + 1] - q_off[s];
-        const int32_t *bt = block_table + (size_t)s * max_blocks;
-        for (int i = 0; i < qlen; i++)
-            for (int h = 0; h < H; h++) {
-                size_t row = (size_t)(q_off[s] + i) * H + h;
-                const float *qr = q + row * D;
-                int nk = i + (k_len[s] - qlen) + 1, kvh = h / group;
-                partial_init(&total, D);
-                if (qlen > 1) { /* the unsplit kernel: keys in order */
-                    for (int j = 0; j < nk; j++)
-                        partial_add(&total, scale * dotf(qr, pool_row(k_pool, bt, j, block_size, KVH, D, kvh), D),
-                                    pool_row(v_pool, bt, j, block_size, KVH, D, kvh), D);
-                } else if (nk > 0) {
-                    int ns, chunk;
-                    rf_decode_split(nk, &ns, &chunk);
-                    for (int sp = 0; sp < ns; sp++) {
-                        int lo = sp * chunk, hi = lo + chunk < nk ? lo + chunk : nk;
-                        partial_init(&split, D);
-                        for (int w = 0; w < RF_DECODE_WARPS; w++) {
-                            partial_init(&warp, D);
-                            for (int j = lo + w; j < hi; j += RF_DECODE_WARPS)
-                                partial_add(&warp, scale * dotf(qr, pool_row(k_pool, bt, j, block_size, KVH, D, kvh), D),
-                                            pool_row(v_pool, bt, j, block_size, KVH, D, kvh), D);
-                            partial_merge(&split, &warp, D);
-                        }
-                        partial_merge(&total, &split, D);
-                    }
-                }
-                float inv = total.l > 0.0f ? 1.0f / total.l : 0.0f;
-                for (int d = 0; d < D; d++) out[row * D + d] = total.acc[d] * inv;
-            }
-    }
 }
 
 /* ---- paged attention, tiled (the CUDA back end's default) ---- */

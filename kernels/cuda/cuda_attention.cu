@@ -97,9 +97,9 @@ rf_status rf__cuda_check_env(void) {
     if (!ok)
         return rf_error(RF_ERR_ARG, "cuda: RLFLOW_CUDA_ATTENTION=\"%s\": expected reference, "
                         "fma or bf16 (or unset: fp32 tiled attention)", e);
-    if (d && strcmp(d, "split") != 0)
-        return rf_error(RF_ERR_ARG, "cuda: RLFLOW_CUDA_DECODE=\"%s\": expected split (or unset: "
-                        "decoding's attention in training's order)", d);
+    if (d && strcmp(d, "split") != 0 && strcmp(d, "tiled") != 0)
+        return rf_error(RF_ERR_ARG, "cuda: RLFLOW_CUDA_DECODE=\"%s\": expected split or tiled (or "
+                        "unset: chosen by the batch)", d);
     return RF_OK;
 }
 

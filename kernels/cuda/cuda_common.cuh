@@ -237,7 +237,9 @@ void rf__cuda_flash_backward(float *dq, float *dk, float *dv, const float *dout,
                              const float *k, const float *v, const float *out, const float *lse,
                              const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH, int D);
 /* paged_attention_forward (kernels.h) by the tiled forward above, key tiles read through the
- * block table: each row gets the bits rf__cuda_flash_forward gives it (same shapes as that). */
+ * block table, decoding steps split over their key chunks where there are few sequences
+ * (RLFLOW_CUDA_DECODE=split / =tiled force it): each row gets the bits rf__cuda_flash_forward
+ * gives it (same shapes as that). */
 void rf__cuda_flash_paged_forward(float *out, const float *q, const float *k_pool,
                                   const float *v_pool, const int32_t *q_off,
                                   const int32_t *block_table, int max_blocks,

@@ -17,30 +17,38 @@
  * padded by one float so that lanes reading different rows hit different banks. A score is
  * one lane's dot product over D (lane = the key, or the query, of the tile); probabilities are
  * broadcast with __shfl_sync into the accumulations. Every output row is written by one warp:
- * no atomics, deterministic. The forward is also decoding's attention over the paged KV cache
- * (kv_paged below; cuda_paged.cu), so that generation and training give a row the same bits.
+ * no atomics, deterministic. The forward takes a row's keys in fixed chunks of RF_FLASH_CHUNK
+ * whose softmax states it merges in order; it is also decoding's attention over the paged KV
+ * cache (kv_paged below; cuda_paged.cu), a decoding step's chunks then possibly each in its own
+ * block and merged by a second kernel, so that generation and training give a row the same
+ * bits whatever the batch.
  *
- * Precision: fp32 arithmetic at every precision by default (as on the CPU and in decoding's
- * paged kernels: the same log-probs from generation and training). Where attention rounds to
+ * Precision: fp32 arithmetic at every precision by default (as on the CPU: the same log-probs
+ * from generation and training). Where attention rounds to
  * bf16 (rf__cuda_attention_bf16: RLFLOW_CUDA_ATTENTION=bf16 or fma at precision bf16), q, k, v
  * and dout are rounded to bf16 as they are loaded (__float2bfloat16_rn); scores, softmax
  * statistics (m, l, lse, Di) and accumulators stay fp32. The products here run on CUDA cores
  * (FMA); under =bf16 the forward and the backward go to the tensor-core kernels of
  * cuda_flash_mma.cu where they can (head dims multiple of 16, sm_80+; docs/cuda.md). */
 #include <cuda_bf16.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/flash_ref.h"
 
 #define BR RF_FLASH_BR
 #define BC RF_FLASH_BC
+#define CH RF_FLASH_CHUNK
 #define FWARPS 4
 #define ROWS_PER_WARP (BR / FWARPS) /* = BC / FWARPS = 8 */
 #define FTHREADS (32 * FWARPS)
 
 static_assert(BR == BC, "one warp layout serves query and key tiles");
+static_assert(CH % BC == 0, "chunks are whole key tiles");
 
 static __device__ inline float ld_round(float x, int bf16) {
     return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
@@ -111,40 +119,86 @@ static __device__ inline void load_q_tile(float *tile, const float *q, int q_fir
     }
 }
 
-/* grid (tiles of BR (query, head) pairs, stride gridDim.x; n_seq; KVH). NPL: head dims per lane
- * (D <= 32 NPL). A block's tile holds the rows of every head of a KV head's group (pair p =
- * query p / group, head p % group of the group), so each key tile is loaded once for the group
- * (FlashAttention's GQA packing): a decoding step of a model with groups of 7 reads its KV cache
- * once, not 7 times. Warp w takes the tile's rows w, w + 4, ...
- * A row's arithmetic depends on its own q and keys only, not on which tile, warp or kernel
- * instance computes it, nor on the tile's other rows (key tiles past a row's last key add exact
- * zeros: a factor exp(0) = 1 and products 0 v): training's forward and decoding's (kv_paged)
- * give a row the same bits. */
-template <int NPL, class KV>
+/* (m_t, l_t, acc_t) = the softmax state of keys A, merged with (m_c, l_c, acc_c), that of the
+ * keys B after them: the state of A then B. An empty state (m = -inf, l = 0, acc = 0) adds
+ * nothing, and merging into an empty one copies exactly (factors exp(-inf) = 0, exp(0) = 1).
+ * One function for the forward's own chunk boundaries and for split decoding's combine, so
+ * both round alike. */
+template <int NPL>
+static __device__ inline void merge_state(float &m_t, float &l_t, float *acc_t, float m_c,
+                                          float l_c, const float *acc_c) {
+    float m = fmaxf(m_t, m_c);
+    if (m == -INFINITY) return;
+    float ca = expf(m_t - m), cb = expf(m_c - m);
+    l_t = fmaf(l_t, ca, l_c * cb);
+#pragma unroll
+    for (int i = 0; i < NPL; i++) acc_t[i] = fmaf(acc_t[i], ca, acc_c[i] * cb);
+    m_t = m;
+}
+
+/* Which rows a forward launch takes: all, only those of one-query sequences (decoding steps,
+ * split over key chunks), or all but those. */
+enum { ROWS_ALL = 0, ROWS_ONE_QUERY = 1, ROWS_NOT_ONE_QUERY = 2 };
+
+/* grid (tiles of BR (query, head) pairs, stride gridDim.x; n_seq; KVH) or, SPLIT, (key chunks;
+ * n_seq; KVH). NPL: head dims per lane (D <= 32 NPL). A block's tile holds the rows of every
+ * head of a KV head's group (pair p = query p / group, head p % group of the group), so each
+ * key tile is loaded once for the group (FlashAttention's GQA packing): a decoding step of a
+ * model with groups of 7 reads its KV cache once, not 7 times. Warp w takes rows w, w + 4, ...
+ *
+ * A row's keys are taken in chunks of RF_FLASH_CHUNK (from key 0 of its sequence), each chunk's
+ * tiles with the online softmax from an empty state, the chunks' states merged in order
+ * (merge_state). Not SPLIT, one block does it all in registers; SPLIT, block x takes chunk x of
+ * the rows of one-query sequences and writes its state to part (m, l, acc), and
+ * decode_combine_kernel merges them in order: the same operations in the same order, so a
+ * decoding step split over many blocks gets the bits one block (and training) gets.
+ * A row's arithmetic depends on its own q and keys only, not on which tile, warp, block or
+ * kernel instance computes it, nor on the tile's other rows (key tiles past a row's last key
+ * add exact zeros: a factor exp(0) = 1 and products 0 v; chunks past it are empty states):
+ * training's forward and decoding's (kv_paged) give a row the same bits. */
+template <int NPL, class KV, bool SPLIT>
 static __global__ void __launch_bounds__(FTHREADS)
-flash_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
-                     KV kv, const int32_t *q_off, const int32_t *k_len, int H, int KVH, int D,
-                     int bf16) {
+flash_forward_kernel(float *out, float *lse, float *part, const float *q, const float *k,
+                     const float *v, KV kv, const int32_t *q_off, const int32_t *k_len, int H,
+                     int KVH, int D, int bf16, int rows, int max_chunks) {
     extern __shared__ float sm[];
     int s = blockIdx.y, kvh = blockIdx.z, group = H / KVH, ld = D + 1;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float *Q = sm, *K = Q + BR * ld, *V = K + BC * ld;
     int qlen = q_off[s + 1] - q_off[s], klen = k_len[s], off = klen - qlen;
+    if ((rows == ROWS_ONE_QUERY && qlen != 1) || (rows == ROWS_NOT_ONE_QUERY && qlen == 1))
+        return; /* block-uniform */
+    int chunk = SPLIT ? (int)blockIdx.x : 0, x0 = SPLIT ? 0 : (int)blockIdx.x;
+    int xs = SPLIT ? 1 : (int)gridDim.x;
+    if (SPLIT && chunk * CH >= klen) return;
     int pairs = qlen * group;
     float scale = 1.0f / sqrtf((float)D);
-    for (int p0 = blockIdx.x * BR; p0 < pairs; p0 += gridDim.x * BR) {
+    for (int p0 = x0 * BR; p0 < pairs; p0 += xs * BR) {
         int nr = min(BR, pairs - p0);
         __syncthreads(); /* the previous tile's readers are done */
         load_q_tile(Q, q, q_off[s], p0, nr, group, kvh, H, D, ld, bf16);
+        /* per row: the running chunk's state (m, l, acc) and, not SPLIT, the merged state of
+         * the chunks before it (mt, lt, acct) */
         float m[ROWS_PER_WARP], l[ROWS_PER_WARP], acc[ROWS_PER_WARP][NPL];
+        float mt[ROWS_PER_WARP], lt[ROWS_PER_WARP], acct[ROWS_PER_WARP][NPL];
 #pragma unroll
         for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
-            m[rr] = -INFINITY, l[rr] = 0.0f;
+            m[rr] = mt[rr] = -INFINITY, l[rr] = lt[rr] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < NPL; i++) acc[rr][i] = 0.0f;
+            for (int i = 0; i < NPL; i++) acc[rr][i] = acct[rr][i] = 0.0f;
         }
         int nkeys = min((p0 + nr - 1) / group + 1 + off, klen); /* the tile's last query's */
-        for (int j0 = 0; j0 < nkeys; j0 += BC) {
+        int jlo = SPLIT ? chunk * CH : 0, jhi = SPLIT ? min(nkeys, jlo + CH) : nkeys;
+        for (int j0 = jlo; j0 < jhi; j0 += BC) {
+            if (!SPLIT && j0 > 0 && j0 % CH == 0) { /* a chunk ends: merge it, start the next */
+#pragma unroll
+                for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+                    merge_state<NPL>(mt[rr], lt[rr], acct[rr], m[rr], l[rr], acc[rr]);
+                    m[rr] = -INFINITY, l[rr] = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < NPL; i++) acc[rr][i] = 0.0f;
+                }
+            }
             int nc = min(BC, klen - j0);
             __syncthreads();
             load_kv_tile(K, k, kv, s, kvh, j0, nc, D, ld, bf16);
@@ -178,14 +232,64 @@ flash_forward_kernel(float *out, float *lse, const float *q, const float *k, con
         for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
             int r = rr * FWARPS + warp, pr = p0 + r;
             if (r >= nr) continue;
-            size_t row = (size_t)(q_off[s] + pr / group) * H + kvh * group + pr % group;
-            float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+            int h = kvh * group + pr % group;
+            if (SPLIT) { /* one query: pair pr is head pr of the group */
+                size_t slot = ((size_t)s * H + h) * max_chunks + chunk;
+                float *pm = part, *pl = pm + (size_t)gridDim.y * H * max_chunks;
+                float *pacc = pl + (size_t)gridDim.y * H * max_chunks;
+                if (lane == 0) pm[slot] = m[rr], pl[slot] = l[rr];
+#pragma unroll
+                for (int i = 0; i < NPL; i++) {
+                    int d = lane + 32 * i;
+                    if (d < D) pacc[slot * D + d] = acc[rr][i];
+                }
+                continue;
+            }
+            merge_state<NPL>(mt[rr], lt[rr], acct[rr], m[rr], l[rr], acc[rr]);
+            size_t row = (size_t)(q_off[s] + pr / group) * H + h;
+            float inv = lt[rr] > 0.0f ? 1.0f / lt[rr] : 0.0f;
 #pragma unroll
             for (int i = 0; i < NPL; i++) {
                 int d = lane + 32 * i;
-                if (d < D) out[row * D + d] = acc[rr][i] * inv;
+                if (d < D) out[row * D + d] = acct[rr][i] * inv;
             }
-            if (lse && lane == 0) lse[row] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
+            if (lse && lane == 0) lse[row] = lt[rr] > 0.0f ? mt[rr] + logf(lt[rr]) : -INFINITY;
+        }
+    }
+}
+
+/* out rows of one-query sequences from the split forward's chunk states, merged in order from an
+ * empty state as the unsplit forward merges them: one warp per (sequence, head), grid-stride. */
+template <int NPL>
+static __global__ void decode_combine_kernel(float *out, const float *part, const int32_t *q_off,
+                                             const int32_t *k_len, int n_seq, int H, int D,
+                                             int max_chunks) {
+    int lane = threadIdx.x % 32;
+    size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    size_t n_warps = (size_t)gridDim.x * blockDim.x / 32, n = (size_t)n_seq * H * max_chunks;
+    const float *pm = part, *pl = pm + n, *pacc = pl + n;
+    for (size_t sh = warp; sh < (size_t)n_seq * H; sh += n_warps) {
+        int s = (int)(sh / H), h = (int)(sh % H);
+        if (q_off[s + 1] - q_off[s] != 1) continue;
+        int n_chunks = (k_len[s] + CH - 1) / CH;
+        float mt = -INFINITY, lt = 0.0f, acct[NPL], accc[NPL];
+#pragma unroll
+        for (int i = 0; i < NPL; i++) acct[i] = 0.0f;
+        for (int c = 0; c < n_chunks; c++) {
+            size_t slot = sh * max_chunks + c;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) {
+                int d = lane + 32 * i;
+                accc[i] = d < D ? pacc[slot * D + d] : 0.0f;
+            }
+            merge_state<NPL>(mt, lt, acct, pm[slot], pl[slot], accc);
+        }
+        size_t row = (size_t)q_off[s] * H + h;
+        float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+            int d = lane + 32 * i;
+            if (d < D) out[row * D + d] = acct[i] * inv;
         }
     }
 }
@@ -195,22 +299,28 @@ int rf__cuda_flash_supported(int n_seq, int H, int KVH, int D) {
            H % KVH == 0;
 }
 
-template <class KV>
-static void launch_forward(float *out, float *lse, const float *q, const float *k,
-                           const float *v, KV kv, const int32_t *q_off, const int32_t *k_len,
-                           int n_seq, int H, int KVH, int D, int bf16) {
+template <int NPL, class KV, bool SPLIT>
+static int launch_forward_t(dim3 grid, float *out, float *lse, float *part, const float *q,
+                            const float *k, const float *v, KV kv, const int32_t *q_off,
+                            const int32_t *k_len, int H, int KVH, int D, int bf16, int rows,
+                            int max_chunks) {
     size_t sm = smem_bytes(3, D);
+    if (!rf__allow_smem(flash_forward_kernel<NPL, KV, SPLIT>, sm)) return 0;
+    flash_forward_kernel<NPL, KV, SPLIT><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
+        out, lse, part, q, k, v, kv, q_off, k_len, H, KVH, D, bf16, rows, max_chunks);
+    return RF_CUDA_LAUNCH_CHECK();
+}
+
+/* The unsplit forward over the rows `rows` names (1 when launched). */
+template <class KV>
+static int launch_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                          KV kv, const int32_t *q_off, const int32_t *k_len, int n_seq, int H,
+                          int KVH, int D, int bf16, int rows) {
     dim3 grid((unsigned)rf__flash_forward_gx(n_seq, KVH), (unsigned)n_seq, (unsigned)KVH);
-    if (D <= 64) {
-        if (!rf__allow_smem(flash_forward_kernel<2, KV>, sm)) return;
-        flash_forward_kernel<2, KV><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
-            out, lse, q, k, v, kv, q_off, k_len, H, KVH, D, bf16);
-    } else {
-        if (!rf__allow_smem(flash_forward_kernel<4, KV>, sm)) return;
-        flash_forward_kernel<4, KV><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
-            out, lse, q, k, v, kv, q_off, k_len, H, KVH, D, bf16);
-    }
-    RF_CUDA_LAUNCH_CHECK();
+    return D <= 64 ? launch_forward_t<2, KV, false>(grid, out, lse, NULL, q, k, v, kv, q_off, k_len,
+                                                    H, KVH, D, bf16, rows, 0)
+                   : launch_forward_t<4, KV, false>(grid, out, lse, NULL, q, k, v, kv, q_off, k_len,
+                                                    H, KVH, D, bf16, rows, 0);
 }
 
 void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float *k,
@@ -222,7 +332,19 @@ void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float 
         return;
     }
     kv_rows kv = {k_start, KVH, D};
-    launch_forward(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH, D, bf16);
+    launch_forward(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH, D, bf16, ROWS_ALL);
+}
+
+/* Whether a paged forward splits its decoding rows over key chunks: RLFLOW_CUDA_DECODE=split /
+ * =tiled force it; by default where there are few (sequence, KV head) blocks to fill the GPU
+ * and contexts span several chunks, and the chunk states fit 64 MB. The bits are the same
+ * either way; only the speed differs. */
+static int paged_split(int n_seq, int H, int KVH, int D, int max_chunks) {
+    const char *e = getenv("RLFLOW_CUDA_DECODE");
+    size_t bytes = sizeof(float) * (size_t)n_seq * H * max_chunks * (D + 2);
+    if (e && strcmp(e, "tiled") == 0) return 0;
+    if (e && strcmp(e, "split") == 0) return 1;
+    return max_chunks > 1 && (size_t)n_seq * KVH < 1024 && bytes <= ((size_t)64 << 20);
 }
 
 void rf__cuda_flash_paged_forward(float *out, const float *q, const float *k_pool,
@@ -231,8 +353,34 @@ void rf__cuda_flash_paged_forward(float *out, const float *q, const float *k_poo
                                   const int32_t *k_len, int n_seq, int block_size, int H,
                                   int KVH, int D) {
     kv_paged kv = {block_table, max_blocks, block_size, KVH, D};
-    launch_forward(out, (float *)NULL, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D,
-                   rf__cuda_attention_bf16() != RF_ATT_FP32);
+    int bf16 = rf__cuda_attention_bf16() != RF_ATT_FP32;
+    long long max_keys = (long long)max_blocks * block_size;
+    int max_chunks = (int)((max_keys + CH - 1) / CH > INT_MAX ? INT_MAX : (max_keys + CH - 1) / CH);
+    int split = paged_split(n_seq, H, KVH, D, max_chunks);
+    if (!launch_forward(out, (float *)NULL, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D,
+                        bf16, split ? ROWS_NOT_ONE_QUERY : ROWS_ALL) || !split)
+        return;
+    cudaStream_t st = rf__cuda.stream;
+    size_t n = (size_t)n_seq * H * max_chunks;
+    float *part = NULL; /* chunk states: m, l (n) then acc (n, D); stream-ordered */
+    if (!RF_CUDA_CHECK(cudaMallocAsync((void **)&part, sizeof(float) * n * (D + 2), st))) return;
+    dim3 grid((unsigned)max_chunks, (unsigned)n_seq, (unsigned)KVH);
+    int ok = D <= 64 ? launch_forward_t<2, kv_paged, true>(grid, NULL, NULL, part, q, k_pool, v_pool,
+                                                           kv, q_off, k_len, H, KVH, D, bf16,
+                                                           ROWS_ONE_QUERY, max_chunks)
+                     : launch_forward_t<4, kv_paged, true>(grid, NULL, NULL, part, q, k_pool, v_pool,
+                                                           kv, q_off, k_len, H, KVH, D, bf16,
+                                                           ROWS_ONE_QUERY, max_chunks);
+    if (ok) {
+        size_t blocks = ((size_t)n_seq * H + FWARPS - 1) / FWARPS;
+        unsigned g = blocks > RF_CUDA_MAX_GRID ? RF_CUDA_MAX_GRID : (unsigned)blocks;
+        if (D <= 64)
+            decode_combine_kernel<2><<<g, FTHREADS, 0, st>>>(out, part, q_off, k_len, n_seq, H, D, max_chunks);
+        else
+            decode_combine_kernel<4><<<g, FTHREADS, 0, st>>>(out, part, q_off, k_len, n_seq, H, D, max_chunks);
+        RF_CUDA_LAUNCH_CHECK();
+    }
+    RF_CUDA_CHECK(cudaFreeAsync(part, st));
 }
 
 /* ---- backward (training layout: k_start = q_off = cu_seqlens, k_len = q_len) ---- */
