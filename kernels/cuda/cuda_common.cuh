@@ -213,6 +213,25 @@ static inline int rf__flash_backward_gx(int T, int tile) {
     return gx < 1 ? 1 : gx > 64 ? 64 : gx;
 }
 
+/* Where the tiled forwards (cuda_flash.cu, cuda_flash_mma.cu) find key (and value) row j of
+ * sequence s and KV head kvh: contiguous rows from k_start[s] (training, a KV cache) ... */
+struct kv_rows {
+    const int32_t *k_start;
+    int KVH, D;
+    __device__ size_t at(int s, int kvh, int j) const {
+        return ((size_t)(k_start[s] + j) * KVH + kvh) * D;
+    }
+};
+/* ... or through sequence s's row of a block table (the paged KV cache: kernels.h). */
+struct kv_paged {
+    const int32_t *block_table;
+    int max_blocks, block_size, KVH, D;
+    __device__ size_t at(int s, int kvh, int j) const {
+        size_t b = (size_t)block_table[(size_t)s * max_blocks + j / block_size];
+        return ((b * block_size + j % block_size) * KVH + kvh) * D;
+    }
+};
+
 /* cuda_flash.cu: the tiled (FlashAttention-2) kernels behind attention_forward/backward.
  * rf__cuda_flash_supported: whether they take this shape (D <= RF_FLASH_MAX_D, grid limits);
  * rf__cuda_attention_flash: whether the op should use them (the shape, and RLFLOW_CUDA_ATTENTION
@@ -250,6 +269,13 @@ void rf__cuda_flash_paged_forward(float *out, const float *q, const float *k_poo
  * rf__cuda_flash_forward / _backward take under RF_ATT_BF16_TC; the backward's di (T, H) =
  * dout . out, made by the caller. */
 int rf__cuda_flash_mma_supported(int D, int backward);
+/* rf__cuda_flash_paged_forward's twin on tensor cores (decoding under RF_ATT_BF16_TC): a row
+ * gets the bits rf__cuda_flash_forward_mma gives it. */
+void rf__cuda_flash_paged_forward_mma(float *out, const float *q, const float *k_pool,
+                                      const float *v_pool, const int32_t *q_off,
+                                      const int32_t *block_table, int max_blocks,
+                                      const int32_t *k_len, int n_seq, int block_size, int H,
+                                      int KVH, int D);
 void rf__cuda_flash_forward_mma(float *out, float *lse, const float *q, const float *k,
                                 const float *v, const int32_t *q_off, const int32_t *k_start,
                                 const int32_t *k_len, int n_seq, int H, int KVH, int D);

@@ -77,25 +77,6 @@ static size_t smem_bytes(int tiles, int D) { return sizeof(float) * (size_t)tile
 
 /* ---- forward ---- */
 
-/* Where the forward finds key (and value) row j of sequence s and KV head kvh: contiguous rows
- * from k_start[s] (training, a KV cache) ... */
-struct kv_rows {
-    const int32_t *k_start;
-    int KVH, D;
-    __device__ size_t at(int s, int kvh, int j) const {
-        return ((size_t)(k_start[s] + j) * KVH + kvh) * D;
-    }
-};
-/* ... or through sequence s's row of a block table (the paged KV cache: kernels.h). */
-struct kv_paged {
-    const int32_t *block_table;
-    int max_blocks, block_size, KVH, D;
-    __device__ size_t at(int s, int kvh, int j) const {
-        size_t b = (size_t)block_table[(size_t)s * max_blocks + j / block_size];
-        return ((b * block_size + j % block_size) * KVH + kvh) * D;
-    }
-};
-
 /* tile (BC rows, padded row length ld) = key rows j0 .. j0 + n - 1 of (s, kvh) in x, zero past
  * n; every thread of the block takes part. */
 template <class KV>
@@ -352,8 +333,13 @@ void rf__cuda_flash_paged_forward(float *out, const float *q, const float *k_poo
                                   const int32_t *block_table, int max_blocks,
                                   const int32_t *k_len, int n_seq, int block_size, int H,
                                   int KVH, int D) {
+    int att = rf__cuda_attention_bf16(), bf16 = att != RF_ATT_FP32;
+    if (att == RF_ATT_BF16_TC && rf__cuda_flash_mma_supported(D, 0)) { /* training's twin */
+        rf__cuda_flash_paged_forward_mma(out, q, k_pool, v_pool, q_off, block_table, max_blocks,
+                                         k_len, n_seq, block_size, H, KVH, D);
+        return;
+    }
     kv_paged kv = {block_table, max_blocks, block_size, KVH, D};
-    int bf16 = rf__cuda_attention_bf16() != RF_ATT_FP32;
     long long max_keys = (long long)max_blocks * block_size;
     int max_chunks = (int)((max_keys + CH - 1) / CH > INT_MAX ? INT_MAX : (max_keys + CH - 1) / CH);
     int split = paged_split(n_seq, H, KVH, D, max_chunks);

@@ -7,9 +7,13 @@
  * for GPUs before sm_80 and where the tiles do not fit; tests/test_kernels_cuda.c checks this kernel against the
  * CPU mirror kernels/cpu/cpu_flash_ref.c in its RF_FLASH_BF16_MMA mode and against the FMA one.
  *
- * Work split. A block of 4 warps owns a tile of 64 query rows of one (sequence, head), each warp
- * 16 of them, and visits the key tiles of RF_FLASH_BC = 32 keys in order: the same key tiles,
- * hence the same online-softmax steps per row, as the mirror and the FMA kernel. Per key tile:
+ * Work split. A block of 4 warps owns a tile of 64 (query, head) rows of one (sequence, KV
+ * head), the rows of the group's heads query by query, each warp 16 of them, and visits the key
+ * tiles of RF_FLASH_BC = 32 keys in order: the same key tiles, hence the same online-softmax
+ * steps per row, as the mirror and the FMA kernel (which also merges chunks of RF_FLASH_CHUNK
+ * keys; this one takes every tile in one run). It is also decoding's attention over the paged KV
+ * cache under RLFLOW_CUDA_ATTENTION=bf16 (rf__cuda_flash_paged_forward_mma), one block per
+ * (row tile, sequence, KV head), never split: a row gets training's bits. Per key tile:
  *  1. the block stages K and V, rounded to bf16, in shared memory (Q was staged once per tile);
  *  2. each warp computes its 16 x 32 scores with WMMA into shared memory (fp32);
  *  3. the warp walks its 16 rows, lane = key: scaled and masked score, the row's new max m'
@@ -125,15 +129,44 @@ static __device__ inline void pv_mma(float *Ow, const __nv_bfloat16 *Pw, const _
 #endif
 }
 
-/* grid (query tiles of TC_BR, stride gridDim.x; n_seq; H), TC_THREADS threads, L.bytes of
- * dynamic shared memory. */
+/* Q tile (TC_BR x D, bf16, leading dim ld) = rows p0 .. p0 + n - 1 of sequence s's (query,
+ * head) pairs of KV head kvh's group (pair p = query p / group, head kvh group + p % group;
+ * q_first: the sequence's first query row), zero past n. */
+static __device__ inline void load_q_bf16(__nv_bfloat16 *tile, const float *q, int q_first,
+                                          int p0, int n, int group, int kvh, int H, int D,
+                                          int ld) {
+    for (int idx = threadIdx.x; idx < TC_BR * D; idx += blockDim.x) {
+        int r = idx / D, d = idx % D, p = p0 + r;
+        size_t row = (size_t)(q_first + p / group) * H + kvh * group + p % group;
+        tile[r * ld + d] = __float2bfloat16_rn(r < n ? q[row * D + d] : 0.0f);
+    }
+}
+
+/* K or V tile (TC_BC x D, bf16) = key rows j0 .. j0 + n - 1 of (s, kvh) in x, zero past n. */
+template <class KV>
+static __device__ inline void load_kv_bf16(__nv_bfloat16 *tile, const float *x, const KV &kv,
+                                           int s, int kvh, int j0, int n, int D, int ld) {
+    for (int idx = threadIdx.x; idx < TC_BC * D; idx += blockDim.x) {
+        int r = idx / D, d = idx % D;
+        tile[r * ld + d] = __float2bfloat16_rn(r < n ? x[kv.at(s, kvh, j0 + r) + d] : 0.0f);
+    }
+}
+
+/* grid (tiles of TC_BR (query, head) pairs, stride gridDim.x; n_seq; KVH), TC_THREADS threads,
+ * L.bytes of dynamic shared memory. A tile holds the rows of every head of a KV head's group
+ * (pair p = query p / group, head p % group of the group), so each key tile is loaded once for
+ * the group, as in cuda_flash.cu. A row's arithmetic depends on its own q and keys only: the
+ * tensor cores' products give output row i from row i of A alone, key tiles past a row's last
+ * key add exact zeros (p = 0 and corr = 1), so training's forward (kv_rows) and decoding's over
+ * the paged cache (kv_paged) give a row the same bits. */
+template <class KV>
 static __global__ void __launch_bounds__(TC_THREADS)
 flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
-                         const int32_t *q_off, const int32_t *k_start, const int32_t *k_len,
-                         int H, int KVH, int D) {
+                         KV kv, const int32_t *q_off, const int32_t *k_len, int H, int KVH,
+                         int D) {
     extern __shared__ __align__(128) unsigned char smem[];
     const tc_layout L = tc_layout_of(D);
-    int s = blockIdx.y, h = blockIdx.z, kvh = h / (H / KVH);
+    int s = blockIdx.y, kvh = blockIdx.z, group = H / KVH;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wr0 = warp * 16;
     __nv_bfloat16 *Q = (__nv_bfloat16 *)(smem + L.q), *K = (__nv_bfloat16 *)(smem + L.k);
     __nv_bfloat16 *V = (__nv_bfloat16 *)(smem + L.v), *P = (__nv_bfloat16 *)(smem + L.p);
@@ -141,15 +174,12 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
     __nv_bfloat16 *Qw = Q + wr0 * L.ldh, *Pw = P + wr0 * L.ldp;
     float *Sw = S + wr0 * L.lds, *Ow = O + wr0 * L.ldo;
     int qlen = q_off[s + 1] - q_off[s], klen = k_len[s], off = klen - qlen;
+    int pairs = qlen * group;
     float scale = 1.0f / sqrtf((float)D);
-    size_t qs = (size_t)H * D, ks = (size_t)KVH * D;
-    const float *kb = k + ((size_t)k_start[s] * KVH + kvh) * D;
-    const float *vb = v + ((size_t)k_start[s] * KVH + kvh) * D;
-    for (int i0 = blockIdx.x * TC_BR; i0 < qlen; i0 += gridDim.x * TC_BR) {
-        int nr = min(TC_BR, qlen - i0);
-        size_t row0 = (size_t)(q_off[s] + i0) * H + h;
+    for (int p0 = blockIdx.x * TC_BR; p0 < pairs; p0 += gridDim.x * TC_BR) {
+        int nr = min(TC_BR, pairs - p0);
         __syncthreads(); /* the previous tile's readers are done */
-        load_bf16(Q, q + row0 * D, qs, nr, TC_BR, D, L.ldh);
+        load_q_bf16(Q, q, q_off[s], p0, nr, group, kvh, H, D, L.ldh);
         for (int idx = threadIdx.x; idx < TC_BR * D; idx += blockDim.x)
             O[(idx / D) * L.ldo + idx % D] = 0.0f;
         __syncthreads(); /* a warp's rows of O are zeroed by every warp; a tile that sees no key
@@ -157,26 +187,26 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
         float m[16], l[16];
 #pragma unroll
         for (int rr = 0; rr < 16; rr++) m[rr] = -INFINITY, l[rr] = 0.0f;
-        int nkeys = min(i0 + nr + off, klen);
+        int nkeys = min((p0 + nr - 1) / group + 1 + off, klen); /* the tile's last query's */
         /* the warp's rows see keys up to wlim; rows past nr none (warp-uniform) */
-        int wlim = wr0 < nr ? i0 + min(wr0 + 15, nr - 1) + off : -1;
+        int wlim = wr0 < nr ? (p0 + min(wr0 + 15, nr - 1)) / group + off : -1;
         for (int j0 = 0; j0 < nkeys; j0 += TC_BC) {
             int nc = min(TC_BC, klen - j0);
             __syncthreads();
-            load_bf16(K, kb + (size_t)j0 * ks, ks, nc, TC_BC, D, L.ldh);
-            load_bf16(V, vb + (size_t)j0 * ks, ks, nc, TC_BC, D, L.ldh);
+            load_kv_bf16(K, k, kv, s, kvh, j0, nc, D, L.ldh);
+            load_kv_bf16(V, v, kv, s, kvh, j0, nc, D, L.ldh);
             __syncthreads();
             if (j0 > wlim) continue; /* no row of the warp sees this tile: m, l, O unchanged */
             warp_abt<TC_BC / 16>(Sw, L.lds, Qw, L.ldh, K, L.ldh, D); /* S = Q K^T */
             __syncwarp();
 #pragma unroll
             for (int rr = 0; rr < 16; rr++) {
-                int r = wr0 + rr, c = lane, lim = i0 + r + off;
+                int r = wr0 + rr, c = lane, lim = (p0 + r) / group + off;
                 float sc = r < nr && c < nc && j0 + c <= lim ? scale * Sw[rr * L.lds + c] : -INFINITY;
                 float m_new = fmaxf(m[rr], rf__warp_max(sc)), corr = 1.0f, p = 0.0f;
                 if (m_new != -INFINITY) { /* warp-uniform */
                     corr = expf(m[rr] - m_new), p = expf(sc - m_new); /* corr = 0 at the first */
-                    l[rr] = l[rr] * corr + rf__warp_sum(p);
+                    l[rr] = fmaf(l[rr], corr, rf__warp_sum(p));
                     m[rr] = m_new;
                 }
                 Pw[rr * L.ldp + c] = __float2bfloat16_rn(p);
@@ -188,9 +218,9 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
         }
 #pragma unroll
         for (int rr = 0; rr < 16; rr++) {
-            int r = wr0 + rr;
+            int r = wr0 + rr, pr = p0 + r;
             if (r >= nr) continue; /* warp-uniform */
-            size_t row = row0 + (size_t)r * H;
+            size_t row = (size_t)(q_off[s] + pr / group) * H + kvh * group + pr % group;
             float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
             for (int d = lane; d < D; d += 32) out[row * D + d] = Ow[rr * L.ldo + d] * inv;
             if (lse && lane == 0) lse[row] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
@@ -209,15 +239,32 @@ static int device_major(void) {
 }
 
 
+template <class KV>
+static void launch_forward_mma(float *out, float *lse, const float *q, const float *k,
+                               const float *v, KV kv, const int32_t *q_off, const int32_t *k_len,
+                               int n_seq, int H, int KVH, int D) {
+    tc_layout L = tc_layout_of(D);
+    if (!rf__allow_smem(flash_forward_mma_kernel<KV>, L.bytes)) return;
+    dim3 grid((unsigned)rf__flash_forward_gx(n_seq, KVH), (unsigned)n_seq, (unsigned)KVH);
+    flash_forward_mma_kernel<KV><<<grid, TC_THREADS, L.bytes, rf__cuda.stream>>>(
+        out, lse, q, k, v, kv, q_off, k_len, H, KVH, D);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
 void rf__cuda_flash_forward_mma(float *out, float *lse, const float *q, const float *k,
                                 const float *v, const int32_t *q_off, const int32_t *k_start,
                                 const int32_t *k_len, int n_seq, int H, int KVH, int D) {
-    tc_layout L = tc_layout_of(D);
-    if (!rf__allow_smem(flash_forward_mma_kernel, L.bytes)) return;
-    dim3 grid((unsigned)rf__flash_forward_gx(n_seq, H), (unsigned)n_seq, (unsigned)H);
-    flash_forward_mma_kernel<<<grid, TC_THREADS, L.bytes, rf__cuda.stream>>>(
-        out, lse, q, k, v, q_off, k_start, k_len, H, KVH, D);
-    RF_CUDA_LAUNCH_CHECK();
+    kv_rows kv = {k_start, KVH, D};
+    launch_forward_mma(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH, D);
+}
+
+void rf__cuda_flash_paged_forward_mma(float *out, const float *q, const float *k_pool,
+                                      const float *v_pool, const int32_t *q_off,
+                                      const int32_t *block_table, int max_blocks,
+                                      const int32_t *k_len, int n_seq, int block_size, int H,
+                                      int KVH, int D) {
+    kv_paged kv = {block_table, max_blocks, block_size, KVH, D};
+    launch_forward_mma(out, (float *)NULL, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D);
 }
 
 /* ---- backward (training layout), at bf16 on tensor cores ----
