@@ -203,9 +203,10 @@ static inline int rf__allow_smem(F *kernel, size_t bytes) {
 
 /* The x extent of the tiled attention's grids (1..64; blocks stride over their tiles). The
  * forward's query count lives on the device: enough tiles across x to fill the GPU when there
- * are few (sequence, head) pairs. The backward: one per tile of `tile` rows of T. */
-static inline int rf__flash_forward_gx(int n_seq, int H) {
-    int pairs = n_seq * H, gx = 2048 / (pairs > 0 ? pairs : 1);
+ * are few (sequence, KV head) pairs (the forwards' grids are (x, n_seq, KVH)). The backward:
+ * one per tile of `tile` rows of T. */
+static inline int rf__flash_forward_gx(int n_seq, int KVH) {
+    int pairs = n_seq * KVH, gx = 2048 / (pairs > 0 ? pairs : 1);
     return gx < 1 ? 1 : gx > 64 ? 64 : gx;
 }
 static inline int rf__flash_backward_gx(int T, int tile) {
