@@ -10,7 +10,9 @@
  * is no buffer sized by the sequence length and no length limit. Every output row is written
  * by exactly one warp: no atomics, deterministic. A tiled FlashAttention-2 kernel (Dao 2023)
  * (cuda_flash.cu) is the fast path for head dims up to 128; these kernels are the reference it
- * is tested against, and the path for larger heads or RLFLOW_CUDA_ATTENTION=reference. */
+ * is tested against, and the path for larger heads or RLFLOW_CUDA_ATTENTION=reference. The
+ * forward also serves paged_attention_forward on those paths, reading keys through the block
+ * table, so decoding gives a row the bits training's reference forward gives it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,37 +118,39 @@ static unsigned warp_blocks(size_t rows) {
 
 /* ---- forward ---- */
 
-/* One warp per (query row t, head h), grid-stride over the q_off[n_seq] * H rows. */
+/* One warp per (query row t, head h), grid-stride over the q_off[n_seq] * H rows; key j of
+ * sequence s at kv.at(s, kvh, j): contiguous rows (attention_forward) or the paged KV cache's
+ * block table (paged_attention_forward under RLFLOW_CUDA_ATTENTION=reference or for heads over
+ * RF_FLASH_MAX_D), one kernel so that both give a row the same bits. */
+template <class KV>
 static __global__ void attention_forward_kernel(float *out, float *lse, const float *q,
-                                                const float *k, const float *v,
-                                                const int32_t *q_off, const int32_t *k_start,
-                                                const int32_t *k_len, int n_seq, int H,
-                                                int KVH, int D) {
+                                                const float *k, const float *v, KV kv,
+                                                const int32_t *q_off, const int32_t *k_len,
+                                                int n_seq, int H, int KVH, int D) {
     int lane = threadIdx.x % 32, group = H / KVH;
     size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     size_t n_warps = (size_t)gridDim.x * blockDim.x / 32;
     size_t rows = (size_t)q_off[n_seq] * H;
     float scale = 1.0f / sqrtf((float)D);
     for (size_t row = warp; row < rows; row += n_warps) {
-        int t = (int)(row / H), h = (int)(row % H);
+        int t = (int)(row / H), h = (int)(row % H), kvh = h / group;
         int s = seq_of_row(q_off, n_seq, t);
         int qlen = q_off[s + 1] - q_off[s], i = t - q_off[s];
         int nk = i + (k_len[s] - qlen) + 1; /* keys visible to this query */
-        const float *kb = k + ((size_t)k_start[s] * KVH + h / group) * D;
-        const float *vb = v + ((size_t)k_start[s] * KVH + h / group) * D;
         float qr[RF_ATT_PER_LANE], acc[RF_ATT_PER_LANE];
         load_row(qr, q + row * D, D, lane);
 #pragma unroll
         for (int r = 0; r < RF_ATT_PER_LANE; r++) acc[r] = 0.0f;
         float m = -INFINITY, sum = 0.0f; /* running max and sum of exp(score - m) */
         for (int j = 0; j < nk; j++) {
-            float sc = scale * warp_dot(qr, kb + (size_t)j * KVH * D, D, lane);
+            size_t kr = kv.at(s, kvh, j);
+            float sc = scale * warp_dot(qr, k + kr, D, lane);
             float m_new = fmaxf(m, sc);
             float corr = expf(m - m_new), p = expf(sc - m_new); /* corr = 0 at the first key */
             sum = fmaf(sum, corr, p);
 #pragma unroll
             for (int r = 0; r < RF_ATT_PER_LANE; r++) acc[r] *= corr;
-            warp_axpy(acc, p, vb + (size_t)j * KVH * D, D, lane);
+            warp_axpy(acc, p, v + kr, D, lane);
             m = m_new;
         }
         store_row(out + row * D, acc, nk > 0 ? 1.0f / sum : 0.0f, D, lane);
@@ -166,8 +170,32 @@ void rf_cuda_attention_forward(float *out, float *lse, const float *q, const flo
     }
     /* The number of query rows is q_off[n_seq], which lives on the device; a fixed grid that
      * loops grid-stride avoids reading it back (a synchronisation on every call). */
-    attention_forward_kernel<<<RF_ATT_FWD_BLOCKS, 32 * RF_ATT_WARPS, 0, rf__cuda.stream>>>(
-        out, lse, q, k, v, q_off, k_start, k_len, n_seq, H, KVH, D);
+    kv_rows kv = {k_start, KVH, D};
+    attention_forward_kernel<kv_rows><<<RF_ATT_FWD_BLOCKS, 32 * RF_ATT_WARPS, 0, rf__cuda.stream>>>(
+        out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH, D);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
+void rf_cuda_paged_attention_forward(float *out, const float *q, const float *k_pool,
+                                     const float *v_pool, const int32_t *q_off,
+                                     const int32_t *block_table, int max_blocks,
+                                     const int32_t *k_len, int n_seq, int block_size, int H,
+                                     int KVH, int D) {
+    RF_CUDA_GUARD();
+    if (n_seq <= 0 || H <= 0) return;
+    if (!attention_shapes_ok("paged_attention_forward", H, KVH, D)) return;
+    if (block_size < 1) {
+        rf__cuda_fail("paged_attention_forward", "block_size < 1", __FILE__, __LINE__);
+        return;
+    }
+    if (rf__cuda_attention_flash(n_seq, H, KVH, D)) { /* training's tiled forward: cuda_flash.cu */
+        rf__cuda_flash_paged_forward(out, q, k_pool, v_pool, q_off, block_table, max_blocks,
+                                     k_len, n_seq, block_size, H, KVH, D);
+        return;
+    }
+    kv_paged kv = {block_table, max_blocks, block_size, KVH, D};
+    attention_forward_kernel<kv_paged><<<RF_ATT_FWD_BLOCKS, 32 * RF_ATT_WARPS, 0, rf__cuda.stream>>>(
+        out, (float *)NULL, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D);
     RF_CUDA_LAUNCH_CHECK();
 }
 

@@ -233,6 +233,40 @@ struct kv_paged {
     }
 };
 
+/* The tiled forwards' tile loads, for fp32 tiles (rounded to bf16 when `bf16`) and bf16 tiles
+ * (always rounded, __float2bfloat16_rn). Every thread of the block takes part; rows past n are
+ * zero. */
+static __device__ inline float rf__bf16_round(float x, int bf16) {
+    return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
+}
+static __device__ inline void rf__tile_put(float *t, float x, int bf16) { *t = rf__bf16_round(x, bf16); }
+static __device__ inline void rf__tile_put(__nv_bfloat16 *t, float x, int) {
+    *t = __float2bfloat16_rn(x);
+}
+/* tile (rows x D, leading dim ld) = rows p0 .. p0 + n - 1 of sequence s's (query, head) pairs of
+ * KV head kvh's group: pair p = query p / group of head kvh group + p % group (q_first: the
+ * sequence's first query row). */
+template <class T>
+static __device__ inline void rf__load_q_pairs(T *tile, int rows, const float *q, int q_first,
+                                               int p0, int n, int group, int kvh, int H, int D,
+                                               int ld, int bf16) {
+    for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
+        int r = idx / D, d = idx % D, p = p0 + r;
+        size_t row = (size_t)(q_first + p / group) * H + kvh * group + p % group;
+        rf__tile_put(tile + r * ld + d, r < n ? q[row * D + d] : 0.0f, bf16);
+    }
+}
+/* tile (rows x D, leading dim ld) = key (or value) rows j0 .. j0 + n - 1 of (s, kvh) in x. */
+template <class T, class KV>
+static __device__ inline void rf__load_kv_rows(T *tile, int rows, const float *x, const KV &kv,
+                                               int s, int kvh, int j0, int n, int D, int ld,
+                                               int bf16) {
+    for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
+        int r = idx / D, d = idx % D;
+        rf__tile_put(tile + r * ld + d, r < n ? x[kv.at(s, kvh, j0 + r) + d] : 0.0f, bf16);
+    }
+}
+
 /* cuda_flash.cu: the tiled (FlashAttention-2) kernels behind attention_forward/backward.
  * rf__cuda_flash_supported: whether they take this shape (D <= RF_FLASH_MAX_D, grid limits);
  * rf__cuda_attention_flash: whether the op should use them (the shape, and RLFLOW_CUDA_ATTENTION
@@ -312,6 +346,7 @@ void rf_cuda_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const
 /* cuda_paged.cu */
 void rf_cuda_paged_kv_write(float *k_pool, float *v_pool, const float *k, const float *v,
                             const int32_t *slots, int T, int KVH, int D);
+/* cuda_attention.cu: the tiled or the reference forward over the paged cache */
 void rf_cuda_paged_attention_forward(float *out, const float *q, const float *k_pool,
                                      const float *v_pool, const int32_t *q_off,
                                      const int32_t *block_table, int max_blocks,

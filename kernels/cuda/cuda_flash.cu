@@ -50,9 +50,6 @@
 static_assert(BR == BC, "one warp layout serves query and key tiles");
 static_assert(CH % BC == 0, "chunks are whole key tiles");
 
-static __device__ inline float ld_round(float x, int bf16) {
-    return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
-}
 
 /* tile (BR or BC rows, padded row length ld) = rows 0..n-1 of src (row stride `stride`), zero
  * past n; every thread of the block takes part. */
@@ -60,7 +57,7 @@ static __device__ inline void load_tile(float *tile, const float *src, size_t st
                                         int D, int ld, int bf16) {
     for (int idx = threadIdx.x; idx < BR * D; idx += blockDim.x) {
         int r = idx / D, d = idx % D;
-        tile[r * ld + d] = r < n ? ld_round(src[(size_t)r * stride + d], bf16) : 0.0f;
+        tile[r * ld + d] = r < n ? rf__bf16_round(src[(size_t)r * stride + d], bf16) : 0.0f;
     }
 }
 
@@ -76,29 +73,6 @@ static __device__ inline float sdot(const float *a, const float *b, int D) {
 static size_t smem_bytes(int tiles, int D) { return sizeof(float) * (size_t)tiles * BR * (D + 1); }
 
 /* ---- forward ---- */
-
-/* tile (BC rows, padded row length ld) = key rows j0 .. j0 + n - 1 of (s, kvh) in x, zero past
- * n; every thread of the block takes part. */
-template <class KV>
-static __device__ inline void load_kv_tile(float *tile, const float *x, const KV &kv, int s,
-                                           int kvh, int j0, int n, int D, int ld, int bf16) {
-    for (int idx = threadIdx.x; idx < BC * D; idx += blockDim.x) {
-        int r = idx / D, d = idx % D;
-        tile[r * ld + d] = r < n ? ld_round(x[kv.at(s, kvh, j0 + r) + d], bf16) : 0.0f;
-    }
-}
-
-/* Q tile: rows p0 .. p0 + n - 1 of sequence s's (query, head) pairs of KV head kvh's group, pair
- * p = query p / group of head kvh group + p % group (q_first: the sequence's first query row),
- * zero past n. */
-static __device__ inline void load_q_tile(float *tile, const float *q, int q_first, int p0, int n,
-                                          int group, int kvh, int H, int D, int ld, int bf16) {
-    for (int idx = threadIdx.x; idx < BR * D; idx += blockDim.x) {
-        int r = idx / D, d = idx % D, p = p0 + r;
-        size_t row = (size_t)(q_first + p / group) * H + kvh * group + p % group;
-        tile[r * ld + d] = r < n ? ld_round(q[row * D + d], bf16) : 0.0f;
-    }
-}
 
 /* (m_t, l_t, acc_t) = the softmax state of keys A, merged with (m_c, l_c, acc_c), that of the
  * keys B after them: the state of A then B. An empty state (m = -inf, l = 0, acc = 0) adds
@@ -117,10 +91,6 @@ static __device__ inline void merge_state(float &m_t, float &l_t, float *acc_t, 
     m_t = m;
 }
 
-/* Which rows a forward launch takes: all, only those of one-query sequences (decoding steps,
- * split over key chunks), or all but those. */
-enum { ROWS_ALL = 0, ROWS_ONE_QUERY = 1, ROWS_NOT_ONE_QUERY = 2 };
-
 /* grid (tiles of BR (query, head) pairs, stride gridDim.x; n_seq; KVH) or, SPLIT, (key chunks;
  * n_seq; KVH). NPL: head dims per lane (D <= 32 NPL). A block's tile holds the rows of every
  * head of a KV head's group (pair p = query p / group, head p % group of the group), so each
@@ -130,7 +100,8 @@ enum { ROWS_ALL = 0, ROWS_ONE_QUERY = 1, ROWS_NOT_ONE_QUERY = 2 };
  * A row's keys are taken in chunks of RF_FLASH_CHUNK (from key 0 of its sequence), each chunk's
  * tiles with the online softmax from an empty state, the chunks' states merged in order
  * (merge_state). Not SPLIT, one block does it all in registers; SPLIT, block x takes chunk x of
- * the rows of one-query sequences and writes its state to part (m, l, acc), and
+ * the rows of one-query sequences (the only ones it takes; an unsplit launch beside it skips
+ * them, skip_one_query) and writes its state to part (m, l, acc), and
  * decode_combine_kernel merges them in order: the same operations in the same order, so a
  * decoding step split over many blocks gets the bits one block (and training) gets.
  * A row's arithmetic depends on its own q and keys only, not on which tile, warp, block or
@@ -141,14 +112,13 @@ template <int NPL, class KV, bool SPLIT>
 static __global__ void __launch_bounds__(FTHREADS)
 flash_forward_kernel(float *out, float *lse, float *part, const float *q, const float *k,
                      const float *v, KV kv, const int32_t *q_off, const int32_t *k_len, int H,
-                     int KVH, int D, int bf16, int rows, int max_chunks) {
+                     int KVH, int D, int bf16, int skip_one_query, int max_chunks) {
     extern __shared__ float sm[];
     int s = blockIdx.y, kvh = blockIdx.z, group = H / KVH, ld = D + 1;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float *Q = sm, *K = Q + BR * ld, *V = K + BC * ld;
     int qlen = q_off[s + 1] - q_off[s], klen = k_len[s], off = klen - qlen;
-    if ((rows == ROWS_ONE_QUERY && qlen != 1) || (rows == ROWS_NOT_ONE_QUERY && qlen == 1))
-        return; /* block-uniform */
+    if (SPLIT ? qlen != 1 : skip_one_query && qlen == 1) return; /* block-uniform */
     int chunk = SPLIT ? (int)blockIdx.x : 0, x0 = SPLIT ? 0 : (int)blockIdx.x;
     int xs = SPLIT ? 1 : (int)gridDim.x;
     if (SPLIT && chunk * CH >= klen) return;
@@ -157,7 +127,7 @@ flash_forward_kernel(float *out, float *lse, float *part, const float *q, const 
     for (int p0 = x0 * BR; p0 < pairs; p0 += xs * BR) {
         int nr = min(BR, pairs - p0);
         __syncthreads(); /* the previous tile's readers are done */
-        load_q_tile(Q, q, q_off[s], p0, nr, group, kvh, H, D, ld, bf16);
+        rf__load_q_pairs(Q, BR, q, q_off[s], p0, nr, group, kvh, H, D, ld, bf16);
         /* per row: the running chunk's state (m, l, acc) and, not SPLIT, the merged state of
          * the chunks before it (mt, lt, acct) */
         float m[ROWS_PER_WARP], l[ROWS_PER_WARP], acc[ROWS_PER_WARP][NPL];
@@ -182,8 +152,8 @@ flash_forward_kernel(float *out, float *lse, float *part, const float *q, const 
             }
             int nc = min(BC, klen - j0);
             __syncthreads();
-            load_kv_tile(K, k, kv, s, kvh, j0, nc, D, ld, bf16);
-            load_kv_tile(V, v, kv, s, kvh, j0, nc, D, ld, bf16);
+            rf__load_kv_rows(K, BC, k, kv, s, kvh, j0, nc, D, ld, bf16);
+            rf__load_kv_rows(V, BC, v, kv, s, kvh, j0, nc, D, ld, bf16);
             __syncthreads();
 #pragma unroll
             for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
@@ -283,25 +253,26 @@ int rf__cuda_flash_supported(int n_seq, int H, int KVH, int D) {
 template <int NPL, class KV, bool SPLIT>
 static int launch_forward_t(dim3 grid, float *out, float *lse, float *part, const float *q,
                             const float *k, const float *v, KV kv, const int32_t *q_off,
-                            const int32_t *k_len, int H, int KVH, int D, int bf16, int rows,
-                            int max_chunks) {
+                            const int32_t *k_len, int H, int KVH, int D, int bf16,
+                            int skip_one_query, int max_chunks) {
     size_t sm = smem_bytes(3, D);
     if (!rf__allow_smem(flash_forward_kernel<NPL, KV, SPLIT>, sm)) return 0;
     flash_forward_kernel<NPL, KV, SPLIT><<<grid, FTHREADS, sm, rf__cuda.stream>>>(
-        out, lse, part, q, k, v, kv, q_off, k_len, H, KVH, D, bf16, rows, max_chunks);
+        out, lse, part, q, k, v, kv, q_off, k_len, H, KVH, D, bf16, skip_one_query, max_chunks);
     return RF_CUDA_LAUNCH_CHECK();
 }
 
-/* The unsplit forward over the rows `rows` names (1 when launched). */
+/* The unsplit forward (1 when launched); skip_one_query: leave one-query sequences' rows to a
+ * split launch. */
 template <class KV>
 static int launch_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                           KV kv, const int32_t *q_off, const int32_t *k_len, int n_seq, int H,
-                          int KVH, int D, int bf16, int rows) {
+                          int KVH, int D, int bf16, int skip_one_query) {
     dim3 grid((unsigned)rf__flash_forward_gx(n_seq, KVH), (unsigned)n_seq, (unsigned)KVH);
     return D <= 64 ? launch_forward_t<2, KV, false>(grid, out, lse, NULL, q, k, v, kv, q_off, k_len,
-                                                    H, KVH, D, bf16, rows, 0)
+                                                    H, KVH, D, bf16, skip_one_query, 0)
                    : launch_forward_t<4, KV, false>(grid, out, lse, NULL, q, k, v, kv, q_off, k_len,
-                                                    H, KVH, D, bf16, rows, 0);
+                                                    H, KVH, D, bf16, skip_one_query, 0);
 }
 
 void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float *k,
@@ -313,7 +284,7 @@ void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float 
         return;
     }
     kv_rows kv = {k_start, KVH, D};
-    launch_forward(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH, D, bf16, ROWS_ALL);
+    launch_forward(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH, D, bf16, 0);
 }
 
 /* Whether a paged forward splits its decoding rows over key chunks: RLFLOW_CUDA_DECODE=split /
@@ -340,11 +311,11 @@ void rf__cuda_flash_paged_forward(float *out, const float *q, const float *k_poo
         return;
     }
     kv_paged kv = {block_table, max_blocks, block_size, KVH, D};
-    long long max_keys = (long long)max_blocks * block_size;
-    int max_chunks = (int)((max_keys + CH - 1) / CH > INT_MAX ? INT_MAX : (max_keys + CH - 1) / CH);
+    long long chunks = ((long long)max_blocks * block_size + CH - 1) / CH; /* of the longest */
+    int max_chunks = chunks > INT_MAX ? INT_MAX : (int)chunks;
     int split = paged_split(n_seq, H, KVH, D, max_chunks);
     if (!launch_forward(out, (float *)NULL, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D,
-                        bf16, split ? ROWS_NOT_ONE_QUERY : ROWS_ALL) || !split)
+                        bf16, split) || !split)
         return;
     cudaStream_t st = rf__cuda.stream;
     size_t n = (size_t)n_seq * H * max_chunks;
@@ -353,10 +324,10 @@ void rf__cuda_flash_paged_forward(float *out, const float *q, const float *k_poo
     dim3 grid((unsigned)max_chunks, (unsigned)n_seq, (unsigned)KVH);
     int ok = D <= 64 ? launch_forward_t<2, kv_paged, true>(grid, NULL, NULL, part, q, k_pool, v_pool,
                                                            kv, q_off, k_len, H, KVH, D, bf16,
-                                                           ROWS_ONE_QUERY, max_chunks)
+                                                           0, max_chunks)
                      : launch_forward_t<4, kv_paged, true>(grid, NULL, NULL, part, q, k_pool, v_pool,
                                                            kv, q_off, k_len, H, KVH, D, bf16,
-                                                           ROWS_ONE_QUERY, max_chunks);
+                                                           0, max_chunks);
     if (ok) {
         size_t blocks = ((size_t)n_seq * H + FWARPS - 1) / FWARPS;
         unsigned g = blocks > RF_CUDA_MAX_GRID ? RF_CUDA_MAX_GRID : (unsigned)blocks;
@@ -380,7 +351,7 @@ static __global__ void flash_di_kernel(float *di, const float *dout, const float
     size_t n_warps = (size_t)gridDim.x * blockDim.x / 32, rows = (size_t)cu_seqlens[n_seq] * H;
     for (size_t row = warp; row < rows; row += n_warps) {
         float sacc = 0.0f;
-        for (int d = lane; d < D; d += 32) sacc += ld_round(dout[row * D + d], bf16) * out[row * D + d];
+        for (int d = lane; d < D; d += 32) sacc += rf__bf16_round(dout[row * D + d], bf16) * out[row * D + d];
         sacc = rf__warp_sum(sacc);
         if (lane == 0) di[row] = sacc;
     }

@@ -129,29 +129,6 @@ static __device__ inline void pv_mma(float *Ow, const __nv_bfloat16 *Pw, const _
 #endif
 }
 
-/* Q tile (TC_BR x D, bf16, leading dim ld) = rows p0 .. p0 + n - 1 of sequence s's (query,
- * head) pairs of KV head kvh's group (pair p = query p / group, head kvh group + p % group;
- * q_first: the sequence's first query row), zero past n. */
-static __device__ inline void load_q_bf16(__nv_bfloat16 *tile, const float *q, int q_first,
-                                          int p0, int n, int group, int kvh, int H, int D,
-                                          int ld) {
-    for (int idx = threadIdx.x; idx < TC_BR * D; idx += blockDim.x) {
-        int r = idx / D, d = idx % D, p = p0 + r;
-        size_t row = (size_t)(q_first + p / group) * H + kvh * group + p % group;
-        tile[r * ld + d] = __float2bfloat16_rn(r < n ? q[row * D + d] : 0.0f);
-    }
-}
-
-/* K or V tile (TC_BC x D, bf16) = key rows j0 .. j0 + n - 1 of (s, kvh) in x, zero past n. */
-template <class KV>
-static __device__ inline void load_kv_bf16(__nv_bfloat16 *tile, const float *x, const KV &kv,
-                                           int s, int kvh, int j0, int n, int D, int ld) {
-    for (int idx = threadIdx.x; idx < TC_BC * D; idx += blockDim.x) {
-        int r = idx / D, d = idx % D;
-        tile[r * ld + d] = __float2bfloat16_rn(r < n ? x[kv.at(s, kvh, j0 + r) + d] : 0.0f);
-    }
-}
-
 /* grid (tiles of TC_BR (query, head) pairs, stride gridDim.x; n_seq; KVH), TC_THREADS threads,
  * L.bytes of dynamic shared memory. A tile holds the rows of every head of a KV head's group
  * (pair p = query p / group, head p % group of the group), so each key tile is loaded once for
@@ -179,7 +156,7 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
     for (int p0 = blockIdx.x * TC_BR; p0 < pairs; p0 += gridDim.x * TC_BR) {
         int nr = min(TC_BR, pairs - p0);
         __syncthreads(); /* the previous tile's readers are done */
-        load_q_bf16(Q, q, q_off[s], p0, nr, group, kvh, H, D, L.ldh);
+        rf__load_q_pairs(Q, TC_BR, q, q_off[s], p0, nr, group, kvh, H, D, L.ldh, 1);
         for (int idx = threadIdx.x; idx < TC_BR * D; idx += blockDim.x)
             O[(idx / D) * L.ldo + idx % D] = 0.0f;
         __syncthreads(); /* a warp's rows of O are zeroed by every warp; a tile that sees no key
@@ -193,8 +170,8 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
         for (int j0 = 0; j0 < nkeys; j0 += TC_BC) {
             int nc = min(TC_BC, klen - j0);
             __syncthreads();
-            load_kv_bf16(K, k, kv, s, kvh, j0, nc, D, L.ldh);
-            load_kv_bf16(V, v, kv, s, kvh, j0, nc, D, L.ldh);
+            rf__load_kv_rows(K, TC_BC, k, kv, s, kvh, j0, nc, D, L.ldh, 1);
+            rf__load_kv_rows(V, TC_BC, v, kv, s, kvh, j0, nc, D, L.ldh, 1);
             __syncthreads();
             if (j0 > wlim) continue; /* no row of the warp sees this tile: m, l, O unchanged */
             warp_abt<TC_BC / 16>(Sw, L.lds, Qw, L.ldh, K, L.ldh, D); /* S = Q K^T */
