@@ -1,6 +1,45 @@
 #include "kernels/sample.h"
 
 #include <math.h>
+#include <stddef.h>
+
+#include "kernels/kernel_math.h"
+
+void rf_row_softmax_stats(const float *z, int V, float inv_temp, float *m_out, double *sum_out,
+                          double *wsum_out) {
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int j = 0; j < V; j++) {
+        float zs = z[j] * inv_temp;
+        m = zs > m ? zs : m;
+    }
+    double sum = 0.0, wsum = 0.0;
+    for (int j0 = 0; j0 < V; j0 += 1024) {
+        float fs = 0.0f, fw = 0.0f;
+        int j1 = j0 + 1024 < V ? j0 + 1024 : V;
+#pragma omp simd reduction(+ : fs, fw)
+        for (int j = j0; j < j1; j++) {
+            float x = z[j] * inv_temp - m, e = rf_expf_fast(x);
+            fs += e;
+            fw += e * x;
+        }
+        sum += fs;
+        wsum += fw;
+    }
+    *m_out = m, *sum_out = sum, *wsum_out = wsum;
+}
+
+float rf_row_lse(const float *z, int V, float inv_temp, float *entropy) {
+    float m;
+    double sum, wsum;
+    rf_row_softmax_stats(z, V, inv_temp, &m, &sum, &wsum);
+    if (entropy) *entropy = (float)(log(sum) - wsum / sum); /* lse - sum p z */
+    return m + (float)log(sum);
+}
+
+float rf_logits_logprob(const float *z, int V, float inv_temp, int32_t id) {
+    return z[id] * inv_temp - rf_row_lse(z, V, inv_temp, NULL);
+}
 
 /* The passes over the whole row take exp in float (expf: a third faster than exp here; each
  * term is right to float's precision, far below what log-probs are compared at), the sums and
@@ -45,6 +84,6 @@ int32_t rf_draw_whole(const float *z, int V, float inv_temp, int greedy, double 
             if (pick < 0) pick = last; /* u * sum rounded up to sum (u within 2^-53 of 1) */
         }
     }
-    if (logp) *logp = (float)((double)z[pick] * inv_temp - lse);
+    if (logp) *logp = rf_logits_logprob(z, V, inv_temp, pick);
     return pick;
 }

@@ -104,7 +104,7 @@ int32_t rf_sample_u(const float *z, int V, const rf_sampling *s, double u, float
     int n = rf_sample_candidates(z, V, s, lse, ids, zs);
     for (int i = 0; i < n; i++) zs[i] = z[ids[i]];
     int32_t pick = ids[rf_sample_sorted(zs, n, s, lse, u)];
-    if (logp) *logp = (float)((double)z[pick] * inv_temp - lse);
+    if (logp) *logp = rf_logits_logprob(z, V, inv_temp, pick);
     return pick;
 }
 

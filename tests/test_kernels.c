@@ -33,6 +33,7 @@
  * Copies (embedding forward, memory ops) and single IEEE operations (add_inplace, scale)
  * are checked bit for bit. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1372,10 +1373,9 @@ static void run_kernel_suite(const rf_kernels *K, uint64_t seed) {
     test_sample(K);
 }
 
-#ifdef RF_TEST_KERNELS_NO_MAIN
 /* Packed sequences of the given lengths, the training layout: cu (n_seq + 1) the offsets,
- * kl (n_seq) the key counts (= the lengths). Returns the longest length. Used by the tiled
- * attention tests that include this file (test_flash_ref, test_kernels_cuda). */
+ * kl (n_seq) the key counts (= the lengths). Returns the longest length. Used by the attention
+ * tests below and by those that include this file (test_flash_ref, test_kernels_cuda). */
 static inline int packed_lens(const int *lens, int n_seq, int32_t *cu, int32_t *kl) {
     int maxlen = 0;
     cu[0] = 0;
@@ -1441,9 +1441,115 @@ static size_t paged_rows_differing(const paged_view *pv, int n_seq, const float 
         bad += memcmp(paged + (size_t)t * qr, train + (size_t)pv->src[t] * qr, sizeof(float) * qr) != 0;
     return bad;
 }
-#endif
 
 #ifndef RF_TEST_KERNELS_NO_MAIN
+/* The CPU forward gives every query row the same bits whatever runs beside it
+ * (cpu_attention.c): training's rows (sequences packed, lse saved) against the same rows as
+ * decoding steps and prefill chunks over a paged cache (shuffled block table), as decoding
+ * steps through the dense KV-cache layout one position at a time, on one thread and on all;
+ * and every row against the double-precision reference. */
+static void test_attention_rows_invariant(const rf_kernels *K) {
+    static const int lens[5] = {1, 17, 150, 300, 70};
+    static const int heads[][3] = {{4, 2, 64}, {7, 1, 64}, {4, 4, 16}, {2, 1, 80}, {6, 2, 32}};
+    for (size_t hc = 0; hc < sizeof heads / sizeof *heads; hc++) {
+        int H = heads[hc][0], KVH = heads[hc][1], D = heads[hc][2], n_seq = 5;
+        int32_t cu[6], kl[5];
+        int maxlen = packed_lens(lens, n_seq, cu, kl), T = cu[n_seq];
+        size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D, qr = (size_t)H * D;
+        float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f);
+        float *out = fconst(nq, NAN), *lse = fconst((size_t)T * H, NAN), *out1 = fconst(nq, NAN);
+        run_attention_forward(K, out, lse, q, k, v, cu, cu, kl, n_seq, T, H, KVH, D);
+        double *q_d = dcopy(q, nq), *k_d = dcopy(k, nk), *v_d = dcopy(v, nk);
+        double *out_d = xmalloc(sizeof(double) * nq), *lse_d = xmalloc(sizeof(double) * T * H);
+        ref_attention(out_d, lse_d, q_d, k_d, v_d, cu, cu, kl, n_seq, H, KVH, D);
+        char what[160];
+        snprintf(what, sizeof what, "attention rows H=%d KVH=%d D=%d against double", H, KVH, D);
+        check_arr(what, out, out_d, nq, tol_red(D + maxlen));
+        check_arr(what, lse, lse_d, (size_t)T * H, tol_red(D + maxlen));
+        int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        run_attention_forward(K, out1, NULL, q, k, v, cu, cu, kl, n_seq, T, H, KVH, D);
+        omp_set_num_threads(threads);
+        size_t bad_threads = memcmp(out1, out, FB(nq)) != 0;
+        /* paged: decoding steps (1 query a sequence) and prefill chunks of 4 and 40 */
+        static const int chunk_kinds[3] = {1, 4, 40};
+        size_t bad_paged = 0, bad_dense = 0, bad_lse = 0;
+        for (int ck = 0; ck < 3; ck++) {
+            int chunk[5];
+            for (int s = 0; s < n_seq; s++) chunk[s] = lens[s] < chunk_kinds[ck] ? lens[s] : chunk_kinds[ck];
+            paged_view pv = paged_view_make(q, k, v, cu, chunk, n_seq, (maxlen + 7) / 8, 8, H, KVH, D);
+            int Tq = pv.q_off[n_seq];
+            float *po = fconst((size_t)Tq * qr, NAN);
+            float *d_po = K->alloc(FB((size_t)Tq * qr)), *d_q = K->alloc(FB((size_t)Tq * qr));
+            float *d_kp = K->alloc(FB(pv.pool_rows * KVH * D)), *d_vp = K->alloc(FB(pv.pool_rows * KVH * D));
+            int32_t *d_qo = K->alloc(sizeof(int32_t) * (n_seq + 1)), *d_kl = K->alloc(sizeof(int32_t) * n_seq);
+            int32_t *d_bt = K->alloc(sizeof(int32_t) * (size_t)n_seq * ((maxlen + 7) / 8));
+            K->to_device(d_q, pv.q, FB((size_t)Tq * qr));
+            K->to_device(d_kp, pv.kp, FB(pv.pool_rows * KVH * D));
+            K->to_device(d_vp, pv.vp, FB(pv.pool_rows * KVH * D));
+            K->to_device(d_qo, pv.q_off, sizeof(int32_t) * (n_seq + 1));
+            K->to_device(d_kl, kl, sizeof(int32_t) * n_seq);
+            K->to_device(d_bt, pv.bt, sizeof(int32_t) * (size_t)n_seq * ((maxlen + 7) / 8));
+            K->paged_attention_forward(d_po, d_q, d_kp, d_vp, d_qo, d_bt, (maxlen + 7) / 8, d_kl, n_seq, 8, H, KVH, D);
+            K->to_host(po, d_po, FB((size_t)Tq * qr));
+            bad_paged += paged_rows_differing(&pv, n_seq, po, out, H, D);
+            K->free(d_po), K->free(d_q), K->free(d_kp), K->free(d_vp), K->free(d_qo), K->free(d_kl), K->free(d_bt);
+            free(po);
+            paged_view_free(&pv);
+        }
+        /* dense KV cache: query row t of sequence s alone, its keys k_start = cu[s], k_len = i + 1 */
+        float *o1 = fnew(qr), *l1 = fnew((size_t)H);
+        for (int s = 0; s < n_seq; s++)
+            for (int i = 0; i < lens[s]; i++) {
+                int32_t qo[2] = {0, 1}, ks[1] = {cu[s]}, kn[1] = {i + 1};
+                size_t t = (size_t)cu[s] + i;
+                run_attention_forward(K, o1, l1, q + t * qr, k, v, qo, ks, kn, 1, T, H, KVH, D);
+                bad_dense += memcmp(o1, out + t * qr, FB(qr)) != 0;
+                bad_lse += memcmp(l1, lse + t * H, sizeof(float) * H) != 0;
+            }
+        if (bad_threads || bad_paged || bad_dense || bad_lse)
+            fprintf(stderr, "attention rows H=%d KVH=%d D=%d: 1 thread differs %zu; paged rows differing %zu; "
+                    "dense decoding rows %zu (lse %zu) of %d\n", H, KVH, D, bad_threads, bad_paged, bad_dense, bad_lse, T);
+        CHECK(bad_threads == 0 && bad_paged == 0 && bad_dense == 0 && bad_lse == 0);
+        free(q), free(k), free(v), free(out), free(lse), free(out1), free(o1), free(l1);
+        free(q_d), free(k_d), free(v_d), free(out_d), free(lse_d);
+    }
+}
+
+/* The samplers' log-prob of a pick (kernels/sample.h rf_logits_logprob, over logits made by
+ * matmul_forward, unscaled, as decoding makes them) is the log-prob logprob_forward gives the
+ * same token (its product scales by inv_temp), bit for bit, at temperature 1 and 0.7 and in both
+ * precisions, where the back end's products are batch-invariant; within 1e-5 elsewhere. */
+static void test_sampler_logprob(const rf_kernels *K) {
+    enum { T = 37, C = 64, V = 1000 };
+    float *h = fnormal((size_t)T * C, 1.0f), *w = fnormal((size_t)V * C, 0.3f);
+    float *z = fnew((size_t)T * V), lp[T];
+    int32_t tg[T];
+    for (int t = 0; t < T; t++) tg[t] = (int32_t)((t * 389 + 7) % V);
+    for (int prec = 0; prec < 2; prec++) {
+        rf_precision p = prec ? RF_PRECISION_BF16 : RF_PRECISION_FP32;
+        CHECK(K->set_precision(p) == RF_OK);
+        int exact = rf_cpu_batch_invariant_exact_at(p);
+        K->matmul_forward(z, h, w, NULL, T, C, V);
+        for (int ti = 0; ti < 2; ti++) {
+            float it = ti ? 1.0f / 0.7f : 1.0f;
+            K->logprob_forward(lp, NULL, h, w, tg, T, C, V, it);
+            int differ = 0;
+            double worst = 0;
+            for (int t = 0; t < T; t++) {
+                float s = rf_logits_logprob(z + (size_t)t * V, V, it, tg[t]);
+                differ += memcmp(&s, &lp[t], sizeof s) != 0;
+                worst = fabs((double)s - lp[t]) > worst ? fabs((double)s - lp[t]) : worst;
+            }
+            if (differ) fprintf(stderr, "sampler log-prob, precision %d, inv_temp %g: %d of %d differ (largest %.3g)\n",
+                                prec, it, differ, T, worst);
+            CHECK(exact ? differ == 0 : worst < 1e-5);
+        }
+    }
+    CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
+    free(h), free(w), free(z);
+}
+
 /* Batch-invariant products (kernels.h rf_cpu_batch_invariant_exact): where the CPU back end says
  * it is exact (oneDNN's AVX-512 kernels), every row of out = x W^T has the same bits in products
  * of 1 to 63 rows as among 64 (fp32 and bf16 operands) on decode shapes, the rows of 1-4-row
@@ -1613,6 +1719,8 @@ int main(void) {
     CHECK(K->name && strcmp(K->name, "cpu") == 0);
     run_kernel_suite(K, 20240611);
     test_batch_invariant(K);
+    test_attention_rows_invariant(K);
+    test_sampler_logprob(K);
     test_packed_weights(K);
     test_weights_freed(K);
     test_swiglu_libm_bits(K);

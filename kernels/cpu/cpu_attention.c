@@ -1,26 +1,41 @@
 /* Causal GQA attention over packed variable-length sequences on the CPU.
  *
- * Forward, two paths chosen per sequence by its number of query rows:
- *  - rows (fewer than RF_ATT_GEMM_MIN_Q queries: decoding, short chunks): plain loops with an
- *    exact softmax per query row, OpenMP over (row, head);
- *  - blocks (prefill, training): per (sequence, head, block of RF_ATT_QB query rows), the keys
- *    and values the block sees are copied to dense (nk, D) buffers and two products run on the
- *    thread (rf_cpu_gemm_local): S = scale Q K^T, then the exact softmax of each row over its
- *    visible keys (the others zeroed), then O = P V. The copy makes the products' operands the
- *    same bytes in the same layout whether the keys come from here or from a paged cache
- *    (cpu_paged.c runs the same blocks), so both give the same bits.
- * Both save the log-sum-exp of each row so that the backward pass recomputes probabilities
- * instead of storing them (the recipe of FlashAttention-2, Dao 2023).
- * Backward: per (sequence, KV head) task, for each head of the group and each block of query
- * rows i0..i1-1 (which see keys 0..i1-1 only), the five products S = QK^T, dP = dO V^T,
- * dQ = dS K, dK += dS^T Q, dV += P^T dO on (block, i1) scratch: the key columns a causal block
- * cannot see are never computed, and the scratch stays O(block x L). Each task alone writes its
- * dk/dv rows. */
+ * Forward: one algorithm for every query row, whatever else runs beside it (a training
+ * sequence, a prefill chunk, one decoding step among many, keys read in place or through a
+ * paged cache's block table), so a row's output and log-sum-exp are a function of its own
+ * query and the keys and values it sees, bit for bit. That is what makes a token's log-prob the
+ * same in generation and in training (the behaviour and the trainer's log-probs of the same
+ * policy then differ by the log-softmax alone, not by attention). Per row i, over its visible
+ * keys j < vis:
+ *   s_j = (sum_d q_d k_jd) * scale, the sum a chain of fmaf from d = 0 up;
+ *   m = max_j s_j; p_j = rf_expf_fast(s_j - m);
+ *   l = sum_j p_j in 16 running partial sums (p_j into partial j mod 16, j ascending), then
+ *       added in a fixed tree;
+ *   o_d = (sum_j p_j v_jd, a chain of fmaf from j = 0 up) * (1 / l); lse = m + log l.
+ * Each step is a correctly rounded fmaf, one product or one sum of values that do not depend on
+ * the tiling, so the vector lanes, register tiles and threads that compute a row change no bit.
+ * The work: tasks of (sequence, KV head, block of RF_ATT_QT queries) whose rows are the
+ * (query, head) pairs of the KV head's group (GQA packing: the keys are read once for the
+ * group), OpenMP over tasks; a task copies its keys transposed (D, keys) so that a tile of 4
+ * rows x 32 keys keeps its scores in registers across d, and reads the value rows in place.
+ * Rows past the end of a tile's keys, and padding, never enter a row's sums.
+ * Backward: per (sequence, KV head) task, for each head of the group and each block of
+ * RF_ATT_QB query rows i0..i1-1 (which see keys 0..i1-1 only), the five products S = QK^T,
+ * dP = dO V^T, dQ = dS K, dK += dS^T Q, dV += P^T dO on (block, i1) scratch, the
+ * probabilities recomputed from the saved log-sum-exp (FlashAttention-2, Dao 2023): the key
+ * columns a causal block cannot see are never computed, and the scratch stays O(block x L).
+ * Each task alone writes its dk/dv rows. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/cpu_internal.h"
+
+#define RT 8  /* rows of a register tile */
+#define KT 32 /* keys of a score tile; a task's transposed keys are padded to a multiple */
 
 static inline float dot(const float *a, const float *b, int n) {
     float s = 0.0f;
@@ -29,106 +44,232 @@ static inline float dot(const float *a, const float *b, int n) {
     return s;
 }
 
-/* Index of the sequence that owns query row t (q_off is sorted). */
-static int seq_of_row(const int32_t *q_off, int n_seq, int t) {
-    int lo = 0, hi = n_seq - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (q_off[mid] <= t) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-}
+static inline int imin(int a, int b) { return a < b ? a : b; }
 
-/* Attention of one query row against nk keys (row stride ks floats); sc is nk scratch. */
-static void attend_row(float *o, float *lse, const float *qi, const float *kb, const float *vb,
-                       int nk, int ks, int D, float scale, float *sc) {
-    float m = -INFINITY;
-    for (int j = 0; j < nk; j++) {
-        sc[j] = scale * dot(qi, kb + (size_t)j * ks, D);
-        m = sc[j] > m ? sc[j] : m;
-    }
-    float sum = 0.0f;
-    for (int j = 0; j < nk; j++) {
-        sc[j] = expf(sc[j] - m);
-        sum += sc[j];
-    }
-    memset(o, 0, sizeof(float) * (size_t)D);
-    float inv = nk > 0 ? 1.0f / sum : 0.0f;
-    for (int j = 0; j < nk; j++) {
-        const float *vj = vb + (size_t)j * ks;
-        float p = sc[j] * inv;
+/* Scores of nr (1..RT) rows against keys [0, nkp) of the transposed keys kt (D, ldk):
+ * S[r][j] = (fmaf chain over d of q[r D + d] kt[d][j]) * scale. Inlined per nr so that the tile
+ * stays in registers; every nr gives each score the same operations. */
+static inline __attribute__((always_inline)) void scores_nr(float *S, int ldS, const float *q,
+                                                            const float *kt, int ldk, int nkp,
+                                                            int D, float scale, int nr) {
+    for (int j0 = 0; j0 < nkp; j0 += KT) {
+        float acc[RT][KT];
+        for (int r = 0; r < nr; r++)
 #pragma omp simd
-        for (int d = 0; d < D; d++) o[d] += p * vj[d];
+            for (int c = 0; c < KT; c++) acc[r][c] = 0.0f;
+        for (int d = 0; d < D; d++) {
+            const float *kd = kt + (size_t)d * ldk + j0;
+            for (int r = 0; r < nr; r++) {
+                float qd = q[(size_t)r * D + d];
+#pragma omp simd
+                for (int c = 0; c < KT; c++) acc[r][c] = fmaf(qd, kd[c], acc[r][c]);
+            }
+        }
+        for (int r = 0; r < nr; r++)
+#pragma omp simd
+            for (int c = 0; c < KT; c++) S[(size_t)r * ldS + j0 + c] = acc[r][c] * scale;
     }
-    if (lse) *lse = nk > 0 ? m + logf(sum) : -INFINITY;
 }
 
-int32_t *rf_cpu_attn_tasks(const int32_t *q_off, int n_seq, int H, int *n_tasks, int *n_short) {
-    int n = 0, shorts = 0;
-    for (int s = 0; s < n_seq; s++) {
-        int qlen = q_off[s + 1] - q_off[s];
-        if (qlen >= RF_ATT_GEMM_MIN_Q) n += H * ((qlen + RF_ATT_QB - 1) / RF_ATT_QB);
-        else shorts += qlen > 0;
+static void scores(float *S, int ldS, const float *q, const float *kt, int ldk, int nkp,
+                   int D, float scale, int nr) {
+    switch (nr) {
+#define RF_SCORES_CASE(NR) case NR: scores_nr(S, ldS, q, kt, ldk, nkp, D, scale, NR); break;
+        RF_SCORES_CASE(8) RF_SCORES_CASE(7) RF_SCORES_CASE(6) RF_SCORES_CASE(5)
+        RF_SCORES_CASE(4) RF_SCORES_CASE(3) RF_SCORES_CASE(2) RF_SCORES_CASE(1)
+#undef RF_SCORES_CASE
     }
-    *n_tasks = n, *n_short = shorts;
+}
+
+/* Row softmax over its vis scores (s, overwritten by p_j = exp(s_j - m)); returns l, *m the
+ * max. Entries [vis, 16-rounded vis) are zeroed and summed (exact zeros). */
+static float row_softmax(float *s, int vis, float *m_out) {
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int j = 0; j < vis; j++) m = s[j] > m ? s[j] : m;
+    int n16 = (vis + 15) & ~15;
+#pragma omp simd
+    for (int j = 0; j < n16; j++) s[j] = j < vis ? rf_expf_fast(s[j] - m) : 0.0f;
+    float part[16] = {0};
+    for (int j0 = 0; j0 < n16; j0 += 16)
+#pragma omp simd
+        for (int c = 0; c < 16; c++) part[c] += s[j0 + c];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int c = 0; c < w; c++) part[c] += part[c + w];
+    *m_out = m;
+    return part[0];
+}
+
+/* acc[r][0, W) = sum_{j in [j0, j1)} p[r][j] v[j][d0 + .] as fmaf chains, for nr rows. */
+static inline __attribute__((always_inline)) void pv_w(float acc[RT][32], const float *P, int ldP,
+                                                       const float *const *vrow, int d0, int j0,
+                                                       int j1, int nr, int W) {
+    float a[RT][32]; /* local, so that it can live in registers */
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < W; c++) a[r][c] = acc[r][c];
+    for (int j = j0; j < j1; j++) {
+        const float *vj = vrow[j] + d0;
+        for (int r = 0; r < nr; r++) {
+            float p = P[(size_t)r * ldP + j];
+#pragma omp simd
+            for (int c = 0; c < W; c++) a[r][c] = fmaf(p, vj[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < W; c++) acc[r][c] = a[r][c];
+}
+
+static void pv(float acc[RT][32], const float *P, int ldP, const float *const *vrow, int d0,
+               int j0, int j1, int nr, int W) {
+#define RF_PV_CASE(NR)                                                        \
+    if (nr == NR) {                                                           \
+        if (W == 32) pv_w(acc, P, ldP, vrow, d0, j0, j1, NR, 32);             \
+        else if (W == 16) pv_w(acc, P, ldP, vrow, d0, j0, j1, NR, 16);        \
+        else pv_w(acc, P, ldP, vrow, d0, j0, j1, NR, W);                      \
+        return;                                                               \
+    }
+    RF_PV_CASE(8)
+    RF_PV_CASE(7)
+    RF_PV_CASE(6)
+    RF_PV_CASE(5)
+    RF_PV_CASE(4)
+    RF_PV_CASE(3)
+    RF_PV_CASE(2)
+    RF_PV_CASE(1)
+#undef RF_PV_CASE
+}
+
+/* One tile of nr rows (queries q (nr, D) contiguous, head outputs o[r], lse[r] or NULL, keys
+ * visible vis[r]) against keys kt (transposed, row stride ldk) and value rows vrow. S is (RT,
+ * ldk) scratch. */
+static void attend_tile(float *const *o, float *const *lse, const float *q,
+                        const int *vis, int nr, const float *kt, int ldk,
+                        const float *const *vrow, int D, float scale, float *S) {
+    int vmax = 0, vmin = vis[0];
+    for (int r = 0; r < nr; r++) vmax = vis[r] > vmax ? vis[r] : vmax, vmin = imin(vmin, vis[r]);
+    float l[RT], m[RT];
+    if (vmax > 0) scores(S, ldk, q, kt, ldk, (vmax + KT - 1) / KT * KT, D, scale, nr);
+    for (int r = 0; r < nr; r++) l[r] = vis[r] > 0 ? row_softmax(S + (size_t)r * ldk, vis[r], &m[r]) : 0.0f;
+    vmin = vmin > 0 ? vmin : 0;
+    for (int d0 = 0, W; d0 < D; d0 += W) {
+        W = D - d0 >= 32 ? 32 : D - d0 >= 16 ? 16 : D - d0;
+        float acc[RT][32];
+        for (int r = 0; r < nr; r++)
+            for (int c = 0; c < W; c++) acc[r][c] = 0.0f;
+        pv(acc, S, ldk, vrow, d0, 0, vmin, nr, W);
+        for (int r = 0; r < nr; r++) /* the rows that see more keys than the tile's first */
+            if (vis[r] > vmin) pv(acc + r, S + (size_t)r * ldk, ldk, vrow, d0, vmin, vis[r], 1, W);
+        for (int r = 0; r < nr; r++) {
+            float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            for (int c = 0; c < W; c++) o[r][d0 + c] = acc[r][c] * inv;
+        }
+    }
+    if (lse)
+        for (int r = 0; r < nr; r++)
+            if (lse[r]) *lse[r] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+}
+
+/* kt (D, ldk) = the first nk key rows (D floats each, at krow[j]) transposed, keys [nk, nkp)
+ * zero. Copies only: any order gives the same bits. 16 x 16 blocks in registers on AVX-512. */
+static void transpose_keys(float *kt, int ldk, const float *const *krow, int nk, int nkp, int D) {
+    int j0 = 0, d16 = D & ~15;
+#ifdef __AVX512F__
+    for (; j0 + 16 <= nk; j0 += 16)
+        for (int d0 = 0; d0 < d16; d0 += 16) {
+            __m512 r[16], t[16];
+            for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_ps(krow[j0 + j] + d0);
+            for (int j = 0; j < 16; j += 2) { /* 32-bit interleave of row pairs */
+                t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+                t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+            }
+            for (int j = 0; j < 16; j += 4) { /* 64-bit interleave of pair pairs */
+                r[j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+                r[j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+                r[j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+                r[j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+            }
+            /* r[4 a + b] holds, in 128-bit lane c, element d0 + 4 c + b of rows j0 + 4 a .. + 3 */
+            for (int b = 0; b < 4; b++) {
+                __m512 lo01 = _mm512_shuffle_f32x4(r[b], r[4 + b], 0x44), hi01 = _mm512_shuffle_f32x4(r[b], r[4 + b], 0xee);
+                __m512 lo23 = _mm512_shuffle_f32x4(r[8 + b], r[12 + b], 0x44), hi23 = _mm512_shuffle_f32x4(r[8 + b], r[12 + b], 0xee);
+                /* element d0 + 4 c + b of rows j0 .. j0 + 15: lanes (a, c) picked from the four */
+                t[0 + b] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);  /* c = 0 */
+                t[4 + b] = _mm512_shuffle_f32x4(lo01, lo23, 0xdd);  /* c = 1 */
+                t[8 + b] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);  /* c = 2 */
+                t[12 + b] = _mm512_shuffle_f32x4(hi01, hi23, 0xdd); /* c = 3 */
+            }
+            for (int c = 0; c < 4; c++)
+                for (int b = 0; b < 4; b++)
+                    _mm512_storeu_ps(kt + (size_t)(d0 + 4 * c + b) * ldk + j0, t[4 * c + b]);
+        }
+    int jv = j0; /* the blocks done above cover d < d16 of keys < jv */
+    for (int j = 0; j < jv; j++)
+        for (int d = d16; d < D; d++) kt[(size_t)d * ldk + j] = krow[j][d];
+#endif
+    for (; j0 < nkp; j0 += 16)
+        for (int d = 0; d < D; d++) {
+            float *dst = kt + (size_t)d * ldk + j0;
+            int j = 0;
+            for (; j < 16 && j0 + j < nk; j++) dst[j] = krow[j0 + j][d];
+            for (; j < 16; j++) dst[j] = 0.0f;
+        }
+    (void)d16;
+}
+
+int32_t *rf_cpu_attn_tasks(const int32_t *q_off, int n_seq, int KVH, int *n_tasks) {
+    int n = 0;
+    for (int s = 0; s < n_seq; s++) n += KVH * ((q_off[s + 1] - q_off[s] + RF_ATT_QT - 1) / RF_ATT_QT);
+    *n_tasks = n;
     int32_t *t = malloc(sizeof(int32_t) * 3 * (size_t)(n > 0 ? n : 1));
     if (!t) return NULL;
     n = 0;
     for (int s = 0; s < n_seq; s++) {
         int qlen = q_off[s + 1] - q_off[s];
-        if (qlen < RF_ATT_GEMM_MIN_Q) continue;
-        for (int i0 = (qlen - 1) / RF_ATT_QB * RF_ATT_QB; i0 >= 0; i0 -= RF_ATT_QB) /* big first */
-            for (int h = 0; h < H; h++) t[3 * n] = s, t[3 * n + 1] = h, t[3 * n + 2] = i0, n++;
+        if (qlen <= 0) continue;
+        for (int i0 = (qlen - 1) / RF_ATT_QT * RF_ATT_QT; i0 >= 0; i0 -= RF_ATT_QT) /* big first */
+            for (int h = 0; h < KVH; h++) t[3 * n] = s, t[3 * n + 1] = h, t[3 * n + 2] = i0, n++;
     }
     return t;
 }
 
-void rf_cpu_attend_block(float *o, int os, float *lse, int ls, const float *q, int qs,
-                         const float *kb, const float *vb, int n, int i0, int off, int D,
-                         float *S) {
-    int nk = i0 + n + off; /* keys the block's last row sees */
+void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *q_off,
+                         const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,
+                         int H, int KVH, int D, rf_cpu_kv_rows rows, const void *ctx) {
+    int group = H / KVH, ldk = (max_k + KT - 1) / KT * KT;
     float scale = 1.0f / sqrtf((float)D);
-    rf_cpu_gemm_local(0, 1, n, nk, D, scale, q, qs, kb, D, 0.0f, S, nk);
-    for (int r = 0; r < n; r++) {
-        float *sr = S + (size_t)r * nk, m = -INFINITY, sum = 0.0f;
-        int vis = i0 + r + off + 1; /* keys this row sees */
-#pragma omp simd reduction(max : m)
-        for (int j = 0; j < vis; j++) m = sr[j] > m ? sr[j] : m;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < vis; j++) {
-            sr[j] = rf_cpu_expf(sr[j] - m);
-            sum += sr[j];
-        }
-        float inv = 1.0f / sum;
-#pragma omp simd
-        for (int j = 0; j < vis; j++) sr[j] *= inv;
-        for (int j = vis; j < nk; j++) sr[j] = 0.0f;
-        if (lse) lse[(size_t)r * ls] = m + logf(sum);
-    }
-    rf_cpu_gemm_local(0, 0, n, D, nk, 1.0f, S, nk, vb, D, 0.0f, o, os);
-}
-
-void rf_cpu_attend_blocks(float *out, float *lse, const float *q, const int32_t *q_off, const int32_t *k_len,
-                          const int32_t *tasks, int n_tasks, int max_k, int H, int KVH, int D,
-                          rf_cpu_kv_gather gather, const void *ctx) {
-    int group = H / KVH;
-#pragma omp parallel
+#pragma omp parallel if (n_tasks > 1)
     {
-        float *S = malloc(sizeof(float) * ((size_t)RF_ATT_QB + 2 * (size_t)D) * max_k);
-        RF_ASSERT(S); /* (64 + 2 D, max_k) floats per thread */
-        float *kb = S + (size_t)RF_ATT_QB * max_k, *vb = kb + (size_t)D * max_k;
+        /* per thread: keys transposed (D, ldk), a tile's scores (RT, ldk) and queries (RT, D),
+         * key/value row pointers (max_k each) */
+        float *kt = malloc(sizeof(float) * (((size_t)D + RT) * ldk + (size_t)RT * D));
+        const float **krow = malloc(sizeof(float *) * 2 * (size_t)max_k);
+        RF_ASSERT(kt && krow);
+        float *S = kt + (size_t)D * ldk, *qt = S + (size_t)RT * ldk;
+        const float **vrow = krow + max_k;
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < n_tasks; t++) {
-            int s = tasks[3 * t], h = tasks[3 * t + 1], i0 = tasks[3 * t + 2];
+            int s = tasks[3 * t], kvh = tasks[3 * t + 1], i0 = tasks[3 * t + 2];
             int qlen = q_off[s + 1] - q_off[s], off = k_len[s] - qlen;
-            int n = qlen - i0 < RF_ATT_QB ? qlen - i0 : RF_ATT_QB, nk = i0 + n + off;
-            size_t row = (size_t)q_off[s] + i0;
-            gather(kb, ctx, s, h / group, nk, 0, D);
-            gather(vb, ctx, s, h / group, nk, 1, D);
-            rf_cpu_attend_block(out + (row * H + h) * D, H * D, lse ? lse + row * H + h : NULL, H,
-                                q + (row * H + h) * D, H * D, kb, vb, n, i0, off, D, S);
+            int nq = imin(qlen - i0, RF_ATT_QT), nk = imin(i0 + nq + off, k_len[s]);
+            if (nk < 0) nk = 0;
+            int nkp = (nk + KT - 1) / KT * KT;
+            rows(krow, vrow, ctx, s, kvh, nk, D);
+            transpose_keys(kt, ldk, krow, nk, nkp, D);
+            int nrows = nq * group; /* (query, head) pairs, query-major */
+            for (int r0 = 0; r0 < nrows; r0 += RT) {
+                int nr = imin(RT, nrows - r0), vis[RT];
+                float *orow[RT], *lrow[RT];
+                for (int r = 0; r < nr; r++) {
+                    int i = i0 + (r0 + r) / group, h = kvh * group + (r0 + r) % group;
+                    size_t row = (size_t)(q_off[s] + i) * H + h;
+                    vis[r] = imin(i + off + 1, nk);
+                    for (int d = 0; d < D; d++) qt[(size_t)r * D + d] = q[row * D + d];
+                    orow[r] = out + row * D, lrow[r] = lse ? lse + row : NULL;
+                }
+                attend_tile(orow, lse ? lrow : NULL, qt, vis, nr, kt, ldk, vrow, D, scale, S);
+            }
         }
-        free(S);
+        free(kt), free((void *)krow);
     }
 }
 
@@ -139,41 +280,23 @@ typedef struct dense_kv {
     int KVH;
 } dense_kv;
 
-static void gather_dense(float *dst, const void *ctx, int s, int kvh, int n, int v, int D) {
+static void rows_dense(const float **krow, const float **vrow, const void *ctx, int s, int kvh,
+                       int n, int D) {
     const dense_kv *c = ctx;
-    const float *src = (v ? c->v : c->k) + ((size_t)c->k_start[s] * c->KVH + kvh) * D;
-    for (int j = 0; j < n; j++) memcpy(dst + (size_t)j * D, src + (size_t)j * c->KVH * D, sizeof(float) * (size_t)D);
+    size_t first = ((size_t)c->k_start[s] * c->KVH + kvh) * D, step = (size_t)c->KVH * D;
+    for (int j = 0; j < n; j++) krow[j] = c->k + first + j * step, vrow[j] = c->v + first + j * step;
 }
 
 void rf_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                               const float *v, const int32_t *q_off, const int32_t *k_start,
                               const int32_t *k_len, int n_seq, int H, int KVH, int D) {
-    int Tq = q_off[n_seq], group = H / KVH, max_k = 1, n_tasks, n_short;
-    float scale = 1.0f / sqrtf((float)D);
+    int max_k = 1, n_tasks;
     for (int s = 0; s < n_seq; s++) max_k = k_len[s] > max_k ? k_len[s] : max_k;
-    int32_t *tasks = rf_cpu_attn_tasks(q_off, n_seq, H, &n_tasks, &n_short);
+    int32_t *tasks = rf_cpu_attn_tasks(q_off, n_seq, KVH, &n_tasks);
     RF_ASSERT(tasks);
     dense_kv kv = {k, v, k_start, KVH};
-    if (n_tasks) rf_cpu_attend_blocks(out, lse, q, q_off, k_len, tasks, n_tasks, max_k, H, KVH, D, gather_dense, &kv);
+    if (n_tasks) rf_cpu_attend_tasks(out, lse, q, q_off, k_len, tasks, n_tasks, max_k, H, KVH, D, rows_dense, &kv);
     free(tasks);
-    if (!n_short) return;
-#pragma omp parallel if ((size_t)Tq * H * max_k > 4096)
-    {
-        float *sc = malloc(sizeof(float) * (size_t)max_k);
-#pragma omp for collapse(2) schedule(dynamic, 8)
-        for (int t = 0; t < Tq; t++) {
-            for (int h = 0; h < H; h++) {
-                int s = seq_of_row(q_off, n_seq, t);
-                int qlen = q_off[s + 1] - q_off[s], i = t - q_off[s];
-                if (qlen >= RF_ATT_GEMM_MIN_Q) continue; /* done by blocks */
-                int nk = i + (k_len[s] - qlen) + 1; /* keys visible to this query */
-                size_t kv0 = ((size_t)k_start[s] * KVH + h / group) * D;
-                attend_row(out + ((size_t)t * H + h) * D, lse ? lse + (size_t)t * H + h : NULL,
-                           q + ((size_t)t * H + h) * D, k + kv0, v + kv0, nk, KVH * D, D, scale, sc);
-            }
-        }
-        free(sc);
-    }
 }
 
 /* Backward of query rows i0..i0+n-1 of head h over one sequence starting at row off; those rows
@@ -197,7 +320,7 @@ static void block_backward(float *dq, float *dk, float *dv, const float *dout, c
         int vis = i0 + r + 1;
 #pragma omp simd
         for (int j = 0; j < vis; j++) {
-            pr[j] = rf_cpu_expf(pr[j] - l);
+            pr[j] = rf_expf_fast(pr[j] - l);
             dr[j] = pr[j] * (dr[j] - Di) * scale;
         }
         for (int j = vis; j < nk; j++) pr[j] = dr[j] = 0.0f;

@@ -5,7 +5,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels/kernel_math.h" /* rf_expf_fast */
 #include "kernels/kernels.h"
+#include "kernels/sample.h"    /* rf_row_softmax_stats, rf_row_lse */
 
 /* kernels/cpu/cpu_gemm.c: C (M, N) = alpha * op(A) @ op(B) + beta * C, row-major as
  * cblas_sgemm; op(A) (M, K) is A (M, K; row stride lda), or A (K, M) read transposed when ta;
@@ -58,29 +60,23 @@ void rf_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *d
 void rf_cpu_attention_forward(float *out, float *lse, const float *q, const float *k,
                               const float *v, const int32_t *q_off, const int32_t *k_start,
                               const int32_t *k_len, int n_seq, int H, int KVH, int D);
-/* Query rows of a sequence from which the attention forward runs as products over blocks of
- * RF_ATT_QB rows (cpu_attention.c) rather than row by row. */
-#define RF_ATT_GEMM_MIN_Q 16
+/* Queries per forward task (cpu_attention.c); query rows per backward block. */
+#define RF_ATT_QT 64
 #define RF_ATT_QB 64
-/* The blocked forward's tasks: (sequence, head, first row) triples, one per head and block of
- * RF_ATT_QB query rows of each sequence with at least RF_ATT_GEMM_MIN_Q of them, the blocks
- * with most keys first; *n_short: sequences left to the row path. Caller frees; NULL when out
- * of memory. */
-int32_t *rf_cpu_attn_tasks(const int32_t *q_off, int n_seq, int H, int *n_tasks, int *n_short);
-/* Attention of the n query rows i0..i0+n-1 of one head of a sequence whose row i sees keys
- * 0..i+off, against dense keys and values kb, vb (i0+n+off, D): o (n, D; row stride os), lse (n;
- * stride ls; NULL = none), q (n, D; row stride qs); S (n, i0+n+off) scratch. On the thread. */
-void rf_cpu_attend_block(float *o, int os, float *lse, int ls, const float *q, int qs,
-                         const float *kb, const float *vb, int n, int i0, int off, int D,
-                         float *S);
-/* Copies the first n key rows (v = 0) or value rows (v = 1) of KV head kvh of sequence s into
- * dst (n, D) dense: how a KV layout (contiguous, paged) is read by rf_cpu_attend_blocks. */
-typedef void (*rf_cpu_kv_gather)(float *dst, const void *ctx, int s, int kvh, int n, int v, int D);
-/* The blocked forward over the tasks (s, h, i0) of rf_cpu_attn_tasks: per task the keys and
- * values it sees gathered, then rf_cpu_attend_block. lse (Tq, H) may be NULL. OpenMP over tasks. */
-void rf_cpu_attend_blocks(float *out, float *lse, const float *q, const int32_t *q_off, const int32_t *k_len,
-                          const int32_t *tasks, int n_tasks, int max_k, int H, int KVH, int D,
-                          rf_cpu_kv_gather gather, const void *ctx);
+/* The forward's tasks: (sequence, KV head, first query) triples, one per KV head and block of
+ * RF_ATT_QT queries of each sequence, the blocks with most keys first. Caller frees; NULL when
+ * out of memory. */
+int32_t *rf_cpu_attn_tasks(const int32_t *q_off, int n_seq, int KVH, int *n_tasks);
+/* Fills krow[j], vrow[j] (j < n) with the addresses of key and value row j (D floats each) of KV
+ * head kvh of sequence s: how a KV layout (contiguous, paged) is read by rf_cpu_attend_tasks. */
+typedef void (*rf_cpu_kv_rows)(const float **krow, const float **vrow, const void *ctx, int s,
+                               int kvh, int n, int D);
+/* The forward over the tasks of rf_cpu_attn_tasks (every row by the same arithmetic,
+ * cpu_attention.c): out (Tq, H, D), lse (Tq, H) or NULL, q (Tq, H, D); sequence s's query i
+ * sees its keys 0 .. i + k_len[s] - q_len(s). max_k >= every k_len. OpenMP over tasks. */
+void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *q_off,
+                         const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,
+                         int H, int KVH, int D, rf_cpu_kv_rows rows, const void *ctx);
 void rf_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, const int32_t *cu_seqlens, int n_seq, int T,
@@ -137,54 +133,5 @@ int rf_cpu_expf_libm_mode(void);
 /* The log-prob kernels' scratch of n floats, reused across calls and shared by the whole-
  * vocabulary and vocabulary-parallel kernels (the back end is not re-entrant: kernels.h). */
 float *rf_cpu_logprob_scratch(size_t n);
-
-/* e^x in float, written so that `omp simd` loops vectorise it (glibc's expf is a scalar call
- * per element unless built with -ffast-math): x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite
- * split of ln2), e^r by Cephes' degree-6 polynomial, 2^n put in the exponent bits. Within 2 ulp
- * of e^x for x in [-87.3, 88.37] (test_kernels checks); x below clamps to -87.3 (e^x ~ 1.2e-38
- * instead of 0 or a denormal), above to 88.37 (~2.6e38, not inf). NaN stays NaN. */
-static inline float rf_cpu_expf(float x) {
-    /* NaN fails both tests and takes -87.3: it must not reach the int conversion below
-     * (undefined for NaN); the result is x itself then */
-    float xc = x > -87.3f ? (x < 88.37f ? x : 88.37f) : -87.3f;
-    /* round xc / ln2 to the nearest integer: adding 1.5 * 2^23 drops the fraction bits */
-    float kf = xc * 1.44269504088896341f + 12582912.0f;
-    kf -= 12582912.0f;
-    float r = xc - kf * 0.693359375f - kf * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { uint32_t u; float f; } two_n = {.u = (uint32_t)((int32_t)kf + 127) << 23};
-    return x != x ? x : p * two_n.f;
-}
-
-/* Softmax statistics of one row of logits zr (V): the maximum *m, sum_j exp(z_j - m) into
- * *sum and sum_j exp(z_j - m) (z_j - m) into *wsum (lse = m + log sum; entropy = log sum -
- * wsum / sum). Float exponentials (rf_cpu_expf, vectorised) in blocks of 1024, double accumulators (V up to
- * ~150k terms). Shared by the whole-vocabulary and vocabulary-parallel log-prob kernels. */
-static inline void rf_cpu_row_softmax_stats(const float *zr, int V, float *m_out, double *sum_out,
-                                            double *wsum_out) {
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int j = 0; j < V; j++) m = zr[j] > m ? zr[j] : m;
-    double sum = 0.0, wsum = 0.0;
-    for (int j0 = 0; j0 < V; j0 += 1024) {
-        float fs = 0.0f, fw = 0.0f;
-        int j1 = j0 + 1024 < V ? j0 + 1024 : V;
-#pragma omp simd reduction(+ : fs, fw)
-        for (int j = j0; j < j1; j++) {
-            float e = rf_cpu_expf(zr[j] - m);
-            fs += e;
-            fw += e * (zr[j] - m);
-        }
-        sum += fs;
-        wsum += fw;
-    }
-    *m_out = m, *sum_out = sum, *wsum_out = wsum;
-}
 
 #endif

@@ -28,15 +28,7 @@ static void chunk_logits(float *z, float *lse_out, float *ent_out, const float *
     rf_cpu_gemm(0, 1, n, V, C, inv_temp, h + (size_t)t0 * C,
                 C, w, C, 0.0f, z, V, 1);
 #pragma omp parallel for if (n * (size_t)V > 65536)
-    for (int r = 0; r < n; r++) {
-        const float *zr = z + (size_t)r * V;
-        float m;
-        double sum, wsum;
-        rf_cpu_row_softmax_stats(zr, V, &m, &sum, &wsum);
-        lse_out[r] = m + (float)log(sum);
-        /* H = lse - sum p z = log(sum) - sum e (z - m) / sum */
-        ent_out[r] = (float)(log(sum) - wsum / sum);
-    }
+    for (int r = 0; r < n; r++) lse_out[r] = rf_row_lse(z + (size_t)r * V, V, 1.0f, &ent_out[r]);
 }
 
 int rf_cpu_logprob_chunk_rows(int V) {
@@ -193,7 +185,7 @@ void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const flo
 #pragma omp simd
             for (int j = 0; j < V; j++) {
                 float lp = zr[j] - lse[r];
-                zr[j] = inv_temp * rf_logprob_dlogit(rf_cpu_expf(lp), lp, ent[r], j == tgt, dl, de);
+                zr[j] = inv_temp * rf_logprob_dlogit(rf_expf_fast(lp), lp, ent[r], j == tgt, dl, de);
             }
         }
         /* dh (n, C) = dz (n, V) @ w (V, C); dw (V, C) += dz^T (V, n) @ h (n, C) */

@@ -32,7 +32,7 @@ void rf_cpu_logprob_vp_partials(float *lmax, float *sumexp, float *zsum, float *
             const float *zr = z + (size_t)r * Vl;
             float m;
             double sum, wsum;
-            rf_cpu_row_softmax_stats(zr, Vl, &m, &sum, &wsum);
+            rf_row_softmax_stats(zr, Vl, 1.0f, &m, &sum, &wsum);
             int tgt = targets[t0 + r] - v0;
             lmax[t0 + r] = m;
             sumexp[t0 + r] = (float)sum;
@@ -61,7 +61,7 @@ void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const 
 #pragma omp simd
             for (int j = 0; j < Vl; j++) {
                 float lp = zr[j] - l;
-                zr[j] = inv_temp * rf_logprob_dlogit(rf_cpu_expf(lp), lp, H, j == tgt, dl, de);
+                zr[j] = inv_temp * rf_logprob_dlogit(rf_expf_fast(lp), lp, H, j == tgt, dl, de);
             }
         }
         /* dh (n, C) = dz (n, Vl) @ w (Vl, C); dw (Vl, C) += dz^T @ h (n, C) */

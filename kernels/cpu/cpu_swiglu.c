@@ -3,7 +3,7 @@
  *
  * Why: rf_sigmoidf calls expf once per element, and glibc's expf is a scalar call (it
  * vectorises only under -ffast-math), which made SwiGLU 9 % of a prefill at fp32 and 13.5 % at
- * bf16 (docs/kernels.md). rf_cpu_expf (cpu_internal.h) is vectorised but rounds otherwise, which
+ * bf16 (docs/kernels.md). rf_expf_fast (kernels/kernel_math.h) is vectorised but rounds otherwise, which
  * would change every run's numbers; this file instead evaluates glibc's own expf algorithm
  * (glibc 2.27 and later, sysdeps/ieee754/flt-32/e_expf.c, from Arm's optimized-routines:
  * x N / ln 2 = k + r, 2^(k/N) from a 32-entry table, 2^(r/N) by a cubic, all in double) in

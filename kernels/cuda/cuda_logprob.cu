@@ -16,7 +16,7 @@
 #define RF_LOGPROB_THREADS 512 /* threads per row block: V is large (32k..150k) */
 
 /* The sums of logits row zr (V), for the whole block (every thread gets them): m = max z,
- * sum = sum e, wsum = sum e (z - m), with e = exp(z - m); rf_cpu_row_softmax_stats on the GPU. */
+ * sum = sum e, wsum = sum e (z - m), with e = exp(z - m); kernels/sample.c rf_row_softmax_stats on the GPU. */
 static __device__ void row_sums(const float *zr, int V, float *m_out, double *sum_out, double *wsum_out) {
     __shared__ float fshared[32];
     __shared__ double dshared[32];
