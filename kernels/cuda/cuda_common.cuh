@@ -106,6 +106,34 @@ static __device__ inline float rf__block_max(float x, float *shared) {
     return m;
 }
 
+#define RF_LOGPROB_THREADS 512 /* threads per row block of the log-prob kernels: V is large */
+
+/* The sums of logits row zr (V) at inv_temp, for the whole block (every thread gets them; launch
+ * with RF_LOGPROB_THREADS threads, the block order of the sums): zs = zr * inv_temp, m = max
+ * zs, sum = sum e, wsum = sum e (zs - m), with e = exp(zs - m) in float, summed in double
+ * (kernels/sample.c rf_row_softmax_stats on the GPU). The log-prob kernels pass inv_temp 1 on
+ * logits their product has scaled; the sampler passes its inv_temp on the raw logits, and the
+ * scaling and subtraction are single roundings (__fmul_rn, __fsub_rn: never fused), so both see
+ * the same zs. */
+static __device__ inline void rf__row_softmax_sums(const float *zr, int V, float inv_temp, float *m_out,
+                                                   double *sum_out, double *wsum_out) {
+    __shared__ float fshared[32];
+    __shared__ double dshared[32];
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, __fmul_rn(zr[j], inv_temp));
+    m = rf__block_max(m, fshared);
+    /* float exponentials, double accumulators (V up to ~150k terms), as on the CPU */
+    double sum = 0.0, wsum = 0.0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float x = __fsub_rn(__fmul_rn(zr[j], inv_temp), m), e = expf(x);
+        sum += (double)e;
+        wsum += (double)(e * x);
+    }
+    *m_out = m;
+    *sum_out = rf__block_sum(sum, dshared);
+    *wsum_out = rf__block_sum(wsum, dshared);
+}
+
 /* ---- ops (one group per file, as in kernels/cpu/) ---- */
 /* cuda_backend.cu: memory */
 void *rf_cuda_alloc(size_t bytes);

@@ -13,34 +13,12 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/kernel_math.h"
 
-#define RF_LOGPROB_THREADS 512 /* threads per row block: V is large (32k..150k) */
-
-/* The sums of logits row zr (V), for the whole block (every thread gets them): m = max z,
- * sum = sum e, wsum = sum e (z - m), with e = exp(z - m); kernels/sample.c rf_row_softmax_stats on the GPU. */
-static __device__ void row_sums(const float *zr, int V, float *m_out, double *sum_out, double *wsum_out) {
-    __shared__ float fshared[32];
-    __shared__ double dshared[32];
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, zr[j]);
-    m = rf__block_max(m, fshared);
-    /* float exponentials, double accumulators (V up to ~150k terms), as on the CPU */
-    double sum = 0.0, wsum = 0.0;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float e = expf(zr[j] - m);
-        sum += (double)e;
-        wsum += (double)(e * (zr[j] - m));
-    }
-    *m_out = m;
-    *sum_out = rf__block_sum(sum, dshared);
-    *wsum_out = rf__block_sum(wsum, dshared);
-}
-
 /* Log-sum-exp and entropy of logits row zr (V), for the whole block; the CPU chunk_logits
  * reduction: H = lse - sum p z = log(sum) - sum e (z - m) / sum, with e = exp(z - m). */
 static __device__ void row_stats(const float *zr, int V, float *lse, float *ent) {
     float m;
     double sum, wsum;
-    row_sums(zr, V, &m, &sum, &wsum);
+    rf__row_softmax_sums(zr, V, 1.0f, &m, &sum, &wsum);
     *lse = m + (float)log(sum);
     *ent = (float)(log(sum) - wsum / sum);
 }
@@ -90,7 +68,7 @@ static __global__ void logprob_vp_partials_kernel(float *lmax, float *sumexp, fl
     const float *zr = z + (size_t)r * Vl;
     float m;
     double sum, wsum;
-    row_sums(zr, Vl, &m, &sum, &wsum);
+    rf__row_softmax_sums(zr, Vl, 1.0f, &m, &sum, &wsum);
     if (threadIdx.x == 0) {
         int tgt = targets[r] - v0;
         lmax[r] = m, sumexp[r] = (float)sum, zsum[r] = (float)wsum;

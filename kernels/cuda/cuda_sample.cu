@@ -3,7 +3,7 @@
  * every row of (n, V) logits (at batch 256 and Qwen2.5's 151936 ids, 155 MB a decoding step).
  *
  * One block per draw, the steps of kernels/sample.h's rf_draw_whole: the row's largest logit m,
- * the sum of the weights e = expf((z - m) * inv_temp) in double, lse = m inv_temp + log(sum);
+ * the weights e = expf((z - m) * inv_temp) in double;
  * greedy: the largest logit, lowest id among equal ones; else the first id whose cumulative
  * weight in id order passes u times the total: each thread sums the weights of a contiguous
  * slice of ids in order (double), a block scan of those sums (whose total is the target's
@@ -11,7 +11,8 @@
  * its thread walks it id by id. Always an id of positive weight: where rounding leaves the walk
  * short of the target, the slice's (or the row's) last id of positive weight. The CPU sums the
  * whole row in one chain, so the cumulative differs in the last bits and a pick can differ
- * only where u falls within that rounding of a boundary. */
+ * only where u falls within that rounding of a boundary. The pick's log-prob is then computed
+ * as the log-prob kernel computes it (pick_logprob_kernel), as rf_draw_whole does on the CPU. */
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -63,20 +64,15 @@ static __device__ int block_max_int(int v) {
     return -block_min_int(-v);
 }
 
-static __global__ void sample_rows_kernel(int32_t *picks, float *logp, const float *logits, int V,
+static __global__ void sample_rows_kernel(int32_t *picks, const float *logits, int V,
                                           const rf_row_draw *draws) {
     __shared__ float sf[32];
-    __shared__ double sd[32];
     __shared__ int s_pick;
     rf_row_draw d = draws[blockIdx.x];
     const float *z = logits + (size_t)d.row * V;
     float m = -INFINITY;
     for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, z[j]);
     m = rf__block_max(m, sf);
-    double s = 0;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += (double)expf((z[j] - m) * d.inv_temp);
-    s = rf__block_sum(s, sd);
-    double lse = (double)m * d.inv_temp + log(s);
     if (d.greedy) { /* every path below sets s_pick, once */
         /* the largest logit, lowest id first: per thread, then the block's best value and the
          * lowest id holding it */
@@ -116,11 +112,20 @@ static __global__ void sample_rows_kernel(int32_t *picks, float *logp, const flo
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int p = s_pick;
-        picks[blockIdx.x] = p;
-        logp[blockIdx.x] = (float)((double)z[p] * d.inv_temp - lse);
-    }
+    if (threadIdx.x == 0) picks[blockIdx.x] = s_pick;
+}
+
+/* One block of RF_LOGPROB_THREADS per draw: the pick's log-prob as the log-prob kernel computes
+ * it (rf__row_softmax_sums over the logits at inv_temp; its lse in float), so that generation's
+ * behaviour log-probs equal the trainer's wherever the logits do. */
+static __global__ void pick_logprob_kernel(float *logp, const float *logits, int V, const rf_row_draw *draws,
+                                           const int32_t *picks) {
+    rf_row_draw d = draws[blockIdx.x];
+    const float *z = logits + (size_t)d.row * V;
+    float m;
+    double sum, wsum;
+    rf__row_softmax_sums(z, V, d.inv_temp, &m, &sum, &wsum);
+    if (threadIdx.x == 0) logp[blockIdx.x] = __fmul_rn(z[picks[blockIdx.x]], d.inv_temp) - (m + (float)log(sum));
 }
 
 void rf_cuda_sample_rows(int32_t *picks, float *logp, const float *logits, int V, const rf_row_draw *draws,
@@ -139,7 +144,11 @@ void rf_cuda_sample_rows(int32_t *picks, float *logp, const float *logits, int V
     float *d_logp = (float *)(d_picks + n);
     ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(d_draws, draws, db, cudaMemcpyHostToDevice, st));
     if (ok) {
-        sample_rows_kernel<<<(unsigned)n, RF_SAMPLE_THREADS, 0, st>>>(d_picks, d_logp, logits, V, d_draws);
+        sample_rows_kernel<<<(unsigned)n, RF_SAMPLE_THREADS, 0, st>>>(d_picks, logits, V, d_draws);
+        ok = RF_CUDA_LAUNCH_CHECK();
+    }
+    if (ok) {
+        pick_logprob_kernel<<<(unsigned)n, RF_LOGPROB_THREADS, 0, st>>>(d_logp, logits, V, d_draws, d_picks);
         ok = RF_CUDA_LAUNCH_CHECK();
     }
     ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(picks, d_picks, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, st));

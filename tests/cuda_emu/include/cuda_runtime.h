@@ -192,6 +192,20 @@ static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long 
     return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
 
+/* Correctly rounded single operations that the compiler may not fuse with their neighbours
+ * (nvcc's __fmul_rn, __fsub_rn): the empty asm makes the result a register the next operation
+ * must read, so no contraction into an fma. */
+static inline float __fmul_rn(float a, float b) {
+    float r = a * b;
+    __asm__("" : "+x"(r));
+    return r;
+}
+static inline float __fsub_rn(float a, float b) {
+    float r = a - b;
+    __asm__("" : "+x"(r));
+    return r;
+}
+
 /* CUDA's integer and float min/max overloads */
 #define RF_EMU_MINMAX(T)                                   \
     static inline T min(T a, T b) { return b < a ? b : a; } \
