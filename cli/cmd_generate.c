@@ -45,7 +45,8 @@ static rf_status render_prompt(const cJSON *v, const char *tmpl, const char *whe
     return s;
 }
 
-/* --answer-key: each prompt's answer (a string, or a number's JSON text), printed with --json. */
+/* --answer-key: each prompt's answer as JSON text (a string quoted, a number bare), printed
+ * with --json with the type it has in the file. */
 static char *g_answers[MAX_PROMPTS];
 
 /* The answer of line j under key (where: file:line for errors) into g_answers[i]. */
@@ -54,7 +55,7 @@ static rf_status take_answer(const cJSON *j, const char *key, const char *where,
     if (!a) return rf_error(RF_ERR_FORMAT, "%s: missing \"%s\" (--answer-key)", where, key);
     if (!cJSON_IsString(a) && !cJSON_IsNumber(a))
         return rf_error(RF_ERR_FORMAT, "%s: \"%s\" must be a string or a number", where, key);
-    g_answers[i] = cJSON_IsString(a) ? strdup(a->valuestring) : cJSON_PrintUnformatted(a);
+    g_answers[i] = cJSON_PrintUnformatted(a);
     return g_answers[i] ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
 }
 
@@ -99,7 +100,7 @@ static void print_result(const rf_gen_output *o, int index, const char *prompt, 
     cJSON *r = cJSON_CreateObject();
     cJSON_AddNumberToObject(r, "index", index);
     cJSON_AddStringToObject(r, "prompt", prompt);
-    if (g_answers[index]) cJSON_AddStringToObject(r, "answer", g_answers[index]);
+    if (g_answers[index]) cJSON_AddRawToObject(r, "answer", g_answers[index]);
     char *quoted = rf_json_quote(o->text ? o->text : "", o->text_len);
     cJSON_AddRawToObject(r, "text", quoted ? quoted : "\"\"");
     free(quoted);
@@ -175,7 +176,7 @@ int rf_cmd_generate(int argc, char **argv) {
         {"top-k", RF_OPT_INT, &a.top_k, "keep the k most likely tokens (default 0 = off)", 0},
         {"seed", RF_OPT_INT, &a.seed, "sampling seed (default 0); prompt i uses seed + i", 0},
         {"greedy", RF_OPT_FLAG, &a.greedy, "argmax decoding", 0},
-        {"stop", RF_OPT_MULTI, &a.stop, "stop string (repeatable, up to 8)", 0},
+        {"stop", RF_OPT_MULTI, &a.stop, "stop string (repeatable, up to 8)", 0}, /* RF_MAX_STOP */
         {"json", RF_OPT_FLAG, &a.json, "print one JSON object per prompt (tokens, logprobs)", 0},
         {"device", RF_OPT_STR, &a.device, "cpu | cuda (default cpu)", 0},
         {"precision", RF_OPT_STR, &a.precision, "auto | fp32 | bf16: operands of matrix products (default auto: bf16 where the CPU has AVX512-BF16 or AMX-BF16)", 0},
@@ -186,6 +187,9 @@ int rf_cmd_generate(int argc, char **argv) {
     rf_status s = rf_args_parse(argc, argv, opts, N_OPTS(opts), pos, 0, &n_pos);
     if (s == RF_OK && !a.help && (!a.model || !a.prompt == !a.file))
         s = rf_error(RF_ERR_ARG, "generate needs --model and exactly one of --prompt, --prompts-file");
+    /* the option parser takes up to RF_OPT_MULTI_MAX values; generation holds RF_MAX_STOP */
+    if (s == RF_OK && a.stop.n > RF_MAX_STOP)
+        s = rf_error(RF_ERR_ARG, "--stop: at most %d stop strings, got %d", RF_MAX_STOP, a.stop.n);
     if (s == RF_OK && !a.help && !a.file && (a.prompt_key || a.answer_key))
         s = rf_error(RF_ERR_ARG, "--%s applies to --prompts-file only", a.prompt_key ? "prompt-key" : "answer-key");
     if (s || a.help) {

@@ -103,9 +103,10 @@ int rf_cmd_inspect(int argc, char **argv) {
     const char *pos[1];
     int n_pos;
     rf_status s = rf_args_parse(argc, argv, opts, N_OPTS(opts), pos, 1, &n_pos);
-    if (s || help || n_pos != 1) {
+    if (s == RF_OK && !help && n_pos != 1) s = rf_error(RF_ERR_ARG, "inspect needs a model directory");
+    if (s || help) {
         rf_args_usage("inspect", "DIR", opts, N_OPTS(opts));
-        return s ? rf_cli_usage_fail(s) : help ? 0 : 2;
+        return s ? rf_cli_usage_fail(s) : 0;
     }
     rf_model *m = NULL;
     rf_tokenizer *tok = NULL;
@@ -153,7 +154,7 @@ int rf_cmd_merge_lora(int argc, char **argv) {
         s = rf_error(RF_ERR_ARG, "merge-lora needs --model, --adapter and --out");
     if (s || help) {
         rf_args_usage("merge-lora", "--model DIR --adapter DIR --out DIR [--bf16]", opts, N_OPTS(opts));
-        return s ? rf_cli_fail(s) : 0;
+        return s ? rf_cli_usage_fail(s) : 0;
     }
     rf_model *m = NULL;
     s = rf_model_load(&m, model, rf_cpu_kernels(), 0);

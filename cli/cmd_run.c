@@ -158,6 +158,8 @@ int rf_cmd_eval(int argc, char **argv) {
     int n_pos;
     rf_status s = rf_args_parse(argc, argv, opts, N_OPTS(opts), pos, 0, &n_pos);
     if (s == RF_OK && !help && (!model || !data)) s = rf_error(RF_ERR_ARG, "eval needs --model and --data");
+    for (int i = 0; s == RF_OK && i < N_OPTS(opts); i++) /* --n absent: all; given: a count */
+        if (opts[i].dst == &n && opts[i].seen && n < 1) s = rf_error(RF_ERR_ARG, "--n: expected a count >= 1, got %d", n);
     if (s == RF_OK && !help && aregex[0]) s = rf_reward_regex_check("--answer-regex", aregex);
     if (s || help) {
         rf_args_usage("eval", "--model DIR --data FILE [options]", opts, N_OPTS(opts));

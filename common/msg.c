@@ -306,6 +306,11 @@ rf_status rf_msg_server_open(rf_msg_server **out, const char *endpoint,
                                cfg->peer_timeout_s);
     int one = 1;
     if (st == RF_OK) zmq_setsockopt(s->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    /* ZeroMQ reads a message's size before allocating it; over the limit it closes the
+     * connection instead (the peer is then reported lost, mark_lost) */
+    if (st == RF_OK && cfg->max_msg_bytes > 0 &&
+        zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &cfg->max_msg_bytes, sizeof cfg->max_msg_bytes) != 0)
+        st = zmq_fail("cannot set the message size limit of", endpoint);
     if (st == RF_OK && cfg->curve_secret_key) st = server_curve(s, cfg, endpoint);
     if (st == RF_OK && zmq_bind(s->sock, endpoint) != 0) st = zmq_fail("cannot bind", endpoint);
     size_t cap = sizeof s->endpoint;
@@ -426,7 +431,16 @@ static void mark_lost(rf_msg_server *s, srv_peer *p, int err) {
     if (p->lost) return;
     p->lost = 1;
     s->next_check = 0;
-    if (err == EHOSTUNREACH)
+    if (err == EHOSTUNREACH && s->cfg.max_msg_bytes > 0) {
+        /* ZeroMQ closes a connection that sends an oversize message and says nothing else */
+        char lim[32];
+        if (s->cfg.max_msg_bytes % (1 << 20) == 0)
+            snprintf(lim, sizeof lim, "%lld MiB", (long long)(s->cfg.max_msg_bytes >> 20));
+        else
+            snprintf(lim, sizeof lim, "%lld-byte", (long long)s->cfg.max_msg_bytes);
+        snprintf(p->lost_text, sizeof p->lost_text, "%s disconnected (it exited, closed its "
+                 "socket, or sent a message over the %s limit)", p->info.desc, lim);
+    } else if (err == EHOSTUNREACH)
         snprintf(p->lost_text, sizeof p->lost_text, "%s disconnected", p->info.desc);
     else if (err == EAGAIN)
         snprintf(p->lost_text, sizeof p->lost_text,
@@ -493,6 +507,11 @@ static int report_lost(rf_msg_server *s, double now, rf_msg_event *ev) {
         ev->kind = RF_MSG_EV_LOST, ev->peer = p->id, ev->info = p->info;
         if (p->lost) snprintf(ev->text, sizeof ev->text, "%s", p->lost_text);
         else snprintf(ev->text, sizeof ev->text, "%s sent nothing for %.1f s", p->info.desc, silent);
+        /* A silent peer's connection may still be open: tell it why, as rf_msg_server_drop
+         * does (a peer whose send failed cannot be reached; the attempt costs nothing). */
+        Rlflow__Error e = RLFLOW__ERROR__INIT;
+        e.code = RF_ERR_IO, e.message = ev->text;
+        send_frames(s->sock, p->ident, p->ident_len, RF_MSG_ERROR, &e.base, ZMQ_DONTWAIT);
         remove_peer(s, p);
         s->next_check = 0; /* there may be more */
         return 1;

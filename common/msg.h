@@ -14,8 +14,15 @@
  * Heartbeat each heartbeat interval; a client answers every ping (rf_msg_client_recv does it).
  * A peer that sends nothing for peer_timeout_s of listening time, or whose connection is gone
  * (ZMQ_ROUTER_MANDATORY makes a send to it fail), is reported lost, naming its role, name, rank,
- * pid and the endpoint. Time the server spends outside rf_msg_server_poll does not count as
- * silence: a peer cannot answer pings nobody sent.
+ * pid and the endpoint; a silent one is also sent an Error with that sentence (its connection
+ * may still be open), a gone one cannot be told. Time the server spends outside
+ * rf_msg_server_poll does not count as silence: a peer cannot answer pings nobody sent.
+ *
+ * Size: a server given max_msg_bytes (the endpoints for external programs use
+ * RF_MSG_EXTERNAL_MAX_BYTES) sets ZMQ_MAXMSGSIZE, so a larger message from a peer is never
+ * allocated: ZeroMQ closes that peer's connection on reading its size, and the next ping
+ * reports the peer lost ("... disconnected (it exited, closed its socket, or sent a message over
+ * the 64 MiB limit)"), as for a crash.
  *
  * Every wait is bounded: polls take a timeout, sends time out after the peer timeout.
  *
@@ -122,7 +129,18 @@ typedef struct rf_msg_server_config {
     const char *curve_secret_key;     /* this server's Z85 secret key (40 characters) */
     const char *const *curve_clients; /* (n_curve_clients) Z85 public keys allowed to connect */
     int n_curve_clients;
+    int64_t max_msg_bytes;  /* > 0: the largest message a peer may send (ZMQ_MAXMSGSIZE); a
+                               larger one closes its connection. 0: no limit (rlflow's own
+                               workers, whose weight updates are as large as the model) */
 } rf_msg_server_config;
+
+/* The message size limit of the endpoints for external programs (reward programs,
+ * environments), 64 MiB. The largest legitimate messages are far smaller: a RewardResponse
+ * carries 5 bytes per per-token reward (one per response token: 4 MiB for 800k tokens) plus an
+ * info line; an EnvReply carries an observation as text or token ids of at most a context's
+ * length (a few MB). The limit only bounds what a faulty or hostile peer can make rlflow
+ * allocate. docs/reward-api.md section 8, docs/env-api.md. */
+#define RF_MSG_EXTERNAL_MAX_BYTES ((int64_t)64 << 20)
 
 typedef struct rf_msg_peer_info {
     int role, rank, pid, capacity;  /* capacity >= 1 */

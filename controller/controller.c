@@ -740,8 +740,9 @@ static rf_status admit(ctl *c) {
 
 /* ---- validation ---- */
 
-/* Whether version v is validated: before training (0), every logging.val_every and the last. */
-static int val_due_at(const ctl *c, int v) { return c->run->val && (v == 0 || rf__val_due(c->run->r, v)); }
+/* Whether version v is validated: with logging.val_every > 0, before training (0), every
+ * logging.val_every and the last; with 0, never. */
+static int val_due_at(const ctl *c, int v) { return c->run->val && rf__val_due(c->run->r, v); }
 
 /* Greedy generate requests for the first logging.val_size validation prompts (all when <= 0),
  * once the rollout side serves the version whose record waits for them. */

@@ -11,6 +11,8 @@
 #include "common/curve.h"
 #include "common/toml.h"
 #include "common/util.h"
+#include "env/calculator.h"
+#include "model/generate.h"
 #include "reward/reward.h"
 
 typedef enum { T_STR, T_INT, T_FLOAT, T_BOOL, T_ENUM, T_STRS, T_FLOATS, T_ARGVS } key_type;
@@ -101,7 +103,7 @@ static const rkey KEYS[] = {
     {"rollout", "top_p", T_FLOAT, AT(rollout.top_p), "1.0", NULL, "Nucleus sampling mass, in (0, 1]."},
     {"rollout", "top_k", T_INT, AT(rollout.top_k), "0", NULL, "Sample among the k most likely tokens; 0 = all."},
     {"rollout", "max_new_tokens", T_INT, AT(rollout.max_new_tokens), "64", NULL, "Longest response, in tokens."},
-    {"rollout", "stop", T_STRS, AT(rollout.stop), "[]", NULL, "Strings that end a response (besides EOS)."},
+    {"rollout", "stop", T_STRS, AT(rollout.stop), "[]", NULL, "Strings that end a response (besides EOS); at most 8 (7 with env.type = \"calculator\" unless one of them is its \"</calc>\")."},
     {"rollout", "max_running", T_INT, AT(rollout.max_running), "64", NULL, "Sequences in the running batch of the generation engine."},
     {"rollout", "kv_block_size", T_INT, AT(rollout.kv_block_size), "16", NULL, "Tokens per paged KV-cache block."},
     {"rollout", "kv_blocks", T_INT, AT(rollout.kv_blocks), "0", NULL, "KV-cache blocks in the pool (rollout.kv_block_size tokens each); they bound how many tokens the running sequences hold. 0 = sized from memory when the engine starts: enough for rollout.max_running sequences of the longest length (data.max_prompt_tokens + rollout.max_new_tokens, at most the model's positions), or as many as rollout.kv_memory_fraction of the device's free memory holds when that is fewer (the size is logged). On the CPU only the blocks ever used are resident (docs/rollout.md)."},
@@ -205,8 +207,8 @@ static const rkey KEYS[] = {
     {"critic", "warmup_steps", T_INT, AT(critic.warmup_steps), "0", NULL, "Linear warm-up steps of the critic."},
 
     {"logging", "dir", T_STR, AT(logging.dir), "\"runs/default\"", NULL, "Run directory: metrics, samples, TensorBoard files, the effective recipe, checkpoints, run_status.json. Relative to the current directory. A directory that already holds a run is refused unless `rlflow run` says --resume (continue it) or --overwrite (remove it first)."},
-    {"logging", "every", T_INT, AT(logging.every), "1", NULL, "Log metrics every this many steps."},
-    {"logging", "val_every", T_INT, AT(logging.val_every), "10", NULL, "Validate every this many steps; 0 = never."},
+    {"logging", "every", T_INT, AT(logging.every), "1", NULL, "Print the console progress line every this many steps (and at the last step). metrics.jsonl and the TensorBoard files get every step whatever this is."},
+    {"logging", "val_every", T_INT, AT(logging.val_every), "10", NULL, "Validate (greedy, on the first logging.val_size prompts of data.val) before training (step 0), every this many steps and at the last step; 0 = never (no validation at all)."},
     {"logging", "val_size", T_INT, AT(logging.val_size), "200", NULL, "Validation prompts used (the first ones of data.val)."},
     {"logging", "samples_every", T_INT, AT(logging.samples_every), "0", NULL, "Every this many steps, log logging.samples_per_step of the step's training samples (prompt, response, answer, reward and its components, advantage) to samples.jsonl and as TensorBoard text (docs/metrics.md); 0 = never."},
     {"logging", "samples_per_step", T_INT, AT(logging.samples_per_step), "4", NULL, "Samples logged at each logging.samples_every step: the first ones of the batch, at most its size (one response of each group in turn, then the second of each, ...)."},
@@ -995,6 +997,19 @@ static rf_status validate_answer_regex(const rf_recipe *r) {
     return rf_error_wrap(s, "%s", rf_recipe_where(r, "reward.answer_regex", where, sizeof where));
 }
 
+/* rollout.stop fits the RF_MAX_STOP stop strings a request holds, with the calculator's own
+ * "</calc>" (added unless listed): a string past them would be dropped, not honoured. */
+static rf_status validate_stop(const rf_recipe *r) {
+    int calc = strcmp(r->env.type, "calculator") == 0, listed = 0;
+    for (int i = 0; i < r->rollout.stop.n; i++) listed |= strcmp(r->rollout.stop.v[i], RF_CALC_STOP) == 0;
+    int room = RF_MAX_STOP - (calc && !listed);
+    if (r->rollout.stop.n <= room) return RF_OK;
+    char why[160];
+    snprintf(why, sizeof why, "holds %d strings, at most %d fit%s", r->rollout.stop.n, room,
+             room < RF_MAX_STOP ? " (env.type = \"calculator\" adds \"" RF_CALC_STOP "\")" : "");
+    return invalid(r, "rollout.stop", why);
+}
+
 /* LoRA's limits: what [lora] does not support is refused naming the key, never ignored. */
 static rf_status validate_lora(const rf_recipe *r) {
     if (!r->lora.enabled) return RF_OK;
@@ -1043,6 +1058,7 @@ rf_status rf_recipe_validate(const rf_recipe *r) {
         return invalid(r, "placement.actor.zero", "shards the optimizer state across data-parallel "
                        "ranks and needs placement.actor.dp > 1 (with one rank it holds all of it)");
     RF_TRY(validate_lora(r));
+    RF_TRY(validate_stop(r));
     RF_TRY(validate_env(r));
     return validate_external(r);
 }

@@ -42,6 +42,18 @@ rf_status rf__apply_external(rf_run *run, rf_train_sample *s, int n, const float
         for (int k = 0; k < nt; k++) t[k] = (s[i].token_rewards ? t[k] : 0.0f) + w * v[k];
         s[i].token_rewards = t;
     }
+    /* The bridge rejects replies that overflow once weighted (rf_external_reward_config.weight);
+     * what is left is the sum with the rules, the reward model or an environment's turn
+     * rewards overflowing a float: refused here, before it reaches the update as a NaN. */
+    for (int i = 0; i < n; i++) {
+        int bad = !isfinite(s[i].reward) || !isfinite((float)rf__total_reward(&s[i]));
+        for (int k = 0; !bad && s[i].token_rewards && k < s[i].n_resp; k++) bad = !isfinite(s[i].token_rewards[k]);
+        if (bad)
+            return rf_error(RF_ERR_RANGE, "reward programs: response %d of the batch (group %d) has a total reward "
+                            "that overflows a float (%g, of which %g from the reward programs at "
+                            "reward.external_weight = %g): rewards must stay within +-3.4e38",
+                            i, s[i].group, rf__total_reward(&s[i]), (double)s[i].external_reward, (double)w);
+    }
     rf_external_acc *a = &run->ext_acc;
     rf_external_reward_stats es = rf_external_reward_last_stats(run->ext);
     a->rejected += es.rejected, a->resent += es.resent;
@@ -52,7 +64,12 @@ rf_status rf__apply_external(rf_run *run, rf_train_sample *s, int n, const float
         int j = 0;
         while (j < a->count && strcmp(a->name[j], names[k]) != 0) j++;
         if (j == a->count) {
-            if (a->count == RF_EXTERNAL_MAX_COMPONENTS) continue;
+            if (a->count == RF_EXTERNAL_MAX_COMPONENTS) {
+                if (!a->warned++)
+                    rf_log_warn("reward: the programs sent more than %d component names in this run: '%s' and "
+                                "any later new name are left out of the metrics", RF_EXTERNAL_MAX_COMPONENTS, names[k]);
+                continue;
+            }
             snprintf(a->name[a->count++], sizeof a->name[0], "%s", names[k]);
             a->sum[j] = 0, a->n[j] = 0;
         }
@@ -118,7 +135,7 @@ static void sample_components(const rf_run *run, const rf_train_sample *x, rf_sa
     if (r->reward.model[0])
         l->component_names[l->n_components] = "reward_model",
         l->components[l->n_components++] = r->reward.model_weight * x->rm_score;
-    if (r->reward.external[0])
+    if (r->reward.external[0] || r->reward.programs.n > 0)
         l->component_names[l->n_components] = "external", l->components[l->n_components++] = x->external_reward;
     if (x->token_rewards) {
         double t = 0;
@@ -324,7 +341,8 @@ rf_status rf__sample_init(rf_run *run, rf_train_sample *s, const int32_t *prompt
 }
 
 int rf__val_due(const rf_recipe *r, int step) {
-    return step == r->train.steps || (r->logging.val_every > 0 && step % r->logging.val_every == 0);
+    if (r->logging.val_every <= 0) return 0; /* 0 = never, not even before training or at the end */
+    return step == r->train.steps || step % r->logging.val_every == 0;
 }
 
 int rf__ckpt_due(const rf_recipe *r, int step) {

@@ -26,6 +26,7 @@ typedef struct rf_external_acc {
     double sum[RF_EXTERNAL_MAX_COMPONENTS];    /* sum of the batches' means */
     int n[RF_EXTERNAL_MAX_COMPONENTS], count;  /* batches per component; components */
     int64_t rejected, resent;                  /* replies rejected, requests re-sent */
+    int warned;                                /* names past the table were reported */
 } rf_external_acc;
 
 typedef struct rf_run {

@@ -15,11 +15,15 @@
 #include "common/util.h"
 #include "trainer/checkpoint.h"
 
-/* reward_program_<i>.log: the output of a program rlflow started (reward.programs). */
-static int is_program_log(const char *name) {
-    static const char pre[] = "reward_program_";
-    size_t n = strlen(name), p = sizeof pre - 1, digits = strspn(name + (n > p ? p : n), "0123456789");
+/* <pre><i>.log: the output of a program rlflow started. */
+static int is_log_of(const char *name, const char *pre) {
+    size_t n = strlen(name), p = strlen(pre), digits = strspn(name + (n > p ? p : n), "0123456789");
     return n > p + 4 && strncmp(name, pre, p) == 0 && digits > 0 && strcmp(name + p + digits, ".log") == 0;
+}
+
+/* reward_program_<i>.log (reward.programs) or env_program_<i>.log (env.programs). */
+static int is_program_log(const char *name) {
+    return is_log_of(name, "reward_program_") || is_log_of(name, "env_program_");
 }
 
 /* A name a run writes: kind 1 a log (metrics, samples, events), 2 a checkpoint, 3 another

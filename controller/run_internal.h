@@ -125,7 +125,9 @@ rf_status rf__sample_init(rf_run *run, rf_train_sample *s, const int32_t *prompt
                           const float *logp, int n_resp, const char *text, const char *answer);
 
 /* Whether the end of update `step` (1-based) validates, writes a checkpoint, prints a console
- * line: the last step always; else logging.val_every, checkpoint.every, logging.every. */
+ * line: the last step always; else logging.val_every, checkpoint.every, logging.every.
+ * Validation alone has an off switch: logging.val_every = 0 validates no step at all (also
+ * not step 0, before training, which rf__val_due also answers for). */
 int rf__val_due(const rf_recipe *r, int step);
 int rf__ckpt_due(const rf_recipe *r, int step);
 int rf__console_due(const rf_recipe *r, int step);

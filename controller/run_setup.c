@@ -304,7 +304,8 @@ static rf_status open_external(rf_run *run) {
                                      .insecure = r->reward.external_insecure,
                                      .curve_secret_key = k.server_secret[0] ? k.server_secret : NULL,
                                      .curve_client_keys = client_keys, .n_curve_client_keys = k.curve,
-                                     .tick = programs_tick, .tick_ctx = &run->programs};
+                                     .tick = programs_tick, .tick_ctx = &run->programs,
+                                     .weight = r->reward.external_weight};
     rf_status st = rf_external_reward_listen_with(&run->ext, &xc);
     memset(k.server_secret, 0, sizeof k.server_secret);
     if (st == RF_OK) st = start_reward_programs(run, &k);
@@ -364,7 +365,8 @@ rf_status rf__load_rewards(rf_run *run) {
         rf_external_reward_config xc = {.endpoint = r->reward.external, .timeout_s = r->reward.external_timeout,
                                          .curve_secret_file = r->reward.external_curve_secret,
                                          .curve_clients_file = r->reward.external_curve_clients,
-                                         .insecure = r->reward.external_insecure};
+                                         .insecure = r->reward.external_insecure,
+                                         .weight = r->reward.external_weight};
         RF_TRY(rf_external_reward_open_with(&run->ext, &xc));
     }
     return rf__env_open(run);

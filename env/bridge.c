@@ -61,7 +61,7 @@ rf_status rf_env_bridge_listen(rf_env_bridge **out, const rf_env_bridge_config *
     for (int i = 0; x && i < n_clients; i++) allowed[i] = clients[i];
     rf_msg_server_config cfg = {.accept_role = RLFLOW__ROLE__ROLE_ENVIRONMENT, .peer_timeout_s = c->timeout_s,
                                 .curve_secret_key = clients ? secret : NULL, .curve_clients = allowed,
-                                .n_curve_clients = n_clients};
+                                .n_curve_clients = n_clients, .max_msg_bytes = RF_MSG_EXTERNAL_MAX_BYTES};
     if (x) x->timeout_s = c->timeout_s, x->next_id = 1, x->pool.label = "env";
     if (x) x->max_attempts = c->max_attempts ? c->max_attempts : RF_EXTERNAL_MAX_ATTEMPTS;
     if (x) x->tick = c->tick, x->tick_ctx = c->tick_ctx;

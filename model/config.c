@@ -316,7 +316,7 @@ static const char *arch_class(const rf_model_config *c) {
     return names[c->arch][c->value_head ? 1 : 0];
 }
 
-char *rf_config_to_json(const rf_model_config *c) {
+char *rf_config_to_json(const rf_model_config *c, int bf16) {
     cJSON *r = cJSON_CreateObject();
     cJSON *archs = cJSON_AddArrayToObject(r, "architectures");
     cJSON_AddItemToArray(archs, cJSON_CreateString(arch_class(c)));
@@ -352,7 +352,8 @@ char *rf_config_to_json(const rf_model_config *c) {
     if (c->n_eos > 1)
         cJSON_AddItemToObject(r, "eos_token_id", cJSON_CreateIntArray(c->eos_token_ids, c->n_eos));
     if (c->value_head) cJSON_AddNumberToObject(r, "num_labels", 1);
-    cJSON_AddStringToObject(r, "torch_dtype", "float32");
+    cJSON_AddStringToObject(r, "dtype", bf16 ? "bfloat16" : "float32");
+    cJSON_AddStringToObject(r, "torch_dtype", bf16 ? "bfloat16" : "float32");
     char *s = cJSON_Print(r);
     cJSON_Delete(r);
     return s;

@@ -47,8 +47,11 @@ rf_status rf_config_load(rf_model_config *cfg, const char *path);
 /* Parses config JSON text; `origin` names the source in messages. */
 rf_status rf_config_parse(rf_model_config *cfg, const char *json, const char *origin);
 
-/* Serialises `cfg` as a config.json that Hugging Face transformers loads (caller frees). */
-char *rf_config_to_json(const rf_model_config *cfg);
+/* Serialises `cfg` as a config.json that Hugging Face transformers loads (caller frees).
+ * bf16: the weights saved beside it are BF16, else F32; written as "dtype" (transformers 5,
+ * and 4.56+) and "torch_dtype" (older 4.x), the same value, so that from_pretrained(dtype=
+ * "auto") loads them as stored. */
+char *rf_config_to_json(const rf_model_config *cfg, int bf16);
 
 /* Fills inv_freq (D/2) from rope_theta and rope_scaling, exactly as transformers does. */
 void rf_config_inv_freq(const rf_model_config *cfg, float *inv_freq);

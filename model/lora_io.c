@@ -120,7 +120,8 @@ static rf_status check_init(const cJSON *j, const char *path) {
 }
 
 /* Fields of adapter_config.json read above or that do not change the adapted model once
- * trained; every other field (PEFT's variants: lora_bias, use_qalora, exclude_modules,
+ * trained (ensure_weight_tying ties adapters of tied embeddings, which only modules_to_save,
+ * trainable_token_indices or an embedding target add: all refused); every other field (PEFT's variants: lora_bias, use_qalora, exclude_modules,
  * target_parameters, trainable_token_indices, alora_invocation_tokens, arrow_config, ...,
  * and those a later PEFT adds) is refused when set rather than ignored. */
 static int known_field(const char *name) {

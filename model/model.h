@@ -253,8 +253,9 @@ rf_status rf_model_load_params(rf_model *m, const char *dir, float *dst, const c
  * read, so a tensor-parallel shard (model_tp.h) is checked with the same call. */
 rf_status rf_model_check_unused(const rf_model *m, const rf_safetensors *st, const char *dir);
 
-/* Writes config.json for cfg into dir (created if needed), atomically. */
-rf_status rf_model_save_config(const rf_model_config *cfg, const char *dir);
+/* Writes config.json for cfg into dir (created if needed), atomically; bf16: the weights
+ * saved with it are BF16 (its "dtype"), else F32. */
+rf_status rf_model_save_config(const rf_model_config *cfg, const char *dir, int bf16);
 
 /* Writes tensors of the parameter table views (n_views; whole shapes) into dir as safetensors
  * (rf_st_write_dir_fill: F32, or BF16 when bf16; files of at most max_shard_bytes, 0 = one),

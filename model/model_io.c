@@ -201,10 +201,10 @@ static rf_status fill_from_buffer(void *ctx, int i, float *dst) {
     return RF_OK;
 }
 
-rf_status rf_model_save_config(const rf_model_config *cfg, const char *dir) {
+rf_status rf_model_save_config(const rf_model_config *cfg, const char *dir, int bf16) {
     RF_TRY(rf_mkdirs(dir));
     char path[4096];
-    char *json = rf_config_to_json(cfg);
+    char *json = rf_config_to_json(cfg, bf16);
     if (!json) return rf_error(RF_ERR_NOMEM, "out of memory serialising config");
     rf_path_join(path, sizeof path, dir, "config.json");
     rf_status s = rf_write_file_atomic(path, json, strlen(json));
@@ -213,7 +213,7 @@ rf_status rf_model_save_config(const rf_model_config *cfg, const char *dir) {
 }
 
 rf_status rf_model_save(const rf_model *m, const char *dir, int bf16, size_t max_shard_bytes) {
-    RF_TRY(rf_model_save_config(&m->cfg, dir));
+    RF_TRY(rf_model_save_config(&m->cfg, dir, bf16));
     buffer_src b = {m, m->params};
     return rf_model_save_views(m->views, m->n_views, dir, NULL, bf16, max_shard_bytes, fill_from_buffer, &b);
 }

@@ -1098,6 +1098,13 @@ rf_status rf_tokenizer_load_dir(rf_tokenizer **out, const char *dir) {
     rf_tokenizer *t;
     RF_TRY(rf_tokenizer_load(&t, path));
     *out = t;
+    /* transformers 5 saves the template in chat_template.jinja, not tokenizer_config.json, and
+     * reads that file first (tokenization_utils_base.py: "independent chat template file(s)
+     * ... take priority") */
+    char jpath[4096];
+    rf_path_join(jpath, sizeof jpath, dir, "chat_template.jinja");
+    int jinja = rf_file_exists(jpath);
+    t->has_chat_template = jinja;
     if (!rf_file_exists(cpath)) return RF_OK;
     char *text;
     size_t len;
@@ -1107,6 +1114,7 @@ rf_status rf_tokenizer_load_dir(rf_tokenizer **out, const char *dir) {
     if (st == RF_OK && !cJSON_IsObject(cfg))
         st = rf_error(RF_ERR_FORMAT, "%s: malformed JSON (expected an object)", cpath);
     if (st == RF_OK) st = rf__apply_config(t, cfg, cpath);
+    t->has_chat_template |= jinja;
     cJSON_Delete(cfg);
     if (st != RF_OK) {
         rf_tokenizer_free(t);

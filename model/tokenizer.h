@@ -70,8 +70,9 @@ int32_t rf_tokenizer_eos_id(const rf_tokenizer *t);
 /* "byte_level" or "sentencepiece". */
 const char *rf_tokenizer_family(const rf_tokenizer *t);
 
-/* 1 when tokenizer_config.json carried a chat_template (we never run Jinja; this only
- * tells a caller that the model expects a chat format). */
+/* 1 when the directory has a chat template: chat_template.jinja (where transformers 5 saves
+ * it) or a chat_template in tokenizer_config.json (transformers 4). We never run Jinja; this
+ * only tells a caller that the model expects a chat format. */
 int rf_tokenizer_has_chat_template(const rf_tokenizer *t);
 
 #endif

@@ -17,6 +17,7 @@
 struct rf_external_reward {
     rf_msg_server *srv;
     double timeout_s;
+    float weight;                 /* rf_external_reward_config.weight */
     rf_status (*tick)(void *ctx); /* rf_external_reward_config.tick */
     void *tick_ctx;
     rf_program_pool pool; /* the connected programs, the failed batches' ids */
@@ -30,6 +31,7 @@ struct rf_external_reward {
         int n;
     } comps[RF_EXTERNAL_MAX_COMPONENTS];
     int n_comps;
+    int comps_full;       /* names of the last batch left out (past the table) */
     int max_attempts;     /* rejected replies per sample before the batch fails */
     int ok;               /* the last batch succeeded: info and token rewards are valid */
     float *tok;           /* per-token rewards of the last batch, item i's at tok + tok_off[i] */
@@ -73,6 +75,9 @@ rf_status rf_external_reward_listen_with(rf_external_reward **out,
     if (c->max_attempts < 0)
         return rf_error(RF_ERR_ARG, "reward.external: max_attempts must be >= 0 (got %d)",
                         c->max_attempts);
+    if (!isfinite((float)c->weight))
+        return rf_error(RF_ERR_ARG, "reward.external_weight must be a finite float (got %g)",
+                        c->weight);
     rf_curve_key secret = "", *clients = NULL;
     int n_clients = 0;
     RF_TRY(security(c, secret, &clients, &n_clients));
@@ -83,9 +88,11 @@ rf_status rf_external_reward_listen_with(rf_external_reward **out,
     rf_msg_server_config cfg = {.accept_role = RLFLOW__ROLE__ROLE_REWARD_PROGRAM,
                                 .peer_timeout_s = c->timeout_s,
                                 .curve_secret_key = clients ? secret : NULL,
-                                .curve_clients = allowed, .n_curve_clients = n_clients};
+                                .curve_clients = allowed, .n_curve_clients = n_clients,
+                                .max_msg_bytes = RF_MSG_EXTERNAL_MAX_BYTES};
     if (x) x->timeout_s = c->timeout_s, x->next_id = 1, x->pool.label = "reward", x->tick = c->tick, x->tick_ctx = c->tick_ctx;
     if (x) x->max_attempts = c->max_attempts ? c->max_attempts : RF_EXTERNAL_MAX_ATTEMPTS;
+    if (x) x->weight = (float)c->weight;
     if (st == RF_OK) st = rf_msg_server_open(&x->srv, c->endpoint, &cfg);
     memset(secret, 0, sizeof secret);
     free(clients);
@@ -184,7 +191,7 @@ static void free_last(rf_external_reward *x) {
     for (int i = 0; i < x->n_info; i++) free(x->info[i]);
     free(x->info), free(x->tok), free(x->tok_off), free(x->tok_n);
     x->info = NULL, x->tok = NULL, x->tok_off = NULL, x->tok_n = NULL;
-    x->n_info = 0, x->ok = 0, x->n_comps = 0;
+    x->n_info = 0, x->ok = 0, x->n_comps = 0, x->comps_full = 0;
     x->stats = (rf_external_reward_stats){0};
     x->last_reject[0] = '\0';
 }
@@ -277,17 +284,23 @@ static void lose(rf_external_reward *x, batch *b, int id, const char *why) {
                 count && x->pool.n ? "; re-sending its requests to the other programs" : "");
 }
 
-/* Sums the response's named components per name (non-finite values and names past the table
- * are left out: they are metrics, not rewards). */
+/* Sums the response's named components per name (check_reply has refused empty or long names
+ * and non-finite values). A batch's names past RF_EXTERNAL_MAX_COMPONENTS are left out of the
+ * metrics, with one warning per batch. */
 static void add_components(rf_external_reward *x, const Rlflow__RewardResponse *r) {
     for (size_t k = 0; k < r->n_components; k++) {
         const char *name = r->components[k]->key ? r->components[k]->key : "";
         double v = r->components[k]->value;
-        if (!*name || strlen(name) >= sizeof x->comps[0].name || !isfinite(v)) continue;
         int j = 0;
         while (j < x->n_comps && strcmp(x->comps[j].name, name)) j++;
         if (j == x->n_comps) {
-            if (j == RF_EXTERNAL_MAX_COMPONENTS) continue;
+            if (j == RF_EXTERNAL_MAX_COMPONENTS) {
+                if (!x->comps_full++)
+                    rf_log_warn("reward: the programs sent more than %d component names in one "
+                                "batch: '%s' and any later new name are left out of the metrics",
+                                RF_EXTERNAL_MAX_COMPONENTS, name);
+                continue;
+            }
             snprintf(x->comps[j].name, sizeof x->comps[j].name, "%s", name);
             x->comps[j].sum = 0, x->comps[j].n = 0, x->n_comps++;
         }
@@ -364,8 +377,34 @@ static int match_reply(const rf_external_reward *x, const batch *b, const rf_msg
     return -1;
 }
 
+/* Why reply r (finite values) cannot be used once weighted by w, as the trainer adds it in float
+ * (controller/rl_core.c, controller/advantages.c): the weighted reward, each weighted per-token
+ * reward and their running sum must stay finite. RF_OK, or RF_ERR_RANGE with *why. */
+static rf_status check_weighted(float w, const Rlflow__RewardResponse *r, const char *who,
+                                const char *req, char *why, size_t cap) {
+    float sum = w * r->reward;
+    if (!isfinite(sum)) {
+        snprintf(why, cap, "%s answered reward %g for %s, which overflows to %g once weighted by "
+                 "reward.external_weight = %g; weighted rewards must be finite", who,
+                 (double)r->reward, req, (double)sum, (double)w);
+        return RF_ERR_RANGE;
+    }
+    for (size_t k = 0; k < r->n_token_rewards; k++) {
+        float v = w * r->token_rewards[k];
+        sum += v;
+        if (!isfinite(v) || !isfinite(sum)) {
+            snprintf(why, cap, "%s answered per-token rewards for %s whose weighted %s overflows "
+                     "to %g at token %zu (reward.external_weight = %g); weighted rewards must "
+                     "be finite", who, req, isfinite(v) ? "sum with the reward" : "value",
+                     (double)(isfinite(v) ? sum : v), k, (double)w);
+            return RF_ERR_RANGE;
+        }
+    }
+    return RF_OK;
+}
+
 /* Why reply r to item i cannot be accepted: RF_OK when it can, else the status with *why. */
-static rf_status check_reply(const batch *b, int i, const Rlflow__RewardResponse *r,
+static rf_status check_reply(const batch *b, int i, const Rlflow__RewardResponse *r, float w,
                              const char *who, char *why, size_t cap) {
     const rf_reward_item *it = &b->items[i];
     char req[160];
@@ -374,6 +413,21 @@ static rf_status check_reply(const batch *b, int i, const Rlflow__RewardResponse
     if (r->error && *r->error) {
         snprintf(why, cap, "%s could not score %s: %s", who, req, r->error);
         return RF_ERR_FORMAT;
+    }
+    for (size_t k = 0; k < r->n_components; k++) {
+        const char *name = r->components[k]->key ? r->components[k]->key : "";
+        size_t len = strlen(name);
+        if (len == 0 || len >= sizeof ((struct comp *)0)->name) {
+            snprintf(why, cap, "%s answered a component named \"%.40s%s\" (%zu bytes) for %s; "
+                     "component names must be 1 to %zu bytes", who, name, len > 40 ? "..." : "",
+                     len, req, sizeof ((struct comp *)0)->name - 1);
+            return RF_ERR_FORMAT;
+        }
+        if (!isfinite(r->components[k]->value)) {
+            snprintf(why, cap, "%s answered a non-finite component (%s = %g) for %s", who, name,
+                     (double)r->components[k]->value, req);
+            return RF_ERR_RANGE;
+        }
     }
     if (!isfinite(r->reward)) {
         snprintf(why, cap, "%s answered reward %g for %s; rewards must be finite", who,
@@ -391,7 +445,7 @@ static rf_status check_reply(const batch *b, int i, const Rlflow__RewardResponse
                      "%s", who, (double)r->token_rewards[k], k, req);
             return RF_ERR_RANGE;
         }
-    return RF_OK;
+    return check_weighted(w, r, who, req, why, cap);
 }
 
 /* Records an accepted reply: the sample is scored, exactly once. */
@@ -419,7 +473,7 @@ static rf_status on_response(rf_external_reward *x, batch *b, const rf_msg_event
     int stale, i = match_reply(x, b, ev, r->request_id, why, sizeof why, &stale);
     if (stale) return RF_OK;
     if (i < 0) return reject(x, b, ev->peer, -1, RF_ERR_FORMAT, why);
-    rf_status code = check_reply(b, i, r, ev->info.desc, why, sizeof why);
+    rf_status code = check_reply(b, i, r, x->weight, ev->info.desc, why, sizeof why);
     if (code != RF_OK) return reject(x, b, ev->peer, i, code, why);
     accept_reply(x, b, i, r, p);
     return RF_OK;

@@ -10,8 +10,10 @@
  * fails naming the program that was lost and the request it was scoring.
  *
  * A bad reply never stops a run by itself. A reply that does not decode, a NaN or infinite
- * reward, an `error` reply, per-token rewards of the wrong count or not finite, an unknown or
- * duplicate request id, or a message a reward program may not send is rejected: logged as a
+ * reward (or one that overflows once multiplied by cfg.weight), an `error` reply, per-token
+ * rewards of the wrong count or not finite (or overflowing once weighted), a NaN / infinite
+ * component or a component name that is empty or over 63 bytes, an unknown or duplicate
+ * request id, or a message a reward program may not send is rejected: logged as a
  * warning ("reward: rejected a reply: <program> answered reward nan for request 5 (sample 4 of
  * group 0); rewards must be finite"), the program is told why (an Error) and dropped as for a
  * crash, and the request is sent again, to another program or to the same one once it has
@@ -92,6 +94,11 @@ typedef struct rf_external_reward_config {
                                        the wait with that error (rf_programs_tick restarts the
                                        programs rlflow started, controller/programs.h) */
     void *tick_ctx;
+    double weight;                  /* reward.external_weight, which the caller multiplies the
+                                       rewards by in float: a reply whose reward, per-token
+                                       rewards or their sum overflow (are not finite) once
+                                       weighted is rejected like a NaN reward. 0: no such check
+                                       (nothing overflows at weight 0) */
 } rf_external_reward_config;
 
 /* The default of rf_external_reward_config.max_attempts: a sample that three replies in a row
@@ -171,7 +178,9 @@ const char *rf_external_reward_last_rejection(const rf_external_reward *x);
 /* The named components (RewardResponse.components) of the last successful batch, each
  * averaged over the samples whose response carried it, for the run's metrics: up to cap names
  * (owned by x, valid until the next score call) and means. Returns how many. At most
- * RF_EXTERNAL_MAX_COMPONENTS distinct names are kept; non-finite values are left out. */
+ * RF_EXTERNAL_MAX_COMPONENTS distinct names are kept (later new names are left out, with one
+ * warning per batch); a reply with a non-finite value or an empty or over-63-byte name was
+ * rejected instead. */
 int rf_external_reward_components(const rf_external_reward *x, const char **names, double *means,
                                   int cap);
 

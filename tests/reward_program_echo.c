@@ -20,6 +20,11 @@
  *   badtokens answer the K-th request with n_response_ids + 1 per-token rewards
  *   inftoken  answer the K-th request with +inf as its last per-token reward
  *   badtype   answer the K-th request with a Shutdown, which a reward program may not send
+ *   big       answer the K-th request with reward 3e38 (finite; overflows at weight 2)
+ *   bigtoken  answer the K-th request with 3e38 as its last per-token reward
+ *   compnan   answer the K-th request with a NaN component "len"
+ *   longname  answer the K-th request with a component whose name is 64 bytes
+ *   huge      answer the K-th request with an info of 64 MiB + 1 bytes (over rlflow's limit)
  * --mode A,B,C: the K-th request gets fault A, the next one B, then C; --every 1 repeats the
  * list for every later request. --reconnect 1: after an Error from rlflow (it dropped this
  * program), connect again with a fresh socket, as the client libraries do.
@@ -116,6 +121,17 @@ static rf_status answer(rf_msg_client *c, const opts *o, const Rlflow__RewardReq
     if (!strcmp(fault, "badtokens")) r.n_token_rewards = nt + 1;
     if (!strcmp(fault, "inftoken") && nt) tok[nt - 1] = INFINITY;
     if (!strcmp(fault, "nan")) r.reward = NAN;
+    if (!strcmp(fault, "big")) r.reward = 3e38f;
+    if (!strcmp(fault, "bigtoken") && nt) r.token_rewards = tok, r.n_token_rewards = nt, tok[nt - 1] = 3e38f;
+    if (!strcmp(fault, "compnan")) len.value = NAN;
+    char longname[65];
+    memset(longname, 'n', 64), longname[64] = '\0';
+    if (!strcmp(fault, "longname")) len.key = longname;
+    char *huge = NULL;
+    if (!strcmp(fault, "huge") && (huge = malloc((64u << 20) + 2))) {
+        memset(huge, 'x', (64u << 20) + 1), huge[(64u << 20) + 1] = '\0';
+        r.info = huge;
+    }
     if (!strcmp(fault, "badid")) r.request_id += 1000000;
     if (!strcmp(fault, "error")) r.error = "cannot judge this one";
     if (!strcmp(fault, "garbage")) {
@@ -129,7 +145,9 @@ static rf_status answer(rf_msg_client *c, const opts *o, const Rlflow__RewardReq
         return rf_msg_client_send(c, RF_MSG_SHUTDOWN, &sd.base);
     }
     if (!strcmp(fault, "duplicate")) RF_TRY(rf_msg_client_send(c, RF_MSG_REWARD_RESPONSE, &r.base));
-    return rf_msg_client_send(c, RF_MSG_REWARD_RESPONSE, &r.base);
+    rf_status st = rf_msg_client_send(c, RF_MSG_REWARD_RESPONSE, &r.base);
+    free(huge);
+    return st;
 }
 
 int main(int argc, char **argv) {

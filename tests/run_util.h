@@ -31,6 +31,10 @@ static inline FILE *rf_test_open_recipe(const char *dir) {
     return fopen(p, "w");
 }
 
+/* logging.val_every larger than any test's train.steps: validation before training (step 0)
+ * and at the last step only (0 is no validation at all). */
+#define RF_TEST_VAL_ENDS 1000000
+
 /* Writes <dir>/r.toml: the recipe, validation every val_every steps, then `extra` (more TOML
  * tables, may be ""). */
 static inline void rf_test_write_recipe(const char *dir, int val_every, const char *extra) {

@@ -13,8 +13,14 @@
  *     good checkpoint stays the newest (`latest` unchanged, no directory for the failed step),
  *     then a later save succeeds;
  *   - the RL admission count ("admitted"): back as saved, absent when 0 (SFT, older releases:
- *     loads as 0), and -3, 2.5, "12" or 1e300 refused with the file, key and value named. */
+ *     loads as 0), and -3, 2.5, "12" or 1e300 refused with the file, key and value named;
+ *   - config.json names the dtype of the weights saved beside it ("dtype" for transformers 5,
+ *     "torch_dtype" for 4.x): bfloat16 for BF16 files, float32 for F32 ones and checkpoints,
+ *     and rlflow reads back what it writes and what transformers 5 writes;
+ *   - the tokenizer files a checkpoint or merge-lora copies include transformers 5's
+ *     chat_template.jinja and the 4.x files it still reads, byte for byte. */
 #define _POSIX_C_SOURCE 200809L
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +51,61 @@ static int same_file(const char *a, const char *b) {
     int same = rf_read_file(a, &x, &nx) == RF_OK && rf_read_file(b, &y, &ny) == RF_OK && nx == ny && memcmp(x, y, nx) == 0;
     free(x), free(y);
     return same;
+}
+
+/* config.json's "dtype" and "torch_dtype" in dir: both equal to want, and the file loads back. */
+static void check_config_dtype(const char *dir, const char *want) {
+    char p[700], *text = NULL;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    CHECK_OK(rf_read_file(p, &text, NULL));
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    const char *d = cJSON_GetStringValue(cJSON_GetObjectItem(j, "dtype"));
+    const char *td = cJSON_GetStringValue(cJSON_GetObjectItem(j, "torch_dtype"));
+    int ok = d && td && strcmp(d, want) == 0 && strcmp(td, want) == 0;
+    if (!ok) fprintf(stderr, "%s: dtype %s, torch_dtype %s; want %s\n", p, d ? d : "-", td ? td : "-", want);
+    CHECK(ok);
+    rf_model_config c;
+    CHECK_OK(rf_config_load(&c, p));
+    /* what transformers 5 writes: "dtype" alone */
+    cJSON_DeleteItemFromObject(j, "torch_dtype");
+    char *t5 = cJSON_Print(j);
+    CHECK_OK(rf_config_parse(&c, t5, "transformers 5 config.json"));
+    free(t5), free(text);
+    cJSON_Delete(j);
+}
+
+/* The dtype in config.json follows the weights; the tokenizer files transformers reads are copied. */
+static void hf_files(const char *run) {
+    rf_model *m = rf_test_tiny_model(5, 0);
+    char p[700], q[700];
+    snprintf(p, sizeof p, "%s/hf_bf16", dir);
+    CHECK_OK(rf_model_save(m, p, 1, 0));
+    check_config_dtype(p, "bfloat16");
+    snprintf(p, sizeof p, "%s/hf_f32", dir);
+    CHECK_OK(rf_model_save(m, p, 0, 0));
+    check_config_dtype(p, "float32");
+    snprintf(p, sizeof p, "%s/step_000010/actor", run);
+    check_config_dtype(p, "float32");
+    rf_model_free(m);
+    static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja",
+                                  "special_tokens_map.json", "added_tokens.json", "additional_chat_templates/tool_use.jinja"};
+    snprintf(p, sizeof p, "%s/tok_src/additional_chat_templates", dir);
+    CHECK_OK(rf_mkdirs(p));
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(p, sizeof p, "%s/tok_src/%s", dir, files[i]);
+        CHECK_OK(rf_write_file_atomic(p, files[i], strlen(files[i]))); /* its own name as content */
+    }
+    snprintf(p, sizeof p, "%s/tok_src", dir);
+    snprintf(q, sizeof q, "%s/tok_dst", dir);
+    CHECK_OK(rf_mkdirs(q));
+    CHECK_OK(rf_copy_tokenizer_files(p, q));
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(p, sizeof p, "%s/tok_src/%s", dir, files[i]);
+        snprintf(q, sizeof q, "%s/tok_dst/%s", dir, files[i]);
+        int same = same_file(p, q);
+        if (!same) fprintf(stderr, "%s: not copied\n", files[i]);
+        CHECK(same);
+    }
 }
 
 /* A whole model's tensors handed out one at a time, counting the calls; failing at call fail_at. */
@@ -225,6 +286,7 @@ int main(void) {
     CHECK(strcmp(latest, p) == 0);
 
     moment_ranges(run, actor);
+    hf_files(run);
 
     /* tensors on demand: the same bytes, each asked for once per part */
     counting ca = {rf_checkpoint_role_of(actor), 0, 0}, cc = {rf_checkpoint_role_of(critic), 0, 0};

@@ -167,6 +167,15 @@ static void errors(void) {
     CHECK(strstr(out, "--device cuda: rlflow was built without the CUDA back end") != NULL);
     free(out);
 #endif
+    /* --stop: 8 stop strings are what generation holds; a 9th is a usage error (it overflowed
+     * the 8 slots once: exit 139) */
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --max-new-tokens 2 --stop a --stop b --stop c "
+                     "--stop d --stop e --stop f --stop g --stop h", rlflow, dir) == 0);
+    free(out);
+    CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --max-new-tokens 2 --stop a --stop b --stop c "
+                     "--stop d --stop e --stop f --stop g --stop h --stop i --stop j", rlflow, dir) == 2);
+    CHECK(out && strstr(out, "error: --stop: at most 8 stop strings, got 10"));
+    free(out);
     CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompt x --max-new-tokens 5000", rlflow, dir) == 1);
     CHECK(strstr(out, "exceeds the model's limit of 2048") != NULL);
     free(out);
@@ -195,16 +204,24 @@ static void usage_errors(void) {
         {"run a.toml b.toml", "unexpected argument \"b.toml\""},
         {"eval --model m", "eval needs --model and --data"},
         {"eval --model m --data d --n x", "--n: expected an integer, got \"x\""},
+        {"eval --model m --data d --n -3", "--n: expected a count >= 1, got -3"},
+        {"eval --model m --data d --n 0", "--n: expected a count >= 1, got 0"},
         {"data", "error: name a task"},
         {"data arith --train many", "--train: expected an integer, got \"many\""},
         {"generate --prompt x", "generate needs --model and exactly one of --prompt, --prompts-file"},
         {"generate --model m --prompt x --prompt-key q", "--prompt-key applies to --prompts-file only"},
         {"generate --model m --prompt x --max-new-tokens", "--max-new-tokens needs a value"},
+        /* generation holds 8 stop strings (RF_MAX_STOP); a 9th is refused, not copied past them */
+        {"generate --model m --prompt x --stop 1 --stop 2 --stop 3 --stop 4 --stop 5 --stop 6 --stop 7 --stop 8 --stop 9",
+         "--stop: at most 8 stop strings, got 9"},
         {"score --model m", "score needs --model, --prompt and --response"},
         {"init-model", "error: --out is required"},
         {"init-model --out x --arch gpt5", "--arch: expected qwen2, qwen3 or llama, got \"gpt5\""},
         {"init-model --out x --bf16=1", "--bf16 takes no value"},
-        {"inspect", "usage: rlflow inspect DIR"},
+        {"inspect", "error: inspect needs a model directory"},
+        {"merge-lora --bogus", "unknown option \"--bogus\" (see --help)"},
+        {"merge-lora --model a", "merge-lora needs --model, --adapter and --out"},
+        {"merge-lora --model a --adapter b --out c --bf16=1", "--bf16 takes no value"},
         {"keygen", "error: --out PREFIX is required"},
         {"frobnicate", "unknown command \"frobnicate\""},
     };
@@ -295,8 +312,9 @@ static void prompt_keys(void) {
                      "--greedy --max-new-tokens 2 --json", rlflow, dir, path) == 0);
     cJSON *j0 = json_line(out, 0), *j1 = json_line(out, 1);
     CHECK(j0 && j1 && strcmp(cJSON_GetObjectItem(j0, "prompt")->valuestring, "1+1=") == 0 &&
-          strcmp(cJSON_GetObjectItem(j0, "answer")->valuestring, "2") == 0 &&
-          strcmp(cJSON_GetObjectItem(j1, "answer")->valuestring, "4") == 0);
+          cJSON_IsString(cJSON_GetObjectItem(j0, "answer")) &&
+          strcmp(cJSON_GetObjectItem(j0, "answer")->valuestring, "2") == 0 && /* the file's types kept */
+          cJSON_IsNumber(cJSON_GetObjectItem(j1, "answer")) && cJSON_GetObjectItem(j1, "answer")->valueint == 4);
     cJSON_Delete(j0), cJSON_Delete(j1);
     free(out);
     CHECK(rf_test_sh(&out, "%s generate --model %s/tiny --prompts-file %s --prompt-key question --answer-key answer --greedy",

@@ -60,6 +60,10 @@ static void test_load_fields(void) {
     e = rf_dataset_get(ds, 1);
     CHECK(e->line == 4 && strcmp(e->answer, "42") == 0 && strcmp(e->response, "42") == 0);
     CHECK(cJSON_IsObject(e->extra) && cJSON_GetArraySize(e->extra) == 0);
+    /* what reward programs get as metadata_json (docs/reward-api.md): "{}", not "" */
+    char *meta = cJSON_PrintUnformatted(e->extra);
+    CHECK(meta && !strcmp(meta, "{}"));
+    free(meta);
     CHECK(strcmp(rf_dataset_get(ds, 2)->answer, "2.5") == 0);
     e = rf_dataset_get(ds, 3); /* "messages" holding a string is a plain prompt */
     CHECK(e->line == 6 && strcmp(e->prompt_text, "plain") == 0 && !e->answer);

@@ -5,7 +5,9 @@
  *   - two programs, 'bad' and 'good', both connected before the batch; 'bad' spoils its 3rd
  *     request (item 4: request 5, sample 4 of group 0, 5 tokens) with one fault: garbage bytes,
  *     a NaN reward, an error reply, 6 per-token rewards for 5 tokens, an infinite per-token
- *     reward, an unknown request id, a second answer, a message a program may not send. Each
+ *     reward, an unknown request id, a second answer, a message a program may not send, a
+ *     reward or a per-token reward of 3e38 (finite, but infinite once weighted by the bridge's
+ *     weight 2), a NaN component, a component name of 64 bytes. Each
  *     time the score call SUCCEEDS; the exact reason is logged ("warning: reward: rejected a
  *     reply: ..."), returned by rf_external_reward_last_rejection and sent to 'bad' (its log
  *     shows "rlflow says: <reason>"); 'bad' is dropped; item 4 is scored by 'good' (its info
@@ -114,7 +116,9 @@ static void test_token_rewards(void) {
  * description; by_good: item 4 ends up scored by 'good' (not when 'bad' answered it first). */
 static void check_rejected(const char *mode, const char *want_tail, int by_good) {
     rf_external_reward *x = NULL;
-    CHECK_OK(rf_external_reward_listen(&x, "tcp://127.0.0.1:*", 3));
+    /* reward.external_weight 2: a finite 3e38 overflows once weighted */
+    rf_external_reward_config cfg = {.endpoint = "tcp://127.0.0.1:*", .timeout_s = 3, .weight = 2};
+    CHECK_OK(rf_external_reward_listen_with(&x, &cfg));
     if (!x) return;
     const char *ep = rf_external_reward_endpoint(x);
     if (truncate(prog_log, 0) != 0) { /* no log yet */ }
@@ -154,7 +158,7 @@ static void check_rejected(const char *mode, const char *want_tail, int by_good)
 
 static void test_rejected(void) {
     const char *req = "request 5 (sample 4 of group 0)";
-    char t[8][256];
+    char t[12][320];
     snprintf(t[0], sizeof t[0], "answered reward nan for %s; rewards must be finite", req);
     snprintf(t[1], sizeof t[1], "could not score %s: cannot judge this one", req);
     snprintf(t[2], sizeof t[2], "answered 6 per-token rewards for %s, whose response has 5 tokens", req);
@@ -164,9 +168,16 @@ static void test_rejected(void) {
     snprintf(t[5], sizeof t[5], "answered request 1000005, which is not one it holds");
     snprintf(t[6], sizeof t[6], "answered %s a second time", req);
     snprintf(t[7], sizeof t[7], "sent a Shutdown, which a reward program may not send");
-    const char *modes[8] = {"nan", "error", "badtokens", "inftoken", "garbage", "badid",
-                            "duplicate", "badtype"};
-    for (int k = 0; k < 8; k++) check_rejected(modes[k], t[k], k != 6);
+    snprintf(t[8], sizeof t[8], "answered reward 3e+38 for %s, which overflows to inf once weighted "
+             "by reward.external_weight = 2; weighted rewards must be finite", req);
+    snprintf(t[9], sizeof t[9], "answered per-token rewards for %s whose weighted value overflows to "
+             "inf at token 4 (reward.external_weight = 2); weighted rewards must be finite", req);
+    snprintf(t[10], sizeof t[10], "answered a non-finite component (len = nan) for %s", req);
+    snprintf(t[11], sizeof t[11], "answered a component named \"nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+             "...\" (64 bytes) for %s; component names must be 1 to 63 bytes", req);
+    const char *modes[12] = {"nan", "error", "badtokens", "inftoken", "garbage", "badid",
+                             "duplicate", "badtype", "big", "bigtoken", "compnan", "longname"};
+    for (int k = 0; k < 12; k++) check_rejected(modes[k], t[k], k != 6);
 }
 
 /* ---- the only program comes back ------------------------------------------------------------ */

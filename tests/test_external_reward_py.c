@@ -192,13 +192,27 @@ static void test_echo(void) {
     CHECK(exact == N_REQ);
     printf("the Python module answered %d requests exactly in %.3f s\n", exact, rf_time_now() - t0);
 
-    const char *truths[] = {"fail", "nan", "badtok", "inftok"};
+    const char *truths[] = {"fail", "nan", "badtok", "inftok", "str", "bool", "strtok", "compnan",
+                            "longname", "huge"};
     const char *want[] = {"ValueError: cannot judge resp \xc3\xbc 1", "ValueError: the score "
                           "function returned a non-finite reward (nan)", "ValueError: the score "
                           "function returned 2 per-token rewards for a response of 1 token",
                           "ValueError: the score function returned a non-finite per-token reward "
-                          "(inf at token 0)"};
-    for (int k = 0; k < 4 && peer > 0; k++) {
+                          "(inf at token 0)",
+                          "TypeError: the score function returned str '0.5' as the reward; it must "
+                          "be a number (an int or a float, not a bool or a string)",
+                          "TypeError: the score function returned bool True as the reward; it must "
+                          "be a number (an int or a float, not a bool or a string)",
+                          "TypeError: the score function returned str '1' as the per-token reward "
+                          "at token 0; it must be a number (an int or a float, not a bool or a "
+                          "string)",
+                          "ValueError: the score function returned a non-finite component 'x' (nan)",
+                          "ValueError: the score function returned a component named 'nnnnnnnnnnnnnnnn"
+                          "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn'; component names must be "
+                          "strings of 1 to 63 bytes",
+                          "ValueError: the answer is 68157454 bytes, over rlflow's message limit of "
+                          "67108864 bytes (a long info?)"};
+    for (int k = 0; k < 10 && peer > 0; k++) {
         Rlflow__RewardRequest q = rs.q[1];
         q.request_id = 5000 + (uint64_t)k, q.ground_truth = (char *)truths[k];
         CHECK_OK(rf_msg_server_send(s, peer, RF_MSG_REWARD_REQUEST, &q.base));

@@ -47,7 +47,7 @@ int main(void) {
     int start = rf_test_split_start("test_grpo_cuda", &rlflow, dir, sizeof dir);
     if (start) return start;
     setenv("RLFLOW_CUDA_TF32", "0", 1);
-    rf_test_write_recipe(dir, 0, "[async]\npeer_timeout = 60\n");
+    rf_test_write_recipe(dir, RF_TEST_VAL_ENDS, "[async]\npeer_timeout = 60\n");
     static const char *precisions[2] = {"fp32", "bf16"};
     for (int p = 0; p < 2; p++) {
         const char *prec = precisions[p];

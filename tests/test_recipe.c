@@ -179,6 +179,37 @@ static void impossible_values(void) {
                ":3:1: lora.targets = [\"q\", \"v\", \"q\"]: names \"q\" twice");
     const char *lt[] = {"lora.enabled=true", "lora.targets=[\"up\",\"up\"]"};
     load_fails(NULL, lt, 2, RF_ERR_ARG, "--set: lora.targets = [\"up\", \"up\"]: names \"up\" twice");
+    /* rollout.stop: 8 stop strings fit a request (RF_MAX_STOP), 7 beside the calculator's own;
+     * one more was dropped without a word */
+    const char *st8[] = {"rollout.stop=[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\"]"};
+    rf_recipe r;
+    CHECK_OK(rf_recipe_load(&r, NULL, st8, 1));
+    rf_recipe_free(&r);
+    load_fails("[rollout]\nstop = [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]\n", NULL, 0, RF_ERR_ARG,
+               ":2:1: rollout.stop = [\"1\", \"2\", \"3\", \"4\", \"5\", \"6\", \"7\", \"8\", \"9\"]: holds 9 "
+               "strings, at most 8 fit");
+    const char *st8c[] = {st8[0], "env.type=calculator"};
+    load_fails(NULL, st8c, 2, RF_ERR_ARG, "holds 8 strings, at most 7 fit (env.type = \"calculator\" adds \"</calc>\")");
+    const char *st8l[] = {"rollout.stop=[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"</calc>\"]",
+                          "env.type=calculator"};
+    CHECK_OK(rf_recipe_load(&r, NULL, st8l, 2));
+    rf_recipe_free(&r);
+}
+
+/* logging.val_every = N > 0 validates step 0 (before training), every N-th step and the last;
+ * 0 validates nothing (it validated step 0 and the last once). */
+static void val_schedule(void) {
+    rf_recipe r;
+    CHECK_OK(rf_recipe_load(&r, NULL, NULL, 0));
+    r.train.steps = 10;
+    r.logging.val_every = 4;
+    char due[16] = "";
+    for (int s = 0; s <= 10; s++) due[s] = rf__val_due(&r, s) ? 'v' : '.';
+    CHECK(strcmp(due, "v...v...v.v") == 0);
+    r.logging.val_every = 0;
+    for (int s = 0; s <= 10; s++) due[s] = rf__val_due(&r, s) ? 'v' : '.';
+    CHECK(strcmp(due, "...........") == 0);
+    rf_recipe_free(&r);
 }
 
 static void unimplemented_options(void) {
@@ -577,6 +608,7 @@ int main(int argc, char **argv) {
     unknown_keys();
     wrong_types();
     impossible_values();
+    val_schedule();
     unimplemented_options();
     parallel_layouts();
     task_rules_and_new_keys();

@@ -162,6 +162,11 @@ static const rule_case countdown_cases[] = {
     {"<answer>1+2</answer><answer>(50-25)*3+7</answer>", "3 7 25 50 -> 82", 1}, /* the last tag */
     {"I try 50+25.\n(50-25)*3+7\n\n", "3 7 25 50 -> 82", 1},  /* the last line */
     {"(50-25)*3+7\nso 82", "3 7 25 50 -> 82", 0},
+    /* docs/rewards.md: numbers match by value (leading zeros), the truth's limits */
+    {"0007+75", "7 75 -> 82", 1},
+    {"2147483646+1", "2147483646 1 -> 2147483647", 1},
+    {"3+4", "3 4 -> 2147483648", 0},                      /* target above 2^31 - 1 */
+    {"3+4-9007199254740993+9007199254740993", "3 4 9007199254740993 9007199254740993 -> 7", 0},
 };
 
 /* exact: trim, collapse whitespace, ASCII case folded */
@@ -170,6 +175,10 @@ static const rule_case exact_cases[] = {
     {"paris", "PARIS", 1},
     {"  New   York \t", "new york", 1},
     {"<answer> New\n York </answer>", "New York", 1},
+    {" New\n  York ", "york", 1},                          /* docs/rewards.md: the last line */
+    {" New\n  York ", "new york", 0},
+    {"<answer>x</answer> <answer>y", "x", 0},              /* an unclosed last tag: the line */
+    {"<answer>x</answer> <answer>y", "<answer>x</answer> <answer>y", 1},
     {"I think\nParis\n", "Paris", 1},                      /* the last line */
     {"Paris\nI think", "Paris", 0},
     {"Paris.", "Paris", 0},                                /* punctuation kept */

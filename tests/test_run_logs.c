@@ -171,8 +171,15 @@ static void refuse_and_overwrite(void) {
     free(out);
     /* --overwrite: a copy, so that "a" stays for the resume below; a file of the user's stays */
     CHECK(rf_test_sh(NULL, "cp -r %s/a %s/o && echo mine > %s/o/notes.txt", dir, dir, dir) == 0);
+    /* the logs of the programs a run starts (reward.programs, env.programs) go with the run;
+     * reward_program_x.log is not one (no index) and stays */
+    CHECK(rf_test_sh(NULL, "cd %s/o && touch reward_program_0.log env_program_12.log reward_program_x.log", dir) == 0);
     CHECK(run(&out, "o", BASE " --overwrite") == 0);
-    CHECK(out && strstr(out, "--overwrite: removed the earlier run's 8 files and checkpoints from "));
+    CHECK(out && strstr(out, "--overwrite: removed the earlier run's 10 files and checkpoints from "));
+    free(out);
+    CHECK(rf_test_sh(&out, "cd %s/o && ls reward_program_0.log env_program_12.log reward_program_x.log 2>/dev/null",
+                     dir) != 0);
+    CHECK(out && strcmp(out, "reward_program_x.log\n") == 0);
     free(out);
     for (int s = 0; s <= 6; s++) {
         free(lines_of("o", "metrics.jsonl", s, &n1));
@@ -392,7 +399,7 @@ static void metric_names(void) {
     const char *echo = getenv("RF_REWARD_ECHO");
     if (echo) {
         CHECK(rf_test_sh(&out, "cd %s && (sleep 1; %s --connect ipc://%s/names.sock --name names) & "
-                         "cd %s && %s run r.toml --set train.steps=2 --set logging.val_every=0 --set logging.dir=%s/ext "
+                         "cd %s && %s run r.toml --set train.steps=2 --set logging.val_every=2 --set logging.dir=%s/ext "
                          "--set reward.external=ipc://%s/names.sock --set reward.external_weight=0.01 "
                          "--set reward.external_timeout=20; rc=$?; wait; exit $rc", dir, echo, dir, dir, rlflow, dir, dir) == 0);
         free(out);
@@ -445,7 +452,7 @@ int main(void) {
     }
     snprintf(dir, sizeof dir, "/tmp/rf_run_logs_XXXXXX");
     if (!mkdtemp(dir)) return 1;
-    rf_test_write_recipe(dir, 0, "");
+    rf_test_write_recipe(dir, RF_TEST_VAL_ENDS, "");
     refuse_and_overwrite();
     resume_once();
     samples();

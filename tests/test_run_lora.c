@@ -142,7 +142,7 @@ int main(void) {
     if (!mkdtemp(dir)) return 1;
     char extra[512];
     snprintf(extra, sizeof extra, "%s", LORA);
-    rf_test_write_recipe(dir, 0, extra);
+    rf_test_write_recipe(dir, RF_TEST_VAL_ENDS, extra);
     /* the recipe's [train] lr and [algorithm] kl_coef for adapters */
     char *out = NULL;
     rf_test_sh(&out, "cd %s && sed -i 's/^lr = 5e-4$/lr = 5e-3/; s/^clip_high = 0.28$/clip_high = 0.28\\nkl_coef = 0.01/' r.toml", dir);

@@ -8,6 +8,8 @@
  *   - rlflow run with a Python reward program it starts (tests/tools/reward_program_started.py,
  *     the client library with no endpoint given): every training sample of every step is scored
  *     exactly once and reward/mean equals the mean of what the program returned (rules = []),
+ *     samples.jsonl shows the program's part as the component "external" and the components
+ *     add up to the reward,
  *     validation uses the program too (val/reward); a program that exits after 20 requests is
  *     restarted and still no sample is lost or scored twice; a program that keeps exiting stops
  *     the run naming it and its exit status; no program is left running after a run, after
@@ -18,6 +20,8 @@
 #include <signal.h>
 #include <stdint.h>
 #include <sys/stat.h>
+
+#include <cjson/cJSON.h>
 
 #include "common/util.h"
 #include "controller/programs.h"
@@ -233,7 +237,7 @@ static void write_recipe(const char *extra) {
                "train = \"%s/data/train.jsonl\"\nval = \"%s/data/val.jsonl\"\n"
                "[rollout]\nn = 4\nprompts_per_step = 4\nmax_new_tokens = 4\n"
                "[algorithm]\nname = \"grpo\"\n[train]\nsteps = 3\n"
-               "[logging]\nval_every = 0\nval_size = 8\n%s",
+               "[logging]\nval_every = 1000\nval_size = 8\n%s", /* step 0 and the last */
             dir, dir, dir, extra);
     fclose(f);
 }
@@ -315,18 +319,41 @@ static int leftovers(void) {
     return n;
 }
 
+/* samples.jsonl of run `run`: every sample's components hold "external" (the program's part)
+ * and add up to its reward (docs/metrics.md). Returns the samples checked. */
+static int check_sample_components(const char *run) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s/samples.jsonl", dir, run);
+    char *text = rf_test_slurp(p);
+    int n = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "components"), *e;
+        double reward = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "reward")), sum = 0;
+        cJSON_ArrayForEach(e, c) sum += cJSON_GetNumberValue(e);
+        int ok = cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(c, "external")) && fabs(sum - reward) < 1e-5;
+        CHECK(ok);
+        if (!ok) fprintf(stderr, "  %s: components do not add up to the reward: %s\n", p, line);
+        cJSON_Delete(j);
+        n++;
+    }
+    free(text);
+    return n;
+}
+
 static void run_scored(void) {
     char extra[1024];
     snprintf(extra, sizeof extra, "[reward]\nrules = []\nprograms = [[\"%s\", \"%s/tests/tools/reward_program_started.py\", "
              "\"--log\", \"%s/ok.txt\"]]\n", py, src, dir);
     write_recipe(extra);
     char *out = NULL;
-    int rc = rf_test_run_recipe(&out, dir, rlflow, "ok", "");
+    int rc = rf_test_run_recipe(&out, dir, rlflow, "ok", "--set logging.samples_every=1");
     CHECK(rc == 0);
     CHECK(out && strstr(out, "reward: CURVE on tcp://127.0.0.1:") && strstr(out, "with keys made for this run"));
     if (rc) fprintf(stderr, "%s\n", out ? out : "");
     free(out);
     CHECK(check_scores("ok", "ok.txt", 3) == 1);
+    CHECK(check_sample_components("ok") == 3 * 4);  /* 4 samples per step (samples_per_step) */
     char p[512];
     snprintf(p, sizeof p, "%s/ok/reward_program_0.log", dir);
     char *log = rf_test_slurp(p);

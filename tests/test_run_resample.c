@@ -175,7 +175,7 @@ static int run_ok(const char *run, const char *args) {
 int main(void) {
     int start = rf_test_run_start("test_run_resample", &rlflow, dir, sizeof dir);
     if (start) return start;
-    rf_test_write_recipe(dir, 0, "");
+    rf_test_write_recipe(dir, RF_TEST_VAL_ENDS, "");
     /* the data set and the SFT warm start, then the prompts with answers no response matches */
     if (run_ok("prep", "--set train.steps=1")) return rf_test_finish("test_run_resample");
     CHECK(rf_test_sh(NULL, "cd %s && awk '{ if (NR <= 16 || NR == 33) sub(/\"answer\":\"[^\"]*\"/, \"\\\"answer\\\":\\\"-99999\\\"\"); "

@@ -147,7 +147,7 @@ int main(void) {
         printf("test_split_agree: skipped: RF_REWARD_ECHO not set\n");
         return 77;
     }
-    rf_test_write_recipe(dir, 0, "[async]\npeer_timeout = 30\n");
+    rf_test_write_recipe(dir, RF_TEST_VAL_ENDS, "[async]\npeer_timeout = 30\n");
     const char *common = "--set train.steps=4 --set checkpoint.every=0 --set logging.samples_every=1 "
                          "--set logging.samples_per_step=128 --set model.precision=bf16";
     CHECK(run_with_program("one", common, NULL) == 0);

@@ -177,7 +177,7 @@ static void tensor_parallel(void) {
 int main(void) {
     int rc = rf_test_split_start("split_lora", &rlflow, dir, sizeof dir);
     if (rc) return rc;
-    rf_test_write_recipe(dir, 0, EXTRA);
+    rf_test_write_recipe(dir, RF_TEST_VAL_ENDS, EXTRA);
     /* the recipe's [train] lr and [algorithm] kl_coef for adapters (test_run_lora's) */
     CHECK(rf_test_sh(NULL, "cd %s && sed -i 's/^lr = 5e-4$/lr = 5e-3/; s/^clip_high = 0.28$/clip_high = 0.28\\nkl_coef = 0.01/' "
                            "r.toml", dir) == 0);

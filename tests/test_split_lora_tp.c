@@ -178,7 +178,7 @@ static void refusals(void) {
 int main(void) {
     int rc = rf_test_split_start("split_lora_tp", &rlflow, dir, sizeof dir);
     if (rc) return rc;
-    rf_test_write_recipe(dir, 0, EXTRA);
+    rf_test_write_recipe(dir, RF_TEST_VAL_ENDS, EXTRA);
     CHECK(rf_test_sh(NULL, "cd %s && sed -i 's/^lr = 5e-4$/lr = 5e-3/; s/^clip_high = 0.28$/clip_high = 0.28\\nkl_coef = 0.01/' "
                            "r.toml", dir) == 0);
     refusals();

@@ -175,7 +175,7 @@ int main(void) {
         rf_remove_tree(dir);
         return 77;
     }
-    rf_test_write_recipe(dir, 0, "[placement]\nmode = \"split\"\nrollout_ranks = 2\n");
+    rf_test_write_recipe(dir, RF_TEST_VAL_ENDS, "[placement]\nmode = \"split\"\nrollout_ranks = 2\n");
     data_parallel();
     grid();
     remove_machines();

@@ -459,6 +459,37 @@ static void test_config_dir(void) {
         CHECK(!rf_tokenizer_has_chat_template(t));
         rf_tokenizer_free(t);
     }
+    /* transformers 5 keeps the template in chat_template.jinja, not in tokenizer_config.json */
+    char tmp[] = "/tmp/rf_tok_jinja_XXXXXX", p[64], q[4200], *text = NULL;
+    size_t len = 0;
+    if (!mkdtemp(tmp)) return;
+    static const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "qwen2_dir/%s", files[i]);
+        snprintf(q, sizeof q, "%s/%s", tmp, files[i]);
+        CHECK_OK(rf_read_file(data_path(p), &text, &len));
+        CHECK_OK(rf_write_file_atomic(q, text, len));
+        free(text);
+    }
+    snprintf(q, sizeof q, "%s/chat_template.jinja", tmp);
+    CHECK_OK(rf_write_file_atomic(q, "{{ messages }}", 14));
+    t = NULL;
+    CHECK_OK(rf_tokenizer_load_dir(&t, tmp));
+    CHECK(t && rf_tokenizer_has_chat_template(t));
+    rf_tokenizer_free(t);
+    unlink(q);
+    snprintf(q, sizeof q, "%s/tokenizer_config.json", tmp);
+    unlink(q);
+    t = NULL;
+    snprintf(q, sizeof q, "%s/chat_template.jinja", tmp);
+    CHECK_OK(rf_write_file_atomic(q, "{{ messages }}", 14)); /* without tokenizer_config.json too */
+    CHECK_OK(rf_tokenizer_load_dir(&t, tmp));
+    CHECK(t && rf_tokenizer_has_chat_template(t));
+    rf_tokenizer_free(t);
+    unlink(q);
+    snprintf(q, sizeof q, "%s/tokenizer.json", tmp);
+    unlink(q);
+    rmdir(tmp);
 }
 
 /* Expected strings are what transformers' apply_chat_template renders with plain ChatML and

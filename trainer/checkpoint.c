@@ -16,20 +16,39 @@
 #include "common/util.h"
 #include "model/lora.h"
 
+/* src_dir/name to dst_dir/name when it exists. */
+static rf_status copy_if_there(const char *src_dir, const char *dst_dir, const char *name) {
+    char src[4096], dst[4096], *data = NULL;
+    size_t len = 0;
+    rf_path_join(src, sizeof src, src_dir, name);
+    if (!rf_file_exists(src)) return RF_OK;
+    rf_path_join(dst, sizeof dst, dst_dir, name);
+    RF_TRY(rf_read_file(src, &data, &len));
+    rf_status s = rf_write_file_atomic(dst, data, len);
+    free(data);
+    return s;
+}
+
+/* The files transformers' AutoTokenizer reads besides the vocabulary (tokenization_utils_base.py,
+ * from_pretrained): chat_template.jinja is where transformers 5 keeps the chat template (and it
+ * wins over tokenizer_config.json's), additional_chat_templates/ holds the named ones,
+ * special_tokens_map.json and added_tokens.json are 4.x's, still read. */
 rf_status rf_copy_tokenizer_files(const char *src_dir, const char *dst_dir) {
-    static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char src[4096], dst[4096], *data = NULL;
-        size_t len = 0;
-        rf_path_join(src, sizeof src, src_dir, files[i]);
-        if (!rf_file_exists(src)) continue;
-        rf_path_join(dst, sizeof dst, dst_dir, files[i]);
-        RF_TRY(rf_read_file(src, &data, &len));
-        rf_status s = rf_write_file_atomic(dst, data, len);
-        free(data);
-        RF_TRY(s);
+    static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                                  "chat_template.jinja", "special_tokens_map.json", "added_tokens.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) RF_TRY(copy_if_there(src_dir, dst_dir, files[i]));
+    char src[4096], dst[4096];
+    rf_path_join(src, sizeof src, src_dir, "additional_chat_templates");
+    DIR *d = opendir(src);
+    if (!d) return RF_OK;
+    rf_path_join(dst, sizeof dst, dst_dir, "additional_chat_templates");
+    rf_status s = rf_mkdirs(dst);
+    for (struct dirent *e; s == RF_OK && (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (n > 6 && strcmp(e->d_name + n - 6, ".jinja") == 0) s = copy_if_there(src, dst, e->d_name);
     }
-    return RF_OK;
+    closedir(d);
+    return s;
 }
 
 /* One part of a role, as the safetensors writer asks for its tensors. */
@@ -49,7 +68,7 @@ static rf_status save_role(const char *dir, const char *name, const rf_ckpt_role
     for (int part = 0; part < (role->moments ? 3 : 1); part++) {
         char p[4200];
         const char *suffix = rf_checkpoint_part(dir, name, part, p, sizeof p);
-        if (part == 0) RF_TRY(rf_model_save_config(role->cfg, p));
+        if (part == 0) RF_TRY(rf_model_save_config(role->cfg, p, 0)); /* F32 weights, below */
         part_src src = {role, part};
         RF_TRY(rf_model_save_views(role->views, role->n_views, p, suffix, 0, 0, fill_part, &src));
         if (part == 0 && tok_dir) RF_TRY(rf_copy_tokenizer_files(tok_dir, p));

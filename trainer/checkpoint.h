@@ -106,8 +106,10 @@ rf_status rf_checkpoint_latest(const char *run_dir, char *dir, size_t cap);
  * reader of shards (model_tp.h's rf_model_tp_load). */
 const char *rf_checkpoint_part(const char *ckpt_dir, const char *role, int part, char *path, size_t cap);
 
-/* Copies tokenizer.json, tokenizer_config.json, generation_config.json (those present) from
- * src_dir to dst_dir. */
+/* Copies the tokenizer files transformers reads (those present) from src_dir to dst_dir:
+ * tokenizer.json, tokenizer_config.json, generation_config.json, chat_template.jinja (where
+ * transformers 5 saves the chat template), special_tokens_map.json, added_tokens.json and the
+ * *.jinja of additional_chat_templates/. */
 rf_status rf_copy_tokenizer_files(const char *src_dir, const char *dst_dir);
 
 #endif

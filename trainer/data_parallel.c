@@ -434,7 +434,8 @@ static rf_status zero_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm,
     RF_TRY(global_sumsq(dp, &sumsq));
     double norm = sqrt(sumsq);
     *grad_norm = norm;
-    if (!isfinite(norm)) return rf_error(RF_ERR_RANGE, "gradient norm is %g: skipping the update", norm);
+    if (!isfinite(norm)) return rf_error(RF_ERR_RANGE, "gradient norm is %g (a non-finite loss, advantage or "
+                                              "reward): the update is not applied and training stops", norm);
     float gs = o->grad_clip > 0 && norm > o->grad_clip ? (float)(o->grad_clip / (norm + 1e-6)) : 1.0f;
     float lr = rf_lr_at(o, m->opt_step);
     int step = ++m->opt_step;

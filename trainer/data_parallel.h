@@ -134,8 +134,8 @@ rf_status rf_dp_sync_grads(rf_dp *dp);
 /* The optimizer step after rf_dp_sync_grads: rf_optim_step's clipping, schedule and AdamW
  * (plain DP runs rf_optim_step itself: every rank holds the same summed gradients); ZeRO-1 on
  * the shard, clipped by the global norm, then the parameters allgathered. *grad_norm is the
- * global norm before clipping on every rank. A non-finite norm skips the step on every rank
- * (RF_ERR_RANGE). Collective. */
+ * global norm before clipping on every rank. A non-finite norm applies no step on any rank
+ * (RF_ERR_RANGE; the run stops with it). Collective. */
 rf_status rf_dp_optim_step(rf_dp *dp, const rf_optim_opts *o, double *grad_norm, float *lr_used);
 
 /* ZeRO-1: gathers the whole AdamW moments into m->opt_m / m->opt_v (allocated here) on every

@@ -30,7 +30,8 @@ rf_status rf_optim_step_tp(rf_model_tp *tp, const rf_optim_opts *o, double *grad
 rf_status rf_optim_step_norm(rf_model *m, const rf_optim_opts *o, double norm, float *lr_used) {
     const rf_kernels *k = m->k;
     if (!isfinite(norm))
-        return rf_error(RF_ERR_RANGE, "gradient norm is %g: skipping the update", norm);
+        return rf_error(RF_ERR_RANGE, "gradient norm is %g (a non-finite loss, advantage or reward): the update "
+                        "is not applied and training stops", norm);
     /* clipping is folded into the AdamW pass (grad_scale), not a pass of its own */
     float gs = o->grad_clip > 0 && norm > o->grad_clip ? (float)(o->grad_clip / (norm + 1e-6)) : 1.0f;
     float lr = rf_lr_at(o, m->opt_step);

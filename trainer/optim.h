@@ -20,7 +20,8 @@ float rf_lr_at(const rf_optim_opts *o, int step);
 
 /* Scales m->grads so the global L2 norm is at most grad_clip and applies one AdamW step at the
  * scheduled rate (m->opt_step counts steps). Returns the norm before clipping in *grad_norm.
- * A non-finite norm skips the update and returns RF_ERR_RANGE (gradients are left as they are). */
+ * A non-finite norm applies no update and returns RF_ERR_RANGE (gradients are left as they are;
+ * the run stops with that error, which says so). */
 rf_status rf_optim_step(rf_model *m, const rf_optim_opts *o, double *grad_norm, float *lr_used);
 
 /* rf_optim_step with the global gradient norm given instead of computed from m->grads: for a

@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             rf_config_inv_freq(&cfg, inv);
             free(inv);
         }
-        char *json = rf_config_to_json(&cfg);
+        char *json = rf_config_to_json(&cfg, (size % 2) == 1);
         rf_model_config back;
         memset(&back, 0, sizeof back);
         if (!json || rf_config_parse(&back, json, "written config.json") != RF_OK) {

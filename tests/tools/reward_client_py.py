@@ -12,7 +12,9 @@ tests/test_external_reward_py.c:
                          response_ids[j] * 0.5 + 0.25 j, as a dict for even request ids and as a
                          4-tuple for odd ones; ground truth "fail" raises, "nan" returns NaN,
                          "badtok" one per-token reward too many, "inftok" an infinite last one,
-                         "slow" sleeps 2 s; --name, --capacity, --threads, --protocol,
+                         "str" the reward "0.5" (a string), "bool" the reward True, "strtok" a
+                         per-token reward "1", "compnan" a NaN component, "longname" a component
+                         name of 64 bytes, "huge" a 65 MiB info, "slow" sleeps 2 s; --name, --capacity, --threads, --protocol,
                          --server-key FILE, --key FILE, --quiet
 Exit codes of --serve: those of the module's errors (0 Shutdown, 3 no answer, 4 refused).
 """
@@ -84,6 +86,12 @@ def echo(req):
         raise ValueError("cannot judge " + req.response)
     if req.ground_truth == "nan":
         return float("nan")
+    bad = {"str": "0.5", "bool": True, "strtok": 0.5, "compnan": 0.5, "longname": 0.5, "huge": 0.5}
+    if req.ground_truth in bad:
+        comps = {"compnan": {"x": float("nan")}, "longname": {"n" * 64: 1.0}}.get(req.ground_truth)
+        tokens = ["1"] * len(req.response_ids) if req.ground_truth == "strtok" else None
+        info = "x" * (65 << 20) if req.ground_truth == "huge" else ""
+        return bad[req.ground_truth], comps, info, tokens
     reward = len(req.response_ids) * 0.5 + req.sample_index + 0.25
     comps = {"n_resp": len(req.response_ids), "sum_resp": sum(req.response_ids),
              "sum_prompt": sum(req.prompt_ids)}

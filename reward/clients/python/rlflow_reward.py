@@ -19,8 +19,10 @@ or (reward, components, info, token_rewards), or a dict with the key "reward" an
 "components", "info", "token_rewards": components a dict of name -> float (logged by rlflow as
 metrics), info a one-line str kept with the sample, token_rewards a sequence of floats, one per
 response token (len(req.response_ids) of them; None or empty: none), which rlflow adds to the
-sample's reward per token. An exception, a NaN / infinite reward, or per-token rewards of the
-wrong count or not finite, is sent as the request's error string: rlflow logs it naming this
+sample's reward per token. An exception, a value that is not a number (a str such as "0.5", a
+bool), a NaN / infinite reward or component, a component name that is not a str of 1 to 63
+UTF-8 bytes, per-token rewards of the wrong count or not finite, or an answer over rlflow's
+64 MiB message limit, is sent as the request's error string: rlflow logs it naming this
 program and the request, drops the program (serve() reconnects at once) and sends the request
 again; a sample refused max_attempts times (3 by default) stops the run.
 
@@ -29,8 +31,9 @@ no protoc and no generated code. The protobuf message classes are built at impor
 descriptor written out below, field for field from proto/rlflow.proto (only the messages a
 reward program exchanges). That is robust where generated *_pb2.py files are not: generated
 code is tied to the protoc and runtime versions that made it (protobuf 4.x refuses old
-gencode, 5.x checks versions), while a descriptor built at run time works with every runtime
-from 3.20 to 5.x and its pure-Python, C++ or upb back end. The protobuf runtime then does all
+gencode, 5.x checks versions), while a descriptor built at run time does not depend on them:
+tested with protobuf 4.21.12 (Debian 12's python3-protobuf, C++ and pure-Python back ends) and
+7.36.2 (pip, upb and pure-Python back ends); docs/reward-api.md section 11. The protobuf runtime then does all
 the wire work (packed ids, negative int64, the components map, unknown fields).
 tests/tools/reward_client_py.py --check-schema checks this descriptor against the .proto.
 
@@ -40,6 +43,7 @@ score runs. With threads > 1, score() must be thread safe.
 """
 import json
 import math
+import numbers
 import os
 import socket as _socket
 import struct
@@ -243,9 +247,26 @@ def _unpack(out):
     return out[0], out[1] or {}, out[2] or "", out[3]
 
 
+# rlflow refuses a message over 64 MiB by closing the connection (RF_MSG_EXTERNAL_MAX_BYTES,
+# docs/reward-api.md section 8): an answer that large is sent as an error instead.
+MAX_MESSAGE_BYTES = 64 << 20
+
+# rlflow's limit on a component's name, in UTF-8 bytes (docs/reward-api.md section 4)
+MAX_COMPONENT_NAME = 63
+
+
+def _number(v, what):
+    """v as a float when it is a real number (int, float, numpy's); anything else, a bool or a
+    string such as "0.5" included, is the score function's mistake, not something to coerce."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError("the score function returned %s %r as the %s; it must be a number (an int "
+                        "or a float, not a bool or a string)" % (type(v).__name__, v, what))
+    return float(v)
+
+
 def _float32(v, what):
     """v as a Python float that a protobuf float (IEEE 754 single) holds finitely."""
-    v = float(v)
+    v = _number(v, what)
     try:
         if math.isfinite(v):
             struct.pack("<f", v)
@@ -257,7 +278,7 @@ def _float32(v, what):
 
 def _token_rewards(values, n_ids):
     """The per-token rewards as floats, checked as rlflow checks them."""
-    vals = [float(v) for v in values]
+    vals = [_number(v, "per-token reward at token %d" % k) for k, v in enumerate(values)]
     if vals and len(vals) != n_ids:
         raise ValueError("the score function returned %d per-token rewards for a response of %d "
                          "token%s" % (len(vals), n_ids, "" if n_ids == 1 else "s"))
@@ -284,9 +305,15 @@ def _score(score_fn, req, quiet):
         reward = _float32(reward, "reward")
         tokens = _token_rewards(tokens, len(req.response_ids)) if tokens is not None else []
         for k, v in dict(comps).items():
-            r.components[str(k)] = float(v)
+            if not isinstance(k, str) or not 1 <= len(k.encode("utf-8")) <= MAX_COMPONENT_NAME:
+                raise ValueError("the score function returned a component named %r; component "
+                                 "names must be strings of 1 to %d bytes" % (k, MAX_COMPONENT_NAME))
+            r.components[k] = _float32(v, "component %r" % k)
         r.reward, r.info = reward, str(info)
         r.token_rewards.extend(tokens)
+        if r.ByteSize() + 1 > MAX_MESSAGE_BYTES:
+            raise ValueError("the answer is %d bytes, over rlflow's message limit of %d bytes "
+                             "(a long info?)" % (r.ByteSize() + 1, MAX_MESSAGE_BYTES))
     except Exception as e:
         r = RewardResponse(request_id=req.request_id,
                            error="%s: %s" % (type(e).__name__, e) if str(e) else type(e).__name__)
