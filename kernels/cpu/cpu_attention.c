@@ -100,11 +100,14 @@ static float row_softmax(float *s, int vis, float *m_out) {
     return part[0];
 }
 
+#define PR 4  /* rows of a P V tile */
+#define PW 64 /* its widest columns (4 AVX-512 registers a row) */
+
 /* acc[r][0, W) = sum_{j in [j0, j1)} p[r][j] v[j][d0 + .] as fmaf chains, for nr rows. */
-static inline __attribute__((always_inline)) void pv_w(float acc[RT][32], const float *P, int ldP,
+static inline __attribute__((always_inline)) void pv_w(float acc[PR][PW], const float *P, int ldP,
                                                        const float *const *vrow, int d0, int j0,
                                                        int j1, int nr, int W) {
-    float a[RT][32]; /* local, so that it can live in registers */
+    float a[PR][PW]; /* local, so that it can live in registers */
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < W; c++) a[r][c] = acc[r][c];
     for (int j = j0; j < j1; j++) {
@@ -119,19 +122,16 @@ static inline __attribute__((always_inline)) void pv_w(float acc[RT][32], const 
         for (int c = 0; c < W; c++) acc[r][c] = a[r][c];
 }
 
-static void pv(float acc[RT][32], const float *P, int ldP, const float *const *vrow, int d0,
+static void pv(float acc[PR][PW], const float *P, int ldP, const float *const *vrow, int d0,
                int j0, int j1, int nr, int W) {
 #define RF_PV_CASE(NR)                                                        \
     if (nr == NR) {                                                           \
-        if (W == 32) pv_w(acc, P, ldP, vrow, d0, j0, j1, NR, 32);             \
+        if (W == 64) pv_w(acc, P, ldP, vrow, d0, j0, j1, NR, 64);             \
+        else if (W == 32) pv_w(acc, P, ldP, vrow, d0, j0, j1, NR, 32);        \
         else if (W == 16) pv_w(acc, P, ldP, vrow, d0, j0, j1, NR, 16);        \
         else pv_w(acc, P, ldP, vrow, d0, j0, j1, NR, W);                      \
         return;                                                               \
     }
-    RF_PV_CASE(8)
-    RF_PV_CASE(7)
-    RF_PV_CASE(6)
-    RF_PV_CASE(5)
     RF_PV_CASE(4)
     RF_PV_CASE(3)
     RF_PV_CASE(2)
@@ -145,23 +145,27 @@ static void pv(float acc[RT][32], const float *P, int ldP, const float *const *v
 static void attend_tile(float *const *o, float *const *lse, const float *q,
                         const int *vis, int nr, const float *kt, int ldk,
                         const float *const *vrow, int D, float scale, float *S) {
-    int vmax = 0, vmin = vis[0];
-    for (int r = 0; r < nr; r++) vmax = vis[r] > vmax ? vis[r] : vmax, vmin = imin(vmin, vis[r]);
+    int vmax = 0;
+    for (int r = 0; r < nr; r++) vmax = vis[r] > vmax ? vis[r] : vmax;
     float l[RT], m[RT];
     if (vmax > 0) scores(S, ldk, q, kt, ldk, (vmax + KT - 1) / KT * KT, D, scale, nr);
     for (int r = 0; r < nr; r++) l[r] = vis[r] > 0 ? row_softmax(S + (size_t)r * ldk, vis[r], &m[r]) : 0.0f;
-    vmin = vmin > 0 ? vmin : 0;
-    for (int d0 = 0, W; d0 < D; d0 += W) {
-        W = D - d0 >= 32 ? 32 : D - d0 >= 16 ? 16 : D - d0;
-        float acc[RT][32];
-        for (int r = 0; r < nr; r++)
-            for (int c = 0; c < W; c++) acc[r][c] = 0.0f;
-        pv(acc, S, ldk, vrow, d0, 0, vmin, nr, W);
-        for (int r = 0; r < nr; r++) /* the rows that see more keys than the tile's first */
-            if (vis[r] > vmin) pv(acc + r, S + (size_t)r * ldk, ldk, vrow, d0, vmin, vis[r], 1, W);
-        for (int r = 0; r < nr; r++) {
-            float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-            for (int c = 0; c < W; c++) o[r][d0 + c] = acc[r][c] * inv;
+    for (int r0 = 0; r0 < nr; r0 += PR) { /* P V by groups of PR rows */
+        int n = imin(PR, nr - r0), lo = vis[r0];
+        for (int r = r0; r < r0 + n; r++) lo = imin(lo, vis[r]);
+        lo = lo > 0 ? lo : 0; /* keys every row of the group sees */
+        for (int d0 = 0, W; d0 < D; d0 += W) {
+            W = D - d0 >= 64 ? 64 : D - d0 >= 32 ? 32 : D - d0 >= 16 ? 16 : D - d0;
+            float acc[PR][PW];
+            for (int r = 0; r < n; r++)
+                for (int c = 0; c < W; c++) acc[r][c] = 0.0f;
+            pv(acc, S + (size_t)r0 * ldk, ldk, vrow, d0, 0, lo, n, W);
+            for (int r = 0; r < n; r++) /* the rows that see more keys than that */
+                if (vis[r0 + r] > lo) pv(acc + r, S + (size_t)(r0 + r) * ldk, ldk, vrow, d0, lo, vis[r0 + r], 1, W);
+            for (int r = 0; r < n; r++) {
+                float inv = l[r0 + r] > 0.0f ? 1.0f / l[r0 + r] : 0.0f;
+                for (int c = 0; c < W; c++) o[r0 + r][d0 + c] = acc[r][c] * inv;
+            }
         }
     }
     if (lse)
