@@ -47,11 +47,13 @@ static inline float dot(const float *a, const float *b, int n) {
 static inline int imin(int a, int b) { return a < b ? a : b; }
 
 /* Scores of nr (1..RT) rows against keys [0, nkp) of the transposed keys kt (D, ldk):
- * S[r][j] = (fmaf chain over d of q[r D + d] kt[d][j]) * scale. Inlined per nr so that the tile
- * stays in registers; every nr gives each score the same operations. */
-static inline __attribute__((always_inline)) void scores_nr(float *S, int ldS, const float *q,
-                                                            const float *kt, int ldk, int nkp,
-                                                            int D, float scale, int nr) {
+ * S[r][j] = (fmaf chain over d of q[r D + d] kt[d][j]) * scale, and m[r] = the largest of row
+ * r's first vis[r] scores. Inlined per nr so that the tile stays in registers; every nr gives
+ * each score the same operations. */
+static inline __attribute__((always_inline)) void scores_nr(float *S, int ldS, float *m, const int *vis,
+                                                            const float *q, const float *kt, int ldk,
+                                                            int nkp, int D, float scale, int nr) {
+    for (int r = 0; r < nr; r++) m[r] = -INFINITY;
     for (int j0 = 0; j0 < nkp; j0 += KT) {
         float acc[RT][KT];
         for (int r = 0; r < nr; r++)
@@ -65,28 +67,33 @@ static inline __attribute__((always_inline)) void scores_nr(float *S, int ldS, c
                 for (int c = 0; c < KT; c++) acc[r][c] = fmaf(qd, kd[c], acc[r][c]);
             }
         }
-        for (int r = 0; r < nr; r++)
-#pragma omp simd
-            for (int c = 0; c < KT; c++) S[(size_t)r * ldS + j0 + c] = acc[r][c] * scale;
+        for (int r = 0; r < nr; r++) {
+            float mr = m[r];
+            int lim = vis[r] - j0;
+#pragma omp simd reduction(max : mr)
+            for (int c = 0; c < KT; c++) {
+                float sv = acc[r][c] * scale, in = c < lim ? sv : -INFINITY;
+                S[(size_t)r * ldS + j0 + c] = sv;
+                mr = in > mr ? in : mr;
+            }
+            m[r] = mr;
+        }
     }
 }
 
-static void scores(float *S, int ldS, const float *q, const float *kt, int ldk, int nkp,
-                   int D, float scale, int nr) {
+static void scores(float *S, int ldS, float *m, const int *vis, const float *q, const float *kt,
+                   int ldk, int nkp, int D, float scale, int nr) {
     switch (nr) {
-#define RF_SCORES_CASE(NR) case NR: scores_nr(S, ldS, q, kt, ldk, nkp, D, scale, NR); break;
+#define RF_SCORES_CASE(NR) case NR: scores_nr(S, ldS, m, vis, q, kt, ldk, nkp, D, scale, NR); break;
         RF_SCORES_CASE(8) RF_SCORES_CASE(7) RF_SCORES_CASE(6) RF_SCORES_CASE(5)
         RF_SCORES_CASE(4) RF_SCORES_CASE(3) RF_SCORES_CASE(2) RF_SCORES_CASE(1)
 #undef RF_SCORES_CASE
     }
 }
 
-/* Row softmax over its vis scores (s, overwritten by p_j = exp(s_j - m)); returns l, *m the
- * max. Entries [vis, 16-rounded vis) are zeroed and summed (exact zeros). */
-static float row_softmax(float *s, int vis, float *m_out) {
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int j = 0; j < vis; j++) m = s[j] > m ? s[j] : m;
+/* Row softmax over its vis scores (s, overwritten by p_j = exp(s_j - m)), m their max; returns
+ * l. Entries [vis, 16-rounded vis) are zeroed and summed (exact zeros). */
+static float row_softmax(float *s, int vis, float m) {
     int n16 = (vis + 15) & ~15;
 #pragma omp simd
     for (int j = 0; j < n16; j++) s[j] = j < vis ? rf_expf_fast(s[j] - m) : 0.0f;
@@ -96,7 +103,6 @@ static float row_softmax(float *s, int vis, float *m_out) {
         for (int c = 0; c < 16; c++) part[c] += s[j0 + c];
     for (int w = 8; w >= 1; w /= 2)
         for (int c = 0; c < w; c++) part[c] += part[c + w];
-    *m_out = m;
     return part[0];
 }
 
@@ -148,8 +154,8 @@ static void attend_tile(float *const *o, float *const *lse, const float *q,
     int vmax = 0;
     for (int r = 0; r < nr; r++) vmax = vis[r] > vmax ? vis[r] : vmax;
     float l[RT], m[RT];
-    if (vmax > 0) scores(S, ldk, q, kt, ldk, (vmax + KT - 1) / KT * KT, D, scale, nr);
-    for (int r = 0; r < nr; r++) l[r] = vis[r] > 0 ? row_softmax(S + (size_t)r * ldk, vis[r], &m[r]) : 0.0f;
+    if (vmax > 0) scores(S, ldk, m, vis, q, kt, ldk, (vmax + KT - 1) / KT * KT, D, scale, nr);
+    for (int r = 0; r < nr; r++) l[r] = vis[r] > 0 ? row_softmax(S + (size_t)r * ldk, vis[r], m[r]) : 0.0f;
     for (int r0 = 0; r0 < nr; r0 += PR) { /* P V by groups of PR rows */
         int n = imin(PR, nr - r0), lo = vis[r0];
         for (int r = r0; r < r0 + n; r++) lo = imin(lo, vis[r]);
