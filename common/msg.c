@@ -89,8 +89,169 @@ rf_status rf_msg_encode(rf_msg_type type, const ProtobufCMessage *m, uint8_t **b
     return RF_OK;
 }
 
-rf_status rf_msg_decode(const void *buf, size_t len, rf_msg *out) {
+/* ---- the wire checks protobuf-c leaves out ------------------------------------------------
+ * protobuf-c (1.x) accepts a known field sent with the wrong wire type in some cases (a bool as
+ * a length-delimited "yes" reads as true), cuts a string at its first NUL byte (its strings are
+ * C strings) and never checks UTF-8. The encoding rules are those of
+ * https://protobuf.dev/programming-guides/encoding/ (proto3: string fields hold UTF-8). */
+
+/* Reads a varint at *p (< end) into *v; 0 when truncated or over 10 bytes. */
+static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+    *v = 0;
+    for (int shift = 0; shift < 70 && *p < end; shift += 7) {
+        uint8_t c = *(*p)++;
+        *v |= (uint64_t)(c & 0x7f) << shift;
+        if (!(c & 0x80)) return 1;
+    }
+    return 0;
+}
+
+/* The wire type a field of type t is sent with when not packed. */
+static int wire_type_of(ProtobufCType t) {
+    switch (t) {
+    case PROTOBUF_C_TYPE_SFIXED64: case PROTOBUF_C_TYPE_FIXED64: case PROTOBUF_C_TYPE_DOUBLE: return 1;
+    case PROTOBUF_C_TYPE_SFIXED32: case PROTOBUF_C_TYPE_FIXED32: case PROTOBUF_C_TYPE_FLOAT: return 5;
+    case PROTOBUF_C_TYPE_STRING: case PROTOBUF_C_TYPE_BYTES: case PROTOBUF_C_TYPE_MESSAGE: return 2;
+    default: return 0; /* int32, sint32, uint32, int64, sint64, uint64, bool, enum */
+    }
+}
+
+static const char *wire_name(int w) {
+    static const char *names[8] = {"varint", "64-bit", "length-delimited", "group start", "group end",
+                                   "32-bit", "6 (undefined)", "7 (undefined)"};
+    return names[w & 7];
+}
+
+/* The offset of the first byte of s (n) that is not valid UTF-8 (RFC 3629: no overlong forms,
+ * no surrogates, nothing past U+10FFFF), or n when it all is. */
+static size_t utf8_bad_at(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+        if (!len || i + len > n || (len == 2 && c < 0xc2)) return i;
+        uint32_t cp = len == 1 ? c : c & (0x7f >> len);
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return i;
+            cp = cp << 6 | (s[i + k] & 0x3f);
+        }
+        if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+            return i;
+        i += len;
+    }
+    return n;
+}
+
+/* A packed run of field f's scalars (n bytes at p): whole varints, or a multiple of the width. */
+static int packed_ok(const ProtobufCFieldDescriptor *f, const uint8_t *p, size_t n) {
+    int w = wire_type_of(f->type);
+    if (w == 1 || w == 5) return n % (w == 1 ? 8 : 4) == 0;
+    const uint8_t *end = p + n;
+    uint64_t v;
+    while (p < end)
+        if (!read_varint(&p, end, &v)) return 0;
+    return 1;
+}
+
+static int validate(const ProtobufCMessageDescriptor *d, const uint8_t *b, size_t n, size_t at, int utf8, int depth,
+                    char *why, size_t cap);
+
+/* Checks the length-delimited value (n bytes at p, message offset at) of known field f. */
+static int validate_len(const ProtobufCMessageDescriptor *d, const ProtobufCFieldDescriptor *f, const uint8_t *p,
+                        size_t n, size_t at, int utf8, int depth, char *why, size_t cap) {
+    if (f->type == PROTOBUF_C_TYPE_STRING) {
+        const uint8_t *nul = memchr(p, 0, n);
+        size_t bad = utf8 ? utf8_bad_at(p, n) : n;
+        if (nul && (size_t)(nul - p) <= bad) {
+            snprintf(why, cap, "field %u (%s) of %s holds a NUL byte at byte %zu of its %zu (strings may not "
+                     "hold one)", f->id, f->name, d->name, (size_t)(nul - p), n);
+            return 0;
+        }
+        if (bad < n) {
+            snprintf(why, cap, "field %u (%s) of %s is not valid UTF-8 at byte %zu of its %zu", f->id, f->name,
+                     d->name, bad, n);
+            return 0;
+        }
+        return 1;
+    }
+    if (f->type == PROTOBUF_C_TYPE_MESSAGE) return validate(f->descriptor, p, n, at, utf8, depth + 1, why, cap);
+    if (f->type != PROTOBUF_C_TYPE_BYTES && !packed_ok(f, p, n)) {
+        snprintf(why, cap, "field %u (%s) of %s: its packed values at byte %zu do not fill its %zu bytes",
+                 f->id, f->name, d->name, at, n);
+        return 0;
+    }
+    return 1;
+}
+
+/* Checks the protobuf bytes b (n; at = their offset in the outermost message) of message d:
+ * every field's key and value are whole, a known field comes with its type's wire type (or
+ * length-delimited for a repeated scalar, packed), string fields hold no NUL byte (and, with
+ * utf8, are valid UTF-8), messages inside are checked alike. Unknown fields are skipped. 1 when
+ * all is well, else 0 with *why. */
+static int validate(const ProtobufCMessageDescriptor *d, const uint8_t *b, size_t n, size_t at, int utf8, int depth,
+                    char *why, size_t cap) {
+    if (depth > 32) return snprintf(why, cap, "messages nested over 32 deep"), 0;
+    const uint8_t *p = b, *end = b + n;
+    while (p < end) {
+        size_t key_at = at + (size_t)(p - b);
+        uint64_t key, v;
+        if (!read_varint(&p, end, &key) || key >> 3 == 0 || key >> 3 > 536870911u) {
+            snprintf(why, cap, "a bad field key at byte %zu of %s", key_at, d->name);
+            return 0;
+        }
+        int w = (int)(key & 7);
+        const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
+        const uint8_t *val = p;
+        size_t len = 0;
+        int ok = 1;
+        if (w == 0) ok = read_varint(&p, end, &v);
+        else if (w == 1 || w == 5) ok = (size_t)(end - p) >= (len = w == 1 ? 8 : 4), p += ok ? len : 0;
+        else if (w == 2) ok = read_varint(&p, end, &v) && v <= (uint64_t)(end - p), val = p, len = (size_t)v, p += ok ? len : 0;
+        else {
+            snprintf(why, cap, "field %u at byte %zu of %s has wire type %s, which proto3 does not use",
+                     (unsigned)(key >> 3), key_at, d->name, wire_name(w));
+            return 0;
+        }
+        if (!ok) {
+            snprintf(why, cap, "field %u at byte %zu of %s runs past the end", (unsigned)(key >> 3), key_at,
+                     d->name);
+            return 0;
+        }
+        if (!f) continue; /* unknown: skipped, as proto3 says */
+        int want = wire_type_of(f->type);
+        int packed = f->label == PROTOBUF_C_LABEL_REPEATED && w == 2 && want != 2;
+        if (w != want && !packed) {
+            snprintf(why, cap, "field %u (%s) of %s at byte %zu has wire type %d (%s), expected %d (%s)", f->id,
+                     f->name, d->name, key_at, w, wire_name(w), want, wire_name(want));
+            return 0;
+        }
+        if (w == 2 && !validate_len(d, f, val, len, at + (size_t)(val - b), utf8, depth, why, cap)) return 0;
+    }
+    return 1;
+}
+
+int rf_msg_validate(const ProtobufCMessageDescriptor *d, const void *bytes, size_t n, int utf8, char *why,
+                    size_t cap) {
+    char scratch[8];
+    if (!why || cap == 0) why = scratch, cap = sizeof scratch;
+    why[0] = '\0';
+    return validate(d, bytes, n, 0, utf8, 0, why, cap);
+}
+
+/* The uint64 field "request_id" of m (0 without one). */
+static uint64_t request_id_of(const ProtobufCMessage *m) {
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(m->descriptor, "request_id");
+    if (!f || f->type != PROTOBUF_C_TYPE_UINT64 || f->label == PROTOBUF_C_LABEL_REPEATED) return 0;
+    uint64_t v;
+    memcpy(&v, (const char *)m + f->offset, sizeof v);
+    return v;
+}
+
+/* rf_msg_decode, with UTF-8 checked when utf8 is set; *request_id (when not NULL) is the
+ * request_id of a message that unpacked but failed the checks, else 0. */
+static rf_status decode(const void *buf, size_t len, int utf8, rf_msg *out, uint64_t *request_id) {
     out->pb = NULL, out->type = 0;
+    if (request_id) *request_id = 0;
     const uint8_t *b = buf;
     if (len == 0) return rf_error(RF_ERR_FORMAT, "an empty frame (no type tag)");
     const ProtobufCMessageDescriptor *d = rf_msg_descriptor(b[0]);
@@ -99,8 +260,21 @@ rf_status rf_msg_decode(const void *buf, size_t len, rf_msg *out) {
     if (!out->pb)
         return rf_error(RF_ERR_FORMAT, "%zu bytes after tag %d do not decode as rlflow.%s", len - 1,
                         b[0], d->short_name);
+    char why[400];
+    if (!rf_msg_validate(d, b + 1, len - 1, utf8, why, sizeof why)) {
+        if (request_id) *request_id = request_id_of(out->pb);
+        rf_msg_free(out);
+        return rf_error(RF_ERR_FORMAT, "%zu bytes after tag %d do not decode as rlflow.%s: %s", len - 1, b[0],
+                        d->short_name, why);
+    }
     out->type = b[0];
     return RF_OK;
+}
+
+rf_status rf_msg_decode(const void *buf, size_t len, rf_msg *out) { return decode(buf, len, 0, out, NULL); }
+
+rf_status rf_msg_decode_external(const void *buf, size_t len, rf_msg *out, uint64_t *request_id) {
+    return decode(buf, len, 1, out, request_id);
 }
 
 void rf_msg_free(rf_msg *m) {
@@ -252,6 +426,7 @@ struct rf_msg_server {
     int *htab, hcap;
     double next_check;  /* no peer can time out before this; 0: scan at the next poll */
     double last_ping, last_active;
+    double last_drop;   /* when a peer was last sent an Error and forgotten (it may reconnect) */
     uint64_t ping_seq;
 };
 
@@ -391,8 +566,27 @@ static void remove_peer(rf_msg_server *s, srv_peer *p) {
     reindex(s);
 }
 
+static rf_status recv_one(rf_msg_server *s, rf_msg_event *ev);
+
+/* Before the Shutdowns: the Hellos already waiting are answered, so that a peer that reconnects
+ * (after being dropped) gets its Shutdown too. A peer dropped in the last 2 s is given up to
+ * 0.5 s to come back; otherwise only what has arrived is read. Bounded either way. */
+static void take_late_hellos(rf_msg_server *s) {
+    double now = rf_time_now(), until = now + (s->last_drop > 0 && now - s->last_drop < 2.0 ? 0.5 : 0.0);
+    for (int k = 0; k < 1000; k++) {
+        double left = until - rf_time_now();
+        zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, left > 0 ? ms(left) : 0) <= 0) return;
+        rf_msg_event ev;
+        memset(&ev, 0, sizeof ev);
+        if (recv_one(s, &ev) != RF_OK) return;
+        if (ev.kind == RF_MSG_EV_MESSAGE) rf_msg_free(&ev.msg);
+    }
+}
+
 void rf_msg_server_close(rf_msg_server *s, const char *reason) {
     if (!s) return;
+    if (s->sock && reason) take_late_hellos(s);
     Rlflow__Shutdown sd = RLFLOW__SHUTDOWN__INIT;
     sd.reason = (char *)(reason ? reason : "");
     for (int i = 0; s->sock && i < s->n_peers; i++)
@@ -473,6 +667,7 @@ void rf_msg_server_drop(rf_msg_server *s, int peer, int code, const char *messag
     e.code = code, e.message = (char *)(message ? message : ""), e.request_id = request_id;
     send_frames(s->sock, p->ident, p->ident_len, RF_MSG_ERROR, &e.base, ZMQ_DONTWAIT);
     remove_peer(s, p);
+    s->last_drop = rf_time_now();
 }
 
 /* Pings every peer; a ping that cannot be routed marks the peer lost (disconnected). A full
@@ -504,7 +699,7 @@ static int report_lost(rf_msg_server *s, double now, rf_msg_event *ev) {
             next = fmin(next, p->last_seen + s->cfg.peer_timeout_s + 1e-3);
             continue;
         }
-        ev->kind = RF_MSG_EV_LOST, ev->peer = p->id, ev->info = p->info;
+        ev->kind = RF_MSG_EV_LOST, ev->peer = p->id, ev->info = p->info, ev->silent = !p->lost;
         if (p->lost) snprintf(ev->text, sizeof ev->text, "%s", p->lost_text);
         else snprintf(ev->text, sizeof ev->text, "%s sent nothing for %.1f s", p->info.desc, silent);
         /* A silent peer's connection may still be open: tell it why, as rf_msg_server_drop
@@ -513,6 +708,7 @@ static int report_lost(rf_msg_server *s, double now, rf_msg_event *ev) {
         e.code = RF_ERR_IO, e.message = ev->text;
         send_frames(s->sock, p->ident, p->ident_len, RF_MSG_ERROR, &e.base, ZMQ_DONTWAIT);
         remove_peer(s, p);
+        s->last_drop = now;
         s->next_check = 0; /* there may be more */
         return 1;
     }
@@ -546,7 +742,7 @@ static void on_hello(rf_msg_server *s, const uint8_t *ident, size_t len, const u
     rf_msg m;
     char who[160];
     ev->kind = RF_MSG_EV_REFUSED;
-    if (rf_msg_decode(buf, n, &m) != RF_OK) {
+    if ((s->cfg.check_utf8 ? rf_msg_decode_external(buf, n, &m, NULL) : rf_msg_decode(buf, n, &m)) != RF_OK) {
         snprintf(ev->text, sizeof ev->text, "a peer on %s sent a malformed Hello: %s", s->endpoint,
                  rf_error_message());
         ack(s, ident, len, 0, ev->text);
@@ -658,7 +854,8 @@ static rf_status recv_one(rf_msg_server *s, rf_msg_event *ev) {
         rf_msg m = {0};
         rf_status st = extra ? rf_error(RF_ERR_FORMAT, "%d frames in one message, expected 1",
                                         extra + 1)
-                             : rf_msg_decode(buf, n, &m);
+                     : s->cfg.check_utf8 ? rf_msg_decode_external(buf, n, &m, &ev->request_id)
+                                         : rf_msg_decode(buf, n, &m);
         ev->peer = p->id, ev->info = p->info;
         if (st != RF_OK) {
             ev->kind = RF_MSG_EV_MALFORMED;

@@ -110,8 +110,28 @@ rf_status rf_msg_encode(rf_msg_type type, const ProtobufCMessage *m, uint8_t **b
 
 /* Decodes one frame. On success out->pb is owned by the caller (rf_msg_free). Errors,
  * RF_ERR_FORMAT: an empty frame, an unknown tag, protobuf bytes that do not decode as the tag's
- * message (the message says which). out->pb is NULL on error. */
+ * message or fail rf_msg_validate without UTF-8 (the message says which: "... do not decode as
+ * rlflow.EnvReply: field 4 (done) of rlflow.EnvReply at byte 9 has wire type 2
+ * (length-delimited), expected 0 (varint)"). out->pb is NULL on error. */
 rf_status rf_msg_decode(const void *buf, size_t len, rf_msg *out);
+
+/* rf_msg_decode for frames from programs rlflow does not build (reward programs,
+ * environments): string fields must also be valid UTF-8. *request_id (may be NULL) is set to
+ * the request_id of a message that unpacked but failed the checks (0 otherwise), so that the
+ * rejection can name the request. */
+rf_status rf_msg_decode_external(const void *buf, size_t len, rf_msg *out, uint64_t *request_id);
+
+/* Checks the protobuf bytes of a message of descriptor d against it, which protobuf-c does not
+ * do fully: every key and value whole (a length not past the end), a known field sent with its
+ * type's wire type (varint: bool, enums, int32/64, uint32/64, sint32/64; 64-bit: double,
+ * fixed64, sfixed64; 32-bit: float, fixed32, sfixed32; length-delimited: string, bytes,
+ * messages, and a repeated scalar field's packed form), no wire type proto3 does not use (3, 4,
+ * 6, 7), no NUL byte in a string field (rlflow's strings are C strings: one would cut it), with
+ * utf8 every string field valid UTF-8 (proto3's rule), and the messages inside checked the same
+ * way. Unknown field numbers are skipped. Returns 1, or 0 with *why (cap bytes; may be NULL)
+ * naming the field, the message and the byte offset. */
+int rf_msg_validate(const ProtobufCMessageDescriptor *d, const void *bytes, size_t n, int utf8, char *why,
+                    size_t cap);
 
 /* Frees out->pb (NULL is fine) and clears it. */
 void rf_msg_free(rf_msg *m);
@@ -132,6 +152,9 @@ typedef struct rf_msg_server_config {
     int64_t max_msg_bytes;  /* > 0: the largest message a peer may send (ZMQ_MAXMSGSIZE); a
                                larger one closes its connection. 0: no limit (rlflow's own
                                workers, whose weight updates are as large as the model) */
+    int check_utf8;         /* 1: peers are programs rlflow does not build (reward programs,
+                               environments): their frames are decoded with
+                               rf_msg_decode_external (string fields must be UTF-8) */
 } rf_msg_server_config;
 
 /* The message size limit of the endpoints for external programs (reward programs,
@@ -166,6 +189,10 @@ typedef struct rf_msg_event {
     int auth;               /* REFUSED: 1 when the connection failed CURVE (an unlisted key, no
                                CURVE, a bad handshake) before any Hello; the same refusal is
                                reported once per 10 s */
+    int silent;             /* LOST: 1 when the peer sent nothing for the peer timeout (0: its
+                               connection is gone) */
+    uint64_t request_id;    /* MALFORMED: the request_id of a message that unpacked but failed
+                               rf_msg_validate (a string not UTF-8, a wrong wire type), else 0 */
 } rf_msg_event;
 
 typedef struct rf_msg_server rf_msg_server;

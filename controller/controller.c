@@ -1289,6 +1289,7 @@ rf_status rf_controller_main(const rf_recipe *r, int resume, rf_msg_server *srv,
     free(c->rw_of_peer);
     rf_split_eps_close(c->eps);
     loop_free(c);
+    rf__run_set_end(&c->own, st);
     rf__run_free(&c->own);
     free(c);
     return st;

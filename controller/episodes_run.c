@@ -42,8 +42,9 @@ static rf_rollout_request episode_request(const rf_run *run, int greedy) {
     return q;
 }
 
-/* The example fields of ex (metadata as JSON into *meta, the caller frees). */
-static rf_reward_item example_item(const rf_example *ex, int group, char **meta) {
+/* The example fields of ex (metadata as JSON into *meta, the caller frees); group is the
+ * group_id the environment sees (the admission id, -1 for validation). */
+static rf_reward_item example_item(const rf_example *ex, int64_t group, char **meta) {
     *meta = cJSON_PrintUnformatted(ex->extra);
     return (rf_reward_item){ex->prompt_text, NULL, ex->prompt_ids, ex->n_prompt, NULL, 0, ex->answer, *meta, 0, group};
 }
@@ -87,15 +88,15 @@ static void add_metrics(rf_run *run, const rf_episode *e, int n) {
     }
 }
 
-rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, int n_prompts, int round,
-                                rf_train_sample *out, double *tokens) {
+rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, const int64_t *group_ids, int n_prompts,
+                                int round, rf_train_sample *out, double *tokens) {
     const rf_recipe *r = run->r;
     int n = r->rollout.n, n_ep = n_prompts * n;
     rf_reward_item *items = calloc((size_t)n_prompts + 1, sizeof *items);
     char **meta = calloc((size_t)n_prompts + 1, sizeof *meta);
     rf_episode *eps = calloc((size_t)n_ep + 1, sizeof *eps);
     rf_status st = items && meta && eps ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
-    for (int p = 0; st == RF_OK && p < n_prompts; p++) items[p] = example_item(ex[p], p, &meta[p]);
+    for (int p = 0; st == RF_OK && p < n_prompts; p++) items[p] = example_item(ex[p], group_ids[p], &meta[p]);
     rf_episode_opts eo = {r->env.max_turns, r->env.max_total_tokens, run->tok};
     rf_rollout_request q = episode_request(run, 0);
     uint64_t seed = ((uint64_t)r->train.seed << 40) ^ ((uint64_t)run->step << 16) ^ ((uint64_t)round << 8);
@@ -121,13 +122,20 @@ rf_status rf__val_episodes(rf_run *run, const rf_role_gen *q, int n, rf_train_sa
     char **meta = calloc((size_t)n + 1, sizeof *meta);
     rf_episode *eps = calloc((size_t)n + 1, sizeof *eps);
     rf_status st = items && meta && eps ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for validation");
-    for (int i = 0; st == RF_OK && i < n; i++) items[i] = example_item(q[i].ex, i, &meta[i]);
+    for (int i = 0; st == RF_OK && i < n; i++) items[i] = example_item(q[i].ex, q[i].group_id, &meta[i]);
+    /* validation episodes are numbered 2^63 + the request's id (unique in the run, consecutive in
+     * a pass), as a split run numbers them: apart from training's, and never reused by a later
+     * pass */
+    for (int i = 1; st == RF_OK && i < n; i++)
+        if (q[i].req != q[0].req + (uint64_t)i)
+            st = rf_error(RF_ERR_INTERNAL, "validation episodes: request %d has id %llu, not %llu", i,
+                          (unsigned long long)q[i].req, (unsigned long long)(q[0].req + (uint64_t)i));
     rf_episode_opts eo = {r->env.max_turns, r->env.max_total_tokens, run->tok};
     rf_rollout_request rq = episode_request(run, 1);
     rf_rollout_set_version(run->engine, run->step);
     if (st == RF_OK) st = rf__rollout_resume(run->engine);
-    /* validation episodes are numbered from 2^63, apart from training's */
-    if (st == RF_OK) st = rf_episodes_run(run->engine, &run->env, &eo, items, n, 1, &rq, 0, 1ull << 63, eps);
+    uint64_t base = (1ull << 63) + (n ? q[0].req : 0);
+    if (st == RF_OK) st = rf_episodes_run(run->engine, &run->env, &eo, items, n, 1, &rq, 0, base, eps);
     if (st == RF_OK) st = rf__rollout_pause(r, run->engine, -1);
     if (run->env.take_stats) run->env.take_stats(run->env.ctx); /* training's metrics count training's calls */
     for (int i = 0; st == RF_OK && i < n; i++) {

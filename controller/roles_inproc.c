@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/util.h"
+#include "controller/interrupt.h"
 #include "controller/roles.h"
 #include "controller/run_internal.h"
 #include "model/generate.h"
@@ -147,17 +148,21 @@ static rf_status greedy_generate(inproc *x, const rf_role_gen *q, int k, rf_trai
 static rf_status episode_generate(inproc *x, const rf_role_gen *q, int k, rf_train_sample *out) {
     rf_run *run = x->run;
     const rf_example **ex = calloc((size_t)k, sizeof *ex);
-    if (!ex) return rf_error(RF_ERR_NOMEM, "out of memory");
+    int64_t *groups = calloc((size_t)k, sizeof *groups);
+    if (!ex || !groups) {
+        free(ex), free(groups);
+        return rf_error(RF_ERR_NOMEM, "out of memory");
+    }
     rf_status st = RF_OK;
     for (int p = 0; st == RF_OK && p < k; p++) {
-        ex[p] = q[p].ex;
+        ex[p] = q[p].ex, groups[p] = q[p].group_id;
         if (q[p].step != x->version || q[p].round != q[0].round || q[p].place != p)
             st = rf_error(RF_ERR_ARG, "in-process episodes: request %d is step %d, round %d, place %d (expected step %d, "
                           "round %d, place %d)", p, q[p].step, q[p].round, q[p].place, x->version, q[0].round, p);
     }
     double tokens = 0;
-    if (st == RF_OK) st = rf__generate_episodes(run, ex, k, q[0].round, out, &tokens);
-    free(ex);
+    if (st == RF_OK) st = rf__generate_episodes(run, ex, groups, k, q[0].round, out, &tokens);
+    free(ex), free(groups);
     return st;
 }
 
@@ -186,6 +191,16 @@ static rf_status run_generation(inproc *x, const rf_role_sink *sink) {
         else st = engine_generate(x, q, k, n, out);
     }
     if (!greedy) x->t_gen += rf_time_now() - t;
+    if (st != RF_OK && x->run->env.call && rf_interrupt_signal()) {
+        /* a stop was asked for and the environment could not finish these episodes (its
+         * programs stopped answering): they are abandoned, as a split run abandons the groups
+         * still generating, and the loop writes the checkpoint of the step reached */
+        rf_log_warn("interrupted (signal %d): the episodes under way are abandoned: %s", rf_interrupt_signal(),
+                    rf_error_message());
+        for (int i = 0; out && i < k * n; i++) rf_train_sample_free(&out[i]);
+        free(out), free(q);
+        return RF_OK;
+    }
     for (int i = 0; st == RF_OK && !greedy && i < k * n; i++) x->gen_tokens += out[i].n_resp;
     for (int i = 0; st == RF_OK && i < k * n; i++) st = sink->sample(sink->ctx, q[i / n].req, i % n, &out[i]);
     for (int i = 0; out && i < k * n; i++) rf_train_sample_free(&out[i]);

@@ -46,6 +46,7 @@ rf_status rf_run_main(const rf_recipe *r, int resume) {
         rf_interrupt_restore();
     }
     rf_roles_inproc_free(&roles);
+    rf__run_set_end(&run, s);
     rf__run_free(&run);
     rf__write_run_status(r, s);
     return s;

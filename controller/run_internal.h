@@ -43,6 +43,12 @@ rf_status rf__rollout_pause(const rf_recipe *r, rf_rollout *e, int worker);
 rf_status rf__rollout_resume(rf_rollout *e);
 void rf__run_free(rf_run *run);
 
+/* The Shutdown reason the reward and environment programs get when rf__run_free closes their
+ * endpoints: RF_MSG_SHUTDOWN_DONE when st is RF_OK, RF_MSG_SHUTDOWN_INTERRUPTED when the run
+ * stopped on a signal with its checkpoint written, else "the run stopped on an error: <the
+ * error message>" (docs/message-api.md). */
+void rf__run_set_end(rf_run *run, rf_status st);
+
 /* <logging.dir>/run_status.json: how the run ended, {"status": "ok", "message": ""} or
  * {"status": "error", "message": <the error>}, written atomically; one-process and split runs
  * alike (docs/deployment.md). Best effort: a directory that cannot take it is not an error. */
@@ -73,7 +79,7 @@ rf_status rf__env_open(rf_run *run);
  * endpoint and keys in their environment (RLFLOW_ENV_*), and every program waited for (one
  * without env.programs) up to env.timeout. Caller owns *x. */
 rf_status rf__env_bridge_open(rf_run *run, rf_env_bridge **x);
-rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, int n_prompts, int round,
+rf_status rf__generate_episodes(rf_run *run, const rf_example *const *ex, const int64_t *group_ids, int n_prompts, int round,
                                 rf_train_sample *out, double *tokens);
 rf_status rf__val_episodes(rf_run *run, const rf_role_gen *q, int n, rf_train_sample *out);
 

@@ -304,7 +304,7 @@ static rf_status open_external(rf_run *run) {
                                      .insecure = r->reward.external_insecure,
                                      .curve_secret_key = k.server_secret[0] ? k.server_secret : NULL,
                                      .curve_client_keys = client_keys, .n_curve_client_keys = k.curve,
-                                     .tick = programs_tick, .tick_ctx = &run->programs,
+                                     .tick = programs_tick, .tick_ctx = &run->programs, .stop = rf_interrupt_signal,
                                      .weight = r->reward.external_weight};
     rf_status st = rf_external_reward_listen_with(&run->ext, &xc);
     memset(k.server_secret, 0, sizeof k.server_secret);
@@ -332,7 +332,7 @@ rf_status rf__env_bridge_open(rf_run *run, rf_env_bridge **x) {
                               .curve_clients_file = r->env.curve_clients, .insecure = r->env.insecure,
                               .curve_secret_key = k.server_secret[0] ? k.server_secret : NULL,
                               .curve_client_keys = client_keys, .n_curve_client_keys = k.curve,
-                              .tick = env_tick, .tick_ctx = run};
+                              .tick = env_tick, .tick_ctx = run, .stop = rf_interrupt_signal};
     rf_status st = rf_env_bridge_listen(x, &c);
     memset(k.server_secret, 0, sizeof k.server_secret);
     char ep[600];
@@ -596,6 +596,14 @@ rf_status rf__rollout_resume(rf_rollout *e) {
 
 rf_status rf__start_rollout(rf_run *run) {
     return rf__rollout_engine(run->r, 1, run->actor, NULL, run->tok, &run->engine);
+}
+
+void rf__run_set_end(rf_run *run, rf_status st) {
+    char why[1200];
+    snprintf(why, sizeof why, "the run stopped on an error: %s", rf_error_message());
+    const char *reason = st == RF_OK ? RF_MSG_SHUTDOWN_DONE : rf_controller_interrupted() ? RF_MSG_SHUTDOWN_INTERRUPTED : why;
+    rf_external_reward_set_end(run->ext, reason);
+    if (run->env.set_end && run->env.ctx) run->env.set_end(run->env.ctx, reason);
 }
 
 void rf__run_free(rf_run *run) {

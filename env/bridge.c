@@ -26,6 +26,8 @@ struct rf_env_bridge {
     char **obs, **info;   /* (n_out) the last call's reply strings */
     rf_status (*tick)(void *ctx);
     void *tick_ctx;
+    int (*stop)(void);    /* rf_env_bridge_config.stop */
+    char end[1024];       /* the Shutdown reason at close */
     int n_out;
     rf_env_stats stats;
 };
@@ -61,10 +63,12 @@ rf_status rf_env_bridge_listen(rf_env_bridge **out, const rf_env_bridge_config *
     for (int i = 0; x && i < n_clients; i++) allowed[i] = clients[i];
     rf_msg_server_config cfg = {.accept_role = RLFLOW__ROLE__ROLE_ENVIRONMENT, .peer_timeout_s = c->timeout_s,
                                 .curve_secret_key = clients ? secret : NULL, .curve_clients = allowed,
-                                .n_curve_clients = n_clients, .max_msg_bytes = RF_MSG_EXTERNAL_MAX_BYTES};
+                                .n_curve_clients = n_clients, .max_msg_bytes = RF_MSG_EXTERNAL_MAX_BYTES,
+                                .check_utf8 = 1};
     if (x) x->timeout_s = c->timeout_s, x->next_id = 1, x->pool.label = "env";
     if (x) x->max_attempts = c->max_attempts ? c->max_attempts : RF_EXTERNAL_MAX_ATTEMPTS;
-    if (x) x->tick = c->tick, x->tick_ctx = c->tick_ctx;
+    if (x) x->tick = c->tick, x->tick_ctx = c->tick_ctx, x->stop = c->stop;
+    if (x) snprintf(x->end, sizeof x->end, "%s", RF_MSG_SHUTDOWN_DONE);
     if (st == RF_OK) st = rf_msg_server_open(&x->srv, c->endpoint, &cfg);
     memset(secret, 0, sizeof secret);
     free(clients), free(allowed);
@@ -115,10 +119,14 @@ static void free_out(rf_env_bridge *x) {
 
 void rf_env_bridge_close(rf_env_bridge *x) {
     if (!x) return;
-    rf_msg_server_close(x->srv, "rlflow is done");
+    rf_msg_server_close(x->srv, x->end);
     free_out(x);
     rf_program_pool_free(&x->pool);
     free(x);
+}
+
+void rf_env_bridge_set_end(rf_env_bridge *x, const char *reason) {
+    if (x) snprintf(x->end, sizeof x->end, "%s", reason ? reason : RF_MSG_SHUTDOWN_DONE);
 }
 
 /* ---- one call ------------------------------------------------------------------------------ */
@@ -199,12 +207,24 @@ static rf_status send_item(rf_env_bridge *x, batch *b, int i, rf_program *p) {
     return RF_OK;
 }
 
+/* The call's error once a stop was asked for and request i would be sent again (or waits for a
+ * program); RF_OK otherwise. */
+static rf_status stopped(rf_env_bridge *x, batch *b, int i) {
+    int sig = x->stop ? x->stop() : 0;
+    if (!sig) return RF_OK;
+    char req[200];
+    describe(b, i, req_id(b, i), req, sizeof req);
+    return rf_error(RF_ERR_IO, "env: interrupted (signal %d): %s is not sent%s%s%s", sig, req,
+                    b->c.sends[i] > 0 ? " again" : "", x->last_lost[0] ? "; " : "", x->last_lost);
+}
+
 static rf_status assign(rf_env_bridge *x, batch *b) {
     for (int i = b->c.cursor; i < b->c.n; i++) {
         if (b->c.state[i] != RF_CALL_PENDING) {
             if (i == b->c.cursor) b->c.cursor++;
             continue;
         }
+        if (b->c.sends[i] > 0) RF_TRY(stopped(x, b, i));
         rf_program *p = rf_program_pool_pick(&x->pool, x->srv);
         if (!p) return RF_OK;
         rf_status st = send_item(x, b, i, p);
@@ -215,7 +235,19 @@ static rf_status assign(rf_env_bridge *x, batch *b) {
     return RF_OK;
 }
 
-static void lose(rf_env_bridge *x, batch *b, int id, const char *why) {
+static rf_status count_rejection(rf_env_bridge *x, batch *b, int i, rf_status code, const char *why);
+
+/* A program is gone: its requests return to the pending pool. One dropped for its deadline or
+ * for silence (timed_out) is a rejection of each request it held: a request that no program
+ * answers fails the call after max_attempts, naming it. */
+static rf_status lose(rf_env_bridge *x, batch *b, int id, const char *why, int timed_out) {
+    rf_status st = RF_OK;
+    for (int k = 0; timed_out && st == RF_OK && k < b->c.n; k++) {
+        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != id) continue;
+        char held[1100];
+        snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
+        st = count_rejection(x, b, k, RF_ERR_IO, held);
+    }
     int first, count = rf_program_calls_release(&b->c, &x->pool, id, &first);
     x->stats.lost++;
     char req[200] = "";
@@ -225,6 +257,7 @@ static void lose(rf_env_bridge *x, batch *b, int id, const char *why) {
                   count > 1 ? " (and more)" : "");
     rf_log_warn("env: %s%s", x->last_lost,
                 count && x->pool.n ? "; re-sending its requests to the other programs" : "");
+    return st;
 }
 
 /* Adds a rejection to call i; the call's error once it reached max_attempts. */
@@ -326,6 +359,18 @@ static rf_status on_reply(rf_env_bridge *x, batch *b, const rf_msg_event *ev) {
     return accept_reply(x, b, i, r, p);
 }
 
+/* A frame that does not decode: counted against the request it names when it unpacked and
+ * names one the program holds (a string not UTF-8, a wrong wire type), else against every
+ * request the program held. */
+static rf_status on_malformed(rf_env_bridge *x, batch *b, const rf_msg_event *ev) {
+    char unused[1024], why[1400], req[200];
+    int stale = 0, i = ev->request_id ? match_reply(x, b, ev, ev->request_id, unused, sizeof unused, &stale) : -1;
+    if (i < 0) return reject(x, b, ev->peer, -1, RF_ERR_FORMAT, ev->text);
+    describe(b, i, ev->request_id, req, sizeof req);
+    snprintf(why, sizeof why, "%s (its reply to %s)", ev->text, req);
+    return reject(x, b, ev->peer, i, RF_ERR_FORMAT, why);
+}
+
 static rf_status on_program_error(rf_env_bridge *x, batch *b, const rf_msg_event *ev) {
     const Rlflow__Error *e = (const Rlflow__Error *)ev->msg.pb;
     char why[1024], unused[1024];
@@ -343,8 +388,8 @@ static rf_status on_event(rf_env_bridge *x, batch *b, rf_msg_event *ev) {
         if (ev->auth) rf_program_pool_refused(&x->pool, ev);
         else rf_log_warn("env: %s", ev->text);
         return RF_OK;
-    case RF_MSG_EV_LOST: lose(x, b, ev->peer, ev->text); return RF_OK;
-    case RF_MSG_EV_MALFORMED: return reject(x, b, ev->peer, -1, RF_ERR_FORMAT, ev->text);
+    case RF_MSG_EV_LOST: return lose(x, b, ev->peer, ev->text, ev->silent);
+    case RF_MSG_EV_MALFORMED: return on_malformed(x, b, ev);
     case RF_MSG_EV_MESSAGE:
         if (ev->msg.type == RF_MSG_ENV_REPLY) {
             st = on_reply(x, b, ev);
@@ -363,11 +408,12 @@ static rf_status on_event(rf_env_bridge *x, batch *b, rf_msg_event *ev) {
 
 /* Programs holding requests without answering any for timeout_s (the per-call deadline) are
  * dropped, even when they still answer pings. */
-static void check_progress(rf_env_bridge *x, batch *b, double now) {
+static rf_status check_progress(rf_env_bridge *x, batch *b, double now) {
     char why[800];
     for (int id; (id = rf_program_pool_stuck(&x->pool, x->srv, x->timeout_s, now, "an environment program",
                                              " (env.timeout)", why, sizeof why)) >= 0;)
-        lose(x, b, id, why);
+        RF_TRY(lose(x, b, id, why, 1));
+    return RF_OK;
 }
 
 static rf_status run_batch(rf_env_bridge *x, batch *b) {
@@ -379,7 +425,12 @@ static rf_status run_batch(rf_env_bridge *x, batch *b) {
         RF_TRY(on_event(x, b, &ev));
         if (x->tick) RF_TRY(x->tick(x->tick_ctx));
         double now = rf_time_now();
-        check_progress(x, b, now);
+        RF_TRY(check_progress(x, b, now));
+        for (int i = b->c.cursor; !x->pool.n && i < b->c.n; i++) /* no program to wait for once stopping */
+            if (b->c.state[i] == RF_CALL_PENDING) {
+                RF_TRY(stopped(x, b, i));
+                break;
+            }
         if (x->pool.n) {
             no_prog_since = -1;
         } else if (no_prog_since < 0) {
@@ -431,6 +482,8 @@ static rf_env_stats env_stats(void *ctx) { return rf_env_bridge_take_stats(ctx);
 
 static void env_close(void *ctx) { rf_env_bridge_close(ctx); }
 
+static void env_set_end(void *ctx, const char *reason) { rf_env_bridge_set_end(ctx, reason); }
+
 void rf_env_bridge_as_env(rf_env_bridge *x, rf_env *e) {
-    *e = (rf_env){x, env_call, env_stats, env_close};
+    *e = (rf_env){x, env_call, env_stats, env_close, env_set_end};
 }

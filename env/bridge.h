@@ -9,14 +9,19 @@
  * answering any for timeout_s (the per-call deadline) is dropped and its requests go to another
  * program (every request is self-contained: a step carries the episode's reset and history);
  * when none is left the bridge waits timeout_s for one to connect, then fails naming the
- * program lost and its request.
+ * program lost and its request. A drop for silence or for the deadline also counts against each
+ * request the program held, as a rejection (below), so a request that makes every program hang
+ * fails the call after max_attempts deadlines.
  *
  * A bad reply (one that does not decode, a non-finite reward, a reset answered with a reward or
  * done, an `error` reply, an Error message, an unknown or repeated request id, a message an
  * environment may not send) is rejected: logged ("env: rejected a reply: ..."), the program told
  * why and dropped, the request sent again. A request rejected max_attempts times fails the call
- * with RF_ERR_FORMAT (RF_ERR_RANGE when the last reason was a non-finite reward), naming the
- * request, the episode, the sample and every rejection. Every request is answered exactly once.
+ * with RF_ERR_FORMAT (RF_ERR_RANGE when the last reason was a non-finite reward, RF_ERR_IO a
+ * deadline), naming the request, the episode, the sample and every rejection. A reply that does
+ * not decode includes one that fails rf_msg_validate (a wrong wire type, a NUL byte in a
+ * string, a string not UTF-8): it counts against the request it names. Every request is
+ * answered exactly once.
  *
  * Security as for reward programs: an endpoint other machines can reach needs CURVE
  * (env.curve_secret, env.curve_clients) or `insecure` (warned).
@@ -47,6 +52,12 @@ typedef struct rf_env_bridge_config {
                                        wait with that error (env.programs: the supervisor's
                                        restarts; a split controller: its workers' pings) */
     void *tick_ctx;
+    int (*stop)(void);              /* NULL, or non-zero (the signal) once the run was asked to
+                                       stop (rf_interrupt_signal): from then on no request is
+                                       sent again and no program waited for; replies to those in
+                                       flight are still taken (each program's deadline bounds
+                                       the wait), the first request that would go again fails
+                                       the call (RF_ERR_IO, "env: interrupted (signal 15): ...") */
 } rf_env_bridge_config;
 
 /* Binds the endpoint without waiting for a program (the first call waits). Caller owns *x
@@ -58,8 +69,11 @@ rf_status rf_env_bridge_listen(rf_env_bridge **x, const rf_env_bridge_config *cf
 rf_status rf_env_bridge_wait(rf_env_bridge *x, int n, double timeout_s);
 
 /* Answers calls (n) into out (n), blocking; see the header comment for faults. Reply strings
- * are owned by x and valid until the next call. Errors: RF_ERR_FORMAT / RF_ERR_RANGE after
- * max_attempts rejections of one request; RF_ERR_IO when no program is left for timeout_s. */
+ * are owned by x and valid until the next call. A program dropped for missing its deadline or
+ * for silence counts against each request it held as a rejection (so a request no program
+ * answers fails the call after max_attempts deadlines). Errors: RF_ERR_FORMAT / RF_ERR_RANGE /
+ * RF_ERR_IO after max_attempts rejections of one request; RF_ERR_IO when no program is left for
+ * timeout_s, or once a stop was asked for (cfg.stop) and a request would be sent again. */
 rf_status rf_env_bridge_call(rf_env_bridge *x, const rf_env_call *calls, int n, rf_env_reply *out);
 
 /* The stats since the last take (zeroed by the take). */
@@ -69,8 +83,13 @@ rf_env_stats rf_env_bridge_take_stats(rf_env_bridge *x);
 const char *rf_env_bridge_endpoint(const rf_env_bridge *x);
 int rf_env_bridge_programs(const rf_env_bridge *x);
 
-/* Sends Shutdown to every program and closes. NULL fine. */
+/* Sends Shutdown to every program (those whose Hello is waiting included) and closes. NULL
+ * fine. The reason is RF_MSG_SHUTDOWN_DONE unless rf_env_bridge_set_end gave another. */
 void rf_env_bridge_close(rf_env_bridge *x);
+
+/* The reason the Shutdown at close gives (copied): RF_MSG_SHUTDOWN_DONE,
+ * RF_MSG_SHUTDOWN_INTERRUPTED, or "the run stopped on an error: ..." (common/msg.h). */
+void rf_env_bridge_set_end(rf_env_bridge *x, const char *reason);
 
 /* The bridge as an rf_env (x owned by e afterwards: rf_env_close closes it). */
 void rf_env_bridge_as_env(rf_env_bridge *x, rf_env *e);

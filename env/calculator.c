@@ -160,6 +160,6 @@ static void calc_close(void *ctx) {
 rf_status rf_calculator_env(rf_env *out) {
     calc_env *e = calloc(1, sizeof *e);
     if (!e) return rf_error(RF_ERR_NOMEM, "calculator: out of memory");
-    *out = (rf_env){e, calc_call, NULL, calc_close};
+    *out = (rf_env){e, calc_call, NULL, calc_close, NULL};
     return RF_OK;
 }

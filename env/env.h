@@ -65,6 +65,8 @@ typedef struct rf_env {
     /* Returns the stats since the last take and zeroes them; NULL: none kept. */
     rf_env_stats (*take_stats)(void *ctx);
     void (*close)(void *ctx);
+    /* NULL, or sets the Shutdown reason its programs get at close (rf_env_bridge_set_end) */
+    void (*set_end)(void *ctx, const char *reason);
 } rf_env;
 
 /* Closes e's implementation (NULL fine) and clears e. */

@@ -20,6 +20,8 @@ struct rf_external_reward {
     float weight;                 /* rf_external_reward_config.weight */
     rf_status (*tick)(void *ctx); /* rf_external_reward_config.tick */
     void *tick_ctx;
+    int (*stop)(void);            /* rf_external_reward_config.stop */
+    char end[1024];               /* the Shutdown reason at close */
     rf_program_pool pool; /* the connected programs, the failed batches' ids */
     uint64_t next_id;     /* request ids of the next batch start here */
     char **info;          /* (n_info) per item of the last batch */
@@ -89,7 +91,8 @@ rf_status rf_external_reward_listen_with(rf_external_reward **out,
                                 .peer_timeout_s = c->timeout_s,
                                 .curve_secret_key = clients ? secret : NULL,
                                 .curve_clients = allowed, .n_curve_clients = n_clients,
-                                .max_msg_bytes = RF_MSG_EXTERNAL_MAX_BYTES};
+                                .max_msg_bytes = RF_MSG_EXTERNAL_MAX_BYTES, .check_utf8 = 1};
+    if (x) x->stop = c->stop, snprintf(x->end, sizeof x->end, "%s", RF_MSG_SHUTDOWN_DONE);
     if (x) x->timeout_s = c->timeout_s, x->next_id = 1, x->pool.label = "reward", x->tick = c->tick, x->tick_ctx = c->tick_ctx;
     if (x) x->max_attempts = c->max_attempts ? c->max_attempts : RF_EXTERNAL_MAX_ATTEMPTS;
     if (x) x->weight = (float)c->weight;
@@ -216,10 +219,14 @@ static rf_status alloc_last(rf_external_reward *x, const rf_reward_item *items, 
 
 void rf_external_reward_close(rf_external_reward *x) {
     if (!x) return;
-    rf_msg_server_close(x->srv, "rlflow is done");
+    rf_msg_server_close(x->srv, x->end);
     free_last(x);
     rf_program_pool_free(&x->pool);
     free(x);
+}
+
+void rf_external_reward_set_end(rf_external_reward *x, const char *reason) {
+    if (x) snprintf(x->end, sizeof x->end, "%s", reason ? reason : RF_MSG_SHUTDOWN_DONE);
 }
 
 /* ---- one batch ---------------------------------------------------------------------------- */
@@ -254,21 +261,45 @@ static rf_status send_item(rf_external_reward *x, batch *b, int i, rf_program *p
     return RF_OK;
 }
 
+/* The batch's error once a stop was asked for and item i would be sent again (or waits for a
+ * program); RF_OK otherwise. */
+static rf_status stopped(rf_external_reward *x, batch *b, int i) {
+    int sig = x->stop ? x->stop() : 0;
+    if (!sig) return RF_OK;
+    const rf_reward_item *it = &b->items[i];
+    return rf_error(RF_ERR_IO, "interrupted (signal %d): the request for sample %" PRId64 " of group %" PRId64
+                    " is not sent%s%s%s", sig, it->index, it->group, b->c.sends[i] > 0 ? " again" : "",
+                    x->last_lost[0] ? "; " : "", x->last_lost);
+}
+
 /* Hands pending items to programs with room. */
-static void assign(rf_external_reward *x, batch *b) {
+static rf_status assign(rf_external_reward *x, batch *b) {
     for (int i = b->c.cursor; i < b->c.n; i++) {
         if (b->c.state[i] != RF_CALL_PENDING) {
             if (i == b->c.cursor) b->c.cursor++;
             continue;
         }
+        if (b->c.sends[i] > 0) RF_TRY(stopped(x, b, i));
         rf_program *p = rf_program_pool_pick(&x->pool, x->srv);
-        if (!p || send_item(x, b, i, p) != RF_OK) return;
+        if (!p || send_item(x, b, i, p) != RF_OK) return RF_OK;
         if (i == b->c.cursor) b->c.cursor++;
     }
+    return RF_OK;
 }
 
-/* A program is gone (disconnected, silent, stuck): its requests return to the pending pool. */
-static void lose(rf_external_reward *x, batch *b, int id, const char *why) {
+static rf_status count_rejection(rf_external_reward *x, batch *b, int i, rf_status code, const char *why);
+
+/* A program is gone (disconnected, silent, stuck): its requests return to the pending pool. One
+ * dropped for its deadline or for silence (timed_out) is a rejection of each request it held: a
+ * sample no program scores fails the batch after max_attempts, naming it. */
+static rf_status lose(rf_external_reward *x, batch *b, int id, const char *why, int timed_out) {
+    rf_status st = RF_OK;
+    for (int k = 0; timed_out && st == RF_OK && k < b->c.n; k++) {
+        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != id) continue;
+        char held[1100];
+        snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
+        st = count_rejection(x, b, k, RF_ERR_IO, held);
+    }
     int first, count = rf_program_calls_release(&b->c, &x->pool, id, &first);
     x->stats.lost++;
     if (first < 0)
@@ -282,6 +313,7 @@ static void lose(rf_external_reward *x, batch *b, int id, const char *why) {
                  count - 1);
     rf_log_warn("reward: %s%s", x->last_lost,
                 count && x->pool.n ? "; re-sending its requests to the other programs" : "");
+    return st;
 }
 
 /* Sums the response's named components per name (check_reply has refused empty or long names
@@ -479,6 +511,18 @@ static rf_status on_response(rf_external_reward *x, batch *b, const rf_msg_event
     return RF_OK;
 }
 
+/* A frame that does not decode: counted against the request it names when it unpacked and
+ * names one the program holds (a string not UTF-8, a wrong wire type), else against every
+ * request the program held. */
+static rf_status on_malformed(rf_external_reward *x, batch *b, const rf_msg_event *ev) {
+    char unused[1024], why[1400];
+    int stale = 0, i = ev->request_id ? match_reply(x, b, ev, ev->request_id, unused, sizeof unused, &stale) : -1;
+    if (i < 0) return reject(x, b, ev->peer, -1, RF_ERR_FORMAT, ev->text);
+    snprintf(why, sizeof why, "%s (its reply to request %" PRIu64 " (sample %" PRId64 " of group %" PRId64 "))",
+             ev->text, ev->request_id, b->items[i].index, b->items[i].group);
+    return reject(x, b, ev->peer, i, RF_ERR_FORMAT, why);
+}
+
 /* An Error from a program: it gives up on the request it names (or on all it holds). */
 static rf_status on_program_error(rf_external_reward *x, batch *b, const rf_msg_event *ev) {
     const Rlflow__Error *e = (const Rlflow__Error *)ev->msg.pb;
@@ -504,8 +548,8 @@ static rf_status on_event(rf_external_reward *x, batch *b, rf_msg_event *ev) {
         if (ev->auth) rf_program_pool_refused(&x->pool, ev);
         else rf_log_warn("reward: %s", ev->text);
         return RF_OK;
-    case RF_MSG_EV_LOST: lose(x, b, ev->peer, ev->text); return RF_OK;
-    case RF_MSG_EV_MALFORMED: return reject(x, b, ev->peer, -1, RF_ERR_FORMAT, ev->text);
+    case RF_MSG_EV_LOST: return lose(x, b, ev->peer, ev->text, ev->silent);
+    case RF_MSG_EV_MALFORMED: return on_malformed(x, b, ev);
     case RF_MSG_EV_MESSAGE:
         if (ev->msg.type == RF_MSG_REWARD_RESPONSE) {
             st = on_response(x, b, ev);
@@ -524,23 +568,29 @@ static rf_status on_event(rf_external_reward *x, batch *b, rf_msg_event *ev) {
 
 /* Programs holding requests without answering any for timeout_s are dropped (they may answer
  * pings from a thread while their scoring is stuck). */
-static void check_progress(rf_external_reward *x, batch *b, double now) {
+static rf_status check_progress(rf_external_reward *x, batch *b, double now) {
     char why[800];
     for (int id; (id = rf_program_pool_stuck(&x->pool, x->srv, x->timeout_s, now, "a reward program", "",
                                              why, sizeof why)) >= 0;)
-        lose(x, b, id, why);
+        RF_TRY(lose(x, b, id, why, 1));
+    return RF_OK;
 }
 
 static rf_status run_batch(rf_external_reward *x, batch *b) {
     double no_prog_since = x->pool.n ? -1 : rf_time_now();
     while (b->c.done < b->c.n) {
         if (x->tick) RF_TRY(x->tick(x->tick_ctx));
-        assign(x, b);
+        RF_TRY(assign(x, b));
         rf_msg_event ev;
         RF_TRY(rf_msg_server_poll(x->srv, fmin(0.25, x->timeout_s), &ev));
         RF_TRY(on_event(x, b, &ev));
         double now = rf_time_now();
-        check_progress(x, b, now);
+        RF_TRY(check_progress(x, b, now));
+        for (int i = b->c.cursor; !x->pool.n && i < b->c.n; i++) /* no program to wait for once stopping */
+            if (b->c.state[i] == RF_CALL_PENDING) {
+                RF_TRY(stopped(x, b, i));
+                break;
+            }
         if (x->pool.n) {
             no_prog_since = -1;
         } else if (no_prog_since < 0) {

@@ -7,7 +7,9 @@
  * Faults: a program that disconnects, stays silent (answers no ping) for timeout_s, or holds
  * requests without answering any of them for timeout_s is dropped and its requests go to another
  * program; when none is left, the bridge waits timeout_s for one to connect (or reconnect), then
- * fails naming the program that was lost and the request it was scoring.
+ * fails naming the program that was lost and the request it was scoring. A drop for silence or
+ * for the deadline also counts against each request the program held, as a rejection (below):
+ * a sample that makes every program hang fails the batch after max_attempts deadlines.
  *
  * A bad reply never stops a run by itself. A reply that does not decode, a NaN or infinite
  * reward (or one that overflows once multiplied by cfg.weight), an `error` reply, per-token
@@ -21,8 +23,10 @@
  * request it holds counts against every request the program held). A sample rejected
  * max_attempts times (RF_EXTERNAL_MAX_ATTEMPTS by default) fails the batch with RF_ERR_FORMAT
  * (RF_ERR_RANGE when the last reason was a non-finite value), naming the request, the sample
- * and every rejection's program and reason. Losses (crash, hang, disconnect) do not count:
- * they are waited out as above.
+ * and every rejection's program and reason (RF_ERR_IO when the last was a deadline). A
+ * disconnect (crash, closed socket) does not count: it is waited out as above. A reply that
+ * does not decode includes one that fails rf_msg_validate (a wrong wire type, a NUL byte in a
+ * string, a string not UTF-8): it counts against the request it names.
  *
  * Every sample is scored exactly once: a late answer from a dropped program is never seen (the
  * message layer answers it with an Error), and a late answer to a batch that failed is ignored.
@@ -99,6 +103,12 @@ typedef struct rf_external_reward_config {
                                        rewards or their sum overflow (are not finite) once
                                        weighted is rejected like a NaN reward. 0: no such check
                                        (nothing overflows at weight 0) */
+    int (*stop)(void);              /* NULL, or non-zero (the signal) once the run was asked to
+                                       stop (rf_interrupt_signal): from then on no sample is sent
+                                       again and no program waited for; answers to the requests in
+                                       flight are still taken (each program's deadline bounds the
+                                       wait), and the first sample that would go again fails the
+                                       batch (RF_ERR_IO, "interrupted (signal 15): ...") */
 } rf_external_reward_config;
 
 /* The default of rf_external_reward_config.max_attempts: a sample that three replies in a row
@@ -138,9 +148,11 @@ rf_status rf_external_reward_wait(rf_external_reward *x, int n, double timeout_s
 
 /* Scores n items into rewards (n), blocking until every one is back or an error. Rejected
  * replies are re-sent (header comment) and do not fail the call by themselves. Errors:
- * RF_ERR_FORMAT / RF_ERR_RANGE when a sample was rejected max_attempts times (the message
- * names the request, the sample and each rejection's program and reason); RF_ERR_IO when no
- * program is left for timeout_s (naming the last one lost and its request). On error the
+ * RF_ERR_FORMAT / RF_ERR_RANGE / RF_ERR_IO when a sample was rejected (or its program dropped
+ * for a deadline or silence) max_attempts times (the message names the request, the sample and
+ * each rejection's program and reason); RF_ERR_IO when no program is left for timeout_s (naming
+ * the last one lost and its request), or once a stop was asked for (cfg.stop) and a sample
+ * would be sent again. On error the
  * contents of rewards are unspecified. n == 0 returns at once. */
 rf_status rf_external_reward_score(rf_external_reward *x, const rf_reward_item *items, int n,
                                    float *rewards);
@@ -190,7 +202,13 @@ const char *rf_external_reward_endpoint(const rf_external_reward *x);
 /* Number of reward programs connected now (as of the last call). */
 int rf_external_reward_programs(const rf_external_reward *x);
 
-/* Sends Shutdown to every connected program and closes the endpoint. NULL is fine. */
+/* Sends Shutdown to every connected program (those whose Hello is waiting included) and closes
+ * the endpoint. NULL is fine. The reason is RF_MSG_SHUTDOWN_DONE unless
+ * rf_external_reward_set_end gave another. */
 void rf_external_reward_close(rf_external_reward *x);
+
+/* The reason the Shutdown at close gives (copied): RF_MSG_SHUTDOWN_DONE,
+ * RF_MSG_SHUTDOWN_INTERRUPTED, or "the run stopped on an error: ..." (common/msg.h). */
+void rf_external_reward_set_end(rf_external_reward *x, const char *reason);
 
 #endif

@@ -25,6 +25,8 @@
  *   compnan   answer the K-th request with a NaN component "len"
  *   longname  answer the K-th request with a component whose name is 64 bytes
  *   huge      answer the K-th request with an info of 64 MiB + 1 bytes (over rlflow's limit)
+ *   mute      keep the K-th request and never answer it (pings still answered)
+ *   badutf8   answer the K-th request with an info that is not UTF-8 ("\xff")
  * --mode A,B,C: the K-th request gets fault A, the next one B, then C; --every 1 repeats the
  * list for every later request. --reconnect 1: after an Error from rlflow (it dropped this
  * program), connect again with a fresh socket, as the client libraries do.
@@ -100,6 +102,7 @@ static rf_status answer(rf_msg_client *c, const opts *o, const Rlflow__RewardReq
         sleep(60);
         _exit(0);
     }
+    if (!strcmp(fault, "mute")) return RF_OK;
     Rlflow__RewardResponse r = RLFLOW__REWARD_RESPONSE__INIT;
     Rlflow__RewardResponse__ComponentsEntry len = RLFLOW__REWARD_RESPONSE__COMPONENTS_ENTRY__INIT;
     Rlflow__RewardResponse__ComponentsEntry *comps[1] = {&len};
@@ -112,7 +115,7 @@ static rf_status answer(rf_msg_client *c, const opts *o, const Rlflow__RewardReq
     len.key = "len", len.value = n;
     r.components = comps, r.n_components = 1;
     snprintf(info, sizeof info, "echo %s n=%zu", o->name, q->n_response_ids);
-    r.info = info;
+    r.info = !strcmp(fault, "badutf8") ? "\xff" : info;
     size_t nt = q->n_response_ids < 256 ? q->n_response_ids : 256;
     for (size_t j = 0; j <= nt; j++)
         tok[j] = (j < nt ? (float)q->response_ids[j] * 0.5f : 0.0f) + 0.25f * (float)j;

@@ -10,6 +10,14 @@
  *  - a request rejected max_attempts times fails the call with the exact error text naming the
  *    request, its episode and sample and every rejection; a reset answered with a reward is
  *    rejected; no program at all fails naming the endpoint;
+ *  - a reply whose observation is not UTF-8 or holds a NUL byte, or whose done is sent as a
+ *    string, is rejected (naming the program, the request and the byte) and the request re-sent;
+ *  - a program that takes requests and never answers them (pings answered) fails the call after
+ *    max_attempts deadlines, naming the request; once a stop is asked for (cfg.stop) a request
+ *    is not sent again and the call fails at the next deadline, while replies in flight are
+ *    still taken;
+ *  - the Shutdown's reason is the one set (the run is complete by default), and a program that
+ *    reconnects just before the end (after being dropped) gets its Shutdown too;
  *  - an endpoint other machines can reach is refused without CURVE or insecure.
  * Skipped (77) without the program (RF_ENV_SCRIPT). Waits bounded (alarm(300)). */
 #define _POSIX_C_SOURCE 200809L
@@ -75,9 +83,13 @@ static pid_t spawn_script(const char *ep, const char *name, const char *const *e
     return rf_test_spawn(argv, log_path);
 }
 
+static int g_signal; /* what the bridges' stop hook reports */
+static int stop_hook(void) { return g_signal; }
+
 static rf_env_bridge *open_bridge(double timeout, int attempts) {
     rf_env_bridge *x = NULL;
-    rf_env_bridge_config c = {.endpoint = "tcp://127.0.0.1:*", .timeout_s = timeout, .max_attempts = attempts};
+    rf_env_bridge_config c = {.endpoint = "tcp://127.0.0.1:*", .timeout_s = timeout, .max_attempts = attempts,
+                              .stop = stop_hook};
     CHECK_OK(rf_env_bridge_listen(&x, &c));
     return x;
 }
@@ -177,8 +189,91 @@ static void fails_after_limit(const char *mode, int is_step, rf_status code, con
     CHECK(strcmp(rf_error_message(), want) == 0);
     if (strcmp(rf_error_message(), want) != 0) fprintf(stderr, "got:  %s\nwant: %s\n", rf_error_message(), want);
     rf_env_bridge_close(x);
+    /* it was dropped and reconnects at once: it gets the Shutdown too and exits 0 */
+    CHECK(rf_test_wait(p, 5) == 0);
     rf_test_kill(p);
-    printf("'%s' every time: fails after 2 rejections, exact text\n", mode);
+    printf("'%s' every time: fails after 2 rejections, exact text; the program reconnected and got Shutdown\n", mode);
+}
+
+/* A program that keeps every request and never answers (pings answered, reconnecting after each
+ * drop): each drop at the deadline counts against the request, and the call fails after
+ * max_attempts (2) deadlines of 1 s, naming the request, instead of re-sending forever. */
+static void mute_fails(void) {
+    rf_env_bridge *x = open_bridge(1, 2);
+    if (!x) return;
+    const char *opts[] = {"--mode", "mute", "--after", "1", "--every", "1", "--reconnect", "1", NULL};
+    pid_t p = spawn_script(rf_env_bridge_endpoint(x), "mute", opts);
+    CHECK_OK(rf_env_bridge_wait(x, 1, 10));
+    calls k;
+    rf_env_reply r[1];
+    make_calls(&k, 0, 1);
+    double t0 = rf_time_now();
+    rf_error_clear();
+    CHECK(rf_env_bridge_call(x, k.c, 1, r) == RF_ERR_IO);
+    double dt = rf_time_now() - t0;
+    const char *e = rf_error_message();
+    CHECK(strstr(e, "env: request 2 (turn 0 of episode 40, sample 0 of group 0) was rejected 2 times, the limit "
+                 "(max_attempts): 1) environment program 'mute' (rank 0, pid ") == e);
+    CHECK(strstr(e, "answered no request for 1.") && strstr(e, " s (env.timeout) (it held request 1); 2) "));
+    CHECK(strstr(e, "(env.timeout) (it held request 2)") != NULL);
+    CHECK(dt > 1.9 && dt < 5);
+    printf("a program that never answers: the call fails after %.1f s: %s\n", dt, e);
+    rf_env_bridge_close(x);
+    rf_test_kill(p);
+}
+
+/* A stop asked for (cfg.stop): replies in flight are taken (a healthy program's call completes),
+ * but a request whose program missed its deadline is not sent again: the call fails at the
+ * first deadline (1 s) though max_attempts (10) would allow 10. */
+static void stop_honoured(void) {
+    rf_env_bridge *x = open_bridge(1, 10);
+    if (!x) return;
+    pid_t good = spawn_script(rf_env_bridge_endpoint(x), "script", NULL);
+    CHECK_OK(rf_env_bridge_wait(x, 1, 10));
+    calls k;
+    rf_env_reply r[N];
+    make_calls(&k, 0, 1);
+    g_signal = 15;
+    CHECK_OK(rf_env_bridge_call(x, k.c, N, r));
+    CHECK(step_exact(&k, r, 0));
+    rf_env_bridge_close(x);
+    CHECK(rf_test_wait(good, 5) == 0);
+    x = open_bridge(1, 10);
+    if (!x) return;
+    const char *opts[] = {"--mode", "mute", "--after", "1", "--every", "1", "--reconnect", "1", NULL};
+    pid_t p = spawn_script(rf_env_bridge_endpoint(x), "mute", opts);
+    CHECK_OK(rf_env_bridge_wait(x, 1, 10));
+    double t0 = rf_time_now();
+    rf_error_clear();
+    CHECK(rf_env_bridge_call(x, k.c, 1, r) == RF_ERR_IO);
+    double dt = rf_time_now() - t0;
+    const char *e = rf_error_message();
+    CHECK(strstr(e, "env: interrupted (signal 15): request 1 (turn 0 of episode 40, sample 0 of group 0) is not sent "
+                 "again; environment program 'mute'") == e);
+    CHECK(dt > 0.9 && dt < 3);
+    printf("stop asked for: a healthy call completes; a stuck one fails after %.1f s: %s\n", dt, e);
+    g_signal = 0;
+    rf_env_bridge_close(x);
+    rf_test_kill(p);
+}
+
+/* The Shutdown reason: "the run is complete" by default, the one set otherwise. */
+static void shutdown_reasons(void) {
+    const char *set[] = {NULL, "the run stopped on an error: boom"};
+    for (int t = 0; t < 2; t++) {
+        rf_env_bridge *x = open_bridge(5, 0);
+        if (!x) return;
+        pid_t p = spawn_script(rf_env_bridge_endpoint(x), t ? "ender_error" : "ender_done", NULL);
+        CHECK_OK(rf_env_bridge_wait(x, 1, 10));
+        if (set[t]) rf_env_bridge_set_end(x, set[t]);
+        rf_env_bridge_close(x);
+        CHECK(rf_test_wait(p, 5) == 0);
+    }
+    char *text = rf_test_slurp(log_path);
+    CHECK(text && strstr(text, "ender_done: shutdown: the run is complete\n"));
+    CHECK(text && strstr(text, "ender_error: shutdown: the run stopped on an error: boom\n"));
+    free(text);
+    printf("Shutdown reasons: the default and the one set reach the program\n");
 }
 
 static void no_program_and_security(void) {
@@ -222,12 +317,24 @@ int main(void) {
     survives("badid", 1, 0);
     survives("error", 1, 0);
     survives("badtype", 1, 0);
+    survives("badutf8", 1, 0);
+    survives("nul", 1, 0);
+    survives("donestr", 1, 0);
     fails_after_limit("nan", 1, RF_ERR_RANGE, "%s answered reward nan for request %d (%s); rewards must be finite");
     fails_after_limit("resetreward", 0, RF_ERR_FORMAT,
                       "%s answered request %d (%s) with a reward; a reset answers an observation only");
     fails_after_limit("error", 1, RF_ERR_FORMAT, "%s could not answer request %d (%s): cannot play this one");
     fails_after_limit("garbage", 1, RF_ERR_FORMAT, "%s sent a malformed message: 5 bytes after tag 20 do not decode "
                       "as rlflow.EnvReply (it held request %d)%.0s");
+    fails_after_limit("badutf8", 1, RF_ERR_FORMAT, "%s sent a malformed message: 13 bytes after tag 20 do not decode "
+                      "as rlflow.EnvReply: field 2 (observation) of rlflow.EnvReply is not valid UTF-8 at byte 2 of "
+                      "its 4 (its reply to request %d (%s))");
+    fails_after_limit("nul", 1, RF_ERR_FORMAT, "%s sent a malformed message: 7 bytes after tag 20 do not decode as "
+                      "rlflow.EnvReply: field 2 (observation) of rlflow.EnvReply holds a NUL byte at byte 1 of its 3 "
+                      "(strings may not hold one) (its reply to request %d (%s))");
+    mute_fails();
+    stop_honoured();
+    shutdown_reasons();
     no_program_and_security();
     char *text = rf_test_slurp(log_path);
     if (rf_test_failed) fprintf(stderr, "programs said:\n%s\n", text);

@@ -217,7 +217,7 @@ static rf_status fake_call(void *ctx, const rf_env_call *c, int n, rf_env_reply 
     return RF_OK;
 }
 
-static rf_env fake(fake_env *f) { return (rf_env){f, fake_call, NULL, NULL}; }
+static rf_env fake(fake_env *f) { return (rf_env){f, fake_call, NULL, NULL, NULL}; }
 
 static rf_reward_item g_ex[2];
 static int32_t g_prompt2[4] = {49, 50, 42, 51};

@@ -17,7 +17,12 @@
  *     for it to come back and the batch succeeds;
  *   - one reconnecting program that spoils every answer: the batch fails after the attempt
  *     limit (3 by default, 4 through the config) with the exact message, which names the
- *     request, the sample and each rejection's program and reason.
+ *     request, the sample and each rejection's program and reason;
+ *   - an info that is not UTF-8 is rejected naming the request and the byte; a program that
+ *     keeps a request and never answers it (pings answered) is dropped at each deadline, which
+ *     counts against the sample: the batch fails after max_attempts instead of re-sending it
+ *     forever; once a stop is asked for (cfg.stop) the sample is not sent again after the first
+ *     deadline.
  * Why the faulty request is item 4: programs with equal load get work in the order they
  * connected, so 'bad' (first, capacity 4) gets items 0, 2, 4, 6 of the first 8 and answers in
  * order; request ids start at 1 for a fresh bridge (item i's first request is i + 1, its k-th
@@ -274,6 +279,45 @@ static void test_limit(void) {
     CHECK(x == NULL);
 }
 
+static int g_signal;
+static int stop_hook(void) { return g_signal; }
+
+static void test_hang_bounded(void) {
+    for (int stop = 0; stop < 2; stop++) {
+        rf_external_reward_config cfg = {.endpoint = "tcp://127.0.0.1:*", .timeout_s = 1,
+                                         .max_attempts = stop ? 10 : 2, .stop = stop_hook};
+        rf_external_reward *x = NULL;
+        CHECK_OK(rf_external_reward_listen_with(&x, &cfg));
+        if (!x) return;
+        const char *opts[] = {"--mode", stop ? "mute" : "badutf8,mute", "--after", "1", "--every", "1",
+                              "--capacity", "1", "--reconnect", "1", NULL};
+        pid_t p = spawn_echo(rf_external_reward_endpoint(x), "hangs", opts);
+        CHECK_OK(rf_external_reward_wait(x, 1, 5));
+        float r[N];
+        g_signal = stop ? 15 : 0;
+        double t0 = rf_time_now();
+        rf_status st = score_captured(x, r);
+        double dt = rf_time_now() - t0;
+        const char *msg = rf_error_message();
+        CHECK(st == RF_ERR_IO && dt < 4);
+        if (!stop) {
+            CHECK(strstr(msg, "request 51 (sample 0 of group 0) was rejected 2 times, the limit (max_attempts): "
+                         "1) reward program 'hangs' (rank 0, pid ") == msg);
+            CHECK(strstr(msg, "do not decode as rlflow.RewardResponse: field 4 (info) of rlflow.RewardResponse "
+                         "is not valid UTF-8 at byte 0 of its 1 (its reply to request 1 (sample 0 of group 0)); 2) ")
+                  != NULL);
+            CHECK(strstr(msg, " answered no request for 1.") && strstr(msg, " s (it held request 51)"));
+        } else {
+            CHECK(strstr(msg, "interrupted (signal 15): the request for sample 0 of group 0 is not sent again; "
+                         "reward program 'hangs'") == msg);
+        }
+        printf("%s: the batch fails after %.2f s: %s\n", stop ? "stop asked for" : "hangs", dt, msg);
+        g_signal = 0;
+        rf_external_reward_close(x);
+        rf_test_kill(p);
+    }
+}
+
 int main(void) {
     alarm(120);
     echo_bin = getenv("RF_REWARD_ECHO");
@@ -289,6 +333,7 @@ int main(void) {
     test_rejected();
     test_comes_back();
     test_limit();
+    test_hang_bounded();
     printf("total %.2f s\n", rf_time_now() - t0);
     unlink(prog_log), unlink(our_log);
     return rf_test_finish("test_external_reward_faults");

@@ -103,7 +103,7 @@ static void test_length_judge(void) {
     rf_external_reward_close(x);
     CHECK(rf_test_wait(pid, 5) == 0);
     char *out = rf_test_slurp(log_path);
-    CHECK(strstr(out, "length_judge: shutdown (rlflow is done) after 52 requests") != NULL);
+    CHECK(strstr(out, "length_judge: shutdown (the run is complete) after 52 requests") != NULL);
     if (rf_test_failed) fprintf(stderr, "length_judge.py said:\n%s\n", out);
     free(out);
 }

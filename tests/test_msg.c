@@ -192,6 +192,108 @@ static void test_bad_frames(void) {
     CHECK(!strcmp(rf_msg_role_name(RLFLOW__ROLE__ROLE_REWARD_PROGRAM), "reward program"));
 }
 
+/* rf_msg_validate on hand-built bytes (EnvReply: 1 request_id uint64, 2 observation string,
+ * 3 reward float, 4 done bool; RewardResponse: 3 components map<string, float>, 6 token_rewards
+ * repeated float): each wire-type mismatch, a NUL in a string, invalid UTF-8 (only from external
+ * programs), unknown fields skipped, truncated input, packed and unpacked repeated scalars, a
+ * map entry's string checked inside. */
+static void expect_invalid(const ProtobufCMessageDescriptor *d, const uint8_t *b, size_t n, int utf8, const char *want) {
+    char why[400];
+    int ok = rf_msg_validate(d, b, n, utf8, why, sizeof why);
+    CHECK(!ok && strstr(why, want));
+    if (ok || !strstr(why, want)) fprintf(stderr, "validate: got \"%s\", want \"%s\"\n", ok ? "(valid)" : why, want);
+}
+
+static void test_validate(void) {
+    const ProtobufCMessageDescriptor *er = &rlflow__env_reply__descriptor, *rr = &rlflow__reward_response__descriptor;
+    /* done (bool) as length-delimited "yes": protobuf-c alone reads it as true */
+    const uint8_t done_str[] = {0x08, 0x01, 0x22, 0x03, 'y', 'e', 's'};
+    ProtobufCMessage *m = protobuf_c_message_unpack(er, NULL, sizeof done_str, done_str);
+    printf("protobuf-c alone %s a bool sent as \"yes\"\n", m ? "accepts" : "refuses");
+    if (m) protobuf_c_message_free_unpacked(m, NULL);
+    expect_invalid(er, done_str, sizeof done_str, 0,
+                   "field 4 (done) of rlflow.EnvReply at byte 2 has wire type 2 (length-delimited), expected 0 (varint)");
+    const uint8_t id_64[] = {0x09, 1, 0, 0, 0, 0, 0, 0, 0};
+    expect_invalid(er, id_64, sizeof id_64, 0, "field 1 (request_id) of rlflow.EnvReply at byte 0 has wire type 1 "
+                   "(64-bit), expected 0 (varint)");
+    const uint8_t reward_varint[] = {0x08, 0x01, 0x18, 0x05};
+    expect_invalid(er, reward_varint, sizeof reward_varint, 0, "field 3 (reward) of rlflow.EnvReply at byte 2 has "
+                   "wire type 0 (varint), expected 5 (32-bit)");
+    const uint8_t obs_varint[] = {0x10, 0x05};
+    expect_invalid(er, obs_varint, sizeof obs_varint, 0, "field 2 (observation) of rlflow.EnvReply at byte 0 has "
+                   "wire type 0 (varint), expected 2 (length-delimited)");
+    const uint8_t obs_32[] = {0x15, 0, 0, 0, 0};
+    expect_invalid(er, obs_32, sizeof obs_32, 0, "expected 2 (length-delimited)");
+    const uint8_t group[] = {0x0b, 0x0c};
+    expect_invalid(er, group, sizeof group, 0, "field 1 at byte 0 of rlflow.EnvReply has wire type group start");
+    const uint8_t zero_key[] = {0x00, 0x01};
+    expect_invalid(er, zero_key, sizeof zero_key, 0, "a bad field key at byte 0");
+    /* a NUL in a string: protobuf-c would cut it there */
+    const uint8_t nul[] = {0x08, 0x01, 0x12, 0x03, 'a', 0x00, 'b'};
+    expect_invalid(er, nul, sizeof nul, 0, "field 2 (observation) of rlflow.EnvReply holds a NUL byte at byte 1 of its 3");
+    /* invalid UTF-8: refused from external programs only (rlflow's own text may be cut mid-character) */
+    const uint8_t bad_utf8[] = {0x08, 0x07, 0x12, 0x02, 'a', 0xff};
+    CHECK(rf_msg_validate(er, bad_utf8, sizeof bad_utf8, 0, NULL, 0));
+    expect_invalid(er, bad_utf8, sizeof bad_utf8, 1, "field 2 (observation) of rlflow.EnvReply is not valid UTF-8 at "
+                   "byte 1 of its 2");
+    const uint8_t overlong[] = {0x12, 0x02, 0xc0, 0x80}, surrogate[] = {0x12, 0x03, 0xed, 0xa0, 0x80},
+                  past_max[] = {0x12, 0x04, 0xf4, 0x90, 0x80, 0x80}, cut[] = {0x12, 0x02, 'x', 0xe2};
+    expect_invalid(er, overlong, sizeof overlong, 1, "not valid UTF-8 at byte 0");
+    expect_invalid(er, surrogate, sizeof surrogate, 1, "not valid UTF-8 at byte 0");
+    expect_invalid(er, past_max, sizeof past_max, 1, "not valid UTF-8 at byte 0");
+    expect_invalid(er, cut, sizeof cut, 1, "not valid UTF-8 at byte 1");
+    const uint8_t good_utf8[] = {0x12, 0x09, 'r', 0xc3, 0xa9, 0xe2, 0x82, 0xac, 0xf0, 0x9f, 0x98};
+    expect_invalid(er, good_utf8, sizeof good_utf8, 1, "not valid UTF-8 at byte 6"); /* 4-byte form cut short */
+    const uint8_t fine_utf8[] = {0x12, 0x0a, 'r', 0xc3, 0xa9, 0xe2, 0x82, 0xac, 0xf0, 0x9f, 0x98, 0x80};
+    CHECK(rf_msg_validate(er, fine_utf8, sizeof fine_utf8, 1, NULL, 0));
+    /* unknown fields of every wire type are skipped; the known ones still decode */
+    const uint8_t unknown[] = {0x08, 0x07, 0xf8, 0x01, 0x05, 0xf1, 0x01, 1, 2, 3, 4, 5, 6, 7, 8,
+                               0x8a, 0x01, 0x02, 'h', 'i', 0xfd, 0x01, 9, 9, 9, 9, 0x12, 0x01, 'o'};
+    CHECK(rf_msg_validate(er, unknown, sizeof unknown, 1, NULL, 0));
+    uint8_t frame[64] = {RF_MSG_ENV_REPLY};
+    memcpy(frame + 1, unknown, sizeof unknown);
+    rf_msg d;
+    CHECK_OK(rf_msg_decode_external(frame, sizeof unknown + 1, &d, NULL));
+    const Rlflow__EnvReply *r = (const Rlflow__EnvReply *)d.pb;
+    CHECK(r && r->request_id == 7 && !strcmp(r->observation, "o"));
+    rf_msg_free(&d);
+    /* truncated: a length past the end, a varint cut, a fixed value cut */
+    const uint8_t trunc_len[] = {0x12, 0x05, 'a'}, trunc_varint[] = {0x08, 0x80}, trunc_fixed[] = {0x1d, 0, 0};
+    expect_invalid(er, trunc_len, sizeof trunc_len, 0, "field 2 at byte 0 of rlflow.EnvReply runs past the end");
+    expect_invalid(er, trunc_varint, sizeof trunc_varint, 0, "runs past the end");
+    expect_invalid(er, trunc_fixed, sizeof trunc_fixed, 0, "runs past the end");
+    /* repeated float: packed (a multiple of 4 bytes) or one record per value */
+    const uint8_t packed[] = {0x32, 0x08, 0, 0, 0x80, 0x3f, 0, 0, 0, 0x40}, unpacked[] = {0x35, 0, 0, 0x80, 0x3f};
+    const uint8_t packed_bad[] = {0x32, 0x03, 0, 0, 0x80}, packed_varint[] = {0x30, 0x01};
+    CHECK(rf_msg_validate(rr, packed, sizeof packed, 1, NULL, 0));
+    CHECK(rf_msg_validate(rr, unpacked, sizeof unpacked, 1, NULL, 0));
+    expect_invalid(rr, packed_bad, sizeof packed_bad, 0, "field 6 (token_rewards) of rlflow.RewardResponse: its packed "
+                   "values at byte 2 do not fill its 3 bytes");
+    expect_invalid(rr, packed_varint, sizeof packed_varint, 0, "field 6 (token_rewards) of rlflow.RewardResponse at "
+                   "byte 0 has wire type 0 (varint), expected 5 (32-bit)");
+    /* a map entry is a message: its key (a string) and value (a float) are checked inside */
+    const uint8_t comp_utf8[] = {0x1a, 0x08, 0x0a, 0x01, 0xff, 0x15, 0, 0, 0x80, 0x3f};
+    const uint8_t comp_type[] = {0x1a, 0x05, 0x0a, 0x01, 'a', 0x10, 0x01};
+    expect_invalid(rr, comp_utf8, sizeof comp_utf8, 1, "field 1 (key) of rlflow.RewardResponse.ComponentsEntry is not "
+                   "valid UTF-8 at byte 0 of its 1");
+    expect_invalid(rr, comp_type, sizeof comp_type, 0, "field 2 (value) of rlflow.RewardResponse.ComponentsEntry at "
+                   "byte 5 has wire type 0 (varint), expected 5 (32-bit)");
+    /* decode: a failing message is refused as one that does not decode, naming its request */
+    uint8_t f2[16] = {RF_MSG_ENV_REPLY};
+    memcpy(f2 + 1, bad_utf8, sizeof bad_utf8);
+    uint64_t rid = 0;
+    CHECK_ERR(rf_msg_decode_external(f2, sizeof bad_utf8 + 1, &d, &rid), RF_ERR_FORMAT,
+              "6 bytes after tag 20 do not decode as rlflow.EnvReply: field 2 (observation) of rlflow.EnvReply is not "
+              "valid UTF-8 at byte 1 of its 2");
+    CHECK(d.pb == NULL && rid == 7);
+    CHECK_OK(rf_msg_decode(f2, sizeof bad_utf8 + 1, &d)); /* rlflow's own peers: UTF-8 not required */
+    rf_msg_free(&d);
+    memcpy(f2 + 1, done_str, sizeof done_str);
+    CHECK_ERR(rf_msg_decode(f2, sizeof done_str + 1, &d), RF_ERR_FORMAT, "7 bytes after tag 20 do not decode as "
+              "rlflow.EnvReply: field 4 (done)");
+    printf("wire checks: wire types, NUL, UTF-8, unknown fields, truncation, packed, map entries\n");
+}
+
 /* ---- connections ------------------------------------------------------------------------- */
 
 /* A client in a thread: connect, then (when stay > 0) answer pings until Shutdown, an error,
@@ -443,6 +545,7 @@ int main(void) {
     test_round_trips();
     test_doc_examples();
     test_bad_frames();
+    test_validate();
     test_version_mismatch();
     test_silent_peer();
     test_silent_server();

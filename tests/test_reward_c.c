@@ -464,7 +464,7 @@ static void test_example(void) {
     rf_external_reward_close(x);
     CHECK(rf_test_wait(pid, 5) == 0);
     char *out = rf_test_slurp(log);
-    CHECK(strstr(out, "cjudge: shutdown (rlflow is done) after 40 requests") != NULL);
+    CHECK(strstr(out, "cjudge: shutdown (the run is complete) after 40 requests") != NULL);
     if (rf_test_failed) fprintf(stderr, "length_judge said:\n%s\n", out);
     free(out);
     char *bad[] = {(char *)bin, "--target", "0", NULL};

@@ -118,7 +118,7 @@ int main(void) {
     check(page, "Heartbeat", RF_MSG_HEARTBEAT, &hb.base);
 
     Rlflow__Shutdown sd = RLFLOW__SHUTDOWN__INIT;
-    sd.reason = "rlflow is done";
+    sd.reason = RF_MSG_SHUTDOWN_DONE;
     check(page, "Shutdown", RF_MSG_SHUTDOWN, &sd.base);
 
     int32_t neg[] = {-5};

@@ -357,7 +357,7 @@ static void run_scored(void) {
     char p[512];
     snprintf(p, sizeof p, "%s/ok/reward_program_0.log", dir);
     char *log = rf_test_slurp(p);
-    CHECK(strstr(log, "started: shutdown (rlflow is done) after 64 requests") != NULL); /* 48 + 2 x 8 */
+    CHECK(strstr(log, "started: shutdown (the run is complete) after 64 requests") != NULL); /* 48 + 2 x 8 */
     free(log);
     CHECK(leftovers() == 0);
     /* --resume appends to the program's log; --overwrite removes it with the run's other files */

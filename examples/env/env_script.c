@@ -16,6 +16,10 @@
  *   ok          answer
  *   die         exit at once without answering
  *   silent      stop reading and answering (sleeps 60 s, then exits)
+ *   mute        keep the request and never answer it (pings still answered)
+ *   badutf8     answer with an observation that is not UTF-8 ("<o\xff>")
+ *   nul         answer with an observation holding a NUL byte ("a\0b", by hand)
+ *   donestr     answer with done sent as the string "yes" (wire type 2, by hand)
  *   garbage     answer with bytes that do not decode as an EnvReply
  *   nan         answer reward NaN
  *   badid       answer with an id nobody sent
@@ -34,7 +38,8 @@
  * Usage: env_program_script [--connect EP] [--name N] [--first TEXT] [--turns T] [--capacity C]
  *                           [--mode M[,M...]] [--after K] [--every 0|1] [--reconnect 0|1]
  *                           [--once FILE]
- * Exit: 0 after Shutdown, 2 bad usage, 3 rlflow silent for 30 s, 4 connection refused. */
+ * Exit: 0 after Shutdown (its reason printed on stderr: "<name>: shutdown: <reason>"), 2 bad
+ * usage, 3 rlflow silent for 30 s, 4 connection refused. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -174,6 +179,19 @@ static rf_status answer(rf_msg_client *c, const opts *o, const rf_msg *m, int k,
         const uint8_t bad[] = {RF_MSG_ENV_REPLY, 0x08, 0x01, 0x12, 0x7f, 'x'};
         return rf_msg_client_send_raw(c, bad, sizeof bad);
     }
+    if (!strcmp(fault, "mute")) return RF_OK;
+    if (!strcmp(fault, "nul") || !strcmp(fault, "donestr")) { /* tag, request_id, then the field */
+        uint8_t bad[32] = {RF_MSG_ENV_REPLY, 0x08};
+        size_t n = 2;
+        for (uint64_t v = now.r.request_id; n < 14; v >>= 7) {
+            bad[n++] = (uint8_t)(v & 0x7f) | (v >= 0x80 ? 0x80 : 0);
+            if (v < 0x80) break;
+        }
+        const uint8_t nul[] = {0x12, 0x03, 'a', 0x00, 'b'}, done[] = {0x22, 0x03, 'y', 'e', 's'};
+        memcpy(bad + n, !strcmp(fault, "nul") ? nul : done, 5);
+        return rf_msg_client_send_raw(c, bad, n + 5);
+    }
+    if (!strcmp(fault, "badutf8")) now.r.observation = "<o\xff>";
     if (!strcmp(fault, "badtype")) {
         Rlflow__Shutdown sd = RLFLOW__SHUTDOWN__INIT;
         sd.reason = "not mine to send";
@@ -231,6 +249,7 @@ int main(int argc, char **argv) {
             continue;
         }
         if (m.type == RF_MSG_SHUTDOWN) {
+            fprintf(stderr, "%s: shutdown: %s\n", o.name, ((Rlflow__Shutdown *)m.pb)->reason);
             rf_msg_free(&m);
             break;
         }
