@@ -1522,7 +1522,11 @@ static void test_attention_rows_invariant(const rf_kernels *K) {
  * precisions, where the back end's products are batch-invariant; within 1e-5 elsewhere. */
 static void test_sampler_logprob(const rf_kernels *K) {
     enum { T = 37, C = 64, V = 1000 };
-    float *h = fnormal((size_t)T * C, 1.0f), *w = fnormal((size_t)V * C, 0.3f);
+    /* the weight in the back end's memory, freed through it: the products keep converted
+     * copies of weights by address until the back end frees them (a malloc'd weight freed
+     * behind its back would leave a stale copy for the next array at that address) */
+    float *hh = fnormal((size_t)T * C, 1.0f), *wh = fnormal((size_t)V * C, 0.3f);
+    float *h = put(K, hh, FB((size_t)T * C)), *w = put(K, wh, FB((size_t)V * C));
     float *z = fnew((size_t)T * V), lp[T];
     int32_t tg[T];
     for (int t = 0; t < T; t++) tg[t] = (int32_t)((t * 389 + 7) % V);
@@ -1547,7 +1551,8 @@ static void test_sampler_logprob(const rf_kernels *K) {
         }
     }
     CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
-    free(h), free(w), free(z);
+    get(K, NULL, h, 0), get(K, NULL, w, 0);
+    free(hh), free(wh), free(z);
 }
 
 /* Batch-invariant products (kernels.h rf_cpu_batch_invariant_exact): where the CPU back end says
@@ -1622,6 +1627,9 @@ static void test_packed_weights(const rf_kernels *K) {
                     rf_cpu_gemm(0, tb, M, N, Kd, 0.5f, a, Kd, w, ldb, (float)beta, c1, N, 1);
                     differ += memcmp(c0, c1, FB((size_t)M * N)) != 0, runs++;
                 }
+            /* as the back end's free does: the next weight malloc returns here must not find
+             * this one's copies (same address, shape and epoch) */
+            rf_cpu_gemm_forget(w, FB((size_t)N * Kd));
             free(a), free(w), free(c0), free(c1);
         }
     }
