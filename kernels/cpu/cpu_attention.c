@@ -20,9 +20,9 @@
  * registers on AVX-512) so that a tile of RT = 8 rows x KT = 32 keys keeps its scores in
  * registers across d (each row's max taken as they are stored), and runs P V in tiles of PR = 4
  * rows x up to PW = 64 columns over the value rows read in place. Keys past a row's last, and
- * padding, never enter its sums. (The same arithmetic is not the same bits across machines:
- * the exponential's polynomial and the log-sum-exp's vector reduction follow the compiler's
- * instruction set; on one build and machine every row agrees.)
+ * padding, never enter its sums. (Across builds the bits can differ: the exponential's
+ * polynomial is contracted to fused multiply-adds where the target has them; within one build
+ * every row agrees.)
  * Backward: per (sequence, KV head) task, for each head of the group and each block of
  * RF_ATT_QB query rows i0..i1-1 (which see keys 0..i1-1 only), the five products S = QK^T,
  * dP = dO V^T, dQ = dS K, dK += dS^T Q, dV += P^T dO on (block, i1) scratch, the
