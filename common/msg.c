@@ -659,15 +659,20 @@ rf_status rf_msg_server_send(rf_msg_server *s, int peer, rf_msg_type type,
     return RF_OK;
 }
 
-void rf_msg_server_drop(rf_msg_server *s, int peer, int code, const char *message,
-                        uint64_t request_id) {
-    srv_peer *p = find_peer(s, peer);
-    if (!p) return;
+/* Sends peer p an Error saying why (a peer whose connection is gone cannot be reached; the
+ * attempt costs nothing) and forgets it; it may reconnect. */
+static void drop_peer(rf_msg_server *s, srv_peer *p, int code, const char *message, uint64_t request_id) {
     Rlflow__Error e = RLFLOW__ERROR__INIT;
     e.code = code, e.message = (char *)(message ? message : ""), e.request_id = request_id;
     send_frames(s->sock, p->ident, p->ident_len, RF_MSG_ERROR, &e.base, ZMQ_DONTWAIT);
     remove_peer(s, p);
     s->last_drop = rf_time_now();
+}
+
+void rf_msg_server_drop(rf_msg_server *s, int peer, int code, const char *message,
+                        uint64_t request_id) {
+    srv_peer *p = find_peer(s, peer);
+    if (p) drop_peer(s, p, code, message, request_id);
 }
 
 /* Pings every peer; a ping that cannot be routed marks the peer lost (disconnected). A full
@@ -702,13 +707,7 @@ static int report_lost(rf_msg_server *s, double now, rf_msg_event *ev) {
         ev->kind = RF_MSG_EV_LOST, ev->peer = p->id, ev->info = p->info, ev->silent = !p->lost;
         if (p->lost) snprintf(ev->text, sizeof ev->text, "%s", p->lost_text);
         else snprintf(ev->text, sizeof ev->text, "%s sent nothing for %.1f s", p->info.desc, silent);
-        /* A silent peer's connection may still be open: tell it why, as rf_msg_server_drop
-         * does (a peer whose send failed cannot be reached; the attempt costs nothing). */
-        Rlflow__Error e = RLFLOW__ERROR__INIT;
-        e.code = RF_ERR_IO, e.message = ev->text;
-        send_frames(s->sock, p->ident, p->ident_len, RF_MSG_ERROR, &e.base, ZMQ_DONTWAIT);
-        remove_peer(s, p);
-        s->last_drop = now;
+        drop_peer(s, p, RF_ERR_IO, ev->text, 0); /* a silent peer's connection may still be open */
         s->next_check = 0; /* there may be more */
         return 1;
     }

@@ -237,17 +237,23 @@ static rf_status assign(rf_env_bridge *x, batch *b) {
 
 static rf_status count_rejection(rf_env_bridge *x, batch *b, int i, rf_status code, const char *why);
 
+/* Counts why against every request program id holds (each named in its reason). */
+static rf_status reject_held(rf_env_bridge *x, batch *b, int id, rf_status code, const char *why) {
+    rf_status st = RF_OK;
+    for (int k = 0; st == RF_OK && k < b->c.n; k++) {
+        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != id) continue;
+        char held[1100];
+        snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
+        st = count_rejection(x, b, k, code, held);
+    }
+    return st;
+}
+
 /* A program is gone: its requests return to the pending pool. One dropped for its deadline or
  * for silence (timed_out) is a rejection of each request it held: a request that no program
  * answers fails the call after max_attempts, naming it. */
 static rf_status lose(rf_env_bridge *x, batch *b, int id, const char *why, int timed_out) {
-    rf_status st = RF_OK;
-    for (int k = 0; timed_out && st == RF_OK && k < b->c.n; k++) {
-        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != id) continue;
-        char held[1100];
-        snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
-        st = count_rejection(x, b, k, RF_ERR_IO, held);
-    }
+    rf_status st = timed_out ? reject_held(x, b, id, RF_ERR_IO, why) : RF_OK;
     int first, count = rf_program_calls_release(&b->c, &x->pool, id, &first);
     x->stats.lost++;
     char req[200] = "";
@@ -276,13 +282,7 @@ static rf_status reject(rf_env_bridge *x, batch *b, int peer, int i, rf_status c
     rf_log_warn("env: rejected a reply: %s", why);
     x->stats.rejected++;
     rf_msg_server_drop(x->srv, peer, code, why, i >= 0 ? req_id(b, i) : 0);
-    rf_status st = i >= 0 ? count_rejection(x, b, i, code, why) : RF_OK;
-    for (int k = 0; i < 0 && st == RF_OK && k < b->c.n; k++) {
-        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != peer) continue;
-        char held[1100];
-        snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
-        st = count_rejection(x, b, k, code, held);
-    }
+    rf_status st = i >= 0 ? count_rejection(x, b, i, code, why) : reject_held(x, b, peer, code, why);
     snprintf(x->last_lost, sizeof x->last_lost, "%s", why);
     int first;
     rf_program_calls_release(&b->c, &x->pool, peer, &first);

@@ -54,13 +54,13 @@ double rf_logits_lse(const float *z, int V, float inv_temp, float *max_out, doub
 }
 
 int32_t rf_draw_whole(const float *z, int V, float inv_temp, int greedy, double u, float *logp) {
-    float m;
-    double sum, lse = rf_logits_lse(z, V, inv_temp, &m, &sum);
     int32_t pick = 0;
     if (greedy) {
         for (int j = 1; j < V; j++)
             if (z[j] > z[pick]) pick = j;
     } else { /* the row's total (1 but for rounding) from the sum */
+        float m;
+        double sum, lse = rf_logits_lse(z, V, inv_temp, &m, &sum);
         double total = sum * exp((double)m * inv_temp - lse), cum = 0, target = u * total;
         pick = -1;
         for (int j = 0; j < V && pick < 0; j++) {

@@ -33,7 +33,7 @@ struct rf_external_reward {
         int n;
     } comps[RF_EXTERNAL_MAX_COMPONENTS];
     int n_comps;
-    int comps_full;       /* names of the last batch left out (past the table) */
+    int comps_full;       /* a batch's names were left out (past the table): warned once */
     int max_attempts;     /* rejected replies per sample before the batch fails */
     int ok;               /* the last batch succeeded: info and token rewards are valid */
     float *tok;           /* per-token rewards of the last batch, item i's at tok + tok_off[i] */
@@ -194,7 +194,7 @@ static void free_last(rf_external_reward *x) {
     for (int i = 0; i < x->n_info; i++) free(x->info[i]);
     free(x->info), free(x->tok), free(x->tok_off), free(x->tok_n);
     x->info = NULL, x->tok = NULL, x->tok_off = NULL, x->tok_n = NULL;
-    x->n_info = 0, x->ok = 0, x->n_comps = 0, x->comps_full = 0;
+    x->n_info = 0, x->ok = 0, x->n_comps = 0;
     x->stats = (rf_external_reward_stats){0};
     x->last_reject[0] = '\0';
 }
@@ -289,17 +289,23 @@ static rf_status assign(rf_external_reward *x, batch *b) {
 
 static rf_status count_rejection(rf_external_reward *x, batch *b, int i, rf_status code, const char *why);
 
+/* Counts why against every request program id holds (each named in its reason). */
+static rf_status reject_held(rf_external_reward *x, batch *b, int id, rf_status code, const char *why) {
+    rf_status st = RF_OK;
+    for (int k = 0; st == RF_OK && k < b->c.n; k++) {
+        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != id) continue;
+        char held[1100];
+        snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
+        st = count_rejection(x, b, k, code, held);
+    }
+    return st;
+}
+
 /* A program is gone (disconnected, silent, stuck): its requests return to the pending pool. One
  * dropped for its deadline or for silence (timed_out) is a rejection of each request it held: a
  * sample no program scores fails the batch after max_attempts, naming it. */
 static rf_status lose(rf_external_reward *x, batch *b, int id, const char *why, int timed_out) {
-    rf_status st = RF_OK;
-    for (int k = 0; timed_out && st == RF_OK && k < b->c.n; k++) {
-        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != id) continue;
-        char held[1100];
-        snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
-        st = count_rejection(x, b, k, RF_ERR_IO, held);
-    }
+    rf_status st = timed_out ? reject_held(x, b, id, RF_ERR_IO, why) : RF_OK;
     int first, count = rf_program_calls_release(&b->c, &x->pool, id, &first);
     x->stats.lost++;
     if (first < 0)
@@ -318,7 +324,7 @@ static rf_status lose(rf_external_reward *x, batch *b, int id, const char *why, 
 
 /* Sums the response's named components per name (check_reply has refused empty or long names
  * and non-finite values). A batch's names past RF_EXTERNAL_MAX_COMPONENTS are left out of the
- * metrics, with one warning per batch. */
+ * metrics, with one warning in the bridge's life. */
 static void add_components(rf_external_reward *x, const Rlflow__RewardResponse *r) {
     for (size_t k = 0; k < r->n_components; k++) {
         const char *name = r->components[k]->key ? r->components[k]->key : "";
@@ -329,7 +335,7 @@ static void add_components(rf_external_reward *x, const Rlflow__RewardResponse *
             if (j == RF_EXTERNAL_MAX_COMPONENTS) {
                 if (!x->comps_full++)
                     rf_log_warn("reward: the programs sent more than %d component names in one "
-                                "batch: '%s' and any later new name are left out of the metrics",
+                                "batch: '%s' and any later new name of a batch are left out of the metrics",
                                 RF_EXTERNAL_MAX_COMPONENTS, name);
                 continue;
             }
@@ -376,13 +382,7 @@ static rf_status reject(rf_external_reward *x, batch *b, int peer, int i, rf_sta
     snprintf(x->last_reject, sizeof x->last_reject, "%s", why);
     x->stats.rejected++;
     rf_msg_server_drop(x->srv, peer, code, why, i >= 0 ? req_id(b, i) : 0);
-    rf_status st = i >= 0 ? count_rejection(x, b, i, code, why) : RF_OK;
-    for (int k = 0; i < 0 && st == RF_OK && k < b->c.n; k++) {
-        if (b->c.state[k] != RF_CALL_IN_FLIGHT || b->c.owner[k] != peer) continue;
-        char held[1100];
-        snprintf(held, sizeof held, "%s (it held request %" PRIu64 ")", why, req_id(b, k));
-        st = count_rejection(x, b, k, code, held);
-    }
+    rf_status st = i >= 0 ? count_rejection(x, b, i, code, why) : reject_held(x, b, peer, code, why);
     snprintf(x->last_lost, sizeof x->last_lost, "%s", why);
     int first, count = rf_program_calls_release(&b->c, &x->pool, peer, &first);
     if (count)

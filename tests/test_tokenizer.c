@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -459,37 +460,28 @@ static void test_config_dir(void) {
         CHECK(!rf_tokenizer_has_chat_template(t));
         rf_tokenizer_free(t);
     }
-    /* transformers 5 keeps the template in chat_template.jinja, not in tokenizer_config.json */
-    char tmp[] = "/tmp/rf_tok_jinja_XXXXXX", p[64], q[4200], *text = NULL;
+    /* transformers 5 keeps the template in chat_template.jinja, not in tokenizer_config.json:
+     * a directory with it has a template, with tokenizer_config.json or without */
+    char dir[300], path[400], *text = NULL;
     size_t len = 0;
-    if (!mkdtemp(tmp)) return;
-    static const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(p, sizeof p, "qwen2_dir/%s", files[i]);
-        snprintf(q, sizeof q, "%s/%s", tmp, files[i]);
-        CHECK_OK(rf_read_file(data_path(p), &text, &len));
-        CHECK_OK(rf_write_file_atomic(q, text, len));
-        free(text);
+    snprintf(dir, sizeof dir, "%s/jinja", g_tmp);
+    CHECK(mkdir(dir, 0700) == 0);
+    static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "qwen2_dir/%s", files[i]);
+        if (i < 2) CHECK_OK(rf_read_file(data_path(path), &text, &len));
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        CHECK_OK(rf_write_file_atomic(path, i < 2 ? text : "{{ messages }}", i < 2 ? len : 14));
+        if (i < 2) free(text);
     }
-    snprintf(q, sizeof q, "%s/chat_template.jinja", tmp);
-    CHECK_OK(rf_write_file_atomic(q, "{{ messages }}", 14));
-    t = NULL;
-    CHECK_OK(rf_tokenizer_load_dir(&t, tmp));
-    CHECK(t && rf_tokenizer_has_chat_template(t));
-    rf_tokenizer_free(t);
-    unlink(q);
-    snprintf(q, sizeof q, "%s/tokenizer_config.json", tmp);
-    unlink(q);
-    t = NULL;
-    snprintf(q, sizeof q, "%s/chat_template.jinja", tmp);
-    CHECK_OK(rf_write_file_atomic(q, "{{ messages }}", 14)); /* without tokenizer_config.json too */
-    CHECK_OK(rf_tokenizer_load_dir(&t, tmp));
-    CHECK(t && rf_tokenizer_has_chat_template(t));
-    rf_tokenizer_free(t);
-    unlink(q);
-    snprintf(q, sizeof q, "%s/tokenizer.json", tmp);
-    unlink(q);
-    rmdir(tmp);
+    for (int without_config = 0; without_config < 2; without_config++) {
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        if (without_config) CHECK(unlink(path) == 0);
+        t = NULL;
+        CHECK_OK(rf_tokenizer_load_dir(&t, dir));
+        CHECK(t && rf_tokenizer_has_chat_template(t));
+        rf_tokenizer_free(t);
+    }
 }
 
 /* Expected strings are what transformers' apply_chat_template renders with plain ChatML and
