@@ -122,26 +122,6 @@ static const char *wire_name(int w) {
     return names[w & 7];
 }
 
-/* The offset of the first byte of s (n) that is not valid UTF-8 (RFC 3629: no overlong forms,
- * no surrogates, nothing past U+10FFFF), or n when it all is. */
-static size_t utf8_bad_at(const uint8_t *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
-        if (!len || i + len > n || (len == 2 && c < 0xc2)) return i;
-        uint32_t cp = len == 1 ? c : c & (0x7f >> len);
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return i;
-            cp = cp << 6 | (s[i + k] & 0x3f);
-        }
-        if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-            return i;
-        i += len;
-    }
-    return n;
-}
-
 /* A packed run of field f's scalars (n bytes at p): whole varints, or a multiple of the width. */
 static int packed_ok(const ProtobufCFieldDescriptor *f, const uint8_t *p, size_t n) {
     int w = wire_type_of(f->type);
@@ -161,7 +141,7 @@ static int validate_len(const ProtobufCMessageDescriptor *d, const ProtobufCFiel
                         size_t n, size_t at, int utf8, int depth, char *why, size_t cap) {
     if (f->type == PROTOBUF_C_TYPE_STRING) {
         const uint8_t *nul = memchr(p, 0, n);
-        size_t bad = utf8 ? utf8_bad_at(p, n) : n;
+        size_t bad = utf8 ? rf_utf8_invalid_at(p, n) : n;
         if (nul && (size_t)(nul - p) <= bad) {
             snprintf(why, cap, "field %u (%s) of %s holds a NUL byte at byte %zu of its %zu (strings may not "
                      "hold one)", f->id, f->name, d->name, (size_t)(nul - p), n);

@@ -178,3 +178,22 @@ char *rf_json_quote(const char *s, size_t n) {
     *p = '\0';
     return o;
 }
+
+size_t rf_utf8_invalid_at(const void *p, size_t n) {
+    const uint8_t *s = p;
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+        if (!len || i + len > n || (len == 2 && c < 0xc2)) return i;
+        uint32_t cp = len == 1 ? c : c & (0x7f >> len);
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return i;
+            cp = cp << 6 | (s[i + k] & 0x3f);
+        }
+        if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+            return i;
+        i += len;
+    }
+    return n;
+}

@@ -52,6 +52,11 @@ char *rf_strdup(const char *s);
  * so text with NULs inside (a decoded U+0000) is searched whole. */
 const char *rf_memfind(const char *hay, size_t n, const char *needle, size_t m);
 
+/* The offset of the first byte of s[0..n) that does not begin a well-formed UTF-8 character
+ * (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF), or n when all of it is
+ * UTF-8. NUL bytes are well-formed (callers that refuse them check separately). */
+size_t rf_utf8_invalid_at(const void *s, size_t n);
+
 /* s[0..n) as a JSON string literal, quotes included: '"', '\\' and every control character
  * escaped (NUL as \u0000), other bytes copied. Malloc'd, NUL-terminated; NULL when out of
  * memory. */

@@ -112,6 +112,38 @@ static void example_clear(rf_example *e) {
     memset(e, 0, sizeof *e);
 }
 
+/* JSON text is UTF-8 (RFC 8259, section 8.1), and a line's strings go on to programs that
+ * decode them as such (protobuf string fields: reward and environment programs refuse them
+ * later, far from the line): every key and string of it must be UTF-8. `at` (len bytes of cap)
+ * names v: "" for the line, then "prompt", "messages"[1]["content"]; restored on return. */
+static rf_status check_utf8(const load_ctx *c, const cJSON *v, char *at, size_t len, size_t cap) {
+    if (cJSON_IsString(v)) {
+        size_t n = strlen(v->valuestring), bad = rf_utf8_invalid_at(v->valuestring, n);
+        if (bad < n)
+            return rf_error(RF_ERR_FORMAT, "%s:%d: %s is not valid UTF-8 at byte %zu of its %zu", c->path, c->line,
+                            at, bad, n);
+        return RF_OK;
+    }
+    if (!cJSON_IsArray(v) && !cJSON_IsObject(v)) return RF_OK;
+    int i = 0;
+    for (const cJSON *it = v->child; it; it = it->next, i++) {
+        if (cJSON_IsObject(v)) {
+            size_t n = strlen(it->string), bad = rf_utf8_invalid_at(it->string, n);
+            if (bad < n)
+                return rf_error(RF_ERR_FORMAT, "%s:%d: a field name%s%s is not valid UTF-8 at byte %zu of its %zu",
+                                c->path, c->line, len ? " in " : "", at, bad, n);
+            if (len) snprintf(at + len, cap - len, "[\"%s\"]", it->string);
+            else snprintf(at, cap, "\"%s\"", it->string);
+        } else {
+            snprintf(at + len, cap - len, "[%d]", i);
+        }
+        rf_status s = check_utf8(c, it, at, strlen(at), cap);
+        at[len] = '\0';
+        RF_TRY(s);
+    }
+    return RF_OK;
+}
+
 /* Parses one non-blank line into e (which owns everything it points to, also on error). */
 static rf_status parse_line(const load_ctx *c, const char *text, rf_example *e) {
     memset(e, 0, sizeof *e);
@@ -120,6 +152,8 @@ static rf_status parse_line(const load_ctx *c, const char *text, rf_example *e) 
     if (!obj) return rf_error(RF_ERR_FORMAT, "%s:%d: invalid JSON", c->path, c->line);
     e->extra = obj;
     if (!cJSON_IsObject(obj)) return rf_error(RF_ERR_FORMAT, "%s:%d: not a JSON object", c->path, c->line);
+    char at[256] = "";
+    RF_TRY(check_utf8(c, obj, at, 0, sizeof at));
     const char *key = c->prompt_key;
     cJSON *p = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!p) p = cJSON_GetObjectItemCaseSensitive(obj, key = "messages");

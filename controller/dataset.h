@@ -63,11 +63,13 @@ typedef struct rf_dataset rf_dataset;
  * with add_special = 0: a rendered template already carries its special tokens). The caller
  * owns *out (rf_dataset_free). `tok` is only used during the call.
  * Errors (messages name "path:line" and the field): RF_ERR_IO (unreadable file),
- * RF_ERR_FORMAT (invalid JSON, not an object, missing or mistyped prompt/answer/response, a
- * file with no examples, need_answer and no example with the answer key: "PATH: no example has
- * the field "answer" (data.answer_key) that the reward rules compare with; line 1 has "prompt",
- * "solution""), RF_ERR_ARG (chat messages without a template, unknown template,
- * max_prompt_tokens without a tokenizer), RF_ERR_RANGE (every prompt too long). */
+ * RF_ERR_FORMAT (invalid JSON, not an object, a key or string anywhere in the line that is
+ * not UTF-8 (RFC 8259): "PATH:3: "meta"["src"] is not valid UTF-8 at byte 4 of its 9", missing
+ * or mistyped prompt/answer/response, a file with no examples, need_answer and no example with
+ * the answer key: "PATH: no example has the field "answer" (data.answer_key) that the reward
+ * rules compare with; line 1 has "prompt", "solution""), RF_ERR_ARG (chat messages without a
+ * template, unknown template, max_prompt_tokens without a tokenizer), RF_ERR_RANGE (every
+ * prompt too long). */
 rf_status rf_dataset_load(rf_dataset **out, const char *path, const rf_dataset_opts *o,
                           const rf_tokenizer *tok);
 

@@ -37,8 +37,8 @@ static void turn_free(rf_ep_turn *t) {
 void rf_ep_free(rf_ep *e) {
     if (!e) return;
     for (int k = 0; k < e->cap_turns; k++) turn_free(&e->turns[k]);
-    free(e->turns), free(e->first_obs);
-    e->turns = NULL, e->first_obs = NULL, e->n_turns = e->cap_turns = 0;
+    free(e->turns), free(e->first_obs), free(e->first_from);
+    e->turns = NULL, e->first_obs = e->first_from = NULL, e->n_turns = e->cap_turns = 0;
 }
 
 /* The pending turn's record (room for it made). */
@@ -91,9 +91,11 @@ rf_status rf_ep_reset(rf_env *env, rf_ep *ep, int n_ep) {
     rf_status st = c && r ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory");
     for (int k = 0; st == RF_OK && k < n_ep; k++) c[k] = (rf_env_call){.is_step = 0, .episode = ep[k].id, .ex = &ep[k].ex};
     if (st == RF_OK) st = env->call(env->ctx, c, n_ep, r);
-    for (int k = 0; st == RF_OK && k < n_ep; k++)
-        if (!(ep[k].first_obs = rf_strdup(r[k].observation ? r[k].observation : "")))
-            st = rf_error(RF_ERR_NOMEM, "out of memory");
+    for (int k = 0; st == RF_OK && k < n_ep; k++) {
+        ep[k].first_obs = rf_strdup(r[k].observation ? r[k].observation : "");
+        ep[k].first_from = rf_strdup(r[k].from ? r[k].from : "the environment");
+        if (!ep[k].first_obs || !ep[k].first_from) st = rf_error(RF_ERR_NOMEM, "out of memory");
+    }
     free(c), free(r);
     return st;
 }
@@ -103,6 +105,15 @@ rf_status rf_ep_encode(const rf_tokenizer *tok, const char *text, int32_t **ids,
     if (!*text) return RF_OK;
     if (!tok) return rf_error(RF_ERR_ARG, "episodes: an environment answered text, and there is no tokenizer");
     return rf_tokenizer_encode(tok, text, strlen(text), 0, ids, n);
+}
+
+rf_status rf_ep_check_room(const rf_ep *e, int n_obs, int max_total_tokens, int positions) {
+    int n_prompt = e->ex.n_prompt_ids;
+    if (positions <= 0 || (int64_t)n_prompt + n_obs + max_total_tokens <= positions) return RF_OK;
+    return rf_error(RF_ERR_RANGE, "episodes: the first observation of episode %llu (sample %lld of group %lld) from %s: "
+                    "the prompt (%d tokens) + the observation (%d tokens) + env.max_total_tokens (%d) exceed the "
+                    "model's %d positions", (unsigned long long)e->id, (long long)e->ex.index, (long long)e->ex.group,
+                    e->first_from ? e->first_from : "the environment", n_prompt, n_obs, max_total_tokens, positions);
 }
 
 /* The step call of e's pending turn; hist (n_turns) is filled from its answered turns. */
@@ -220,8 +231,9 @@ static rf_status submit_group(rf_rollout *eng, const rf_episode_opts *o, const r
         int32_t *obs, *prompt = NULL;
         int n_obs;
         RF_TRY(rf_ep_encode(o->tok, ep[g * n + i].first_obs, &obs, &n_obs));
-        prompt = malloc(sizeof(int32_t) * (size_t)(ex->n_prompt_ids + n_obs + 1));
-        if (!prompt) st = rf_error(RF_ERR_NOMEM, "out of memory");
+        st = rf_ep_check_room(&ep[g * n + i], n_obs, o->max_total_tokens, rf_rollout_max_positions(eng));
+        if (st == RF_OK && !(prompt = malloc(sizeof(int32_t) * (size_t)(ex->n_prompt_ids + n_obs + 1))))
+            st = rf_error(RF_ERR_NOMEM, "out of memory");
         if (st == RF_OK) {
             memcpy(prompt, ex->prompt_ids, sizeof(int32_t) * (size_t)ex->n_prompt_ids);
             if (n_obs) memcpy(prompt + ex->n_prompt_ids, obs, sizeof(int32_t) * (size_t)n_obs);

@@ -70,6 +70,7 @@ typedef struct rf_ep {
     rf_reward_item ex;  /* the group's fields, index set to the sample's (pointers borrowed) */
     uint64_t id;        /* episode id */
     char *first_obs;    /* the reset's answer */
+    char *first_from;   /* who answered it (rf_env_reply.from), for messages */
     rf_ep_turn *turns;  /* (n_turns) answered turns, then the pending one at n_turns */
     int n_turns, cap_turns;
     int pending;        /* a turn waits for the environment */
@@ -96,6 +97,15 @@ rf_status rf_ep_reset(rf_env *env, rf_ep *ep, int n);
 
 /* The first observation's ids (*ids owned, NULL when empty). RF_ERR_ARG: text and no tokenizer. */
 rf_status rf_ep_encode(const rf_tokenizer *tok, const char *text, int32_t **ids, int *n);
+
+/* Checks that e's prompt and first observation (n_obs tokens) leave room for max_total_tokens
+ * within the model's `positions` (0: not known, nothing checked). RF_ERR_RANGE otherwise, a
+ * failure of the run rather than a rejection (the same prompt gets the same answer from any
+ * program), naming who answered the reset, the episode and every count: "episodes: the first
+ * observation of episode 40 (sample 0 of group 0) from environment program 'x' (rank 0, pid 7)
+ * on tcp://...: the prompt (100 tokens) + the observation (2008 tokens) + env.max_total_tokens
+ * (32) exceed the model's 2048 positions". */
+rf_status rf_ep_check_room(const rf_ep *e, int n_obs, int max_total_tokens, int positions);
 
 /* Records e's turn that ended: ids (n_ids) and text (len bytes) copied, finish its reason, used
  * the episode's tokens after the prompt so far (the turn's last at used - 1). RF_ERR_ARG when a

@@ -35,6 +35,7 @@ typedef struct eps_stats {
 struct rf_split_eps {
     rf_run *run;
     rf_episode_opts o;
+    int positions;          /* the model's position limit; 0: not known (the rollout worker checks) */
     eps_group *bucket[N_BUCKET];
     eps_stats *stats;       /* (n_stats) training groups whose episodes ended, not yet in a batch */
     int n_stats, cap_stats;
@@ -66,6 +67,10 @@ rf_status rf_split_eps_open(rf_split_eps **out, rf_run *run) {
     return RF_OK;
 }
 
+void rf_split_eps_set_positions(rf_split_eps *x, int positions) {
+    if (x) x->positions = positions;
+}
+
 void rf_split_eps_close(rf_split_eps *x) {
     if (!x) return;
     for (int b = 0; b < N_BUCKET; b++)
@@ -89,7 +94,8 @@ void rf_split_eps_forget(rf_split_eps *x, uint64_t req) {
 }
 
 /* The group's first observations as ids: q->first_observations stays empty when every one is
- * empty (a plain prompt). */
+ * empty (a plain prompt). One that leaves no room for the episode fails here, where who
+ * answered it is known, rather than in the rollout worker's engine. */
 static rf_status first_observations(rf_split_eps *x, eps_group *g, Rlflow__GenerateRequest *q) {
     int any = 0;
     for (int i = 0; i < g->n; i++) {
@@ -98,6 +104,7 @@ static rf_status first_observations(rf_split_eps *x, eps_group *g, Rlflow__Gener
         rlflow__int_seq__init(&g->obs[i]);
         RF_TRY(rf_ep_encode(x->o.tok, g->ep[i].first_obs, &ids, &n));
         g->obs[i].v = ids, g->obs[i].n_v = (size_t)n, g->obs_p[i] = &g->obs[i];
+        RF_TRY(rf_ep_check_room(&g->ep[i], n, x->o.max_total_tokens, x->positions));
         any |= n > 0;
     }
     q->episode = 1;

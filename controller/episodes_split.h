@@ -33,9 +33,18 @@ typedef struct rf_split_eps rf_split_eps;
 rf_status rf_split_eps_open(rf_split_eps **x, rf_run *run);
 void rf_split_eps_close(rf_split_eps *x);
 
+/* The model's position limit (rf_config_max_seq of model.path's config.json): a first
+ * observation that leaves no room for env.max_total_tokens within it fails
+ * rf_split_eps_begin with rf_ep_check_room's error, naming who answered the reset and the
+ * episode. 0 (the default): not checked here (the rollout worker's engine still refuses it,
+ * naming neither). x may be NULL. */
+void rf_split_eps_set_positions(rf_split_eps *x, int positions);
+
 /* A GenerateRequest q for n samples of ex becomes episodes: resets them (numbered as the
  * one-process loop numbers its episodes) and sets q->episode and q->first_observations (owned
- * by x until rf_split_eps_forget of q->request_id). group: the admission id (-1 validation). */
+ * by x until rf_split_eps_forget of q->request_id). group: the admission id (-1 validation).
+ * Errors: the environment's, the tokenizer's, RF_ERR_RANGE for a first observation too long
+ * (rf_split_eps_set_positions). */
 rf_status rf_split_eps_begin(rf_split_eps *x, Rlflow__GenerateRequest *q, const rf_example *ex, int n, int64_t group);
 
 /* EnvTurns m from worker `who` (a description for errors): the environment answers every turn

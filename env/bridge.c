@@ -23,7 +23,7 @@ struct rf_env_bridge {
     rf_program_pool pool; /* the connected programs, the failed calls' ids */
     uint64_t next_id;
     char last_lost[1024];
-    char **obs, **info;   /* (n_out) the last call's reply strings */
+    char **obs, **info, **from; /* (n_out) the last call's reply strings, who answered each */
     rf_status (*tick)(void *ctx);
     void *tick_ctx;
     int (*stop)(void);    /* rf_env_bridge_config.stop */
@@ -112,9 +112,9 @@ rf_env_stats rf_env_bridge_take_stats(rf_env_bridge *x) {
 }
 
 static void free_out(rf_env_bridge *x) {
-    for (int i = 0; i < x->n_out; i++) free(x->obs[i]), free(x->info[i]);
-    free(x->obs), free(x->info);
-    x->obs = x->info = NULL, x->n_out = 0;
+    for (int i = 0; i < x->n_out; i++) free(x->obs[i]), free(x->info[i]), free(x->from[i]);
+    free(x->obs), free(x->info), free(x->from);
+    x->obs = x->info = x->from = NULL, x->n_out = 0;
 }
 
 void rf_env_bridge_close(rf_env_bridge *x) {
@@ -334,12 +334,14 @@ static rf_status check_reply(const batch *b, int i, const Rlflow__EnvReply *r, c
     return RF_OK;
 }
 
-static rf_status accept_reply(rf_env_bridge *x, batch *b, int i, const Rlflow__EnvReply *r, rf_program *p) {
-    free(x->obs[i]), free(x->info[i]);
+static rf_status accept_reply(rf_env_bridge *x, batch *b, int i, const Rlflow__EnvReply *r, rf_program *p,
+                              const char *who) {
+    free(x->obs[i]), free(x->info[i]), free(x->from[i]);
     x->obs[i] = rf_strdup(r->observation ? r->observation : "");
     x->info[i] = rf_strdup(r->info ? r->info : "");
-    if (!x->obs[i] || !x->info[i]) return rf_error(RF_ERR_NOMEM, "out of memory");
-    b->out[i] = (rf_env_reply){x->obs[i], r->reward, r->done != 0, x->info[i]};
+    x->from[i] = rf_strdup(who);
+    if (!x->obs[i] || !x->info[i] || !x->from[i]) return rf_error(RF_ERR_NOMEM, "out of memory");
+    b->out[i] = (rf_env_reply){x->obs[i], r->reward, r->done != 0, x->info[i], x->from[i]};
     b->c.state[i] = RF_CALL_DONE, b->c.done++;
     x->stats.accepted++;
     if (p) p->inflight--;
@@ -356,7 +358,7 @@ static rf_status on_reply(rf_env_bridge *x, batch *b, const rf_msg_event *ev) {
     if (i < 0) return reject(x, b, ev->peer, -1, RF_ERR_FORMAT, why);
     rf_status code = check_reply(b, i, r, ev->info.desc, why, sizeof why);
     if (code != RF_OK) return reject(x, b, ev->peer, i, code, why);
-    return accept_reply(x, b, i, r, p);
+    return accept_reply(x, b, i, r, p, ev->info.desc);
 }
 
 /* A frame that does not decode: counted against the request it names when it unpacked and
@@ -456,8 +458,9 @@ rf_status rf_env_bridge_call(rf_env_bridge *x, const rf_env_call *calls, int n, 
     batch b = {.calls = calls, .out = out};
     int room = rf_program_calls_init(&b.c, n, x->next_id);
     x->obs = calloc((size_t)n, sizeof(char *)), x->info = calloc((size_t)n, sizeof(char *));
+    x->from = calloc((size_t)n, sizeof(char *));
     rf_status st = RF_OK;
-    if (!room || !x->obs || !x->info)
+    if (!room || !x->obs || !x->info || !x->from)
         st = rf_error(RF_ERR_NOMEM, "out of memory for %d environment requests", n);
     else x->n_out = n;
     double now = rf_time_now();

@@ -69,11 +69,12 @@ rf_status rf_env_bridge_listen(rf_env_bridge **x, const rf_env_bridge_config *cf
 rf_status rf_env_bridge_wait(rf_env_bridge *x, int n, double timeout_s);
 
 /* Answers calls (n) into out (n), blocking; see the header comment for faults. Reply strings
- * are owned by x and valid until the next call. A program dropped for missing its deadline or
- * for silence counts against each request it held as a rejection (so a request no program
- * answers fails the call after max_attempts deadlines). Errors: RF_ERR_FORMAT / RF_ERR_RANGE /
- * RF_ERR_IO after max_attempts rejections of one request; RF_ERR_IO when no program is left for
- * timeout_s, or once a stop was asked for (cfg.stop) and a request would be sent again. */
+ * (from: the answering program's description) are owned by x and valid until the next call. A
+ * program dropped for missing its deadline or for silence counts against each request it held
+ * as a rejection (so a request no program answers fails the call after max_attempts
+ * deadlines). Errors: RF_ERR_FORMAT / RF_ERR_RANGE / RF_ERR_IO after max_attempts rejections of
+ * one request; RF_ERR_IO when no program is left for timeout_s, or once a stop was asked for
+ * (cfg.stop) and a request would be sent again. */
 rf_status rf_env_bridge_call(rf_env_bridge *x, const rf_env_call *calls, int n, rf_env_reply *out);
 
 /* The stats since the last take (zeroed by the take). */

@@ -135,7 +135,7 @@ static rf_status calc_call(void *ctx, const rf_env_call *c, int n, rf_env_reply 
         e->obs = p, e->cap = n;
     }
     for (int i = 0; i < n; i++) {
-        out[i] = (rf_env_reply){"", 0.0f, 0, ""};
+        out[i] = (rf_env_reply){"", 0.0f, 0, "", "the built-in calculator"};
         if (!c[i].is_step) continue;
         const char *open = NULL, *a = c[i].action ? c[i].action : "";
         for (const char *p = strstr(a, "<calc>"); p; p = strstr(p + 1, "<calc>")) open = p;

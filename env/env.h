@@ -50,6 +50,8 @@ typedef struct rf_env_reply {
     float reward;                /* finite; 0 for a reset */
     int done;                    /* 0 for a reset */
     const char *info;            /* "" when none */
+    const char *from;            /* who answered, for messages: "environment program 'x' (rank 0,
+                                    pid 7) on tcp://...", "the built-in calculator"; NULL: unknown */
 } rf_env_reply;
 
 /* What happened during an environment's calls since its stats were last taken (metrics). */

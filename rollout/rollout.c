@@ -224,6 +224,8 @@ void rf_rollout_get_stats(const rf_rollout *e, rf_rollout_stats *s) {
 
 const rf_kv_pool *rf_rollout_pool(const rf_rollout *e) { return &e->pool; }
 
+int rf_rollout_max_positions(const rf_rollout *e) { return rf_config_max_seq(e->mc.cfg); }
+
 /* ---- requests ---- */
 
 static rf_status request_check(const rf_rollout *e, const rf_rollout_request *q) {

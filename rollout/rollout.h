@@ -218,4 +218,8 @@ void rf_rollout_get_stats(const rf_rollout *e, rf_rollout_stats *s);
 /* The engine's KV pool, read-only (tests inspect block references). */
 const rf_kv_pool *rf_rollout_pool(const rf_rollout *e);
 
+/* The most positions one sequence (prompt and generation) may take: the model's limit
+ * (rf_config_max_seq), which rf_rollout_submit holds a request to. */
+int rf_rollout_max_positions(const rf_rollout *e);
+
 #endif

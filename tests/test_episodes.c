@@ -15,7 +15,10 @@
  *  - driver over the bridge with the scripted C program (examples/env/env_script.c): the same
  *    episodes as the in-process environment with the same rules, bit for bit, and again when a
  *    second program dies, hangs, sends garbage or replies out of order mid-episode (its requests
- *    re-sent: nothing lost, nothing doubled).
+ *    re-sent: nothing lost, nothing doubled);
+ *  - a reset whose first observation leaves no room for max_total_tokens within the model's
+ *    positions fails the run with the exact error naming who answered it (the in-process
+ *    environment, the program over the bridge) and the episode.
  * The bridge part is skipped without RF_ENV_SCRIPT. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -188,6 +191,7 @@ static void engine_turn_recomputed(void) {
  * 0.5 (t + 1) + 0.01 n_action_ids, done after `turns`; records what it saw. */
 typedef struct fake_env {
     int turns, calls;
+    const char *first;     /* the reset's observation; NULL: "" */
     rf_rollout *bump;      /* set: the version becomes the number of calls made */
     char obs[64][16];
     int n_obs;
@@ -201,13 +205,13 @@ static rf_status fake_call(void *ctx, const rf_env_call *c, int n, rf_env_reply 
     f->calls++;
     if (f->bump) rf_rollout_set_version(f->bump, f->calls);
     for (int i = 0; i < n; i++) {
-        out[i] = (rf_env_reply){"", 0.0f, 0, ""};
+        out[i] = (rf_env_reply){f->first ? f->first : "", 0.0f, 0, "", "the test's environment"};
         if (!c[i].is_step) continue;
         if (c[i].n_history != c[i].turn) return rf_error(RF_ERR_FORMAT, "history %d at turn %d", c[i].n_history, c[i].turn);
         char *o = f->obs[f->n_obs++ % 64];
         snprintf(o, 16, "<o%d>", c[i].turn);
         out[i] = (rf_env_reply){o, 0.5f * (float)(c[i].turn + 1) + 0.01f * (float)c[i].n_action_ids,
-                                c[i].turn + 1 >= f->turns, ""};
+                                c[i].turn + 1 >= f->turns, "", "the test's environment"};
         if (f->n_steps < 16) {
             memcpy(f->actions[f->n_steps], c[i].action_ids, sizeof(int32_t) * (size_t)c[i].n_action_ids);
             f->n_action[f->n_steps] = c[i].n_action_ids, f->last[f->n_steps++] = c[i].last;
@@ -281,6 +285,52 @@ static void driver_one_episode(int max_turns, int max_total) {
     rf_rollout_free(e);
 }
 
+/* The error st must be code with exactly text. */
+static void expect(rf_status st, rf_status code, const char *text) {
+    CHECK(st == code && strcmp(rf_error_message(), text) == 0);
+    if (st != code || strcmp(rf_error_message(), text) != 0)
+        fprintf(stderr, "  want %s \"%s\"\n  got  %s \"%s\"\n", rf_strerror(code), text, rf_strerror(st), rf_error_message());
+}
+
+/* A first observation of n_x bytes 'x' (one token each): static, one at a time. */
+static const char *long_first(int n_x) {
+    static char s[4096];
+    RF_ASSERT(n_x < (int)sizeof s);
+    memset(s, 'x', (size_t)n_x), s[n_x] = '\0';
+    return s;
+}
+
+/* Group 1's two episodes (7 and 8, prompt P) through env with max_total_tokens 40. */
+static rf_status run_long_first(rf_env *env) {
+    rf_rollout *e;
+    rf_rollout_opts o = {.block_size = 4, .n_blocks = 64, .tok = g_tok};
+    RF_TRY(rf_rollout_init(&e, g_m, &o));
+    rf_episode_opts eo = {4, 40, g_tok};
+    rf_rollout_request q = sampled_req();
+    rf_episode out[2];
+    rf_status st = rf_episodes_run(e, env, &eo, &g_ex[1], 1, 2, &q, 1, 7, out);
+    for (int i = 0; st == RF_OK && i < 2; i++) rf_episode_free(&out[i]);
+    rf_rollout_free(e);
+    return st;
+}
+
+/* A reset whose first observation leaves no room for max_total_tokens within the model's
+ * 2048 positions fails the run (not a rejection) with the exact error naming who answered it,
+ * the episode and every count; one token less fits (rf_ep_check_room at the boundary). */
+static void driver_first_too_long(void) {
+    fake_env f = {.turns = 3, .first = long_first(2004)};
+    rf_env env = fake(&f);
+    expect(run_long_first(&env), RF_ERR_RANGE, "episodes: the first observation of episode 7 (sample 0 of group 1) "
+           "from the test's environment: the prompt (5 tokens) + the observation (2004 tokens) + "
+           "env.max_total_tokens (40) exceed the model's 2048 positions");
+    CHECK(f.calls == 1); /* the reset only: nothing generated, no step */
+    rf_ep ep = {.ex = g_ex[1], .id = 7, .first_from = (char *)"x"};
+    CHECK_OK(rf_ep_check_room(&ep, 2003, 40, 2048));
+    CHECK(rf_ep_check_room(&ep, 2004, 40, 2048) == RF_ERR_RANGE);
+    CHECK_OK(rf_ep_check_room(&ep, 2004, 40, 0)); /* positions not known */
+    printf("driver: a first observation too long fails the run naming the environment and the episode\n");
+}
+
 /* 2 groups x 2 samples through env (n_programs over the bridge, or in process). */
 static rf_status run_four(rf_env *env, rf_episode *out) {
     rf_rollout *e;
@@ -307,6 +357,30 @@ static int same_episodes(const rf_episode *a, const rf_episode *b, int n) {
     return ok;
 }
 
+/* The same over the bridge: the error names the program that answered the reset. */
+static void first_too_long_over_bridge(const char *script, const char *log_path) {
+    rf_env_bridge *x = NULL;
+    rf_env_bridge_config c = {.endpoint = "tcp://127.0.0.1:*", .timeout_s = 2};
+    CHECK_OK(rf_env_bridge_listen(&x, &c));
+    if (!x) return;
+    char *argv[] = {(char *)script, "--connect", (char *)rf_env_bridge_endpoint(x), "--name", "long", "--first",
+                    (char *)long_first(2004), NULL};
+    pid_t p = rf_test_spawn(argv, log_path);
+    CHECK_OK(rf_env_bridge_wait(x, 1, 10));
+    rf_env env;
+    rf_env_bridge_as_env(x, &env);
+    char want[512];
+    snprintf(want, sizeof want, "episodes: the first observation of episode 7 (sample 0 of group 1) from environment "
+             "program 'long' (rank 0, pid %d) on %s: the prompt (5 tokens) + the observation (2004 tokens) + "
+             "env.max_total_tokens (40) exceed the model's 2048 positions", (int)p, rf_env_bridge_endpoint(x));
+    expect(run_long_first(&env), RF_ERR_RANGE, want);
+    rf_env_stats s = env.take_stats(env.ctx);
+    CHECK(s.accepted == 2 && s.rejected == 0); /* a failure of the run, not a rejection */
+    rf_env_close(&env);
+    CHECK(rf_test_wait(p, 5) == 0);
+    printf("driver over the bridge: a first observation too long fails the run naming the program and the episode\n");
+}
+
 static void driver_over_bridge(const char *script) {
     fake_env f = {.turns = 3};
     rf_env in = fake(&f);
@@ -324,6 +398,7 @@ static void driver_over_bridge(const char *script) {
     int fd = mkstemp(log_path);
     RF_ASSERT(fd >= 0);
     close(fd);
+    first_too_long_over_bridge(script, log_path);
     static const char *modes[] = {NULL, "die", "silent", "garbage", "swap"}; /* mid-episode faults */
     for (int f = 0; f < 5; f++) {
         int faulty = f > 0, lost = f == 1 || f == 2, rejected = f == 3;
@@ -381,6 +456,7 @@ int main(void) {
     driver_one_episode(4, 40);
     driver_one_episode(2, 40);
     driver_one_episode(4, 12);
+    driver_first_too_long();
     const char *script = getenv("RF_ENV_SCRIPT");
     driver_over_bridge(script && access(script, X_OK) == 0 ? script : NULL);
     rf_model_free(g_m);

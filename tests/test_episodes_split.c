@@ -11,6 +11,9 @@
  *    a loss mask of the wrong length or with a value other than 0/1, tokens that disagree with
  *    the turns, a turn for a request that is no episode, a turn out of order, a wrong `used`,
  *    a Sample before its episode ended;
+ *  - a first observation that leaves no room for env.max_total_tokens within the model's
+ *    positions fails the request's begin with the exact error naming who answered the reset
+ *    (a program, the calculator) and the episode;
  *  - the training worker refuses a TrainSample whose loss_mask has the wrong length or a value
  *    other than 0/1 with the exact error, and copies a good one. */
 #define _POSIX_C_SOURCE 200809L
@@ -182,6 +185,55 @@ static void book(void) {
     cJSON_Delete(extra);
 }
 
+/* A reset answering "x" * 60, as a program would. */
+static rf_status long_reset(void *ctx, const rf_env_call *c, int n, rf_env_reply *out) {
+    (void)ctx, (void)c;
+    for (int i = 0; i < n; i++)
+        out[i] = (rf_env_reply){"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 0.0f, 0, "",
+                                "environment program 'long' (rank 0, pid 7) on tcp://127.0.0.1:5558"};
+    return RF_OK;
+}
+
+/* With the model's positions known, a first observation that leaves no room for
+ * env.max_total_tokens fails rf_split_eps_begin, before the request goes to a rollout worker,
+ * with the exact error naming who answered it (a program, the calculator) and the episode;
+ * one position more fits. */
+static void first_too_long(void) {
+    const char *ov[] = {"env.type=calculator", "env.max_total_tokens=64", "rollout.max_new_tokens=16"};
+    rf_recipe r;
+    CHECK_OK(rf_recipe_load(&r, NULL, ov, 3));
+    rf_run run = {.r = &r, .tok = g_tok, .env = {NULL, long_reset, NULL, NULL, NULL}};
+    rf_split_eps *x;
+    CHECK_OK(rf_split_eps_open(&x, &run));
+    rf_split_eps_set_positions(x, 2048);
+    ids prompt = enc("12*34=");
+    cJSON *extra = cJSON_CreateObject();
+    rf_example ex = {.prompt_text = "12*34=", .prompt_ids = prompt.v, .n_prompt = prompt.n, .extra = extra};
+    Rlflow__GenerateRequest q = RLFLOW__GENERATE_REQUEST__INIT;
+    q.request_id = 7, q.n = 2;
+    CHECK_OK(rf_split_eps_begin(x, &q, &ex, 2, 0));
+    CHECK(q.n_first_observations == 2);
+    rf_split_eps_forget(x, 7);
+    rf_split_eps_set_positions(x, 129);
+    expect(rf_split_eps_begin(x, &q, &ex, 2, 0), RF_ERR_RANGE, "episodes: the first observation of episode 0 (sample 0 "
+           "of group 0) from environment program 'long' (rank 0, pid 7) on tcp://127.0.0.1:5558: the prompt (6 tokens) + "
+           "the observation (60 tokens) + env.max_total_tokens (64) exceed the model's 129 positions");
+    rf_split_eps_forget(x, 7);
+    rf_split_eps_set_positions(x, 69); /* the calculator answers "": the prompt alone leaves no room */
+    CHECK_OK(rf_calculator_env(&run.env));
+    expect(rf_split_eps_begin(x, &q, &ex, 2, 0), RF_ERR_RANGE, "episodes: the first observation of episode 0 (sample 0 "
+           "of group 0) from the built-in calculator: the prompt (6 tokens) + the observation (0 tokens) + "
+           "env.max_total_tokens (64) exceed the model's 69 positions");
+    rf_split_eps_forget(x, 7);
+    rf_split_eps_set_positions(x, 70);
+    CHECK_OK(rf_split_eps_begin(x, &q, &ex, 2, 0));
+    free(prompt.v);
+    rf_split_eps_close(x);
+    rf_env_close(&run.env);
+    rf_recipe_free(&r);
+    cJSON_Delete(extra);
+}
+
 /* The training worker's side: TrainSample.loss_mask and versions checked and copied. */
 static void unpack(void) {
     int32_t tok[6] = {1, 2, 3, 4, 5, 6};
@@ -219,6 +271,7 @@ int main(void) {
     CHECK_OK(rf_byte_tokenizer_write(dir));
     CHECK_OK(rf_tokenizer_load_dir(&g_tok, dir));
     book();
+    first_too_long();
     unpack();
     rf_tokenizer_free(g_tok);
     char cmd[128];
