@@ -78,6 +78,7 @@ static void bench_shapes(const rf_kernels *k, int quick) {
         {"mlp_up_fwd", 0, 2048, 512, 1408},    {"mlp_down_fwd", 0, 2048, 1408, 512},
         {"mlp_up_dinp", 1, 2048, 512, 1408},   {"mlp_up_dw", 2, 2048, 512, 1408},
         {"attn_q_fwd", 0, 2048, 512, 512},     {"lm_head_fwd", 0, 256, 512, 16384},
+        {"lm_head_dinp", 1, 2048, 512, 16384}, {"lm_head_dw", 2, 2048, 512, 16384},
         {"decode_m1", 0, 1, 512, 1408},        {"decode_m2", 0, 2, 512, 1408},
         {"decode_m4", 0, 4, 512, 1408},        {"decode_m32", 0, 32, 512, 1408},
         {"decode_m1_lm", 0, 1, 512, 16384},    {"decode_m32_lm", 0, 32, 512, 16384},

@@ -1725,6 +1725,35 @@ static void test_swiglu_libm_bits(const rf_kernels *K) {
     free(x), free(e), free(g), free(u), free(d), free(o), free(dg), free(du);
 }
 
+/* The gradient norm's sum of squares (cpu_kernels.c): blocks of 16384 floats, element i of a
+ * block in double lane i mod 32, the lanes added in a halving tree, the block sums in order.
+ * The same bits on one thread and on two, and those of this scalar statement of the order. */
+static void test_sum_squares_order(const rf_kernels *K) {
+    size_t ns[] = {5, 16384, 3 * 16384 + 77, 1200013};
+    for (int c = 0; c < 4; c++) {
+        size_t n = ns[c];
+        float *x = fnormal(n, 3.0f);
+        double want = 0.0;
+        for (size_t b0 = 0; b0 < n; b0 += 16384) {
+            double acc[32] = {0};
+            for (size_t i = b0; i < n && i < b0 + 16384; i++) acc[(i - b0) % 32] += (double)x[i] * (double)x[i];
+            for (int w = 16; w > 0; w /= 2)
+                for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+            want += acc[0];
+        }
+        double two = K->sum_squares(x, n);
+        int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        double one = K->sum_squares(x, n);
+        omp_set_num_threads(threads);
+        if (memcmp(&two, &want, sizeof want) != 0 || memcmp(&one, &want, sizeof want) != 0)
+            fprintf(stderr, "sum_squares n=%zu: %.17g (%d threads), %.17g (1), the stated order %.17g\n",
+                    n, two, threads, one, want);
+        CHECK(memcmp(&two, &want, sizeof want) == 0 && memcmp(&one, &want, sizeof want) == 0);
+        free(x);
+    }
+}
+
 int main(void) {
     const rf_kernels *K = rf_cpu_kernels();
     CHECK(K != NULL);
@@ -1737,6 +1766,7 @@ int main(void) {
     test_packed_weights(K);
     test_weights_freed(K);
     test_swiglu_libm_bits(K);
+    test_sum_squares_order(K);
     return rf_test_finish("test_kernels");
 }
 #endif

@@ -6,8 +6,9 @@
  * controller/rl_step.c loop) with this test's recipe, and written again (RF_WRITE_GOLDEN, below)
  * only where the arithmetic was changed on purpose: when decoding's products of 1-4 rows moved
  * from the matrix-vector loops to oneDNN where its rows are batch-invariant, and when attention
- * took one arithmetic for every row and the sampler the log-prob kernel's log-softmax (both
- * 2026-11-29, docs/kernels.md); each value must come back exactly (0 ulp), and no key may be
+ * took one arithmetic for every row and the sampler the log-prob kernel's log-softmax, and when
+ * the backward's plain-B products moved to oneDNN's gemm:jit kernels and the gradient norm's
+ * sum of squares took one order for any thread count (all 2026-11-29, docs/kernels.md); each value must come back exactly (0 ulp), and no key may be
  * added or missing.
  *
  * The values depend on the floating-point kernels, so the golden file also holds the CRC-32C of

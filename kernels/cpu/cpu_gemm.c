@@ -222,6 +222,40 @@ static void md2(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t rs, 
     dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides);
 }
 
+/* The primitive descriptor of a backward product (B not transposed: dout W, dout^T x, the
+ * log-prob's dz w and dz^T h): oneDNN's gemm:jit implementation where it has one, in place of
+ * its first choice, the brgemm kernels (brg:avx512_core[_bf16]) that the forward products run
+ * on their packed weights. Measured on the products of both bench configs (docs/kernels.md, "The
+ * backward products on oneDNN's gemm kernels"): brgemm copies a plain B into its blocked layout
+ * inside every call, which costs most where K is large (the log-prob's dz w, K = V: 1.17-1.32x
+ * on gemm:jit), and its copy of a transposed A holds back the bf16 dW products (1.0-1.26x on
+ * 48 shapes). AMX kernels are kept: brgemm on AMX-BF16 is the fastest product oneDNN has there.
+ * Only the choice of kernel: same operands, same fp32 accumulation. */
+static dnnl_status_t backward_pd(dnnl_primitive_desc_t *out, const dnnl_matmul_desc_t *d,
+                                 const_dnnl_primitive_attr_t attr) {
+    dnnl_primitive_desc_iterator_t it;
+    dnnl_status_t st = dnnl_primitive_desc_iterator_create(&it, d, attr, g_engine, NULL);
+    if (st != dnnl_success) return st;
+    dnnl_primitive_desc_t first = dnnl_primitive_desc_iterator_fetch(it), pick = NULL;
+    const char *name = NULL;
+    if (first && dnnl_primitive_desc_query(first, dnnl_query_impl_info_str, 0, &name) == dnnl_success &&
+        name && !strstr(name, "amx") && strcmp(name, "gemm:jit") != 0) {
+        while (!pick && dnnl_primitive_desc_iterator_next(it) == dnnl_success) {
+            dnnl_primitive_desc_t q = dnnl_primitive_desc_iterator_fetch(it);
+            const char *n = NULL;
+            if (q && dnnl_primitive_desc_query(q, dnnl_query_impl_info_str, 0, &n) == dnnl_success &&
+                n && strcmp(n, "gemm:jit") == 0)
+                pick = q;
+            else if (q)
+                dnnl_primitive_desc_destroy(q);
+        }
+    }
+    dnnl_primitive_desc_iterator_destroy(it);
+    if (pick && first) dnnl_primitive_desc_destroy(first);
+    *out = pick ? pick : first;
+    return *out ? dnnl_success : dnnl_runtime_error;
+}
+
 /* A matmul primitive for key k; NULL where oneDNN cannot make one. *scratch_md gets its
  * scratchpad size. */
 static dnnl_primitive_t make_prim(const gemm_key *k, size_t *scratch_bytes, dnnl_memory_desc_t *wmd) {
@@ -248,7 +282,8 @@ static dnnl_primitive_t make_prim(const gemm_key *k, size_t *scratch_bytes, dnnl
         dnnl_primitive_attr_set_post_ops(attr, po);
     }
     dnnl_primitive_desc_t pd;
-    dnnl_status_t st = dnnl_primitive_desc_create(&pd, &d, attr, g_engine, NULL);
+    dnnl_status_t st = k->pack || k->tb ? dnnl_primitive_desc_create(&pd, &d, attr, g_engine, NULL)
+                                        : backward_pd(&pd, &d, attr);
     dnnl_primitive_attr_destroy(attr);
     if (po) dnnl_post_ops_destroy(po);
     if (st != dnnl_success) return NULL;
@@ -788,8 +823,12 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
      * up to K = 4096, fp32 and bf16, when this was written; test_kernels compares rows of small
      * products with the same rows of large ones), but it does split the sum of a transposed A
      * with few outputs (a dW product: 40 of those shapes differed), which keeps every thread.
-     * That is its brgemm kernels, where rows are batch-invariant (rf_cpu_batch_invariant_exact);
-     * its AVX2 gemm splits sums otherwise (ONEDNN_MAX_CPU_ISA=AVX2 moved the default recipe's
+     * That is its brgemm kernels, where rows are batch-invariant (rf_cpu_batch_invariant_exact),
+     * which run the forward products. The backward's plain-B products (dout W, dz w) run on
+     * gemm:jit (backward_pd), whose bf16 kernel splits the sum of a few rows over a long K among
+     * threads (20 of 368 shapes, none in fp32): on one thread they get other bits than on two,
+     * but always the same for their shape, and no row of theirs is compared with a rollout's.
+     * oneDNN's AVX2 gemm splits sums otherwise (ONEDNN_MAX_CPU_ISA=AVX2 moved the default recipe's
      * per-step metrics), so there every product keeps every thread. Products of 1-4 rows keep
      * both threads too: they are bound by reading the weight, which two cores do faster (batch-1
      * decoding of the 25M model 1.45x in fp32, 1.7x in bf16, at the DRAM's read bandwidth), and

@@ -112,9 +112,6 @@ int rf_cpu_logprob_chunk_rows(int V);
 #define RF_OMP_MIN 16384
 #define RF_OMP_MIN_COPY 65536
 #define RF_OMP_MIN_EXP 4096 /* an exponential an element (SwiGLU) */
-/* The gradient norm's sum of squares: its partition among threads sets the sum's bits, so this
- * stays as every measured run had it. */
-#define RF_OMP_MIN_SUM 4096
 
 /* SwiGLU (cpu_swiglu.c): vectorised, the bits of kernel_math.h's rf_swiglu / rf_swiglu_grad
  * with the C library's expf. */

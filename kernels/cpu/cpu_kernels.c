@@ -101,10 +101,44 @@ static void cpu_scale(float *x, float s, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
+/* The sum of squares in one order whatever the number of threads: blocks of SUMSQ_BLOCK
+ * floats, element i of a block into double lane i mod SUMSQ_LANES, the lanes added in a fixed
+ * tree, the block sums added in block order. Each square is exact in double (a float's 24-bit
+ * significand squared), so a fused multiply-add and a product then a sum give the same bits.
+ * OpenMP's reduction it replaces ran one dependent chain of double additions per thread: 14 GB/s
+ * against the machine's 45-50 (docs/kernels.md), and its result depended on the thread count. */
+#define SUMSQ_LANES 32
+#define SUMSQ_BLOCK 16384
+
+static double block_sum_squares(const float *x, size_t n) {
+    double acc[SUMSQ_LANES] = {0};
+    size_t i = 0;
+    for (; i + SUMSQ_LANES <= n; i += SUMSQ_LANES)
+#pragma omp simd
+        for (int l = 0; l < SUMSQ_LANES; l++) acc[l] += (double)x[i + l] * (double)x[i + l];
+    for (int l = 0; i < n; i++, l++) acc[l] += (double)x[i] * (double)x[i];
+    for (int w = SUMSQ_LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+    return acc[0];
+}
+
 static double cpu_sum_squares(const float *x, size_t n) {
-    double s = 0.0;
-#pragma omp parallel for reduction(+ : s) if (n > RF_OMP_MIN_SUM)
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    size_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    double stack[64], *part = nb <= 64 ? stack : malloc(nb * sizeof(double)), s = 0.0;
+    if (!part) { /* the same sums in the same order, on one thread */
+        for (size_t b = 0; b < nb; b++) {
+            size_t i0 = b * SUMSQ_BLOCK;
+            s += block_sum_squares(x + i0, n - i0 < SUMSQ_BLOCK ? n - i0 : SUMSQ_BLOCK);
+        }
+        return s;
+    }
+#pragma omp parallel for schedule(static) if (nb > 1)
+    for (size_t b = 0; b < nb; b++) {
+        size_t i0 = b * SUMSQ_BLOCK;
+        part[b] = block_sum_squares(x + i0, n - i0 < SUMSQ_BLOCK ? n - i0 : SUMSQ_BLOCK);
+    }
+    for (size_t b = 0; b < nb; b++) s += part[b];
+    if (part != stack) free(part);
     return s;
 }
 
