@@ -252,12 +252,12 @@ static void bench_decode(rf_model *m, const char *shape, int B, int steps) {
     for (int b = 0; b < B; b++) draws[b] = (rf_draw){b, {0, 1.0f, 0, 1.0f}, 0.0};
     BENCH_TRY("decode", shape, rf_kv_cache_init(&kv, m, B, P + steps + 1));
     BENCH_TRY("decode", shape, rf_model_decode(m, &kv, slots, counts, B, tok, NULL));
-    BENCH_TRY("decode", shape, rf_model_draw(m, B, draws, B, tok, logp, NULL, 0, NULL)); /* warm-up */
+    BENCH_TRY("decode", shape, rf_model_draw(m, B, draws, B, tok, logp, NULL, 0, NULL, NULL, NULL)); /* warm-up */
     double t0 = rf_time_now();
     for (int s = 0; s < steps; s++) {
         BENCH_TRY("decode", shape, rf_model_decode(m, &kv, slots, ones, B, tok, NULL));
         for (int b = 0; b < B; b++) draws[b].u = (double)rf_rng_uniform(&rng);
-        BENCH_TRY("decode", shape, rf_model_draw(m, B, draws, B, tok, logp, NULL, 0, NULL));
+        BENCH_TRY("decode", shape, rf_model_draw(m, B, draws, B, tok, logp, NULL, 0, NULL, NULL, NULL));
     }
     double el = rf_time_now() - t0;
     /* each step reads every weight once (at the precision its products use) */

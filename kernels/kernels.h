@@ -223,6 +223,13 @@ struct rf_kernels {
      * boundary between two ids. */
     void (*sample_rows)(int32_t *picks, float *logp, const float *logits, int V, const rf_row_draw *draws,
                         int n);
+    /* For each of n draws (a host array; greedy and u are not read), lse[i] (host) = the
+     * log-sum-exp of row draws[i].row at draws[i].inv_temp exactly as sample_rows and the
+     * log-prob kernels compute it, so that rf_logprob_given_lse(z[id], inv_temp, lse[i])
+     * (kernels/sample.h) is the log-prob sample_rows reports for id: the log-prob of a token
+     * drawn on the host from a copy of the row (top-k / top-p, a group's late samples drawing
+     * from their prompt's saved logits) as the back end would report it. Synchronises. */
+    void (*row_lse)(float *lse, const float *logits, int V, const rf_row_draw *draws, int n);
 
     /* ---- frozen weights and kept memory (last: the CUDA table is positional) ---- */
     /* Optional (NULL: the back end lacks it; CUDA does). Makes floats [base, base + n) of

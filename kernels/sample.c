@@ -38,8 +38,10 @@ float rf_row_lse(const float *z, int V, float inv_temp, float *entropy) {
 }
 
 float rf_logits_logprob(const float *z, int V, float inv_temp, int32_t id) {
-    return z[id] * inv_temp - rf_row_lse(z, V, inv_temp, NULL);
+    return rf_logprob_given_lse(z[id], inv_temp, rf_row_lse(z, V, inv_temp, NULL));
 }
+
+float rf_logprob_given_lse(float z_id, float inv_temp, float lse) { return z_id * inv_temp - lse; }
 
 /* The passes over the whole row take exp in float (expf: a third faster than exp here; each
  * term is right to float's precision, far below what log-probs are compared at), the sums and

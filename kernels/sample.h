@@ -32,6 +32,10 @@ float rf_row_lse(const float *z, int V, float inv_temp, float *entropy);
  * that generation and training agree exactly wherever the logits do. */
 float rf_logits_logprob(const float *z, int V, float inv_temp, int32_t id);
 
+/* z_id * inv_temp - lse, each a single rounding (never fused): rf_logits_logprob's last step,
+ * and the CUDA sampler's, on a log-sum-exp a back end computed (kernels.h row_lse). */
+float rf_logprob_given_lse(float z_id, float inv_temp, float lse);
+
 /* A draw from the whole row z (V): greedy the largest logit (the lowest id among equal ones),
  * else the first id whose cumulative probability under softmax(z * inv_temp), summed in id
  * order in double, exceeds u (in [0, 1)) times the row's total; where rounding leaves that walk

@@ -98,7 +98,7 @@ static rf_status sample_step(rf_model *m, const rf_tokenizer *tok, const rf_gen_
     for (int r = 0; r < n_ids; r++)
         g->draws[r] = (rf_draw){r, p->sampling,
                                 p->sampling.greedy ? 0.0 : (double)rf_rng_uniform(&g->rng[ids[r]])};
-    RF_TRY(rf_model_draw(m, n_ids, g->draws, n_ids, g->pick, g->pick_lp, NULL, 0, NULL));
+    RF_TRY(rf_model_draw(m, n_ids, g->draws, n_ids, g->pick, g->pick_lp, NULL, 0, NULL, NULL, NULL));
     for (int r = 0; r < n_ids; r++) {
         int i = ids[r];
         rf_gen_output *o = &out[i];

@@ -313,10 +313,16 @@ rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const i
  * gives them. Draws without top-k / top-p run on the back end (kernels.h sample_rows: a token
  * and a log-prob per draw cross to the host; on a GPU the pick can differ from the CPU's only
  * where the uniform falls within rounding of a boundary); the others copy their row to the host
- * and draw there. The whole rows capture[0 .. n_capture) are copied into whole (n_capture, V)
- * (may be NULL when n_capture is 0). RF_ERR_RANGE for a row outside [0, n_rows). */
+ * and draw there, each pick's log-prob taken from the back end's log-sum-exp of the row
+ * (kernels.h row_lse), so that it is the log-prob the back end's sampler would report. The whole
+ * rows capture[0 .. n_capture) are copied into whole (n_capture, V) (may be NULL when n_capture
+ * is 0), and where whole_lse is given, whole_lse[i] gets row capture[i]'s log-sum-exp at inverse
+ * temperature capture_inv_temp[i] from the back end (row_lse): a later draw from the copy then
+ * reports rf_logprob_given_lse(z_pick, inv_temp, whole_lse[i]), the back end's log-prob.
+ * RF_ERR_RANGE for a row outside [0, n_rows). */
 rf_status rf_model_draw(rf_model *m, int n_rows, const rf_draw *draws, int n_draws, int32_t *picks, float *logp,
-                        const int *capture, int n_capture, float *whole);
+                        const int *capture, int n_capture, float *whole, const float *capture_inv_temp,
+                        float *whole_lse);
 
 /* The parameter table of a model of config `cfg` (names, shapes, offsets; the order of
  * rf_model_init) without allocating any buffer: what a rank that holds only a shard needs to

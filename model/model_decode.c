@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "kernels/sample.h"
 #include "model/model_internal.h"
 
 rf_status rf_kv_cache_init(rf_kv_cache *c, const rf_model *m, int n_slots, int max_len) {
@@ -73,8 +74,12 @@ rf_status rf__model_last_logits(rf_model *m, const float *x, const int32_t *q_of
     return RF_OK;
 }
 
+/* The back end's row_lse draw of row `row` at the sampling's inverse temperature. */
+static rf_row_draw lse_draw(int row, float inv_temp) { return (rf_row_draw){row, 0, inv_temp, 0.0f, 0.0}; }
+
 rf_status rf_model_draw(rf_model *m, int n_rows, const rf_draw *draws, int n_draws, int32_t *picks, float *logp,
-                        const int *capture, int n_capture, float *whole) {
+                        const int *capture, int n_capture, float *whole, const float *capture_inv_temp,
+                        float *whole_lse) {
     size_t V = (size_t)m->cfg.vocab_size;
     if (n_rows > m->draw_rows)
         return rf_error(RF_ERR_ARG, "draw: %d logits rows asked for, the last decode left %d in the back end's memory",
@@ -87,12 +92,20 @@ rf_status rf_model_draw(rf_model *m, int n_rows, const rf_draw *draws, int n_dra
             return rf_error(RF_ERR_RANGE, "draw: captured row %d outside the step's %d rows", capture[i], n_rows);
         m->k->to_host(whole + (size_t)i * V, m->dev_out + (size_t)capture[i] * V, sizeof(float) * V);
     }
+    if (whole_lse && n_capture > 0) {
+        rf_row_draw *cd = malloc(sizeof *cd * (size_t)n_capture);
+        if (!cd) return rf_error(RF_ERR_NOMEM, "draw: out of memory for %d captured rows", n_capture);
+        for (int i = 0; i < n_capture; i++) cd[i] = lse_draw(capture[i], capture_inv_temp[i]);
+        m->k->row_lse(whole_lse, m->dev_out, (int)V, cd, n_capture);
+        free(cd);
+    }
     int n_sorted = 0;
     for (int i = 0; i < n_draws; i++) n_sorted += rf_sampling_sorted(&draws[i].s);
     int n_plain = n_draws - n_sorted, threads = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
-    rf_row_draw *rd = malloc(sizeof *rd * (size_t)(n_plain > 0 ? n_plain : 1));
+    /* rd, lp: the plain draws [0, n_plain), then the sorted ones' rows for row_lse */
+    rf_row_draw *rd = malloc(sizeof *rd * (size_t)(n_draws > 0 ? n_draws : 1));
     int32_t *at = malloc(sizeof *at * (size_t)(n_draws > 0 ? n_draws : 1)), *pp = malloc(sizeof *pp * (size_t)(n_plain + 1));
-    float *lp = malloc(sizeof *lp * (size_t)(n_plain + 1));
+    float *lp = malloc(sizeof *lp * (size_t)(n_draws + 1));
     /* sorted draws: their rows on the host, and 2 V floats of scratch a thread (rf_sample_u) */
     float *rows = n_sorted ? malloc(sizeof(float) * V * ((size_t)n_sorted + 2 * (size_t)threads)) : NULL;
     rf_status st = RF_OK;
@@ -102,6 +115,7 @@ rf_status rf_model_draw(rf_model *m, int n_rows, const rf_draw *draws, int n_dra
         const rf_draw *d = &draws[i];
         if (rf_sampling_sorted(&d->s)) {
             m->k->to_host(rows + (size_t)ns * V, m->dev_out + (size_t)d->row * V, sizeof(float) * V);
+            rd[n_plain + ns] = lse_draw(d->row, 1.0f / d->s.temperature); /* sorted draws are never greedy */
             at[n_plain + ns++] = i;
         } else {
             rd[np] = (rf_row_draw){d->row, d->s.greedy, d->s.greedy ? 1.0f : 1.0f / d->s.temperature, 0.0f, d->u};
@@ -114,11 +128,14 @@ rf_status rf_model_draw(rf_model *m, int n_rows, const rf_draw *draws, int n_dra
     }
     if (st == RF_OK && ns) {
         float *work = rows + (size_t)ns * V;
+        m->k->row_lse(lp + n_plain, m->dev_out, (int)V, rd + n_plain, ns);
 #pragma omp parallel for schedule(dynamic, 1) if (ns > 1)
         for (int j = 0; j < ns; j++) {
             const rf_draw *d = &draws[at[n_plain + j]];
-            picks[at[n_plain + j]] = rf_sample_u(rows + (size_t)j * V, (int)V, &d->s, d->u, &logp[at[n_plain + j]],
-                                                 work + 2 * V * (size_t)omp_get_thread_num());
+            const float *z = rows + (size_t)j * V;
+            int32_t pick = rf_sample_u(z, (int)V, &d->s, d->u, NULL, work + 2 * V * (size_t)omp_get_thread_num());
+            picks[at[n_plain + j]] = pick;
+            logp[at[n_plain + j]] = rf_logprob_given_lse(z[pick], rd[n_plain + j].inv_temp, lp[n_plain + j]);
         }
     }
     for (int i = 0; st == RF_OK && i < n_draws; i++)

@@ -75,9 +75,10 @@ static rf_status whole_pool_init(void *ctx, rf_kv_pool *p, int n_blocks, int blo
  * a GPU only a token and a log-prob per sequence cross to the host, not (n, V) floats. */
 static rf_status whole_decode_sample(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n,
                                      const int32_t *tokens, const rf_draw *draws, int n_draws, int32_t *picks,
-                                     float *logp, const int *capture, int n_capture, float *whole) {
+                                     float *logp, const int *capture, int n_capture, float *whole,
+                                     const float *capture_inv_temp, float *whole_lse) {
     RF_TRY(rf_model_decode_paged(ctx, p, seqs, n, tokens, NULL));
-    return rf_model_draw(ctx, n, draws, n_draws, picks, logp, capture, n_capture, whole);
+    return rf_model_draw(ctx, n, draws, n_draws, picks, logp, capture, n_capture, whole, capture_inv_temp, whole_lse);
 }
 
 /* The pool's memory and the model's decode workspace given back. */
@@ -124,10 +125,13 @@ rf_status rf_rollout_init_model(rf_rollout **out, const rf_rollout_model *mc, co
     e->n_work = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
     e->work = malloc(sizeof(float) * 2 * V * (size_t)e->n_work);
     e->picks = malloc(sizeof *e->picks * R), e->pick_logp = malloc(sizeof *e->pick_logp * R);
-    int drawn = e->picks && e->pick_logp; /* and the draws' buffers, when the model draws */
+    e->row_lse = malloc(sizeof(float) * R);
+    for (size_t i = 0; e->row_lse && i < R; i++) e->row_lse[i] = NAN;
+    int drawn = e->picks && e->pick_logp && e->row_lse; /* and the draws' buffers, when the model draws */
     if (mc->decode_sample) {
         e->draws = malloc(sizeof *e->draws * R), e->capture = malloc(sizeof *e->capture * R);
-        drawn = drawn && e->draws && e->capture;
+        e->capture_inv_temp = malloc(sizeof(float) * R), e->capture_lse = malloc(sizeof(float) * R);
+        drawn = drawn && e->draws && e->capture && e->capture_inv_temp && e->capture_lse;
     }
     if (s == RF_OK && (!e->running || !e->batch || !e->row || !e->logits || !e->work || !drawn))
         s = rf_error(RF_ERR_NOMEM, "rollout: out of memory for %d running sequences", o.max_running);
@@ -185,6 +189,7 @@ void rf_rollout_free(rf_rollout *e) {
     free(e->logits);
     free(e->work);
     free(e->picks), free(e->pick_logp), free(e->draws), free(e->capture);
+    free(e->capture_inv_temp), free(e->capture_lse), free(e->row_lse);
     free(e);
 }
 
@@ -264,7 +269,7 @@ static ro_request *request_copy(const rf_rollout_request *q, void *user, uint64_
     ro_request *r = rf_calloc(1, sizeof *r);
     if (!r) return NULL;
     r->id = id, r->user = user, r->n = r->n_left = r->n_unstarted = q->n;
-    r->sampling = q->sampling, r->capture_row = -1;
+    r->sampling = q->sampling, r->capture_row = -1, r->first_lse = NAN;
     r->prompt_len = q->prompt_len, r->max_new_tokens = q->max_new_tokens;
     r->episode = q->episode != 0, r->max_total = q->max_total_tokens;
     r->gen_cap = r->episode ? q->max_total_tokens : q->max_new_tokens;

@@ -139,10 +139,13 @@ typedef struct rf_rollout_model {
      * (tensor parallelism): the step's model call as decode, then the step's n_draws draws
      * (draw i from row draws[i].row into picks[i], logp[i], as rf_sample_u gives them), and
      * the whole logits of rows capture[0 .. n_capture) into whole (n_capture, V), kept for
-     * samples that start later from a retained prefix. */
+     * samples that start later from a retained prefix, and into whole_lse[i] the row's
+     * log-sum-exp at capture_inv_temp[i] as the model's back end computes it (rf_model_draw), or
+     * NaN where the model does not give it (the engine then computes it on the host). */
     rf_status (*decode_sample)(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n, const int32_t *tokens,
                                const rf_draw *draws, int n_draws, int32_t *picks, float *logp,
-                               const int *capture, int n_capture, float *whole);
+                               const int *capture, int n_capture, float *whole, const float *capture_inv_temp,
+                               float *whole_lse);
 } rf_rollout_model;
 
 /* Creates an engine generating with model m (borrowed: m must outlive the engine and is driven

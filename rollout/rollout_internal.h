@@ -28,6 +28,8 @@ typedef struct ro_request {
     int *prefix;              /* (n_prefix) block ids, or NULL */
     int n_prefix;
     float *first_logits;      /* (V) */
+    float first_lse;          /* their log-sum-exp at the request's temperature from the model's
+                                 back end (decode_sample's whole_lse), or NaN: the host's */
     int capture_row;          /* logits row to copy into first_logits after this step; -1 */
     struct ro_request *next_retained;
 } ro_request;
@@ -85,6 +87,9 @@ struct rf_rollout {
        running order) and the rows to capture (max_running each) */
     rf_draw *draws;
     int *capture;
+    float *capture_inv_temp, *capture_lse;
+    float *row_lse;          /* (max_running) per logits row: the back end's log-sum-exp of a row
+                                copied from a retained prefix (first_lse), else NaN */
     rf_rollout_stats stats;
 };
 

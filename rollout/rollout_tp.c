@@ -2,6 +2,7 @@
  * command loop (rollout_tp.h). */
 #include "rollout/rollout_tp.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -201,8 +202,11 @@ static rf_status pack_step(rf_rollout_tp *g, const rf_kv_pool *p, const rf_paged
 /* The step's model call and draws: the peers get the step, then every rank runs it. */
 static rf_status engine_decode_sample(void *ctx, rf_kv_pool *p, const rf_paged_seq *seqs, int n, const int32_t *tokens,
                                       const rf_draw *draws, int n_draws, int32_t *picks, float *logp,
-                                      const int *capture, int n_capture, float *whole) {
+                                      const int *capture, int n_capture, float *whole,
+                                      const float *capture_inv_temp, float *whole_lse) {
     rf_rollout_tp *g = ctx;
+    (void)capture_inv_temp; /* the group's vocabulary-parallel sampler has its own log-softmax */
+    for (int i = 0; i < n_capture; i++) whole_lse[i] = NAN;
     RF_TRY(g->st);
     step_draws d = {draws, n_draws, picks, logp, capture, n_capture, whole};
     cmd_head h;

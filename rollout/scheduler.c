@@ -9,10 +9,12 @@
  * nothing extra, and a newly admitted sequence produces its first token in the step that
  * admits it. A step's tokens stay within max_batch_tokens, except that a prompt longer than
  * the budget is admitted when nothing else is in the step (otherwise it could never run). */
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/sample.h"
 #include "rollout/rollout_internal.h"
 
 /* Makes position pos of s writable: a fresh block at a block boundary, or a private copy of a
@@ -148,6 +150,7 @@ static int join_prefix(rf_rollout *e, int *top) {
     for (int i = first; i < first + k; i++) {
         e->row[i] = (*top)--;
         memcpy(e->logits + (size_t)e->row[i] * V, r->first_logits, sizeof(float) * V);
+        e->row_lse[e->row[i]] = r->first_lse;
     }
     e->stats.prefix_blocks_shared += (int64_t)k * r->n_prefix;
     e->stats.prefix_joins += k;
@@ -243,10 +246,14 @@ static void draw_rows(rf_rollout *e, int n_rows) {
     for (int i = 0; i < n; i++) {
         if (by_model && e->row[i] < n_rows) continue;
         ro_seq *s = e->running[i];
-        float *work = e->work + 2 * V * (size_t)omp_get_thread_num();
-        e->picks[i] = rf_sample(e->logits + (size_t)e->row[i] * V, (int)V, &s->req->sampling, &s->rng,
-                                &e->pick_logp[i], work);
+        float *work = e->work + 2 * V * (size_t)omp_get_thread_num(), *z = e->logits + (size_t)e->row[i] * V;
+        const rf_sampling *sp = &s->req->sampling;
+        e->picks[i] = rf_sample(z, (int)V, sp, &s->rng, &e->pick_logp[i], work);
+        float lse = e->row_lse[e->row[i]];
+        if (!isnan(lse)) /* a row from a retained prefix: the log-prob the model's back end gives */
+            e->pick_logp[i] = rf_logprob_given_lse(z[e->picks[i]], sp->greedy ? 1.0f : 1.0f / sp->temperature, lse);
     }
+    for (int i = 0; i < n; i++) e->row_lse[e->row[i]] = NAN; /* each row serves one step */
 }
 
 /* Takes every running sequence's drawn token, delivering each finished one at once (streaming). */
@@ -283,9 +290,13 @@ static rf_status decode_and_draw(rf_rollout *e, int n_rows) {
         e->draws[n++] = (rf_draw){e->row[i], *sp, sp->greedy ? 0.0 : (double)rf_rng_uniform(&s->rng)};
     }
     for (ro_request *r = e->retained; r; r = r->next_retained)
-        if (r->capture_row >= 0) e->capture[n_capture++] = r->capture_row;
+        if (r->capture_row >= 0) {
+            const rf_sampling *sp = &r->sampling;
+            e->capture_inv_temp[n_capture] = sp->greedy ? 1.0f : 1.0f / sp->temperature;
+            e->capture[n_capture++] = r->capture_row;
+        }
     RF_TRY(e->mc.decode_sample(e->mc.ctx, &e->pool, e->batch, n_rows, e->tokens, e->draws, n, e->picks,
-                               e->pick_logp, e->capture, n_capture, e->logits));
+                               e->pick_logp, e->capture, n_capture, e->logits, e->capture_inv_temp, e->capture_lse));
     /* draw k's pick to its sequence's place, from the last: k <= the sequence's index */
     for (int i = e->n_running - 1, k = n - 1; i >= 0; i--)
         if (e->row[i] < n_rows) e->picks[i] = e->picks[k], e->pick_logp[i] = e->pick_logp[k], k--;
@@ -309,6 +320,7 @@ rf_status rf_rollout_step(rf_rollout *e) {
         if (r->capture_row >= 0) { /* decode_and_draw: the whole rows in rows 0, 1, ... in this order */
             size_t at = e->mc.decode_sample ? (size_t)n_capture++ : (size_t)r->capture_row;
             memcpy(r->first_logits, e->logits + at * V, sizeof(float) * V);
+            r->first_lse = e->mc.decode_sample ? e->capture_lse[at] : NAN;
             r->capture_row = -1;
         }
     for (int i = 0; i < e->n_running; i++) e->running[i]->n_cached = e->running[i]->n_tokens;

@@ -1248,7 +1248,8 @@ static void test_fused(const rf_kernels *K) {
  * double. A sampled pick p must have positive probability and hold u: cum(p - 1) <= u < cum(p),
  * each side widened by 1e-6 (the back ends sum weights computed in float, 6e-8 relative each,
  * over up to 151936 ids); logp within 1e-5. Greedy: the largest logit, lowest id among equal
- * ones, exactly. */
+ * ones, exactly. row_lse: logp is rf_logprob_given_lse of the pick's logit and the row's
+ * row_lse, bit for bit (what a draw on the host from a copy of the row reports). */
 static void test_sample_case(const rf_kernels *K, int rows, int V, int n, float scale) {
     char what[160];
     float *z = fnormal((size_t)rows * V, scale);
@@ -1268,8 +1269,10 @@ static void test_sample_case(const rf_kernels *K, int rows, int V, int n, float 
     float *logp = fconst(n, NAN);
     float *d_z = put(K, z, FB((size_t)rows * V));
     K->sample_rows(picks, logp, d_z, V, d, n);
+    float *rlse = fconst(n, NAN);
+    K->row_lse(rlse, d_z, V, d, n);
     get(K, NULL, d_z, 0);
-    int bad = 0;
+    int bad = 0, bad_lse = 0;
     for (int i = 0; i < n; i++) {
         const float *zr = z + (size_t)d[i].row * V;
         double it = d[i].inv_temp, mx = -INFINITY, sum = 0;
@@ -1297,6 +1300,10 @@ static void test_sample_case(const rf_kernels *K, int rows, int V, int n, float 
         }
         double lp = picks[i] >= 0 && picks[i] < V ? (double)zr[picks[i]] * it - lse : NAN;
         ok = ok && fabs(logp[i] - lp) <= 1e-5 * (fabs(lp) > 1 ? fabs(lp) : 1);
+        float via = ok ? rf_logprob_given_lse(zr[picks[i]], d[i].inv_temp, rlse[i]) : NAN;
+        if (ok && memcmp(&via, &logp[i], sizeof via) != 0 && bad_lse++ < 3)
+            fprintf(stderr, "[%s] row_lse V=%d draw %d: logp %a, from row_lse %a (lse %a)\n", g_be, V, i, logp[i], via,
+                    rlse[i]);
         if (!ok && bad++ < 3)
             fprintf(stderr, "[%s] sample_rows V=%d draw %d (row %d, %s, inv_temp %g, u %.17g): pick %d logp %.9g, "
                             "want %d logp %.9g\n", g_be, V, i, d[i].row, d[i].greedy ? "greedy" : "sampled",
@@ -1304,8 +1311,8 @@ static void test_sample_case(const rf_kernels *K, int rows, int V, int n, float 
     }
     snprintf(what, sizeof what, "sample_rows rows=%d V=%d draws=%d", rows, V, n);
     if (bad) fprintf(stderr, "[%s] %s: %d of %d draws wrong\n", g_be, what, bad, n);
-    CHECK(bad == 0);
-    free(z), free(d), free(picks), free(logp);
+    CHECK(bad == 0 && bad_lse == 0);
+    free(z), free(d), free(picks), free(logp), free(rlse);
 }
 
 /* Draws at the top of the CDF (u = 1 - 2^-24, the largest float uniform) from rows whose last
@@ -1336,8 +1343,8 @@ static void test_sample_tail(const rf_kernels *K) {
 }
 
 static void test_sample(const rf_kernels *K) {
-    CHECK(K->sample_rows != NULL);
-    if (!K->sample_rows) return;
+    CHECK(K->sample_rows != NULL && K->row_lse != NULL);
+    if (!K->sample_rows || !K->row_lse) return;
     test_sample_case(K, 1, 1, 3, 1.0f);        /* one id: every draw takes it */
     test_sample_case(K, 3, 7, 40, 2.0f);       /* fewer ids than a block's threads */
     test_sample_case(K, 6, 300, 200, 3.0f);    /* ids not a multiple of the threads */

@@ -8,6 +8,7 @@
 
 #include "common/rng.h"
 #include "common/shm.h"
+#include "kernels/sample.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -278,10 +279,15 @@ static void draw_check(rf_arch arch) {
         {1, {0, 1.3f, 0, 0.9f}, 0.12}, {0, {0, 0.6f, 7, 0.8f}, 0.55}, {2, {0, 1.0f, 0, 1.0f}, 0.999},
     };
     int capture[2] = {2, 0};
+    float cap_inv_temp[2] = {1.0f / 0.7f, 1.0f}, cap_lse[2] = {NAN, NAN};
     int32_t picks[6];
     float logp[6];
-    CHECK_OK(rf_model_draw(m, 3, d, 6, picks, logp, capture, 2, whole));
+    CHECK_OK(rf_model_draw(m, 3, d, 6, picks, logp, capture, 2, whole, cap_inv_temp, cap_lse));
     CHECK(memcmp(whole, host + 2 * V, sizeof(float) * V) == 0 && memcmp(whole + V, host, sizeof(float) * V) == 0);
+    for (int i = 0; i < 2; i++) { /* the back end's log-sum-exp of each captured row */
+        float want = rf_row_lse(host + (size_t)capture[i] * V, V, cap_inv_temp[i], NULL);
+        CHECK(memcmp(&cap_lse[i], &want, sizeof want) == 0);
+    }
     for (int i = 0; i < 6; i++) {
         float lp;
         int32_t want = rf_sample_u(host + (size_t)d[i].row * V, V, &d[i].s, d[i].u, &lp, work);
@@ -289,12 +295,12 @@ static void draw_check(rf_arch arch) {
         if (picks[i] != want) fprintf(stderr, "draw %d: %d, rf_sample_u %d\n", i, picks[i], want);
     }
     rf_draw bad = {3, {1, 1.0f, 0, 1.0f}, 0.0};
-    CHECK_ERR(rf_model_draw(m, 3, &bad, 1, picks, logp, NULL, 0, NULL), RF_ERR_RANGE, "row 3 outside the step's 3 rows");
-    CHECK_ERR(rf_model_draw(m, 4, d, 1, picks, logp, NULL, 0, NULL), RF_ERR_ARG, "the last decode left 3");
+    CHECK_ERR(rf_model_draw(m, 3, &bad, 1, picks, logp, NULL, 0, NULL, NULL, NULL), RF_ERR_RANGE, "row 3 outside the step's 3 rows");
+    CHECK_ERR(rf_model_draw(m, 4, d, 1, picks, logp, NULL, 0, NULL, NULL, NULL), RF_ERR_ARG, "the last decode left 3");
     int one = 1;
     int32_t t = 9;
     CHECK_OK(rf_model_decode(m, &kv, slots, &one, 1, &t, host)); /* rows to the host: none left */
-    CHECK_ERR(rf_model_draw(m, 1, d, 1, picks, logp, NULL, 0, NULL), RF_ERR_ARG, "the last decode left 0");
+    CHECK_ERR(rf_model_draw(m, 1, d, 1, picks, logp, NULL, 0, NULL, NULL, NULL), RF_ERR_ARG, "the last decode left 0");
     rf_kv_cache_free(&kv, m);
     free(host), free(whole), free(work);
     rf_model_free(m);

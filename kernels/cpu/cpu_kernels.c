@@ -324,6 +324,11 @@ static void cpu_sample_rows(int32_t *picks, float *logp, const float *logits, in
     }
 }
 
+static void cpu_row_lse(float *lse, const float *logits, int V, const rf_row_draw *draws, int n) {
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1 && (size_t)n * V > RF_OMP_MIN)
+    for (int i = 0; i < n; i++) lse[i] = rf_row_lse(logits + (size_t)draws[i].row * V, V, draws[i].inv_temp, NULL);
+}
+
 static void cpu_heads_reduce(float *dst, const float *src, int T, int H, int KV, int D, int h0, int group) {
 #pragma omp parallel for if ((size_t)T * H * D > RF_OMP_MIN)
     for (int t = 0; t < T; t++) {
@@ -399,6 +404,7 @@ static const rf_kernels cpu_table = {
     .heads_expand = cpu_heads_expand,
     .heads_reduce = cpu_heads_reduce,
     .sample_rows = cpu_sample_rows,
+    .row_lse = cpu_row_lse,
     .bind_bf16 = rf_cpu_bind_bf16,
     .trim = rf_cpu_logprob_trim,
 };

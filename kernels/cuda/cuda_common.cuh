@@ -367,6 +367,7 @@ int rf__cuda_colsum(float *out, const float *a, const float *b, const float *sca
 /* cuda_sample.cu */
 void rf_cuda_sample_rows(int32_t *picks, float *logp, const float *logits, int V, const rf_row_draw *draws,
                          int n);
+void rf_cuda_row_lse(float *lse, const float *logits, int V, const rf_row_draw *draws, int n);
 void rf_cuda_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const float *dentropy, const float *lse,
                                  const float *entropy, const float *h, const float *w, const int32_t *targets, int T,
                                  int C, int Vl, int v0, float inv_temp);

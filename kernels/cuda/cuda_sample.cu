@@ -128,6 +128,39 @@ static __global__ void pick_logprob_kernel(float *logp, const float *logits, int
     if (threadIdx.x == 0) logp[blockIdx.x] = __fmul_rn(z[picks[blockIdx.x]], d.inv_temp) - (m + (float)log(sum));
 }
 
+/* One block of RF_LOGPROB_THREADS per draw: the row's log-sum-exp as pick_logprob_kernel
+ * subtracts it. */
+static __global__ void row_lse_kernel(float *lse, const float *logits, int V, const rf_row_draw *draws) {
+    rf_row_draw d = draws[blockIdx.x];
+    float m;
+    double sum, wsum;
+    rf__row_softmax_sums(logits + (size_t)d.row * V, V, d.inv_temp, &m, &sum, &wsum);
+    if (threadIdx.x == 0) lse[blockIdx.x] = m + (float)log(sum);
+}
+
+void rf_cuda_row_lse(float *lse, const float *logits, int V, const rf_row_draw *draws, int n) {
+    if (n <= 0) return;
+    if (rf__cuda.failed) { /* the policy's poison: NaN */
+        memset(lse, 0xff, sizeof(float) * (size_t)n);
+        return;
+    }
+    cudaStream_t st = rf__cuda.stream;
+    size_t db = sizeof(rf_row_draw) * (size_t)n;
+    char *buf = NULL;
+    int ok = RF_CUDA_CHECK(cudaMallocAsync((void **)&buf, db + sizeof(float) * (size_t)n, st));
+    rf_row_draw *d_draws = (rf_row_draw *)buf;
+    float *d_lse = (float *)(buf + db);
+    ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(d_draws, draws, db, cudaMemcpyHostToDevice, st));
+    if (ok) {
+        row_lse_kernel<<<(unsigned)n, RF_LOGPROB_THREADS, 0, st>>>(d_lse, logits, V, d_draws);
+        ok = RF_CUDA_LAUNCH_CHECK();
+    }
+    ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(lse, d_lse, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost, st));
+    if (buf) RF_CUDA_CHECK(cudaFreeAsync(buf, st));
+    ok = ok && RF_CUDA_CHECK(cudaStreamSynchronize(st));
+    if (!ok) memset(lse, 0xff, sizeof(float) * (size_t)n);
+}
+
 void rf_cuda_sample_rows(int32_t *picks, float *logp, const float *logits, int V, const rf_row_draw *draws,
                          int n) {
     if (n <= 0) return;
