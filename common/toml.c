@@ -243,27 +243,6 @@ static rf_status expect_eol(parser *P, const char *after) {
     return perr(P, P->p, "expected a newline after %s", after);
 }
 
-/* Offset of the first byte that is not well-formed UTF-8 (overlong forms, surrogates and
- * code points above U+10FFFF are not), or n. */
-static size_t utf8_check(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t k = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2
-                 : (c & 0xF8) == 0xF0 ? 3 : 9;
-        if (k == 9 || i + k >= n) return i;
-        uint32_t cp = k == 0 ? c : k == 1 ? c & 0x1F : k == 2 ? c & 0x0F : c & 0x07;
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xC0) != 0x80) return i;
-            cp = (cp << 6) | (s[i + j] & 0x3F);
-        }
-        static const uint32_t min[4] = {0, 0x80, 0x800, 0x10000};
-        if (cp < min[k] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-        i += k + 1;
-    }
-    return n;
-}
-
 /* ------------------------------------------------------------------ strings */
 
 static rf_status sb_put(sbuf *b, const char *d, size_t n) {
@@ -971,7 +950,7 @@ static rf_status parse_document(parser *P) {
 rf_status rf_toml_parse(rf_toml **out, const char *text, size_t len, const char *origin) {
     *out = NULL;
     parser P = {.s = text, .n = len, .origin = origin ? origin : "(toml)", .pos_line = 1};
-    size_t bad = utf8_check((const unsigned char *)text, len);
+    size_t bad = rf_utf8_invalid_at(text, len);
     if (bad < len) return perr(&P, bad, "invalid UTF-8");
     rf_toml *root = node_new(&P, RF_TOML_TABLE, 0);
     char *own = rf_strdup(P.origin);
