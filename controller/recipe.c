@@ -688,6 +688,7 @@ static rf_status parse_loose_value(const char *text, const char *origin, int wan
             free(buf);
             return rf_error(RF_ERR_INTERNAL, "%s: cannot read value \"%s\"", origin, text);
         }
+        rf_error_clear(); /* the first parse's complaint was answered by reading a string */
     }
     free(buf);
     *v = rf_toml_find(*doc, "v");

@@ -98,7 +98,11 @@ static void file_values_and_overrides(void) {
     const char *ov[] = {"model.path=models/x", "algorithm.kl_coef=0.05", "rollout.stop=[\"a\"]",
                         "data.shuffle=false", "train.lr=1e-3", "data.val=  spaced out  ",
                         "reference.enabled=false", "logging.dir=2024"};
+    rf_error_clear();
     CHECK_OK(rf_recipe_load(&r, recipe_file(FILE_TEXT), ov, 8));
+    /* unquoted strings read as strings leave no complaint behind */
+    CHECK(rf_error_message()[0] == '\0');
+    if (rf_error_message()[0]) fprintf(stderr, "left in the error buffer: %s\n", rf_error_message());
     CHECK(strcmp(r.logging.dir, "2024") == 0);
     CHECK(strcmp(r.model.path, "models/x") == 0 && r.algorithm.kl_coef == 0.05);
     CHECK(r.rollout.stop.n == 1 && strcmp(r.rollout.stop.v[0], "a") == 0);
