@@ -16,6 +16,7 @@
 #include "common/curve.h"
 #include "controller/run_internal.h"
 #include "controller/tasks.h"
+#include "model/config.h"
 #include "model/lora.h"
 #include "resharding/layout.h"
 
@@ -125,6 +126,32 @@ static rf_status check_countdown_truths(const rf_recipe *r, const rf_dataset *ds
     return RF_OK;
 }
 
+/* A prompt that leaves no room for its generation budget within the model's positions fails
+ * here, naming its line, rather than when the rollout meets it (hours into a run). Only where
+ * prompts are tokenised and model.path holds a config (a split run's controller, a run whose
+ * warm start is built: both have them when the data is loaded). */
+static rf_status check_prompt_room(const rf_recipe *r, const rf_dataset *ds, const char *path) {
+    char p[4096];
+    rf_model_config cfg;
+    rf_path_join(p, sizeof p, r->model.path, "config.json");
+    if (!rf_file_exists(p) || rf_config_load(&cfg, p) != RF_OK) {
+        rf_error_clear(); /* the run's own model load reports a bad config, with its context */
+        return RF_OK;
+    }
+    int positions = rf_config_max_seq(&cfg), env = r->env.type[0] != '\0';
+    int budget = env ? r->env.max_total_tokens : r->rollout.max_new_tokens;
+    const char *key = env ? "env.max_total_tokens" : "rollout.max_new_tokens";
+    for (int i = 0; positions > 0 && i < rf_dataset_size(ds); i++) {
+        const rf_example *e = rf_dataset_get(ds, i);
+        if ((int64_t)e->n_prompt + budget > positions)
+            return rf_error(RF_ERR_RANGE, "%s:%d: the prompt (%d tokens) + %s (%d) exceed the model's %d positions "
+                            "(%s): drop such prompts at load with data.max_prompt_tokens (%d or less here) or "
+                            "lower %s", path, e->line, e->n_prompt, key, budget, positions, p,
+                            positions - budget, key);
+    }
+    return RF_OK;
+}
+
 rf_status rf__load_data(rf_run *run) {
     const rf_recipe *r = run->r;
     rf_dataset_opts o = {.prompt_key = r->data.prompt_key, .answer_key = r->data.answer_key,
@@ -134,10 +161,12 @@ rf_status rf__load_data(rf_run *run) {
                          .no_shuffle = !r->data.shuffle, .seed = (uint64_t)r->data.seed};
     RF_TRY(rf_dataset_load(&run->train, r->data.train, &o, run->tok));
     RF_TRY(check_countdown_truths(r, run->train, r->data.train));
+    if (run->tok) RF_TRY(check_prompt_room(r, run->train, r->data.train));
     if (r->data.val[0]) {
         o.no_shuffle = 1;
         RF_TRY(rf_dataset_load(&run->val, r->data.val, &o, run->tok));
         RF_TRY(check_countdown_truths(r, run->val, r->data.val));
+        if (run->tok) RF_TRY(check_prompt_room(r, run->val, r->data.val));
     }
     return RF_OK;
 }

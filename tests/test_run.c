@@ -250,6 +250,17 @@ static void bad_recipes(void) {
     CHECK(out && strstr(out, want) != NULL);
     if (out && !strstr(out, want)) fprintf(stderr, "%s\n", out);
     free(out);
+    /* a prompt that leaves no room for the responses: refused at load, naming its line (it used
+     * to fail the run when the rollout met it) */
+    CHECK(rf_test_sh(NULL, "printf '%%s\\n' '{\"prompt\": \"1+1=\", \"answer\": \"2\"}' "
+                     "'{\"prompt\": \"%0200d\", \"answer\": \"0\"}' > %s/long.jsonl", 0, dir) == 0);
+    CHECK(rf_test_sh(&out, "cd %s && %s run r.toml --set data.train=%s/long.jsonl --set data.val= "
+                     "--set data.max_prompt_tokens=0 --set rollout.max_new_tokens=2040 --set logging.dir=%s/long",
+                     dir, rlflow, dir, dir) == 1);
+    snprintf(want, sizeof want, "%s/long.jsonl:2: the prompt (", dir);
+    CHECK(out && strstr(out, want) && strstr(out, "+ rollout.max_new_tokens (2040) exceed the model's 2048 positions"));
+    if (out && !strstr(out, want)) fprintf(stderr, "%s\n", out);
+    free(out);
 }
 
 int main(void) {
