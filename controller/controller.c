@@ -18,7 +18,6 @@
 #include "controller/roles.h"
 #include "controller/run_dir.h"
 #include "controller/run_internal.h"
-#include "model/config.h"
 #include "trainer/checkpoint.h"
 
 #define MAX_ROLLOUT 4096 /* rollout_peer is 240 bytes: 960 KiB of controller state (calloc) */
@@ -1253,17 +1252,6 @@ rf_status rf_controller_run(rf_run *run, rf_roles roles) {
     return st;
 }
 
-/* The rollout workers' position limit, which the controller checks first observations against
- * (it knows who answered them): model.path's, the model every worker generates with. */
-static rf_status eps_positions(rf_split_eps *x, const rf_recipe *r) {
-    char p[4096];
-    rf_model_config cfg;
-    rf_path_join(p, sizeof p, r->model.path, "config.json");
-    RF_TRY(rf_config_load(&cfg, p));
-    rf_split_eps_set_positions(x, rf_config_max_seq(&cfg));
-    return RF_OK;
-}
-
 static rf_status msg_setup(ctl *c, const rf_recipe *r, int resume) {
     rf_run *run = &c->own;
     RF_TRY(rf__run_state_init(run, r));
@@ -1272,7 +1260,9 @@ static rf_status msg_setup(ctl *c, const rf_recipe *r, int resume) {
     run->env_tick = keepalive, run->env_tick_ctx = c;
     RF_TRY(rf__load_rewards(run));
     RF_TRY(rf_split_eps_open(&c->eps, run));
-    if (c->eps) RF_TRY(eps_positions(c->eps, r));
+    /* first observations are checked here, where who answered them is known, against the
+     * model every rollout worker generates with (model.path's, read with the data) */
+    rf_split_eps_set_positions(c->eps, run->positions);
     if (resume) RF_TRY(rf__run_resume(run, NULL, NULL));
     RF_TRY(loop_init(c, run, (rf_roles){&MSG, c}));
     return rf__open_logging(run);

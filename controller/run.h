@@ -36,6 +36,8 @@ typedef struct rf_run {
     rf_rollout *engine;    /* generation with the actor's weights (colocated: the same memory) */
     rf_tokenizer *tok;
     rf_dataset *train, *val;
+    int positions;         /* the model's position limit (rf_config_max_seq of model.path's
+                              config.json), read with the data; 0 where it has none yet */
     rf_reward_rules *rules;
     rf_reward_model *rm;   /* optional reward model */
     rf_external_reward *ext; /* optional external reward programs */

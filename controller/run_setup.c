@@ -127,28 +127,33 @@ static rf_status check_countdown_truths(const rf_recipe *r, const rf_dataset *ds
 }
 
 /* A prompt that leaves no room for its generation budget within the model's positions fails
- * here, naming its line, rather than when the rollout meets it (hours into a run). Only where
- * prompts are tokenised and model.path holds a config (a split run's controller, a run whose
- * warm start is built: both have them when the data is loaded). */
-static rf_status check_prompt_room(const rf_recipe *r, const rf_dataset *ds, const char *path) {
-    char p[4096];
-    rf_model_config cfg;
-    rf_path_join(p, sizeof p, r->model.path, "config.json");
-    if (!rf_file_exists(p) || rf_config_load(&cfg, p) != RF_OK) {
-        rf_error_clear(); /* the run's own model load reports a bad config, with its context */
-        return RF_OK;
-    }
-    int positions = rf_config_max_seq(&cfg), env = r->env.type[0] != '\0';
+ * here, naming its line, rather than when the rollout meets it (hours into a run). */
+static rf_status check_prompt_room(const rf_run *run, const rf_dataset *ds, const char *path) {
+    const rf_recipe *r = run->r;
+    int env = r->env.type[0] != '\0', positions = run->positions;
     int budget = env ? r->env.max_total_tokens : r->rollout.max_new_tokens;
     const char *key = env ? "env.max_total_tokens" : "rollout.max_new_tokens";
-    for (int i = 0; positions > 0 && i < rf_dataset_size(ds); i++) {
+    for (int i = 0; run->tok && positions > 0 && i < rf_dataset_size(ds); i++) {
         const rf_example *e = rf_dataset_get(ds, i);
         if ((int64_t)e->n_prompt + budget > positions)
             return rf_error(RF_ERR_RANGE, "%s:%d: the prompt (%d tokens) + %s (%d) exceed the model's %d positions "
-                            "(%s): drop such prompts at load with data.max_prompt_tokens (%d or less here) or "
-                            "lower %s", path, e->line, e->n_prompt, key, budget, positions, p,
+                            "(%s/config.json): drop such prompts at load with data.max_prompt_tokens (%d or less "
+                            "here) or lower %s", path, e->line, e->n_prompt, key, budget, positions, r->model.path,
                             positions - budget, key);
     }
+    return RF_OK;
+}
+
+/* run->positions from model.path's config.json, which a split run's controller and a run
+ * whose warm start is built both have when the data is loaded; 0 without one. */
+static rf_status read_positions(rf_run *run) {
+    char p[4096];
+    rf_model_config cfg;
+    rf_path_join(p, sizeof p, run->r->model.path, "config.json");
+    run->positions = 0;
+    if (!rf_file_exists(p)) return RF_OK;
+    RF_TRY(rf_config_load(&cfg, p));
+    run->positions = rf_config_max_seq(&cfg);
     return RF_OK;
 }
 
@@ -159,14 +164,15 @@ rf_status rf__load_data(rf_run *run) {
                          .chat_template = r->data.chat_template,
                          .max_prompt_tokens = r->data.max_prompt_tokens,
                          .no_shuffle = !r->data.shuffle, .seed = (uint64_t)r->data.seed};
+    RF_TRY(read_positions(run));
     RF_TRY(rf_dataset_load(&run->train, r->data.train, &o, run->tok));
     RF_TRY(check_countdown_truths(r, run->train, r->data.train));
-    if (run->tok) RF_TRY(check_prompt_room(r, run->train, r->data.train));
+    RF_TRY(check_prompt_room(run, run->train, r->data.train));
     if (r->data.val[0]) {
         o.no_shuffle = 1;
         RF_TRY(rf_dataset_load(&run->val, r->data.val, &o, run->tok));
         RF_TRY(check_countdown_truths(r, run->val, r->data.val));
-        if (run->tok) RF_TRY(check_prompt_room(r, run->val, r->data.val));
+        RF_TRY(check_prompt_room(run, run->val, r->data.val));
     }
     return RF_OK;
 }

@@ -115,10 +115,10 @@ rf_status rf_model_draw(rf_model *m, int n_rows, const rf_draw *draws, int n_dra
         const rf_draw *d = &draws[i];
         if (rf_sampling_sorted(&d->s)) {
             m->k->to_host(rows + (size_t)ns * V, m->dev_out + (size_t)d->row * V, sizeof(float) * V);
-            rd[n_plain + ns] = lse_draw(d->row, 1.0f / d->s.temperature); /* sorted draws are never greedy */
+            rd[n_plain + ns] = lse_draw(d->row, rf_sampling_inv_temp(&d->s));
             at[n_plain + ns++] = i;
         } else {
-            rd[np] = (rf_row_draw){d->row, d->s.greedy, d->s.greedy ? 1.0f : 1.0f / d->s.temperature, 0.0f, d->u};
+            rd[np] = (rf_row_draw){d->row, d->s.greedy, rf_sampling_inv_temp(&d->s), 0.0f, d->u};
             at[np++] = i;
         }
     }

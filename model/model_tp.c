@@ -697,7 +697,7 @@ rf_status rf_model_tp_sample(rf_model_tp *tp, const float *logits, int n_rows, c
     for (int r = 0; st == RF_OK && r < n_rows; r++) rs[r].inv_temp = 1.0f;
     for (int i = 0; st == RF_OK && i < n_draws; i++) { /* a row's temperature and kind: its draws' */
         const rf_sampling *s = &draws[i].s;
-        rs[draws[i].row].inv_temp = s->greedy ? 1.0f : 1.0f / s->temperature;
+        rs[draws[i].row].inv_temp = rf_sampling_inv_temp(s);
         rs[draws[i].row].sorted = rf_sampling_sorted(s);
     }
     for (int r = 0; st == RF_OK && r < n_rows; r++) { /* the slice's max, its first id, sum exp((z - max) * it) */

@@ -26,6 +26,8 @@ static int by_key_desc(const void *a, const void *b) {
 
 int rf_sampling_sorted(const rf_sampling *s) { return !s->greedy && (s->top_k > 0 || s->top_p < 1.0f); }
 
+float rf_sampling_inv_temp(const rf_sampling *s) { return s->greedy ? 1.0f : 1.0f / s->temperature; }
+
 /* The k-th largest of x (n of them, reordered), 1 <= k <= n: quickselect. */
 static float kth_largest(float *x, int n, int k) {
     int lo = 0, hi = n - 1, want = k - 1;
@@ -95,7 +97,7 @@ int rf_sample_sorted(const float *z, int n, const rf_sampling *s, double lse, do
 }
 
 int32_t rf_sample_u(const float *z, int V, const rf_sampling *s, double u, float *logp, float *work) {
-    if (!rf_sampling_sorted(s)) return rf_draw_whole(z, V, s->greedy ? 1.0f : 1.0f / s->temperature, s->greedy, u, logp);
+    if (!rf_sampling_sorted(s)) return rf_draw_whole(z, V, rf_sampling_inv_temp(s), s->greedy, u, logp);
     /* the top candidates sorted by logit, then cut and drawn */
     float inv_temp = 1.0f / s->temperature, m;
     double sum, lse = rf_logits_lse(z, V, inv_temp, &m, &sum);

@@ -33,6 +33,10 @@ int32_t rf_sample_u(const float *logits, int V, const rf_sampling *s, double u, 
  * vocabulary in id order (or greedy). The two draw different tokens for the same u. */
 int rf_sampling_sorted(const rf_sampling *s);
 
+/* The inverse temperature every draw and reported log-prob of s uses: 1 / temperature, 1 when
+ * greedy. One expression, so that a log-prob computed in two places rounds the same. */
+float rf_sampling_inv_temp(const rf_sampling *s);
+
 /* The sorted draw of rf_sample_u: the logits z (n) of n candidates sorted by logit descending
  * (lower id first on ties), holding at least the top-k and the top-p nucleus of the
  * whole distribution, whose log-sum-exp at inv_temp = 1 / temperature is lse. Cuts them to

@@ -125,9 +125,7 @@ rf_status rf_rollout_init_model(rf_rollout **out, const rf_rollout_model *mc, co
     e->n_work = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
     e->work = malloc(sizeof(float) * 2 * V * (size_t)e->n_work);
     e->picks = malloc(sizeof *e->picks * R), e->pick_logp = malloc(sizeof *e->pick_logp * R);
-    e->row_lse = malloc(sizeof(float) * R);
-    for (size_t i = 0; e->row_lse && i < R; i++) e->row_lse[i] = NAN;
-    int drawn = e->picks && e->pick_logp && e->row_lse; /* and the draws' buffers, when the model draws */
+    int drawn = e->picks && e->pick_logp; /* and the draws' buffers, when the model draws */
     if (mc->decode_sample) {
         e->draws = malloc(sizeof *e->draws * R), e->capture = malloc(sizeof *e->capture * R);
         e->capture_inv_temp = malloc(sizeof(float) * R), e->capture_lse = malloc(sizeof(float) * R);
@@ -189,7 +187,7 @@ void rf_rollout_free(rf_rollout *e) {
     free(e->logits);
     free(e->work);
     free(e->picks), free(e->pick_logp), free(e->draws), free(e->capture);
-    free(e->capture_inv_temp), free(e->capture_lse), free(e->row_lse);
+    free(e->capture_inv_temp), free(e->capture_lse);
     free(e);
 }
 

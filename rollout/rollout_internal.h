@@ -88,8 +88,6 @@ struct rf_rollout {
     rf_draw *draws;
     int *capture;
     float *capture_inv_temp, *capture_lse;
-    float *row_lse;          /* (max_running) per logits row: the back end's log-sum-exp of a row
-                                copied from a retained prefix (first_lse), else NaN */
     rf_rollout_stats stats;
 };
 

@@ -150,7 +150,6 @@ static int join_prefix(rf_rollout *e, int *top) {
     for (int i = first; i < first + k; i++) {
         e->row[i] = (*top)--;
         memcpy(e->logits + (size_t)e->row[i] * V, r->first_logits, sizeof(float) * V);
-        e->row_lse[e->row[i]] = r->first_lse;
     }
     e->stats.prefix_blocks_shared += (int64_t)k * r->n_prefix;
     e->stats.prefix_joins += k;
@@ -248,12 +247,12 @@ static void draw_rows(rf_rollout *e, int n_rows) {
         ro_seq *s = e->running[i];
         float *work = e->work + 2 * V * (size_t)omp_get_thread_num(), *z = e->logits + (size_t)e->row[i] * V;
         const rf_sampling *sp = &s->req->sampling;
-        e->picks[i] = rf_sample(z, (int)V, sp, &s->rng, &e->pick_logp[i], work);
-        float lse = e->row_lse[e->row[i]];
-        if (!isnan(lse)) /* a row from a retained prefix: the log-prob the model's back end gives */
-            e->pick_logp[i] = rf_logprob_given_lse(z[e->picks[i]], sp->greedy ? 1.0f : 1.0f / sp->temperature, lse);
+        /* with the model drawing, a row outside its rows is a joined sample's copy of its
+         * prompt's saved logits, whose log-sum-exp the model's back end gave (first_lse) */
+        float lse = by_model ? s->req->first_lse : NAN;
+        e->picks[i] = rf_sample(z, (int)V, sp, &s->rng, isnan(lse) ? &e->pick_logp[i] : NULL, work);
+        if (!isnan(lse)) e->pick_logp[i] = rf_logprob_given_lse(z[e->picks[i]], rf_sampling_inv_temp(sp), lse);
     }
-    for (int i = 0; i < n; i++) e->row_lse[e->row[i]] = NAN; /* each row serves one step */
 }
 
 /* Takes every running sequence's drawn token, delivering each finished one at once (streaming). */
@@ -291,8 +290,7 @@ static rf_status decode_and_draw(rf_rollout *e, int n_rows) {
     }
     for (ro_request *r = e->retained; r; r = r->next_retained)
         if (r->capture_row >= 0) {
-            const rf_sampling *sp = &r->sampling;
-            e->capture_inv_temp[n_capture] = sp->greedy ? 1.0f : 1.0f / sp->temperature;
+            e->capture_inv_temp[n_capture] = rf_sampling_inv_temp(&r->sampling);
             e->capture[n_capture++] = r->capture_row;
         }
     RF_TRY(e->mc.decode_sample(e->mc.ctx, &e->pool, e->batch, n_rows, e->tokens, e->draws, n, e->picks,

@@ -185,12 +185,13 @@ static void book(void) {
     cJSON_Delete(extra);
 }
 
-/* A reset answering "x" * 60, as a program would. */
+/* A reset answering an observation of 60 letters (60 tokens), as a program would. */
 static rf_status long_reset(void *ctx, const rf_env_call *c, int n, rf_env_reply *out) {
     (void)ctx, (void)c;
+    static char obs[61];
+    memset(obs, 'x', 60);
     for (int i = 0; i < n; i++)
-        out[i] = (rf_env_reply){"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 0.0f, 0, "",
-                                "environment program 'long' (rank 0, pid 7) on tcp://127.0.0.1:5558"};
+        out[i] = (rf_env_reply){obs, 0.0f, 0, "", "environment program 'long' (rank 0, pid 7) on tcp://127.0.0.1:5558"};
     return RF_OK;
 }
 

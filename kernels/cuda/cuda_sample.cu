@@ -115,67 +115,76 @@ static __global__ void sample_rows_kernel(int32_t *picks, const float *logits, i
     if (threadIdx.x == 0) picks[blockIdx.x] = s_pick;
 }
 
+/* The log-sum-exp of row z at inv_temp as the log-prob kernels compute it (rf__row_softmax_sums;
+ * in float), for the whole block: what a pick's log-prob subtracts, whoever draws the pick. */
+static __device__ inline float row_lse_block(const float *z, int V, float inv_temp) {
+    float m;
+    double sum, wsum;
+    rf__row_softmax_sums(z, V, inv_temp, &m, &sum, &wsum);
+    return m + (float)log(sum);
+}
+
 /* One block of RF_LOGPROB_THREADS per draw: the pick's log-prob as the log-prob kernel computes
- * it (rf__row_softmax_sums over the logits at inv_temp; its lse in float), so that generation's
- * behaviour log-probs equal the trainer's wherever the logits do. */
+ * it, so that generation's behaviour log-probs equal the trainer's wherever the logits do. */
 static __global__ void pick_logprob_kernel(float *logp, const float *logits, int V, const rf_row_draw *draws,
                                            const int32_t *picks) {
     rf_row_draw d = draws[blockIdx.x];
     const float *z = logits + (size_t)d.row * V;
-    float m;
-    double sum, wsum;
-    rf__row_softmax_sums(z, V, d.inv_temp, &m, &sum, &wsum);
-    if (threadIdx.x == 0) logp[blockIdx.x] = __fmul_rn(z[picks[blockIdx.x]], d.inv_temp) - (m + (float)log(sum));
+    float lse = row_lse_block(z, V, d.inv_temp);
+    if (threadIdx.x == 0) logp[blockIdx.x] = __fmul_rn(z[picks[blockIdx.x]], d.inv_temp) - lse;
 }
 
-/* One block of RF_LOGPROB_THREADS per draw: the row's log-sum-exp as pick_logprob_kernel
- * subtracts it. */
+/* One block of RF_LOGPROB_THREADS per draw: the row's log-sum-exp alone (rf_cuda_row_lse). */
 static __global__ void row_lse_kernel(float *lse, const float *logits, int V, const rf_row_draw *draws) {
     rf_row_draw d = draws[blockIdx.x];
-    float m;
-    double sum, wsum;
-    rf__row_softmax_sums(logits + (size_t)d.row * V, V, d.inv_temp, &m, &sum, &wsum);
-    if (threadIdx.x == 0) lse[blockIdx.x] = m + (float)log(sum);
+    float v = row_lse_block(logits + (size_t)d.row * V, V, d.inv_temp);
+    if (threadIdx.x == 0) lse[blockIdx.x] = v;
+}
+
+/* Device room for the n draws, copied up on the stream, and out_bytes of results after them;
+ * NULL after recording a failure. */
+static char *draws_to_device(const rf_row_draw *draws, int n, size_t out_bytes) {
+    cudaStream_t st = rf__cuda.stream;
+    size_t db = sizeof(rf_row_draw) * (size_t)n;
+    char *buf = NULL;
+    if (!RF_CUDA_CHECK(cudaMallocAsync((void **)&buf, db + out_bytes, st))) return NULL;
+    if (!RF_CUDA_CHECK(cudaMemcpyAsync(buf, draws, db, cudaMemcpyHostToDevice, st))) {
+        RF_CUDA_CHECK(cudaFreeAsync(buf, st));
+        return NULL;
+    }
+    return buf;
+}
+
+/* Gives draws_to_device's room back and waits for the stream: 1 when ok and all of it ran. */
+static int draws_done(char *buf, int ok) {
+    if (buf) RF_CUDA_CHECK(cudaFreeAsync(buf, rf__cuda.stream));
+    return ok && RF_CUDA_CHECK(cudaStreamSynchronize(rf__cuda.stream));
 }
 
 void rf_cuda_row_lse(float *lse, const float *logits, int V, const rf_row_draw *draws, int n) {
     if (n <= 0) return;
-    if (rf__cuda.failed) { /* the policy's poison: NaN */
-        memset(lse, 0xff, sizeof(float) * (size_t)n);
-        return;
-    }
-    cudaStream_t st = rf__cuda.stream;
-    size_t db = sizeof(rf_row_draw) * (size_t)n;
-    char *buf = NULL;
-    int ok = RF_CUDA_CHECK(cudaMallocAsync((void **)&buf, db + sizeof(float) * (size_t)n, st));
-    rf_row_draw *d_draws = (rf_row_draw *)buf;
-    float *d_lse = (float *)(buf + db);
-    ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(d_draws, draws, db, cudaMemcpyHostToDevice, st));
+    char *buf = rf__cuda.failed ? NULL : draws_to_device(draws, n, sizeof(float) * (size_t)n);
+    int ok = buf != NULL;
+    float *d_lse = ok ? (float *)(buf + sizeof(rf_row_draw) * (size_t)n) : NULL;
     if (ok) {
-        row_lse_kernel<<<(unsigned)n, RF_LOGPROB_THREADS, 0, st>>>(d_lse, logits, V, d_draws);
+        row_lse_kernel<<<(unsigned)n, RF_LOGPROB_THREADS, 0, rf__cuda.stream>>>(d_lse, logits, V,
+                                                                               (const rf_row_draw *)buf);
         ok = RF_CUDA_LAUNCH_CHECK();
     }
-    ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(lse, d_lse, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost, st));
-    if (buf) RF_CUDA_CHECK(cudaFreeAsync(buf, st));
-    ok = ok && RF_CUDA_CHECK(cudaStreamSynchronize(st));
-    if (!ok) memset(lse, 0xff, sizeof(float) * (size_t)n);
+    ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(lse, d_lse, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost,
+                                             rf__cuda.stream));
+    if (!draws_done(buf, ok)) memset(lse, 0xff, sizeof(float) * (size_t)n); /* the policy's poison: NaN */
 }
 
 void rf_cuda_sample_rows(int32_t *picks, float *logp, const float *logits, int V, const rf_row_draw *draws,
                          int n) {
     if (n <= 0) return;
-    if (rf__cuda.failed) { /* the policy's poison: -1 picks, NaN log-probs */
-        memset(picks, 0xff, sizeof(int32_t) * (size_t)n), memset(logp, 0xff, sizeof(float) * (size_t)n);
-        return;
-    }
     cudaStream_t st = rf__cuda.stream;
-    size_t db = sizeof(rf_row_draw) * (size_t)n, ob = (sizeof(int32_t) + sizeof(float)) * (size_t)n;
-    char *buf = NULL;
-    int ok = RF_CUDA_CHECK(cudaMallocAsync((void **)&buf, db + ob, st));
-    rf_row_draw *d_draws = (rf_row_draw *)buf;
-    int32_t *d_picks = (int32_t *)(buf + db);
-    float *d_logp = (float *)(d_picks + n);
-    ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(d_draws, draws, db, cudaMemcpyHostToDevice, st));
+    char *buf = rf__cuda.failed ? NULL : draws_to_device(draws, n, (sizeof(int32_t) + sizeof(float)) * (size_t)n);
+    int ok = buf != NULL;
+    const rf_row_draw *d_draws = (const rf_row_draw *)buf;
+    int32_t *d_picks = ok ? (int32_t *)(buf + sizeof(rf_row_draw) * (size_t)n) : NULL;
+    float *d_logp = ok ? (float *)(d_picks + n) : NULL;
     if (ok) {
         sample_rows_kernel<<<(unsigned)n, RF_SAMPLE_THREADS, 0, st>>>(d_picks, logits, V, d_draws);
         ok = RF_CUDA_LAUNCH_CHECK();
@@ -186,7 +195,6 @@ void rf_cuda_sample_rows(int32_t *picks, float *logp, const float *logits, int V
     }
     ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(picks, d_picks, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, st));
     ok = ok && RF_CUDA_CHECK(cudaMemcpyAsync(logp, d_logp, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost, st));
-    if (buf) RF_CUDA_CHECK(cudaFreeAsync(buf, st));
-    ok = ok && RF_CUDA_CHECK(cudaStreamSynchronize(st));
-    if (!ok) memset(picks, 0xff, sizeof(int32_t) * (size_t)n), memset(logp, 0xff, sizeof(float) * (size_t)n);
+    if (!draws_done(buf, ok)) /* the policy's poison: -1 picks, NaN log-probs */
+        memset(picks, 0xff, sizeof(int32_t) * (size_t)n), memset(logp, 0xff, sizeof(float) * (size_t)n);
 }
