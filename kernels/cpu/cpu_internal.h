@@ -124,7 +124,8 @@ void rf_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const f
 void rf_cpu_expf_libm(float *out, const float *x, size_t n);
 
 /* Which evaluation rf_cpu_expf_libm found the C library's expf to be: 0 glibc's plain build,
- * 1 its fused build (FMA + AVX2), 2 neither (expf called per element). */
+ * 1 its fused build (FMA + AVX2), 2 neither (expf called per element), 3 the fused build
+ * evaluated on AVX-512 (where the CPU has it and that evaluation gives the library's bits). */
 int rf_cpu_expf_libm_mode(void);
 
 /* The log-prob kernels' scratch of n floats, reused across calls and shared by the whole-
