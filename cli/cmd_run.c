@@ -99,6 +99,9 @@ int rf_cmd_run(int argc, char **argv) {
             return rf_interrupt_signal() ? rf_interrupt_exit_code() : 1;
         }
     } else {
+        if (getenv("RLFLOW_SPIN_AUTO")) /* cli/main.c */
+            rf_log_info("OpenMP: idle threads spin %s times (about 10 us) before they sleep: the machine was idle at the "
+                        "start (set OMP_WAIT_POLICY or GOMP_SPINCOUNT to choose)", getenv("GOMP_SPINCOUNT"));
         s = rf_run_main(&r, f.resume);
     }
     rf_recipe_free(&r);

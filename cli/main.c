@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -23,14 +24,53 @@ static void usage(void) {
           stderr);
 }
 
+/* The jiffies of all CPUs (busy: all but idle and iowait) from /proc/stat's first line; 0 when
+ * unreadable. */
+static int cpu_jiffies(unsigned long long *busy, unsigned long long *total) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return 0;
+    unsigned long long v[8] = {0};
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                   &v[6], &v[7]);
+    fclose(f);
+    if (n < 5) return 0;
+    *total = 0;
+    for (int i = 0; i < 8; i++) *total += v[i];
+    *busy = *total - v[3] - v[4];
+    return 1;
+}
+
+/* 1 when the machine looks idle now: its CPUs busy less than a quarter of 50 ms (a load average
+ * lags by a minute: a build just before would count). */
+static int machine_idle(void) {
+    const char *force = getenv("RF_TEST_MACHINE_IDLE"); /* test hook: the answer, "1" or "0" */
+    if (force && *force) return strcmp(force, "0") != 0;
+    unsigned long long b0, t0, b1, t1;
+    if (!cpu_jiffies(&b0, &t0)) return 0;
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    if (!cpu_jiffies(&b1, &t1) || t1 <= t0) return 0;
+    return (double)(b1 - b0) < 0.25 * (double)(t1 - t0);
+}
+
 int main(int argc, char **argv) {
     /* OpenMP's idle threads spin by default. When anything else runs on the machine (a reward
      * program, another job, the processes of a split run) spinning threads take the cores
      * from the threads doing the work: measured on 2 cores at load 5.5, 150 GRPO steps took
      * 383 s spinning, 31 s sleeping (docs/training.md). Idle threads sleep unless the user
-     * chose; libgomp reads the policy when the program loads, so start again with it set. */
-    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0)
+     * chose; but waking a sleeping thread is a system call per parallel region, which on a
+     * machine that runs nothing else cost a small model's run a quarter of its time. So where
+     * the machine is idle when rlflow starts, a thread first spins GOMP_SPINCOUNT = 1000 times
+     * (about 10 us) before it sleeps; split runs' ranks, which share the cores, do not
+     * (controller/launch.c, RLFLOW_SPIN_AUTO). libgomp reads both when the program loads, so
+     * start again with them set. */
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0) {
+        if (!getenv("GOMP_SPINCOUNT") && machine_idle()) {
+            setenv("GOMP_SPINCOUNT", "1000", 1);
+            setenv("RLFLOW_SPIN_AUTO", "1", 1);
+        }
         execv("/proc/self/exe", argv); /* returns only on failure: go on as we are */
+    }
     if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
         printf("rlflow %s\n", RLFLOW_VERSION);
         return 0;

@@ -110,8 +110,10 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     av[k++] = self;
     for (int i = 1; i < argc; i++) av[k++] = argv[i];
     av[k] = NULL;
-    /* OpenMP threads sleep when idle: the processes share the cores */
+    /* OpenMP threads sleep when idle: the processes share the cores (and do not spin first,
+     * unless the user set GOMP_SPINCOUNT: cli/main.c) */
     setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+    if (getenv("RLFLOW_SPIN_AUTO")) unsetenv("GOMP_SPINCOUNT"), unsetenv("RLFLOW_SPIN_AUTO");
     /* a rank that dies does not take the others down at once: the controller notices the lost
      * worker itself (heartbeats, failed sends), names it, and stops the run cleanly */
     setenv("OMPI_MCA_orte_enable_recovery", "1", 0);
@@ -582,10 +584,11 @@ rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv) {
         RF_TRY(rf__check_tp_model_path(r));
         return relaunch(r, argc, argv);
     }
-    if (!getenv("OMP_WAIT_POLICY")) {
+    if (!getenv("OMP_WAIT_POLICY") || getenv("RLFLOW_SPIN_AUTO")) {
         /* under a user's mpirun: OpenMP reads its wait policy when the program loads, so start
-         * again with idle threads that sleep (ranks share cores) */
+         * again with idle threads that sleep at once (ranks share cores; cli/main.c) */
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        unsetenv("GOMP_SPINCOUNT"), unsetenv("RLFLOW_SPIN_AUTO");
         execv("/proc/self/exe", argv);
     }
     /* every rank: a SIGINT / SIGTERM (or SIGUSR1 / SIGUSR2 forwarded by mpirun) asks for a

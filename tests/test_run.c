@@ -183,6 +183,30 @@ static void sft_target(void) {
     free(ev);
 }
 
+/* OpenMP's idle threads (cli/main.c): where the user set neither OMP_WAIT_POLICY nor
+ * GOMP_SPINCOUNT and the machine is idle at the start, they spin 1000 times before they sleep,
+ * and the run says so; on a busy machine, or with either variable set, nothing is changed and
+ * nothing said. RF_TEST_MACHINE_IDLE gives the idle check's answer. */
+static void omp_spin_choice(void) {
+    static const struct { const char *env; int spins; } cases[] = {
+        {"env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT RF_TEST_MACHINE_IDLE=1", 1},
+        {"env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT RF_TEST_MACHINE_IDLE=0", 0},
+        {"env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=PASSIVE RF_TEST_MACHINE_IDLE=1", 0},
+        {"env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=5000 RF_TEST_MACHINE_IDLE=1", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out;
+        int rc = rf_test_sh(&out, "cd %s && %s %s run r.toml --set train.steps=1 --set logging.val_every=0 "
+                            "--set logging.dir=%s/spin%zu 2>&1", dir, cases[i].env, rlflow, dir, i);
+        CHECK(rc == 0);
+        int said = strstr(out, "OpenMP: idle threads spin 1000 times (about 10 us) before they sleep: the machine was idle "
+                               "at the start (set OMP_WAIT_POLICY or GOMP_SPINCOUNT to choose)") != NULL;
+        CHECK(said == cases[i].spins);
+        CHECK(cases[i].spins || !strstr(out, "OpenMP:"));
+        if (rc || said != cases[i].spins) fprintf(stderr, "%s:\n%s\n", cases[i].env, out);
+        free(out);
+    }
+}
+
 /* model.precision = "bf16" (emulated where the CPU has no bf16 instructions): the training
  * reward rises as in fp32. Held-out greedy accuracy is printed, not asserted: at this test's size
  * (120 steps of 16 prompts) it moves within noise in fp32 and bf16 alike (on 150 problems one
@@ -276,6 +300,7 @@ int main(void) {
     rises("ppo");
     losses_and_corrections();
     rises_bf16();
+    omp_spin_choice();
     resume();
     external_program();
     token_rewards();
