@@ -53,6 +53,14 @@ static int machine_idle(void) {
     return (double)(b1 - b0) < 0.25 * (double)(t1 - t0);
 }
 
+/* 1 for the commands that compute with the model (the others skip the 50 ms idle check). */
+static int computes(int argc, char **argv) {
+    static const char *const cmds[] = {"run", "sft", "eval", "generate", "score"};
+    for (size_t i = 0; argc >= 2 && i < sizeof cmds / sizeof cmds[0]; i++)
+        if (strcmp(argv[1], cmds[i]) == 0) return 1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     /* OpenMP's idle threads spin by default. When anything else runs on the machine (a reward
      * program, another job, the processes of a split run) spinning threads take the cores
@@ -65,7 +73,7 @@ int main(int argc, char **argv) {
      * (controller/launch.c, RLFLOW_SPIN_AUTO). libgomp reads both when the program loads, so
      * start again with them set. */
     if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0) {
-        if (!getenv("GOMP_SPINCOUNT") && machine_idle()) {
+        if (!getenv("GOMP_SPINCOUNT") && computes(argc, argv) && machine_idle()) {
             setenv("GOMP_SPINCOUNT", "1000", 1);
             setenv("RLFLOW_SPIN_AUTO", "1", 1);
         }
