@@ -7,11 +7,14 @@
 #ifndef RF_FUZZ_UTIL_H
 #define RF_FUZZ_UTIL_H
 
+#ifndef _GNU_SOURCE /* CMake defines it for the fuzz targets: it must precede every header */
 #define _GNU_SOURCE
+#endif
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <ftw.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,15 +32,27 @@ static inline char *rf_fuzz_cstr(const uint8_t *data, size_t size) {
     return s;
 }
 
-/* This process's scratch directory ($TMPDIR or /tmp, one per process), made on first use. */
+static char rf_fuzz_dir_path[256];
+
+static inline int rf_fuzz_remove(const char *p, const struct stat *sb, int flag, struct FTW *f) {
+    (void)sb, (void)flag, (void)f;
+    return remove(p);
+}
+
+/* At exit: the scratch directory and what the code under test wrote in it. */
+static inline void rf_fuzz_dir_remove(void) {
+    nftw(rf_fuzz_dir_path, rf_fuzz_remove, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* This process's scratch directory ($TMPDIR or /tmp, one per process), made on first use and
+ * removed when the process exits (each ctest run of a target left one behind before). */
 static inline const char *rf_fuzz_dir(void) {
-    static char dir[256];
-    if (!dir[0]) {
+    if (!rf_fuzz_dir_path[0]) {
         const char *t = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/rf_fuzz_%d", t && *t ? t : "/tmp", (int)getpid());
-        mkdir(dir, 0700);
+        snprintf(rf_fuzz_dir_path, sizeof rf_fuzz_dir_path, "%s/rf_fuzz_%d", t && *t ? t : "/tmp", (int)getpid());
+        if (mkdir(rf_fuzz_dir_path, 0700) == 0) atexit(rf_fuzz_dir_remove);
     }
-    return dir;
+    return rf_fuzz_dir_path;
 }
 
 /* Writes the input to the scratch file NAME and returns its path (static storage, valid until

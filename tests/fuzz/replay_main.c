@@ -2,7 +2,9 @@
  * a file or a directory of files, each passed once to LLVMFuzzerTestOneInput. Exits 0 when all
  * ran; a crash or sanitizer report ends the process, failing the test. Prints how many ran so a
  * test over an empty or missing corpus cannot pass unnoticed (exit 1). */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
