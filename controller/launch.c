@@ -110,10 +110,9 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     av[k++] = self;
     for (int i = 1; i < argc; i++) av[k++] = argv[i];
     av[k] = NULL;
-    /* OpenMP threads sleep when idle: the processes share the cores (and do not spin first,
-     * unless the user set GOMP_SPINCOUNT: cli/main.c) */
+    /* OpenMP threads sleep when idle: the processes share the cores (a spin rlflow chose for an
+     * idle machine, cli/main.c, each rank drops in rf_run_split) */
     setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-    if (getenv("RLFLOW_SPIN_AUTO")) unsetenv("GOMP_SPINCOUNT"), unsetenv("RLFLOW_SPIN_AUTO");
     /* a rank that dies does not take the others down at once: the controller notices the lost
      * worker itself (heartbeats, failed sends), names it, and stops the run cleanly */
     setenv("OMPI_MCA_orte_enable_recovery", "1", 0);
@@ -585,8 +584,9 @@ rf_status rf_run_split(const rf_recipe *r, int resume, int argc, char **argv) {
         return relaunch(r, argc, argv);
     }
     if (!getenv("OMP_WAIT_POLICY") || getenv("RLFLOW_SPIN_AUTO")) {
-        /* under a user's mpirun: OpenMP reads its wait policy when the program loads, so start
-         * again with idle threads that sleep at once (ranks share cores; cli/main.c) */
+        /* under mpirun (ours or a user's): OpenMP reads its wait policy when the program loads,
+         * so start again with idle threads that sleep at once, without the spin rlflow gives
+         * them on an idle machine (ranks share cores; cli/main.c) */
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
         unsetenv("GOMP_SPINCOUNT"), unsetenv("RLFLOW_SPIN_AUTO");
         execv("/proc/self/exe", argv);

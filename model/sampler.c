@@ -74,7 +74,7 @@ int rf_sample_candidates(const float *z, int V, const rf_sampling *s, double lse
 }
 
 int rf_sample_sorted(const float *z, int n, const rf_sampling *s, double lse, double u) {
-    float inv_temp = 1.0f / s->temperature;
+    float inv_temp = rf_sampling_inv_temp(s);
     if (s->top_k > 0 && s->top_k < n) n = s->top_k;
     if (s->top_p < 1.0f) {
         double cum = 0;
@@ -99,7 +99,7 @@ int rf_sample_sorted(const float *z, int n, const rf_sampling *s, double lse, do
 int32_t rf_sample_u(const float *z, int V, const rf_sampling *s, double u, float *logp, float *work) {
     if (!rf_sampling_sorted(s)) return rf_draw_whole(z, V, rf_sampling_inv_temp(s), s->greedy, u, logp);
     /* the top candidates sorted by logit, then cut and drawn */
-    float inv_temp = 1.0f / s->temperature, m;
+    float inv_temp = rf_sampling_inv_temp(s), m;
     double sum, lse = rf_logits_lse(z, V, inv_temp, &m, &sum);
     int32_t *ids = (int32_t *)work;
     float *zs = work + V;

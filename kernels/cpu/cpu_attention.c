@@ -99,33 +99,35 @@ static void scores(float *S, int ldS, float *m, const int *vis, const float *q, 
  * l. Entries [vis, 16-rounded vis) are zeroed and summed (exact zeros). */
 static float row_softmax(float *s, int vis, float m) {
     int n16 = (vis + 15) & ~15;
+    /* p made block by block and added as it is made: sum partials in a register where there is
+     * one (GCC kept an array of them in memory, each add waiting on the last store, and a second
+     * loop read p back from the first one's masked stores: together a third of the forward on
+     * the default recipe's rows of ~20 keys) */
 #ifdef __AVX512F__
-    /* the same sums in registers, each block's p added as it is made (GCC kept the array below
-     * in memory, each add waiting on the last store, and a second loop read p back from the
-     * first one's masked stores: together a third of the forward on the default recipe's rows
-     * of ~20 keys) */
     __m512 acc = _mm512_setzero_ps();
+#else
+    float part[16] = {0};
+#endif
     for (int j0 = 0; j0 < n16; j0 += 16) {
         float p[16];
 #pragma omp simd
         for (int c = 0; c < 16; c++) p[c] = j0 + c < vis ? rf_expf_fast(s[j0 + c] - m) : 0.0f;
-        __m512 pv = _mm512_loadu_ps(p);
-        _mm512_storeu_ps(s + j0, pv);
-        acc = _mm512_add_ps(acc, pv);
+        memcpy(s + j0, p, sizeof p);
+#ifdef __AVX512F__
+        acc = _mm512_add_ps(acc, _mm512_loadu_ps(p));
+#else
+        for (int c = 0; c < 16; c++) part[c] += p[c];
+#endif
     }
+    /* the partials added in a fixed tree: c += c + 8, then + 4, + 2, + 1 */
+#ifdef __AVX512F__
     __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
     __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 #else
-#pragma omp simd
-    for (int j = 0; j < n16; j++) s[j] = j < vis ? rf_expf_fast(s[j] - m) : 0.0f;
-    float part[16] = {0};
-    for (int j0 = 0; j0 < n16; j0 += 16)
-#pragma omp simd
-        for (int c = 0; c < 16; c++) part[c] += s[j0 + c];
-    for (int w = 8; w >= 1; w /= 2) /* the tree the AVX-512 code above adds in */
+    for (int w = 8; w >= 1; w /= 2)
         for (int c = 0; c < w; c++) part[c] += part[c + w];
     return part[0];
 #endif

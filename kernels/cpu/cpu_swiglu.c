@@ -88,9 +88,9 @@ RF_NO_CONTRACT_FN static void exp_block_plain(float *e, const float *x, int neg,
  * exp_block_fused (RF_EXPF_FAST with FMA_FUSED), written with intrinsics because GCC
  * vectorises that loop at the avx2 target's width and looks up the table with gathers. Here the
  * 32-entry table is four registers read by two two-register permutes and a blend on bit 4 of
- * the index. Lanes off glibc's fast path (|x| >= 88, NaN) get expf itself. */
-__attribute__((target("avx512f"))) static void exp_block_fused512(float *e, const float *x, int neg,
-                                                                  int n) {
+ * the index. Lanes off glibc's fast path (|x| >= 88, NaN) get expf itself. Does the whole
+ * vectors of the n values; returns how many (the caller does the rest). */
+__attribute__((target("avx512f"))) static int exp_block_fused512(float *e, const float *x, int neg, int n) {
     const __m512i t0 = _mm512_loadu_si512(exp_tab), t1 = _mm512_loadu_si512(exp_tab + 8);
     const __m512i t2 = _mm512_loadu_si512(exp_tab + 16), t3 = _mm512_loadu_si512(exp_tab + 24);
     const __m512d inv = _mm512_set1_pd(exp_inv_ln2_n), shift = _mm512_set1_pd(exp_shift);
@@ -120,10 +120,7 @@ __attribute__((target("avx512f"))) static void exp_block_fused512(float *e, cons
             e[i + l] = expf(neg ? -x[i + l] : x[i + l]);
         }
     }
-    for (; i < n; i++) {
-        e[i] = RF_EXPF_FAST(neg ? -x[i] : x[i], FMA_FUSED);
-        if (!(fabsf(x[i]) < 88.0f)) e[i] = expf(neg ? -x[i] : x[i]);
-    }
+    return i;
 }
 #endif
 
@@ -158,8 +155,7 @@ static int exp_mode(void) {
     }
 #ifdef __x86_64__
     if (mode == EXP_FUSED && __builtin_cpu_supports("avx512f")) {
-        exp_block_fused512(got, x, 0, NP);
-        if (memcmp(got, want, sizeof got) == 0) mode = EXP_FUSED512;
+        if (exp_block_fused512(got, x, 0, NP) == NP && memcmp(got, want, sizeof got) == 0) mode = EXP_FUSED512;
     }
 #endif
     g_mode = mode;
@@ -167,16 +163,13 @@ static int exp_mode(void) {
 }
 
 static void exp_block(float *e, const float *x, int neg, int n) {
-    int mode = exp_mode();
+    int mode = exp_mode(), done = 0; /* values done with their off-path lanes */
 #ifdef __x86_64__
-    if (mode == EXP_FUSED512) {
-        exp_block_fused512(e, x, neg, n);
-        return;
-    }
+    if (mode == EXP_FUSED512) done = exp_block_fused512(e, x, neg, n);
 #endif
-    if (mode == EXP_FUSED) exp_block_fused(e, x, neg, n);
+    if (mode == EXP_FUSED || mode == EXP_FUSED512) exp_block_fused(e + done, x + done, neg, n - done);
     else if (mode == EXP_PLAIN) exp_block_plain(e, x, neg, n);
-    for (int i = 0; i < n; i++)
+    for (int i = done; i < n; i++)
         if (mode == EXP_LIBM || !(fabsf(x[i]) < 88.0f)) e[i] = expf(neg ? -x[i] : x[i]);
 }
 
