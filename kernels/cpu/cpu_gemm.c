@@ -52,6 +52,7 @@ typedef struct gemm_key {
 typedef struct gemm_entry {
     gemm_key key;
     int used;
+    unsigned gen; /* g_gen when last used */
     dnnl_primitive_t prim;
     dnnl_memory_t a, b, c, scratch; /* memory objects whose data handle is set per call */
     size_t scratch_bytes;
@@ -86,7 +87,7 @@ typedef struct reorder_entry {
     dnnl_memory_t src, dst;
 } reorder_entry;
 
-#define GEMM_SLOTS 1024 /* power of two; the table is cleared when it is three-quarters full */
+#define GEMM_SLOTS 1024 /* power of two; thinned when three-quarters full (entry_get) */
 #define WEIGHT_SLOTS 1024 /* power of two: plain and packed copies of every weight in use */
 #define REORDER_SLOTS 64
 #define BIND_SLOTS 64
@@ -97,6 +98,7 @@ static dnnl_stream_t g_stream;
 static int g_ready = -1; /* -1 not tried, 0 failed, 1 up */
 static gemm_entry g_gemm[GEMM_SLOTS];
 static int g_gemm_count;
+static unsigned g_gen; /* times the table was thinned */
 static weight_copy g_wcopy[WEIGHT_SLOTS];
 static reorder_entry g_reorder[REORDER_SLOTS];
 static int g_n_reorder;
@@ -339,19 +341,57 @@ static int mem_for(dnnl_memory_t *m, dnnl_primitive_t p, dnnl_query_t q, int idx
     return md && dnnl_memory_create(m, md, g_engine, DNNL_MEMORY_NONE) == dnnl_success;
 }
 
+/* Inserts e's contents at its key's place (the table has room). */
+static void entry_put(const gemm_entry *e) {
+    uint64_t h = key_hash(&e->key);
+    for (size_t i = 0;; i++) {
+        gemm_entry *d = &g_gemm[(h + i) & (GEMM_SLOTS - 1)];
+        if (!d->used) {
+            *d = *e;
+            return;
+        }
+    }
+}
+
+/* Makes room in a three-quarters full table: keeps the entries used since it was last thinned
+ * (the shapes a run repeats: row buckets, decoding steps), frees the others (shapes seen once or
+ * twice: a weight gradient's row count of tokens); everything where those kept would fill half
+ * the table. */
+static void table_thin(void) {
+    static gemm_entry keep[GEMM_SLOTS / 2];
+    int n = 0;
+    for (int j = 0; j < GEMM_SLOTS; j++) {
+        gemm_entry *e = &g_gemm[j];
+        if (!e->used) continue;
+        if (e->gen == g_gen && n < GEMM_SLOTS / 2) keep[n++] = *e;
+        else entry_free(e);
+        memset(e, 0, sizeof *e);
+    }
+    g_gen++;
+    if (n == GEMM_SLOTS / 2) { /* most shapes in use: start over */
+        for (int i = 0; i < n; i++) entry_free(&keep[i]);
+        n = 0;
+    }
+    for (int i = 0; i < n; i++) keep[i].gen = g_gen, entry_put(&keep[i]);
+    g_gemm_count = n;
+}
+
 /* The table's entry for k, made on first use; NULL where oneDNN cannot make the primitive. */
 static gemm_entry *entry_get(const gemm_key *k) {
     uint64_t h = key_hash(k);
     for (size_t i = 0; i < GEMM_SLOTS; i++) {
         gemm_entry *e = &g_gemm[(h + i) & (GEMM_SLOTS - 1)];
-        if (e->used && memcmp(&e->key, k, sizeof *k) == 0) return e;
+        if (e->used && memcmp(&e->key, k, sizeof *k) == 0) {
+            e->gen = g_gen;
+            return e;
+        }
         if (e->used) continue;
-        if (g_gemm_count >= GEMM_SLOTS * 3 / 4) { /* many shapes: start over */
-            for (int j = 0; j < GEMM_SLOTS; j++) entry_free(&g_gemm[j]);
-            g_gemm_count = 0;
+        if (g_gemm_count >= GEMM_SLOTS * 3 / 4) { /* many shapes */
+            table_thin();
             return entry_get(k);
         }
         e->key = *k;
+        e->gen = g_gen;
         e->prim = make_prim(k, &e->scratch_bytes, &e->wmd);
         if (!e->prim && k->pack) { /* remembered: this shape's weights stay in their layout */
             e->used = 1;
@@ -424,11 +464,12 @@ static const void *weight_get(const float *src, int rows, int cols, int ld, int 
 
 /* ---- scratch buffers ---- */
 
-/* Per-thread growable buffer i (0: operand A, 1: operand B; 2, 3: widened bound A, B) of at
+/* Per-thread growable buffer i (0: operand A, 1: operand B; 2, 3: widened bound A, B; 4: the last
+ * rows of a bucketed product with beta 1) of at
  * least n bytes. The buffers live as long as the thread (OpenMP's threads live as long as the
  * process). */
-static _Thread_local void *g_tls[4];
-static _Thread_local size_t g_tls_cap[4];
+static _Thread_local void *g_tls[5];
+static _Thread_local size_t g_tls_cap[5];
 
 /* What buffer 0 holds after gemm_prim converted an A operand into it: that operand's address,
  * stored shape, row stride and kind (bf16 or bf16-rounded floats); src NULL once anything
@@ -584,7 +625,12 @@ static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const 
  * with 64 to 1376 inputs and 64 to 8000 outputs (tests/test_kernels.c checks decode shapes
  * where it runs). Not with its AVX2 ones (ONEDNN_MAX_CPU_ISA=AVX2: a sixth of the rows of
  * products under 64 rows differ from the same rows among 64), where only the matrix-vector
- * loops at every size would do, 5-8x slower at 32 rows (bench_matmul); not measured with AMX.
+ * loops at every size would do, 5-8x slower at 32 rows (bench_matmul). With AMX (Intel Xeon with
+ * AMX-BF16, 2026-11-30): fp32 products run on the same AVX-512 kernels and are exact (11 shapes,
+ * K 64-4864, rows of 1-2048-row products equal to the same rows among 4096); bf16 products on
+ * the tiles are not: where oneDNN declines AMX for a few rows (M N small) those run on its
+ * AVX512-BF16 kernels, and from K of about 1024 the blocking of the sum depends on the rows (11
+ * of 36 shapes with K 512-1280 differ).
  * Where 1, every product goes to oneDNN (GEMV_MAX_M).
  * bf16 products on AVX-512 without AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX512_CORE, as on a
  * Cascade Lake) are oneDNN's emulating gemm, not the brgemm kernels: there a row of a 1-row
@@ -598,8 +644,8 @@ int rf_cpu_batch_invariant_exact_at(rf_precision p) {
         int isa = (int)dnnl_get_effective_cpu_isa(), avx512 = (int)dnnl_cpu_isa_avx512_core;
         int bf16 = (int)dnnl_cpu_isa_avx512_core_bf16;
         int amx = (int)dnnl_cpu_isa_avx512_core_amx & ~bf16;
-        int fp32_ok = (isa & avx512) == avx512 && !(isa & amx);
-        known = fp32_ok | (fp32_ok && (isa & bf16) == bf16) << 1;
+        int fp32_ok = (isa & avx512) == avx512; /* AMX has no fp32 tiles: the same f32 kernels */
+        known = fp32_ok | (fp32_ok && (isa & bf16) == bf16 && !(isa & amx)) << 1;
         atomic_store(&g_row_invariant, known);
     }
     return (known >> (p == RF_PRECISION_BF16)) & 1;
@@ -732,6 +778,81 @@ static int gemm_small(int M, int N, int K, float alpha, const float *A, int lda,
     return 1;
 }
 
+/* Row buckets. A product's primitive is made for its exact shape (oneDNN JIT-compiles kernels
+ * for it: 0.1-0.3 ms on AVX512-BF16, 0.3-1.1 ms on AMX), and an RL run's row counts change at
+ * every call: a decoding step's running sequences, a micro-batch's packed tokens. The default
+ * recipe made 57 primitives a step, 37 % of its time on an AMX machine (docs/kernels.md). So a
+ * bucketed product of M >= 16 rows runs as one product of the rows [0, Mb), Mb = M rounded down
+ * to a multiple of b (64 from 64 rows, else 16), and, where M is not a multiple, one of the last
+ * b rows [M - b, M): every shape it makes has a row count from a small set, and the rows both
+ * compute are written twice. Bucketed only where that leaves every row's bits as one product
+ * gives them: rows that oneDNN computes alike in products of any number of rows (the forward
+ * products on weights in its own layout, where rf_cpu_batch_invariant_exact says so), beta 0 or
+ * 1 (with 1, the last rows go to a buffer and those not done yet are added to C: the sum
+ * post-op's one addition, so the same bits; test_kernels). And bf16 products on AMX, whose rows already depend on the
+ * product's rows (rf_cpu_batch_invariant_exact 0 there): the same bits every run. */
+static int bucket_rows(int M) { return M >= 64 ? 64 : M >= 16 ? 16 : 0; }
+
+/* Whether oneDNN's effective instruction set has AMX (its bf16 products run on the tiles). */
+static int isa_amx(void) {
+    static atomic_int amx = -1;
+    int v = atomic_load(&amx);
+    if (v < 0) {
+        int isa = (int)dnnl_get_effective_cpu_isa(), bf16 = (int)dnnl_cpu_isa_avx512_core_bf16;
+        v = (isa & ((int)dnnl_cpu_isa_avx512_core_amx & ~bf16)) != 0;
+        atomic_store(&amx, v);
+    }
+    return v;
+}
+
+/* Runs the product of key k on operands a (rows of arow bytes), b: through entry e_first when
+ * given (its key k), else made from k; in row buckets (bucket_rows) where bucket is set. pb_for
+ * gives a packed B for an entry (NULL: b as is). 1 when done. Caller holds g_lock. */
+typedef const void *(*packed_fn)(const gemm_entry *e, void *ctx);
+static int run_rows(gemm_key *k, const void *a, size_t arow, const void *b, float *C, int bucket,
+                    packed_fn pb_for, void *ctx) {
+    int M = k->M, ldc = k->ldc, bs = bucket ? bucket_rows(M) : 0;
+    float beta = k->beta;
+    int pieces = bs && M % bs ? 2 : 1, rows[2] = {pieces == 2 ? M / bs * bs : M, bs}, at[2] = {0, M - bs};
+    /* beta 1: the last rows first, into a buffer (beta 0), so that C is written only once both
+     * products are done (a failure leaves it for the caller's fallback); the rows the first does
+     * not cover are then added to C: oneDNN's sum post-op is that one fp32 addition, acc + C */
+    float *t = NULL;
+    if (pieces == 2 && beta != 0.0f && !(t = tls_buf(4, sizeof(float) * (size_t)bs * k->N))) return 0;
+    int ok = 1;
+    for (int n = 0; n < pieces && ok; n++) {
+        int i = t ? 1 - n : n;
+        float *c = C + (size_t)at[i] * ldc;
+        if (i == 1 && t) k->beta = 0.0f, k->ldc = k->N, c = t;
+        k->M = rows[i];
+        gemm_entry *e = entry_get(k); /* made before the previous one is needed no more: entry_get
+                                         may clear the table */
+        const void *bb = b;
+        if (e && pb_for) bb = e->prim ? pb_for(e, ctx) : NULL;
+        ok = e && e->prim && bb && run_entry(e, (const char *)a + (size_t)at[i] * arow, bb, c);
+        k->beta = beta, k->ldc = ldc;
+    }
+    k->M = M;
+    if (ok && t)
+        for (int r = rows[0] - at[1]; r < bs; r++) {
+            float *cr = C + (size_t)(at[1] + r) * ldc;
+            const float *tr = t + (size_t)r * k->N;
+            for (int j = 0; j < k->N; j++) cr[j] = tr[j] + cr[j];
+        }
+    return ok;
+}
+
+typedef struct packed_ctx {
+    const float *B;
+    const uint16_t *bb;
+    int N, K, ldb, bf16;
+} packed_ctx;
+
+static const void *packed_for(const gemm_entry *e, void *ctx) {
+    packed_ctx *c = ctx;
+    return packed_get(c->B, c->bf16 ? c->bb : NULL, c->N, c->K, c->ldb, c->bf16, &e->wmd);
+}
+
 /* Runs the product through a cached primitive; caller holds g_lock. 1 when done. bb: B's bound
  * bf16 values or NULL (a bound A was widened before). */
 static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -757,6 +878,10 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
         a = abuf, k.lda = ac;
         ok = a != NULL;
     }
+    size_t arow = (size_t)k.lda * (bf16 ? es : sizeof(float)); /* bytes per row of A (not ta) */
+    int exact = rf_cpu_batch_invariant_exact_at(g_prec);
+    int amx_bf16 = bf16 && !emulated && isa_amx();
+    int bucket = !ta && (beta == 0.0f || beta == 1.0f) && (exact ? b_weight && tb : amx_bf16);
     /* A weight in the kernel's own layout, where it has one (oneDNN's brgemm kernels: 1.1x at
      * 2048 rows, 1.6-1.9x at 32, docs/kernels.md): kept per epoch instead of repacked by every
      * call. Only the forward's W^T (tb): a copy of W for the backward's dout W as well held
@@ -766,9 +891,9 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
     if (ok && b_weight && tb && !emulated && (bf16 || !bb)) {
         gemm_key kp = k;
         kp.pack = 1, kp.tb = 0, kp.ldb = 0; /* the primitive does not see B's plain layout */
-        gemm_entry *e = entry_get(&kp);
-        const void *pb = e && e->prim ? packed_get(B, bf16 ? bb : NULL, N, K, ldb, bf16, &e->wmd) : NULL;
-        if (pb) return run_entry(e, a, pb, C);
+        packed_ctx c = {B, bb, N, K, ldb, bf16};
+        /* 0 where this shape has no blocked layout (or no memory): the plain operand below */
+        if (run_rows(&kp, a, arow, NULL, C, bucket, packed_for, &c)) return 1;
     }
     if (bf16) {
         if (bb && !emulated) { /* bound bf16 values: the operand as stored */
@@ -785,8 +910,7 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
         b = weight_get(B, br, bc, ldb, 1, bb), k.ldb = bc;
         ok = b != NULL;
     }
-    gemm_entry *e = ok ? entry_get(&k) : NULL;
-    return e && run_entry(e, a, b, C);
+    return ok && run_rows(&k, a, arow, b, C, bucket && !exact, NULL, NULL); /* AMX's bf16 only */
 }
 
 static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -832,8 +956,12 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
      * per-step metrics), so there every product keeps every thread. Products of 1-4 rows keep
      * both threads too: they are bound by reading the weight, which two cores do faster (batch-1
      * decoding of the 25M model 1.45x in fp32, 1.7x in bf16, at the DRAM's read bandwidth), and
-     * their bits are the same (test_kernels' batch-invariant rows). */
-    int single = !ta && M > GEMV_MAX_M && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS && exact;
+     * their bits are the same (test_kernels' batch-invariant rows). AMX's bf16 products, whose
+     * rows are not batch-invariant, split rows and columns alike (no difference between one and
+     * two threads in 248 products of 5-4089 rows, K 32-4096; test_kernels checks it). */
+    int amx_bf16 = g_prec == RF_PRECISION_BF16 && isa_amx();
+    int single = !ta && M > GEMV_MAX_M && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS &&
+                 (exact || amx_bf16);
     int threads = single ? omp_get_max_threads() : 0;
     if (single) omp_set_num_threads(1);
     pthread_mutex_lock(&g_lock);
