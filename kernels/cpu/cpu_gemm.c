@@ -866,21 +866,28 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
     stored(ta, M, K, &ar, &ac);
     stored(tb, K, N, &br, &bc);
     size_t es = emulated ? sizeof(float) : sizeof(uint16_t);
+    int amx_bf16 = bf16 && !emulated && isa_amx();
+    /* A weight gradient's sum over tokens (x^T dout: A and B both stored with K rows) on AMX:
+     * K rounded up to a multiple of 64 with zero rows, which add exactly nothing, so that its
+     * shapes repeat (K is a micro-batch's token count, new at every step: 380 primitives in 100
+     * steps of the default recipe, 2.2 ms each). AMX's bf16 sums are not batch-invariant: no bits
+     * to keep there. */
+    int kp = amx_bf16 && ta && !tb && !b_weight && !bb ? (K + 63) / 64 * 64 : K;
     if (bf16) {
         held_a h = {A, ar, ac, lda, emulated}, *g = &g_held_a;
         void *abuf;
         if (same_a && g->src == A && g->rows == ar && g->cols == ac && g->ld == lda && g->emulated == emulated) {
             abuf = g_tls[0]; /* this thread's last product converted this A, unchanged since */
-        } else {
-            abuf = tls_buf(0, es * (size_t)ar * ac);
+        } else { /* on AMX room for the zero rows a weight gradient reusing it adds (kp) */
+            abuf = tls_buf(0, es * (size_t)(ar + (amx_bf16 ? 63 : 0)) * ac);
             if (abuf) convert(abuf, A, ar, ac, lda, emulated), *g = h, g_a_conversions++;
         }
+        if (abuf && kp > K) memset((char *)abuf + es * (size_t)ar * ac, 0, es * (size_t)(kp - K) * ac);
         a = abuf, k.lda = ac;
         ok = a != NULL;
     }
     size_t arow = (size_t)k.lda * (bf16 ? es : sizeof(float)); /* bytes per row of A (not ta) */
     int exact = rf_cpu_batch_invariant_exact_at(g_prec);
-    int amx_bf16 = bf16 && !emulated && isa_amx();
     int bucket = !ta && (beta == 0.0f || beta == 1.0f) && (exact ? b_weight && tb : amx_bf16);
     /* A weight in the kernel's own layout, where it has one (oneDNN's brgemm kernels: 1.1x at
      * 2048 rows, 1.6-1.9x at 32, docs/kernels.md): kept per epoch instead of repacked by every
@@ -901,9 +908,12 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
         } else if (b_weight || bb) {
             b = weight_get(B, br, bc, ldb, emulated, emulated ? bb : NULL), k.ldb = bc;
         } else {
-            void *bbuf = tls_buf(1, es * (size_t)br * bc);
-            if (bbuf) convert(bbuf, B, br, bc, ldb, emulated);
-            b = bbuf, k.ldb = bc;
+            void *bbuf = tls_buf(1, es * (size_t)(br + kp - K) * bc);
+            if (bbuf) {
+                convert(bbuf, B, br, bc, ldb, emulated);
+                memset((char *)bbuf + es * (size_t)br * bc, 0, es * (size_t)(kp - K) * bc);
+            }
+            b = bbuf, k.ldb = bc, k.K = kp;
         }
         ok = ok && b;
     } else if (ok && bb) { /* fp32 products on bound values: widened once per epoch */
