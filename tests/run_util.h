@@ -13,6 +13,8 @@
 
 #include "common/crc32c.h"
 #include "common/util.h"
+#include "kernels/cpu/cpu_internal.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 
 /* How much the mean training reward of steps 101-120 must exceed that of steps 1-20 in the
@@ -34,6 +36,14 @@ static inline FILE *rf_test_open_recipe(const char *dir) {
 /* logging.val_every larger than any test's train.steps: validation before training (step 0)
  * and at the last step only (0 is no validation at all). */
 #define RF_TEST_VAL_ENDS 1000000
+
+/* Whether the products of a run at model.precision = "auto" (rf_test_write_recipe's) are
+ * batch-invariant here: bf16 where the CPU has bf16 instructions (kernels/precision.c), else
+ * fp32. On AMX fp32 products are and bf16 ones are not (kernels.h rf_cpu_batch_invariant_exact),
+ * so the test process's own precision (fp32) does not tell. */
+static inline int rf_test_auto_exact(void) {
+    return rf_cpu_batch_invariant_exact_at(rf_cpu_isa_has_bf16() ? RF_PRECISION_BF16 : RF_PRECISION_FP32);
+}
 
 /* Writes <dir>/r.toml: the recipe, validation every val_every steps, then `extra` (more TOML
  * tables, may be ""). */

@@ -29,8 +29,12 @@ static char dir[256];
 static const char *LORA = "[lora]\nenabled = true\nrank = 8\nalpha = 16\n"
                           "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n";
 
-/* 120 steps at lr 5e-3 (adapters take a larger rate than full fine-tuning) with kl_coef 0.01.
- * Measured on this task: reward 0.253 -> 0.369, accuracy 0.175 -> 0.225 (40 prompts). The
+/* 120 steps at lr 2e-3 (adapters take a larger rate than full fine-tuning) with kl_coef 0.01.
+ * Measured on this task: reward 0.253 -> 0.369, accuracy 0.175 -> 0.225 (40 prompts) at 5e-3, a
+ * rate at the edge of divergence: on an Intel Xeon with AMX the mean reward of steps 101-120
+ * rose 0.02-0.10 above steps 1-20 over six seeds there (0.130 and 0.054 with AMX off, 0.062 and
+ * 0.032 in fp32), and fell at 1e-2; at 2e-3 seed 1 rose 0.094-0.101 on AMX, AVX512-BF16, AVX2
+ * and fp32 alike, seed 11 0.054-0.072 (2026-11-30). The
  * held-out accuracy is printed, not asserted: greedy answers to 40 prompts move with the last bits
  * of any kernel (0.200 -> 0.125 after a vectorised exp, the reward still rising 0.232 -> 0.306),
  * as in test_run's bf16 run. */
@@ -145,7 +149,7 @@ int main(void) {
     rf_test_write_recipe(dir, RF_TEST_VAL_ENDS, extra);
     /* the recipe's [train] lr and [algorithm] kl_coef for adapters */
     char *out = NULL;
-    rf_test_sh(&out, "cd %s && sed -i 's/^lr = 5e-4$/lr = 5e-3/; s/^clip_high = 0.28$/clip_high = 0.28\\nkl_coef = 0.01/' r.toml", dir);
+    rf_test_sh(&out, "cd %s && sed -i 's/^lr = 5e-4$/lr = 2e-3/; s/^clip_high = 0.28$/clip_high = 0.28\\nkl_coef = 0.01/' r.toml", dir);
     free(out);
     learns();
     resume();

@@ -190,7 +190,7 @@ int main(void) {
     older_checkpoints("stop1", one, 1);
     if (rf_test_sh(NULL, "command -v mpirun >/dev/null") != 0) {
         printf("test_run_resample: split part skipped: mpirun not found\n");
-    } else if (!rf_cpu_batch_invariant_exact()) {
+    } else if (!rf_test_auto_exact()) {
         printf("test_run_resample: split part skipped: the CPU back end's products are not batch-invariant on this CPU "
                "(kernels.h rf_cpu_batch_invariant_exact), so split runs agree only to the last bits\n");
     } else {

@@ -140,7 +140,7 @@ static void stop_and_resume(const char *run, const char *full, const char *args,
      * 11's reward 0.2890625 against 0.3046875, 2 of 128 samples): rewards within 0.05 (6 of 128
      * samples), the gradient norm within 1e-5 at the first step after the stop. A resume that
      * lost or repeated data would move the rewards and the norm far more. */
-    int loose = split && !rf_cpu_batch_invariant_exact();
+    int loose = split && !rf_test_auto_exact();
     for (int s = n + 1; s <= steps; s++)
         if (loose) same_metric_abs(run, full, s, "reward/mean", 0.05);
         else same_metric(run, full, s, "reward/mean", 0);
