@@ -620,6 +620,22 @@ static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const 
 /* Products of at most this many multiply-adds run on one thread (rf_cpu_gemm). */
 #define RF_GEMM_SERIAL_MACS (1 << 22)
 
+/* Whether oneDNN's effective instruction set (ONEDNN_MAX_CPU_ISA honoured) has AMX: its bf16
+ * products run on the tiles, its fp32 ones on the AVX-512 kernels as without. */
+static int isa_amx(void) {
+    static atomic_int amx = -1;
+    int v = atomic_load(&amx);
+    if (v < 0) {
+        int isa = (int)dnnl_get_effective_cpu_isa(), bf16 = (int)dnnl_cpu_isa_avx512_core_bf16;
+        v = (isa & ((int)dnnl_cpu_isa_avx512_core_amx & ~bf16)) != 0;
+        atomic_store(&amx, v);
+    }
+    return v;
+}
+
+/* Whether the products now run bf16 on AMX's tiles (AMX has AVX512-BF16: never emulated). */
+static int amx_bf16(void) { return g_prec == RF_PRECISION_BF16 && isa_amx(); }
+
 /* Whether oneDNN's matmul gives a row the same bits in products of any number of rows: with
  * its AVX-512 kernels (avx512_core_bf16, AMD EPYC), measured for 1 to 300 rows, fp32 and bf16,
  * with 64 to 1376 inputs and 64 to 8000 outputs (tests/test_kernels.c checks decode shapes
@@ -643,9 +659,8 @@ int rf_cpu_batch_invariant_exact_at(rf_precision p) {
     if (known < 0) {
         int isa = (int)dnnl_get_effective_cpu_isa(), avx512 = (int)dnnl_cpu_isa_avx512_core;
         int bf16 = (int)dnnl_cpu_isa_avx512_core_bf16;
-        int amx = (int)dnnl_cpu_isa_avx512_core_amx & ~bf16;
         int fp32_ok = (isa & avx512) == avx512; /* AMX has no fp32 tiles: the same f32 kernels */
-        known = fp32_ok | (fp32_ok && (isa & bf16) == bf16 && !(isa & amx)) << 1;
+        known = fp32_ok | (fp32_ok && (isa & bf16) == bf16 && !isa_amx()) << 1;
         atomic_store(&g_row_invariant, known);
     }
     return (known >> (p == RF_PRECISION_BF16)) & 1;
@@ -793,21 +808,9 @@ static int gemm_small(int M, int N, int K, float alpha, const float *A, int lda,
  * product's rows (rf_cpu_batch_invariant_exact 0 there): the same bits every run. */
 static int bucket_rows(int M) { return M >= 64 ? 64 : M >= 16 ? 16 : 0; }
 
-/* Whether oneDNN's effective instruction set has AMX (its bf16 products run on the tiles). */
-static int isa_amx(void) {
-    static atomic_int amx = -1;
-    int v = atomic_load(&amx);
-    if (v < 0) {
-        int isa = (int)dnnl_get_effective_cpu_isa(), bf16 = (int)dnnl_cpu_isa_avx512_core_bf16;
-        v = (isa & ((int)dnnl_cpu_isa_avx512_core_amx & ~bf16)) != 0;
-        atomic_store(&amx, v);
-    }
-    return v;
-}
-
-/* Runs the product of key k on operands a (rows of arow bytes), b: through entry e_first when
- * given (its key k), else made from k; in row buckets (bucket_rows) where bucket is set. pb_for
- * gives a packed B for an entry (NULL: b as is). 1 when done. Caller holds g_lock. */
+/* Runs the product of key k (its primitive made on first use) on operands a (rows of arow
+ * bytes) and b, in row buckets (bucket_rows) where bucket is set. pb_for, where given, gives B
+ * in the layout of the entry's primitive (b unused). 1 when done. Caller holds g_lock. */
 typedef const void *(*packed_fn)(const gemm_entry *e, void *ctx);
 static int run_rows(gemm_key *k, const void *a, size_t arow, const void *b, float *C, int bucket,
                     packed_fn pb_for, void *ctx) {
@@ -866,29 +869,32 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
     stored(ta, M, K, &ar, &ac);
     stored(tb, K, N, &br, &bc);
     size_t es = emulated ? sizeof(float) : sizeof(uint16_t);
-    int amx_bf16 = bf16 && !emulated && isa_amx();
+    int amx = bf16 && amx_bf16();
     /* A weight gradient's sum over tokens (x^T dout: A and B both stored with K rows) on AMX:
      * K rounded up to a multiple of 64 with zero rows, which add exactly nothing, so that its
      * shapes repeat (K is a micro-batch's token count, new at every step: 380 primitives in 100
      * steps of the default recipe, 2.2 ms each). AMX's bf16 sums are not batch-invariant: no bits
      * to keep there. */
-    int kp = amx_bf16 && ta && !tb && !b_weight && !bb ? (K + 63) / 64 * 64 : K;
+    int kpad = amx && ta && !tb && !b_weight && !bb ? (K + 63) / 64 * 64 : K;
     if (bf16) {
         held_a h = {A, ar, ac, lda, emulated}, *g = &g_held_a;
         void *abuf;
         if (same_a && g->src == A && g->rows == ar && g->cols == ac && g->ld == lda && g->emulated == emulated) {
             abuf = g_tls[0]; /* this thread's last product converted this A, unchanged since */
-        } else { /* on AMX room for the zero rows a weight gradient reusing it adds (kp) */
-            abuf = tls_buf(0, es * (size_t)(ar + (amx_bf16 ? 63 : 0)) * ac);
+        } else { /* on AMX room for the zero rows a weight gradient reusing it adds (kpad) */
+            abuf = tls_buf(0, es * (size_t)(ar + (amx ? 63 : 0)) * ac);
             if (abuf) convert(abuf, A, ar, ac, lda, emulated), *g = h, g_a_conversions++;
         }
-        if (abuf && kp > K) memset((char *)abuf + es * (size_t)ar * ac, 0, es * (size_t)(kp - K) * ac);
+        if (abuf && kpad > K) memset((char *)abuf + es * (size_t)ar * ac, 0, es * (size_t)(kpad - K) * ac);
         a = abuf, k.lda = ac;
         ok = a != NULL;
     }
     size_t arow = (size_t)k.lda * (bf16 ? es : sizeof(float)); /* bytes per row of A (not ta) */
-    int exact = rf_cpu_batch_invariant_exact_at(g_prec);
-    int bucket = !ta && (beta == 0.0f || beta == 1.0f) && (exact ? b_weight && tb : amx_bf16);
+    /* row buckets: for the products on packed weights where rows are batch-invariant, and for
+     * every product on AMX's bf16 tiles (bucket_rows) */
+    int rows_ok = !ta && (beta == 0.0f || beta == 1.0f);
+    int bucket_packed = rows_ok && (amx || rf_cpu_batch_invariant_exact_at(g_prec));
+    int bucket_plain = rows_ok && amx;
     /* A weight in the kernel's own layout, where it has one (oneDNN's brgemm kernels: 1.1x at
      * 2048 rows, 1.6-1.9x at 32, docs/kernels.md): kept per epoch instead of repacked by every
      * call. Only the forward's W^T (tb): a copy of W for the backward's dout W as well held
@@ -900,7 +906,7 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
         kp.pack = 1, kp.tb = 0, kp.ldb = 0; /* the primitive does not see B's plain layout */
         packed_ctx c = {B, bb, N, K, ldb, bf16};
         /* 0 where this shape has no blocked layout (or no memory): the plain operand below */
-        if (run_rows(&kp, a, arow, NULL, C, bucket, packed_for, &c)) return 1;
+        if (run_rows(&kp, a, arow, NULL, C, bucket_packed, packed_for, &c)) return 1;
     }
     if (bf16) {
         if (bb && !emulated) { /* bound bf16 values: the operand as stored */
@@ -908,19 +914,19 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
         } else if (b_weight || bb) {
             b = weight_get(B, br, bc, ldb, emulated, emulated ? bb : NULL), k.ldb = bc;
         } else {
-            void *bbuf = tls_buf(1, es * (size_t)(br + kp - K) * bc);
+            void *bbuf = tls_buf(1, es * (size_t)(br + kpad - K) * bc);
             if (bbuf) {
                 convert(bbuf, B, br, bc, ldb, emulated);
-                memset((char *)bbuf + es * (size_t)br * bc, 0, es * (size_t)(kp - K) * bc);
+                memset((char *)bbuf + es * (size_t)br * bc, 0, es * (size_t)(kpad - K) * bc);
             }
-            b = bbuf, k.ldb = bc, k.K = kp;
+            b = bbuf, k.ldb = bc, k.K = kpad;
         }
         ok = ok && b;
     } else if (ok && bb) { /* fp32 products on bound values: widened once per epoch */
         b = weight_get(B, br, bc, ldb, 1, bb), k.ldb = bc;
         ok = b != NULL;
     }
-    return ok && run_rows(&k, a, arow, b, C, bucket && !exact, NULL, NULL); /* AMX's bf16 only */
+    return ok && run_rows(&k, a, arow, b, C, bucket_plain, NULL, NULL);
 }
 
 static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -969,9 +975,8 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
      * their bits are the same (test_kernels' batch-invariant rows). AMX's bf16 products, whose
      * rows are not batch-invariant, split rows and columns alike (no difference between one and
      * two threads in 248 products of 5-4089 rows, K 32-4096; test_kernels checks it). */
-    int amx_bf16 = g_prec == RF_PRECISION_BF16 && isa_amx();
     int single = !ta && M > GEMV_MAX_M && K <= 4096 && (double)M * N * K <= RF_GEMM_SERIAL_MACS &&
-                 (exact || amx_bf16);
+                 (exact || amx_bf16());
     int threads = single ? omp_get_max_threads() : 0;
     if (single) omp_set_num_threads(1);
     pthread_mutex_lock(&g_lock);
