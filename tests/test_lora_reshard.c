@@ -69,7 +69,7 @@ static rf_model_tp *shard_of(const rf_model *whole, rf_comm *g) {
     return tp;
 }
 
-static void adapters_alone(rf_comm *world, shape s) {
+static void adapters_alone(rf_comm *world, shape s, rf_comm **refused) {
     int train = g_rank < 2;
     rf_comm *g = NULL; /* this side's tp group */
     CHECK_OK(rf_comm_split(world, train ? 0 : 1, g_rank, &g));
@@ -91,10 +91,22 @@ static void adapters_alone(rf_comm *world, shape s) {
         CHECK_OK(rf_weights_rs_base_checksum(g, &full, rf_cpu_kernels(), tp->m->params, T_OK, &base));
         CHECK(base == (train || round == 0 ? base7 : base9));
         rf_param_table pt = {&tp->cfg, tp->lora_views, tp->n_lora_views};
-        rf_comm *c = NULL; /* the refused exchange fails its communicator: one of its own each round */
+        /* The refused exchange fails its communicator: one of its own each round. Rank 0's
+         * messages of the refused round are never received; that communicator is kept until the
+         * end (*refused), since a freed one's context id goes to the next split, and MPI would
+         * hand the stale messages to it. */
+        rf_comm *c = NULL;
         CHECK_OK(rf_comm_split(world, 0, g_rank, &c));
+        if (!c) {
+            rf_model_tp_free(tp);
+            break;
+        }
         rf_weights_rs *x = NULL;
         CHECK_OK(rf_weights_rs_init(&x, &pt, 2, 1, 2, c, 1 << 12, round ? 3.0 : T_OK));
+        if (!x) {
+            rf_comm_free(c), rf_model_tp_free(tp);
+            break;
+        }
         rf_weights_rs_set_base(x, base);
         float *local = tp->m->params + tp->m->n_frozen;
         size_t nf = tp->m->n_frozen;
@@ -114,6 +126,7 @@ static void adapters_alone(rf_comm *world, shape s) {
             rf_error_clear();
             rf_status st = rf_weights_rs_receive(x, local, g, &v, &got);
             if (round == 0) {
+                if (st != RF_OK) fprintf(stderr, "world rank %d: %s\n", g_rank, rf_error_message());
                 CHECK(st == RF_OK && v == 4 && got == lora7);
                 rf_model_tp *w = shard_of(want, g); /* the blocks this rank must now hold */
                 CHECK(memcmp(local, w->m->params + w->m->n_frozen, sizeof(float) * (w->m->n_params - w->m->n_frozen)) == 0);
@@ -133,7 +146,8 @@ static void adapters_alone(rf_comm *world, shape s) {
                    (int)s, round, base, base7, lora7);
         free(frozen);
         rf_weights_rs_free(x);
-        rf_comm_free(c);
+        if (round) *refused = c;
+        else rf_comm_free(c);
         rf_model_tp_free(tp);
         CHECK_OK(rf_comm_barrier(world, T_OK, "after a round"));
     }
@@ -146,8 +160,10 @@ static int under_mpi(int argc, char **argv) {
     if (!world) return 1;
     g_rank = rf_comm_rank(world);
     if (rf_comm_size(world) == 4) {
-        adapters_alone(world, SHAPE_GQA);
-        adapters_alone(world, SHAPE_QWEN3);
+        rf_comm *refused[2] = {NULL, NULL};
+        adapters_alone(world, SHAPE_GQA, &refused[0]);
+        adapters_alone(world, SHAPE_QWEN3, &refused[1]);
+        rf_comm_free(refused[0]), rf_comm_free(refused[1]);
     } else {
         CHECK(rf_comm_size(world) == 4);
     }
