@@ -21,13 +21,13 @@ typedef struct grad_bufs {
 
 static rf_status reserve_grads(rf_model *m, grad_bufs *g) {
     const rf_model_config *c = &m->cfg;
-    size_t T = (size_t)m->T, C = c->hidden_size, F = c->intermediate_size,
+    size_t T = rf__rows_padded(m->T), C = c->hidden_size, F = c->intermediate_size,
            QD = (size_t)c->num_attention_heads * c->head_dim,
            KD = (size_t)c->num_key_value_heads * c->head_dim;
     size_t per_token = 3 * C + 3 * F + 3 * QD + 3 * KD;
     if (m->T > m->gmem_cap) {
         m->k->free(m->gmem);
-        m->gmem = m->k->alloc(per_token * T * sizeof(float));
+        m->gmem = m->k->alloc(per_token * T * sizeof(float)); /* T: rows padded */
         m->gmem_cap = m->gmem ? m->T : 0;
         if (!m->gmem) return rf_error(RF_ERR_NOMEM, "out of memory for gradients of %d tokens", m->T);
     }

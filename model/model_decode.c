@@ -1,4 +1,5 @@
 /* KV-cache decoding: batched prefill and decode steps over cache slots. */
+#include <limits.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,16 +60,22 @@ static rf_status decode_indices(const rf_model *m, const rf_kv_cache *c, const i
     return RF_OK;
 }
 
-rf_status rf__model_last_logits(rf_model *m, const float *x, const int32_t *q_off, int n,
-                             float *logits) {
+int rf__decode_group_tokens(const rf_model *m) {
+    return strcmp(m->k->name, "cpu") == 0 ? RF_DECODE_GROUP_TOKENS : INT_MAX;
+}
+
+void rf__model_gather_last(rf_model *m, const float *x, const int32_t *q_off, int n, int first) {
+    size_t C = (size_t)m->cfg.hidden_size;
+    for (int i = 0; i < n; i++)
+        m->k->copy(m->scratch2 + (size_t)(first + i) * C, x + (size_t)(q_off[i + 1] - 1) * C, sizeof(float) * C);
+}
+
+rf_status rf__model_logits_gathered(rf_model *m, int n, float *logits) {
     const rf_model_config *c = &m->cfg;
     int C = c->hidden_size, V = c->vocab_size;
-    for (int i = 0; i < n; i++)
-        m->k->copy(m->scratch + (size_t)i * C, x + (size_t)(q_off[i + 1] - 1) * C,
-                   sizeof(float) * (size_t)C);
-    m->k->rmsnorm_forward(m->scratch2, NULL, m->scratch, m->norm, n, C, c->rms_norm_eps);
+    m->k->rmsnorm_forward(m->scratch, NULL, m->scratch2, m->norm, n, C, c->rms_norm_eps);
     RF_TRY(rf__model_dev_out(m, (size_t)n * V));
-    m->k->matmul_forward(m->dev_out, m->scratch2, m->lm_head, NULL, n, C, V);
+    m->k->matmul_forward(m->dev_out, m->scratch, m->lm_head, NULL, n, C, V);
     if (logits) m->k->to_host(logits, m->dev_out, sizeof(float) * (size_t)n * V);
     m->draw_rows = logits ? 0 : n; /* rows rf_model_draw may read */
     return RF_OK;
@@ -150,38 +157,51 @@ rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const i
     if (!m->lm_head) return rf_error(RF_ERR_ARG, "decode: model has no LM head");
     int T = 0;
     for (int i = 0; i < n; i++) T += counts[i] > 0 ? counts[i] : 0;
-    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(T + 3 * n + 1));
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(T + 4 * n + 2));
     if (!idx) return rf_error(RF_ERR_NOMEM, "out of memory");
     int32_t *pos = idx, *q_off = idx + T, *k_start = q_off + n + 1, *k_len = k_start + n;
+    int32_t *g_off = k_len + n; /* (n + 1) a group's q_off from its first token */
     rf_status s = decode_indices(m, c, slots, counts, n, pos, q_off, k_start, k_len);
     for (int t = 0; s == RF_OK && t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab_size)
             s = rf_error(RF_ERR_RANGE, "decode: token id %d outside the vocabulary (%d)", tokens[t],
                          m->cfg.vocab_size);
     /* Decoding reuses layer 0's activation buffers for every layer: nothing is kept for
-     * backward, so activation memory stays one layer's worth. */
-    if (s == RF_OK) s = rf__model_reserve(m, T > n ? T : n);
-    if (s == RF_OK) {
-        const int32_t *host[] = {tokens, pos, q_off, k_start, k_len};
-        int cnt[] = {T, T, n + 1, n, n};
+     * backward, so activation memory stays one layer's worth (of the largest group). */
+    int budget = rf__decode_group_tokens(m), gmax = 0;
+    for (int g0 = 0, g1; g0 < n; g0 = g1) {
+        int t = counts[g0];
+        for (g1 = g0 + 1; g1 < n && t + counts[g1] <= budget; g1++) t += counts[g1];
+        gmax = t > gmax ? t : gmax;
+    }
+    if (s == RF_OK) s = rf__model_reserve(m, gmax > n ? gmax : n);
+    for (int g0 = 0, g1; s == RF_OK && g0 < n; g0 = g1) { /* groups of sequences (RF_DECODE_GROUP_TOKENS) */
+        int t = counts[g0], g;
+        for (g1 = g0 + 1; g1 < n && t + counts[g1] <= budget; g1++) t += counts[g1];
+        g = g1 - g0;
+        for (int i = 0; i <= g; i++) g_off[i] = q_off[g0 + i] - q_off[g0];
+        const int32_t *host[] = {tokens + q_off[g0], pos + q_off[g0], g_off, k_start + g0, k_len + g0};
+        int cnt[] = {t, t, g + 1, g, g};
         int32_t *dev[5];
         s = rf__model_upload_ints(m, 5, host, cnt, dev);
+        if (s != RF_OK) break;
         m->d_tokens = dev[0], m->d_pos = dev[1], m->d_cu = dev[2], m->d_kstart = dev[3];
         m->d_klen = dev[4];
-    }
-    if (s == RF_OK) {
         rf_layer_acts *a = &m->acts[0];
         float *x = m->x_final, *y = m->h; /* ping-pong residual buffers */
-        m->k->embedding_forward(x, m->d_tokens, m->wte, T, m->cfg.hidden_size);
+        m->k->embedding_forward(x, m->d_tokens, m->wte, t, m->cfg.hidden_size);
         for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
-            rf__layer_forward_cached(m, l, a, x, y, T, c, slots, counts, n);
-            float *t = x;
-            x = y, y = t;
+            rf__layer_forward_cached(m, l, a, x, y, t, c, slots + g0, counts + g0, g);
+            float *tmp = x;
+            x = y, y = tmp;
         }
-        s = rf__model_last_logits(m, x, q_off, n, logits);
-        for (int i = 0; s == RF_OK && i < n; i++) c->len[slots[i]] += counts[i];
-        m->T = 0; /* activations no longer describe a training forward */
+        rf__model_gather_last(m, x, g_off, g, g0);
     }
+    if (s == RF_OK) {
+        s = rf__model_logits_gathered(m, n, logits);
+        for (int i = 0; s == RF_OK && i < n; i++) c->len[slots[i]] += counts[i];
+    }
+    m->T = 0; /* activations no longer describe a training forward */
     free(idx);
     return s;
 }

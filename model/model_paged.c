@@ -83,10 +83,10 @@ rf_status rf__paged_upload(rf_model *m, const rf_kv_pool *p, const rf__paged_idx
     return RF_OK;
 }
 
-/* Uploads the index arrays and runs embedding, layers and logits. */
+/* Uploads a group's index arrays and runs embedding and layers over it; its sequences' last
+ * rows go to rows `first`.. of the gathered ones. */
 static rf_status paged_run(rf_model *m, rf_kv_pool *p, const rf__paged_idx *ix, int n,
-                           const int32_t *tokens, float *logits) {
-    RF_TRY(rf__model_reserve(m, ix->T > n ? ix->T : n));
+                           const int32_t *tokens, int first) {
     rf__paged_view pv;
     RF_TRY(rf__paged_upload(m, p, ix, n, tokens, &pv));
     rf_layer_acts *a = &m->acts[0]; /* one layer's buffers serve every layer, as in decoding */
@@ -97,8 +97,8 @@ static rf_status paged_run(rf_model *m, rf_kv_pool *p, const rf__paged_idx *ix, 
         float *t = x;
         x = y, y = t;
     }
-    m->T = 0; /* activations no longer describe a training forward */
-    return rf__model_last_logits(m, x, ix->q_off, n, logits);
+    rf__model_gather_last(m, x, ix->q_off, n, first);
+    return RF_OK;
 }
 
 rf_status rf_model_decode_paged(rf_model *m, rf_kv_pool *pool, const rf_paged_seq *seqs, int n,
@@ -107,7 +107,28 @@ rf_status rf_model_decode_paged(rf_model *m, rf_kv_pool *pool, const rf_paged_se
     if (n <= 0) return RF_OK;
     rf__paged_idx ix;
     RF_TRY(rf__paged_idx_make(&ix, &m->cfg, pool, seqs, n, tokens));
-    rf_status s = paged_run(m, pool, &ix, n, tokens, logits);
+    /* groups of sequences of at most RF_DECODE_GROUP_TOKENS new tokens (model_internal.h),
+     * each a view of ix with its own query offsets from its first token */
+    int budget = rf__decode_group_tokens(m), gmax = 0;
+    for (int g0 = 0, g1; g0 < n; g0 = g1) {
+        int t = seqs[g0].n_new;
+        for (g1 = g0 + 1; g1 < n && t + seqs[g1].n_new <= budget; g1++) t += seqs[g1].n_new;
+        gmax = t > gmax ? t : gmax;
+    }
+    int32_t *g_off = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    rf_status s = g_off ? rf__model_reserve(m, gmax > n ? gmax : n) : rf_error(RF_ERR_NOMEM, "paged decode: out of memory");
+    for (int g0 = 0, g1; s == RF_OK && g0 < n; g0 = g1) {
+        int t = seqs[g0].n_new;
+        for (g1 = g0 + 1; g1 < n && t + seqs[g1].n_new <= budget; g1++) t += seqs[g1].n_new;
+        int o = ix.q_off[g0];
+        for (int i = 0; i <= g1 - g0; i++) g_off[i] = ix.q_off[g0 + i] - o;
+        rf__paged_idx gx = {ix.pos + o, ix.slots + o, g_off, ix.k_len + g0, ix.table + (size_t)g0 * ix.max_blocks,
+                            t, ix.max_blocks};
+        s = paged_run(m, pool, &gx, g1 - g0, tokens + o, g0);
+    }
+    if (s == RF_OK) s = rf__model_logits_gathered(m, n, logits);
+    m->T = 0; /* activations no longer describe a training forward */
+    free(g_off);
     rf__paged_idx_free(&ix);
     return s;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "model/model_internal.h"
 #include "model/model_tp_internal.h"
 
 /* The sum of x over c (the group's own communicator, or its host one). */
@@ -372,7 +373,7 @@ rf_status rf__tp_reserve(rf_model_tp *tp, int T) {
     if (T <= tp->act_cap) return RF_OK;
     const rf_model_config *c = &tp->cfg;
     const rf_kernels *k = tp->m->k;
-    size_t t = (size_t)T, C = c->hidden_size, D = c->head_dim, H = tp->H, KV = tp->KV, F = tp->F;
+    size_t t = rf__rows_padded(T), C = c->hidden_size, D = c->head_dim, H = tp->H, KV = tp->KV, F = tp->F;
     k->free(tp->act_mem);
     size_t lora = lora_floats(tp); /* per token, 0 without adapters */
     tp->act_mem = k->alloc(t * (layer_floats(tp) * c->num_hidden_layers + 2 * C + 2 + lora) * sizeof(float));

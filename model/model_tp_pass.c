@@ -324,7 +324,7 @@ typedef struct grad_bufs {
 } grad_bufs;
 
 static rf_status reserve_grads(rf_model_tp *tp, grad_bufs *g) {
-    size_t T = (size_t)tp->T, C = tp->cfg.hidden_size, F = tp->F, D = tp->cfg.head_dim,
+    size_t T = rf__rows_padded(tp->T), C = tp->cfg.hidden_size, F = tp->F, D = tp->cfg.head_dim,
            QD = (size_t)tp->H * D, KD = (size_t)tp->KV * D, XD = tp->KVA != tp->KV ? QD : 0;
     if (tp->T > tp->gmem_cap) {
         tp->m->k->free(tp->gmem);

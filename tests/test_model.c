@@ -10,6 +10,7 @@
 #include "common/shm.h"
 #include "kernels/sample.h"
 #include "model/model.h"
+#include "model/model_internal.h"
 #include "test_util.h"
 
 static rf_model_config tiny_config(rf_arch arch, int tied, int value_head) {
@@ -212,6 +213,95 @@ static void kv_cache_check(rf_arch arch) {
     rf_model_free(m);
 }
 
+/* A prefill of more new tokens than RF_DECODE_GROUP_TOKENS (model_internal.h) runs its
+ * sequences in groups: five prompts of 300, 150, 100, 400 and 600 tokens (groups {300, 150},
+ * {100, 400}, {600}), then one decoding step of all five, through the contiguous cache and the
+ * paged one. Each sequence's logits must be those of the same sequence run alone: the same bits
+ * where rows are batch-invariant (rf_cpu_batch_invariant_exact), else within 1e-4; and the
+ * cache the groups wrote serves the next step. */
+static void group_check(rf_arch arch) {
+    rf_model_config c = tiny_config(arch, 1, 0);
+    c.max_position_embeddings = 1024;
+    rf_model *m;
+    CHECK_OK(rf_model_init(&m, &c, rf_cpu_kernels()));
+    rf_model_init_random(m, 9, 0.3f);
+    enum { NS = 5, BS = 16, MAXB = 40 };
+    const int len[NS] = {300, 150, 100, 400, 600};
+    int V = c.vocab_size, T = 0, exact = rf_cpu_batch_invariant_exact();
+    for (int i = 0; i < NS; i++) T += len[i];
+    CHECK(T > RF_DECODE_GROUP_TOKENS && len[0] + len[1] <= RF_DECODE_GROUP_TOKENS &&
+          len[0] + len[1] + len[2] > RF_DECODE_GROUP_TOKENS);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)T), next[NS];
+    for (int t = 0; t < T; t++) tok[t] = (int32_t)((t * 37 + 11) % V);
+    for (int i = 0; i < NS; i++) next[i] = (int32_t)((i * 13 + 5) % V);
+    float *all = malloc(sizeof(float) * NS * V * 4), *one = all + NS * V, *step = one + NS * V, *pstep = step + NS * V;
+    double worst = 0;
+    int differ = 0;
+    for (int paged = 0; paged < 2; paged++) {
+        rf_kv_cache kv, kv1;
+        rf_kv_pool pool, pool1;
+        int blocks[NS][MAXB], ones[NS];
+        rf_paged_seq seqs[NS];
+        if (paged) {
+            CHECK_OK(rf_kv_pool_init(&pool, m, NS * MAXB, BS));
+            CHECK_OK(rf_kv_pool_init(&pool1, m, MAXB, BS));
+            for (int i = 0; i < NS; i++) {
+                for (int b = 0; b < MAXB; b++) blocks[i][b] = i * MAXB + b;
+                seqs[i] = (rf_paged_seq){blocks[i], 0, len[i]};
+            }
+            CHECK_OK(rf_model_decode_paged(m, &pool, seqs, NS, tok, all));
+        } else {
+            int slots[NS] = {4, 2, 0, 1, 3}, counts[NS];
+            memcpy(counts, len, sizeof counts);
+            CHECK_OK(rf_kv_cache_init(&kv, m, NS, 640));
+            CHECK_OK(rf_kv_cache_init(&kv1, m, 1, 640));
+            CHECK_OK(rf_model_decode(m, &kv, slots, counts, NS, tok, all));
+            for (int i = 0; i < NS; i++) ones[i] = 1;
+            CHECK_OK(rf_model_decode(m, &kv, slots, ones, NS, next, step));
+            for (int i = 0; i < NS; i++) CHECK(kv.len[slots[i]] == len[i] + 1);
+        }
+        if (paged) {
+            for (int i = 0; i < NS; i++) seqs[i] = (rf_paged_seq){blocks[i], len[i], 1};
+            CHECK_OK(rf_model_decode_paged(m, &pool, seqs, NS, next, pstep));
+        }
+        /* each sequence alone: its prefill, then its step */
+        for (int i = 0, off = 0; i < NS; off += len[i], i++) {
+            float *sp = malloc(sizeof(float) * V);
+            if (paged) {
+                int b1[MAXB];
+                for (int b = 0; b < MAXB; b++) b1[b] = b;
+                rf_paged_seq s1 = {b1, 0, len[i]};
+                CHECK_OK(rf_model_decode_paged(m, &pool1, &s1, 1, tok + off, one + (size_t)i * V));
+                s1 = (rf_paged_seq){b1, len[i], 1};
+                CHECK_OK(rf_model_decode_paged(m, &pool1, &s1, 1, next + i, sp));
+            } else {
+                int s0 = 0, n1 = len[i], o1 = 1;
+                kv1.len[0] = 0;
+                CHECK_OK(rf_model_decode(m, &kv1, &s0, &n1, 1, tok + off, one + (size_t)i * V));
+                CHECK_OK(rf_model_decode(m, &kv1, &s0, &o1, 1, next + i, sp));
+            }
+            const float *st = paged ? pstep : step;
+            for (int j = 0; j < V; j++) {
+                double d1 = fabs(all[(size_t)i * V + j] - one[(size_t)i * V + j]), d2 = fabs(st[(size_t)i * V + j] - sp[j]);
+                worst = fmax(worst, fmax(d1, d2));
+                differ += d1 != 0.0 || d2 != 0.0;
+            }
+            free(sp);
+        }
+        if (paged) {
+            rf_kv_pool_free(&pool);
+            rf_kv_pool_free(&pool1);
+        } else {
+            rf_kv_cache_free(&kv, m);
+            rf_kv_cache_free(&kv1, m);
+        }
+    }
+    CHECK(exact ? differ == 0 : worst < 1e-4);
+    if (exact ? differ != 0 : worst >= 1e-4) fprintf(stderr, "grouped prefill: %d logits differ, max |diff| %g\n", differ, worst);
+    free(tok), free(all);
+    rf_model_free(m);
+}
+
 static void config_errors(void) {
     rf_model_config c;
     const char *base = "{\"model_type\":\"qwen2\",\"hidden_size\":64,\"intermediate_size\":128,"
@@ -317,6 +407,8 @@ int main(void) {
     packing_check(RF_ARCH_QWEN2);
     kv_cache_check(RF_ARCH_QWEN2);
     kv_cache_check(RF_ARCH_QWEN3);
+    group_check(RF_ARCH_QWEN2);
+    group_check(RF_ARCH_QWEN3);
     share_check(RF_ARCH_QWEN3, 0, 0);
     share_check(RF_ARCH_LLAMA, 1, 0);
     share_check(RF_ARCH_QWEN2, 0, 1);

@@ -485,7 +485,7 @@ static void *tls_buf(int i, size_t n) {
     if (i == 0) g_held_a.src = NULL;
     if (g_tls_cap[i] < n) {
         free(g_tls[i]);
-        g_tls[i] = malloc(n);
+        g_tls[i] = aligned_alloc(64, (n + 63) / 64 * 64);
         g_tls_cap[i] = g_tls[i] ? n : 0;
     }
     return g_tls[i];
