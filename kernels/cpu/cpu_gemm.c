@@ -33,6 +33,9 @@
  * runs single-threaded inside a parallel region. The primitive path holds a mutex for the
  * whole product, so two threads of one process never share the cached primitives at once. */
 #include <dnnl.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -680,34 +683,80 @@ static inline float lanes_sum(float *acc) {
     return acc[0];
 }
 
-/* s[r] = x . row r of W for the nr (<= 4) rows starting at w0 (row stride ld), fp32 or bf16
- * weights (wb). GEMV_LANES partial sums per row, each a chain over K / GEMV_LANES terms. */
-static inline void gemv_dots(float *s, int nr, int K, const float *x, const float *w0,
-                             const uint16_t *wb0, size_t ld) {
-    float acc[4][GEMV_LANES] = {{0}};
+/* s[t][r] = row t of x . row r of W, for M (<= GEMV_MAX_M) rows of x (K floats apart) and the
+ * nr (<= 4) rows of W starting at w0 (row stride ld), fp32 or bf16 weights (wb0). Per (t, r),
+ * GEMV_LANES partial sums, lane l a chain of fused multiply-adds over c = l, l + 16, ... in
+ * order, then the rest of K into lane 0 and the lanes added pairwise (lanes_sum): the same
+ * bits however the loops run. On AVX-512 the lanes are one register, a chunk of the four weight
+ * rows is read (and widened from bf16) once for all M rows of x, and the rows ahead are
+ * prefetched: a batch-1 product of Qwen2.5-0.5B's MLP (896 x 4864, bf16) read its weights at
+ * 14.3 GB/s as a loop per row, 21.4 GB/s so, and four rows at once 6.2 -> 15-17 GB/s (the AMX
+ * Xeon's DRAM reads 30 GB/s). */
+#define GEMV_PREFETCH 512 /* elements of a weight row ahead (the next rows where it ends) */
+static void gemv_dots(float s[GEMV_MAX_M][4], int M, int nr, int K, const float *x, const float *w0,
+                      const uint16_t *wb0, size_t ld) {
+    float acc[GEMV_MAX_M][4][GEMV_LANES];
     int kv = K / GEMV_LANES * GEMV_LANES;
-    for (int r = 0; r < nr; r++) {
-        if (wb0) {
-            const uint16_t *w = wb0 + (size_t)r * ld;
-            for (int c0 = 0; c0 < kv; c0 += GEMV_LANES)
-#pragma omp simd
-                for (int l = 0; l < GEMV_LANES; l++) acc[r][l] += x[c0 + l] * bf16_to_f32(w[c0 + l]);
-            for (int c = kv; c < K; c++) acc[r][0] += x[c] * bf16_to_f32(w[c]);
-        } else {
-            const float *w = w0 + (size_t)r * ld;
-            for (int c0 = 0; c0 < kv; c0 += GEMV_LANES)
-#pragma omp simd
-                for (int l = 0; l < GEMV_LANES; l++) acc[r][l] += x[c0 + l] * w[c0 + l];
-            for (int c = kv; c < K; c++) acc[r][0] += x[c] * w[c];
+#ifdef __AVX512F__
+    __m512 a[GEMV_MAX_M][4];
+    for (int t = 0; t < M; t++)
+        for (int r = 0; r < 4; r++) a[t][r] = _mm512_setzero_ps();
+    for (int c0 = 0; c0 < kv; c0 += GEMV_LANES) {
+        __m512 w[4];
+        for (int r = 0; r < nr; r++) {
+            if (wb0) {
+                const uint16_t *p = wb0 + (size_t)r * ld + c0;
+                _mm_prefetch((const char *)(p + GEMV_PREFETCH), _MM_HINT_T0);
+                __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+                w[r] = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+            } else {
+                const float *p = w0 + (size_t)r * ld + c0;
+                _mm_prefetch((const char *)(p + GEMV_PREFETCH), _MM_HINT_T0);
+                w[r] = _mm512_loadu_ps(p);
+            }
         }
-        s[r] = lanes_sum(acc[r]);
+        for (int t = 0; t < M; t++) {
+            __m512 xv = _mm512_loadu_ps(x + (size_t)t * K + c0);
+            for (int r = 0; r < nr; r++) a[t][r] = _mm512_fmadd_ps(xv, w[r], a[t][r]);
+        }
     }
+    for (int t = 0; t < M; t++)
+        for (int r = 0; r < nr; r++) _mm512_storeu_ps(acc[t][r], a[t][r]);
+#else
+    for (int t = 0; t < M; t++)
+        for (int r = 0; r < nr; r++) {
+            float *ac = acc[t][r];
+            const float *xt = x + (size_t)t * K;
+            for (int l = 0; l < GEMV_LANES; l++) ac[l] = 0.0f;
+            if (wb0) {
+                const uint16_t *w = wb0 + (size_t)r * ld;
+                for (int c0 = 0; c0 < kv; c0 += GEMV_LANES)
+#pragma omp simd
+                    for (int l = 0; l < GEMV_LANES; l++) ac[l] += xt[c0 + l] * bf16_to_f32(w[c0 + l]);
+            } else {
+                const float *w = w0 + (size_t)r * ld;
+                for (int c0 = 0; c0 < kv; c0 += GEMV_LANES)
+#pragma omp simd
+                    for (int l = 0; l < GEMV_LANES; l++) ac[l] += xt[c0 + l] * w[c0 + l];
+            }
+        }
+#endif
+    for (int t = 0; t < M; t++)
+        for (int r = 0; r < nr; r++) {
+            const float *xt = x + (size_t)t * K;
+            float *ac = acc[t][r];
+            if (wb0)
+                for (int c = kv; c < K; c++) ac[0] += xt[c] * bf16_to_f32(wb0[(size_t)r * ld + c]);
+            else
+                for (int c = kv; c < K; c++) ac[0] += xt[c] * w0[(size_t)r * ld + c];
+            s[t][r] = lanes_sum(ac);
+        }
 }
 
 /* C (M, N) = alpha * A (M, K) @ W^T + beta * C with W (N, K; row stride ldw) a weight: fp32 W,
  * or its bf16 values Wb (N, K; row stride ldw: a dense copy, or bound values in place) with A
  * rounded to bf16 as it is read. OpenMP over output columns (blocks of four rows of W), each a
- * dot product accumulated in fp32 in GEMV_LANES lanes. */
+ * dot product accumulated in fp32 in GEMV_LANES lanes (gemv_dots). */
 static void gemv_rows(int M, int N, int K, float alpha, const float *A, int lda, const float *W,
                       int ldw, const uint16_t *Wb, float beta, float *C, int ldc, float *xr) {
     for (int t = 0; t < M; t++)
@@ -717,15 +766,13 @@ static void gemv_rows(int M, int N, int K, float alpha, const float *A, int lda,
 #pragma omp parallel for schedule(static) if ((size_t)N * K > 65536)
     for (int o0 = 0; o0 < N; o0 += 4) {
         int nr = N - o0 < 4 ? N - o0 : 4;
-        for (int t = 0; t < M; t++) {
-            float s[4];
-            gemv_dots(s, nr, K, xr + (size_t)t * K, Wb ? NULL : W + (size_t)o0 * ld,
-                      Wb ? Wb + (size_t)o0 * ld : NULL, ld);
+        float s[GEMV_MAX_M][4];
+        gemv_dots(s, M, nr, K, xr, Wb ? NULL : W + (size_t)o0 * ld, Wb ? Wb + (size_t)o0 * ld : NULL, ld);
+        for (int t = 0; t < M; t++)
             for (int r = 0; r < nr; r++) {
                 float *cp = C + (size_t)t * ldc + o0 + r;
-                *cp = alpha * s[r] + (beta == 0.0f ? 0.0f : beta * *cp);
+                *cp = alpha * s[t][r] + (beta == 0.0f ? 0.0f : beta * *cp);
             }
-        }
     }
 }
 
