@@ -3,6 +3,7 @@
  *  - a packed batch gives the same log-probs as each sequence run alone;
  *  - KV-cache prefill + decode gives the same logits as a full forward;
  *  - config.json parsing refuses what we do not implement, naming the field. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,6 +128,17 @@ static void packing_check(rf_arch arch) {
     }
     /* Same math in a different summation order only inside sgemm blocking: 1e-5. */
     for (int t = 0; t < 13; t++) CHECK_CLOSE(lp_one[t], lp_all[t], 1e-5, 1e-5);
+    /* every activation buffer starts on a 64-byte line whatever T (13, 5, 1, 7 here):
+     * rf__rows_padded */
+    int misaligned = 0;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        const rf_layer_acts *a = &m->acts[l];
+        const float *bufs[] = {a->x, a->ln1, a->rstd1, a->q_rstd, a->k_rstd, a->q, a->k, a->v, a->att,
+                               a->lse, a->x_mid, a->ln2, a->rstd2, a->gate, a->up, a->act};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) misaligned += (uintptr_t)bufs[i] % 64 != 0;
+    }
+    misaligned += (uintptr_t)m->x_final % 64 != 0 || (uintptr_t)m->scratch % 64 != 0 || (uintptr_t)m->scratch2 % 64 != 0;
+    CHECK(misaligned == 0);
     rf_model_free(m);
 }
 
