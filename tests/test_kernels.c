@@ -1859,6 +1859,48 @@ static void test_sum_squares_order(const rf_kernels *K) {
     }
 }
 
+/* The products' bf16 conversion (rf_cpu_bf16_convert: AVX512-BF16's instruction where the
+ * build has it, with its flushed denormals redone) against the rounding written out: round to
+ * nearest, ties to even, a NaN quieted with its sign and upper payload. Every 251st bit pattern
+ * (about 17 million), every denormal boundary and tie near 0 and the largest values, in rows
+ * of 1-40 floats so that the vector loop's tail is met too. */
+static uint16_t bf16_written_out(uint32_t u) {
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void test_bf16_convert(void) {
+    enum { B = 4096 };
+    static uint32_t in[B];
+    static uint16_t out[B];
+    size_t n = 0, bad = 0;
+    uint32_t u = 0;
+    for (int done = 0; !done;) {
+        int k = 0;
+        while (k < B) {
+            uint64_t next = (uint64_t)u + 251;
+            in[k++] = u;
+            if (next > 0xffffffffull) { done = 1; break; }
+            u = (uint32_t)next;
+        }
+        /* the edges: denormals and their rounding, ties, the largest finite, infinities, NaNs */
+        if (done) {
+            static const uint32_t edge[] = {0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x00007fff,
+                                            0x00008000, 0x00008001, 0x00018000, 0x007f8000, 0x007fffff,
+                                            0x807fffff, 0x00800000, 0x3f808000, 0x3f818000, 0x7f7fffff,
+                                            0xff7fffff, 0x7f7f8000, 0x7f800000, 0xff800000, 0x7f800001,
+                                            0xff800001, 0x7fc00000, 0x7fbfffff, 0xffffffff};
+            for (size_t e = 0; e < sizeof edge / sizeof *edge && k < B; e++) in[k++] = edge[e];
+        }
+        for (int off = 0, len = 1; off < k; off += len, len = len % 40 + 1)
+            rf_cpu_bf16_convert(out + off, (const float *)(in + off), off + len <= k ? len : k - off);
+        for (int i = 0; i < k; i++) bad += out[i] != bf16_written_out(in[i]);
+        n += (size_t)k;
+    }
+    CHECK(n > 17000000 && bad == 0);
+    if (bad) fprintf(stderr, "bf16 conversion: %zu of %zu differ\n", bad, n);
+}
+
 int main(void) {
     const rf_kernels *K = rf_cpu_kernels();
     CHECK(K != NULL);
@@ -1873,6 +1915,7 @@ int main(void) {
     test_weights_freed(K);
     test_swiglu_libm_bits(K);
     test_sum_squares_order(K);
+    test_bf16_convert();
     return rf_test_finish("test_kernels");
 }
 #endif

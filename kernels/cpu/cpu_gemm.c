@@ -164,6 +164,8 @@ static void convert_row(uint16_t *d, const float *s, int n) {
     for (; c < n; c++) d[c] = f32_to_bf16(s[c]);
 }
 
+void rf_cpu_bf16_convert(uint16_t *d, const float *s, int n) { convert_row(d, s, n); }
+
 /* dst (rows, cols) dense = src (rows, cols; row stride ld) rounded to bf16: as uint16_t bf16
  * when emulated is 0, as fp32 values otherwise. OpenMP over rows when not nested. */
 static void convert(void *dst, const float *src, int rows, int cols, int ld, int emulated) {

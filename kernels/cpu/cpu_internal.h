@@ -52,6 +52,9 @@ rf_status rf_cpu_bind_bf16(const float *base, const uint16_t *data, size_t n);
 const uint16_t *rf_cpu_bf16_bound(const float *p);
 /* x rounded to the nearest bf16 value (ties to even), as a float. */
 float rf_cpu_bf16_round(float x);
+/* d[0, n) = s[0, n) rounded to bf16 as the products' operands are (the upper 16 bits of
+ * rf_cpu_bf16_round's value; a NaN quieted, its sign and upper payload kept). */
+void rf_cpu_bf16_convert(uint16_t *d, const float *s, int n);
 
 void rf_cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int T,
                            int C, int OC);
