@@ -363,14 +363,14 @@ rf_status rf__model_reserve(rf_model *m, int T) {
     if (T <= m->act_cap) return RF_OK;
     const rf_model_config *c = &m->cfg;
     m->k->free(m->act_mem);
-    int tp = (int)rf__rows_padded(T);
-    m->act_mem = m->k->alloc((acts_floats(c, tp) + lora_floats(m, tp)) * sizeof(float));
+    int rows = (int)rf__rows_padded(T);
+    m->act_mem = m->k->alloc((acts_floats(c, rows) + lora_floats(m, rows)) * sizeof(float));
     if (!m->act_mem) {
         m->act_cap = 0;
         return rf_error(RF_ERR_NOMEM, "out of memory for activations of %d tokens", T);
     }
     size_t C = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
-           KVH = c->num_key_value_heads, D = c->head_dim, QD = H * D, KD = KVH * D, t = (size_t)tp;
+           KVH = c->num_key_value_heads, D = c->head_dim, QD = H * D, KD = KVH * D, t = (size_t)rows;
     float *p = m->act_mem;
 #define TAKE(n) (p += (n), p - (n))
     for (int l = 0; l < c->num_hidden_layers; l++) {

@@ -60,8 +60,20 @@ static rf_status decode_indices(const rf_model *m, const rf_kv_cache *c, const i
     return RF_OK;
 }
 
-int rf__decode_group_tokens(const rf_model *m) {
-    return strcmp(m->k->name, "cpu") == 0 ? RF_DECODE_GROUP_TOKENS : INT_MAX;
+int rf__decode_group(const rf_model *m, const int32_t *q_off, int n, int g0, int32_t *g_off) {
+    int budget = strcmp(m->k->name, "cpu") == 0 ? RF_DECODE_GROUP_TOKENS : INT_MAX, g1 = g0 + 1;
+    while (g1 < n && q_off[g1 + 1] - q_off[g0] <= budget) g1++;
+    for (int i = 0; g_off && i <= g1 - g0; i++) g_off[i] = q_off[g0 + i] - q_off[g0];
+    return g1;
+}
+
+int rf__decode_group_max(const rf_model *m, const int32_t *q_off, int n) {
+    int most = 0;
+    for (int g0 = 0, g1; g0 < n; g0 = g1) {
+        g1 = rf__decode_group(m, q_off, n, g0, NULL);
+        most = q_off[g1] - q_off[g0] > most ? q_off[g1] - q_off[g0] : most;
+    }
+    return most;
 }
 
 void rf__model_gather_last(rf_model *m, const float *x, const int32_t *q_off, int n, int first) {
@@ -168,18 +180,11 @@ rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const i
                          m->cfg.vocab_size);
     /* Decoding reuses layer 0's activation buffers for every layer: nothing is kept for
      * backward, so activation memory stays one layer's worth (of the largest group). */
-    int budget = rf__decode_group_tokens(m), gmax = 0;
-    for (int g0 = 0, g1; g0 < n; g0 = g1) {
-        int t = counts[g0];
-        for (g1 = g0 + 1; g1 < n && t + counts[g1] <= budget; g1++) t += counts[g1];
-        gmax = t > gmax ? t : gmax;
-    }
-    if (s == RF_OK) s = rf__model_reserve(m, gmax > n ? gmax : n);
+    int most = s == RF_OK ? rf__decode_group_max(m, q_off, n) : 0;
+    if (s == RF_OK) s = rf__model_reserve(m, most > n ? most : n);
     for (int g0 = 0, g1; s == RF_OK && g0 < n; g0 = g1) { /* groups of sequences (RF_DECODE_GROUP_TOKENS) */
-        int t = counts[g0], g;
-        for (g1 = g0 + 1; g1 < n && t + counts[g1] <= budget; g1++) t += counts[g1];
-        g = g1 - g0;
-        for (int i = 0; i <= g; i++) g_off[i] = q_off[g0 + i] - q_off[g0];
+        g1 = rf__decode_group(m, q_off, n, g0, g_off);
+        int g = g1 - g0, t = g_off[g];
         const int32_t *host[] = {tokens + q_off[g0], pos + q_off[g0], g_off, k_start + g0, k_len + g0};
         int cnt[] = {t, t, g + 1, g, g};
         int32_t *dev[5];

@@ -91,7 +91,14 @@ rf_status rf__paged_upload(rf_model *m, const rf_kv_pool *p, const rf__paged_idx
  * 256, 0.333 s in one of 512). Rows are batch-invariant where the products are
  * (rf_cpu_batch_invariant_exact): there the groups change no bit. Other back ends: one group. */
 #define RF_DECODE_GROUP_TOKENS 512
-int rf__decode_group_tokens(const rf_model *m);
+
+/* The group of sequences that starts at sequence g0 of a decode call of n sequences (q_off: the
+ * call's query offsets, n + 1): returns its end g1; g_off (unless NULL) gets the group's query
+ * offsets from its first token (g1 - g0 + 1 entries, the last its number of tokens). */
+int rf__decode_group(const rf_model *m, const int32_t *q_off, int n, int g0, int32_t *g_off);
+
+/* The tokens of the call's largest group (what the activation buffers must hold). */
+int rf__decode_group_max(const rf_model *m, const int32_t *q_off, int n);
 
 /* The last row of each of n sequences of x (rows q_off[i+1]-1) copied to rows first.. of
  * m->scratch2 (which the layers do not use). */

@@ -109,21 +109,14 @@ rf_status rf_model_decode_paged(rf_model *m, rf_kv_pool *pool, const rf_paged_se
     RF_TRY(rf__paged_idx_make(&ix, &m->cfg, pool, seqs, n, tokens));
     /* groups of sequences of at most RF_DECODE_GROUP_TOKENS new tokens (model_internal.h),
      * each a view of ix with its own query offsets from its first token */
-    int budget = rf__decode_group_tokens(m), gmax = 0;
-    for (int g0 = 0, g1; g0 < n; g0 = g1) {
-        int t = seqs[g0].n_new;
-        for (g1 = g0 + 1; g1 < n && t + seqs[g1].n_new <= budget; g1++) t += seqs[g1].n_new;
-        gmax = t > gmax ? t : gmax;
-    }
+    int most = rf__decode_group_max(m, ix.q_off, n);
     int32_t *g_off = malloc(sizeof(int32_t) * (size_t)(n + 1));
-    rf_status s = g_off ? rf__model_reserve(m, gmax > n ? gmax : n) : rf_error(RF_ERR_NOMEM, "paged decode: out of memory");
+    rf_status s = g_off ? rf__model_reserve(m, most > n ? most : n) : rf_error(RF_ERR_NOMEM, "paged decode: out of memory");
     for (int g0 = 0, g1; s == RF_OK && g0 < n; g0 = g1) {
-        int t = seqs[g0].n_new;
-        for (g1 = g0 + 1; g1 < n && t + seqs[g1].n_new <= budget; g1++) t += seqs[g1].n_new;
+        g1 = rf__decode_group(m, ix.q_off, n, g0, g_off);
         int o = ix.q_off[g0];
-        for (int i = 0; i <= g1 - g0; i++) g_off[i] = ix.q_off[g0 + i] - o;
         rf__paged_idx gx = {ix.pos + o, ix.slots + o, g_off, ix.k_len + g0, ix.table + (size_t)g0 * ix.max_blocks,
-                            t, ix.max_blocks};
+                            g_off[g1 - g0], ix.max_blocks};
         s = paged_run(m, pool, &gx, g1 - g0, tokens + o, g0);
     }
     if (s == RF_OK) s = rf__model_logits_gathered(m, n, logits);

@@ -465,7 +465,7 @@ static weight_copy *copy_slot(const float *src, int rows, int cols, int ld, int 
     void *data = slot->src && slot->bytes == bytes ? slot->data : NULL;
     if (!data) {
         if (slot->src) free(slot->data);
-        data = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        data = rf_cpu_alloc_lines(bytes);
         if (!data) {
             *slot = (weight_copy){0};
             return NULL;
@@ -513,7 +513,7 @@ static void *tls_buf(int i, size_t n) {
     if (i == 0) g_held_a.src = NULL;
     if (g_tls_cap[i] < n) {
         free(g_tls[i]);
-        g_tls[i] = aligned_alloc(64, (n + 63) / 64 * 64);
+        g_tls[i] = rf_cpu_alloc_lines(n);
         g_tls_cap[i] = g_tls[i] ? n : 0;
     }
     return g_tls[i];
@@ -821,7 +821,7 @@ static int run_entry(gemm_entry *e, const void *A, const void *B, float *C) {
     if (e->scratch_bytes) {
         if (g_scratch_cap < e->scratch_bytes) {
             free(g_scratch);
-            g_scratch = aligned_alloc(64, (e->scratch_bytes + 63) / 64 * 64);
+            g_scratch = rf_cpu_alloc_lines(e->scratch_bytes);
             g_scratch_cap = g_scratch ? e->scratch_bytes : 0;
             if (!g_scratch) return 0;
         }

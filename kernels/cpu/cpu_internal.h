@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h> /* aligned_alloc */
 
 #include "kernels/kernel_math.h" /* rf_expf_fast */
 #include "kernels/kernels.h"
@@ -50,6 +51,10 @@ int rf_cpu_isa_has_bf16(void);
 rf_status rf_cpu_bind_bf16(const float *base, const uint16_t *data, size_t n);
 /* The bf16 value bound to the float at p, or NULL where p is in no bound range. */
 const uint16_t *rf_cpu_bf16_bound(const float *p);
+/* n bytes (rounded up to whole 64-byte lines) starting on a 64-byte line, or NULL; free(). The
+ * products' operands and outputs: oneDNN's AMX kernels ran 25-35 % slower on ones 16 bytes off
+ * a line (docs/kernels.md), which is where glibc's malloc puts large blocks. */
+static inline void *rf_cpu_alloc_lines(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
 /* x rounded to the nearest bf16 value (ties to even), as a float. */
 float rf_cpu_bf16_round(float x);
 /* d[0, n) = s[0, n) rounded to bf16 as the products' operands are (the upper 16 bits of

@@ -37,13 +37,13 @@ int rf_cpu_logprob_chunk_rows(int V) {
 }
 
 /* Allocating a fresh multi-megabyte buffer per call costs page faults on every step. Logit
- * buffers are 64-byte aligned, as are the products' other operands (cpu_gemm.c tls_buf). */
+ * buffers are a product's output: on whole lines (rf_cpu_alloc_lines). */
 float *rf_cpu_logprob_scratch(size_t n) {
     static float *buf;
     static size_t cap;
     if (n > cap) {
         free(buf);
-        buf = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        buf = rf_cpu_alloc_lines(n * sizeof(float));
         cap = buf ? n : 0;
     }
     return buf;
@@ -112,7 +112,7 @@ static saved_logits *saved_reserve(int T, int V, const float *w) {
     if (n * sizeof(float) > LOGITS_SAVE_BYTES || rf_cpu_bf16_bound(w)) return NULL;
     if (g_saved.cap < n) {
         free(g_saved.z);
-        g_saved.z = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        g_saved.z = rf_cpu_alloc_lines(n * sizeof(float));
         g_saved.cap = g_saved.z ? n : 0;
     }
     if (g_lse_cap < 2 * (size_t)T) {
