@@ -1740,6 +1740,75 @@ static void test_packed_weights(const rf_kernels *K) {
     CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
 }
 
+/* Decoding's products on AMX (cpu_amx.c, rf_cpu_amx_gemm): bf16 products of 5-64 rows on
+ * weights of 1 MB and more run on rlflow's own tile kernel where the CPU has AMX. Against
+ * oneDNN's kernel on the same packed copy (rf_cpu_gemm_own_amx(0)): the same bits where oneDNN
+ * does not split the sum (K up to 1408 with any N, Qwen2.5-0.5B's K = 4864 with N = 896; K and N
+ * not multiples of its blocks: its zero padding), with beta 0, beta 1 and alpha 0.5. Where it
+ * does split (K 2048, N 4864) against a double reference of the bf16-rounded operands; and
+ * there every row has the bits it has in a product of 64 rows. The kernel's product counter
+ * must move, or the comparisons compared oneDNN with itself. Without AMX: it must decline. */
+static void test_own_amx(const rf_kernels *K) {
+    float one = 1.0f;
+    if (!rf_cpu_isa_amx() || !rf_cpu_amx_ready()) {
+        CHECK(rf_cpu_amx_gemm(8, 64, 32, 1.0f, &one, 1, NULL, 0, 0, 1, 0.0f, &one, 1) == 0 || rf_cpu_amx_ready());
+        printf("own AMX products: not here (oneDNN's instruction set has no AMX, or the OS refused its tiles)\n");
+        return;
+    }
+    CHECK(K->set_precision(RF_PRECISION_BF16) == RF_OK);
+    static const int shapes[][2] = {{896, 4864}, {4864, 896}, {1000, 1000}, {1408, 600}, {512, 1408}};
+    static const int ms[] = {5, 16, 17, 32, 33, 64};
+    int differ = 0, runs = 0;
+    size_t before = rf_cpu_amx_products();
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int Kd = shapes[si][0], N = shapes[si][1], MAXM = 64;
+        float *a = fnormal((size_t)MAXM * Kd, 1.0f), *w = fnormal((size_t)N * Kd, 0.1f);
+        float *c0 = fnormal((size_t)MAXM * N, 1.0f), *c1 = xmalloc(FB((size_t)MAXM * N)), *cin = fcopy(c0, (size_t)MAXM * N);
+        for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+            for (int v = 0; v < 3; v++) { /* beta 0, beta 1, alpha 0.5 */
+                int M = ms[mi];
+                float alpha = v == 2 ? 0.5f : 1.0f, beta = v == 1 ? 1.0f : 0.0f;
+                memcpy(c0, cin, FB((size_t)M * N)), memcpy(c1, cin, FB((size_t)M * N));
+                rf_cpu_gemm_own_amx(0);
+                rf_cpu_gemm(0, 1, M, N, Kd, alpha, a, Kd, w, Kd, beta, c0, N, 1);
+                rf_cpu_gemm_own_amx(1);
+                rf_cpu_gemm(0, 1, M, N, Kd, alpha, a, Kd, w, Kd, beta, c1, N, 1);
+                differ += memcmp(c0, c1, FB((size_t)M * N)) != 0, runs++;
+            }
+        rf_cpu_gemm_forget(w, FB((size_t)N * Kd));
+        free(a), free(w), free(c0), free(c1), free(cin);
+    }
+    size_t own = rf_cpu_amx_products() - before;
+    printf("own AMX products: %d of %d differ from oneDNN's kernel on the same packed weights (%zu run on the own kernel)\n",
+           differ, runs, own);
+    CHECK(differ == 0 && own == (size_t)runs);
+    /* K 2048, N 4864: oneDNN splits the sum there; a double reference, and rows alike in products of any size */
+    enum { KD = 2048, NN = 4864, MM = 64 };
+    float *a = fnormal((size_t)MM * KD, 1.0f), *w = fnormal((size_t)NN * KD, 0.1f);
+    float *ref = xmalloc(FB((size_t)MM * NN)), *c = xmalloc(FB((size_t)MM * NN));
+    rf_cpu_gemm(0, 1, MM, NN, KD, 1.0f, a, KD, w, KD, 0.0f, ref, NN, 1);
+    double worst = 0;
+    for (int i = 0; i < MM; i += 7)
+        for (int j = 0; j < NN; j += 13) {
+            double want = 0;
+            for (int k = 0; k < KD; k++)
+                want += (double)rf_cpu_bf16_round(a[(size_t)i * KD + k]) * rf_cpu_bf16_round(w[(size_t)j * KD + k]);
+            worst = fmax(worst, fabs(want - ref[(size_t)i * NN + j]));
+        }
+    int rows_differ = 0;
+    static const int sub[] = {5, 17, 40};
+    for (int si = 0; si < 3; si++) {
+        rf_cpu_gemm(0, 1, sub[si], NN, KD, 1.0f, a, KD, w, KD, 0.0f, c, NN, 1);
+        rows_differ += memcmp(c, ref, FB((size_t)sub[si] * NN)) != 0;
+    }
+    printf("own AMX products, K %d N %d: largest difference from the double reference %.3g (bound %.3g); "
+           "products of 5, 17, 40 rows unlike the same rows of 64: %d\n", KD, NN, worst, tol_red(KD), rows_differ);
+    CHECK(worst <= tol_red(KD) && rows_differ == 0 && rf_cpu_amx_products() - before == (size_t)runs + 4);
+    rf_cpu_gemm_forget(w, FB((size_t)NN * KD));
+    free(a), free(w), free(ref), free(c);
+    CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
+}
+
 /* Memory freed and allocated again comes back at the same address holding another weight: the
  * back end's copies of the old one must go with the free (cpu_free, as CUDA's), since nothing
  * else tells it (the suite's uploads call no weights_updated). Eight rounds of alloc, upload,
@@ -1911,6 +1980,7 @@ int main(void) {
     test_attention_rows_invariant(K);
     test_sampler_logprob(K);
     test_packed_weights(K);
+    test_own_amx(K);
     test_many_shapes(K);
     test_weights_freed(K);
     test_swiglu_libm_bits(K);

@@ -661,6 +661,8 @@ static int isa_amx(void) {
     return v;
 }
 
+int rf_cpu_isa_amx(void) { return isa_amx(); }
+
 /* Whether the products now run bf16 on AMX's tiles (AMX has AVX512-BF16: never emulated). */
 static int amx_bf16(void) { return g_prec == RF_PRECISION_BF16 && isa_amx(); }
 
@@ -928,6 +930,44 @@ static const void *packed_for(const gemm_entry *e, void *ctx) {
     return packed_get(c->B, c->bf16 ? c->bb : NULL, c->N, c->K, c->ldb, c->bf16, &e->wmd);
 }
 
+/* Smallest weight (bytes in bf16) whose products of 5-64 rows run on rf_cpu_amx_gemm: the
+ * size from which it read weights from memory faster than oneDNN's kernel (docs/kernels.md);
+ * below it oneDNN's own, which keeps a small weight's blocks in cache better. */
+#define RF_AMX_OWN_MIN_BYTES (1u << 20)
+static atomic_int g_own_amx = 1; /* rf_cpu_gemm_own_amx */
+
+int rf_cpu_gemm_own_amx(int on) { return atomic_exchange(&g_own_amx, on); }
+
+/* Whether md is oneDNN's AMX layout of a bf16 (K, N) weight that rf_cpu_amx_gemm reads,
+ * "16a64b2a": blocks of 32 inputs x 64 columns, inside a block 16 pairs of inputs x 64 columns
+ * x 2; K padded to a multiple of 32 and N to one of 64 (oneDNN's reorder writes the padding
+ * as zeros). Its block strides in *sk, *sn and the blocks of inputs in *kbs. */
+static int amx_layout(const dnnl_memory_desc_t *md, int K, int N, long *sk, long *sn, int *kbs) {
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    if (md->format_kind != dnnl_blocked || md->ndims != 2 || md->data_type != dnnl_bf16 || md->offset0 != 0 ||
+        md->extra.flags != 0 || b->inner_nblks != 3 || b->inner_blks[0] != 16 || b->inner_idxs[0] != 0 ||
+        b->inner_blks[1] != 64 || b->inner_idxs[1] != 1 || b->inner_blks[2] != 2 || b->inner_idxs[2] != 0 ||
+        md->padded_dims[0] % 32 || md->padded_dims[1] % 64 || md->padded_dims[0] < K || md->padded_dims[1] < N)
+        return 0;
+    *sk = (long)b->strides[0], *sn = (long)b->strides[1], *kbs = (int)(md->padded_dims[0] / 32);
+    return 1;
+}
+
+/* A weight product out = A W^T of 5-64 rows on AMX (bf16), on rf_cpu_amx_gemm: W's packed copy
+ * is the one oneDNN's products use (made here if none yet), in the layout oneDNN chose for a
+ * 16-row product of the weight (the same for every row count, measured). 1 when done; 0 leaves
+ * the product to oneDNN. Caller holds g_lock. */
+static int gemm_own_amx(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                        const uint16_t *bb, float beta, float *C, int ldc) {
+    gemm_key k = {0, 0, 16, N, K, K, 0, N, 1, 1, 1.0f, 0.0f};
+    gemm_entry *e = entry_get(&k);
+    long sk, sn;
+    int kbs;
+    if (!e || !e->prim || !amx_layout(&e->wmd, K, N, &sk, &sn, &kbs)) return 0;
+    const uint16_t *w = packed_get(B, bb, N, K, ldb, 1, &e->wmd);
+    return w && rf_cpu_amx_gemm(M, N, K, alpha, A, lda, w, sk, sn, kbs, beta, C, ldc);
+}
+
 /* Runs the product through a cached primitive; caller holds g_lock. 1 when done. bb: B's bound
  * bf16 values or NULL (a bound A was widened before). */
 static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -948,6 +988,10 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
      * steps of the default recipe, 2.2 ms each). AMX's bf16 sums are not batch-invariant: no bits
      * to keep there. */
     int kpad = amx && ta && !tb && !b_weight && !bb ? (K + 63) / 64 * 64 : K;
+    if (amx && b_weight && tb && !ta && M > GEMV_MAX_M && M <= RF_CPU_AMX_MAX_ROWS &&
+        (size_t)N * K * sizeof(uint16_t) >= RF_AMX_OWN_MIN_BYTES && atomic_load(&g_own_amx) &&
+        gemm_own_amx(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
+        return 1;
     if (bf16) {
         held_a h = {A, ar, ac, lda, emulated}, *g = &g_held_a;
         void *abuf;

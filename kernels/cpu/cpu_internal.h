@@ -35,6 +35,9 @@ rf_status rf_cpu_gemm_set_precision(rf_precision p);
 rf_precision rf_cpu_gemm_get_precision(void);
 /* Converted weight copies are stale from now on. */
 void rf_cpu_gemm_weights_updated(void);
+/* Whether bf16 products of 5-64 rows on large weights run on rf_cpu_amx_gemm where the CPU has
+ * AMX (1, the default) or on oneDNN's kernel (0: tests compare the two); the previous setting. */
+int rf_cpu_gemm_own_amx(int on);
 /* Drops the weight copies made from memory [p, p + bytes), which is being freed. */
 void rf_cpu_gemm_forget(const void *p, size_t bytes);
 /* A counter bumped by every rf_cpu_gemm_weights_updated. */
@@ -55,6 +58,23 @@ const uint16_t *rf_cpu_bf16_bound(const float *p);
  * products' operands and outputs: oneDNN's AMX kernels ran 25-35 % slower on ones 16 bytes off
  * a line (docs/kernels.md), which is where glibc's malloc puts large blocks. */
 static inline void *rf_cpu_alloc_lines(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
+/* kernels/cpu/cpu_amx.c: C (M, N) = alpha * A (M, K; fp32, row stride lda) W^T + beta * C on
+ * AMX's tiles, for 1 to RF_CPU_AMX_MAX_ROWS rows, with W in oneDNN's blocked bf16 layout
+ * "16a64b2a" of the (K, N) operand: block (kb, nb) of 32 inputs x 64 columns at w + kb * sk +
+ * nb * sn elements, kbs blocks of inputs (zero past K), columns zero past N. A is rounded to
+ * bf16. Only beta 0, or beta 1 with alpha 1. 1 when done; 0 where AMX cannot run here (no
+ * compiler support, the OS refused the tile state), the arguments are outside that, or memory
+ * is short. */
+#define RF_CPU_AMX_MAX_ROWS 64
+int rf_cpu_amx_gemm(int M, int N, int K, float alpha, const float *A, int lda, const uint16_t *w,
+                    long sk, long sn, int kbs, float beta, float *C, int ldc);
+/* 1 when this process may use AMX's tiles (asked of the OS once). */
+int rf_cpu_amx_ready(void);
+/* How many products rf_cpu_amx_gemm has run in this process (tests). */
+size_t rf_cpu_amx_products(void);
+/* 1 when the instruction set oneDNN uses (ONEDNN_MAX_CPU_ISA applies) has AMX: its bf16
+ * products run on the tiles, and so do rf_cpu_gemm's own (rf_cpu_gemm_own_amx). */
+int rf_cpu_isa_amx(void);
 /* x rounded to the nearest bf16 value (ties to even), as a float. */
 float rf_cpu_bf16_round(float x);
 /* d[0, n) = s[0, n) rounded to bf16 as the products' operands are (the upper 16 bits of
