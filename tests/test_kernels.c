@@ -1749,13 +1749,19 @@ static void test_packed_weights(const rf_kernels *K) {
  * there every row has the bits it has in a product of 64 rows. The kernel's product counter
  * must move, or the comparisons compared oneDNN with itself. Without AMX: it must decline. */
 static void test_own_amx(const rf_kernels *K) {
-    float one = 1.0f;
-    if (!rf_cpu_isa_amx() || !rf_cpu_amx_ready()) {
-        CHECK(rf_cpu_amx_gemm(8, 64, 32, 1.0f, &one, 1, NULL, 0, 0, 1, 0.0f, &one, 1) == 0 || rf_cpu_amx_ready());
+    CHECK(K->set_precision(RF_PRECISION_BF16) == RF_OK);
+    if (!rf_cpu_isa_amx() || !rf_cpu_amx_ready()) { /* a product it would take: oneDNN's here */
+        enum { M = 32, KD = 896, N = 1200 };
+        float *a = fnormal((size_t)M * KD, 1.0f), *w = fnormal((size_t)N * KD, 0.1f), *c = xmalloc(FB((size_t)M * N));
+        size_t before = rf_cpu_amx_products();
+        rf_cpu_gemm(0, 1, M, N, KD, 1.0f, a, KD, w, KD, 0.0f, c, N, 1);
         printf("own AMX products: not here (oneDNN's instruction set has no AMX, or the OS refused its tiles)\n");
+        CHECK(rf_cpu_amx_products() == before);
+        rf_cpu_gemm_forget(w, FB((size_t)N * KD));
+        free(a), free(w), free(c);
+        CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
         return;
     }
-    CHECK(K->set_precision(RF_PRECISION_BF16) == RF_OK);
     static const int shapes[][2] = {{896, 4864}, {4864, 896}, {1000, 1000}, {1408, 600}, {512, 1408}};
     static const int ms[] = {5, 16, 17, 32, 33, 64};
     int differ = 0, runs = 0;

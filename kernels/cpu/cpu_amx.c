@@ -20,6 +20,7 @@
  * Built where the compiler knows AMX's intrinsics (GCC 11, clang 12) for x86-64, whatever
  * -march says (the functions carry their own target); runs where the kernel lets the process
  * use AMX's tile data (arch_prctl ARCH_REQ_XCOMP_PERM). */
+#define _DEFAULT_SOURCE /* syscall */
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -140,7 +141,7 @@ size_t rf_cpu_amx_products(void) { return atomic_load(&g_products); }
 
 int rf_cpu_amx_gemm(int M, int N, int K, float alpha, const float *A, int lda, const uint16_t *w,
                     long sk, long sn, int kbs, float beta, float *C, int ldc) {
-    if (M < 1 || M > RF_CPU_AMX_MAX_ROWS || (beta != 0.0f && (beta != 1.0f || alpha != 1.0f)) ||
+    if (!w || M < 1 || M > RF_CPU_AMX_MAX_ROWS || (beta != 0.0f && (beta != 1.0f || alpha != 1.0f)) ||
         kbs * 32 < K || !rf_cpu_amx_ready())
         return 0;
     int R = (M + 15) / 16, kp = kbs * 32;
