@@ -1744,9 +1744,10 @@ static void test_packed_weights(const rf_kernels *K) {
  * weights of 1 MB and more run on rlflow's own tile kernel where the CPU has AMX. Against
  * oneDNN's kernel on the same packed copy (rf_cpu_gemm_own_amx(0)): the same bits where oneDNN
  * does not split the sum (K up to 1408 with any N, Qwen2.5-0.5B's K = 4864 with N = 896; K and N
- * not multiples of its blocks: its zero padding), with beta 0, beta 1 and alpha 0.5. Where it
- * does split (K 2048, N 4864) against a double reference of the bf16-rounded operands; and
- * there every row has the bits it has in a product of 64 rows. The kernel's product counter
+ * not multiples of its blocks: its zero padding), with beta 0, beta 1 and alpha 1 / 0.7 (the
+ * LM head's inverse temperature). Where it does split (K 2048, N 4864) against a double
+ * reference of the bf16-rounded operands; and there every row has the bits it has in a product
+ * of 64 rows. The kernel's product counter
  * must move, or the comparisons compared oneDNN with itself. Without AMX: it must decline. */
 static void test_own_amx(const rf_kernels *K) {
     CHECK(K->set_precision(RF_PRECISION_BF16) == RF_OK);
@@ -1771,9 +1772,9 @@ static void test_own_amx(const rf_kernels *K) {
         float *a = fnormal((size_t)MAXM * Kd, 1.0f), *w = fnormal((size_t)N * Kd, 0.1f);
         float *c0 = fnormal((size_t)MAXM * N, 1.0f), *c1 = xmalloc(FB((size_t)MAXM * N)), *cin = fcopy(c0, (size_t)MAXM * N);
         for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
-            for (int v = 0; v < 3; v++) { /* beta 0, beta 1, alpha 0.5 */
+            for (int v = 0; v < 3; v++) { /* beta 0, beta 1, alpha 1 / 0.7 */
                 int M = ms[mi];
-                float alpha = v == 2 ? 0.5f : 1.0f, beta = v == 1 ? 1.0f : 0.0f;
+                float alpha = v == 2 ? 1.0f / 0.7f : 1.0f, beta = v == 1 ? 1.0f : 0.0f;
                 memcpy(c0, cin, FB((size_t)M * N)), memcpy(c1, cin, FB((size_t)M * N));
                 rf_cpu_gemm_own_amx(0);
                 rf_cpu_gemm(0, 1, M, N, Kd, alpha, a, Kd, w, Kd, beta, c0, N, 1);
