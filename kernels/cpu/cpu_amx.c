@@ -1,5 +1,5 @@
 /* Decoding's weight products on AMX's tiles: C (M, N) = alpha * A (M, K) W^T + beta * C for
- * 5-64 rows of A, W read from oneDNN's own blocked copy of it (the copy its AMX kernels use:
+ * 1-64 rows of A, W read from oneDNN's own blocked copy of it (the copy its AMX kernels use:
  * cpu_gemm.c's packed weights, no second copy).
  *
  * Why a kernel of our own beside oneDNN's: at these row counts a product is bound by reading

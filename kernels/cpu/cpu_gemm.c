@@ -638,7 +638,8 @@ static void gemm_nested(int ta, int tb, int M, int N, int K, float alpha, const 
 
 /* Rows of A at or below which a weight product out = A W^T runs as the matrix-vector loops
  * below, where oneDNN's rows are not batch-invariant (rf_cpu_batch_invariant_exact 0: its AVX2
- * gemm, its bf16 emulation): there they keep the roundings every run on such a CPU has had.
+ * gemm, its bf16 emulation, AMX's bf16 products but those on rf_cpu_amx_gemm): there they keep
+ * the roundings every run on such a CPU has had.
  * Where oneDNN's are, every product goes to oneDNN: on the weights in its own layout and both
  * threads it was 1.8-17x the loops at 1-4 rows (bench_matmul on the AMD EPYC Zen 5,
  * docs/kernels.md), and a row then gets the same bits whatever the number of rows it shares a
@@ -930,13 +931,19 @@ static const void *packed_for(const gemm_entry *e, void *ctx) {
     return packed_get(c->B, c->bf16 ? c->bb : NULL, c->N, c->K, c->ldb, c->bf16, &e->wmd);
 }
 
-/* Smallest weight (bytes in bf16) whose products of 5-64 rows run on rf_cpu_amx_gemm: the
- * size from which it read weights from memory faster than oneDNN's kernel (docs/kernels.md);
- * below it oneDNN's own, which keeps a small weight's blocks in cache better. */
-#define RF_AMX_OWN_MIN_BYTES (1u << 20)
 static atomic_int g_own_amx = 1; /* rf_cpu_gemm_own_amx */
 
 int rf_cpu_gemm_own_amx(int on) { return atomic_exchange(&g_own_amx, on); }
+
+/* Whether a product runs on rf_cpu_amx_gemm: bf16 on AMX, out = A W^T of at most
+ * RF_CPU_AMX_MAX_ROWS rows on a weight of RF_CPU_AMX_MIN_BYTES or more (decoding a real model:
+ * from that size it read weights from memory faster than oneDNN's kernel and than the
+ * matrix-vector loops, docs/kernels.md), alpha and beta as it takes them. */
+static int own_amx_takes(int ta, int tb, int M, int N, int K, float alpha, float beta, int b_weight) {
+    return b_weight && tb && !ta && M <= RF_CPU_AMX_MAX_ROWS && (beta == 0.0f || (beta == 1.0f && alpha == 1.0f)) &&
+           (size_t)N * K * sizeof(uint16_t) >= RF_CPU_AMX_MIN_BYTES && amx_bf16() && atomic_load(&g_own_amx) &&
+           rf_cpu_amx_ready();
+}
 
 /* Whether md is oneDNN's AMX layout of a bf16 (K, N) weight that rf_cpu_amx_gemm reads,
  * "16a64b2a": blocks of 32 inputs x 64 columns, inside a block 16 pairs of inputs x 64 columns
@@ -953,7 +960,7 @@ static int amx_layout(const dnnl_memory_desc_t *md, int K, int N, long *sk, long
     return 1;
 }
 
-/* A weight product out = A W^T of 5-64 rows on AMX (bf16), on rf_cpu_amx_gemm: W's packed copy
+/* A weight product out = A W^T of 1-64 rows on AMX (bf16), on rf_cpu_amx_gemm: W's packed copy
  * is the one oneDNN's products use (made here if none yet), in the layout oneDNN chose for a
  * 16-row product of the weight (the same for every row count, measured). 1 when done; 0 leaves
  * the product to oneDNN. Caller holds g_lock. */
@@ -988,8 +995,7 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
      * steps of the default recipe, 2.2 ms each). AMX's bf16 sums are not batch-invariant: no bits
      * to keep there. */
     int kpad = amx && ta && !tb && !b_weight && !bb ? (K + 63) / 64 * 64 : K;
-    if (amx && b_weight && tb && !ta && M > GEMV_MAX_M && M <= RF_CPU_AMX_MAX_ROWS &&
-        (size_t)N * K * sizeof(uint16_t) >= RF_AMX_OWN_MIN_BYTES && atomic_load(&g_own_amx) &&
+    if (amx && own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight) &&
         gemm_own_amx(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
         return 1;
     if (bf16) {
@@ -1067,7 +1073,7 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
         return;
     }
     int exact = rf_cpu_batch_invariant_exact();
-    int gemv = M <= GEMV_MAX_M && !exact;
+    int gemv = M <= GEMV_MAX_M && !exact && !own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight);
     if (gemv && !ta && tb && (b_weight || bb) &&
         gemm_small(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
         return;

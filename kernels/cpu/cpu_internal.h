@@ -35,8 +35,9 @@ rf_status rf_cpu_gemm_set_precision(rf_precision p);
 rf_precision rf_cpu_gemm_get_precision(void);
 /* Converted weight copies are stale from now on. */
 void rf_cpu_gemm_weights_updated(void);
-/* Whether bf16 products of 5-64 rows on large weights run on rf_cpu_amx_gemm where the CPU has
- * AMX (1, the default) or on oneDNN's kernel (0: tests compare the two); the previous setting. */
+/* Whether bf16 products of 1-64 rows on large weights run on rf_cpu_amx_gemm where the CPU has
+ * AMX (1, the default) or as before it (0: oneDNN's kernel, the matrix-vector loops for 1-4
+ * rows; tests compare the two); the previous setting. */
 int rf_cpu_gemm_own_amx(int on);
 /* Drops the weight copies made from memory [p, p + bytes), which is being freed. */
 void rf_cpu_gemm_forget(const void *p, size_t bytes);
@@ -66,6 +67,8 @@ static inline void *rf_cpu_alloc_lines(size_t n) { return aligned_alloc(64, (n +
  * compiler support, the OS refused the tile state), the arguments are outside that, or memory
  * is short. */
 #define RF_CPU_AMX_MAX_ROWS 64
+/* The smallest weight (bytes in bf16) whose products rf_cpu_gemm gives rf_cpu_amx_gemm. */
+#define RF_CPU_AMX_MIN_BYTES ((size_t)1 << 20)
 int rf_cpu_amx_gemm(int M, int N, int K, float alpha, const float *A, int lda, const uint16_t *w,
                     long sk, long sn, int kbs, float beta, float *C, int ldc);
 /* 1 when this process may use AMX's tiles (asked of the OS once). */
