@@ -131,6 +131,11 @@ int rf_cpu_amx_ready(void) {
     return v;
 }
 
+int rf_cpu_amx_fits(int M, float alpha, float beta) {
+    return M >= 1 && M <= RF_CPU_AMX_MAX_ROWS && (beta == 0.0f || (beta == 1.0f && alpha == 1.0f)) &&
+           rf_cpu_amx_ready();
+}
+
 /* The A operand rounded to bf16, rows of kbs * 32 values zero past K, and zero rows up to a
  * multiple of 16: per thread, as long as the thread. */
 static _Thread_local uint16_t *g_a;
@@ -141,9 +146,7 @@ size_t rf_cpu_amx_products(void) { return atomic_load(&g_products); }
 
 int rf_cpu_amx_gemm(int M, int N, int K, float alpha, const float *A, int lda, const uint16_t *w,
                     long sk, long sn, int kbs, float beta, float *C, int ldc) {
-    if (!w || M < 1 || M > RF_CPU_AMX_MAX_ROWS || (beta != 0.0f && (beta != 1.0f || alpha != 1.0f)) ||
-        kbs * 32 < K || !rf_cpu_amx_ready())
-        return 0;
+    if (!w || kbs * 32 < K || !rf_cpu_amx_fits(M, alpha, beta)) return 0;
     int R = (M + 15) / 16, kp = kbs * 32;
     size_t need = sizeof(uint16_t) * (size_t)R * 16 * kp;
     if (g_a_cap < need) {
@@ -173,6 +176,11 @@ int rf_cpu_amx_gemm(int M, int N, int K, float alpha, const float *A, int lda, c
 #else /* no AMX intrinsics in this compiler or not x86-64: oneDNN's products throughout */
 
 int rf_cpu_amx_ready(void) { return 0; }
+
+int rf_cpu_amx_fits(int M, float alpha, float beta) {
+    (void)M, (void)alpha, (void)beta;
+    return 0;
+}
 
 size_t rf_cpu_amx_products(void) { return 0; }
 

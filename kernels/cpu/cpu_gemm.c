@@ -935,14 +935,13 @@ static atomic_int g_own_amx = 1; /* rf_cpu_gemm_own_amx */
 
 int rf_cpu_gemm_own_amx(int on) { return atomic_exchange(&g_own_amx, on); }
 
-/* Whether a product runs on rf_cpu_amx_gemm: bf16 on AMX, out = A W^T of at most
- * RF_CPU_AMX_MAX_ROWS rows on a weight of RF_CPU_AMX_MIN_BYTES or more (decoding a real model:
- * from that size it read weights from memory faster than oneDNN's kernel and than the
- * matrix-vector loops, docs/kernels.md), alpha and beta as it takes them. */
+/* Whether a product runs on rf_cpu_amx_gemm: bf16 on AMX, out = A W^T on a weight of
+ * RF_CPU_AMX_MIN_BYTES or more (decoding a real model: from that size it read weights from
+ * memory faster than oneDNN's kernel and than the matrix-vector loops, docs/kernels.md), with
+ * rows, alpha and beta as the kernel takes them. Decided once per product, by gemm. */
 static int own_amx_takes(int ta, int tb, int M, int N, int K, float alpha, float beta, int b_weight) {
-    return b_weight && tb && !ta && M <= RF_CPU_AMX_MAX_ROWS && (beta == 0.0f || (beta == 1.0f && alpha == 1.0f)) &&
-           (size_t)N * K * sizeof(uint16_t) >= RF_CPU_AMX_MIN_BYTES && amx_bf16() && atomic_load(&g_own_amx) &&
-           rf_cpu_amx_ready();
+    return b_weight && tb && !ta && (size_t)N * K * sizeof(uint16_t) >= RF_CPU_AMX_MIN_BYTES && amx_bf16() &&
+           atomic_load(&g_own_amx) && rf_cpu_amx_fits(M, alpha, beta);
 }
 
 /* Whether md is oneDNN's AMX layout of a bf16 (K, N) weight that rf_cpu_amx_gemm reads,
@@ -975,12 +974,14 @@ static int gemm_own_amx(int M, int N, int K, float alpha, const float *A, int ld
     return w && rf_cpu_amx_gemm(M, N, K, alpha, A, lda, w, sk, sn, kbs, beta, C, ldc);
 }
 
-/* Runs the product through a cached primitive; caller holds g_lock. 1 when done. bb: B's bound
- * bf16 values or NULL (a bound A was widened before). */
+/* Runs the product through a cached primitive, or on rf_cpu_amx_gemm where own (own_amx_takes);
+ * caller holds g_lock. 1 when done. bb: B's bound bf16 values or NULL (a bound A was widened
+ * before). */
 static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                      const float *B, int ldb, const uint16_t *bb, float beta, float *C, int ldc,
-                     int b_weight, int same_a) {
+                     int b_weight, int same_a, int own) {
     int ok = engine_up();
+    if (ok && own && gemm_own_amx(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc)) return 1;
     int bf16 = ok && g_prec == RF_PRECISION_BF16, emulated = bf16 && !bf16_native();
     gemm_key k = {ta, tb, M, N, K, lda, ldb, ldc, bf16 && !emulated, 0, alpha, beta};
     const void *a = A, *b = B;
@@ -995,9 +996,6 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
      * steps of the default recipe, 2.2 ms each). AMX's bf16 sums are not batch-invariant: no bits
      * to keep there. */
     int kpad = amx && ta && !tb && !b_weight && !bb ? (K + 63) / 64 * 64 : K;
-    if (amx && own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight) &&
-        gemm_own_amx(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
-        return 1;
     if (bf16) {
         held_a h = {A, ar, ac, lda, emulated}, *g = &g_held_a;
         void *abuf;
@@ -1073,7 +1071,8 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
         return;
     }
     int exact = rf_cpu_batch_invariant_exact();
-    int gemv = M <= GEMV_MAX_M && !exact && !own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight);
+    int own = own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight);
+    int gemv = M <= GEMV_MAX_M && !exact && !own;
     if (gemv && !ta && tb && (b_weight || bb) &&
         gemm_small(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
         return;
@@ -1103,7 +1102,7 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
     if (single) omp_set_num_threads(1);
     pthread_mutex_lock(&g_lock);
     int bf16 = g_prec == RF_PRECISION_BF16;
-    int ok = gemm_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc, b_weight, same_a);
+    int ok = gemm_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc, b_weight, same_a, own);
     pthread_mutex_unlock(&g_lock);
     if (single) omp_set_num_threads(threads);
     if (!ok) { /* no primitive for this shape (or no memory): oneDNN's sgemm, same numbers */

@@ -73,6 +73,8 @@ int rf_cpu_amx_gemm(int M, int N, int K, float alpha, const float *A, int lda, c
                     long sk, long sn, int kbs, float beta, float *C, int ldc);
 /* 1 when this process may use AMX's tiles (asked of the OS once). */
 int rf_cpu_amx_ready(void);
+/* 1 when rf_cpu_amx_gemm takes a product of M rows with this alpha and beta here. */
+int rf_cpu_amx_fits(int M, float alpha, float beta);
 /* How many products rf_cpu_amx_gemm has run in this process (tests). */
 size_t rf_cpu_amx_products(void);
 /* 1 when the instruction set oneDNN uses (ONEDNN_MAX_CPU_ISA applies) has AMX: its bf16
