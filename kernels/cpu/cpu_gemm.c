@@ -979,7 +979,7 @@ static int gemm_own_amx(int M, int N, int K, float alpha, const float *A, int ld
  * before). */
 static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                      const float *B, int ldb, const uint16_t *bb, float beta, float *C, int ldc,
-                     int b_weight, int same_a, int own) {
+                     int b_weight, int same_a, int own, const uint16_t *a16) {
     int ok = engine_up();
     if (ok && own && gemm_own_amx(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc)) return 1;
     int bf16 = ok && g_prec == RF_PRECISION_BF16, emulated = bf16 && !bf16_native();
@@ -996,7 +996,11 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
      * steps of the default recipe, 2.2 ms each). AMX's bf16 sums are not batch-invariant: no bits
      * to keep there. */
     int kpad = amx && ta && !tb && !b_weight && !bb ? (K + 63) / 64 * 64 : K;
-    if (bf16) {
+    if (bf16 && a16) { /* A's bf16 values from the caller (native bf16 only: gemm), with room
+                          for the zero rows of kpad */
+        if (kpad > K) memset((uint16_t *)a16 + (size_t)ar * lda, 0, es * (size_t)(kpad - K) * lda);
+        a = a16, k.lda = lda;
+    } else if (bf16) {
         held_a h = {A, ar, ac, lda, emulated}, *g = &g_held_a;
         void *abuf;
         if (same_a && g->src == A && g->rows == ar && g->cols == ac && g->ld == lda && g->emulated == emulated) {
@@ -1049,10 +1053,21 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
     return ok && run_rows(&k, a, arow, b, C, bucket_plain, NULL, NULL);
 }
 
+/* The product; a16: A's bf16 values instead of A (rf_cpu_gemm_a16), A NULL then. */
 static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                 const float *B, int ldb, float beta, float *C, int ldc, int b_weight, int same_a) {
+                 const float *B, int ldb, float beta, float *C, int ldc, int b_weight, int same_a,
+                 const uint16_t *a16) {
     if (!same_a) g_held_a.src = NULL; /* only a conversion this call makes is held after it */
     if (M == 0 || N == 0) return;
+    /* bf16 values are read in place only by a product with bf16 operands on oneDNN's
+     * primitives; any other path reads A widened to fp32, whose rounding to bf16 gives the same
+     * values back */
+    if (a16 && (omp_in_parallel() || g_prec != RF_PRECISION_BF16 || !rf_cpu_bf16_native() ||
+                own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight) ||
+                (M <= GEMV_MAX_M && !rf_cpu_batch_invariant_exact()))) {
+        A = operand_f32(NULL, a16, ta, M, K, &lda, 2);
+        a16 = NULL;
+    }
     if (K == 0) { /* oneDNN refuses empty reductions: C = beta * C */
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
@@ -1064,15 +1079,15 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
         ab = bind_find(A), bb = bind_find(B);
         pthread_mutex_unlock(&g_lock);
     }
-    A = operand_f32(A, ab, ta, M, K, &lda, 2); /* no product reads a weight as A; exact if one does */
+    if (!a16) A = operand_f32(A, ab, ta, M, K, &lda, 2); /* no product reads a weight as A; exact if one does */
     if (omp_in_parallel()) { /* attention's per-head products: fp32 in both modes (the top) */
         B = operand_f32(B, bb, tb, K, N, &ldb, 3);
         gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
         return;
     }
     int exact = rf_cpu_batch_invariant_exact();
-    int own = own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight);
-    int gemv = M <= GEMV_MAX_M && !exact && !own;
+    int own = !a16 && own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight);
+    int gemv = M <= GEMV_MAX_M && !exact && !own && !a16;
     if (gemv && !ta && tb && (b_weight || bb) &&
         gemm_small(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
         return;
@@ -1102,10 +1117,11 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
     if (single) omp_set_num_threads(1);
     pthread_mutex_lock(&g_lock);
     int bf16 = g_prec == RF_PRECISION_BF16;
-    int ok = gemm_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc, b_weight, same_a, own);
+    int ok = gemm_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc, b_weight, same_a, own, a16);
     pthread_mutex_unlock(&g_lock);
     if (single) omp_set_num_threads(threads);
     if (!ok) { /* no primitive for this shape (or no memory): oneDNN's sgemm, same numbers */
+        if (a16) A = operand_f32(NULL, a16, ta, M, K, &lda, 2);
         B = operand_f32(B, bb, tb, K, N, &ldb, 3);
         if (bf16) {
             gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1);
@@ -1117,12 +1133,21 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
 
 void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc, int b_weight) {
-    gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, b_weight, 0);
+    gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, b_weight, 0, NULL);
+}
+
+void rf_cpu_gemm_a16(int ta, int tb, int M, int N, int K, float alpha, const uint16_t *A, int lda,
+                     const float *B, int ldb, float beta, float *C, int ldc, int b_weight) {
+    gemm(ta, tb, M, N, K, alpha, NULL, lda, B, ldb, beta, C, ldc, b_weight, 0, A);
+}
+
+int rf_cpu_gemm_a16_direct(void) {
+    return g_prec == RF_PRECISION_BF16 && rf_cpu_bf16_native();
 }
 
 void rf_cpu_gemm_same_a(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                         const float *B, int ldb, float beta, float *C, int ldc, int b_weight) {
-    gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, b_weight, 1);
+    gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, b_weight, 1, NULL);
 }
 
 size_t rf_cpu_gemm_a_conversions(void) { return g_a_conversions; }

@@ -22,6 +22,15 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
  * products read the same output gradient). The same bits as rf_cpu_gemm. */
 void rf_cpu_gemm_same_a(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                         const float *B, int ldb, float beta, float *C, int ldc, int b_weight);
+/* rf_cpu_gemm with A given as its bf16 values (rf_cpu_bf16_convert of an fp32 A): the same bits
+ * as rf_cpu_gemm on that fp32 A, without converting it at the call. Read in place where
+ * rf_cpu_gemm_a16_direct says so, else widened to fp32 first. A holds room for its stored rows
+ * rounded up to 64 (a weight gradient on AMX pads its sum with zero rows there, and writes them). */
+void rf_cpu_gemm_a16(int ta, int tb, int M, int N, int K, float alpha, const uint16_t *A, int lda,
+                     const float *B, int ldb, float beta, float *C, int ldc, int b_weight);
+/* Whether rf_cpu_gemm_a16 reads bf16 values in place now (bf16 products, native): where it
+ * does not, a caller gains nothing by giving them. */
+int rf_cpu_gemm_a16_direct(void);
 /* How many bf16 conversions of an A operand rf_cpu_gemm has made in this process (tests). */
 size_t rf_cpu_gemm_a_conversions(void);
 /* rf_cpu_gemm's fp32 product without the shape cache and its lock: oneDNN's sgemm, on the
@@ -131,6 +140,23 @@ void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const 
 void rf_cpu_logprob_trim(void);
 /* Bytes of kept logits now held (tests). */
 size_t rf_cpu_logprob_kept_bytes(void);
+
+/* The gradient with respect to the raw logits of n rows (of V) of logits z made with inv_temp,
+ * inv_temp * dL/dz, given each row's log-sum-exp, entropy, target (targets[r] - v0; out of
+ * [0, V): none in this slice) and the gradients of its log-prob and entropy (NULL: 0). Into z
+ * in place, or, where zb is given (rf_cpu_logprob_dlogits_bf16), as bf16 values into zb (n, V)
+ * with z left as it was: the backward's products read only those (rf_cpu_logprob_dproducts). */
+void rf_cpu_logprob_dlogits(float *z, uint16_t *zb, int n, int V, const float *lse,
+                            const float *ent, const int32_t *targets, int v0, const float *dlogp,
+                            const float *dentropy, float inv_temp);
+/* The bf16 buffer for rf_cpu_logprob_dlogits of n rows of V, or NULL where the products would
+ * not read bf16 values in place (fp32, emulated bf16: rf_cpu_gemm_a16_direct) or memory is
+ * short. */
+uint16_t *rf_cpu_logprob_dlogits_bf16(int n, int V);
+/* dh (n, C) = dz (n, V) @ w (V, C) and, where dw, dw (V, C) += dz^T @ h (n, C): from the bf16
+ * dzb where given, else from dz. */
+void rf_cpu_logprob_dproducts(float *dh, float *dw, const float *dz, const uint16_t *dzb,
+                              const float *h, int n, int C, int V, const float *w);
 
 /* Rows per chunk of the log-prob kernels: up to RF_LOGPROB_CHUNK, fewer for large vocabularies
  * so that the scratch stays near 32 MB (about 55 rows for a 150k vocabulary). */

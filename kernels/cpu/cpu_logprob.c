@@ -13,7 +13,12 @@
  * and bits (hashed in full), T, C, V, inv_temp and precision. The backward turns the saved
  * logits into gradients in place, so they serve one backward. Nothing is saved for an LM head
  * of bf16-resident weights (kernels.h bind_bf16): those belong to a frozen model, which has no
- * backward. rf_cpu_logprob_trim gives the kept buffers back (rf_model_trim). */
+ * backward. rf_cpu_logprob_trim gives the kept buffers back (rf_model_trim).
+ *
+ * The backward's logit gradients, where the products take bf16 operands (rf_cpu_gemm_a16_direct),
+ * are written only as bf16, a block of a row at a time from the caches: the values the products
+ * would have rounded them to, without writing them in fp32 first and converting them again
+ * (for the small config's 2048 x 16384, 128 MB written and 128 MB read less). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +52,84 @@ float *rf_cpu_logprob_scratch(size_t n) {
         cap = buf ? n : 0;
     }
     return buf;
+}
+
+/* The bf16 gradients of a chunk's logits (rf_cpu_logprob_dlogits), the products' A operand:
+ * rows rounded up to 64 (rf_cpu_gemm_a16's room). */
+static uint16_t *g_dz16;
+static size_t g_dz16_cap; /* values in g_dz16 */
+
+static uint16_t *scratch16(int n, int V) {
+    size_t need = (size_t)(n + 63) / 64 * 64 * V;
+    if (need > g_dz16_cap) {
+        free(g_dz16);
+        g_dz16 = rf_cpu_alloc_lines(need * sizeof(uint16_t));
+        g_dz16_cap = g_dz16 ? need : 0;
+    }
+    return g_dz16;
+}
+
+uint16_t *rf_cpu_logprob_dlogits_bf16(int n, int V) {
+    return rf_cpu_gemm_a16_direct() ? scratch16(n, V) : NULL;
+}
+
+/* Elements of a row made at a time in rf_cpu_logprob_dlogits before they are rounded to bf16. */
+#define DLOGIT_BLOCK 1024
+
+/* Each value is a chain of its own (no sums across the row), so the vector width decides speed,
+ * not bits: 512-bit vectors where the build has AVX-512 (GCC's tuning for Intel's prefers 256). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
+#pragma GCC push_options
+#pragma GCC target("prefer-vector-width=512")
+#define RF_DLOGIT_WIDE 1
+#endif
+void rf_cpu_logprob_dlogits(float *z, uint16_t *zb, int n, int V, const float *lse,
+                            const float *ent, const int32_t *targets, int v0, const float *dlogp,
+                            const float *dentropy, float inv_temp) {
+#pragma omp parallel for if (n * (size_t)V > 65536)
+    for (int r = 0; r < n; r++) {
+        float *zr = z + (size_t)r * V;
+        float dl = dlogp ? dlogp[r] : 0.0f, de = dentropy ? dentropy[r] : 0.0f;
+        float l = lse[r], H = ent[r];
+        int tgt = targets[r] - v0;
+        if (!zb) {
+#pragma omp simd
+            for (int j = 0; j < V; j++) {
+                float lp = zr[j] - l;
+                zr[j] = inv_temp * rf_logprob_dlogit(rf_expf_fast(lp), lp, H, j == tgt, dl, de);
+            }
+            continue;
+        }
+        /* the same values, a block at a time in the caches, written only as bf16 */
+        float g[DLOGIT_BLOCK] __attribute__((aligned(64)));
+        for (int j0 = 0; j0 < V; j0 += DLOGIT_BLOCK) {
+            int m = V - j0 < DLOGIT_BLOCK ? V - j0 : DLOGIT_BLOCK, t = tgt - j0;
+            const float *zj = zr + j0;
+#pragma omp simd
+            for (int j = 0; j < m; j++) {
+                float lp = zj[j] - l;
+                g[j] = inv_temp * rf_logprob_dlogit(rf_expf_fast(lp), lp, H, j == t, dl, de);
+            }
+            rf_cpu_bf16_convert(zb + (size_t)r * V + j0, g, m);
+        }
+    }
+}
+
+#ifdef RF_DLOGIT_WIDE
+#pragma GCC pop_options
+#endif
+
+void rf_cpu_logprob_dproducts(float *dh, float *dw, const float *dz, const uint16_t *dzb,
+                              const float *h, int n, int C, int V, const float *w) {
+    /* dh (n, C) = dz (n, V) @ w (V, C); dw (V, C) += dz^T (V, n) @ h (n, C) */
+    if (dzb) {
+        rf_cpu_gemm_a16(0, 0, n, C, V, 1.0f, dzb, V, w, C, 0.0f, dh, C, 1);
+        if (dw) rf_cpu_gemm_a16(1, 0, V, C, n, 1.0f, dzb, V, h, C, 1.0f, dw, C, 0);
+        return;
+    }
+    rf_cpu_gemm(0, 0, n, C, V, 1.0f, dz, V, w, C, 0.0f, dh, C, 1);
+    if (dw) /* dz as dh's product read it */
+        rf_cpu_gemm_same_a(1, 0, V, C, n, 1.0f, dz, V, h, C, 1.0f, dw, C, 0);
 }
 
 /* Largest (T, V) logits the forward keeps for the backward (the small config's 2048 x 16384
@@ -126,6 +209,8 @@ static saved_logits *saved_reserve(int T, int V, const float *w) {
 }
 
 void rf_cpu_logprob_trim(void) {
+    free(g_dz16);
+    g_dz16 = NULL, g_dz16_cap = 0;
     free(g_saved.z);
     free(g_saved.lse);
     g_saved = (saved_logits){0};
@@ -133,7 +218,7 @@ void rf_cpu_logprob_trim(void) {
 }
 
 size_t rf_cpu_logprob_kept_bytes(void) {
-    return g_saved.cap * sizeof(float) + g_lse_cap * sizeof(float);
+    return g_saved.cap * sizeof(float) + g_lse_cap * sizeof(float) + g_dz16_cap * sizeof(uint16_t);
 }
 
 void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
@@ -177,23 +262,10 @@ void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const flo
         float *z = saved ? g_saved.z + (size_t)t0 * V : zs, *lse = saved ? g_saved.lse + t0 : lse_s;
         float *ent = saved ? g_saved.ent + t0 : ent_s;
         if (!saved) chunk_logits(z, lse, ent, h, w, t0, n, C, V, inv_temp);
-        /* z becomes dL/d(raw logits) = inv_temp * dL/dz */
-#pragma omp parallel for if (n * (size_t)V > 65536)
-        for (int r = 0; r < n; r++) {
-            float *zr = z + (size_t)r * V;
-            float dl = dlogp ? dlogp[t0 + r] : 0.0f, de = dentropy ? dentropy[t0 + r] : 0.0f;
-            int tgt = targets[t0 + r];
-#pragma omp simd
-            for (int j = 0; j < V; j++) {
-                float lp = zr[j] - lse[r];
-                zr[j] = inv_temp * rf_logprob_dlogit(rf_expf_fast(lp), lp, ent[r], j == tgt, dl, de);
-            }
-        }
-        /* dh (n, C) = dz (n, V) @ w (V, C); dw (V, C) += dz^T (V, n) @ h (n, C) */
-        rf_cpu_gemm(0, 0, n, C, V, 1.0f, z, V, w, C, 0.0f,
-                    dh + (size_t)t0 * C, C, 1);
-        if (dw) /* z as dh's product read it */
-            rf_cpu_gemm_same_a(1, 0, V, C, n, 1.0f, z, V,
-                        h + (size_t)t0 * C, C, 1.0f, dw, C, 0);
+        uint16_t *zb = rf_cpu_logprob_dlogits_bf16(n, V);
+        /* dL/d(raw logits) = inv_temp * dL/dz: into z, or as bf16 into zb */
+        rf_cpu_logprob_dlogits(z, zb, n, V, lse, ent, targets + t0, 0, dlogp ? dlogp + t0 : NULL,
+                               dentropy ? dentropy + t0 : NULL, inv_temp);
+        rf_cpu_logprob_dproducts(dh + (size_t)t0 * C, dw, z, zb, h + (size_t)t0 * C, n, C, V, w);
     }
 }

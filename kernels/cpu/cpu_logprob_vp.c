@@ -51,24 +51,10 @@ void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const 
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
         slice_logits(z, h, w, t0, n, C, Vl, inv_temp);
-        /* z becomes dL/d(raw logits) = inv_temp * dL/dz over the slice */
-#pragma omp parallel for if (n * (size_t)Vl > 65536)
-        for (int r = 0; r < n; r++) {
-            float *zr = z + (size_t)r * Vl;
-            float dl = dlogp ? dlogp[t0 + r] : 0.0f, de = dentropy ? dentropy[t0 + r] : 0.0f;
-            float l = lse[t0 + r], H = entropy[t0 + r];
-            int tgt = targets[t0 + r] - v0;
-#pragma omp simd
-            for (int j = 0; j < Vl; j++) {
-                float lp = zr[j] - l;
-                zr[j] = inv_temp * rf_logprob_dlogit(rf_expf_fast(lp), lp, H, j == tgt, dl, de);
-            }
-        }
-        /* dh (n, C) = dz (n, Vl) @ w (Vl, C); dw (Vl, C) += dz^T @ h (n, C) */
-        rf_cpu_gemm(0, 0, n, C, Vl, 1.0f, z, Vl, w, C, 0.0f,
-                    dh + (size_t)t0 * C, C, 1);
-        if (dw) /* z as dh's product read it */
-            rf_cpu_gemm_same_a(1, 0, Vl, C, n, 1.0f, z, Vl,
-                        h + (size_t)t0 * C, C, 1.0f, dw, C, 0);
+        uint16_t *zb = rf_cpu_logprob_dlogits_bf16(n, Vl);
+        /* dL/d(raw logits) = inv_temp * dL/dz over the slice: into z, or as bf16 into zb */
+        rf_cpu_logprob_dlogits(z, zb, n, Vl, lse + t0, entropy + t0, targets + t0, v0,
+                               dlogp ? dlogp + t0 : NULL, dentropy ? dentropy + t0 : NULL, inv_temp);
+        rf_cpu_logprob_dproducts(dh + (size_t)t0 * C, dw, z, zb, h + (size_t)t0 * C, n, C, Vl, w);
     }
 }
