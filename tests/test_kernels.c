@@ -1754,6 +1754,77 @@ static void test_packed_weights(const rf_kernels *K) {
  * of 64 rows. The kernel's product counter
  * must move, or the comparisons compared oneDNN with itself (products of 1-4 rows, which went
  * to the matrix-vector loops before: test_batch_invariant). Without AMX: it must decline. */
+/* rf_cpu_gemm_a16: a product given A's bf16 values has the bits of rf_cpu_gemm on the fp32 A they
+ * were rounded from in bf16 mode (on those values widened in fp32 mode), on every path (read in place: the LM head backward's two
+ * products; widened: fp32 mode, the matrix-vector loops, the own AMX kernel); read in place it
+ * converts nothing (or a conversion would hide that it did not take the bf16 values). */
+static void test_gemm_a16(const rf_kernels *K) {
+    static const struct { int M, N, Kd, ta, tb, bw; float beta; } cs[] = {
+        {300, 64, 1000, 0, 0, 1, 0.0f},  /* dz @ w */
+        {1000, 64, 300, 1, 0, 0, 1.0f},  /* dw += dz^T h: K 300, padded on AMX into A's room */
+        {2048, 96, 77, 1, 0, 0, 1.0f},
+        {3, 96, 200, 0, 1, 1, 0.0f},     /* the matrix-vector loops where they run */
+        {32, 1024, 640, 0, 1, 1, 0.0f},  /* a weight of 1.3 MB: the own AMX kernel where it runs */
+        {70, 130, 50, 0, 1, 0, 1.0f},
+    };
+    for (int p = 0; p < 2; p++) {
+        CHECK(K->set_precision(p ? RF_PRECISION_BF16 : RF_PRECISION_FP32) == RF_OK);
+        int differ = 0, direct = 0, converted = 0;
+        for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+            int M = cs[i].M, N = cs[i].N, Kd = cs[i].Kd;
+            int ar = cs[i].ta ? Kd : M, ac = cs[i].ta ? M : Kd;
+            float *a = fnormal((size_t)ar * ac, 1.0f), *b = fnormal((size_t)Kd * N, 0.1f);
+            float *c0 = fnormal((size_t)M * N, 1.0f), *c1 = fcopy(c0, (size_t)M * N);
+            uint16_t *ab = xmalloc(sizeof(uint16_t) * (size_t)(ar + 63) / 64 * 64 * ac);
+            for (int r = 0; r < ar; r++) rf_cpu_bf16_convert(ab + (size_t)r * ac, a + (size_t)r * ac, ac);
+            if (!p) /* fp32: the product of the bf16 values themselves */
+                for (size_t j = 0; j < (size_t)ar * ac; j++) a[j] = rf_cpu_bf16_round(a[j]);
+            int ldb = cs[i].tb ? Kd : N;
+            rf_cpu_gemm(cs[i].ta, cs[i].tb, M, N, Kd, 1.0f, a, ac, b, ldb, cs[i].beta, c0, N, cs[i].bw);
+            size_t conv = rf_cpu_gemm_a_conversions();
+            rf_cpu_gemm_a16(cs[i].ta, cs[i].tb, M, N, Kd, 1.0f, ab, ac, b, ldb, cs[i].beta, c1, N, cs[i].bw);
+            if (p && rf_cpu_gemm_a16_direct() && i < 3) direct++, converted += rf_cpu_gemm_a_conversions() != conv;
+            differ += memcmp(c0, c1, FB((size_t)M * N)) != 0;
+            if (cs[i].bw) rf_cpu_gemm_forget(b, FB((size_t)Kd * N));
+            free(a), free(b), free(c0), free(c1), free(ab);
+        }
+        printf("products of bf16 A (%s): %d of %zu differ from rf_cpu_gemm on its fp32 A; %d read in place, %d of "
+               "those converted A\n", p ? "bf16" : "fp32", differ, sizeof cs / sizeof *cs, direct, converted);
+        CHECK(differ == 0 && converted == 0);
+        CHECK(!p || !rf_cpu_bf16_native() || direct == 3);
+    }
+    CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
+}
+
+/* rf_cpu_logprob_dlogits into bf16: the bf16 rounding of what it writes in place, z untouched. */
+static void test_dlogits_bf16(void) {
+    static const int Vs[] = {1, 15, 1000, 1024, 3001, 5000};
+    int bad = 0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof *Vs; vi++) {
+        int V = Vs[vi], n = 7;
+        float *z = fnormal((size_t)n * V, 3.0f), *z0 = fcopy(z, (size_t)n * V), *zf = fcopy(z, (size_t)n * V);
+        float lse[7], ent[7], dl[7], de[7];
+        int32_t tg[7];
+        for (int r = 0; r < n; r++) {
+            lse[r] = rf_row_lse(z + (size_t)r * V, V, 1.0f, &ent[r]);
+            tg[r] = r == 3 ? -1 : (r * 977 + 5) % (V + 2); /* some outside [0, V) after v0 */
+            dl[r] = 0.1f * (float)(r + 1), de[r] = -0.03f * (float)r;
+        }
+        uint16_t *zb = xmalloc(sizeof(uint16_t) * (size_t)64 * V), *want = xmalloc(sizeof(uint16_t) * (size_t)n * V);
+        for (int v = 0; v < 3; v++) { /* both gradients, log-prob alone, entropy alone */
+            const float *pl = v == 2 ? NULL : dl, *pe = v == 1 ? NULL : de;
+            memcpy(zf, z0, FB((size_t)n * V));
+            rf_cpu_logprob_dlogits(zf, NULL, n, V, lse, ent, tg, 1, pl, pe, 0.8f);
+            for (int r = 0; r < n; r++) rf_cpu_bf16_convert(want + (size_t)r * V, zf + (size_t)r * V, V);
+            rf_cpu_logprob_dlogits(z, zb, n, V, lse, ent, tg, 1, pl, pe, 0.8f);
+            bad += memcmp(zb, want, sizeof(uint16_t) * (size_t)n * V) != 0 || memcmp(z, z0, FB((size_t)n * V)) != 0;
+        }
+        free(z), free(z0), free(zf), free(zb), free(want);
+    }
+    printf("logit gradients as bf16: %d of %zu vocabularies differ from the rounded fp32 ones\n", bad, 3 * sizeof Vs / sizeof *Vs);
+    CHECK(bad == 0);
+}
+
 static void test_own_amx(const rf_kernels *K) {
     CHECK(K->set_precision(RF_PRECISION_BF16) == RF_OK);
     if (!rf_cpu_isa_amx() || !rf_cpu_amx_ready()) { /* a product it would take: oneDNN's here */
@@ -1993,6 +2064,8 @@ int main(void) {
     test_sampler_logprob(K);
     test_packed_weights(K);
     test_own_amx(K);
+    test_gemm_a16(K);
+    test_dlogits_bf16();
     test_many_shapes(K);
     test_weights_freed(K);
     test_swiglu_libm_bits(K);

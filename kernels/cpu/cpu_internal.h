@@ -22,8 +22,9 @@ void rf_cpu_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
  * products read the same output gradient). The same bits as rf_cpu_gemm. */
 void rf_cpu_gemm_same_a(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                         const float *B, int ldb, float beta, float *C, int ldc, int b_weight);
-/* rf_cpu_gemm with A given as its bf16 values (rf_cpu_bf16_convert of an fp32 A): the same bits
- * as rf_cpu_gemm on that fp32 A, without converting it at the call. Read in place where
+/* rf_cpu_gemm with A given as its bf16 values (rf_cpu_bf16_convert of an fp32 A): in bf16 mode
+ * the same bits as rf_cpu_gemm on that fp32 A, without converting it at the call (in fp32 mode,
+ * those of rf_cpu_gemm on the bf16 values widened). Read in place where
  * rf_cpu_gemm_a16_direct says so, else widened to fp32 first. A holds room for its stored rows
  * rounded up to 64 (a weight gradient on AMX pads its sum with zero rows there, and writes them). */
 void rf_cpu_gemm_a16(int ta, int tb, int M, int N, int K, float alpha, const uint16_t *A, int lda,
