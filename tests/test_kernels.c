@@ -1124,6 +1124,8 @@ static void test_logprob(const rf_kernels *K) {
     test_logprob_case(K, 1, 16, 300, 0.7f); /* T = 1 */
     /* T past one chunk of rows, with a partial last chunk */
     test_logprob_case(K, RF_LOGPROB_CHUNK + 5, 8, 37, 0.7f);
+    /* an LM head of over 2^20 values: the CPU's forward makes kept logits in one product */
+    test_logprob_case(K, 5, 64, 16500, 0.8f);
 }
 
 /* ------------------------------------------------------------------ adamw */

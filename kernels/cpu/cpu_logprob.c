@@ -132,6 +132,10 @@ void rf_cpu_logprob_dproducts(float *dh, float *dw, const float *dz, const uint1
         rf_cpu_gemm_same_a(1, 0, V, C, n, 1.0f, dz, V, h, C, 1.0f, dw, C, 0);
 }
 
+/* The LM head's size (V x C) from which a forward with kept logits makes them in one product
+ * whatever the CPU (rf_cpu_logprob_forward): 4 MB in fp32, beyond a core's L2. */
+#define LOGPROB_WHOLE_MIN ((size_t)1 << 20)
+
 /* Largest (T, V) logits the forward keeps for the backward (the small config's 2048 x 16384
  * is 128 MB, Qwen2.5-0.5B's 512 x 151936 is 311 MB). */
 #define LOGITS_SAVE_BYTES ((size_t)512 << 20)
@@ -223,8 +227,13 @@ size_t rf_cpu_logprob_kept_bytes(void) {
 
 void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
                             const int32_t *targets, int T, int C, int V, float inv_temp) {
-    int chunk = rf_cpu_logprob_chunk_rows(V);
     saved_logits *sv = saved_reserve(T, V, w);
+    /* Logits kept whole: one product over every row, which reads the weight once (in chunks of
+     * 55 rows, Qwen2.5-0.5B's 272 MB of bf16 weight was read ten times for 512 tokens). Where a
+     * row's bits depend on the rows beside it (bf16 on AMX, AVX2), only for a weight beyond the
+     * caches: a small one costs nothing to read again, and its runs keep their bits. */
+    int whole = sv && (rf_cpu_batch_invariant_exact() || (size_t)V * C >= LOGPROB_WHOLE_MIN);
+    int chunk = whole ? T : rf_cpu_logprob_chunk_rows(V);
     float *z = sv ? NULL : rf_cpu_logprob_scratch((size_t)chunk * V);
     float lse_s[RF_LOGPROB_CHUNK], ent_s[RF_LOGPROB_CHUNK];
     for (int t0 = 0; t0 < T; t0 += chunk) {
