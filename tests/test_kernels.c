@@ -1798,6 +1798,22 @@ static void test_gemm_a16(const rf_kernels *K) {
     CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
 }
 
+/* rf_cpu_alloc_lines: whole lines from 64-byte boundaries, 2 MB ones from RF_CPU_HUGE_MIN bytes
+ * (huge pages, where the kernel gives them, cover whole 2 MB ranges only), every byte usable. */
+static void test_alloc_lines(void) {
+    static const size_t sizes[] = {1, 100, 4096, (size_t)3 << 20, RF_CPU_HUGE_MIN - 1, RF_CPU_HUGE_MIN, (size_t)9 << 20};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        unsigned char *p = rf_cpu_alloc_lines(sizes[i]);
+        size_t want = sizes[i] >= RF_CPU_HUGE_MIN ? RF_CPU_HUGE_ALIGN : 64;
+        if (!p || (uintptr_t)p % want) { bad++; free(p); continue; }
+        memset(p, 0xa5, sizes[i]);
+        bad += p[0] != 0xa5 || p[sizes[i] - 1] != 0xa5;
+        free(p);
+    }
+    CHECK(bad == 0);
+}
+
 /* rf_cpu_logprob_dlogits into bf16: the bf16 rounding of what it writes in place, z untouched. */
 static void test_dlogits_bf16(void) {
     static const int Vs[] = {1, 15, 1000, 1024, 3001, 5000};
@@ -2068,6 +2084,7 @@ int main(void) {
     test_own_amx(K);
     test_gemm_a16(K);
     test_dlogits_bf16();
+    test_alloc_lines();
     test_many_shapes(K);
     test_weights_freed(K);
     test_swiglu_libm_bits(K);

@@ -67,8 +67,13 @@ rf_status rf_cpu_bind_bf16(const float *base, const uint16_t *data, size_t n);
 const uint16_t *rf_cpu_bf16_bound(const float *p);
 /* n bytes (rounded up to whole 64-byte lines) starting on a 64-byte line, or NULL; free(). The
  * products' operands and outputs: oneDNN's AMX kernels ran 25-35 % slower on ones 16 bytes off
- * a line (docs/kernels.md), which is where glibc's malloc puts large blocks. */
-static inline void *rf_cpu_alloc_lines(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
+ * a line (docs/kernels.md), which is where glibc's malloc puts large blocks. From
+ * RF_CPU_HUGE_MIN bytes, on a 2 MB boundary and in transparent huge pages where the kernel
+ * gives them (madvise; THP "madvise" or "always"): a weight copy streamed from memory by
+ * decoding then costs a TLB entry a 2 MB, not one a 4 KB block (docs/kernels.md). */
+void *rf_cpu_alloc_lines(size_t n);
+#define RF_CPU_HUGE_MIN ((size_t)4 << 20) /* blocks from this size go on 2 MB boundaries */
+#define RF_CPU_HUGE_ALIGN ((size_t)2 << 20)
 /* kernels/cpu/cpu_amx.c: C (M, N) = alpha * A (M, K; fp32, row stride lda) W^T + beta * C on
  * AMX's tiles, for 1 to RF_CPU_AMX_MAX_ROWS rows, with W in oneDNN's blocked bf16 layout
  * "16a64b2a" of the (K, N) operand: block (kb, nb) of 32 inputs x 64 columns at w + kb * sk +

@@ -18,7 +18,9 @@
  * anonymous mappings, whose pages the kernel hands out zeroed when first touched: a buffer
  * sized for the worst case (the KV-cache pool, activations for the longest batch) costs
  * resident memory only for what is used. Small ones come from malloc and are cleared. A header
- * of 64 bytes before the block says which, and the mapping's length. */
+ * of 64 bytes before the block says which, and the mapping's length. Not in huge pages
+ * (rf_cpu_alloc_lines): a frozen model leaves its matrices' fp32 memory untouched, which a 2 MB
+ * page faulted in for a norm beside them would make resident. */
 #ifdef __SANITIZE_ADDRESS__
 #define CPU_MAP_MIN SIZE_MAX /* AddressSanitizer builds: every block from malloc, with red zones */
 #else
@@ -30,6 +32,23 @@ typedef struct cpu_head {
     void *base;   /* what to free or unmap */
     size_t bytes; /* what the caller asked for */
 } cpu_head;
+
+/* Asks for transparent huge pages over [p, p + n), p page-aligned; nothing where THP is off. */
+static void huge_pages(void *p, size_t n) {
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, (n + 4095) & ~(size_t)4095, MADV_HUGEPAGE); /* EINVAL where THP is not built */
+#else
+    (void)p, (void)n;
+#endif
+}
+
+void *rf_cpu_alloc_lines(size_t n) {
+    n = (n + 63) / 64 * 64;
+    if (n < RF_CPU_HUGE_MIN) return aligned_alloc(64, n);
+    void *p = aligned_alloc(RF_CPU_HUGE_ALIGN, n);
+    if (p) huge_pages(p, n);
+    return p;
+}
 
 static void *cpu_alloc(size_t bytes) {
     size_t n = (bytes + 63) / 64 * 64 + CPU_HEAD;
