@@ -45,8 +45,9 @@ static void huge_pages(void *p, size_t n) {
 void *rf_cpu_alloc_lines(size_t n) {
     n = (n + 63) / 64 * 64;
     if (n < RF_CPU_HUGE_MIN) return aligned_alloc(64, n);
-    void *p = aligned_alloc(RF_CPU_HUGE_ALIGN, n);
-    if (p) huge_pages(p, n);
+    void *p = NULL; /* posix_memalign: aligned_alloc wants n a multiple of the alignment */
+    if (posix_memalign(&p, RF_CPU_HUGE_ALIGN, n) != 0) return NULL;
+    huge_pages(p, n);
     return p;
 }
 
