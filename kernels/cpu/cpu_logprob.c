@@ -54,6 +54,11 @@ float *rf_cpu_logprob_scratch(size_t n) {
     return buf;
 }
 
+/* The LM head's size (V x C) from which a forward with kept logits makes them in one product
+ * whatever the CPU (rf_cpu_logprob_forward), and from which an fp32 backward makes dw by columns
+ * (fp32_dw): 4 MB in fp32, beyond a core's L2. */
+#define LOGPROB_WHOLE_MIN ((size_t)1 << 20)
+
 /* The bf16 gradients of a chunk's logits (rf_cpu_logprob_dlogits), the products' A operand:
  * rows rounded up to 64 (rf_cpu_gemm_a16's room). */
 static uint16_t *g_dz16;
@@ -119,6 +124,39 @@ void rf_cpu_logprob_dlogits(float *z, uint16_t *zb, int n, int V, const float *l
 #pragma GCC pop_options
 #endif
 
+/* Columns of logits per product of fp32_dw; its scratch of C x DW_COLS floats, kept. */
+#define DW_COLS 4096
+static float *g_dwt;
+static size_t g_dwt_cap; /* floats in g_dwt */
+
+/* dw (V, C) += dz^T (V, n) @ h (n, C) in fp32 as (dw^T)[:, v0 : v0 + 4096] = h^T dz[:, v0 : ...],
+ * added to dw's rows: oneDNN runs an fp32 product of a transposed A (dz^T) on its gemm:jit
+ * kernel, 175 GFLOP/s on `small`'s 16384-long head where these run at 240 (docs/kernels.md). The
+ * same sums over the tokens in another order. 0 when out of memory (nothing done). */
+static int fp32_dw(float *dw, const float *dz, const float *h, int n, int C, int V) {
+    size_t need = (size_t)C * DW_COLS;
+    if (need > g_dwt_cap) {
+        free(g_dwt);
+        g_dwt = rf_cpu_alloc_lines(need * sizeof(float));
+        g_dwt_cap = g_dwt ? need : 0;
+        if (!g_dwt) return 0;
+    }
+    float *t = g_dwt;
+    for (int v0 = 0; v0 < V; v0 += DW_COLS) {
+        int nb = V - v0 < DW_COLS ? V - v0 : DW_COLS;
+        rf_cpu_gemm(1, 0, C, nb, n, 1.0f, h, C, dz + v0, V, 0.0f, t, nb, 0);
+        /* in tiles of 64 x 64: t's columns are 16 KB apart */
+#pragma omp parallel for if ((size_t)nb * C > RF_OMP_MIN_COPY)
+        for (int vb = 0; vb < nb; vb += 64)
+            for (int cb = 0; cb < C; cb += 64)
+                for (int v = vb; v < vb + 64 && v < nb; v++) {
+                    float *d = dw + (size_t)(v0 + v) * C;
+                    for (int c = cb; c < cb + 64 && c < C; c++) d[c] += t[(size_t)c * nb + v];
+                }
+    }
+    return 1;
+}
+
 void rf_cpu_logprob_dproducts(float *dh, float *dw, const float *dz, const uint16_t *dzb,
                               const float *h, int n, int C, int V, const float *w) {
     /* dh (n, C) = dz (n, V) @ w (V, C); dw (V, C) += dz^T (V, n) @ h (n, C) */
@@ -128,13 +166,13 @@ void rf_cpu_logprob_dproducts(float *dh, float *dw, const float *dz, const uint1
         return;
     }
     rf_cpu_gemm(0, 0, n, C, V, 1.0f, dz, V, w, C, 0.0f, dh, C, 1);
+    /* a large head in fp32 (a small one, the default recipe's, keeps the product below and its bits) */
+    if (dw && (size_t)V * C >= LOGPROB_WHOLE_MIN && rf_cpu_gemm_get_precision() == RF_PRECISION_FP32 &&
+        fp32_dw(dw, dz, h, n, C, V))
+        return;
     if (dw) /* dz as dh's product read it */
         rf_cpu_gemm_same_a(1, 0, V, C, n, 1.0f, dz, V, h, C, 1.0f, dw, C, 0);
 }
-
-/* The LM head's size (V x C) from which a forward with kept logits makes them in one product
- * whatever the CPU (rf_cpu_logprob_forward): 4 MB in fp32, beyond a core's L2. */
-#define LOGPROB_WHOLE_MIN ((size_t)1 << 20)
 
 /* Largest (T, V) logits the forward keeps for the backward (the small config's 2048 x 16384
  * is 128 MB, Qwen2.5-0.5B's 512 x 151936 is 311 MB). */
@@ -213,6 +251,8 @@ static saved_logits *saved_reserve(int T, int V, const float *w) {
 }
 
 void rf_cpu_logprob_trim(void) {
+    free(g_dwt);
+    g_dwt = NULL, g_dwt_cap = 0;
     free(g_dz16);
     g_dz16 = NULL, g_dz16_cap = 0;
     free(g_saved.z);
@@ -222,7 +262,8 @@ void rf_cpu_logprob_trim(void) {
 }
 
 size_t rf_cpu_logprob_kept_bytes(void) {
-    return g_saved.cap * sizeof(float) + g_lse_cap * sizeof(float) + g_dz16_cap * sizeof(uint16_t);
+    return g_saved.cap * sizeof(float) + g_lse_cap * sizeof(float) + g_dz16_cap * sizeof(uint16_t) +
+           g_dwt_cap * sizeof(float);
 }
 
 void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
