@@ -1053,18 +1053,23 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
     return ok && run_rows(&k, a, arow, b, C, bucket_plain, NULL, NULL);
 }
 
+int rf_cpu_gemm_a16_direct(void) {
+    return g_prec == RF_PRECISION_BF16 && rf_cpu_bf16_native();
+}
+
 /* The product; a16: A's bf16 values instead of A (rf_cpu_gemm_a16), A NULL then. */
 static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc, int b_weight, int same_a,
                  const uint16_t *a16) {
     if (!same_a) g_held_a.src = NULL; /* only a conversion this call makes is held after it */
     if (M == 0 || N == 0) return;
+    int exact = rf_cpu_batch_invariant_exact();
+    int own = own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight);
+    int gemv = M <= GEMV_MAX_M && !exact && !own;
     /* bf16 values are read in place only by a product with bf16 operands on oneDNN's
      * primitives; any other path reads A widened to fp32, whose rounding to bf16 gives the same
      * values back */
-    if (a16 && (omp_in_parallel() || g_prec != RF_PRECISION_BF16 || !rf_cpu_bf16_native() ||
-                own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight) ||
-                (M <= GEMV_MAX_M && !rf_cpu_batch_invariant_exact()))) {
+    if (a16 && (omp_in_parallel() || !rf_cpu_gemm_a16_direct() || own || gemv)) {
         A = operand_f32(NULL, a16, ta, M, K, &lda, 2);
         a16 = NULL;
     }
@@ -1085,9 +1090,6 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
         gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
         return;
     }
-    int exact = rf_cpu_batch_invariant_exact();
-    int own = !a16 && own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight);
-    int gemv = M <= GEMV_MAX_M && !exact && !own && !a16;
     if (gemv && !ta && tb && (b_weight || bb) &&
         gemm_small(M, N, K, alpha, A, lda, B, ldb, bb, beta, C, ldc))
         return;
@@ -1141,9 +1143,6 @@ void rf_cpu_gemm_a16(int ta, int tb, int M, int N, int K, float alpha, const uin
     gemm(ta, tb, M, N, K, alpha, NULL, lda, B, ldb, beta, C, ldc, b_weight, 0, A);
 }
 
-int rf_cpu_gemm_a16_direct(void) {
-    return g_prec == RF_PRECISION_BF16 && rf_cpu_bf16_native();
-}
 
 void rf_cpu_gemm_same_a(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                         const float *B, int ldb, float beta, float *C, int ldc, int b_weight) {

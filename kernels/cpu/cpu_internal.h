@@ -150,19 +150,18 @@ size_t rf_cpu_logprob_kept_bytes(void);
 /* The gradient with respect to the raw logits of n rows (of V) of logits z made with inv_temp,
  * inv_temp * dL/dz, given each row's log-sum-exp, entropy, target (targets[r] - v0; out of
  * [0, V): none in this slice) and the gradients of its log-prob and entropy (NULL: 0). Into z
- * in place, or, where zb is given (rf_cpu_logprob_dlogits_bf16), as bf16 values into zb (n, V)
- * with z left as it was: the backward's products read only those (rf_cpu_logprob_dproducts). */
+ * in place, or, where zb is given, as bf16 values into zb (n, V) with z left as it was. */
 void rf_cpu_logprob_dlogits(float *z, uint16_t *zb, int n, int V, const float *lse,
                             const float *ent, const int32_t *targets, int v0, const float *dlogp,
                             const float *dentropy, float inv_temp);
-/* The bf16 buffer for rf_cpu_logprob_dlogits of n rows of V, or NULL where the products would
- * not read bf16 values in place (fp32, emulated bf16: rf_cpu_gemm_a16_direct) or memory is
- * short. */
-uint16_t *rf_cpu_logprob_dlogits_bf16(int n, int V);
-/* dh (n, C) = dz (n, V) @ w (V, C) and, where dw, dw (V, C) += dz^T @ h (n, C): from the bf16
- * dzb where given, else from dz. */
-void rf_cpu_logprob_dproducts(float *dh, float *dw, const float *dz, const uint16_t *dzb,
-                              const float *h, int n, int C, int V, const float *w);
+/* The backward of a chunk of n rows whose logits z (n, V) = inv_temp * h w^T are made: the
+ * logit gradients (rf_cpu_logprob_dlogits; as bf16 where the products read them in place,
+ * rf_cpu_gemm_a16_direct), then dh (n, C) = dz w and, where dw, dw (V, C) += dz^T h. z is
+ * overwritten or left as it was. lse, ent, targets, dlogp, dentropy: the chunk's rows. */
+void rf_cpu_logprob_chunk_backward(float *dh, float *dw, float *z, const float *h, const float *w,
+                                   int n, int C, int V, const float *lse, const float *ent,
+                                   const int32_t *targets, int v0, const float *dlogp,
+                                   const float *dentropy, float inv_temp);
 
 /* Rows per chunk of the log-prob kernels: up to RF_LOGPROB_CHUNK, fewer for large vocabularies
  * so that the scratch stays near 32 MB (about 55 rows for a 150k vocabulary). */

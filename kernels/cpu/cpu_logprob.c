@@ -11,7 +11,7 @@
  * inputs": the same w pointer with no weights_updated since (the back end's contract for
  * parameter writes, kernels.h), the same bits in w at 1024 sampled places, the same h pointer
  * and bits (hashed in full), T, C, V, inv_temp and precision. The backward turns the saved
- * logits into gradients in place, so they serve one backward. Nothing is saved for an LM head
+ * logits into gradients (in place, or into bf16 values beside them), so they serve one backward. Nothing is saved for an LM head
  * of bf16-resident weights (kernels.h bind_bf16): those belong to a frozen model, which has no
  * backward. rf_cpu_logprob_trim gives the kept buffers back (rf_model_trim).
  *
@@ -41,17 +41,22 @@ int rf_cpu_logprob_chunk_rows(int V) {
     return r < 16 ? 16 : r > RF_LOGPROB_CHUNK ? RF_LOGPROB_CHUNK : r;
 }
 
-/* Allocating a fresh multi-megabyte buffer per call costs page faults on every step. Logit
- * buffers are a product's output: on whole lines (rf_cpu_alloc_lines). */
-float *rf_cpu_logprob_scratch(size_t n) {
-    static float *buf;
-    static size_t cap;
-    if (n > cap) {
-        free(buf);
-        buf = rf_cpu_alloc_lines(n * sizeof(float));
-        cap = buf ? n : 0;
+/* A kept buffer *p of at least `bytes`, grown when short: allocating a fresh multi-megabyte
+ * buffer per call costs page faults on every step. The buffers are products' operands and
+ * outputs: on whole lines (rf_cpu_alloc_lines). NULL when out of memory. */
+static void *grow(void **p, size_t *cap, size_t bytes) {
+    if (bytes > *cap) {
+        free(*p);
+        *p = rf_cpu_alloc_lines(bytes);
+        *cap = *p ? bytes : 0;
     }
-    return buf;
+    return *p;
+}
+
+float *rf_cpu_logprob_scratch(size_t n) {
+    static void *buf;
+    static size_t cap;
+    return grow(&buf, &cap, n * sizeof(float));
 }
 
 /* The LM head's size (V x C) from which a forward with kept logits makes them in one product
@@ -59,26 +64,12 @@ float *rf_cpu_logprob_scratch(size_t n) {
  * (fp32_dw): 4 MB in fp32, beyond a core's L2. */
 #define LOGPROB_WHOLE_MIN ((size_t)1 << 20)
 
-/* The bf16 gradients of a chunk's logits (rf_cpu_logprob_dlogits), the products' A operand:
- * rows rounded up to 64 (rf_cpu_gemm_a16's room). */
-static uint16_t *g_dz16;
-static size_t g_dz16_cap; /* values in g_dz16 */
+/* Kept scratch of the backward (rf_cpu_logprob_trim gives it back): the bf16 gradients of a
+ * chunk's logits, rows rounded up to 64 (rf_cpu_gemm_a16's room); fp32_dw's columns. */
+static void *g_dz16, *g_dwt;
+static size_t g_dz16_cap, g_dwt_cap; /* bytes */
 
-static uint16_t *scratch16(int n, int V) {
-    size_t need = (size_t)(n + 63) / 64 * 64 * V;
-    if (need > g_dz16_cap) {
-        free(g_dz16);
-        g_dz16 = rf_cpu_alloc_lines(need * sizeof(uint16_t));
-        g_dz16_cap = g_dz16 ? need : 0;
-    }
-    return g_dz16;
-}
-
-uint16_t *rf_cpu_logprob_dlogits_bf16(int n, int V) {
-    return rf_cpu_gemm_a16_direct() ? scratch16(n, V) : NULL;
-}
-
-/* Elements of a row made at a time in rf_cpu_logprob_dlogits before they are rounded to bf16. */
+/* Elements of a row made at a time in rf_cpu_logprob_dlogits before they are stored. */
 #define DLOGIT_BLOCK 1024
 
 /* Each value is a chain of its own (no sums across the row), so the vector width decides speed,
@@ -97,15 +88,7 @@ void rf_cpu_logprob_dlogits(float *z, uint16_t *zb, int n, int V, const float *l
         float dl = dlogp ? dlogp[r] : 0.0f, de = dentropy ? dentropy[r] : 0.0f;
         float l = lse[r], H = ent[r];
         int tgt = targets[r] - v0;
-        if (!zb) {
-#pragma omp simd
-            for (int j = 0; j < V; j++) {
-                float lp = zr[j] - l;
-                zr[j] = inv_temp * rf_logprob_dlogit(rf_expf_fast(lp), lp, H, j == tgt, dl, de);
-            }
-            continue;
-        }
-        /* the same values, a block at a time in the caches, written only as bf16 */
+        /* a block at a time in the caches: written back in fp32, or only as bf16 */
         float g[DLOGIT_BLOCK] __attribute__((aligned(64)));
         for (int j0 = 0; j0 < V; j0 += DLOGIT_BLOCK) {
             int m = V - j0 < DLOGIT_BLOCK ? V - j0 : DLOGIT_BLOCK, t = tgt - j0;
@@ -115,7 +98,8 @@ void rf_cpu_logprob_dlogits(float *z, uint16_t *zb, int n, int V, const float *l
                 float lp = zj[j] - l;
                 g[j] = inv_temp * rf_logprob_dlogit(rf_expf_fast(lp), lp, H, j == t, dl, de);
             }
-            rf_cpu_bf16_convert(zb + (size_t)r * V + j0, g, m);
+            if (zb) rf_cpu_bf16_convert(zb + (size_t)r * V + j0, g, m);
+            else memcpy(zr + j0, g, sizeof(float) * (size_t)m);
         }
     }
 }
@@ -124,24 +108,16 @@ void rf_cpu_logprob_dlogits(float *z, uint16_t *zb, int n, int V, const float *l
 #pragma GCC pop_options
 #endif
 
-/* Columns of logits per product of fp32_dw; its scratch of C x DW_COLS floats, kept. */
+/* Columns of logits per product of fp32_dw. */
 #define DW_COLS 4096
-static float *g_dwt;
-static size_t g_dwt_cap; /* floats in g_dwt */
 
 /* dw (V, C) += dz^T (V, n) @ h (n, C) in fp32 as (dw^T)[:, v0 : v0 + 4096] = h^T dz[:, v0 : ...],
  * added to dw's rows: oneDNN runs an fp32 product of a transposed A (dz^T) on its gemm:jit
  * kernel, 175 GFLOP/s on `small`'s 16384-long head where these run at 240 (docs/kernels.md). The
  * same sums over the tokens in another order. 0 when out of memory (nothing done). */
 static int fp32_dw(float *dw, const float *dz, const float *h, int n, int C, int V) {
-    size_t need = (size_t)C * DW_COLS;
-    if (need > g_dwt_cap) {
-        free(g_dwt);
-        g_dwt = rf_cpu_alloc_lines(need * sizeof(float));
-        g_dwt_cap = g_dwt ? need : 0;
-        if (!g_dwt) return 0;
-    }
-    float *t = g_dwt;
+    float *t = grow(&g_dwt, &g_dwt_cap, sizeof(float) * (size_t)C * DW_COLS);
+    if (!t) return 0;
     for (int v0 = 0; v0 < V; v0 += DW_COLS) {
         int nb = V - v0 < DW_COLS ? V - v0 : DW_COLS;
         rf_cpu_gemm(1, 0, C, nb, n, 1.0f, h, C, dz + v0, V, 0.0f, t, nb, 0);
@@ -157,9 +133,10 @@ static int fp32_dw(float *dw, const float *dz, const float *h, int n, int C, int
     return 1;
 }
 
-void rf_cpu_logprob_dproducts(float *dh, float *dw, const float *dz, const uint16_t *dzb,
-                              const float *h, int n, int C, int V, const float *w) {
-    /* dh (n, C) = dz (n, V) @ w (V, C); dw (V, C) += dz^T (V, n) @ h (n, C) */
+/* dh (n, C) = dz (n, V) @ w (V, C) and, where dw, dw (V, C) += dz^T @ h (n, C): from the bf16
+ * dzb where given, else from dz. */
+static void dproducts(float *dh, float *dw, const float *dz, const uint16_t *dzb, const float *h,
+                      int n, int C, int V, const float *w) {
     if (dzb) {
         rf_cpu_gemm_a16(0, 0, n, C, V, 1.0f, dzb, V, w, C, 0.0f, dh, C, 1);
         if (dw) rf_cpu_gemm_a16(1, 0, V, C, n, 1.0f, dzb, V, h, C, 1.0f, dw, C, 0);
@@ -172,6 +149,18 @@ void rf_cpu_logprob_dproducts(float *dh, float *dw, const float *dz, const uint1
         return;
     if (dw) /* dz as dh's product read it */
         rf_cpu_gemm_same_a(1, 0, V, C, n, 1.0f, dz, V, h, C, 1.0f, dw, C, 0);
+}
+
+void rf_cpu_logprob_chunk_backward(float *dh, float *dw, float *z, const float *h, const float *w,
+                                   int n, int C, int V, const float *lse, const float *ent,
+                                   const int32_t *targets, int v0, const float *dlogp,
+                                   const float *dentropy, float inv_temp) {
+    /* bf16 gradients only where the products read them in place */
+    uint16_t *zb = rf_cpu_gemm_a16_direct()
+                       ? grow(&g_dz16, &g_dz16_cap, sizeof(uint16_t) * (size_t)(n + 63) / 64 * 64 * V)
+                       : NULL;
+    rf_cpu_logprob_dlogits(z, zb, n, V, lse, ent, targets, v0, dlogp, dentropy, inv_temp);
+    dproducts(dh, dw, z, zb, h, n, C, V, w);
 }
 
 /* Largest (T, V) logits the forward keeps for the backward (the small config's 2048 x 16384
@@ -262,8 +251,7 @@ void rf_cpu_logprob_trim(void) {
 }
 
 size_t rf_cpu_logprob_kept_bytes(void) {
-    return g_saved.cap * sizeof(float) + g_lse_cap * sizeof(float) + g_dz16_cap * sizeof(uint16_t) +
-           g_dwt_cap * sizeof(float);
+    return g_saved.cap * sizeof(float) + g_lse_cap * sizeof(float) + g_dz16_cap + g_dwt_cap;
 }
 
 void rf_cpu_logprob_forward(float *logp, float *entropy, const float *h, const float *w,
@@ -312,10 +300,8 @@ void rf_cpu_logprob_backward(float *dh, float *dw, const float *dlogp, const flo
         float *z = saved ? g_saved.z + (size_t)t0 * V : zs, *lse = saved ? g_saved.lse + t0 : lse_s;
         float *ent = saved ? g_saved.ent + t0 : ent_s;
         if (!saved) chunk_logits(z, lse, ent, h, w, t0, n, C, V, inv_temp);
-        uint16_t *zb = rf_cpu_logprob_dlogits_bf16(n, V);
-        /* dL/d(raw logits) = inv_temp * dL/dz: into z, or as bf16 into zb */
-        rf_cpu_logprob_dlogits(z, zb, n, V, lse, ent, targets + t0, 0, dlogp ? dlogp + t0 : NULL,
-                               dentropy ? dentropy + t0 : NULL, inv_temp);
-        rf_cpu_logprob_dproducts(dh + (size_t)t0 * C, dw, z, zb, h + (size_t)t0 * C, n, C, V, w);
+        rf_cpu_logprob_chunk_backward(dh + (size_t)t0 * C, dw, z, h + (size_t)t0 * C, w, n, C, V, lse, ent,
+                                      targets + t0, 0, dlogp ? dlogp + t0 : NULL,
+                                      dentropy ? dentropy + t0 : NULL, inv_temp);
     }
 }

@@ -51,10 +51,9 @@ void rf_cpu_logprob_vp_backward(float *dh, float *dw, const float *dlogp, const 
     for (int t0 = 0; t0 < T; t0 += chunk) {
         int n = T - t0 < chunk ? T - t0 : chunk;
         slice_logits(z, h, w, t0, n, C, Vl, inv_temp);
-        uint16_t *zb = rf_cpu_logprob_dlogits_bf16(n, Vl);
-        /* dL/d(raw logits) = inv_temp * dL/dz over the slice: into z, or as bf16 into zb */
-        rf_cpu_logprob_dlogits(z, zb, n, Vl, lse + t0, entropy + t0, targets + t0, v0,
-                               dlogp ? dlogp + t0 : NULL, dentropy ? dentropy + t0 : NULL, inv_temp);
-        rf_cpu_logprob_dproducts(dh + (size_t)t0 * C, dw, z, zb, h + (size_t)t0 * C, n, C, Vl, w);
+        rf_cpu_logprob_chunk_backward(dh + (size_t)t0 * C, dw, z, h + (size_t)t0 * C, w, n, C, Vl,
+                                      lse + t0, entropy + t0, targets + t0, v0,
+                                      dlogp ? dlogp + t0 : NULL, dentropy ? dentropy + t0 : NULL,
+                                      inv_temp);
     }
 }
