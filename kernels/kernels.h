@@ -244,6 +244,16 @@ struct rf_kernels {
      * speed (the CPU's saved LM-head logits, up to 512 MB); it grows again on use. Between ops
      * only. rf_model_trim calls it. */
     void (*trim)(void);
+    /* Optional (NULL: nothing to gain; CUDA). The floats [p, p + rows * cols) are an activation
+     * that matrix products will read (as their input, or as a weight gradient's) and that
+     * nothing writes until operands_release: the back end may convert it to the products'
+     * operand precision once for all of them (the CPU in bf16 mode: the same bits as converting
+     * at each product). The caller must release before that memory is written again; freeing it
+     * through free() drops the hold. */
+    void (*operand_hold)(const float *p, int rows, int cols);
+    /* Every hold ends. Cheap; the CPU keeps the conversions' memory for the next holds, and trim
+     * gives it back. */
+    void (*operands_release)(void);
 };
 
 /* The CPU back end (always present). Static storage; never freed. */

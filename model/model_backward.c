@@ -182,5 +182,6 @@ rf_status rf_model_backward(rf_model *m, const float *dlogp, const float *dentro
         else RF_TRY(ready(m, layer_start(m, l), mlp));
     }
     if (GRAD(m, m->wte)) m->k->embedding_backward(GRAD(m, m->wte), g.dx, m->d_tokens, T, C);
+    rf__model_release(m); /* the forward's held activations are read no more */
     return lora ? RF_OK : ready(m, 0, layer_start(m, 0));
 }

@@ -38,6 +38,9 @@ rf_status rf__model_upload_ints(rf_model *m, int n, const int32_t *const *host,
 /* Ensures m->dev_out holds `n` floats. */
 rf_status rf__model_dev_out(rf_model *m, size_t n);
 
+/* Ends the back end's holds on activations (model_forward.c): before a pass writes them. */
+void rf__model_release(const rf_model *m);
+
 /* One layer in decoding mode: appends keys/values of slots to cache c, attends over it. */
 void rf__layer_forward_cached(rf_model *m, int l, rf_layer_acts *a, const float *x_in,
                               float *x_out, int T, rf_kv_cache *c, const int *slots,

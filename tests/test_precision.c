@@ -9,6 +9,8 @@
  *  - weights_updated: after parameters change (an optimizer step) bf16 log-probs and greedy
  *    generation use the new weights, not the converted copy of the old ones;
  *  - a whole model in bf16 against itself in fp32;
+ *  - held activations (operand_hold): the same bits as converting at every product, fewer
+ *    conversions, nothing stale after a release or a free;
  *  - model.precision / --precision parsing (exact errors) and "auto" (bf16 exactly when the
  *    instruction set oneDNN runs on has AVX512-BF16 or AMX-BF16: ONEDNN_MAX_CPU_ISA=AVX2 gives
  *    fp32, and the bf16 products still run, emulated; ctest runs this file both ways).
@@ -412,6 +414,98 @@ static void test_weights_updated(void) {
     rf_model_free(m), rf_model_free(f);
 }
 
+/* ---- held activations (kernels.h operand_hold) ---- */
+
+/* A training step (forward, log-probs, backward) of the small model with holds taken and
+ * without: the same log-probs and gradients bit for bit; with them, fewer conversions of A
+ * operands in bf16 mode (each projection input once, not once a product). */
+static void test_held_model(rf_precision p) {
+    CHECK_OK(K->set_precision(p));
+    rf_model *m = small_model(7);
+    CHECK_OK(rf_model_enable_training(m));
+    size_t ng = m->n_params - m->n_frozen;
+    float lp[2][64], en[64], dl[64], *g[2];
+    size_t conv[2], held[2];
+    int T = 0;
+    for (int on = 0; on < 2; on++) {
+        int was = rf_cpu_operands_hold_on(on);
+        size_t c0 = rf_cpu_gemm_a_conversions(), h0 = rf_cpu_operands_conversions();
+        T = model_logprobs(m, lp[on], en);
+        rf_model_zero_grad(m);
+        for (int t = 0; t < T; t++) dl[t] = -1.0f / (float)(t + 1);
+        CHECK_OK(rf_model_backward(m, dl, NULL, NULL));
+        conv[on] = rf_cpu_gemm_a_conversions() - c0, held[on] = rf_cpu_operands_conversions() - h0;
+        g[on] = malloc(sizeof(float) * ng);
+        memcpy(g[on], m->grads, sizeof(float) * ng);
+        rf_cpu_operands_hold_on(was);
+    }
+    printf("held activations, %s: A conversions %zu without holds, %zu with (+%zu held ones)\n",
+           p == RF_PRECISION_BF16 ? "bf16" : "fp32", conv[0], conv[1], held[1]);
+    CHECK(memcmp(lp[0], lp[1], sizeof(float) * (size_t)T) == 0);
+    CHECK(memcmp(g[0], g[1], sizeof(float) * ng) == 0);
+    CHECK(held[0] == 0);
+    if (p == RF_PRECISION_BF16) {
+        /* per layer: ln1, att, ln2 and act held (q, k, v read ln1 as A; the backward reads
+         * the four as weight gradients' B), and the final norm's output */
+        int L = m->cfg.num_hidden_layers;
+        CHECK(held[1] == (size_t)(4 * L + 1));
+        CHECK(conv[1] + (size_t)(3 * L) <= conv[0]); /* the forward's repeats at least */
+    } else {
+        CHECK(held[1] == 0 && conv[0] == 0 && conv[1] == 0);
+    }
+    free(g[0]), free(g[1]);
+    rf_model_free(m);
+}
+
+/* Held operands at the kernel level: a slice of whole rows, a weight gradient reading a held
+ * input (padded on AMX), values written after a release or after the memory is freed
+ * (rf_cpu_gemm_forget): every product equals the product of an unheld copy bit for bit. */
+static void test_held_kernels(void) {
+    CHECK_OK(K->set_precision(RF_PRECISION_BF16));
+    enum { T = 100, C = 64, OC = 48 };
+    float *x = K->alloc(sizeof(float) * T * C), *w = fnormal((size_t)OC * C, 0.1f);
+    float *copy = malloc(sizeof(float) * T * C), *dout = fnormal((size_t)T * OC, 1);
+    float *o1 = malloc(sizeof(float) * T * OC), *o2 = malloc(sizeof(float) * T * OC);
+    float *dw1 = calloc((size_t)OC * C, sizeof(float)), *dw2 = calloc((size_t)OC * C, sizeof(float));
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < (size_t)T * C; i++) x[i] = (float)rf_rng_normal(&g_rng);
+        memcpy(copy, x, sizeof(float) * T * C);
+        K->operand_hold(x, T, C);
+        size_t h0 = rf_cpu_operands_conversions();
+        /* rows [10, 60) as A, then all of it as a weight gradient's B, then rows [40, 100) */
+        K->matmul_forward(o1, x + 10 * C, w, NULL, 50, C, OC);
+        K->matmul_forward(o2, copy + 10 * C, w, NULL, 50, C, OC);
+        CHECK(memcmp(o1, o2, sizeof(float) * 50 * OC) == 0);
+        K->matmul_backward(NULL, dw1, NULL, dout, x, w, T, C, OC);
+        K->matmul_backward(NULL, dw2, NULL, dout, copy, w, T, C, OC);
+        CHECK(memcmp(dw1, dw2, sizeof(float) * OC * C) == 0);
+        K->matmul_backward(NULL, dw1, NULL, dout, x + 40 * C, w, 60, C, OC);
+        K->matmul_backward(NULL, dw2, NULL, dout, copy + 40 * C, w, 60, C, OC);
+        CHECK(memcmp(dw1, dw2, sizeof(float) * OC * C) == 0);
+        /* a middle slice as B: on AMX its padding would overwrite the rows after it, so it is
+         * converted at the call; the rows after it stay as held */
+        K->matmul_backward(NULL, dw1, NULL, dout, x + 20 * C, w, 30, C, OC);
+        K->matmul_backward(NULL, dw2, NULL, dout, copy + 20 * C, w, 30, C, OC);
+        CHECK(memcmp(dw1, dw2, sizeof(float) * OC * C) == 0);
+        K->matmul_forward(o1, x + 40 * C, w, NULL, 60, C, OC);
+        K->matmul_forward(o2, copy + 40 * C, w, NULL, 60, C, OC);
+        CHECK(memcmp(o1, o2, sizeof(float) * 60 * OC) == 0);
+        CHECK(rf_cpu_operands_conversions() - h0 == 1u); /* once for every product above */
+        if (round == 0) {
+            K->operands_release(); /* new values next round, in the same memory */
+        } else if (round == 1) { /* what free() tells the products of memory it frees; then new
+                                    values in that memory, not held */
+            rf_cpu_gemm_forget(x, sizeof(float) * T * C);
+            for (size_t i = 0; i < (size_t)T * C; i++) x[i] = copy[i] = (float)rf_rng_normal(&g_rng);
+            K->matmul_forward(o1, x, w, NULL, T, C, OC);
+            K->matmul_forward(o2, copy, w, NULL, T, C, OC);
+            CHECK(memcmp(o1, o2, sizeof(float) * T * OC) == 0);
+        }
+    }
+    K->operands_release();
+    K->free(x), free(w), free(copy), free(dout), free(o1), free(o2), free(dw1), free(dw2);
+}
+
 /* ---- settings ---- */
 
 /* Whether the CPU and ONEDNN_MAX_CPU_ISA allow bf16 instructions, read independently of
@@ -498,6 +592,9 @@ int main(void) {
     test_attention_unchanged();
     test_model_bf16_vs_fp32();
     test_weights_updated();
+    test_held_model(RF_PRECISION_BF16);
+    test_held_model(RF_PRECISION_FP32);
+    test_held_kernels();
     CHECK_OK(K->set_precision(RF_PRECISION_FP32));
     return rf_test_finish("test_precision");
 }

@@ -509,6 +509,110 @@ typedef struct held_a {
 static _Thread_local held_a g_held_a;
 static _Atomic size_t g_a_conversions; /* bf16 conversions of A operands made (tests) */
 
+/* ---- held activations (kernels.h operand_hold) ---- */
+
+/* An activation the model promised not to write until operands_release: the floats [src, src +
+ * rows * cols), converted once (at the first product that reads them) for every product that
+ * reads them, as A or as a weight gradient's B. buf has room for 64 rows more than the
+ * activation: the zero rows a weight gradient's sum is padded with on AMX (kpad). Released
+ * slots keep their buffers for the next holds (a step's activations have the same sizes as the
+ * last step's); trim frees them. */
+typedef struct held_op {
+    const float *src;
+    int rows, cols;
+    int kind; /* what buf holds: -1 nothing yet, 0 bf16 values, 1 bf16-rounded floats */
+    void *buf;
+    size_t cap; /* bytes */
+} held_op;
+#define HELD_SLOTS 1024 /* a step's holds: four a layer and the final norm's */
+static held_op g_held[HELD_SLOTS];
+static int g_n_held, g_held_off; /* live holds: g_held[0, g_n_held); holds ignored while off */
+static _Atomic size_t g_held_conversions; /* held activations converted (tests) */
+
+/* The conversion of the stored operand at p (rows, cols; row stride ld) that a hold keeps, made
+ * now if not yet, with pad zero rows after it (which only a slice ending where the activation
+ * ends has room for), as bf16 values or as rounded floats (emulated). NULL where no hold covers
+ * it or memory is short. Caller holds g_lock. */
+static const void *held_get(const float *p, int rows, int cols, int ld, int emulated, int pad) {
+    for (int i = 0; i < g_n_held; i++) {
+        held_op *h = &g_held[i];
+        if (cols != h->cols || ld != h->cols || p < h->src || p >= h->src + (size_t)h->rows * h->cols)
+            continue;
+        size_t off = (size_t)(p - h->src);
+        if (off % (size_t)h->cols || off / h->cols + rows > (size_t)h->rows ||
+            (pad && off / h->cols + rows != (size_t)h->rows))
+            return NULL;
+        size_t es = emulated ? sizeof(float) : sizeof(uint16_t);
+        if (h->kind != emulated) {
+            size_t need = es * ((size_t)h->rows + 64) * h->cols;
+            if (h->cap < need) {
+                free(h->buf);
+                h->buf = rf_cpu_alloc_lines(need);
+                h->cap = h->buf ? need : 0;
+                if (!h->buf) return NULL;
+            }
+            convert(h->buf, h->src, h->rows, h->cols, h->cols, emulated);
+            h->kind = emulated;
+            g_held_conversions++;
+        }
+        char *b = (char *)h->buf + es * off;
+        if (pad) memset(b + es * (size_t)rows * cols, 0, es * (size_t)pad * cols);
+        return b;
+    }
+    return NULL;
+}
+
+void rf_cpu_operand_hold(const float *p, int rows, int cols) {
+    if (!p || rows <= 0 || cols <= 0) return;
+    pthread_mutex_lock(&g_lock);
+    if (!g_held_off && g_n_held < HELD_SLOTS) {
+        held_op *h = &g_held[g_n_held++];
+        h->src = p, h->rows = rows, h->cols = cols, h->kind = -1;
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+void rf_cpu_operands_release(void) {
+    pthread_mutex_lock(&g_lock);
+    g_n_held = 0;
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* Drops the holds on memory overlapping [lo, hi) (being freed). Caller holds g_lock. */
+static void held_forget(const char *lo, const char *hi) {
+    for (int i = 0; i < g_n_held; i++) {
+        held_op *h = &g_held[i];
+        const char *a = (const char *)h->src, *b = a + sizeof(float) * (size_t)h->rows * h->cols;
+        if (a < hi && lo < b) h->src = NULL, h->rows = h->cols = 0; /* matches nothing now */
+    }
+}
+
+void rf_cpu_operands_trim(void) {
+    pthread_mutex_lock(&g_lock);
+    g_n_held = 0;
+    for (int i = 0; i < HELD_SLOTS; i++) free(g_held[i].buf), g_held[i] = (held_op){0};
+    pthread_mutex_unlock(&g_lock);
+}
+
+int rf_cpu_operands_hold_on(int on) {
+    pthread_mutex_lock(&g_lock);
+    int was = !g_held_off;
+    g_held_off = !on;
+    if (!on) g_n_held = 0;
+    pthread_mutex_unlock(&g_lock);
+    return was;
+}
+
+size_t rf_cpu_operands_conversions(void) { return g_held_conversions; }
+
+size_t rf_cpu_operands_kept_bytes(void) {
+    size_t n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < HELD_SLOTS; i++) n += g_held[i].cap;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
 static void *tls_buf(int i, size_t n) {
     if (i == 0) g_held_a.src = NULL;
     if (g_tls_cap[i] < n) {
@@ -599,6 +703,7 @@ static const void *packed_get(const float *src, const uint16_t *bsrc, int N, int
 void rf_cpu_gemm_forget(const void *p, size_t bytes) {
     const char *lo = p, *hi = lo + bytes;
     pthread_mutex_lock(&g_lock);
+    held_forget(lo, hi);
     for (int i = 0; i < WEIGHT_SLOTS; i++) {
         weight_copy *w = &g_wcopy[i];
         if (w->data && (const char *)w->src >= lo && (const char *)w->src < hi) {
@@ -996,10 +1101,13 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
      * steps of the default recipe, 2.2 ms each). AMX's bf16 sums are not batch-invariant: no bits
      * to keep there. */
     int kpad = amx && ta && !tb && !b_weight && !bb ? (K + 63) / 64 * 64 : K;
+    const void *held = NULL;
     if (bf16 && a16) { /* A's bf16 values from the caller (native bf16 only: gemm), with room
                           for the zero rows of kpad */
         if (kpad > K) memset((uint16_t *)a16 + (size_t)ar * lda, 0, es * (size_t)(kpad - K) * lda);
         a = a16, k.lda = lda;
+    } else if (bf16 && (held = held_get(A, ar, ac, lda, emulated, ta ? kpad - K : 0))) {
+        a = held, k.lda = ac; /* a held activation's conversion, padded where kpad needs */
     } else if (bf16) {
         held_a h = {A, ar, ac, lda, emulated}, *g = &g_held_a;
         void *abuf;
@@ -1037,6 +1145,8 @@ static int gemm_prim(int ta, int tb, int M, int N, int K, float alpha, const flo
             b = bb;
         } else if (b_weight || bb) {
             b = weight_get(B, br, bc, ldb, emulated, emulated ? bb : NULL), k.ldb = bc;
+        } else if ((b = held_get(B, br, bc, ldb, emulated, kpad - K))) {
+            k.ldb = bc, k.K = kpad; /* a held activation: the weight gradient's inputs */
         } else {
             void *bbuf = tls_buf(1, es * (size_t)(br + kpad - K) * bc);
             if (bbuf) {

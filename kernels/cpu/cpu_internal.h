@@ -51,6 +51,19 @@ void rf_cpu_gemm_weights_updated(void);
 int rf_cpu_gemm_own_amx(int on);
 /* Drops the weight copies made from memory [p, p + bytes), which is being freed. */
 void rf_cpu_gemm_forget(const void *p, size_t bytes);
+/* kernels.h operand_hold / operands_release: products reading the floats [p, p + rows * cols)
+ * (as A, or a weight gradient's B: whole or a slice of whole rows) use one conversion of them,
+ * made at the first; rf_cpu_gemm_forget drops holds on memory being freed. */
+void rf_cpu_operand_hold(const float *p, int rows, int cols);
+void rf_cpu_operands_release(void);
+/* Frees the conversions' buffers, which released holds keep for the next ones (trim). */
+void rf_cpu_operands_trim(void);
+/* Whether holds are taken (1, the default) or ignored (0: every product converts its operands,
+ * as before holds; tests compare the two); the previous setting. */
+int rf_cpu_operands_hold_on(int on);
+/* Held activations converted in this process, and the bytes their buffers keep (tests). */
+size_t rf_cpu_operands_conversions(void);
+size_t rf_cpu_operands_kept_bytes(void);
 /* A counter bumped by every rf_cpu_gemm_weights_updated. */
 unsigned rf_cpu_gemm_epoch(void);
 /* 1 when oneDNN runs bf16 products natively on the instruction set it uses (else bf16 is

@@ -385,6 +385,13 @@ void rf_cpu_paged_attention_forward(float *out, const float *q, const float *k_p
                                     int KVH, int D);
 
 
+/* The memory kept between calls: the LM head's saved logits and scratch, held activations'
+ * conversions. */
+static void cpu_trim(void) {
+    rf_cpu_logprob_trim();
+    rf_cpu_operands_trim();
+}
+
 static const rf_kernels cpu_table = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -426,7 +433,9 @@ static const rf_kernels cpu_table = {
     .sample_rows = cpu_sample_rows,
     .row_lse = cpu_row_lse,
     .bind_bf16 = rf_cpu_bind_bf16,
-    .trim = rf_cpu_logprob_trim,
+    .trim = cpu_trim,
+    .operand_hold = rf_cpu_operand_hold,
+    .operands_release = rf_cpu_operands_release,
 };
 
 const rf_kernels *rf_cpu_kernels(void) { return &cpu_table; }

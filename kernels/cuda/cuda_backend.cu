@@ -155,10 +155,12 @@ static const rf_kernels cuda_table = {
     /* .row_lse = */ rf_cuda_row_lse,
     /* .bind_bf16 = */ NULL, /* frozen models load their weights as fp32 here */
     /* .trim = */ NULL,
+    /* .operand_hold = */ NULL,
+    /* .operands_release = */ NULL,
 };
 /* C++ has no designated initialisers before C++20, hence the positional table above; this
  * catches a field added to rf_kernels without a matching entry here. */
-static_assert(sizeof(rf_kernels) == 41 * sizeof(void *), "rf_kernels changed: update cuda_table");
+static_assert(sizeof(rf_kernels) == 43 * sizeof(void *), "rf_kernels changed: update cuda_table");
 
 /* Creates the stream, the cuBLAS handle bound to it, and the reduction scratch. On failure
  * everything created so far is released and the state stays uninitialised. */
