@@ -66,6 +66,8 @@ static void mlp_backward(rf_model *m, int l, grad_bufs *g) {
     int T = m->T, C = c->hidden_size, F = c->intermediate_size;
     k->matmul_backward(g->dact, GRAD(m, w->wdown), NULL, g->dx, a->act, w->wdown, T, F, C);
     lora_backward(m, l, RF_LORA_DOWN, g->dact, g->dx, a->act, F, C);
+    rf__model_hold(m, g->dgate, T, F); /* read by the products below alone */
+    rf__model_hold(m, g->dup, T, F);
     k->swiglu_backward(g->dgate, g->dup, g->dact, a->gate, a->up, (size_t)T * F);
     k->matmul_backward(g->dln, GRAD(m, w->wgate), NULL, g->dgate, a->ln2, w->wgate, T, C, F);
     lora_backward(m, l, RF_LORA_GATE, g->dln, g->dgate, a->ln2, C, F);
@@ -182,6 +184,5 @@ rf_status rf_model_backward(rf_model *m, const float *dlogp, const float *dentro
         else RF_TRY(ready(m, layer_start(m, l), mlp));
     }
     if (GRAD(m, m->wte)) m->k->embedding_backward(GRAD(m, m->wte), g.dx, m->d_tokens, T, C);
-    rf__model_release(m); /* the forward's held activations are read no more */
     return lora ? RF_OK : ready(m, 0, layer_start(m, 0));
 }

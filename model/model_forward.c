@@ -48,15 +48,16 @@ rf_status rf__model_dev_out(rf_model *m, size_t n) {
     return m->dev_out ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for %zu outputs", n);
 }
 
-/* Activations the products read (a projection's input: several products' A in the forward, the
- * weight gradients' B in the backward) are held: the back end may convert each once for all of
- * them (kernels.h operand_hold). Every pass releases the holds before it writes activations. */
-static void hold(const rf_model *m, const float *p, int rows, int cols) {
-    if (m->k->operand_hold) m->k->operand_hold(p, rows, cols);
+/* Activations only products read (a projection's input: several products' A in the forward, the
+ * weight gradients' B in the backward) are held (kernels.h operand_hold) before the op that
+ * makes them: the back end may convert each once for all of them, or have that op write the
+ * converted values only. Every pass releases the model's holds before it writes activations. */
+void rf__model_hold(const rf_model *m, const float *p, int rows, int cols) {
+    if (m->k->operand_hold) m->k->operand_hold(m, p, rows, cols);
 }
 
 void rf__model_release(const rf_model *m) {
-    if (m->k->operands_release) m->k->operands_release();
+    if (m->k->operands_release) m->k->operands_release(m);
 }
 
 /* Adds adapter t of layer w to out (T, OUT) = in (T, IN) W^T: out += u B^T with the saved
@@ -114,8 +115,8 @@ static void layer_forward(rf_model *m, int l, rf_layer_acts *a, const float *x_i
     int C = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
         KVH = c->num_key_value_heads, D = c->head_dim;
     if (dc) rf__model_release(m); /* decoding writes one layer's buffers for every layer */
+    rf__model_hold(m, a->ln1, T, C);
     k->rmsnorm_forward(a->ln1, a->rstd1, x_in, w->ln1, T, C, c->rms_norm_eps);
-    hold(m, a->ln1, T, C);
     qkv_forward(m, w, a, T);
     if (dc && dc->paged) {
         const rf__paged_view *pv = dc->paged;
@@ -133,17 +134,17 @@ static void layer_forward(rf_model *m, int l, rf_layer_acts *a, const float *x_i
         k->attention_forward(a->att, a->lse, a->q, a->k, a->v, m->d_cu, m->d_cu, m->d_klen,
                              m->n_seq, H, KVH, D);
     }
-    hold(m, a->att, T, H * D);
+    rf__model_hold(m, a->att, T, H * D);
     k->matmul_forward(a->x_mid, a->att, w->wo, w->bo, T, H * D, C);
     lora_forward(m, w, a, RF_LORA_O, a->x_mid, a->att, T, H * D, C);
+    rf__model_hold(m, a->ln2, T, C);
     k->add_rmsnorm_forward(a->x_mid, a->ln2, a->rstd2, x_in, w->ln2, T, C, c->rms_norm_eps);
-    hold(m, a->ln2, T, C);
     k->matmul_forward(a->gate, a->ln2, w->wgate, NULL, T, C, F);
     k->matmul_forward(a->up, a->ln2, w->wup, NULL, T, C, F);
     lora_forward(m, w, a, RF_LORA_GATE, a->gate, a->ln2, T, C, F);
     lora_forward(m, w, a, RF_LORA_UP, a->up, a->ln2, T, C, F);
+    rf__model_hold(m, a->act, T, F);
     k->swiglu_forward(a->act, a->gate, a->up, (size_t)T * F);
-    hold(m, a->act, T, F);
     k->matmul_forward(x_out, a->act, w->wdown, NULL, T, F, C);
     lora_forward(m, w, a, RF_LORA_DOWN, x_out, a->act, T, F, C);
     k->add_inplace(x_out, a->x_mid, (size_t)T * C);
@@ -217,7 +218,7 @@ rf_status rf_model_forward(rf_model *m, const rf_batch *b) {
         layer_forward(m, l, &m->acts[l], m->acts[l].x, l + 1 < L ? m->acts[l + 1].x : m->x_final,
                       b->T, NULL);
     m->k->rmsnorm_forward(m->h, m->rstd_f, m->x_final, m->norm, b->T, C, c->rms_norm_eps);
-    hold(m, m->h, b->T, C);
+    rf__model_hold(m, m->h, b->T, C); /* after it is written: the log-prob kernel reads its floats */
     return RF_OK;
 }
 

@@ -38,7 +38,10 @@ rf_status rf__model_upload_ints(rf_model *m, int n, const int32_t *const *host,
 /* Ensures m->dev_out holds `n` floats. */
 rf_status rf__model_dev_out(rf_model *m, size_t n);
 
-/* Ends the back end's holds on activations (model_forward.c): before a pass writes them. */
+/* Holds the activation p (rows, cols) that only products read until the model's next release
+ * (kernels.h operand_hold), and ends the model's holds: before a pass writes activations
+ * (model_forward.c). */
+void rf__model_hold(const rf_model *m, const float *p, int rows, int cols);
 void rf__model_release(const rf_model *m);
 
 /* One layer in decoding mode: appends keys/values of slots to cache c, attends over it. */

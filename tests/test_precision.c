@@ -416,18 +416,22 @@ static void test_weights_updated(void) {
 
 /* ---- held activations (kernels.h operand_hold) ---- */
 
-/* A training step (forward, log-probs, backward) of the small model with holds taken and
- * without: the same log-probs and gradients bit for bit; with them, fewer conversions of A
+/* A training step (forward, log-probs, backward) and a greedy generation of the small model with
+ * holds taken and without: the same log-probs, gradients and tokens bit for bit; with them, fewer conversions of A
  * operands in bf16 mode (each projection input once, not once a product). */
 static void test_held_model(rf_precision p) {
     CHECK_OK(K->set_precision(p));
-    rf_model *m = small_model(7);
-    CHECK_OK(rf_model_enable_training(m));
-    size_t ng = m->n_params - m->n_frozen;
     float lp[2][64], en[64], dl[64], *g[2];
-    size_t conv[2], held[2];
-    int T = 0;
-    for (int on = 0; on < 2; on++) {
+    size_t conv[2], held[2], ng = 0;
+    rf_gen_output gen[2][2]; /* [holds][prompt] */
+    int T = 0, L = 0;
+    /* holds first, on a fresh model: an op that wrote only the converted values of an
+     * activation something else then read as floats would show (fresh memory, not the values
+     * a run without holds left there) */
+    for (int on = 1; on >= 0; on--) {
+        rf_model *m = small_model(7);
+        CHECK_OK(rf_model_enable_training(m));
+        ng = m->n_params - m->n_frozen, L = m->cfg.num_hidden_layers;
         int was = rf_cpu_operands_hold_on(on);
         size_t c0 = rf_cpu_gemm_a_conversions(), h0 = rf_cpu_operands_conversions();
         T = model_logprobs(m, lp[on], en);
@@ -437,7 +441,21 @@ static void test_held_model(rf_precision p) {
         conv[on] = rf_cpu_gemm_a_conversions() - c0, held[on] = rf_cpu_operands_conversions() - h0;
         g[on] = malloc(sizeof(float) * ng);
         memcpy(g[on], m->grads, sizeof(float) * ng);
+        /* decoding: a prefill of 4 + 9 tokens, then steps of two rows (the matrix-vector and
+         * one-row paths read the held values widened) */
+        const int32_t p0[4] = {5, 17, 42, 99}, p1[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, *pp[2] = {p0, p1};
+        int plen[2] = {4, 9};
+        rf_gen_params gp = {.sampling = {.greedy = 1}, .max_new_tokens = 6};
+        CHECK_OK(rf_generate(m, NULL, pp, plen, 2, &gp, gen[on], 0));
         rf_cpu_operands_hold_on(was);
+        rf_model_free(m);
+    }
+    for (int q = 0; q < 2; q++) {
+        rf_gen_output *a = &gen[0][q], *b = &gen[1][q];
+        CHECK(a->n_tokens == b->n_tokens && a->n_tokens > 0);
+        for (int i = 0; i < a->n_tokens && i < b->n_tokens; i++)
+            CHECK(a->tokens[i] == b->tokens[i] && a->logprobs[i] == b->logprobs[i]);
+        rf_gen_output_free(a), rf_gen_output_free(b);
     }
     printf("held activations, %s: A conversions %zu without holds, %zu with (+%zu held ones)\n",
            p == RF_PRECISION_BF16 ? "bf16" : "fp32", conv[0], conv[1], held[1]);
@@ -445,16 +463,15 @@ static void test_held_model(rf_precision p) {
     CHECK(memcmp(g[0], g[1], sizeof(float) * ng) == 0);
     CHECK(held[0] == 0);
     if (p == RF_PRECISION_BF16) {
-        /* per layer: ln1, att, ln2 and act held (q, k, v read ln1 as A; the backward reads
-         * the four as weight gradients' B), and the final norm's output */
-        int L = m->cfg.num_hidden_layers;
-        CHECK(held[1] == (size_t)(4 * L + 1));
+        /* per layer: ln1, att, ln2 and act held in the forward (q, k, v read ln1 as A; the
+         * backward reads the four as weight gradients' B), dgate and dup in the backward; and
+         * the final norm's output */
+        CHECK(held[1] == (size_t)(6 * L + 1));
         CHECK(conv[1] + (size_t)(3 * L) <= conv[0]); /* the forward's repeats at least */
     } else {
         CHECK(held[1] == 0 && conv[0] == 0 && conv[1] == 0);
     }
     free(g[0]), free(g[1]);
-    rf_model_free(m);
 }
 
 /* Held operands at the kernel level: a slice of whole rows, a weight gradient reading a held
@@ -470,7 +487,7 @@ static void test_held_kernels(void) {
     for (int round = 0; round < 3; round++) {
         for (size_t i = 0; i < (size_t)T * C; i++) x[i] = (float)rf_rng_normal(&g_rng);
         memcpy(copy, x, sizeof(float) * T * C);
-        K->operand_hold(x, T, C);
+        K->operand_hold(&g_rng, x, T, C);
         size_t h0 = rf_cpu_operands_conversions();
         /* rows [10, 60) as A, then all of it as a weight gradient's B, then rows [40, 100) */
         K->matmul_forward(o1, x + 10 * C, w, NULL, 50, C, OC);
@@ -492,7 +509,7 @@ static void test_held_kernels(void) {
         CHECK(memcmp(o1, o2, sizeof(float) * 60 * OC) == 0);
         CHECK(rf_cpu_operands_conversions() - h0 == 1u); /* once for every product above */
         if (round == 0) {
-            K->operands_release(); /* new values next round, in the same memory */
+            K->operands_release(&g_rng); /* new values next round, in the same memory */
         } else if (round == 1) { /* what free() tells the products of memory it frees; then new
                                     values in that memory, not held */
             rf_cpu_gemm_forget(x, sizeof(float) * T * C);
@@ -502,8 +519,62 @@ static void test_held_kernels(void) {
             CHECK(memcmp(o1, o2, sizeof(float) * T * OC) == 0);
         }
     }
-    K->operands_release();
+    K->operands_release(&g_rng);
     K->free(x), free(w), free(copy), free(dout), free(o1), free(o2), free(dw1), free(dw2);
+}
+
+/* Ops writing a held output (rf_cpu_held_output: its bf16 values only, with native bf16): every
+ * product reading it, whole or in slices, as A or as a weight gradient's B, transposed or not,
+ * on the matrix-vector and one-row paths too, equals the product of the op's plain output. */
+static void test_held_outputs(void) {
+    CHECK_OK(K->set_precision(RF_PRECISION_BF16));
+    enum { T = 100, C = 64, OC = 48 };
+    const void *me = &g_rng;
+    float *gate = fnormal((size_t)T * C, 1), *up = fnormal((size_t)T * C, 1), *w = fnormal((size_t)OC * C, 0.1f);
+    float *g2 = fnormal((size_t)T * OC, 1), *u2 = fnormal((size_t)T * OC, 1), *nw = fnormal(C, 1);
+    float *x = K->alloc(sizeof(float) * T * C), *y = malloc(sizeof(float) * T * C);
+    float *d = K->alloc(sizeof(float) * T * OC), *dd = malloc(sizeof(float) * T * OC);
+    float *n1 = K->alloc(sizeof(float) * T * C), *n2 = malloc(sizeof(float) * T * C);
+    float *o1 = malloc(sizeof(float) * T * OC), *o2 = malloc(sizeof(float) * T * OC);
+    float *i1 = malloc(sizeof(float) * T * C), *i2 = malloc(sizeof(float) * T * C);
+    float *dw1 = calloc((size_t)OC * C, sizeof(float)), *dw2 = calloc((size_t)OC * C, sizeof(float));
+    size_t h0 = rf_cpu_operands_conversions();
+    K->operand_hold(me, x, T, C), K->operand_hold(me, d, T, OC), K->operand_hold(me, n1, T, C);
+    K->swiglu_forward(x, gate, up, (size_t)T * C);
+    K->swiglu_forward(y, gate, up, (size_t)T * C);
+    K->swiglu_forward(d, g2, u2, (size_t)T * OC);
+    K->swiglu_forward(dd, g2, u2, (size_t)T * OC);
+    K->rmsnorm_forward(n1, NULL, gate, nw, T, C, 1e-6f);
+    K->rmsnorm_forward(n2, NULL, gate, nw, T, C, 1e-6f);
+    /* written directly where products read bf16 natively (three ops), else converted lazily */
+    CHECK(rf_cpu_operands_conversions() - h0 == (rf_cpu_gemm_a16_direct() ? 3u : 0u));
+    static const int slices[][2] = {{0, T}, {10, 50}, {40, 60}, {20, 30}, {99, 1}, {7, 3}};
+    for (size_t i = 0; i < sizeof slices / sizeof slices[0]; i++) {
+        int r0 = slices[i][0], n = slices[i][1];
+        K->matmul_forward(o1, x + (size_t)r0 * C, w, NULL, n, C, OC); /* A */
+        K->matmul_forward(o2, y + (size_t)r0 * C, w, NULL, n, C, OC);
+        CHECK(memcmp(o1, o2, sizeof(float) * n * OC) == 0);
+        K->matmul_forward(o1, n1 + (size_t)r0 * C, w, NULL, n, C, OC);
+        K->matmul_forward(o2, n2 + (size_t)r0 * C, w, NULL, n, C, OC);
+        CHECK(memcmp(o1, o2, sizeof(float) * n * OC) == 0);
+        /* dout held (A, and transposed A of dW), input held (dW's B) */
+        K->matmul_backward(i1, dw1, NULL, d + (size_t)r0 * OC, x + (size_t)r0 * C, w, n, C, OC);
+        K->matmul_backward(i2, dw2, NULL, dd + (size_t)r0 * OC, y + (size_t)r0 * C, w, n, C, OC);
+        CHECK(memcmp(i1, i2, sizeof(float) * n * C) == 0);
+        CHECK(memcmp(dw1, dw2, sizeof(float) * OC * C) == 0);
+    }
+    /* after a change of precision, fp32 products read the held values too */
+    CHECK_OK(K->set_precision(RF_PRECISION_FP32));
+    K->matmul_forward(o1, x, w, NULL, T, C, OC);
+    K->matmul_forward(o2, y, w, NULL, T, C, OC);
+    float worst = 0;
+    for (int i = 0; i < T * OC; i++) worst = fmaxf(worst, fabsf(o1[i] - o2[i]));
+    CHECK(worst < 0.1f); /* bf16-rounded against exact floats: close, not garbage */
+    CHECK_OK(K->set_precision(RF_PRECISION_BF16));
+    K->operands_release(me);
+    K->free(x), K->free(d), K->free(n1);
+    free(gate), free(up), free(w), free(g2), free(u2), free(nw), free(y), free(dd), free(n2);
+    free(o1), free(o2), free(i1), free(i2), free(dw1), free(dw2);
 }
 
 /* ---- settings ---- */
@@ -595,6 +666,7 @@ int main(void) {
     test_held_model(RF_PRECISION_BF16);
     test_held_model(RF_PRECISION_FP32);
     test_held_kernels();
+    test_held_outputs();
     CHECK_OK(K->set_precision(RF_PRECISION_FP32));
     return rf_test_finish("test_precision");
 }

@@ -511,86 +511,146 @@ static _Atomic size_t g_a_conversions; /* bf16 conversions of A operands made (t
 
 /* ---- held activations (kernels.h operand_hold) ---- */
 
-/* An activation the model promised not to write until operands_release: the floats [src, src +
- * rows * cols), converted once (at the first product that reads them) for every product that
- * reads them, as A or as a weight gradient's B. buf has room for 64 rows more than the
- * activation: the zero rows a weight gradient's sum is padded with on AMX (kpad). Released
- * slots keep their buffers for the next holds (a step's activations have the same sizes as the
- * last step's); trim frees them. */
+/* An activation its owner (a model) promised only products would read until it releases it:
+ * the floats [src, src + rows * cols), converted once, at the first product that reads them (as
+ * A, or as a weight gradient's B), for every product that reads them; or written as bf16 by the
+ * op that makes them (rf_cpu_held_output: `direct`, the floats then left unwritten). buf has
+ * room for 64 rows more than the activation: the zero rows a weight gradient's sum is padded
+ * with on AMX (kpad). Live holds are g_held[0, g_n_held); the slots after them keep their
+ * buffers for the next holds (a step's activations have the same sizes as the last step's);
+ * trim frees those. */
 typedef struct held_op {
+    const void *owner;
     const float *src;
     int rows, cols;
-    int kind; /* what buf holds: -1 nothing yet, 0 bf16 values, 1 bf16-rounded floats */
+    int kind;   /* what buf holds: -1 nothing yet, 0 bf16 values, 1 bf16-rounded floats */
+    int direct; /* buf was written instead of the floats (bf16 values, kind 0) */
     void *buf;
     size_t cap; /* bytes */
 } held_op;
-#define HELD_SLOTS 1024 /* a step's holds: four a layer and the final norm's */
+#define HELD_SLOTS 1024 /* a step's holds: four a layer and the final norm's, per model */
 static held_op g_held[HELD_SLOTS];
-static int g_n_held, g_held_off; /* live holds: g_held[0, g_n_held); holds ignored while off */
+static int g_n_held, g_held_off; /* holds ignored while off */
 static _Atomic size_t g_held_conversions; /* held activations converted (tests) */
+
+/* Room in h->buf for the conversion (es bytes a value): 0 where memory is short. */
+static int held_room(held_op *h, size_t es) {
+    size_t need = es * ((size_t)h->rows + 64) * h->cols;
+    if (h->cap >= need) return 1;
+    free(h->buf);
+    h->buf = rf_cpu_alloc_lines(need);
+    h->cap = h->buf ? need : 0;
+    return h->buf != NULL;
+}
+
+/* Writes a direct hold's values into its floats (exact): they are what any reader gets from
+ * now on. Caller holds g_lock. */
+static void held_undirect(held_op *h) {
+    if (!h->direct) return;
+    widen((float *)h->src, h->buf, h->rows, h->cols, h->cols);
+    h->direct = 0;
+}
+
+/* The live hold covering the stored operand at p (rows, cols; row stride ld) and the offset of
+ * p in it (floats), or NULL: whole rows of the activation only. Caller holds g_lock. */
+static held_op *held_find(const float *p, int rows, int cols, int ld, size_t *off) {
+    for (int i = 0; i < g_n_held; i++) {
+        held_op *h = &g_held[i];
+        if (cols != h->cols || ld != h->cols || p < h->src || p >= h->src + (size_t)h->rows * h->cols)
+            continue;
+        *off = (size_t)(p - h->src);
+        if (*off % (size_t)h->cols || *off / h->cols + rows > (size_t)h->rows) return NULL;
+        return h;
+    }
+    return NULL;
+}
 
 /* The conversion of the stored operand at p (rows, cols; row stride ld) that a hold keeps, made
  * now if not yet, with pad zero rows after it (which only a slice ending where the activation
  * ends has room for), as bf16 values or as rounded floats (emulated). NULL where no hold covers
  * it or memory is short. Caller holds g_lock. */
 static const void *held_get(const float *p, int rows, int cols, int ld, int emulated, int pad) {
-    for (int i = 0; i < g_n_held; i++) {
-        held_op *h = &g_held[i];
-        if (cols != h->cols || ld != h->cols || p < h->src || p >= h->src + (size_t)h->rows * h->cols)
-            continue;
-        size_t off = (size_t)(p - h->src);
-        if (off % (size_t)h->cols || off / h->cols + rows > (size_t)h->rows ||
-            (pad && off / h->cols + rows != (size_t)h->rows))
-            return NULL;
-        size_t es = emulated ? sizeof(float) : sizeof(uint16_t);
-        if (h->kind != emulated) {
-            size_t need = es * ((size_t)h->rows + 64) * h->cols;
-            if (h->cap < need) {
-                free(h->buf);
-                h->buf = rf_cpu_alloc_lines(need);
-                h->cap = h->buf ? need : 0;
-                if (!h->buf) return NULL;
-            }
-            convert(h->buf, h->src, h->rows, h->cols, h->cols, emulated);
-            h->kind = emulated;
-            g_held_conversions++;
-        }
-        char *b = (char *)h->buf + es * off;
-        if (pad) memset(b + es * (size_t)rows * cols, 0, es * (size_t)pad * cols);
-        return b;
+    size_t off;
+    held_op *h = held_find(p, rows, cols, ld, &off);
+    if (!h || (pad && off / h->cols + rows != (size_t)h->rows)) return NULL;
+    size_t es = emulated ? sizeof(float) : sizeof(uint16_t);
+    if (h->kind != emulated) {
+        held_undirect(h); /* (a direct hold is bf16: kind 0) */
+        if (!held_room(h, es)) return NULL;
+        convert(h->buf, h->src, h->rows, h->cols, h->cols, emulated);
+        h->kind = emulated;
+        g_held_conversions++;
     }
-    return NULL;
+    char *b = (char *)h->buf + es * off;
+    if (pad) memset(b + es * (size_t)rows * cols, 0, es * (size_t)pad * cols);
+    return b;
 }
 
-void rf_cpu_operand_hold(const float *p, int rows, int cols) {
+/* The bf16 values of the stored operand at p where a direct hold has them and its floats are
+ * unwritten, else NULL; *at_end: whether its rows end the activation (room after them). */
+static const uint16_t *held_direct(const float *p, int rows, int cols, int ld, int *at_end) {
+    size_t off;
+    pthread_mutex_lock(&g_lock);
+    held_op *h = g_n_held ? held_find(p, rows, cols, ld, &off) : NULL;
+    const uint16_t *d = h && h->direct ? (const uint16_t *)h->buf + off : NULL;
+    *at_end = h && off / h->cols + rows == (size_t)h->rows;
+    pthread_mutex_unlock(&g_lock);
+    return d;
+}
+
+uint16_t *rf_cpu_held_output(const float *p, size_t n) {
+    uint16_t *d = NULL;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < g_n_held && !d; i++) {
+        held_op *h = &g_held[i];
+        if (h->src != p || (size_t)h->rows * h->cols != n) continue;
+        if (g_prec == RF_PRECISION_BF16 && bf16_native() && held_room(h, sizeof(uint16_t))) {
+            h->kind = 0, h->direct = 1, g_held_conversions++;
+            d = h->buf;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return d;
+}
+
+void rf_cpu_operand_hold(const void *owner, const float *p, int rows, int cols) {
     if (!p || rows <= 0 || cols <= 0) return;
     pthread_mutex_lock(&g_lock);
-    if (!g_held_off && g_n_held < HELD_SLOTS) {
-        held_op *h = &g_held[g_n_held++];
-        h->src = p, h->rows = rows, h->cols = cols, h->kind = -1;
-    }
+    held_op *h = NULL;
+    for (int i = 0; i < g_n_held && !h; i++) /* held again: new values */
+        if (g_held[i].src == p) h = &g_held[i];
+    if (!h && !g_held_off && g_n_held < HELD_SLOTS) h = &g_held[g_n_held++];
+    if (h) h->owner = owner, h->src = p, h->rows = rows, h->cols = cols, h->kind = -1, h->direct = 0;
     pthread_mutex_unlock(&g_lock);
 }
 
-void rf_cpu_operands_release(void) {
+/* Ends live hold i: its slot (and buffer) goes after the live ones. Caller holds g_lock. */
+static void held_end(int i) {
+    held_op t = g_held[i];
+    g_held[i] = g_held[--g_n_held];
+    t.owner = NULL, t.src = NULL, t.rows = t.cols = 0, t.kind = -1, t.direct = 0;
+    g_held[g_n_held] = t;
+}
+
+void rf_cpu_operands_release(const void *owner) {
     pthread_mutex_lock(&g_lock);
-    g_n_held = 0;
+    for (int i = g_n_held - 1; i >= 0; i--)
+        if (g_held[i].owner == owner) held_end(i);
     pthread_mutex_unlock(&g_lock);
 }
 
-/* Drops the holds on memory overlapping [lo, hi) (being freed). Caller holds g_lock. */
+/* Ends the holds on memory overlapping [lo, hi) (being freed). Caller holds g_lock. */
 static void held_forget(const char *lo, const char *hi) {
-    for (int i = 0; i < g_n_held; i++) {
-        held_op *h = &g_held[i];
-        const char *a = (const char *)h->src, *b = a + sizeof(float) * (size_t)h->rows * h->cols;
-        if (a < hi && lo < b) h->src = NULL, h->rows = h->cols = 0; /* matches nothing now */
+    for (int i = g_n_held - 1; i >= 0; i--) {
+        const char *a = (const char *)g_held[i].src, *b = a + sizeof(float) * (size_t)g_held[i].rows * g_held[i].cols;
+        if (a < hi && lo < b) held_end(i);
     }
 }
 
 void rf_cpu_operands_trim(void) {
     pthread_mutex_lock(&g_lock);
-    g_n_held = 0;
-    for (int i = 0; i < HELD_SLOTS; i++) free(g_held[i].buf), g_held[i] = (held_op){0};
+    for (int i = g_n_held; i < HELD_SLOTS; i++) free(g_held[i].buf), g_held[i] = (held_op){0};
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -598,7 +658,8 @@ int rf_cpu_operands_hold_on(int on) {
     pthread_mutex_lock(&g_lock);
     int was = !g_held_off;
     g_held_off = !on;
-    if (!on) g_n_held = 0;
+    if (!on)
+        while (g_n_held) held_undirect(&g_held[g_n_held - 1]), held_end(g_n_held - 1);
     pthread_mutex_unlock(&g_lock);
     return was;
 }
@@ -1173,6 +1234,20 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
                  const uint16_t *a16) {
     if (!same_a) g_held_a.src = NULL; /* only a conversion this call makes is held after it */
     if (M == 0 || N == 0) return;
+    /* An activation whose op wrote only its bf16 values (rf_cpu_held_output): A as those, and B
+     * widened where the product does not go through gemm_prim (which reads the hold's values) */
+    int ar, ac, br, bc;
+    stored(ta, M, K, &ar, &ac);
+    stored(tb, K, N, &br, &bc);
+    int at_end;
+    const uint16_t *hb = b_weight ? NULL : held_direct(B, br, bc, ldb, &at_end);
+    if (hb && !tb && !at_end) /* a weight gradient's B, padded the same way (gemm_prim) */
+        B = operand_f32(NULL, hb, tb, K, N, &ldb, 3), hb = NULL;
+    const uint16_t *ha = !a16 && A ? held_direct(A, ar, ac, lda, &at_end) : NULL;
+    if (ha && ta && !at_end) /* on AMX a transposed A is padded in place (kpad), over the rows
+                                after it: those of the activation but where its rows end it */
+        A = operand_f32(NULL, ha, ta, M, K, &lda, 2), ha = NULL;
+    if (ha) a16 = ha, A = NULL;
     int exact = rf_cpu_batch_invariant_exact();
     int own = own_amx_takes(ta, tb, M, N, K, alpha, beta, b_weight);
     int gemv = M <= GEMV_MAX_M && !exact && !own;
@@ -1196,7 +1271,7 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
     }
     if (!a16) A = operand_f32(A, ab, ta, M, K, &lda, 2); /* no product reads a weight as A; exact if one does */
     if (omp_in_parallel()) { /* attention's per-head products: fp32 in both modes (the top) */
-        B = operand_f32(B, bb, tb, K, N, &ldb, 3);
+        B = operand_f32(B, bb ? bb : hb, tb, K, N, &ldb, 3);
         gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
         return;
     }
@@ -1234,7 +1309,7 @@ static void gemm(int ta, int tb, int M, int N, int K, float alpha, const float *
     if (single) omp_set_num_threads(threads);
     if (!ok) { /* no primitive for this shape (or no memory): oneDNN's sgemm, same numbers */
         if (a16) A = operand_f32(NULL, a16, ta, M, K, &lda, 2);
-        B = operand_f32(B, bb, tb, K, N, &ldb, 3);
+        B = operand_f32(B, bb ? bb : hb, tb, K, N, &ldb, 3);
         if (bf16) {
             gemm_nested(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1);
         } else {
@@ -1266,6 +1341,7 @@ rf_status rf_cpu_gemm_set_precision(rf_precision p) {
         return rf_error(RF_ERR_ARG, "cpu: unknown precision %d", (int)p);
     pthread_mutex_lock(&g_lock);
     g_prec = p;
+    for (int i = 0; i < g_n_held; i++) held_undirect(&g_held[i]); /* other products read floats */
     pthread_mutex_unlock(&g_lock);
     return RF_OK;
 }

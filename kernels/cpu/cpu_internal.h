@@ -53,9 +53,16 @@ int rf_cpu_gemm_own_amx(int on);
 void rf_cpu_gemm_forget(const void *p, size_t bytes);
 /* kernels.h operand_hold / operands_release: products reading the floats [p, p + rows * cols)
  * (as A, or a weight gradient's B: whole or a slice of whole rows) use one conversion of them,
- * made at the first; rf_cpu_gemm_forget drops holds on memory being freed. */
-void rf_cpu_operand_hold(const float *p, int rows, int cols);
-void rf_cpu_operands_release(void);
+ * made at the first, until the owner releases or holds p again (new values); rf_cpu_gemm_forget
+ * drops holds on memory being freed. */
+void rf_cpu_operand_hold(const void *owner, const float *p, int rows, int cols);
+void rf_cpu_operands_release(const void *owner);
+/* Where the op making the held activation p (exactly the n floats of its hold) writes its values:
+ * a buffer for their bf16 values (f32_to_bf16 of each, as rf_cpu_bf16_convert makes them) in
+ * place of the floats, which stay unwritten (products read the buffer; any other reader of
+ * those floats would get garbage, which the hold's contract rules out), where products take
+ * bf16 operands natively; else NULL, and the op writes the floats. */
+uint16_t *rf_cpu_held_output(const float *p, size_t n);
 /* Frees the conversions' buffers, which released holds keep for the next ones (trim). */
 void rf_cpu_operands_trim(void);
 /* Whether holds are taken (1, the default) or ignored (0: every product converts its operands,

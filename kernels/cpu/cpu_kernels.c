@@ -193,17 +193,23 @@ static void cpu_embedding_backward(float *dwte, const float *dout, const int32_t
     }
 }
 
+/* With a held output (rf_cpu_held_output: its bf16 values in place of its floats), rows of up
+ * to NORM_ROW floats are made in a buffer on the stack and converted; longer ones in out's own
+ * floats (which the hold lets the op write) and converted from there. */
+#define NORM_ROW 4096
 static void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N,
                                 int C, float eps) {
+    uint16_t *ob = rf_cpu_held_output(out, (size_t)N * C);
 #pragma omp parallel for if ((size_t)N * C > RF_OMP_MIN)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
-        float *y = out + (size_t)n * C;
+        float buf[NORM_ROW], *y = ob && C <= NORM_ROW ? buf : out + (size_t)n * C;
         float ss = 0.0f;
         for (int c = 0; c < C; c++) ss += x[c] * x[c];
         float r = 1.0f / sqrtf(ss / (float)C + eps);
         for (int c = 0; c < C; c++) y[c] = x[c] * r * w[c];
         if (rstd) rstd[n] = r;
+        if (ob) rf_cpu_bf16_convert(ob + (size_t)n * C, y, C);
     }
 }
 
@@ -211,9 +217,10 @@ static void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const
  * order of the sum as cpu_add_inplace then cpu_rmsnorm_forward, so the same bits). */
 static void cpu_add_rmsnorm_forward(float *x, float *out, float *rstd, const float *add, const float *w,
                                     int N, int C, float eps) {
+    uint16_t *ob = rf_cpu_held_output(out, (size_t)N * C);
 #pragma omp parallel for if ((size_t)N * C > RF_OMP_MIN)
     for (int n = 0; n < N; n++) {
-        float *xr = x + (size_t)n * C, *y = out + (size_t)n * C;
+        float buf[NORM_ROW], *xr = x + (size_t)n * C, *y = ob && C <= NORM_ROW ? buf : out + (size_t)n * C;
         const float *ar = add + (size_t)n * C;
         float ss = 0.0f;
         for (int c = 0; c < C; c++) {
@@ -224,6 +231,7 @@ static void cpu_add_rmsnorm_forward(float *x, float *out, float *rstd, const flo
         float r = 1.0f / sqrtf(ss / (float)C + eps);
         for (int c = 0; c < C; c++) y[c] = xr[c] * r * w[c];
         if (rstd) rstd[n] = r;
+        if (ob) rf_cpu_bf16_convert(ob + (size_t)n * C, y, C);
     }
 }
 

@@ -190,32 +190,40 @@ static int exp_neg_block(float *e, const float *gate, size_t n, size_t b) {
     return m;
 }
 
-/* rf_swiglu, block by block. */
+/* rf_swiglu, block by block. A held output (rf_cpu_held_output) gets each block's bf16 values
+ * in place of its floats. */
 void rf_cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
     size_t nb = (n + RF_SWIGLU_BLOCK - 1) / RF_SWIGLU_BLOCK;
+    uint16_t *ob = rf_cpu_held_output(out, n);
 #pragma omp parallel for schedule(static) if (n > RF_OMP_MIN_EXP)
     for (size_t b = 0; b < nb; b++) {
-        float e[RF_SWIGLU_BLOCK];
+        float e[RF_SWIGLU_BLOCK], o[RF_SWIGLU_BLOCK];
         size_t i0 = b * RF_SWIGLU_BLOCK;
         int m = exp_neg_block(e, gate, n, b);
+        float *y = ob ? o : out + i0;
 #pragma omp simd
         for (int i = 0; i < m; i++)
-            out[i0 + i] = rf_swiglu_s(gate[i0 + i], up[i0 + i], rf_sigmoid_of_exp(e[i]));
+            y[i] = rf_swiglu_s(gate[i0 + i], up[i0 + i], rf_sigmoid_of_exp(e[i]));
+        if (ob) rf_cpu_bf16_convert(ob + i0, o, m);
     }
 }
 
-/* rf_swiglu_grad, block by block. */
+/* rf_swiglu_grad, block by block; held gradients (rf_cpu_held_output) as for the forward. */
 void rf_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, size_t n) {
     size_t nb = (n + RF_SWIGLU_BLOCK - 1) / RF_SWIGLU_BLOCK;
+    uint16_t *gb = rf_cpu_held_output(dgate, n), *ub = rf_cpu_held_output(dup, n);
 #pragma omp parallel for schedule(static) if (n > RF_OMP_MIN_EXP)
     for (size_t b = 0; b < nb; b++) {
-        float e[RF_SWIGLU_BLOCK];
+        float e[RF_SWIGLU_BLOCK], g[RF_SWIGLU_BLOCK], u[RF_SWIGLU_BLOCK];
         size_t i0 = b * RF_SWIGLU_BLOCK;
         int m = exp_neg_block(e, gate, n, b);
+        float *dg = gb ? g : dgate + i0, *du = ub ? u : dup + i0;
 #pragma omp simd
         for (int i = 0; i < m; i++)
             rf_swiglu_grad_s(gate[i0 + i], up[i0 + i], dout[i0 + i], rf_sigmoid_of_exp(e[i]),
-                             dgate + i0 + i, dup + i0 + i);
+                             dg + i, du + i);
+        if (gb) rf_cpu_bf16_convert(gb + i0, g, m);
+        if (ub) rf_cpu_bf16_convert(ub + i0, u, m);
     }
 }
