@@ -436,6 +436,22 @@ static void test_memory(const rf_kernels *K) {
     K->free(NULL);
     free(src);
     free(h);
+    /* a large range, off a line at both ends (the CPU streams its lines past the caches) */
+    size_t big = ((size_t)33 << 20) + 77, z0 = 13, zn = big - 13 - 29;
+    unsigned char *hb = xmalloc(big), *db = K->alloc(big);
+    CHECK(db != NULL);
+    if (db) {
+        for (size_t i = 0; i < big; i++) hb[i] = (unsigned char)(i % 251 + 1);
+        K->to_device(db, hb, big);
+        K->zero(db + z0, zn);
+        K->sync();
+        K->to_host(hb, db, big);
+        size_t wrong = 0;
+        for (size_t i = 0; i < big; i++) wrong += hb[i] != (i >= z0 && i < z0 + zn ? 0 : (unsigned char)(i % 251 + 1));
+        CHECK(wrong == 0);
+        K->free(db);
+    }
+    free(hb);
     /* 64-byte alignment, small and large (the CPU back end maps large blocks) */
     size_t sizes[4] = {1, 100, (size_t)3 << 20, ((size_t)1 << 20) - 70};
     for (int i = 0; i < 4; i++) {
@@ -2075,6 +2091,9 @@ int main(void) {
     if (!K) return rf_test_finish("test_kernels");
     CHECK(K->name && strcmp(K->name, "cpu") == 0);
     run_kernel_suite(K, 20240611);
+    size_t stream_from = rf_cpu_zero_stream_from((size_t)1 << 20); /* zero()'s streaming stores */
+    test_memory(K);
+    rf_cpu_zero_stream_from(stream_from);
     test_batch_invariant(K);
     test_attention_rows_invariant(K);
     test_sampler_logprob(K);

@@ -63,6 +63,10 @@ void rf_cpu_operands_release(const void *owner);
  * those floats would get garbage, which the hold's contract rules out), where products take
  * bf16 operands natively; else NULL, and the op writes the floats. */
 uint16_t *rf_cpu_held_output(const float *p, size_t n);
+/* kernels/cpu/cpu_kernels.c: the size from which zero() streams its stores past the caches (the
+ * last-level cache's size, 32 MB at least) set to bytes (0: unchanged); the previous one
+ * (tests). */
+size_t rf_cpu_zero_stream_from(size_t bytes);
 /* Frees the conversions' buffers, which released holds keep for the next ones (trim). */
 void rf_cpu_operands_trim(void);
 /* Whether holds are taken (1, the default) or ignored (0: every product converts its operands,
