@@ -245,13 +245,14 @@ struct rf_kernels {
      * only. rf_model_trim calls it. */
     void (*trim)(void);
     /* Optional (NULL: nothing to gain; CUDA). The floats [p, p + rows * cols) are an activation
-     * that only matrix products will read (as their input, or as a weight gradient's) until
-     * owner (any address naming the caller: a model) releases it or holds p again: the next op
-     * that writes p writes it whole, then nothing else does. The back end may convert it to the
-     * products' operand precision once for all of them (the CPU in bf16 mode: the same bits as
-     * converting at each product), or have that op write only the converted values (the CPU with
-     * native bf16: the floats then hold garbage, while held and after). Freeing the memory
-     * through free() drops the hold. */
+     * that matrix products will read (as their input, or as a weight gradient's) and that does
+     * not change until owner (any address naming the caller: a model) releases it or holds p
+     * again: the back end may convert it to the products' operand precision once for all of
+     * them (the CPU in bf16 mode: the same bits as converting at each product). Held before the
+     * op that writes it, which then writes it whole: that op may write only the converted
+     * values (the CPU with native bf16), so only matrix products may read it, and its floats
+     * hold garbage while held and after. Held after it is written, its floats stay as written
+     * for any op. Freeing the memory through free() drops the hold. */
     void (*operand_hold)(const void *owner, const float *p, int rows, int cols);
     /* Every hold of owner ends (others' stay). Cheap; the CPU keeps the conversions' memory for
      * the next holds, and trim gives it back. */

@@ -48,10 +48,12 @@ rf_status rf__model_dev_out(rf_model *m, size_t n) {
     return m->dev_out ? RF_OK : rf_error(RF_ERR_NOMEM, "out of memory for %zu outputs", n);
 }
 
-/* Activations only products read (a projection's input: several products' A in the forward, the
- * weight gradients' B in the backward) are held (kernels.h operand_hold) before the op that
- * makes them: the back end may convert each once for all of them, or have that op write the
- * converted values only. Every pass releases the model's holds before it writes activations. */
+/* Activations products read (a projection's input: several products' A in the forward, the
+ * weight gradients' B in the backward) are held (kernels.h operand_hold): the back end may
+ * convert each once for all of them. Those only products read are held before the op that
+ * makes them, which may then write the converted values only; the attention output (which
+ * attention's backward reads) and the final norm's (the log-prob kernel's) after it. Every pass
+ * releases the model's holds before it writes activations. */
 void rf__model_hold(const rf_model *m, const float *p, int rows, int cols) {
     if (m->k->operand_hold) m->k->operand_hold(m, p, rows, cols);
 }

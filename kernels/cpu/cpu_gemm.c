@@ -530,7 +530,8 @@ typedef struct held_op {
 } held_op;
 #define HELD_SLOTS 1024 /* a step's holds: four a layer and the final norm's, per model */
 static held_op g_held[HELD_SLOTS];
-static int g_n_held, g_held_off; /* holds ignored while off */
+static _Atomic int g_n_held; /* written under g_lock; read without it by a product's quick check */
+static int g_held_off;       /* holds ignored while off */
 static _Atomic size_t g_held_conversions; /* held activations converted (tests) */
 
 /* Room in h->buf for the conversion (es bytes a value): 0 where memory is short. */
@@ -590,8 +591,11 @@ static const void *held_get(const float *p, int rows, int cols, int ld, int emul
  * unwritten, else NULL; *at_end: whether its rows end the activation (room after them). */
 static const uint16_t *held_direct(const float *p, int rows, int cols, int ld, int *at_end) {
     size_t off;
+    *at_end = 0;
+    /* without the lock where nothing is held (a caller's own holds are seen) */
+    if (!atomic_load_explicit(&g_n_held, memory_order_relaxed)) return NULL;
     pthread_mutex_lock(&g_lock);
-    held_op *h = g_n_held ? held_find(p, rows, cols, ld, &off) : NULL;
+    held_op *h = held_find(p, rows, cols, ld, &off);
     const uint16_t *d = h && h->direct ? (const uint16_t *)h->buf + off : NULL;
     *at_end = h && off / h->cols + rows == (size_t)h->rows;
     pthread_mutex_unlock(&g_lock);
@@ -600,6 +604,8 @@ static const uint16_t *held_direct(const float *p, int rows, int cols, int ld, i
 
 uint16_t *rf_cpu_held_output(const float *p, size_t n) {
     uint16_t *d = NULL;
+    /* without the lock where nothing is held (a caller's own holds are seen) */
+    if (!atomic_load_explicit(&g_n_held, memory_order_relaxed)) return NULL;
     pthread_mutex_lock(&g_lock);
     for (int i = 0; i < g_n_held && !d; i++) {
         held_op *h = &g_held[i];

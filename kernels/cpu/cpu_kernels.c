@@ -1,8 +1,8 @@
 /* The CPU reference back end: elementwise ops, normalisation, RoPE, embedding, optimizer,
  * memory, and the rf_kernels table that gathers every CPU op. */
 #include <errno.h>
-#include <stdatomic.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
