@@ -8,13 +8,15 @@
  *  - paged_attention: one layer's attention of a decoding step over the paged KV cache (batch 1,
  *    16, 256 over 1024 keys), GB/s of K and V read against copy_bw, split over key chunks and
  *    not (RLFLOW_CUDA_DECODE=split / =tiled: the same bits);
- *  - attention: one layer's attention forward and backward (the tiled kernels in fp32 arithmetic,
- *    the default, then bf16 attention, RLFLOW_CUDA_ATTENTION=bf16, on tensor cores; or what
+ *  - attention: one layer's attention forward and backward (the default: at precision bf16, bf16
+ *    attention on tensor cores; then fp32 arithmetic, RLFLOW_CUDA_ATTENTION=fp32; or what
  *    RLFLOW_CUDA_ATTENTION names) against the same layer's seven forward products.
  * Three model shapes: "25m" (the CPU bench's model), "qwen0.5b" (Qwen2.5-0.5B: C 896, F 4864,
  * 24 layers, 14/2 heads, V 151936) and "7b" (Llama-2-7B: C 4096, F 11008, 32 layers, 32/32
  * heads, V 32000, untied). Weights are random; the model runs at the precision given.
- * Usage: bench_cuda [--quick] [--precision bf16|fp32] [--model 25m|qwen0.5b|7b|all]
+ * Usage: bench_cuda [--quick] [--precision bf16|fp32] [--model 25m|qwen0.5b|7b|all] [--profile]
+ * (--profile: also one "op" line per kernel op of each phase, as bench_model --profile prints;
+ * every op then waits for the device before and after it).
  * Exit 77 (and one JSON line saying why) where no GPU is present. Built only with CUDA. */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -26,6 +28,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "model/model.h"
+#include "bench/bench_ops.h"
 
 #define CK(call)                                                                          \
     do {                                                                                  \
@@ -45,14 +48,18 @@
     } while (0)
 
 static double g_peak_tflops, g_bw; /* measured in this run */
+static int g_profile;              /* --profile: one JSON line per op of each phase */
 
 /* A failed model call (out of device memory on a large shape, a CUDA error) ends that
  * benchmark with a JSON line naming it, and the run goes on with the next. */
 #define BENCH_TRY(bench, shape, expr)                                                          \
     do {                                                                                       \
         if ((expr) != RF_OK) {                                                                 \
-            printf("{\"bench\":\"%s\",\"model\":\"%s\",\"error\":\"%s\"}\n", bench, shape,    \
-                   rf_error_message());                                                        \
+            size_t free_ = 0, total_ = 0;                                                      \
+            (void)rf_cuda_kernels(0)->mem_info(&free_, &total_);                               \
+            printf("{\"bench\":\"%s\",\"model\":\"%s\",\"error\":\"%s\",\"device_free_mb\":%zu,"   \
+                   "\"device_total_mb\":%zu}\n", bench, shape, rf_error_message(), free_ >> 20,        \
+                   total_ >> 20);                                                              \
             fflush(stdout);                                                                    \
             goto done;                                                                         \
         }                                                                                      \
@@ -193,6 +200,7 @@ static void bench_train(rf_model *m, const char *shape, int B, int L, int reps) 
     double best = 1e30;
     for (int i = 0; i < reps + 1; i++) {
         m->k->sync();
+        if (g_profile && i == reps) profile_reset();
         double t0 = rf_time_now();
         rf_model_zero_grad(m);
         BENCH_TRY("train_step", shape, rf_model_forward(m, &bt));
@@ -201,6 +209,7 @@ static void bench_train(rf_model *m, const char *shape, int B, int L, int reps) 
         m->k->sync();
         double el = rf_time_now() - t0;
         if (i > 0 && el < best) best = el; /* the first run warms up allocations and kernels */
+        if (g_profile && i == reps) profile_print("train_step", el);
     }
     double tf = rf_model_train_flops_per_token(&m->cfg, L) * T / best / 1e12;
     printf("{\"bench\":\"train_step\",\"device\":\"cuda\",\"model\":\"%s\",\"params\":%zu,"
@@ -223,9 +232,11 @@ static void bench_prefill(rf_model *m, const char *shape, int B, int L) {
     BENCH_TRY("prefill", shape, rf_kv_cache_init(&kv, m, B, L));
     BENCH_TRY("prefill", shape, rf_model_decode(m, &kv, slots, counts, B, tok, logits)); /* warm-up */
     for (int b = 0; b < B; b++) kv.len[b] = 0;
+    if (g_profile) profile_reset();
     double t0 = rf_time_now();
     BENCH_TRY("prefill", shape, rf_model_decode(m, &kv, slots, counts, B, tok, logits)); /* logits: D2H */
     double el = rf_time_now() - t0;
+    if (g_profile) profile_print("prefill", el);
     double tf = 2.0 * m->n_params * B * L / el / 1e12;
     printf("{\"bench\":\"prefill\",\"device\":\"cuda\",\"model\":\"%s\",\"sequences\":%d,"
            "\"prompt_len\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"tflops\":%.2f,"
@@ -253,6 +264,7 @@ static void bench_decode(rf_model *m, const char *shape, int B, int steps) {
     BENCH_TRY("decode", shape, rf_kv_cache_init(&kv, m, B, P + steps + 1));
     BENCH_TRY("decode", shape, rf_model_decode(m, &kv, slots, counts, B, tok, NULL));
     BENCH_TRY("decode", shape, rf_model_draw(m, B, draws, B, tok, logp, NULL, 0, NULL, NULL, NULL)); /* warm-up */
+    if (g_profile) profile_reset();
     double t0 = rf_time_now();
     for (int s = 0; s < steps; s++) {
         BENCH_TRY("decode", shape, rf_model_decode(m, &kv, slots, ones, B, tok, NULL));
@@ -260,6 +272,11 @@ static void bench_decode(rf_model *m, const char *shape, int B, int steps) {
         BENCH_TRY("decode", shape, rf_model_draw(m, B, draws, B, tok, logp, NULL, 0, NULL, NULL, NULL));
     }
     double el = rf_time_now() - t0;
+    if (g_profile) {
+        char phase[32];
+        snprintf(phase, sizeof phase, "decode%d", B);
+        profile_print(phase, el);
+    }
     /* each step reads every weight once (at the precision its products use) */
     double bw = weight_bytes(m) * steps / el / 1e9, tf = 2.0 * m->n_params * B * steps / el / 1e12;
     printf("{\"bench\":\"decode\",\"device\":\"cuda\",\"model\":\"%s\",\"sampling\":\"device\",\"batch\":%d,\"steps\":%d,"
@@ -339,17 +356,17 @@ static void bench_attention(const rf_kernels *k, const char *shape, const rf_mod
         /* small values: softmax and its statistics finite whatever the path */
         for (int i = 0; i < 12; i++) k->zero(*bufs[i], sizeof(float) * sizes[i]);
         double mm = best_time(k, layer_matmuls, &a, reps);
-        /* the path RLFLOW_CUDA_ATTENTION chooses; unset, also bf16 attention (=bf16, the
-         * tensor-core kernels at precision bf16) after the default fp32 arithmetic */
+        /* the path RLFLOW_CUDA_ATTENTION chooses; unset, the default (at precision bf16: bf16
+         * attention, the tensor-core kernels) and then fp32 arithmetic (=fp32) */
         const char *e = getenv("RLFLOW_CUDA_ATTENTION");
         for (int pass = 0; pass < (e ? 1 : 2); pass++) {
-            if (pass) setenv("RLFLOW_CUDA_ATTENTION", "bf16", 1);
+            if (pass) setenv("RLFLOW_CUDA_ATTENTION", "fp32", 1);
             const char *path = getenv("RLFLOW_CUDA_ATTENTION");
-            int bf16 = path && (strcmp(path, "bf16") == 0 || strcmp(path, "fma") == 0) &&
-                       k->get_precision() == RF_PRECISION_BF16;
+            int bf16 = k->get_precision() == RF_PRECISION_BF16 &&
+                       (!path || strcmp(path, "bf16") == 0 || strcmp(path, "fma") == 0);
             const char *kernels = (path && strcmp(path, "reference") == 0) || D > 128 ? "reference"
                                   : !bf16 ? "tiled fp32"
-                                  : strcmp(path, "bf16") == 0 ? "tiled bf16 (tensor cores where they apply)"
+                                  : !path || strcmp(path, "bf16") == 0 ? "tiled bf16 (tensor cores where they apply)"
                                   : "tiled bf16 (FMA)";
             double fwd = best_time(k, att_fwd, &a, reps), bwd = best_time(k, att_bwd, &a, reps);
             printf("{\"bench\":\"attention\",\"device\":\"cuda\",\"model\":\"%s\",\"kernels\":\"%s\","
@@ -465,9 +482,10 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
         else if (strcmp(argv[i], "--precision") == 0 && i + 1 < argc) prec = argv[++i];
         else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) which = argv[++i];
+        else if (strcmp(argv[i], "--profile") == 0) g_profile = 1;
         else {
             fprintf(stderr, "bench_cuda: unknown option \"%s\" (usage: bench_cuda [--quick] "
-                    "[--precision bf16|fp32] [--model 25m|qwen0.5b|7b|all])\n", argv[i]);
+                    "[--precision bf16|fp32] [--model 25m|qwen0.5b|7b|all] [--profile])\n", argv[i]);
             return 2;
         }
     }
@@ -488,13 +506,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_cuda: %s\n", rf_error_message());
         return 1;
     }
+    /* --profile: every op of the model's passes waits for the device before and after it, so
+     * each op's time is its own (plus a launch's latency); the phases' own figures then
+     * include those waits */
+    if (g_profile) k = bench_timed_kernels(k, 1);
     g_peak_tflops = bf16_peak(8192, quick ? 3 : 10);
     g_bw = copy_bw((size_t)2 << 30, quick ? 3 : 10);
     printf("{\"bench\":\"bf16_peak\",\"m\":8192,\"n\":8192,\"k\":8192,\"tflops\":%.1f}\n", g_peak_tflops);
     printf("{\"bench\":\"copy_bw\",\"bytes\":%zu,\"gb_per_s\":%.1f}\n", (size_t)2 << 30, g_bw);
     printf("{\"bench\":\"config\",\"precision\":\"%s\",\"tf32\":\"%s\",\"attention\":\"%s\"}\n", prec,
            getenv("RLFLOW_CUDA_TF32") ? getenv("RLFLOW_CUDA_TF32") : "default (on)",
-           getenv("RLFLOW_CUDA_ATTENTION") ? getenv("RLFLOW_CUDA_ATTENTION") : "default (fp32 arithmetic)");
+           getenv("RLFLOW_CUDA_ATTENTION") ? getenv("RLFLOW_CUDA_ATTENTION") : "default (bf16 at precision bf16)");
     fflush(stdout);
     const char *shapes[3] = {"25m", "qwen0.5b", "7b"};
     for (int i = 0; i < 3; i++)

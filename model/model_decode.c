@@ -14,6 +14,9 @@ rf_status rf_kv_cache_init(rf_kv_cache *c, const rf_model *m, int n_slots, int m
     if (max_len > limit)
         return rf_error(RF_ERR_RANGE, "KV cache length %d exceeds the model's limit of %d", max_len,
                         limit);
+    if ((int64_t)n_slots * max_len > INT32_MAX)
+        return rf_error(RF_ERR_RANGE, "KV cache of %d x %d positions: more than %d rows a layer",
+                        n_slots, max_len, INT32_MAX);
     c->n_slots = n_slots, c->max_len = max_len, c->n_layers = m->cfg.num_hidden_layers;
     c->KVH = m->cfg.num_key_value_heads, c->D = m->cfg.head_dim;
     size_t n = (size_t)c->n_layers * n_slots * max_len * c->KVH * c->D;
@@ -78,8 +81,15 @@ int rf__decode_group_max(const rf_model *m, const int32_t *q_off, int n) {
 
 void rf__model_gather_last(rf_model *m, const float *x, const int32_t *q_off, int n, int first) {
     size_t C = (size_t)m->cfg.hidden_size;
-    for (int i = 0; i < n; i++)
-        m->k->copy(m->scratch2 + (size_t)(first + i) * C, x + (size_t)(q_off[i + 1] - 1) * C, sizeof(float) * C);
+    /* one copy per run of sequences whose last rows are adjacent (a decoding step's: all of
+     * them), not one per sequence: each copy is a launch on a GPU */
+    for (int i = 0, j; i < n; i = j) {
+        /* sequence j's last row follows sequence j - 1's exactly when j has one new token */
+        for (j = i + 1; j < n && q_off[j + 1] - q_off[j] == 1; j++) {
+        }
+        m->k->copy(m->scratch2 + (size_t)(first + i) * C, x + (size_t)(q_off[i + 1] - 1) * C,
+                   sizeof(float) * C * (size_t)(j - i));
+    }
 }
 
 rf_status rf__model_logits_gathered(rf_model *m, int n, float *logits) {
@@ -169,11 +179,14 @@ rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const i
     if (!m->lm_head) return rf_error(RF_ERR_ARG, "decode: model has no LM head");
     int T = 0;
     for (int i = 0; i < n; i++) T += counts[i] > 0 ? counts[i] : 0;
-    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(T + 4 * n + 2));
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(2 * T + 4 * n + 2));
     if (!idx) return rf_error(RF_ERR_NOMEM, "out of memory");
     int32_t *pos = idx, *q_off = idx + T, *k_start = q_off + n + 1, *k_len = k_start + n;
     int32_t *g_off = k_len + n; /* (n + 1) a group's q_off from its first token */
+    int32_t *rows = g_off + n + 1; /* (T) each token's cache row within a layer */
     rf_status s = decode_indices(m, c, slots, counts, n, pos, q_off, k_start, k_len);
+    for (int i = 0; s == RF_OK && i < n; i++)
+        for (int j = q_off[i]; j < q_off[i + 1]; j++) rows[j] = k_start[i] + pos[j];
     for (int t = 0; s == RF_OK && t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab_size)
             s = rf_error(RF_ERR_RANGE, "decode: token id %d outside the vocabulary (%d)", tokens[t],
@@ -185,10 +198,11 @@ rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const i
     for (int g0 = 0, g1; s == RF_OK && g0 < n; g0 = g1) { /* groups of sequences (RF_DECODE_GROUP_TOKENS) */
         g1 = rf__decode_group(m, q_off, n, g0, g_off);
         int g = g1 - g0, t = g_off[g];
-        const int32_t *host[] = {tokens + q_off[g0], pos + q_off[g0], g_off, k_start + g0, k_len + g0};
-        int cnt[] = {t, t, g + 1, g, g};
-        int32_t *dev[5];
-        s = rf__model_upload_ints(m, 5, host, cnt, dev);
+        const int32_t *host[] = {tokens + q_off[g0], pos + q_off[g0], g_off, k_start + g0, k_len + g0,
+                                 rows + q_off[g0]};
+        int cnt[] = {t, t, g + 1, g, g, t};
+        int32_t *dev[6];
+        s = rf__model_upload_ints(m, 6, host, cnt, dev);
         if (s != RF_OK) break;
         m->d_tokens = dev[0], m->d_pos = dev[1], m->d_cu = dev[2], m->d_kstart = dev[3];
         m->d_klen = dev[4];
@@ -196,7 +210,7 @@ rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const i
         float *x = m->x_final, *y = m->h; /* ping-pong residual buffers */
         m->k->embedding_forward(x, m->d_tokens, m->wte, t, m->cfg.hidden_size);
         for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
-            rf__layer_forward_cached(m, l, a, x, y, t, c, slots + g0, counts + g0, g);
+            rf__layer_forward_cached(m, l, a, x, y, t, c, dev[5], g);
             float *tmp = x;
             x = y, y = tmp;
         }

@@ -44,10 +44,11 @@ rf_status rf__model_dev_out(rf_model *m, size_t n);
 void rf__model_hold(const rf_model *m, const float *p, int rows, int cols);
 void rf__model_release(const rf_model *m);
 
-/* One layer in decoding mode: appends keys/values of slots to cache c, attends over it. */
+/* One layer in decoding mode over n sequences of T new tokens: writes their keys/values to
+ * cache c, token t's to row rows[t] (back end memory) of the layer (slot * max_len +
+ * position), then attends over the cache. */
 void rf__layer_forward_cached(rf_model *m, int l, rf_layer_acts *a, const float *x_in,
-                              float *x_out, int T, rf_kv_cache *c, const int *slots,
-                              const int *counts, int n);
+                              float *x_out, int T, rf_kv_cache *c, const int32_t *rows, int n);
 
 /* A paged KV cache as one decode call sees it (built by model/model_paged.c from the pool of
  * rollout/kv_pool.h). Device pointers; n sequences with n_new tokens each, packed. */

@@ -19,8 +19,8 @@
  *  4. attention: the tiled kernels (cuda_flash.cu, the default for D <= 128) and the reference
  *     kernels (RLFLOW_CUDA_ATTENTION=reference) against each other, and the tiled kernels
  *     against their CPU mirror kernels/cpu/cpu_flash_ref.c in fp32, in bf16 on the FMA kernels
- *     (RLFLOW_CUDA_ATTENTION=fma), at precision bf16 by default (fp32 arithmetic: the fp32
- *     mirror) and in bf16 attention (=bf16), the tensor-core kernels
+ *     (RLFLOW_CUDA_ATTENTION=fma), at precision bf16 under =fp32 (fp32 arithmetic: the fp32
+ *     mirror) and in bf16 attention (the default at precision bf16), the tensor-core kernels
  *     (cuda_flash_mma.cu) against the mirror's RF_FLASH_BF16_MMA mode (same roundings:
  *     fp32 rounding only, 2 tol_red(D + L) forward, 2 TOL_GRAD backward; for the tensor-core
  *     kernels every element within 2e-2 / 5e-2 and 95% within the fp32 tolerances, since a
@@ -470,10 +470,10 @@ static void cross_flash(const int *lens, int n_seq, int H, int KVH, int D) {
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D, nl = (size_t)T * H;
     float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f), *dout = fnormal(nq, 1.0f);
     double tf = 2 * tol_red(D + maxlen), tb = 2 * TOL_GRAD;
-    /* fp32 (at precision fp32, and at bf16 by default: attention's arithmetic stays fp32); bf16
-     * on the FMA kernels (RLFLOW_CUDA_ATTENTION=fma); bf16 attention (=bf16), which is the
-     * tensor-core kernels where they apply (D a multiple of 16; the module is built for sm_80
-     * and later, RLFLOW_CUDA_ARCHS) */
+    /* fp32 (at precision fp32, and at bf16 under RLFLOW_CUDA_ATTENTION=fp32: attention's
+     * arithmetic stays fp32); bf16 on the FMA kernels (=fma); bf16 attention (the default at
+     * precision bf16), which is the tensor-core kernels where they apply (D a multiple of 16;
+     * the module is built for sm_80 and later, RLFLOW_CUDA_ARCHS) */
     for (int mode = RF_FLASH_FP32; mode <= RF_FLASH_BF16_MMA; mode++) {
         if (mode == RF_FLASH_BF16_MMA && D % 16) continue; /* =bf16 is the FMA kernel there */
         /* the tiled code's CPU mirror: out and lse, then gradients from them */
@@ -481,15 +481,14 @@ static void cross_flash(const int *lens, int n_seq, int H, int KVH, int D) {
         rf_flash_ref_forward(o0, l0, q, k, v, cu, cu, kl, n_seq, H, KVH, D, mode);
         rf_flash_ref_backward(dq0, dk0, dv0, dout, q, k, v, o0, l0, cu, n_seq, T, H, KVH, D, mode);
         float *o = fnew(nq), *l = fnew(nl), *dq = fconst(nq, 1e3f), *dk = fconst(nk, 1e3f), *dv = fconst(nk, 1e3f);
-        /* run 0: the tiled kernels; in fp32 mode also run 1, the same at precision bf16 (the
-         * default: fp32 arithmetic; a choice of path, so not again on the 4200-token case,
+        /* run 0: the tiled kernels; in fp32 mode also run 1, the same at precision bf16 under
+         * RLFLOW_CUDA_ATTENTION=fp32 (a choice of path, so not again on the 4200-token case,
          * which costs minutes on the emulated GPU, tests/cuda_emu), and run 2, the reference
          * kernels (fp32 only) */
         for (int run = 0; run <= (mode == RF_FLASH_FP32 ? 2 : 0); run++) {
             if (run == 1 && T > 1024) continue;
             int ref = run == 2, bf16 = mode != RF_FLASH_FP32 || run == 1;
-            const char *path = ref ? "reference" : mode == RF_FLASH_BF16_LOAD ? "fma"
-                               : mode == RF_FLASH_BF16_MMA ? "bf16" : NULL;
+            const char *path = ref ? "reference" : mode == RF_FLASH_BF16_LOAD ? "fma" : run == 1 ? "fp32" : NULL;
             gpu_attention(path, bf16, o, l, dq, dk, dv, dout, q, k, v, o0, l0, cu, kl, n_seq, T, H, KVH, D);
             char what[96];
             const char *name = ref ? "reference kernels" : run == 1 ? "flash at precision bf16 (fp32 arithmetic)"
@@ -539,9 +538,9 @@ static void cross_flash(const int *lens, int n_seq, int H, int KVH, int D) {
 
 /* The tiled forward over a KV-cache layout (decode rows and a prefill chunk reading keys of
  * other rows, bottom-right causal alignment), the way prefill and generation call it: fp32 (at
- * precision fp32 and, the default, at bf16), bf16 on the FMA kernel (RLFLOW_CUDA_ATTENTION=fma),
- * bf16 attention (=bf16: the tensor-core kernel where D is a multiple of 16), each against the
- * mirror's same mode, tolerances as cross_flash's forward. */
+ * precision fp32, and at bf16 under RLFLOW_CUDA_ATTENTION=fp32), bf16 on the FMA kernel (=fma),
+ * bf16 attention (precision bf16's default: the tensor-core kernel where D is a multiple of
+ * 16), each against the mirror's same mode, tolerances as cross_flash's forward. */
 static void cross_flash_kvcache(int H, int KVH, int D) {
     static const int32_t q_off[5] = {0, 1, 2, 42, 45};
     static const int32_t k_start[4] = {0, 200, 60, 400}, k_len[4] = {50, 130, 75, 3};
@@ -550,13 +549,14 @@ static void cross_flash_kvcache(int H, int KVH, int D) {
     float *q = fnormal(nq, 1.0f), *k = fnormal(nk, 1.0f), *v = fnormal(nk, 1.0f);
     float *o0 = fnew(nq), *l0 = fnew(nl), *o = fnew(nq), *l = fnew(nl);
     double tf = 2 * tol_red(D + 130);
-    /* mode -1: the fp32 mirror against the default at precision bf16 */
+    /* mode -1: the fp32 mirror against precision bf16 under RLFLOW_CUDA_ATTENTION=fp32; the
+     * tensor-core mode is the default at precision bf16 */
     for (int m = -1; m <= RF_FLASH_BF16_MMA; m++) {
         int mode = m < 0 ? RF_FLASH_FP32 : m;
         if (mode == RF_FLASH_BF16_MMA && D % 16) continue;
         rf_flash_ref_forward(o0, l0, q, k, v, q_off, k_start, k_len, n_seq, H, KVH, D, mode);
         if (mode == RF_FLASH_BF16_LOAD) setenv("RLFLOW_CUDA_ATTENTION", "fma", 1);
-        if (mode == RF_FLASH_BF16_MMA) setenv("RLFLOW_CUDA_ATTENTION", "bf16", 1);
+        if (m < 0) setenv("RLFLOW_CUDA_ATTENTION", "fp32", 1);
         CHECK_OK(g_gpu->set_precision(m ? RF_PRECISION_BF16 : RF_PRECISION_FP32));
         run_attention_forward(g_gpu, o, l, q, k, v, q_off, k_start, k_len, n_seq, rows, H, KVH, D);
         CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
@@ -579,8 +579,8 @@ static void cross_flash_kvcache(int H, int KVH, int D) {
  * test_flash_ref takes the mirror to 1500) against attention_forward in the training layout,
  * row by row, in every mode: the tiled kernels at precision fp32 (decoding steps split over
  * their key chunks, RLFLOW_CUDA_DECODE=split, in one block each, =tiled, and as the batch
- * chooses) and at bf16 (fp32 arithmetic), bf16 loads on the FMA kernels
- * (RLFLOW_CUDA_ATTENTION=fma), the tensor-core kernels (=bf16, head dims multiple of 16; also
+ * chooses) and at bf16 under RLFLOW_CUDA_ATTENTION=fp32, bf16 loads on the FMA kernels
+ * (=fma), the tensor-core kernels (bf16's default, head dims multiple of 16; also
  * against the mirror's RF_FLASH_BF16_MMA mode with cross_flash's tolerances), the reference
  * kernels (=reference, and head dims past RF_FLASH_MAX_D). Also the default against its CPU
  * mirror rf_flash_ref_paged_forward and, fp32, against the CPU back end's paged attention,
@@ -588,7 +588,7 @@ static void cross_flash_kvcache(int H, int KVH, int D) {
 static void cross_paged_tiled(int H, int KVH, int D) {
     enum { NS = 7, BS = 16, MAXB = 32, MODES = 5 };
     static const int lens[NS] = {1, 5, 33, 64, 129, 160, 257}, chunk[NS] = {1, 1, 1, 4, 1, 40, 1};
-    static const char *const att[MODES] = {NULL, NULL, "fma", "reference", "bf16"};
+    static const char *const att[MODES] = {NULL, "fp32", "fma", "reference", NULL}; /* 4: bf16's default */
     static const char *const dec[3] = {NULL, "split", "tiled"};
     int32_t cu[NS + 1], kl[NS];
     packed_lens(lens, NS, cu, kl);
@@ -710,7 +710,14 @@ static void run_precision_and_flash_suite(uint64_t seed) {
     cross_flash(lens_long, 1, 1, 1, 64);
 }
 
-int main(void) {
+/* Usage: test_kernels_cuda [precision] (the argument: parts 3 to 5 only, the precision and
+ * attention checks, for a quick run after a change to those kernels). */
+int main(int argc, char **argv) {
+    int only_precision = argc > 1 && strcmp(argv[1], "precision") == 0;
+    if (argc > 1 && !only_precision) {
+        fprintf(stderr, "usage: test_kernels_cuda [precision]\n");
+        return 2;
+    }
     /* parts 1 and 2 hold the back end to fp32: plain fp32 products (read at start and by
      * set_precision) */
     setenv("RLFLOW_CUDA_TF32", "0", 1);
@@ -721,8 +728,10 @@ int main(void) {
     }
     g_cpu = rf_cpu_kernels();
     CHECK(g_gpu->name && strcmp(g_gpu->name, "cuda") == 0);
-    run_kernel_suite(g_gpu, 20240611);
-    run_cross_suite(777);
+    if (!only_precision) {
+        run_kernel_suite(g_gpu, 20240611);
+        run_cross_suite(777);
+    }
     run_precision_and_flash_suite(4242);
     return rf_test_finish("test_kernels_cuda");
 }

@@ -87,18 +87,19 @@ static int attention_shapes_ok(const char *op, int H, int KVH, int D) {
 
 int rf__cuda_attention_bf16(void) {
     const char *e = getenv("RLFLOW_CUDA_ATTENTION");
-    if (rf__cuda.precision != RF_PRECISION_BF16 || !e) return RF_ATT_FP32;
-    return strcmp(e, "bf16") == 0 ? RF_ATT_BF16_TC : strcmp(e, "fma") == 0 ? RF_ATT_BF16_FMA : RF_ATT_FP32;
+    if (rf__cuda.precision != RF_PRECISION_BF16) return RF_ATT_FP32;
+    if (!e || strcmp(e, "bf16") == 0) return RF_ATT_BF16_TC; /* the default at bf16 */
+    return strcmp(e, "fma") == 0 ? RF_ATT_BF16_FMA : RF_ATT_FP32;
 }
 
 rf_status rf__cuda_check_env(void) {
-    static const char *const att[] = {"reference", "fma", "bf16"};
+    static const char *const att[] = {"reference", "fma", "bf16", "fp32"};
     const char *e = getenv("RLFLOW_CUDA_ATTENTION"), *d = getenv("RLFLOW_CUDA_DECODE");
     int ok = !e;
     for (size_t i = 0; i < sizeof att / sizeof *att; i++) ok |= e && strcmp(e, att[i]) == 0;
     if (!ok)
-        return rf_error(RF_ERR_ARG, "cuda: RLFLOW_CUDA_ATTENTION=\"%s\": expected reference, "
-                        "fma or bf16 (or unset: fp32 tiled attention)", e);
+        return rf_error(RF_ERR_ARG, "cuda: RLFLOW_CUDA_ATTENTION=\"%s\": expected bf16, fp32, fma "
+                        "or reference (or unset: bf16 at precision bf16, fp32 otherwise)", e);
     if (d && strcmp(d, "split") != 0 && strcmp(d, "tiled") != 0)
         return rf_error(RF_ERR_ARG, "cuda: RLFLOW_CUDA_DECODE=\"%s\": expected split or tiled (or "
                         "unset: chosen by the batch)", d);

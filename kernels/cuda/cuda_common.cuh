@@ -301,12 +301,13 @@ static __device__ inline void rf__load_kv_rows(T *tile, int rows, const float *x
  * not "reference", read at each call so a test can compare both paths in one process). */
 int rf__cuda_flash_supported(int n_seq, int H, int KVH, int D);
 int rf__cuda_attention_flash(int n_seq, int H, int KVH, int D);
-/* How attention rounds (cuda_attention.cu), read at each call: RF_ATT_FP32 by default, fp32
- * arithmetic at every precision, as on the CPU and as decoding's paged kernels do, so that
- * generation, scoring and training give a token the same log-prob (docs/cuda.md, "Precision");
- * at precision bf16, RF_ATT_BF16_FMA under RLFLOW_CUDA_ATTENTION=fma (the FMA kernels with q, k,
- * v and dout rounded as loaded) and RF_ATT_BF16_TC under =bf16 (the tensor-core kernels where
- * rf__cuda_flash_mma_supported, the FMA ones so rounded elsewhere). */
+/* How attention rounds (cuda_attention.cu), read at each call. At precision fp32: RF_ATT_FP32,
+ * fp32 arithmetic. At precision bf16: RF_ATT_BF16_TC by default (or RLFLOW_CUDA_ATTENTION=bf16:
+ * the tensor-core kernels where rf__cuda_flash_mma_supported, the FMA ones with q, k, v and
+ * dout rounded as loaded elsewhere); RF_ATT_FP32 under =fp32 (fp32 arithmetic, as on the CPU);
+ * RF_ATT_BF16_FMA under =fma (the FMA kernels so rounded, for tests). Decoding's paged kernels
+ * follow the same choice, so generation, scoring and training give a token the same log-prob
+ * (docs/cuda.md, "Precision"). */
 enum { RF_ATT_FP32 = 0, RF_ATT_BF16_FMA = 1, RF_ATT_BF16_TC = 2 };
 int rf__cuda_attention_bf16(void);
 /* RLFLOW_CUDA_ATTENTION and RLFLOW_CUDA_DECODE hold a known value or are unset; otherwise an

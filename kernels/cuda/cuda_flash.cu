@@ -23,13 +23,13 @@
  * block and merged by a second kernel, so that generation and training give a row the same
  * bits whatever the batch.
  *
- * Precision: fp32 arithmetic at every precision by default (as on the CPU: the same log-probs
- * from generation and training). Where attention rounds to
- * bf16 (rf__cuda_attention_bf16: RLFLOW_CUDA_ATTENTION=bf16 or fma at precision bf16), q, k, v
- * and dout are rounded to bf16 as they are loaded (__float2bfloat16_rn); scores, softmax
- * statistics (m, l, lse, Di) and accumulators stay fp32. The products here run on CUDA cores
- * (FMA); under =bf16 the forward and the backward go to the tensor-core kernels of
- * cuda_flash_mma.cu where they can (head dims multiple of 16, sm_80+; docs/cuda.md). */
+ * Precision: fp32 arithmetic at precision fp32, and at bf16 under RLFLOW_CUDA_ATTENTION=fp32
+ * (as on the CPU). Where attention rounds to bf16 (rf__cuda_attention_bf16: the default at
+ * precision bf16, or =fma), q, k, v and dout are rounded to bf16 as they are loaded
+ * (__float2bfloat16_rn); scores, softmax statistics (m, l, lse, Di) and accumulators stay
+ * fp32. The products here run on CUDA cores (FMA); by default the forward and the backward go
+ * to the tensor-core kernels of cuda_flash_mma.cu where they can (head dims multiple of 16,
+ * sm_80+; docs/cuda.md). */
 #include <cuda_bf16.h>
 #include <limits.h>
 #include <math.h>

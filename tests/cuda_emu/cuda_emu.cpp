@@ -118,6 +118,8 @@ struct block_run {
     size_t sched_size;
     void *smem;
     uint64_t xch[3][1024]; /* shuffles: two alternating slots per lane for whole warps, one else */
+    uint32_t mma[2][1024][6]; /* rf_emu_mma_m16n8k16: each lane's a (4) and b (2) registers,
+                                 two alternating slots as the shuffles' */
 };
 
 std::mutex g_launch_lock; /* one launch at a time in the process */
@@ -297,6 +299,46 @@ uint64_t rf_emu_warp_exchange(unsigned mask, uint64_t mine, int src) {
     uint64_t got = src >= 0 ? slot[base + src] : mine;
     if (!whole) __syncwarp(mask);
     return got;
+}
+
+/* PTX mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 on the lanes of a whole warp
+ * (kernels/cuda/cuda_mma.cuh gives the fragments' layout): every lane offers its registers at
+ * one barrier and computes its four results from all of them (exact products, added in order
+ * over k in fp32, as the emulated WMMA). The offers alternate between two slots, as the
+ * shuffles' do: a lane can be at most one mma ahead of the others. */
+static float bf16_half(uint32_t w, int hi) {
+    uint32_t bits = (hi ? w >> 16 : w & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+void rf_emu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    block_run *r = running("an mma");
+    int t = r->cur, base = t - t % 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    if (base + 32 > r->n) {
+        fprintf(stderr, "cuda emulation: kernel %s: an mma in a warp of fewer than 32 threads\n", r->name);
+        abort();
+    }
+    uint32_t(*slot)[6] = r->mma[g_pool[t].parity ^= 1];
+    memcpy(slot[t], a, 4 * sizeof(uint32_t));
+    memcpy(slot[t] + 4, b, 2 * sizeof(uint32_t));
+    __syncwarp();
+    /* A (16 x 16): row i, k = 2 u + h (+ 8): register (i >= 8) + 2 (k >= 8) of lane (i % 8) 4 + u;
+     * B (16 x 8): column j, k = 2 u + h (+ 8): register 4 + (k >= 8) of lane 4 j + u */
+    float A[2][16], B[2][16];
+    for (int k = 0; k < 16; k++) {
+        int u = (k % 8) / 2, hi = k % 2, k8 = k >= 8;
+        A[0][k] = bf16_half(slot[base + g * 4 + u][2 * k8], hi);
+        A[1][k] = bf16_half(slot[base + g * 4 + u][1 + 2 * k8], hi);
+        B[0][k] = bf16_half(slot[base + 2 * q * 4 + u][4 + k8], hi);
+        B[1][k] = bf16_half(slot[base + (2 * q + 1) * 4 + u][4 + k8], hi);
+    }
+    for (int e = 0; e < 4; e++) {
+        float acc = d[e];
+        for (int k = 0; k < 16; k++) acc += A[e >> 1][k] * B[e & 1][k];
+        d[e] = acc;
+    }
 }
 
 void __trap(void) {

@@ -129,6 +129,10 @@ void __syncwarp(unsigned mask = 0xffffffffu);
 /* A warp's exchange: every lane of `mask` offers `mine` and gets what lane `src` offered
  * (src < 0: its own value back). One barrier of the warp's lanes in `mask`. */
 uint64_t rf_emu_warp_exchange(unsigned mask, uint64_t mine, int src);
+/* d += a b: PTX mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 on a whole warp
+ * (kernels/cuda/cuda_mma.cuh, which calls it where RF_CUDA_EMU is defined). */
+void rf_emu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]);
+#define RF_CUDA_EMU 1
 static inline int rf_emu_lane(void) { return (int)(threadIdx.x % 32); }
 
 template <typename T>
