@@ -450,6 +450,15 @@ done:
     free(qo), free(kl), free(bt);
 }
 
+/* The device's free memory after a phase: what a later phase (7b's training) has left. */
+static void memory_line(const rf_kernels *k, const char *shape, const char *after) {
+    size_t free_b = 0, total_b = 0;
+    if (k->mem_info(&free_b, &total_b) == 0)
+        printf("{\"bench\":\"memory\",\"model\":\"%s\",\"after\":\"%s\",\"device_free_mb\":%zu,"
+               "\"device_total_mb\":%zu}\n", shape, after, free_b >> 20, total_b >> 20);
+    fflush(stdout);
+}
+
 static void bench_shape(const rf_kernels *k, const char *shape, int quick) {
     rf_model_config c;
     shape_config(&c, shape);
@@ -459,15 +468,19 @@ static void bench_shape(const rf_kernels *k, const char *shape, int quick) {
         return;
     }
     fill_params(m);
+    memory_line(k, shape, "weights");
     int big = strcmp(shape, "25m") != 0, steps = quick ? 8 : 32;
     bench_attention(k, shape, &c, big ? 4 : 8, big ? 1024 : 256, quick ? 2 : 5);
     for (int b = 1; b <= 256; b *= 16) /* 1, 16, 256 sequences over 1024 keys */
         bench_paged(k, shape, &c, b, 1024, quick ? 3 : 10);
+    memory_line(k, shape, "attention");
     /* generation first (no gradients held yet), then training */
     bench_prefill(m, shape, 8, big ? 1024 : 256);
+    memory_line(k, shape, "prefill");
     bench_decode(m, shape, 1, steps);
     bench_decode(m, shape, 32, steps);
     bench_decode(m, shape, 256, steps);
+    memory_line(k, shape, "generation");
     /* 7b: 4 x 27 GB of fp32 weights, gradients and AdamW moments and the 13.5 GB bf16 copy
      * leave ~20 GB of an H200 for activations: 2 x 1024 tokens */
     int B = strcmp(shape, "7b") == 0 ? 2 : big ? 4 : 8;

@@ -168,7 +168,7 @@ void rf_model_trim(rf_model *m) {
     m->k->free(m->dev_out);
     m->k->free(m->ibuf);
     m->act_mem = m->gmem = m->dev_out = NULL, m->ibuf = NULL;
-    m->act_cap = m->gmem_cap = m->ibuf_cap = 0, m->dev_out_cap = 0, m->draw_rows = 0;
+    m->act_cap = m->gmem_cap = m->ibuf_cap = 0, m->dev_out_cap = 0, m->draw_rows = 0, m->act_layers = 0;
     m->x_final = m->h = m->rstd_f = m->scratch = m->scratch2 = NULL;
     m->T = 0, m->n_seq = 0;
     if (m->k->trim) m->k->trim(); /* the back end's kept logits (CPU: up to 512 MB) */
@@ -332,48 +332,62 @@ double rf_model_train_flops_per_token(const rf_model_config *c, int seq_len) {
 }
 
 /* Activation buffers for T tokens: one allocation, carved into per-layer views. */
-static size_t acts_floats(const rf_model_config *c, int T) {
+static size_t acts_floats(const rf_model_config *c, int T, int layers) {
     size_t C = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
            KVH = c->num_key_value_heads, D = c->head_dim, QD = H * D, KD = KVH * D;
     size_t per_layer = 2 * C + 1 + QD + KD + H + KVH + QD + 2 * KD + QD + H + C + C + 1 + 3 * F;
     size_t wide = C > F ? C : F;
     wide = wide > QD ? wide : QD;
-    return (size_t)T * (per_layer * c->num_hidden_layers + 2 * C + 1 + 2 * wide);
+    return (size_t)T * (per_layer * (size_t)layers + 2 * C + 1 + 2 * wide);
 }
 
-/* Carves the adapters' saved products (T, r) of every layer out of *p. */
-static void reserve_lora(rf_model *m, float **p, size_t t) {
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+/* Whether layer l's buffers hold adapter i's saved product: where it has the adapter, and in
+ * decoding's one layer (layers == 1, serving every layer) where any layer has it. */
+static int lora_saved(const rf_model *m, int l, int i, int layers) {
+    if (layers == m->cfg.num_hidden_layers) return m->layers[l].lora_a[i] != NULL;
+    for (int j = 0; j < m->cfg.num_hidden_layers; j++)
+        if (m->layers[j].lora_a[i]) return 1;
+    return 0;
+}
+
+/* Carves the adapters' saved products (T, r) of the first `layers` layers out of *p. */
+static void reserve_lora(rf_model *m, float **p, size_t t, int layers) {
+    for (int l = 0; l < layers; l++)
         for (int i = 0; i < RF_LORA_N; i++) {
-            m->acts[l].lora_u[i] = m->layers[l].lora_a[i] ? *p : NULL;
-            if (m->layers[l].lora_a[i]) *p += t * (size_t)m->lora.rank;
+            int on = lora_saved(m, l, i, layers);
+            m->acts[l].lora_u[i] = on ? *p : NULL;
+            if (on) *p += t * (size_t)m->lora.rank;
         }
 }
 
 /* Floats of reserve_lora for T tokens. */
-static size_t lora_floats(const rf_model *m, int T) {
+static size_t lora_floats(const rf_model *m, int T, int layers) {
     size_t n = 0;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+    for (int l = 0; l < layers; l++)
         for (int i = 0; i < RF_LORA_N; i++)
-            if (m->layers[l].lora_a[i]) n += (size_t)T * (size_t)m->lora.rank;
+            if (lora_saved(m, l, i, layers)) n += (size_t)T * (size_t)m->lora.rank;
     return n;
 }
 
-rf_status rf__model_reserve(rf_model *m, int T) {
-    if (T <= m->act_cap) return RF_OK;
+/* Activation buffers for T tokens in the first `layers` layers (all, or 1 for decoding);
+ * the other layers' pointers are NULL. */
+static rf_status reserve(rf_model *m, int T, int layers) {
+    if (T <= m->act_cap && layers <= m->act_layers) return RF_OK;
     const rf_model_config *c = &m->cfg;
     m->k->free(m->act_mem);
     int rows = (int)rf__rows_padded(T);
-    m->act_mem = m->k->alloc((acts_floats(c, rows) + lora_floats(m, rows)) * sizeof(float));
+    m->act_mem = m->k->alloc((acts_floats(c, rows, layers) + lora_floats(m, rows, layers)) * sizeof(float));
     if (!m->act_mem) {
-        m->act_cap = 0;
+        m->act_cap = m->act_layers = 0;
+        memset(m->acts, 0, sizeof *m->acts * (size_t)c->num_hidden_layers);
         return rf_error(RF_ERR_NOMEM, "out of memory for activations of %d tokens", T);
     }
+    memset(m->acts, 0, sizeof *m->acts * (size_t)c->num_hidden_layers);
     size_t C = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
            KVH = c->num_key_value_heads, D = c->head_dim, QD = H * D, KD = KVH * D, t = (size_t)rows;
     float *p = m->act_mem;
 #define TAKE(n) (p += (n), p - (n))
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    for (int l = 0; l < layers; l++) {
         rf_layer_acts *a = &m->acts[l];
         a->x = TAKE(t * C);
         a->ln1 = TAKE(t * C);
@@ -402,7 +416,15 @@ rf_status rf__model_reserve(rf_model *m, int T) {
     m->scratch = TAKE(t * wide);
     m->scratch2 = TAKE(t * wide);
 #undef TAKE
-    reserve_lora(m, &p, t);
-    m->act_cap = T;
+    reserve_lora(m, &p, t, layers);
+    m->act_cap = T, m->act_layers = layers;
     return RF_OK;
+}
+
+rf_status rf__model_reserve(rf_model *m, int T) { return reserve(m, T, m->cfg.num_hidden_layers); }
+
+rf_status rf__model_reserve_decode(rf_model *m, int T) {
+    /* buffers of a forward that hold T tokens serve too: no reallocation between a colocated
+     * run's training and generation */
+    return reserve(m, T, T <= m->act_cap ? m->act_layers : 1);
 }

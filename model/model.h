@@ -132,6 +132,7 @@ typedef struct rf_model {
 
     /* activations for the last forward pass */
     int act_cap;              /* tokens the buffers below hold */
+    int act_layers;           /* layers with buffers: all (a forward) or 1 (decoding's only) */
     float *act_mem;
     rf_layer_acts *acts;      /* (L) */
     float *x_final;           /* (T, C) residual after the last layer */

@@ -194,7 +194,7 @@ rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const i
     /* Decoding reuses layer 0's activation buffers for every layer: nothing is kept for
      * backward, so activation memory stays one layer's worth (of the largest group). */
     int most = s == RF_OK ? rf__decode_group_max(m, q_off, n) : 0;
-    if (s == RF_OK) s = rf__model_reserve(m, most > n ? most : n);
+    if (s == RF_OK) s = rf__model_reserve_decode(m, most > n ? most : n);
     for (int g0 = 0, g1; s == RF_OK && g0 < n; g0 = g1) { /* groups of sequences (RF_DECODE_GROUP_TOKENS) */
         g1 = rf__decode_group(m, q_off, n, g0, g_off);
         int g = g1 - g0, t = g_off[g];

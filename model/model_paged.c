@@ -111,7 +111,7 @@ rf_status rf_model_decode_paged(rf_model *m, rf_kv_pool *pool, const rf_paged_se
      * each a view of ix with its own query offsets from its first token */
     int most = rf__decode_group_max(m, ix.q_off, n);
     int32_t *g_off = malloc(sizeof(int32_t) * (size_t)(n + 1));
-    rf_status s = g_off ? rf__model_reserve(m, most > n ? most : n) : rf_error(RF_ERR_NOMEM, "paged decode: out of memory");
+    rf_status s = g_off ? rf__model_reserve_decode(m, most > n ? most : n) : rf_error(RF_ERR_NOMEM, "paged decode: out of memory");
     for (int g0 = 0, g1; s == RF_OK && g0 < n; g0 = g1) {
         g1 = rf__decode_group(m, ix.q_off, n, g0, g_off);
         int o = ix.q_off[g0];

@@ -168,6 +168,44 @@ static void share_check(rf_arch arch, int tied, int value_head) {
     rf_model_free(m);
 }
 
+/* Decoding reserves one layer's activation buffers (it runs every layer through acts[0]); a
+ * forward reserves every layer's, which later decodes of as many tokens reuse. The logits do
+ * not depend on which: a decode on a fresh model, after a forward, and a fresh model again. Also
+ * the KV cache's 32-bit row limit. */
+static void decode_reserve_check(void) {
+    rf_model_config c = tiny_config(RF_ARCH_QWEN2, 1, 0);
+    int L = c.num_hidden_layers, V = c.vocab_size;
+    CHECK(L >= 2);
+    rf_model *m;
+    CHECK_OK(rf_model_init(&m, &c, rf_cpu_kernels()));
+    rf_model_init_random(m, 9, 0.3f);
+    const int32_t toks[12] = {3, 17, 42, 5, 90, 8, 7, 7, 23, 64, 1, 0};
+    int slots[2] = {0, 1}, counts[2] = {5, 7};
+    float *a = malloc(sizeof(float) * 2 * V), *b = malloc(sizeof(float) * 2 * V);
+    rf_kv_cache kv;
+    CHECK_OK(rf_kv_cache_init(&kv, m, 2, 16));
+    CHECK_OK(rf_model_decode(m, &kv, slots, counts, 2, toks, a));
+    CHECK(m->act_layers == 1 && m->act_cap >= 12 && m->acts[0].x && !m->acts[1].x && !m->acts[L - 1].gate);
+    int32_t cu[3] = {0, 5, 12};
+    rf_batch bt = {2, 12, toks, NULL, cu};
+    CHECK_OK(rf_model_forward(m, &bt));
+    CHECK(m->act_layers == L && m->acts[L - 1].gate);
+    float *mem = m->act_mem;
+    kv.len[0] = kv.len[1] = 0;
+    CHECK_OK(rf_model_decode(m, &kv, slots, counts, 2, toks, b));
+    CHECK(m->act_mem == mem && m->act_layers == L); /* the forward's buffers serve */
+    CHECK(memcmp(a, b, sizeof(float) * 2 * V) == 0);
+    rf_model_trim(m);
+    CHECK(m->act_layers == 0 && m->act_cap == 0);
+    kv.len[0] = kv.len[1] = 0;
+    CHECK_OK(rf_model_decode(m, &kv, slots, counts, 2, toks, b));
+    CHECK(m->act_layers == 1 && memcmp(a, b, sizeof(float) * 2 * V) == 0);
+    rf_kv_cache_free(&kv, m);
+    CHECK_ERR(rf_kv_cache_init(&kv, m, 1 << 21, 2048), RF_ERR_RANGE, "more than 2147483647 rows a layer");
+    free(a), free(b);
+    rf_model_free(m);
+}
+
 /* Prefill two sequences (lengths 5 and 7) at once, then decode 3 tokens one at a time for
  * both; each step's logits must equal the full forward's logits at that position. */
 static void kv_cache_check(rf_arch arch) {
@@ -419,6 +457,7 @@ int main(void) {
     packing_check(RF_ARCH_QWEN2);
     kv_cache_check(RF_ARCH_QWEN2);
     kv_cache_check(RF_ARCH_QWEN3);
+    decode_reserve_check();
     group_check(RF_ARCH_QWEN2);
     group_check(RF_ARCH_QWEN3);
     share_check(RF_ARCH_QWEN3, 0, 0);

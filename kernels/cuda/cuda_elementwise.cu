@@ -109,14 +109,39 @@ void rf_cuda_embedding_forward(float *out, const int32_t *tokens, const float *w
     RF_CUDA_LAUNCH_CHECK();
 }
 
-/* Repeated tokens add into the same row, hence atomicAdd. The order of those additions is
- * not fixed, so rows of repeated tokens may differ from the CPU (serial) sum in the last
- * bits from run to run. */
-static __global__ void embedding_backward_kernel(float *dwte, const float *dout,
-                                                 const int32_t *tokens, int T, int C) {
+/* Repeated tokens add into the same row. For the CPU's sums, in its order (serial over tokens:
+ * the same bits, run after run), each token's row is added by the chain of its occurrences:
+ * next[t] = the next position with the same token (-1: none), head[t] = whether t is the
+ * first. An atomicAdd per element, as before, added repeats in an order of the moment: runs of
+ * the same recipe on a GPU drifted apart from the first step. */
+#define EMB_TILE 256
+static __global__ void embedding_chain_kernel(int32_t *next, int32_t *head, const int32_t *tokens, int T) {
+    __shared__ int32_t tile[EMB_TILE];
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    int32_t mine = t < T ? tokens[t] : -1, nx = -1, first = 1;
+    for (int base = 0; base < T; base += EMB_TILE) {
+        __syncthreads();
+        if (base + (int)threadIdx.x < T) tile[threadIdx.x] = tokens[base + threadIdx.x];
+        __syncthreads();
+        int n = min(EMB_TILE, T - base);
+        for (int j = 0; j < n; j++) {
+            int u = base + j;
+            if (tile[j] != mine) continue;
+            if (u < t) first = 0;
+            else if (u > t && nx < 0) nx = u;
+        }
+    }
+    if (t < T) next[t] = nx, head[t] = mine >= 0 && first;
+}
+
+static __global__ void embedding_backward_kernel(float *dwte, const float *dout, const int32_t *tokens,
+                                                 const int32_t *next, const int32_t *head, int T, int C) {
     RF_FOR_EACH(i, (size_t)T * C) {
         size_t t = i / C, c = i % C;
-        if (tokens[t] >= 0) atomicAdd(dwte + (size_t)tokens[t] * C + c, dout[i]);
+        if (!head[t]) continue;
+        float *w = dwte + (size_t)tokens[t] * C + c, acc = *w;
+        for (int u = (int)t; u >= 0; u = next[u]) acc += dout[(size_t)u * C + c];
+        *w = acc;
     }
 }
 
@@ -125,9 +150,16 @@ void rf_cuda_embedding_backward(float *dwte, const float *dout, const int32_t *t
     RF_CUDA_GUARD();
     size_t n = (size_t)T * C;
     if (n == 0) return;
-    embedding_backward_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, rf__cuda.stream>>>(
-        dwte, dout, tokens, T, C);
-    RF_CUDA_LAUNCH_CHECK();
+    cudaStream_t st = rf__cuda.stream;
+    int32_t *chain = NULL; /* next (T), head (T): stream-ordered scratch */
+    if (!RF_CUDA_CHECK(cudaMallocAsync((void **)&chain, sizeof(int32_t) * 2 * (size_t)T, st))) return;
+    embedding_chain_kernel<<<(T + EMB_TILE - 1) / EMB_TILE, EMB_TILE, 0, st>>>(chain, chain + T, tokens, T);
+    if (RF_CUDA_LAUNCH_CHECK()) {
+        embedding_backward_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, st>>>(dwte, dout, tokens, chain,
+                                                                                 chain + T, T, C);
+        RF_CUDA_LAUNCH_CHECK();
+    }
+    RF_CUDA_CHECK(cudaFreeAsync(chain, st));
 }
 
 /* ---- grouped-query heads of a tensor-parallel rank ---- */

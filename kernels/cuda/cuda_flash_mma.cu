@@ -45,12 +45,51 @@
 
 static_assert(TC_BC % 16 == 0, "key tiles of whole k-steps of the second product");
 
-/* The forward's shared memory for head dim D: Q (TC_BR x (D + 8)) and K (TC_BC x (D + 8)) as
- * bf16 rows, V transposed (D x (TC_BC + 8), bf16: the second product's B operand reads pairs of
+#define TC_KT (2 * TC_BC) /* keys the forward stages per round: two of the mirror's key tiles */
+
+/* The forward's shared memory for head dim D: Q (TC_BR x (D + 8)) and K (TC_KT x (D + 8)) as
+ * bf16 rows, V transposed (D x (TC_KT + 8), bf16: the second product's B operand reads pairs of
  * adjacent keys). Rows padded by 8 elements: the fragment loads of a warp's 32 lanes (8 rows x 4
  * pairs) fall in 32 different banks. */
 static __host__ __device__ inline size_t fwd_smem_bytes(int D) {
-    return sizeof(__nv_bfloat16) * ((size_t)(TC_BR + TC_BC) * (D + TC_PAD) + (size_t)D * (TC_BC + TC_PAD));
+    return sizeof(__nv_bfloat16) * ((size_t)(TC_BR + TC_KT) * (D + TC_PAD) + (size_t)D * (TC_KT + TC_PAD));
+}
+
+/* Rounds 4 floats to bf16 into tile row r at column d (8 bytes; d a multiple of 4) and, when
+ * tile_t is not NULL, into column r of rows d .. d + 3 of the transposed tile (ldt). */
+static __device__ inline void put4(__nv_bfloat16 *tile, int ld, __nv_bfloat16 *tile_t, int ldt, int r, int d,
+                                   float4 x) {
+    if (tile) {
+        uint2 u = {rf__pack_bf16(x.x, x.y), rf__pack_bf16(x.z, x.w)};
+        *(uint2 *)(tile + r * ld + d) = u;
+    }
+    if (tile_t) {
+        tile_t[(d + 0) * ldt + r] = __float2bfloat16_rn(x.x), tile_t[(d + 1) * ldt + r] = __float2bfloat16_rn(x.y);
+        tile_t[(d + 2) * ldt + r] = __float2bfloat16_rn(x.z), tile_t[(d + 3) * ldt + r] = __float2bfloat16_rn(x.w);
+    }
+}
+
+/* Stages `rows` rows of D floats in bf16 (zero past n): row r from row_at(r) (a float pointer,
+ * 16-byte aligned when VEC: one float4 a thread at a time, else one float), by rows into tile
+ * (ld) when not NULL and transposed into tile_t (ldt) when not NULL. Every thread of the block takes
+ * part; consecutive threads read consecutive floats of a row. */
+template <int D, bool VEC, class RowAt>
+static __device__ inline void stage(__nv_bfloat16 *tile, int ld, __nv_bfloat16 *tile_t, int ldt, int n, int rows,
+                                    const RowAt &row_at) {
+    if (VEC) {
+        for (int idx = threadIdx.x; idx < rows * (D / 4); idx += blockDim.x) {
+            int r = idx / (D / 4), d = idx % (D / 4) * 4;
+            float4 x = r < n ? *(const float4 *)(row_at(r) + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            put4(tile, ld, tile_t, ldt, r, d, x);
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
+            int r = idx / D, d = idx % D;
+            __nv_bfloat16 x = __float2bfloat16_rn(r < n ? row_at(r)[d] : 0.0f);
+            if (tile) tile[r * ld + d] = x;
+            if (tile_t) tile_t[d * ldt + r] = x;
+        }
+    }
 }
 
 /* grid (tiles of TC_BR (query, head) pairs, stride gridDim.x; n_seq; KVH), TC_THREADS threads,
@@ -66,13 +105,13 @@ static __host__ __device__ inline size_t fwd_smem_bytes(int D) {
  * keys only (a product's row i reads row i of A; key tiles past a row's last key add exact
  * zeros: p = 0, corr = 1), so training's forward (kv_rows) and decoding's over the paged cache
  * (kv_paged) give a row the same bits. */
-template <int D, class KV>
+template <int D, bool VEC, class KV>
 static __global__ void __launch_bounds__(TC_THREADS)
 flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
                          KV kv, const int32_t *q_off, const int32_t *k_len, int H, int KVH) {
-    constexpr int LDH = D + TC_PAD, LDT = TC_BC + TC_PAD, KS = D / 16, NT = D / 8;
+    constexpr int LDH = D + TC_PAD, LDT = TC_KT + TC_PAD, KS = D / 16, NT = D / 8;
     extern __shared__ __align__(128) unsigned char smem[];
-    __nv_bfloat16 *Q = (__nv_bfloat16 *)smem, *K = Q + TC_BR * LDH, *Vt = K + TC_BC * LDH;
+    __nv_bfloat16 *Q = (__nv_bfloat16 *)smem, *K = Q + TC_BR * LDH, *Vt = K + TC_KT * LDH;
     int s = blockIdx.y, kvh = blockIdx.z, group = H / KVH;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wr0 = warp * 16, g = lane / 4, t = lane % 4;
     int qlen = q_off[s + 1] - q_off[s], klen = k_len[s], off = klen - qlen;
@@ -81,7 +120,11 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
     for (int p0 = blockIdx.x * TC_BR; p0 < pairs; p0 += gridDim.x * TC_BR) {
         int nr = min(TC_BR, pairs - p0);
         __syncthreads(); /* the previous tile's readers are done */
-        rf__load_q_pairs(Q, TC_BR, q, q_off[s], p0, nr, group, kvh, H, D, LDH, 1);
+        int q_first = q_off[s];
+        stage<D, VEC>(Q, LDH, (__nv_bfloat16 *)NULL, 0, nr, TC_BR, [&](int r) {
+            int p = p0 + r; /* pair p: query p / group of head kvh group + p % group */
+            return q + ((size_t)(q_first + p / group) * H + kvh * group + p % group) * D;
+        });
         __syncthreads();
         uint32_t qa[KS][4];
 #pragma unroll
@@ -100,23 +143,24 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
         int nkeys = min((p0 + nr - 1) / group + 1 + off, klen); /* the tile's last query's */
         /* the warp's rows see keys up to wlim; rows past nr none (warp-uniform) */
         int wlim = wr0 < nr ? (p0 + min(wr0 + 15, nr - 1)) / group + off : -1;
-        for (int j0 = 0; j0 < nkeys; j0 += TC_BC) {
-            int nc = min(TC_BC, klen - j0);
+        for (int j00 = 0; j00 < nkeys; j00 += TC_KT) { /* staging rounds of two key tiles */
+            int nk = min(TC_KT, klen - j00);
             __syncthreads();
-            rf__load_kv_rows(K, TC_BC, k, kv, s, kvh, j0, nc, D, LDH, 1);
-            for (int idx = threadIdx.x; idx < TC_BC * D; idx += blockDim.x) {
-                int r = idx / D, d = idx % D; /* consecutive threads: consecutive d (coalesced) */
-                Vt[d * LDT + r] = __float2bfloat16_rn(r < nc ? v[kv.at(s, kvh, j0 + r) + d] : 0.0f);
-            }
+            stage<D, VEC>(K, LDH, (__nv_bfloat16 *)NULL, 0, nk, TC_KT, [&](int r) { return k + kv.at(s, kvh, j00 + r); });
+            stage<D, VEC>((__nv_bfloat16 *)NULL, 0, Vt, LDT, nk, TC_KT, [&](int r) { return v + kv.at(s, kvh, j00 + r); });
             __syncthreads();
-            if (j0 > wlim) continue; /* no row of the warp sees this tile: m, l, O unchanged */
+#pragma unroll 1
+            for (int sub = 0; sub < TC_KT / TC_BC; sub++) {
+            int j0 = j00 + sub * TC_BC, nc = min(TC_BC, klen - j0);
+            if (j0 >= nkeys || j0 > wlim) break; /* no row of the warp sees this tile: m, l, O unchanged */
+            const __nv_bfloat16 *Kb = K + sub * TC_BC * LDH, *Vb = Vt + sub * TC_BC;
             float sc[TC_BC / 8][4];
 #pragma unroll
             for (int n = 0; n < TC_BC / 8; n++) {
                 sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
                 for (int kk = 0; kk < KS; kk++) {
-                    const __nv_bfloat16 *kr = K + (n * 8 + g) * LDH + kk * 16 + 2 * t;
+                    const __nv_bfloat16 *kr = Kb + (n * 8 + g) * LDH + kk * 16 + 2 * t;
                     uint32_t b[2] = {rf__ld_bf16x2(kr), rf__ld_bf16x2(kr + 8)};
                     rf__mma_16816(sc[n], qa[kk], b); /* S = Q K^T */
                 }
@@ -165,10 +209,11 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
                 o[n][0] *= corr[0], o[n][1] *= corr[0], o[n][2] *= corr[1], o[n][3] *= corr[1];
 #pragma unroll
                 for (int j = 0; j < TC_BC / 16; j++) {
-                    const __nv_bfloat16 *vr = Vt + (n * 8 + g) * LDT + j * 16 + 2 * t;
+                    const __nv_bfloat16 *vr = Vb + (n * 8 + g) * LDT + j * 16 + 2 * t;
                     uint32_t b[2] = {rf__ld_bf16x2(vr), rf__ld_bf16x2(vr + 8)};
                     rf__mma_16816(o[n], pa[j], b); /* O += P V */
                 }
+            }
             }
         }
 #pragma unroll
@@ -203,16 +248,30 @@ static int device_major(void) {
 }
 
 
+/* Whether float loads of 16 bytes may read these buffers' rows (each a multiple of D floats,
+ * D a multiple of 16, from the buffer's start): the buffers 16-byte aligned. */
+static int vec_ok(const void *a, const void *b, const void *c) {
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
+}
+
+template <int D, bool VEC, class KV>
+static void launch_forward_mma_v(float *out, float *lse, const float *q, const float *k,
+                                 const float *v, KV kv, const int32_t *q_off, const int32_t *k_len,
+                                 int n_seq, int H, int KVH) {
+    size_t bytes = fwd_smem_bytes(D);
+    if (!rf__allow_smem(flash_forward_mma_kernel<D, VEC, KV>, bytes)) return;
+    dim3 grid((unsigned)rf__flash_forward_gx(n_seq, KVH), (unsigned)n_seq, (unsigned)KVH);
+    flash_forward_mma_kernel<D, VEC, KV><<<grid, TC_THREADS, bytes, rf__cuda.stream>>>(
+        out, lse, q, k, v, kv, q_off, k_len, H, KVH);
+    RF_CUDA_LAUNCH_CHECK();
+}
+
 template <int D, class KV>
 static void launch_forward_mma_d(float *out, float *lse, const float *q, const float *k,
                                  const float *v, KV kv, const int32_t *q_off, const int32_t *k_len,
                                  int n_seq, int H, int KVH) {
-    size_t bytes = fwd_smem_bytes(D);
-    if (!rf__allow_smem(flash_forward_mma_kernel<D, KV>, bytes)) return;
-    dim3 grid((unsigned)rf__flash_forward_gx(n_seq, KVH), (unsigned)n_seq, (unsigned)KVH);
-    flash_forward_mma_kernel<D, KV><<<grid, TC_THREADS, bytes, rf__cuda.stream>>>(
-        out, lse, q, k, v, kv, q_off, k_len, H, KVH);
-    RF_CUDA_LAUNCH_CHECK();
+    if (vec_ok(q, k, v)) launch_forward_mma_v<D, true>(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH);
+    else launch_forward_mma_v<D, false>(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH);
 }
 
 /* D a multiple of 16 up to RF_FLASH_MAX_D (rf__cuda_flash_mma_supported): the registers of a
@@ -250,8 +309,9 @@ void rf__cuda_flash_paged_forward_mma(float *out, const float *q, const float *k
 /* ---- backward (training layout), at bf16 on tensor cores ----
  *
  * FlashAttention-2's backward (Algorithm 2) in the deterministic two-pass form of the FMA
- * kernels: a dk/dv pass where a block owns TB = 64 keys of one (sequence, KV head), 16 per warp,
- * and visits the group's heads and the tiles of BQ = 32 queries that see them; then a dq pass
+ * kernels: a dk/dv pass where a block owns TB = 64 keys of one (sequence, query head), 16 per
+ * warp, and visits the tiles of BQ = 32 queries of that head that see them (a GQA group's heads
+ * write parts, added in head order by a small kernel); then a dq pass
  * where a block owns TB queries of one (sequence, head), 16 per warp, and visits the tiles of
  * TC_BC = 32 keys they see. Per visited tile each warp computes its 16 x 32 scores and dP with
  * the tensor cores (cuda_mma.cuh) in registers: S^T = K Q^T and dP^T = V dO^T (dk/dv pass),
@@ -292,19 +352,6 @@ int rf__cuda_flash_mma_supported(int D, int backward) {
     if (D % 16 != 0 || D > RF_FLASH_MAX_D || device_major() < 8) return 0;
     /* where the tiles do not fit the device's opt-in limit, the FMA kernels */
     return (backward ? bwd_smem_bytes(D) : fwd_smem_bytes(D)) <= smem_optin();
-}
-
-/* tile (rows x D, ld) = rows 0..n-1 of src (row stride `stride`) in bf16, zero past n; tile_t
- * (D x rows, ldt), when not NULL, the same transposed. Every thread of the block takes part;
- * consecutive threads read consecutive floats. */
-static __device__ inline void stage_rows(__nv_bfloat16 *tile, __nv_bfloat16 *tile_t, const float *src,
-                                         size_t stride, int n, int rows, int D, int ld, int ldt) {
-    for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
-        int r = idx / D, d = idx % D;
-        __nv_bfloat16 x = __float2bfloat16_rn(r < n ? src[(size_t)r * stride + d] : 0.0f);
-        tile[r * ld + d] = x;
-        if (tile_t) tile_t[d * ldt + r] = x;
-    }
 }
 
 /* lse and Di of `rows` query rows row0, row0 + H, ... (n of them; zero past n). */
@@ -388,39 +435,43 @@ static __device__ inline void warp_store(float *dst, size_t stride, int n, const
     }
 }
 
-/* grid (key tiles of TB, stride gridDim.x; n_seq; KVH). */
-template <int D>
+/* grid (key tiles of TB, stride gridDim.x; n_seq; H): block (x, s, h) sums query head h's part
+ * of its keys' gradients, written to rows ((off + j) * out_heads + h) of dk and dv: the
+ * gradients themselves where every KV head has one query head (out_heads = KVH = H), else
+ * per-head parts (out_heads = H) that reduce_heads_kernel adds up. One block per query head,
+ * not per KV head walking its group: a GQA model's 2 KV heads gave 8 busy blocks a sequence. */
+template <int D, bool VEC>
 static __global__ void __launch_bounds__(TC_THREADS)
 flash_dkdv_mma_kernel(float *dk, float *dv, const float *dout, const float *q, const float *k,
                       const float *v, const float *lse, const float *di,
-                      const int32_t *cu_seqlens, int H, int KVH) {
+                      const int32_t *cu_seqlens, int H, int KVH, int out_heads) {
     constexpr int LDH = D + TC_PAD, LDT = BQ + TC_PAD;
     extern __shared__ __align__(128) unsigned char smem[];
     __nv_bfloat16 *K = (__nv_bfloat16 *)smem, *V = K + TB * LDH, *Q = V + TB * LDH, *dO = Q + BQ * LDH;
     __nv_bfloat16 *Qt = dO + BQ * LDH, *dOt = Qt + D * LDT;
     float *lse_s = (float *)(dOt + D * LDT), *di_s = lse_s + TB;
-    int s = blockIdx.y, kvh = blockIdx.z, group = H / KVH;
+    int s = blockIdx.y, h = blockIdx.z, kvh = h / (H / KVH);
     int lane = threadIdx.x % 32, w0 = threadIdx.x / 32 * 16, g = lane / 4, t = lane % 4;
     int off = cu_seqlens[s], len = cu_seqlens[s + 1] - off;
     float scale = 1.0f / sqrtf((float)D);
-    size_t qs = (size_t)H * D, ks = (size_t)KVH * D;
+    size_t qs = (size_t)H * D, ks = (size_t)KVH * D, os = (size_t)out_heads * D;
     for (int j0 = blockIdx.x * TB; j0 < len; j0 += gridDim.x * TB) {
         int nc = min(TB, len - j0);
         __syncthreads(); /* the previous tile's readers are done */
-        stage_rows(K, NULL, k + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, TB, D, LDH, 0);
-        stage_rows(V, NULL, v + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, TB, D, LDH, 0);
+        stage<D, VEC>(K, LDH, (__nv_bfloat16 *)NULL, 0, nc, TB, [&](int r) { return k + ((size_t)(off + j0) * KVH + kvh) * D + (size_t)r * ks; });
+        stage<D, VEC>(V, LDH, (__nv_bfloat16 *)NULL, 0, nc, TB, [&](int r) { return v + ((size_t)(off + j0) * KVH + kvh) * D + (size_t)r * ks; });
         float dK[D / 8][4], dV[D / 8][4];
 #pragma unroll
         for (int c = 0; c < D / 8; c++)
 #pragma unroll
             for (int e = 0; e < 4; e++) dK[c][e] = dV[c][e] = 0.0f;
-        for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+        {
             for (int i0 = j0; i0 < len; i0 += BQ) { /* the query tiles that see a key of the tile */
                 int nr = min(BQ, len - i0);
                 size_t row0 = (size_t)(off + i0) * H + h;
                 __syncthreads();
-                stage_rows(Q, Qt, q + row0 * D, qs, nr, BQ, D, LDH, LDT);
-                stage_rows(dO, dOt, dout + row0 * D, qs, nr, BQ, D, LDH, LDT);
+                stage<D, VEC>(Q, LDH, Qt, LDT, nr, BQ, [&](int r) { return q + row0 * D + (size_t)r * qs; });
+                stage<D, VEC>(dO, LDH, dOt, LDT, nr, BQ, [&](int r) { return dout + row0 * D + (size_t)r * qs; });
                 stage_stats(lse_s, di_s, lse, di, row0, nr, BQ, H);
                 __syncthreads();
                 if (w0 >= nc || j0 + w0 > i0 + nr - 1) continue; /* no key of the warp seen */
@@ -446,15 +497,15 @@ flash_dkdv_mma_kernel(float *dk, float *dv, const float *dout, const float *q, c
                 warp_acc<D>(dK, dsa, Qt, LDT); /* dK += dS^T Q */
             }
         }
-        size_t row = ((size_t)(off + j0 + w0) * KVH + kvh) * D;
+        size_t row = ((size_t)(off + j0 + w0) * out_heads + h) * D;
         int n = max(0, min(16, nc - w0));
-        warp_store<D>(dv + row, ks, n, dV);
-        warp_store<D>(dk + row, ks, n, dK);
+        warp_store<D>(dv + row, os, n, dV);
+        warp_store<D>(dk + row, os, n, dK);
     }
 }
 
 /* grid (query tiles of TB, stride gridDim.x; n_seq; H). */
-template <int D>
+template <int D, bool VEC>
 static __global__ void __launch_bounds__(TC_THREADS)
 flash_dq_mma_kernel(float *dq, const float *dout, const float *q, const float *k, const float *v,
                     const float *lse, const float *di, const int32_t *cu_seqlens, int H,
@@ -473,8 +524,8 @@ flash_dq_mma_kernel(float *dq, const float *dout, const float *q, const float *k
         int nr = min(TB, len - i0);
         size_t row0 = (size_t)(off + i0) * H + h;
         __syncthreads(); /* the previous tile's readers are done */
-        stage_rows(Q, NULL, q + row0 * D, qs, nr, TB, D, LDH, 0);
-        stage_rows(dO, NULL, dout + row0 * D, qs, nr, TB, D, LDH, 0);
+        stage<D, VEC>(Q, LDH, (__nv_bfloat16 *)NULL, 0, nr, TB, [&](int r) { return q + row0 * D + (size_t)r * qs; });
+        stage<D, VEC>(dO, LDH, (__nv_bfloat16 *)NULL, 0, nr, TB, [&](int r) { return dout + row0 * D + (size_t)r * qs; });
         stage_stats(lse_s, di_s, lse, di, row0, nr, TB, H);
         float dQ[D / 8][4];
 #pragma unroll
@@ -483,8 +534,8 @@ flash_dq_mma_kernel(float *dq, const float *dout, const float *q, const float *k
         for (int j0 = 0; j0 < i0 + nr; j0 += TC_BC) { /* the key tiles the query tile sees */
             int nc = min(TC_BC, i0 + nr - j0);
             __syncthreads();
-            stage_rows(K, Kt, k + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, TC_BC, D, LDH, LDT);
-            stage_rows(V, NULL, v + ((size_t)(off + j0) * KVH + kvh) * D, ks, nc, TC_BC, D, LDH, 0);
+            stage<D, VEC>(K, LDH, Kt, LDT, nc, TC_BC, [&](int r) { return k + ((size_t)(off + j0) * KVH + kvh) * D + (size_t)r * ks; });
+            stage<D, VEC>(V, LDH, (__nv_bfloat16 *)NULL, 0, nc, TC_BC, [&](int r) { return v + ((size_t)(off + j0) * KVH + kvh) * D + (size_t)r * ks; });
             __syncthreads();
             if (w0 >= nr || j0 > wlast) continue; /* no query of the warp sees the tile */
             float sc[TC_BC / 8][4], dp[TC_BC / 8][4];
@@ -510,20 +561,59 @@ flash_dq_mma_kernel(float *dq, const float *dout, const float *q, const float *k
     }
 }
 
+/* dst (T, KVH, D) = for each KV head the sum of its group's per-head parts src (T, H, D), in
+ * head order (deterministic). */
+static __global__ void reduce_heads_kernel(float *dst, const float *src, size_t n, int H, int KVH, int D) {
+    int group = H / KVH;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t t = i / ((size_t)KVH * D);
+        int kvh = (int)(i / D % KVH), d = (int)(i % D);
+        const float *p = src + (t * H + (size_t)kvh * group) * D + d;
+        float acc = 0.0f;
+        for (int j = 0; j < group; j++) acc += p[(size_t)j * D];
+        dst[i] = acc;
+    }
+}
+
+template <int D, bool VEC>
+static int launch_backward_mma_v(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *lse, const float *di,
+                                 const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH) {
+    size_t bytes = bwd_smem_bytes(D);
+    if (!rf__allow_smem(flash_dkdv_mma_kernel<D, VEC>, bytes) || !rf__allow_smem(flash_dq_mma_kernel<D, VEC>, bytes))
+        return 0;
+    int gx = rf__flash_backward_gx(T, TB);
+    cudaStream_t st = rf__cuda.stream;
+    /* grouped heads: per-head parts (zero where no sequence writes), added up below */
+    float *part = NULL;
+    size_t np = (size_t)T * H * D;
+    if (H != KVH && (!RF_CUDA_CHECK(cudaMallocAsync((void **)&part, 2 * sizeof(float) * np, st)) ||
+                     !RF_CUDA_CHECK(cudaMemsetAsync(part, 0, 2 * sizeof(float) * np, st))))
+        return 0;
+    float *pk = part ? part : dk, *pv = part ? part + np : dv;
+    flash_dkdv_mma_kernel<D, VEC><<<dim3(gx, n_seq, H), TC_THREADS, bytes, st>>>(
+        pk, pv, dout, q, k, v, lse, di, cu_seqlens, H, KVH, part ? H : KVH);
+    int ok = RF_CUDA_LAUNCH_CHECK();
+    if (ok && part) {
+        size_t n = (size_t)T * KVH * D;
+        reduce_heads_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, st>>>(dk, pk, n, H, KVH, D);
+        reduce_heads_kernel<<<rf__cuda_blocks(n), RF_CUDA_THREADS, 0, st>>>(dv, pv, n, H, KVH, D);
+        ok = RF_CUDA_LAUNCH_CHECK();
+    }
+    if (part) ok = RF_CUDA_CHECK(cudaFreeAsync(part, st)) && ok;
+    if (!ok) return 0;
+    flash_dq_mma_kernel<D, VEC><<<dim3(gx, n_seq, H), TC_THREADS, bytes, st>>>(
+        dq, dout, q, k, v, lse, di, cu_seqlens, H, KVH);
+    return RF_CUDA_LAUNCH_CHECK();
+}
+
 template <int D>
 static int launch_backward_mma(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                const float *k, const float *v, const float *lse, const float *di,
                                const int32_t *cu_seqlens, int n_seq, int T, int H, int KVH) {
-    size_t bytes = bwd_smem_bytes(D);
-    if (!rf__allow_smem(flash_dkdv_mma_kernel<D>, bytes) || !rf__allow_smem(flash_dq_mma_kernel<D>, bytes))
-        return 0;
-    int gx = rf__flash_backward_gx(T, TB);
-    flash_dkdv_mma_kernel<D><<<dim3(gx, n_seq, KVH), TC_THREADS, bytes, rf__cuda.stream>>>(
-        dk, dv, dout, q, k, v, lse, di, cu_seqlens, H, KVH);
-    if (!RF_CUDA_LAUNCH_CHECK()) return 0;
-    flash_dq_mma_kernel<D><<<dim3(gx, n_seq, H), TC_THREADS, bytes, rf__cuda.stream>>>(
-        dq, dout, q, k, v, lse, di, cu_seqlens, H, KVH);
-    return RF_CUDA_LAUNCH_CHECK();
+    if (vec_ok(q, k, v) && vec_ok(dout, q, q))
+        return launch_backward_mma_v<D, true>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH);
+    return launch_backward_mma_v<D, false>(dq, dk, dv, dout, q, k, v, lse, di, cu_seqlens, n_seq, T, H, KVH);
 }
 
 void rf__cuda_flash_backward_mma(float *dq, float *dk, float *dv, const float *dout,

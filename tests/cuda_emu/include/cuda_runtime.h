@@ -110,6 +110,15 @@ static inline cudaError_t cudaFuncSetAttribute(F *fn, cudaFuncAttribute attr, in
  * serialised over the whole process) */
 #define __shared__ static
 
+/* ---- vector types (the ones the kernels use) ---- */
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+
 /* ---- built-in variables ---- */
 struct uint3 {
     unsigned x, y, z;
