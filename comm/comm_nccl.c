@@ -1,5 +1,6 @@
 /* The NCCL back end of comm (CUDA device memory). Built only when CMake finds CUDA and NCCL
- * (RLFLOW_HAVE_NCCL); it has been compiled and linked but never run on a GPU (docs/architecture.md).
+ * (RLFLOW_HAVE_NCCL); it has run on one H200 in communicators of one rank, never across
+ * several GPUs (docs/architecture.md).
  *
  * Bootstrap as in nccl-tests: rank 0 makes the unique id and broadcasts it over the MPI (or
  * single) communicator the NCCL one is made from. Communicators are non-blocking

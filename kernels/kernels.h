@@ -184,7 +184,7 @@ struct rf_kernels {
 
     /* ---- vocabulary-parallel fused log-prob (tensor parallelism, model/model_tp.h) ---- */
     /* Optional: a back end may leave them NULL; the tensor-parallel model refuses such a back
-     * end. Both back ends have them (CUDA's never run: no GPU). This rank holds rows [v0, v0 + Vl) of the LM head, w
+     * end. Both back ends have them (CUDA's ran on one H200, test_model_tp_cuda). This rank holds rows [v0, v0 + Vl) of the LM head, w
      * (Vl, C); its logits z = (h (T, C) @ w^T) * inv_temp are made `chunk` rows at a time as
      * in logprob_forward, so neither (T, Vl) nor (T, V) exists at once. Per token t, over this
      * slice only: lmax (T) = max z; sumexp (T) = sum exp(z - lmax); zsum (T) =

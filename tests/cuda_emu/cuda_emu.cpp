@@ -304,7 +304,7 @@ uint64_t rf_emu_warp_exchange(unsigned mask, uint64_t mine, int src) {
 /* PTX mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 on the lanes of a whole warp
  * (kernels/cuda/cuda_mma.cuh gives the fragments' layout): every lane offers its registers at
  * one barrier and computes its four results from all of them (exact products, added in order
- * over k in fp32, as the emulated WMMA). The offers alternate between two slots, as the
+ * over k in fp32). The offers alternate between two slots, as the
  * shuffles' do: a lane can be at most one mma ahead of the others. */
 static float bf16_half(uint32_t w, int hi) {
     uint32_t bits = (hi ? w >> 16 : w & 0xffffu) << 16;

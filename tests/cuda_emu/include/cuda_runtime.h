@@ -1,7 +1,7 @@
 /* The CUDA runtime as the CUDA back end's sources use it, run on the CPU (docs/cuda.md, "Running
  * the CUDA kernels on the CPU"): the emulated module (build/librlflow_cudaemu.so) compiles
- * the .cu files of kernels/cuda as C++ against this header and its neighbours (cuda_bf16.h, cublas_v2.h,
- * mma.h) after tests/cuda_emu/cu_rewrite.c has turned each `k<<<grid, block, smem, stream>>>(args)`
+ * the .cu files of kernels/cuda as C++ against this header and its neighbours (cuda_bf16.h,
+ * cublas_v2.h) after tests/cuda_emu/cu_rewrite.c has turned each `k<<<grid, block, smem, stream>>>(args)`
  * into a call of rf_emu_launch and each `extern __shared__` array into the block's dynamic shared
  * memory.
  *
