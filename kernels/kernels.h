@@ -326,8 +326,8 @@ rf_status rf_precision_parse(const char *s, const char *key, int *is_auto, rf_pr
 rf_status rf_kernels_apply_precision(const rf_kernels *k, const char *setting, const char *key,
                                      rf_precision *chosen);
 
-/* Most token rows whose logits logprob_forward/backward hold at once (a back end may use
- * fewer for large vocabularies). */
+/* Most token rows whose logits the CPU's logprob_forward/backward hold at once (fewer for large
+ * vocabularies); the CUDA back end sizes its chunks by memory (cuda_logprob.cu). */
 #define RF_LOGPROB_CHUNK 256
 
 #ifdef __cplusplus

@@ -290,6 +290,24 @@ static void run_cross_suite(uint64_t seed) {
     cross_swiglu(100003);
     cross_logprob(300, 64, 1000, 0.7f);
     cross_logprob(5, 64, 1000, 1.0f);
+    /* the back end's settings, mistyped: refused naming the variable and the value */
+    static const char *const bad[3][3] = {
+        {"RLFLOW_CUDA_ATTENTION", "bf-16", "RLFLOW_CUDA_ATTENTION=\"bf-16\": expected bf16, fp32, fma or reference"},
+        {"RLFLOW_CUDA_DECODE", "splitk", "RLFLOW_CUDA_DECODE=\"splitk\": expected split or tiled"},
+        {"RLFLOW_CUDA_LOGPROB_MB", "64M", "RLFLOW_CUDA_LOGPROB_MB=\"64M\": expected a whole number of megabytes"}};
+    for (int i = 0; i < 3; i++) {
+        setenv(bad[i][0], bad[i][1], 1);
+        CHECK_ERR(g_gpu->set_precision(RF_PRECISION_FP32), RF_ERR_ARG, bad[i][2]);
+        unsetenv(bad[i][0]);
+    }
+    setenv("RLFLOW_CUDA_LOGPROB_MB", "0", 1);
+    CHECK_ERR(g_gpu->set_precision(RF_PRECISION_FP32), RF_ERR_ARG, "from 1 to 65536");
+    unsetenv("RLFLOW_CUDA_LOGPROB_MB");
+    CHECK_OK(g_gpu->set_precision(RF_PRECISION_FP32));
+    /* chunks of 262 rows (1 MB of logits): T = 300 spans two, the second of 38 */
+    setenv("RLFLOW_CUDA_LOGPROB_MB", "1", 1);
+    cross_logprob(300, 64, 1000, 0.7f);
+    unsetenv("RLFLOW_CUDA_LOGPROB_MB");
     cross_logprob_vp(300, 64, 1000, 500, 250, 0.7f); /* rank 2 of 4 */
     cross_logprob_vp(5, 64, 1000, 0, 334, 1.0f);     /* rank 0 of 3 */
     cross_adamw(100003);
@@ -710,12 +728,12 @@ static void run_precision_and_flash_suite(uint64_t seed) {
     cross_flash(lens_long, 1, 1, 1, 64);
 }
 
-/* Usage: test_kernels_cuda [precision] (the argument: parts 3 to 5 only, the precision and
- * attention checks, for a quick run after a change to those kernels). */
+/* Usage: test_kernels_cuda [cross|precision] (an argument: part 2 only, or parts 3 to 5 only,
+ * the precision and attention checks, for a quick run after a change to those kernels). */
 int main(int argc, char **argv) {
-    int only_precision = argc > 1 && strcmp(argv[1], "precision") == 0;
-    if (argc > 1 && !only_precision) {
-        fprintf(stderr, "usage: test_kernels_cuda [precision]\n");
+    const char *only = argc > 1 ? argv[1] : "";
+    if (argc > 2 || (argc > 1 && strcmp(only, "cross") != 0 && strcmp(only, "precision") != 0)) {
+        fprintf(stderr, "usage: test_kernels_cuda [cross|precision]\n");
         return 2;
     }
     /* parts 1 and 2 hold the back end to fp32: plain fp32 products (read at start and by
@@ -728,10 +746,8 @@ int main(int argc, char **argv) {
     }
     g_cpu = rf_cpu_kernels();
     CHECK(g_gpu->name && strcmp(g_gpu->name, "cuda") == 0);
-    if (!only_precision) {
-        run_kernel_suite(g_gpu, 20240611);
-        run_cross_suite(777);
-    }
-    run_precision_and_flash_suite(4242);
+    if (!*only) run_kernel_suite(g_gpu, 20240611);
+    if (!*only || strcmp(only, "cross") == 0) run_cross_suite(777);
+    if (!*only || strcmp(only, "precision") == 0) run_precision_and_flash_suite(4242);
     return rf_test_finish("test_kernels_cuda");
 }

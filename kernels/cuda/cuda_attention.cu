@@ -103,7 +103,19 @@ rf_status rf__cuda_check_env(void) {
     if (d && strcmp(d, "split") != 0 && strcmp(d, "tiled") != 0)
         return rf_error(RF_ERR_ARG, "cuda: RLFLOW_CUDA_DECODE=\"%s\": expected split or tiled (or "
                         "unset: chosen by the batch)", d);
+    const char *mb = getenv("RLFLOW_CUDA_LOGPROB_MB");
+    if (mb && rf__cuda_logprob_mb() <= 0)
+        return rf_error(RF_ERR_ARG, "cuda: RLFLOW_CUDA_LOGPROB_MB=\"%s\": expected a whole number of "
+                        "megabytes from 1 to 65536 (or unset: 640)", mb);
     return RF_OK;
+}
+
+int rf__cuda_logprob_mb(void) {
+    const char *e = getenv("RLFLOW_CUDA_LOGPROB_MB");
+    if (!e) return 640;
+    char *end;
+    long v = strtol(e, &end, 10);
+    return end != e && *end == '\0' && v >= 1 && v <= 65536 ? (int)v : -1;
 }
 
 int rf__cuda_attention_flash(int n_seq, int H, int KVH, int D) {

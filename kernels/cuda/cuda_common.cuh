@@ -313,6 +313,9 @@ int rf__cuda_attention_bf16(void);
 /* RLFLOW_CUDA_ATTENTION and RLFLOW_CUDA_DECODE hold a known value or are unset; otherwise an
  * error naming the variable (checked at start and when the precision is set). */
 rf_status rf__cuda_check_env(void);
+/* RLFLOW_CUDA_LOGPROB_MB: the megabytes of logits a log-prob chunk holds (cuda_logprob.cu),
+ * 640 unset, -1 for a value that is not a whole number from 1 to 65536. */
+int rf__cuda_logprob_mb(void);
 void rf__cuda_flash_forward(float *out, float *lse, const float *q, const float *k,
                             const float *v, const int32_t *q_off, const int32_t *k_start,
                             const int32_t *k_len, int n_seq, int H, int KVH, int D);

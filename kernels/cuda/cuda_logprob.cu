@@ -3,9 +3,12 @@
  *
  * As on the CPU, the logits of a chunk of tokens are produced by one sgemm into a scratch
  * buffer of (chunk, V) floats, reduced row by row (one block per row; float exponentials
- * summed in double, like the CPU), and dropped, so memory stays O(chunk * V). The GPU always
- * takes the full RF_LOGPROB_CHUNK rows (256 x 150k floats = 150 MB at most): larger sgemms
- * run closer to peak, and device memory is not the constraint the CPU's smaller chunks answer.
+ * summed in double, like the CPU), and dropped, so memory stays O(chunk * V). The GPU's chunks
+ * are as many rows as 640 MB of logits hold (RLFLOW_CUDA_LOGPROB_MB), 256 to 4096 (1024 at
+ * Qwen2.5's 151 936 ids): the
+ * backward's dW += dz^T h reads and writes the whole (V, C) gradient once per chunk, which at
+ * chunks of 256 rows moved 17 GB a qwen0.5b step (4096 tokens) for 3.3 TFLOP of products, and
+ * larger products run closer to peak.
  * The scratch comes from cudaMallocAsync on the back end's stream, so it costs no
  * synchronisation and the driver's pool reuses it from call to call. */
 #include <math.h>
@@ -86,14 +89,23 @@ static __global__ void logprob_vp_backward_kernel(float *z, const float *dlogp, 
                 dentropy ? dentropy[r] : 0.0f, inv_temp);
 }
 
-/* Scratch of RF_LOGPROB_CHUNK * V floats on the stream; NULL after recording a failure. */
-static float *chunk_scratch(int V) {
+/* Rows of a chunk for T tokens of V ids (the header says why); RLFLOW_CUDA_LOGPROB_MB sets the
+ * megabytes (checked when the back end starts). */
+static int chunk_rows(int T, int V) {
+    int mb = rf__cuda_logprob_mb();
+    size_t r = ((size_t)(mb > 0 ? mb : 640) << 20) / (sizeof(float) * (size_t)(V > 0 ? V : 1));
+    int rows = r < 256 ? 256 : r > 4096 ? 4096 : (int)r;
+    return T < rows ? T : rows;
+}
+
+/* Scratch of rows * V floats on the stream; NULL after recording a failure. */
+static float *chunk_scratch(int rows, int V) {
     float *z = NULL;
-    size_t bytes = sizeof(float) * (size_t)RF_LOGPROB_CHUNK * V;
+    size_t bytes = sizeof(float) * (size_t)rows * V;
     return RF_CUDA_CHECK(cudaMallocAsync((void **)&z, bytes, rf__cuda.stream)) ? z : NULL;
 }
 
-/* The pass every entry point makes: for each chunk of up to RF_LOGPROB_CHUNK tokens, the
+/* The pass every entry point makes: for each chunk of up to chunk_rows tokens, the
  * logits z (n, V) = inv_temp * h[t0:t0+n] (n, C) @ w (V, C)^T, then row_pass(z, t0, n) (one
  * kernel launch over the chunk's rows; false on a failed launch), then, for a backward (dh not
  * NULL), dh (n, C) = dz (n, V) @ w (V, C) and dw (V, C) += dz^T (V, n) @ h (n, C). V is the
@@ -103,10 +115,11 @@ static void chunked(const float *h, const float *w, int T, int C, int V, float i
                     RowPass row_pass) {
     RF_CUDA_GUARD();
     if (T <= 0) return;
-    float *z = chunk_scratch(V);
+    int rows = chunk_rows(T, V);
+    float *z = chunk_scratch(rows, V);
     if (!z) return;
-    for (int t0 = 0; t0 < T; t0 += RF_LOGPROB_CHUNK) {
-        int n = T - t0 < RF_LOGPROB_CHUNK ? T - t0 : RF_LOGPROB_CHUNK;
+    for (int t0 = 0; t0 < T; t0 += rows) {
+        int n = T - t0 < rows ? T - t0 : rows;
         const float *hc = h + (size_t)t0 * C;
         if (!rf__cuda_gemm_xwt(z, hc, w, n, C, V, inv_temp, 0.0f)) break;
         if (!row_pass(z, t0, n)) break;
