@@ -142,7 +142,7 @@ static inline const rf_kernels *bench_timed_kernels(const rf_kernels *base, int 
     timed_k.sum_squares = t_sumsq, timed_k.copy = t_copy, timed_k.zero = t_zero;
     if (base->sample_rows) timed_k.sample_rows = t_sample;
     if (base->row_lse) timed_k.row_lse = t_row_lse;
-    timed_k.weights_updated = t_weights;
+    if (base->weights_updated) timed_k.weights_updated = t_weights;
     return &timed_k;
 }
 

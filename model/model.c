@@ -424,7 +424,7 @@ static rf_status reserve(rf_model *m, int T, int layers) {
 rf_status rf__model_reserve(rf_model *m, int T) { return reserve(m, T, m->cfg.num_hidden_layers); }
 
 rf_status rf__model_reserve_decode(rf_model *m, int T) {
-    /* buffers of a forward that hold T tokens serve too: no reallocation between a colocated
-     * run's training and generation */
-    return reserve(m, T, T <= m->act_cap ? m->act_layers : 1);
+    /* a model that has run a forward keeps every layer's buffers when it grows them: a
+     * colocated run's training and generation would otherwise trade reallocations each step */
+    return reserve(m, T, m->act_layers > 1 ? m->act_layers : 1);
 }

@@ -31,8 +31,9 @@ static inline size_t rf__rows_padded(int T) { return ((size_t)(T > 0 ? T : 0) + 
  * layer's for backward). */
 rf_status rf__model_reserve(rf_model *m, int T);
 /* The same for decoding, which runs every layer through the buffers of layer 0 (acts[0]): T
- * tokens of one layer's buffers, unless the buffers already hold T tokens. A 7B model's
- * prefill of 8 x 1024 tokens reserved 78 GB for 32 layers, where one takes 2.4 GB. */
+ * tokens of one layer's buffers, or of every layer's where a forward has reserved those (then
+ * training and generation share them). A 7B model's prefill of 8 x 1024 tokens reserved 78 GB
+ * for 32 layers, where one takes 2.4 GB. */
 rf_status rf__model_reserve_decode(rf_model *m, int T);
 
 /* Copies host index arrays to the back end: returns device pointers in the same order.

@@ -169,7 +169,7 @@ static void share_check(rf_arch arch, int tied, int value_head) {
 }
 
 /* Decoding reserves one layer's activation buffers (it runs every layer through acts[0]); a
- * forward reserves every layer's, which later decodes of as many tokens reuse. The logits do
+ * forward reserves every layer's, which later decodes reuse, growing every layer's. The logits do
  * not depend on which: a decode on a fresh model, after a forward, and a fresh model again. Also
  * the KV cache's 32-bit row limit. */
 static void decode_reserve_check(void) {
@@ -195,6 +195,16 @@ static void decode_reserve_check(void) {
     CHECK_OK(rf_model_decode(m, &kv, slots, counts, 2, toks, b));
     CHECK(m->act_mem == mem && m->act_layers == L); /* the forward's buffers serve */
     CHECK(memcmp(a, b, sizeof(float) * 2 * V) == 0);
+    /* more tokens than the forward's: every layer's buffers again, not a swap to one layer */
+    rf_kv_cache big;
+    int bslots[3] = {0, 1, 2}, bcounts[3] = {5, 7, 4};
+    int32_t btoks[16];
+    memcpy(btoks, toks, sizeof toks);
+    memcpy(btoks + 12, toks, 4 * sizeof(int32_t));
+    CHECK_OK(rf_kv_cache_init(&big, m, 3, 16));
+    CHECK_OK(rf_model_decode(m, &big, bslots, bcounts, 3, btoks, NULL));
+    CHECK(m->act_cap >= 16 && m->act_layers == L);
+    rf_kv_cache_free(&big, m);
     rf_model_trim(m);
     CHECK(m->act_layers == 0 && m->act_cap == 0);
     kv.len[0] = kv.len[1] = 0;

@@ -195,9 +195,7 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
                     p[e] = mn == -INFINITY ? 0.0f : expf(sc[n][e] - mn);
                     ps[e >> 1] += p[e];
                 }
-                /* n-tile n is k-step n / 2's first (even n) or second half of keys */
-                pa[n / 2][(n % 2) * 2 + 0] = rf__pack_bf16(p[0], p[1]);
-                pa[n / 2][(n % 2) * 2 + 1] = rf__pack_bf16(p[2], p[3]);
+                rf__acc_to_a(pa, n, p); /* n-tile n: half of k-step n / 2 */
             }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -488,10 +486,8 @@ flash_dkdv_mma_kernel(float *dk, float *dv, const float *dout, const float *q, c
                         pair_pds(c < nc && r < nr && j0 + c <= i0 + r, st[n][e], dpt[n][e], lse_s[r],
                                  di_s[r], scale, &p[e], &ds[e]);
                     }
-                    pa[n / 2][(n % 2) * 2] = rf__pack_bf16(p[0], p[1]);
-                    pa[n / 2][(n % 2) * 2 + 1] = rf__pack_bf16(p[2], p[3]);
-                    dsa[n / 2][(n % 2) * 2] = rf__pack_bf16(ds[0], ds[1]);
-                    dsa[n / 2][(n % 2) * 2 + 1] = rf__pack_bf16(ds[2], ds[3]);
+                    rf__acc_to_a(pa, n, p);
+                    rf__acc_to_a(dsa, n, ds);
                 }
                 warp_acc<D>(dV, pa, dOt, LDT); /* dV += P^T dO */
                 warp_acc<D>(dK, dsa, Qt, LDT); /* dK += dS^T Q */
@@ -552,8 +548,7 @@ flash_dq_mma_kernel(float *dq, const float *dout, const float *q, const float *k
                     pair_pds(r < nr && c < nc && j0 + c <= i0 + r, sc[n][e], dp[n][e], lse_s[r],
                              di_s[r], scale, &p, &ds[e]);
                 }
-                dsa[n / 2][(n % 2) * 2] = rf__pack_bf16(ds[0], ds[1]);
-                dsa[n / 2][(n % 2) * 2 + 1] = rf__pack_bf16(ds[2], ds[3]);
+                rf__acc_to_a(dsa, n, ds);
             }
             warp_acc<D>(dQ, dsa, Kt, LDT); /* dQ += dS K */
         }

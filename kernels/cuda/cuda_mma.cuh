@@ -42,6 +42,15 @@ static __device__ inline uint32_t rf__pack_bf16(float lo, float hi) {
     return (uint32_t)ua | (uint32_t)ub << 16;
 }
 
+/* A product's result as the next product's A operand, in registers: the 4 values x of n-tile n
+ * of a 16 x 8N accumulator (x[0..1] row g, x[2..3] row g + 8; columns 2t, 2t + 1 of the tile)
+ * are, rounded to bf16, k-step n / 2's registers 0 and 1 (even n) or 2 and 3 (odd n) of the
+ * 16 x 16-per-k-step A fragments a. */
+static __device__ inline void rf__acc_to_a(uint32_t a[][4], int n, const float x[4]) {
+    a[n / 2][(n % 2) * 2] = rf__pack_bf16(x[0], x[1]);
+    a[n / 2][(n % 2) * 2 + 1] = rf__pack_bf16(x[2], x[3]);
+}
+
 /* Two adjacent bf16 of shared memory (p 4-byte aligned) as one register. */
 static __device__ inline uint32_t rf__ld_bf16x2(const __nv_bfloat16 *p) {
 #if defined(RF_CUDA_EMU)
