@@ -20,7 +20,7 @@
  * cache c (with slots, counts) or, when `paged` is set, a paged one (model_internal.h). */
 typedef struct tp_decode {
     rf_kv_cache *c;
-    const int *slots, *counts; /* (n) host */
+    const int32_t *rows; /* (T) back end: each new token's row within a layer of c */
     int n;
     const rf__paged_view *paged;
 } tp_decode;
@@ -124,16 +124,10 @@ static void qkv_forward(rf_model_tp *tp, const rf_layer_weights *w, rf_tp_acts *
 }
 
 /* Appends this call's keys/values (as attention reads them) of layer l to each slot's rows. */
-static void cache_append(rf_model_tp *tp, const tp_decode *dc, int l, const rf_tp_acts *a) {
+static void cache_append(rf_model_tp *tp, const tp_decode *dc, int l, const rf_tp_acts *a, int T) {
     const rf_kv_cache *c = dc->c;
-    size_t row = (size_t)c->KVH * c->D, src = 0;
-    for (int i = 0; i < dc->n; i++) {
-        size_t dst = (((size_t)l * c->n_slots + dc->slots[i]) * c->max_len + c->len[dc->slots[i]]) * row;
-        size_t bytes = (size_t)dc->counts[i] * row * sizeof(float);
-        tp->m->k->copy(c->k + dst, a->ka + src * row, bytes);
-        tp->m->k->copy(c->v + dst, a->va + src * row, bytes);
-        src += dc->counts[i];
-    }
+    size_t off = (size_t)l * c->n_slots * c->max_len * c->KVH * c->D;
+    tp->m->k->paged_kv_write(c->k + off, c->v + off, a->ka, a->va, dc->rows, T, c->KVH, c->D);
 }
 
 /* One decoder layer: x_in (T, C) -> x_out (T, C), both whole on every rank. */
@@ -153,7 +147,7 @@ static rf_status layer_forward(rf_model_tp *tp, int l, rf_tp_acts *a, const floa
         k->paged_attention_forward(a->att, a->q, pv->k + off, pv->v + off, pv->q_off, pv->block_table,
                                    pv->max_blocks, pv->k_len, pv->n, pv->block_size, H, tp->KVA, D);
     } else if (dc) {
-        cache_append(tp, dc, l, a);
+        cache_append(tp, dc, l, a, T);
         size_t off = (size_t)l * dc->c->n_slots * dc->c->max_len * tp->KVA * D;
         k->attention_forward(a->att, NULL, a->q, dc->c->k + off, dc->c->v + off, m->d_cu,
                              m->d_kstart, m->d_klen, dc->n, H, tp->KVA, D);
@@ -570,7 +564,11 @@ static rf_status last_logits(rf_model_tp *tp, const float *x, const int32_t *q_o
     const rf_model_config *c = &tp->cfg;
     size_t C = c->hidden_size;
     float *rows = tp->acts[0].x, *normed = tp->acts[0].ln1; /* free after the layers */
-    for (int i = 0; i < n; i++) m->k->copy(rows + i * C, x + (size_t)(q_off[i + 1] - 1) * C, sizeof(float) * C);
+    for (int i = 0, j; i < n; i = j) { /* one copy per run of adjacent last rows (a decoding step: one) */
+        for (j = i + 1; j < n && q_off[j + 1] - q_off[j] == 1; j++) {
+        }
+        m->k->copy(rows + i * C, x + (size_t)(q_off[i + 1] - 1) * C, sizeof(float) * C * (size_t)(j - i));
+    }
     m->k->rmsnorm_forward(normed, NULL, rows, m->norm, n, (int)C, c->rms_norm_eps);
     RF_TRY(rf__model_dev_out(m, (size_t)n * tp->Vl));
     m->k->matmul_forward(m->dev_out, normed, m->lm_head, NULL, n, (int)C, tp->Vl);
@@ -602,21 +600,24 @@ rf_status rf_model_tp_decode(rf_model_tp *tp, rf_kv_cache *c, const int *slots,
                         "(rf_model_tp_kv_cache_init)", c->KVH, tp->KVA);
     int T = 0;
     for (int i = 0; i < n; i++) T += counts[i] > 0 ? counts[i] : 0;
-    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(T + 3 * n + 1));
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(2 * T + 3 * n + 1));
     if (!idx) return rf_error(RF_ERR_NOMEM, "out of memory");
     int32_t *pos = idx, *q_off = idx + T, *k_start = q_off + n + 1, *k_len = k_start + n;
+    int32_t *rows = k_len + n; /* (T) each token's cache row within a layer: one scatter a layer */
     rf_status s = decode_indices(tp, c, slots, counts, n, tokens, pos, q_off, k_start, k_len);
+    for (int i = 0; s == RF_OK && i < n; i++)
+        for (int j = q_off[i]; j < q_off[i + 1]; j++) rows[j] = k_start[i] + pos[j];
     if (s == RF_OK) s = rf__tp_reserve(tp, T > n ? T : n);
+    int32_t *dev[6] = {NULL};
     if (s == RF_OK) {
-        const int32_t *host[] = {tokens, pos, q_off, k_start, k_len};
-        int cnt[] = {T, T, n + 1, n, n};
-        int32_t *dev[5];
-        s = rf__model_upload_ints(m, 5, host, cnt, dev);
+        const int32_t *host[] = {tokens, pos, q_off, k_start, k_len, rows};
+        int cnt[] = {T, T, n + 1, n, n, T};
+        s = rf__model_upload_ints(m, 6, host, cnt, dev);
         m->d_tokens = dev[0], m->d_pos = dev[1], m->d_cu = dev[2], m->d_kstart = dev[3];
         m->d_klen = dev[4];
         memcpy(tp->tokens, tokens, sizeof(int32_t) * (size_t)T);
     }
-    tp_decode dc = {c, slots, counts, n, NULL};
+    tp_decode dc = {c, dev[5], n, NULL};
     if (s == RF_OK) s = decode_layers(tp, &dc, T, q_off, logits);
     for (int i = 0; s == RF_OK && i < n; i++) c->len[slots[i]] += counts[i];
     tp->T = 0, tp->have_logprobs = 0; /* activations no longer describe a training forward */
@@ -638,7 +639,7 @@ rf_status rf_model_tp_decode_paged(rf_model_tp *tp, rf_kv_pool *pool, const rf_p
     if (s == RF_OK) s = rf__paged_upload(tp->m, pool, &ix, n, tokens, &pv);
     if (s == RF_OK) {
         memcpy(tp->tokens, tokens, sizeof(int32_t) * (size_t)ix.T);
-        tp_decode dc = {NULL, NULL, NULL, n, &pv};
+        tp_decode dc = {NULL, NULL, n, &pv};
         s = decode_layers(tp, &dc, ix.T, ix.q_off, logits);
     }
     tp->T = 0, tp->have_logprobs = 0; /* activations no longer describe a training forward */
