@@ -16,8 +16,9 @@
  * keys; this one takes every tile in one run). It is also decoding's attention over the paged KV
  * cache at precision bf16 (rf__cuda_flash_paged_forward_mma), one block per
  * (row tile, sequence, KV head), never split: a row gets training's bits. Per key tile:
- *  1. the block stages K (by rows) and V (transposed), rounded to bf16, in shared memory (Q was
- *     staged once per tile and sits in each warp's registers as A fragments);
+ *  1. the block stages K (by rows) and V (transposed), rounded to bf16, in shared memory, two
+ *     key tiles a round (Q was staged once per row tile and sits in each warp's registers as A
+ *     fragments);
  *  2. each warp computes its 16 x 32 scores into registers;
  *  3. each lane, for its two rows: scaled and masked scores, the row's new max m' (over the
  *     row's 4 lanes), corr = exp(m - m'), p = exp(score - m'), l = l corr + sum p (fp32,
