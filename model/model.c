@@ -375,14 +375,13 @@ static rf_status reserve(rf_model *m, int T, int layers) {
     if (T <= m->act_cap && layers <= m->act_layers) return RF_OK;
     const rf_model_config *c = &m->cfg;
     m->k->free(m->act_mem);
+    memset(m->acts, 0, sizeof *m->acts * (size_t)c->num_hidden_layers);
     int rows = (int)rf__rows_padded(T);
     m->act_mem = m->k->alloc((acts_floats(c, rows, layers) + lora_floats(m, rows, layers)) * sizeof(float));
     if (!m->act_mem) {
         m->act_cap = m->act_layers = 0;
-        memset(m->acts, 0, sizeof *m->acts * (size_t)c->num_hidden_layers);
         return rf_error(RF_ERR_NOMEM, "out of memory for activations of %d tokens", T);
     }
-    memset(m->acts, 0, sizeof *m->acts * (size_t)c->num_hidden_layers);
     size_t C = c->hidden_size, F = c->intermediate_size, H = c->num_attention_heads,
            KVH = c->num_key_value_heads, D = c->head_dim, QD = H * D, KD = KVH * D, t = (size_t)rows;
     float *p = m->act_mem;

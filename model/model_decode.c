@@ -79,17 +79,19 @@ int rf__decode_group_max(const rf_model *m, const int32_t *q_off, int n) {
     return most;
 }
 
-void rf__model_gather_last(rf_model *m, const float *x, const int32_t *q_off, int n, int first) {
-    size_t C = (size_t)m->cfg.hidden_size;
-    /* one copy per run of sequences whose last rows are adjacent (a decoding step's: all of
-     * them), not one per sequence: each copy is a launch on a GPU */
+void rf__gather_last_rows(const rf_kernels *k, float *dst, const float *x, const int32_t *q_off, int n,
+                          size_t C) {
     for (int i = 0, j; i < n; i = j) {
         /* sequence j's last row follows sequence j - 1's exactly when j has one new token */
         for (j = i + 1; j < n && q_off[j + 1] - q_off[j] == 1; j++) {
         }
-        m->k->copy(m->scratch2 + (size_t)(first + i) * C, x + (size_t)(q_off[i + 1] - 1) * C,
-                   sizeof(float) * C * (size_t)(j - i));
+        k->copy(dst + (size_t)i * C, x + (size_t)(q_off[i + 1] - 1) * C, sizeof(float) * C * (size_t)(j - i));
     }
+}
+
+void rf__model_gather_last(rf_model *m, const float *x, const int32_t *q_off, int n, int first) {
+    size_t C = (size_t)m->cfg.hidden_size;
+    rf__gather_last_rows(m->k, m->scratch2 + (size_t)first * C, x, q_off, n, C);
 }
 
 rf_status rf__model_logits_gathered(rf_model *m, int n, float *logits) {
@@ -185,8 +187,7 @@ rf_status rf_model_decode(rf_model *m, rf_kv_cache *c, const int *slots, const i
     int32_t *g_off = k_len + n; /* (n + 1) a group's q_off from its first token */
     int32_t *rows = g_off + n + 1; /* (T) each token's cache row within a layer */
     rf_status s = decode_indices(m, c, slots, counts, n, pos, q_off, k_start, k_len);
-    for (int i = 0; s == RF_OK && i < n; i++)
-        for (int j = q_off[i]; j < q_off[i + 1]; j++) rows[j] = k_start[i] + pos[j];
+    if (s == RF_OK) rf__kv_cache_rows(rows, q_off, k_start, pos, n);
     for (int t = 0; s == RF_OK && t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab_size)
             s = rf_error(RF_ERR_RANGE, "decode: token id %d outside the vocabulary (%d)", tokens[t],

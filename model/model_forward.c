@@ -95,15 +95,6 @@ static void qkv_forward(rf_model *m, const rf_layer_weights *w, rf_layer_acts *a
     k->rope_qk(a->q, a->k, m->d_pos, m->inv_freq, T, H, KVH, D, 1);
 }
 
-/* Appends this call's keys/values (T tokens) of layer l to their cache rows: one scatter of
- * rows (the paged cache's write), not a copy per sequence, which on a GPU cost one launch
- * each (a batch-256 decoding step spent 80 % of its time in them). */
-static void cache_append(rf_model *m, const decode_ctx *dc, int l, const rf_layer_acts *a, int T) {
-    const rf_kv_cache *c = dc->c;
-    size_t off = (size_t)l * c->n_slots * c->max_len * c->KVH * c->D;
-    m->k->paged_kv_write(c->k + off, c->v + off, a->k, a->v, dc->rows, T, c->KVH, c->D);
-}
-
 /* One decoder layer: x_in (T, C) -> x_out (T, C), saving activations in a. */
 static void layer_forward(rf_model *m, int l, rf_layer_acts *a, const float *x_in, float *x_out,
                           int T, const decode_ctx *dc) {
@@ -123,10 +114,10 @@ static void layer_forward(rf_model *m, int l, rf_layer_acts *a, const float *x_i
         k->paged_attention_forward(a->att, a->q, pv->k + off, pv->v + off, pv->q_off,
                                    pv->block_table, pv->max_blocks, pv->k_len, pv->n,
                                    pv->block_size, H, KVH, D);
-    } else if (dc) {
-        cache_append(m, dc, l, a, T);
-        size_t layer_off = (size_t)l * dc->c->n_slots * dc->c->max_len * KVH * D;
-        k->attention_forward(a->att, NULL, a->q, dc->c->k + layer_off, dc->c->v + layer_off,
+    } else if (dc) { /* one scatter of the new rows a layer, not a copy per sequence */
+        size_t off = rf__kv_cache_layer(dc->c, l);
+        k->paged_kv_write(dc->c->k + off, dc->c->v + off, a->k, a->v, dc->rows, T, KVH, D);
+        k->attention_forward(a->att, NULL, a->q, dc->c->k + off, dc->c->v + off,
                              m->d_cu, m->d_kstart, m->d_klen, dc->n, H, KVH, D);
     } else {
         k->attention_forward(a->att, a->lse, a->q, a->k, a->v, m->d_cu, m->d_cu, m->d_klen,

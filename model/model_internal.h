@@ -116,6 +116,24 @@ int rf__decode_group_max(const rf_model *m, const int32_t *q_off, int n);
 /* The last row of each of n sequences of x (rows q_off[i+1]-1) copied to rows first.. of
  * m->scratch2 (which the layers do not use). */
 void rf__model_gather_last(rf_model *m, const float *x, const int32_t *q_off, int n, int first);
+/* The same into dst (n, C) on back end k: one copy per run of sequences whose last rows are
+ * adjacent (a decoding step's: all of them), not one per sequence (a launch each on a GPU).
+ * Also the tensor-parallel decoder's. */
+void rf__gather_last_rows(const rf_kernels *k, float *dst, const float *x, const int32_t *q_off, int n,
+                          size_t C);
+
+/* A contiguous KV cache's rows: layer l starts at float rf__kv_cache_layer(c, l) of c->k and
+ * c->v; a decode call's token j of sequence i (queries q_off[i] ..) goes to row rows[j] =
+ * k_start[i] + pos[j] (slot * max_len + position) of the layer, written by one paged_kv_write
+ * a layer. */
+static inline size_t rf__kv_cache_layer(const rf_kv_cache *c, int l) {
+    return (size_t)l * c->n_slots * c->max_len * c->KVH * c->D;
+}
+static inline void rf__kv_cache_rows(int32_t *rows, const int32_t *q_off, const int32_t *k_start,
+                                     const int32_t *pos, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = q_off[i]; j < q_off[i + 1]; j++) rows[j] = k_start[i] + pos[j];
+}
 
 /* Logits (n, V) of the n rows rf__model_gather_last left in m->scratch2: final norm, LM head;
  * copied to the host when logits is not NULL, else kept for rf_model_draw. Used by both

@@ -17,7 +17,7 @@
 #define GRAD(m, p) GRAD_AT(m, p, 0)
 
 /* A decode call's cache: new keys/values are appended before attention. Either the contiguous
- * cache c (with slots, counts) or, when `paged` is set, a paged one (model_internal.h). */
+ * cache c (with each new token's row) or, when `paged` is set, a paged one (model_internal.h). */
 typedef struct tp_decode {
     rf_kv_cache *c;
     const int32_t *rows; /* (T) back end: each new token's row within a layer of c */
@@ -123,13 +123,6 @@ static void qkv_forward(rf_model_tp *tp, const rf_layer_weights *w, rf_tp_acts *
     }
 }
 
-/* Appends this call's keys/values (as attention reads them) of layer l to each slot's rows. */
-static void cache_append(rf_model_tp *tp, const tp_decode *dc, int l, const rf_tp_acts *a, int T) {
-    const rf_kv_cache *c = dc->c;
-    size_t off = (size_t)l * c->n_slots * c->max_len * c->KVH * c->D;
-    tp->m->k->paged_kv_write(c->k + off, c->v + off, a->ka, a->va, dc->rows, T, c->KVH, c->D);
-}
-
 /* One decoder layer: x_in (T, C) -> x_out (T, C), both whole on every rank. */
 static rf_status layer_forward(rf_model_tp *tp, int l, rf_tp_acts *a, const float *x_in,
                                float *x_out, int T, const tp_decode *dc) {
@@ -147,8 +140,8 @@ static rf_status layer_forward(rf_model_tp *tp, int l, rf_tp_acts *a, const floa
         k->paged_attention_forward(a->att, a->q, pv->k + off, pv->v + off, pv->q_off, pv->block_table,
                                    pv->max_blocks, pv->k_len, pv->n, pv->block_size, H, tp->KVA, D);
     } else if (dc) {
-        cache_append(tp, dc, l, a, T);
-        size_t off = (size_t)l * dc->c->n_slots * dc->c->max_len * tp->KVA * D;
+        size_t off = rf__kv_cache_layer(dc->c, l);
+        k->paged_kv_write(dc->c->k + off, dc->c->v + off, a->ka, a->va, dc->rows, T, tp->KVA, D);
         k->attention_forward(a->att, NULL, a->q, dc->c->k + off, dc->c->v + off, m->d_cu,
                              m->d_kstart, m->d_klen, dc->n, H, tp->KVA, D);
     } else {
@@ -564,11 +557,7 @@ static rf_status last_logits(rf_model_tp *tp, const float *x, const int32_t *q_o
     const rf_model_config *c = &tp->cfg;
     size_t C = c->hidden_size;
     float *rows = tp->acts[0].x, *normed = tp->acts[0].ln1; /* free after the layers */
-    for (int i = 0, j; i < n; i = j) { /* one copy per run of adjacent last rows (a decoding step: one) */
-        for (j = i + 1; j < n && q_off[j + 1] - q_off[j] == 1; j++) {
-        }
-        m->k->copy(rows + i * C, x + (size_t)(q_off[i + 1] - 1) * C, sizeof(float) * C * (size_t)(j - i));
-    }
+    rf__gather_last_rows(m->k, rows, x, q_off, n, C);
     m->k->rmsnorm_forward(normed, NULL, rows, m->norm, n, (int)C, c->rms_norm_eps);
     RF_TRY(rf__model_dev_out(m, (size_t)n * tp->Vl));
     m->k->matmul_forward(m->dev_out, normed, m->lm_head, NULL, n, (int)C, tp->Vl);
@@ -605,8 +594,7 @@ rf_status rf_model_tp_decode(rf_model_tp *tp, rf_kv_cache *c, const int *slots,
     int32_t *pos = idx, *q_off = idx + T, *k_start = q_off + n + 1, *k_len = k_start + n;
     int32_t *rows = k_len + n; /* (T) each token's cache row within a layer: one scatter a layer */
     rf_status s = decode_indices(tp, c, slots, counts, n, tokens, pos, q_off, k_start, k_len);
-    for (int i = 0; s == RF_OK && i < n; i++)
-        for (int j = q_off[i]; j < q_off[i + 1]; j++) rows[j] = k_start[i] + pos[j];
+    if (s == RF_OK) rf__kv_cache_rows(rows, q_off, k_start, pos, n);
     if (s == RF_OK) s = rf__tp_reserve(tp, T > n ? T : n);
     int32_t *dev[6] = {NULL};
     if (s == RF_OK) {

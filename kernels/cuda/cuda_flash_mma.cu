@@ -369,22 +369,6 @@ static __device__ inline void pair_pds(int seen, float s, float dp, float lse, f
     *ds = seen ? *p * (dp - di) * scale : 0.0f;
 }
 
-/* A warp's A fragment (16 x 16 at column k0) of rows r0 .. r0 + 15 of a bf16 tile (ld). */
-static __device__ inline void load_a(uint32_t a[4], const __nv_bfloat16 *tile, int ld, int r0, int k0) {
-    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const __nv_bfloat16 *p = tile + (r0 + g) * ld + k0 + 2 * t;
-    a[0] = rf__ld_bf16x2(p), a[1] = rf__ld_bf16x2(p + 8 * ld);
-    a[2] = rf__ld_bf16x2(p + 8), a[3] = rf__ld_bf16x2(p + 8 * ld + 8);
-}
-
-/* A B fragment (16 x 8: k0 .. k0 + 15 by n0 .. n0 + 7) of a bf16 tile holding B^T by rows
- * (row n, column k; ld). */
-static __device__ inline void load_b(uint32_t b[2], const __nv_bfloat16 *tile, int ld, int n0, int k0) {
-    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const __nv_bfloat16 *p = tile + (n0 + g) * ld + k0 + 2 * t;
-    b[0] = rf__ld_bf16x2(p), b[1] = rf__ld_bf16x2(p + 8);
-}
-
 /* acc (16 x 32) = rows r0.. of A (16 x D, tile a, ld) times B^T (tile b: 32 rows of D, ld). */
 template <int D>
 static __device__ inline void warp_scores(float acc[TC_BC / 8][4], const __nv_bfloat16 *a, int r0,
@@ -394,11 +378,11 @@ static __device__ inline void warp_scores(float acc[TC_BC / 8][4], const __nv_bf
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         uint32_t fa[4];
-        load_a(fa, a, ld, r0, kk * 16);
+        rf__ld_a(fa, a, ld, r0, kk * 16);
 #pragma unroll
         for (int n = 0; n < TC_BC / 8; n++) {
             uint32_t fb[2];
-            load_b(fb, b, ld, n * 8, kk * 16);
+            rf__ld_b(fb, b, ld, n * 8, kk * 16);
             rf__mma_16816(acc[n], fa, fb);
         }
     }
@@ -414,7 +398,7 @@ static __device__ inline void warp_acc(float acc[D / 8][4], const uint32_t a[TC_
 #pragma unroll
         for (int j = 0; j < TC_BC / 16; j++) {
             uint32_t fb[2];
-            load_b(fb, bt, ldt, n * 8, j * 16);
+            rf__ld_b(fb, bt, ldt, n * 8, j * 16);
             rf__mma_16816(acc[n], a[j], fb);
         }
 }

@@ -62,4 +62,21 @@ static __device__ inline uint32_t rf__ld_bf16x2(const __nv_bfloat16 *p) {
 #endif
 }
 
+/* The warp's A fragment (16 x 16) of rows r0 .. r0 + 15, columns k0 .. k0 + 15 of a bf16 tile
+ * (leading dim ld, 4-byte aligned rows). */
+static __device__ inline void rf__ld_a(uint32_t a[4], const __nv_bfloat16 *tile, int ld, int r0, int k0) {
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const __nv_bfloat16 *p = tile + (r0 + g) * ld + k0 + 2 * t;
+    a[0] = rf__ld_bf16x2(p), a[1] = rf__ld_bf16x2(p + 8 * ld);
+    a[2] = rf__ld_bf16x2(p + 8), a[3] = rf__ld_bf16x2(p + 8 * ld + 8);
+}
+
+/* The warp's B fragment (16 x 8: k0 .. k0 + 15 by n0 .. n0 + 7) of a bf16 tile holding B^T by
+ * rows (row n, column k; ld). */
+static __device__ inline void rf__ld_b(uint32_t b[2], const __nv_bfloat16 *tile, int ld, int n0, int k0) {
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const __nv_bfloat16 *p = tile + (n0 + g) * ld + k0 + 2 * t;
+    b[0] = rf__ld_bf16x2(p), b[1] = rf__ld_bf16x2(p + 8);
+}
+
 #endif
