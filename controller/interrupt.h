@@ -10,8 +10,12 @@
  * note the signal and go on until the controller's Shutdown, so none dies before the
  * checkpoint. docs/training.md, "Stopping a run".
  *
- * Threads: the flag is a sig_atomic_t; every function may be called from any thread, the
- * handlers from any. */
+ * Threads: the flag is a sig_atomic_t; every function may be called from any thread. While
+ * installed, the four signals are blocked in the installing thread and its OpenMP team (and so
+ * in the threads they start) and taken by a thread of the module's own (interrupt.c: a signal
+ * frame written where a compute kernel keeps its stack pointer corrupted the heap); the
+ * handler takes them on any other thread that does not block them. Install and restore from
+ * the same thread, outside a parallel region. */
 #ifndef RF_INTERRUPT_H
 #define RF_INTERRUPT_H
 
@@ -19,7 +23,8 @@
  * returns 1; returns 0 (and changes nothing) when they are installed already. */
 int rf_interrupt_install(void);
 
-/* Puts the previous handlers back (the flag keeps its value). */
+/* Puts the previous handlers and signal masks back (the flag keeps its value; a signal that
+ * arrived meanwhile is noted). */
 void rf_interrupt_restore(void);
 
 /* SIGINT or SIGTERM once a stop was asked for (SIGUSR1 / SIGUSR2 read as those); 0 before. */

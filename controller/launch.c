@@ -158,6 +158,9 @@ static rf_status relaunch(const rf_recipe *r, int argc, char **argv) {
     if (pid == 0) {
         close(fds[0]);
         setpgid(0, 0); /* out of the terminal's process group: Ctrl-C reaches the launcher only */
+        sigset_t none; /* mpirun takes the signals a stop is passed on with (interrupt.c blocks them) */
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         int null = open("/dev/null", O_RDONLY); /* a background group must not read the terminal */
         if (null >= 0) dup2(null, 0), close(null);
         execvp(av[0], av);
