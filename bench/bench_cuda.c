@@ -431,10 +431,12 @@ static void bench_paged(const rf_kernels *k, const char *shape, const rf_model_c
     static const char *const modes[2] = {"split", "tiled"};
     const char *e = getenv("RLFLOW_CUDA_DECODE"), *att = getenv("RLFLOW_CUDA_ATTENTION");
     /* at precision bf16 (unless RLFLOW_CUDA_ATTENTION names another path) decoding runs the
-     * tensor-core kernel, never split: one pass */
+     * tensor-core kernel, split or not as the FMA one; heads over 128 the reference kernel: one
+     * pass */
     int tc = k->get_precision() == RF_PRECISION_BF16 && D % 16 == 0 && D <= 128 &&
              (!att || strcmp(att, "bf16") == 0);
-    for (int pass = 0; pass < (e || tc ? 1 : 2); pass++) {
+    int ref = D > 128 || (att && strcmp(att, "reference") == 0);
+    for (int pass = 0; pass < (e || ref ? 1 : 2); pass++) {
         if (!e) setenv("RLFLOW_CUDA_DECODE", modes[pass], 1);
         const char *mode = getenv("RLFLOW_CUDA_DECODE");
         double t = best_time(k, paged_fwd, &a, reps);
@@ -442,9 +444,9 @@ static void bench_paged(const rf_kernels *k, const char *shape, const rf_model_c
         printf("{\"bench\":\"paged_attention\",\"device\":\"cuda\",\"model\":\"%s\",\"kernels\":\"%s\","
                "\"batch\":%d,\"context\":%d,\"seconds\":%.6f,\"kv_gb_per_s\":%.2f,\"copy_gb_per_s\":%.1f,"
                "\"fraction_of_bw\":%.3f}\n", shape,
-               D > 128 ? "reference" : tc ? "tensor cores, one block per row tile (never split)"
-               : strcmp(mode, "split") == 0 ? "tiled, split over key chunks"
-                                           : "tiled, one block per sequence and KV head",
+               ref                          ? "reference"
+               : strcmp(mode, "split") == 0 ? (tc ? "tensor cores, split over key chunks" : "tiled, split over key chunks")
+               : tc ? "tensor cores, one block per row tile" : "tiled, one block per sequence and KV head",
                B, L, t, gb / t, g_bw, gb / t / g_bw);
         fflush(stdout);
         if (!e) unsetenv("RLFLOW_CUDA_DECODE");

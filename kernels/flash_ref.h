@@ -41,8 +41,8 @@ extern "C" {
 /* A row's keys are taken in chunks of RF_FLASH_CHUNK from its sequence's first key: each
  * chunk's tiles with the online softmax from an empty state, the chunks' states (max, sum,
  * unnormalised output) then merged in order. Fixed, so that a decoding step split over its
- * chunks (one block each on the GPU) adds exactly as training's forward does. Not in
- * RF_FLASH_BF16_MMA (the tensor-core forward takes every tile in one run). */
+ * chunks (one block each on the GPU) adds exactly as training's forward does; in every mode,
+ * the tensor-core kernels' too. */
 #define RF_FLASH_CHUNK 128
 
 /* x rounded to the nearest bf16 (ties to even), returned as a float; NaN stays NaN. The same

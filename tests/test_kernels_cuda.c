@@ -598,8 +598,9 @@ static void cross_flash_kvcache(int H, int KVH, int D) {
  * row by row, in every mode: the tiled kernels at precision fp32 (decoding steps split over
  * their key chunks, RLFLOW_CUDA_DECODE=split, in one block each, =tiled, and as the batch
  * chooses) and at bf16 under RLFLOW_CUDA_ATTENTION=fp32, bf16 loads on the FMA kernels
- * (=fma), the tensor-core kernels (bf16's default, head dims multiple of 16; also
- * against the mirror's RF_FLASH_BF16_MMA mode with cross_flash's tolerances), the reference
+ * (=fma), the tensor-core kernels (bf16's default, head dims multiple of 16; split, in one
+ * block each and as the batch chooses, as the FMA kernels; also against the mirror's
+ * RF_FLASH_BF16_MMA mode with cross_flash's tolerances), the reference
  * kernels (=reference, and head dims past RF_FLASH_MAX_D). Also the default against its CPU
  * mirror rf_flash_ref_paged_forward and, fp32, against the CPU back end's paged attention,
  * 2 tol_red(D + 257). */
@@ -629,7 +630,7 @@ static void cross_paged_tiled(int H, int KVH, int D) {
         CHECK_OK(g_gpu->set_precision(bf16 ? RF_PRECISION_BF16 : RF_PRECISION_FP32));
         run_attention_forward(g_gpu, train, lse, q, k, v, cu, cu, kl, NS, T, H, KVH, D);
         /* decoding split over key chunks (by the batch: here split; forced; one block each) */
-        for (int dm = 0; dm < (m == 0 || m == 2 ? 3 : 1); dm++) {
+        for (int dm = 0; dm < (m == 0 || m == 2 || m == 4 ? 3 : 1); dm++) {
             if (dec[dm]) setenv("RLFLOW_CUDA_DECODE", dec[dm], 1);
             g_gpu->zero(d_o, FB(np)); /* every row must be written */
             g_gpu->paged_attention_forward(d_o, d_q, d_kp, d_vp, d_qo, d_bt, MAXB, d_kl, NS, BS, H, KVH, D);

@@ -7,8 +7,8 @@
  * per query row keep the running max m, the running sum l of exp(score - m) and the
  * unnormalised output acc; at each tile m' = max(m, tile max), acc and l are rescaled by
  * exp(m - m'), then the tile's exp(score - m') are added; every RF_FLASH_CHUNK keys the
- * state so far is merged into the chunks' merged state and starts afresh (not in
- * RF_FLASH_BF16_MMA). out = acc / l, lse = m + log l of the merged state.
+ * state so far is merged into the chunks' merged state and starts afresh. out = acc / l,
+ * lse = m + log l of the merged state.
  * Backward (Algorithm 2, in its deterministic form): P = exp(scale q.k - lse) recomputed from
  * the saved lse, Di = dout_i . out_i (dout rounded at bf16 as the tiles load it); a dk/dv pass
  * per (sequence, KV head, key tile) over the group's heads and the query tiles that see the tile, then a dq pass per (sequence, head,
@@ -94,7 +94,7 @@ static void forward_tile(float *out, float *lse, const float *q, const float *kb
     int nkeys = i0 + nr + off; /* keys seen by the tile's last row */
     if (nkeys > klen) nkeys = klen;
     for (int j0 = 0; j0 < nkeys; j0 += BC) {
-        if (bf16 != RF_FLASH_BF16_MMA && j0 > 0 && j0 % RF_FLASH_CHUNK == 0)
+        if (j0 > 0 && j0 % RF_FLASH_CHUNK == 0)
             for (int r = 0; r < nr; r++) { /* a chunk ends: merge it, start the next */
                 state_merge(&tot[r], &st[r], D);
                 state_init(&st[r], D);

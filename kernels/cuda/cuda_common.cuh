@@ -264,6 +264,21 @@ struct kv_paged {
 /* The tiled forwards' tile loads, for fp32 tiles (rounded to bf16 when `bf16`) and bf16 tiles
  * (always rounded, __float2bfloat16_rn). Every thread of the block takes part; rows past n are
  * zero. */
+/* Merging two softmax states of a query row (FlashAttention's rescaling): the state of keys A
+ * (max m_t, sum l_t, unnormalised output acc_t) with that of the keys B after them (m_c, l_c,
+ * acc_c) is max m = max(m_t, m_c), ca = exp(m_t - m), cb = exp(m_c - m), then l_t = fmaf(l_t,
+ * ca, l_c cb) and acc_t = fmaf(acc_t, ca, acc_c cb) element by element. The factors, here, for
+ * every kernel that merges (the FMA and tensor-core forwards at their chunk boundaries, split
+ * decoding's combine), so that all of them round alike; false where both states are empty
+ * (nothing to do). Merging an empty state changes nothing; merging into one copies exactly
+ * (ca = 0, cb = 1). */
+static __device__ inline bool rf__merge_factors(float m_t, float m_c, float *m, float *ca, float *cb) {
+    *m = fmaxf(m_t, m_c);
+    if (*m == -INFINITY) return false;
+    *ca = expf(m_t - *m), *cb = expf(m_c - *m);
+    return true;
+}
+
 static __device__ inline float rf__bf16_round(float x, int bf16) {
     return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
 }
@@ -336,13 +351,21 @@ void rf__cuda_flash_paged_forward(float *out, const float *q, const float *k_poo
  * rf__cuda_flash_forward / _backward take under RF_ATT_BF16_TC; the backward's di (T, H) =
  * dout . out, made by the caller. */
 int rf__cuda_flash_mma_supported(int D, int backward);
-/* rf__cuda_flash_paged_forward's twin on tensor cores (decoding under RF_ATT_BF16_TC): a row
+/* rf__cuda_flash_paged_forward's twins on tensor cores (decoding under RF_ATT_BF16_TC), 1 when
+ * launched: the rows of every sequence, or of all but one-query ones (skip_one_query); or the
+ * chunk states of one-query sequences' rows into part (m, l (n_seq, H, max_chunks) then acc
+ * (n_seq, H, max_chunks, D)), which cuda_flash.cu's combine merges in order. Either way a row
  * gets the bits rf__cuda_flash_forward_mma gives it. */
-void rf__cuda_flash_paged_forward_mma(float *out, const float *q, const float *k_pool,
-                                      const float *v_pool, const int32_t *q_off,
-                                      const int32_t *block_table, int max_blocks,
-                                      const int32_t *k_len, int n_seq, int block_size, int H,
-                                      int KVH, int D);
+int rf__cuda_flash_paged_forward_mma(float *out, const float *q, const float *k_pool,
+                                     const float *v_pool, const int32_t *q_off,
+                                     const int32_t *block_table, int max_blocks,
+                                     const int32_t *k_len, int n_seq, int block_size, int H,
+                                     int KVH, int D, int skip_one_query);
+int rf__cuda_flash_paged_chunks_mma(float *part, const float *q, const float *k_pool,
+                                    const float *v_pool, const int32_t *q_off,
+                                    const int32_t *block_table, int max_blocks,
+                                    const int32_t *k_len, int n_seq, int block_size, int H,
+                                    int KVH, int D, int max_chunks);
 void rf__cuda_flash_forward_mma(float *out, float *lse, const float *q, const float *k,
                                 const float *v, const int32_t *q_off, const int32_t *k_start,
                                 const int32_t *k_len, int n_seq, int H, int KVH, int D);

@@ -75,16 +75,14 @@ static size_t smem_bytes(int tiles, int D) { return sizeof(float) * (size_t)tile
 /* ---- forward ---- */
 
 /* (m_t, l_t, acc_t) = the softmax state of keys A, merged with (m_c, l_c, acc_c), that of the
- * keys B after them: the state of A then B. An empty state (m = -inf, l = 0, acc = 0) adds
- * nothing, and merging into an empty one copies exactly (factors exp(-inf) = 0, exp(0) = 1).
- * One function for the forward's own chunk boundaries and for split decoding's combine, so
- * both round alike. */
+ * keys B after them: the state of A then B (rf__merge_factors, cuda_common.cuh, which the
+ * tensor-core forward's chunk boundaries share). One function for the forward's own chunk
+ * boundaries and for split decoding's combine, so both round alike. */
 template <int NPL>
 static __device__ inline void merge_state(float &m_t, float &l_t, float *acc_t, float m_c,
                                           float l_c, const float *acc_c) {
-    float m = fmaxf(m_t, m_c);
-    if (m == -INFINITY) return;
-    float ca = expf(m_t - m), cb = expf(m_c - m);
+    float m, ca, cb;
+    if (!rf__merge_factors(m_t, m_c, &m, &ca, &cb)) return;
     l_t = fmaf(l_t, ca, l_c * cb);
 #pragma unroll
     for (int i = 0; i < NPL; i++) acc_t[i] = fmaf(acc_t[i], ca, acc_c[i] * cb);
@@ -305,29 +303,30 @@ void rf__cuda_flash_paged_forward(float *out, const float *q, const float *k_poo
                                   const int32_t *k_len, int n_seq, int block_size, int H,
                                   int KVH, int D) {
     int att = rf__cuda_attention_bf16(), bf16 = att != RF_ATT_FP32;
-    if (att == RF_ATT_BF16_TC && rf__cuda_flash_mma_supported(D, 0)) { /* training's twin */
-        rf__cuda_flash_paged_forward_mma(out, q, k_pool, v_pool, q_off, block_table, max_blocks,
-                                         k_len, n_seq, block_size, H, KVH, D);
-        return;
-    }
+    int tc = att == RF_ATT_BF16_TC && rf__cuda_flash_mma_supported(D, 0); /* training's twin */
     kv_paged kv = {block_table, max_blocks, block_size, KVH, D};
     long long chunks = ((long long)max_blocks * block_size + CH - 1) / CH; /* of the longest */
     int max_chunks = chunks > INT_MAX ? INT_MAX : (int)chunks;
     int split = paged_split(n_seq, H, KVH, D, max_chunks);
-    if (!launch_forward(out, (float *)NULL, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D,
-                        bf16, split) || !split)
-        return;
+    int ok = tc ? rf__cuda_flash_paged_forward_mma(out, q, k_pool, v_pool, q_off, block_table, max_blocks,
+                                                   k_len, n_seq, block_size, H, KVH, D, split)
+                : launch_forward(out, (float *)NULL, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH,
+                                 D, bf16, split);
+    if (!ok || !split) return;
     cudaStream_t st = rf__cuda.stream;
     size_t n = (size_t)n_seq * H * max_chunks;
     float *part = NULL; /* chunk states: m, l (n) then acc (n, D); stream-ordered */
     if (!RF_CUDA_CHECK(cudaMallocAsync((void **)&part, sizeof(float) * n * (D + 2), st))) return;
     dim3 grid((unsigned)max_chunks, (unsigned)n_seq, (unsigned)KVH);
-    int ok = D <= 64 ? launch_forward_t<2, kv_paged, true>(grid, NULL, NULL, part, q, k_pool, v_pool,
-                                                           kv, q_off, k_len, H, KVH, D, bf16,
-                                                           0, max_chunks)
-                     : launch_forward_t<4, kv_paged, true>(grid, NULL, NULL, part, q, k_pool, v_pool,
-                                                           kv, q_off, k_len, H, KVH, D, bf16,
-                                                           0, max_chunks);
+    if (tc)
+        ok = rf__cuda_flash_paged_chunks_mma(part, q, k_pool, v_pool, q_off, block_table, max_blocks, k_len,
+                                             n_seq, block_size, H, KVH, D, max_chunks);
+    else if (D <= 64)
+        ok = launch_forward_t<2, kv_paged, true>(grid, NULL, NULL, part, q, k_pool, v_pool, kv, q_off, k_len,
+                                                 H, KVH, D, bf16, 0, max_chunks);
+    else
+        ok = launch_forward_t<4, kv_paged, true>(grid, NULL, NULL, part, q, k_pool, v_pool, kv, q_off, k_len,
+                                                 H, KVH, D, bf16, 0, max_chunks);
     if (ok) {
         size_t blocks = ((size_t)n_seq * H + FWARPS - 1) / FWARPS;
         unsigned g = blocks > RF_CUDA_MAX_GRID ? RF_CUDA_MAX_GRID : (unsigned)blocks;

@@ -12,10 +12,13 @@
  * Forward work split. A block of 4 warps owns a tile of 64 (query, head) rows of one (sequence,
  * KV head), the rows of the group's heads query by query, each warp 16 of them, and visits the
  * key tiles of RF_FLASH_BC = 32 keys in order: the same key tiles, hence the same online-softmax
- * steps per row, as the mirror and the FMA kernel (which also merges chunks of RF_FLASH_CHUNK
- * keys; this one takes every tile in one run). It is also decoding's attention over the paged KV
- * cache at precision bf16 (rf__cuda_flash_paged_forward_mma), one block per
- * (row tile, sequence, KV head), never split: a row gets training's bits. Per key tile:
+ * steps per row, as the mirror and the FMA kernel, and like them takes a row's keys in chunks of
+ * RF_FLASH_CHUNK from an empty state each, merging the chunks' states in order. It is also
+ * decoding's attention over the paged KV cache at precision bf16
+ * (rf__cuda_flash_paged_forward_mma), one block per (row tile, sequence, KV head), or, for the
+ * one-query rows of a step with few sequences, one block per key chunk, whose states
+ * cuda_flash.cu's combine merges in the same order (FlashDecoding's split, Dao et al. 2023;
+ * rf__cuda_flash_paged_chunks_mma): either way a row gets training's bits. Per key tile:
  *  1. the block stages K (by rows) and V (transposed), rounded to bf16, in shared memory, two
  *     key tiles a round (Q was staged once per row tile and sits in each warp's registers as A
  *     fragments);
@@ -48,12 +51,18 @@ static_assert(TC_BC % 16 == 0, "key tiles of whole k-steps of the second product
 
 #define TC_KT (2 * TC_BC) /* keys the forward stages per round: two of the mirror's key tiles */
 
-/* The forward's shared memory for head dim D: Q (TC_BR x (D + 8)) and K (TC_KT x (D + 8)) as
- * bf16 rows, V transposed (D x (TC_KT + 8), bf16: the second product's B operand reads pairs of
- * adjacent keys). Rows padded by 8 elements: the fragment loads of a warp's 32 lanes (8 rows x 4
- * pairs) fall in 32 different banks. */
-static __host__ __device__ inline size_t fwd_smem_bytes(int D) {
-    return sizeof(__nv_bfloat16) * ((size_t)(TC_BR + TC_KT) * (D + TC_PAD) + (size_t)D * (TC_KT + TC_PAD));
+/* The forward's shared memory for head dim D: where it merges chunks (merged), first the merged
+ * state's outputs, each lane's own (D / 2 floats a lane, float4 slots, conflict-free: kept out of
+ * the registers, where at D = 64 they made ptxas spill); then Q (TC_BR x (D + 8)) and K (TC_KT x
+ * (D + 8)) as bf16 rows, V transposed (D x (TC_KT + 8), bf16: the second product's B operand
+ * reads pairs of adjacent keys). Rows padded by 8 elements: the fragment loads of a warp's 32
+ * lanes (8 rows x 4 pairs) fall in 32 different banks. */
+static __host__ __device__ inline size_t fwd_merged_bytes(int D, bool merged) {
+    return merged ? sizeof(float) * (size_t)TC_THREADS * (D / 2) : 0;
+}
+static __host__ __device__ inline size_t fwd_smem_bytes(int D, bool merged) {
+    return fwd_merged_bytes(D, merged) +
+           sizeof(__nv_bfloat16) * ((size_t)(TC_BR + TC_KT) * (D + TC_PAD) + (size_t)D * (TC_KT + TC_PAD));
 }
 
 /* Rounds 4 floats to bf16 into tile row r at column d (8 bytes; d a multiple of 4) and, when
@@ -93,32 +102,77 @@ static __device__ inline void stage(__nv_bfloat16 *tile, int ld, __nv_bfloat16 *
     }
 }
 
-/* grid (tiles of TC_BR (query, head) pairs, stride gridDim.x; n_seq; KVH), TC_THREADS threads,
- * fwd_smem_bytes(D) of dynamic shared memory. A tile holds the rows of every head of a KV head's
+/* A chunk's state (m, this lane's part of l, o: the lane's two rows) merged into the merged state
+ * of the chunks before it (mt, lt, and the lane's outputs in its shared slots ot[n TC_THREADS]:
+ * rows g and g + 8 as x, y and z, w), as split decoding's combine merges it (rf__merge_factors):
+ * the chunk's l is its 4 lanes' parts added first. reset: the chunk's state emptied for the
+ * next one. Every lane of the warp takes part (shuffles). */
+template <int NT>
+static __device__ inline void merge_chunk(float4 *ot, float (*o)[4], float *m, float *l, float *mt, float *lt,
+                                          bool reset) {
+    float ca[2], cb[2];
+    bool any[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float lc = l[h], mm;
+        lc += __shfl_xor_sync(0xffffffffu, lc, 1);
+        lc += __shfl_xor_sync(0xffffffffu, lc, 2);
+        any[h] = rf__merge_factors(mt[h], m[h], &mm, &ca[h], &cb[h]);
+        if (any[h]) lt[h] = fmaf(lt[h], ca[h], lc * cb[h]), mt[h] = mm;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        float4 x = ot[n * TC_THREADS];
+        if (any[0]) x.x = fmaf(x.x, ca[0], o[n][0] * cb[0]), x.y = fmaf(x.y, ca[0], o[n][1] * cb[0]);
+        if (any[1]) x.z = fmaf(x.z, ca[1], o[n][2] * cb[1]), x.w = fmaf(x.w, ca[1], o[n][3] * cb[1]);
+        ot[n * TC_THREADS] = x;
+        if (reset) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    }
+    if (reset) m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
+}
+
+/* grid (tiles of TC_BR (query, head) pairs, stride gridDim.x; n_seq; KVH) or, SPLIT, (key chunks;
+ * n_seq; KVH), TC_THREADS threads, fwd_smem_bytes(D, !SPLIT) of dynamic shared memory. A tile
+ * holds the rows of every head of a KV head's
  * group (pair p = query p / group, head p % group of the group), so each key tile is loaded once
  * for the group, as in cuda_flash.cu. Warp w owns the tile's rows 16 w .. 16 w + 15; lane
  * (g, t) (cuda_mma.cuh) holds rows g and g + 8 of them: its Q fragments (D / 16 x 4 registers),
  * its part of the 16 x TC_BC scores, its m and l, and its part of O (D / 8 x 4 floats), all in
  * registers across the key tiles. Per key tile: S = Q K^T (D / 16 x 4 products), each row's
  * max over its 4 lanes (two shuffles), corr = exp(m - m'), p = exp(s - m'), l = l corr + p
- * (fp32, the lane's own part; the 4 parts are added at the end), p rounded to bf16 as the A
- * operand of O = O corr + P V (2 x D / 8 products). A row's arithmetic depends on its own q and
- * keys only (a product's row i reads row i of A; key tiles past a row's last key add exact
- * zeros: p = 0, corr = 1), so training's forward (kv_rows) and decoding's over the paged cache
- * (kv_paged) give a row the same bits. */
-template <int D, bool VEC, class KV>
+ * (fp32, the lane's own part; the 4 parts are added at the end of each chunk), p rounded to
+ * bf16 as the A operand of O = O corr + P V (2 x D / 8 products). Every RF_FLASH_CHUNK keys
+ * (two staging rounds) the chunk's state is merged into the merged state (merge_chunk, the
+ * factors of rf__merge_factors, as the combine takes them) and starts afresh. SPLIT: block x
+ * takes chunk x of the rows of one-query sequences (the only ones it takes; an unsplit launch
+ * beside it skips them, skip_one_query) and writes the chunk's state (m, l, unnormalised O) to
+ * part, where cuda_flash.cu's decode_combine_kernel merges the chunks from an empty state as
+ * this kernel merges them. A row's arithmetic depends on its own q and keys only (a product's
+ * row i reads row i of A; key tiles past a row's last key add exact zeros: p = 0, corr = 1;
+ * chunks past it are empty states, whose merge changes nothing), so training's forward
+ * (kv_rows) and decoding's over the paged cache (kv_paged), split or not, give a row the same
+ * bits. */
+template <int D, bool VEC, class KV, bool SPLIT>
 static __global__ void __launch_bounds__(TC_THREADS)
-flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
-                         KV kv, const int32_t *q_off, const int32_t *k_len, int H, int KVH) {
+flash_forward_mma_kernel(float *out, float *lse, float *part, const float *q, const float *k,
+                         const float *v, KV kv, const int32_t *q_off, const int32_t *k_len, int H,
+                         int KVH, int skip_one_query, int max_chunks) {
     constexpr int LDH = D + TC_PAD, LDT = TC_KT + TC_PAD, KS = D / 16, NT = D / 8;
+    static_assert(RF_FLASH_CHUNK % TC_KT == 0, "chunks are whole staging rounds");
     extern __shared__ __align__(128) unsigned char smem[];
-    __nv_bfloat16 *Q = (__nv_bfloat16 *)smem, *K = Q + TC_BR * LDH, *Vt = K + TC_KT * LDH;
+    float4 *ot = (float4 *)smem + threadIdx.x; /* this lane's merged outputs: slot n at ot[n TC_THREADS] */
+    __nv_bfloat16 *Q = (__nv_bfloat16 *)(smem + fwd_merged_bytes(D, !SPLIT));
+    __nv_bfloat16 *K = Q + TC_BR * LDH, *Vt = K + TC_KT * LDH;
     int s = blockIdx.y, kvh = blockIdx.z, group = H / KVH;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wr0 = warp * 16, g = lane / 4, t = lane % 4;
     int qlen = q_off[s + 1] - q_off[s], klen = k_len[s], off = klen - qlen;
+    if (SPLIT ? qlen != 1 : skip_one_query && qlen == 1) return; /* block-uniform */
+    int chunk = SPLIT ? (int)blockIdx.x : 0, x0 = SPLIT ? 0 : (int)blockIdx.x;
+    int xs = SPLIT ? 1 : (int)gridDim.x;
+    if (SPLIT && chunk * RF_FLASH_CHUNK >= klen) return;
     int pairs = qlen * group;
     float scale = 1.0f / sqrtf((float)D);
-    for (int p0 = blockIdx.x * TC_BR; p0 < pairs; p0 += gridDim.x * TC_BR) {
+    for (int p0 = x0 * TC_BR; p0 < pairs; p0 += xs * TC_BR) {
         int nr = min(TC_BR, pairs - p0);
         __syncthreads(); /* the previous tile's readers are done */
         int q_first = q_off[s];
@@ -134,17 +188,26 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
             qa[kk][0] = rf__ld_bf16x2(r0), qa[kk][1] = rf__ld_bf16x2(r1);
             qa[kk][2] = rf__ld_bf16x2(r0 + 8), qa[kk][3] = rf__ld_bf16x2(r1 + 8);
         }
+        /* the running chunk's state (m, l: this lane's part, o) and, not SPLIT, the merged state
+         * of the chunks before it (mt, lt: the whole row's; its outputs in ot) */
         float o[NT][4];
 #pragma unroll
-        for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        for (int n = 0; n < NT; n++) {
+            o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+            if (!SPLIT) ot[n * TC_THREADS] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
         /* this lane's two rows: valid, and the last key each sees */
         int ra = wr0 + g, rb = ra + 8;
         int lima = ra < nr ? (p0 + ra) / group + off : -1, limb = rb < nr ? (p0 + rb) / group + off : -1;
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        float mt[2] = {-INFINITY, -INFINITY}, lt[2] = {0.0f, 0.0f};
         int nkeys = min((p0 + nr - 1) / group + 1 + off, klen); /* the tile's last query's */
+        int jlo = SPLIT ? chunk * RF_FLASH_CHUNK : 0, jhi = SPLIT ? min(nkeys, jlo + RF_FLASH_CHUNK) : nkeys;
         /* the warp's rows see keys up to wlim; rows past nr none (warp-uniform) */
         int wlim = wr0 < nr ? (p0 + min(wr0 + 15, nr - 1)) / group + off : -1;
-        for (int j00 = 0; j00 < nkeys; j00 += TC_KT) { /* staging rounds of two key tiles */
+        for (int j00 = jlo; j00 < jhi; j00 += TC_KT) { /* staging rounds of two key tiles */
+            if (!SPLIT && j00 > 0 && j00 % RF_FLASH_CHUNK == 0) /* a chunk ends: merge it, start the next */
+                merge_chunk<NT>(ot, o, m, l, mt, lt, true);
             int nk = min(TC_KT, klen - j00);
             __syncthreads();
             stage<D, VEC>(K, LDH, (__nv_bfloat16 *)NULL, 0, nk, TC_KT, [&](int r) { return k + kv.at(s, kvh, j00 + r); });
@@ -153,7 +216,7 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
 #pragma unroll 1
             for (int sub = 0; sub < TC_KT / TC_BC; sub++) {
             int j0 = j00 + sub * TC_BC, nc = min(TC_BC, klen - j0);
-            if (j0 >= nkeys || j0 > wlim) break; /* no row of the warp sees this tile: m, l, O unchanged */
+            if (j0 >= jhi || j0 > wlim) break; /* no row of the warp sees this tile: m, l, O unchanged */
             const __nv_bfloat16 *Kb = K + sub * TC_BC * LDH, *Vb = Vt + sub * TC_BC;
             float sc[TC_BC / 8][4];
 #pragma unroll
@@ -215,23 +278,40 @@ flash_forward_mma_kernel(float *out, float *lse, const float *q, const float *k,
             }
             }
         }
+        if (!SPLIT) /* the last chunk merged */
+            merge_chunk<NT>(ot, o, m, l, mt, lt, false);
+        else
 #pragma unroll
-        for (int h = 0; h < 2; h++) { /* the row's sum over its 4 lanes */
-            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-        }
+            for (int h = 0; h < 2; h++) { /* the chunk's sum over the row's 4 lanes */
+                l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+                l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+            }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int r = h ? rb : ra, pr = p0 + r;
             if (r >= nr) continue;
-            size_t row = (size_t)(q_off[s] + pr / group) * H + kvh * group + pr % group;
-            float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+            int head = kvh * group + pr % group;
+            if (SPLIT) { /* one query: pair pr is head pr of the group; the chunk's state */
+                size_t slot = ((size_t)s * H + head) * max_chunks + chunk;
+                float *pm = part, *pl = pm + (size_t)gridDim.y * H * max_chunks;
+                float *pacc = pl + (size_t)gridDim.y * H * max_chunks;
+                if (t == 0) pm[slot] = m[h], pl[slot] = l[h];
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    pacc[slot * D + n * 8 + 2 * t] = o[n][2 * h];
+                    pacc[slot * D + n * 8 + 2 * t + 1] = o[n][2 * h + 1];
+                }
+                continue;
+            }
+            size_t row = (size_t)(q_off[s] + pr / group) * H + head;
+            float inv = lt[h] > 0.0f ? 1.0f / lt[h] : 0.0f;
 #pragma unroll
             for (int n = 0; n < NT; n++) {
-                out[row * D + n * 8 + 2 * t] = o[n][2 * h] * inv;
-                out[row * D + n * 8 + 2 * t + 1] = o[n][2 * h + 1] * inv;
+                float4 x = ot[n * TC_THREADS];
+                out[row * D + n * 8 + 2 * t] = (h ? x.z : x.x) * inv;
+                out[row * D + n * 8 + 2 * t + 1] = (h ? x.w : x.y) * inv;
             }
-            if (lse && t == 0) lse[row] = l[h] > 0.0f ? m[h] + logf(l[h]) : -INFINITY;
+            if (lse && t == 0) lse[row] = lt[h] > 0.0f ? mt[h] + logf(lt[h]) : -INFINITY;
         }
     }
 }
@@ -253,39 +333,53 @@ static int vec_ok(const void *a, const void *b, const void *c) {
     return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
 }
 
-template <int D, bool VEC, class KV>
-static void launch_forward_mma_v(float *out, float *lse, const float *q, const float *k,
-                                 const float *v, KV kv, const int32_t *q_off, const int32_t *k_len,
-                                 int n_seq, int H, int KVH) {
-    size_t bytes = fwd_smem_bytes(D);
-    if (!rf__allow_smem(flash_forward_mma_kernel<D, VEC, KV>, bytes)) return;
-    dim3 grid((unsigned)rf__flash_forward_gx(n_seq, KVH), (unsigned)n_seq, (unsigned)KVH);
-    flash_forward_mma_kernel<D, VEC, KV><<<grid, TC_THREADS, bytes, rf__cuda.stream>>>(
-        out, lse, q, k, v, kv, q_off, k_len, H, KVH);
-    RF_CUDA_LAUNCH_CHECK();
+/* What a forward launch does: the rows of every sequence (training; a paged forward that does
+ * not split), all but one-query sequences' (skip_one_query: a split launch takes those), or the
+ * one-query sequences' key chunks into part (split). */
+struct fwd_launch {
+    float *out, *lse, *part;
+    int skip_one_query, split, max_chunks;
+};
+
+/* 1 when launched. */
+template <int D, bool VEC, bool SPLIT, class KV>
+static int launch_forward_mma_v(const fwd_launch &L, const float *q, const float *k, const float *v,
+                                KV kv, const int32_t *q_off, const int32_t *k_len, int n_seq, int H,
+                                int KVH) {
+    size_t bytes = fwd_smem_bytes(D, !SPLIT);
+    if (!rf__allow_smem(flash_forward_mma_kernel<D, VEC, KV, SPLIT>, bytes)) return 0;
+    unsigned gx = SPLIT ? (unsigned)L.max_chunks : (unsigned)rf__flash_forward_gx(n_seq, KVH);
+    dim3 grid(gx, (unsigned)n_seq, (unsigned)KVH);
+    flash_forward_mma_kernel<D, VEC, KV, SPLIT><<<grid, TC_THREADS, bytes, rf__cuda.stream>>>(
+        L.out, L.lse, L.part, q, k, v, kv, q_off, k_len, H, KVH, L.skip_one_query, L.max_chunks);
+    return RF_CUDA_LAUNCH_CHECK();
 }
 
 template <int D, class KV>
-static void launch_forward_mma_d(float *out, float *lse, const float *q, const float *k,
-                                 const float *v, KV kv, const int32_t *q_off, const int32_t *k_len,
-                                 int n_seq, int H, int KVH) {
-    if (vec_ok(q, k, v)) launch_forward_mma_v<D, true>(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH);
-    else launch_forward_mma_v<D, false>(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH);
+static int launch_forward_mma_d(const fwd_launch &L, const float *q, const float *k, const float *v,
+                                KV kv, const int32_t *q_off, const int32_t *k_len, int n_seq, int H,
+                                int KVH) {
+    int vec = vec_ok(q, k, v);
+    if (L.split)
+        return vec ? launch_forward_mma_v<D, true, true>(L, q, k, v, kv, q_off, k_len, n_seq, H, KVH)
+                   : launch_forward_mma_v<D, false, true>(L, q, k, v, kv, q_off, k_len, n_seq, H, KVH);
+    return vec ? launch_forward_mma_v<D, true, false>(L, q, k, v, kv, q_off, k_len, n_seq, H, KVH)
+               : launch_forward_mma_v<D, false, false>(L, q, k, v, kv, q_off, k_len, n_seq, H, KVH);
 }
 
 /* D a multiple of 16 up to RF_FLASH_MAX_D (rf__cuda_flash_mma_supported): the registers of a
  * lane's fragments are sized at compile time. */
 template <class KV>
-static void launch_forward_mma(float *out, float *lse, const float *q, const float *k,
-                               const float *v, KV kv, const int32_t *q_off, const int32_t *k_len,
-                               int n_seq, int H, int KVH, int D) {
+static int launch_forward_mma(const fwd_launch &L, const float *q, const float *k, const float *v,
+                              KV kv, const int32_t *q_off, const int32_t *k_len, int n_seq, int H,
+                              int KVH, int D) {
     static_assert(RF_FLASH_MAX_D == 128, "one instantiation per head dim below");
     switch (D) {
-#define RF_FWD_D(d) case d: launch_forward_mma_d<d>(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH); break;
+#define RF_FWD_D(d) case d: return launch_forward_mma_d<d>(L, q, k, v, kv, q_off, k_len, n_seq, H, KVH);
         RF_FWD_D(16) RF_FWD_D(32) RF_FWD_D(48) RF_FWD_D(64) RF_FWD_D(80) RF_FWD_D(96) RF_FWD_D(112) RF_FWD_D(128)
 #undef RF_FWD_D
     default: /* unreachable: rf__cuda_flash_mma_supported refuses such a D */
-        rf__cuda_fail("tensor-core attention forward", "head dim not a multiple of 16 up to 128", __FILE__, __LINE__);
+        return rf__cuda_fail("tensor-core attention forward", "head dim not a multiple of 16 up to 128", __FILE__, __LINE__);
     }
 }
 
@@ -293,16 +387,28 @@ void rf__cuda_flash_forward_mma(float *out, float *lse, const float *q, const fl
                                 const float *v, const int32_t *q_off, const int32_t *k_start,
                                 const int32_t *k_len, int n_seq, int H, int KVH, int D) {
     kv_rows kv = {k_start, KVH, D};
-    launch_forward_mma(out, lse, q, k, v, kv, q_off, k_len, n_seq, H, KVH, D);
+    fwd_launch L = {out, lse, NULL, 0, 0, 0};
+    launch_forward_mma(L, q, k, v, kv, q_off, k_len, n_seq, H, KVH, D);
 }
 
-void rf__cuda_flash_paged_forward_mma(float *out, const float *q, const float *k_pool,
-                                      const float *v_pool, const int32_t *q_off,
-                                      const int32_t *block_table, int max_blocks,
-                                      const int32_t *k_len, int n_seq, int block_size, int H,
-                                      int KVH, int D) {
+int rf__cuda_flash_paged_forward_mma(float *out, const float *q, const float *k_pool,
+                                     const float *v_pool, const int32_t *q_off,
+                                     const int32_t *block_table, int max_blocks,
+                                     const int32_t *k_len, int n_seq, int block_size, int H,
+                                     int KVH, int D, int skip_one_query) {
     kv_paged kv = {block_table, max_blocks, block_size, KVH, D};
-    launch_forward_mma(out, (float *)NULL, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D);
+    fwd_launch L = {out, NULL, NULL, skip_one_query, 0, 0};
+    return launch_forward_mma(L, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D);
+}
+
+int rf__cuda_flash_paged_chunks_mma(float *part, const float *q, const float *k_pool,
+                                    const float *v_pool, const int32_t *q_off,
+                                    const int32_t *block_table, int max_blocks,
+                                    const int32_t *k_len, int n_seq, int block_size, int H,
+                                    int KVH, int D, int max_chunks) {
+    kv_paged kv = {block_table, max_blocks, block_size, KVH, D};
+    fwd_launch L = {NULL, NULL, part, 0, 1, max_chunks};
+    return launch_forward_mma(L, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D);
 }
 
 /* ---- backward (training layout), at bf16 on tensor cores ----
@@ -350,7 +456,7 @@ static size_t smem_optin(void) {
 int rf__cuda_flash_mma_supported(int D, int backward) {
     if (D % 16 != 0 || D > RF_FLASH_MAX_D || device_major() < 8) return 0;
     /* where the tiles do not fit the device's opt-in limit, the FMA kernels */
-    return (backward ? bwd_smem_bytes(D) : fwd_smem_bytes(D)) <= smem_optin();
+    return (backward ? bwd_smem_bytes(D) : fwd_smem_bytes(D, true)) <= smem_optin();
 }
 
 /* lse and Di of `rows` query rows row0, row0 + H, ... (n of them; zero past n). */
