@@ -6,13 +6,19 @@
  *    in oneDNN's preferred layout, reordered once) and OpenBLAS sgemm beside them for reference
  *    (the line "sgemm_peak", as before). The fp32 peak is the best f32 product; the bf16 peak
  *    the best of all of them (a bf16 run could always do its products in f32).
+ *  - matmul_from_memory: the same products (oneDNN f32 and bf16) over sets of operands twice
+ *    the last-level cache, visited in turn, so that each finds its input, packed weight and
+ *    output in memory, as a training step's products do (the mean of the rounds): what the
+ *    products alone reach when their operands stream from DRAM, a bound the peak above does
+ *    not show on a machine whose products outrun its memory (AMX's bf16 tiles on two cores);
  *  - memory: copy bandwidth over buffers much larger than the last-level cache (DRAM) and over
  *    buffers that fit in it (in cache), and read-only bandwidth over the DRAM buffer, all with
  *    OMP_NUM_THREADS threads (the line "memcpy", as before).
  * Figures, each with its fraction of the matching peak:
  *  - train_step: forward + log-probs + backward + optimizer step (gradient-norm clipping and
  *    AdamW, trainer/optim.c) of B x L tokens; FLOPs 6 N + causal attention per token (PaLM's
- *    MFU convention, rf_model_train_flops_per_token); against the fp32 or bf16 peak;
+ *    MFU convention, rf_model_train_flops_per_token); against the fp32 or bf16 peak, and the
+ *    products' from-memory figure beside it;
  *  - prefill: B x L prompt tokens into the KV cache; 2 x (layer matmul weights) per token, the
  *    LM head on each prompt's last token, causal attention;
  *  - decode: KV-cache decoding at batch 1 (weights streamed once per step: against the read
@@ -208,6 +214,8 @@ static double rss_mb(void) {
 typedef struct hw_baseline {
     double blas_f32, dnnl_f32, dnnl_bf16; /* GFLOP/s on (M, N, K); 0 = unavailable */
     double peak_f32, peak_bf16;           /* best f32 product; best product of any kind */
+    double mem_f32, mem_bf16; /* the same products with their operands in memory (dnnl_peak's
+                                 sets): what a step's products can reach (best f32; best of any) */
     double dram_copy, cache_copy, dram_read; /* GB/s (copy: read + write bytes) */
     size_t llc_bytes;
 } hw_baseline;
@@ -249,8 +257,12 @@ static void dnnl_fill(dnnl_memory_t mem, size_t n, dnnl_data_type_t dt, int mod)
 
 /* oneDNN matmul (M, K) x (K, N) -> (M, N) f32 with operands of type dt, weights given as
  * (N, K) row-major (the model's layout) and reordered once into the layout oneDNN picks.
- * Best GFLOP/s of reps runs; the implementation's name goes to impl (cap bytes). */
-static double dnnl_peak(int M, int N, int K, dnnl_data_type_t dt, int reps, char *impl, size_t cap) {
+ * sets = 1: the best GFLOP/s of reps runs on one set of operands, which stay in the caches (the
+ * peak). sets > 1: as many sets of operands (input, packed weight, output), visited in turn for
+ * reps rounds, so that each product finds its operands in memory as a training step's products
+ * do; the mean GFLOP/s of the rounds after the first. The implementation's name goes to impl
+ * (cap bytes). */
+static double dnnl_peak(int M, int N, int K, dnnl_data_type_t dt, int reps, int sets, char *impl, size_t cap) {
     dnnl_engine_t eng;
     dnnl_stream_t st;
     DNNL_OK(dnnl_engine_create(&eng, dnnl_cpu, 0));
@@ -273,33 +285,44 @@ static double dnnl_peak(int M, int N, int K, dnnl_data_type_t dt, int reps, char
     dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name);
     snprintf(impl, cap, "%s", name);
     const dnnl_memory_desc_t *w_md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    dnnl_memory_t a, wu, w, c;
-    DNNL_OK(dnnl_memory_create(&a, &a_md, eng, DNNL_MEMORY_ALLOCATE));
+    dnnl_memory_t wu, *a = calloc(sets, sizeof *a), *w = calloc(sets, sizeof *w), *c = calloc(sets, sizeof *c);
+    RF_ASSERT(a && w && c);
     DNNL_OK(dnnl_memory_create(&wu, &w_user, eng, DNNL_MEMORY_ALLOCATE));
-    DNNL_OK(dnnl_memory_create(&w, w_md, eng, DNNL_MEMORY_ALLOCATE));
-    DNNL_OK(dnnl_memory_create(&c, &c_md, eng, DNNL_MEMORY_ALLOCATE));
-    dnnl_fill(a, (size_t)M * K, dt, 7), dnnl_fill(wu, (size_t)N * K, dt, 5);
+    dnnl_fill(wu, (size_t)N * K, dt, 5);
     dnnl_primitive_desc_t rpd; /* the weights' reorder, once (as a model would per update) */
     dnnl_primitive_t reorder, prim;
     DNNL_OK(dnnl_reorder_primitive_desc_create(&rpd, &w_user, eng, w_md, eng, NULL));
     DNNL_OK(dnnl_primitive_create(&reorder, rpd));
-    dnnl_exec_arg_t rargs[2] = {{DNNL_ARG_FROM, wu}, {DNNL_ARG_TO, w}};
-    DNNL_OK(dnnl_primitive_execute(reorder, st, 2, rargs));
+    for (int i = 0; i < sets; i++) {
+        DNNL_OK(dnnl_memory_create(&a[i], &a_md, eng, DNNL_MEMORY_ALLOCATE));
+        DNNL_OK(dnnl_memory_create(&w[i], w_md, eng, DNNL_MEMORY_ALLOCATE));
+        DNNL_OK(dnnl_memory_create(&c[i], &c_md, eng, DNNL_MEMORY_ALLOCATE));
+        dnnl_fill(a[i], (size_t)M * K, dt, 7), dnnl_fill(c[i], (size_t)M * N, dnnl_f32, 3);
+        dnnl_exec_arg_t rargs[2] = {{DNNL_ARG_FROM, wu}, {DNNL_ARG_TO, w[i]}};
+        DNNL_OK(dnnl_primitive_execute(reorder, st, 2, rargs));
+    }
     DNNL_OK(dnnl_primitive_create(&prim, pd));
-    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, c}};
-    double best = 0;
+    double best = 0, total = 0;
+    int timed = 0;
     for (int r = 0; r <= reps; r++) {
-        double t = rf_time_now();
-        DNNL_OK(dnnl_primitive_execute(prim, st, 3, args));
-        DNNL_OK(dnnl_stream_wait(st));
-        double g = gflops_of(M, N, K, rf_time_now() - t);
-        if (r > 0 && g > best) best = g;
+        double round = rf_time_now();
+        for (int i = 0; i < sets; i++) {
+            dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, a[i]}, {DNNL_ARG_WEIGHTS, w[i]}, {DNNL_ARG_DST, c[i]}};
+            double t = rf_time_now();
+            DNNL_OK(dnnl_primitive_execute(prim, st, 3, args));
+            DNNL_OK(dnnl_stream_wait(st));
+            double g = gflops_of(M, N, K, rf_time_now() - t);
+            if (r > 0 && g > best) best = g;
+        }
+        if (r > 0) total += rf_time_now() - round, timed += sets; /* the first round warms up */
     }
     dnnl_primitive_destroy(prim), dnnl_primitive_destroy(reorder);
     dnnl_primitive_desc_destroy(rpd), dnnl_primitive_desc_destroy(pd);
-    dnnl_memory_destroy(a), dnnl_memory_destroy(wu), dnnl_memory_destroy(w), dnnl_memory_destroy(c);
+    for (int i = 0; i < sets; i++) dnnl_memory_destroy(a[i]), dnnl_memory_destroy(w[i]), dnnl_memory_destroy(c[i]);
+    dnnl_memory_destroy(wu);
+    free(a), free(w), free(c);
     dnnl_stream_destroy(st), dnnl_engine_destroy(eng);
-    return best;
+    return sets == 1 ? best : gflops_of(M, N, K, total / timed);
 }
 
 /* Bytes of the last-level cache: sysfs (what lscpu shows), else sysconf (which reads CPUID and
@@ -380,12 +403,18 @@ static void print_machine(void) {
            name, omp_get_max_threads(), avx512_bf16 ? "true" : "false", amx_bf16 ? "true" : "false");
 }
 
+/* Sets of set_bytes whose total is twice the last-level cache: 4 to 512. */
+static int sets_for(size_t set_bytes, size_t llc) {
+    size_t n = (2 * llc + set_bytes - 1) / set_bytes;
+    return n < 4 ? 4 : n > 512 ? 512 : (int)n;
+}
+
 static void measure_baseline(hw_baseline *hw, int M, int N, int K, int quick) {
     int reps = quick ? 3 : 10;
     char impl_f32[128], impl_bf16[128];
     hw->blas_f32 = blas_peak(M, N, K, reps);
-    hw->dnnl_f32 = dnnl_peak(M, N, K, dnnl_f32, reps, impl_f32, sizeof impl_f32);
-    hw->dnnl_bf16 = dnnl_peak(M, N, K, dnnl_bf16, reps, impl_bf16, sizeof impl_bf16);
+    hw->dnnl_f32 = dnnl_peak(M, N, K, dnnl_f32, reps, 1, impl_f32, sizeof impl_f32);
+    hw->dnnl_bf16 = dnnl_peak(M, N, K, dnnl_bf16, reps, 1, impl_bf16, sizeof impl_bf16);
     hw->peak_f32 = hw->blas_f32 > hw->dnnl_f32 ? hw->blas_f32 : hw->dnnl_f32;
     hw->peak_bf16 = hw->dnnl_bf16 > hw->peak_f32 ? hw->dnnl_bf16 : hw->peak_f32;
     hw->llc_bytes = llc_bytes();
@@ -393,6 +422,15 @@ static void measure_baseline(hw_baseline *hw, int M, int N, int K, int quick) {
     hw->dram_copy = copy_bw(big, 1, quick ? 3 : 6);
     hw->cache_copy = copy_bw(hw->llc_bytes / 4, 16, quick ? 3 : 6); /* both buffers: half the LLC */
     hw->dram_read = read_bw(big, quick ? 3 : 6);
+    /* operands from memory: sets of them twice the last-level cache (4 to 512 sets) */
+    size_t set_f32 = 4 * ((size_t)M * K + (size_t)K * N + (size_t)M * N);
+    size_t set_bf16 = 2 * ((size_t)M * K + (size_t)K * N) + 4 * (size_t)M * N;
+    int sets_f32 = sets_for(set_f32, hw->llc_bytes), sets_bf16 = sets_for(set_bf16, hw->llc_bytes);
+    char impl_mem[128];
+    double mem_f32 = dnnl_peak(M, N, K, dnnl_f32, quick ? 1 : 3, sets_f32, impl_mem, sizeof impl_mem);
+    double mem_bf16 = dnnl_peak(M, N, K, dnnl_bf16, quick ? 1 : 3, sets_bf16, impl_mem, sizeof impl_mem);
+    hw->mem_f32 = mem_f32;
+    hw->mem_bf16 = mem_bf16 > mem_f32 ? mem_bf16 : mem_f32;
     printf("{\"bench\":\"matmul_peak\",\"lib\":\"onednn\",\"dtype\":\"f32\",\"m\":%d,\"n\":%d,\"k\":%d,"
            "\"gflops\":%.2f,\"impl\":\"%s\",\"threads\":%d}\n", M, N, K, hw->dnnl_f32, impl_f32,
            omp_get_max_threads());
@@ -402,6 +440,12 @@ static void measure_baseline(hw_baseline *hw, int M, int N, int K, int quick) {
     printf("{\"bench\":\"sgemm_peak\",\"lib\":\"openblas\",\"m\":%d,\"n\":%d,\"k\":%d,\"gflops\":%.2f,"
            "\"peak_fp32_gflops\":%.2f,\"peak_bf16_gflops\":%.2f}\n", M, N, K, hw->blas_f32,
            hw->peak_f32, hw->peak_bf16);
+    printf("{\"bench\":\"matmul_from_memory\",\"lib\":\"onednn\",\"dtype\":\"f32\",\"m\":%d,\"n\":%d,"
+           "\"k\":%d,\"sets\":%d,\"bytes\":%zu,\"gflops\":%.2f,\"fraction_of_peak\":%.3f}\n", M, N, K,
+           sets_f32, set_f32 * sets_f32, mem_f32, mem_f32 / hw->peak_f32);
+    printf("{\"bench\":\"matmul_from_memory\",\"lib\":\"onednn\",\"dtype\":\"bf16\",\"m\":%d,\"n\":%d,"
+           "\"k\":%d,\"sets\":%d,\"bytes\":%zu,\"gflops\":%.2f,\"fraction_of_peak\":%.3f}\n", M, N, K,
+           sets_bf16, set_bf16 * sets_bf16, mem_bf16, mem_bf16 / hw->peak_bf16);
     printf("{\"bench\":\"memcpy\",\"bytes\":%zu,\"gb_per_s\":%.2f,\"dram_copy_gb_per_s\":%.2f,"
            "\"dram_read_gb_per_s\":%.2f,\"cache_copy_bytes\":%zu,\"cache_copy_gb_per_s\":%.2f,"
            "\"llc_bytes\":%zu}\n", big, hw->dram_copy, hw->dram_copy, hw->dram_read,
@@ -418,6 +462,10 @@ static const char *weights_name(const bench_opts *o) { return o->frozen ? "froze
 
 static double peak_for(const hw_baseline *hw, rf_precision p) {
     return p == RF_PRECISION_BF16 ? hw->peak_bf16 : hw->peak_f32;
+}
+
+static double mem_peak_for(const hw_baseline *hw, rf_precision p) {
+    return p == RF_PRECISION_BF16 ? hw->mem_bf16 : hw->mem_f32;
 }
 
 static rf_optim_opts bench_optim_opts(void) {
@@ -481,9 +529,11 @@ static void bench_train(rf_model *m, const bench_opts *o, const hw_baseline *hw)
     printf("{\"bench\":\"train_step\",\"config\":\"%s\",\"precision\":\"%s\",\"params\":%zu,"
            "\"tokens\":%d,\"seconds\":%.4f,\"forward_s\":%.4f,\"logprobs_s\":%.4f,\"backward_s\":%.4f,"
            "\"optim_s\":%.4f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,\"peak_gflops\":%.2f,"
-           "\"fraction_of_peak\":%.3f,\"sgemm_peak_gflops\":%.2f,\"fraction_of_sgemm_peak\":%.3f}\n",
+           "\"fraction_of_peak\":%.3f,\"from_memory_gflops\":%.2f,\"fraction_of_from_memory\":%.3f,"
+           "\"sgemm_peak_gflops\":%.2f,\"fraction_of_sgemm_peak\":%.3f}\n",
            o->config, prec_name(o->precision), m->n_params, T, best.total, best.fwd, best.lp,
-           best.bwd, best.opt, T / best.total, gf, peak, gf / peak, hw->blas_f32, gf / hw->blas_f32);
+           best.bwd, best.opt, T / best.total, gf, peak, gf / peak, mem_peak_for(hw, o->precision),
+           gf / mem_peak_for(hw, o->precision), hw->blas_f32, gf / hw->blas_f32);
     free(tok), free(tgt), free(cu), free(lp), free(dlp);
 }
 
@@ -528,9 +578,10 @@ static void bench_prefill(rf_model *m, const bench_opts *o, const hw_baseline *h
     double gf = rf_bench_prefill_flops(&m->cfg, B, L) / best / 1e9, peak = peak_for(hw, o->precision);
     printf("{\"bench\":\"prefill\",\"config\":\"%s\",\"precision\":\"%s\",\"weights\":\"%s\",\"sequences\":%d,"
            "\"prompt_len\":%d,\"seconds\":%.4f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,"
-           "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.3f,\"fraction_of_sgemm_peak\":%.3f}\n",
+           "\"peak_gflops\":%.2f,\"fraction_of_peak\":%.3f,\"from_memory_gflops\":%.2f,"
+           "\"fraction_of_from_memory\":%.3f,\"fraction_of_sgemm_peak\":%.3f}\n",
            o->config, prec_name(o->precision), weights_name(o), B, L, best, B * L / best, gf, peak, gf / peak,
-           gf / hw->blas_f32);
+           mem_peak_for(hw, o->precision), gf / mem_peak_for(hw, o->precision), gf / hw->blas_f32);
     rf_kv_cache_free(&kv, m);
     free(tok), free(slots), free(counts), free(logits);
 }
