@@ -30,7 +30,7 @@ def load(paths):
                 continue
             r = json.loads(line)
             b = r["bench"]
-            if b in ("matmul_peak", "sgemm_peak", "memcpy", "machine", "op", "model_memory"):
+            if b in ("matmul_peak", "matmul_from_memory", "sgemm_peak", "memcpy", "machine", "op", "model_memory"):
                 hw.setdefault(b + str(r.get("dtype", "")), r)
                 continue
             if "error" in r:
