@@ -279,6 +279,20 @@ static __device__ inline bool rf__merge_factors(float m_t, float m_c, float *m, 
     return true;
 }
 
+/* Split decoding's chunk states, which both forwards write and cuda_flash.cu's combine reads:
+ * part holds m (n states), then l (n), then the unnormalised outputs (n x D), n = n_seq H
+ * max_chunks; the state of chunk c of row (sequence s, head h) is at (s H + h) max_chunks + c. */
+struct rf__chunk_states {
+    float *m, *l, *acc;
+    int H, max_chunks;
+    __device__ size_t at(int s, int h, int c) const { return ((size_t)s * H + h) * max_chunks + c; }
+};
+static __device__ inline rf__chunk_states rf__chunk_states_of(const float *part, int n_seq, int H, int max_chunks) {
+    size_t n = (size_t)n_seq * H * max_chunks;
+    float *m = (float *)part;
+    return rf__chunk_states{m, m + n, m + 2 * n, H, max_chunks};
+}
+
 static __device__ inline float rf__bf16_round(float x, int bf16) {
     return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
 }

@@ -183,14 +183,13 @@ flash_forward_kernel(float *out, float *lse, float *part, const float *q, const 
             if (r >= nr) continue;
             int h = kvh * group + pr % group;
             if (SPLIT) { /* one query: pair pr is head pr of the group */
-                size_t slot = ((size_t)s * H + h) * max_chunks + chunk;
-                float *pm = part, *pl = pm + (size_t)gridDim.y * H * max_chunks;
-                float *pacc = pl + (size_t)gridDim.y * H * max_chunks;
-                if (lane == 0) pm[slot] = m[rr], pl[slot] = l[rr];
+                rf__chunk_states cs = rf__chunk_states_of(part, (int)gridDim.y, H, max_chunks);
+                size_t slot = cs.at(s, h, chunk);
+                if (lane == 0) cs.m[slot] = m[rr], cs.l[slot] = l[rr];
 #pragma unroll
                 for (int i = 0; i < NPL; i++) {
                     int d = lane + 32 * i;
-                    if (d < D) pacc[slot * D + d] = acc[rr][i];
+                    if (d < D) cs.acc[slot * D + d] = acc[rr][i];
                 }
                 continue;
             }
@@ -215,8 +214,8 @@ static __global__ void decode_combine_kernel(float *out, const float *part, cons
                                              int max_chunks) {
     int lane = threadIdx.x % 32;
     size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    size_t n_warps = (size_t)gridDim.x * blockDim.x / 32, n = (size_t)n_seq * H * max_chunks;
-    const float *pm = part, *pl = pm + n, *pacc = pl + n;
+    size_t n_warps = (size_t)gridDim.x * blockDim.x / 32;
+    rf__chunk_states cs = rf__chunk_states_of(part, n_seq, H, max_chunks);
     for (size_t sh = warp; sh < (size_t)n_seq * H; sh += n_warps) {
         int s = (int)(sh / H), h = (int)(sh % H);
         if (q_off[s + 1] - q_off[s] != 1) continue;
@@ -225,13 +224,13 @@ static __global__ void decode_combine_kernel(float *out, const float *part, cons
 #pragma unroll
         for (int i = 0; i < NPL; i++) acct[i] = 0.0f;
         for (int c = 0; c < n_chunks; c++) {
-            size_t slot = sh * max_chunks + c;
+            size_t slot = cs.at(s, h, c);
 #pragma unroll
             for (int i = 0; i < NPL; i++) {
                 int d = lane + 32 * i;
-                accc[i] = d < D ? pacc[slot * D + d] : 0.0f;
+                accc[i] = d < D ? cs.acc[slot * D + d] : 0.0f;
             }
-            merge_state<NPL>(mt, lt, acct, pm[slot], pl[slot], accc);
+            merge_state<NPL>(mt, lt, acct, cs.m[slot], cs.l[slot], accc);
         }
         size_t row = (size_t)q_off[s] * H + h;
         float inv = lt > 0.0f ? 1.0f / lt : 0.0f;

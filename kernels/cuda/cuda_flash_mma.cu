@@ -292,14 +292,13 @@ flash_forward_mma_kernel(float *out, float *lse, float *part, const float *q, co
             if (r >= nr) continue;
             int head = kvh * group + pr % group;
             if (SPLIT) { /* one query: pair pr is head pr of the group; the chunk's state */
-                size_t slot = ((size_t)s * H + head) * max_chunks + chunk;
-                float *pm = part, *pl = pm + (size_t)gridDim.y * H * max_chunks;
-                float *pacc = pl + (size_t)gridDim.y * H * max_chunks;
-                if (t == 0) pm[slot] = m[h], pl[slot] = l[h];
+                rf__chunk_states cs = rf__chunk_states_of(part, (int)gridDim.y, H, max_chunks);
+                size_t slot = cs.at(s, head, chunk);
+                if (t == 0) cs.m[slot] = m[h], cs.l[slot] = l[h];
 #pragma unroll
                 for (int n = 0; n < NT; n++) {
-                    pacc[slot * D + n * 8 + 2 * t] = o[n][2 * h];
-                    pacc[slot * D + n * 8 + 2 * t + 1] = o[n][2 * h + 1];
+                    cs.acc[slot * D + n * 8 + 2 * t] = o[n][2 * h];
+                    cs.acc[slot * D + n * 8 + 2 * t + 1] = o[n][2 * h + 1];
                 }
                 continue;
             }
