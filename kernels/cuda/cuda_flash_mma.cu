@@ -102,6 +102,13 @@ static __device__ inline void stage(__nv_bfloat16 *tile, int ld, __nv_bfloat16 *
     }
 }
 
+/* A row's sum of its 4 lanes' parts (lanes 4 g .. 4 g + 3), in one order for every kernel that
+ * needs a chunk's row sum. */
+static __device__ inline float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 /* A chunk's state (m, this lane's part of l, o: the lane's two rows) merged into the merged state
  * of the chunks before it (mt, lt, and the lane's outputs in its shared slots ot[n TC_THREADS]:
  * rows g and g + 8 as x, y and z, w), as split decoding's combine merges it (rf__merge_factors):
@@ -114,9 +121,7 @@ static __device__ inline void merge_chunk(float4 *ot, float (*o)[4], float *m, f
     bool any[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        float lc = l[h], mm;
-        lc += __shfl_xor_sync(0xffffffffu, lc, 1);
-        lc += __shfl_xor_sync(0xffffffffu, lc, 2);
+        float lc = quad_sum(l[h]), mm;
         any[h] = rf__merge_factors(mt[h], m[h], &mm, &ca[h], &cb[h]);
         if (any[h]) lt[h] = fmaf(lt[h], ca[h], lc * cb[h]), mt[h] = mm;
     }
@@ -280,12 +285,8 @@ flash_forward_mma_kernel(float *out, float *lse, float *part, const float *q, co
         }
         if (!SPLIT) /* the last chunk merged */
             merge_chunk<NT>(ot, o, m, l, mt, lt, false);
-        else
-#pragma unroll
-            for (int h = 0; h < 2; h++) { /* the chunk's sum over the row's 4 lanes */
-                l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-                l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-            }
+        else /* the chunk's sum over the row's 4 lanes, as merge_chunk adds them */
+            l[0] = quad_sum(l[0]), l[1] = quad_sum(l[1]);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int r = h ? rb : ra, pr = p0 + r;
@@ -337,7 +338,7 @@ static int vec_ok(const void *a, const void *b, const void *c) {
  * one-query sequences' key chunks into part (split). */
 struct fwd_launch {
     float *out, *lse, *part;
-    int skip_one_query, split, max_chunks;
+    int skip_one_query, max_chunks; /* part: a split launch */
 };
 
 /* 1 when launched. */
@@ -359,7 +360,7 @@ static int launch_forward_mma_d(const fwd_launch &L, const float *q, const float
                                 KV kv, const int32_t *q_off, const int32_t *k_len, int n_seq, int H,
                                 int KVH) {
     int vec = vec_ok(q, k, v);
-    if (L.split)
+    if (L.part)
         return vec ? launch_forward_mma_v<D, true, true>(L, q, k, v, kv, q_off, k_len, n_seq, H, KVH)
                    : launch_forward_mma_v<D, false, true>(L, q, k, v, kv, q_off, k_len, n_seq, H, KVH);
     return vec ? launch_forward_mma_v<D, true, false>(L, q, k, v, kv, q_off, k_len, n_seq, H, KVH)
@@ -386,7 +387,7 @@ void rf__cuda_flash_forward_mma(float *out, float *lse, const float *q, const fl
                                 const float *v, const int32_t *q_off, const int32_t *k_start,
                                 const int32_t *k_len, int n_seq, int H, int KVH, int D) {
     kv_rows kv = {k_start, KVH, D};
-    fwd_launch L = {out, lse, NULL, 0, 0, 0};
+    fwd_launch L = {out, lse, NULL, 0, 0};
     launch_forward_mma(L, q, k, v, kv, q_off, k_len, n_seq, H, KVH, D);
 }
 
@@ -396,7 +397,7 @@ int rf__cuda_flash_paged_forward_mma(float *out, const float *q, const float *k_
                                      const int32_t *k_len, int n_seq, int block_size, int H,
                                      int KVH, int D, int skip_one_query) {
     kv_paged kv = {block_table, max_blocks, block_size, KVH, D};
-    fwd_launch L = {out, NULL, NULL, skip_one_query, 0, 0};
+    fwd_launch L = {out, NULL, NULL, skip_one_query, 0};
     return launch_forward_mma(L, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D);
 }
 
@@ -406,7 +407,7 @@ int rf__cuda_flash_paged_chunks_mma(float *part, const float *q, const float *k_
                                     const int32_t *k_len, int n_seq, int block_size, int H,
                                     int KVH, int D, int max_chunks) {
     kv_paged kv = {block_table, max_blocks, block_size, KVH, D};
-    fwd_launch L = {NULL, NULL, part, 0, 1, max_chunks};
+    fwd_launch L = {NULL, NULL, part, 0, max_chunks};
     return launch_forward_mma(L, q, k_pool, v_pool, kv, q_off, k_len, n_seq, H, KVH, D);
 }
 
