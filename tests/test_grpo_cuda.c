@@ -10,13 +10,16 @@
  *    summation orders through two layers and the loss, as test_model_cuda's 1e-3).
  *  - steps 3 to 5: a finite positive gradient norm and mean rewards within 0.2 (the weights
  *    have moved apart by rounding; samples may differ).
- * model.precision = "bf16" (`auto`'s choice on CUDA), twice on CUDA:
- *  - with RLFLOW_CUDA_ATTENTION=fp32: both back ends round the products' operands to bf16 and
- *    keep attention in fp32 arithmetic, but round in other summation orders (test_model_cuda
- *    holds their gradients to 0.1 of each other): the step-1 gradient norms within 1 % (4.7e-7
- *    relative on an H200, 4.6e-6 with the kernels run on the CPU, tests/cuda_emu);
- *  - as by default, bf16 attention on tensor cores, which the CPU does not round: within 5 %
- *    (2.2 % on an H200, 1.4 % on the emulation);
+ * model.precision = "bf16" (`auto`'s choice on CUDA), twice on each back end:
+ *  - with RLFLOW_CUDA_ATTENTION=fp32 and RLFLOW_CPU_ATTENTION=fp32: both back ends round the
+ *    products' operands to bf16 and keep attention in fp32 arithmetic, but round in other
+ *    summation orders (test_model_cuda holds their gradients to 0.1 of each other): the step-1
+ *    gradient norms within 1 % (4.7e-7 relative on an H200, 4.6e-6 with the kernels run on the
+ *    CPU, tests/cuda_emu);
+ *  - as by default, bf16 attention on tensor cores, against the CPU's default: bf16 attention
+ *    on AMX's tiles where the CPU has AMX, fp32 arithmetic elsewhere: within 5 % (2.2 % on an
+ *    H200 against a CPU without, 1.4 % on the emulation; 0.002 % on the emulation against
+ *    AMX's tiles);
  *  every step's mean reward within 0.2, finite positive norms.
  * Both precisions: the CUDA run's mean |behaviour - trainer| log-prob difference at step 1
  * (actor/logprob_mismatch_mean) under 1e-4: generation and training on CUDA give a token the
@@ -56,24 +59,24 @@ int main(void) {
     const char *module = getenv("RLFLOW_CUDA_MODULE");
     int emulated = module && strstr(module, "cudaemu") != NULL;
     rf_test_write_recipe(dir, RF_TEST_VAL_ENDS, "[async]\npeer_timeout = 60\n");
-    /* the CUDA runs: fp32; bf16 with attention in fp32 arithmetic (RLFLOW_CUDA_ATTENTION=fp32,
-     * the CPU's); bf16 with bf16 attention on tensor cores, its default. The CPU runs once per
-     * precision. */
+    /* fp32; bf16 with attention in fp32 arithmetic on both back ends (RLFLOW_CUDA_ATTENTION,
+     * RLFLOW_CPU_ATTENTION); bf16 with each back end's default attention */
     static const char *precisions[3] = {"fp32", "bf16", "bf16"}, *attention[3] = {NULL, "fp32", NULL};
     for (int p = 0; p < 3; p++) {
         const char *prec = precisions[p];
         char runs[2][32];
-        snprintf(runs[0], sizeof runs[0], "grpo_cpu_%s", prec);
+        snprintf(runs[0], sizeof runs[0], "grpo_cpu_%s%s", prec, p == 2 ? "_bf16att" : "");
         snprintf(runs[1], sizeof runs[1], "grpo_cuda_%s%s", prec, p == 2 ? "_tc" : "");
         const char *extra[2] = {"", "--set model.device=cuda --set placement.device=cuda"};
-        for (int i = p == 2; i < 2; i++) {
+        for (int i = 0; i < 2; i++) {
             char args[512], *out = NULL;
             snprintf(args, sizeof args, "--set placement.mode=colocated --set train.steps=5 --set model.precision=%s "
                      "--set rollout.max_running=20 "
                      "--set logging.val_every=0 %s", prec, extra[i]);
-            if (i == 1 && attention[p]) setenv("RLFLOW_CUDA_ATTENTION", attention[p], 1);
+            if (attention[p]) /* both, as the CUDA run may be the CPU's kernels (the stand-in module) */
+                setenv("RLFLOW_CUDA_ATTENTION", attention[p], 1), setenv("RLFLOW_CPU_ATTENTION", attention[p], 1);
             int rc = rf_test_run_recipe(&out, dir, rlflow, runs[i], args);
-            unsetenv("RLFLOW_CUDA_ATTENTION");
+            unsetenv("RLFLOW_CUDA_ATTENTION"), unsetenv("RLFLOW_CPU_ATTENTION");
             CHECK(rc == 0);
             if (rc) fprintf(stderr, "%s\n", out ? out : "");
             free(out);

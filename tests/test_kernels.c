@@ -1473,8 +1473,13 @@ static size_t paged_rows_differing(const paged_view *pv, int n_seq, const float 
  * (cpu_attention.c): training's rows (sequences packed, lse saved) against the same rows as
  * decoding steps and prefill chunks over a paged cache (shuffled block table), as decoding
  * steps through the dense KV-cache layout one position at a time, on one thread and on all;
- * and every row against the double-precision reference. */
-static void test_attention_rows_invariant(const rf_kernels *K) {
+ * and every row against the double-precision reference. In both precisions: at bf16 on AMX the
+ * products run on the tiles (cpu_attention_amx.c), bf16 operands, whose rows must agree as
+ * well; the double reference then reads q, k and v rounded to bf16 as the tiles do, and holds
+ * the outputs to a bound of the probabilities' rounding to bf16. */
+static void test_attention_rows_invariant(const rf_kernels *K, rf_precision prec) {
+    CHECK(K->set_precision(prec) == RF_OK);
+    int tiles = prec == RF_PRECISION_BF16 && rf_cpu_attention_amx();
     static const int lens[5] = {1, 17, 150, 300, 70};
     static const int heads[][3] = {{4, 2, 64}, {7, 1, 64}, {4, 4, 16}, {2, 1, 80}, {6, 2, 32}};
     for (size_t hc = 0; hc < sizeof heads / sizeof *heads; hc++) {
@@ -1486,11 +1491,36 @@ static void test_attention_rows_invariant(const rf_kernels *K) {
         float *out = fconst(nq, NAN), *lse = fconst((size_t)T * H, NAN), *out1 = fconst(nq, NAN);
         run_attention_forward(K, out, lse, q, k, v, cu, cu, kl, n_seq, T, H, KVH, D);
         double *q_d = dcopy(q, nq), *k_d = dcopy(k, nk), *v_d = dcopy(v, nk);
+        if (tiles) /* the reference on the operands the tiles read */
+            for (size_t i = 0; i < nq; i++) q_d[i] = rf_cpu_bf16_round(q[i]);
+        for (size_t i = 0; tiles && i < nk; i++) k_d[i] = rf_cpu_bf16_round(k[i]), v_d[i] = rf_cpu_bf16_round(v[i]);
         double *out_d = xmalloc(sizeof(double) * nq), *lse_d = xmalloc(sizeof(double) * T * H);
         ref_attention(out_d, lse_d, q_d, k_d, v_d, cu, cu, kl, n_seq, H, KVH, D);
         char what[160];
-        snprintf(what, sizeof what, "attention rows H=%d KVH=%d D=%d against double", H, KVH, D);
-        check_arr(what, out, out_d, nq, tol_red(D + maxlen));
+        snprintf(what, sizeof what, "attention rows H=%d KVH=%d D=%d%s against double", H, KVH, D,
+                 tiles ? " (bf16, AMX)" : "");
+        if (tiles) {
+            /* o = sum_j bf16(p_j) v_j / l: each p_j off by at most 2^-8 of itself (8 significant
+             * bits), so o by at most 2^-8 sum_j p_j |v_j| / l (the reference over |v|); doubled */
+            double *va = xmalloc(sizeof(double) * nk), *oa = xmalloc(sizeof(double) * nq);
+            double *la = xmalloc(sizeof(double) * T * H);
+            for (size_t i = 0; i < nk; i++) va[i] = fabs(v_d[i]);
+            ref_attention(oa, la, q_d, k_d, va, cu, cu, kl, n_seq, H, KVH, D);
+            size_t bad = 0, worst = 0;
+            double worst_r = 0.0;
+            for (size_t i = 0; i < nq; i++) {
+                double r = fabs(out[i] - out_d[i]) / (ldexp(oa[i], -7) + tol_red(D + maxlen) * (fabs(out_d[i]) + 1e-2));
+                bad += !(r <= 1.0);
+                if (r > worst_r) worst_r = r, worst = i;
+            }
+            if (bad)
+                fprintf(stderr, "%s: %zu of %zu outside the bound of the probabilities' rounding; worst [%zu] got %.9g "
+                        "want %.9g (%.3g of the bound)\n", what, bad, nq, worst, out[worst], out_d[worst], worst_r);
+            CHECK(bad == 0);
+            free(va), free(oa), free(la);
+        } else {
+            check_arr(what, out, out_d, nq, tol_red(D + maxlen));
+        }
         check_arr(what, lse, lse_d, (size_t)T * H, tol_red(D + maxlen));
         int threads = omp_get_max_threads();
         omp_set_num_threads(1);
@@ -1534,8 +1564,9 @@ static void test_attention_rows_invariant(const rf_kernels *K) {
                 bad_lse += memcmp(l1, lse + t * H, sizeof(float) * H) != 0;
             }
         if (bad_threads || bad_paged || bad_dense || bad_lse)
-            fprintf(stderr, "attention rows H=%d KVH=%d D=%d: 1 thread differs %zu; paged rows differing %zu; "
-                    "dense decoding rows %zu (lse %zu) of %d\n", H, KVH, D, bad_threads, bad_paged, bad_dense, bad_lse, T);
+            fprintf(stderr, "attention rows H=%d KVH=%d D=%d precision %d: 1 thread differs %zu; paged rows differing %zu; "
+                    "dense decoding rows %zu (lse %zu) of %d\n", H, KVH, D, (int)prec, bad_threads, bad_paged, bad_dense,
+                    bad_lse, T);
         CHECK(bad_threads == 0 && bad_paged == 0 && bad_dense == 0 && bad_lse == 0);
         free(q), free(k), free(v), free(out), free(lse), free(out1), free(o1), free(l1);
         free(q_d), free(k_d), free(v_d), free(out_d), free(lse_d);
@@ -2095,7 +2126,9 @@ int main(void) {
     test_memory(K);
     rf_cpu_zero_stream_from(stream_from);
     test_batch_invariant(K);
-    test_attention_rows_invariant(K);
+    test_attention_rows_invariant(K, RF_PRECISION_FP32);
+    test_attention_rows_invariant(K, RF_PRECISION_BF16);
+    CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
     test_sampler_logprob(K);
     test_packed_weights(K);
     test_own_amx(K);

@@ -19,10 +19,10 @@
  *  - fp32 accumulation of K terms: |error| <= K * 2^-24 * S in the worst case, about
  *    sqrt(K) * 2^-24 * S in practice; TOL32 = 1e-5 relative to S holds that with room for
  *    K <= 1408 (sqrt(1408) * 6e-8 = 2.2e-6) and any blocking order.
- *  - bf16 operands (8 significant bits, round to nearest: relative error <= 2^-9 each): a
- *    product's error is <= 2^-8 of |a b|, so |bf16 result - exact| <= 2^-8 S + fp32 error;
- *    TOLBF = 2^-7 relative to S (2x headroom). Typical errors are far smaller (random signs:
- *    ~2^-9 sqrt(K) |ab|). */
+ *  - bf16 operands (8 significant bits, round to nearest: relative error <= 2^-8 each): a
+ *    product's error is <= about 2^-7 of |a b|, so |bf16 result - exact| <= 2^-7 S + fp32
+ *    error; TOLBF = 2^-7 relative to S, the worst case (typical errors are far smaller, random
+ *    signs: ~2^-9 sqrt(K) |ab|). */
 #define _GNU_SOURCE /* strcasestr */
 #include <math.h>
 #include <stdint.h>
@@ -298,17 +298,84 @@ static void logprob_case(int T, int C, int V, rf_precision p) {
     free(lr), free(er), free(dhr), free(sdh), free(dwr), free(sdw);
 }
 
-/* ---- attention: its score and value products are fp32 in both modes (the forward is shared
- * with decoding, whose loops are fp32); the bf16 setting must not change them ---- */
+/* ---- attention: fp32 arithmetic at fp32, and at bf16 where the products do not run on AMX's
+ * tiles (the bf16 setting must not change a bit there); at bf16 on AMX (cpu_attention_amx.c) the
+ * five products of the backward read bf16 operands: Q, K, V and dO as given, P and dS as made.
+ * The reference: double sums over the rounded Q, K, V, dO (with the forward's own lse and O), P
+ * and dS unrounded; each gradient within 2^-7 of sum |P or dS| |operand| (their rounding to
+ * bf16's 8 significant bits moves each term by at most 2^-8 of itself: 2x headroom) + TOL32. ---- */
 
-static void test_attention_unchanged(void) {
-    enum { NS = 2, H = 4, KVH = 2, D = 16 };
-    int32_t off[NS + 1] = {0, 37, 37 + 70};
+typedef struct att_case {
+    int NS, H, KVH, D, T;
+    const int32_t *off;
+} att_case;
+
+/* g (n) within 2^-7 bound + TOL32 (|ref| + rms) of ref; prints the worst. */
+static void check_bound(const char *what, const float *g, const double *ref, const double *bound, size_t n) {
+    double rms = 0.0, worst = 0.0;
+    size_t bad = 0, at = 0;
+    for (size_t i = 0; i < n; i++) rms += ref[i] * ref[i];
+    rms = sqrt(rms / (double)(n ? n : 1));
+    for (size_t i = 0; i < n; i++) {
+        double r = fabs(g[i] - ref[i]) / (ldexp(bound[i], -7) + TOL32 * (fabs(ref[i]) + rms) + 1e-30);
+        bad += !(r <= 1.0);
+        if (r > worst) worst = r, at = i;
+    }
+    printf("  attention backward (bf16, AMX) %s: worst %.3g of the bound at [%zu] (got %.9g, want %.9g)\n", what,
+           worst, at, n ? g[at] : 0.0, n ? ref[at] : 0.0);
+    CHECK(bad == 0);
+}
+
+static void attention_bf16_backward(const att_case *c, const float *q, const float *k, const float *v,
+                                    const float *dout, const float *out, const float *lse, const float *dq,
+                                    const float *dk, const float *dv) {
+    int H = c->H, KVH = c->KVH, D = c->D, T = c->T, g = H / KVH;
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
+    double scale = 1.0 / sqrt((double)D);
+    double *rq = calloc(nq, sizeof(double)), *rk = calloc(nk, sizeof(double)), *rv = calloc(nk, sizeof(double));
+    double *bq = calloc(nq, sizeof(double)), *bk = calloc(nk, sizeof(double)), *bv = calloc(nk, sizeof(double));
+    double *P = malloc(sizeof(double) * T), *dS = malloc(sizeof(double) * T);
+#define OP(x) ((double)rf_cpu_bf16_round(x))
+    for (int s = 0; s < c->NS; s++)
+        for (int h = 0; h < H; h++) {
+            int kh = h / g, t0 = c->off[s];
+            for (int i = t0; i < c->off[s + 1]; i++) {
+                const float *qi = q + ((size_t)i * H + h) * D, *gi = dout + ((size_t)i * H + h) * D;
+                double Di = 0.0;
+                for (int d = 0; d < D; d++) Di += (double)gi[d] * out[((size_t)i * H + h) * D + d];
+                for (int j = t0; j <= i; j++) {
+                    const float *kj = k + ((size_t)j * KVH + kh) * D, *vj = v + ((size_t)j * KVH + kh) * D;
+                    double sc = 0.0, dp = 0.0;
+                    for (int d = 0; d < D; d++) sc += OP(qi[d]) * OP(kj[d]), dp += OP(gi[d]) * OP(vj[d]);
+                    P[j] = exp(sc * scale - lse[(size_t)i * H + h]);
+                    dS[j] = P[j] * (dp - Di) * scale;
+                }
+                for (int j = t0; j <= i; j++) {
+                    size_t kr = ((size_t)j * KVH + kh) * D, qr = ((size_t)i * H + h) * D;
+                    for (int d = 0; d < D; d++) {
+                        rq[qr + d] += dS[j] * OP(k[kr + d]), bq[qr + d] += fabs(dS[j] * OP(k[kr + d]));
+                        rk[kr + d] += dS[j] * OP(q[qr + d]), bk[kr + d] += fabs(dS[j] * OP(q[qr + d]));
+                        rv[kr + d] += P[j] * OP(dout[qr + d]), bv[kr + d] += fabs(P[j] * OP(dout[qr + d]));
+                    }
+                }
+            }
+        }
+#undef OP
+    check_bound("dq", dq, rq, bq, nq);
+    check_bound("dk", dk, rk, bk, nk);
+    check_bound("dv", dv, rv, bv, nk);
+    free(rq), free(rk), free(rv), free(bq), free(bk), free(bv), free(P), free(dS);
+}
+
+static void test_attention_precisions(void) {
+    enum { NS = 3, H = 4, KVH = 2, D = 48 };
+    int32_t off[NS + 1] = {0, 37, 37 + 130, 37 + 130 + 64}; /* partial, 3 blocks of 64 (the last partial), 1 */
     int T = off[NS];
+    att_case c = {NS, H, KVH, D, T, off};
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
     float *q = fnormal(nq, 1), *k = fnormal(nk, 1), *v = fnormal(nk, 1), *dout = fnormal(nq, 1);
     float *o[2], *lse[2], *dq[2], *dk[2], *dv[2];
-    int32_t klen[NS] = {37, 70};
+    int32_t klen[NS] = {37, 130, 64};
     for (int m = 0; m < 2; m++) {
         CHECK_OK(K->set_precision(m ? RF_PRECISION_BF16 : RF_PRECISION_FP32));
         o[m] = malloc(sizeof(float) * nq), lse[m] = malloc(sizeof(float) * T * H);
@@ -316,10 +383,15 @@ static void test_attention_unchanged(void) {
         K->attention_forward(o[m], lse[m], q, k, v, off, off, klen, NS, H, KVH, D);
         K->attention_backward(dq[m], dk[m], dv[m], dout, q, k, v, o[m], lse[m], off, NS, T, H, KVH, D);
     }
-    CHECK(memcmp(o[0], o[1], sizeof(float) * nq) == 0);
-    CHECK(memcmp(dq[0], dq[1], sizeof(float) * nq) == 0);
-    CHECK(memcmp(dk[0], dk[1], sizeof(float) * nk) == 0);
-    CHECK(memcmp(dv[0], dv[1], sizeof(float) * nk) == 0);
+    int same = memcmp(o[0], o[1], sizeof(float) * nq) == 0 && memcmp(dq[0], dq[1], sizeof(float) * nq) == 0 &&
+               memcmp(dk[0], dk[1], sizeof(float) * nk) == 0 && memcmp(dv[0], dv[1], sizeof(float) * nk) == 0;
+    if (rf_cpu_attention_amx()) { /* still set to bf16 */
+        CHECK(!same);
+        attention_bf16_backward(&c, q, k, v, dout, o[1], lse[1], dq[1], dk[1], dv[1]);
+    } else {
+        printf("  attention at bf16: fp32 arithmetic here (no AMX, or RLFLOW_CPU_ATTENTION=fp32): the same bits\n");
+        CHECK(same);
+    }
     for (int m = 0; m < 2; m++) free(o[m]), free(lse[m]), free(dq[m]), free(dk[m]), free(dv[m]);
     free(q), free(k), free(v), free(dout);
 }
@@ -662,7 +734,7 @@ int main(void) {
         logprob_case(300, 32, 50, (rf_precision)p);  /* more than one chunk */
         logprob_case(512, 32, 50, (rf_precision)p);  /* two chunks of the same shape */
     }
-    test_attention_unchanged();
+    test_attention_precisions();
     test_model_bf16_vs_fp32();
     test_weights_updated();
     test_held_model(RF_PRECISION_BF16);

@@ -121,6 +121,52 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) static void amx_columns(
     _tile_release();
 }
 
+/* ---- tile products for attention (cpu_attention_amx.c) ---- */
+
+__attribute__((target("amx-tile"))) void rf_cpu_amx_tiles_begin(void) { _tile_loadconfig(&g_config); }
+
+__attribute__((target("amx-tile"))) void rf_cpu_amx_tiles_end(void) { _tile_release(); }
+
+/* C (M, N) = (acc ? C : 0) + A B by blocks of 32 x 32 outputs (tiles 4-7), each output one chain
+ * of tile multiply-adds over K in blocks of 32 from the first (the hardware's own order inside a
+ * block): the same bits for a row whatever the other rows are. */
+__attribute__((target("amx-tile,amx-bf16"))) void rf_cpu_amx_tile_gemm(
+    int M, int N, int K, const uint16_t *A, int lda, const uint32_t *B, int ldb, float *C, int ldc,
+    int acc) {
+    size_t sa = (size_t)lda * 2, sb = (size_t)ldb * 4, sc = (size_t)ldc * 4;
+    for (int m0 = 0; m0 < M; m0 += 32)
+        for (int n0 = 0; n0 < N; n0 += 32) {
+            float *c = C + (size_t)m0 * ldc + n0, *c1 = c + (size_t)16 * ldc;
+            if (acc) {
+                _tile_loadd(4, c, sc);
+                _tile_loadd(5, c + 16, sc);
+                _tile_loadd(6, c1, sc);
+                _tile_loadd(7, c1 + 16, sc);
+            } else {
+                _tile_zero(4);
+                _tile_zero(5);
+                _tile_zero(6);
+                _tile_zero(7);
+            }
+            const uint16_t *a = A + (size_t)m0 * lda;
+            for (int k0 = 0; k0 < K; k0 += 32) {
+                const uint32_t *b = B + (size_t)(k0 / 2) * ldb + n0;
+                _tile_loadd(0, a + k0, sa);
+                _tile_loadd(1, a + (size_t)16 * lda + k0, sa);
+                _tile_loadd(2, b, sb);
+                _tile_loadd(3, b + 16, sb);
+                _tile_dpbf16ps(4, 0, 2);
+                _tile_dpbf16ps(5, 0, 3);
+                _tile_dpbf16ps(6, 1, 2);
+                _tile_dpbf16ps(7, 1, 3);
+            }
+            _tile_stored(4, c, sc);
+            _tile_stored(5, c + 16, sc);
+            _tile_stored(6, c1, sc);
+            _tile_stored(7, c1 + 16, sc);
+        }
+}
+
 int rf_cpu_amx_ready(void) {
     static atomic_int ready = -1;
     int v = atomic_load(&ready);
@@ -183,6 +229,14 @@ int rf_cpu_amx_fits(int M, float alpha, float beta) {
 }
 
 size_t rf_cpu_amx_products(void) { return 0; }
+
+void rf_cpu_amx_tiles_begin(void) {}
+void rf_cpu_amx_tiles_end(void) {}
+void rf_cpu_amx_tile_gemm(int M, int N, int K, const uint16_t *A, int lda, const uint32_t *B, int ldb,
+                          float *C, int ldc, int acc) {
+    (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc, (void)acc;
+    RF_ASSERT(!"rf_cpu_amx_tile_gemm without AMX");
+}
 
 int rf_cpu_amx_gemm(int M, int N, int K, float alpha, const float *A, int lda, const uint16_t *w,
                     long sk, long sn, int kbs, float beta, float *C, int ldc) {

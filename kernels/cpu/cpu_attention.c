@@ -264,6 +264,12 @@ static void transpose_keys(float *kt, int ldk, const float *const *krow, int nk,
     (void)d16;
 }
 
+float rf_cpu_row_softmax(float *s, int vis, float m) { return row_softmax(s, vis, m); }
+
+void rf_cpu_transpose32(float *dst, int ldd, const float *const *rows, int n, int npad, int cols) {
+    transpose_keys(dst, ldd, rows, n, npad, cols);
+}
+
 /* Asks for the queries of the next tile (n rows from task row r0) while this one computes: a
  * task's (query, head) rows are a few hundred bytes apart in q, which the hardware's prefetchers
  * do not follow, and copying them in cold took a fifth of the forward's time. */
@@ -294,6 +300,10 @@ int32_t *rf_cpu_attn_tasks(const int32_t *q_off, int n_seq, int KVH, int *n_task
 void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *q_off,
                          const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,
                          int H, int KVH, int D, rf_cpu_kv_rows rows, const void *ctx) {
+    if (rf_cpu_attention_amx()) { /* precision bf16 on AMX: the products on the tiles */
+        rf_cpu_attend_tasks_amx(out, lse, q, q_off, k_len, tasks, n_tasks, max_k, H, KVH, D, rows, ctx);
+        return;
+    }
     int group = H / KVH, ldk = (max_k + KT - 1) / KT * KT;
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel if (n_tasks > 1)
@@ -400,6 +410,10 @@ void rf_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, const int32_t *cu_seqlens, int n_seq, int T,
                                int H, int KVH, int D) {
+    if (rf_cpu_attention_amx()) { /* precision bf16 on AMX: the products on the tiles */
+        rf_cpu_attention_backward_amx(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, n_seq, T, H, KVH, D);
+        return;
+    }
     int max_l = 1, group = H / KVH;
     for (int s = 0; s < n_seq; s++) {
         int L = cu_seqlens[s + 1] - cu_seqlens[s];

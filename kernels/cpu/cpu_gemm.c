@@ -10,10 +10,9 @@
  *    (transposes, M, N, K, leading dimensions, alpha, beta, precision), created on first use
  *    and kept in a small hash table; alpha is an output scale, beta = 1 a sum post-op.
  *  - the nested path (inside a parallel region): the thread-safe dnnl_sgemm, single-threaded
- *    there, with no shared state. Attention's per-head products call it directly
- *    (rf_cpu_gemm_local) and stay fp32 in bf16 mode: attention's forward is shared with
- *    decoding, and its backward must differentiate that same function; attention's share of
- *    the FLOPs is small at the sequence lengths RL trains on.
+ *    there, with no shared state. Attention's per-head backward products call it directly
+ *    (rf_cpu_gemm_local), fp32 at both precisions except where bf16 runs on AMX: there both
+ *    of attention's passes run their products on the tiles (cpu_attention_amx.c).
  *
  * bf16 (rf_cpu_gemm_set_precision): operands are rounded to bf16 (round to nearest even) and
  * products accumulate in fp32. Activations are converted at each call; weights (the B operand
@@ -1345,6 +1344,7 @@ size_t rf_cpu_gemm_a_conversions(void) { return g_a_conversions; }
 rf_status rf_cpu_gemm_set_precision(rf_precision p) {
     if (p != RF_PRECISION_FP32 && p != RF_PRECISION_BF16)
         return rf_error(RF_ERR_ARG, "cpu: unknown precision %d", (int)p);
+    RF_TRY(rf_cpu_attention_env_check());
     pthread_mutex_lock(&g_lock);
     g_prec = p;
     for (int i = 0; i < g_n_held; i++) held_undirect(&g_held[i]); /* other products read floats */

@@ -116,6 +116,15 @@ int rf_cpu_amx_ready(void);
 int rf_cpu_amx_fits(int M, float alpha, float beta);
 /* How many products rf_cpu_amx_gemm has run in this process (tests). */
 size_t rf_cpu_amx_products(void);
+/* Tile products on AMX (rf_cpu_amx_ready first): tiles_begin loads the tile configuration
+ * (tiles 0-7 of 16 rows x 64 bytes) on the calling thread, tiles_end releases it. tile_gemm:
+ * C (M, N; fp32, row stride ldc) = (acc ? C : 0) + A (M, K; bf16, row stride lda) B, B given as
+ * pairs (K / 2 rows of N uint32, row stride ldb: element (p, n) holds B[2p][n] in its low half,
+ * B[2p + 1][n] in its high half); M, N and K multiples of 32. */
+void rf_cpu_amx_tiles_begin(void);
+void rf_cpu_amx_tiles_end(void);
+void rf_cpu_amx_tile_gemm(int M, int N, int K, const uint16_t *A, int lda, const uint32_t *B, int ldb,
+                          float *C, int ldc, int acc);
 /* 1 when the instruction set oneDNN uses (ONEDNN_MAX_CPU_ISA applies) has AMX: its bf16
  * products run on the tiles, and so do rf_cpu_gemm's own (rf_cpu_gemm_own_amx). */
 int rf_cpu_isa_amx(void);
@@ -149,6 +158,26 @@ typedef void (*rf_cpu_kv_rows)(const float **krow, const float **vrow, const voi
 void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *q_off,
                          const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,
                          int H, int KVH, int D, rf_cpu_kv_rows rows, const void *ctx);
+/* dst (cols, ldd) = the first n rows (cols 32-bit values each, at rows[j]) transposed, columns
+ * [n, npad) zero (npad a multiple of 16); bits copied as they are (cpu_attention.c). */
+void rf_cpu_transpose32(float *dst, int ldd, const float *const *rows, int n, int npad, int cols);
+/* Attention on AMX's tiles (cpu_attention_amx.c): 1 when it runs now (precision bf16, the
+ * instruction set oneDNN uses has AMX, the OS lets this process use the tiles, and
+ * RLFLOW_CPU_ATTENTION is not "fp32"). */
+int rf_cpu_attention_amx(void);
+void rf_cpu_attend_tasks_amx(float *out, float *lse, const float *q, const int32_t *q_off,
+                             const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,
+                             int H, int KVH, int D, rf_cpu_kv_rows rows, const void *ctx);
+/* The forward's softmax of one row (cpu_attention.c): s[0, vis) scores, m their max; s[j] =
+ * exp(s[j] - m) for j < vis, zeros up to vis rounded to 16; returns their sum (16 running
+ * partial sums added in a fixed tree). */
+float rf_cpu_row_softmax(float *s, int vis, float m);
+/* An error naming RLFLOW_CPU_ATTENTION when it holds another value (set_precision reports it). */
+rf_status rf_cpu_attention_env_check(void);
+void rf_cpu_attention_backward_amx(float *dq, float *dk, float *dv, const float *dout,
+                                   const float *q, const float *k, const float *v, const float *out,
+                                   const float *lse, const int32_t *cu_seqlens, int n_seq, int T,
+                                   int H, int KVH, int D);
 void rf_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, const int32_t *cu_seqlens, int n_seq, int T,
