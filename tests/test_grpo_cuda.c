@@ -16,10 +16,9 @@
  *    summation orders (test_model_cuda holds their gradients to 0.1 of each other): the step-1
  *    gradient norms within 1 % (4.7e-7 relative on an H200, 4.6e-6 with the kernels run on the
  *    CPU, tests/cuda_emu);
- *  - as by default, bf16 attention on tensor cores, against the CPU's default: bf16 attention
- *    on AMX's tiles where the CPU has AMX, fp32 arithmetic elsewhere: within 5 % (2.2 % on an
- *    H200 against a CPU without, 1.4 % on the emulation; 0.002 % on the emulation against
- *    AMX's tiles);
+ *  - as by default, bf16 attention on tensor cores, against the CPU's default (fp32 arithmetic
+ *    at the tiny model's head dim 16, AMX or not): within 5 % (2.2 % on an H200, 1.4 % on the
+ *    emulation);
  *  every step's mean reward within 0.2, finite positive norms.
  * Both precisions: the CUDA run's mean |behaviour - trainer| log-prob difference at step 1
  * (actor/logprob_mismatch_mean) under 1e-4: generation and training on CUDA give a token the

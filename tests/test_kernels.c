@@ -1473,13 +1473,14 @@ static size_t paged_rows_differing(const paged_view *pv, int n_seq, const float 
  * (cpu_attention.c): training's rows (sequences packed, lse saved) against the same rows as
  * decoding steps and prefill chunks over a paged cache (shuffled block table), as decoding
  * steps through the dense KV-cache layout one position at a time, on one thread and on all;
- * and every row against the double-precision reference. In both precisions: at bf16 on AMX the
- * products run on the tiles (cpu_attention_amx.c), bf16 operands, whose rows must agree as
- * well; the double reference then reads q, k and v rounded to bf16 as the tiles do, and holds
+ * and every row against the double-precision reference. In both precisions, and at bf16 under
+ * RLFLOW_CPU_ATTENTION=bf16, where AMX runs the products on its tiles (cpu_attention_amx.c) with
+ * bf16 operands, whose rows must agree as well; the double reference then reads q, k and v rounded to bf16 as the tiles do, and holds
  * the outputs to a bound of the probabilities' rounding to bf16. */
-static void test_attention_rows_invariant(const rf_kernels *K, rf_precision prec) {
+static void test_attention_rows_invariant(const rf_kernels *K, rf_precision prec, int att_mode) {
     CHECK(K->set_precision(prec) == RF_OK);
-    int tiles = prec == RF_PRECISION_BF16 && rf_cpu_attention_amx();
+    int old_mode = rf_cpu_attention_mode(att_mode);
+    int tiles = rf_cpu_attention_amx_forward();
     static const int lens[5] = {1, 17, 150, 300, 70};
     static const int heads[][3] = {{4, 2, 64}, {7, 1, 64}, {4, 4, 16}, {2, 1, 80}, {6, 2, 32}};
     for (size_t hc = 0; hc < sizeof heads / sizeof *heads; hc++) {
@@ -1571,6 +1572,7 @@ static void test_attention_rows_invariant(const rf_kernels *K, rf_precision prec
         free(q), free(k), free(v), free(out), free(lse), free(out1), free(o1), free(l1);
         free(q_d), free(k_d), free(v_d), free(out_d), free(lse_d);
     }
+    rf_cpu_attention_mode(old_mode);
 }
 
 /* The samplers' log-prob of a pick (kernels/sample.h rf_logits_logprob, over logits made by
@@ -2126,8 +2128,9 @@ int main(void) {
     test_memory(K);
     rf_cpu_zero_stream_from(stream_from);
     test_batch_invariant(K);
-    test_attention_rows_invariant(K, RF_PRECISION_FP32);
-    test_attention_rows_invariant(K, RF_PRECISION_BF16);
+    test_attention_rows_invariant(K, RF_PRECISION_FP32, RF_CPU_ATT_AUTO);
+    test_attention_rows_invariant(K, RF_PRECISION_BF16, RF_CPU_ATT_AUTO); /* fp32 arithmetic */
+    test_attention_rows_invariant(K, RF_PRECISION_BF16, RF_CPU_ATT_BF16); /* the tiles, where AMX */
     CHECK(K->set_precision(RF_PRECISION_FP32) == RF_OK);
     test_sampler_logprob(K);
     test_packed_weights(K);

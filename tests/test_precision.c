@@ -298,12 +298,15 @@ static void logprob_case(int T, int C, int V, rf_precision p) {
     free(lr), free(er), free(dhr), free(sdh), free(dwr), free(sdw);
 }
 
-/* ---- attention: fp32 arithmetic at fp32, and at bf16 where the products do not run on AMX's
- * tiles (the bf16 setting must not change a bit there); at bf16 on AMX (cpu_attention_amx.c) the
- * five products of the backward read bf16 operands: Q, K, V and dO as given, P and dS as made.
- * The reference: double sums over the rounded Q, K, V, dO (with the forward's own lse and O), P
- * and dS unrounded; each gradient within 2^-7 of sum |P or dS| |operand| (their rounding to
- * bf16's 8 significant bits moves each term by at most 2^-8 of itself: 2x headroom) + TOL32. ---- */
+/* ---- attention: fp32 arithmetic at fp32, and at bf16 where its products do not run on AMX's
+ * tiles (the bf16 setting must not change a bit there). On the tiles (cpu_attention_amx.c; at
+ * bf16 on AMX: the backward by default from head dim 64, both passes under
+ * RLFLOW_CPU_ATTENTION=bf16) the backward's five products read bf16 operands: Q, K, V and dO as
+ * given, P and dS as made. The reference: double sums over the rounded Q, K, V, dO (with the
+ * forward's own lse and O), P and dS unrounded; each gradient within 2^-7 of sum |P or dS|
+ * |operand| (their rounding to bf16's 8 significant bits moves each term by at most 2^-8 of
+ * itself: 2x headroom) + TOL32. Run at D = 64 by default (forward fp32, backward tiled) and at
+ * D = 48 with both tiled (padded head dims). ---- */
 
 typedef struct att_case {
     int NS, H, KVH, D, T;
@@ -311,7 +314,7 @@ typedef struct att_case {
 } att_case;
 
 /* g (n) within 2^-7 bound + TOL32 (|ref| + rms) of ref; prints the worst. */
-static void check_bound(const char *what, const float *g, const double *ref, const double *bound, size_t n) {
+static void check_bound(int D, const char *what, const float *g, const double *ref, const double *bound, size_t n) {
     double rms = 0.0, worst = 0.0;
     size_t bad = 0, at = 0;
     for (size_t i = 0; i < n; i++) rms += ref[i] * ref[i];
@@ -321,8 +324,8 @@ static void check_bound(const char *what, const float *g, const double *ref, con
         bad += !(r <= 1.0);
         if (r > worst) worst = r, at = i;
     }
-    printf("  attention backward (bf16, AMX) %s: worst %.3g of the bound at [%zu] (got %.9g, want %.9g)\n", what,
-           worst, at, n ? g[at] : 0.0, n ? ref[at] : 0.0);
+    printf("  attention backward (bf16, AMX, D = %d) %s: worst %.3g of the bound at [%zu] (got %.9g, want %.9g)\n",
+           D, what, worst, at, n ? g[at] : 0.0, n ? ref[at] : 0.0);
     CHECK(bad == 0);
 }
 
@@ -361,14 +364,15 @@ static void attention_bf16_backward(const att_case *c, const float *q, const flo
             }
         }
 #undef OP
-    check_bound("dq", dq, rq, bq, nq);
-    check_bound("dk", dk, rk, bk, nk);
-    check_bound("dv", dv, rv, bv, nk);
+    check_bound(D, "dq", dq, rq, bq, nq);
+    check_bound(D, "dk", dk, rk, bk, nk);
+    check_bound(D, "dv", dv, rv, bv, nk);
     free(rq), free(rk), free(rv), free(bq), free(bk), free(bv), free(P), free(dS);
 }
 
-static void test_attention_precisions(void) {
-    enum { NS = 3, H = 4, KVH = 2, D = 48 };
+static void test_attention_precisions(int D, int att_mode) {
+    enum { NS = 3, H = 4, KVH = 2 };
+    int old_mode = rf_cpu_attention_mode(att_mode);
     int32_t off[NS + 1] = {0, 37, 37 + 130, 37 + 130 + 64}; /* partial, 3 blocks of 64 (the last partial), 1 */
     int T = off[NS];
     att_case c = {NS, H, KVH, D, T, off};
@@ -385,13 +389,17 @@ static void test_attention_precisions(void) {
     }
     int same = memcmp(o[0], o[1], sizeof(float) * nq) == 0 && memcmp(dq[0], dq[1], sizeof(float) * nq) == 0 &&
                memcmp(dk[0], dk[1], sizeof(float) * nk) == 0 && memcmp(dv[0], dv[1], sizeof(float) * nk) == 0;
-    if (rf_cpu_attention_amx()) { /* still set to bf16 */
+    int fwd_same = memcmp(o[0], o[1], sizeof(float) * nq) == 0;
+    if (rf_cpu_attention_amx_backward(D)) { /* still set to bf16 */
         CHECK(!same);
+        CHECK(fwd_same == !rf_cpu_attention_amx_forward());
         attention_bf16_backward(&c, q, k, v, dout, o[1], lse[1], dq[1], dk[1], dv[1]);
     } else {
-        printf("  attention at bf16: fp32 arithmetic here (no AMX, or RLFLOW_CPU_ATTENTION=fp32): the same bits\n");
+        printf("  attention at bf16, D = %d, mode %d: fp32 arithmetic here (no AMX, a head dim under %d or "
+               "RLFLOW_CPU_ATTENTION=fp32): the same bits\n", D, att_mode, RF_CPU_ATT_AUTO_MIN_D);
         CHECK(same);
     }
+    rf_cpu_attention_mode(old_mode);
     for (int m = 0; m < 2; m++) free(o[m]), free(lse[m]), free(dq[m]), free(dk[m]), free(dv[m]);
     free(q), free(k), free(v), free(dout);
 }
@@ -734,7 +742,9 @@ int main(void) {
         logprob_case(300, 32, 50, (rf_precision)p);  /* more than one chunk */
         logprob_case(512, 32, 50, (rf_precision)p);  /* two chunks of the same shape */
     }
-    test_attention_precisions();
+    test_attention_precisions(64, RF_CPU_ATT_AUTO);
+    test_attention_precisions(48, RF_CPU_ATT_BF16);
+    test_attention_precisions(48, RF_CPU_ATT_AUTO); /* under the auto head dim: fp32 arithmetic */
     test_model_bf16_vs_fp32();
     test_weights_updated();
     test_held_model(RF_PRECISION_BF16);

@@ -134,7 +134,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void rf_cpu_amx_tile_gemm(
     int M, int N, int K, const uint16_t *A, int lda, const uint32_t *B, int ldb, float *C, int ldc,
     int acc) {
     size_t sa = (size_t)lda * 2, sb = (size_t)ldb * 4, sc = (size_t)ldc * 4;
-    for (int m0 = 0; m0 < M; m0 += 32)
+    int M32 = M & ~31;
+    for (int m0 = 0; m0 < M32; m0 += 32)
         for (int n0 = 0; n0 < N; n0 += 32) {
             float *c = C + (size_t)m0 * ldc + n0, *c1 = c + (size_t)16 * ldc;
             if (acc) {
@@ -164,6 +165,28 @@ __attribute__((target("amx-tile,amx-bf16"))) void rf_cpu_amx_tile_gemm(
             _tile_stored(5, c + 16, sc);
             _tile_stored(6, c1, sc);
             _tile_stored(7, c1 + 16, sc);
+        }
+    if (M32 < M) /* 16 rows left: one tile of A */
+        for (int n0 = 0; n0 < N; n0 += 32) {
+            float *c = C + (size_t)M32 * ldc + n0;
+            if (acc) {
+                _tile_loadd(4, c, sc);
+                _tile_loadd(5, c + 16, sc);
+            } else {
+                _tile_zero(4);
+                _tile_zero(5);
+            }
+            const uint16_t *a = A + (size_t)M32 * lda;
+            for (int k0 = 0; k0 < K; k0 += 32) {
+                const uint32_t *b = B + (size_t)(k0 / 2) * ldb + n0;
+                _tile_loadd(0, a + k0, sa);
+                _tile_loadd(2, b, sb);
+                _tile_loadd(3, b + 16, sb);
+                _tile_dpbf16ps(4, 0, 2);
+                _tile_dpbf16ps(5, 0, 3);
+            }
+            _tile_stored(4, c, sc);
+            _tile_stored(5, c + 16, sc);
         }
 }
 

@@ -300,7 +300,7 @@ int32_t *rf_cpu_attn_tasks(const int32_t *q_off, int n_seq, int KVH, int *n_task
 void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *q_off,
                          const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,
                          int H, int KVH, int D, rf_cpu_kv_rows rows, const void *ctx) {
-    if (rf_cpu_attention_amx()) { /* precision bf16 on AMX: the products on the tiles */
+    if (rf_cpu_attention_amx_forward()) { /* precision bf16 on AMX: the products on the tiles */
         rf_cpu_attend_tasks_amx(out, lse, q, q_off, k_len, tasks, n_tasks, max_k, H, KVH, D, rows, ctx);
         return;
     }
@@ -410,7 +410,7 @@ void rf_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, const int32_t *cu_seqlens, int n_seq, int T,
                                int H, int KVH, int D) {
-    if (rf_cpu_attention_amx()) { /* precision bf16 on AMX: the products on the tiles */
+    if (rf_cpu_attention_amx_backward(D)) { /* precision bf16 on AMX: the products on the tiles */
         rf_cpu_attention_backward_amx(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, n_seq, T, H, KVH, D);
         return;
     }

@@ -1,4 +1,5 @@
-/* Attention's products on AMX's tiles, at precision bf16 (rf_cpu_attention_amx says when).
+/* Attention's products on AMX's tiles, at precision bf16 (rf_cpu_attention_amx_forward and
+ * _backward say when: cpu_internal.h).
  *
  * Backward (rf_cpu_attention_backward_amx): the algorithm of cpu_attention.c's backward
  * (FlashAttention-2: per (sequence, KV head) task, each head of the group and block of
@@ -15,7 +16,16 @@
  * writes its own rows of dk and dv (rows outside every sequence are zeroed).
  *
  * Why on the tiles: the fp32 backward ran its products as dnnl_sgemm calls of 64 x 256 x 64 at
- * 138 GFLOP/s on two AMX cores, 11 % of the 25m bf16 training step (docs/kernels.md). */
+ * 138 GFLOP/s on two AMX cores, 11 % of the 25m bf16 training step (docs/kernels.md).
+ *
+ * Forward (rf_cpu_attend_tasks_amx, under RLFLOW_CPU_ATTENTION=bf16): cpu_attention.c's tasks
+ * and softmax with the scores and P V on the tiles, in passes of up to 32 (query, head) rows:
+ * s_j = (Q K^T)_j scale over head dims in blocks of 32, P rounded to bf16 and P V over keys in
+ * blocks of 32 from the first, keys a row does not see zero. A tile product computes each
+ * output from its own row of A alone, so a row's bits do not depend on the rows beside it or on
+ * how many keys past its own the task holds: training, prefill chunks and decoding, dense or
+ * paged, agree bit for bit, as in fp32. Not the default: a decoding step lays out the whole
+ * fp32 KV cache it reads in bf16 again (1.3x the fp32 forward's time over 300 cached keys). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,30 +36,46 @@
 #include "common/status.h"
 #include "kernels/cpu/cpu_internal.h"
 
-/* RLFLOW_CPU_ATTENTION: unset or "bf16" (the tiles where they run), "fp32" (fp32 arithmetic at
- * every precision). -1 not read yet, 0 fp32, 1 bf16, 2 another value. */
-static int g_env = -1;
+/* RLFLOW_CPU_ATTENTION (read once; rf_cpu_attention_mode sets it for tests): -1 not read yet,
+ * else an rf_cpu_att_mode, or RF_CPU_ATT_BAD for another value. */
+enum { RF_CPU_ATT_BAD = 3 };
+static int g_mode = -1;
 
-static int env_mode(void) {
-    int v = __atomic_load_n(&g_env, __ATOMIC_RELAXED);
+static int mode(void) {
+    int v = __atomic_load_n(&g_mode, __ATOMIC_RELAXED);
     if (v < 0) {
         const char *e = getenv("RLFLOW_CPU_ATTENTION");
-        v = !e || !*e || strcmp(e, "bf16") == 0 ? 1 : strcmp(e, "fp32") == 0 ? 0 : 2;
-        __atomic_store_n(&g_env, v, __ATOMIC_RELAXED);
+        v = !e || !*e || strcmp(e, "auto") == 0 ? RF_CPU_ATT_AUTO
+            : strcmp(e, "bf16") == 0            ? RF_CPU_ATT_BF16
+            : strcmp(e, "fp32") == 0            ? RF_CPU_ATT_FP32
+                                                : RF_CPU_ATT_BAD;
+        __atomic_store_n(&g_mode, v, __ATOMIC_RELAXED);
     }
     return v;
 }
 
+int rf_cpu_attention_mode(int m) {
+    int old = mode();
+    __atomic_store_n(&g_mode, m, __ATOMIC_RELAXED);
+    return old;
+}
+
 rf_status rf_cpu_attention_env_check(void) {
-    if (env_mode() == 2)
-        return rf_error(RF_ERR_ARG, "RLFLOW_CPU_ATTENTION=\"%s\": expected bf16 or fp32",
+    if (mode() == RF_CPU_ATT_BAD)
+        return rf_error(RF_ERR_ARG, "RLFLOW_CPU_ATTENTION=\"%s\": expected auto, bf16 or fp32",
                         getenv("RLFLOW_CPU_ATTENTION"));
     return RF_OK;
 }
 
-int rf_cpu_attention_amx(void) {
-    return env_mode() == 1 && rf_cpu_gemm_get_precision() == RF_PRECISION_BF16 && rf_cpu_isa_amx() &&
-           rf_cpu_amx_ready();
+static int tiles_here(void) {
+    return rf_cpu_gemm_get_precision() == RF_PRECISION_BF16 && rf_cpu_isa_amx() && rf_cpu_amx_ready();
+}
+
+int rf_cpu_attention_amx_forward(void) { return mode() == RF_CPU_ATT_BF16 && tiles_here(); }
+
+int rf_cpu_attention_amx_backward(int D) {
+    int m = mode();
+    return (m == RF_CPU_ATT_BF16 || (m == RF_CPU_ATT_AUTO && D >= RF_CPU_ATT_AUTO_MIN_D)) && tiles_here();
 }
 
 #if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || \
@@ -305,19 +331,19 @@ void rf_cpu_attention_backward_amx(float *dq, float *dk, float *dv, const float 
 enum { FR = 32 }; /* (query, head) rows a pass of the forward's products */
 
 typedef struct amx_fwd_buf {
-    uint16_t *kb;       /* the task's key rows in bf16 (Lp, Dp) */
+    float *kf;          /* the task's keys transposed, (D, Lp) floats */
     uint32_t *kt, *vv;  /* K^T as pairs of head dims (Dp / 2, Lp); V as pairs of keys (Lp / 2, Dp) */
     uint16_t *qb, *pb;  /* a pass's query rows (FR, Dp), probabilities (FR, Lp) in bf16 */
     float *S, *O;       /* scores (FR, Lp), outputs (FR, Dp) */
-    const float **krow, **vrow, **rows; /* max_k each; Lp */
+    const float **krow, **vrow, **rows; /* max_k each; max(Lp, Dp) */
     int ldS;            /* Lp: the row stride of S and pb */
     void *mem;
 } amx_fwd_buf;
 
 static int fwd_buf_alloc(amx_fwd_buf *b, int max_k, int Lp, int Dp) {
     size_t L = (size_t)Lp, D = (size_t)Dp, P = sizeof(float *);
-    size_t sz[] = {2 * L * D, 2 * D * L, 2 * L * D, 2 * FR * D, 2 * FR * L, 4 * FR * L, 4 * FR * D,
-                   P * (size_t)max_k, P * (size_t)max_k, P * L};
+    size_t sz[] = {4 * L * D, 2 * D * L, 2 * L * D, 2 * FR * D, 2 * FR * L, 4 * FR * L, 4 * FR * D,
+                   P * (size_t)max_k, P * (size_t)max_k, P * (L > D ? L : D)};
     enum { N = sizeof sz / sizeof sz[0] };
     size_t off[N], total = 0;
     for (int i = 0; i < N; i++) off[i] = total, total += (sz[i] + 63) & ~(size_t)63;
@@ -326,7 +352,7 @@ static int fwd_buf_alloc(amx_fwd_buf *b, int max_k, int Lp, int Dp) {
     void *p[N];
     for (int i = 0; i < N; i++) p[i] = m + off[i];
     b->mem = m;
-    b->kb = p[0], b->kt = p[1], b->vv = p[2], b->qb = p[3], b->pb = p[4], b->S = p[5], b->O = p[6];
+    b->kf = p[0], b->kt = p[1], b->vv = p[2], b->qb = p[3], b->pb = p[4], b->S = p[5], b->O = p[6];
     b->krow = p[7], b->vrow = p[8], b->rows = p[9], b->ldS = Lp;
     return 1;
 }
@@ -340,8 +366,8 @@ static void forward_rows(amx_fwd_buf *b, const uint32_t *kt, const uint32_t *vv,
                          const float *q, int first, int i0, int off, int r0, int nr, int nk, int nkp, int group,
                          int kvh, int H, int D, int Dp, float scale) {
     int Lp = b->ldS;
-    int row_of[FR], vis[FR];
-    for (int r = 0; r < FR; r++) {
+    int row_of[FR], vis[FR], M = (nr + 15) & ~15; /* rows in the products: nr up to 16 */
+    for (int r = 0; r < M; r++) {
         const float *src = NULL;
         if (r < nr) {
             int i = i0 + (r0 + r) / group, h = kvh * group + (r0 + r) % group;
@@ -352,8 +378,8 @@ static void forward_rows(amx_fwd_buf *b, const uint32_t *kt, const uint32_t *vv,
         bf16_row(b->qb + (size_t)r * Dp, src, D, Dp);
     }
     float m[FR], l[FR];
-    rf_cpu_amx_tile_gemm(FR, nkp, Dp, b->qb, Dp, kt, ldk, b->S, Lp, 0);
-    for (int r = 0; r < FR; r++) {
+    rf_cpu_amx_tile_gemm(M, nkp, Dp, b->qb, Dp, kt, ldk, b->S, Lp, 0);
+    for (int r = 0; r < M; r++) {
         float *sr = b->S + (size_t)r * Lp;
         int v = r < nr && vis[r] > 0 ? vis[r] : 0;
         float mr = -INFINITY;
@@ -368,7 +394,7 @@ static void forward_rows(amx_fwd_buf *b, const uint32_t *kt, const uint32_t *vv,
         l[r] = v > 0 ? rf_cpu_row_softmax(sr, v, mr) : 0.0f;
         bf16_row(b->pb + (size_t)r * Lp, sr, v, nkp);
     }
-    rf_cpu_amx_tile_gemm(FR, Dp, nkp, b->pb, Lp, vv, Dp, b->O, Dp, 0);
+    rf_cpu_amx_tile_gemm(M, Dp, nkp, b->pb, Lp, vv, Dp, b->O, Dp, 0);
     for (int r = 0; r < nr; r++) {
         float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f, *o = out + (size_t)row_of[r] * D;
         const float *a = b->O + (size_t)r * Dp;
@@ -383,12 +409,20 @@ static void task_keys(uint32_t *kt, uint32_t *vv, int ldk, amx_fwd_buf *b, rf_cp
                       int s, int kvh, int nk, int D, int Dp) {
     int nkp = (nk + 31) & ~31;
     rows(b->krow, b->vrow, ctx, s, kvh, nk, D);
-    for (int j = 0; j < nk; j++) {
-        bf16_row(b->kb + (size_t)j * Dp, b->krow[j], D, Dp);
-        b->rows[j] = (const float *)(b->kb + (size_t)j * Dp);
+    /* K transposed as floats first (16 rows at a time: the rows are KVH D floats apart, or a
+     * paged cache's blocks, and a row at a time waited on memory), then paired */
+    if (nk > 0) rf_cpu_transpose32(b->kf, nkp, b->krow, nk, nkp, D);
+    for (int p = 0; p < Dp / 2; p++) {
+        uint32_t *d = kt + (size_t)p * ldk;
+        if (2 * p < D) pair_rows(d, b->kf + (size_t)(2 * p) * nkp, 2 * p + 1 < D ? b->kf + (size_t)(2 * p + 1) * nkp : NULL, nkp, nkp);
+        else memset(d, 0, sizeof(uint32_t) * (size_t)nkp);
     }
-    if (nk > 0) rf_cpu_transpose32((float *)kt, ldk, b->rows, nk, nkp, Dp / 2);
+    /* V as pairs of its rows, fetched KEYS_AHEAD rows ahead (transposing it as K is, and
+     * back, ran 1.3x slower on decoding's layout) */
+    enum { KEYS_AHEAD = 8 };
+    for (int j = 0; j < imin(KEYS_AHEAD, nk); j++) prefetch_rows(b->vrow[j], 0, 1, D);
     for (int p = 0; p < nkp / 2; p++) {
+        for (int j = 2 * p + KEYS_AHEAD; j < imin(2 * p + KEYS_AHEAD + 2, nk); j++) prefetch_rows(b->vrow[j], 0, 1, D);
         const float *a = 2 * p < nk ? b->vrow[2 * p] : NULL, *c = 2 * p + 1 < nk ? b->vrow[2 * p + 1] : NULL;
         if (a) pair_rows(vv + (size_t)p * Dp, a, c, D, Dp);
         else memset(vv + (size_t)p * Dp, 0, sizeof(uint32_t) * (size_t)Dp);
@@ -455,7 +489,7 @@ void rf_cpu_attend_tasks_amx(float *out, float *lse, const float *q, const int32
     free(laid), free(slot);
 }
 
-#else /* no AMX intrinsics in this compiler: rf_cpu_attention_amx is never 1 (rf_cpu_amx_ready) */
+#else /* no AMX intrinsics in this compiler: the tiles never run here (rf_cpu_amx_ready) */
 
 void rf_cpu_attend_tasks_amx(float *out, float *lse, const float *q, const int32_t *q_off,
                              const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,

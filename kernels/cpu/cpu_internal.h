@@ -120,7 +120,8 @@ size_t rf_cpu_amx_products(void);
  * (tiles 0-7 of 16 rows x 64 bytes) on the calling thread, tiles_end releases it. tile_gemm:
  * C (M, N; fp32, row stride ldc) = (acc ? C : 0) + A (M, K; bf16, row stride lda) B, B given as
  * pairs (K / 2 rows of N uint32, row stride ldb: element (p, n) holds B[2p][n] in its low half,
- * B[2p + 1][n] in its high half); M, N and K multiples of 32. */
+ * B[2p + 1][n] in its high half); M a multiple of 16, N and K multiples of 32. A row's
+ * outputs do not depend on the other rows. */
 void rf_cpu_amx_tiles_begin(void);
 void rf_cpu_amx_tiles_end(void);
 void rf_cpu_amx_tile_gemm(int M, int N, int K, const uint16_t *A, int lda, const uint32_t *B, int ldb,
@@ -161,10 +162,19 @@ void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *
 /* dst (cols, ldd) = the first n rows (cols 32-bit values each, at rows[j]) transposed, columns
  * [n, npad) zero (npad a multiple of 16); bits copied as they are (cpu_attention.c). */
 void rf_cpu_transpose32(float *dst, int ldd, const float *const *rows, int n, int npad, int cols);
-/* Attention on AMX's tiles (cpu_attention_amx.c): 1 when it runs now (precision bf16, the
- * instruction set oneDNN uses has AMX, the OS lets this process use the tiles, and
- * RLFLOW_CPU_ATTENTION is not "fp32"). */
-int rf_cpu_attention_amx(void);
+/* Attention on AMX's tiles (cpu_attention_amx.c), at precision bf16 where the instruction set
+ * oneDNN uses has AMX and the OS lets this process use the tiles. RLFLOW_CPU_ATTENTION chooses:
+ *  - "auto" (or unset): the backward on the tiles for head dims of RF_CPU_ATT_AUTO_MIN_D and
+ *    more, the forward in fp32 arithmetic (decoding would convert its whole fp32 KV cache to
+ *    bf16 at every step: docs/kernels.md);
+ *  - "bf16": both passes on the tiles, any head dim;
+ *  - "fp32": fp32 arithmetic at every precision. */
+enum rf_cpu_att_mode { RF_CPU_ATT_FP32 = 0, RF_CPU_ATT_AUTO = 1, RF_CPU_ATT_BF16 = 2 };
+#define RF_CPU_ATT_AUTO_MIN_D 64
+int rf_cpu_attention_amx_forward(void);
+int rf_cpu_attention_amx_backward(int D);
+/* Sets the mode as RLFLOW_CPU_ATTENTION would (tests); returns the one before. */
+int rf_cpu_attention_mode(int mode);
 void rf_cpu_attend_tasks_amx(float *out, float *lse, const float *q, const int32_t *q_off,
                              const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,
                              int H, int KVH, int D, rf_cpu_kv_rows rows, const void *ctx);
