@@ -116,7 +116,10 @@ static AMX_T void pair_rows(uint32_t *d, const float *a, const float *b, int n, 
 
 /* d[0, npad) = a[0, n) rounded to bf16, zeros after (a NULL: all zeros). */
 static AMX_T void bf16_row(uint16_t *d, const float *a, int n, int npad) {
-    if (!a) n = 0;
+    if (!a) {
+        memset(d, 0, sizeof(uint16_t) * (size_t)npad);
+        return;
+    }
     for (int j = 0; j < npad; j += 16) {
         int m = n - j;
         __mmask16 k = m >= 16 ? 0xffff : m > 0 ? (__mmask16)((1u << m) - 1) : 0;
