@@ -317,10 +317,8 @@ void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *
         const float **vrow = krow + max_k;
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < n_tasks; t++) {
-            int s = tasks[3 * t], kvh = tasks[3 * t + 1], i0 = tasks[3 * t + 2];
-            int qlen = q_off[s + 1] - q_off[s], off = k_len[s] - qlen;
-            int nq = imin(qlen - i0, RF_ATT_QT), nk = imin(i0 + nq + off, k_len[s]);
-            if (nk < 0) nk = 0;
+            int s, kvh, i0, off, nq, nk;
+            rf_cpu_attn_task(tasks, t, q_off, k_len, &s, &kvh, &i0, &off, &nq, &nk);
             int nkp = (nk + KT - 1) / KT * KT;
             rows(krow, vrow, ctx, s, kvh, nk, D);
             transpose_keys(kt, ldk, krow, nk, nkp, D);

@@ -167,13 +167,8 @@ static int bwd_buf_alloc(amx_bwd_buf *b, int Lp, int Dp) {
                    2 * QB * L, 2 * QB * L, 2 * QB * D, 2 * QB * D, 2 * D * QB, 2 * D * QB,
                    sizeof(float *) * (L > D ? L : D)};
     enum { N = sizeof sz / sizeof sz[0] };
-    size_t off[N], total = 0;
-    for (int i = 0; i < N; i++) off[i] = total, total += (sz[i] + 63) & ~(size_t)63;
-    char *m = aligned_alloc(64, total);
-    if (!m) return 0;
     void *p[N];
-    for (int i = 0; i < N; i++) p[i] = m + off[i];
-    b->mem = m;
+    if (!(b->mem = rf_cpu_carve(p, sz, N))) return 0;
     b->kb = p[0], b->vb = p[1], b->kt = p[2], b->vt = p[3], b->kv = p[4];
     b->dkt = p[5], b->dvt = p[6], b->tmp = p[7], b->S = p[8], b->dP = p[9], b->dqs = p[10];
     b->dsb = p[11], b->qb = p[12], b->dob = p[13], b->pv = p[14], b->dsv = p[15];
@@ -348,13 +343,8 @@ static int fwd_buf_alloc(amx_fwd_buf *b, int max_k, int Lp, int Dp) {
     size_t sz[] = {4 * L * D, 2 * D * L, 2 * L * D, 2 * FR * D, 2 * FR * L, 4 * FR * L, 4 * FR * D,
                    P * (size_t)max_k, P * (size_t)max_k, P * (L > D ? L : D)};
     enum { N = sizeof sz / sizeof sz[0] };
-    size_t off[N], total = 0;
-    for (int i = 0; i < N; i++) off[i] = total, total += (sz[i] + 63) & ~(size_t)63;
-    char *m = aligned_alloc(64, total);
-    if (!m) return 0;
     void *p[N];
-    for (int i = 0; i < N; i++) p[i] = m + off[i];
-    b->mem = m;
+    if (!(b->mem = rf_cpu_carve(p, sz, N))) return 0;
     b->kf = p[0], b->kt = p[1], b->vv = p[2], b->qb = p[3], b->pb = p[4], b->S = p[5], b->O = p[6];
     b->krow = p[7], b->vrow = p[8], b->rows = p[9], b->ldS = Lp;
     return 1;
@@ -466,10 +456,8 @@ void rf_cpu_attend_tasks_amx(float *out, float *lse, const float *q, const int32
         rf_cpu_amx_tiles_begin();
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < n_tasks; t++) {
-            int s = tasks[3 * t], kvh = tasks[3 * t + 1], i0 = tasks[3 * t + 2];
-            int qlen = q_off[s + 1] - q_off[s], off = k_len[s] - qlen;
-            int nq = imin(qlen - i0, RF_ATT_QT), nk = imin(i0 + nq + off, k_len[s]);
-            if (nk < 0) nk = 0;
+            int s, kvh, i0, off, nq, nk;
+            rf_cpu_attn_task(tasks, t, q_off, k_len, &s, &kvh, &i0, &off, &nq, &nk);
             int nkp = (nk + 31) & ~31, ldk = Lp;
             const uint32_t *kt = b.kt, *vv = b.vv;
             if (slot[s] != (size_t)-1) {

@@ -96,6 +96,9 @@ const uint16_t *rf_cpu_bf16_bound(const float *p);
  * gives them (madvise; THP "madvise" or "always"): a weight copy streamed from memory by
  * decoding then costs a TLB entry a 2 MB, not one a 4 KB block (docs/kernels.md). */
 void *rf_cpu_alloc_lines(size_t n);
+/* One 64-byte aligned block for n buffers of sz[i] bytes each (each on a 64-byte boundary):
+ * p[i] their addresses; returns the block to free, NULL when out of memory (cpu_kernels.c). */
+void *rf_cpu_carve(void **p, const size_t *sz, int n);
 #define RF_CPU_HUGE_MIN ((size_t)4 << 20) /* blocks from this size go on 2 MB boundaries */
 #define RF_CPU_HUGE_ALIGN ((size_t)2 << 20)
 /* kernels/cpu/cpu_amx.c: C (M, N) = alpha * A (M, K; fp32, row stride lda) W^T + beta * C on
@@ -149,6 +152,18 @@ void rf_cpu_attention_forward(float *out, float *lse, const float *q, const floa
  * RF_ATT_QT queries of each sequence, the blocks with most keys first. Caller frees; NULL when
  * out of memory. */
 int32_t *rf_cpu_attn_tasks(const int32_t *q_off, int n_seq, int KVH, int *n_tasks);
+/* Task t of rf_cpu_attn_tasks: sequence *s, KV head *kvh, first query *i0, its *nq queries
+ * (at most RF_ATT_QT) and the *nk keys they see (0 or more); *off = k_len - q_len (a query i
+ * sees keys up to i + *off). */
+static inline void rf_cpu_attn_task(const int32_t *tasks, int t, const int32_t *q_off, const int32_t *k_len,
+                                    int *s, int *kvh, int *i0, int *off, int *nq, int *nk) {
+    *s = tasks[3 * t], *kvh = tasks[3 * t + 1], *i0 = tasks[3 * t + 2];
+    int qlen = q_off[*s + 1] - q_off[*s];
+    *off = k_len[*s] - qlen;
+    *nq = qlen - *i0 < RF_ATT_QT ? qlen - *i0 : RF_ATT_QT;
+    int n = *i0 + *nq + *off < k_len[*s] ? *i0 + *nq + *off : k_len[*s];
+    *nk = n > 0 ? n : 0;
+}
 /* Fills krow[j], vrow[j] (j < n) with the addresses of key and value row j (D floats each) of KV
  * head kvh of sequence s: how a KV layout (contiguous, paged) is read by rf_cpu_attend_tasks. */
 typedef void (*rf_cpu_kv_rows)(const float **krow, const float **vrow, const void *ctx, int s,

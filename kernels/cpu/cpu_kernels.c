@@ -47,6 +47,16 @@ static void huge_pages(void *p, size_t n) {
 #endif
 }
 
+void *rf_cpu_carve(void **p, const size_t *sz, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (sz[i] + 63) & ~(size_t)63;
+    char *m = aligned_alloc(64, total ? total : 64);
+    if (!m) return NULL;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) p[i] = m + off, off += (sz[i] + 63) & ~(size_t)63;
+    return m;
+}
+
 void *rf_cpu_alloc_lines(size_t n) {
     n = (n + 63) / 64 * 64;
     if (n < RF_CPU_HUGE_MIN) return aligned_alloc(64, n);
