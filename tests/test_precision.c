@@ -446,6 +446,24 @@ static void test_model_bf16_vs_fp32(void) {
     CHECK(worst <= 0.05);
     CHECK(worst_e <= 0.05);
     CHECK(differ > 0); /* bf16 is in use */
+    /* attention's forward on AMX's tiles too (RLFLOW_CPU_ATTENTION=bf16; head dim 32 here) */
+    int old_mode = rf_cpu_attention_mode(RF_CPU_ATT_BF16);
+    if (rf_cpu_attention_amx_forward()) {
+        float lt[64], et[64];
+        model_logprobs(m, lt, et);
+        double wt = 0, wte = 0;
+        int moved = 0;
+        for (int t = 0; t < T; t++) {
+            wt = fmax(wt, fabs(lt[t] - l32[t])), wte = fmax(wte, fabs(et[t] - e32[t]));
+            moved += lt[t] != l16[t];
+        }
+        printf("model bf16 with attention on the tiles vs fp32: max |logp diff| %.3g, max |entropy diff| %.3g; "
+               "%d of %d log-probs moved by the tiles\n", wt, wte, moved, T);
+        CHECK(wt <= 0.05);
+        CHECK(wte <= 0.05);
+        CHECK(moved > 0);
+    }
+    rf_cpu_attention_mode(old_mode);
     rf_model_free(m);
 }
 
