@@ -27,6 +27,8 @@
  *  - adamw: rf_optim_step alone (norm, clipping, AdamW), GB/s of its minimal traffic (the
  *    gradients read once for the norm, then parameters, gradients and both moments read and
  *    parameters and moments written: 8 x 4 bytes per parameter) against the DRAM copy.
+ *  - attention: one layer's attention forward and backward on the training batch, GFLOP/s over
+ *    the visible pairs against the precision's peak, and which arithmetic each pass ran.
  *  - op (with --profile): time per kernel op over one training step, prefill and decode, from a
  *    timed copy of the back end's table.
  *  - frozen (--frozen, with --precision bf16): the model saved as BF16 and loaded back with
@@ -35,7 +37,7 @@
  *    resident memory after them, to set beside a run without --frozen.
  * Usage: bench_model [--device cpu|cuda] [--quick] [--config small|qwen0.5b]
  *                    [--precision fp32|bf16] [--profile] [--frozen] [--only LIST] (LIST:
- *                    comma-separated train,prefill,decode1,decode32,adamw)
+ *                    comma-separated train,prefill,decode1,decode32,adamw,attention)
  * --device cuda runs bench_cuda in its place (the same JSON lines on the GPU, against the GPU's
  * own bf16 peak and copy bandwidth; exec_cuda_bench below).
  * Threads: OMP_NUM_THREADS. small is the 25m preset (C=512, 6 layers, vocab 16384, 26 M
@@ -51,6 +53,7 @@
 
 #include "common/rng.h"
 #include "common/util.h"
+#include "kernels/cpu/cpu_internal.h" /* which arithmetic attention runs */
 #include "model/model.h"
 #include "trainer/optim.h"
 #include "bench/bench_ops.h"
@@ -76,7 +79,7 @@ static int wanted(const bench_opts *o, const char *name) {
 
 static void usage_exit(const char *msg) {
     fprintf(stderr, "bench_model: %s\nusage: bench_model [--device cpu|cuda] [--quick] [--config small|qwen0.5b] "
-            "[--precision fp32|bf16] [--profile] [--frozen] [--only train,prefill,decode1,decode32,adamw]\n", msg);
+            "[--precision fp32|bf16] [--profile] [--frozen] [--only train,prefill,decode1,decode32,adamw,attention]\n", msg);
     exit(2);
 }
 
@@ -153,10 +156,10 @@ static void parse_opts(bench_opts *o, int argc, char **argv) {
         }
     }
     for (const char *p = o->only; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
-        static const char *names[] = {"train", "prefill", "decode1", "decode32", "adamw"};
+        static const char *names[] = {"train", "prefill", "decode1", "decode32", "adamw", "attention"};
         size_t n = strcspn(p, ","), ok = 0;
-        for (int i = 0; i < 5; i++) ok |= strlen(names[i]) == n && strncmp(p, names[i], n) == 0;
-        if (!ok) usage_exit("--only takes train, prefill, decode1, decode32, adamw");
+        for (int i = 0; i < 6; i++) ok |= strlen(names[i]) == n && strncmp(p, names[i], n) == 0;
+        if (!ok) usage_exit("--only takes train, prefill, decode1, decode32, adamw, attention");
     }
     if (o->frozen && o->precision != RF_PRECISION_BF16) usage_exit("--frozen needs --precision bf16");
     if (o->frozen && (!o->only || wanted(o, "train") || wanted(o, "adamw")))
@@ -554,6 +557,46 @@ static void bench_adamw(rf_model *m, const bench_opts *o, const hw_baseline *hw)
            gbs / hw->dram_copy);
 }
 
+/* One layer's attention on the training batch (B sequences of L tokens, the model's heads),
+ * forward (with lse) and backward, through the back end's table: GFLOP/s over the visible
+ * (query, key) pairs (forward 2 products, backward 5: 4 D and 10 D flops a pair and head) and
+ * their fraction of the precision's peak; "forward" and "backward" say which arithmetic ran
+ * (bf16 on AMX's tiles, or fp32: kernels/cpu/cpu_attention_amx.c). */
+static void bench_attention(const rf_model *m, const rf_kernels *k, const bench_opts *o, const hw_baseline *hw) {
+    int B = o->B, L = o->L, T = B * L, H = m->cfg.num_attention_heads, KVH = m->cfg.num_key_value_heads;
+    int D = m->cfg.head_dim;
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
+    float *q = malloc(sizeof(float) * nq), *kk = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nk);
+    float *dout = malloc(sizeof(float) * nq), *out = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * T * H);
+    float *dq = malloc(sizeof(float) * nq), *dk = malloc(sizeof(float) * nk), *dv = malloc(sizeof(float) * nk);
+    int32_t *cu = malloc(sizeof(int32_t) * (B + 1)), *kl = malloc(sizeof(int32_t) * B);
+    RF_ASSERT(q && kk && v && dout && out && lse && dq && dk && dv && cu && kl);
+    rf_rng rng;
+    rf_rng_seed(&rng, 7);
+    for (size_t i = 0; i < nq; i++) q[i] = rf_rng_normal(&rng), dout[i] = rf_rng_normal(&rng);
+    for (size_t i = 0; i < nk; i++) kk[i] = rf_rng_normal(&rng), v[i] = rf_rng_normal(&rng);
+    for (int b = 0; b <= B; b++) cu[b] = b * L;
+    for (int b = 0; b < B; b++) kl[b] = L;
+    double best_f = 1e30, best_b = 1e30;
+    for (int r = 0; r < (o->quick ? 3 : 6); r++) {
+        double t0 = rf_time_now();
+        k->attention_forward(out, lse, q, kk, v, cu, cu, kl, B, H, KVH, D);
+        double t1 = rf_time_now();
+        k->attention_backward(dq, dk, dv, dout, q, kk, v, out, lse, cu, B, T, H, KVH, D);
+        double t2 = rf_time_now();
+        if (r > 0) best_f = t1 - t0 < best_f ? t1 - t0 : best_f, best_b = t2 - t1 < best_b ? t2 - t1 : best_b;
+    }
+    double pairs = (double)B * L * (L + 1) / 2 * H, peak = peak_for(hw, o->precision);
+    double gf = 4.0 * D * pairs / best_f / 1e9, gb = 10.0 * D * pairs / best_b / 1e9;
+    printf("{\"bench\":\"attention\",\"config\":\"%s\",\"precision\":\"%s\",\"sequences\":%d,\"seq_len\":%d,"
+           "\"heads\":%d,\"kv_heads\":%d,\"head_dim\":%d,\"forward\":\"%s\",\"backward\":\"%s\","
+           "\"forward_s\":%.5f,\"backward_s\":%.5f,\"forward_gflops\":%.2f,\"backward_gflops\":%.2f,"
+           "\"peak_gflops\":%.2f,\"forward_fraction_of_peak\":%.3f,\"backward_fraction_of_peak\":%.3f}\n",
+           o->config, prec_name(o->precision), B, L, H, KVH, D, rf_cpu_attention_amx_forward() ? "bf16-tiles" : "fp32",
+           rf_cpu_attention_amx_backward(D) ? "bf16-tiles" : "fp32", best_f, best_b, gf, gb, peak, gf / peak, gb / peak);
+    free(q), free(kk), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(cu), free(kl);
+}
+
 static void bench_prefill(rf_model *m, const bench_opts *o, const hw_baseline *hw) {
     int B = o->B, L = o->L, V = m->cfg.vocab_size;
     rf_kv_cache kv;
@@ -662,6 +705,7 @@ int main(int argc, char **argv) {
     measure_baseline(&hw, o.B * o.L, m->cfg.intermediate_size, m->cfg.hidden_size, o.quick);
     if (wanted(&o, "train")) bench_train(m, &o, &hw);
     if (wanted(&o, "adamw")) bench_adamw(m, &o, &hw);
+    if (wanted(&o, "attention")) bench_attention(m, k, &o, &hw);
     if (wanted(&o, "prefill")) bench_prefill(m, &o, &hw);
     if (wanted(&o, "decode1")) bench_decode(m, 1, &o, &hw);
     if (wanted(&o, "decode32")) bench_decode(m, 32, &o, &hw);
