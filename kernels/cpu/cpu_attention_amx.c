@@ -285,6 +285,10 @@ static void backward_task(amx_bwd_buf *b, float *dq, float *dk, float *dv, const
         const float *src = t ? b->dvt : b->dkt;
         float *dst = (t ? dv : dk) + (size_t)off * ks + (size_t)kvh * D;
         for (int d = 0; d < Dp; d++) b->rows[d] = src + (size_t)d * Lp;
+        if (D % 16 == 0) { /* straight into the rows, D values each */
+            rf_cpu_transpose32(dst, (int)ks, b->rows, D, D, L);
+            continue;
+        }
         rf_cpu_transpose32(b->tmp, Dp, b->rows, Dp, Dp, L);
         for (int j = 0; j < L; j++) {
             const float *s = b->tmp + (size_t)j * Dp;
