@@ -33,7 +33,7 @@ def load(paths):
             if b in ("matmul_peak", "matmul_from_memory", "sgemm_peak", "memcpy", "machine", "op", "model_memory"):
                 hw.setdefault(b + str(r.get("dtype", "")), r)
                 continue
-            if "error" in r:
+            if "error" in r or b == "attention":  # attention: per pass, no PyTorch line beside it
                 continue
             impl = r.get("impl", "rlflow-frozen" if r.get("weights") == "frozen-bf16" else "rlflow")
             if b == "adamw":
@@ -48,7 +48,7 @@ def load(paths):
 
 def fmt_row(best, k):
     rl = best.get(k + ("rlflow",))
-    if not rl:
+    if not rl or rl.get("tokens_per_s", rl.get("gb_per_s")) is None:  # a line with no speed of its own
         return None
     unit = "GB/s" if k[2] == "adamw" else "tok/s"
     speed = lambda r: r.get("tokens_per_s", r.get("gb_per_s"))
