@@ -338,7 +338,6 @@ typedef struct amx_fwd_buf {
     uint16_t *qb, *pb;  /* a pass's query rows (FR, Dp), probabilities (FR, Lp) in bf16 */
     float *S, *O;       /* scores (FR, Lp), outputs (FR, Dp) */
     const float **krow, **vrow, **rows; /* max_k each; max(Lp, Dp) */
-    int ldS;            /* Lp: the row stride of S and pb */
     void *mem;
 } amx_fwd_buf;
 
@@ -350,7 +349,7 @@ static int fwd_buf_alloc(amx_fwd_buf *b, int max_k, int Lp, int Dp) {
     void *p[N];
     if (!(b->mem = rf_cpu_carve(p, sz, N))) return 0;
     b->kf = p[0], b->kt = p[1], b->vv = p[2], b->qb = p[3], b->pb = p[4], b->S = p[5], b->O = p[6];
-    b->krow = p[7], b->vrow = p[8], b->rows = p[9], b->ldS = Lp;
+    b->krow = p[7], b->vrow = p[8], b->rows = p[9];
     return 1;
 }
 
@@ -358,11 +357,10 @@ static int fwd_buf_alloc(amx_fwd_buf *b, int max_k, int Lp, int Dp) {
  * of head kvh * group + r % group), against the task's nk keys. Per row, whatever the others:
  * s_j = (Q K^T)_j scale, K in blocks of 32 head dims; m, p_j and l as the fp32 forward makes
  * them (rf_cpu_row_softmax); o = (P V) (1 / l), P in bf16 over keys in blocks of 32 from the
- * first, keys past the row's last and padding zero; lse = m + log l. */
+ * first, keys past the row's last and padding zero; lse = m + log l. S and pb have rows of Lp. */
 static void forward_rows(amx_fwd_buf *b, const uint32_t *kt, const uint32_t *vv, int ldk, float *out, float *lse,
                          const float *q, int first, int i0, int off, int r0, int nr, int nk, int nkp, int group,
-                         int kvh, int H, int D, int Dp, float scale) {
-    int Lp = b->ldS;
+                         int kvh, int H, int D, int Dp, int Lp, float scale) {
     int row_of[FR], vis[FR], M = (nr + 15) & ~15; /* rows in the products: nr up to 16 */
     for (int r = 0; r < M; r++) {
         const float *src = NULL;
@@ -475,7 +473,7 @@ void rf_cpu_attend_tasks_amx(float *out, float *lse, const float *q, const int32
                 for (int r = r0 + FR; r < imin(r0 + 2 * FR, nrows); r++) /* the next pass's queries */
                     prefetch_rows(q + ((size_t)(q_off[s] + i0 + r / group) * H + kvh * group + r % group) * D, 0, 1, D);
                 forward_rows(&b, kt, vv, ldk, out, lse, q, q_off[s], i0, off, r0, imin(FR, nrows - r0), nk, nkp,
-                             group, kvh, H, D, Dp, scale);
+                             group, kvh, H, D, Dp, Lp, scale);
             }
         }
         rf_cpu_amx_tiles_end();
