@@ -19,7 +19,11 @@
  * group), OpenMP over tasks; a task copies its keys transposed (D, keys; 16 x 16 blocks in
  * registers on AVX-512) so that a tile of RT = 8 rows x KT = 32 keys keeps its scores in
  * registers across d (each row's max taken as they are stored), and runs P V in tiles of PR = 4
- * rows x up to PW = 64 columns over the value rows read in place. Keys past a row's last, and
+ * rows x up to PW = 64 columns over the value rows. Where more than four such tiles read them (a
+ * training or prefill task), the value rows are first copied side by side: in place they are a
+ * KV row apart (1 KB in `small`), which the prefetchers did not follow, and P V waited on them
+ * (1.15-1.25x the forward on an Ice Lake Xeon, docs/kernels.md); a decoding step's few rows read
+ * them in place. Keys past a row's last, and
  * padding, never enter its sums. (Across builds the bits can differ: the exponential's
  * polynomial is contracted to fused multiply-adds where the target has them; within one build
  * every row agrees.)
@@ -309,11 +313,11 @@ void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *
 #pragma omp parallel if (n_tasks > 1)
     {
         /* per thread: keys transposed (D, ldk), a tile's scores (RT, ldk) and queries (RT, D),
-         * key/value row pointers (max_k each) */
+         * key/value row pointers (max_k each); value rows side by side (max_k, D) when needed */
         float *kt = malloc(sizeof(float) * (((size_t)D + RT) * ldk + (size_t)RT * D));
         const float **krow = malloc(sizeof(float *) * 2 * (size_t)max_k);
         RF_ASSERT(kt && krow);
-        float *S = kt + (size_t)D * ldk, *qt = S + (size_t)RT * ldk;
+        float *S = kt + (size_t)D * ldk, *qt = S + (size_t)RT * ldk, *vc = NULL;
         const float **vrow = krow + max_k;
 #pragma omp for schedule(dynamic, 1)
         for (int t = 0; t < n_tasks; t++) {
@@ -322,6 +326,15 @@ void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *
             int nkp = (nk + KT - 1) / KT * KT;
             rows(krow, vrow, ctx, s, kvh, nk, D);
             transpose_keys(kt, ldk, krow, nk, nkp, D);
+            if (nq * group > 4 * PR) /* value rows read by more than four P V tiles */
+                for (int j = 0; j < nk; j++) {
+                    if (!vc) {
+                        vc = malloc(sizeof(float) * (size_t)max_k * D);
+                        RF_ASSERT(vc);
+                    }
+                    memcpy(vc + (size_t)j * D, vrow[j], sizeof(float) * (size_t)D);
+                    vrow[j] = vc + (size_t)j * D;
+                }
             int nrows = nq * group; /* (query, head) pairs, query-major */
             for (int r0 = 0; r0 < nrows; r0 += RT) {
                 int nr = imin(RT, nrows - r0), vis[RT];
@@ -337,7 +350,7 @@ void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *
                 attend_tile(orow, lse ? lrow : NULL, qt, vis, nr, kt, ldk, vrow, D, scale, S);
             }
         }
-        free(kt), free((void *)krow);
+        free(kt), free((void *)krow), free(vc);
     }
 }
 
