@@ -30,7 +30,8 @@ def load(paths):
                 continue
             r = json.loads(line)
             b = r["bench"]
-            if b in ("matmul_peak", "matmul_from_memory", "sgemm_peak", "memcpy", "machine", "op", "model_memory"):
+            if b in ("matmul_peak", "matmul_from_memory", "sgemm_peak", "memcpy", "machine", "op", "model_memory",
+                     "peak_refresh"):
                 hw.setdefault(b + str(r.get("dtype", "")), r)
                 continue
             if "error" in r or b == "attention":  # attention: per pass, no PyTorch line beside it
