@@ -413,14 +413,20 @@ static int sets_for(size_t set_bytes, size_t llc) {
     return n < 4 ? 4 : n > 512 ? 512 : (int)n;
 }
 
+/* The peaks from the products measured: fp32 the best f32 product, bf16 the best of any (a bf16
+ * run could always do its products in f32). */
+static void set_peaks(hw_baseline *hw) {
+    hw->peak_f32 = hw->blas_f32 > hw->dnnl_f32 ? hw->blas_f32 : hw->dnnl_f32;
+    hw->peak_bf16 = hw->dnnl_bf16 > hw->peak_f32 ? hw->dnnl_bf16 : hw->peak_f32;
+}
+
 static void measure_baseline(hw_baseline *hw, int M, int N, int K, int quick) {
     int reps = quick ? 3 : 10;
     char impl_f32[128], impl_bf16[128];
     hw->blas_f32 = blas_peak(M, N, K, reps);
     hw->dnnl_f32 = dnnl_peak(M, N, K, dnnl_f32, reps, 1, impl_f32, sizeof impl_f32);
     hw->dnnl_bf16 = dnnl_peak(M, N, K, dnnl_bf16, reps, 1, impl_bf16, sizeof impl_bf16);
-    hw->peak_f32 = hw->blas_f32 > hw->dnnl_f32 ? hw->blas_f32 : hw->dnnl_f32;
-    hw->peak_bf16 = hw->dnnl_bf16 > hw->peak_f32 ? hw->dnnl_bf16 : hw->peak_f32;
+    set_peaks(hw);
     hw->M = M, hw->N = N, hw->K = K;
     hw->llc_bytes = llc_bytes();
     size_t big = hw->llc_bytes * 8 > ((size_t)256 << 20) ? hw->llc_bytes * 8 : (size_t)256 << 20;
@@ -468,8 +474,7 @@ static void refresh_peak(hw_baseline *hw, rf_precision p) {
     double old_f32 = hw->peak_f32, old_bf16 = hw->peak_bf16;
     if (f32 > hw->dnnl_f32) hw->dnnl_f32 = f32;
     if (bf16 > hw->dnnl_bf16) hw->dnnl_bf16 = bf16;
-    hw->peak_f32 = hw->blas_f32 > hw->dnnl_f32 ? hw->blas_f32 : hw->dnnl_f32;
-    hw->peak_bf16 = hw->dnnl_bf16 > hw->peak_f32 ? hw->dnnl_bf16 : hw->peak_f32;
+    set_peaks(hw);
     if (hw->peak_f32 > old_f32 || hw->peak_bf16 > old_bf16)
         printf("{\"bench\":\"peak_refresh\",\"peak_fp32_gflops\":%.2f,\"peak_bf16_gflops\":%.2f}\n",
                hw->peak_f32, hw->peak_bf16);

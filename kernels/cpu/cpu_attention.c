@@ -326,16 +326,17 @@ void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *
             int nkp = (nk + KT - 1) / KT * KT;
             rows(krow, vrow, ctx, s, kvh, nk, D);
             transpose_keys(kt, ldk, krow, nk, nkp, D);
-            if (nq * group > 4 * PR) /* value rows read by more than four P V tiles */
+            int nrows = nq * group; /* (query, head) pairs, query-major */
+            if (nrows > 4 * PR) { /* value rows read by more than four P V tiles */
+                if (!vc) {
+                    vc = malloc(sizeof(float) * (size_t)max_k * D);
+                    RF_ASSERT(vc);
+                }
                 for (int j = 0; j < nk; j++) {
-                    if (!vc) {
-                        vc = malloc(sizeof(float) * (size_t)max_k * D);
-                        RF_ASSERT(vc);
-                    }
                     memcpy(vc + (size_t)j * D, vrow[j], sizeof(float) * (size_t)D);
                     vrow[j] = vc + (size_t)j * D;
                 }
-            int nrows = nq * group; /* (query, head) pairs, query-major */
+            }
             for (int r0 = 0; r0 < nrows; r0 += RT) {
                 int nr = imin(RT, nrows - r0), vis[RT];
                 float *orow[RT], *lrow[RT];
