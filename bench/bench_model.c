@@ -54,6 +54,7 @@
 #include "common/rng.h"
 #include "common/util.h"
 #include "kernels/cpu/cpu_internal.h" /* which arithmetic attention runs */
+#include "kernels/cpu/cpu_level.h"
 #include "model/model.h"
 #include "trainer/optim.h"
 #include "bench/bench_ops.h"
@@ -386,7 +387,8 @@ static double read_bw(size_t n, int reps) {
     return sink < 0 ? 0 : best; /* sink keeps the sum alive */
 }
 
-/* The CPU's model name and whether it has bf16 instructions (/proc/cpuinfo). */
+/* The CPU's model name and whether it has bf16 instructions (/proc/cpuinfo); which copy of the
+ * kernels compiled per x86-64 level runs ("native" in a build for this CPU). */
 static void print_machine(void) {
     char line[4096], name[256] = "?";
     int avx512_bf16 = 0, amx_bf16 = 0;
@@ -403,8 +405,10 @@ static void print_machine(void) {
         }
     }
     if (f) fclose(f);
-    printf("{\"bench\":\"machine\",\"cpu\":\"%s\",\"threads\":%d,\"avx512_bf16\":%s,\"amx_bf16\":%s}\n",
-           name, omp_get_max_threads(), avx512_bf16 ? "true" : "false", amx_bf16 ? "true" : "false");
+    printf("{\"bench\":\"machine\",\"cpu\":\"%s\",\"threads\":%d,\"avx512_bf16\":%s,\"amx_bf16\":%s,"
+           "\"cpu_kernels\":\"%s\"}\n",
+           name, omp_get_max_threads(), avx512_bf16 ? "true" : "false", amx_bf16 ? "true" : "false",
+           rf_cpu_level_name());
 }
 
 /* Sets of set_bytes whose total is twice the last-level cache: 4 to 512. */

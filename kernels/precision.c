@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/cpu_level.h"
 #include "kernels/kernels.h"
 
 rf_status rf_precision_parse(const char *s, const char *key, int *is_auto, rf_precision *p) {
@@ -42,6 +43,9 @@ rf_status rf_kernels_apply_precision(const rf_kernels *k, const char *setting, c
         RF_TRY(k->set_precision(RF_PRECISION_FP32));
         rf_log_info("precision: fp32 (auto: the %s back end has no bf16 products yet)", k->name);
     }
+    if (cpu && rf_cpu_level() != RF_CPU_LEVEL_BUILD)
+        rf_log_info("CPU kernels: the %s copies (a build for any x86-64; one for this CPU alone: "
+                    "cmake -DRLFLOW_NATIVE=ON, Release)", rf_cpu_level_name());
     if (chosen) *chosen = k->get_precision();
     return RF_OK;
 }

@@ -3,10 +3,11 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "kernels/cpu/cpu_level.h" /* the row statistics are compiled once per x86-64 level */
 #include "kernels/kernel_math.h"
 
-void rf_row_softmax_stats(const float *z, int V, float inv_temp, float *m_out, double *sum_out,
-                          double *wsum_out) {
+void RF_LEVELED(rf_row_softmax_stats)(const float *z, int V, float inv_temp, float *m_out,
+                                      double *sum_out, double *wsum_out) {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
     for (int j = 0; j < V; j++) {
@@ -28,6 +29,8 @@ void rf_row_softmax_stats(const float *z, int V, float inv_temp, float *m_out, d
     }
     *m_out = m, *sum_out = sum, *wsum_out = wsum;
 }
+
+#ifndef RF_CPU_LEVEL /* the rest in the baseline copy alone */
 
 float rf_row_lse(const float *z, int V, float inv_temp, float *entropy) {
     float m;
@@ -89,3 +92,4 @@ int32_t rf_draw_whole(const float *z, int V, float inv_temp, int greedy, double 
     if (logp) *logp = rf_logits_logprob(z, V, inv_temp, pick);
     return pick;
 }
+#endif

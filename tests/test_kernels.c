@@ -41,6 +41,7 @@
 
 #include "common/rng.h"
 #include "kernels/cpu/cpu_internal.h" /* rf_cpu_expf_libm: test_swiglu_libm_bits */
+#include "kernels/cpu/cpu_level.h"
 #include "kernels/kernel_math.h"
 #include "kernels/kernels.h"
 #include "kernel_ref.h"
@@ -2118,6 +2119,39 @@ static void test_bf16_convert(void) {
     if (bad) fprintf(stderr, "bf16 conversion: %zu of %zu differ\n", bad, n);
 }
 
+/* The kernels compiled once per x86-64 level in a build for any x86-64 (kernels/cpu/cpu_level.h):
+ * the highest level this CPU has runs everywhere above; here every other level it can run goes
+ * through the same checks of attention, the log-prob kernel and the row statistics. A build for
+ * this CPU (-march=native) has one copy and no other level. */
+static void test_cpu_levels(const rf_kernels *K) {
+    int top = rf_cpu_level();
+    CHECK(rf_cpu_level_available(top));
+    if (top == RF_CPU_LEVEL_BUILD) {
+        CHECK(!rf_cpu_level_available(RF_CPU_LEVEL_BASE) && strcmp(rf_cpu_level_name(), "native") == 0);
+        return;
+    }
+    __builtin_cpu_init(); /* the highest level: what the CPU's features say */
+    int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    int v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    CHECK(top == (v4 ? RF_CPU_LEVEL_V4 : v3 ? RF_CPU_LEVEL_V3 : RF_CPU_LEVEL_BASE));
+    CHECK(!rf_cpu_level_available(RF_CPU_LEVEL_BUILD) && rf_cpu_level_available(RF_CPU_LEVEL_BASE));
+    const int levels[] = {RF_CPU_LEVEL_V3, RF_CPU_LEVEL_BASE};
+    for (size_t i = 0; i < sizeof levels / sizeof *levels; i++) {
+        if (levels[i] == top || !rf_cpu_level_available(levels[i])) continue;
+        CHECK(rf_cpu_level_use(levels[i]) == top && rf_cpu_level() == levels[i]);
+        printf("kernels of level %s\n", rf_cpu_level_name());
+        test_attention(K);
+        test_attention_rows_invariant(K, RF_PRECISION_FP32, RF_CPU_ATT_AUTO);
+        test_logprob(K);
+        test_sample(K);
+        test_sampler_logprob(K);
+        test_dlogits_bf16();
+        rf_cpu_level_use(top);
+    }
+    CHECK(rf_cpu_level() == top);
+}
+
 int main(void) {
     const rf_kernels *K = rf_cpu_kernels();
     CHECK(K != NULL);
@@ -2147,6 +2181,7 @@ int main(void) {
     test_swiglu_libm_bits(K);
     test_sum_squares_order(K);
     test_bf16_convert();
+    test_cpu_levels(K);
     return rf_test_finish("test_kernels");
 }
 #endif

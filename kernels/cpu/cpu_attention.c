@@ -26,7 +26,9 @@
  * them in place. Keys past a row's last, and
  * padding, never enter its sums. (Across builds the bits can differ: the exponential's
  * polynomial is contracted to fused multiply-adds where the target has them; within one build
- * every row agrees.)
+ * every row agrees. A build for any x86-64 compiles this file once per x86-64 level,
+ * cpu_level.h: its v3 and v4 copies give a CPU of that level the bits of a -march=native build;
+ * the baseline's copy, for CPUs without FMA, rounds each product and each sum apart, ATT_FMA.)
  * Backward: per (sequence, KV head) task, for each head of the group and each block of
  * RF_ATT_QB query rows i0..i1-1 (which see keys 0..i1-1 only), the five products S = QK^T,
  * dP = dO V^T, dQ = dS K, dK += dS^T Q, dV += P^T dO on (block, i1) scratch, the
@@ -41,6 +43,16 @@
 #endif
 
 #include "kernels/cpu/cpu_internal.h"
+#include "kernels/cpu/cpu_level.h" /* compiled once per x86-64 level where the build is for any */
+
+/* fmaf where the target has FMA. Without it (the x86-64 baseline's copy, cpu_level.h: CPUs from
+ * before 2013, or an emulator's) fmaf is libm's software routine, which made the forward 50x
+ * slower: there the product and the sum are rounded each, the same way for every row. */
+#ifdef __FMA__
+#define ATT_FMA(a, b, c) fmaf(a, b, c)
+#else
+#define ATT_FMA(a, b, c) ((a) * (b) + (c))
+#endif
 
 #define RT 8  /* rows of a register tile */
 #define KT 32 /* keys of a score tile; a task's transposed keys are padded to a multiple */
@@ -83,7 +95,7 @@ static inline __attribute__((always_inline)) void scores_nr(float *S, int ldS, f
             for (int r = 0; r < nr; r++) {
                 float qd = q[(size_t)r * D + d];
 #pragma omp simd
-                for (int c = 0; c < KT; c++) acc[r][c] = fmaf(qd, kd[c], acc[r][c]);
+                for (int c = 0; c < KT; c++) acc[r][c] = ATT_FMA(qd, kd[c], acc[r][c]);
             }
         }
         for (int r = 0; r < nr; r++) {
@@ -163,7 +175,7 @@ static inline __attribute__((always_inline)) void pv_w(float acc[PR][PW], const 
         for (int r = 0; r < nr; r++) {
             float p = P[(size_t)r * ldP + j];
 #pragma omp simd
-            for (int c = 0; c < W; c++) a[r][c] = fmaf(p, vj[c], a[r][c]);
+            for (int c = 0; c < W; c++) a[r][c] = ATT_FMA(p, vj[c], a[r][c]);
         }
     }
     for (int r = 0; r < nr; r++)
@@ -268,9 +280,9 @@ static void transpose_keys(float *kt, int ldk, const float *const *krow, int nk,
     (void)d16;
 }
 
-float rf_cpu_row_softmax(float *s, int vis, float m) { return row_softmax(s, vis, m); }
+float RF_LEVELED(rf_cpu_row_softmax)(float *s, int vis, float m) { return row_softmax(s, vis, m); }
 
-void rf_cpu_transpose32(float *dst, int ldd, const float *const *rows, int n, int npad, int cols) {
+void RF_LEVELED(rf_cpu_transpose32)(float *dst, int ldd, const float *const *rows, int n, int npad, int cols) {
     transpose_keys(dst, ldd, rows, n, npad, cols);
 }
 
@@ -285,6 +297,7 @@ static void prefetch_queries(const float *q, int first, int i0, int r0, int n, i
     }
 }
 
+#ifndef RF_CPU_LEVEL /* the tasks and the dense layout's entry point: in the baseline copy alone */
 int32_t *rf_cpu_attn_tasks(const int32_t *q_off, int n_seq, int KVH, int *n_tasks) {
     int n = 0;
     for (int s = 0; s < n_seq; s++) n += KVH * ((q_off[s + 1] - q_off[s] + RF_ATT_QT - 1) / RF_ATT_QT);
@@ -300,8 +313,9 @@ int32_t *rf_cpu_attn_tasks(const int32_t *q_off, int n_seq, int KVH, int *n_task
     }
     return t;
 }
+#endif
 
-void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *q_off,
+void RF_LEVELED(rf_cpu_attend_tasks)(float *out, float *lse, const float *q, const int32_t *q_off,
                          const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,
                          int H, int KVH, int D, rf_cpu_kv_rows rows, const void *ctx) {
     if (rf_cpu_attention_amx_forward()) { /* precision bf16 on AMX: the products on the tiles */
@@ -355,6 +369,7 @@ void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *
     }
 }
 
+#ifndef RF_CPU_LEVEL
 /* The contiguous layout: rows k_start[s].. of k and v (KVH heads a row). */
 typedef struct dense_kv {
     const float *k, *v;
@@ -380,6 +395,7 @@ void rf_cpu_attention_forward(float *out, float *lse, const float *q, const floa
     if (n_tasks) rf_cpu_attend_tasks(out, lse, q, q_off, k_len, tasks, n_tasks, max_k, H, KVH, D, rows_dense, &kv);
     free(tasks);
 }
+#endif
 
 #ifdef RF_ATT_WIDE
 #pragma GCC pop_options
@@ -418,7 +434,7 @@ static void block_backward(float *dq, float *dk, float *dv, const float *dout, c
     rf_cpu_gemm_local(1, 0, nk, D, n, 1.0f, P, nk, dO, qs, 1.0f, dV, ks);
 }
 
-void rf_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+void RF_LEVELED(rf_cpu_attention_backward)(float *dq, float *dk, float *dv, const float *dout,
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, const int32_t *cu_seqlens, int n_seq, int T,
                                int H, int KVH, int D) {
