@@ -45,10 +45,10 @@
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/cpu/cpu_level.h" /* compiled once per x86-64 level where the build is for any */
 
-/* fmaf where the target has FMA. Without it (the x86-64 baseline's copy, cpu_level.h: CPUs from
- * before 2013, or an emulator's) fmaf is libm's software routine, which made the forward 50x
- * slower: there the product and the sum are rounded each, the same way for every row. */
-#ifdef __FMA__
+/* fmaf, but on x86 without FMA (the x86-64 baseline's copy, cpu_level.h: CPUs from before 2013,
+ * or an emulator's), where fmaf is libm's software routine, which made the forward 50x slower:
+ * there the product and the sum are rounded each, the same way for every row. */
+#if defined(__FMA__) || !(defined(__x86_64__) || defined(__i386__))
 #define ATT_FMA(a, b, c) fmaf(a, b, c)
 #else
 #define ATT_FMA(a, b, c) ((a) * (b) + (c))
