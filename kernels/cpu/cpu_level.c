@@ -68,26 +68,19 @@ const char *rf_cpu_level_name(void) {
     ret name##_base params;          \
     ret name##_v3 params;            \
     ret name##_v4 params;
-#define RF_CALL(name, args)                                    \
-    switch (rf_cpu_level()) {                                  \
-    case RF_CPU_LEVEL_V4: return name##_v4 args;               \
-    case RF_CPU_LEVEL_V3: return name##_v3 args;               \
-    default: return name##_base args;                          \
-    }
-#define RF_CALL_VOID(name, args)                               \
-    switch (rf_cpu_level()) {                                  \
-    case RF_CPU_LEVEL_V4: name##_v4 args; return;              \
-    case RF_CPU_LEVEL_V3: name##_v3 args; return;              \
-    default: name##_base args; return;                         \
-    }
+/* The copy of the level that runs. */
+#define RF_PICK(name)                                             \
+    (rf_cpu_level() == RF_CPU_LEVEL_V4   ? name##_v4              \
+     : rf_cpu_level() == RF_CPU_LEVEL_V3 ? name##_v3              \
+                                         : name##_base)
 
 RF_COPIES(float, rf_cpu_row_softmax, (float *s, int vis, float m))
-float rf_cpu_row_softmax(float *s, int vis, float m) { RF_CALL(rf_cpu_row_softmax, (s, vis, m)) }
+float rf_cpu_row_softmax(float *s, int vis, float m) { return RF_PICK(rf_cpu_row_softmax)(s, vis, m); }
 
 RF_COPIES(void, rf_cpu_transpose32,
           (float *dst, int ldd, const float *const *rows, int n, int npad, int cols))
 void rf_cpu_transpose32(float *dst, int ldd, const float *const *rows, int n, int npad, int cols) {
-    RF_CALL_VOID(rf_cpu_transpose32, (dst, ldd, rows, n, npad, cols))
+    RF_PICK(rf_cpu_transpose32)(dst, ldd, rows, n, npad, cols);
 }
 
 RF_COPIES(void, rf_cpu_attend_tasks,
@@ -97,8 +90,7 @@ RF_COPIES(void, rf_cpu_attend_tasks,
 void rf_cpu_attend_tasks(float *out, float *lse, const float *q, const int32_t *q_off,
                          const int32_t *k_len, const int32_t *tasks, int n_tasks, int max_k,
                          int H, int KVH, int D, rf_cpu_kv_rows rows, const void *ctx) {
-    RF_CALL_VOID(rf_cpu_attend_tasks,
-                 (out, lse, q, q_off, k_len, tasks, n_tasks, max_k, H, KVH, D, rows, ctx))
+    RF_PICK(rf_cpu_attend_tasks)(out, lse, q, q_off, k_len, tasks, n_tasks, max_k, H, KVH, D, rows, ctx);
 }
 
 RF_COPIES(void, rf_cpu_attention_backward,
@@ -109,8 +101,7 @@ void rf_cpu_attention_backward(float *dq, float *dk, float *dv, const float *dou
                                const float *q, const float *k, const float *v, const float *out,
                                const float *lse, const int32_t *cu_seqlens, int n_seq, int T,
                                int H, int KVH, int D) {
-    RF_CALL_VOID(rf_cpu_attention_backward,
-                 (dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, n_seq, T, H, KVH, D))
+    RF_PICK(rf_cpu_attention_backward)(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, n_seq, T, H, KVH, D);
 }
 
 RF_COPIES(void, rf_cpu_logprob_dlogits,
@@ -120,14 +111,13 @@ RF_COPIES(void, rf_cpu_logprob_dlogits,
 void rf_cpu_logprob_dlogits(float *z, uint16_t *zb, int n, int V, const float *lse,
                             const float *ent, const int32_t *targets, int v0, const float *dlogp,
                             const float *dentropy, float inv_temp) {
-    RF_CALL_VOID(rf_cpu_logprob_dlogits,
-                 (z, zb, n, V, lse, ent, targets, v0, dlogp, dentropy, inv_temp))
+    RF_PICK(rf_cpu_logprob_dlogits)(z, zb, n, V, lse, ent, targets, v0, dlogp, dentropy, inv_temp);
 }
 
 RF_COPIES(void, rf_row_softmax_stats,
           (const float *z, int V, float inv_temp, float *m_out, double *sum_out, double *wsum_out))
 void rf_row_softmax_stats(const float *z, int V, float inv_temp, float *m_out, double *sum_out,
                           double *wsum_out) {
-    RF_CALL_VOID(rf_row_softmax_stats, (z, V, inv_temp, m_out, sum_out, wsum_out))
+    RF_PICK(rf_row_softmax_stats)(z, V, inv_temp, m_out, sum_out, wsum_out);
 }
 #endif
